@@ -1,0 +1,188 @@
+"""``connect()`` and the ``Database`` it returns: SQL over a LeRobot dataset, and queries turned into datasets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import sqlglot
+from sqlglot import exp
+
+from . import cache, catalog, plan, query, video
+from .errors import QueryError
+from .layout import load_layout
+from .source import open_source
+
+VIDEO_FRAMES_EMPTY = ("SELECT NULL::VARCHAR AS video_key, NULL::BIGINT AS chunk_index, NULL::BIGINT AS file_index, "
+                      "NULL::VARCHAR AS path, NULL::BIGINT AS frame, NULL::BIGINT AS pts, NULL::DOUBLE AS pts_s, "
+                      "NULL::BOOLEAN AS is_keyframe, NULL::BIGINT AS keyframe_pts, NULL::BIGINT AS byte_offset, "
+                      "NULL::BIGINT AS byte_size WHERE false")
+
+
+class Database:
+    """One dataset, its DuckDB connection and views. Create it with :func:`connect`.
+
+    Views (full reference in README.md): ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
+    ``video_frames`` (built on first use), ``features``, ``info``.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, storage_options: dict | None = None,
+                 cache_dir: str | os.PathLike | None = None, threads: int | None = None,
+                 memory_limit: str | None = None):
+        self.source = open_source(root, storage_options)
+        self.layout = load_layout(self.source)
+        self.cache_dir = Path(cache_dir) if cache_dir else cache.root_for(self.source.url)
+        config = {}
+        if threads:
+            config["threads"] = int(threads)
+        if memory_limit:
+            config["memory_limit"] = str(memory_limit)
+        self.con = duckdb.connect(config=config)
+        if not self.source.is_local:
+            self.con.register_filesystem(self.source.fs)
+        catalog.register_views(self.con, self.source, self.layout)
+        self.con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
+        self._video_frames_ready = not self.layout.video_keys
+        self._ctx: query.Context | None = None
+
+    # ---- SQL ------------------------------------------------------------------------------------------------
+    @property
+    def fps(self) -> float:
+        return self.layout.fps
+
+    def views(self) -> list[str]:
+        """Names of the user-facing views."""
+        return sorted(v for v in self._context().views if not v.startswith("_"))
+
+    def _context(self) -> query.Context:
+        if self._ctx is None:
+            views: dict[str, list[str]] = {}
+            for t, c in self.con.sql("SELECT table_name, column_name FROM duckdb_columns() "
+                                     "WHERE NOT internal ORDER BY table_name, column_index").fetchall():
+                views.setdefault(t, []).append(c)
+            self._ctx = query.Context(views)
+        return self._ctx
+
+    def _ensure_video_frames(self) -> None:
+        if self._video_frames_ready:
+            return
+        from tqdm.auto import tqdm
+
+        rows = self.con.sql("SELECT DISTINCT video_key, chunk_index, file_index, path FROM videos "
+                            "ORDER BY video_key, chunk_index, file_index").fetchall()
+        files = []
+        for key, chunk, file, rel in tqdm(rows, desc="video index", unit="file", disable=len(rows) < 8):
+            files.append((key, chunk, file, rel, str(video.ensure_index(self.source, rel, self.cache_dir))))
+        m = pa.table({"video_key": [f[0] for f in files], "chunk_index": [f[1] for f in files],
+                      "file_index": [f[2] for f in files], "path": [f[3] for f in files],
+                      "_index_file": [f[4] for f in files]})
+        self.con.execute("CREATE OR REPLACE TABLE _video_files AS SELECT * FROM m")
+        lst = "[" + ", ".join(catalog.lit(f[4]) for f in files) + "]"
+        self.con.execute(
+            "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "
+            "i.frame, i.pts, i.pts_s, i.is_keyframe, i.keyframe_pts, i.byte_offset, i.byte_size "
+            f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
+        )
+        self._video_frames_ready = True
+
+    def check(self, sql: str) -> str:
+        """Validate user SQL (see :mod:`lerobot_sql.query`) and return what DuckDB will run.
+
+        Raises:
+            QueryError: not a single read-only query over the views, with the reason and a fix.
+        """
+        checked = query.check_sql(sql, self._context())
+        if not self._video_frames_ready:
+            tree = sqlglot.parse_one(checked, read="duckdb")
+            if any(t.name == "video_frames" for t in tree.find_all(exp.Table)):
+                self._ensure_video_frames()
+        return checked
+
+    def sql(self, sql: str) -> duckdb.DuckDBPyRelation:
+        """Run a read-only query over the views; returns a DuckDB relation (``.df()``, ``.arrow()``, ``.fetchall()``).
+
+        Raises:
+            QueryError: the SQL was rejected by the checks or failed in DuckDB (the DuckDB message is kept).
+        """
+        checked = self.check(sql)
+        try:
+            return self.con.sql(checked)
+        except duckdb.Error as e:
+            raise QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}") from e
+
+    def _arrow(self, sql: str) -> pa.Table:
+        rel = self.sql(sql)
+        try:
+            return rel.to_arrow_table()
+        except duckdb.Error as e:
+            raise QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}") from e
+
+    # ---- datasets -------------------------------------------------------------------------------------------
+    def manifest(self, sql: str) -> pa.Table:
+        """The manifest of a query: one row per sample (see :mod:`lerobot_sql.plan` for columns and contract).
+
+        Raises:
+            ResultContractError: the result is empty or has none of the accepted column sets.
+        """
+        return plan.build_manifest(self.con, self.layout, self._arrow(sql), sql=sql)
+
+    def tasks(self) -> dict[int, str]:
+        """task_index -> task text, from meta/tasks.parquet."""
+        return dict(self.con.sql("SELECT task_index, task FROM tasks").fetchall())
+
+    def dataset(self, sql: str, **kwargs: Any):
+        """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
+
+        Args:
+            sql: a query over the views whose result is ``index`` rows, ``(episode_index, start_s, end_s)``
+                windows or ``episode_index`` rows (see README, "Adapter contract").
+            **kwargs: ``delta_timestamps`` ({key: [seconds]}), ``tolerance_s`` (default 1e-4 s),
+                ``return_uint8``, ``image_transforms``, ``cameras`` (subset of camera keys), ``decoder_threads``,
+                ``parallel_cameras``, ``max_open_decoders``.
+
+        Returns:
+            :class:`lerobot_sql.dataset.LeRobotSQLDataset`.
+
+        Raises:
+            QueryError / ResultContractError: the SQL or its result is unusable.
+            ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid).
+        """
+        from .dataset import LeRobotSQLDataset
+
+        return LeRobotSQLDataset(self.source, self.layout, self.manifest(sql), self.tasks(),
+                                 cache_dir=self.cache_dir, **kwargs)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "Database":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        i = self.layout.info
+        return (f"Database({self.source.url!r}, {self.layout.version}, episodes={i.get('total_episodes')}, "
+                f"frames={i.get('total_frames')}, fps={self.fps:g}, cameras={self.layout.camera_keys})")
+
+
+def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
+    """Open a LeRobot dataset for SQL. Reads meta/info.json and Parquet footers only; copies no table.
+
+    Args:
+        root: the dataset root (the folder holding meta/, data/, videos/), a local path or an fsspec URL.
+        storage_options: passed to fsspec for remote roots.
+        cache_dir: where the video index and tabular caches go (default ``$LSQL_CACHE_DIR`` or
+            ``~/.cache/lerobot_sql``, one folder per dataset).
+        threads, memory_limit: DuckDB settings (e.g. ``threads=2, memory_limit="8GB"``).
+
+    Raises:
+        MissingFileError: no meta/info.json (or no data / episode files) under ``root``.
+        UnsupportedVersionError: the dataset is not format v3.x.
+        DatasetFormatError: info.json is malformed.
+    """
+    return Database(root, **kwargs)

@@ -1,0 +1,57 @@
+"""Every error lerobot_sql raises.
+
+Each class also subclasses the builtin that fits its meaning, so ``except ValueError`` in existing training code keeps
+working. Messages name the file, episode, camera or column involved and say how to fix the problem; the original
+library exception (DuckDB, PyAV, pyarrow, fsspec) is chained as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+
+class LeRobotSQLError(Exception):
+    """Root of all lerobot_sql errors."""
+
+
+class DatasetFormatError(LeRobotSQLError, ValueError):
+    """The dataset on disk is not a LeRobot dataset this reader understands (missing or malformed metadata)."""
+
+
+class UnsupportedVersionError(DatasetFormatError):
+    """``codebase_version`` in meta/info.json is one this reader does not handle."""
+
+
+class MissingFileError(LeRobotSQLError, FileNotFoundError):
+    """A data, metadata or video file that the metadata points to does not exist."""
+
+
+class QueryError(LeRobotSQLError, ValueError):
+    """User SQL was rejected (not a query, unknown view or column, forbidden construct) or failed to run."""
+
+
+class ResultContractError(QueryError):
+    """A query result cannot be turned into a dataset (wrong columns, or no rows)."""
+
+
+class FrameNotFoundError(LeRobotSQLError, LookupError):
+    """No video frame lies within ``tolerance_s`` of the requested time. Never replaced by a neighbouring frame."""
+
+
+class VideoDecodeError(LeRobotSQLError, RuntimeError):
+    """PyAV could not open or decode a video file (truncated, corrupt, or an unsupported codec)."""
+
+
+class RemoteIOError(LeRobotSQLError, OSError):
+    """Reading a remote file failed after retries."""
+
+
+__all__ = [
+    "LeRobotSQLError",
+    "DatasetFormatError",
+    "UnsupportedVersionError",
+    "MissingFileError",
+    "QueryError",
+    "ResultContractError",
+    "FrameNotFoundError",
+    "VideoDecodeError",
+    "RemoteIOError",
+]

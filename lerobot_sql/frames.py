@@ -1,0 +1,57 @@
+"""Index math without I/O: delta_timestamps validation, query indices, clamping at episode edges and ``_is_pad``.
+
+Mirrors lerobot 0.4.4 (``check_delta_timestamps``, ``get_delta_indices``, ``_get_query_indices``) so that items match.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float, tolerance_s: float,
+                  features: dict) -> dict[str, np.ndarray]:
+    """Frame offsets ``round(d * fps)`` for every key of ``delta_timestamps``.
+
+    Args:
+        delta_timestamps: feature key -> offsets in seconds (negative = past).
+        fps: dataset frame rate.
+        tolerance_s: how far an offset may sit from a multiple of 1/fps.
+        features: the dataset's feature names (keys must be among them).
+
+    Returns:
+        key -> int64 array of frame offsets, same order as given.
+
+    Raises:
+        ValueError: a key is not a feature, a list is empty, or an offset is not a multiple of 1/fps within
+            tolerance_s (the offenders are listed).
+    """
+    if not delta_timestamps:
+        return {}
+    out = {}
+    for key, deltas in delta_timestamps.items():
+        if key not in features:
+            raise ValueError(f"delta_timestamps key {key!r} is not a feature of this dataset; "
+                             f"valid keys: {sorted(features)}")
+        d = np.asarray(list(deltas), np.float64)
+        if d.ndim != 1 or len(d) == 0:
+            raise ValueError(f"delta_timestamps[{key!r}] must be a non-empty list of seconds")
+        off = np.abs(d * fps - np.round(d * fps)) / fps
+        bad = d[off > tolerance_s]
+        if len(bad):
+            raise ValueError(
+                f"delta_timestamps[{key!r}] has offsets that are not multiples of 1/fps={1 / fps:.6f}s within "
+                f"tolerance_s={tolerance_s}: {bad.tolist()}; use values like [i / {fps:g} for i in ...]"
+            )
+        out[key] = np.round(d * fps).astype(np.int64)
+    return out
+
+
+def query_indices(index: int, offsets: np.ndarray, ep_from: int, ep_to: int) -> tuple[np.ndarray, np.ndarray]:
+    """Absolute frame indices for ``index + offsets`` clamped to the episode ``[ep_from, ep_to)``, and the pad mask.
+
+    Returns:
+        (indices int64 (T,), is_pad bool (T,)); padded positions repeat the episode's first or last frame.
+    """
+    target = index + offsets
+    is_pad = (target < ep_from) | (target >= ep_to)
+    return np.clip(target, ep_from, ep_to - 1), is_pad

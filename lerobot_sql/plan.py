@@ -1,0 +1,131 @@
+"""Turn a query result into a manifest: an Arrow table with one row per sample and everything needed to read it.
+
+Result contract (checked in this order):
+  * an ``index`` column: one sample per row, in result order;
+  * ``episode_index`` with ``start_s`` and ``end_s``: the frames of each window, seconds from episode start,
+    half-open ``[start_s, end_s)``;
+  * ``episode_index`` alone: all frames of those episodes.
+Other columns travel along as extras and are added to every item under their own names.
+
+Manifest columns: ``index, episode_index, frame_index, timestamp, task_index`` (from the data files),
+``data_file, data_row`` (where the frame's row lives), ``ep_from_index, ep_to_index`` (the episode's full extent,
+half-open, for delta_timestamps clamping), ``ep_data_row0`` (file row of the episode's first frame), per camera
+``<video_key>/file`` and ``<video_key>/from_timestamp``, then the extras.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pyarrow as pa
+
+from .catalog import q
+from .errors import DatasetFormatError, ResultContractError
+from .layout import Layout
+
+CORE = ("index", "episode_index", "frame_index", "timestamp", "task_index")
+LOCATION = ("data_file", "data_row", "ep_from_index", "ep_to_index", "ep_data_row0")
+CONTRACT = (
+    "A query given to dataset() must return either an `index` column (one sample per row), or `episode_index` with "
+    "`start_s` and `end_s` (seconds from episode start, half-open windows), or `episode_index` alone (whole episodes). "
+    "For example: SELECT episode_index FROM episodes WHERE length > 200"
+)
+
+
+def result_mode(columns: list[str]) -> str:
+    """``index``, ``window`` or ``episode`` for a result with these columns.
+
+    Raises:
+        ResultContractError: none of the three shapes fits; the message states the contract.
+    """
+    if "index" in columns:
+        return "index"
+    if "episode_index" in columns and "start_s" in columns and "end_s" in columns:
+        return "window"
+    if "episode_index" in columns:
+        return "episode"
+    raise ResultContractError(f"the result has columns {columns}. {CONTRACT}")
+
+
+def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Table, *, sql: str,
+                   window_tolerance_s: float = 1e-4) -> pa.Table:
+    """Resolve ``result`` (the rows of user query ``sql``) to a manifest, in the main process.
+
+    Raises:
+        ResultContractError: the result is empty, has the wrong columns, or names frames that do not exist.
+        DatasetFormatError: an episode's frames are not contiguous in one data file.
+    """
+    if result.num_rows == 0:
+        raise ResultContractError(f"the query returned no rows, so there is nothing to train on: {sql!r}")
+    mode = result_mode(result.column_names)
+    video_cols = [c for k in layout.video_keys for c in (f"{k}/file", f"{k}/from_timestamp")]
+    reserved = set(CORE) | set(LOCATION) | set(video_cols)
+    contract = {"index": ("index",), "window": ("episode_index", "start_s", "end_s"),
+                "episode": ("episode_index",)}[mode]
+    extras = [c for c in result.column_names if c not in contract and c not in layout.features and c not in reserved]
+    clash = [c for c in result.column_names if c not in contract and c in set(LOCATION) | set(video_cols)]
+    if clash:
+        raise ResultContractError(f"result columns {clash} clash with the manifest's own columns; alias them in: {sql!r}")
+
+    keep = list(contract) + extras
+    res = result.select(keep).append_column("_ord", pa.array(range(result.num_rows), pa.int64()))
+    con.register("_lsql_result", res)
+    try:
+        tol = float(window_tolerance_s)
+        join = {
+            "index": "JOIN _frames_loc f ON f.index = r.index",
+            "window": (f"JOIN _frames_loc f ON f.episode_index = r.episode_index "
+                       f"AND f.timestamp >= r.start_s - {tol!r} AND f.timestamp < r.end_s - {tol!r}"),
+            "episode": "JOIN _frames_loc f ON f.episode_index = r.episode_index",
+        }[mode]
+        extra_sel = "".join(f", r.{q(c)}" for c in extras)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _lsql_sel AS SELECT r._ord, f.*{extra_sel} FROM _lsql_result r "
+                    f"{join} ORDER BY r._ord, f.frame_index")
+        if mode == "index":
+            n = con.sql("SELECT count(*) FROM _lsql_sel").fetchall()[0][0]
+            if n != result.num_rows:
+                missing = con.sql("SELECT r.index FROM _lsql_result r ANTI JOIN _frames_loc f ON f.index = r.index "
+                                  "LIMIT 5").fetchall()
+                raise ResultContractError(f"the result names frame index values that are not in the data files "
+                                          f"(e.g. {[m[0] for m in missing]}): {sql!r}")
+        ext = con.sql(
+            "SELECT episode_index, min(index) AS ep_from_index, max(index) + 1 AS ep_to_index, count(*) AS n, "
+            "min(row) AS ep_data_row0, max(row) - min(row) + 1 AS nrows, count(DISTINCT data_file) AS nfiles "
+            "FROM _frames_loc WHERE episode_index IN (SELECT DISTINCT episode_index FROM _lsql_sel) GROUP BY 1"
+        ).to_arrow_table()
+        bad = [r for r in ext.to_pylist() if r["nfiles"] != 1 or r["n"] != r["ep_to_index"] - r["ep_from_index"]
+               or r["n"] != r["nrows"]]
+        if bad:
+            b = bad[0]
+            raise DatasetFormatError(
+                f"episode {b['episode_index']}: its {b['n']} frames are not one contiguous run of `index` in one data "
+                f"file (index {b['ep_from_index']}..{b['ep_to_index'] - 1}, {b['nfiles']} file(s)); the data files "
+                "are inconsistent, run `lerobot-sql doctor`"
+            )
+        con.register("_lsql_ext", ext)
+        vsel, vjoin = [], []
+        for i, k in enumerate(layout.video_keys):
+            vsel.append(f", v{i}.path AS {q(k + '/file')}, v{i}.from_timestamp AS {q(k + '/from_timestamp')}")
+            vjoin.append(f" LEFT JOIN videos v{i} ON v{i}.episode_index = s.episode_index AND v{i}.video_key = '{k}'")
+        manifest = con.sql(
+            "SELECT s.index, s.episode_index, s.frame_index, s.timestamp, s.task_index, s.data_file, "
+            "s.row AS data_row, e.ep_from_index, e.ep_to_index, e.ep_data_row0"
+            f"{''.join(vsel)}{''.join(f', s.{q(c)}' for c in extras)} "
+            f"FROM _lsql_sel s JOIN _lsql_ext e USING (episode_index){''.join(vjoin)} ORDER BY s._ord, s.frame_index"
+        ).to_arrow_table()
+    finally:
+        for name in ("_lsql_result", "_lsql_ext"):
+            try:
+                con.unregister(name)
+            except Exception:
+                pass
+        con.execute("DROP TABLE IF EXISTS _lsql_sel")
+    if manifest.num_rows == 0:
+        raise ResultContractError(f"the query's {mode} selection matched no frames: {sql!r}")
+    for k in layout.video_keys:
+        if manifest[f"{k}/file"].null_count:
+            raise DatasetFormatError(f"meta/episodes has no video pointer for camera {k!r} for some selected episodes")
+    meta = {"lerobot_sql.manifest": json.dumps({"mode": mode, "extras": extras, "video_keys": layout.video_keys,
+                                                "fps": layout.fps, "sql": sql})}
+    return manifest.replace_schema_metadata(meta)

@@ -1,0 +1,115 @@
+"""Tabular frame data: Parquet row groups decoded once into an Arrow IPC cache and read through memory maps.
+
+Each (data file, row group) that a selection touches becomes one uncompressed Arrow IPC file under the cache,
+keyed by the data file's identity, with columns normalised to the shapes in info.json (``list<float>`` becomes
+``fixed_size_list<float>[n]``). Workers memory-map these files: the OS page cache is shared, and no process holds a
+private copy of the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import cache
+from .errors import DatasetFormatError
+from .layout import Layout
+from .source import Source
+
+CACHE_VERSION = 1
+_NUMERIC = {"float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32",
+            "uint64", "bool"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFileInfo:
+    """Footer facts about one data file, gathered in the main process.
+
+    Attributes:
+        rel: path relative to the dataset root.
+        identity: size+mtime or ETag (part of the cache key).
+        rg_offsets: int64 (n_row_groups + 1,): first row of each row group, then the total row count.
+    """
+
+    rel: str
+    identity: str
+    rg_offsets: np.ndarray
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row group, row within it) for file rows."""
+        rg = np.searchsorted(self.rg_offsets, rows, side="right") - 1
+        return rg, rows - self.rg_offsets[rg]
+
+
+def data_file_info(src: Source, rel: str) -> DataFileInfo:
+    with src.open(rel) as f:
+        md = pq.ParquetFile(f).metadata
+    counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+    return DataFileInfo(rel, src.identity(rel), np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+
+def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
+    cols = {}
+    for name in table.column_names:
+        col = table[name].combine_chunks()
+        feat = layout.features.get(name)
+        if feat is not None and feat.dtype in _NUMERIC:
+            n = int(np.prod(feat.shape))
+            typ = pa.from_numpy_dtype(np.dtype(feat.dtype))
+            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+                flat = col
+                while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or \
+                        pa.types.is_fixed_size_list(flat.type):
+                    flat = pc.list_flatten(flat)
+                if len(flat) != n * len(col):
+                    raise DatasetFormatError(f"{where}: column {name!r} holds {len(flat)} values for {len(col)} rows, "
+                                             f"but info.json gives shape {list(feat.shape)}")
+                col = pa.FixedSizeListArray.from_arrays(flat.cast(typ), n)
+            else:
+                col = col.cast(typ)
+        cols[name] = col
+    return pa.table(cols)
+
+
+def ensure_row_group(src: Source, info: DataFileInfo, rg: int, layout: Layout, cache_dir: Path) -> Path:
+    """Build (once) and return the Arrow IPC cache file of row group ``rg`` of a data file."""
+    path = cache_dir / "tabular" / cache.key(src.url, info.rel, info.identity, CACHE_VERSION) / f"rg-{rg:05d}.arrow"
+
+    def write(tmp: str) -> None:
+        with src.open(info.rel) as f:
+            table = pq.ParquetFile(f).read_row_group(rg)
+        table = _normalise(table, layout, src.path(info.rel))
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+
+    return cache.build_once(path, write)
+
+
+class RowGroupView:
+    """Zero-copy numpy views of one memory-mapped row group: vectors as (rows, *shape), scalars as (rows,)."""
+
+    def __init__(self, path: Path, layout: Layout):
+        self.table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+        self._arrays: dict[str, object] = {}
+        self._layout = layout
+
+    def column(self, name: str):
+        """A numpy array (numbers), or the Arrow array (strings, image structs)."""
+        if name not in self._arrays:
+            col = self.table[name].combine_chunks() if self.table[name].num_chunks != 1 else self.table[name].chunk(0)
+            feat = self._layout.features.get(name)
+            if pa.types.is_fixed_size_list(col.type):
+                shape = feat.shape if feat is not None else (col.type.list_size,)
+                vals = col.flatten().to_numpy(zero_copy_only=False)
+                arr = vals.reshape((len(col), *shape))
+            elif pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
+                arr = col.to_numpy(zero_copy_only=False)
+            else:
+                arr = col
+            self._arrays[name] = arr
+        return self._arrays[name]
