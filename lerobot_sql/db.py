@@ -47,6 +47,7 @@ class Database:
         self.con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
         self._video_frames_ready = not self.layout.video_keys
         self._ctx: query.Context | None = None
+        self._query_dirs: list[Path] = []
 
     # ---- SQL ------------------------------------------------------------------------------------------------
     @property
@@ -154,6 +155,43 @@ class Database:
 
         return LeRobotSQLDataset(self.source, self.layout, self.manifest(sql), self.tasks(),
                                  cache_dir=self.cache_dir, **kwargs)
+
+    # ---- delegated capabilities (each lives in its own module) ------------------------------------------------
+    def query(self, name: str, **params: Any) -> duckdb.DuckDBPyRelation:
+        """Run a named query from ``queries/`` (or a folder added with ``add_query_dir``) with parameters.
+
+        See :mod:`lerobot_sql.library`; ``lerobot-sql query DATASET --name NAME --param k=v`` is the CLI form.
+        """
+        from . import library
+
+        return self.sql(library.render(name, params, extra_dirs=self._query_dirs))
+
+    def add_query_dir(self, path: str | os.PathLike) -> None:
+        """Add a folder of ``.sql`` files to the named-query library (searched before the bundled ``queries/``)."""
+        self._query_dirs.insert(0, Path(path))
+
+    def nearest(self, *args: Any, **kwargs: Any) -> pa.Table:
+        """For given timestamps, the k nearest samples of named streams (see :func:`lerobot_sql.temporal.nearest`)."""
+        from . import temporal
+
+        return temporal.nearest(self, *args, **kwargs)
+
+    def export(self, sql: str, dest: str | os.PathLike, **kwargs: Any):
+        """Write the query's frames as a new LeRobot v3.0 dataset (see :func:`lerobot_sql.export.export_dataset`)."""
+        from . import export
+
+        return export.export_dataset(self, sql, dest, **kwargs)
+
+    def export_manifest(self, sql: str, path: str | os.PathLike, **kwargs: Any):
+        """Write the query's manifest as Parquet (see :func:`lerobot_sql.export.export_manifest`)."""
+        from . import export
+
+        return export.export_manifest(self, sql, path, **kwargs)
+
+    def io_stats(self) -> dict[str, int]:
+        """Bytes and requests read from the dataset's storage: requests, bytes_fetched, bytes_from_cache."""
+        stats = getattr(self.source.fs, "io_stats", None)
+        return dict(stats()) if callable(stats) else {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
 
     def close(self) -> None:
         self.con.close()

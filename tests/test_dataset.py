@@ -1,0 +1,122 @@
+"""Items from db.dataset() against lerobot 0.4.4's LeRobotDataset items (shared/reference), exactly."""
+
+from __future__ import annotations
+
+import av
+import numpy as np
+import pytest
+import torch
+
+import lerobot_sql as lsql
+from conftest import REFERENCE_SETS, assert_item_equals_reference, load_reference
+
+
+@pytest.mark.parametrize("name", REFERENCE_SETS)
+@pytest.mark.parametrize("mode", ["plain", "delta"])
+def test_items_equal_lerobot_reference(datasets, name, mode):
+    ref, npz = load_reference(name)
+    db = lsql.connect(datasets / name)
+    ds = db.dataset("SELECT index FROM frames ORDER BY index",
+                    delta_timestamps=ref["delta_timestamps"] if mode == "delta" else None)
+    assert len(ds) == ref["total_frames"]
+    for it in ref["items"]:
+        assert_item_equals_reference(ds[it["index"]], it, npz, mode)
+
+
+def test_uint8_frames_are_what_the_floats_came_from(datasets):
+    ref, npz = load_reference("small20")
+    db = lsql.connect(datasets / "small20")
+    ds = db.dataset("SELECT index FROM frames ORDER BY index", return_uint8=True)
+    it = ref["items"][5]
+    item = ds[it["index"]]
+    for key in ref["video_keys"]:
+        assert item[key].dtype == torch.uint8
+        np.testing.assert_array_equal(item[key].numpy(), npz[f"plain/{it['index']}/{key}"])
+
+
+def test_partial_episode_selection_pads_against_full_episode(datasets):
+    """A window in the middle of an episode still reads neighbours outside it, and pads only at the episode edge."""
+    db = lsql.connect(datasets / "small20")
+    length = db.sql("SELECT length FROM episodes WHERE episode_index = 3").fetchall()[0][0]
+    dt = {"action": [i / 30 for i in range(-3, 4)]}
+    full = db.dataset("SELECT index FROM frames WHERE episode_index = 3 ORDER BY index", delta_timestamps=dt)
+    part = db.dataset("SELECT 3 AS episode_index, 1.0 AS start_s, 2.0 AS end_s", delta_timestamps=dt)
+    assert len(part) == 30
+    assert len(full) == length
+    for j in range(len(part)):
+        a, b = part[j], full[30 + j]
+        assert int(a["frame_index"]) == 30 + j
+        torch.testing.assert_close(a["action"], b["action"], rtol=0, atol=0)
+        assert torch.equal(a["action_is_pad"], b["action_is_pad"])
+    first = full[0]
+    assert first["action_is_pad"].tolist() == [True, True, True, False, False, False, False]
+    torch.testing.assert_close(first["action"][0], first["action"][3], rtol=0, atol=0)
+
+
+def test_result_contract_modes_and_extras(datasets, framecode):
+    db = lsql.connect(datasets / "small20")
+    eps = db.dataset("SELECT episode_index, length * 2 AS twice FROM episodes WHERE episode_index IN (2, 5)")
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    assert len(eps) == lengths[2] + lengths[5]
+    item = eps[0]
+    assert int(item["episode_index"]) == 2 and int(item["frame_index"]) == 0
+    assert item["twice"].item() == 2 * lengths[2]
+    last = eps[len(eps) - 1]
+    assert int(last["episode_index"]) == 5 and int(last["frame_index"]) == lengths[5] - 1
+    np.testing.assert_array_equal(last["observation.state"].numpy(),
+                                  framecode.expected_state(5, lengths[5] - 1))
+    # index mode keeps result order
+    idx = db.dataset("SELECT index, 'tag' AS note FROM frames WHERE index IN (7, 3, 100) ORDER BY index DESC")
+    assert [int(idx[i]["index"]) for i in range(3)] == [100, 7, 3]
+    assert idx[0]["note"] == "tag"
+
+
+def test_result_contract_errors(datasets):
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(lsql.ResultContractError, match="index.*episode_index"):
+        db.dataset("SELECT length FROM episodes")
+    with pytest.raises(lsql.ResultContractError, match="no rows"):
+        db.dataset("SELECT episode_index FROM episodes WHERE length < 0")
+    with pytest.raises(ValueError, match="multiples of 1/fps"):
+        db.dataset("SELECT episode_index FROM episodes", delta_timestamps={"action": [0.01]})
+    with pytest.raises(ValueError, match="not a feature"):
+        db.dataset("SELECT episode_index FROM episodes", delta_timestamps={"nope": [0.0]})
+
+
+def test_frames_are_the_right_frames(datasets, framecode):
+    """Ground truth beyond the reference: every camera frame of some episodes carries its own codeword."""
+    db = lsql.connect(datasets / "multifile60")
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index IN (10, 11, 21, 22, 46, 47)",
+                    return_uint8=True)
+    for i in range(0, len(ds), 7):
+        item = ds[i]
+        ep, f = int(item["episode_index"]), int(item["frame_index"])
+        for cam, k in ((1, "observation.images.front"), (2, "observation.images.wrist")):
+            assert framecode.verify_frame(item[k].permute(1, 2, 0).numpy(), ep, f, cam), (ep, f, k)
+
+
+def test_dataloader_two_workers_on_real_g1_matches_direct_pyav(datasets):
+    root = datasets / "g1_real_v30"
+    db = lsql.connect(root)
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index IN (1, 6) AND frame_index % 40 = 0 ORDER BY index",
+                    return_uint8=True)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=False, num_workers=2)
+    batches = list(loader)
+    got = torch.cat([b["observation.images.cam_high"] for b in batches])
+    idx = torch.cat([b["index"] for b in batches])
+    assert len(got) == len(ds) > 0
+    want_idx = [r[0] for r in db.sql("SELECT index FROM frames WHERE episode_index IN (1, 6) AND frame_index % 40 = 0 "
+                                      "ORDER BY index").fetchall()]
+    assert idx.tolist() == want_idx
+    # Direct PyAV: decode the whole file sequentially, pick frame round((from_timestamp + timestamp) * fps).
+    rows = db.con.execute(
+        "SELECT f.index, v.path, v.from_timestamp + f.timestamp AS t FROM frames f JOIN videos v USING (episode_index) "
+        "WHERE list_contains(?, f.index) ORDER BY f.index", [want_idx]).fetchall()
+    wanted = {round(t * 30): i for i, _, t in rows}
+    found = {}
+    with av.open(str(root / rows[0][1])) as c:
+        for n, frame in enumerate(c.decode(video=0)):
+            if n in wanted:
+                found[wanted[n]] = frame.to_ndarray(format="rgb24").transpose(2, 0, 1)
+    for k, i in enumerate(want_idx):
+        np.testing.assert_array_equal(got[k].numpy(), found[i], err_msg=f"index {i}")
