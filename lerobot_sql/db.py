@@ -11,7 +11,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from . import cache, catalog, plan, query, video
+from . import cache, catalog, macros, plan, query, video
 from .errors import QueryError
 from .layout import load_layout
 from .source import open_source
@@ -44,6 +44,7 @@ class Database:
         if not self.source.is_local:
             self.con.register_filesystem(self.source.fs)
         catalog.register_views(self.con, self.source, self.layout)
+        macros.register(self.con, self.layout)
         self.con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
         self._video_frames_ready = not self.layout.video_keys
         self._ctx: query.Context | None = None
@@ -134,12 +135,13 @@ class Database:
         """task_index -> task text, from meta/tasks.parquet."""
         return dict(self.con.sql("SELECT task_index, task FROM tasks").fetchall())
 
-    def dataset(self, sql: str, **kwargs: Any):
+    def dataset(self, sql: str | os.PathLike | pa.Table, **kwargs: Any):
         """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
 
         Args:
             sql: a query over the views whose result is ``index`` rows, ``(episode_index, start_s, end_s)``
-                windows or ``episode_index`` rows (see README, "Adapter contract").
+                windows or ``episode_index`` rows (see README, "Adapter contract"); or a manifest (an Arrow
+                table from :meth:`manifest`, or the path of a Parquet file written by :meth:`export_manifest`).
             **kwargs: ``delta_timestamps`` ({key: [seconds]}), ``tolerance_s`` (default 1e-4 s),
                 ``return_uint8``, ``image_transforms``, ``cameras`` (subset of camera keys), ``decoder_threads``,
                 ``parallel_cameras``, ``max_open_decoders``.
@@ -153,8 +155,16 @@ class Database:
         """
         from .dataset import LeRobotSQLDataset
 
-        return LeRobotSQLDataset(self.source, self.layout, self.manifest(sql), self.tasks(),
-                                 cache_dir=self.cache_dir, **kwargs)
+        if isinstance(sql, pa.Table):
+            manifest = sql
+        elif isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.endswith(".parquet")
+                                               and os.path.exists(sql)):
+            import pyarrow.parquet as pq
+
+            manifest = pq.read_table(sql)
+        else:
+            manifest = self.manifest(sql)
+        return LeRobotSQLDataset(self.source, self.layout, manifest, self.tasks(), cache_dir=self.cache_dir, **kwargs)
 
     # ---- delegated capabilities (each lives in its own module) ------------------------------------------------
     def query(self, name: str, **params: Any) -> duckdb.DuckDBPyRelation:
