@@ -1,7 +1,189 @@
-"""SQL building blocks registered on every connection (DuckDB macros). Filled in by the temporal-queries work."""
+"""SQL building blocks registered on every connection: views and DuckDB macros for temporal questions.
+
+Reference with examples: docs/sql.md. In short:
+
+Views
+  ``frames_ext``     ``frames`` plus, per vector feature F with ``names`` in info.json, one column per element
+                     (``"F.<name>"``, e.g. ``"observation.state.gripper.pos"``); per-episode relative time
+                     (``length``, ``duration_s``, ``progress`` 0..1, ``time_to_end_s``, ``dt_s``); and per numeric
+                     vector feature F the frame-to-frame differences ``"F.delta"`` (F[t] - F[t-1], NULL on an
+                     episode's first frame), ``"F.velocity"`` (delta / dt, units per second) and ``"F.speed"``
+                     (L2 norm of the velocity).
+  ``camera_frames``  one row per decoded camera frame, from the video index's actual pts: ``episode_index,
+                     video_key, frame_index`` (0-based within the episode's segment of the mp4), ``timestamp``
+                     (seconds from the episode start: pts_s - videos.from_timestamp), ``path, frame, pts, pts_s,
+                     is_keyframe``.
+
+Scalar macros
+  ``element_index(feature, name)``  1-based position of ``name`` in ``feature``'s ``names`` (error if unknown).
+  ``vec_sub(a, b)``, ``vec_norm(v)``  elementwise difference and L2 norm of numeric lists/arrays.
+
+Table macros (the only functions allowed in FROM; see ``TABLE_MACROS``)
+  ``first_event(pred)``                       per episode, the first frame of ``frames_ext`` where ``pred`` holds.
+  ``event_windows(pred, before_s, after_s)``  ``[event_s - before_s, event_s + after_s)`` clipped to the episode.
+  ``segments(pred, min_duration_s)``          maximal runs of consecutive frames where ``pred`` holds.
+  ``nearest_camera_frame(video_key)``         for every ``frames`` row, the camera frame nearest in time.
+All window-returning macros give ``(episode_index, start_s, end_s)`` rows (half-open, seconds from the episode start)
+that ``Database.dataset()`` accepts.
+"""
 
 from __future__ import annotations
 
+import json
 
-def register(con, layout) -> None:
-    """Register the building-block macros and views on ``con``."""
+from .layout import Layout
+
+# Half-open windows are compared against float32 timestamps: this slack (seconds) matches plan.build_manifest.
+TOL_S = 1e-4
+NUMERIC = {"float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
+
+
+_WINDOW = ("episode_index", "start_s", "end_s")
+# Table macros users may call in FROM: name -> result columns.
+TABLE_MACROS: dict[str, tuple[str, ...]] = {
+    "first_event": ("episode_index", "event_s", "index", "frame_index"),
+    "event_windows": _WINDOW + ("event_s",),
+    "segments": _WINDOW + ("duration_s", "n_frames"),
+    "nearest_camera_frame": ("index", "episode_index", "frame_index", "timestamp", "video_key",
+                             "camera_frame_index", "camera_timestamp", "dt_s", "path", "frame", "pts", "pts_s"),
+}
+# The view each table macro's expression arguments are evaluated over.
+MACRO_READS = {"first_event": "frames_ext", "event_windows": "frames_ext", "segments": "frames_ext",
+               "nearest_camera_frame": "frames"}
+
+
+def q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def lit(value: str) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _vector_features(layout: Layout, frame_cols: dict[str, str]):
+    """(feature, length, element names or None) for 1-D vector features stored as lists/arrays in ``frames``."""
+    for name, f in layout.features.items():
+        typ = frame_cols.get(name, "")
+        if len(f.shape) == 1 and f.shape[0] >= 1 and (typ.endswith("]")) and f.dtype in NUMERIC:
+            yield name, f.shape[0], f.flat_names
+
+
+def _frames_ext_sql(layout: Layout, frame_cols: dict[str, str], has_length: bool) -> str:
+    taken = set(frame_cols)
+    sel = ["f.*"]
+
+    def add(expr: str, name: str) -> None:
+        if name not in taken:  # never shadow a real column
+            taken.add(name)
+            sel.append(f"{expr} AS {q(name)}")
+
+    vecs = list(_vector_features(layout, frame_cols))
+    for feat, _n, names in vecs:
+        for i, el in enumerate(names or []):
+            add(f"f.{q(feat)}[{i + 1}]", f"{feat}.{el}")
+    fps = repr(layout.fps)
+    length = "e.length" if has_length else "count(*) OVER ep"
+    add(length, "length")
+    add(f"{length} / {fps}", "duration_s")
+    add(f"CASE WHEN {length} > 1 THEN f.frame_index / ({length} - 1) ELSE 0.0 END", "progress")
+    add(f"{length} / {fps} - f.timestamp", "time_to_end_s")
+    add("f.timestamp - lag(f.timestamp) OVER w", "dt_s")
+    for feat, n, _names in vecs:
+        col = f"f.{q(feat)}"
+        delta = f"vec_sub({col}, lag({col}) OVER w)"
+        add(delta, f"{feat}.delta")
+        vel = f"list_transform({delta}, lambda d: d / (f.timestamp - lag(f.timestamp) OVER w))"
+        add(vel, f"{feat}.velocity")
+        add(f"vec_norm({vel})", f"{feat}.speed")
+    join = "JOIN episodes e USING (episode_index)" if has_length else ""
+    return (f"SELECT {', '.join(sel)} FROM frames f {join} "
+            "WINDOW w AS (PARTITION BY f.episode_index ORDER BY f.frame_index), ep AS (PARTITION BY f.episode_index)")
+
+
+def _element_index_sql(layout: Layout) -> str:
+    whens = []
+    for name, f in layout.features.items():
+        for i, el in enumerate(f.flat_names or [] if len(f.shape) == 1 else []):
+            whens.append(f"WHEN {lit(name + chr(0) + el)} THEN {i + 1}")
+    known = {name: f.flat_names for name, f in layout.features.items() if len(f.shape) == 1 and f.flat_names}
+    msg = lit("element_index: unknown feature/name; valid: " + json.dumps(known)[:2000])
+    body = " ".join(whens) or "WHEN NULL THEN NULL"
+    return (f"CREATE OR REPLACE MACRO element_index(feature, name) AS "
+            f"CASE feature || chr(0) || name {body} ELSE error({msg} || ' (got ' || feature || ', ' || name || ')') END")
+
+
+CAMERA_FRAMES = f"""
+SELECT v.episode_index, v.video_key,
+       (row_number() OVER (PARTITION BY v.episode_index, v.video_key ORDER BY i.pts) - 1)::BIGINT AS frame_index,
+       i.pts_s - v.from_timestamp AS timestamp, i.path, i.frame, i.pts, i.pts_s, i.is_keyframe
+FROM videos v JOIN video_frames i
+  ON i.video_key = v.video_key AND i.path = v.path
+ AND i.pts_s >= v.from_timestamp - {TOL_S!r} AND i.pts_s < v.to_timestamp - {TOL_S!r}
+"""
+
+# Nearest = the closer of the last camera frame at or before and the first at or after (two ASOF joins).
+NEAREST_CAMERA_FRAME = """
+WITH cam AS (SELECT * FROM camera_frames WHERE video_key = vkey),
+     fr AS (SELECT index, episode_index, frame_index, timestamp::DOUBLE AS t FROM frames),
+     b AS (SELECT fr.*, c.frame_index AS cfi, c.timestamp AS ct FROM fr ASOF LEFT JOIN cam c
+           ON c.episode_index = fr.episode_index AND c.timestamp <= fr.t),
+     a AS (SELECT fr.index, c.frame_index AS cfi, c.timestamp AS ct FROM fr ASOF LEFT JOIN cam c
+           ON c.episode_index = fr.episode_index AND c.timestamp >= fr.t),
+     pick AS (SELECT b.index, b.episode_index, b.frame_index, b.t,
+                CASE WHEN a.cfi IS NULL OR (b.cfi IS NOT NULL AND b.t - b.ct <= a.ct - b.t) THEN b.cfi ELSE a.cfi END AS cfi
+              FROM b JOIN a USING (index))
+SELECT p.index, p.episode_index, p.frame_index, p.t AS timestamp, c.video_key, c.frame_index AS camera_frame_index,
+       c.timestamp AS camera_timestamp, c.timestamp - p.t AS dt_s, c.path, c.frame, c.pts, c.pts_s
+FROM pick p JOIN cam c ON c.episode_index = p.episode_index AND c.frame_index = p.cfi
+"""
+
+FIRST_EVENT = """
+SELECT episode_index, arg_min(timestamp, frame_index)::DOUBLE AS event_s, arg_min(index, frame_index) AS index,
+       min(frame_index) AS frame_index
+FROM frames_ext WHERE coalesce(pred, false) GROUP BY episode_index
+"""
+
+EVENT_WINDOWS = """
+SELECT ev.episode_index, greatest(ev.event_s - before_s, 0.0) AS start_s,
+       least(ev.event_s + after_s, e.duration_s) AS end_s, ev.event_s
+FROM first_event(pred) ev JOIN episodes e USING (episode_index)
+WHERE least(ev.event_s + after_s, e.duration_s) > greatest(ev.event_s - before_s, 0.0)
+"""
+
+# Gaps and islands: a run ends wherever pred flips; frame_index - row_number() is constant within a run.
+SEGMENTS = """
+WITH hit AS (SELECT episode_index, frame_index, timestamp::DOUBLE AS t FROM frames_ext WHERE coalesce(pred, false)),
+     runs AS (SELECT *, frame_index - row_number() OVER (PARTITION BY episode_index ORDER BY frame_index) AS run
+              FROM hit),
+     seg AS (SELECT episode_index, min(t) AS start_s, max(t) + 1.0 / any_value(i.fps) AS end_s, count(*) AS n_frames
+             FROM runs, info i GROUP BY episode_index, run)
+SELECT episode_index, start_s, end_s, end_s - start_s AS duration_s, n_frames FROM seg
+WHERE end_s - start_s >= min_duration_s - 1e-9
+ORDER BY episode_index, start_s
+"""
+
+
+def register(con, layout: Layout) -> None:
+    """Register the building-block views and macros on ``con`` (after catalog.register_views).
+
+    Creates the views ``frames_ext`` and ``camera_frames`` and the macros listed in the module docstring. A
+    placeholder ``video_frames`` view is created when absent so ``camera_frames`` can bind; Database replaces it.
+    """
+    frame_cols = {r[0]: r[1] for r in con.sql("DESCRIBE frames").fetchall()}
+    ep_cols = {r[0] for r in con.sql("DESCRIBE episodes").fetchall()}
+    con.execute("CREATE OR REPLACE MACRO vec_sub(a, b) AS "
+                "CASE WHEN a IS NULL OR b IS NULL THEN NULL "
+                "ELSE list_transform(list_zip(a, b), lambda p: p[1]::DOUBLE - p[2]::DOUBLE) END")
+    con.execute("CREATE OR REPLACE MACRO vec_norm(v) AS sqrt(list_sum(list_transform(v, lambda x: x::DOUBLE * x::DOUBLE)))")
+    con.execute(_element_index_sql(layout))
+    con.execute(f"CREATE OR REPLACE VIEW frames_ext AS {_frames_ext_sql(layout, frame_cols, 'length' in ep_cols)}")
+    have = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    if "video_frames" not in have:
+        from .db import VIDEO_FRAMES_EMPTY  # the same empty schema Database installs
+
+        con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
+    con.execute(f"CREATE OR REPLACE VIEW camera_frames AS {CAMERA_FRAMES}")
+    con.execute(f"CREATE OR REPLACE MACRO first_event(pred) AS TABLE {FIRST_EVENT}")
+    con.execute(f"CREATE OR REPLACE MACRO event_windows(pred, before_s, after_s) AS TABLE {EVENT_WINDOWS}")
+    con.execute(f"CREATE OR REPLACE MACRO segments(pred, min_duration_s) AS TABLE {SEGMENTS}")
+    con.execute(f"CREATE OR REPLACE MACRO nearest_camera_frame(vkey) AS TABLE {NEAREST_CAMERA_FRAME}")

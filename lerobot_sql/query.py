@@ -1,112 +1,267 @@
 """Checks on user SQL before DuckDB sees it, with sqlglot: one read-only query over the registered views.
 
 Each check is a small function ``(tree, ctx) -> None`` that raises :class:`QueryError` with a fix; ``check_sql``
-runs them in order (see ``CHECKS``).
+runs them in order (see ``CHECKS``). Every entry point that takes user SQL (``Database.sql``, ``dataset``,
+``manifest``, ``query``, the CLI) goes through ``Database.check`` and so through ``check_sql``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.tokens import TokenType
 
 from .errors import QueryError
+from .macros import MACRO_READS, TABLE_MACROS
 
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-    """What the checks know: view name -> its column names."""
+    """What the checks know.
+
+    Attributes:
+        views: view name -> its column names (from ``duckdb_columns()``).
+        table_macros: table macros lerobot_sql registered (name -> result columns); the only functions allowed
+            in FROM.
+    """
 
     views: dict[str, list[str]]
+    table_macros: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=lambda: dict(TABLE_MACROS))
+
+    def public_views(self) -> list[str]:
+        return sorted(v for v in self.views if not v.startswith("_"))
 
 
-_LAMBDA_ARROW = re.compile(r"(?<![-\w>])(\(?\s*[A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*\s*\)?)\s*->(?!>)")
+# Views and table macros whose rows come from the per-mp4 video index: Database.check builds that index when a
+# query names one of them (see uses_video_index).
+VIDEO_INDEX_NAMES = frozenset({"video_frames", "camera_frames", "nearest_camera_frame"})
 
 
+def _did_you_mean(name: str, candidates) -> str:
+    by_lower = {c.lower(): c for c in candidates}
+    near = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" Did you mean {by_lower[near[0]]!r}?" if near else ""
+
+
+# ---- 1.x list lambdas ---------------------------------------------------------------------------------------------
 def rewrite_lambdas(sql: str) -> str:
-    """Rewrite DuckDB 1.x list lambdas ``x -> expr`` (rejected by DuckDB 2.x) to the 2.x form ``lambda x: expr``.
+    """Rewrite DuckDB 1.x list lambdas ``x -> expr`` / ``(x, i) -> expr`` (rejected by DuckDB 2.x) to the 2.x form
+    ``lambda x: expr`` / ``lambda x, i: expr``.
 
-    JSON arrows (``->``/``->>`` after a column or string) are left alone when no bare identifier precedes them in
-    a function-argument position.
+    Works on sqlglot tokens, so arrows inside string literals and comments are left alone; a ``->`` counts as a
+    lambda only when bare parameter names directly follow ``(`` or ``,`` (a function-argument position). JSON
+    ``col -> '$.a'`` in a SELECT list is not in such a position and is kept.
     """
-    out, i = [], 0
-    for m in re.finditer(r"(?P<pre>[(,]\s*)(?P<params>\(\s*\w+(?:\s*,\s*\w+)*\s*\)|\w+)\s*->(?!>)", sql):
-        params = m.group("params").strip("() ").replace(" ", "")
-        out.append(sql[i:m.start()] + m.group("pre") + f"lambda {params.replace(',', ', ')}:")
-        i = m.end()
-    out.append(sql[i:])
-    return "".join(out)
+    try:
+        toks = sqlglot.tokenize(sql, read="duckdb")
+    except sqlglot.errors.TokenError:
+        return sql  # _parse reports the real problem
+    edits: list[tuple[int, int, str]] = []
+    for i, t in enumerate(toks):
+        if t.token_type != TokenType.ARROW:
+            continue
+        j = i - 1
+        if j >= 0 and toks[j].token_type == TokenType.R_PAREN:  # (x, i) -> ...
+            names, k = [], j - 1
+            while k >= 0 and toks[k].token_type == TokenType.VAR:
+                names.append(toks[k].text)
+                if k - 1 >= 0 and toks[k - 1].token_type == TokenType.COMMA:
+                    k -= 2
+                else:
+                    k -= 1
+                    break
+            if not names or k < 0 or toks[k].token_type != TokenType.L_PAREN:
+                continue
+            # the '(' of the parameter list must itself sit in an argument position
+            if k - 1 < 0 or toks[k - 1].token_type not in (TokenType.L_PAREN, TokenType.COMMA):
+                continue
+            start = toks[k].start
+            params = ", ".join(reversed(names))
+        elif j >= 0 and toks[j].token_type == TokenType.VAR:
+            if j - 1 < 0 or toks[j - 1].token_type not in (TokenType.L_PAREN, TokenType.COMMA):
+                continue
+            start, params = toks[j].start, toks[j].text
+        else:
+            continue
+        edits.append((start, t.end + 1, f"lambda {params}:"))
+    for start, end, text in reversed(edits):
+        sql = sql[:start] + text + sql[end:]
+    return sql
 
 
 def _parse(sql: str) -> exp.Expression:
     try:
         trees = [t for t in sqlglot.parse(sql, read="duckdb") if t is not None]
-    except sqlglot.errors.ParseError as e:
-        raise QueryError(f"cannot parse the SQL: {e.errors[0]['description'] if e.errors else e}. SQL: {sql!r}") from e
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
+        desc = e.errors[0]["description"] if getattr(e, "errors", None) else str(e)
+        raise QueryError(f"cannot parse the SQL: {desc}. SQL: {sql!r}") from e
     if len(trees) != 1:
         raise QueryError(f"expected exactly one SQL statement, found {len(trees)}; run statements one at a time")
     return trees[0]
 
 
+# ---- checks ---------------------------------------------------------------------------------------------------
 def _only_queries(tree: exp.Expression, ctx: Context) -> None:
     if not isinstance(tree, exp.Query):
         raise QueryError(f"only queries (SELECT / WITH ... SELECT) are allowed here, not {tree.key.upper()}; "
                          "lerobot_sql views are read-only")
 
 
+def _func_name(f: exp.Func) -> str:
+    return (f.name if isinstance(f, exp.Anonymous) else f.sql_name()).lower()
+
+
 def _no_files_or_table_functions(tree: exp.Expression, ctx: Context) -> None:
-    ctes = {c.alias_or_name for c in tree.find_all(exp.CTE)}
     for t in tree.find_all(exp.Table):
-        if isinstance(t.this, exp.Literal) and t.this.is_string or "/" in t.name or "." in t.name and not t.db:
-            raise QueryError(f"file paths in FROM are not allowed ({t.sql()}); query the views {sorted(ctx.views)}")
+        if isinstance(t.this, exp.Func):
+            name = _func_name(t.this)
+            if name in ctx.table_macros:
+                continue
+            raise QueryError(f"table functions such as {t.this.sql('duckdb')[:60]!r} are not allowed in FROM; query "
+                             f"the views {ctx.public_views()} or the lerobot_sql table macros "
+                             f"{sorted(ctx.table_macros)}")
+        if isinstance(t.this, exp.Literal) or "/" in t.name or "\\" in t.name or ("." in t.name and not t.db):
+            raise QueryError(f"file paths in FROM are not allowed ({t.sql('duckdb')}); query the views "
+                             f"{ctx.public_views()}")
         if t.db or t.catalog:
-            raise QueryError(f"{t.sql()!s}: qualified table names are not allowed. If you meant a feature such as "
-                             f'observation.state, quote it: "observation.state"')
-    for f in tree.find_all(exp.Func):
-        if isinstance(f.parent, (exp.From, exp.Join)) or isinstance(f.parent, exp.Table):
-            raise QueryError(f"table functions such as {f.sql()[:40]!r} are not allowed; query the views "
-                             f"{sorted(ctx.views)}")
-    _ = ctes
+            raise QueryError(f"{t.sql('duckdb')}: qualified table names are not allowed. If you meant a feature such "
+                             f'as observation.state, quote it: "observation.state"')
+
+
+def _cte_names(tree: exp.Expression) -> set[str]:
+    return {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
 
 
 def _known_views(tree: exp.Expression, ctx: Context) -> None:
-    ctes = {c.alias_or_name for c in tree.find_all(exp.CTE)}
+    ctes = _cte_names(tree)
+    known = {v.lower() for v in ctx.views}
     for t in tree.find_all(exp.Table):
         name = t.name
-        if not name or name in ctes or name in ctx.views:
+        if not name or isinstance(t.this, exp.Func) or name.lower() in ctes or name.lower() in known:
             continue
-        near = difflib.get_close_matches(name, list(ctx.views), n=1)
-        hint = f" Did you mean {near[0]!r}?" if near else ""
-        raise QueryError(f"unknown view {name!r}.{hint} Views: {sorted(v for v in ctx.views if not v.startswith('_'))}")
+        raise QueryError(f"unknown view {name!r}.{_did_you_mean(name, ctx.public_views())} "
+                         f"Views: {ctx.public_views()}")
+
+
+def _column_parts(col: exp.Column) -> list[str]:
+    return [p.name for p in col.parts]
 
 
 def _dotted_features(tree: exp.Expression, ctx: Context) -> None:
-    tables = {t.alias_or_name for t in tree.find_all(exp.Table)} | {c.alias_or_name for c in tree.find_all(exp.CTE)}
+    tables = {t.alias_or_name.lower() for t in tree.find_all(exp.Table)} | _cte_names(tree)
+    tables |= {s.alias.lower() for s in tree.find_all(exp.Subquery) if s.alias}
     all_cols = {c for cols in ctx.views.values() for c in cols}
     for col in tree.find_all(exp.Column):
-        if col.table and col.table not in tables:
-            dotted = f"{col.table}.{col.name}"
-            cand = [c for c in all_cols if c == dotted or c.startswith(dotted + ".")]
-            if cand or col.table in ("observation", "action", "next"):
-                raise QueryError(f"{dotted} is read as table {col.table!r}, column {col.name!r}. Feature names "
-                                 f'contain dots: quote them, e.g. "{cand[0] if cand else dotted}"')
+        parts = _column_parts(col)
+        if len(parts) < 2 or isinstance(col.this, exp.Star):
+            continue
+        if parts[0].lower() in tables and len(parts) == 2:
+            continue  # alias.column
+        start = 1 if parts[0].lower() in tables else 0
+        dotted = ".".join(parts[start:])
+        cand = sorted(c for c in all_cols if c == dotted or c.startswith(dotted + "."))
+        if cand or parts[start] in ("observation", "action", "next"):
+            best = dotted if dotted in cand else (cand[0] if cand else dotted)
+            raise QueryError(f"{'.'.join(parts)} is read as table.column ({'.'.join(parts[:-1])!r} . {parts[-1]!r}). "
+                             f'Feature names contain dots: quote them, e.g. "{best}"'
+                             + (f" (prefix the quoted name with a table alias if needed: f.\"{best}\")" if start else ""))
 
 
-CHECKS = (_only_queries, _no_files_or_table_functions, _known_views, _dotted_features)
+def _bound_names(tree: exp.Expression) -> set[str]:
+    """Names a column reference may legitimately use besides view columns: aliases, CTE and derived-table column
+    lists, lambda parameters, window names."""
+    names: set[str] = set()
+    for a in tree.find_all(exp.Alias):
+        names.add(a.alias.lower())
+    for ta in tree.find_all(exp.TableAlias):
+        names.update(c.name.lower() for c in ta.columns)
+        if ta.name:
+            names.add(ta.name.lower())
+    for lam in tree.find_all(exp.Lambda):
+        names.update(e.name.lower() for e in lam.expressions)
+    for w in tree.find_all(exp.Window):
+        if isinstance(w.this, exp.Identifier):
+            names.add(w.name.lower())
+        if isinstance(w.args.get("alias"), exp.Identifier):
+            names.add(w.args["alias"].name.lower())
+    return names
+
+
+def _known_columns(tree: exp.Expression, ctx: Context) -> None:
+    """Unknown column names, with the nearest valid name. Conservative: a name is accepted if any referenced view,
+    table macro, alias or lambda parameter provides it, so this never rejects a query DuckDB would run."""
+    lower_views = {v.lower(): cols for v, cols in ctx.views.items()}
+    macros = {m.lower(): cols for m, cols in ctx.table_macros.items()}
+    referenced: dict[str, list[str]] = {}  # view or macro name -> columns
+    alias_to: dict[str, str] = {}
+    for t in tree.find_all(exp.Table):
+        if isinstance(t.this, exp.Func):
+            name = _func_name(t.this)
+            cols = list(macros.get(name, ()))
+            # the macro's expression arguments are evaluated over this view
+            reads = MACRO_READS.get(name)
+            if reads in ctx.views:
+                referenced[reads] = ctx.views[reads]
+        else:
+            name = t.name.lower()
+            cols = lower_views.get(name)
+            if cols is None:
+                continue  # a CTE
+        referenced[name] = cols
+        alias_to[t.alias_or_name.lower()] = name
+    if not referenced:
+        return
+    available = {c.lower(): c for cols in referenced.values() for c in cols}
+    bound = _bound_names(tree)
+    for col in tree.find_all(exp.Column):
+        if isinstance(col.this, exp.Star) or not isinstance(col.this, exp.Identifier):
+            continue
+        parts = _column_parts(col)
+        name = parts[-1]
+        if len(parts) > 2:
+            continue  # struct field access; _dotted_features handled feature names
+        if len(parts) == 2:
+            view = alias_to.get(parts[0].lower())
+            if view is None:
+                continue  # a CTE, a subquery alias or struct access: not ours to judge
+            cols = referenced[view]
+            if name.lower() in {c.lower() for c in cols}:
+                continue
+            raise QueryError(f"unknown column {name!r} in {view!r}.{_did_you_mean(name, cols)} Columns of {view}: "
+                             f"{cols}")
+        if name.lower() in available or name.lower() in bound:
+            continue
+        listing = "; ".join(f"{v}: {cols}" for v, cols in referenced.items())
+        raise QueryError(f"unknown column {name!r}.{_did_you_mean(name, list(available.values()))} "
+                         f"Valid columns - {listing}. Feature names with dots must be quoted "
+                         '(e.g. "observation.state").')
+
+
+CHECKS = (_only_queries, _no_files_or_table_functions, _known_views, _dotted_features, _known_columns)
 
 
 def check_sql(sql: str, ctx: Context) -> str:
     """Validate ``sql`` and return it ready for DuckDB (1.x lambdas rewritten).
 
     Raises:
-        QueryError: not exactly one query, a file path or table function in FROM, an unknown view, or an
-            unquoted dotted feature name; the message names the problem and the fix.
+        QueryError: not exactly one query, a file path or table function in FROM, an unknown view or column, or an
+            unquoted dotted feature name; the message names the problem, the valid names and the fix.
     """
     sql = rewrite_lambdas(sql)
     tree = _parse(sql)
     for check in CHECKS:
         check(tree, ctx)
     return sql
+
+
+def uses_video_index(sql: str) -> bool:
+    """True if ``sql`` reads a view or table macro built on the video index (``VIDEO_INDEX_NAMES``)."""
+    tree = _parse(sql)
+    for t in tree.find_all(exp.Table):
+        name = _func_name(t.this) if isinstance(t.this, exp.Func) else t.name.lower()
+        if name in VIDEO_INDEX_NAMES:
+            return True
+    return False
