@@ -1,7 +1,13 @@
 """The DuckDB connection and the views users write SQL against.
 
-``register_views`` reads only info.json and Parquet footers: every view is lazy and re-reads its Parquet files
-when queried, so nothing is copied at connect time. The view reference lives in README.md ("Views").
+``register_views`` reads only info.json and Parquet footers: every view over Parquet is lazy and re-reads its
+files when queried, so nothing is copied at connect time. The view reference lives in README.md ("Views").
+
+The legacy v2.x layout gets the same views: its JSON-lines metadata (episodes.jsonl, episodes_stats.jsonl,
+tasks.jsonl; small) is loaded into DuckDB tables shaped like v3's meta/episodes and meta/tasks.parquet, with
+``dataset_from_index``/``dataset_to_index`` from the cumulative ``length``, ``from_timestamp = 0`` and
+``to_timestamp = length / fps`` (one mp4 per episode), and ``chunk_index``/``file_index`` holding
+``episode_chunk``/``episode_index``, the two placeholders of v2 path templates.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import DatasetFormatError, MissingFileError
-from .layout import Layout
+from .layout import Layout, V2_TASKS
 from .source import Source
 
 DUCKDB_TYPES = {
@@ -41,7 +47,11 @@ def _file_list(src: Source, files) -> str:
 def template_to_printf(template: str, values: dict[str, str]) -> tuple[str, list[str]]:
     """Turn a ``str.format`` path template into a DuckDB ``printf`` format and its argument expressions.
 
-    ``values`` maps placeholder names to SQL expressions; ``{chunk_index:03d}`` becomes ``%03d``.
+    ``values`` maps placeholder names to SQL expressions; ``{chunk_index:03d}`` becomes ``%03d``. v3 templates
+    use ``video_key``, ``chunk_index``, ``file_index``; v2 templates ``episode_chunk`` and ``episode_index``.
+
+    Raises:
+        DatasetFormatError: the template uses a placeholder that ``values`` does not define.
     """
     args: list[str] = []
 
@@ -60,41 +70,176 @@ def _describe(con: duckdb.DuckDBPyConnection, sql: str) -> dict[str, str]:
     return {r[0]: r[1] for r in con.sql(f"DESCRIBE {sql}").fetchall()}
 
 
-def _tasks_text_column(src: Source) -> tuple[str, str]:
-    """(task_index column, task text column) of meta/tasks.parquet, following the pandas metadata if present."""
+def _tasks_text_column(src: Source) -> tuple[str | None, str]:
+    """(task_index column, task text column) of meta/tasks.parquet.
+
+    Text: ``task``, else the pandas metadata's ``index_columns``, else ``__index_level_0__``, else the only string
+    column. task_index: ``task_index``, else the only integer column, else None (then the row number is the
+    task_index, which is how lerobot resolves it).
+    """
     with src.open("meta/tasks.parquet") as f:
         schema = pq.read_schema(f)
     names = schema.names
-    idx_col = "task_index" if "task_index" in names else None
+    strings = [fld.name for fld in schema if pa.types.is_string(fld.type) or pa.types.is_large_string(fld.type)
+               or pa.types.is_string_view(fld.type)]
+    ints = [fld.name for fld in schema if pa.types.is_integer(fld.type)]
+    idx_col = "task_index" if "task_index" in names else (ints[0] if len(ints) == 1 else None)
     text = "task" if "task" in names else None
     if text is None and schema.metadata and b"pandas" in schema.metadata:
         meta = json.loads(schema.metadata[b"pandas"])
-        cols = [c for c in meta.get("index_columns", []) if isinstance(c, str) and c in names]
+        cols = [c for c in meta.get("index_columns", []) if isinstance(c, str) and c in strings]
         text = cols[0] if cols else None
-    if text is None and "__index_level_0__" in names:
+    if text is None and "__index_level_0__" in strings:
         text = "__index_level_0__"
-    if idx_col is None or text is None:
+    if text is None and len(strings) == 1:
+        text = strings[0]
+    if text is None or (idx_col is None and len(ints) > 1):
         raise DatasetFormatError(
             f"{src.path('meta/tasks.parquet')}: expected columns task_index and task (or a pandas index holding the "
-            f"task text), found {names}"
+            f"task text), found {schema}"
         )
     return idx_col, text
+
+
+def _read_jsonl(src: Source, rel: str) -> list[dict]:
+    """The objects of a JSON-lines file (blank lines skipped).
+
+    Raises:
+        DatasetFormatError: a line is not a JSON object; names the file and line.
+    """
+    out = []
+    with src.open(rel) as f:
+        for n, line in enumerate(f.read().decode("utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetFormatError(f"{src.path(rel)}:{n}: invalid JSON ({e}); restore the file") from e
+            if not isinstance(obj, dict):
+                raise DatasetFormatError(f"{src.path(rel)}:{n}: expected a JSON object per line")
+            out.append(obj)
+    return out
+
+
+def _v2_episodes(src: Source, layout: Layout) -> pa.Table:
+    """meta/episodes.jsonl (+ episodes_stats.jsonl) as a table with v3 meta/episodes columns, in episode order."""
+    rel = layout.episode_files[0]
+    rows = _read_jsonl(src, rel)
+    for n, r in enumerate(rows):
+        if not isinstance(r.get("episode_index"), int) or not isinstance(r.get("length"), int):
+            raise DatasetFormatError(f"{src.path(rel)}: line {n + 1} lacks an integer episode_index or length: {r}")
+    # lerobot v2.1 sorts episodes by episode_index and derives each episode's index range from cumulative lengths.
+    rows.sort(key=lambda r: r["episode_index"])
+    ep = [r["episode_index"] for r in rows]
+    length = [r["length"] for r in rows]
+    start = [0] * len(rows)
+    for i in range(1, len(rows)):
+        start[i] = start[i - 1] + length[i - 1]
+    chunk = [e // layout.chunks_size for e in ep]
+    cols: dict[str, pa.Array] = {
+        "episode_index": pa.array(ep, pa.int64()),
+        "tasks": pa.array([r.get("tasks") if isinstance(r.get("tasks"), list) else None for r in rows],
+                          pa.list_(pa.string())),
+        "length": pa.array(length, pa.int64()),
+        "data/chunk_index": pa.array(chunk, pa.int64()),
+        "data/file_index": pa.array(ep, pa.int64()),
+        "dataset_from_index": pa.array(start, pa.int64()),
+        "dataset_to_index": pa.array([s + n for s, n in zip(start, length)], pa.int64()),
+    }
+    for k in layout.video_keys:
+        cols[f"videos/{k}/chunk_index"] = pa.array(chunk, pa.int64())
+        cols[f"videos/{k}/file_index"] = pa.array(ep, pa.int64())
+        cols[f"videos/{k}/from_timestamp"] = pa.array([0.0] * len(rows), pa.float64())
+        cols[f"videos/{k}/to_timestamp"] = pa.array([n / layout.fps for n in length], pa.float64())
+    if layout.episode_stats_file:
+        pos = {e: i for i, e in enumerate(ep)}
+        stats: dict[str, list] = {}
+        for r in _read_jsonl(src, layout.episode_stats_file):
+            i = pos.get(r.get("episode_index"))
+            if i is None or not isinstance(r.get("stats"), dict):
+                continue
+            for feat, per in r["stats"].items():
+                for stat, value in (per.items() if isinstance(per, dict) else ()):
+                    stats.setdefault(f"stats/{feat}/{stat}", [None] * len(ep))[i] = (
+                        value if isinstance(value, list) else [value])
+        for name, values in stats.items():
+            try:
+                cols[name] = pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise DatasetFormatError(f"{src.path(layout.episode_stats_file)}: {name} mixes shapes or types "
+                                         f"across episodes ({e})") from e
+    return pa.table(cols)
+
+
+def _empty_episodes_sql(layout: Layout) -> str:
+    cols = ["NULL::BIGINT AS episode_index", "NULL::VARCHAR[] AS tasks", "NULL::BIGINT AS length",
+            'NULL::BIGINT AS "data/chunk_index"', 'NULL::BIGINT AS "data/file_index"',
+            "NULL::BIGINT AS dataset_from_index", "NULL::BIGINT AS dataset_to_index"]
+    for k in layout.video_keys:
+        cols += [f"NULL::BIGINT AS {q(f'videos/{k}/chunk_index')}", f"NULL::BIGINT AS {q(f'videos/{k}/file_index')}",
+                 f"NULL::DOUBLE AS {q(f'videos/{k}/from_timestamp')}", f"NULL::DOUBLE AS {q(f'videos/{k}/to_timestamp')}"]
+    return f"SELECT {', '.join(cols)} WHERE false"
+
+
+def _register_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> None:
+    tmp = f"_lsql_arrow_{name.strip('_')}"
+    con.register(tmp, table)
+    try:
+        con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM {tmp}")
+    finally:
+        con.unregister(tmp)
+
+
+def _register_episodes(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) -> dict[str, str]:
+    """Create ``_episodes_raw`` (every meta/episodes column, stats included); return its column -> type."""
+    if not layout.episode_files:
+        con.execute(f"CREATE OR REPLACE VIEW _episodes_raw AS {_empty_episodes_sql(layout)}")
+    elif layout.legacy:
+        _register_table(con, "_episodes_raw", _v2_episodes(src, layout))
+    else:
+        ep_src = f"read_parquet({_file_list(src, layout.episode_files)}, union_by_name=true)"
+        ep_cols = _describe(con, f"SELECT * FROM {ep_src}")
+        if "episode_index" not in ep_cols:
+            raise DatasetFormatError(f"{src.path(layout.episode_files[0])}: no episode_index column in episode metadata")
+        con.execute(f"CREATE OR REPLACE VIEW _episodes_raw AS SELECT * FROM {ep_src}")
+    return _describe(con, "SELECT * FROM _episodes_raw")
+
+
+def _empty_frames_sql(layout: Layout) -> str:
+    cols = []
+    for f in layout.features.values():
+        if f.is_video:
+            continue
+        if f.is_image or f.dtype in ("string", "language"):
+            typ = "VARCHAR"
+        elif f.dtype in DUCKDB_TYPES:
+            typ = DUCKDB_TYPES[f.dtype] + (f"[{f.shape[0]}]" if len(f.shape) == 1 and f.shape[0] != 1 else "")
+            if len(f.shape) > 1:
+                typ = DUCKDB_TYPES[f.dtype] + "[]" * len(f.shape)
+        else:
+            typ = "VARCHAR"
+        cols.append(f"NULL::{typ} AS {q(f.name)}")
+    for c, typ in (("timestamp", "FLOAT"), ("frame_index", "BIGINT"), ("episode_index", "BIGINT"),
+                   ("index", "BIGINT"), ("task_index", "BIGINT")):
+        if c not in layout.features:
+            cols.append(f"NULL::{typ} AS {c}")
+    return f"SELECT {', '.join(cols)} WHERE false"
 
 
 def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) -> None:
     """Create the views ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``, ``features``, ``info``
     and the private ``_frames_loc`` (frame -> data file and row) on ``con``.
 
+    Missing pieces of a partial copy (no data files, no episode metadata, no tasks file) give empty views with the
+    usual columns; :func:`lerobot_sql.layout.load_layout` has already warned about them.
+
     Raises:
-        MissingFileError: meta/tasks.parquet is missing.
-        DatasetFormatError: the episodes metadata lacks ``episode_index``.
+        DatasetFormatError: the episodes metadata lacks ``episode_index``; the data files lack a default column;
+            a JSON-lines metadata file is malformed.
     """
     fps = layout.fps
-    ep_src = f"read_parquet({_file_list(src, layout.episode_files)}, union_by_name=true)"
-    ep_cols = _describe(con, f"SELECT * FROM {ep_src}")
-    if "episode_index" not in ep_cols:
-        raise DatasetFormatError(f"{src.path(layout.episode_files[0])}: no episode_index column in episode metadata")
-    con.execute(f"CREATE OR REPLACE VIEW _episodes_raw AS SELECT * FROM {ep_src}")
+    ep_cols = _register_episodes(con, src, layout)
     plain = [c for c in ep_cols if not c.startswith("stats/")]
     dur = ", length / {} AS duration_s".format(repr(fps)) if "length" in ep_cols else ""
     con.execute(f"CREATE OR REPLACE VIEW episodes AS SELECT {', '.join(map(q, plain))}{dur} FROM _episodes_raw")
@@ -117,45 +262,64 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
     empty = "SELECT NULL::BIGINT AS episode_index, NULL::VARCHAR AS feature, NULL::VARCHAR AS stat, NULL::DOUBLE[] AS value WHERE false"
     con.execute(f"CREATE OR REPLACE VIEW episode_stats AS {' UNION ALL '.join(stats) or empty}")
 
-    data_src = f"read_parquet({_file_list(src, layout.data_files)}, union_by_name=true"
-    data_cols = _describe(con, f"SELECT * FROM {data_src})")
-    for c in ("index", "episode_index", "frame_index", "timestamp"):
-        if c not in data_cols:
-            raise DatasetFormatError(f"{src.path(layout.data_files[0])}: data files lack the {c!r} column")
-    sel = []
-    for c, typ in data_cols.items():
-        feat = layout.features.get(c)
-        if feat is not None and feat.is_image and typ.startswith("STRUCT"):
-            sel.append(f"{q(c)}.path AS {q(c)}")
-        elif feat is not None and len(feat.shape) == 1 and typ.endswith("[]") and feat.dtype in DUCKDB_TYPES:
-            sel.append(f"CAST({q(c)} AS {DUCKDB_TYPES[feat.dtype]}[{feat.shape[0]}]) AS {q(c)}")
-        else:
-            sel.append(q(c))
-    con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {data_src})")
-    prefix = src.duckdb_path("")
-    task_col = ", task_index" if "task_index" in data_cols else ", 0::BIGINT AS task_index"
-    con.execute(
-        "CREATE OR REPLACE VIEW _frames_loc AS SELECT index, episode_index, frame_index, timestamp"
-        f"{task_col}, substr(filename, {len(prefix) + 1}) AS data_file, file_row_number AS row "
-        f"FROM {data_src}, filename=true, file_row_number=true)"
-    )
+    if layout.data_files:
+        data_src = f"read_parquet({_file_list(src, layout.data_files)}, union_by_name=true"
+        data_cols = _describe(con, f"SELECT * FROM {data_src})")
+        for c in ("index", "episode_index", "frame_index", "timestamp"):
+            if c not in data_cols:
+                raise DatasetFormatError(f"{src.path(layout.data_files[0])}: data files lack the {c!r} column")
+        sel = []
+        for c, typ in data_cols.items():
+            feat = layout.features.get(c)
+            if feat is not None and feat.is_image and typ.startswith("STRUCT"):
+                sel.append(f"{q(c)}.path AS {q(c)}")
+            elif feat is not None and len(feat.shape) == 1 and typ.endswith("[]") and feat.dtype in DUCKDB_TYPES:
+                sel.append(f"CAST({q(c)} AS {DUCKDB_TYPES[feat.dtype]}[{feat.shape[0]}]) AS {q(c)}")
+            else:
+                sel.append(q(c))
+        con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {data_src})")
+        prefix = src.duckdb_path("")
+        task_col = ", task_index" if "task_index" in data_cols else ", 0::BIGINT AS task_index"
+        con.execute(
+            "CREATE OR REPLACE VIEW _frames_loc AS SELECT index, episode_index, frame_index, timestamp"
+            f"{task_col}, substr(filename, {len(prefix) + 1}) AS data_file, file_row_number AS row "
+            f"FROM {data_src}, filename=true, file_row_number=true)"
+        )
+    else:
+        con.execute(f"CREATE OR REPLACE VIEW frames AS {_empty_frames_sql(layout)}")
+        con.execute("CREATE OR REPLACE VIEW _frames_loc AS SELECT NULL::BIGINT AS index, NULL::BIGINT AS episode_index, "
+                    "NULL::BIGINT AS frame_index, NULL::FLOAT AS timestamp, NULL::BIGINT AS task_index, "
+                    "NULL::VARCHAR AS data_file, NULL::BIGINT AS row WHERE false")
 
-    if not src.exists("meta/tasks.parquet"):
-        raise MissingFileError(f"{src.path('meta/tasks.parquet')}: not found; every v3.0 dataset has a tasks table")
-    idx_col, text_col = _tasks_text_column(src)
-    con.execute(
-        f"CREATE OR REPLACE VIEW tasks AS SELECT CAST({q(idx_col)} AS BIGINT) AS task_index, "
-        f"CAST({q(text_col)} AS VARCHAR) AS task FROM read_parquet({lit(src.duckdb_path('meta/tasks.parquet'))})"
-    )
+    if layout.tasks_file is None:
+        con.execute("CREATE OR REPLACE VIEW tasks AS SELECT NULL::BIGINT AS task_index, NULL::VARCHAR AS task WHERE false")
+    elif layout.tasks_file == V2_TASKS:
+        rows = _read_jsonl(src, V2_TASKS)
+        bad = [r for r in rows if not isinstance(r.get("task_index"), int) or not isinstance(r.get("task"), str)]
+        if bad:
+            raise DatasetFormatError(f"{src.path(V2_TASKS)}: every line needs an integer task_index and a string "
+                                     f"task, found {bad[0]}")
+        _register_table(con, "tasks", pa.table({"task_index": pa.array([r["task_index"] for r in rows], pa.int64()),
+                                                "task": pa.array([r["task"] for r in rows], pa.string())}))
+    else:
+        idx_col, text_col = _tasks_text_column(src)
+        # No task_index column: lerobot resolves task_index positionally, so the row number is the index.
+        idx = f"CAST({q(idx_col)} AS BIGINT)" if idx_col else "CAST(file_row_number AS BIGINT)"
+        extra = "" if idx_col else ", file_row_number=true"
+        con.execute(
+            f"CREATE OR REPLACE VIEW tasks AS SELECT {idx} AS task_index, CAST({q(text_col)} AS VARCHAR) AS task "
+            f"FROM read_parquet({lit(src.duckdb_path(layout.tasks_file))}{extra})"
+        )
 
     vids = []
     for k in layout.video_keys:
         need = [f"videos/{k}/{c}" for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]
         if not all(c in ep_cols for c in need):
             continue
-        fmt, args = template_to_printf(
-            layout.video_path, {"video_key": lit(k), "chunk_index": q(need[0]), "file_index": q(need[1])}
-        )
+        values = {"video_key": lit(k), "chunk_index": q(need[0]), "file_index": q(need[1])}
+        if layout.legacy:
+            values.update(episode_chunk=q(need[0]), episode_index=q(need[1]))
+        fmt, args = template_to_printf(layout.video_path, values)
         vids.append(
             f"SELECT episode_index, {lit(k)} AS video_key, CAST({q(need[0])} AS BIGINT) AS chunk_index, "
             f"CAST({q(need[1])} AS BIGINT) AS file_index, printf({lit(fmt)}, {', '.join(args)}) AS path, "

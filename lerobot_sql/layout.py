@@ -1,6 +1,9 @@
 """The dataset's layout as meta/info.json describes it: format version, fps, features, path templates, file lists.
 
-Knows nothing of DuckDB or torch. v3.x is read natively; v2.x is recognised and refused with a clear message.
+Knows nothing of DuckDB or torch. v3.x and the legacy v2.0/v2.1 layout (one parquet and one mp4 per episode,
+JSON-lines metadata, see the format spec section 13) are both read natively; ``Layout.legacy`` tells them apart.
+Problems that do not stop reading (no data files, a video folder that differs from ``video_path``) are
+collected in ``Layout.warnings`` and emitted once with :func:`warnings.warn`.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import warnings
 from typing import Any
 
 from .errors import DatasetFormatError, MissingFileError, UnsupportedVersionError
@@ -17,6 +21,13 @@ DEFAULT_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_i
 EPISODES_GLOB = "meta/episodes/*/*.parquet"
 DEFAULT_DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 DEFAULT_VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+# v2.x: one file per episode; episode_chunk = episode_index // chunks_size (episodes per chunk in v2).
+V2_DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+V2_VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
+V2_EPISODES = "meta/episodes.jsonl"
+V2_EPISODES_STATS = "meta/episodes_stats.jsonl"
+V2_TASKS = "meta/tasks.jsonl"
+V3_TASKS = "meta/tasks.parquet"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +90,16 @@ class Layout:
         features: name -> Feature, in info.json order.
         data_path, video_path: ``str.format`` templates relative to the root.
         info: the raw info.json dict.
-        episode_files, data_files: relative paths, sorted.
+        episode_files: v3: ``meta/episodes/*/*.parquet``; v2: ``("meta/episodes.jsonl",)``; () if absent.
+        data_files: relative paths of every data Parquet file, sorted; () for a metadata-only copy.
+        legacy: True for the v2.0/v2.1 layout.
+        chunks_size: info.json ``chunks_size`` (v2: episodes per chunk folder; v3: files per chunk folder).
+        tasks_file: ``meta/tasks.parquet`` (v3) or ``meta/tasks.jsonl`` (v2); None if absent.
+        episode_stats_file: v2.1 ``meta/episodes_stats.jsonl``, None otherwise (v3 keeps stats in meta/episodes).
+        warnings: what was odd but readable, one message each (already emitted with warnings.warn).
+
+    In the v2 layout the per-episode file of camera K is addressed like a v3 file with
+    ``chunk_index = episode_chunk`` and ``file_index = episode_index`` (see :meth:`video_file`).
     """
 
     version: str
@@ -90,6 +110,15 @@ class Layout:
     info: dict
     episode_files: tuple[str, ...]
     data_files: tuple[str, ...]
+    legacy: bool = False
+    chunks_size: int = 1000
+    tasks_file: str | None = V3_TASKS
+    episode_stats_file: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def version_tuple(self) -> tuple[int, int]:
+        return parse_version(self.version)
 
     @property
     def video_keys(self) -> list[str]:
@@ -104,8 +133,15 @@ class Layout:
         return [k for k, f in self.features.items() if f.is_camera]
 
     def video_file(self, video_key: str, chunk_index: int, file_index: int) -> str:
-        tmpl = self.video_path or DEFAULT_VIDEO_PATH
-        return tmpl.format(video_key=video_key, chunk_index=int(chunk_index), file_index=int(file_index))
+        """Relative mp4 path of camera ``video_key``; for v2, chunk_index is episode_chunk, file_index episode_index."""
+        tmpl = self.video_path or (V2_VIDEO_PATH if self.legacy else DEFAULT_VIDEO_PATH)
+        return tmpl.format(video_key=video_key, chunk_index=int(chunk_index), file_index=int(file_index),
+                           episode_chunk=int(chunk_index), episode_index=int(file_index))
+
+    def data_file(self, chunk_index: int, file_index: int) -> str:
+        """Relative data path from ``data_path``; for v2, chunk_index is episode_chunk, file_index episode_index."""
+        return self.data_path.format(chunk_index=int(chunk_index), file_index=int(file_index),
+                                     episode_chunk=int(chunk_index), episode_index=int(file_index))
 
 
 def parse_version(v: Any) -> tuple[int, int]:
@@ -131,10 +167,13 @@ def _parse_features(raw: Any, where: str) -> dict[str, Feature]:
 def load_layout(src: Source) -> Layout:
     """Read meta/info.json and list the metadata and data files (no Parquet is opened).
 
+    v3.x and v2.x (v2.0, v2.1) are accepted. A copy without data files or without episode metadata still opens
+    (its views are empty) with a warning, so metadata-only copies can be queried.
+
     Raises:
         MissingFileError: meta/info.json does not exist under the root.
         DatasetFormatError: info.json is not valid JSON or lacks fps/features.
-        UnsupportedVersionError: codebase_version is not v3.x (v2.x support is tracked separately).
+        UnsupportedVersionError: codebase_version is neither v2.x nor v3.x.
     """
     where = src.path("meta/info.json")
     if not src.exists("meta/info.json"):
@@ -153,31 +192,80 @@ def load_layout(src: Source) -> Layout:
         major, _minor = parse_version(version)
     except ValueError:
         raise DatasetFormatError(f"{where}: codebase_version {version!r} is not a version like 'v3.0'") from None
-    if major != 3:
-        hint = (
-            "v2.x datasets are not read yet; convert with "
-            "`python -m lerobot.datasets.v30.convert_dataset_v21_to_v30 --repo-id=NAME --root=PARENT --push-to-hub=false`"
-            if major == 2
-            else "this reader handles LeRobot format v3.x"
-        )
-        raise UnsupportedVersionError(f"{where}: codebase_version {version!r} is not supported: {hint}")
+    if major not in (2, 3):
+        raise UnsupportedVersionError(f"{where}: codebase_version {version!r} is not supported: this reader handles "
+                                      "LeRobot formats v2.0, v2.1 and v3.x")
+    legacy = major == 2
     fps = info.get("fps")
-    if not isinstance(fps, (int, float)) or fps <= 0:
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps <= 0:
         raise DatasetFormatError(f"{where}: 'fps' must be a positive number, found {fps!r}")
     features = _parse_features(info.get("features"), where)
-    episode_files = tuple(src.glob(EPISODES_GLOB))
-    if not episode_files:
-        raise MissingFileError(f"{src.path('meta/episodes')}: no episode metadata files ({EPISODES_GLOB}) found")
+    has_video = any(f.is_video for f in features.values())
+    chunks_size = info.get("chunks_size")
+    chunks_size = int(chunks_size) if isinstance(chunks_size, (int, float)) and chunks_size > 0 else 1000
+    notes: list[str] = []
+
+    if legacy:
+        episode_files = (V2_EPISODES,) if src.exists(V2_EPISODES) else ()
+        stats_file = V2_EPISODES_STATS if src.exists(V2_EPISODES_STATS) else None
+        tasks_file = V2_TASKS if src.exists(V2_TASKS) else None
+        data_path = info.get("data_path") or V2_DATA_PATH
+        video_path = info.get("video_path") or (V2_VIDEO_PATH if has_video else None)
+        if not episode_files:
+            notes.append(f"{src.path(V2_EPISODES)}: not found; the episodes view is empty")
+    else:
+        episode_files = tuple(src.glob(EPISODES_GLOB))
+        stats_file = None
+        tasks_file = V3_TASKS if src.exists(V3_TASKS) else None
+        data_path = info.get("data_path") or DEFAULT_DATA_PATH
+        video_path = info.get("video_path") or (DEFAULT_VIDEO_PATH if has_video else None)
+        if not episode_files:
+            notes.append(f"{src.path('meta/episodes')}: no episode metadata files ({EPISODES_GLOB}); "
+                         "the episodes, episode_stats and videos views are empty")
+    if tasks_file is None:
+        notes.append(f"{src.path(V2_TASKS if legacy else V3_TASKS)}: not found; the tasks view is empty and items "
+                     "have task None")
     data_files = tuple(src.glob("data/*/*.parquet"))
     if not data_files:
-        raise MissingFileError(f"{src.path('data')}: no data files (data/*/*.parquet) found")
+        notes.append(f"{src.path('data')}: no data files (data/*/*.parquet); this is a metadata-only copy, the "
+                     "frames view is empty. Download data/ to read frames")
+    if video_path is not None and has_video:
+        video_path = _find_video_dir(src, video_path, notes)
+    for n in notes:
+        warnings.warn(n, stacklevel=4)  # the caller of lerobot_sql.connect()
     return Layout(
         version=version,
         fps=float(fps),
         features=features,
-        data_path=info.get("data_path") or DEFAULT_DATA_PATH,
-        video_path=info.get("video_path") or (DEFAULT_VIDEO_PATH if any(f.is_video for f in features.values()) else None),
+        data_path=data_path,
+        video_path=video_path,
         info=info,
         episode_files=episode_files,
         data_files=data_files,
+        legacy=legacy,
+        chunks_size=chunks_size,
+        tasks_file=tasks_file,
+        episode_stats_file=stats_file,
+        warnings=tuple(notes),
     )
+
+
+def _find_video_dir(src: Source, video_path: str, notes: list[str]) -> str:
+    """``video_path`` with its top folder replaced when that folder is absent but exactly one other top-level
+    folder holds mp4 files (third-party writers put videos in ``video/`` while the template says ``videos/``).
+
+    Only the literal first path segment is compared, so this costs one or two listings, not one per file.
+    """
+    top = video_path.split("/", 1)
+    if len(top) != 2 or "{" in top[0] or src.exists(top[0]):
+        return video_path
+    try:
+        candidates = sorted({p.split("/", 1)[0] for p in src.glob("*/**/*.mp4")} - {"meta", "data"})
+    except (OSError, ValueError):
+        return video_path
+    if len(candidates) != 1:
+        return video_path
+    fixed = f"{candidates[0]}/{top[1]}"
+    notes.append(f"{src.path(top[0])}: not found, but {src.path(candidates[0])} holds mp4 files; reading videos "
+                 f"through {fixed!r} instead of info.json's video_path {video_path!r}")
+    return fixed
