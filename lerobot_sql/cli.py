@@ -1,0 +1,703 @@
+"""``lerobot-sql``: the command line. Each subcommand is a small ``cmd_<name>(args) -> int`` function.
+
+Exit codes: 0 success, 1 failure (a :class:`LeRobotSQLError`, an I/O error, ``doctor`` finding problems),
+2 usage error (argparse), 130 interrupted. Errors print as ``error: <message>`` plus a ``hint:`` line on stderr;
+set ``LSQL_DEBUG=1`` for the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cmd
+import contextlib
+import difflib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import (
+    DatasetFormatError,
+    FrameNotFoundError,
+    LeRobotSQLError,
+    MissingFileError,
+    QueryError,
+    RemoteIOError,
+    ResultContractError,
+    UnsupportedVersionError,
+    VideoDecodeError,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+EPILOG = """\
+examples:
+  lerobot-sql info sample/small20
+  lerobot-sql schema sample/small20 episodes
+  lerobot-sql query sample/small20 "SELECT episode_index, length, tasks FROM episodes WHERE length > 300"
+  lerobot-sql query sample/small20 "SELECT * FROM frames WHERE episode_index = 3" -f parquet -o ep3.parquet
+  lerobot-sql query --list
+  lerobot-sql query sample/small20 --name NAME --param key=value
+  lerobot-sql export sample/small20 /tmp/long_eps --sql "SELECT episode_index FROM episodes WHERE length > 300"
+  lerobot-sql index sample/small20 && lerobot-sql doctor sample/small20
+  lerobot-sql shell sample/small20
+
+DATASET is the root of a LeRobot v3.0 dataset (the folder holding meta/, data/, videos/) or an fsspec URL.
+"""
+
+
+class UsageError(Exception):
+    """Arguments that parse but do not fit together; reported like argparse errors (exit 2)."""
+
+
+# ---- helpers -------------------------------------------------------------------------------------------------------
+def _param(text: str) -> tuple[str, Any]:
+    """``key=value`` -> (key, value); the value becomes an int, float, bool or JSON list when it reads as one."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key.strip(), _coerce(raw)
+
+
+def _coerce(raw: str) -> Any:
+    for conv in (int, float):
+        with contextlib.suppress(ValueError):
+            return conv(raw)
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    if raw.startswith("["):
+        with contextlib.suppress(ValueError):
+            return json.loads(raw)
+    return raw
+
+
+def _connect(args):
+    import lerobot_sql as lsql
+
+    kw = {"cache_dir": args.cache_dir} if getattr(args, "cache_dir", None) else {}
+    db = lsql.connect(args.dataset, **kw)
+    for d in getattr(args, "query_dir", None) or []:
+        db.add_query_dir(d)
+    return db
+
+
+def _sql_from(args, db, *, required: bool = True, default: str | None = None) -> str | None:
+    """The SQL text of ``--sql``/positional SQL (``-`` reads stdin) or of the named query ``--name`` rendered."""
+    sql = getattr(args, "sql", None)
+    if sql == "-":
+        sql = sys.stdin.read()
+    name = getattr(args, "name", None)
+    if sql and name:
+        raise UsageError("give either SQL or --name, not both")
+    if getattr(args, "param", None) and not name:
+        raise UsageError("--param only applies to a named query (--name NAME)")
+    if name:
+        from . import library
+
+        return library.render(name, dict(args.param or []), extra_dirs=db._query_dirs)
+    if not sql and required and default is None:
+        raise UsageError("no query: give SQL (or - to read it from stdin) or --name NAME")
+    return sql or default
+
+
+def _run(db, sql: str, params: dict | None = None, name: str | None = None):
+    import duckdb
+
+    try:
+        return db.query(name, **(params or {})) if name else db.sql(sql)
+    except duckdb.Error as e:
+        raise QueryError(f"{type(e).__name__}: {e}") from e
+
+
+def _materialize(rel, what: str):
+    """Run the relation to an Arrow table, turning DuckDB runtime errors (casts, ...) into QueryError."""
+    import duckdb
+
+    try:
+        return rel.to_arrow_table()
+    except duckdb.Error as e:
+        raise QueryError(f"{type(e).__name__}: {e}") from e
+
+
+def _print_table(rel, max_rows: int) -> None:
+    import duckdb
+
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 100_000
+    try:
+        # DuckDB's own box rendering; it elides middle rows past max_rows and states the row count.
+        rel.show(max_width=width, max_rows=max_rows if max_rows > 0 else 2**31 - 1)
+    except duckdb.Error as e:
+        raise QueryError(f"{type(e).__name__}: {e}") from e
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (bytes, bytearray)):
+        return v.hex()
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    return str(v)  # dates, decimals, UUIDs
+
+
+@contextlib.contextmanager
+def _out(path: str | None, binary: bool = False):
+    if path in (None, "-"):
+        yield sys.stdout.buffer if binary else sys.stdout
+    else:
+        with open(path, "wb" if binary else "w", encoding=None if binary else "utf-8") as f:
+            yield f
+
+
+def _write_result(rel, fmt: str, output: str | None, max_rows: int) -> None:
+    if fmt == "table":
+        if output not in (None, "-"):
+            with _out(output) as f, contextlib.redirect_stdout(f):
+                _print_table(rel, max_rows)
+        else:
+            _print_table(rel, max_rows)
+    elif fmt == "json":  # JSON Lines: one object per row, streams into jq / pandas.read_json(lines=True)
+        table = _materialize(rel, "json")
+        with _out(output) as f:
+            for row in table.to_pylist():
+                f.write(json.dumps(_jsonable(row), ensure_ascii=False) + "\n")
+    elif fmt == "csv":
+        import duckdb
+
+        # DuckDB writes lists and structs as readable text ([1.0, 2.0]); stdout goes through a temp file.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = output if output not in (None, "-") else os.path.join(tmp, "out.csv")
+            try:
+                rel.write_csv(path, header=True)
+            except duckdb.Error as e:
+                raise QueryError(f"{type(e).__name__}: {e}") from e
+            if output in (None, "-"):
+                with open(path, "rb") as f:
+                    shutil.copyfileobj(f, sys.stdout.buffer)
+    elif fmt == "parquet":
+        if output in (None, "-") and sys.stdout.isatty():
+            raise UsageError("--format parquet needs --output FILE.parquet (or a redirect: > out.parquet)")
+        import pyarrow.parquet as pq
+
+        table = _materialize(rel, "parquet")
+        with _out(output, binary=True) as f:
+            pq.write_table(table, f)
+    sys.stdout.flush()
+
+
+def _views_and_columns(db) -> dict[str, list[tuple[str, str]]]:
+    out: dict[str, list[tuple[str, str]]] = {}
+    for view in db.views():
+        # DESCRIBE runs on our own connection: db.sql() accepts only SELECT queries.
+        out[view] = [(r[0], r[1]) for r in db.con.sql(f'DESCRIBE "{view}"').fetchall()]
+    return out
+
+
+# ---- subcommands ---------------------------------------------------------------------------------------------------
+def cmd_info(args) -> int:
+    db = _connect(args)
+    lay = db.layout
+    ep = db.sql("SELECT count(*), sum(length), min(length), max(length) FROM episodes").fetchall()[0]
+    n_tasks = db.sql("SELECT count(*) FROM tasks").fetchall()[0][0]
+    feats = []
+    for k, f in lay.features.items():
+        detail = ""
+        if f.is_video:
+            i = f.info
+            detail = f"{i.get('video.codec', '?')} {i.get('video.pix_fmt', '')} {i.get('video.fps', '')} fps".strip()
+        elif f.flat_names:
+            detail = ", ".join(f.flat_names)
+        feats.append({"name": k, "dtype": f.dtype, "shape": list(f.shape), "detail": detail})
+    videos = db.sql("SELECT count(DISTINCT path) FROM videos").fetchall()[0][0]
+    info = {
+        "dataset": db.source.url, "codebase_version": lay.version, "robot_type": lay.info.get("robot_type"),
+        "fps": lay.fps, "episodes": ep[0], "frames": ep[1], "tasks": n_tasks,
+        "duration_s": round((ep[1] or 0) / lay.fps, 3), "episode_length": [ep[2], ep[3]],
+        "cameras": lay.camera_keys, "files": {"data": len(lay.data_files), "episodes": len(lay.episode_files),
+                                              "video": videos},
+        "features": feats,
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"dataset      {info['dataset']}")
+    print(f"format       {lay.version}   robot_type {info['robot_type']}   fps {lay.fps:g}")
+    print(f"episodes     {ep[0]}   frames {ep[1]}   tasks {n_tasks}   duration {info['duration_s']:.1f} s   "
+          f"episode length {ep[2]}..{ep[3]} frames")
+    print(f"files        {len(lay.data_files)} data, {len(lay.episode_files)} episode metadata, {videos} video")
+    print("features")
+    w = max(len(f["name"]) for f in feats)
+    for f in feats:
+        shape = str(tuple(f["shape"]))
+        print(f"  {f['name']:<{w}}  {f['dtype']:<8} {shape:<14} {f['detail']}".rstrip())
+    return 0
+
+
+def cmd_schema(args) -> int:
+    db = _connect(args)
+    views = _views_and_columns(db)
+    if args.view:
+        if args.view not in views:
+            near = difflib.get_close_matches(args.view, list(views), n=1)
+            raise QueryError(f"unknown view {args.view!r}.{' Did you mean ' + repr(near[0]) + '?' if near else ''} "
+                             f"Views: {sorted(views)}")
+        views = {args.view: views[args.view]}
+    if args.json:
+        print(json.dumps({v: [{"column": c, "type": t} for c, t in cols] for v, cols in views.items()}, indent=2))
+        return 0
+    for v, cols in views.items():
+        note = "  (built from the mp4 files on first use; see `lerobot-sql index`)" if v == "video_frames" else ""
+        print(f"{v}{note}")
+        w = max((len(c) for c, _ in cols), default=0)
+        for c, t in cols:
+            print(f"  {c:<{w}}  {t}")
+    return 0
+
+
+def cmd_query(args) -> int:
+    if args.list:
+        from . import library
+
+        entries = library.list_queries(extra_dirs=[Path(d) for d in args.query_dir or []])
+        for e in entries:
+            print(_describe_query(e))
+        return 0
+    if not args.dataset:
+        raise UsageError("DATASET is required (except with --list)")
+    db = _connect(args)
+    if args.name:
+        if args.sql:
+            raise UsageError("give either SQL or --name, not both")
+        rel = _run(db, None, dict(args.param or []), name=args.name)
+    else:
+        rel = _run(db, _sql_from(args, db))
+    _write_result(rel, args.format, args.output, args.max_rows)
+    return 0
+
+
+def _describe_query(e: Any) -> str:
+    """One line per named query, whatever shape library.list_queries returns (names, dicts or dataclasses)."""
+    if isinstance(e, str):
+        return e
+    d = e if isinstance(e, dict) else getattr(e, "__dict__", {}) or {}
+    name = d.get("name", str(e))
+    params = d.get("params") or d.get("parameters")
+    desc = d.get("description") or d.get("doc") or ""
+    if isinstance(params, dict):
+        params = [f"{k}={v}" if v is not None else k for k, v in params.items()]
+    head = f"{name}" + (f"  ({', '.join(map(str, params))})" if params else "")
+    return f"{head:<40}  {desc.splitlines()[0] if desc else ''}".rstrip()
+
+
+def _print_report(report: Any) -> None:
+    """A report dataclass as aligned ``field  value`` lines (or its own ``to_text()``)."""
+    import dataclasses
+
+    if hasattr(report, "to_text"):
+        print(report.to_text())
+    elif dataclasses.is_dataclass(report):
+        fields = dataclasses.asdict(report)
+        w = max(map(len, fields))
+        for k, v in fields.items():
+            print(f"{k:<{w}}  {round(v, 3) if isinstance(v, float) else v}")
+    elif report is not None:
+        print(report)
+
+
+def cmd_export(args) -> int:
+    db = _connect(args)
+    sql = _sql_from(args, db)
+    report = db.export(sql, args.dest, overwrite=args.overwrite, progress=not args.quiet,
+                       tolerance_s=args.tolerance_s)
+    _print_report(report)
+    return 0
+
+
+def cmd_prefetch(args) -> int:
+    from . import prefetch
+
+    db = _connect(args)
+    sql = _sql_from(args, db, default="SELECT episode_index FROM episodes")
+    _print_report(prefetch.prefetch(db, sql, progress=not args.quiet))
+    return 0
+
+
+def cmd_index(args) -> int:
+    from tqdm.auto import tqdm
+
+    from . import video
+
+    db = _connect(args)
+    files = db.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
+    if not files:
+        print("no video features: nothing to index")
+        return 0
+    # One demux pass per mp4 (packets only, no decoding); results are cached and reused by db.dataset().
+    for _key, rel in tqdm(files, desc="video index", unit="file", disable=args.quiet):
+        video.ensure_index(db.source, rel, db.cache_dir)
+    db._ensure_video_frames()
+    rel = db.sql("SELECT video_key, count(DISTINCT path) AS files, count(*) AS frames, "
+                 "count(*) FILTER (WHERE is_keyframe) AS keyframes, "
+                 "round(count(*) / greatest(count(*) FILTER (WHERE is_keyframe), 1), 2) AS mean_gop "
+                 "FROM video_frames GROUP BY video_key ORDER BY video_key")
+    _print_table(rel, 0)
+    print(f"index cached under {db.cache_dir}; the video_frames view now lists every frame")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from . import doctor
+
+    db = _connect(args)
+    report = doctor.run(db, tolerance_s=args.tolerance_s, check_video=not args.no_video)
+    print(report.to_json() if args.json else report.to_text())
+    return 0 if report.ok else 1
+
+
+def cmd_bench(args) -> int:
+    root = Path(args.repo) if args.repo else REPO
+    if not (root / "benchmarks" / "run.py").is_file():
+        raise MissingFileError(f"{root / 'benchmarks' / 'run.py'}: not found; `lerobot-sql bench` runs the "
+                               "benchmarks of a source checkout (git clone, then pip install -e .)")
+    extra = [a for a in args.bench_args if a != "--"]
+    cmd = [sys.executable, "-m", "benchmarks.run", *([] if args.full else ["--quick"]), *extra]
+    print("$ " + " ".join(cmd), file=sys.stderr)
+    return 0 if subprocess.call(cmd, cwd=root) == 0 else 1
+
+
+def cmd_demo(args) -> int:
+    from . import demo
+
+    rc = demo.main([args.dataset] if args.dataset else [])
+    return int(rc or 0)
+
+
+def cmd_shell(args) -> int:
+    return SQLShell(_connect(args), max_rows=args.max_rows).run()
+
+
+# ---- shell ---------------------------------------------------------------------------------------------------------
+def split_statements(text: str) -> tuple[list[str], str]:
+    """Split ``text`` at semicolons outside quotes and comments: (complete statements, unfinished rest)."""
+    out, start, i, quote = [], 0, 0, None
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in ("'", '"'):
+            quote = ch
+        elif text.startswith("--", i):
+            nl = text.find("\n", i)
+            i = len(text) if nl < 0 else nl
+            continue
+        elif ch == ";":
+            stmt = text[start:i].strip()
+            if stmt:
+                out.append(stmt)
+            start = i + 1
+        i += 1
+    return out, text[start:]
+
+
+class SQLShell(cmd.Cmd):
+    """``lerobot-sql shell``: SQL statements end with ``;`` and may span lines; dot commands are one line."""
+
+    DOT_HELP = """\
+.views              list the views
+.schema [VIEW]      columns and types of every view, or of VIEW
+.maxrows N          rows shown per result (0 = all)
+.help               this text
+.quit / .exit       leave (or Ctrl-D)
+Statements are read-only SELECT queries over the views and end with ';'."""
+
+    def __init__(self, db, max_rows: int = 40, stdin=None, stdout=None):
+        super().__init__(stdin=stdin, stdout=stdout)
+        self.db, self.max_rows = db, max_rows
+        self.interactive = sys.stdin.isatty()
+        self.buffer = ""
+        self.errors = 0
+        self.prompt = "lsql> " if self.interactive else ""
+        self.intro = (f"{db}\nviews: {', '.join(db.views())}\nstatements end with ';'   .help for commands"
+                      if self.interactive else None)
+        self._words: list[str] | None = None
+
+    def run(self) -> int:
+        while True:
+            try:
+                self.cmdloop()
+                break
+            except KeyboardInterrupt:  # Ctrl-C drops the unfinished statement, keeps the shell
+                print("^C", file=sys.stderr)
+                self.buffer, self.prompt, self.intro = "", "lsql> " if self.interactive else "", None
+        # A piped script that hit an error exits 1, like the other subcommands.
+        return 1 if self.errors and not self.interactive else 0
+
+    def emptyline(self) -> bool:
+        return False
+
+    def onecmd(self, line: str) -> bool:
+        if line == "EOF":
+            if self.interactive:
+                print()
+            if self.buffer.strip():
+                return self.onecmd(";")
+            return True
+        if not self.buffer and line.strip().startswith("."):
+            return self.dot(line.strip())
+        statements, self.buffer = split_statements(self.buffer + line + "\n")
+        for stmt in statements:
+            self.execute(stmt)
+        pending = bool(self.buffer.strip())
+        if not pending:
+            self.buffer = ""
+        self.prompt = ("  ...> " if pending else "lsql> ") if self.interactive else ""
+        return False
+
+    def report(self, e: BaseException) -> None:
+        self.errors += 1
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        hint = _hint(e)
+        if hint:
+            print(f"hint: {hint}", file=sys.stderr)
+
+    def execute(self, stmt: str) -> None:
+        try:
+            _print_table(_run(self.db, stmt), self.max_rows)
+        except LeRobotSQLError as e:
+            self.report(e)
+        sys.stdout.flush()
+
+    def dot(self, line: str) -> bool:
+        word, _, rest = line.partition(" ")
+        rest = rest.strip().rstrip(";")
+        if word in (".quit", ".exit", ".q"):
+            return True
+        if word == ".help":
+            print(self.DOT_HELP)
+        elif word in (".views", ".tables"):
+            print("\n".join(self.db.views()))
+        elif word == ".schema":
+            views = _views_and_columns(self.db)
+            if rest and rest not in views:
+                near = difflib.get_close_matches(rest, list(views), n=1)
+                self.report(QueryError(f"unknown view {rest!r}.{' Did you mean ' + repr(near[0]) + '?' if near else ''}"
+                                       f" Views: {sorted(views)}"))
+                return False
+            for v, cols in views.items():
+                if not rest or v == rest:
+                    print(v)
+                    w = max((len(c) for c, _ in cols), default=0)
+                    print("\n".join(f"  {c:<{w}}  {t}" for c, t in cols))
+        elif word == ".maxrows" and rest.isdigit():
+            self.max_rows = int(rest)
+        else:
+            self.report(QueryError(f"unknown command {line!r}; .help lists the commands"))
+        sys.stdout.flush()
+        return False
+
+    # readline completion over views, columns, dot commands and common keywords
+    def words(self) -> list[str]:
+        if self._words is None:
+            cols = {c for cs in _views_and_columns(self.db).values() for c, _ in cs}
+            self._words = sorted(set(self.db.views()) | {f'"{c}"' if not c.isidentifier() else c for c in cols} |
+                                 {".views", ".schema", ".help", ".quit", ".maxrows"} |
+                                 {k.lower() for k in ("SELECT", "FROM", "WHERE", "GROUP BY", "ORDER BY", "LIMIT",
+                                                       "JOIN", "USING", "count", "DISTINCT", "list_contains")})
+        return self._words
+
+    def completenames(self, text, *ignored):
+        return [w for w in self.words() if w.startswith(text)]
+
+    def completedefault(self, text, *ignored):
+        return [w for w in self.words() if w.startswith(text)]
+
+
+# ---- parser --------------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(
+        prog="lerobot-sql", formatter_class=fmt, epilog=EPILOG,
+        description="SQL over LeRobot v3.0 datasets (Parquet + MP4), without loading or downloading them.")
+    p.add_argument("--version", action="version", version=f"lerobot-sql {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", help="where video indexes and tabular caches go (default $LSQL_CACHE_DIR "
+                                            "or ~/.cache/lerobot_sql)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name, help_, examples, func, dataset=True):
+        sp = sub.add_parser(name, help=help_, description=help_, parents=[common], formatter_class=fmt,
+                            epilog="examples:\n" + "\n".join("  " + e for e in examples))
+        if dataset:
+            sp.add_argument("dataset", metavar="DATASET", help="dataset root (holds meta/, data/, videos/) or URL")
+        sp.set_defaults(func=func)
+        return sp
+
+    def query_source(sp, positional: bool):
+        if positional:
+            sp.add_argument("sql", nargs="?", metavar="SQL", help="a SELECT over the views; - reads it from stdin")
+        else:
+            sp.add_argument("--sql", help="a SELECT over the views; - reads it from stdin")
+        sp.add_argument("--name", help="a named query from the library (see `lerobot-sql query --list`)")
+        sp.add_argument("--param", "-p", action="append", type=_param, metavar="KEY=VALUE",
+                        help="a parameter of the named query (repeatable)")
+        sp.add_argument("--query-dir", action="append", metavar="DIR",
+                        help="a folder of .sql named queries, searched before the bundled ones (repeatable)")
+
+    sp = add("info", "summary of a dataset: format, fps, episodes, frames, tasks, features, files",
+             ["lerobot-sql info sample/small20", "lerobot-sql info sample/small20 --json"], cmd_info)
+    sp.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    sp = add("schema", "the views (episodes, frames, tasks, ...) and their columns",
+             ["lerobot-sql schema sample/small20", "lerobot-sql schema sample/small20 frames"], cmd_schema)
+    sp.add_argument("view", nargs="?", help="only this view")
+    sp.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    sp = sub.add_parser(
+        "query", help="run a SQL query (or a named query) and print or save the result", parents=[common],
+        description="Run a read-only SELECT over the views, or a named query, and print or save the result.",
+        formatter_class=fmt, epilog="examples:\n" + "\n".join("  " + e for e in [
+            'lerobot-sql query sample/small20 "SELECT episode_index, length FROM episodes ORDER BY length DESC"',
+            'lerobot-sql query sample/small20 "SELECT * FROM tasks" -f csv > tasks.csv',
+            'lerobot-sql query sample/small20 "SELECT * FROM frames" -f parquet -o frames.parquet',
+            'echo "SELECT count(*) FROM frames" | lerobot-sql query sample/small20 -',
+            "lerobot-sql query --list",
+            "lerobot-sql query sample/small20 --name NAME -p key=value -f json"]))
+    sp.add_argument("dataset", nargs="?", metavar="DATASET", help="dataset root (holds meta/, data/, videos/) or URL")
+    query_source(sp, positional=True)
+    sp.add_argument("--list", action="store_true", help="list the named queries and their parameters")
+    sp.add_argument("--format", "-f", choices=["table", "csv", "json", "parquet"], default="table",
+                    help="table (default), csv, json (JSON Lines: one object per row) or parquet")
+    sp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout (required for parquet "
+                                                           "on a terminal)")
+    sp.add_argument("--max-rows", type=int, default=40, help="rows shown by the table format (0 = all; default 40)")
+    sp.set_defaults(func=cmd_query)
+
+    sp = add("export", "write the frames a query selects as a new LeRobot v3.0 dataset",
+             ['lerobot-sql export sample/small20 /tmp/drawer --sql "SELECT episode_index FROM episodes '
+              "WHERE list_contains(tasks, 'Open the top drawer.')\"",
+              'lerobot-sql export sample/small20 /tmp/windows --sql "SELECT episode_index, 1.0 AS start_s, '
+              '3.0 AS end_s FROM episodes"',
+              "lerobot-sql export sample/small20 /tmp/subset --name NAME -p key=value"], cmd_export)
+    sp.add_argument("dest", metavar="DEST", help="folder of the new dataset")
+    query_source(sp, positional=False)
+    sp.add_argument("--overwrite", action="store_true", help="replace DEST if it exists (once the new one is complete)")
+    sp.add_argument("--tolerance-s", type=float, default=1e-4,
+                    help="how far a data timestamp may be from its video frame, in seconds (default 1e-4)")
+    sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    sp = add("prefetch", "download (into the cache) the files a query needs from a remote dataset",
+             ["lerobot-sql prefetch hf://datasets/ORG/NAME",
+              'lerobot-sql prefetch hf://datasets/ORG/NAME --sql "SELECT episode_index FROM episodes LIMIT 5"'],
+             cmd_prefetch)
+    query_source(sp, positional=False)
+    sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    sp = add("index", "build the video frame index of every mp4 (one demux pass each, cached)",
+             ["lerobot-sql index sample/small20"], cmd_index)
+    sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    sp = add("doctor", "check a dataset: metadata vs files, timestamps, video frames; exit 1 on problems",
+             ["lerobot-sql doctor sample/small20", "lerobot-sql doctor sample/small20 --json --no-video"],
+             cmd_doctor)
+    sp.add_argument("--json", action="store_true", help="print the report as JSON")
+    sp.add_argument("--tolerance-s", type=float, default=1e-4,
+                    help="allowed timestamp error in seconds (default 1e-4, as lerobot)")
+    sp.add_argument("--no-video", action="store_true", help="skip the video checks (faster)")
+
+    sp = add("shell", "interactive SQL prompt with the views registered (.help inside)",
+             ["lerobot-sql shell sample/small20", "echo 'SELECT count(*) FROM frames;' | lerobot-sql shell sample/small20"],
+             cmd_shell)
+    sp.add_argument("--max-rows", type=int, default=40, help="rows shown per result (0 = all; default 40)")
+
+    sp = add("bench", "run the benchmarks (needs a source checkout: git clone, then pip install -e .)",
+             ["lerobot-sql bench", "lerobot-sql bench --full", "lerobot-sql bench -- --help"], cmd_bench,
+             dataset=False)
+    sp.add_argument("--full", action="store_true", help="the full run instead of --quick")
+    sp.add_argument("--repo", help="the source checkout (default: the one this package was installed from)")
+    sp.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed on to python -m benchmarks.run")
+
+    sp = add("demo", "a tour on the bundled sample: SQL results, a training set, a DataLoader pass",
+             ["lerobot-sql demo", "lerobot-sql demo path/to/dataset"], cmd_demo, dataset=False)
+    sp.add_argument("dataset", nargs="?", metavar="DATASET", help="default: the bundled sample/small20")
+    return p
+
+
+# ---- errors --------------------------------------------------------------------------------------------------------
+HINTS: list[tuple[type, str]] = [
+    (UnsupportedVersionError, "lerobot_sql reads LeRobot format v3.x"),
+    (ResultContractError, "return `index`, or `episode_index, start_s, end_s`, or `episode_index` columns"),
+    (QueryError, "list the views and columns with `lerobot-sql schema DATASET`; quote dotted names: "
+                 '"observation.state"'),
+    (MissingFileError, "`lerobot-sql doctor DATASET` lists every file the metadata points to that is missing"),
+    (DatasetFormatError, "`lerobot-sql doctor DATASET` checks the metadata against the files"),
+    (FrameNotFoundError, "`lerobot-sql doctor DATASET` checks timestamps against the video frames"),
+    (VideoDecodeError, "`lerobot-sql doctor DATASET` finds unreadable video files"),
+    (RemoteIOError, "check the network and the URL; `lerobot-sql prefetch` downloads ahead of training"),
+    (FileExistsError, "choose a new destination or pass --overwrite"),
+    (PermissionError, "check the permissions of the path"),
+    (OSError, "check the path"),
+]
+
+
+def _one_line(e: BaseException) -> str:
+    """The message's first paragraph on one line (DuckDB adds 'LINE 1: ...' carets; we add 'SQL: ...')."""
+    lines = []
+    for line in str(e).splitlines():
+        if not line.strip() or line.startswith(("SQL:", "LINE ")):
+            break
+        lines.append(line.strip())
+    text = " ".join(lines) or type(e).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _hint(e: BaseException) -> str | None:
+    if isinstance(e, MissingFileError) and "meta/info.json" in str(e):
+        return "DATASET is the dataset root: the folder holding meta/info.json, data/ and videos/"
+    for cls, hint in HINTS:
+        if isinstance(e, cls):
+            return hint
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        sub = next((a for a in parser._subparsers._group_actions[0].choices.values()  # the subcommand's usage line
+                    if a.prog.endswith(" " + args.command)), parser)
+        sub.print_usage(sys.stderr)
+        print(f"{sub.prog}: error: {e}", file=sys.stderr)
+        return 2
+    except (LeRobotSQLError, OSError) as e:
+        if isinstance(e, BrokenPipeError):  # `lerobot-sql query ... | head`: the reader left; not an error
+            with contextlib.suppress(OSError):
+                sys.stdout = open(os.devnull, "w")
+            return 0
+        if os.environ.get("LSQL_DEBUG"):
+            raise
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        hint = _hint(e)
+        if hint:
+            print(f"hint: {hint}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
