@@ -1,0 +1,271 @@
+"""The named-query library: parameterized ``.sql`` files run with ``db.query(name, **params)``.
+
+Bundled queries live in the repository's top-level ``queries/`` folder (``Path(__file__).parents[1] / "queries"``);
+users add folders with ``Database.add_query_dir`` (searched first). A query's name is its file name without
+``.sql`` (a subfolder is part of the name: ``doctor/x``).
+
+File format: a header of ``--`` comment lines, then one SELECT::
+
+    -- Episodes whose task text contains a string (case-insensitive).
+    --
+    -- params:
+    --   text (str): the substring to look for, e.g. cube
+    --   min_length (int, default 0): shortest episode kept, in frames
+    -- returns: episode_index BIGINT, one row per episode
+    SELECT episode_index FROM episodes WHERE ...  $text ... $min_length
+
+``$name`` in the body is replaced by the parameter's value rendered as a SQL literal of its declared type:
+
+  ``int``, ``float``  validated numbers (``inf`` allowed for float bounds, NaN refused);
+  ``str``             a quoted string literal;
+  ``bool``            true / false (also from the strings true/false/1/0/yes/no);
+  ``feature``         a quoted identifier (a column such as ``observation.state``);
+  ``expr``            one SQL expression (a predicate over ``frames_ext``), parenthesised; no statements or
+                      subqueries. The rendered SQL still goes through every query check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+
+from .errors import QueryError
+
+BUNDLED = Path(__file__).resolve().parents[1] / "queries"
+TYPES = ("int", "float", "str", "bool", "feature", "expr")
+_PARAM_LINE = re.compile(r"^\s*(\w+)\s*\(\s*(\w+)\s*(?:,\s*default\s*=?\s*(.*?))?\s*\)\s*:\s*(.*)$")
+_PLACEHOLDER = re.compile(r"\$([A-Za-z_]\w*)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One documented parameter: ``name (type[, default VALUE]): doc``."""
+
+    name: str
+    type: str
+    default: Any
+    required: bool
+    doc: str
+
+    def describe(self) -> str:
+        d = "required" if self.required else f"default {self.default!r}"
+        return f"{self.name} ({self.type}, {d}): {self.doc}"
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedQuery:
+    """A parsed ``.sql`` file: name, one-line description, params, result columns, body and where it came from."""
+
+    name: str
+    description: str
+    params: tuple[Param, ...]
+    returns: str
+    body: str
+    path: Path
+
+    def signature(self) -> str:
+        return "; ".join(p.describe() for p in self.params) or "no parameters"
+
+
+def _dirs(extra_dirs) -> list[Path]:
+    return [Path(d) for d in (extra_dirs or [])] + [BUNDLED]
+
+
+def _parse_file(name: str, path: Path) -> NamedQuery:
+    lines = path.read_text().splitlines()
+    header: list[str] = []
+    i = 0
+    while i < len(lines) and (lines[i].lstrip().startswith("--") or not lines[i].strip()):
+        if lines[i].lstrip().startswith("--"):
+            header.append(lines[i].lstrip()[2:].rstrip())
+        i += 1
+    body = "\n".join(lines[i:]).strip().rstrip(";").strip()
+    desc, params, returns, section = [], [], [], "description"
+    for h in header:
+        s = h.strip()
+        if s.lower() == "params:":
+            section = "params"
+            continue
+        if s.lower().startswith("returns:"):
+            section = "returns"
+            s = s[len("returns:"):].strip()
+        if section == "description":
+            if s:
+                desc.append(s)
+        elif section == "params":
+            m = _PARAM_LINE.match(s)
+            if m:
+                pname, ptype, default, doc = m.groups()
+                if ptype not in TYPES:
+                    raise QueryError(f"{path}: parameter {pname!r} has type {ptype!r}; use one of {list(TYPES)}")
+                params.append(Param(pname, ptype, None if default is None else _coerce(name, pname, ptype,
+                                                                                       _unquote(default)),
+                                    default is None, doc))
+            elif s and params:  # continuation of the previous parameter's doc
+                p = params[-1]
+                params[-1] = dataclasses.replace(p, doc=f"{p.doc} {s}")
+        elif s:
+            returns.append(s)
+    if not body:
+        raise QueryError(f"{path}: no SQL after the header")
+    return NamedQuery(name, " ".join(desc), tuple(params), " ".join(returns), body, path)
+
+
+def _unquote(s: str) -> str:
+    s = s.strip()
+    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
+        return s[1:-1]
+    return s
+
+
+def _all_files(extra_dirs) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in _dirs(extra_dirs):
+        if d.is_dir():
+            for p in sorted(d.glob("*.sql")):
+                found.setdefault(p.stem, p)
+    return found
+
+
+def load(name: str, extra_dirs=None) -> NamedQuery:
+    """The named query ``name`` (user folders first, then the bundled ``queries/``).
+
+    Raises:
+        QueryError: no such query; the message lists the available names and the nearest one.
+    """
+    if re.fullmatch(r"[\w-]+(/[\w-]+)*", name or ""):
+        for d in _dirs(extra_dirs):
+            p = d / f"{name}.sql"
+            if p.is_file():
+                return _parse_file(name, p)
+    names = sorted(_all_files(extra_dirs))
+    near = difflib.get_close_matches(name or "", names, n=1)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    raise QueryError(f"no named query {name!r}.{hint} Available: {names} (folders searched: "
+                     f"{[str(d) for d in _dirs(extra_dirs)]})")
+
+
+def list_queries(extra_dirs=None) -> list[dict]:
+    """Every named query: ``{"name", "description", "params": [{"name", "type", "default", "required", "doc"}],
+    "returns", "path"}``, sorted by name (a user folder's query hides a bundled one of the same name)."""
+    out = []
+    for name, path in sorted(_all_files(extra_dirs).items()):
+        nq = _parse_file(name, path)
+        out.append({"name": nq.name, "description": nq.description, "returns": nq.returns, "path": str(nq.path),
+                    "params": [dataclasses.asdict(p) for p in nq.params]})
+    return out
+
+
+_TRUE = {"true", "1", "yes", "on", "t", "y"}
+_FALSE = {"false", "0", "no", "off", "f", "n"}
+
+
+def _coerce(qname: str, pname: str, ptype: str, value: Any) -> Any:
+    """The Python value of a parameter, checked against its type (strings from the CLI are parsed)."""
+    def bad(why: str) -> QueryError:
+        return QueryError(f"query {qname!r}: parameter {pname!r} ({ptype}) {why}, got {value!r}")
+
+    if ptype == "int":
+        if isinstance(value, bool):
+            raise bad("must be an integer")
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+            return int(value)
+        raise bad("must be an integer")
+    if ptype == "float":
+        if isinstance(value, bool):
+            raise bad("must be a number")
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise bad("must be a number") from None
+        if math.isnan(v):
+            raise bad("must be a number, not NaN")
+        return v
+    if ptype == "bool":
+        if isinstance(value, bool):
+            return value
+        if str(value).strip().lower() in _TRUE | _FALSE:
+            return str(value).strip().lower() in _TRUE
+        raise bad("must be true or false")
+    if ptype in ("str", "feature", "expr"):
+        if not isinstance(value, str):
+            if ptype == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                return str(value)
+            raise bad("must be a string")
+        if ptype == "feature" and not value:
+            raise bad("must name a column")
+        if ptype == "expr":
+            _check_expr(qname, pname, value)
+        return value
+    raise bad(f"has unknown type; use one of {list(TYPES)}")
+
+
+def _check_expr(qname: str, pname: str, value: str) -> None:
+    from .query import rewrite_lambdas
+
+    try:
+        trees = sqlglot.parse(f"SELECT {rewrite_lambdas(value)}", read="duckdb")
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
+        raise QueryError(f"query {qname!r}: parameter {pname!r} must be one SQL expression, e.g. "
+                         f"\"observation.state.gripper.pos\" < 20; cannot parse {value!r}: {e}") from e
+    sel = trees[0] if len(trees) == 1 else None
+    if not isinstance(sel, exp.Select) or len(sel.expressions) != 1 or sel.args.get("from_") or \
+            any(True for _ in sel.expressions[0].find_all(exp.Query)):
+        raise QueryError(f"query {qname!r}: parameter {pname!r} must be one SQL expression (no subqueries, "
+                         f"no statements), got {value!r}")
+
+
+def _render_value(ptype: str, v: Any) -> str:
+    if ptype == "int":
+        return str(int(v))
+    if ptype == "float":
+        return f"'{v}'::DOUBLE" if math.isinf(v) else f"{v!r}::DOUBLE"
+    if ptype == "bool":
+        return "true" if v else "false"
+    if ptype == "str":
+        return "'" + v.replace("'", "''") + "'"
+    if ptype == "feature":
+        return '"' + v.replace('"', '""') + '"'
+    return f"({v})"  # expr, checked by _check_expr
+
+
+def render(name: str, params: dict, extra_dirs=None) -> str:
+    """The SQL text of named query ``name`` with ``params`` substituted as literals of their declared types.
+
+    Raises:
+        QueryError: unknown query; a missing, unknown or ill-typed parameter (the message names the query and
+            lists its documented parameters).
+    """
+    nq = load(name, extra_dirs)
+    declared = {p.name: p for p in nq.params}
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise QueryError(f"query {name!r} has no parameter(s) {unknown}. Parameters: {nq.signature()}")
+    missing = [p.name for p in nq.params if p.required and p.name not in params]
+    if missing:
+        raise QueryError(f"query {name!r} needs parameter(s) {missing}. Parameters: {nq.signature()}")
+    values = {}
+    for p in nq.params:
+        v = _coerce(name, p.name, p.type, params[p.name]) if p.name in params else p.default
+        values[p.name] = _render_value(p.type, v)
+
+    def sub(m: re.Match) -> str:
+        key = m.group(1)
+        if key not in values:
+            raise QueryError(f"{nq.path}: the SQL uses ${key}, which the header does not declare. "
+                             f"Parameters: {nq.signature()}")
+        return values[key]
+
+    return _PLACEHOLDER.sub(sub, nq.body)
