@@ -119,6 +119,11 @@ SELECT v.episode_index, v.video_key,
 FROM videos v JOIN video_frames i
   ON i.video_key = v.video_key AND i.path = v.path
  AND i.pts_s >= v.from_timestamp - {TOL_S!r} AND i.pts_s < v.to_timestamp - {TOL_S!r}
+UNION ALL
+-- Loud, not empty, if the video index was not built for this query (Database.check builds it on use).
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       error('camera_frames: the video index is not built yet; run db.sql("SELECT count(*) FROM video_frames") once')
+WHERE NOT EXISTS (SELECT 1 FROM video_frames) AND EXISTS (SELECT 1 FROM videos)
 """
 
 # Nearest = the closer of the last camera frame at or before and the first at or after (two ASOF joins).
