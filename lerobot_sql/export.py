@@ -705,6 +705,7 @@ class _VideoWriter:
                 f"fast-decode={info['video.fast_decode']}" if name == "libsvtav1" else "fastdecode"
         for k, v in (info.get("video.extra_options") or {}).items():
             opts.setdefault(str(k), str(v))
+        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its config banner per encoder otherwise
         try:
             cc = av.CodecContext.create(name, "w")
         except (av.error.FFmpegError, ValueError) as e:

@@ -1,0 +1,388 @@
+"""db.export / db.export_manifest: round trips checked against the source files (pyarrow, PyAV, framecode) and,
+when the lerobot peer interpreter exists, against lerobot 0.4.4's LeRobotDataset reading the exported dataset."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import av
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import lerobot_sql as lsql
+from lerobot_sql import export as export_mod
+
+RENUMBERED = {"index", "episode_index", "frame_index", "timestamp", "task_index"}
+PEER_PYTHON = os.environ.get("LSQL_PEER_PYTHON", "/work/peer/bin/python")
+
+
+# ---- independent views of a dataset on disk ---------------------------------------------------------------------
+def _data(root: Path):
+    files = sorted((root / "data").glob("*/*.parquet"))
+    return pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
+
+
+def _episodes(root: Path):
+    files = sorted((root / "meta" / "episodes").glob("*/*.parquet"))
+    return pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
+
+
+def _flat(v) -> np.ndarray:
+    """A (nested) list/object-array cell of a pandas frame as a flat float array."""
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return np.concatenate([_flat(x) for x in v]) if len(v) else np.zeros(0)
+    return np.array([float(v)])
+
+
+def _keyframe_pts(path: Path) -> set[int]:
+    with av.open(str(path)) as c:
+        return {p.pts for p in c.demux(c.streams.video[0]) if p.pts is not None and p.is_keyframe}
+
+
+def _expected_frames(src: Path, selection) -> list[tuple[int, int]]:
+    """(source episode, frame_index) of every output frame, in output order, from the source data file alone."""
+    d = _data(src)
+    out = []
+    for ep, f0, f1 in selection:  # half-open frame ranges
+        fr = d[(d.episode_index == ep) & (d.frame_index >= f0) & (d.frame_index < f1)].sort_values("frame_index")
+        out += [(ep, int(f)) for f in fr.frame_index]
+    return out
+
+
+def _check_structure(src: Path, out: Path, frames: list[tuple[int, int]], parts: list[tuple[int, int, int]]):
+    """Invariants of spec section 8, and the output frames being exactly ``frames``."""
+    info = json.loads((out / "meta" / "info.json").read_text())
+    d, e = _data(out), _episodes(out)
+    sd = _data(src).set_index(["episode_index", "frame_index"])
+    fps = info["fps"]
+    assert info["total_frames"] == len(d) == len(frames)
+    assert info["total_episodes"] == len(e) == len(parts)
+    assert info["splits"] == {"train": f"0:{len(parts)}"}
+    assert d["index"].tolist() == list(range(len(d)))
+    assert e["episode_index"].tolist() == list(range(len(parts)))
+    lengths = [p[2] - p[1] for p in parts]
+    assert e["length"].tolist() == lengths
+    assert e["dataset_from_index"].tolist() == list(np.cumsum([0] + lengths[:-1]))
+    assert (e["dataset_to_index"] - e["dataset_from_index"]).tolist() == lengths
+    want_ep = np.repeat(np.arange(len(parts)), lengths)
+    assert d["episode_index"].tolist() == want_ep.tolist()
+    want_fi = np.concatenate([np.arange(n) for n in lengths])
+    assert d["frame_index"].tolist() == want_fi.tolist()
+    np.testing.assert_array_equal(d["timestamp"].to_numpy(), (want_fi / fps).astype(np.float32))
+    # Values of every other column are the source's for the same frame.
+    src_rows = sd.loc[frames]
+    for col in ("observation.state", "action"):
+        if col in d:
+            np.testing.assert_array_equal(np.stack(d[col]), np.stack(src_rows[col]))
+    # Tasks: same text per frame, indices re-numbered 0..k-1.
+    st = pq.read_table(src / "meta" / "tasks.parquet").to_pandas()
+    ot = pd.read_parquet(out / "meta" / "tasks.parquet")  # how lerobot reads it: text is the index
+    assert ot["task_index"].tolist() == list(range(len(ot))) == list(range(info["total_tasks"]))
+    src_text = {int(i): t for t, i in zip(st.index if "__index_level_0__" not in st else st["__index_level_0__"],
+                                          st["task_index"])}
+    out_text = {int(i): t for t, i in zip(ot.index, ot["task_index"])}
+    assert [out_text[t] for t in d["task_index"]] == [src_text[t] for t in src_rows["task_index"]]
+    for k in range(len(parts)):
+        assert sorted(e["tasks"][k]) == sorted(set(out_text[t] for t in d["task_index"][d.episode_index == k]))
+    # Data pointers point at the file holding the episode's rows.
+    for k in range(len(parts)):
+        rel = info["data_path"].format(chunk_index=e["data/chunk_index"][k], file_index=e["data/file_index"][k])
+        eps = pq.read_table(out / rel, columns=["episode_index"])["episode_index"].to_numpy()
+        assert (eps == k).sum() == lengths[k]
+    # Video pointers: chained in each file, starting at 0, durations = length / fps.
+    for key in [k for k, f in info["features"].items() if f["dtype"] == "video"]:
+        p = f"videos/{key}/"
+        prev = {}
+        for k in range(len(parts)):
+            f = (e[p + "chunk_index"][k], e[p + "file_index"][k])
+            assert e[p + "from_timestamp"][k] == pytest.approx(prev.get(f, 0.0), abs=1e-9)
+            assert e[p + "to_timestamp"][k] - e[p + "from_timestamp"][k] == pytest.approx(lengths[k] / fps, abs=1e-6)
+            prev[f] = e[p + "to_timestamp"][k]
+    return info, d, e
+
+
+def _compare_items(src_db, out: Path, frames, framecode=None, reencoded: set[tuple[int, int]] = frozenset(), step=1):
+    """Our items of the exported dataset equal our items of the source for the same frames."""
+    od = lsql.connect(out)
+    ods = od.dataset("SELECT index FROM frames ORDER BY index", return_uint8=True)
+    idx = {(a, b): c for a, b, c in src_db.sql("SELECT episode_index, frame_index, index FROM frames").fetchall()}
+    sds = src_db.dataset("SELECT index FROM frames ORDER BY index", return_uint8=True)
+    cams = src_db.layout.video_keys
+    for j in range(0, len(frames), step):
+        a, b = ods[j], sds[idx[frames[j]]]
+        assert set(a) == set(b)
+        assert a["task"] == b["task"]
+        for k in set(a) - RENUMBERED - {"task"}:
+            if k in cams and frames[j] in reencoded:
+                ok = framecode.verify_frame(a[k].permute(1, 2, 0).numpy(), frames[j][0], frames[j][1], k)
+                assert ok["ok"], (j, k, ok)
+            else:
+                assert torch.equal(a[k], b[k]), (j, frames[j], k)
+        assert int(a["index"]) == j
+
+
+def _parts_of(frames):
+    parts, start = [], 0
+    for i in range(1, len(frames) + 1):
+        if i == len(frames) or frames[i][0] != frames[i - 1][0] or frames[i][1] != frames[i - 1][1] + 1:
+            parts.append((frames[start][0], frames[start][1], frames[i - 1][1] + 1))
+            start = i
+    return parts
+
+
+# ---- round trips ------------------------------------------------------------------------------------------------
+def test_drop_episodes_remuxes_and_copies_stats(datasets, tmp_path):
+    src = datasets / "small20"
+    db = lsql.connect(src)
+    keep = [e for e in range(20) if e not in (0, 4, 5, 11, 19)]
+    rep = db.export(f"SELECT episode_index FROM episodes WHERE episode_index NOT IN (0, 4, 5, 11, 19)",
+                    tmp_path / "out", progress=False)
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    parts = [(ep, 0, lengths[ep]) for ep in keep]
+    frames = _expected_frames(src, parts)
+    info, d, e = _check_structure(src, tmp_path / "out", frames, parts)
+    assert (rep.episodes, rep.frames, rep.frames_reencoded) == (len(keep), len(frames), 0)
+    assert rep.frames_remuxed == 2 * len(frames)
+    # Whole episodes: stats copied (non-renumbered features), index stats recomputed from the new data.
+    se = _episodes(src).set_index("episode_index")
+    for k, ep in enumerate(keep):
+        for col in ("stats/observation.state/mean", "stats/action/q99", "stats/observation.images.front/mean"):
+            np.testing.assert_array_equal(_flat(e[col][k]), _flat(se[col][ep]))
+        idx = d["index"][d.episode_index == k].to_numpy()
+        assert list(e["stats/index/min"][k]) == [idx.min()] and list(e["stats/index/max"][k]) == [idx.max()]
+        assert list(e["stats/episode_index/mean"][k]) == [k]
+    stats = json.loads((tmp_path / "out" / "meta" / "stats.json").read_text())
+    st = np.stack(d["observation.state"])
+    np.testing.assert_allclose(stats["observation.state"]["mean"], st.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(stats["observation.state"]["std"], st.std(0), rtol=1e-4)
+    assert stats["observation.state"]["count"] == [len(d)]
+    assert stats["index"]["max"] == [len(d) - 1]
+    _compare_items(db, tmp_path / "out", frames, step=7)
+
+
+def test_keep_one_task_index_rows(datasets, tmp_path, framecode):
+    """Index-level selection: frames of one task; episodes that switch task mid-episode become cut episodes."""
+    src = datasets / "small20"
+    db = lsql.connect(src)
+    d = _data(src)
+    eps_with_two = [int(ep) for ep, g in d.groupby("episode_index") if g.task_index.nunique() > 1]
+    task = int(d[d.episode_index == eps_with_two[0]].task_index.iloc[-1])
+    rep = db.export(f"SELECT index FROM frames WHERE task_index = {task} ORDER BY index", tmp_path / "out",
+                    progress=False)
+    sel = d[d.task_index == task].sort_values("index")
+    frames = list(zip(sel.episode_index.astype(int), sel.frame_index.astype(int)))
+    parts = _parts_of(frames)
+    assert any(p[1] > 0 for p in parts)  # at least one episode is cut at its head
+    info, dd, e = _check_structure(src, tmp_path / "out", frames, parts)
+    assert info["total_tasks"] == 1 and set(dd.task_index) == {0}
+    # Cut episodes get recomputed stats that describe their own frames.
+    for k, (ep, f0, f1) in enumerate(parts):
+        st = np.stack(dd["observation.state"][dd.episode_index == k])
+        np.testing.assert_allclose(e["stats/observation.state/min"][k], st.min(0))
+        np.testing.assert_allclose(e["stats/observation.state/max"][k], st.max(0))
+        np.testing.assert_allclose(e["stats/observation.state/mean"][k], st.mean(0), rtol=1e-5)
+        assert list(e["stats/observation.state/count"][k]) == [f1 - f0]
+    reenc = _reencoded_frames(src, db, parts)
+    assert rep.frames_reencoded == sum(len(v) for v in reenc.values())
+    _compare_items(db, tmp_path / "out", frames, framecode, set().union(*reenc.values()), step=3)
+
+
+def _reencoded_frames(src: Path, db, parts) -> dict[str, set]:
+    """Per camera, the (episode, frame) a part holds before its first keyframe (from the source's packets)."""
+    out = {}
+    e = _episodes(src).set_index("episode_index")
+    info = json.loads((src / "meta" / "info.json").read_text())
+    for key in db.layout.video_keys:
+        p = f"videos/{key}/"
+        out[key] = set()
+        for ep, f0, f1 in parts:
+            rel = info["video_path"].format(video_key=key, chunk_index=e[p + "chunk_index"][ep],
+                                            file_index=e[p + "file_index"][ep])
+            keys = _keyframe_pts(src / rel)
+            start = round(e[p + "from_timestamp"][ep] * 15360)
+            f = f0
+            while f < f1 and start + f * 512 not in keys:
+                out[key].add((ep, f))
+                f += 1
+    return out
+
+
+@pytest.mark.parametrize("name", ["small20", "h264_20"])
+def test_window_cuts_reencode_only_mid_gop_heads(datasets, tmp_path, framecode, name):
+    src = datasets / name
+    db = lsql.connect(src)
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    # Starts at an odd frame (not a keyframe with GOP 2), an even frame (a keyframe), and a tail cut.
+    windows = [(1, 7, 50), (3, 10, 41), (6, 0, 33), (3, 45, lengths[3])]
+    sql = " UNION ALL ".join(f"SELECT {ep} AS episode_index, {a}/30 AS start_s, {b}/30 AS end_s"
+                             for ep, a, b in windows)
+    rep = db.export(sql, tmp_path / "out", progress=False)
+    frames = _expected_frames(src, windows)
+    info, d, e = _check_structure(src, tmp_path / "out", frames, windows)
+    reenc = _reencoded_frames(src, db, windows)
+    assert all(len(v) > 0 for v in reenc.values())
+    assert rep.frames_reencoded == sum(len(v) for v in reenc.values())
+    assert rep.frames_remuxed == 2 * len(frames) - rep.frames_reencoded
+    # Every window's first video packet is a keyframe (a decoder can start each episode on its own).
+    for key in db.layout.video_keys:
+        rel = info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
+        keys = _keyframe_pts(tmp_path / "out" / rel)
+        for k in range(len(windows)):
+            assert round(e[f"videos/{key}/from_timestamp"][k] * 15360) in keys
+    _compare_items(db, tmp_path / "out", frames, framecode, set().union(*reenc.values()))
+
+
+def test_multifile_source_and_rotation(datasets, tmp_path):
+    """multifile60: episodes from several data and video files; 1 MB size limits rotate the output files too."""
+    src = datasets / "multifile60"
+    db = lsql.connect(src)
+    sql = "SELECT episode_index FROM episodes WHERE episode_index % 3 <> 1 ORDER BY episode_index"
+    rep = db.export(sql, tmp_path / "out", progress=False)
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    keep = [ep for ep in range(60) if ep % 3 != 1]
+    parts = [(ep, 0, lengths[ep]) for ep in keep]
+    frames = _expected_frames(src, parts)
+    info, d, e = _check_structure(src, tmp_path / "out", frames, parts)
+    assert rep.frames_reencoded == 0
+    assert rep.video_files == len(list((tmp_path / "out" / "videos").rglob("*.mp4"))) > 2
+    limit = info["video_files_size_in_mb"] * 1024 * 1024
+    for mp4 in (tmp_path / "out" / "videos").rglob("*.mp4"):
+        n_eps = sum(1 for k in range(len(e)) if mp4.as_posix().endswith(
+            info["video_path"].format(video_key=mp4.parts[-3], chunk_index=e[f"videos/{mp4.parts[-3]}/chunk_index"][k],
+                                      file_index=e[f"videos/{mp4.parts[-3]}/file_index"][k])))
+        assert n_eps >= 1 and (mp4.stat().st_size < limit * 1.05 or n_eps == 1)
+    chunks = {p.parent.name for p in (tmp_path / "out" / "videos").rglob("*.mp4")}
+    assert len(chunks) > 1  # chunks_size=2 in the source: at most 2 files per chunk folder
+    _compare_items(db, tmp_path / "out", frames, step=23)
+
+
+def test_destination_is_atomic(datasets, tmp_path, monkeypatch):
+    db = lsql.connect(datasets / "small20")
+    dest = tmp_path / "out"
+    calls = {"n": 0}
+    real = export_mod._VideoWriter.write
+
+    def failing(self, part):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise KeyboardInterrupt  # an interrupted export
+        return real(self, part)
+
+    monkeypatch.setattr(export_mod._VideoWriter, "write", failing)
+    with pytest.raises(KeyboardInterrupt):
+        db.export("SELECT episode_index FROM episodes", dest, progress=False)
+    assert not dest.exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary folder left behind
+    monkeypatch.undo()
+    db.export("SELECT 2 AS episode_index", dest, progress=False)
+    with pytest.raises(FileExistsError):
+        db.export("SELECT 3 AS episode_index", dest, progress=False)
+    db.export("SELECT 3 AS episode_index", dest, progress=False, overwrite=True)
+    assert _data(dest)["observation.state"].iloc[0].tolist() == _data(datasets / "small20").query(
+        "episode_index == 3")["observation.state"].iloc[0].tolist()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_image_dataset_export(datasets, tmp_path):
+    """img5_extras: images stored in Parquet travel with their rows; a cut episode gets image stats recomputed."""
+    src = datasets / "img5_extras"
+    db = lsql.connect(src)
+    rep = db.export("SELECT 1 AS episode_index, 0.5 AS start_s, 3.0 AS end_s UNION ALL SELECT 3, 0, 1000",
+                    tmp_path / "out", progress=False)
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    parts = [(1, 15, 90), (3, 0, lengths[3])]
+    frames = _expected_frames(src, parts)
+    _, d, e = _check_structure(src, tmp_path / "out", frames, parts)
+    assert rep.video_files == 0
+    assert len(_flat(e["stats/observation.images.front/mean"][0])) == 3
+    _compare_items(db, tmp_path / "out", frames, step=11)
+
+
+# ---- manifest ---------------------------------------------------------------------------------------------------
+def test_manifest_round_trip(datasets, tmp_path):
+    db = lsql.connect(datasets / "multifile60")
+    sql = "SELECT episode_index, 1.0 AS start_s, 2.0 AS end_s, length AS ep_len FROM episodes WHERE episode_index IN (5, 40)"
+    rep = db.export_manifest(sql, tmp_path / "m.parquet")
+    t = pq.read_table(tmp_path / "m.parquet")
+    assert rep.rows == t.num_rows == 60 and rep.episodes == 2
+    for k in db.layout.video_keys:
+        np.testing.assert_allclose(t[f"{k}/time_s"].to_numpy(),
+                                   t[f"{k}/from_timestamp"].to_numpy() + t["timestamp"].to_numpy().astype(np.float64))
+    meta = json.loads(t.schema.metadata[b"lerobot_sql.manifest"])
+    assert meta["root"] == str(datasets / "multifile60")
+    a, b = db.dataset(str(tmp_path / "m.parquet")), db.dataset(sql)
+    assert len(a) == len(b) == 60
+    for i in (0, 29, 30, 59):
+        x, y = a[i], b[i]
+        assert set(x) == set(y) and "ep_len" in x
+        for k in x:
+            assert (x[k] == y[k]) if isinstance(x[k], str) else torch.equal(x[k], y[k])
+
+
+# ---- lerobot itself reads the export ----------------------------------------------------------------------------
+PEER_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    root, out, idx = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    ds = LeRobotDataset("lsql/export_test", root=root)  # default backend (torchcodec), as the references
+    arrays, scalars = {}, {}
+    for i in idx:
+        item = ds[i]
+        for k, v in item.items():
+            if hasattr(v, "numpy"):
+                arrays[f"{i}/{k}"] = v.numpy()
+            else:
+                scalars[f"{i}/{k}"] = v
+    np.savez(out, **arrays)
+    print(json.dumps({"scalars": scalars, "num_frames": ds.num_frames, "num_episodes": ds.num_episodes}))
+""")
+
+
+def test_lerobot_reads_export(datasets, tmp_path):
+    if not (Path(PEER_PYTHON).exists() and subprocess.run([PEER_PYTHON, "-c", "import lerobot"],
+                                                          capture_output=True).returncode == 0):
+        pytest.skip(f"lerobot peer interpreter {PEER_PYTHON} missing or lerobot not importable (set LSQL_PEER_PYTHON)")
+    src = datasets / "small20"
+    db = lsql.connect(src)
+    windows = [(2, 5, 40), (7, 0, 30)]  # odd start: re-encoded head
+    sql = " UNION ALL ".join(f"SELECT {ep} AS episode_index, {a}/30 AS start_s, {b}/30 AS end_s"
+                             for ep, a, b in windows) + " UNION ALL SELECT 9, 0, 1e9"
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    parts = windows + [(9, 0, lengths[9])]
+    db.export(sql, tmp_path / "out", progress=False)
+    frames = _expected_frames(src, parts)
+    pick = [0, 1, 2, 34, 35, 36, 64, 65, len(frames) - 1]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    r = subprocess.run([PEER_PYTHON, "-c", PEER_SCRIPT, str(tmp_path / "out"), str(tmp_path / "peer.npz"),
+                        json.dumps(pick)], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["num_frames"] == len(frames) and res["num_episodes"] == len(parts)
+    npz = np.load(tmp_path / "peer.npz")
+    ours_out = lsql.connect(tmp_path / "out").dataset("SELECT index FROM frames ORDER BY index")
+    idx = {(a, b): c for a, b, c in db.sql("SELECT episode_index, frame_index, index FROM frames").fetchall()}
+    ours_src = db.dataset("SELECT index FROM frames ORDER BY index")
+    reenc = set().union(*_reencoded_frames(src, db, parts).values())
+    for i in pick:
+        theirs = {k.split("/", 1)[1]: npz[k] for k in npz.files if k.split("/", 1)[0] == str(i)}
+        mine = ours_out[i]
+        assert set(theirs) | {"task"} == set(mine)
+        assert res["scalars"][f"{i}/task"] == mine["task"]
+        for k, v in theirs.items():  # lerobot on the export == lsql on the export, exactly
+            np.testing.assert_array_equal(v, mine[k].numpy(), err_msg=f"{i} {k}")
+        base = ours_src[idx[frames[i]]]
+        for k in set(theirs) - RENUMBERED:  # == lsql on the source for the same frame (pixels where not re-encoded)
+            if k in db.layout.video_keys and frames[i] in reenc:
+                continue
+            np.testing.assert_array_equal(theirs[k], base[k].numpy(), err_msg=f"{i} {k}")
+        assert int(theirs["index"]) == i and int(theirs["frame_index"]) == frames[i][1] - [
+            p for p in parts if p[0] == frames[i][0] and p[1] <= frames[i][1] < p[2]][0][1]
