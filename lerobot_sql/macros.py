@@ -121,9 +121,10 @@ FROM videos v JOIN video_frames i
  AND i.pts_s >= v.from_timestamp - {TOL_S!r} AND i.pts_s < v.to_timestamp - {TOL_S!r}
 UNION ALL
 -- Loud, not empty, if the video index was not built for this query (Database.check builds it on use).
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       error('camera_frames: the video index is not built yet; run db.sql("SELECT count(*) FROM video_frames") once')
-WHERE NOT EXISTS (SELECT 1 FROM video_frames) AND EXISTS (SELECT 1 FROM videos)
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE CASE WHEN NOT EXISTS (SELECT 1 FROM video_frames) AND EXISTS (SELECT 1 FROM videos)
+           THEN error('camera_frames: the video index is not built yet; run '
+                      || 'db.sql(''SELECT count(*) FROM video_frames'') once') ELSE false END
 """
 
 # Nearest = the closer of the last camera frame at or before and the first at or after (two ASOF joins).

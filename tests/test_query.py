@@ -1,0 +1,102 @@
+"""Query checks (lerobot_sql.query): what is rejected, with which message, and what still runs."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+import lerobot_sql as lsql
+from lerobot_sql.errors import QueryError
+from lerobot_sql.query import rewrite_lambdas
+
+
+@pytest.fixture(scope="module")
+def db(datasets):
+    d = lsql.connect(datasets / "small20")
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def episodes_meta(datasets):
+    return pq.read_table(datasets / "small20" / "meta" / "episodes" / "chunk-000" / "file-000.parquet",
+                         columns=["episode_index", "tasks", "length"]).to_pylist()
+
+
+@pytest.mark.parametrize("sql, match", [
+    ("DELETE FROM episodes", "only queries"),
+    ("CREATE TABLE x AS SELECT 1", "only queries"),
+    ("COPY (SELECT 1) TO '/tmp/x.csv'", "only queries"),
+    ("ATTACH '/tmp/x.db'", "only queries|cannot parse"),
+    ("SELECT 1; SELECT 2", "exactly one SQL statement"),
+    ("SELECT * FROM read_parquet('/etc/passwd')", "table functions"),
+    ("SELECT * FROM read_csv('x.csv')", "table functions"),
+    ("SELECT * FROM glob('*')", "table functions"),
+    ("SELECT * FROM 'data/chunk-000/file-000.parquet'", "file paths in FROM"),
+    ("SELECT * FROM \"/tmp/x.parquet\"", "file paths in FROM"),
+    ("SELECT * FROM episode", "unknown view 'episode'. Did you mean 'episodes'"),
+    ("SELECT * FROM frame_ext", "Did you mean 'frames_ext'"),
+])
+def test_rejected(db, sql, match):
+    with pytest.raises(QueryError, match=match):
+        db.sql(sql)
+
+
+def test_unknown_column_suggests_and_lists(db):
+    with pytest.raises(QueryError, match=r"unknown column 'lenght'\. Did you mean 'length'") as e:
+        db.sql("SELECT episode_index, lenght FROM episodes")
+    assert "duration_s" in str(e.value)  # the valid columns are listed
+    with pytest.raises(QueryError, match=r"unknown column 'frame_idx' in 'frames'\. Did you mean 'frame_index'"):
+        db.sql("SELECT f.frame_idx FROM frames f")
+
+
+@pytest.mark.parametrize("sql, quoted", [
+    ("SELECT observation.state FROM frames", '"observation.state"'),
+    ("SELECT observation.images.front FROM frames", '"observation.images.front"'),
+    ("SELECT observation.state.gripper.pos FROM frames_ext", '"observation.state.gripper.pos"'),
+    ("SELECT f.observation.state FROM frames f", '"observation.state"'),
+])
+def test_unquoted_dotted_feature(db, sql, quoted):
+    with pytest.raises(QueryError, match="quote them") as e:
+        db.sql(sql)
+    assert quoted in str(e.value)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT length AS n FROM episodes ORDER BY n",
+    "WITH e AS (SELECT episode_index AS ep, length FROM episodes) SELECT ep, length FROM e",
+    "SELECT sum(length) OVER w AS s FROM episodes WINDOW w AS (ORDER BY episode_index)",
+    "SELECT * FROM frames QUALIFY row_number() OVER (PARTITION BY episode_index ORDER BY frame_index) = 1",
+    "SELECT x.a FROM (SELECT {'a': 1} AS x)",
+    "SELECT list_transform(tasks, lambda t: upper(t)) FROM episodes",
+    "SELECT f.\"observation.state\"[1] FROM frames f JOIN episodes e USING (episode_index) WHERE e.length > 300",
+    "SELECT episode_index FROM episodes WHERE episode_index IN (SELECT episode_index FROM frames WHERE index < 5)",
+    "SELECT * FROM first_event(\"observation.state.gripper.pos\" < 20)",
+    "FROM tasks",
+])
+def test_valid_queries_run(db, sql):
+    db.sql(sql).fetchall()
+
+
+def test_lambda_1x_syntax_is_rewritten_and_runs(db, episodes_meta):
+    got = db.sql("SELECT episode_index FROM episodes WHERE len(list_filter(tasks, t -> t ILIKE '%cube%')) > 0 "
+                 "ORDER BY 1").fetchall()
+    want = [r["episode_index"] for r in episodes_meta if any("cube" in t.lower() for t in r["tasks"])]
+    assert want and [g[0] for g in got] == want
+    two = db.sql("SELECT list_transform([10, 20], (x, i) -> x + i)").fetchall()
+    assert two == [([11, 22],)]
+
+
+def test_lambda_rewrite_leaves_strings_and_json_alone():
+    assert rewrite_lambdas("SELECT 'a, b -> c' AS s") == "SELECT 'a, b -> c' AS s"
+    assert rewrite_lambdas("SELECT j -> '$.a' FROM t") == "SELECT j -> '$.a' FROM t"
+    assert rewrite_lambdas("SELECT list_filter(x, t -> t > 1)") == "SELECT list_filter(x, lambda t: t > 1)"
+    assert rewrite_lambdas("SELECT f(x, (a, b) -> a + b)") == "SELECT f(x, lambda a, b: a + b)"
+
+
+def test_query_entry_points_check(db):
+    # dataset() and manifest() take user SQL too: the same checks apply.
+    with pytest.raises(QueryError, match="table functions"):
+        db.manifest("SELECT * FROM read_parquet('x')")
+    with pytest.raises(QueryError, match="Did you mean 'episodes'"):
+        db.dataset("SELECT episode_index FROM episode")
