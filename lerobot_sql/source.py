@@ -1,17 +1,32 @@
 """Where a dataset lives: a root on some fsspec filesystem, and how to name, open and identify its files.
 
 Everything above this module speaks of paths relative to the dataset root (``data/chunk-000/file-000.parquet``).
+Roots may be local paths, any fsspec URL (``s3://``, ``gs://``, ``http(s)://``, ...) or a Hugging Face Hub dataset
+(``hf://datasets/<org>/<name>[@revision]`` or plain ``<org>/<name>``). Remote roots are read through
+:class:`lerobot_sql.remote.RemoteCacheFS`: byte ranges on demand, cached on disk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fnmatch
+import io
+import json
 import os
+import re
+import struct
+import tempfile
 from typing import Any
 
 import fsspec
 
-from .errors import MissingFileError
+from . import cache
+from .errors import DatasetFormatError, MissingFileError, UnsupportedVersionError
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./%-]+)?$")
+_VERSION_REF = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
+CODEBASE_VERSION = (3, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,14 +34,16 @@ class Source:
     """A dataset root on a filesystem.
 
     Attributes:
-        fs: the fsspec filesystem holding the dataset.
+        fs: the fsspec filesystem holding the dataset (a :class:`~lerobot_sql.remote.RemoteCacheFS` when remote).
         root: the root path as ``fs`` spells it (no protocol for local paths).
-        url: the root as the user gave it, normalised; part of every cache key.
+        url: the root as the user gave it, normalised (Hub roots carry their resolved revision); part of every
+            cache key.
     """
 
     fs: Any
     root: str
     url: str
+    _listing: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_local(self) -> bool:
@@ -44,13 +61,99 @@ class Source:
         return f"{proto}://{self.path(rel)}"
 
     def exists(self, rel: str) -> bool:
+        """True if ``rel`` is a file or a folder under the root (on HTTP: a file the metadata names, or a folder
+        holding one)."""
+        if self.is_http:
+            rel = rel.strip("/")
+            files = self.listed_files()
+            if rel in files or any(f.startswith(rel + "/") for f in files):
+                return True
         return self.fs.exists(self.path(rel))
 
     def glob(self, pattern: str) -> list[str]:
-        """Paths relative to the root matching ``pattern``, sorted (the order lerobot concatenates files in)."""
+        """Paths relative to the root matching ``pattern``, sorted (the order lerobot concatenates files in).
+
+        Plain HTTP has no directory listing: there the file list is derived from the metadata (see
+        :meth:`listed_files`) and matched against ``pattern``.
+        """
+        if self.is_http:
+            return sorted(f for f in self.listed_files() if fnmatch.fnmatchcase(f, pattern))
         base = self.root.rstrip("/") + "/"
         hits = self.fs.glob(self.path(pattern))
         return sorted(h[len(base):] if h.startswith(base) else h.split(base, 1)[-1] for h in hits)
+
+    @property
+    def is_http(self) -> bool:
+        target = getattr(self.fs, "target", self.fs)
+        proto = target.protocol if isinstance(target.protocol, str) else target.protocol[0]
+        return proto in ("http", "https")
+
+    def listed_files(self) -> list[str]:
+        """Every file a v3.x dataset's metadata names: meta/info.json, tasks, the meta/episodes files (followed
+        from ``chunk-000/file-000`` until ``total_episodes`` are seen), and the data and video files they point to.
+
+        Used where the filesystem cannot list (HTTP). Raises MissingFileError if meta/info.json is missing.
+        """
+        if "files" in self._listing:
+            return self._listing["files"]
+        import pyarrow.parquet as pq
+
+        with self.open("meta/info.json") as f:
+            info = json.loads(f.read())
+        total = int(info.get("total_episodes") or 0)
+        per_chunk = int(info.get("chunks_size") or 1000)
+        files = {"meta/info.json"}
+        for extra in ("meta/tasks.parquet", "meta/stats.json", "meta/tasks.jsonl", "meta/episodes.jsonl",
+                      "meta/episodes_stats.jsonl"):
+            if self.fs.exists(self.path(extra)):
+                files.add(extra)
+        if str(info.get("codebase_version", "")).lstrip("v").startswith("2"):
+            self._listing["files"] = sorted(files | self._v2_files(info))
+            return self._listing["files"]
+        data_tmpl = info.get("data_path") or "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+        video_tmpl = info.get("video_path")
+        chunk, file, seen = 0, 0, 0
+        while True:
+            rel = f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
+            if not self.fs.exists(self.path(rel)):
+                break
+            files.add(rel)
+            with self.open(rel) as f:
+                pf = pq.ParquetFile(f)
+                cols = [c for c in pf.schema_arrow.names if c in ("episode_index", "data/chunk_index",
+                                                                  "data/file_index") or c.startswith("videos/")]
+                t = pf.read(columns=cols).to_pydict()
+            seen += len(t.get("episode_index", []))
+            for c, fi in zip(t.get("data/chunk_index", []), t.get("data/file_index", [])):
+                files.add(data_tmpl.format(chunk_index=int(c), file_index=int(fi)))
+            keys = {c[len("videos/"):-len("/chunk_index")] for c in t if c.endswith("/chunk_index") and
+                    c.startswith("videos/")}
+            for k in keys if video_tmpl else ():
+                for c, fi in zip(t[f"videos/{k}/chunk_index"], t[f"videos/{k}/file_index"]):
+                    if c is not None and fi is not None:
+                        files.add(video_tmpl.format(video_key=k, chunk_index=int(c), file_index=int(fi)))
+            if total and seen >= total:
+                break
+            file += 1
+            if file >= per_chunk:
+                chunk, file = chunk + 1, 0
+        self._listing["files"] = sorted(files)
+        return self._listing["files"]
+
+    def _v2_files(self, info: dict) -> set[str]:
+        """Data and video files of a v2.x dataset: one per episode listed in meta/episodes.jsonl."""
+        per_chunk = int(info.get("chunks_size") or 1000)
+        keys = [k for k, f in (info.get("features") or {}).items() if isinstance(f, dict) and f.get("dtype") == "video"]
+        out = set()
+        with self.open("meta/episodes.jsonl") as f:
+            eps = [json.loads(line)["episode_index"] for line in f.read().decode().splitlines() if line.strip()]
+        for ep in eps:
+            chunk = int(ep) // per_chunk
+            if info.get("data_path"):
+                out.add(info["data_path"].format(episode_chunk=chunk, episode_index=int(ep)))
+            for k in keys if info.get("video_path") else ():
+                out.add(info["video_path"].format(episode_chunk=chunk, video_key=k, episode_index=int(ep)))
+        return out
 
     def open(self, rel: str, mode: str = "rb"):
         """Open ``rel``; a missing file raises :class:`MissingFileError` naming it."""
@@ -58,6 +161,15 @@ class Source:
             return self.fs.open(self.path(rel), mode)
         except FileNotFoundError as e:
             raise MissingFileError(f"{self.path(rel)}: file not found (referenced by the dataset's metadata)") from e
+
+    def open_demux(self, rel: str):
+        """A file object for *demuxing only* an mp4: the container's boxes are real, the media payload (``mdat``)
+        reads as zeros. PyAV then reports every packet's pts, position and size after fetching only the ``moov``
+        box; packet flags that depend on the payload (keyframe for H.264) must be taken from
+        ``stream.index_entries`` instead. Local files are opened as they are."""
+        if self.is_local:
+            return self.open(rel)
+        return _PayloadFreeMP4(self.open(rel))
 
     def local_path(self, rel: str) -> str | None:
         """An OS path for ``rel`` when the file is local (PyAV and mmap then read it directly), else None."""
@@ -80,8 +192,76 @@ class Source:
             info = self.fs.info(p)
         except FileNotFoundError as e:
             raise MissingFileError(f"{p}: file not found (referenced by the dataset's metadata)") from e
-        tag = info.get("ETag") or info.get("etag") or info.get("last_commit") or info.get("mtime") or ""
-        return f"{info.get('size')}-{tag}"
+        if "identity" in info:
+            return info["identity"]
+        from .remote import identity_of
+
+        return identity_of(info)
+
+
+class _PayloadFreeMP4(io.RawIOBase):
+    """Reads an ISO-BMFF file with the payload of every top-level ``mdat`` box replaced by zeros (never fetched)."""
+
+    def __init__(self, f):
+        self.f = f
+        self.size = f.size if hasattr(f, "size") else f.seek(0, 2)
+        self.pos = 0
+        self.holes: list[tuple[int, int]] = []
+        off = 0
+        while off + 8 <= self.size:  # walk the top-level boxes by their headers
+            f.seek(off)
+            head = f.read(16)
+            size, typ = struct.unpack(">I4s", head[:8])
+            hdr = 8
+            if size == 1:
+                size, hdr = struct.unpack(">Q", head[8:16])[0], 16
+            elif size == 0:
+                size = self.size - off
+            if size < hdr:
+                break  # not a box: let the demuxer see the bytes as they are
+            if typ == b"mdat":
+                self.holes.append((off + hdr, off + size))
+            off += size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, b) -> int:
+        n = min(len(b), self.size - self.pos)
+        if n <= 0:
+            return 0
+        out = bytearray(n)
+        pos, end = self.pos, self.pos + n
+        for a, z in self.holes + [(self.size, self.size)]:
+            if z <= pos:
+                continue
+            if a > pos:  # real bytes up to the next hole
+                stop = min(a, end)
+                self.f.seek(pos)
+                out[pos - self.pos:stop - self.pos] = self.f.read(stop - pos)
+                pos = stop
+            if pos >= end:
+                break
+            pos = min(z, end)  # zeros inside the hole
+            if pos >= end:
+                break
+        b[:n] = out
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        self.f.close()
+        super().close()
 
 
 def _is_local_fs(fs: Any) -> bool:
@@ -89,11 +269,141 @@ def _is_local_fs(fs: Any) -> bool:
     return proto in ("file", "local")
 
 
-def open_source(root: str | os.PathLike, storage_options: dict | None = None) -> Source:
-    """Resolve a user-given root (local path or fsspec URL) to a :class:`Source`."""
+def resolve_hub_revision(repo_id: str, api: Any = None, token: Any = None) -> str:
+    """The revision to read when the user gave none, as lerobot chooses it (spec section 12).
+
+    The exact ref ``v3.0`` if it exists, else the highest ref ``v3.0.x``; a repo with version refs of other majors
+    only is refused; a repo with no version ref at all is read at ``main``.
+
+    Raises:
+        UnsupportedVersionError: only older (v2.x: with the conversion command) or only newer version refs.
+    """
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+    refs = api.list_repo_refs(repo_id, repo_type="dataset")
+    names = [r.name for r in list(refs.branches) + list(refs.tags)]
+    versions = {}
+    for n in names:
+        m = _VERSION_REF.match(n)
+        if m:
+            versions[n] = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+    if "v3.0" in versions:
+        return "v3.0"
+    ok = [n for n, v in versions.items() if v[0] == CODEBASE_VERSION[0] and v[1] <= CODEBASE_VERSION[1]]
+    if ok:
+        return max(ok, key=versions.__getitem__)
+    if versions:
+        best = max(versions, key=versions.__getitem__)
+        if versions[best][0] < CODEBASE_VERSION[0]:
+            hint = (f"convert it with `python -m lerobot.datasets.v30.convert_dataset_v21_to_v30 --repo-id={repo_id}`"
+                    if versions[best][0] == 2 else "this reader handles format v3.0")
+            raise UnsupportedVersionError(f"hf://datasets/{repo_id}: newest version ref is {best!r}; {hint}, or "
+                                          "pass an explicit revision (hf://datasets/ORG/NAME@REV)")
+        raise UnsupportedVersionError(f"hf://datasets/{repo_id}: only newer format versions ({sorted(versions)}); "
+                                      "upgrade lerobot_sql or pass an explicit revision (hf://datasets/ORG/NAME@REV)")
+    return "main"
+
+
+def _hub_root(root: str, storage_options: dict) -> tuple[str, str] | None:
+    """(fs path ``datasets/org/name@rev``, url) for a Hub root, or None if ``root`` is not one."""
+    if root.startswith("hf://"):
+        rest = root[len("hf://"):]
+        if not rest.startswith("datasets/"):
+            return None  # models/spaces/buckets: pass to fsspec as given
+        rest = rest[len("datasets/"):]
+    elif HUB_ID.match(root) and not os.path.exists(root):
+        rest = root
+    else:
+        return None
+    parts = rest.rstrip("/").split("/")
+    repo, sub = "/".join(parts[:2]), "/".join(parts[2:])
+    repo_id, _, rev = repo.partition("@")
+    if not rev:
+        rev = _cached_hub_revision(repo_id, storage_options.get("token"))
+    path = f"datasets/{repo_id}@{rev}" + (f"/{sub}" if sub else "")
+    return path, f"hf://{path}"
+
+
+def _cached_hub_revision(repo_id: str, token: Any) -> str:
+    """resolve_hub_revision, remembered on disk so a dataset opened once opens offline."""
+    store = cache.cache_root() / "hub_revisions.json"
+    try:
+        known = json.loads(store.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        known = {}
+    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("LSQL_OFFLINE", "HF_HUB_OFFLINE"))
+    if not offline:
+        try:
+            rev = resolve_hub_revision(repo_id, token=token)
+        except (UnsupportedVersionError, DatasetFormatError):
+            raise
+        except Exception:  # noqa: BLE001 - no network: fall back to the last resolution
+            if repo_id not in known:
+                raise
+            return known[repo_id]
+        if known.get(repo_id) != rev:
+            known[repo_id] = rev
+            with contextlib.suppress(OSError):  # only an offline convenience
+                store.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=store.parent, suffix=".tmp")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(known, f)
+                os.replace(tmp, store)
+        return rev
+    if repo_id not in known:
+        raise MissingFileError(f"hf://datasets/{repo_id}: offline and no revision known; connect once online, "
+                               "or pass hf://datasets/ORG/NAME@REVISION")
+    return known[repo_id]
+
+
+def _default_http_options(fs_protocol: str, storage_options: dict) -> dict:
+    """Bound HTTP reads in time (aiohttp's default is 5 minutes per request) unless the caller chose a timeout."""
+    if fs_protocol in ("http", "https") and "timeout" not in (storage_options.get("client_kwargs") or {}):
+        import aiohttp
+
+        ck = dict(storage_options.get("client_kwargs") or {})
+        ck["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60)
+        return {**storage_options, "client_kwargs": ck}
+    return storage_options
+
+
+def open_source(root: str | os.PathLike, storage_options: dict | None = None, *, cache_dir: str | os.PathLike | None = None,
+                cache_size: int | str | None = None) -> Source:
+    """Resolve a user-given root (local path, fsspec URL or Hub repo id) to a :class:`Source`.
+
+    Args:
+        root: ``/path``, ``s3://bucket/ds``, ``gs://...``, ``https://host/ds``, ``hf://datasets/org/name[@rev]`` or
+            ``org/name`` (Hub; without a revision the ``v3.0`` ref, see :func:`resolve_hub_revision`).
+        storage_options: passed to the fsspec filesystem (credentials, endpoint_url, client_kwargs ...).
+        cache_dir: the dataset's cache folder (default :func:`lerobot_sql.cache.root_for` of the URL); remote
+            bytes go under ``cache_dir/remote``.
+        cache_size: bound on the remote-bytes cache (bytes or ``"20GB"``; default 50 GiB), LRU eviction.
+
+    Raises:
+        UnsupportedVersionError: a Hub repo with only non-v3 version refs.
+    """
+    from .remote import RemoteCacheFS
+
     root = os.fspath(root)
-    fs, path = fsspec.core.url_to_fs(root, **(storage_options or {}))
-    if _is_local_fs(fs):
-        path = os.path.abspath(path)
-        return Source(fs=fs, root=path, url=path)
-    return Source(fs=fs, root=path.rstrip("/"), url=root.rstrip("/"))
+    options = dict(storage_options or {})
+    hub = _hub_root(root, options)
+    if hub is not None:
+        from huggingface_hub import HfFileSystem
+
+        path, url = hub
+        fs = HfFileSystem(**options)
+    else:
+        fs, path = fsspec.core.url_to_fs(root, **options)
+        if _is_local_fs(fs):
+            path = os.path.abspath(path)
+            return Source(fs=fs, root=path, url=path)
+        proto = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        fixed = _default_http_options(proto, options)
+        if fixed is not options:
+            fs, path = fsspec.core.url_to_fs(root, **fixed)
+        url = root.rstrip("/")
+    path = path.rstrip("/")
+    cdir = cache_dir if cache_dir is not None else cache.root_for(url)
+    return Source(fs=RemoteCacheFS(fs, path, url, cdir, cache_size), root=path, url=url)

@@ -1,0 +1,475 @@
+"""Remote datasets: an fsspec filesystem that reads another one (s3, gs, http(s), hf ...) through an on-disk cache.
+
+Only the bytes a reader asks for are fetched. Fetched byte ranges are kept as immutable *pieces* on disk, one file per
+piece, named by the remote file's identity (path, size, ETag) and the byte range, so a changed remote file never
+serves stale bytes. Pieces never cross a ``REGION`` (4 MiB) boundary; a file lock per (file, region) makes workers
+that want the same bytes wait for one another instead of fetching them twice. A piece is written under a temporary
+name and renamed into place, so an interrupted download leaves nothing that is ever read, and a restart re-fetches
+only the regions that are still missing (downloads resume at region granularity). The total size of the pieces is
+bounded by ``cache_size``; the least recently read pieces are deleted first (read time = the piece's mtime).
+
+Files under ``meta/`` are fetched whole, and the answers of ``info``/``glob`` are stored beside the pieces, so once
+a dataset's metadata has been read it opens offline (``LSQL_OFFLINE=1``/``HF_HUB_OFFLINE=1``, or automatically
+after the network failed).
+
+Every network call is retried with exponential backoff on 5xx answers, resets, truncated bodies and timeouts, then
+raises :class:`RemoteIOError` naming the URL and byte range.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from filelock import FileLock
+
+from .errors import MissingFileError, RemoteIOError
+
+REGION = 4 << 20                 # unit of locking; largest piece (bytes)
+MAX_READAHEAD = 4 << 20          # sequential readers fetch ahead up to this much (bytes)
+MIN_READAHEAD = 64 << 10
+DEFAULT_CACHE_SIZE = 50 << 30    # 50 GiB
+WHOLE_PREFIXES = ("meta/",)      # fetched whole: small, read often, needed offline
+
+
+def parse_size(size: int | str | None) -> int:
+    """``50GB``, ``512MiB``, ``10_000_000`` or an int -> bytes; None -> DEFAULT_CACHE_SIZE."""
+    if size is None:
+        return DEFAULT_CACHE_SIZE
+    if isinstance(size, (int, float)):
+        return int(size)
+    s = str(size).strip().upper().replace("_", "")
+    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "KB": 10**3, "MB": 10**6,
+             "GB": 10**9, "TB": 10**12, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "B": 1}
+    for u, mult in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * mult)
+    return int(s)
+
+
+class _Truncated(OSError):
+    """The server sent fewer bytes than asked for."""
+
+
+def _retryable(e: BaseException) -> bool:
+    """True for errors a second try may cure: 5xx/408/429 answers, resets, timeouts, truncated bodies."""
+    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotImplementedError, TypeError,
+                      KeyError, MissingFileError)):
+        return False
+    status = getattr(e, "status", None) or getattr(e, "status_code", None)
+    if status is None:
+        resp = getattr(e, "response", None)
+        status = getattr(resp, "status_code", None) if resp is not None and not isinstance(resp, dict) else None
+        if isinstance(resp, dict):
+            status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
+        return False
+    return True
+
+
+def identity_of(info: dict) -> str:
+    """size + the strongest content tag fsspec reports (ETag, blob id, LFS sha256, last commit, mtime)."""
+    lfs = info.get("lfs") or {}
+    tag = (info.get("ETag") or info.get("etag") or info.get("blob_id") or (lfs.get("sha256") if isinstance(lfs, dict)
+           else None) or info.get("last_commit") or info.get("LastModified") or info.get("Last-Modified")
+           or info.get("mtime") or info.get("updated") or "")
+    if isinstance(tag, dict):
+        tag = tag.get("oid") or json.dumps(tag, sort_keys=True, default=str)
+    return f"{info.get('size')}-{str(tag).strip(chr(34))}"
+
+
+class RemoteCacheFS(AbstractFileSystem):
+    """Read-only fsspec filesystem: ``target`` (any fsspec fs) seen through the on-disk piece cache.
+
+    Paths are ``target``'s own paths (``bucket/ds/meta/info.json``, ``http://host/ds/meta/info.json``), optionally
+    prefixed with ``lsqlremote://`` (the protocol under which DuckDB sees this filesystem).
+
+    Args:
+        target: the remote filesystem.
+        root: the dataset root as ``target`` spells it (files under ``root/meta/`` are fetched whole).
+        url: the dataset URL (named in errors).
+        cache_dir: the dataset's cache folder; pieces go under ``cache_dir/remote``.
+        cache_size: bound on the pieces' total size in bytes (int or ``"20GB"``).
+        retries: tries after the first on a retryable error; backoff ``backoff_s * 2**k`` seconds.
+        offline: never touch the network (default: ``LSQL_OFFLINE`` or ``HF_HUB_OFFLINE`` set to 1).
+    """
+
+    protocol = "lsqlremote"
+    cachable = False
+
+    def __init__(self, target: Any, root: str, url: str, cache_dir: str | os.PathLike, cache_size: int | str | None = None,
+                 retries: int = 4, backoff_s: float = 0.2, offline: bool | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.target, self.root, self.url = target, root.rstrip("/"), url
+        self.dir = Path(cache_dir) / "remote"
+        self.cache_size = parse_size(cache_size)
+        self.retries, self.backoff_s = int(retries), float(backoff_s)
+        if offline is None:
+            offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("LSQL_OFFLINE", "HF_HUB_OFFLINE"))
+        self.offline = bool(offline)
+        self._pid = os.getpid()
+        self._lock = threading.RLock()
+        self._stats = {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
+        self._infos: dict[str, dict] = {}
+        self._pieces: dict[str, list[tuple[int, int]]] = {}
+        self._total: int | None = None
+
+    # ---- plumbing ---------------------------------------------------------------------------------------------
+    def __reduce__(self):
+        return (_rebuild, (self.target, self.root, self.url, str(self.dir.parent), self.cache_size, self.retries,
+                           self.backoff_s, self.offline))
+
+    def _fs(self):
+        """The target, re-created after a fork (async fsspec filesystems refuse to run in a forked child)."""
+        if self._pid != os.getpid():
+            t = self.target
+            self.target = type(t)(*getattr(t, "storage_args", ()), **getattr(t, "storage_options", {}))
+            self._pid = os.getpid()
+            self._stats = {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
+            self._lock = threading.RLock()
+        return self.target
+
+    def io_stats(self) -> dict[str, int]:
+        """Counters of this process: ``requests`` (network calls, retries included), ``bytes_fetched`` (bytes
+        received from the remote), ``bytes_from_cache`` (bytes served from pieces already on disk)."""
+        return dict(self._stats)
+
+    def _count(self, **kw: int) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                self._stats[k] += v
+
+    def _url(self, path: str) -> str:
+        rel = self._rel(path)
+        return f"{self.url}/{rel}" if rel is not None else path
+
+    def _rel(self, path: str) -> str | None:
+        base = self.root + "/"
+        return path[len(base):] if path.startswith(base) else None
+
+    def _call(self, what: str, fn, *args: Any, **kwargs: Any):
+        """``fn(*args)`` with retries; RemoteIOError after the last one; FileNotFoundError passes through."""
+        last: BaseException | None = None
+        for attempt in range(self.retries + 1):
+            self._count(requests=1)
+            try:
+                return fn(*args, **kwargs)
+            except FileNotFoundError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any library's transport error; classified below
+                last = e
+                if not _retryable(e) or attempt == self.retries:
+                    break
+                time.sleep(self.backoff_s * (2 ** attempt) * (1 + 0.25 * random.random()))
+        raise RemoteIOError(f"{what}: failed after {attempt + 1} attempt(s): {type(last).__name__}: {last}. "
+                            "Check the network and credentials (storage_options), then retry; the cache holds "
+                            "nothing partial from this read.") from last
+
+    # ---- metadata (persisted for offline use) ---------------------------------------------------------------
+    def _store_path(self) -> Path:
+        return self.dir / "listing.json"
+
+    def _load_store(self) -> dict:
+        try:
+            return json.loads(self._store_path().read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {"info": {}, "glob": {}}
+
+    def _save_store(self, section: str, key: str, value: Any) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self._store_path()) + ".lock"):
+            store = self._load_store()
+            store.setdefault(section, {})[key] = value
+            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix="listing.", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(store, f)
+            os.replace(tmp, self._store_path())
+
+    def _meta_op(self, section: str, key: str, fn):
+        """Run a listing/info call online, remember its answer on disk; offline (or if it fails), use that answer."""
+        if not self.offline:
+            try:
+                value = self._call(f"{self._url(key)}: {section}", fn)
+            except RemoteIOError:
+                stored = self._load_store().get(section, {}).get(key)
+                if stored is None:
+                    raise
+                self.offline = True  # the network is gone: stop trying for this session
+                return stored
+            self._save_store(section, key, value)
+            return value
+        stored = self._load_store().get(section, {}).get(key)
+        if stored is None:
+            if section == "info" and key in self._load_store().get("missing", {}):
+                raise FileNotFoundError(key)
+            raise RemoteIOError(f"{self._url(key)}: offline and never read before; connect once with the network "
+                                "to cache the dataset's metadata (unset LSQL_OFFLINE/HF_HUB_OFFLINE)")
+        return stored
+
+    def info(self, path, **kwargs):
+        path = self._strip_protocol(path)
+        if path in self._infos:
+            return self._infos[path]
+
+        def fetch():
+            i = self._fs().info(path)
+            return {"name": path, "size": i.get("size"), "type": i.get("type", "file"), "identity": identity_of(i)}
+
+        try:
+            info = self._meta_op("info", path, fetch)
+        except FileNotFoundError:
+            if not self.offline:
+                with contextlib.suppress(OSError):
+                    self._save_store("missing", path, True)
+            raise
+        self._infos[path] = info
+        return info
+
+    def exists(self, path, **kwargs):
+        try:
+            self.info(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def glob(self, path, **kwargs):
+        path = self._strip_protocol(path)
+        if not any(c in path for c in "*?["):  # DuckDB globs every file it opens; HTTP would GET it whole
+            return [path] if self.exists(path) else []
+        return list(self._meta_op("glob", path, lambda: sorted(self._fs().glob(path))))
+
+    def ls(self, path, detail=True, **kwargs):
+        path = self._strip_protocol(path)
+        names = self._meta_op("ls", path, lambda: sorted(self._fs().ls(path, detail=False)))
+        return [self.info(n) for n in names] if detail else list(names)
+
+    def modified(self, path):
+        """A datetime that changes when the content does (DuckDB keys its Parquet metadata cache on it): derived
+        from the file's identity, since object stores' mtimes are not content versions."""
+        import datetime
+        import hashlib
+
+        h = int.from_bytes(hashlib.sha256(self.info(path)["identity"].encode()).digest()[:4], "big")
+        return datetime.datetime.fromtimestamp(1_000_000_000 + h, tz=datetime.timezone.utc)
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
+        if mode != "rb":
+            raise PermissionError(f"{self._url(path)}: remote datasets are read-only here (mode {mode!r})")
+        return RemoteFile(self, self._strip_protocol(path))
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        path = self._strip_protocol(path)
+        size = self.info(path)["size"]
+        start = 0 if start is None else (start + size if start < 0 else start)
+        end = size if end is None else (end + size if end < 0 else end)
+        return self.read_range(path, start, end)
+
+    # ---- pieces -----------------------------------------------------------------------------------------------
+    def _file_dir(self, path: str) -> Path:
+        from .cache import key
+
+        return self.dir / key(path, self.info(path)["identity"])
+
+    def _scan(self, fdir: Path) -> list[tuple[int, int]]:
+        out = []
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(fdir):
+                if name.endswith(".piece"):
+                    a, b = name[:-6].split("-")
+                    out.append((int(a), int(b)))
+        out.sort()
+        self._pieces[str(fdir)] = out
+        return out
+
+    @staticmethod
+    def _gaps(pieces: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+        gaps, pos = [], lo
+        for a, b in pieces:
+            if b <= pos or a >= hi:
+                continue
+            if a > pos:
+                gaps.append((pos, a))
+            pos = max(pos, b)
+        if pos < hi:
+            gaps.append((pos, hi))
+        return gaps
+
+    def _whole(self, path: str) -> bool:
+        rel = self._rel(path)
+        return rel is not None and rel.startswith(WHOLE_PREFIXES)
+
+    def missing(self, path: str, start: int, end: int) -> list[tuple[int, int]]:
+        """Byte ranges of ``[start, end)`` of ``path`` not in the cache (as this process last saw it)."""
+        fdir = self._file_dir(path)
+        pieces = self._pieces.get(str(fdir))
+        if pieces is None or self._gaps(pieces, start, end):
+            pieces = self._scan(fdir)
+        return self._gaps(pieces, start, end)
+
+    def ensure(self, path: str, start: int, end: int) -> int:
+        """Fetch whatever of ``[start, end)`` is not cached yet; returns the bytes fetched.
+
+        Raises:
+            RemoteIOError: the remote failed after retries (nothing partial is left in the cache).
+        """
+        path = self._strip_protocol(path)
+        size = self.info(path)["size"]
+        end = min(end, size)
+        if self._whole(path):
+            start, end = 0, size
+        if start >= end or not self.missing(path, start, end):
+            return 0
+        fdir = self._file_dir(path)
+        fdir.mkdir(parents=True, exist_ok=True)
+        fetched = 0
+        for r in range(start // REGION, (end - 1) // REGION + 1):
+            lo, hi = max(start, r * REGION), min(end, (r + 1) * REGION)
+            if not self._gaps(self._pieces.get(str(fdir), []), lo, hi):
+                continue
+            with FileLock(str(fdir / f"r{r:07d}.lock")):
+                for a, b in self._gaps(self._scan(fdir), lo, hi):  # re-read: another worker may have fetched them
+                    if self.offline:
+                        raise RemoteIOError(f"{self._url(path)}: bytes {a}-{b} are not cached and the session is "
+                                            "offline; reconnect with the network, or prefetch before going offline")
+                    data = self._call(f"{self._url(path)}: bytes {a}-{b}", self._get, path, a, b)
+                    fetched += len(data)
+                    fd, tmp = tempfile.mkstemp(dir=fdir, suffix=".tmp")
+                    try:
+                        with os.fdopen(fd, "wb") as f:
+                            f.write(data)
+                        os.replace(tmp, fdir / f"{a:012d}-{b:012d}.piece")
+                    finally:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(tmp)
+                    with self._lock:
+                        self._pieces[str(fdir)] = sorted(self._pieces.get(str(fdir), []) + [(a, b)])
+                        if self._total is not None:
+                            self._total += len(data)
+        self._evict(protect=fdir)
+        return fetched
+
+    def _get(self, path: str, a: int, b: int) -> bytes:
+        data = self._fs().cat_file(path, start=a, end=b)
+        self._count(bytes_fetched=len(data))
+        if len(data) != b - a:
+            raise _Truncated(f"got {len(data)} of {b - a} bytes")
+        return data
+
+    def read_range(self, path: str, start: int, end: int, readahead: int = 0) -> bytes:
+        """Bytes ``[start, end)`` of ``path``, fetching what is missing (plus up to ``readahead`` bytes after ``end``)."""
+        path = self._strip_protocol(path)
+        size = self.info(path)["size"]
+        end = min(end, size)
+        if start >= end:
+            return b""
+        for _ in range(3):
+            fetched = 0
+            if self.missing(path, start, end):
+                fetched = self.ensure(path, start, min(size, max(end, start + readahead)))
+            try:
+                data = self._assemble(path, start, end)
+            except FileNotFoundError:  # a piece was evicted by another process between listing and reading
+                self._scan(self._file_dir(path))
+                continue
+            self._count(bytes_from_cache=max(0, len(data) - fetched))
+            return data
+        raise RemoteIOError(f"{self._url(path)}: bytes {start}-{end} keep disappearing from the cache; cache_size "
+                            f"({self.cache_size} bytes) is too small for the readers sharing it, raise it")
+
+    def _assemble(self, path: str, start: int, end: int) -> bytes:
+        fdir = self._file_dir(path)
+        out = bytearray()
+        pos = start
+        for a, b in self._pieces.get(str(fdir), []):
+            if b <= pos or a > pos:
+                if a > pos:
+                    break
+                continue
+            p = fdir / f"{a:012d}-{b:012d}.piece"
+            n = min(b, end) - pos
+            with open(p, "rb") as f:
+                f.seek(pos - a)
+                chunk = f.read(n)
+            if len(chunk) != n:
+                raise FileNotFoundError(p)
+            with contextlib.suppress(OSError):
+                os.utime(p)  # LRU: the mtime of a piece is its last read
+            out += chunk
+            pos += n
+            if pos >= end:
+                break
+        if pos < end:
+            raise FileNotFoundError(f"{path}: bytes {pos}-{end}")
+        return bytes(out)
+
+    def _evict(self, protect: Path | None = None) -> None:
+        """Delete least recently read pieces until the total is at most 90% of ``cache_size``."""
+        if self._total is not None and self._total <= self.cache_size:
+            return
+        entries = []
+        with contextlib.suppress(FileNotFoundError):
+            for d in os.scandir(self.dir):
+                if not d.is_dir():
+                    continue
+                for e in os.scandir(d.path):
+                    if e.name.endswith(".piece"):
+                        with contextlib.suppress(FileNotFoundError):
+                            st = e.stat()
+                            entries.append((st.st_mtime_ns, st.st_size, d.path, e.name))
+        total = sum(e[1] for e in entries)
+        if total > self.cache_size:
+            goal = int(self.cache_size * 0.9)
+            for _mt, sz, d, name in sorted(entries):
+                if total <= goal:
+                    break
+                if protect is not None and d == str(protect) and total - sz < self.cache_size:
+                    continue  # keep what the current read needs if the bound allows it
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(d, name))
+                    total -= sz
+                    a, b = name[:-6].split("-")
+                    with self._lock:
+                        lst = self._pieces.get(d)
+                        if lst is not None and (int(a), int(b)) in lst:
+                            lst.remove((int(a), int(b)))
+        self._total = total
+
+    def cached_bytes(self) -> int:
+        """Total size of the pieces on disk (all processes)."""
+        self._total = None
+        total = 0
+        with contextlib.suppress(FileNotFoundError):
+            for d in os.scandir(self.dir):
+                if d.is_dir():
+                    total += sum(e.stat().st_size for e in os.scandir(d.path) if e.name.endswith(".piece"))
+        return total
+
+
+def _rebuild(target, root, url, cache_dir, cache_size, retries, backoff_s, offline):
+    return RemoteCacheFS(target, root, url, cache_dir, cache_size, retries=retries, backoff_s=backoff_s, offline=offline)
+
+
+class RemoteFile(AbstractBufferedFile):
+    """A read-only file of :class:`RemoteCacheFS`. Sequential readers (PyAV, DuckDB) get a growing readahead
+    (64 KiB doubling to 4 MiB, reset by a seek), so a stream is fetched in few requests without overshooting much."""
+
+    def __init__(self, fs: RemoteCacheFS, path: str):
+        super().__init__(fs, path, mode="rb", block_size=0, cache_type="none", size=fs.info(path)["size"])
+        self._next = -1
+        self._ra = 0
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        if start == self._next:
+            self._ra = min(max(self._ra * 2, MIN_READAHEAD), MAX_READAHEAD)
+        else:
+            self._ra = 0
+        self._next = end
+        return self.fs.read_range(self.path, start, end, readahead=end - start + self._ra)

@@ -1,0 +1,132 @@
+"""A loopback HTTP server for remote-dataset tests and benchmarks: serves a folder with Range support, no listing.
+
+Fault injection (``server.faults``) and a throttle (``server.rate_bps``, ``server.latency_s``) are attributes of the
+running server; ``server.log`` records every GET as (path, start, end, bytes sent).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # keep test output clean
+        pass
+
+    def _file(self) -> Path | None:
+        rel = self.path.split("?", 1)[0].lstrip("/")
+        p = (self.server.root / rel).resolve()
+        if not str(p).startswith(str(self.server.root.resolve())) or not p.is_file():
+            return None
+        return p
+
+    def _headers(self, p: Path, status: int, length: int, extra: dict | None = None) -> None:
+        st = p.stat()
+        self.send_response(status)
+        self.send_header("Content-Length", str(length))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", f'"{st.st_size:x}-{st.st_mtime_ns:x}"')
+        self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
+        self.send_header("Content-Type", "application/octet-stream")
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+
+    def _fault(self) -> bool:
+        f = self.server.faults
+        if f.get("status", 0) > 0:
+            f["status"] -= 1
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return True
+        if f.get("delay", 0) > 0:
+            f["delay"] -= 1
+            time.sleep(f.get("delay_s", 2.0))
+        return False
+
+    def do_HEAD(self):
+        p = self._file()
+        if p is None:
+            self.send_error(404)
+            return
+        if self._fault():
+            return
+        self._headers(p, 200, p.stat().st_size)
+
+    def do_GET(self):
+        p = self._file()
+        if p is None:
+            self.send_error(404)
+            return
+        if self._fault():
+            return
+        size = p.stat().st_size
+        start, end, status, extra = 0, size, 200, {}
+        rng = self.headers.get("Range")
+        if rng and rng.startswith("bytes="):
+            a, _, b = rng[6:].partition("-")
+            if a == "":
+                start, end = max(0, size - int(b)), size
+            else:
+                start, end = int(a), (min(int(b) + 1, size) if b else size)
+            status, extra = 206, {"Content-Range": f"bytes {start}-{end - 1}/{size}"}
+        truncate = self.server.faults.get("truncate", 0) > 0 and end - start > 1
+        if truncate:
+            self.server.faults["truncate"] -= 1
+        self._headers(p, status, end - start, extra)
+        if self.server.latency_s:
+            time.sleep(self.server.latency_s)
+        with open(p, "rb") as f:
+            f.seek(start)
+            todo = end - start if not truncate else (end - start) // 2
+            sent = 0
+            while sent < todo:
+                chunk = f.read(min(64 << 10, todo - sent))
+                if self.server.rate_bps:
+                    time.sleep(len(chunk) * 8 / self.server.rate_bps)
+                try:
+                    self.wfile.write(chunk)
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                sent += len(chunk)
+        with self.server.lock:
+            self.server.log.append((str(p.relative_to(self.server.root)), start, end, sent))
+        if truncate:
+            self.close_connection = True
+
+
+class RangeServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, root: str | os.PathLike, rate_bps: float = 0, latency_s: float = 0):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.root = Path(root)
+        self.faults: dict = {}
+        self.rate_bps, self.latency_s = rate_bps, latency_s
+        self.log: list[tuple[str, int, int, int]] = []
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def bytes_sent(self) -> int:
+        with self.lock:
+            return sum(e[3] for e in self.log)
+
+    def __enter__(self) -> "RangeServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+        self.server_close()
