@@ -10,20 +10,18 @@
 --   element (str, default ''): one element name from info.json `names` (e.g. gripper.pos); empty = every element
 -- returns: episode_index BIGINT, one row per matching episode, ascending. Raises if the feature/stat pair has no
 --   statistics (the error lists the pairs via: SELECT DISTINCT feature, stat FROM episode_stats).
+-- The final aggregate always yields one row, so an unknown feature/stat raises instead of returning nothing.
 WITH s AS (
   SELECT episode_index, value FROM episode_stats WHERE feature = $feature AND stat = $stat
-), guard AS (
-  SELECT CASE WHEN count(*) = 0
-              THEN error('episodes_by_stat: no statistic ' || $stat || ' for feature ' || $feature ||
-                         '; list them with SELECT DISTINCT feature, stat FROM episode_stats')
-              ELSE true END AS ok
-  FROM s
 ), picked AS (
   SELECT episode_index,
-         CASE WHEN $element = '' THEN value ELSE [value[element_index($feature, $element)]] END AS v
+         list_bool_and(list_transform(
+           CASE WHEN $element = '' THEN value ELSE [value[element_index($feature, $element)]] END,
+           lambda x: x BETWEEN $min_value AND $max_value)) AS ok
   FROM s
 )
-SELECT p.episode_index
-FROM picked p, guard g
-WHERE g.ok AND list_bool_and(list_transform(p.v, lambda x: x BETWEEN $min_value AND $max_value))
-ORDER BY p.episode_index
+SELECT unnest(CASE WHEN count(*) = 0
+                   THEN error('episodes_by_stat: no statistic ' || $stat || ' for feature ' || $feature ||
+                              '; list them with SELECT DISTINCT feature, stat FROM episode_stats')
+                   ELSE coalesce(list(episode_index ORDER BY episode_index) FILTER (WHERE ok), []) END) AS episode_index
+FROM picked
