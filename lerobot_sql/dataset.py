@@ -7,9 +7,11 @@ and decoders on first use after the fork (see ``_Worker``).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import io
 import json
 import os
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -26,15 +28,25 @@ from .source import Source
 
 
 class _Worker:
-    """Per-process state: memory-mapped row groups, loaded video indexes, decoders, a thread pool for cameras."""
+    """Per-process state: opened row-group maps, loaded video indexes, decoders, a thread for the other cameras.
+
+    Created lazily in the process that reads (keyed by pid), so nothing opened before a DataLoader fork (containers,
+    threads) is used inside a worker.
+    """
 
     def __init__(self, ds: "LeRobotSQLDataset"):
         self.pid = os.getpid()
-        self.row_groups: dict[tuple[int, int], tabular.RowGroupView] = {}
-        self.indexes: dict[str, video.FrameIndex] = {}
+        self.views: list[tabular.RowGroupView | None] = [None] * len(ds._rg_paths)
         self.decoders = video.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads)
         n = len(ds._video_keys)
-        self.pool = concurrent.futures.ThreadPoolExecutor(n) if ds._parallel_cameras and n > 1 else None
+        # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
+        self.pool = concurrent.futures.ThreadPoolExecutor(n - 1) if ds._use_parallel() and n > 1 else None
+
+    def view(self, ds: "LeRobotSQLDataset", slot: int) -> tabular.RowGroupView:
+        v = self.views[slot]
+        if v is None:
+            v = self.views[slot] = tabular.RowGroupView(ds._rg_paths[slot], ds._layout)
+        return v
 
 
 class LeRobotSQLDataset(torch.utils.data.Dataset):
@@ -53,6 +65,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
       * ``task``: the task text (meta/tasks.parquet) of the frame's ``task_index``;
       * the query's extra columns under their own names (numbers as tensors, text as str).
 
+    Speed knobs (results never change): ``decoder_threads`` (FFmpeg threads per open file, default 1: best for
+    seeking on few cores), ``parallel_cameras`` (decode an item's cameras in concurrent threads; ``"auto"`` does so
+    for frames of at least 320x240 outside DataLoader workers, where the spare core exists), ``max_open_decoders``
+    (open mp4s kept per worker), ``seek_reach`` (frames a keyframe may lie ahead before a seek beats decoding
+    forward).
+
     Raises (from ``__getitem__``):
         FrameNotFoundError: no video frame within ``tolerance_s`` of the wanted time.
         MissingFileError: a video file the frame needs does not exist.
@@ -63,15 +81,18 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                  cache_dir: Path, delta_timestamps: dict[str, list[float]] | None = None,
                  tolerance_s: float = 1e-4, return_uint8: bool = False,
                  image_transforms: Callable | None = None, cameras: list[str] | None = None,
-                 decoder_threads: int = 1, parallel_cameras: bool = True, max_open_decoders: int = 16):
+                 decoder_threads: int = 1, parallel_cameras: bool | str = "auto", max_open_decoders: int = 16,
+                 seek_reach: int = 2):
         self._src, self._layout, self._tasks = src, layout, tasks
         self._cache_dir = Path(cache_dir)
         self.fps = layout.fps
         self.tolerance_s = float(tolerance_s)
         self.return_uint8 = return_uint8
         self.image_transforms = image_transforms
-        self._decoder_threads, self._parallel_cameras = decoder_threads, parallel_cameras
-        self._max_open_decoders = max_open_decoders
+        if parallel_cameras not in (True, False, "auto"):
+            raise ValueError(f"parallel_cameras must be True, False or 'auto', not {parallel_cameras!r}")
+        self._decoder_threads, self._parallel_cameras = int(decoder_threads), parallel_cameras
+        self._max_open_decoders, self._seek_reach = int(max_open_decoders), int(seek_reach)
         if cameras is None:
             cameras = layout.camera_keys
         unknown = [c for c in cameras if c not in layout.camera_keys]
@@ -83,83 +104,130 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._delta = _frames.delta_indices(delta_timestamps, layout.fps, self.tolerance_s, layout.features)
         meta = json.loads((manifest.schema.metadata or {}).get(b"lerobot_sql.manifest", b"{}"))
         self._extras = list(meta.get("extras", []))
-        self.manifest = manifest
-        self._prepare()
+        self._prepare(manifest)
         self._worker: _Worker | None = None
 
     # ---- main process -------------------------------------------------------------------------------------
-    def _prepare(self) -> None:
-        m = self.manifest
+    def _prepare(self, m: pa.Table) -> None:
+        """Resolve every sample to (row group, offset) and, per camera, to its row in the video index; then keep all
+        per-sample arrays in one memory-mapped Arrow file, so forked workers share them instead of copying."""
+        n = m.num_rows
         self._files, file_codes = _codes(m["data_file"])
         self._infos = [tabular.data_file_info(self._src, f) for f in self._files]
+        data_row = m["data_row"].to_numpy()
+        row0 = m["ep_data_row0"].to_numpy()
+        ep_len = m["ep_to_index"].to_numpy() - m["ep_from_index"].to_numpy()
+        # Every row group the items can touch (whole episodes when neighbours are read), built before any fork.
+        need: set[tuple[int, int]] = set()
+        for fi, info in enumerate(self._infos):
+            sel = file_codes == fi
+            rows = data_row[sel]
+            if self._delta:
+                lo, hi = info.locate(np.array([row0[sel].min(), (row0[sel] + ep_len[sel] - 1).max()]))[0]
+                need.update((fi, int(rg)) for rg in range(int(lo), int(hi) + 1))
+            else:
+                need.update((fi, int(rg)) for rg in np.unique(info.locate(rows)[0]))
+        keys = sorted(need)
+        self._slot = {k: s for s, k in enumerate(keys)}
+        self._rg_paths = [tabular.ensure_row_group(self._src, self._infos[fi], rg, self._layout, self._cache_dir)
+                          for fi, rg in keys]
+        slot = np.zeros(n, np.int32)
+        off = np.zeros(n, np.int64)
+        for fi, info in enumerate(self._infos):
+            sel = np.flatnonzero(file_codes == fi)
+            rg, o = info.locate(data_row[sel])
+            lut = np.full(len(info.rg_offsets), -1, np.int32)
+            for (f, g), s_ in self._slot.items():
+                if f == fi:
+                    lut[g] = s_
+            slot[sel], off[sel] = lut[rg], o
+        cols: dict[str, np.ndarray] = {"_file": file_codes, "_slot": slot, "_off": off}
+        # Video: index every file once (demux, cached), then find each sample's frame with one vectorised search.
         self._video_files: dict[str, list[str]] = {}
-        cols = {"file": file_codes}
+        self._index_paths: dict[str, Path] = {}
+        self._index_errors: dict[str, LeRobotSQLError] = {}
+        self._indexes: dict[str, video.FrameIndex] = {}
+        ts64 = m["timestamp"].to_numpy().astype(np.float64)
         for k in self._video_keys:
             names, codes = _codes(m[f"{k}/file"])
             self._video_files[k] = names
-            cols[k] = codes
-        for c in ("index", "episode_index", "timestamp", "data_row", "ep_from_index", "ep_to_index", "ep_data_row0", "task_index"):
-            cols[c] = m[c].to_numpy()
-        self._cols = cols
-        self._from_ts = {k: m[f"{k}/from_timestamp"].to_numpy() for k in self._video_keys}
-        # Build every row group the items can touch (whole episodes when neighbours are read) before any fork.
-        need: set[tuple[int, int]] = set()
-        n_ep = cols["ep_to_index"] - cols["ep_from_index"]
-        for fi, info in enumerate(self._infos):
-            sel = cols["file"] == fi
-            rows = cols["data_row"][sel]
-            if self._delta:
-                starts = np.unique(cols["ep_data_row0"][sel])
-                ends = np.unique(cols["ep_data_row0"][sel] + n_ep[sel] - 1)
-                rows = np.concatenate([rows, starts, ends])
-            lo, hi = tabular.DataFileInfo.locate(info, np.array([rows.min(), rows.max()]))[0]
-            rgs = np.unique(info.locate(rows)[0]) if not self._delta else np.arange(lo, hi + 1)
-            need.update((fi, int(rg)) for rg in rgs)
-        self._rg_paths = {k: tabular.ensure_row_group(self._src, self._infos[k[0]], k[1], self._layout,
-                                                      self._cache_dir) for k in sorted(need)}
-        self._index_paths: dict[str, Path] = {}
-        self._index_errors: dict[str, LeRobotSQLError] = {}
-        for k in self._video_keys:
-            for rel in self._video_files[k]:
+            from_ts = m[f"{k}/from_timestamp"].to_numpy()
+            vrow = np.full(n, -1, np.int64)
+            for code, rel in enumerate(names):
                 try:
-                    self._index_paths[rel] = video.ensure_index(self._src, rel, self._cache_dir)
+                    self._index_paths[rel] = video.ensure_index_arrow(self._src, rel, self._cache_dir)
                 except MissingFileError as e:
                     self._index_errors[rel] = e
+                    continue
+                index = self._index(rel)
+                sel = np.flatnonzero(codes == code)
+                pick, err = index.nearest(from_ts[sel] + ts64[sel])
+                # A time with no frame within tolerance keeps -1; __getitem__ raises FrameNotFoundError for it.
+                vrow[sel] = np.where(err <= self.tolerance_s, pick, -1)
+            cols[f"_vfile/{k}"], cols[f"_vrow/{k}"] = codes, vrow
         if self._index_errors:
             warnings.warn(f"{len(self._index_errors)} video file(s) are missing, e.g. "
                           f"{next(iter(self._index_errors.values()))}; items needing them will raise "
-                          "MissingFileError (pass cameras=[...] to leave those cameras out)", stacklevel=3)
-        self._columns = [c for c in tabular.RowGroupView(next(iter(self._rg_paths.values())), self._layout)
-                         .table.column_names if c not in self._skip_columns] if self._rg_paths else []
+                          "MissingFileError (pass cameras=[...] to leave those cameras out)", stacklevel=4)
+        self.manifest, derived = _map_table(m, cols, self._cache_dir)
+        self._c = {c: derived[c].to_numpy() for c in derived.column_names}
+        for c in ("index", "episode_index", "timestamp", "ep_from_index", "ep_to_index", "ep_data_row0",
+                  "task_index") + tuple(f"{k}/from_timestamp" for k in self._video_keys):
+            self._c[c] = self.manifest[c].chunk(0).to_numpy() if self.manifest[c].num_chunks == 1 else \
+                self.manifest[c].to_numpy()
+        self._n = n
+        first = tabular.RowGroupView(self._rg_paths[0], self._layout) if self._rg_paths else None
+        self._columns = [c for c in first.table.column_names if c not in self._skip_columns] if first else []
+        self._plain = [(c, _kind(c, self._layout, first)) for c in self._columns if c not in self._delta]
+        self._extra_cols = []
+        for e in self._extras:
+            col = self.manifest[e]
+            col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+            numeric = (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
+                       or pa.types.is_boolean(col.type)) and col.null_count == 0
+            self._extra_cols.append((e, col.to_numpy(zero_copy_only=False) if numeric else col, numeric))
+
+    def _index(self, rel: str) -> video.FrameIndex:
+        index = self._indexes.get(rel)
+        if index is None:
+            index = self._indexes[rel] = video.FrameIndex.load(self._index_paths[rel])
+        return index
+
+    def _use_parallel(self) -> bool:
+        if self._parallel_cameras != "auto":
+            return bool(self._parallel_cameras)
+        if torch.utils.data.get_worker_info() is not None:
+            return False  # DataLoader workers already keep the cores busy
+        shape = self._layout.features[self._video_keys[0]].shape if self._video_keys else (0, 0)
+        return (os.cpu_count() or 1) > 1 and int(shape[0]) * int(shape[1]) >= 240 * 320
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_worker"] = None
+        state["_indexes"] = {}  # memory maps are re-opened in the receiving process
         return state
 
     def __len__(self) -> int:
-        return len(self._cols["index"])
+        return self._n
 
     # ---- any process --------------------------------------------------------------------------------------
     def _w(self) -> _Worker:
-        if self._worker is None or self._worker.pid != os.getpid():
-            self._worker = _Worker(self)
-        return self._worker
+        w = self._worker
+        if w is None or w.pid != os.getpid():
+            w = self._worker = _Worker(self)
+        return w
 
     def _rows(self, w: _Worker, fi: int, rows: np.ndarray, column: str):
         """Values of ``column`` at file rows (numpy (T, *shape), or list of Arrow scalars for other types)."""
         info = self._infos[fi]
         rgs, offs = info.locate(rows)
+        if rgs[0] == rgs[-1] and (len(rgs) < 3 or (rgs == rgs[0]).all()):
+            arr = w.view(self, self._slot[(fi, int(rgs[0]))]).column(column)
+            return arr[offs] if isinstance(arr, np.ndarray) else [arr[int(x)] for x in offs]
         parts = []
         for rg in np.unique(rgs):
-            key = (fi, int(rg))
-            view = w.row_groups.get(key)
-            if view is None:
-                view = w.row_groups[key] = tabular.RowGroupView(self._rg_paths[key], self._layout)
-            parts.append((rgs == rg, view.column(column), offs[rgs == rg]))
-        if len(parts) == 1:
-            _, arr, o = parts[0]
-            return arr[o] if isinstance(arr, np.ndarray) else [arr[int(x)] for x in o]
+            mask = rgs == rg
+            parts.append((mask, w.view(self, self._slot[(fi, int(rg))]).column(column), offs[mask]))
         first = parts[0][1]
         if isinstance(first, np.ndarray):
             out = np.empty((len(rows), *first.shape[1:]), first.dtype)
@@ -180,10 +248,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         arr = np.asarray(Image.open(io.BytesIO(data)))
         if arr.ndim == 2:
             arr = arr[:, :, None]
-        t = torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
-        if t.dtype == torch.uint8 and not self.return_uint8:
-            t = t.to(torch.float32) / 255
-        return t
+        arr = np.ascontiguousarray(arr.transpose(2, 0, 1))
+        if arr.dtype == np.uint8 and not self.return_uint8:
+            arr = _to_unit_float(arr)
+        return torch.from_numpy(arr)
 
     def _tensor(self, column: str, values) -> Any:
         if column in self._layout.image_keys:
@@ -193,68 +261,100 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             return torch.from_numpy(np.array(values))
         return [v.as_py() for v in values]
 
-    def _video(self, w: _Worker, key: str, i: int, times: np.ndarray) -> torch.Tensor:
-        rel = self._video_files[key][self._cols[key][i]]
+    def _video_rows(self, w: _Worker, key: str, i: int, fi: int, idx: int, ep_from: int, ep_to: int,
+                    row0: int, pads: dict) -> tuple[video.FrameIndex, np.ndarray]:
+        rel = self._video_files[key][self._c[f"_vfile/{key}"][i]]
         if rel in self._index_errors:
             raise self._index_errors[rel]
-        index = w.indexes.get(rel)
-        if index is None:
-            index = w.indexes[rel] = video.FrameIndex.load(self._index_paths[rel])
-        rows = index.locate(self._from_ts[key][i] + times.astype(np.float64), self.tolerance_s,
-                            episode_index=int(self._cols["episode_index"][i]), video_key=key)
-        decoded = w.decoders.decode(index, rows)
-        arr = np.stack([decoded[int(index.pts[r])] for r in rows])
-        t = torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous()
+        index = self._index(rel)
+        from_ts = self._c[f"{key}/from_timestamp"][i]
+        ep = int(self._c["episode_index"][i])
+        if key in self._delta:
+            q, pad = _frames.query_indices(idx, self._delta[key], ep_from, ep_to)
+            times = self._rows(w, fi, row0 + (q - ep_from), "timestamp")
+            pads[f"{key}_is_pad"] = torch.from_numpy(pad)
+            return index, index.locate(from_ts + times.astype(np.float64), self.tolerance_s, episode_index=ep,
+                                       video_key=key)
+        r = int(self._c[f"_vrow/{key}"][i])
+        if r < 0:  # raises FrameNotFoundError with the full story
+            index.locate(np.array([from_ts + np.float64(self._c["timestamp"][i])]), self.tolerance_s,
+                         episode_index=ep, video_key=key)
+        return index, np.array([r])
+
+    def _decode(self, w: _Worker, index: video.FrameIndex, rows: np.ndarray) -> torch.Tensor:
+        arr = w.decoders.decode_chw(index, rows)
         if not self.return_uint8:
-            t = t.to(torch.float32) / 255
+            arr = _to_unit_float(arr)
+        t = torch.from_numpy(arr)
         return t[0] if len(rows) == 1 else t
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"item {i} out of range for a dataset of {len(self)} samples")
-        i = int(i) % len(self)
+        n = self._n
+        if not -n <= i < n:
+            raise IndexError(f"item {i} out of range for a dataset of {n} samples")
+        i = int(i) % n
         w = self._w()
-        c = self._cols
-        fi, row, idx = int(c["file"][i]), int(c["data_row"][i]), int(c["index"][i])
+        c = self._c
+        fi, idx = int(c["_file"][i]), int(c["index"][i])
         ep_from, ep_to, row0 = int(c["ep_from_index"][i]), int(c["ep_to_index"][i]), int(c["ep_data_row0"][i])
-        here = np.array([row])
-        item: dict[str, Any] = {}
         pads: dict[str, torch.Tensor] = {}
-        video_times = {k: np.array([c["timestamp"][i]], np.float32) for k in self._video_keys}
-        for col in self._columns:
-            if col in self._delta:
-                q, pad = _frames.query_indices(idx, self._delta[col], ep_from, ep_to)
-                item[col] = self._tensor(col, self._rows(w, fi, row0 + (q - ep_from), col))
-                if col in self._layout.image_keys and len(q) > 1 and item[col].ndim == 3:
-                    item[col] = item[col][None]
-                pads[f"{col}_is_pad"] = torch.from_numpy(pad)
+        # Locate every camera's frames first (cheap), then decode: other cameras in helper threads (PyAV releases
+        # the GIL), while this thread reads the tabular columns and decodes the last camera.
+        targets = [self._video_rows(w, k, i, fi, idx, ep_from, ep_to, row0, pads) for k in self._video_keys]
+        futures = []
+        if w.pool is not None:
+            futures = [w.pool.submit(self._decode, w, index, rows) for index, rows in targets[:-1]]
+        try:
+            item: dict[str, Any] = {}
+            view = w.view(self, int(c["_slot"][i]))
+            off = int(c["_off"][i])
+            for col in self._columns:
+                if col in self._delta:
+                    q, pad = _frames.query_indices(idx, self._delta[col], ep_from, ep_to)
+                    item[col] = self._tensor(col, self._rows(w, fi, row0 + (q - ep_from), col))
+                    if col in self._layout.image_keys and len(q) > 1 and item[col].ndim == 3:
+                        item[col] = item[col][None]
+                    pads[f"{col}_is_pad"] = torch.from_numpy(pad)
+            for col, kind in self._plain:
+                v = view.column(col)[off]
+                if kind == "num":
+                    item[col] = torch.from_numpy(np.array(v))
+                elif kind == "image":
+                    item[col] = self._image(v)
+                else:
+                    item[col] = v.as_py()
+            if self._delta:  # keep lerobot's key order: data columns in file order
+                item = {col: item[col] for col in self._columns}
+            item.update(sorted(pads.items(), key=lambda kv: self._pad_order(kv[0])))
+            frames = {}
+            if futures:
+                frames[self._video_keys[-1]] = self._decode(w, *targets[-1])
+                for k, f in zip(self._video_keys, futures):
+                    frames[k] = f.result()
+                futures = []
             else:
-                v = self._rows(w, fi, here, col)
-                t = self._tensor(col, v)
-                item[col] = t[0] if isinstance(t, (list, torch.Tensor)) and col not in self._layout.image_keys else t
-        for k in self._video_keys:
-            if k in self._delta:
-                q, pad = _frames.query_indices(idx, self._delta[k], ep_from, ep_to)
-                video_times[k] = self._rows(w, fi, row0 + (q - ep_from), "timestamp")
-                pads[f"{k}_is_pad"] = torch.from_numpy(pad)
-        item.update(pads)
-        if self._video_keys:
-            if w.pool is not None:
-                futs = {k: w.pool.submit(self._video, w, k, i, video_times[k]) for k in self._video_keys}
-                frames = {k: f.result() for k, f in futs.items()}
-            else:
-                frames = {k: self._video(w, k, i, video_times[k]) for k in self._video_keys}
-            item = {**frames, **item}
+                for k, (index, rows) in zip(self._video_keys, targets):
+                    frames[k] = self._decode(w, index, rows)
+        finally:
+            for f in futures:  # an error above: let helper threads finish with their decoders before leaving
+                f.cancel() or f.exception()
+        if frames:
+            item = {**{k: frames[k] for k in self._video_keys}, **item}
         if self.image_transforms is not None:
             for k in self._layout.camera_keys:
                 if k in item:
                     item[k] = self.image_transforms(item[k])
         item["task"] = self._tasks.get(int(c["task_index"][i]))
-        for e in self._extras:
-            v = self.manifest[e][i].as_py()
+        for e, arr, numeric in self._extra_cols:
+            v = arr[i].item() if numeric else arr[i].as_py()
             item[e] = torch.tensor(v) if isinstance(v, (int, float, bool)) or (
                 isinstance(v, list) and v and all(isinstance(x, (int, float, bool)) for x in v)) else v
         return item
+
+    def _pad_order(self, key: str) -> int:
+        base = key[: -len("_is_pad")]
+        return self._columns.index(base) if base in self._columns else len(self._columns) + \
+            self._video_keys.index(base)
 
     def __repr__(self) -> str:
         return (f"LeRobotSQLDataset({self._src.url!r}, samples={len(self)}, fps={self.fps:g}, "
@@ -265,3 +365,41 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 def _codes(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
     enc = column.combine_chunks().dictionary_encode()
     return enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+
+
+def _to_unit_float(arr: np.ndarray) -> np.ndarray:
+    """float32(u8) / 255, bit for bit what lerobot's ``frames.type(torch.float32) / 255`` gives (IEEE division is
+    correctly rounded in both). numpy runs it on the calling thread: torch would hand a 36k-element op to its
+    intra-op pool, whose wake-ups cost milliseconds on a busy 2-core machine."""
+    return np.true_divide(arr, np.float32(255), dtype=np.float32)
+
+
+def _kind(column: str, layout: Layout, view: tabular.RowGroupView) -> str:
+    """How a data column becomes a value: ``num`` (numpy -> tensor), ``image`` (PNG bytes) or ``other`` (as_py)."""
+    if column in layout.image_keys:
+        return "image"
+    return "num" if isinstance(view.column(column), np.ndarray) else "other"
+
+
+def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Path) -> tuple[pa.Table, pa.Table]:
+    """Write the manifest and the derived per-sample arrays to one Arrow IPC file, memory-map it, unlink it.
+
+    The mapping outlives the name (POSIX), so nothing is left in the cache, while the pages are file-backed: a forked
+    DataLoader worker shares them through the page cache, and its private memory does not grow with the manifest.
+    Where unlinking a mapped file is refused (Windows), the file stays in ``<cache>/manifests`` until the next run.
+    """
+    d = cache_dir / "manifests"
+    d.mkdir(parents=True, exist_ok=True)
+    full = manifest.combine_chunks()
+    for name, arr in derived.items():
+        full = full.append_column(name, pa.array(arr))
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".arrow")
+    os.close(fd)
+    try:
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, full.schema) as w:
+            w.write_table(full)
+        mapped = pa.ipc.open_file(pa.memory_map(tmp, "r")).read_all()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return mapped.select(manifest.column_names), mapped.select(list(derived))

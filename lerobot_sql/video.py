@@ -15,6 +15,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import av
+from av.video.reformatter import VideoReformatter
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -98,23 +99,89 @@ def ensure_index(src: Source, rel: str, cache_dir: Path) -> Path:
     return cache.build_once(path, lambda tmp: pq.write_table(_demux_index(src, rel), tmp))
 
 
+def _key_rows(pts: np.ndarray, keyframe_pts: np.ndarray, is_keyframe: np.ndarray) -> np.ndarray:
+    """Row of the keyframe a decoder must start from for each row (rows sorted by pts).
+
+    The keyframe recorded at demux time is the last one before the packet in decode order. With reordered frames
+    (B-frames, open GOPs) that keyframe may be presented after the frame itself, so take the earlier of it and the
+    last keyframe in presentation order: starting earlier costs decode time, never a wrong frame.
+    """
+    n = len(pts)
+    by_decode = np.minimum(np.searchsorted(pts, keyframe_pts), np.arange(n))
+    marks = np.where(is_keyframe, np.arange(n), 0)
+    by_pts = np.maximum.accumulate(marks) if n else marks
+    return np.minimum(by_decode, by_pts).astype(np.int64)
+
+
+def ensure_index_arrow(src: Source, rel: str, cache_dir: Path) -> Path:
+    """Build (once) the memory-mappable Arrow IPC form of the index of ``rel`` (pts, pts_s, key_row).
+
+    Workers map this file instead of loading the Parquet, so the index pages are shared through the OS page cache
+    and a worker's private memory does not grow with the number of frames.
+    """
+    parquet = ensure_index(src, rel, cache_dir)
+    path = parquet.with_suffix(".arrow")
+
+    def write(tmp: str) -> None:
+        t = pq.read_table(parquet, columns=["pts", "pts_s", "is_keyframe", "keyframe_pts"])
+        pts = t["pts"].to_numpy()
+        key_row = _key_rows(pts, t["keyframe_pts"].to_numpy(), t["is_keyframe"].to_numpy(zero_copy_only=False))
+        out = pa.table({"pts": pts, "pts_s": t["pts_s"].to_numpy(), "key_row": key_row},
+                       schema=pa.schema([("pts", pa.int64()), ("pts_s", pa.float64()), ("key_row", pa.int64())],
+                                        metadata=t.schema.metadata))
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, out.schema) as w:
+            w.write_table(out)
+
+    return cache.build_once(path, write)
+
+
 @dataclasses.dataclass(frozen=True)
 class FrameIndex:
-    """The loaded index of one mp4 (see module docstring); arrays are sorted by pts."""
+    """The loaded index of one mp4; arrays are sorted by pts (int64 (n,) / float64 (n,)).
+
+    Attributes:
+        path: the mp4, relative to the dataset root.
+        time_base: seconds per pts unit.
+        pts: presentation time of each frame, time-base units.
+        pts_s: the same in seconds.
+        key_row: row of the keyframe decoding must start from to reach each frame.
+    """
 
     path: str
     time_base: Fraction
     pts: np.ndarray
     pts_s: np.ndarray
-    keyframe_pts: np.ndarray
+    key_row: np.ndarray
+
+    @property
+    def keyframe_pts(self) -> np.ndarray:
+        return self.pts[self.key_row]
 
     @classmethod
     def load(cls, index_file: Path) -> "FrameIndex":
-        t = pq.read_table(index_file)
+        """Load an index from its Arrow IPC form (memory-mapped) or its Parquet form."""
+        if str(index_file).endswith(".arrow"):
+            t = pa.ipc.open_file(pa.memory_map(str(index_file), "r")).read_all()
+            key_row = t["key_row"].to_numpy()
+        else:
+            t = pq.read_table(index_file)
+            key_row = _key_rows(t["pts"].to_numpy(), t["keyframe_pts"].to_numpy(),
+                                t["is_keyframe"].to_numpy(zero_copy_only=False))
         meta = t.schema.metadata
         num, den = meta[b"time_base"].decode().split("/")
         return cls(meta[b"path"].decode(), Fraction(int(num), int(den)), t["pts"].to_numpy(),
-                   t["pts_s"].to_numpy(), t["keyframe_pts"].to_numpy())
+                   t["pts_s"].to_numpy(), key_row)
+
+    def nearest(self, times_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row, |error| in seconds) of the frame nearest to each time; ties go to the earlier frame."""
+        times_s = np.asarray(times_s, np.float64)
+        if len(self.pts_s) == 1:
+            pick = np.zeros(times_s.shape, np.int64)
+        else:
+            pos = np.clip(np.searchsorted(self.pts_s, times_s), 1, len(self.pts_s) - 1)
+            left = pos - 1
+            pick = np.where(np.abs(self.pts_s[left] - times_s) <= np.abs(self.pts_s[pos] - times_s), left, pos)
+        return pick, np.abs(self.pts_s[pick] - times_s)
 
     def locate(self, times_s: np.ndarray, tolerance_s: float, *, episode_index: int, video_key: str) -> np.ndarray:
         """Index rows (positions in ``pts``) of the frames presented at ``times_s`` (seconds in the file).
@@ -124,11 +191,7 @@ class FrameIndex:
                 queried time and the nearest pts. A neighbouring frame is never returned instead.
         """
         times_s = np.asarray(times_s, np.float64)
-        pos = np.clip(np.searchsorted(self.pts_s, times_s), 1, len(self.pts_s) - 1) if len(self.pts_s) > 1 else \
-            np.zeros(len(times_s), np.int64)
-        left = np.maximum(pos - 1, 0)
-        pick = np.where(np.abs(self.pts_s[left] - times_s) <= np.abs(self.pts_s[pos] - times_s), left, pos)
-        err = np.abs(self.pts_s[pick] - times_s)
+        pick, err = self.nearest(times_s)
         bad = np.flatnonzero(~(err <= tolerance_s))
         if len(bad):
             i = bad[0]
@@ -141,10 +204,20 @@ class FrameIndex:
         return pick
 
 
-class _OpenFile:
-    """One open container positioned somewhere in its stream, decoding forward."""
+# Formats whose planar-RGB conversion was seen to equal the packed rgb24 one, per process (see _OpenFile._convert).
+_PLANAR_OK: dict[tuple, bool] = {}
 
-    def __init__(self, src: Source, rel: str, threads: int):
+
+class _OpenFile:
+    """One open container positioned somewhere in its stream, decoding forward.
+
+    ``pos`` is the index row of the frame the decoder will output next (None after an error or before the first
+    seek): a target at or after ``pos`` whose keyframe is not far ahead is reached by decoding forward, anything else
+    by one seek straight to the target's keyframe. Frames are converted by one ``VideoReformatter`` kept for the
+    file, single-threaded (swscale's default spawns a thread pool per call, which costs more than a small frame).
+    """
+
+    def __init__(self, src: Source, rel: str, threads: int, thread_type: str = "AUTO"):
         self.rel = rel
         self.path = src.path(rel)
         self.container = _open_container(src, rel)
@@ -153,45 +226,92 @@ class _OpenFile:
         if threads == 1:
             cc.thread_count = 1
         else:
-            cc.thread_type = "AUTO"
-            cc.thread_count = threads
+            cc.thread_type = thread_type
+            cc.thread_count = threads  # 0 = FFmpeg picks
+        self.reformatter = VideoReformatter()
         self.frames = None
-        self.last_pts: int | None = None
+        self.pos: int | None = None
+        self.planar: bool | None = None
+        self.seeks = 0    # counters for tests and benchmarks
+        self.decoded = 0
 
-    def _seek(self, pts: int) -> None:
-        self.container.seek(int(pts), stream=self.stream, backward=True, any_frame=False)
+    def _seek(self, index: FrameIndex, key_row: int) -> None:
+        self.container.seek(int(index.pts[key_row]), stream=self.stream, backward=True, any_frame=False)
         self.frames = self.container.decode(self.stream)
-        self.last_pts = None
+        self.pos = key_row
+        self.seeks += 1
 
-    def decode(self, index: FrameIndex, rows: np.ndarray, reach: int) -> dict[int, np.ndarray]:
-        """HWC uint8 RGB frames for index ``rows``, keyed by pts; one forward pass where the rows allow it."""
-        out: dict[int, np.ndarray] = {}
-        for r in sorted(set(int(x) for x in rows)):
+    def _convert(self, frame, out: np.ndarray) -> None:
+        """Write ``frame`` as RGB (3, H, W) uint8 into ``out``.
+
+        swscale's planar GBR output equals its packed rgb24 output for the formats checked (yuv420p AV1/H.264),
+        and lands in channel-first order without a transpose; the first frame of each pixel format is converted
+        both ways and the planar path is used only if the two agree bit for bit.
+        """
+        if frame.height != out.shape[1] or frame.width != out.shape[2]:
+            raise VideoDecodeError(f"{self.path}: frame at pts={frame.pts} is {frame.width}x{frame.height} but the "
+                                   f"stream declares {out.shape[2]}x{out.shape[1]}; frames of changing size are not "
+                                   "supported")
+        if self.planar is None:
+            fmt = (frame.format.name, frame.width, frame.height, int(frame.colorspace), int(frame.color_range))
+            if fmt not in _PLANAR_OK:
+                ref = self.reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray().transpose(2, 0, 1)
+                self._planar_into(frame, out)
+                _PLANAR_OK[fmt] = bool(np.array_equal(out, ref))
+            self.planar = _PLANAR_OK[fmt]
+        if self.planar:
+            self._planar_into(frame, out)
+        else:
+            out[...] = self.reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray().transpose(2, 0, 1)
+
+    def _planar_into(self, frame, out: np.ndarray) -> None:
+        g = self.reformatter.reformat(frame, format="gbrp", threads=1)
+        h, w = out.shape[1:]
+        for c, p in ((0, 2), (1, 0), (2, 1)):  # gbrp planes are G, B, R
+            plane = g.planes[p]
+            out[c] = np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)[:, :w]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        cc = self.stream.codec_context
+        return 3, cc.height, cc.width
+
+    def decode_into(self, index: FrameIndex, rows: np.ndarray, out: np.ndarray, reach: int) -> None:
+        """Write the frames at index ``rows`` into ``out[j]`` ((len(rows), 3, H, W) uint8), in one forward pass
+        over the sorted rows where the keyframes allow it."""
+        order = np.argsort(rows, kind="stable")
+        prev_row, prev_j = -1, -1
+        for j in order:
+            r = int(rows[j])
+            if r == prev_row:
+                out[j] = out[prev_j]
+                continue
+            kr = int(index.key_row[r])
+            # Decoding forward from pos costs r - pos frames; a seek costs r - kr frames plus a flush. Forward wins
+            # unless the target's keyframe lies more than `reach` frames past the current position.
+            if self.pos is None or r < self.pos or kr - self.pos > reach:
+                self._seek(index, kr)
             want = int(index.pts[r])
-            key = int(index.keyframe_pts[r])
-            if self.frames is None or self.last_pts is None or self.last_pts >= want:
-                self._seek(key)
-            else:
-                last_row = int(np.searchsorted(index.pts, self.last_pts))
-                key_row = int(np.searchsorted(index.pts, key))
-                if r - last_row > (r - key_row) + reach:
-                    self._seek(key)
             try:
                 for frame in self.frames:
-                    self.last_pts = frame.pts
-                    if frame.pts == want:
-                        out[want] = frame.to_ndarray(format="rgb24")
+                    self.decoded += 1
+                    p = frame.pts
+                    if p == want:
+                        self._convert(frame, out[j])
                         break
-                    if frame.pts is not None and frame.pts > want:
-                        raise VideoDecodeError(f"{self.path}: decoding skipped pts={want} (got {frame.pts}); "
-                                               "the stream's index disagrees with its packets, the file may be corrupt")
+                    if p is not None and p > want:
+                        self.pos = None
+                        raise VideoDecodeError(f"{self.path}: decoding skipped pts={want} (got {p}); the stream's "
+                                               "index disagrees with its packets, the file may be corrupt")
                 else:
+                    self.pos = None
                     raise VideoDecodeError(f"{self.path}: stream ended before pts={want}; the file may be truncated")
             except av.error.FFmpegError as e:
-                self.frames = None
+                self.pos = None
                 raise VideoDecodeError(f"{self.path}: decoding failed near pts={want} ({e}); the file may be "
                                        "corrupt, re-fetch it") from e
-        return out
+            self.pos = r + 1
+            prev_row, prev_j = r, j
 
     def close(self) -> None:
         self.container.close()
@@ -200,31 +320,75 @@ class _OpenFile:
 class DecoderPool:
     """Open decoders of one process, at most ``max_open`` (LRU), each reused for forward reads.
 
-    A pool must be created in the process that uses it: the dataset makes one lazily per worker.
+    A pool must be created in the process that uses it: the dataset makes one lazily per worker. Several threads may
+    share a pool as long as each file is used by one thread at a time (the dataset decodes each camera, i.e. each
+    file, in its own thread).
+
+    Args:
+        threads: FFmpeg decoder threads per open file; 1 suits seeking and small frames, 0 lets FFmpeg choose.
+        reach: how many frames past the current position a target's keyframe may lie before a seek is cheaper
+            than decoding forward.
     """
 
-    def __init__(self, src: Source, max_open: int = 16, threads: int = 1, reach: int = 8):
+    def __init__(self, src: Source, max_open: int = 16, threads: int = 1, reach: int = 2,
+                 thread_type: str = "AUTO"):
         self.src, self.max_open, self.threads, self.reach = src, max_open, threads, reach
+        self.thread_type = thread_type
         self._open: collections.OrderedDict[str, _OpenFile] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._closed = {"seeks": 0, "decoded": 0}
 
-    def decode(self, index: FrameIndex, rows: np.ndarray) -> dict[int, np.ndarray]:
-        """HWC uint8 RGB frames (dict pts -> array) for the given rows of ``index``'s file."""
-        rel = index.path
+    def _take(self, rel: str) -> _OpenFile:
         with self._lock:
             f = self._open.pop(rel, None)
-        if f is None:
-            f = _OpenFile(self.src, rel, self.threads)
+        return f if f is not None else _OpenFile(self.src, rel, self.threads, self.thread_type)
+
+    def _give(self, f: _OpenFile) -> None:
+        with self._lock:
+            other = self._open.pop(f.rel, None)
+            self._open[f.rel] = f
+            if other is not None and other is not f:
+                self._retire(other)
+            while len(self._open) > self.max_open:
+                self._retire(self._open.popitem(last=False)[1])
+
+    def _retire(self, f: _OpenFile) -> None:
+        self._closed["seeks"] += f.seeks
+        self._closed["decoded"] += f.decoded
+        f.close()
+
+    def stats(self) -> dict[str, int]:
+        """Seeks and decoded frames so far in this process, and how many files are open."""
+        with self._lock:
+            files = list(self._open.values())
+            out = dict(self._closed)
+        out["seeks"] += sum(f.seeks for f in files)
+        out["decoded"] += sum(f.decoded for f in files)
+        out["open_files"] = len(files)
+        return out
+
+    def decode(self, index: FrameIndex, rows: np.ndarray) -> dict[int, np.ndarray]:
+        """HWC uint8 RGB frames (dict pts -> (H, W, 3) array) for the given rows of ``index``'s file."""
+        frames = self.decode_chw(index, rows)
+        return {int(index.pts[r]): frames[j].transpose(1, 2, 0) for j, r in enumerate(np.asarray(rows))}
+
+    def decode_chw(self, index: FrameIndex, rows: np.ndarray) -> np.ndarray:
+        """RGB frames at ``rows`` of ``index``'s file: uint8 (len(rows), 3, H, W), in the order of ``rows``.
+
+        Raises:
+            MissingFileError: the mp4 is gone.
+            VideoDecodeError: PyAV failed, or the stream disagrees with the index.
+        """
+        f = self._take(index.path)
         try:
-            return f.decode(index, rows, self.reach)
+            out = np.empty((len(rows), *f.shape), np.uint8)
+            f.decode_into(index, np.asarray(rows), out, self.reach)
+            return out
         finally:
-            with self._lock:
-                self._open[rel] = f
-                while len(self._open) > self.max_open:
-                    self._open.popitem(last=False)[1].close()
+            self._give(f)
 
     def close(self) -> None:
         with self._lock:
             for f in self._open.values():
-                f.close()
+                self._retire(f)
             self._open.clear()
