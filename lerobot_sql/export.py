@@ -563,13 +563,18 @@ class _VideoWriter:
         if self.out is None:
             self._open(in_stream)
         in_tb = Fraction(index.time_base)
-        # Offset of the part's first frame from the episode's slot start (0 for regular data).
-        lead = ts[0] - (0.0 if part.whole else ts[0])
+        # A whole episode keeps its timestamps, so its first frame sits at from_timestamp + timestamp[0] (0 for
+        # lerobot-written data); a cut one restarts at 0.
+        lead = float(ts[0]) if part.whole else 0.0
         start_pts = self.t_pts + int(round(Fraction(lead) / self.tb)) if lead else self.t_pts
         from_ts = float(self.t_pts * self.tb)
 
+        base, ratio = int(index.pts[ra]), in_tb / self.tb
+
         def out_pts(src_pts: int) -> int:
-            return start_pts + int(round((src_pts - int(index.pts[ra])) * in_tb / self.tb))
+            if ratio == 1:  # the usual case: same time base, plain integer shift
+                return start_pts + src_pts - base
+            return start_pts + int(round((src_pts - base) * ratio))
 
         is_key = index.keyframe_pts == index.pts
         keys = np.flatnonzero(is_key[ra:rb + 1]) + ra
@@ -644,8 +649,7 @@ class _VideoWriter:
         end = 0
         for pkt in pkts:
             p, d = out_pts(pkt.pts), None if pkt.dts is None else out_pts(pkt.dts)
-            dur = int(pkt.duration or frame_dur)
-            end = max(end, p + int(round(dur * Fraction(index.time_base) / self.tb)))
+            end = max(end, out_pts(pkt.pts + int(pkt.duration or frame_dur)))
             self._mux(pkt, p, d)
         return True, end
 
@@ -787,23 +791,11 @@ def _feature_stats(x: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarra
         st = {"min": mn, "max": mx, "mean": mean, "std": x.std(0)}
         st.update({_qkey(q): mean.copy() for q in QUANTILES})
     else:
-        std = np.sqrt(np.maximum(0, (x ** 2).mean(0) - mean ** 2))
-        st = {"min": mn, "max": mx, "mean": mean, "std": std}
+        st = {"min": mn, "max": mx, "mean": mean, "std": np.sqrt(np.maximum(0, (x ** 2).mean(0) - mean ** 2))}
         qs = np.empty((len(QUANTILES), x.shape[1]))
         for d in range(x.shape[1]):
             edges = np.linspace(mn[d] - 1e-10, mx[d] + 1e-10, 5001)
-            cum = np.cumsum(np.histogram(x[:, d], bins=edges)[0])
-            for qi, q in enumerate(QUANTILES):
-                target = q * n
-                i = int(np.searchsorted(cum, target))
-                if i == 0:
-                    qs[qi, d] = edges[0]
-                elif i >= len(cum):
-                    qs[qi, d] = edges[-1]
-                else:
-                    before, inbin = cum[i - 1], cum[i] - cum[i - 1]
-                    qs[qi, d] = edges[i] if inbin == 0 else edges[i] + (target - before) / inbin * (edges[i + 1] -
-                                                                                                     edges[i])
+            qs[:, d] = _hist_quantiles(np.histogram(x[:, d], bins=edges)[0], edges, n)
         st.update({_qkey(q): qs[qi] for qi, q in enumerate(QUANTILES)})
     shape = tuple(shape) if int(np.prod(shape)) == x.shape[1] else (x.shape[1],)
     out = {k: v.reshape(shape) for k, v in st.items()}
@@ -811,11 +803,49 @@ def _feature_stats(x: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarra
     return out
 
 
+def _hist_quantiles(hist: np.ndarray, edges: np.ndarray, n: int) -> np.ndarray:
+    """lerobot's RunningQuantileStats._compute_single_quantile for each of QUANTILES."""
+    cum = np.cumsum(hist)
+    out = np.empty(len(QUANTILES))
+    for qi, q in enumerate(QUANTILES):
+        target = q * n
+        i = int(np.searchsorted(cum, target))
+        if i == 0:
+            out[qi] = edges[0]
+        elif i >= len(cum):
+            out[qi] = edges[-1]
+        else:
+            before, inbin = cum[i - 1], cum[i] - cum[i - 1]
+            out[qi] = edges[i] if inbin == 0 else edges[i] + (target - before) / inbin * (edges[i + 1] - edges[i])
+    return out
+
+
 def _image_stats(imgs: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-channel stats of (N, C, H, W) uint8 images, scaled to [0, 1], shaped (C, 1, 1), count = N images."""
+    """Per-channel stats of (N, C, H, W) uint8 images, scaled to [0, 1], shaped (C, 1, 1), count = N images.
+
+    Same numbers as lerobot's get_feature_stats over axis (0, 2, 3), computed from 256-value pixel counts (the
+    histogram of uint8 data is exact from its value counts) instead of sorting millions of pixels.
+    """
     c = imgs.shape[1]
-    st = _feature_stats(imgs.transpose(0, 2, 3, 1).reshape(-1, c).astype(np.float64), (c,))
-    out = {k: (v / 255.0).reshape(c, 1, 1) for k, v in st.items() if k != "count"}
+    v = np.arange(256, dtype=np.float64)
+    st = {k: np.empty(c) for k in ("min", "max", "mean", "std", *map(_qkey, QUANTILES))}
+    for ch in range(c):
+        cnt = np.bincount(imgs[:, ch].ravel(), minlength=256).astype(np.float64)
+        n = cnt.sum()
+        nz = np.flatnonzero(cnt)
+        mn, mx = v[nz[0]], v[nz[-1]]
+        mean = (v * cnt).sum() / n
+        st["min"][ch], st["max"][ch], st["mean"][ch] = mn, mx, mean
+        st["std"][ch] = np.sqrt(max(0.0, (v * v * cnt).sum() / n - mean ** 2))
+        if n < 2:
+            qs = np.full(len(QUANTILES), mean)
+        else:
+            edges = np.linspace(mn - 1e-10, mx + 1e-10, 5001)
+            b = np.clip(np.searchsorted(edges, v[nz], side="right") - 1, 0, 4999)
+            qs = _hist_quantiles(np.bincount(b, weights=cnt[nz], minlength=5000), edges, int(n))
+        for qi, q in enumerate(QUANTILES):
+            st[_qkey(q)][ch] = qs[qi]
+    out = {k: (x / 255.0).reshape(c, 1, 1) for k, x in st.items()}
     out["count"] = np.array([len(imgs)], np.int64)
     return out
 
