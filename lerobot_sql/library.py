@@ -38,7 +38,10 @@ from sqlglot import exp
 
 from .errors import QueryError
 
-BUNDLED = Path(__file__).resolve().parents[1] / "queries"
+# Source checkout: the repository's top-level queries/. Installed wheel: pyproject maps queries/ to the package data
+# folder lerobot_sql/_queries (package-dir "lerobot_sql._queries" = "queries").
+_HERE = Path(__file__).resolve().parent
+BUNDLED = next((p for p in (_HERE.parent / "queries", _HERE / "_queries") if p.is_dir()), _HERE.parent / "queries")
 TYPES = ("int", "float", "str", "bool", "feature", "expr")
 _PARAM_LINE = re.compile(r"^\s*(\w+)\s*\(\s*(\w+)\s*(?:,\s*default\s*=?\s*(.*?))?\s*\)\s*:\s*(.*)$")
 _PLACEHOLDER = re.compile(r"\$([A-Za-z_]\w*)")
