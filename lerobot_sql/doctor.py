@@ -1,0 +1,225 @@
+"""``lerobot-sql doctor``: the format's invariants (spec section 8) run as SQL over the views, with a report.
+
+Each check is one named query in ``queries/doctor/<check>.sql`` (run it alone with ``db.query("doctor/<check>")``)
+that returns one row per violation; no rows means the check passed. What SQL cannot do is done here first: file
+existence and the codec of each camera's stream are probed into the table ``_doctor_video_files``, and the video
+index (``video_frames``, by demuxing) is built only when every video file is present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from . import library
+from .errors import LeRobotSQLError
+
+SAMPLE_ROWS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A check: its query name, what it needs, how bad a failure is and what to do about it."""
+
+    name: str
+    hint: str
+    severity: str = "error"          # "error" makes the report fail; "warning" is reported only
+    needs: str = ""                  # "" (metadata and data), "videos" (files present), "index" (video_frames)
+    params: tuple[str, ...] = ()     # which run() parameters the query takes
+
+
+CHECKS: tuple[Spec, ...] = (
+    Spec("episode_index_contiguous", "renumber meta/episodes to 0..N-1 in order, or fix total_episodes in info.json"),
+    Spec("index_contiguous", "rewrite the data files' `index` as 0..n-1 (lerobot's writer does), or fix total_frames"),
+    Spec("frame_index_contiguous", "frame_index must restart at 0 in each episode and timestamp equal "
+         "frame_index / fps; rewrite the episode's rows", params=("tolerance_s",)),
+    Spec("episode_ranges", "recompute length, dataset_from_index and dataset_to_index from the data files; "
+         "lerobot_sql reads rows by episode_index, but lerobot trusts these ranges"),
+    Spec("data_file_pointers", "rewrite data/chunk_index and data/file_index in meta/episodes from the file holding "
+         "each episode (a known converter bug, lerobot issue #2401)"),
+    Spec("tasks_exist", "add the missing tasks to meta/tasks.parquet (tasks.jsonl for v2.x) or fix task_index"),
+    Spec("stats_present", "recompute per-episode statistics (lerobot's compute_episode_stats); normalisation needs "
+         "them"),
+    Spec("video_files_present", "download the missing mp4s (e.g. huggingface_hub.snapshot_download with "
+         "allow_patterns='videos/*'); frames of those cameras cannot be read", needs="videos"),
+    Spec("video_codec", "info.json mislabels the stream's codec; decoding follows the file, so this only misleads "
+         "tools that trust info.json", severity="warning", needs="videos"),
+    Spec("video_segments", "fix videos/<key>/from_timestamp and to_timestamp in meta/episodes: clips must last "
+         "length / fps and chain within a file", params=("tolerance_s",)),
+    Spec("video_segment_frames", "the clip's real frames do not match its length: re-encode the episode or fix "
+         "from/to_timestamp", needs="index", params=("tolerance_s",)),
+    Spec("video_frame_pts", "from_timestamp drifts from the file's real pts (lerobot issue #3177): recompute "
+         "from_timestamp from the video, or pass a larger tolerance_s if the drift is known and harmless",
+         needs="index", params=("tolerance_s",)),
+)
+
+
+@dataclasses.dataclass
+class Check:
+    """The outcome of one check.
+
+    Attributes:
+        name: the check, also its query ``doctor/<name>``.
+        ok: no violations (a skipped check is ok).
+        n_violations: number of violation rows.
+        sample: up to 5 violation rows, as dicts.
+        hint: how to fix a violation.
+        severity: ``error`` or ``warning`` (warnings do not fail the report).
+        description: the first lines of the query's header.
+        skipped: why the check did not run, or None.
+    """
+
+    name: str
+    ok: bool
+    n_violations: int
+    sample: list[dict]
+    hint: str
+    severity: str = "error"
+    description: str = ""
+    skipped: str | None = None
+
+
+@dataclasses.dataclass
+class Report:
+    """All checks of one dataset. ``ok`` is False when any error-severity check found violations."""
+
+    dataset: str
+    version: str
+    tolerance_s: float
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok or c.severity != "error" for c in self.checks)
+
+    def __getitem__(self, name: str) -> Check:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(f"no check {name!r}; checks: {[c.name for c in self.checks]}")
+
+    def to_dict(self) -> dict:
+        return {"dataset": self.dataset, "codebase_version": self.version, "tolerance_s": self.tolerance_s,
+                "ok": self.ok, "checks": [dataclasses.asdict(c) for c in self.checks]}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    def to_text(self) -> str:
+        lines = [f"lerobot-sql doctor: {self.dataset} ({self.version}), tolerance_s={self.tolerance_s:g}"]
+        for c in self.checks:
+            if c.skipped:
+                mark = "SKIP"
+            elif c.ok:
+                mark = "ok  "
+            else:
+                mark = "FAIL" if c.severity == "error" else "WARN"
+            lines.append(f"  {mark} {c.name}" + (f": {c.n_violations} violation(s)" if not c.ok else "")
+                         + (f" ({c.skipped})" if c.skipped else ""))
+            if not c.ok:
+                for row in c.sample:
+                    lines.append("         " + ", ".join(f"{k}={_short(v)}" for k, v in row.items()))
+                if c.n_violations > len(c.sample):
+                    lines.append(f"         ... {c.n_violations - len(c.sample)} more")
+                lines.append(f"       hint: {c.hint}")
+        n_err = sum(1 for c in self.checks if not c.ok and c.severity == "error")
+        n_warn = sum(1 for c in self.checks if not c.ok and c.severity != "error")
+        lines.append("OK" if self.ok and not n_warn else
+                     f"{'OK' if self.ok else 'PROBLEMS'}: {n_err} failed, {n_warn} warning(s)")
+        return "\n".join(lines)
+
+
+def _short(v: Any) -> str:
+    s = repr(v) if isinstance(v, str) else str(v)
+    return s if len(s) <= 120 else s[:117] + "..."
+
+
+def _stream_codec(src, rel: str) -> str | None:
+    """FFmpeg's canonical codec name (``av1``, ``h264``, ``mpeg4`` ...) of the file's first video stream; None if
+    PyAV cannot open it (the video index checks then report the file)."""
+    import av
+
+    local = src.local_path(rel)
+    try:
+        with (av.open(local) if local is not None else av.open(src.open(rel))) as container:
+            return container.streams.video[0].codec_context.codec.canonical_name
+    except (av.error.FFmpegError, IndexError, LeRobotSQLError, OSError):
+        return None
+
+
+def _probe_video_files(db, check_codec: bool) -> pa.Table:
+    """One row per distinct mp4 of the videos view: present (exists), codec (first present file per camera)."""
+    rows = db.con.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
+    keys, paths, present, codecs = [], [], [], []
+    probed: set[str] = set()
+    for key, path in rows:
+        ok = bool(db.source.exists(path))
+        codec = None
+        if ok and check_codec and key not in probed:
+            probed.add(key)
+            codec = _stream_codec(db.source, path)
+        keys.append(key)
+        paths.append(path)
+        present.append(ok)
+        codecs.append(codec)
+    return pa.table({"video_key": pa.array(keys, pa.string()), "path": pa.array(paths, pa.string()),
+                     "present": pa.array(present, pa.bool_()), "codec": pa.array(codecs, pa.string())})
+
+
+def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
+    """Run every check on ``db`` (a :class:`lerobot_sql.Database`) and return the :class:`Report`.
+
+    Args:
+        tolerance_s: seconds allowed between a frame's expected time and the real pts, and for clip bounds.
+        check_video: also probe codecs, build the video index (demux every mp4 once, cached) and check every
+            frame's pts. With False only file existence is checked for videos.
+
+    A check whose query fails (e.g. a column missing from meta/episodes) is reported as failed with DuckDB's
+    message; nothing is raised for a broken dataset.
+    """
+    params = {"tolerance_s": float(tolerance_s)}
+    probe = _probe_video_files(db, check_codec=check_video)
+    db.con.register("_doctor_video_files_arrow", probe)
+    db.con.execute("CREATE OR REPLACE TEMP TABLE _doctor_video_files AS SELECT * FROM _doctor_video_files_arrow")
+    db.con.unregister("_doctor_video_files_arrow")
+    n_missing = sum(1 for p in probe["present"].to_pylist() if not p)
+    index_ready: str | None = None
+    if probe.num_rows and check_video and not n_missing:
+        try:
+            db.check("SELECT * FROM video_frames")  # builds the video index (view video_frames) on first use
+        except LeRobotSQLError as e:
+            index_ready = f"the video index could not be built: {e}"
+    checks = []
+    for spec in CHECKS:
+        nq = library.load(f"doctor/{spec.name}")
+        skipped = None
+        if spec.needs and not probe.num_rows:
+            skipped = "no video files referenced (no video features, or no episode metadata)"
+        elif spec.needs == "index" and not check_video:
+            skipped = "video checks disabled"
+        elif spec.name == "video_codec" and not check_video:
+            skipped = "video checks disabled"
+        elif spec.needs == "index" and n_missing:
+            skipped = f"{n_missing} video file(s) missing"
+        elif spec.needs == "index" and index_ready:
+            skipped = index_ready
+        elif spec.name == "stats_present" and db.layout.legacy and not db.layout.episode_stats_file:
+            skipped = "v2.0 keeps no per-episode statistics (meta/stats.json only)"
+        if skipped:
+            checks.append(Check(spec.name, True, 0, [], spec.hint, spec.severity, nq.description, skipped))
+            continue
+        sql = library.render(f"doctor/{spec.name}", {p: params[p] for p in spec.params})
+        try:
+            result = db.con.sql(sql).to_arrow_table()
+        except duckdb.Error as e:
+            checks.append(Check(spec.name, False, 1, [{"error": f"{type(e).__name__}: {e}"}],
+                                f"the check could not run on this dataset's metadata; {spec.hint}",
+                                spec.severity, nq.description))
+            continue
+        checks.append(Check(spec.name, result.num_rows == 0, result.num_rows,
+                            result.slice(0, SAMPLE_ROWS).to_pylist(), spec.hint, spec.severity, nq.description))
+    return Report(db.source.url, db.layout.version, float(tolerance_s), checks)

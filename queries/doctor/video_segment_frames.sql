@@ -1,0 +1,16 @@
+-- Doctor check (video index): each episode's clip [from_timestamp, to_timestamp) of its mp4 holds exactly
+-- `length` frames, counted from the frames' real pts (view video_frames, built by demuxing).
+--
+-- params:
+--   tolerance_s (float, default 1e-4): the clip bounds are shifted down by this much, seconds
+-- returns: one row per bad clip: video_key VARCHAR, episode_index BIGINT, path VARCHAR, length BIGINT,
+--   frames_in_clip BIGINT, from_timestamp DOUBLE, to_timestamp DOUBLE. No rows means the check passed.
+SELECT v.video_key, v.episode_index, v.path, e.length, count(vf.pts) AS frames_in_clip, v.from_timestamp, v.to_timestamp
+FROM videos v
+JOIN episodes e USING (episode_index)
+LEFT JOIN video_frames vf
+  ON vf.video_key = v.video_key AND vf.path = v.path
+ AND vf.pts_s >= v.from_timestamp - $tolerance_s AND vf.pts_s < v.to_timestamp - $tolerance_s
+GROUP BY ALL
+HAVING count(vf.pts) <> e.length
+ORDER BY v.video_key, v.episode_index
