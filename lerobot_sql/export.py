@@ -34,11 +34,11 @@ from typing import Any
 import av
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import plan, video
 from .errors import DatasetFormatError, LeRobotSQLError, VideoDecodeError
-from .layout import Layout
 
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 PART_COLUMN = "_lsql_export_part"
@@ -121,7 +121,7 @@ def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = 
     meta = json.loads(m.schema.metadata[b"lerobot_sql.manifest"])
     meta["root"] = db.source.url
     for k in db.layout.video_keys:
-        t = pa.compute.add(m[f"{k}/from_timestamp"].cast(pa.float64()), m["timestamp"].cast(pa.float64()))
+        t = pc.add(m[f"{k}/from_timestamp"].cast(pa.float64()), m["timestamp"].cast(pa.float64()))
         m = m.append_column(f"{k}/time_s", t)
     m = m.replace_schema_metadata({b"lerobot_sql.manifest": json.dumps(meta).encode()})
     path.parent.mkdir(parents=True, exist_ok=True)

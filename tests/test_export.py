@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -309,7 +308,8 @@ def test_image_dataset_export(datasets, tmp_path):
 # ---- manifest ---------------------------------------------------------------------------------------------------
 def test_manifest_round_trip(datasets, tmp_path):
     db = lsql.connect(datasets / "multifile60")
-    sql = "SELECT episode_index, 1.0 AS start_s, 2.0 AS end_s, length AS ep_len FROM episodes WHERE episode_index IN (5, 40)"
+    sql = ("SELECT episode_index, 1.0 AS start_s, 2.0 AS end_s, length AS ep_len FROM episodes "
+           "WHERE episode_index IN (5, 40)")
     rep = db.export_manifest(sql, tmp_path / "m.parquet")
     t = pq.read_table(tmp_path / "m.parquet")
     assert rep.rows == t.num_rows == 60 and rep.episodes == 2
