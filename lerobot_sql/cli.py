@@ -56,24 +56,12 @@ class UsageError(Exception):
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------------
-def _param(text: str) -> tuple[str, Any]:
-    """``key=value`` -> (key, value); the value becomes an int, float, bool or JSON list when it reads as one."""
+def _param(text: str) -> tuple[str, str]:
+    """``key=value`` -> (key, value). Values stay strings: the library parses them by the declared type."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
-    return key.strip(), _coerce(raw)
-
-
-def _coerce(raw: str) -> Any:
-    for conv in (int, float):
-        with contextlib.suppress(ValueError):
-            return conv(raw)
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    if raw.startswith("["):
-        with contextlib.suppress(ValueError):
-            return json.loads(raw)
-    return raw
+    return key.strip(), raw
 
 
 def _connect(args):
@@ -267,9 +255,11 @@ def cmd_query(args) -> int:
     if args.list:
         from . import library
 
-        entries = library.list_queries(extra_dirs=[Path(d) for d in args.query_dir or []])
-        for e in entries:
-            print(_describe_query(e))
+        for e in library.list_queries(extra_dirs=[Path(d) for d in args.query_dir or []]):
+            print(f"{e['name']}  - {e.get('description') or ''}".rstrip(" -"))
+            for prm in e.get("params") or []:
+                need = "required" if prm.get("required") else f"default {prm.get('default')!r}"
+                print(f"    --param {prm['name']}=...  ({prm.get('type')}, {need}) {prm.get('doc') or ''}".rstrip())
         return 0
     if not args.dataset:
         raise UsageError("DATASET is required (except with --list)")
@@ -282,20 +272,6 @@ def cmd_query(args) -> int:
         rel = _run(db, _sql_from(args, db))
     _write_result(rel, args.format, args.output, args.max_rows)
     return 0
-
-
-def _describe_query(e: Any) -> str:
-    """One line per named query, whatever shape library.list_queries returns (names, dicts or dataclasses)."""
-    if isinstance(e, str):
-        return e
-    d = e if isinstance(e, dict) else getattr(e, "__dict__", {}) or {}
-    name = d.get("name", str(e))
-    params = d.get("params") or d.get("parameters")
-    desc = d.get("description") or d.get("doc") or ""
-    if isinstance(params, dict):
-        params = [f"{k}={v}" if v is not None else k for k, v in params.items()]
-    head = f"{name}" + (f"  ({', '.join(map(str, params))})" if params else "")
-    return f"{head:<40}  {desc.splitlines()[0] if desc else ''}".rstrip()
 
 
 def _print_report(report: Any) -> None:
@@ -327,7 +303,13 @@ def cmd_prefetch(args) -> int:
 
     db = _connect(args)
     sql = _sql_from(args, db, default="SELECT episode_index FROM episodes")
-    _print_report(prefetch.prefetch(db, sql, progress=not args.quiet))
+    kw: dict[str, Any] = {"cameras": args.camera, "workers": args.workers}
+    if args.delta_timestamps:
+        try:
+            kw["delta_timestamps"] = json.loads(args.delta_timestamps)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--delta-timestamps must be JSON such as '{{\"action\": [0, 0.0333]}}': {e}") from e
+    _print_report(prefetch.prefetch(db, sql, progress=not args.quiet, **kw))
     return 0
 
 
@@ -602,6 +584,10 @@ def build_parser() -> argparse.ArgumentParser:
               'lerobot-sql prefetch hf://datasets/ORG/NAME --sql "SELECT episode_index FROM episodes LIMIT 5"'],
              cmd_prefetch)
     query_source(sp, positional=False)
+    sp.add_argument("--delta-timestamps", metavar="JSON",
+                    help='the delta_timestamps you will train with, e.g. \'{"action": [0, 0.0333]}\'')
+    sp.add_argument("--camera", action="append", metavar="KEY", help="only this camera (repeatable; default all)")
+    sp.add_argument("--workers", type=int, default=8, help="parallel range requests (default 8)")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     sp = add("index", "build the video frame index of every mp4 (one demux pass each, cached)",

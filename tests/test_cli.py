@@ -1,0 +1,283 @@
+"""``lerobot-sql``: every subcommand run as a subprocess on the bundled sample; expected values come from pyarrow
+and PyAV reading the sample's files directly, not from lerobot_sql."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import REPO, SAMPLE
+
+CLI = [sys.executable, "-m", "lerobot_sql.cli"]
+
+
+def run(*args: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(str, args)], input=stdin, capture_output=True, text=True, timeout=240,
+                          cwd=cwd or REPO)
+
+
+def ok(*args: str, **kw) -> str:
+    r = run(*args, **kw)
+    assert r.returncode == 0, f"exit {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}"
+    return r.stdout
+
+
+def assert_error(r: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Exit 1 and exactly one ``error:`` line plus one ``hint:`` line on stderr, no traceback."""
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "%|" not in ln]  # drop tqdm bars
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), r.stderr
+    assert "Traceback" not in r.stderr
+    for f in fragments:
+        assert f in lines[0] or f in lines[1], (f, r.stderr)
+
+
+def box_cells(out: str) -> list[list[str]]:
+    """The cell texts of every row of DuckDB's box tables in ``out``."""
+    return [[c.strip() for c in ln.strip().strip("│").split("│")] for ln in out.splitlines() if ln.startswith("│")]
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.fixture(scope="module")
+def episodes():
+    return pq.read_table(SAMPLE / "meta" / "episodes" / "chunk-000" / "file-000.parquet")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return pq.read_table(SAMPLE / "data" / "chunk-000" / "file-000.parquet")
+
+
+# ---- help, version, usage errors ------------------------------------------------------------------------------------
+def test_help_lists_every_subcommand_with_examples():
+    out = ok("--help")
+    for cmd in ("info", "schema", "query", "export", "prefetch", "index", "doctor", "shell", "bench", "demo"):
+        assert f"    {cmd} " in out
+    assert "examples:" in out
+    sub = ok("query", "--help")
+    assert "examples:" in sub and "--format" in sub
+    assert "source checkout" in ok("bench", "--help")
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).parent / "lerobot-sql"
+    assert script.exists(), "pip install -e . creates the lerobot-sql script"
+    r = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("lerobot-sql ")
+
+
+@pytest.mark.parametrize("args", [
+    [],                                                     # no subcommand
+    ["frobnicate", "x"],                                    # unknown subcommand
+    ["query"],                                              # no DATASET
+    ["query", "SAMPLE", "SELECT 1", "--format", "xml"],     # bad choice
+    ["query", "SAMPLE", "SELECT 1", "--param", "a=1"],      # --param without --name
+    ["query", "SAMPLE", "--param", "novalue"],              # not key=value
+    ["export", "SAMPLE", "/tmp/x"],                         # no --sql / --name
+])
+def test_usage_errors_exit_2(args):
+    r = run(*[str(SAMPLE) if a == "SAMPLE" else a for a in args])
+    assert r.returncode == 2, (args, r.stdout, r.stderr)
+    assert "usage:" in r.stderr
+
+
+# ---- info / schema -------------------------------------------------------------------------------------------------
+def test_info_json_matches_the_files(episodes):
+    info = json.loads((SAMPLE / "meta" / "info.json").read_text())
+    got = json.loads(ok("info", SAMPLE, "--json"))
+    assert got["episodes"] == episodes.num_rows
+    assert got["frames"] == pc.sum(episodes["length"]).as_py()
+    assert got["tasks"] == pq.read_table(SAMPLE / "meta" / "tasks.parquet").num_rows
+    assert got["fps"] == info["fps"]
+    assert [f["name"] for f in got["features"]] == list(info["features"])
+    text = ok("info", SAMPLE)
+    assert f"episodes     {episodes.num_rows}" in text
+    assert ", ".join(info["features"]["action"]["names"]) in text
+
+
+def test_schema_lists_view_columns(data):
+    got = json.loads(ok("schema", SAMPLE, "--json"))
+    assert {"episodes", "frames", "tasks", "videos", "episode_stats"} <= set(got)
+    assert [c["column"] for c in got["tasks"]] == ["task_index", "task"]
+    assert [c["column"] for c in got["frames"]] == data.column_names
+    text = ok("schema", SAMPLE, "tasks")
+    assert text.splitlines()[0] == "tasks" and "task_index" in text and "episodes" not in text
+
+
+def test_schema_unknown_view_suggests_the_right_one():
+    assert_error(run("schema", SAMPLE, "taks"), "Did you mean 'tasks'?", "lerobot-sql schema")
+
+
+def test_missing_dataset_is_one_line_with_hint(tmp_path):
+    assert_error(run("info", tmp_path / "nowhere"), "meta/info.json", "dataset root")
+
+
+# ---- query ---------------------------------------------------------------------------------------------------------
+def test_query_table_output(episodes):
+    top = sorted(episodes["length"].to_pylist(), reverse=True)[:3]
+    out = ok("query", SAMPLE, "SELECT episode_index, length FROM episodes ORDER BY length DESC LIMIT 3")
+    cells = box_cells(out)
+    assert cells[0] == ["episode_index", "length"]
+    assert [int(r[1]) for r in cells[2:]] == top
+
+
+def test_query_csv_equals_parquet(episodes):
+    out = ok("query", SAMPLE, "SELECT episode_index, length FROM episodes ORDER BY episode_index", "-f", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    order = np.argsort(episodes["episode_index"].to_numpy())
+    assert [int(r["episode_index"]) for r in rows] == episodes["episode_index"].to_numpy()[order].tolist()
+    assert [int(r["length"]) for r in rows] == episodes["length"].to_numpy()[order].tolist()
+
+
+def test_query_json_lines_from_stdin(episodes):
+    out = ok("query", SAMPLE, "-", "--format", "json",
+             stdin="SELECT episode_index, tasks FROM episodes ORDER BY episode_index")
+    rows = [json.loads(ln) for ln in out.splitlines()]
+    want = {e: t for e, t in zip(episodes["episode_index"].to_pylist(), episodes["tasks"].to_pylist())}
+    assert {r["episode_index"]: r["tasks"] for r in rows} == want
+    assert any(len(t) == 2 for t in want.values())  # the sample's task-switching episodes come through as lists
+
+
+def test_query_parquet_output(tmp_path, data):
+    dest = tmp_path / "ep3.parquet"
+    ok("query", SAMPLE, 'SELECT index, "observation.state" FROM frames WHERE episode_index = 3 ORDER BY index',
+       "-f", "parquet", "-o", dest)
+    got = pq.read_table(dest)
+    want = data.filter(pc.equal(data["episode_index"], 3)).sort_by("index")
+    assert got["index"].to_pylist() == want["index"].to_pylist()
+    np.testing.assert_array_equal(np.stack(got["observation.state"].to_numpy(zero_copy_only=False)),
+                                  np.stack(want["observation.state"].to_numpy(zero_copy_only=False)))
+
+
+def test_query_errors_are_one_line_with_hint():
+    assert_error(run("query", SAMPLE, "SELECT lenght FROM episodes"), "'length'", "lerobot-sql schema")
+    assert_error(run("query", SAMPLE, "DELETE FROM episodes"), "only queries")
+    assert_error(run("query", SAMPLE, "SELECT 'a'::INT"), "Conversion")  # fails while running, not binding
+
+
+@pytest.mark.skipif(not _has("lerobot_sql.library"), reason="lerobot_sql.library (named queries) not written yet")
+def test_named_query_from_a_user_folder(tmp_path, episodes):
+    (tmp_path / "longer_than.sql").write_text(
+        "-- Episodes longer than a number of frames.\n--\n-- params:\n"
+        "--   min_length (int): shortest episode kept, in frames\n-- returns: episode_index, length\n"
+        "SELECT episode_index, length FROM episodes WHERE length > $min_length ORDER BY episode_index\n")
+    listed = ok("query", "--list", "--query-dir", tmp_path)
+    assert "longer_than" in listed and "min_length" in listed
+    out = ok("query", SAMPLE, "--query-dir", tmp_path, "--name", "longer_than", "-p", "min_length=300", "-f", "json")
+    got = [json.loads(ln)["episode_index"] for ln in out.splitlines()]
+    lengths = dict(zip(episodes["episode_index"].to_pylist(), episodes["length"].to_pylist()))
+    assert got == sorted(e for e, n in lengths.items() if n > 300) and got
+    assert_error(run("query", SAMPLE, "--query-dir", tmp_path, "--name", "longer_thn", "-p", "min_length=1"),
+                 "longer_than")
+
+
+# ---- export --------------------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not _has("lerobot_sql.export"), reason="lerobot_sql.export not written yet")
+def test_export_windows_then_reopen(tmp_path, data):
+    dest = tmp_path / "windows"
+    sql = "SELECT episode_index, 1.0 AS start_s, 2.0 AS end_s FROM episodes WHERE episode_index IN (1, 3)"
+    out = ok("export", SAMPLE, dest, "--sql", sql, "--quiet")
+    assert str(dest) in out
+    want = data.filter(pc.and_(pc.is_in(data["episode_index"], pa_ints([1, 3])),
+                               pc.and_(pc.greater_equal(data["timestamp"], 1.0), pc.less(data["timestamp"], 2.0))))
+    info = json.loads(ok("info", dest, "--json"))
+    assert info["episodes"] == 2 and info["frames"] == want.num_rows
+    got = pq.read_table(next((dest / "data").rglob("*.parquet")))
+    np.testing.assert_array_equal(np.stack(got["action"].to_numpy(zero_copy_only=False)),
+                                  np.stack(want.sort_by("index")["action"].to_numpy(zero_copy_only=False)))
+    assert_error(run("export", SAMPLE, dest, "--sql", sql, "--quiet"), "already exists", "--overwrite")
+    ok("export", SAMPLE, dest, "--sql", "SELECT episode_index FROM episodes WHERE episode_index = 0",
+       "--overwrite", "--quiet")
+    assert json.loads(ok("info", dest, "--json"))["episodes"] == 1
+
+
+def pa_ints(values):
+    import pyarrow as pa
+
+    return pa.array(values, pa.int64())
+
+
+# ---- index / prefetch / doctor -------------------------------------------------------------------------------------
+def test_index_counts_every_video_frame():
+    out = ok("index", SAMPLE, "--quiet")
+    for mp4 in sorted((SAMPLE / "videos").rglob("*.mp4")):
+        key = mp4.relative_to(SAMPLE / "videos").parts[0]
+        with av.open(str(mp4)) as c:
+            packets = [p for p in c.demux(c.streams.video[0]) if p.size]
+        row = next(ln for ln in out.splitlines() if f" {key} " in ln)
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        assert int(cells[2]) == len(packets)                         # frames
+        assert int(cells[3]) == sum(p.is_keyframe for p in packets)  # keyframes
+
+
+@pytest.mark.skipif(not _has("lerobot_sql.prefetch"), reason="lerobot_sql.prefetch not written yet")
+def test_prefetch_runs_on_a_local_dataset():
+    ok("prefetch", SAMPLE, "--sql", "SELECT episode_index FROM episodes WHERE episode_index < 2", "--quiet")
+
+
+@pytest.mark.skipif(not _has("lerobot_sql.doctor"), reason="lerobot_sql.doctor not written yet")
+def test_doctor_ok_on_sample_and_exit_1_on_a_missing_video(tmp_path):
+    report = json.loads(ok("doctor", SAMPLE, "--json"))
+    assert report["ok"] is True
+    broken = tmp_path / "broken"
+    shutil.copytree(SAMPLE, broken)
+    victim = next((broken / "videos").rglob("*.mp4"))
+    victim.unlink()
+    r = run("doctor", broken)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert victim.name in r.stdout
+
+
+# ---- shell ---------------------------------------------------------------------------------------------------------
+def test_shell_runs_a_script(episodes):
+    script = ("SELECT count(*) AS n_episodes\n  FROM episodes;\n"   # a statement over two lines
+              ".schema tasks\n"
+              "SELECT max(length) AS longest FROM episodes; SELECT 41 + 1 AS answer;\n"
+              ".views\n.quit\n")
+    out = ok("shell", SAMPLE, stdin=script)
+    values = [r for r in box_cells(out)]
+    assert ["n_episodes"] in values and [str(episodes.num_rows)] in values
+    assert [str(pc.max(episodes["length"]).as_py())] in values and ["42"] in values
+    assert "  task_index  BIGINT" in out.splitlines()
+    assert "\nframes\n" in out and "\ntasks\n" in out  # .views
+
+
+def test_shell_reports_errors_and_continues():
+    r = run("shell", SAMPLE, stdin="SELECT nope FROM tasks;\nSELECT 7 AS seven;\n.bogus\n")
+    assert r.returncode == 1  # a piped script with an error fails, like sqlite3 -bail off but with the status
+    assert "seven" in r.stdout
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 2 and "nope" in errors[0] and ".bogus" in errors[1]
+
+
+# ---- bench / demo --------------------------------------------------------------------------------------------------
+def test_bench_outside_a_checkout_says_so(tmp_path):
+    assert_error(run("bench", "--repo", tmp_path), "source checkout")
+
+
+@pytest.mark.skipif(not (REPO / "benchmarks" / "run.py").exists(), reason="benchmarks/run.py not written yet")
+def test_bench_passes_arguments_through():
+    out = ok("bench", "--", "--help")
+    assert "usage" in out.lower()
+
+
+@pytest.mark.skipif(not _has("lerobot_sql.demo"), reason="lerobot_sql.demo not written yet")
+def test_demo_runs_on_the_sample():
+    out = ok("demo")
+    assert "episodes" in out
