@@ -162,8 +162,15 @@ class RemoteCacheFS(AbstractFileSystem):
             self._count(requests=1)
             try:
                 return fn(*args, **kwargs)
-            except FileNotFoundError:
-                raise
+            except FileNotFoundError as e:
+                # fsspec's HTTP info() reports any failure (a 503, a reset) as FileNotFoundError: look underneath.
+                cause = e.__cause__
+                if cause is None or isinstance(cause, FileNotFoundError) or not _retryable(cause) \
+                        or attempt == self.retries:
+                    raise
+                last = cause
+                time.sleep(self.backoff_s * (2 ** attempt) * (1 + 0.25 * random.random()))
+                continue
             except Exception as e:  # noqa: BLE001 - any library's transport error; classified below
                 last = e
                 if not _retryable(e) or attempt == self.retries:
@@ -330,6 +337,7 @@ class RemoteCacheFS(AbstractFileSystem):
         fdir = self._file_dir(path)
         fdir.mkdir(parents=True, exist_ok=True)
         fetched = 0
+        written: set[str] = set()
         for r in range(start // REGION, (end - 1) // REGION + 1):
             lo, hi = max(start, r * REGION), min(end, (r + 1) * REGION)
             if not self._gaps(self._pieces.get(str(fdir), []), lo, hi):
@@ -346,6 +354,7 @@ class RemoteCacheFS(AbstractFileSystem):
                         with os.fdopen(fd, "wb") as f:
                             f.write(data)
                         os.replace(tmp, fdir / f"{a:012d}-{b:012d}.piece")
+                        written.add(str(fdir / f"{a:012d}-{b:012d}.piece"))
                     finally:
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(tmp)
@@ -353,7 +362,7 @@ class RemoteCacheFS(AbstractFileSystem):
                         self._pieces[str(fdir)] = sorted(self._pieces.get(str(fdir), []) + [(a, b)])
                         if self._total is not None:
                             self._total += len(data)
-        self._evict(protect=fdir)
+        self._evict(protect=written)
         return fetched
 
     def _get(self, path: str, a: int, b: int) -> bytes:
@@ -410,8 +419,9 @@ class RemoteCacheFS(AbstractFileSystem):
             raise FileNotFoundError(f"{path}: bytes {pos}-{end}")
         return bytes(out)
 
-    def _evict(self, protect: Path | None = None) -> None:
-        """Delete least recently read pieces until the total is at most 90% of ``cache_size``."""
+    def _evict(self, protect: set[str] = frozenset()) -> None:
+        """Delete least recently read pieces until the total is at most 90% of ``cache_size`` (never the pieces
+        in ``protect``, just written for the current read)."""
         if self._total is not None and self._total <= self.cache_size:
             return
         entries = []
@@ -430,8 +440,8 @@ class RemoteCacheFS(AbstractFileSystem):
             for _mt, sz, d, name in sorted(entries):
                 if total <= goal:
                     break
-                if protect is not None and d == str(protect) and total - sz < self.cache_size:
-                    continue  # keep what the current read needs if the bound allows it
+                if os.path.join(d, name) in protect:
+                    continue
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(d, name))
                     total -= sz

@@ -1,0 +1,162 @@
+"""Fetch into the cache exactly the bytes a query's items will read from a remote dataset.
+
+For the query's manifest: the footer and the row groups of each data file that hold the selected frames (whole
+episodes when ``delta_timestamps`` are given, as the dataset reads neighbours), and for each camera the packets from
+the keyframe before each wanted frame up to that frame (byte ranges from the video index, which itself costs only
+the mp4's ``moov`` box). Ranges are merged and fetched in parallel through :class:`lerobot_sql.remote.RemoteCacheFS`,
+so a later ``db.dataset(sql)`` reads from disk. ``lerobot-sql prefetch DATASET --sql ...`` is the CLI form.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import video
+
+MERGE_GAP = 16 << 10  # ranges closer than this are fetched as one (fewer requests for a few KiB more)
+AVIO_BUFFER = 32 << 10  # PyAV reads files in blocks of this size: a decode reads up to one block past its packet
+DECODER_DELAY = 4       # packets a decoder may read past a frame before it outputs that frame
+
+
+@dataclasses.dataclass
+class PrefetchReport:
+    """What a prefetch did. Bytes are bytes of the remote files."""
+
+    files: int = 0
+    ranges: int = 0
+    bytes_needed: int = 0      # total size of the merged ranges the items read
+    bytes_fetched: int = 0     # received from the remote during this prefetch (index building included)
+    bytes_already_cached: int = 0
+    requests: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _merge(ranges: list[tuple[int, int]], gap: int = MERGE_GAP) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + gap:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def row_group_ranges(md: pq.FileMetaData, row_groups) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) of the column chunks of ``row_groups`` (dictionary page included)."""
+    out = []
+    for rg in row_groups:
+        g = md.row_group(int(rg))
+        starts, ends = [], []
+        for j in range(g.num_columns):
+            c = g.column(j)
+            start = c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else c.data_page_offset
+            starts.append(start)
+            ends.append(start + c.total_compressed_size)
+        out.append((min(starts), max(ends)))
+    return out
+
+
+def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
+                  cameras: list[str] | None = None) -> dict[str, list[tuple[int, int]]]:
+    """rel path -> merged byte ranges the items of ``manifest`` read (footers, row groups, video packets).
+
+    Builds the video indexes of the cameras' files if needed (fetching their ``moov`` boxes).
+    """
+    src = db.source
+    need: dict[str, list[tuple[int, int]]] = {}
+    files = manifest["data_file"].to_numpy(zero_copy_only=False)
+    rows = manifest["data_row"].to_numpy()
+    row0 = manifest["ep_data_row0"].to_numpy() if "ep_data_row0" in manifest.column_names else None
+    n_ep = (manifest["ep_to_index"].to_numpy() - manifest["ep_from_index"].to_numpy())
+    for rel in np.unique(files):
+        sel = files == rel
+        with src.open(rel) as f:
+            pf = pq.ParquetFile(f)
+            md = pf.metadata
+            size = f.size
+        tail = md.serialized_size + 8
+        offsets = np.concatenate([[0], np.cumsum([md.row_group(i).num_rows for i in range(md.num_row_groups)])])
+        r = rows[sel]
+        if delta_timestamps and row0 is not None:
+            r = np.concatenate([r, row0[sel], row0[sel] + n_ep[sel] - 1])
+            lo, hi = np.searchsorted(offsets, [r.min(), r.max()], side="right") - 1
+            rgs = np.arange(lo, hi + 1)
+        else:
+            rgs = np.unique(np.searchsorted(offsets, r, side="right") - 1)
+        need[str(rel)] = row_group_ranges(md, rgs) + [(size - tail, size)]
+    keys = [k for k in db.layout.video_keys if cameras is None or k in cameras]
+    ts = manifest["timestamp"].to_numpy().astype(np.float64)
+    fps = db.layout.fps
+    for k in keys:
+        vfiles = manifest[f"{k}/file"].to_numpy(zero_copy_only=False)
+        from_ts = manifest[f"{k}/from_timestamp"].to_numpy().astype(np.float64)
+        offs = np.asarray((delta_timestamps or {}).get(k, [0.0]), np.float64)
+        for rel in np.unique(vfiles[vfiles != None]):  # noqa: E711 - numpy elementwise
+            sel = vfiles == rel
+            t = pq.read_table(video.ensure_index(src, str(rel), db.cache_dir),
+                              columns=["pts", "pts_s", "keyframe_pts", "byte_offset", "byte_size"])
+            pts, pts_s = t["pts"].to_numpy(), t["pts_s"].to_numpy()
+            key_row = np.searchsorted(pts, t["keyframe_pts"].to_numpy())
+            start, end = t["byte_offset"].to_numpy(), t["byte_offset"].to_numpy() + t["byte_size"].to_numpy()
+            want = (from_ts[sel][:, None] + ts[sel][:, None] + offs[None, :]).ravel()
+            if len(offs) > 1:  # neighbours are clamped to the episode: clamping only narrows the set
+                want = np.clip(want, pts_s[0], pts_s[-1])
+            pos = np.clip(np.searchsorted(pts_s, want), 1, max(len(pts_s) - 1, 1)) if len(pts_s) > 1 else \
+                np.zeros(len(want), np.int64)
+            left = np.maximum(pos - 1, 0)
+            pick = np.unique(np.where(np.abs(pts_s[left] - want) <= np.abs(pts_s[pos] - want), left, pos))
+            last = len(pts) - 1
+            ranges = [(int(start[key_row[r]:r + 1].min()),
+                       int(end[key_row[r]:min(r + DECODER_DELAY, last) + 1].max()) + AVIO_BUFFER) for r in pick]
+            # Opening the container reads its head (ftyp, moov) and probes the first packets.
+            ranges.append((0, int(start.min()) + AVIO_BUFFER))
+            size = src.fs.info(src.path(str(rel)))["size"]
+            need.setdefault(str(rel), []).extend((a, min(b, size)) for a, b in ranges)
+    return {rel: _merge(r) for rel, r in need.items()}
+
+
+def prefetch(db, sql: str | pa.Table, progress: bool = True, *, delta_timestamps: dict | None = None,
+             cameras: list[str] | None = None, workers: int = 8) -> PrefetchReport:
+    """Fetch into the cache the bytes the items of ``sql`` (a query, or a manifest table) need.
+
+    Args:
+        db: a :class:`lerobot_sql.db.Database` over a remote root (on a local root this does nothing).
+        sql: as for ``db.dataset``.
+        delta_timestamps, cameras: as you will pass to ``db.dataset`` (neighbour frames, camera subset).
+        workers: parallel range requests.
+
+    Raises:
+        RemoteIOError: the remote failed after retries (what was fetched stays cached).
+    """
+    t0 = time.perf_counter()
+    fs = db.source.fs
+    if db.source.is_local or not hasattr(fs, "ensure"):
+        return PrefetchReport(seconds=time.perf_counter() - t0)
+    before = fs.io_stats()
+    manifest = sql if isinstance(sql, pa.Table) else db.manifest(sql)
+    need = needed_ranges(db, manifest, delta_timestamps, cameras)
+    jobs = [(db.source.path(rel), a, b) for rel, rs in need.items() for a, b in rs]
+    missing = sum(b - a for p, a0, b0 in jobs for a, b in fs.missing(p, a0, b0))
+    total = sum(b - a for _, a, b in jobs)
+    from tqdm.auto import tqdm
+
+    with tqdm(total=missing, unit="B", unit_scale=True, desc="prefetch", disable=not progress) as bar, \
+            concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+        futs = [pool.submit(fs.ensure, p, a, b) for p, a, b in jobs]
+        for fut in concurrent.futures.as_completed(futs):
+            bar.update(fut.result())
+    after = fs.io_stats()
+    return PrefetchReport(files=len(need), ranges=len(jobs), bytes_needed=total,
+                          bytes_fetched=after["bytes_fetched"] - before["bytes_fetched"],
+                          bytes_already_cached=total - missing, requests=after["requests"] - before["requests"],
+                          seconds=time.perf_counter() - t0)
