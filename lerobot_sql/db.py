@@ -8,8 +8,6 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import sqlglot
-from sqlglot import exp
 
 from . import cache, catalog, macros, plan, query, video
 from .errors import QueryError
@@ -98,8 +96,7 @@ class Database:
         """
         checked = query.check_sql(sql, self._context())
         if not self._video_frames_ready:
-            tree = sqlglot.parse_one(checked, read="duckdb")
-            if any(t.name == "video_frames" for t in tree.find_all(exp.Table)):
+            if query.uses_video_index(checked):
                 self._ensure_video_frames()
         return checked
 
