@@ -27,6 +27,9 @@ from .layout import Layout
 from .source import Source
 
 
+_INHERITED: list = []  # per-process state inherited from a parent process; kept, never freed
+
+
 class _Worker:
     """Per-process state: opened row-group maps, loaded video indexes, decoders, a thread for the other cameras.
 
@@ -129,8 +132,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 need.update((fi, int(rg)) for rg in np.unique(info.locate(rows)[0]))
         keys = sorted(need)
         self._slot = {k: s for s, k in enumerate(keys)}
-        self._rg_paths = [tabular.ensure_row_group(self._src, self._infos[fi], rg, self._layout, self._cache_dir)
-                          for fi, rg in keys]
+        self._rg_paths = []
+        for fi, info in enumerate(self._infos):
+            self._rg_paths += tabular.ensure_row_groups(self._src, info, [rg for f, rg in keys if f == fi],
+                                                        self._layout, self._cache_dir)
         slot = np.zeros(n, np.int32)
         off = np.zeros(n, np.int64)
         for fi, info in enumerate(self._infos):
@@ -214,6 +219,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def _w(self) -> _Worker:
         w = self._worker
         if w is None or w.pid != os.getpid():
+            if w is not None:
+                # Inherited across a fork: never free it here. Its PyAV/swscale objects own threads that exist only
+                # in the parent, and freeing them in the child blocks forever in pthread_cond_destroy.
+                _INHERITED.append(w)
             w = self._worker = _Worker(self)
         return w
 

@@ -76,18 +76,37 @@ def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
     return pa.table(cols)
 
 
+def row_group_path(src: Source, info: DataFileInfo, rg: int, cache_dir: Path) -> Path:
+    """Where the Arrow IPC cache file of row group ``rg`` of a data file lives (it may not exist yet)."""
+    return cache_dir / "tabular" / cache.key(src.url, info.rel, info.identity, CACHE_VERSION) / f"rg-{rg:05d}.arrow"
+
+
 def ensure_row_group(src: Source, info: DataFileInfo, rg: int, layout: Layout, cache_dir: Path) -> Path:
     """Build (once) and return the Arrow IPC cache file of row group ``rg`` of a data file."""
-    path = cache_dir / "tabular" / cache.key(src.url, info.rel, info.identity, CACHE_VERSION) / f"rg-{rg:05d}.arrow"
+    return ensure_row_groups(src, info, [rg], layout, cache_dir)[0]
 
-    def write(tmp: str) -> None:
-        with src.open(info.rel) as f:
-            table = pq.ParquetFile(f).read_row_group(rg)
-        table = _normalise(table, layout, src.path(info.rel))
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-            w.write_table(table)
 
-    return cache.build_once(path, write)
+def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Layout, cache_dir: Path) -> list[Path]:
+    """Build (once) and return the cache files of several row groups of one data file, opening it at most once.
+
+    Raises:
+        MissingFileError: the data file is gone.
+        DatasetFormatError: a column disagrees with the shape info.json gives it.
+    """
+    paths = [row_group_path(src, info, rg, cache_dir) for rg in rgs]
+    missing = [(rg, p) for rg, p in zip(rgs, paths) if not p.exists()]
+    if not missing:
+        return paths
+    with src.open(info.rel) as f:
+        pf = pq.ParquetFile(f)
+        for rg, p in missing:
+            def write(tmp: str, rg: int = rg) -> None:
+                table = _normalise(pf.read_row_group(rg), layout, src.path(info.rel))
+                with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+                    w.write_table(table)
+
+            cache.build_once(p, write)
+    return paths
 
 
 class RowGroupView:

@@ -50,19 +50,46 @@ def _open_container(src: Source, rel: str):
                                "or corrupt, re-fetch it from the dataset's source") from e
 
 
+def _container_index(container, stream) -> list[tuple[int, bool, int, int]] | None:
+    """(pts, keyframe, byte offset, size) per packet from the container's own sample table, without reading packets.
+
+    The mp4 demuxer fills ``index_entries`` from the moov atom when it opens the file. Their timestamps are decode
+    times, equal to presentation times only when no frame is reordered, so this path is taken only for streams
+    without B-frames whose first packets agree with it entry for entry; otherwise None (demux everything instead).
+    """
+    try:
+        entries = stream.index_entries
+        n = len(entries)
+    except (AttributeError, av.error.FFmpegError):
+        return None
+    if n == 0 or stream.codec_context.has_b_frames or (stream.frames and stream.frames != n):
+        return None
+    rows = [(e.timestamp, bool(e.is_keyframe), e.pos, e.size, e.is_discard) for e in entries]
+    if any(r[4] for r in rows):
+        return None
+    for k, pkt in zip(range(32), container.demux(stream)):
+        if pkt.pts is None or (pkt.pts, bool(pkt.is_keyframe), pkt.pos, pkt.size) != rows[k][:4]:
+            return None
+    return [r[:4] for r in rows]
+
+
 def _demux_index(src: Source, rel: str) -> pa.Table:
     container = _open_container(src, rel)
     try:
         stream = container.streams.video[0]
+        packets = _container_index(container, stream)
+        if packets is None:  # reopen rather than seek back: the check above may have consumed packets
+            container.close()
+            container = _open_container(src, rel)
+            stream = container.streams.video[0]
+            packets = [(pkt.pts, bool(pkt.is_keyframe), -1 if pkt.pos is None else pkt.pos, pkt.size)
+                       for pkt in container.demux(stream) if pkt.pts is not None]
         rows = []
         last_key = None
-        for pkt in container.demux(stream):
-            if pkt.pts is None:
-                continue
-            if pkt.is_keyframe:
-                last_key = pkt.pts
-            rows.append((pkt.pts, bool(pkt.is_keyframe), last_key if last_key is not None else pkt.pts,
-                         -1 if pkt.pos is None else pkt.pos, pkt.size))
+        for pts, key, pos, size in packets:  # decode order: a frame depends on the last keyframe before it
+            if key:
+                last_key = pts
+            rows.append((pts, key, last_key if last_key is not None else pts, pos, size))
         tb = stream.time_base
     except av.error.FFmpegError as e:
         raise VideoDecodeError(f"{src.path(rel)}: demuxing failed ({e}); the file may be corrupt") from e
