@@ -1,0 +1,110 @@
+"""Source: roots (local, URLs, Hub ids), Hub revision resolution, HTTP file lists, the payload-free mp4 view."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import av
+import pytest
+
+from lerobot_sql import source
+from lerobot_sql.errors import UnsupportedVersionError
+from lerobot_sql.remote import parse_size
+from lerobot_sql.source import open_source, resolve_hub_revision
+
+from http_range_server import RangeServer
+
+
+def _api(*names, branches=("main",)):
+    ref = lambda n: types.SimpleNamespace(name=n, ref=f"refs/tags/{n}", target_commit="0" * 40)  # noqa: E731
+    refs = types.SimpleNamespace(branches=[ref(b) for b in branches], tags=[ref(n) for n in names], converts=[])
+    calls = []
+
+    class Api:
+        def list_repo_refs(self, repo_id, repo_type=None):
+            calls.append((repo_id, repo_type))
+            return refs
+
+    return Api(), calls
+
+
+@pytest.mark.parametrize("tags,expected", [
+    (["v2.1", "v3.0", "v3.0.1"], "v3.0"),      # the exact v3.0 ref wins
+    (["v2.1", "v3.0.1", "v3.0.2"], "v3.0.2"),  # else the highest v3.0.x
+    ([], "main"),                              # no version ref: the default branch
+])
+def test_hub_revision_resolution(tags, expected):
+    api, calls = _api(*tags)
+    assert resolve_hub_revision("org/name", api=api) == expected
+    assert calls == [("org/name", "dataset")]
+
+
+def test_hub_revision_refuses_other_majors():
+    with pytest.raises(UnsupportedVersionError, match="convert_dataset_v21_to_v30 --repo-id=org/name"):
+        resolve_hub_revision("org/name", api=_api("v2.0", "v2.1")[0])
+    with pytest.raises(UnsupportedVersionError, match="only newer"):
+        resolve_hub_revision("org/name", api=_api("v3.1")[0])
+
+
+def test_hub_roots(monkeypatch, tmp_path):
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(source, "resolve_hub_revision", lambda repo_id, token=None: "v3.0")
+    assert source._hub_root("hf://datasets/org/name@v2.1", {}) == ("datasets/org/name@v2.1",
+                                                                     "hf://datasets/org/name@v2.1")
+    assert source._hub_root("org/name", {}) == ("datasets/org/name@v3.0", "hf://datasets/org/name@v3.0")
+    assert source._hub_root("hf://datasets/org/name", {})[0] == "datasets/org/name@v3.0"
+    # Offline, the last resolution is reused.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(source, "resolve_hub_revision", None)
+    assert source._hub_root("org/name", {})[0] == "datasets/org/name@v3.0"
+    # An existing local folder that looks like org/name stays local; other URLs are not Hub roots.
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert source._hub_root("org/name", {}) is None
+    assert source._hub_root("s3://bucket/ds", {}) is None
+
+
+def test_local_root_unchanged(datasets):
+    src = open_source(datasets / "small20")
+    assert src.is_local and src.root == str((datasets / "small20").resolve())
+    assert src.glob("data/*/*.parquet") == ["data/chunk-000/file-000.parquet"]
+    assert src.local_path("meta/info.json") == src.path("meta/info.json")
+
+
+def test_parse_size():
+    assert parse_size("2GiB") == 2 << 30 and parse_size("500MB") == 500_000_000 and parse_size(1234) == 1234
+
+
+@pytest.mark.parametrize("name", ["small20", "multifile60", "v21_small20"])
+def test_http_file_list_from_metadata(datasets, tmp_path, name):
+    """HTTP cannot list folders: the file list derived from the metadata is exactly the dataset's files."""
+    root = datasets / name
+    on_disk = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    with RangeServer(datasets) as srv:
+        src = open_source(f"{srv.url}/{name}", cache_dir=tmp_path)
+        assert src.listed_files() == on_disk
+        assert src.glob("data/*/*.parquet") == sorted(f for f in on_disk if f.startswith("data/"))
+        assert src.exists("videos") == any(f.startswith("videos/") for f in on_disk)
+        assert not src.exists("nope")
+
+
+def _packets(f, use_index_keys: bool):
+    c = av.open(f)
+    s = c.streams.video[0]
+    keys = {e.pos for e in s.index_entries if e.is_keyframe}
+    out = sorted((p.pts, p.pos, p.size, (p.pos in keys) if use_index_keys else p.is_keyframe)
+                 for p in c.demux(s) if p.pts is not None)
+    c.close()
+    return out
+
+
+@pytest.mark.parametrize("name", ["small20", "h264_20"])
+def test_payload_free_view_indexes_like_a_full_demux(datasets, tmp_path, name):
+    rel = "videos/observation.images.front/chunk-000/file-000.mp4"
+    expected = _packets(str(datasets / name / rel), use_index_keys=False)
+    with RangeServer(datasets) as srv:
+        src = open_source(f"{srv.url}/{name}", cache_dir=tmp_path)
+        assert _packets(src.open_demux(rel), use_index_keys=True) == expected
+        size = (datasets / name / rel).stat().st_size
+        assert src.fs.io_stats()["bytes_fetched"] < 0.1 * size  # the moov box and little else
