@@ -1,0 +1,269 @@
+"""The doctor: passes the clean shared datasets, and finds each seeded defect in a copy (one test per kind)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import lerobot_sql as lsql
+from lerobot_sql import doctor, library
+
+CLEAN = ["small20", "multifile60", "h264_20", "img5_extras", "g1_real_v30", "v21_small20", "g1_real_v21"]
+EPISODES = "meta/episodes/chunk-000/file-000.parquet"
+DATA = "data/chunk-000/file-000.parquet"
+
+
+def _copy(datasets, tmp_path, name: str):
+    dst = tmp_path / name
+    shutil.copytree(datasets / name, dst)
+    return dst
+
+
+def _edit_parquet(path, fn) -> None:
+    """Rewrite a Parquet file with ``fn(table) -> table`` (schema metadata kept)."""
+    t = pq.read_table(path)
+    pq.write_table(fn(t).replace_schema_metadata(t.schema.metadata), path)
+
+
+def _set(table: pa.Table, column: str, fn) -> pa.Table:
+    """Replace column values by ``fn(list) -> list`` (same type)."""
+    i = table.schema.get_field_index(column)
+    values = fn(table[column].to_pylist())
+    return table.set_column(i, column, pa.array(values, table.schema.field(i).type))
+
+
+def _failed(report) -> set[str]:
+    return {c.name for c in report.checks if not c.ok}
+
+
+def _run(root, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return doctor.run(lsql.connect(root), **kw)
+
+
+@pytest.mark.parametrize("name", CLEAN)
+def test_clean_datasets_pass(datasets, name):
+    report = _run(datasets / name)
+    assert report.ok and not _failed(report), report.to_text()
+    ran = {c.name for c in report.checks if not c.skipped}
+    assert {"episode_index_contiguous", "index_contiguous", "episode_ranges", "data_file_pointers", "tasks_exist",
+            "stats_present", "frame_index_contiguous"} <= ran
+    if name != "img5_extras":
+        assert {"video_files_present", "video_segments", "video_segment_frames", "video_frame_pts"} <= ran
+
+
+def test_every_check_is_a_named_query():
+    names = {q["name"] for q in library.list_queries([library.BUNDLED / "doctor"])}
+    assert {s.name for s in doctor.CHECKS} <= names
+    for spec in doctor.CHECKS:
+        nq = library.load(f"doctor/{spec.name}")
+        assert nq.description and nq.returns, spec.name
+        assert {p.name for p in nq.params} == set(spec.params), spec.name
+
+
+def test_record_test_reports_its_missing_videos_only(datasets):
+    report = _run(datasets / "record-test")
+    assert not report.ok
+    assert _failed(report) == {"video_files_present"}
+    missing = {r["path"] for r in report["video_files_present"].sample}
+    assert missing == {f"videos/observation.images.{k}/chunk-000/file-000.mp4" for k in ("front", "top")}
+    assert report["video_frame_pts"].skipped and "missing" in report["video_frame_pts"].skipped
+    text = report.to_text()
+    assert "FAIL video_files_present" in text and "videos/observation.images.top/chunk-000/file-000.mp4" in text
+    js = json.loads(report.to_json())
+    assert js["ok"] is False and js["codebase_version"] == "v3.0"
+    assert [c["name"] for c in js["checks"]] == [c.name for c in report.checks]
+
+
+def test_non_contiguous_episode_index(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    _edit_parquet(root / EPISODES, lambda t: _set(t, "episode_index", lambda v: [70 if x == 7 else x for x in v]))
+    report = _run(root, check_video=False)
+    c = report["episode_index_contiguous"]
+    assert not c.ok and c.n_violations == 2
+    assert [(r["previous"], r["episode_index"]) for r in c.sample] == [(6, 8), (19, 70)]
+    assert "missing 7)" in c.sample[0]["problem"]
+
+
+def test_index_gap(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    _edit_parquet(root / DATA, lambda t: t.set_column(
+        t.schema.get_field_index("index"), "index",
+        pc.if_else(pc.equal(t["episode_index"], 19), pc.add(t["index"], 5), t["index"])))
+    report = _run(root, check_video=False)
+    c = report["index_contiguous"]
+    start = pq.read_table(datasets / "small20" / EPISODES, columns=["dataset_from_index"])[0][-1].as_py()
+    assert not c.ok and c.n_violations == 1
+    assert (c.sample[0]["previous_index"], c.sample[0]["index"], c.sample[0]["episode_index"]) == (start - 1,
+                                                                                                  start + 5, 19)
+    assert {r["episode_index"] for r in report["episode_ranges"].sample} == {19}
+
+
+def test_frame_index_wrong(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    _edit_parquet(root / DATA, lambda t: _set(t, "frame_index", lambda v: [5 if i == 100 else x
+                                                                             for i, x in enumerate(v)]))
+    c = _run(root, check_video=False)["frame_index_contiguous"]
+    assert not c.ok and c.n_violations == 1
+    assert (c.sample[0]["index"], c.sample[0]["frame_index"], c.sample[0]["expected_frame_index"]) == (100, 5, 100)
+
+
+def test_scrambled_index_ranges(datasets, tmp_path):
+    """Issue #1919: dataset_from_index/_to_index of two episodes swapped."""
+    root = _copy(datasets, tmp_path, "small20")
+
+    def swap(v):
+        v = list(v)
+        v[2], v[3] = v[3], v[2]
+        return v
+
+    _edit_parquet(root / EPISODES, lambda t: _set(_set(t, "dataset_from_index", swap), "dataset_to_index", swap))
+    report = _run(root, check_video=False)
+    c = report["episode_ranges"]
+    assert not c.ok and {r["episode_index"] for r in c.sample} == {2, 3}
+    assert _failed(report) == {"episode_ranges"}
+    # Reading is unaffected: rows are found by episode_index.
+    db = lsql.connect(root)
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 3", cameras=[])
+    first = pq.read_table(datasets / "small20" / DATA, filters=[("episode_index", "=", 3)])
+    assert len(ds) == first.num_rows and int(ds[0]["index"]) == first["index"][0].as_py()
+
+
+def test_stale_data_file_pointer(datasets, tmp_path, framecode):
+    """Issue #2401: the first episode of a new data file still points at the previous file."""
+    root = _copy(datasets, tmp_path, "multifile60")
+    ep = pq.read_table(root / EPISODES)
+    first_of_file1 = min(e for e, f in zip(ep["episode_index"].to_pylist(), ep["data/file_index"].to_pylist())
+                         if f == 1)
+    _edit_parquet(root / EPISODES, lambda t: _set(t, "data/file_index", lambda v: [
+        0 if e == first_of_file1 else x for e, x in zip(t["episode_index"].to_pylist(), v)]))
+    report = _run(root, check_video=False)
+    c = report["data_file_pointers"]
+    assert not c.ok and c.n_violations == 1
+    row = c.sample[0]
+    assert row["episode_index"] == first_of_file1
+    assert row["pointed_file"] == "data/chunk-000/file-000.parquet"
+    assert row["actual_files"] == ["data/chunk-000/file-001.parquet"]
+    assert _failed(report) == {"data_file_pointers"}
+    # The reader ignores the stale pointer.
+    ds = lsql.connect(root).dataset(f"SELECT episode_index FROM episodes WHERE episode_index = {first_of_file1}",
+                                    cameras=[])
+    np.testing.assert_array_equal(ds[3]["observation.state"].numpy(), framecode.expected_state(first_of_file1, 3))
+
+
+def test_missing_task(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    _edit_parquet(root / "meta/tasks.parquet", lambda t: t.slice(0, t.num_rows - 1))
+    lost = pq.read_table(datasets / "small20" / "meta/tasks.parquet").to_pylist()[-1]
+    n_frames = pc.sum(pc.equal(pq.read_table(datasets / "small20" / DATA, columns=["task_index"])["task_index"],
+                               lost["task_index"])).as_py()
+    c = _run(root, check_video=False)["tasks_exist"]
+    assert not c.ok
+    by_source = {r["source"]: r for r in c.sample}
+    assert by_source["frames"]["task_index"] == lost["task_index"] and by_source["frames"]["n_frames"] == n_frames
+    assert by_source["episodes"]["task"] == lost["__index_level_0__"]
+
+
+def test_missing_stats(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    _edit_parquet(root / EPISODES, lambda t: t.drop_columns([c for c in t.column_names
+                                                             if c.startswith("stats/action/")]))
+    c = _run(root, check_video=False)["stats_present"]
+    assert not c.ok
+    assert {(r["feature"], r["stat"]) for r in c.sample} == {("action", s) for s in ("count", "max", "mean", "min", "std")}
+    assert all(r["n_episodes"] == 20 for r in c.sample)
+
+
+def test_missing_video_file(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "multifile60")
+    gone = "videos/observation.images.wrist/chunk-001/file-000.mp4"
+    (root / gone).unlink()
+    report = _run(root)
+    c = report["video_files_present"]
+    assert not c.ok and [r["path"] for r in c.sample] == [gone]
+    assert report["video_frame_pts"].skipped
+    assert _failed(report) == {"video_files_present"}
+
+
+def test_video_segment_duration(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    col = "videos/observation.images.front/to_timestamp"
+    _edit_parquet(root / EPISODES, lambda t: _set(t, col, lambda v: [x + 0.5 if i == 4 else x for i, x in enumerate(v)]))
+    report = _run(root)
+    c = report["video_segments"]
+    assert not c.ok
+    assert {(r["video_key"], r["episode_index"]) for r in c.sample} == {("observation.images.front", 4),
+                                                                         ("observation.images.front", 5)}
+    assert not report["video_segment_frames"].ok  # the clip now claims frames of episode 5
+
+
+def test_video_clip_runs_past_the_file(datasets, tmp_path):
+    """The last clip of a file shifted by one frame: it holds length - 1 real frames."""
+    root = _copy(datasets, tmp_path, "small20")
+    shift = lambda v: [x + 1 / 30 if i == 19 else x for i, x in enumerate(v)]  # noqa: E731
+    _edit_parquet(root / EPISODES, lambda t: _set(_set(t, "videos/observation.images.wrist/from_timestamp", shift),
+                                                  "videos/observation.images.wrist/to_timestamp", shift))
+    report = _run(root)
+    c = report["video_segment_frames"]
+    length = pq.read_table(root / EPISODES, columns=["length"])["length"][19].as_py()
+    assert not c.ok and c.n_violations == 1
+    assert (c.sample[0]["episode_index"], c.sample[0]["length"], c.sample[0]["frames_in_clip"]) == (19, length,
+                                                                                                  length - 1)
+    pts = report["video_frame_pts"]
+    assert not pts.ok and pts.n_violations == 1  # the last frame has no video frame at all
+
+
+def test_video_offset_drift(datasets, tmp_path):
+    """from_timestamp drifting 10 ms from the real pts: every frame is off, within half a frame."""
+    root = _copy(datasets, tmp_path, "small20")
+    drift = lambda v: [x + 0.01 for x in v]  # noqa: E731
+    _edit_parquet(root / EPISODES, lambda t: _set(_set(t, "videos/observation.images.front/from_timestamp", drift),
+                                                  "videos/observation.images.front/to_timestamp", drift))
+    report = _run(root)
+    c = report["video_frame_pts"]
+    total = pq.read_metadata(root / DATA).num_rows
+    assert not c.ok and c.n_violations == total
+    assert all(r["video_key"] == "observation.images.front" for r in c.sample)
+    np.testing.assert_allclose([r["error_s"] for r in c.sample], 0.01, atol=1e-6)
+    # Each clip [from, to) now takes the next clip's first frame instead of its own; only the file's last clip
+    # comes up one short.
+    seg = report["video_segment_frames"]
+    assert seg.n_violations == 1 and seg.sample[0]["episode_index"] == 19
+    assert _run(root, tolerance_s=0.02)["video_frame_pts"].ok
+
+
+def test_codec_label_differs_from_file(datasets, tmp_path):
+    """info.json says h264 for an AV1 stream: a warning; frames still decode from what the file holds."""
+    root = _copy(datasets, tmp_path, "small20")
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"]["observation.images.front"]["info"]["video.codec"] = "h264"
+    (root / "meta/info.json").write_text(json.dumps(info, indent=4))
+    report = _run(root)
+    c = report["video_codec"]
+    assert not c.ok and c.severity == "warning" and report.ok
+    assert c.sample[0]["info_codec"] == "h264" and c.sample[0]["file_codec"] == "av1"
+    assert "WARN video_codec" in report.to_text()
+    got = lsql.connect(root).dataset("SELECT index FROM frames WHERE index = 40", return_uint8=True)[0]
+    want = lsql.connect(datasets / "small20").dataset("SELECT index FROM frames WHERE index = 40",
+                                                      return_uint8=True)[0]
+    assert np.array_equal(got["observation.images.front"].numpy(), want["observation.images.front"].numpy())
+
+
+def test_v21_wrong_length_in_episodes_jsonl(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "v21_small20")
+    lines = (root / "meta/episodes.jsonl").read_text().splitlines()
+    rows = [json.loads(x) for x in lines]
+    rows[4]["length"] += 3
+    (root / "meta/episodes.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    report = _run(root)
+    c = report["episode_ranges"]
+    assert not c.ok and c.sample[0]["episode_index"] == 4 and c.sample[0]["rows_found"] == rows[4]["length"] - 3
+    assert not report["video_segment_frames"].ok  # the episode's mp4 holds the real length
