@@ -20,6 +20,42 @@ VIDEO_FRAMES_EMPTY = ("SELECT NULL::VARCHAR AS video_key, NULL::BIGINT AS chunk_
                       "NULL::BIGINT AS byte_size WHERE false")
 
 
+class Result:
+    """A lazy query result over a DuckDB relation. DuckDB errors, also those raised while fetching, arrive as
+    :class:`QueryError` naming the SQL. Any other relation method is forwarded (``.limit(5)``, ``.columns`` ...)."""
+
+    def __init__(self, rel: duckdb.DuckDBPyRelation, sql: str):
+        self._rel, self._sql = rel, sql
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            out = fn(*args, **kwargs)
+        except duckdb.Error as e:
+            raise QueryError(f"{type(e).__name__}: {e}\nSQL: {self._sql}") from e
+        return Result(out, self._sql) if isinstance(out, duckdb.DuckDBPyRelation) else out
+
+    def arrow(self) -> pa.Table:
+        """All rows as a pyarrow Table."""
+        return self._call(self._rel.to_arrow_table)
+
+    def df(self):
+        """All rows as a pandas DataFrame."""
+        return self._call(self._rel.df)
+
+    def fetchall(self) -> list[tuple]:
+        return self._call(self._rel.fetchall)
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._rel, name)
+        return (lambda *a, **k: self._call(attr, *a, **k)) if callable(attr) else attr
+
+    def __repr__(self) -> str:
+        return self._call(str, self._rel)
+
+    def _repr_html_(self) -> str:
+        return self._call(lambda: self._rel.limit(50).df().to_html(max_rows=50))
+
+
 class Database:
     """One dataset, its DuckDB connection and views. Create it with :func:`connect`.
 
@@ -100,24 +136,25 @@ class Database:
                 self._ensure_video_frames()
         return checked
 
-    def sql(self, sql: str) -> duckdb.DuckDBPyRelation:
-        """Run a read-only query over the views; returns a DuckDB relation (``.df()``, ``.arrow()``, ``.fetchall()``).
+    def sql(self, sql: str) -> "Result":
+        """Run a read-only query over the views.
+
+        Returns:
+            :class:`Result`, a lazy DuckDB relation: ``.df()``, ``.arrow()`` (a pyarrow Table), ``.fetchall()``,
+            ``.show()``; it renders as a table in Jupyter.
 
         Raises:
-            QueryError: the SQL was rejected by the checks or failed in DuckDB (the DuckDB message is kept).
+            QueryError: the SQL was rejected by the checks or failed in DuckDB (the DuckDB message is kept), also
+                when the failure only shows while rows are fetched.
         """
         checked = self.check(sql)
         try:
-            return self.con.sql(checked)
+            return Result(self.con.sql(checked), sql)
         except duckdb.Error as e:
             raise QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}") from e
 
     def _arrow(self, sql: str) -> pa.Table:
-        rel = self.sql(sql)
-        try:
-            return rel.to_arrow_table()
-        except duckdb.Error as e:
-            raise QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}") from e
+        return self.sql(sql).arrow()
 
     # ---- datasets -------------------------------------------------------------------------------------------
     def manifest(self, sql: str) -> pa.Table:
