@@ -90,8 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
             sent = 0
             while sent < todo:
                 chunk = f.read(min(64 << 10, todo - sent))
-                if self.server.rate_bps:
-                    time.sleep(len(chunk) * 8 / self.server.rate_bps)
+                self.server.pace(len(chunk))
                 try:
                     self.wfile.write(chunk)
                 except (BrokenPipeError, ConnectionResetError):
@@ -113,7 +112,17 @@ class RangeServer(ThreadingHTTPServer):
         self.rate_bps, self.latency_s = rate_bps, latency_s
         self.log: list[tuple[str, int, int, int]] = []
         self.lock = threading.Lock()
+        self._free_at = 0.0
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    def pace(self, n: int) -> None:
+        """Hold a sender until ``n`` more bytes fit the link's rate (one token bucket for all connections)."""
+        if not self.rate_bps:
+            return
+        with self.lock:
+            start = max(time.monotonic(), self._free_at)
+            self._free_at = start + n * 8 / self.rate_bps
+        time.sleep(max(0.0, self._free_at - time.monotonic()))
 
     @property
     def url(self) -> str:
@@ -130,3 +139,41 @@ class RangeServer(ThreadingHTTPServer):
     def __exit__(self, *exc) -> None:
         self.shutdown()
         self.server_close()
+
+
+def payload_free_demux_index(local_demux):
+    """A stand-in for ``lerobot_sql.video._demux_index`` that indexes remote mp4s from their moov box only
+    (through ``Source.open_demux``; keyframes from the container index), until video.py does so itself."""
+    import av
+    import numpy as np
+    import pyarrow as pa
+
+    from lerobot_sql import video
+
+    def demux(src, rel):
+        if src.is_local:
+            return local_demux(src, rel)
+        container = av.open(src.open_demux(rel))
+        try:
+            stream = container.streams.video[0]
+            keys = {e.pos for e in stream.index_entries if e.is_keyframe} or None
+            rows, last = [], None
+            for pkt in container.demux(stream):
+                if pkt.pts is None:
+                    continue
+                is_key = pkt.is_keyframe if keys is None else pkt.pos in keys
+                last = pkt.pts if is_key else last
+                rows.append((pkt.pts, is_key, pkt.pts if last is None else last, pkt.pos, pkt.size))
+            tb = stream.time_base
+        finally:
+            container.close()
+        rows.sort()
+        pts = np.array([r[0] for r in rows], np.int64)
+        cols = list(zip(*rows))
+        return pa.table({"frame": np.arange(len(rows)), "pts": pts, "pts_s": pts * float(tb), "is_keyframe": cols[1],
+                         "keyframe_pts": np.array(cols[2], np.int64), "byte_offset": np.array(cols[3], np.int64),
+                         "byte_size": np.array(cols[4], np.int64)},
+                        schema=video.INDEX_SCHEMA.with_metadata({"time_base": f"{tb.numerator}/{tb.denominator}",
+                                                                 "path": rel}))
+
+    return demux

@@ -18,7 +18,7 @@ from lerobot_sql.errors import RemoteIOError
 from lerobot_sql.prefetch import prefetch
 from lerobot_sql.source import open_source
 
-from http_range_server import RangeServer
+from http_range_server import RangeServer, payload_free_demux_index
 
 EPISODE_SQL = "SELECT episode_index FROM episodes WHERE episode_index IN (3, 11)"
 
@@ -37,39 +37,8 @@ def _payload_free_index(monkeypatch):
 
     TODO(lead): remove once video.py has the hook described in the remote report.
     """
-    if "open_demux" in inspect.getsource(video._demux_index):
-        return
-    import av
-    import pyarrow as pa
-
-    def demux(src, rel):
-        if src.is_local:
-            return orig(src, rel)
-        container = av.open(src.open_demux(rel))
-        try:
-            stream = container.streams.video[0]
-            keys = {e.pos for e in stream.index_entries if e.is_keyframe} or None
-            rows, last = [], None
-            for pkt in container.demux(stream):
-                if pkt.pts is None:
-                    continue
-                is_key = pkt.is_keyframe if keys is None else pkt.pos in keys
-                last = pkt.pts if is_key else last
-                rows.append((pkt.pts, is_key, pkt.pts if last is None else last, pkt.pos, pkt.size))
-            tb = stream.time_base
-        finally:
-            container.close()
-        rows.sort()
-        pts = np.array([r[0] for r in rows], np.int64)
-        cols = list(zip(*rows))
-        return pa.table({"frame": np.arange(len(rows)), "pts": pts, "pts_s": pts * float(tb), "is_keyframe": cols[1],
-                         "keyframe_pts": np.array(cols[2], np.int64), "byte_offset": np.array(cols[3], np.int64),
-                         "byte_size": np.array(cols[4], np.int64)},
-                        schema=video.INDEX_SCHEMA.with_metadata({"time_base": f"{tb.numerator}/{tb.denominator}",
-                                                                 "path": rel}))
-
-    orig = video._demux_index
-    monkeypatch.setattr(video, "_demux_index", demux)
+    if "open_demux" not in inspect.getsource(video._demux_index):
+        monkeypatch.setattr(video, "_demux_index", payload_free_demux_index(video._demux_index))
 
 
 @pytest.fixture(scope="module")
