@@ -1,0 +1,127 @@
+"""Samplers: blocks of consecutive frames, deterministic shuffles per (seed, epoch), resume, sharding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import lerobot_sql as lsql
+from lerobot_sql.samplers import EpisodeAwareSampler, EpisodeShardedSampler, blocks
+
+
+@pytest.fixture(scope="module")
+def ds(datasets):
+    db = lsql.connect(datasets / "small20")
+    # a selection with gaps inside episodes, so blocks must also break where index jumps
+    return db.dataset("SELECT index FROM frames WHERE episode_index < 6 AND frame_index % 50 < 40 ORDER BY index",
+                      return_uint8=True)
+
+
+def _cols(ds):
+    return ds.manifest["episode_index"].to_numpy(), ds.manifest["index"].to_numpy()
+
+
+def test_blocks_are_runs_of_consecutive_frames_of_one_episode(ds):
+    ep, idx = _cols(ds)
+    b = blocks(ep, idx, 8)
+    assert b[0] == 0 and b[-1] == len(idx)
+    for s, e in zip(b[:-1], b[1:]):
+        assert 1 <= e - s <= 8
+        assert len(set(ep[s:e])) == 1
+        assert (np.diff(idx[s:e]) == 1).all()
+    # every break in the data is a block boundary
+    breaks = set((np.flatnonzero((np.diff(ep) != 0) | (np.diff(idx) != 1)) + 1).tolist())
+    assert breaks <= set(b.tolist())
+
+
+def test_shuffle_is_a_permutation_deterministic_per_seed_and_epoch(ds):
+    s = EpisodeAwareSampler(ds, block_size=8, seed=7)
+    a = list(s)
+    assert sorted(a) == list(range(len(ds)))
+    assert list(EpisodeAwareSampler(ds, block_size=8, seed=7)) == a
+    s.set_epoch(1)
+    b = list(s)
+    assert sorted(b) == list(range(len(ds))) and b != a
+    assert list(EpisodeAwareSampler(ds, block_size=8, seed=8)) != a
+    # inside the order, positions come in runs that follow the blocks forward
+    ep, idx = _cols(ds)
+    bounds = blocks(ep, idx, 8)
+    starts = set(bounds[:-1].tolist())
+    pos = 0
+    while pos < len(a):
+        assert a[pos] in starts
+        size = int(bounds[np.searchsorted(bounds, a[pos], side="right")] - a[pos])
+        assert a[pos:pos + size] == list(range(a[pos], a[pos] + size))
+        pos += size
+
+
+def test_resume_from_a_position(ds):
+    s = EpisodeAwareSampler(ds, seed=3)
+    s.set_epoch(2)
+    full = list(s)
+    r = EpisodeAwareSampler(ds, seed=3)
+    r.load_state_dict({"seed": 3, "epoch": 2, "start": 100})
+    assert list(r) == full[100:] and len(r) == len(full) - 100
+    with pytest.raises(ValueError, match="seed"):
+        r.load_state_dict({"seed": 4, "epoch": 2, "start": 0})
+
+
+def test_no_shuffle_is_identity(ds):
+    assert list(EpisodeAwareSampler(ds, shuffle=False)) == list(range(len(ds)))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_rank_shards_cover_everything_with_equal_lengths(ds, drop_last):
+    n, r = len(ds), 3
+    parts = [list(EpisodeAwareSampler(ds, seed=1, num_replicas=r, rank=k, drop_last=drop_last)) for k in range(r)]
+    assert len({len(p) for p in parts}) == 1
+    flat = [x for p in parts for x in p]
+    if drop_last:
+        assert len(flat) == n - n % r and len(set(flat)) == len(flat)
+    else:
+        assert set(flat) == set(range(n)) and len(flat) == -(-n // r) * r
+    with pytest.raises(ValueError, match="rank"):
+        EpisodeAwareSampler(ds, num_replicas=2, rank=2)
+
+
+def test_episode_shards_are_disjoint_whole_episodes(ds):
+    ep, _ = _cols(ds)
+    r = 4
+    samplers = [EpisodeShardedSampler(ds, seed=5, num_replicas=r, rank=k) for k in range(r)]
+    eps = [set(ep[list(s)].tolist()) for s in samplers]
+    for a in range(r):
+        for b in range(a + 1, r):
+            assert not eps[a] & eps[b]
+    assert set().union(*eps) == set(ep.tolist())
+    assert len({len(s) for s in samplers}) == 1
+    for s in samplers:  # every sample of the rank's episodes appears
+        mine = np.flatnonzero(np.isin(ep, list(s.episodes)))
+        assert set(s) == set(mine.tolist())
+        a = list(s)
+        s.set_epoch(1)
+        assert list(s) != a  # reshuffled per epoch, same episodes
+        assert set(ep[list(s)].tolist()) == set(s.episodes.tolist())
+    with pytest.raises(ValueError, match="episode"):
+        EpisodeShardedSampler(ds, num_replicas=7, rank=0)
+
+
+def test_dataloader_with_sampler_and_two_workers_gives_the_sampled_items(ds):
+    s = EpisodeAwareSampler(ds, block_size=8, seed=0)
+    order = list(s)[:96]
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, order), batch_size=32, num_workers=2)
+    got = torch.cat([b["index"] for b in loader]).tolist()
+    assert got == ds.manifest["index"].to_numpy()[order].tolist()
+
+
+def test_distributed_sampler_works_on_the_dataset(ds):
+    idx = ds.manifest["index"].to_numpy()
+    seen = []
+    for rank in range(2):
+        ds_sampler = torch.utils.data.DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        loader = torch.utils.data.DataLoader(ds, batch_size=16, sampler=ds_sampler)
+        positions = list(ds_sampler)
+        batch = next(iter(loader))
+        assert batch["index"].tolist() == idx[positions[:16]].tolist()
+        seen += positions
+    assert set(seen) == set(range(len(ds)))
