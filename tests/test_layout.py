@@ -1,0 +1,135 @@
+"""info.json -> Layout for v3.x and v2.x, partial copies (metadata only, missing videos), and clear refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+
+import lerobot_sql as lsql
+from lerobot_sql.catalog import template_to_printf
+from lerobot_sql.layout import load_layout
+from lerobot_sql.source import open_source
+
+ALOHA = "aloha_sim_transfer_cube_human_prerelease_meta_only"
+
+
+def _info(root):
+    return json.loads((root / "meta/info.json").read_text())
+
+
+def test_v30_layout(datasets):
+    lay = load_layout(open_source(datasets / "multifile60"))
+    assert not lay.legacy and lay.version_tuple == (3, 0) and lay.fps == 30.0
+    assert lay.tasks_file == "meta/tasks.parquet" and lay.episode_stats_file is None and lay.warnings == ()
+    assert lay.data_files == ("data/chunk-000/file-000.parquet", "data/chunk-000/file-001.parquet")
+    assert lay.video_file("observation.images.front", 1, 0) == \
+        "videos/observation.images.front/chunk-001/file-000.mp4"
+    assert lay.data_file(0, 1) == "data/chunk-000/file-001.parquet"
+    assert list(lay.features) == list(_info(datasets / "multifile60")["features"])
+
+
+def test_v21_layout(datasets):
+    lay = load_layout(open_source(datasets / "g1_real_v21"))
+    assert lay.legacy and lay.version == "v2.1"
+    assert lay.episode_files == ("meta/episodes.jsonl",)
+    assert lay.episode_stats_file == "meta/episodes_stats.jsonl" and lay.tasks_file == "meta/tasks.jsonl"
+    assert len(lay.data_files) == 12 and all("/episode_" in f for f in lay.data_files)
+    assert lay.features["observation.state"].flat_names[0] == "kLeftShoulderPitch"  # nested-list names
+
+
+def test_template_to_printf_v2_placeholders():
+    fmt, args = template_to_printf("videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
+                                   {"video_key": "'k'", "episode_chunk": "c", "episode_index": "e"})
+    assert fmt == "videos/chunk-%03d/%s/episode_%06d.mp4" and args == ["c", "'k'", "e"]
+    with pytest.raises(lsql.DatasetFormatError, match="episode_index"):
+        template_to_printf("x/{episode_index}.mp4", {"chunk_index": "c"})
+
+
+def test_metadata_only_v30_opens_with_empty_frames(datasets):
+    with pytest.warns(UserWarning, match="no data files"):
+        db = lsql.connect(datasets / "oc_models_meta_only")
+    ep = pq.read_table(datasets / "oc_models_meta_only/meta/episodes/chunk-000/file-000.parquet",
+                       columns=["episode_index", "length"])
+    assert db.sql("SELECT episode_index, length FROM episodes ORDER BY 1").fetchall() == \
+        list(zip(ep["episode_index"].to_pylist(), ep["length"].to_pylist()))
+    assert db.sql("SELECT count(*) FROM frames").fetchall() == [(0,)]
+    cols = {r[0]: r[1] for r in db.con.sql("DESCRIBE frames").fetchall()}
+    assert cols["observation.state"] == "FLOAT[6]" and cols["index"] == "BIGINT" and cols["timestamp"] == "FLOAT"
+    assert "observation.images.top_phone" not in cols  # video features have no column in the data files
+    assert db.tasks() == {0: pq.read_table(datasets / "oc_models_meta_only/meta/tasks.parquet")
+                          .to_pylist()[0]["__index_level_0__"]}
+    with pytest.raises(lsql.ResultContractError, match="no rows"):
+        db.dataset("SELECT index FROM frames")
+
+
+def test_prerelease_json_only_copy_opens(datasets):
+    """Float fps, files_size_in_mb, video_info, no total_videos, no meta/episodes, no tasks: metadata views only."""
+    with pytest.warns(UserWarning) as rec:
+        db = lsql.connect(datasets / ALOHA)
+    msgs = " | ".join(str(w.message) for w in rec)
+    assert "meta/episodes" in msgs and "tasks.parquet" in msgs and "no data files" in msgs
+    assert db.fps == 50.0
+    info = _info(datasets / ALOHA)
+    assert db.sql("SELECT fps, total_episodes, total_frames FROM info").fetchall() == \
+        [(50.0, info["total_episodes"], info["total_frames"])]
+    feats = dict(db.sql("SELECT name, codec FROM features").fetchall())
+    assert feats["observation.images.top"] == info["features"]["observation.images.top"]["video_info"]["video.codec"]
+    assert "next.done" in feats
+    for view in ("episodes", "frames", "tasks", "videos", "episode_stats"):
+        assert db.sql(f"SELECT count(*) FROM {view}").fetchall() == [(0,)], view
+    cols = [r[0] for r in db.con.sql("DESCRIBE episodes").fetchall()]
+    assert {"episode_index", "length", "dataset_from_index", "videos/observation.images.top/from_timestamp"} <= set(cols)
+
+
+def test_record_test_tables_work_and_frames_name_the_missing_mp4(datasets):
+    root = datasets / "record-test"
+    db = lsql.connect(root)
+    data = pq.read_table(root / "data/chunk-000/file-000.parquet")
+    assert db.sql("SELECT count(*), max(index) FROM frames").fetchall() == [(data.num_rows, data.num_rows - 1)]
+    assert [r[0] for r in db.con.sql("DESCRIBE frames").fetchall()][0] == "action"  # column order kept
+    got = db.sql('SELECT "action" FROM frames WHERE index = 500').fetchall()[0][0]
+    assert got == pytest.approx(data["action"][500].as_py(), rel=0, abs=0)
+    with pytest.warns(UserWarning, match="video file\\(s\\) are missing"):
+        ds = db.dataset("SELECT index FROM frames WHERE episode_index = 2 ORDER BY index")
+    with pytest.raises(lsql.MissingFileError, match=r"videos/observation\.images\.(front|top)/chunk-000/file-000\.mp4"):
+        ds[0]
+    tab = db.dataset("SELECT index FROM frames WHERE episode_index = 2 ORDER BY index", cameras=[])
+    item = tab[0]
+    assert int(item["episode_index"]) == 2 and int(item["frame_index"]) == 0
+    assert item["task"] == db.tasks()[int(item["task_index"])]
+
+
+def test_refusals(datasets, tmp_path):
+    with pytest.raises(lsql.MissingFileError, match="meta/info.json"):
+        lsql.connect(tmp_path)
+    root = tmp_path / "v1"
+    shutil.copytree(datasets / "small20" / "meta", root / "meta")
+    info = _info(root)
+    for version, err, pattern in (("v1.6", lsql.UnsupportedVersionError, "v2.0, v2.1 and v3.x"),
+                                  ("three", lsql.DatasetFormatError, "not a version")):
+        (root / "meta/info.json").write_text(json.dumps({**info, "codebase_version": version}))
+        with pytest.raises(err, match=pattern):
+            lsql.connect(root)
+    for fps in (0, "30", None, True):
+        (root / "meta/info.json").write_text(json.dumps({**info, "fps": fps}))
+        with pytest.raises(lsql.DatasetFormatError, match="fps"):
+            lsql.connect(root)
+    (root / "meta/info.json").write_text(json.dumps({k: v for k, v in info.items() if k != "features"}))
+    with pytest.raises(lsql.DatasetFormatError, match="features"):
+        lsql.connect(root)
+    (root / "meta/info.json").write_text("{not json")
+    with pytest.raises(lsql.DatasetFormatError, match="invalid JSON"):
+        lsql.connect(root)
+
+
+def test_broken_jsonl_names_file_and_line(datasets, tmp_path):
+    root = tmp_path / "v21"
+    shutil.copytree(datasets / "v21_small20", root)
+    lines = (root / "meta/episodes.jsonl").read_text().splitlines()
+    lines[2] = lines[2][:-5]
+    (root / "meta/episodes.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(lsql.DatasetFormatError, match=r"episodes\.jsonl:3"):
+        lsql.connect(root)
