@@ -1,0 +1,39 @@
+"""Index math of delta_timestamps: offsets on the 1/fps grid, clamping at episode edges, _is_pad."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lerobot_sql import frames
+
+FEATURES = {"action": None, "observation.state": None}
+
+
+def test_offsets_are_rounded_multiples_of_the_frame_period():
+    got = frames.delta_indices({"action": [0, 1 / 30, 2 / 30, -5 / 30], "observation.state": [-0.1]}, 30, 1e-4, FEATURES)
+    assert got["action"].tolist() == [0, 1, 2, -5] and got["action"].dtype == np.int64
+    assert got["observation.state"].tolist() == [-3]
+    assert frames.delta_indices(None, 30, 1e-4, FEATURES) == {}
+
+
+def test_offsets_off_the_grid_or_unknown_keys_are_refused():
+    with pytest.raises(ValueError, match=r"multiples of 1/fps.*\[0\.02\]"):
+        frames.delta_indices({"action": [0, 0.02]}, 30, 1e-4, FEATURES)
+    with pytest.raises(ValueError, match="not a feature"):
+        frames.delta_indices({"nope": [0]}, 30, 1e-4, FEATURES)
+    with pytest.raises(ValueError, match="non-empty"):
+        frames.delta_indices({"action": []}, 30, 1e-4, FEATURES)
+    # within tolerance of the grid is accepted (float noise in user-written offsets)
+    assert frames.delta_indices({"action": [1 / 30 + 5e-5]}, 30, 1e-4, FEATURES)["action"].tolist() == [1]
+
+
+def test_query_indices_clamp_to_the_episode_and_mark_padding():
+    ep_from, ep_to = 100, 110  # half-open: frames 100..109
+    offsets = np.array([-3, -1, 0, 2, 9])
+    for index in range(ep_from, ep_to):
+        q, pad = frames.query_indices(index, offsets, ep_from, ep_to)
+        for o, qi, p in zip(offsets, q, pad):
+            t = index + o
+            assert p == (t < ep_from or t >= ep_to)
+            assert qi == min(max(t, ep_from), ep_to - 1)

@@ -1,0 +1,61 @@
+"""Row-group cache: Arrow IPC files equal the Parquet rows, shapes follow info.json, built once, mapped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_sql import tabular
+from lerobot_sql.errors import DatasetFormatError
+from lerobot_sql.layout import load_layout
+from lerobot_sql.source import open_source
+
+
+@pytest.mark.parametrize("name", ["multifile60", "g1_real_v30"])
+def test_row_groups_equal_the_parquet_rows(datasets, tmp_path, name):
+    src = open_source(datasets / name)
+    layout = load_layout(src)
+    rel = "data/chunk-000/file-000.parquet"
+    info = tabular.data_file_info(src, rel)
+    pf = pq.ParquetFile(datasets / name / rel)
+    assert info.rg_offsets.tolist() == np.concatenate(
+        [[0], np.cumsum([pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)])]).tolist()
+    rgs = list(range(min(3, pf.num_row_groups)))
+    paths = tabular.ensure_row_groups(src, info, rgs, layout, tmp_path)
+    for rg, path in zip(rgs, paths):
+        want = pf.read_row_group(rg)
+        view = tabular.RowGroupView(path, layout)
+        state = view.column("observation.state")
+        shape = tuple(layout.features["observation.state"].shape)
+        assert state.shape == (want.num_rows, *shape) and state.dtype == np.float32
+        np.testing.assert_array_equal(state, np.array(want["observation.state"].to_pylist(), np.float32))
+        np.testing.assert_array_equal(view.column("index"), want["index"].to_numpy())
+        np.testing.assert_array_equal(view.column("timestamp"), want["timestamp"].to_numpy())
+    # locate: (row group, offset) of file rows
+    rows = np.array([0, int(info.rg_offsets[-1]) - 1])
+    rg, off = info.locate(rows)
+    assert rg.tolist() == [0, len(info.rg_offsets) - 2] and off[0] == 0
+    assert off[1] == rows[1] - info.rg_offsets[-2]
+
+
+def test_built_once(datasets, tmp_path):
+    src = open_source(datasets / "small20")
+    layout = load_layout(src)
+    info = tabular.data_file_info(src, "data/chunk-000/file-000.parquet")
+    p = tabular.ensure_row_group(src, info, 2, layout, tmp_path)
+    mtime = p.stat().st_mtime_ns
+    assert tabular.ensure_row_groups(src, info, [2], layout, tmp_path) == [p]
+    assert p.stat().st_mtime_ns == mtime
+    # the view is zero-copy over the memory map
+    view = tabular.RowGroupView(p, layout)
+    assert not view.column("action").flags.owndata
+
+
+def test_shape_mismatch_is_a_format_error(datasets, tmp_path):
+    src = open_source(datasets / "small20")
+    layout = load_layout(src)
+    t = pa.table({"action": pa.array([[1.0, 2.0]], pa.list_(pa.float32()))})
+    with pytest.raises(DatasetFormatError, match="action.*shape"):
+        tabular._normalise(t, layout, "x.parquet")
