@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import av
 import numpy as np
 import pyarrow.parquet as pq
@@ -9,6 +12,7 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
+from lerobot_sql import doctor
 from conftest import assert_item_equals_reference, load_reference
 
 CAMS = {"observation.images.front": 1, "observation.images.wrist": 2}
@@ -151,3 +155,51 @@ def test_v2_path_templates_resolve(v21):
         "videos/chunk-000/observation.images.front/episode_000007.mp4"
     assert layout.data_file(0, 7) == "data/chunk-000/episode_000007.parquet"
     assert set(layout.data_files) == {layout.data_file(0, e) for e in range(20)}
+
+
+def test_v20_without_episode_stats_opens(datasets, tmp_path, v21):
+    """v2.0: same layout without meta/episodes_stats.jsonl; the episode_stats view is empty, items unchanged."""
+    root = tmp_path / "v20"
+    shutil.copytree(datasets / "v21_small20", root)
+    (root / "meta/episodes_stats.jsonl").unlink()
+    info = json.loads((root / "meta/info.json").read_text())
+    (root / "meta/info.json").write_text(json.dumps({**info, "codebase_version": "v2.0"}))
+    db = lsql.connect(root)
+    assert db.layout.legacy and db.layout.episode_stats_file is None
+    assert db.sql("SELECT count(*) FROM episode_stats").fetchall() == [(0,)]
+    a = db.dataset("SELECT index FROM frames WHERE index IN (0, 2000, 4761) ORDER BY index", return_uint8=True)
+    b = v21.dataset("SELECT index FROM frames WHERE index IN (0, 2000, 4761) ORDER BY index", return_uint8=True)
+    for i in range(3):
+        x, y = a[i], b[i]
+        assert set(x) == set(y) and all(torch.equal(x[k], y[k]) if isinstance(y[k], torch.Tensor) else x[k] == y[k]
+                                        for k in y)
+    report = doctor.run(db)
+    assert report.ok and report["stats_present"].skipped
+
+
+def test_v21_small_chunks_size_spreads_episodes_over_chunk_folders(datasets, tmp_path, v21, framecode):
+    """chunks_size counts episodes per chunk folder in v2: episode e lives in chunk-{e // chunks_size}."""
+    root = tmp_path / "v21_chunks"
+    shutil.copytree(datasets / "v21_small20", root)
+    info = json.loads((root / "meta/info.json").read_text())
+    (root / "meta/info.json").write_text(json.dumps({**info, "chunks_size": 8}))
+    for ep in range(8, 20):
+        chunk = f"chunk-{ep // 8:03d}"
+        src = root / f"data/chunk-000/episode_{ep:06d}.parquet"
+        (root / "data" / chunk).mkdir(exist_ok=True)
+        src.rename(root / "data" / chunk / src.name)
+        for key in CAMS:
+            v = root / f"videos/chunk-000/{key}/episode_{ep:06d}.mp4"
+            (root / "videos" / chunk / key).mkdir(parents=True, exist_ok=True)
+            v.rename(root / "videos" / chunk / key / v.name)
+    db = lsql.connect(root)
+    assert db.sql("SELECT path FROM videos WHERE episode_index = 17 AND video_key = 'observation.images.wrist'"
+                  ).fetchall() == [("videos/chunk-002/observation.images.wrist/episode_000017.mp4",)]
+    q = "SELECT index, episode_index, frame_index, action FROM frames ORDER BY index"
+    assert db.sql(q).fetchall() == v21.sql(q).fetchall()
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index IN (7, 8, 17)", return_uint8=True)
+    for i in range(0, len(ds), 23):
+        item = ds[i]
+        ep, f = int(item["episode_index"]), int(item["frame_index"])
+        for key, cam in CAMS.items():
+            assert framecode.verify_frame(item[key].permute(1, 2, 0).numpy(), ep, f, cam)["ok"], (ep, f, key)
