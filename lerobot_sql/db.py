@@ -115,7 +115,13 @@ class Database:
         m = pa.table({"video_key": [f[0] for f in files], "chunk_index": [f[1] for f in files],
                       "file_index": [f[2] for f in files], "path": [f[3] for f in files],
                       "_index_file": [f[4] for f in files]})
-        self.con.execute("CREATE OR REPLACE TABLE _video_files AS SELECT * FROM m")
+        # Registered by name: Python replacement scans (a bare local variable in FROM) are off once
+        # sandbox.lock_down disabled external access.
+        self.con.register("_lsql_video_files_arrow", m)
+        try:
+            self.con.execute("CREATE OR REPLACE TABLE _video_files AS SELECT * FROM _lsql_video_files_arrow")
+        finally:
+            self.con.unregister("_lsql_video_files_arrow")
         lst = "[" + ", ".join(catalog.lit(f[4]) for f in files) + "]"
         self.con.execute(
             "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "

@@ -1,0 +1,96 @@
+"""DuckDB's own lock-down, the second wall behind :mod:`lerobot_sql.query`'s checks, and resource defaults.
+
+``query.check_sql`` (the first wall) lets only one read-only query over our views through ``Database.sql``. But a
+user also holds ``db.con``, and a check can have a gap. After the views exist, :func:`lock_down` turns off DuckDB's
+external access except for the dataset root and our cache folder, and locks the configuration. Then no SQL on this
+connection can read or list files elsewhere, attach a database, install or load an extension, or undo these
+settings, whichever route it takes (a table function in a subquery, a path string in FROM, ``COPY``, ``ATTACH``,
+``INSTALL``/``LOAD``, ``SET``/``PRAGMA``/``RESET``).
+
+What the lock does not cover: DuckDB's ``allowed_directories`` grants reading *and writing*. A ``COPY ... TO``
+inside the dataset root or the cache is stopped only by the first wall (``Database.sql`` accepts only queries, and
+a query cannot write files). Remote roots are fsspec filesystems registered on the connection
+(``lsqlremote://...``): DuckDB reaches them through the registered Python filesystem, which
+``enable_external_access=false`` does not cut off; allowed_directories names their URL prefix too.
+
+DuckDB references: "Securing DuckDB" (enable_external_access, allowed_directories, allowed_paths,
+lock_configuration, autoload/autoinstall of extensions).
+"""
+
+from __future__ import annotations
+
+import os
+
+import duckdb
+
+from .errors import LeRobotSQLError
+
+# Resource defaults for a small training box (2 cores, 24 GB): DuckDB only plans manifests and answers queries
+# while DataLoader workers and the decoders need the rest of the memory, so it gets a quarter of RAM, at most 4 GiB
+# (DuckDB's own default is 80% of RAM) and at most 2 threads (more only contend with the decoders).
+DEFAULT_MAX_THREADS = 2
+DEFAULT_MAX_MEMORY = 4 << 30
+
+
+def _total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_config(threads: int | None = None, memory_limit: str | None = None) -> dict[str, str | int]:
+    """DuckDB settings for ``duckdb.connect(config=...)``: the given values, else the defaults above.
+
+    Returns:
+        ``{"threads": int, "memory_limit": "<n>MiB" or the given string}``.
+    """
+    if threads is None:
+        threads = max(1, min(DEFAULT_MAX_THREADS, os.cpu_count() or 1))
+    if memory_limit is None:
+        total = _total_memory()
+        mem = DEFAULT_MAX_MEMORY if total is None else max(256 << 20, min(DEFAULT_MAX_MEMORY, total // 4))
+        memory_limit = f"{mem >> 20}MiB"
+    return {"threads": int(threads), "memory_limit": str(memory_limit)}
+
+
+def _dir(path: str) -> str:
+    """A directory entry for allowed_directories: local paths absolute and ending in '/', URLs kept as given."""
+    p = str(path)
+    if "://" not in p:
+        p = os.path.abspath(p)
+    return p.rstrip("/") + "/"
+
+
+def lock_down(con: duckdb.DuckDBPyConnection, allowed_dirs: list[str]) -> None:
+    """Restrict ``con`` to reading under ``allowed_dirs`` and freeze its configuration. Call it once the views
+    exist (creating them reads the Parquet footers).
+
+    Sets: ``allowed_directories`` to ``allowed_dirs`` (the dataset root, as ``Source.duckdb_path('')`` spells it,
+    and the dataset's cache folder, where the video index and spill files live), ``temp_directory`` to
+    ``<first local allowed dir>/duckdb_tmp`` when the current one lies outside them, ``autoinstall_known_extensions``
+    and ``autoload_known_extensions`` off, ``enable_external_access`` off, then ``lock_configuration`` on. The
+    settings hold for the life of the connection; they cannot be undone by SQL.
+
+    Views and macros created before the call keep working, and so do those created later over files under
+    ``allowed_dirs`` (the lazily built ``video_frames`` view reads index files from the cache).
+
+    Raises:
+        LeRobotSQLError: DuckDB refused a setting (for example the configuration was already locked).
+    """
+    dirs = [_dir(d) for d in allowed_dirs if d]
+    local = [d for d in dirs if "://" not in d]
+    try:
+        con.execute("SET allowed_directories = $1", [dirs])
+        temp = con.sql("SELECT current_setting('temp_directory')").fetchall()[0][0]
+        if local and not any(_dir(os.path.abspath(temp or ".")).startswith(d) for d in local):
+            # DuckDB spills big sorts and joins here; keep it inside what it may write.
+            spill = os.path.join(local[-1], "duckdb_tmp")
+            con.execute("SET temp_directory = $1", [spill])
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("SET autoload_known_extensions = false")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except duckdb.Error as e:
+        raise LeRobotSQLError(f"cannot lock down the DuckDB connection ({type(e).__name__}: {e}); allowed "
+                              f"directories were {dirs}") from e
