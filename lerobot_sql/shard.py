@@ -1,0 +1,188 @@
+"""Split a manifest between ranks, machines and DataLoader workers: disjoint, covering, the same on every process.
+
+A manifest (see :mod:`lerobot_sql.plan`) is a plain Arrow table, so a rank that holds it (or reads it from the
+Parquet file ``db.export_manifest`` wrote) can compute its own part with no communication: the partition depends
+only on the manifest, ``world_size``, ``seed`` and ``epoch``. Each rank then builds a dataset over its part alone,
+so it caches and reads only its own row groups and video regions.
+
+``by="episode"`` keeps all rows of an episode on one rank (each rank opens only its episodes' file regions; shard
+sizes differ by at most about one episode); ``by="sample"`` deals rows one by one (sizes differ by at most one).
+Rows keep their manifest order inside a part (reads stay local); shuffle within a part with the DataLoader or
+:mod:`lerobot_sql.samplers`.
+
+For map-style training on one machine, :class:`lerobot_sql.samplers.EpisodeShardedSampler` shards the indices of
+one dataset instead and pads every rank to the same length; this module is for the cases where each process should
+only ever see its own part (many machines, Ray/Daft/Spark tasks, iterable pipelines).
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+BY = ("episode", "sample")
+
+
+def _check(rank: int, world_size: int, by: str) -> None:
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    if by not in BY:
+        raise ValueError(f"by must be one of {BY}, got {by!r}")
+
+
+def assign(manifest: pa.Table, world_size: int, *, epoch: int = 0, seed: int = 0, by: str = "episode",
+           shuffle: bool = True) -> np.ndarray:
+    """The rank of every manifest row: int64 (num_rows,), values in ``[0, world_size)``.
+
+    ``by="episode"``: the distinct ``episode_index`` values are taken in a (seed, epoch)-shuffled order and each goes
+    to the rank with the fewest rows so far, so part sizes differ by at most the longest episode's rows;
+    ``shuffle=False`` cuts the episodes, in manifest order, into contiguous runs of about equal rows. ``by="sample"``: rows are shuffled and dealt round-robin (``shuffle=False``: contiguous
+    equal blocks). The random generator is ``numpy.random.default_rng([seed, epoch])``.
+
+    Raises:
+        ValueError: bad ``world_size``/``by``; ``by="episode"`` with fewer episodes than ranks (a rank would be empty);
+            no ``episode_index`` column.
+    """
+    _check(0, world_size, by)
+    n = manifest.num_rows
+    rng = np.random.default_rng([int(seed), int(epoch)])
+    if by == "sample":
+        if not shuffle:
+            return (np.arange(n, dtype=np.int64) * world_size) // max(n, 1)
+        owner = np.empty(n, np.int64)
+        owner[rng.permutation(n)] = np.arange(n, dtype=np.int64) % world_size
+        return owner
+    if "episode_index" not in manifest.column_names:
+        raise ValueError(f"by='episode' needs an episode_index column; the manifest has {manifest.column_names}")
+    ep = manifest["episode_index"].to_numpy()
+    # Episodes in first-appearance order (manifest order), so shuffle=False keeps the manifest's sequence.
+    uniq, first, inverse, counts = np.unique(ep, return_index=True, return_inverse=True, return_counts=True)
+    if len(uniq) < world_size:
+        raise ValueError(f"{len(uniq)} episode(s) cannot give each of {world_size} ranks whole episodes; "
+                         "use by='sample' or fewer ranks")
+    order = np.argsort(first, kind="stable")
+    if shuffle:
+        # Seeded order, each episode to the rank with the fewest rows so far (ties: lowest rank). Greedy list
+        # scheduling keeps max - min <= the longest episode and gives every rank an episode.
+        order = order[rng.permutation(len(order))]
+        heap = [(0, r) for r in range(world_size)]
+        run = np.empty(len(order), np.int64)
+        for j, c in enumerate(counts[order].tolist()):
+            load, r = heapq.heappop(heap)
+            run[j] = r
+            heapq.heappush(heap, (load + c, r))
+    else:
+        # Contiguous runs of about n / world_size rows in manifest order; an episode goes to the run holding its
+        # middle row (sizes then differ by at most two episodes).
+        c = counts[order]
+        mid = np.cumsum(c) - c / 2.0
+        run = np.minimum((mid * world_size / n).astype(np.int64), world_size - 1)
+        if len(np.unique(run)) < world_size:  # a few huge episodes: one per rank in turn
+            run = np.arange(len(order), dtype=np.int64) % world_size
+    owner_of_episode = np.empty(len(uniq), np.int64)
+    owner_of_episode[order] = run
+    return owner_of_episode[inverse.ravel()]
+
+
+def shard_manifest(manifest: pa.Table, rank: int, world_size: int, *, epoch: int = 0, seed: int = 0,
+                   by: str = "episode", shuffle: bool = True) -> pa.Table:
+    """The rows of ``manifest`` that belong to ``rank`` of ``world_size`` (see :func:`assign` for the rule).
+
+    The ``world_size`` parts are disjoint and together hold every row exactly once, for any (seed, epoch); every
+    process computes the same parts from the same manifest. Rows keep their manifest order and the schema metadata
+    (query extras) is kept, so ``db.dataset(part)`` and :func:`lerobot_sql.ray_data.decode_batch` accept the result.
+
+    Args:
+        manifest: from ``db.manifest(sql)`` or ``pyarrow.parquet.read_table(db.export_manifest(...).path)``.
+        rank, world_size: this process's part, e.g. ``torch.distributed.get_rank()`` / ``get_world_size()``; or
+            :func:`worker_shard` for rank x DataLoader worker.
+        epoch, seed: a new partition per epoch (``by="episode"``) or per epoch and seed.
+        by: ``"episode"`` (whole episodes per rank) or ``"sample"`` (single rows).
+        shuffle: False gives contiguous parts in manifest order (the same every epoch).
+
+    Raises:
+        ValueError: ``rank`` not in ``[0, world_size)``, unknown ``by``, or fewer episodes than ranks.
+    """
+    _check(rank, world_size, by)
+    owner = assign(manifest, world_size, epoch=epoch, seed=seed, by=by, shuffle=shuffle)
+    return manifest.take(pa.array(np.flatnonzero(owner == rank)))
+
+
+def shard_sizes(manifest: pa.Table, world_size: int, **kwargs: Any) -> np.ndarray:
+    """Rows per rank, int64 (world_size,), computed locally (same arguments as :func:`shard_manifest`).
+
+    With ``by="episode"`` parts differ in size; DistributedDataParallel needs the same number of steps on every rank,
+    so run ``sizes.min() // batch_size`` steps per epoch (every rank computes the same number, no all_reduce needed).
+    """
+    return np.bincount(assign(manifest, world_size, **kwargs), minlength=world_size).astype(np.int64)
+
+
+def worker_shard(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """``(shard, num_shards)`` of the calling process: distributed rank x DataLoader worker.
+
+    ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialised, else ``$RANK``/``$WORLD_SIZE``
+    (torchrun sets them), else 0/1. Inside a DataLoader worker, shard = ``rank * num_workers + worker_id`` and
+    num_shards = ``world_size * num_workers``; elsewhere (the main process) ``(rank, world_size)``.
+    """
+    if rank is None or world_size is None:
+        dist = torch.distributed
+        ready = dist.is_available() and dist.is_initialized()
+        if rank is None:
+            rank = dist.get_rank() if ready else int(os.environ.get("RANK", 0))
+        if world_size is None:
+            world_size = dist.get_world_size() if ready else int(os.environ.get("WORLD_SIZE", 1))
+    info = torch.utils.data.get_worker_info()
+    if info is None:
+        return int(rank), int(world_size)
+    return int(rank) * info.num_workers + info.id, int(world_size) * info.num_workers
+
+
+class ShardedManifestDataset(torch.utils.data.IterableDataset):
+    """An iterable dataset that yields, in each process and DataLoader worker, the items of its own manifest part.
+
+    Build it in the main process from a connected database (``db``) and a manifest; each DataLoader worker computes
+    its part with :func:`worker_shard` and :func:`shard_manifest` and builds a
+    :class:`~lerobot_sql.dataset.LeRobotSQLDataset` over that part only (no DuckDB in workers). Items are exactly
+    ``db.dataset(manifest, **dataset_kwargs)``'s items for the same rows. Call :meth:`set_epoch` before each epoch.
+
+    Args:
+        db: a :class:`lerobot_sql.Database` (only its source, layout, tasks and cache_dir are kept).
+        manifest: the whole selection (every rank passes the same one).
+        by, seed, shuffle: as :func:`shard_manifest`; rank/world_size as :func:`worker_shard`.
+        **dataset_kwargs: passed to LeRobotSQLDataset (``delta_timestamps``, ``cameras``, ...).
+    """
+
+    def __init__(self, db, manifest: pa.Table, *, by: str = "episode", seed: int = 0, shuffle: bool = True,
+                 rank: int | None = None, world_size: int | None = None, **dataset_kwargs: Any):
+        _check(0, 1, by)
+        self._src, self._layout, self._tasks, self._cache_dir = db.source, db.layout, db.tasks(), db.cache_dir
+        self.manifest, self.by, self.seed, self.shuffle = manifest, by, int(seed), shuffle
+        self.rank, self.world_size, self.epoch = rank, world_size, 0
+        self.dataset_kwargs = dataset_kwargs
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def part(self) -> pa.Table:
+        """This process's (or worker's) rows for the current epoch."""
+        shard, num = worker_shard(self.rank, self.world_size)
+        return shard_manifest(self.manifest, shard, num, epoch=self.epoch, seed=self.seed, by=self.by,
+                              shuffle=self.shuffle)
+
+    def __iter__(self) -> Iterator[dict]:
+        from .dataset import LeRobotSQLDataset
+
+        part = self.part()
+        if part.num_rows == 0:
+            return iter(())
+        ds = LeRobotSQLDataset(self._src, self._layout, part, self._tasks, cache_dir=self._cache_dir,
+                               **self.dataset_kwargs)
+        return (ds[i] for i in range(len(ds)))
+
