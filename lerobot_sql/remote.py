@@ -121,6 +121,7 @@ class RemoteCacheFS(AbstractFileSystem):
         self._infos: dict[str, dict] = {}
         self._pieces: dict[str, list[tuple[int, int]]] = {}
         self._total: int | None = None
+        self._region_locks: dict[tuple[str, int], threading.Lock] = {}
 
     # ---- plumbing ---------------------------------------------------------------------------------------------
     def __reduce__(self):
@@ -135,6 +136,7 @@ class RemoteCacheFS(AbstractFileSystem):
             self._pid = os.getpid()
             self._stats = {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
             self._lock = threading.RLock()
+            self._region_locks = {}
         return self.target
 
     def io_stats(self) -> dict[str, int]:
@@ -342,7 +344,7 @@ class RemoteCacheFS(AbstractFileSystem):
             lo, hi = max(start, r * REGION), min(end, (r + 1) * REGION)
             if not self._gaps(self._pieces.get(str(fdir), []), lo, hi):
                 continue
-            with FileLock(str(fdir / f"r{r:07d}.lock")):
+            with self._region_lock(fdir, r), FileLock(str(fdir / f"r{r:07d}.lock")):
                 for a, b in self._gaps(self._scan(fdir), lo, hi):  # re-read: another worker may have fetched them
                     if self.offline:
                         raise RemoteIOError(f"{self._url(path)}: bytes {a}-{b} are not cached and the session is "
@@ -364,6 +366,11 @@ class RemoteCacheFS(AbstractFileSystem):
                             self._total += len(data)
         self._evict(protect=written)
         return fetched
+
+    def _region_lock(self, fdir: Path, r: int) -> threading.Lock:
+        """Threads of this process queue on a plain lock (FileLock would make them poll every 50 ms)."""
+        with self._lock:
+            return self._region_locks.setdefault((str(fdir), r), threading.Lock())
 
     def _get(self, path: str, a: int, b: int) -> bytes:
         data = self._fs().cat_file(path, start=a, end=b)

@@ -1,0 +1,116 @@
+"""Remote dataset over a throttled loopback HTTP link: time to first batch and bytes fetched vs a full download.
+
+    python benchmarks/bench_remote.py [--root /work/bench_data/syn200_96] [--mbit 100] [--latency-ms 20]
+
+The server (tests/http_range_server.py) serves the dataset folder with Range support, one token bucket of
+``--mbit`` for all connections and ``--latency-ms`` before each response body. Runs, each with an empty cache:
+  * full download: every file of the dataset, 8 parallel GETs (what snapshot_download would do);
+  * lazy: connect, query every 10th episode (10% of episodes, scattered), first DataLoader batch, then all items;
+  * prefetch: connect, ``prefetch`` the same query, first batch, all items.
+"Bytes the items need" = meta/ files + the byte ranges ``prefetch.needed_ranges`` computes (Parquet footers and row
+groups of the selected episodes, video packets from each frame's keyframe to the frame, container heads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import inspect
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+import torch  # noqa: E402
+
+import lerobot_sql as lsql  # noqa: E402
+from lerobot_sql import prefetch as pf  # noqa: E402
+from lerobot_sql import video  # noqa: E402
+
+from http_range_server import RangeServer, payload_free_demux_index  # noqa: E402
+
+
+def _tune(db) -> None:
+    # What Database should set for remote roots (see the remote report): read each footer once. DuckDB's own
+    # Parquet prefetching stays on: without it a scan makes one request per column chunk (x4 requests here).
+    db.con.execute("SET parquet_metadata_cache = true")
+
+
+def full_download(srv: RangeServer, root: Path, dest: Path) -> tuple[float, int]:
+    import urllib.request
+
+    files = [p.relative_to(root.parent) for p in root.rglob("*") if p.is_file()]
+    t0 = time.perf_counter()
+
+    def get(rel):
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with urllib.request.urlopen(f"{srv.url}/{rel}") as r, open(out, "wb") as f:
+            return f.write(r.read())
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        n = sum(pool.map(get, files))
+    return time.perf_counter() - t0, n
+
+
+def run(srv: RangeServer, root: Path, sql: str, use_prefetch: bool, batch: int) -> dict:
+    os.environ["LSQL_CACHE_DIR"] = tempfile.mkdtemp(prefix="lsql_bench_")
+    t0 = time.perf_counter()
+    db = lsql.connect(f"{srv.url}/{root.name}")
+    _tune(db)
+    out = {"connect_s": time.perf_counter() - t0}
+    if use_prefetch:
+        rep = pf.prefetch(db, sql, progress=False)
+        out["prefetch_s"] = rep.seconds
+    ds = db.dataset(sql)
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=0)
+    it = iter(loader)
+    next(it)
+    out["first_batch_s"] = time.perf_counter() - t0
+    out["first_batch_bytes"] = db.io_stats()["bytes_fetched"]
+    for _ in it:
+        pass
+    out["all_items_s"] = time.perf_counter() - t0
+    out["bytes_fetched"] = db.io_stats()["bytes_fetched"]
+    out["requests"] = db.io_stats()["requests"]
+    manifest = db.manifest(sql)
+    need = pf.needed_ranges(db, manifest)
+    meta = sum(p.stat().st_size for p in (root / "meta").rglob("*") if p.is_file())
+    out["bytes_needed"] = meta + sum(b - a for rs in need.values() for a, b in rs)
+    out["items"] = len(ds)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default = Path("/work/bench_data/syn200_96")
+    ap.add_argument("--root", type=Path, default=default if default.is_dir() else HERE.parent / "sample" / "small20")
+    ap.add_argument("--mbit", type=float, default=100)
+    ap.add_argument("--latency-ms", type=float, default=20)
+    ap.add_argument("--batch", type=int, default=32)
+    args = ap.parse_args()
+    if "open_demux" not in inspect.getsource(video._demux_index):
+        video._demux_index = payload_free_demux_index(video._demux_index)
+    root = args.root.resolve()
+    n_ep = lsql.connect(root).sql("SELECT count(*) FROM episodes").fetchall()[0][0]
+    sql = "SELECT episode_index FROM episodes WHERE episode_index % 10 = 3"
+    with RangeServer(root.parent, rate_bps=args.mbit * 1e6, latency_s=args.latency_ms / 1000) as srv:
+        with tempfile.TemporaryDirectory() as d:
+            t_full, n_full = full_download(srv, root, Path(d))
+        print(f"dataset {root.name}: {n_ep} episodes, {n_full / 1e6:.1f} MB; link {args.mbit:g} Mbit/s, "
+              f"{args.latency_ms:g} ms latency; query: every 10th episode")
+        print(f"full download: {t_full:.2f} s, {n_full / 1e6:.2f} MB")
+        for name, use in (("lazy", False), ("prefetch", True)):
+            r = run(srv, root, sql, use, args.batch)
+            print(f"{name:8s}: first batch {r['first_batch_s']:.2f} s ({r['first_batch_s'] / t_full:.3f}x full), "
+                  f"all {r['items']} items {r['all_items_s']:.2f} s; fetched {r['bytes_fetched'] / 1e6:.2f} MB "
+                  f"in {r['requests']} requests = {r['bytes_fetched'] / r['bytes_needed']:.2f}x the "
+                  f"{r['bytes_needed'] / 1e6:.2f} MB the items need ({r['bytes_fetched'] / n_full:.1%} of the dataset)")
+
+
+if __name__ == "__main__":
+    main()
