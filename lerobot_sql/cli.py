@@ -2,13 +2,15 @@
 
 Exit codes: 0 success, 1 failure (a :class:`LeRobotSQLError`, an I/O error, ``doctor`` finding problems),
 2 usage error (argparse), 130 interrupted. Errors print as ``error: <message>`` plus a ``hint:`` line on stderr;
-set ``LSQL_DEBUG=1`` for the traceback.
+set ``LSQL_DEBUG=1`` for the traceback. The interactive prompt lives in :mod:`lerobot_sql.shell`.
+
+Over 400 lines on purpose: the parser with its help texts and examples, the handlers and the error mapping are the
+whole CLI surface and read best side by side.
 """
 
 from __future__ import annotations
 
 import argparse
-import cmd
 import contextlib
 import difflib
 import json
@@ -255,11 +257,19 @@ def cmd_query(args) -> int:
     if args.list:
         from . import library
 
+        import textwrap
+
+        width = min(shutil.get_terminal_size().columns, 110)
         for e in library.list_queries(extra_dirs=[Path(d) for d in args.query_dir or []]):
-            print(f"{e['name']}  - {e.get('description') or ''}".rstrip(" -"))
+            print(e["name"])
+            desc = (e.get("description") or "").split(". ")[0].rstrip(".")  # the first sentence
+            if desc:
+                print(textwrap.fill(desc + ".", width, initial_indent="    ", subsequent_indent="    "))
             for prm in e.get("params") or []:
                 need = "required" if prm.get("required") else f"default {prm.get('default')!r}"
-                print(f"    --param {prm['name']}=...  ({prm.get('type')}, {need}) {prm.get('doc') or ''}".rstrip())
+                print(textwrap.fill(f"-p {prm['name']}={str(prm.get('type', '')).upper()}  ({need}) "
+                                    f"{prm.get('doc') or ''}".rstrip(), width, initial_indent="    ",
+                                    subsequent_indent="        "))
         return 0
     if not args.dataset:
         raise UsageError("DATASET is required (except with --list)")
@@ -364,144 +374,9 @@ def cmd_demo(args) -> int:
 
 
 def cmd_shell(args) -> int:
+    from .shell import SQLShell
+
     return SQLShell(_connect(args), max_rows=args.max_rows).run()
-
-
-# ---- shell ---------------------------------------------------------------------------------------------------------
-def split_statements(text: str) -> tuple[list[str], str]:
-    """Split ``text`` at semicolons outside quotes and comments: (complete statements, unfinished rest)."""
-    out, start, i, quote = [], 0, 0, None
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in ("'", '"'):
-            quote = ch
-        elif text.startswith("--", i):
-            nl = text.find("\n", i)
-            i = len(text) if nl < 0 else nl
-            continue
-        elif ch == ";":
-            stmt = text[start:i].strip()
-            if stmt:
-                out.append(stmt)
-            start = i + 1
-        i += 1
-    return out, text[start:]
-
-
-class SQLShell(cmd.Cmd):
-    """``lerobot-sql shell``: SQL statements end with ``;`` and may span lines; dot commands are one line."""
-
-    DOT_HELP = """\
-.views              list the views
-.schema [VIEW]      columns and types of every view, or of VIEW
-.maxrows N          rows shown per result (0 = all)
-.help               this text
-.quit / .exit       leave (or Ctrl-D)
-Statements are read-only SELECT queries over the views and end with ';'."""
-
-    def __init__(self, db, max_rows: int = 40, stdin=None, stdout=None):
-        super().__init__(stdin=stdin, stdout=stdout)
-        self.db, self.max_rows = db, max_rows
-        self.interactive = sys.stdin.isatty()
-        self.buffer = ""
-        self.errors = 0
-        self.prompt = "lsql> " if self.interactive else ""
-        self.intro = (f"{db}\nviews: {', '.join(db.views())}\nstatements end with ';'   .help for commands"
-                      if self.interactive else None)
-        self._words: list[str] | None = None
-
-    def run(self) -> int:
-        while True:
-            try:
-                self.cmdloop()
-                break
-            except KeyboardInterrupt:  # Ctrl-C drops the unfinished statement, keeps the shell
-                print("^C", file=sys.stderr)
-                self.buffer, self.prompt, self.intro = "", "lsql> " if self.interactive else "", None
-        # A piped script that hit an error exits 1, like the other subcommands.
-        return 1 if self.errors and not self.interactive else 0
-
-    def emptyline(self) -> bool:
-        return False
-
-    def onecmd(self, line: str) -> bool:
-        if line == "EOF":
-            if self.interactive:
-                print()
-            if self.buffer.strip():
-                return self.onecmd(";")
-            return True
-        if not self.buffer and line.strip().startswith("."):
-            return self.dot(line.strip())
-        statements, self.buffer = split_statements(self.buffer + line + "\n")
-        for stmt in statements:
-            self.execute(stmt)
-        pending = bool(self.buffer.strip())
-        if not pending:
-            self.buffer = ""
-        self.prompt = ("  ...> " if pending else "lsql> ") if self.interactive else ""
-        return False
-
-    def report(self, e: BaseException) -> None:
-        self.errors += 1
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        hint = _hint(e)
-        if hint:
-            print(f"hint: {hint}", file=sys.stderr)
-
-    def execute(self, stmt: str) -> None:
-        try:
-            _print_table(_run(self.db, stmt), self.max_rows)
-        except LeRobotSQLError as e:
-            self.report(e)
-        sys.stdout.flush()
-
-    def dot(self, line: str) -> bool:
-        word, _, rest = line.partition(" ")
-        rest = rest.strip().rstrip(";")
-        if word in (".quit", ".exit", ".q"):
-            return True
-        if word == ".help":
-            print(self.DOT_HELP)
-        elif word in (".views", ".tables"):
-            print("\n".join(self.db.views()))
-        elif word == ".schema":
-            views = _views_and_columns(self.db)
-            if rest and rest not in views:
-                near = difflib.get_close_matches(rest, list(views), n=1)
-                self.report(QueryError(f"unknown view {rest!r}.{' Did you mean ' + repr(near[0]) + '?' if near else ''}"
-                                       f" Views: {sorted(views)}"))
-                return False
-            for v, cols in views.items():
-                if not rest or v == rest:
-                    print(v)
-                    w = max((len(c) for c, _ in cols), default=0)
-                    print("\n".join(f"  {c:<{w}}  {t}" for c, t in cols))
-        elif word == ".maxrows" and rest.isdigit():
-            self.max_rows = int(rest)
-        else:
-            self.report(QueryError(f"unknown command {line!r}; .help lists the commands"))
-        sys.stdout.flush()
-        return False
-
-    # readline completion over views, columns, dot commands and common keywords
-    def words(self) -> list[str]:
-        if self._words is None:
-            cols = {c for cs in _views_and_columns(self.db).values() for c, _ in cs}
-            self._words = sorted(set(self.db.views()) | {f'"{c}"' if not c.isidentifier() else c for c in cols} |
-                                 {".views", ".schema", ".help", ".quit", ".maxrows"} |
-                                 {k.lower() for k in ("SELECT", "FROM", "WHERE", "GROUP BY", "ORDER BY", "LIMIT",
-                                                       "JOIN", "USING", "count", "DISTINCT", "list_contains")})
-        return self._words
-
-    def completenames(self, text, *ignored):
-        return [w for w in self.words() if w.startswith(text)]
-
-    def completedefault(self, text, *ignored):
-        return [w for w in self.words() if w.startswith(text)]
 
 
 # ---- parser --------------------------------------------------------------------------------------------------------
