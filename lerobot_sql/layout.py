@@ -257,11 +257,13 @@ def _find_video_dir(src: Source, video_path: str, notes: list[str]) -> str:
     Only the literal first path segment is compared, so this costs one or two listings, not one per file.
     """
     top = video_path.split("/", 1)
-    if len(top) != 2 or "{" in top[0] or src.exists(top[0]):
+    if len(top) != 2 or "{" in top[0]:
         return video_path
     try:
+        if src.exists(top[0]):
+            return video_path
         candidates = sorted({p.split("/", 1)[0] for p in src.glob("*/**/*.mp4")} - {"meta", "data"})
-    except (OSError, ValueError):
+    except Exception:  # noqa: BLE001 - a filesystem that cannot list (plain HTTP) keeps the template as written
         return video_path
     if len(candidates) != 1:
         return video_path
