@@ -1,0 +1,55 @@
+#!/usr/bin/env python
+"""LeRobotDataset's side of the frame-access benchmark; runs in the lerobot interpreter (``/work/peer/bin/python``).
+
+    python peer_lerobot.py PLAN.json
+
+PLAN.json (written by ``benchmarks/run.py``): root, indices per mode, delta_timestamps, rounds. Runs offline with
+the HF home given in the environment; prints one ``BENCH_JSON {...}`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+import torch  # noqa: E402
+from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: E402
+
+
+def main() -> None:
+    p = json.loads(Path(sys.argv[1]).read_text())
+    root, rounds, repo = p["root"], p["rounds"], "peer/bench"
+    out = {"reader": "lerobot"}
+    import lerobot
+
+    out["version"] = getattr(lerobot, "__version__", "?")
+    t = time.perf_counter()
+    ds = LeRobotDataset(repo, root=root)  # fresh HF_HOME: converts the parquet into its Arrow cache
+    out["open_cold_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    ds = LeRobotDataset(repo, root=root)
+    out["open_warm_s"] = time.perf_counter() - t
+    out["backend"] = ds.video_backend
+    get = ds.__getitem__
+    out["random_s"] = common.time_items(get, p["random"], rounds)
+    out["sequential_s"] = common.time_items(get, p["sequential"], rounds)
+    dsd = LeRobotDataset(repo, root=root, delta_timestamps=p["delta_timestamps"])
+    out["delta_s"] = common.time_items(dsd.__getitem__, p["delta"], rounds)
+    if p.get("dataloader"):
+        # A fresh dataset: lerobot's torchcodec decoder cache, once used in the parent, fails inside forked workers
+        # ("Could not push packet to decoder"), so nothing may be read before the fork.
+        fresh = LeRobotDataset(repo, root=root)
+        out["dataloader"] = common.time_dataloader(torch, fresh, p["dataloader"])
+    common.emit(out)
+
+
+if __name__ == "__main__":
+    main()

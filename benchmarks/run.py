@@ -1,0 +1,292 @@
+#!/usr/bin/env python
+"""Frame access benchmark: lerobot_sql vs LeRobotDataset (lerobot 0.4.4) vs the PyAV decode limit, same run.
+
+    python -m benchmarks.run [--full] [--datasets small20,syn200_96,syn20_480] [--peer-python PATH] [--json OUT]
+
+For every dataset, the three readers get the same item indices (``benchmarks/common.plan``):
+  * random single frames, sequential frames (a run from a third into the dataset), delta_timestamps items
+    (state 3 past, action 10 future, every camera [-1/fps, 0]); best-of-rounds mean ms/item, one warm-up item;
+  * a DataLoader (num_workers=2, batch 32, fork) over random indices: items/s after the first batch, and each
+    worker's peak RSS and private memory (USS) just before it exits; for lerobot_sql also with EpisodeAwareSampler;
+  * open time: cold (empty lerobot_sql cache / fresh HF_HOME) and warm; files are in the OS page cache either way.
+LeRobotDataset runs in its own interpreter (``--peer-python``, ``$LSQL_PEER_PYTHON``, default /work/peer/bin/python;
+the column is skipped with a note when it is missing), offline with a throwaway HF_HOME. The decode limit is PyAV
+alone: one open container per file, seek to the target's keyframe only when decoding forward cannot reach it, decode
+to the target, convert to an rgb24 ndarray with a reused single-thread reformatter; cameras one after the other, no
+tensors. Datasets are looked up in $LSQL_BENCH_DATA (default /work/bench_data) and then the shared datasets.
+
+``run(argv)`` is the entry point (``lerobot-sql bench`` calls it); it prints a table and returns 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import common  # noqa: E402
+
+DEFAULT_PEER = "/work/peer/bin/python"
+SEARCH = [os.environ.get("LSQL_BENCH_DATA", "/work/bench_data"), str(REPO.parent / "shared" / "datasets"),
+          "/work/shared/datasets"]
+
+
+def _find(name: str) -> Path | None:
+    p = Path(name)
+    if (p / "meta" / "info.json").exists():
+        return p
+    for base in SEARCH:
+        q = Path(base) / name
+        if (q / "meta" / "info.json").exists():
+            return q
+    return None
+
+
+# ---- lerobot_sql -------------------------------------------------------------------------------------------
+def bench_ours(root: Path, plan: dict, rounds: int, sampler_row: bool) -> dict:
+    import torch
+
+    import lerobot_sql as lsql
+    from lerobot_sql.samplers import EpisodeAwareSampler
+
+    out = {"reader": "lerobot_sql"}
+    sql = "SELECT index FROM frames ORDER BY index"
+    with tempfile.TemporaryDirectory(prefix="lsql_bench_cache_") as cache:
+        t = time.perf_counter()
+        db = lsql.connect(root, cache_dir=cache)
+        ds = db.dataset(sql)
+        out["open_cold_s"] = time.perf_counter() - t
+        db.close()
+        t = time.perf_counter()
+        db = lsql.connect(root, cache_dir=cache)
+        ds = db.dataset(sql)
+        out["open_warm_s"] = time.perf_counter() - t
+        get = ds.__getitem__
+        out["random_s"] = common.time_items(get, plan["random"], rounds)
+        out["sequential_s"] = common.time_items(get, plan["sequential"], rounds)
+        dsd = db.dataset(sql, delta_timestamps=plan["delta_timestamps"])
+        out["delta_s"] = common.time_items(dsd.__getitem__, plan["delta"], rounds)
+        if plan.get("dataloader"):
+            fresh = db.dataset(sql)  # nothing opened in the parent before the fork
+            out["dataloader"] = common.time_dataloader(torch, fresh, plan["dataloader"])
+            if sampler_row:
+                order = list(EpisodeAwareSampler(fresh, block_size=8, seed=0))[:len(plan["dataloader"])]
+                out["dataloader_sampler"] = common.time_dataloader(torch, fresh, order)
+        limit = DecodeLimit(db, ds)
+        out["limit_random_s"] = common.time_items(limit.item, plan["random"], rounds)
+        out["limit_sequential_s"] = common.time_items(limit.item, plan["sequential"], rounds)
+        out["limit_delta_s"] = common.time_items(limit.delta_item, plan["delta"], rounds)
+        limit.close()
+        db.close()
+    return out
+
+
+class DecodeLimit:
+    """PyAV alone, decoding only the frames an item needs (targets come from lerobot_sql's index, untimed)."""
+
+    def __init__(self, db, ds):
+        import av
+        from av.video.reformatter import VideoReformatter
+
+        self.ds = ds
+        self.keys = ds._video_keys
+        self.files = {}
+        for k in self.keys:
+            for rel in ds._video_files[k]:
+                c = av.open(str(db.source.path(rel)))
+                s = c.streams.video[0]
+                s.codec_context.thread_count = 1
+                self.files[rel] = [c, s, None, None, VideoReformatter()]  # container, stream, frames, pos, R
+        self.ep = ds.manifest["episode_index"].to_numpy()
+
+    def _frame(self, rel: str, index, r: int):
+        f = self.files[rel]
+        c, s, frames, pos, R = f
+        kr = int(index.key_row[r])
+        if pos is None or r < pos or kr > pos:
+            c.seek(int(index.pts[kr]), stream=s, backward=True, any_frame=False)
+            frames = f[2] = c.decode(s)
+        want = int(index.pts[r])
+        for fr in frames:
+            if fr.pts == want:
+                arr = R.reformat(fr, format="rgb24", threads=1).to_ndarray()
+                f[3] = r + 1
+                return arr
+        raise RuntimeError(f"{rel}: pts {want} not reached")
+
+    def _rows(self, k: str, i: int):
+        ds = self.ds
+        rel = ds._video_files[k][ds._c[f"_vfile/{k}"][i]]
+        return rel, ds._index(rel), int(ds._c[f"_vrow/{k}"][i])
+
+    def item(self, i: int):
+        return [self._frame(*self._rows(k, i)) for k in self.keys]
+
+    def delta_item(self, i: int):
+        prev = i - 1 if i > 0 and self.ep[i - 1] == self.ep[i] else i  # [-1/fps, 0], clamped to the episode
+        out = []
+        for k in self.keys:
+            rel, index, r0 = self._rows(k, prev)
+            _, _, r1 = self._rows(k, i)
+            out.append(self._frame(rel, index, r0))
+            out.append(out[-1] if r1 == r0 else self._frame(rel, index, r1))
+        return out
+
+    def close(self):
+        for f in self.files.values():
+            f[0].close()
+
+
+# ---- lerobot (peer interpreter) ------------------------------------------------------------------------------
+def bench_peer(peer: str, root: Path, plan: dict, rounds: int, timeout: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="lsql_bench_peer_") as tmp:
+        pf = Path(tmp) / "plan.json"
+        pf.write_text(json.dumps({**plan, "root": str(root), "rounds": rounds}))
+        env = {**os.environ, "HF_HOME": str(Path(tmp) / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        try:
+            p = subprocess.run([peer, str(HERE / "peer_lerobot.py"), str(pf)], capture_output=True, text=True,
+                               env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout}s"}
+        for line in p.stdout.splitlines():
+            if line.startswith("BENCH_JSON "):
+                return json.loads(line[len("BENCH_JSON "):])
+        return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+
+
+# ---- report ----------------------------------------------------------------------------------------------
+def _best(runs: list[dict], key: str, sub: str | None = None, fn=min):
+    vals = []
+    for r in runs:
+        v = r.get(key)
+        if sub is not None:
+            v = v.get(sub) if isinstance(v, dict) else None
+        if isinstance(v, (int, float)) and v == v:
+            vals.append(v)
+    return fn(vals) if vals else None
+
+
+def _ms(s):
+    return "-" if s is None else f"{1000 * s:.2f} ms ({1 / s:,.0f}/s)"
+
+
+def _ratio(a, b):
+    return "-" if a is None or b is None else f"{a / b:.2f}x"
+
+
+def table(name: str, info: dict, ours: list[dict], peer: list[dict], peer_note: str) -> list[str]:
+    L = [f"\n### {name}: {info['frames']:,} frames, {info['episodes']} episodes, cameras {info['cameras']} at "
+         f"{info['res']}", "",
+         "| measure | lerobot_sql | LeRobotDataset | decode limit | lerobot_sql speed-up vs LeRobotDataset | "
+         "lerobot_sql time / limit |", "|---|---:|---:|---:|---:|---:|"]
+    for label, key, lim in (("random item", "random_s", "limit_random_s"),
+                            ("sequential item", "sequential_s", "limit_sequential_s"),
+                            ("delta_timestamps item", "delta_s", "limit_delta_s")):
+        a, b, c = _best(ours, key), _best(peer, key), _best(ours, lim)
+        L.append(f"| {label} | {_ms(a)} | {_ms(b)} | {_ms(c)} | {_ratio(b, a)} | {_ratio(a, c)} |")
+    for label, key in (("DataLoader w=2 b=32, items/s", "dataloader"),
+                       ("same, EpisodeAwareSampler(block 8)", "dataloader_sampler")):
+        a, b = _best(ours, key, "items_per_s", max), _best(peer, key, "items_per_s", max)
+        if a is None and b is None:
+            continue
+        fa = "-" if a is None else f"{a:,.0f}"
+        fb = "-" if b is None else f"{b:,.0f}"
+        L.append(f"| {label} | {fa} | {fb} | | {_ratio(a, b) if a and b else '-'} | |")
+    for label, sub in (("worker peak RSS, MB", "worker_peak_rss_mb"), ("worker private (USS), MB", "worker_uss_mb"),
+                       ("worker PSS, MB", "worker_pss_mb")):
+        a, b = _best(ours, "dataloader", sub, max), _best(peer, "dataloader", sub, max)
+        L.append(f"| {label} | {'-' if a is None else f'{a:.0f}'} | {'-' if b is None else f'{b:.0f}'} | | | |")
+    for label, key in (("open, cold cache (s)", "open_cold_s"), ("open, warm cache (s)", "open_warm_s")):
+        a, b = _best(ours, key), _best(peer, key)
+        L.append(f"| {label} | {'-' if a is None else f'{a:.3f}'} | {'-' if b is None else f'{b:.3f}'} | | "
+                 f"{_ratio(a, b) if a and b else '-'} (time ratio) | |")
+    if peer_note:
+        L.append(f"\nLeRobotDataset column: {peer_note}")
+    return L
+
+
+def _info(root: Path) -> dict:
+    meta = json.loads((root / "meta" / "info.json").read_text())
+    cams = [k for k, f in meta["features"].items() if f["dtype"] == "video"]
+    res = {f"{meta['features'][k]['shape'][0]}x{meta['features'][k]['shape'][1]}" for k in cams}
+    return {"frames": meta["total_frames"], "episodes": meta["total_episodes"], "fps": meta["fps"], "cameras": cams,
+            "res": ",".join(sorted(res)) or "-"}
+
+
+def run(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lerobot-sql bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--full", action="store_true", help="more items and rounds (about 3x longer)")
+    ap.add_argument("--datasets", default="small20,syn200_96,syn20_480",
+                    help="comma-separated dataset names (looked up in $LSQL_BENCH_DATA, then shared) or paths")
+    ap.add_argument("--peer-python", default=os.environ.get("LSQL_PEER_PYTHON", DEFAULT_PEER),
+                    help="interpreter with lerobot 0.4.4 (default $LSQL_PEER_PYTHON or /work/peer/bin/python)")
+    ap.add_argument("--no-peer", action="store_true", help="skip the LeRobotDataset column")
+    ap.add_argument("--repeat", type=int, default=None, help="run each reader this many times, keep the best")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="also write all raw numbers to this file")
+    a = ap.parse_args(argv)
+    rounds = 5 if a.full else 3
+    repeat = a.repeat or (2 if a.full else 1)
+    peer_ok = not a.no_peer and Path(a.peer_python).exists()
+    peer_note = "" if peer_ok else ("skipped (--no-peer)" if a.no_peer else
+                                    f"skipped: {a.peer_python} not found (set --peer-python or $LSQL_PEER_PYTHON)")
+    import av
+    import torch
+
+    head = [f"# lerobot_sql frame access benchmark ({time.strftime('%Y-%m-%d %H:%M')})",
+            f"machine: {common.cpu_info()}, {platform.platform()}, python {platform.python_version()}, "
+            f"torch {torch.__version__} (intra-op threads {torch.get_num_threads()}), PyAV {av.__version__}",
+            f"load average at start: {os.getloadavg()[0]:.1f}; mode: {'full' if a.full else 'quick'} "
+            f"(best of {rounds} rounds x {repeat} repeats)"]
+    print("\n".join(head), flush=True)
+    lines, raw = list(head), {}
+    for name in [d.strip() for d in a.datasets.split(",") if d.strip()]:
+        root = _find(name)
+        if root is None:
+            msg = f"\n### {name}: not found (looked in {SEARCH}), skipped"
+            print(msg)
+            lines.append(msg)
+            continue
+        info = _info(root)
+        big = info["res"] not in ("96x128", "-")
+        n = (300 if big else 1000) if a.full else (100 if big else 300)
+        plan = common.plan(info["frames"], info["fps"], info["cameras"], n=n, n_delta=max(50, n // 2),
+                           dl_batches=(20 if a.full else 8) if not big else (10 if a.full else 5), seed=a.seed)
+        ours, peer = [], []
+        for _ in range(repeat):
+            print(f"[{name}] lerobot_sql ...", file=sys.stderr, flush=True)
+            ours.append(bench_ours(root, plan, rounds, sampler_row=True))
+            if peer_ok:
+                print(f"[{name}] LeRobotDataset ...", file=sys.stderr, flush=True)
+                r = bench_peer(a.peer_python, root, plan, rounds, timeout=1800)
+                if "error" in r:
+                    peer_note = f"failed: {r['error']}"
+                else:
+                    peer.append(r)
+        t = table(name, info, ours, peer, peer_note if not peer else "")
+        print("\n".join(t), flush=True)
+        lines += t
+        raw[name] = {"info": info, "lerobot_sql": ours, "lerobot": peer}
+    end = f"\nload average at end: {os.getloadavg()[0]:.1f}"
+    print(end)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"header": head, "results": raw}, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())
