@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import inspect
 import os
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import lerobot_sql as lsql  # noqa: E402
 from lerobot_sql import prefetch as pf  # noqa: E402
 from lerobot_sql import video  # noqa: E402
 
-from http_range_server import RangeServer, payload_free_demux_index  # noqa: E402
+from http_range_server import RangeServer  # noqa: E402
 
 
 def _tune(db) -> None:
@@ -93,8 +92,6 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=20)
     ap.add_argument("--batch", type=int, default=32)
     args = ap.parse_args()
-    if "open_demux" not in inspect.getsource(video._demux_index):
-        video._demux_index = payload_free_demux_index(video._demux_index)
     root = args.root.resolve()
     n_ep = lsql.connect(root).sql("SELECT count(*) FROM episodes").fetchall()[0][0]
     sql = "SELECT episode_index FROM episodes WHERE episode_index % 10 = 3"

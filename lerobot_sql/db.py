@@ -10,9 +10,12 @@ import duckdb
 import pyarrow as pa
 
 from . import cache, catalog, macros, plan, query, video
-from .errors import QueryError
+from .errors import QueryError, ResultContractError
 from .layout import load_layout
 from .source import open_source
+
+# Most rows a query given to dataset()/manifest() may return (samples; duplicates allowed for oversampling).
+MAX_RESULT_ROWS = 200_000_000
 
 VIDEO_FRAMES_EMPTY = ("SELECT NULL::VARCHAR AS video_key, NULL::BIGINT AS chunk_index, NULL::BIGINT AS file_index, "
                       "NULL::VARCHAR AS path, NULL::BIGINT AS frame, NULL::BIGINT AS pts, NULL::DOUBLE AS pts_s, "
@@ -64,19 +67,19 @@ class Database:
     """
 
     def __init__(self, root: str | os.PathLike, *, storage_options: dict | None = None,
-                 cache_dir: str | os.PathLike | None = None, threads: int | None = None,
-                 memory_limit: str | None = None):
-        self.source = open_source(root, storage_options)
+                 cache_dir: str | os.PathLike | None = None, cache_size: int | str | None = None,
+                 threads: int | None = None, memory_limit: str | None = None):
+        self.source = open_source(root, storage_options, cache_dir=cache_dir, cache_size=cache_size)
         self.layout = load_layout(self.source)
         self.cache_dir = Path(cache_dir) if cache_dir else cache.root_for(self.source.url)
-        config = {}
-        if threads:
-            config["threads"] = int(threads)
-        if memory_limit:
-            config["memory_limit"] = str(memory_limit)
-        self.con = duckdb.connect(config=config)
+        # threads: all cores (DuckDB's default); memory_limit: min(RAM/4, 4 GiB), not DuckDB's 80% of RAM, which
+        # would leave nothing to DataLoader workers (see sandbox.default_config).
+        from .sandbox import default_config
+
+        self.con = duckdb.connect(config=default_config(threads or None, memory_limit or None))
         if not self.source.is_local:
             self.con.register_filesystem(self.source.fs)
+            self.con.execute("SET parquet_metadata_cache = true")
         catalog.register_views(self.con, self.source, self.layout)
         macros.register(self.con, self.layout)
         self.con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
@@ -137,6 +140,15 @@ class Database:
             QueryError: not a single read-only query over the views, with the reason and a fix.
         """
         checked = query.check_sql(sql, self._context())
+        # DuckDB's own parser must agree that this is one SELECT: a tokenizer difference between sqlglot and
+        # DuckDB (quoting, comments) must never let a second statement through.
+        try:
+            stmts = self.con.extract_statements(checked)
+        except duckdb.Error as e:
+            raise QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}") from e
+        if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
+            raise QueryError(f"DuckDB reads {len(stmts)} statement(s) of type(s) "
+                             f"{[s.type.name for s in stmts]} here; only one query (SELECT) is allowed. SQL: {sql!r}")
         if not self._video_frames_ready:
             if query.uses_video_index(checked):
                 self._ensure_video_frames()
@@ -169,7 +181,13 @@ class Database:
         Raises:
             ResultContractError: the result is empty or has none of the accepted column sets.
         """
-        return plan.build_manifest(self.con, self.layout, self._arrow(sql), sql=sql)
+        # Fetch at most MAX_RESULT_ROWS + 1 rows: a runaway query (a cross join) fails fast instead of filling RAM.
+        result = self.sql(sql).limit(MAX_RESULT_ROWS + 1).arrow()
+        if result.num_rows > MAX_RESULT_ROWS:
+            raise ResultContractError(f"the query returns more than {MAX_RESULT_ROWS:,} rows (lerobot_sql.db."
+                                      f"MAX_RESULT_ROWS), far more samples than a training set needs; check its joins "
+                                      f"(a missing ON gives a cross product) or add a LIMIT: {sql!r}")
+        return plan.build_manifest(self.con, self.layout, result, sql=sql)
 
     def tasks(self) -> dict[int, str]:
         """task_index -> task text, from meta/tasks.parquet."""
@@ -264,8 +282,10 @@ def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
     Args:
         root: the dataset root (the folder holding meta/, data/, videos/), a local path or an fsspec URL.
         storage_options: passed to fsspec for remote roots.
-        cache_dir: where the video index and tabular caches go (default ``$LSQL_CACHE_DIR`` or
+        cache_dir: where the video index, tabular and remote-bytes caches go (default ``$LSQL_CACHE_DIR`` or
             ``~/.cache/lerobot_sql``, one folder per dataset).
+        cache_size: bound of the remote-bytes cache (bytes, or a string like ``"20GB"``; default 50 GiB),
+            least-recently-read pieces are evicted first. Local datasets are read in place.
         threads, memory_limit: DuckDB settings (e.g. ``threads=2, memory_limit="8GB"``).
 
     Raises:

@@ -36,7 +36,7 @@ INDEX_SCHEMA = pa.schema([
 ])
 
 
-def _open_container(src: Source, rel: str):
+def _open_container(src: Source, rel: str, demux_only: bool = False):
     local = src.local_path(rel)
     try:
         if local is not None:
@@ -44,7 +44,8 @@ def _open_container(src: Source, rel: str):
                 raise MissingFileError(f"{local}: video file not found (referenced by meta/episodes); "
                                        "download the dataset's videos/ folder or re-fetch this file")
             return av.open(local)
-        return av.open(src.open(rel))
+        # Indexing a remote file needs only its moov box: the payload-free view never fetches media bytes.
+        return av.open(src.open_demux(rel) if demux_only else src.open(rel))
     except av.error.FFmpegError as e:
         raise VideoDecodeError(f"{src.path(rel)}: PyAV cannot open this video ({e}); the file may be truncated "
                                "or corrupt, re-fetch it from the dataset's source") from e
@@ -74,15 +75,19 @@ def _container_index(container, stream) -> list[tuple[int, bool, int, int]] | No
 
 
 def _demux_index(src: Source, rel: str) -> pa.Table:
-    container = _open_container(src, rel)
+    container = _open_container(src, rel, demux_only=True)
     try:
         stream = container.streams.video[0]
         packets = _container_index(container, stream)
         if packets is None:  # reopen rather than seek back: the check above may have consumed packets
             container.close()
-            container = _open_container(src, rel)
+            container = _open_container(src, rel, demux_only=True)
             stream = container.streams.video[0]
-            packets = [(pkt.pts, bool(pkt.is_keyframe), -1 if pkt.pos is None else pkt.pos, pkt.size)
+            # Payload-free remote reads: H.264 keyframe flags come from the payload, so take them from the
+            # container's sync-sample table instead.
+            keys = None if src.is_local else ({e.pos for e in stream.index_entries if e.is_keyframe} or None)
+            packets = [(pkt.pts, bool(pkt.is_keyframe) if keys is None else pkt.pos in keys,
+                        -1 if pkt.pos is None else pkt.pos, pkt.size)
                        for pkt in container.demux(stream) if pkt.pts is not None]
         rows = []
         last_key = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 from pathlib import Path
@@ -18,7 +17,7 @@ from lerobot_sql.errors import RemoteIOError
 from lerobot_sql.prefetch import prefetch
 from lerobot_sql.source import open_source
 
-from http_range_server import RangeServer, payload_free_demux_index
+from http_range_server import RangeServer
 
 EPISODE_SQL = "SELECT episode_index FROM episodes WHERE episode_index IN (3, 11)"
 
@@ -29,16 +28,6 @@ def _fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("LSQL_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-
-
-@pytest.fixture(autouse=True)
-def _payload_free_index(monkeypatch):
-    """Until video._demux_index demuxes remote files through Source.open_demux (moov only), do it here.
-
-    TODO(lead): remove once video.py has the hook described in the remote report.
-    """
-    if "open_demux" not in inspect.getsource(video._demux_index):
-        monkeypatch.setattr(video, "_demux_index", payload_free_demux_index(video._demux_index))
 
 
 @pytest.fixture(scope="module")
