@@ -197,6 +197,10 @@ def cmd_info(args) -> int:
     db = _connect(args)
     lay = db.layout
     ep = db.sql("SELECT count(*), sum(length), min(length), max(length) FROM episodes").fetchall()[0]
+    note = ""
+    if not ep[0]:  # a metadata-only copy: fall back to the totals info.json states
+        ep = (lay.info.get("total_episodes"), lay.info.get("total_frames"), None, None)
+        note = "   (totals from info.json: no episode metadata files here)"
     n_tasks = db.sql("SELECT count(*) FROM tasks").fetchall()[0][0]
     feats = []
     for k, f in lay.features.items():
@@ -221,8 +225,9 @@ def cmd_info(args) -> int:
         return 0
     print(f"dataset      {info['dataset']}")
     print(f"format       {lay.version}   robot_type {info['robot_type']}   fps {lay.fps:g}")
-    print(f"episodes     {ep[0]}   frames {ep[1]}   tasks {n_tasks}   duration {info['duration_s']:.1f} s   "
-          f"episode length {ep[2]}..{ep[3]} frames")
+    lengths = f"   episode length {ep[2]}..{ep[3]} frames" if ep[2] is not None else ""
+    print(f"episodes     {ep[0]}   frames {ep[1]}   tasks {n_tasks}   duration {info['duration_s']:.1f} s"
+          f"{lengths}{note}")
     print(f"files        {len(lay.data_files)} data, {len(lay.episode_files)} episode metadata, {videos} video")
     print("features")
     w = max(len(f["name"]) for f in feats)
@@ -334,8 +339,15 @@ def cmd_index(args) -> int:
         print("no video features: nothing to index")
         return 0
     # One demux pass per mp4 (packets only, no decoding); results are cached and reused by db.dataset().
+    missing = []
     for _key, rel in tqdm(files, desc="video index", unit="file", disable=args.quiet):
-        video.ensure_index(db.source, rel, db.cache_dir)
+        try:
+            video.ensure_index(db.source, rel, db.cache_dir)
+        except MissingFileError as e:  # index the rest, then report
+            missing.append(e)
+    if missing:
+        raise MissingFileError(f"{len(missing)} of {len(files)} video files are missing (the other "
+                               f"{len(files) - len(missing)} are indexed), e.g. {_one_line(missing[0])}")
     db._ensure_video_frames()
     rel = db.sql("SELECT video_key, count(DISTINCT path) AS files, count(*) AS frames, "
                  "count(*) FILTER (WHERE is_keyframe) AS keyframes, "
@@ -532,7 +544,15 @@ def _hint(e: BaseException) -> str | None:
     return None
 
 
+def _warn(message, category, filename, lineno, file=None, line=None) -> None:
+    # Library warnings (metadata-only copies, missing videos) as one line each, without the source line.
+    print(f"warning: {_one_line(message)}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    warnings.showwarning = _warn
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -226,6 +226,25 @@ def test_index_counts_every_video_frame():
         assert int(cells[3]) == sum(p.is_keyframe for p in packets)  # keyframes
 
 
+def test_index_reports_missing_videos(tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(SAMPLE, broken)
+    victim = next((broken / "videos").rglob("*.mp4"))
+    victim.unlink()
+    assert_error(run("index", broken, "--quiet"), "1 of 2 video files are missing", str(victim), "doctor")
+
+
+def test_info_on_a_metadata_only_copy(tmp_path):
+    meta_only = tmp_path / "meta_only"
+    shutil.copytree(SAMPLE / "meta", meta_only / "meta", ignore=shutil.ignore_patterns("episodes"))
+    info = json.loads((SAMPLE / "meta" / "info.json").read_text())
+    r = run("info", meta_only)
+    assert r.returncode == 0, r.stderr
+    assert f"episodes     {info['total_episodes']}   frames {info['total_frames']}" in r.stdout
+    warnings = r.stderr.splitlines()
+    assert warnings and all(w.startswith("warning: ") for w in warnings), r.stderr
+
+
 @pytest.mark.skipif(not _has("lerobot_sql.prefetch"), reason="lerobot_sql.prefetch not written yet")
 def test_prefetch_runs_on_a_local_dataset():
     ok("prefetch", SAMPLE, "--sql", "SELECT episode_index FROM episodes WHERE episode_index < 2", "--quiet")
