@@ -27,8 +27,8 @@ from .errors import LeRobotSQLError
 
 # Resource defaults for a small training box (2 cores, 24 GB): DuckDB only plans manifests and answers queries
 # while DataLoader workers and the decoders need the rest of the memory, so it gets a quarter of RAM, at most 4 GiB
-# (DuckDB's own default is 80% of RAM) and at most 2 threads (more only contend with the decoders).
-DEFAULT_MAX_THREADS = 2
+# (DuckDB's own default is 80% of RAM); beyond it, sorts and joins spill to the temp directory. Threads: one per
+# core, as DuckDB does (2 on the reference machine).
 DEFAULT_MAX_MEMORY = 4 << 30
 
 
@@ -46,7 +46,7 @@ def default_config(threads: int | None = None, memory_limit: str | None = None) 
         ``{"threads": int, "memory_limit": "<n>MiB" or the given string}``.
     """
     if threads is None:
-        threads = max(1, min(DEFAULT_MAX_THREADS, os.cpu_count() or 1))
+        threads = os.cpu_count() or 1
     if memory_limit is None:
         total = _total_memory()
         mem = DEFAULT_MAX_MEMORY if total is None else max(256 << 20, min(DEFAULT_MAX_MEMORY, total // 4))
