@@ -62,8 +62,12 @@ def assign(manifest: pa.Table, world_size: int, *, epoch: int = 0, seed: int = 0
     if "episode_index" not in manifest.column_names:
         raise ValueError(f"by='episode' needs an episode_index column; the manifest has {manifest.column_names}")
     ep = manifest["episode_index"].to_numpy()
-    # Episodes in first-appearance order (manifest order), so shuffle=False keeps the manifest's sequence.
-    uniq, first, inverse, counts = np.unique(ep, return_index=True, return_inverse=True, return_counts=True)
+    # Work on runs of equal episode_index (a manifest is mostly whole episodes in a row): sorting runs instead of
+    # rows keeps this O(rows) for tens of millions of frames.
+    starts = np.concatenate([[0], np.flatnonzero(ep[1:] != ep[:-1]) + 1]) if n else np.zeros(0, np.int64)
+    run_len = np.diff(np.append(starts, n))
+    uniq, first, inverse = np.unique(ep[starts], return_index=True, return_inverse=True)
+    counts = np.bincount(inverse.ravel(), weights=run_len, minlength=len(uniq)).astype(np.int64)
     if len(uniq) < world_size:
         raise ValueError(f"{len(uniq)} episode(s) cannot give each of {world_size} ranks whole episodes; "
                          "use by='sample' or fewer ranks")
@@ -88,7 +92,7 @@ def assign(manifest: pa.Table, world_size: int, *, epoch: int = 0, seed: int = 0
             run = np.arange(len(order), dtype=np.int64) % world_size
     owner_of_episode = np.empty(len(uniq), np.int64)
     owner_of_episode[order] = run
-    return owner_of_episode[inverse.ravel()]
+    return np.repeat(owner_of_episode[inverse.ravel()], run_len)
 
 
 def shard_manifest(manifest: pa.Table, rank: int, world_size: int, *, epoch: int = 0, seed: int = 0,
