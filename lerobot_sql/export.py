@@ -15,6 +15,10 @@ is written in order:
   renumbered ``index``/``episode_index``/``task_index`` columns), tasks.parquet (tasks still used, in source order),
   stats.json (aggregated as lerobot 0.4.4 does), info.json (totals and splits).
 
+The source may be v3.x or v2.0/v2.1: episode metadata and tasks are read through the catalog (``_episodes_raw``,
+``tasks``), which gives both versions the same columns, so a v2.x selection is written as a v3.0 dataset (info.json
+converted as lerobot 0.4.4's ``convert_dataset_v21_to_v30`` does it).
+
 Everything is written into a hidden sibling folder and renamed into place at the end, so the destination appears
 complete or not at all.
 """
@@ -39,8 +43,13 @@ import pyarrow.parquet as pq
 
 from . import plan, video
 from .errors import DatasetFormatError, LeRobotSQLError, VideoDecodeError
+from .layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
 
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+EPISODES_POINTERS = ("meta/episodes/chunk_index", "meta/episodes/file_index")
+V3_VERSION = "v3.0"
+DEFAULT_DATA_MB, DEFAULT_VIDEO_MB = 100, 200  # lerobot 0.4.4 DEFAULT_DATA_FILE_SIZE_IN_MB / DEFAULT_VIDEO_...
+MAX_OPEN_INPUTS = 8  # source files kept open per stream (v2.x has one data file and one mp4 per episode)
 PART_COLUMN = "_lsql_export_part"
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
 INDEX_COLUMNS = ("index", "episode_index", "task_index")  # renumbered on export, so their stats are recomputed
@@ -238,8 +247,13 @@ class _Exporter:
         info = self.layout.info
         self.fps = self.layout.fps
         self.chunks_size = int(info.get("chunks_size") or 1000)
-        self.data_limit = float(info.get("data_files_size_in_mb") or 100) * 1024 * 1024
-        self.video_limit = float(info.get("video_files_size_in_mb") or 200) * 1024 * 1024
+        self.data_limit = float(info.get("data_files_size_in_mb") or DEFAULT_DATA_MB) * 1024 * 1024
+        self.video_limit = float(info.get("video_files_size_in_mb") or DEFAULT_VIDEO_MB) * 1024 * 1024
+        # Output path templates: the source's own for v3.x; v2.x templates name one file per episode, so a v2 source
+        # is written with lerobot's v3.0 defaults.
+        legacy = self.layout.legacy
+        self.data_path = DEFAULT_DATA_PATH if legacy else self.layout.data_path
+        self.video_path = DEFAULT_VIDEO_PATH if legacy or not self.layout.video_path else self.layout.video_path
         self.frames_reencoded = self.frames_remuxed = 0
         self.data_files = self.video_files = 0
 
@@ -286,34 +300,49 @@ class _Exporter:
 
     # ---- metadata in --------------------------------------------------------------------------------------
     def _load_episodes(self) -> None:
-        tables = []
-        for rel in self.layout.episode_files:
-            with self.src.open(rel) as f:
-                tables.append(pq.read_table(f))
-        ep = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
-        self.ep_schema = ep.schema.with_metadata(tables[0].schema.metadata)
-        want = set(int(p.src_episode) for p in self.parts)
-        idx = ep["episode_index"].to_numpy()
-        keep = np.flatnonzero(np.isin(idx, list(want)))
-        sub = ep.take(keep).to_pylist()
+        """The source episode rows and the output meta/episodes schema, from the catalog's ``_episodes_raw``.
+
+        ``_episodes_raw`` has the same columns for v3.x (meta/episodes/*.parquet) and v2.x (episodes.jsonl and
+        episodes_stats.jsonl), so export never parses the metadata files itself.
+        """
+        ep = self.db.con.sql("SELECT * FROM _episodes_raw").to_arrow_table()
+        self.ep_schema = self._episodes_schema(ep.schema)
+        want = sorted(set(int(p.src_episode) for p in self.parts))
+        sub = ep.filter(pc.is_in(ep["episode_index"], pa.array(want, pa.int64()))).to_pylist()
         self.src_rows = {int(r["episode_index"]): r for r in sub}
-        missing = want - set(self.src_rows)
+        missing = set(want) - set(self.src_rows)
         if missing:
-            raise DatasetFormatError(f"meta/episodes has no row for episode(s) {sorted(missing)[:5]}; run "
+            where = self.layout.episode_files[0] if self.layout.episode_files else "meta/episodes"
+            raise DatasetFormatError(f"{self.src.path(where)}: no row for episode(s) {sorted(missing)[:5]}; run "
                                      "`lerobot-sql doctor`")
         self.stat_cols: dict[tuple[str, str], str] = {}
         for name in ep.column_names:
             if name.startswith("stats/"):
                 feat, _, stat = name[len("stats/"):].rpartition("/")
                 self.stat_cols[(feat, stat)] = name
-        self.stat_types = {name: ep.schema.field(name).type for name in self.stat_cols.values()}
+        self.stat_types = {name: self.ep_schema.field(name).type for name in self.stat_cols.values()}
+
+    def _episodes_schema(self, raw: pa.Schema) -> pa.Schema:
+        """Columns of ``_episodes_raw`` plus the meta/episodes pointers. A v3 source keeps the exact types and the
+        schema metadata of its first meta/episodes file (only its footer is read); other columns (all of them for
+        v2.x) get plain Arrow types (list<double>, string)."""
+        ref: dict[str, pa.DataType] = {}
+        meta = None
+        if not self.layout.legacy and self.layout.episode_files:
+            with self.src.open(self.layout.episode_files[0]) as f:
+                first = pq.read_schema(f)
+            ref, meta = {fld.name: fld.type for fld in first}, first.metadata
+        fields = [pa.field(fld.name, ref.get(fld.name) or _plain_type(fld.type)) for fld in raw]
+        fields += [pa.field(c, pa.int64()) for c in EPISODES_POINTERS if c not in raw.names]
+        return pa.schema(fields, metadata=meta)
 
     def _tasks(self) -> None:
         used = np.unique(self.m["task_index"].to_numpy())
         texts = dict(self.db.con.sql("SELECT task_index, task FROM tasks").fetchall())
         absent = [int(t) for t in used if int(t) not in texts]
         if absent:
-            raise DatasetFormatError(f"meta/tasks.parquet has no task_index {absent[:5]} used by the selected frames")
+            raise DatasetFormatError(f"{self.src.path(self.layout.tasks_file or 'meta/tasks.parquet')}: no task_index "
+                                     f"{absent[:5]}, used by the selected frames; run `lerobot-sql doctor`")
         self.task_map = np.full(int(used.max()) + 1, -1, np.int64)
         self.task_map[used] = np.arange(len(used))
         self.new_tasks = {i: texts[int(t)] for i, t in enumerate(used)}
@@ -405,6 +434,8 @@ class _Exporter:
         import pandas as pd
 
         info = json.loads(json.dumps(self.layout.info))
+        if self.layout.legacy:
+            _v2_info_to_v3(info)
         info.update(total_episodes=episodes, total_frames=frames, total_tasks=len(self.new_tasks),
                     splits={"train": f"0:{episodes}"})
         (self.root / "meta").mkdir(parents=True, exist_ok=True)
@@ -430,6 +461,10 @@ class _DataWriter:
 
     def _source_rows(self, rel: str, row0: int, n: int) -> pa.Table:
         if rel not in self._pf:
+            if len(self._pf) >= MAX_OPEN_INPUTS:  # parts arrive in file order: the oldest is done with
+                old = next(iter(self._pf))
+                self._pf.pop(old)[2].close()
+                self._cache = {k: v for k, v in self._cache.items() if k[0] != old}
             fh = self.ex.src.open(rel)
             pf = pq.ParquetFile(fh)
             md = pf.metadata
@@ -493,7 +528,7 @@ class _DataWriter:
             self.rot.used = False
 
     def _open(self, schema: pa.Schema) -> None:
-        rel = self.ex.layout.data_path.format(chunk_index=self.rot.chunk, file_index=self.rot.file)
+        rel = self.ex.data_path.format(chunk_index=self.rot.chunk, file_index=self.rot.file)
         path = self.ex.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         self.schema = self.schema or schema
@@ -539,6 +574,10 @@ class _VideoWriter:
 
     def _input(self, rel: str):
         if rel not in self.inputs:
+            if len(self.inputs) >= MAX_OPEN_INPUTS:
+                old = next(iter(self.inputs))
+                self.inputs.pop(old).close()
+                self.indexes.pop(old, None)
             self.inputs[rel] = video._open_container(self.ex.src, rel)
         return self.inputs[rel]
 
@@ -598,7 +637,7 @@ class _VideoWriter:
                 p + "to_timestamp": float(self.t_pts * self.tb)}
 
     def _open(self, in_stream) -> None:
-        rel = self.ex.layout.video_file(self.key, self.rot.chunk, self.rot.file)
+        rel = self.ex.video_path.format(video_key=self.key, chunk_index=self.rot.chunk, file_index=self.rot.file)
         path = self.ex.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         self.out = av.open(str(path), "w", format="mp4", options={"movflags": "faststart"})
@@ -736,6 +775,38 @@ class _VideoWriter:
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
+def _v2_info_to_v3(info: dict) -> None:
+    """A v2.x info.json rewritten in place as lerobot 0.4.4's converter (``convert_info``) writes v3.0."""
+    info["codebase_version"] = V3_VERSION
+    info.pop("total_chunks", None)
+    info.pop("total_videos", None)
+    info.setdefault("data_files_size_in_mb", DEFAULT_DATA_MB)
+    info.setdefault("video_files_size_in_mb", DEFAULT_VIDEO_MB)
+    has_video = any(isinstance(f, dict) and f.get("dtype") == "video" for f in info.get("features", {}).values())
+    info["data_path"] = DEFAULT_DATA_PATH
+    info["video_path"] = DEFAULT_VIDEO_PATH if has_video else None
+    if float(info["fps"]).is_integer():
+        info["fps"] = int(info["fps"])
+    for f in info.get("features", {}).values():
+        if isinstance(f, dict) and f.get("dtype") != "video":
+            f["fps"] = info["fps"]
+
+
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with list fields renamed to Arrow's default and string views/large types made plain, as pyarrow and
+    lerobot write meta/episodes (DuckDB names list children ``l``)."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) \
+            or pa.types.is_large_list_view(t):
+        return pa.list_(_plain_type(t.value_type))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_plain_type(t.value_type), t.list_size)
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    return t
+
+
 def _annexb_to_length_prefixed(data: bytes) -> bytes:
     """H.264/H.265 Annex B (start codes) -> the 4-byte length-prefixed NAL units an mp4 track holds."""
     out, i, n = bytearray(), 0, len(data)
