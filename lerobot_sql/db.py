@@ -21,6 +21,8 @@ VIDEO_FRAMES_EMPTY = ("SELECT NULL::VARCHAR AS video_key, NULL::BIGINT AS chunk_
                       "NULL::VARCHAR AS path, NULL::BIGINT AS frame, NULL::BIGINT AS pts, NULL::DOUBLE AS pts_s, "
                       "NULL::BOOLEAN AS is_keyframe, NULL::BIGINT AS keyframe_pts, NULL::BIGINT AS byte_offset, "
                       "NULL::BIGINT AS byte_size WHERE false")
+VIDEO_FILES_EMPTY = ("SELECT NULL::VARCHAR AS video_key, NULL::VARCHAR AS path, NULL::BOOLEAN AS present, "
+                     "NULL::BIGINT AS size_bytes, NULL::VARCHAR AS codec WHERE false")
 
 
 class Result:
@@ -63,7 +65,7 @@ class Database:
     """One dataset, its DuckDB connection and views. Create it with :func:`connect`.
 
     Views (full reference in README.md): ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
-    ``video_frames`` (built on first use), ``features``, ``info``.
+    ``video_frames`` and ``video_files`` (both built on first use), ``features``, ``info``.
     """
 
     def __init__(self, root: str | os.PathLike, *, storage_options: dict | None = None,
@@ -84,6 +86,8 @@ class Database:
         macros.register(self.con, self.layout)
         self.con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
         self._video_frames_ready = not self.layout.video_keys
+        self.con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
+        self._video_files_ready = not self.layout.video_keys
         self._ctx: query.Context | None = None
         self._query_dirs: list[Path] = []
 
@@ -133,6 +137,22 @@ class Database:
         )
         self._video_frames_ready = True
 
+    def _ensure_video_files(self) -> None:
+        """Fill the view ``video_files`` (one row per distinct mp4 of ``videos``: present, size_bytes, codec) by
+        probing the files, once per connection (see :func:`lerobot_sql.doctor.probe_video_files`)."""
+        if self._video_files_ready:
+            return
+        from . import doctor
+
+        rows = self.con.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
+        self.con.register("_lsql_video_probe_arrow", doctor.probe_video_files(self.source, rows))
+        try:
+            self.con.execute("CREATE OR REPLACE TABLE _video_probe AS SELECT * FROM _lsql_video_probe_arrow")
+        finally:
+            self.con.unregister("_lsql_video_probe_arrow")
+        self.con.execute("CREATE OR REPLACE VIEW video_files AS SELECT * FROM _video_probe")
+        self._video_files_ready = True
+
     def check(self, sql: str) -> str:
         """Validate user SQL (see :mod:`lerobot_sql.query`) and return what DuckDB will run.
 
@@ -152,6 +172,8 @@ class Database:
         if not self._video_frames_ready:
             if query.uses_video_index(checked):
                 self._ensure_video_frames()
+        if not self._video_files_ready and _reads_table(checked, "video_files"):
+            self._ensure_video_files()
         return checked
 
     def sql(self, sql: str) -> "Result":
@@ -274,6 +296,16 @@ class Database:
         i = self.layout.info
         return (f"Database({self.source.url!r}, {self.layout.version}, episodes={i.get('total_episodes')}, "
                 f"frames={i.get('total_frames')}, fps={self.fps:g}, cameras={self.layout.camera_keys})")
+
+
+def _reads_table(sql: str, name: str) -> bool:
+    """True if ``sql`` (already checked) names the view ``name`` in a FROM or JOIN."""
+    if name not in sql.lower():
+        return False
+    import sqlglot
+    from sqlglot import exp
+
+    return any(t.name.lower() == name for t in sqlglot.parse_one(sql, read="duckdb").find_all(exp.Table))
 
 
 def connect(root: str | os.PathLike, **kwargs: Any) -> Database:

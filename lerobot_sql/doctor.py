@@ -1,15 +1,17 @@
 """``lerobot-sql doctor``: the format's invariants (spec section 8) run as SQL over the views, with a report.
 
-Each check is one named query in ``queries/doctor/<check>.sql`` (run it alone with ``db.query("doctor/<check>")``)
-that returns one row per violation; no rows means the check passed. What SQL cannot do is done here first: file
-existence and the codec of each camera's stream are probed into the table ``_doctor_video_files``, and the video
-index (``video_frames``, by demuxing) is built only when every video file is present.
+Each check is one named query in ``queries/doctor/<check>.sql`` that returns one row per violation; no rows means
+the check passed. Every check also runs alone, ``db.query("doctor/<check>")``: what SQL cannot do comes from views
+the Database builds on first use, ``video_files`` (file existence, size and stream codec, probed by
+:func:`probe_video_files`) and ``video_frames`` (the video index, by demuxing). ``run`` builds the video index only
+when every video file is present.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any
 
 import duckdb
@@ -140,34 +142,49 @@ def _short(v: Any) -> str:
 
 def _stream_codec(src, rel: str) -> str | None:
     """FFmpeg's canonical codec name (``av1``, ``h264``, ``mpeg4`` ...) of the file's first video stream; None if
-    PyAV cannot open it (the video index checks then report the file)."""
+    PyAV cannot open it (the video index checks then report the file). Remote files are opened payload-free (only
+    the container's boxes are fetched)."""
     import av
 
     local = src.local_path(rel)
     try:
-        with (av.open(local) if local is not None else av.open(src.open(rel))) as container:
+        with (av.open(local) if local is not None else av.open(src.open_demux(rel))) as container:
             return container.streams.video[0].codec_context.codec.canonical_name
     except (av.error.FFmpegError, IndexError, LeRobotSQLError, OSError):
         return None
 
 
-def _probe_video_files(db, check_codec: bool) -> pa.Table:
-    """One row per distinct mp4 of the videos view: present (exists), codec (first present file per camera)."""
-    rows = db.con.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
-    keys, paths, present, codecs = [], [], [], []
-    probed: set[str] = set()
-    for key, path in rows:
-        ok = bool(db.source.exists(path))
-        codec = None
-        if ok and check_codec and key not in probed:
-            probed.add(key)
-            codec = _stream_codec(db.source, path)
+def probe_video_files(src, files: list[tuple[str, str]]) -> pa.Table:
+    """The rows of the view ``video_files``: for each (video_key, path) of the ``videos`` view, whether the file
+    exists, its size and its stream's codec.
+
+    Args:
+        src: the dataset's :class:`lerobot_sql.source.Source`.
+        files: distinct (video_key, path relative to the root) pairs.
+
+    Returns:
+        Arrow table ``video_key`` string, ``path`` string, ``present`` bool, ``size_bytes`` int64 (NULL when
+        missing), ``codec`` string (FFmpeg canonical name, NULL when missing or unreadable).
+
+    Raises:
+        RemoteIOError: a remote file's existence could not be asked (network down, never seen offline).
+    """
+    from tqdm.auto import tqdm
+
+    keys, paths, present, sizes, codecs = [], [], [], [], []
+    for key, rel in tqdm(files, desc="probe videos", unit="file", disable=len(files) < 64):
+        try:  # fs.info, not Source.exists: on HTTP the latter trusts the metadata's file list
+            size = int(os.stat(src.local_path(rel)).st_size) if src.is_local else int(src.fs.info(src.path(rel))["size"])
+        except FileNotFoundError:
+            size = None
         keys.append(key)
-        paths.append(path)
-        present.append(ok)
-        codecs.append(codec)
+        paths.append(rel)
+        present.append(size is not None)
+        sizes.append(size)
+        codecs.append(_stream_codec(src, rel) if size is not None else None)
     return pa.table({"video_key": pa.array(keys, pa.string()), "path": pa.array(paths, pa.string()),
-                     "present": pa.array(present, pa.bool_()), "codec": pa.array(codecs, pa.string())})
+                     "present": pa.array(present, pa.bool_()), "size_bytes": pa.array(sizes, pa.int64()),
+                     "codec": pa.array(codecs, pa.string())})
 
 
 def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
@@ -175,20 +192,18 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
 
     Args:
         tolerance_s: seconds allowed between a frame's expected time and the real pts, and for clip bounds.
-        check_video: also probe codecs, build the video index (demux every mp4 once, cached) and check every
-            frame's pts. With False only file existence is checked for videos.
+        check_video: also build the video index (demux every mp4 once, cached), check every frame's pts and the
+            codec labels. With False only the files' existence and the clip metadata are checked for videos.
 
     A check whose query fails (e.g. a column missing from meta/episodes) is reported as failed with DuckDB's
     message; nothing is raised for a broken dataset.
     """
     params = {"tolerance_s": float(tolerance_s)}
-    probe = _probe_video_files(db, check_codec=check_video)
-    db.con.register("_doctor_video_files_arrow", probe)
-    db.con.execute("CREATE OR REPLACE TEMP TABLE _doctor_video_files AS SELECT * FROM _doctor_video_files_arrow")
-    db.con.unregister("_doctor_video_files_arrow")
-    n_missing = sum(1 for p in probe["present"].to_pylist() if not p)
+    # Reading video_files makes the Database probe the mp4s (once per connection).
+    n_files, n_missing = db.con.sql(db.check(
+        "SELECT count(*), count(*) FILTER (WHERE NOT present) FROM video_files")).fetchall()[0]
     index_ready: str | None = None
-    if probe.num_rows and check_video and not n_missing:
+    if n_files and check_video and not n_missing:
         try:
             db.check("SELECT * FROM video_frames")  # builds the video index (view video_frames) on first use
         except LeRobotSQLError as e:
@@ -197,7 +212,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
     for spec in CHECKS:
         nq = library.load(f"doctor/{spec.name}")
         skipped = None
-        if spec.needs and not probe.num_rows:
+        if spec.needs and not n_files:
             skipped = "no video files referenced (no video features, or no episode metadata)"
         elif spec.needs == "index" and not check_video:
             skipped = "video checks disabled"
@@ -212,10 +227,11 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
         if skipped:
             checks.append(Check(spec.name, True, 0, [], spec.hint, spec.severity, nq.description, skipped))
             continue
-        sql = library.render(f"doctor/{spec.name}", {p: params[p] for p in spec.params})
         try:
+            # Through db.check, as db.query runs it: the same SQL checks, and the views it reads are built.
+            sql = db.check(library.render(f"doctor/{spec.name}", {p: params[p] for p in spec.params}))
             result = db.con.sql(sql).to_arrow_table()
-        except duckdb.Error as e:
+        except (duckdb.Error, LeRobotSQLError) as e:
             checks.append(Check(spec.name, False, 1, [{"error": f"{type(e).__name__}: {e}"}],
                                 f"the check could not run on this dataset's metadata; {spec.hint}",
                                 spec.severity, nq.description))

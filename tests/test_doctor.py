@@ -267,3 +267,31 @@ def test_v21_wrong_length_in_episodes_jsonl(datasets, tmp_path):
     c = report["episode_ranges"]
     assert not c.ok and c.sample[0]["episode_index"] == 4 and c.sample[0]["rows_found"] == rows[4]["length"] - 3
     assert not report["video_segment_frames"].ok  # the episode's mp4 holds the real length
+
+
+# ---- each check alone, through db.query ---------------------------------------------------------------------------
+@pytest.mark.parametrize("check", [s.name for s in doctor.CHECKS])
+@pytest.mark.parametrize("name", ["small20", "v21_small20"])
+def test_check_runs_standalone_on_a_fresh_connection(datasets, name, check):
+    """``db.query("doctor/<check>")`` needs nothing that doctor.run prepares: the views it reads build themselves."""
+    db = lsql.connect(datasets / name)
+    assert db.query(f"doctor/{check}").fetchall() == []
+
+
+def test_video_files_view_and_standalone_missing_file(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    gone = "videos/observation.images.wrist/chunk-000/file-000.mp4"
+    kept = "videos/observation.images.front/chunk-000/file-000.mp4"
+    (root / gone).unlink()
+    db = lsql.connect(root)
+    n_eps = pq.read_metadata(root / EPISODES).num_rows
+    got = db.query("doctor/video_files_present").fetchall()
+    assert got == [("observation.images.wrist", gone, n_eps, 0)]
+    rows = db.sql("SELECT video_key, path, present, size_bytes, codec FROM video_files ORDER BY path").fetchall()
+    import av
+
+    with av.open(str(root / kept)) as c:
+        codec = c.streams.video[0].codec_context.codec.canonical_name
+    assert rows == [("observation.images.front", kept, True, (root / kept).stat().st_size, codec),
+                    ("observation.images.wrist", gone, False, None, None)]
+    assert db.query("doctor/video_codec").fetchall() == []

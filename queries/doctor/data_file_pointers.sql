@@ -12,14 +12,14 @@ WITH fmt AS (
   FROM info
 ), actual AS (
   SELECT episode_index, list(DISTINCT data_file ORDER BY data_file) AS files FROM _frames_loc GROUP BY episode_index
-), e AS (
-  SELECT e.episode_index, printf(fmt.f, e."data/chunk_index", e."data/file_index") AS pointed_file
-  FROM episodes e, fmt
+), pointed AS (
+  SELECT ep.episode_index, printf(fmt.f, ep."data/chunk_index", ep."data/file_index") AS pointed_file
+  FROM episodes ep, fmt
 )
-SELECT e.episode_index, e.pointed_file, a.files AS actual_files,
+SELECT p.episode_index, p.pointed_file, a.files AS actual_files,
        CASE WHEN len(a.files) > 1 THEN 'rows are spread over ' || len(a.files) || ' data files'
-            ELSE 'data/chunk_index, data/file_index point to ' || e.pointed_file || ' but the rows are in ' || a.files[1]
+            ELSE 'data/chunk_index, data/file_index point to ' || p.pointed_file || ' but the rows are in ' || a.files[1]
        END AS problem
-FROM e JOIN actual a USING (episode_index)
-WHERE len(a.files) > 1 OR e.pointed_file IS DISTINCT FROM a.files[1]
-ORDER BY e.episode_index
+FROM pointed p JOIN actual a USING (episode_index)
+WHERE len(a.files) > 1 OR p.pointed_file IS DISTINCT FROM a.files[1]
+ORDER BY p.episode_index
