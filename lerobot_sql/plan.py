@@ -20,7 +20,7 @@ import json
 import duckdb
 import pyarrow as pa
 
-from .catalog import q
+from .catalog import lit, q
 from .errors import DatasetFormatError, ResultContractError
 from .layout import Layout
 
@@ -46,6 +46,55 @@ def result_mode(columns: list[str]) -> str:
     if "episode_index" in columns:
         return "episode"
     raise ResultContractError(f"the result has columns {columns}. {CONTRACT}")
+
+
+def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Table) -> None:
+    """Refuse metadata that would otherwise give a neighbouring frame without any error (selected episodes only).
+
+    Checks: one meta/episodes row per episode; ``timestamp`` within half a frame of ``frame_index / fps`` (a wrong
+    fps in info.json); per camera, a clip that starts at or after 0, lasts the episode's frame count within one frame
+    (writers that store ``to_timestamp = (length - 1) / fps`` pass) and does not overlap another clip of its file by
+    half a frame or more. ``lerobot-sql doctor`` checks the same and more, strictly, over every episode.
+
+    Raises:
+        DatasetFormatError: naming the episode, camera, file and the fix.
+    """
+    fps = float(layout.fps)
+    dup = con.sql("SELECT episode_index, count(*) FROM _episodes_raw WHERE episode_index IN "
+                  "(SELECT episode_index FROM _lsql_ext) GROUP BY 1 HAVING count(*) > 1 ORDER BY 1 LIMIT 1").fetchall()
+    if dup:
+        raise DatasetFormatError(f"meta/episodes: episode {dup[0][0]} has {dup[0][1]} rows; each episode must have "
+                                 "exactly one. Remove the duplicate rows (run `lerobot-sql doctor`)")
+    off = [r for r in ext.to_pylist() if r["ts_err"] is not None and r["ts_err"] > 0.5 / fps]
+    if off:
+        r = off[0]
+        raise DatasetFormatError(f"episode {r['episode_index']}: timestamps differ from frame_index / fps by up to "
+                                 f"{r['ts_err']:.4f} s with fps={fps:g} from meta/info.json; fix 'fps' in info.json or "
+                                 "the data files' timestamp column (run `lerobot-sql doctor`)")
+    half = 0.5 / fps
+    for k in layout.video_keys:
+        bad = con.sql(
+            "WITH c AS (SELECT episode_index, path, from_timestamp AS f, to_timestamp AS t, "
+            "lag(to_timestamp) OVER w AS prev_t, lag(episode_index) OVER w AS prev_ep FROM videos "
+            f"WHERE video_key = {lit(k)} AND path IN (SELECT path FROM videos WHERE video_key = {lit(k)} AND "
+            "episode_index IN (SELECT episode_index FROM _lsql_ext)) "
+            "WINDOW w AS (PARTITION BY path ORDER BY from_timestamp, episode_index)) "
+            "SELECT c.episode_index, c.path, c.f, c.t, e.n, c.prev_t, c.prev_ep FROM c LEFT JOIN _lsql_ext e "
+            "USING (episode_index) WHERE (e.n IS NOT NULL OR c.prev_ep IN (SELECT episode_index FROM _lsql_ext)) AND "
+            f"(c.f < -{half!r} OR abs((c.t - c.f) * {fps!r} - e.n) > 1.001 OR c.f < c.prev_t - {half!r}) "
+            "ORDER BY c.episode_index LIMIT 1"
+        ).fetchall()
+        if bad:
+            ep, path, f, t, n, prev_t, prev_ep = bad[0]
+            if f < -half:
+                why = "starts before 0 s"
+            elif prev_t is not None and f < prev_t - half:
+                why = f"overlaps the clip of episode {prev_ep}, which ends at {prev_t:.6f} s"
+            else:
+                why = f"lasts {(t - f) * fps:.2f} frames but the episode has {n} frames in data/"
+            raise DatasetFormatError(
+                f"meta/episodes: episode {ep}, camera {k!r}: video clip [{f:.6f}, {t:.6f}) s of {path} {why}; reading "
+                f"it would give wrong frames. Fix videos/{k}/from_timestamp and to_timestamp (run `lerobot-sql doctor`)")
 
 
 def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Table, *, sql: str,
@@ -91,7 +140,8 @@ def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Ta
                                           f"(e.g. {[m[0] for m in missing]}): {sql!r}")
         ext = con.sql(
             "SELECT episode_index, min(index) AS ep_from_index, max(index) + 1 AS ep_to_index, count(*) AS n, "
-            "min(row) AS ep_data_row0, max(row) - min(row) + 1 AS nrows, count(DISTINCT data_file) AS nfiles "
+            "min(row) AS ep_data_row0, max(row) - min(row) + 1 AS nrows, count(DISTINCT data_file) AS nfiles, "
+            f"max(abs(timestamp - frame_index / {float(layout.fps)!r})) AS ts_err "
             "FROM _frames_loc WHERE episode_index IN (SELECT DISTINCT episode_index FROM _lsql_sel) GROUP BY 1"
         ).to_arrow_table()
         bad = [r for r in ext.to_pylist() if r["nfiles"] != 1 or r["n"] != r["ep_to_index"] - r["ep_from_index"]
@@ -104,6 +154,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Ta
                 "are inconsistent, run `lerobot-sql doctor`"
             )
         con.register("_lsql_ext", ext)
+        _check_pointers(con, layout, ext)
         vsel, vjoin = [], []
         for i, k in enumerate(layout.video_keys):
             vsel.append(f", v{i}.path AS {q(k + '/file')}, v{i}.from_timestamp AS {q(k + '/from_timestamp')}")
