@@ -231,3 +231,30 @@ def test_prefetch_fetches_what_items_need(http, datasets):
     assert db.io_stats()["bytes_fetched"] == before["bytes_fetched"]  # everything came from the cache
     again = prefetch(db, sql, progress=False)
     assert again.bytes_fetched == 0 and again.bytes_already_cached == again.bytes_needed
+
+
+def test_http_v21_dataset_query_and_items(http, datasets):
+    """A v2.1 dataset over plain HTTP (no listing): the file list comes from meta/episodes.jsonl and the v2 path
+    templates, and only the selected episodes' mp4s are read."""
+    local_root = datasets / "v21_small20"
+    db = lsql.connect(f"{http.url}/v21_small20")
+    assert db.layout.legacy
+    # The query answer, from pyarrow over the local per-episode files.
+    want = []
+    for e in (3, 11):
+        t = pq.read_table(local_root / f"data/chunk-000/episode_{e:06d}.parquet", columns=["index", "action"])
+        want.append((e, t.num_rows, int(t["index"].to_numpy().max()),
+                     float(np.stack(t["action"].to_numpy(zero_copy_only=False))[:, 0].astype(np.float64).sum())))
+    got = db.sql("SELECT episode_index, count(*), max(index), sum(action[1]::DOUBLE) FROM frames "
+                 "WHERE episode_index IN (3, 11) GROUP BY ALL ORDER BY 1").fetchall()
+    assert [g[:3] for g in got] == [w[:3] for w in want]
+    np.testing.assert_allclose([g[3] for g in got], [w[3] for w in want], rtol=1e-9)
+    dt = {"action": [-1 / 30, 0, 1 / 30], "observation.images.front": [-2 / 30, 0]}
+    local = lsql.connect(local_root).dataset(EPISODE_SQL, delta_timestamps=dt)
+    remote = db.dataset(EPISODE_SQL, delta_timestamps=dt)
+    assert len(remote) == len(local) == sum(w[1] for w in want)
+    for i in (0, 1, 57, want[0][1], len(local) - 1):  # want[0][1]: the first frame of episode 11
+        _assert_items_equal(remote[i], local[i])
+    mp4s = {p for p, *_ in http.log if p.startswith("v21_small20/videos/")}
+    assert mp4s == {f"v21_small20/videos/chunk-000/{k}/episode_{e:06d}.mp4"
+                    for k in db.layout.video_keys for e in (3, 11)}
