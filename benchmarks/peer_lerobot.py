@@ -28,6 +28,13 @@ def main() -> None:
     p = json.loads(Path(sys.argv[1]).read_text())
     root, rounds, repo = p["root"], p["rounds"], "peer/bench"
     out = {"reader": "lerobot"}
+    if p.get("only") == "dataloader":
+        # Its own process: lerobot's torchcodec decoders, once used in a process, fail inside workers forked from it
+        # ("Could not push packet to decoder"), even for a fresh LeRobotDataset, so nothing is read before the fork.
+        ds = LeRobotDataset(repo, root=root)
+        out["dataloader"] = common.time_dataloader(torch, ds, p["dataloader"])
+        common.emit(out)
+        return
     import lerobot
 
     out["version"] = getattr(lerobot, "__version__", "?")
@@ -43,11 +50,6 @@ def main() -> None:
     out["sequential_s"] = common.time_items(get, p["sequential"], rounds)
     dsd = LeRobotDataset(repo, root=root, delta_timestamps=p["delta_timestamps"])
     out["delta_s"] = common.time_items(dsd.__getitem__, p["delta"], rounds)
-    if p.get("dataloader"):
-        # A fresh dataset: lerobot's torchcodec decoder cache, once used in the parent, fails inside forked workers
-        # ("Could not push packet to decoder"), so nothing may be read before the fork.
-        fresh = LeRobotDataset(repo, root=root)
-        out["dataloader"] = common.time_dataloader(torch, fresh, p["dataloader"])
     common.emit(out)
 
 

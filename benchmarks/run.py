@@ -162,10 +162,20 @@ def bench_peer(peer: str, root: Path, plan: dict, rounds: int, timeout: int) -> 
                                env=env, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout}s"}
+        out = None
         for line in p.stdout.splitlines():
             if line.startswith("BENCH_JSON "):
-                return json.loads(line[len("BENCH_JSON "):])
-        return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+                out = json.loads(line[len("BENCH_JSON "):])
+        if out is None:
+            return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+        if plan.get("dataloader"):  # a second, clean process (see peer_lerobot.py)
+            pf.write_text(json.dumps({**plan, "root": str(root), "rounds": rounds, "only": "dataloader"}))
+            q = subprocess.run([peer, str(HERE / "peer_lerobot.py"), str(pf)], capture_output=True, text=True,
+                               env=env, timeout=timeout)
+            for line in q.stdout.splitlines():
+                if line.startswith("BENCH_JSON "):
+                    out.update(json.loads(line[len("BENCH_JSON "):]))
+        return out
 
 
 # ---- report ----------------------------------------------------------------------------------------------
@@ -265,7 +275,7 @@ def run(argv: list[str] | None = None) -> int:
         big = info["res"] not in ("96x128", "-")
         n = (300 if big else 1000) if a.full else (100 if big else 300)
         plan = common.plan(info["frames"], info["fps"], info["cameras"], n=n, n_delta=max(50, n // 2),
-                           dl_batches=(20 if a.full else 8) if not big else (10 if a.full else 5), seed=a.seed)
+                           dl_batches=(30 if a.full else 12) if not big else (12 if a.full else 6), seed=a.seed)
         ours, peer = [], []
         for _ in range(repeat):
             print(f"[{name}] lerobot_sql ...", file=sys.stderr, flush=True)

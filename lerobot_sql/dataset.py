@@ -136,6 +136,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         for fi, info in enumerate(self._infos):
             self._rg_paths += tabular.ensure_row_groups(self._src, info, [rg for f, rg in keys if f == fi],
                                                         self._layout, self._cache_dir)
+        self._rg_len = np.array([int(self._infos[fi].rg_offsets[rg + 1] - self._infos[fi].rg_offsets[rg])
+                                 for fi, rg in keys], np.int64)
+        # per delta key: sorted offsets mean the clamped rows are sorted too, so their ends bound them
+        self._delta_sorted = {k: bool((np.diff(v) >= 0).all()) for k, v in self._delta.items()}
         slot = np.zeros(n, np.int32)
         off = np.zeros(n, np.int64)
         for fi, info in enumerate(self._infos):
@@ -249,6 +253,27 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 out[j] = arr[int(x)]
         return out
 
+    def _neighbours(self, w: _Worker, i: int, key: str, column: str, fi: int, idx: int, ep_from: int, ep_to: int,
+                    row0: int):
+        """(values of ``column`` at the clamped neighbours ``idx + offsets`` of ``key``, is_pad).
+
+        The neighbours usually sit in the frame's own row group: then they are read straight from it, at the
+        frame's offset plus their distance in frames (an episode's rows are contiguous in its data file).
+        """
+        off = self._delta[key]
+        target = off + idx
+        pad = (target < ep_from) | (target >= ep_to)
+        q = np.minimum(np.maximum(target, ep_from), ep_to - 1)
+        slot = int(self._c["_slot"][i])
+        o = q + (int(self._c["_off"][i]) - idx)
+        lo, hi = (int(o[0]), int(o[-1])) if self._delta_sorted[key] else (int(o.min()), int(o.max()))
+        if lo >= 0 and hi < self._rg_len[slot]:
+            arr = w.view(self, slot).column(column)
+            vals = arr[o] if isinstance(arr, np.ndarray) else [arr[int(x)] for x in o]
+        else:
+            vals = self._rows(w, fi, row0 + (q - ep_from), column)
+        return vals, pad
+
     def _image(self, value) -> torch.Tensor:
         from PIL import Image
 
@@ -279,8 +304,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         from_ts = self._c[f"{key}/from_timestamp"][i]
         ep = int(self._c["episode_index"][i])
         if key in self._delta:
-            q, pad = _frames.query_indices(idx, self._delta[key], ep_from, ep_to)
-            times = self._rows(w, fi, row0 + (q - ep_from), "timestamp")
+            times, pad = self._neighbours(w, i, key, "timestamp", fi, idx, ep_from, ep_to, row0)
             pads[f"{key}_is_pad"] = torch.from_numpy(pad)
             return index, index.locate(from_ts + times.astype(np.float64), self.tolerance_s, episode_index=ep,
                                        video_key=key)
@@ -319,9 +343,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             off = int(c["_off"][i])
             for col in self._columns:
                 if col in self._delta:
-                    q, pad = _frames.query_indices(idx, self._delta[col], ep_from, ep_to)
-                    item[col] = self._tensor(col, self._rows(w, fi, row0 + (q - ep_from), col))
-                    if col in self._layout.image_keys and len(q) > 1 and item[col].ndim == 3:
+                    vals, pad = self._neighbours(w, i, col, col, fi, idx, ep_from, ep_to, row0)
+                    item[col] = self._tensor(col, vals)
+                    if col in self._layout.image_keys and len(pad) > 1 and item[col].ndim == 3:
                         item[col] = item[col][None]
                     pads[f"{col}_is_pad"] = torch.from_numpy(pad)
             for col, kind in self._plain:
