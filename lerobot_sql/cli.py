@@ -89,7 +89,7 @@ def _sql_from(args, db, *, required: bool = True, default: str | None = None) ->
     if name:
         from . import library
 
-        return library.render(name, dict(args.param or []), extra_dirs=db._query_dirs)
+        return library.render(name, dict(args.param or []), extra_dirs=db.query_dirs)
     if not sql and required and default is None:
         raise UsageError("no query: give SQL (or - to read it from stdin) or --name NAME")
     return sql or default
@@ -329,26 +329,13 @@ def cmd_prefetch(args) -> int:
 
 
 def cmd_index(args) -> int:
-    from tqdm.auto import tqdm
-
-    from . import video
-
     db = _connect(args)
     files = db.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
     if not files:
         print("no video features: nothing to index")
         return 0
     # One demux pass per mp4 (packets only, no decoding); results are cached and reused by db.dataset().
-    missing = []
-    for _key, rel in tqdm(files, desc="video index", unit="file", disable=args.quiet):
-        try:
-            video.ensure_index(db.source, rel, db.cache_dir)
-        except MissingFileError as e:  # index the rest, then report
-            missing.append(e)
-    if missing:
-        raise MissingFileError(f"{len(missing)} of {len(files)} video files are missing (the other "
-                               f"{len(files) - len(missing)} are indexed), e.g. {_one_line(missing[0])}")
-    db._ensure_video_frames()
+    db.build_video_index(progress=not args.quiet)
     rel = db.sql("SELECT video_key, count(DISTINCT path) AS files, count(*) AS frames, "
                  "count(*) FILTER (WHERE is_keyframe) AS keyframes, "
                  "round(count(*) / greatest(count(*) FILTER (WHERE is_keyframe), 1), 2) AS mean_gop "

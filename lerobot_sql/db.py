@@ -10,7 +10,7 @@ import duckdb
 import pyarrow as pa
 
 from . import cache, catalog, macros, plan, query, video
-from .errors import QueryError, ResultContractError
+from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, ResultContractError
 from .layout import load_layout
 from .source import open_source
 
@@ -82,7 +82,12 @@ class Database:
         if not self.source.is_local:
             self.con.register_filesystem(self.source.fs)
             self.con.execute("SET parquet_metadata_cache = true")
-        catalog.register_views(self.con, self.source, self.layout)
+        try:
+            catalog.register_views(self.con, self.source, self.layout)
+        except (duckdb.Error, pa.ArrowException, OSError) as e:
+            if isinstance(e, LeRobotSQLError):
+                raise
+            raise unreadable_error(self.source, self.layout, e) from e
         macros.register(self.con, self.layout)
         self.con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
         self._video_frames_ready = not self.layout.video_keys
@@ -110,15 +115,31 @@ class Database:
         return self._ctx
 
     def _ensure_video_frames(self) -> None:
-        if self._video_frames_ready:
-            return
+        if not self._video_frames_ready:
+            self.build_video_index(progress=None)
+
+    def build_video_index(self, progress: bool | None = True) -> None:
+        """Build the frame index of every mp4 (demux only, cached on disk by file identity) and point the
+        ``video_frames`` view at it. Runs by itself the first time a query reads ``video_frames``.
+
+        Args:
+            progress: show a tqdm bar (None: only for 8 files or more).
+
+        Raises:
+            MissingFileError: some mp4s are missing; every other file is indexed and queryable first.
+            VideoDecodeError: PyAV cannot demux a file.
+        """
         from tqdm.auto import tqdm
 
         rows = self.con.sql("SELECT DISTINCT video_key, chunk_index, file_index, path FROM videos "
                             "ORDER BY video_key, chunk_index, file_index").fetchall()
-        files = []
-        for key, chunk, file, rel in tqdm(rows, desc="video index", unit="file", disable=len(rows) < 8):
-            files.append((key, chunk, file, rel, str(video.ensure_index(self.source, rel, self.cache_dir))))
+        files, missing = [], []
+        for key, chunk, file, rel in tqdm(rows, desc="video index", unit="file",
+                                          disable=(len(rows) < 8) if progress is None else not progress):
+            try:
+                files.append((key, chunk, file, rel, str(video.ensure_index(self.source, rel, self.cache_dir))))
+            except MissingFileError as e:
+                missing.append(e)
         m = pa.table({"video_key": [f[0] for f in files], "chunk_index": [f[1] for f in files],
                       "file_index": [f[2] for f in files], "path": [f[3] for f in files],
                       "_index_file": [f[4] for f in files]})
@@ -129,13 +150,17 @@ class Database:
             self.con.execute("CREATE OR REPLACE TABLE _video_files AS SELECT * FROM _lsql_video_files_arrow")
         finally:
             self.con.unregister("_lsql_video_files_arrow")
-        lst = "[" + ", ".join(catalog.lit(f[4]) for f in files) + "]"
-        self.con.execute(
-            "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "
-            "i.frame, i.pts, i.pts_s, i.is_keyframe, i.keyframe_pts, i.byte_offset, i.byte_size "
-            f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
-        )
+        if files:
+            lst = "[" + ", ".join(catalog.lit(f[4]) for f in files) + "]"
+            self.con.execute(
+                "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "
+                "i.frame, i.pts, i.pts_s, i.is_keyframe, i.keyframe_pts, i.byte_offset, i.byte_size "
+                f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
+            )
         self._video_frames_ready = True
+        if missing:
+            raise MissingFileError(f"{len(missing)} of {len(rows)} video files are missing (the other "
+                                   f"{len(files)} are indexed), e.g. {missing[0]}")
 
     def _ensure_video_files(self) -> None:
         """Fill the view ``video_files`` (one row per distinct mp4 of ``videos``: present, size_bytes, codec) by
@@ -209,7 +234,10 @@ class Database:
             raise ResultContractError(f"the query returns more than {MAX_RESULT_ROWS:,} rows (lerobot_sql.db."
                                       f"MAX_RESULT_ROWS), far more samples than a training set needs; check its joins "
                                       f"(a missing ON gives a cross product) or add a LIMIT: {sql!r}")
-        return plan.build_manifest(self.con, self.layout, result, sql=sql)
+        try:
+            return plan.build_manifest(self.con, self.layout, result, sql=sql)
+        except duckdb.Error as e:  # the data files failed while the frames were resolved
+            raise unreadable_error(self.source, self.layout, e) from e
 
     def tasks(self) -> dict[int, str]:
         """task_index -> task text, from meta/tasks.parquet."""
@@ -255,6 +283,11 @@ class Database:
         from . import library
 
         return self.sql(library.render(name, params, extra_dirs=self._query_dirs))
+
+    @property
+    def query_dirs(self) -> list[Path]:
+        """User folders of named ``.sql`` queries, searched in this order before the bundled ``queries/``."""
+        return list(self._query_dirs)
 
     def add_query_dir(self, path: str | os.PathLike) -> None:
         """Add a folder of ``.sql`` files to the named-query library (searched before the bundled ``queries/``)."""
@@ -306,6 +339,25 @@ def _reads_table(sql: str, name: str) -> bool:
     from sqlglot import exp
 
     return any(t.name.lower() == name for t in sqlglot.parse_one(sql, read="duckdb").find_all(exp.Table))
+
+
+def unreadable_error(src, layout, cause: BaseException) -> DatasetFormatError:
+    """A DatasetFormatError for a Parquet file DuckDB or pyarrow could not read, naming the file(s) whose footer does
+    not parse (checked one by one, footers only), else every data file, and the fix."""
+    import pyarrow.parquet as pq
+
+    files = [f for f in (*layout.episode_files, layout.tasks_file, *layout.data_files) if f and f.endswith(".parquet")]
+    bad = []
+    for rel in files:
+        try:
+            with src.open(rel) as f:
+                pq.read_metadata(f)
+        except (pa.ArrowException, OSError):
+            bad.append(src.path(rel))
+    where = ", ".join(bad[:3]) if bad else f"one of the data files under {src.path('data')}"
+    return DatasetFormatError(f"{where}: cannot be read as Parquet ({type(cause).__name__}: {cause}); the file is "
+                              "truncated or corrupt. Re-download it from the dataset's source (`lerobot-sql doctor` "
+                              "checks every file)")
 
 
 def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
