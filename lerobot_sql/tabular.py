@@ -101,7 +101,12 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
         pf = pq.ParquetFile(f)
         for rg, p in missing:
             def write(tmp: str, rg: int = rg) -> None:
-                table = _normalise(pf.read_row_group(rg), layout, src.path(info.rel))
+                try:
+                    raw = pf.read_row_group(rg)
+                except (pa.ArrowException, OSError) as e:  # a damaged page: name the file, never a bare pyarrow error
+                    raise DatasetFormatError(f"{src.path(info.rel)}: row group {rg} cannot be decoded ({e}); the file "
+                                             "is corrupt, re-download it from the dataset's source") from e
+                table = _normalise(raw, layout, src.path(info.rel))
                 with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
                     w.write_table(table)
 
