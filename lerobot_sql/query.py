@@ -211,7 +211,11 @@ def _known_columns(tree: exp.Expression, ctx: Context) -> None:
             if cols is None:
                 continue  # a CTE
         referenced[name] = cols
-        alias_to[t.alias_or_name.lower()] = name
+        alias = t.alias_or_name.lower()
+        # One alias may name different tables in different scopes (or a CTE elsewhere): then it is not ours to judge.
+        alias_to[alias] = name if alias_to.get(alias, name) == name else None
+    for cte in tree.find_all(exp.CTE):
+        alias_to[cte.alias_or_name.lower()] = None
     if not referenced:
         return
     available = {c.lower(): c for cols in referenced.values() for c in cols}

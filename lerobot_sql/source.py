@@ -147,12 +147,15 @@ class Source:
         out = set()
         with self.open("meta/episodes.jsonl") as f:
             eps = [json.loads(line)["episode_index"] for line in f.read().decode().splitlines() if line.strip()]
+        from .layout import V2_DATA_PATH, V2_VIDEO_PATH  # layout imports this module
+
+        data_tmpl = info.get("data_path") or V2_DATA_PATH
+        video_tmpl = info.get("video_path") or V2_VIDEO_PATH
         for ep in eps:
             chunk = int(ep) // per_chunk
-            if info.get("data_path"):
-                out.add(info["data_path"].format(episode_chunk=chunk, episode_index=int(ep)))
-            for k in keys if info.get("video_path") else ():
-                out.add(info["video_path"].format(episode_chunk=chunk, video_key=k, episode_index=int(ep)))
+            out.add(data_tmpl.format(episode_chunk=chunk, episode_index=int(ep)))
+            for k in keys:
+                out.add(video_tmpl.format(episode_chunk=chunk, video_key=k, episode_index=int(ep)))
         return out
 
     def open(self, rel: str, mode: str = "rb"):

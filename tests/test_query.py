@@ -100,3 +100,15 @@ def test_query_entry_points_check(db):
         db.manifest("SELECT * FROM read_parquet('x')")
     with pytest.raises(QueryError, match="Did you mean 'episodes'"):
         db.dataset("SELECT episode_index FROM episode")
+
+
+def test_cte_named_like_an_inner_alias_is_not_judged_as_that_table(sample):
+    """An inner `episodes e` and an outer CTE `e` share a name: columns of the CTE must not be checked against
+    episodes (regression: doctor/data_file_pointers failed standalone)."""
+    import lerobot_sql as lsql
+
+    db = lsql.connect(sample)
+    rows = db.sql("WITH e AS (SELECT episode_index, length AS n FROM episodes e WHERE e.length > 0) "
+                  "SELECT e.n FROM e ORDER BY e.episode_index LIMIT 2").fetchall()
+    first = db.sql("SELECT length FROM episodes ORDER BY episode_index LIMIT 2").fetchall()
+    assert rows == first
