@@ -1,0 +1,333 @@
+"""Data faults: a damaged copy of small20 gives the correct result or a typed error naming the file, episode or
+column and a fix; never a neighbouring frame, never a bare library exception. Matrix: docs/reliability.md."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import lerobot_sql as lsql
+from lerobot_sql.errors import (DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError,
+                                ResultContractError, VideoDecodeError)
+
+from conftest import (DATA, EPISODES, FRONT, INFO, TASKS, edit_info, rewrite_parquet, scribble, set_column,
+                      shorten_mp4, truncate)
+
+pytestmark = pytest.mark.timeout(90)
+
+EP = "SELECT episode_index FROM episodes WHERE episode_index = {}"
+
+
+@pytest.fixture(scope="module")
+def pristine(datasets):
+    return lsql.connect(datasets / "small20")
+
+
+def _same(a: dict, b: dict) -> None:
+    assert set(a) == set(b)
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+def _items_equal(db, pristine, sql: str, picks=(0, -1), **kw) -> int:
+    ours, ref = db.dataset(sql, **kw), pristine.dataset(sql, **kw)
+    assert len(ours) == len(ref)
+    for i in picks:
+        _same(ours[i], ref[i])
+    return len(ours)
+
+
+def _typed(excinfo, *needles: str) -> None:
+    """The error is ours, chains the library's, and names what it must."""
+    e = excinfo.value
+    assert isinstance(e, LeRobotSQLError), type(e)
+    for n in needles:
+        assert n.lower() in str(e).lower(), (n, str(e))
+
+
+# ---- Parquet: data and meta --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rel", [DATA, EPISODES, TASKS])
+def test_truncated_parquet(damaged, rel):
+    root = damaged()
+    truncate(root / rel, 0.6)
+    with pytest.raises(DatasetFormatError) as e:
+        lsql.connect(root).dataset(EP.format(3))
+    _typed(e, str(root / rel), "re-download")
+
+
+@pytest.mark.parametrize("at", [0.05, 0.8, 0.95])
+def test_corrupt_data_page(damaged, at):
+    root = damaged()
+    scribble(root / DATA, at, 64, seed=1)
+    with pytest.raises(DatasetFormatError) as e:
+        ds = lsql.connect(root).dataset("SELECT episode_index FROM episodes", cameras=[])
+        for i in range(0, len(ds), 50):
+            ds[i]
+    _typed(e, str(root / "data"), "corrupt")
+
+
+# ---- mp4 ---------------------------------------------------------------------------------------------------------
+def test_missing_mp4(damaged, pristine):
+    root = damaged()
+    (root / FRONT).unlink()
+    db = lsql.connect(root)
+    with pytest.warns(UserWarning, match="missing"):
+        ds = db.dataset(EP.format(4))
+    with pytest.raises(MissingFileError) as e:
+        ds[0]
+    _typed(e, str(root / FRONT))
+    # the other camera still reads, with the right frames
+    _items_equal(db, pristine, EP.format(4), cameras=["observation.images.wrist"])
+
+
+def test_mp4_cut_mid_file(damaged, pristine):
+    root = damaged()
+    truncate(root / FRONT, 0.5)
+    db = lsql.connect(root)
+    _items_equal(db, pristine, EP.format(1))  # before the cut: exact
+    ds = db.dataset(EP.format(19))
+    with pytest.raises((VideoDecodeError, FrameNotFoundError)) as e:
+        ds[len(ds) - 1]
+    _typed(e, FRONT)
+
+
+def test_mp4_header_garbage(damaged):
+    root = damaged()
+    scribble(root / FRONT, 0.0, 64)
+    with pytest.raises(VideoDecodeError) as e:
+        lsql.connect(root).dataset(EP.format(2))[0]
+    _typed(e, str(root / FRONT), "corrupt")
+
+
+def test_mp4_payload_garbage_is_never_another_frame(damaged, pristine, framecode):
+    """Garbage inside the media payload: the decoder conceals damage in the pixels, but the frame returned is
+    always the one asked for (its pts), and frames outside the damaged GOPs are exact."""
+    root = damaged()
+    scribble(root / FRONT, 0.5, 3000)
+    db = lsql.connect(root)
+    ds, ref = db.dataset(EP.format(10), return_uint8=True), pristine.dataset(EP.format(10), return_uint8=True)
+    exact = 0
+    for i in range(len(ds)):
+        try:
+            a = ds[i]
+        except VideoDecodeError as e:
+            assert FRONT in str(e)
+            continue
+        b = ref[i]
+        assert a["frame_index"] == b["frame_index"]
+        if torch.equal(a["observation.images.front"], b["observation.images.front"]):
+            exact += 1
+        torch.testing.assert_close(a["observation.state"], b["observation.state"], rtol=0, atol=0)
+        assert torch.equal(a["observation.images.wrist"], b["observation.images.wrist"])
+    assert exact >= len(ds) - 60  # 3000 bytes touch a few GOPs (2 frames each) at most
+
+
+def test_mp4_fewer_frames_than_episodes_claim(damaged, pristine):
+    root = damaged()
+    shorten_mp4(root / FRONT, 3000)  # frames 0..2999 kept: episodes ending later lose their tails
+    db = lsql.connect(root)
+    _items_equal(db, pristine, EP.format(2))
+    ds = db.dataset(EP.format(19))
+    with pytest.raises(FrameNotFoundError) as e:
+        ds[0]
+    _typed(e, FRONT, "episode 19", "doctor")
+
+
+# ---- info.json ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("damage, needle", [
+    (lambda root: (root / INFO).write_text("{not json"), "invalid JSON"),
+    (lambda root: edit_info(root, lambda i: i.pop("fps")), "'fps'"),
+    (lambda root: edit_info(root, lambda i: i.__setitem__("fps", "30")), "'fps'"),
+    (lambda root: edit_info(root, lambda i: i.pop("features")), "'features'"),
+    (lambda root: edit_info(root, lambda i: i.pop("codebase_version")), "codebase_version"),
+    (lambda root: edit_info(root, lambda i: i["features"]["action"].pop("dtype")), "'action'"),
+], ids=["invalid_json", "no_fps", "fps_string", "no_features", "no_version", "feature_without_dtype"])
+def test_info_json_broken(damaged, damage, needle):
+    root = damaged()
+    damage(root)
+    with pytest.raises(DatasetFormatError) as e:
+        lsql.connect(root)
+    _typed(e, str(root / INFO), needle)
+
+
+def test_info_json_wrong_shape(damaged):
+    root = damaged()
+    edit_info(root, lambda i: i["features"]["action"].__setitem__("shape", [7]))
+    with pytest.raises(DatasetFormatError) as e:
+        lsql.connect(root).dataset(EP.format(0))
+    _typed(e, "'action'", "shape [7]", DATA)
+
+
+def test_info_json_wrong_fps(damaged):
+    root = damaged()
+    edit_info(root, lambda i: i.__setitem__("fps", 25))
+    with pytest.raises(DatasetFormatError) as e:
+        lsql.connect(root).dataset(EP.format(0), delta_timestamps={"action": [0, 1 / 25]})
+    _typed(e, "fps=25", "info.json", "episode 0")
+
+
+def test_info_json_optional_keys_missing(damaged, pristine):
+    root = damaged()
+    edit_info(root, lambda i: [i.pop(k) for k in ("data_path", "total_frames", "splits", "robot_type")])
+    _items_equal(lsql.connect(root), pristine, EP.format(5))
+
+
+# ---- episode pointers and ranges ---------------------------------------------------------------------------------
+def _shift_clip(root, ep: int, dt: float, cols=("from_timestamp", "to_timestamp"), key="observation.images.front"):
+    def f(t):
+        for c in cols:
+            name = f"videos/{key}/{c}"
+            v = t[name].to_pylist()
+            v[ep] += dt
+            t = set_column(t, name, v)
+        return t
+
+    rewrite_parquet(root / EPISODES, f)
+
+
+@pytest.mark.parametrize("ep, dt, needle", [(5, 1 / 30, "overlaps"), (0, -1 / 30, "before 0"),
+                                            (7, 1 / 30, "overlaps"), (8, -1 / 30, "overlaps")],
+                         ids=["mid_plus1", "first_minus1", "plus1_next", "minus1_prev"])
+def test_clip_shifted_by_one_frame(damaged, ep, dt, needle):
+    root = damaged()
+    _shift_clip(root, ep, dt)
+    with pytest.raises(DatasetFormatError) as e:
+        lsql.connect(root).dataset(EP.format(ep))
+    _typed(e, "observation.images.front", needle, "from_timestamp")
+
+
+def test_clip_length_contradicts_data(damaged):
+    root = damaged()
+    _shift_clip(root, 5, 3 / 30, cols=("to_timestamp",))
+    with pytest.raises(DatasetFormatError) as e:
+        lsql.connect(root).dataset(EP.format(5))
+    _typed(e, "episode 5", "frames")
+
+
+@pytest.mark.xfail(strict=True, reason="a one-frame shift of from_timestamp alone is indistinguishable from writers "
+                   "that store to_timestamp=(length-1)/fps; plan._check_pointers tolerates one frame of length error")
+def test_clip_start_alone_shifted_by_one_frame(damaged):
+    root = damaged()
+    _shift_clip(root, 5, 1 / 30, cols=("from_timestamp",))
+    with pytest.raises(DatasetFormatError):
+        lsql.connect(root).dataset(EP.format(5))
+
+
+@pytest.mark.xfail(strict=True, reason="the last clip of a file shifted +1 frame overlaps nothing; only its last "
+                   "frame is missing from the video, so only that item raises (needs an end-of-clip check against "
+                   "the video index in dataset._prepare)")
+def test_last_clip_of_file_shifted_by_one_frame(damaged):
+    root = damaged()
+    _shift_clip(root, 19, 1 / 30)
+    with pytest.raises(LeRobotSQLError):
+        lsql.connect(root).dataset(EP.format(19))[5]
+
+
+def test_duplicate_episode_rows(damaged):
+    root = damaged()
+    rewrite_parquet(root / EPISODES, lambda t: pa.concat_tables([t, t.slice(3, 1)]))
+    with pytest.raises(DatasetFormatError) as e:
+        lsql.connect(root).dataset(EP.format(3))
+    _typed(e, "episode 3", "2 rows")
+
+
+def test_episode_ranges_contradict_data(damaged, pristine):
+    """meta/episodes' dataset_from_index and length are wrong: frames, neighbours and padding follow the data files."""
+    root = damaged()
+
+    def f(t):
+        t = set_column(t, "dataset_from_index", [v + (10 if i == 4 else 0) for i, v in
+                                                 enumerate(t["dataset_from_index"].to_pylist())])
+        return set_column(t, "length", [v + (10 if i == 4 else 0) for i, v in enumerate(t["length"].to_pylist())])
+
+    rewrite_parquet(root / EPISODES, f)
+    _items_equal(lsql.connect(root), pristine, EP.format(4), picks=(0, 1, -2, -1),
+                 delta_timestamps={"action": [-2 / 30, 0, 2 / 30], "observation.images.front": [-1 / 30, 0]})
+
+
+def test_data_rows_of_an_episode_not_contiguous(damaged):
+    root = damaged()
+
+    def f(t):
+        idx = t["index"].to_numpy().copy()
+        ep = t["episode_index"].to_numpy()
+        idx[np.flatnonzero(ep == 6)[10]] += 100_000
+        return set_column(t, "index", idx)
+
+    rewrite_parquet(root / DATA, f, row_group_size=400)
+    with pytest.raises(DatasetFormatError) as e:
+        lsql.connect(root).dataset(EP.format(6))
+    _typed(e, "episode 6", "contiguous", "doctor")
+
+
+# ---- frame values ------------------------------------------------------------------------------------------------
+def test_timestamps_off_the_fps_grid(damaged, pristine):
+    root = damaged()
+
+    def f(t):
+        ts = t["timestamp"].to_numpy().copy()
+        ts[t["episode_index"].to_numpy() == 6] += np.float32(0.4 / 30)
+        return set_column(t, "timestamp", ts)
+
+    rewrite_parquet(root / DATA, f)
+    db = lsql.connect(root)
+    with pytest.raises(FrameNotFoundError) as e:
+        db.dataset(EP.format(6))[3]
+    _typed(e, "episode 6", "tolerance_s", "doctor")
+    _items_equal(db, pristine, EP.format(7))  # the other episodes are untouched
+
+
+def test_nan_and_inf_pass_through_exactly(damaged):
+    root = damaged()
+    nan_at, inf_at = 10, 11
+
+    def f(t):
+        st = np.stack(t["observation.state"].to_numpy(zero_copy_only=False)).astype(np.float32)
+        st[nan_at, 2], st[inf_at, 0] = np.nan, -np.inf
+        return set_column(t, "observation.state", list(st))
+
+    rewrite_parquet(root / DATA, f)
+    want = np.stack(pq.read_table(root / DATA)["observation.state"].to_numpy(zero_copy_only=False))
+    ds = lsql.connect(root).dataset(EP.format(0), delta_timestamps={"observation.state": [-1 / 30, 0]})
+    for i in (nan_at, inf_at, inf_at + 1):
+        got = ds[i]["observation.state"].numpy()
+        np.testing.assert_array_equal(got, want[[i - 1, i]])  # assert_array_equal treats NaN == NaN
+
+
+# ---- empty things ------------------------------------------------------------------------------------------------
+def test_empty_dataset(damaged):
+    root = damaged()
+    rewrite_parquet(root / EPISODES, lambda t: t.slice(0, 0))
+    rewrite_parquet(root / DATA, lambda t: t.slice(0, 0))
+    db = lsql.connect(root)
+    assert db.sql("SELECT count(*) FROM frames").fetchall() == [(0,)]
+    assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(0,)]
+    with pytest.raises(ResultContractError, match="no rows"):
+        db.dataset("SELECT episode_index FROM episodes")
+
+
+def test_zero_length_episode(damaged, pristine):
+    root = damaged()
+
+    def f(t):
+        r = t.slice(19, 1).to_pylist()[0]
+        r.update(episode_index=20, length=0, dataset_from_index=r["dataset_to_index"])
+        for k in ("front", "wrist"):
+            r[f"videos/observation.images.{k}/from_timestamp"] = r[f"videos/observation.images.{k}/to_timestamp"]
+        return pa.concat_tables([t, pa.Table.from_pylist([r], schema=t.schema)])
+
+    rewrite_parquet(root / EPISODES, f)
+    db = lsql.connect(root)
+    assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(21,)]
+    n = _items_equal(db, pristine, "SELECT episode_index FROM episodes WHERE episode_index >= 18")
+    assert n == pq.read_table(root / DATA, filters=[("episode_index", ">=", 18)]).num_rows
+    with pytest.raises(ResultContractError, match="matched no frames"):
+        db.dataset("SELECT episode_index FROM episodes WHERE length = 0")
