@@ -159,7 +159,9 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
     Args:
         db: a :class:`lerobot_sql.Database` (only its source, layout, tasks and cache_dir are kept).
         manifest: the whole selection (every rank passes the same one).
-        by, seed, shuffle: as :func:`shard_manifest`; rank/world_size as :func:`worker_shard`.
+        by, seed, shuffle: as :func:`shard_manifest`.
+        rank, world_size: this process's rank; default from ``torch.distributed`` (or ``$RANK``/``$WORLD_SIZE``),
+            read when the object is built, so workers started with ``spawn`` see the rank too.
         **dataset_kwargs: passed to LeRobotSQLDataset (``delta_timestamps``, ``cameras``, ...).
     """
 
@@ -168,7 +170,10 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
         _check(0, 1, by)
         self._src, self._layout, self._tasks, self._cache_dir = db.source, db.layout, db.tasks(), db.cache_dir
         self.manifest, self.by, self.seed, self.shuffle = manifest, by, int(seed), shuffle
-        self.rank, self.world_size, self.epoch = rank, world_size, 0
+        # Resolved here, in the rank's main process: spawned DataLoader workers do not inherit torch.distributed.
+        self.rank, self.world_size = worker_shard(rank, world_size) if torch.utils.data.get_worker_info() is None \
+            else (rank, world_size)
+        self.epoch = 0
         self.dataset_kwargs = dataset_kwargs
 
     def set_epoch(self, epoch: int) -> None:
