@@ -413,6 +413,7 @@ def plot(results: list[dict], path: Path) -> None:
     x = [r["frames"] for r in results]
     series = {
         "connect": [r["steps"]["connect"]["s"] for r in results],
+        "connect, parquet_metadata_cache on": [r["steps"]["connect_metadata_cache"]["s"] for r in results],
         "episode query": [r["q_episodes"]["s"] for r in results],
         "frame query, 10 episodes": [r["q_frames_10ep"]["s"] for r in results],
         "frame query, frame_index >= 390": [r["q_frames_tail"]["s"] for r in results],
