@@ -15,6 +15,8 @@ from typing import Callable
 
 from filelock import FileLock
 
+from .errors import CacheError, LeRobotSQLError
+
 
 def cache_root() -> Path:
     """``$LSQL_CACHE_DIR``, else ``$XDG_CACHE_HOME/lerobot_sql``, else ``~/.cache/lerobot_sql``."""
@@ -38,18 +40,25 @@ def build_once(path: Path, write: Callable[[str], None]) -> Path:
     """
     if path.exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        if path.exists():
-            return path
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        os.close(fd)
-        try:
-            write(tmp)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(path) + ".lock"):
+            if path.exists():
+                return path
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+            os.close(fd)
+            try:
+                write(tmp)
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+    except OSError as e:
+        if isinstance(e, LeRobotSQLError):  # MissingFileError, RemoteIOError from the source: already ours
+            raise
+        raise CacheError(f"{path}: cannot write this cache entry ({e}); the cache folder is full or not writable. "
+                         "Free space there, or set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable "
+                         "folder with room") from e
     return path
 
 

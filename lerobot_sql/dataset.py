@@ -22,7 +22,7 @@ import torch
 
 from . import frames as _frames
 from . import tabular, video
-from .errors import LeRobotSQLError, MissingFileError
+from .errors import CacheError, LeRobotSQLError, MissingFileError
 from .layout import Layout
 from .source import Source
 
@@ -422,16 +422,27 @@ def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Pa
     Where unlinking a mapped file is refused (Windows), the file stays in ``<cache>/manifests`` until the next run.
     """
     d = cache_dir / "manifests"
-    d.mkdir(parents=True, exist_ok=True)
     full = manifest.combine_chunks()
     for name, arr in derived.items():
         full = full.append_column(name, pa.array(arr))
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".arrow")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, suffix=".arrow")
+    except OSError:
+        # A read-only cache with complete entries stays usable: this map is transient (unlinked below).
+        try:
+            fd, tmp = tempfile.mkstemp(suffix=".lsql-manifest.arrow")
+        except OSError as e:
+            raise CacheError(f"{d}: cannot write the manifest map ({e}); the cache folder is full or not writable, "
+                             "set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable folder") from e
     os.close(fd)
     try:
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, full.schema) as w:
             w.write_table(full)
         mapped = pa.ipc.open_file(pa.memory_map(tmp, "r")).read_all()
+    except OSError as e:
+        raise CacheError(f"{d}: cannot write the manifest map ({e}); the cache folder is full or not writable, set "
+                         "LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable folder with room") from e
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

@@ -44,6 +44,11 @@ class RemoteIOError(LeRobotSQLError, OSError):
     """Reading a remote file failed after retries."""
 
 
+class CacheError(LeRobotSQLError, OSError):
+    """A cache entry could not be written (disk full, read-only or unwritable cache folder). Nothing partial is left
+    that a later run would read; free space or set ``LSQL_CACHE_DIR`` / ``cache_dir=`` to a writable folder."""
+
+
 __all__ = [
     "LeRobotSQLError",
     "DatasetFormatError",
@@ -54,4 +59,5 @@ __all__ = [
     "FrameNotFoundError",
     "VideoDecodeError",
     "RemoteIOError",
+    "CacheError",
 ]

@@ -98,3 +98,29 @@ def shorten_mp4(path: Path, keep_frames: int) -> None:
             pkt.stream = s_out
             out.mux(pkt)
     src.unlink()
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """``small_fs(size)`` -> a folder on its own tmpfs of ``size`` (e.g. "200k"), for full-disk and read-only faults.
+    ``small_fs.remount(opts)`` changes it (e.g. "ro", "rw,size=32m"). Skips where mounting is not permitted."""
+    import subprocess
+
+    mounts = []
+
+    class Small:
+        def __call__(self, size: str) -> Path:
+            d = tmp_path / f"tmpfs{len(mounts)}"
+            d.mkdir()
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True)
+            if r.returncode != 0:
+                pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()}); needs CAP_SYS_ADMIN")
+            mounts.append(d)
+            return d
+
+        def remount(self, d: Path, opts: str) -> None:
+            subprocess.run(["mount", "-o", f"remount,{opts}", str(d)], check=True)
+
+    yield Small()
+    for d in mounts:  # lazy: memory maps of test objects may still be open
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
