@@ -26,18 +26,30 @@ def plan(n_frames: int, fps: float, cameras: list[str], n: int, n_delta: int, dl
     }
 
 
-def time_items(get, indices: list[int], rounds: int = 1) -> float:
-    """Best-of-``rounds`` mean seconds per ``get(i)`` over ``indices`` (one untimed warm-up item first).
+def time_items(get, indices: list[int], rounds: int = 1) -> dict:
+    """Mean seconds per ``get(i)`` over ``indices``: ``wall`` and ``cpu`` (this process, all threads), each the best
+    of ``rounds`` passes, after one untimed warm-up item.
 
-    The minimum over rounds is the estimate least disturbed by other processes on shared cores.
+    The minimum over rounds is the estimate least disturbed by other processes on shared cores; CPU time is not
+    disturbed by them at all, but counts every thread (it does not credit work done in parallel).
     """
-    get(indices[0])
-    best = float("inf")
+    return time_interleaved({"x": get}, indices, rounds)["x"]
+
+
+def time_interleaved(getters: dict, indices: list[int], rounds: int = 1) -> dict:
+    """``time_items`` for several readers of the same items, alternating them round by round so that load from
+    other processes falls on all of them alike."""
+    for get in getters.values():
+        get(indices[0])
+    best = {k: {"wall": float("inf"), "cpu": float("inf")} for k in getters}
     for _ in range(rounds):
-        t = time.perf_counter()
-        for i in indices:
-            get(i)
-        best = min(best, (time.perf_counter() - t) / len(indices))
+        for k, get in getters.items():
+            c, t = time.process_time(), time.perf_counter()
+            for i in indices:
+                get(i)
+            n = len(indices)
+            best[k]["wall"] = min(best[k]["wall"], (time.perf_counter() - t) / n)
+            best[k]["cpu"] = min(best[k]["cpu"], (time.process_time() - c) / n)
     return best
 
 

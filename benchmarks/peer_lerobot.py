@@ -50,6 +50,14 @@ def main() -> None:
     out["sequential_s"] = common.time_items(get, p["sequential"], rounds)
     dsd = LeRobotDataset(repo, root=root, delta_timestamps=p["delta_timestamps"])
     out["delta_s"] = common.time_items(dsd.__getitem__, p["delta"], rounds)
+    # lerobot converts frames with torch ops, which torch spreads over its intra-op threads; on busy shared cores the
+    # wake-ups dominate. Timed again with one thread (what DataLoader workers use): its best case.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out["random_t1_s"] = common.time_items(get, p["random"], rounds)
+    out["sequential_t1_s"] = common.time_items(get, p["sequential"], rounds)
+    out["delta_t1_s"] = common.time_items(dsd.__getitem__, p["delta"], rounds)
+    torch.set_num_threads(threads)
     common.emit(out)
 
 

@@ -66,31 +66,32 @@ def bench_ours(root: Path, plan: dict, rounds: int, sampler_row: bool) -> dict:
     out = {"reader": "lerobot_sql"}
     sql = "SELECT index FROM frames ORDER BY index"
     with tempfile.TemporaryDirectory(prefix="lsql_bench_cache_") as cache:
-        t = time.perf_counter()
-        db = lsql.connect(root, cache_dir=cache)
-        ds = db.dataset(sql)
-        out["open_cold_s"] = time.perf_counter() - t
-        db.close()
-        t = time.perf_counter()
-        db = lsql.connect(root, cache_dir=cache)
-        ds = db.dataset(sql)
-        out["open_warm_s"] = time.perf_counter() - t
-        get = ds.__getitem__
-        out["random_s"] = common.time_items(get, plan["random"], rounds)
-        out["sequential_s"] = common.time_items(get, plan["sequential"], rounds)
+        for phase in ("cold", "warm"):
+            t0 = time.perf_counter()
+            db = lsql.connect(root, cache_dir=cache)
+            t1 = time.perf_counter()
+            m = db.manifest(sql)
+            t2 = time.perf_counter()
+            ds = db.dataset(m)
+            t3 = time.perf_counter()
+            out[f"open_{phase}_s"] = t3 - t0
+            out[f"open_{phase}_parts_s"] = {"connect": t1 - t0, "manifest": t2 - t1, "dataset": t3 - t2}
+            if phase == "cold":
+                db.close()
+        limit = DecodeLimit(db, ds)
+        for mode, lim in (("random", limit.item), ("sequential", limit.item)):
+            r = common.time_interleaved({"ours": ds.__getitem__, "limit": lim}, plan[mode], rounds)
+            out[f"{mode}_s"], out[f"limit_{mode}_s"] = r["ours"], r["limit"]
         dsd = db.dataset(sql, delta_timestamps=plan["delta_timestamps"])
-        out["delta_s"] = common.time_items(dsd.__getitem__, plan["delta"], rounds)
+        r = common.time_interleaved({"ours": dsd.__getitem__, "limit": limit.delta_item}, plan["delta"], rounds)
+        out["delta_s"], out["limit_delta_s"] = r["ours"], r["limit"]
+        limit.close()
         if plan.get("dataloader"):
             fresh = db.dataset(sql)  # nothing opened in the parent before the fork
             out["dataloader"] = common.time_dataloader(torch, fresh, plan["dataloader"])
             if sampler_row:
                 order = list(EpisodeAwareSampler(fresh, block_size=8, seed=0))[:len(plan["dataloader"])]
                 out["dataloader_sampler"] = common.time_dataloader(torch, fresh, order)
-        limit = DecodeLimit(db, ds)
-        out["limit_random_s"] = common.time_items(limit.item, plan["random"], rounds)
-        out["limit_sequential_s"] = common.time_items(limit.item, plan["sequential"], rounds)
-        out["limit_delta_s"] = common.time_items(limit.delta_item, plan["delta"], rounds)
-        limit.close()
         db.close()
     return out
 
@@ -201,13 +202,16 @@ def _ratio(a, b):
 def table(name: str, info: dict, ours: list[dict], peer: list[dict], peer_note: str) -> list[str]:
     L = [f"\n### {name}: {info['frames']:,} frames, {info['episodes']} episodes, cameras {info['cameras']} at "
          f"{info['res']}", "",
-         "| measure | lerobot_sql | LeRobotDataset | decode limit | lerobot_sql speed-up vs LeRobotDataset | "
-         "lerobot_sql time / limit |", "|---|---:|---:|---:|---:|---:|"]
-    for label, key, lim in (("random item", "random_s", "limit_random_s"),
-                            ("sequential item", "sequential_s", "limit_sequential_s"),
-                            ("delta_timestamps item", "delta_s", "limit_delta_s")):
-        a, b, c = _best(ours, key), _best(peer, key), _best(ours, lim)
-        L.append(f"| {label} | {_ms(a)} | {_ms(b)} | {_ms(c)} | {_ratio(b, a)} | {_ratio(a, c)} |")
+         "| measure | lerobot_sql | LeRobotDataset | LeRobotDataset, torch 1 thread | decode limit | "
+         "speed-up vs LeRobotDataset (default / 1 thread) | lerobot_sql time / limit |",
+         "|---|---:|---:|---:|---:|---:|---:|"]
+    for clock in ("wall", "cpu"):
+        for label, key in (("random item", "random"), ("sequential item", "sequential"),
+                           ("delta_timestamps item", "delta")):
+            a, b = _best(ours, f"{key}_s", clock), _best(peer, f"{key}_s", clock)
+            b1, c = _best(peer, f"{key}_t1_s", clock), _best(ours, f"limit_{key}_s", clock)
+            L.append(f"| {label}, {clock} | {_ms(a)} | {_ms(b)} | {_ms(b1)} | {_ms(c)} | {_ratio(b, a)} / "
+                     f"{_ratio(b1, a)} | {_ratio(a, c)} |")
     for label, key in (("DataLoader w=2 b=32, items/s", "dataloader"),
                        ("same, EpisodeAwareSampler(block 8)", "dataloader_sampler")):
         a, b = _best(ours, key, "items_per_s", max), _best(peer, key, "items_per_s", max)
@@ -215,15 +219,19 @@ def table(name: str, info: dict, ours: list[dict], peer: list[dict], peer_note: 
             continue
         fa = "-" if a is None else f"{a:,.0f}"
         fb = "-" if b is None else f"{b:,.0f}"
-        L.append(f"| {label} | {fa} | {fb} | | {_ratio(a, b) if a and b else '-'} | |")
+        L.append(f"| {label} | {fa} | {fb} | | | {_ratio(a, b) if a and b else '-'} | |")
     for label, sub in (("worker peak RSS, MB", "worker_peak_rss_mb"), ("worker private (USS), MB", "worker_uss_mb"),
                        ("worker PSS, MB", "worker_pss_mb")):
         a, b = _best(ours, "dataloader", sub, max), _best(peer, "dataloader", sub, max)
-        L.append(f"| {label} | {'-' if a is None else f'{a:.0f}'} | {'-' if b is None else f'{b:.0f}'} | | | |")
+        L.append(f"| {label} | {'-' if a is None else f'{a:.0f}'} | {'-' if b is None else f'{b:.0f}'} | | | | |")
     for label, key in (("open, cold cache (s)", "open_cold_s"), ("open, warm cache (s)", "open_warm_s")):
         a, b = _best(ours, key), _best(peer, key)
-        L.append(f"| {label} | {'-' if a is None else f'{a:.3f}'} | {'-' if b is None else f'{b:.3f}'} | | "
-                 f"{_ratio(a, b) if a and b else '-'} (time ratio) | |")
+        L.append(f"| {label} | {'-' if a is None else f'{a:.3f}'} | {'-' if b is None else f'{b:.3f}'} | | | "
+                 f"time ratio {_ratio(a, b) if a and b else '-'} | |")
+    parts = [r.get("open_cold_parts_s") for r in ours if r.get("open_cold_parts_s")]
+    if parts:
+        p = min(parts, key=lambda d: sum(d.values()))
+        L.append("\nlerobot_sql cold open = " + ", ".join(f"{k} {v:.3f} s" for k, v in p.items()))
     if peer_note:
         L.append(f"\nLeRobotDataset column: {peer_note}")
     return L
