@@ -86,7 +86,14 @@ def test_dataloader_worker_killed_mid_epoch(datasets, tmp_path):
     with pytest.raises(RuntimeError, match="(?i)worker"):  # torch reports the dead worker; no hang
         for _ in it:
             pass
-    del it
+    # Unregister the dead worker's pid with torch's SIGCHLD handler muted: the handler raises again, asynchronously,
+    # for every SIGCHLD while that pid is registered (the other worker's exit, later subprocesses).
+    prev = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        it._shutdown_workers()
+        del it
+    finally:
+        signal.signal(signal.SIGCHLD, prev)
     # the next epoch (new workers, same dataset and cache) is complete and exact
     got = list(torch.utils.data.DataLoader(ds, batch_size=64, num_workers=2, timeout=60))
     want = list(torch.utils.data.DataLoader(ds, batch_size=64, num_workers=0))
