@@ -92,6 +92,9 @@ def bench_ours(root: Path, plan: dict, rounds: int, sampler_row: bool) -> dict:
             if sampler_row:
                 order = list(EpisodeAwareSampler(fresh, block_size=8, seed=0))[:len(plan["dataloader"])]
                 out["dataloader_sampler"] = common.time_dataloader(torch, fresh, order)
+            # uint8 frames: 4x fewer bytes through the worker -> main process queues (convert on the device)
+            out["dataloader_uint8"] = common.time_dataloader(torch, db.dataset(sql, return_uint8=True),
+                                                             plan["dataloader"])
         db.close()
     return out
 
@@ -213,7 +216,8 @@ def table(name: str, info: dict, ours: list[dict], peer: list[dict], peer_note: 
             L.append(f"| {label}, {clock} | {_ms(a)} | {_ms(b)} | {_ms(b1)} | {_ms(c)} | {_ratio(b, a)} / "
                      f"{_ratio(b1, a)} | {_ratio(a, c)} |")
     for label, key in (("DataLoader w=2 b=32, items/s", "dataloader"),
-                       ("same, EpisodeAwareSampler(block 8)", "dataloader_sampler")):
+                       ("same, EpisodeAwareSampler(block 8)", "dataloader_sampler"),
+                       ("same indices, return_uint8=True", "dataloader_uint8")):
         a, b = _best(ours, key, "items_per_s", max), _best(peer, key, "items_per_s", max)
         if a is None and b is None:
             continue
@@ -283,7 +287,7 @@ def run(argv: list[str] | None = None) -> int:
         big = info["res"] not in ("96x128", "-")
         n = (300 if big else 1000) if a.full else (100 if big else 300)
         plan = common.plan(info["frames"], info["fps"], info["cameras"], n=n, n_delta=max(50, n // 2),
-                           dl_batches=(30 if a.full else 12) if not big else (12 if a.full else 6), seed=a.seed)
+                           dl_batches=(30 if a.full else 12) if not big else (16 if a.full else 10), seed=a.seed)
         ours, peer = [], []
         for _ in range(repeat):
             print(f"[{name}] lerobot_sql ...", file=sys.stderr, flush=True)

@@ -8,13 +8,17 @@ private copy of the table.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from filelock import FileLock
 
 from . import cache
 from .errors import DatasetFormatError
@@ -97,20 +101,25 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
     missing = [(rg, p) for rg, p in zip(rgs, paths) if not p.exists()]
     if not missing:
         return paths
-    with src.open(info.rel) as f:
+    folder = paths[0].parent
+    folder.mkdir(parents=True, exist_ok=True)
+    # One lock for the data file, not one per row group (a 200-episode file has 200 row groups); each entry is
+    # still written under a temporary name and renamed into place, as cache.build_once does.
+    with FileLock(str(folder / "build.lock")), src.open(info.rel) as f:
         pf = pq.ParquetFile(f)
         for rg, p in missing:
-            def write(tmp: str, rg: int = rg) -> None:
-                try:
-                    raw = pf.read_row_group(rg)
-                except (pa.ArrowException, OSError) as e:  # a damaged page: name the file, never a bare pyarrow error
-                    raise DatasetFormatError(f"{src.path(info.rel)}: row group {rg} cannot be decoded ({e}); the file "
-                                             "is corrupt, re-download it from the dataset's source") from e
-                table = _normalise(raw, layout, src.path(info.rel))
+            if p.exists():
+                continue
+            table = _normalise(pf.read_row_group(rg), layout, src.path(info.rel))
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=p.name + ".", suffix=".tmp")
+            os.close(fd)
+            try:
                 with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
                     w.write_table(table)
-
-            cache.build_once(p, write)
+                os.replace(tmp, p)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
     return paths
 
 
