@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("LSQL_SHARED", REPO.parent / "shared"))
-DATASETS = SHARED / "datasets"
-REFERENCE = SHARED / "reference"
-SAMPLE = REPO / "sample" / "small20"
-REFERENCE_SETS = ["small20", "multifile60", "h264_20", "img5_extras", "g1_real_v30"]
+from helpers import DATASETS, REFERENCE, SAMPLE, SHARED  # noqa: F401  (re-exported for fixtures)
 
 
 def _need_shared():
@@ -55,28 +48,3 @@ def framecode():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def load_reference(name: str):
-    """(json dict, npz) of shared/reference/NAME."""
-    return json.loads((REFERENCE / f"{name}.json").read_text()), np.load(REFERENCE / f"{name}.npz")
-
-
-def assert_item_equals_reference(item: dict, ref_json_item: dict, npz, mode: str) -> None:
-    """Exact comparison of one of our items with lerobot's (keys, dtypes, shapes, values, task)."""
-    idx = ref_json_item["index"]
-    spec = ref_json_item[mode]
-    prefix = f"{mode}/{idx}/"
-    expected_keys = {k[len(prefix):] for k in npz.files if k.startswith(prefix)} | {"task"}
-    assert set(item) == expected_keys, f"index {idx} {mode}: keys differ: {set(item) ^ expected_keys}"
-    assert item["task"] == spec["scalars"]["task"]
-    for key, meta in spec["keys"].items():
-        ours = item[key]
-        assert str(ours.dtype).removeprefix("torch.") == meta["dtype"], (idx, key, ours.dtype)
-        assert list(ours.shape) == meta["shape"], (idx, key, ours.shape)
-        ref = npz[meta["npz"]]
-        got = ours.numpy()
-        if meta.get("stored_dtype") == "uint8":
-            # lerobot computes float32(u8)/255; compare in that exact form.
-            ref = ref.astype(np.float32) / np.float32(255)
-        np.testing.assert_array_equal(got, ref, err_msg=f"index {idx} {mode} {key}")

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import REPO, SAMPLE
+from helpers import REPO, SAMPLE
 
 CLI = [sys.executable, "-m", "lerobot_sql.cli"]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
-from conftest import REFERENCE_SETS, assert_item_equals_reference, load_reference
+from helpers import REFERENCE_SETS, assert_item_equals_reference, load_reference
 
 
 @pytest.mark.parametrize("name", REFERENCE_SETS)

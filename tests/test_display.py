@@ -23,7 +23,7 @@ from lerobot_sql.errors import QueryError
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from conftest import SAMPLE  # noqa: E402
+from helpers import SAMPLE  # noqa: E402
 
 CAMS = ["observation.images.front", "observation.images.wrist"]
 

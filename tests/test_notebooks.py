@@ -9,7 +9,7 @@ import os
 import nbformat
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 NOTEBOOKS = REPO / "notebooks"
 NAMES = ["explore.ipynb", "build_subset.ipynb"]

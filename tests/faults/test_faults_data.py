@@ -15,7 +15,7 @@ import lerobot_sql as lsql
 from lerobot_sql.errors import (DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError,
                                 ResultContractError, VideoDecodeError)
 
-from conftest import (DATA, EPISODES, FRONT, INFO, TASKS, edit_info, rewrite_parquet, scribble, set_column,
+from damage import (DATA, EPISODES, FRONT, INFO, TASKS, edit_info, rewrite_parquet, scribble, set_column,
                       shorten_mp4, truncate)
 
 pytestmark = pytest.mark.timeout(90)

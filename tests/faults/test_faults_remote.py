@@ -18,7 +18,7 @@ import lerobot_sql as lsql
 from lerobot_sql.errors import RemoteIOError
 from lerobot_sql.source import open_source
 
-from conftest import DATA, rewrite_parquet, set_column
+from damage import DATA, rewrite_parquet, set_column
 from http_range_server import RangeServer, _Handler
 
 pytestmark = pytest.mark.timeout(90)
