@@ -22,7 +22,7 @@ import lerobot_sql as lsql
 from lerobot_sql import video
 from lerobot_sql.errors import CacheError
 
-from conftest import FRONT
+from damage import FRONT
 
 pytestmark = pytest.mark.timeout(120)
 
