@@ -97,6 +97,22 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
                 f"it would give wrong frames. Fix videos/{k}/from_timestamp and to_timestamp (run `lerobot-sql doctor`)")
 
 
+def _plain_numbers(t: pa.Table) -> pa.Table:
+    """DECIMAL columns (DuckDB types `1.5` as DECIMAL) become float64, and numeric columns with NULLs float64 with
+    NaN, so that every extra number becomes a tensor a DataLoader can collate."""
+    cols = []
+    for name, col in zip(t.column_names, t.columns):
+        typ = col.type
+        inner = typ.value_type if pa.types.is_list(typ) or pa.types.is_fixed_size_list(typ) else typ
+        if pa.types.is_decimal(inner):
+            col = col.cast(pa.list_(pa.float64()) if inner is not typ else pa.float64())
+        if (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_decimal(col.type)) \
+                and col.null_count:
+            col = col.cast(pa.float64()).fill_null(float("nan"))
+        cols.append(col)
+    return pa.table(cols, names=t.column_names)
+
+
 def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Table, *, sql: str,
                    window_tolerance_s: float = 1e-4) -> pa.Table:
     """Resolve ``result`` (the rows of user query ``sql``) to a manifest, in the main process.
@@ -114,13 +130,29 @@ def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Ta
                 "episode": ("episode_index",)}[mode]
     extras = [c for c in result.column_names if c not in contract and c not in layout.features and c not in reserved]
     clash = [c for c in result.column_names if c not in contract and c in set(LOCATION) | set(video_cols)]
+    clash += [c for c in extras if c == "task" or c.endswith("_is_pad")]
     if clash:
-        raise ResultContractError(f"result columns {clash} clash with the manifest's own columns; alias them in: {sql!r}")
+        raise ResultContractError(f"result columns {clash} clash with the manifest's or the item's own keys; alias "
+                                  f"them (e.g. `... AS my_{clash[0].replace('/', '_')}`) in: {sql!r}")
+    # Columns named like a frame column are the frame's own values (SELECT * FROM frames): they are not carried as
+    # extras, so they must equal what the item will hold, never silently differ from it.
+    shadow = [c for c in result.column_names if c not in contract and (c in layout.features or c in CORE)]
+    if shadow and mode != "index":
+        raise ResultContractError(f"result columns {shadow} are per-frame columns, but this {mode} result selects "
+                                  f"frames by episode_index; alias or drop them in: {sql!r}")
 
-    keep = list(contract) + extras
-    res = result.select(keep).append_column("_ord", pa.array(range(result.num_rows), pa.int64()))
+    keep = list(contract) + extras + shadow
+    res = _plain_numbers(result.select(keep)).append_column("_ord", pa.array(range(result.num_rows), pa.int64()))
     con.register("_lsql_result", res)
     try:
+        if shadow:
+            differ = " OR ".join(f"r.{q(c)} IS DISTINCT FROM f.{q(c)}" for c in shadow)
+            bad = con.sql(f"SELECT r.index, {', '.join(f'r.{q(c)}' for c in shadow)} FROM _lsql_result r "
+                          f"JOIN frames f ON f.index = r.index WHERE {differ} LIMIT 1").fetchall()
+            if bad:
+                raise ResultContractError(
+                    f"result columns {shadow} differ from the frames' own values (e.g. at index {bad[0][0]}); items "
+                    f"carry the frame's values under those names, so alias computed columns: {sql!r}")
         tol = float(window_tolerance_s)
         join = {
             "index": "JOIN _frames_loc f ON f.index = r.index",

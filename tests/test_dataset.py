@@ -120,3 +120,27 @@ def test_dataloader_two_workers_on_real_g1_matches_direct_pyav(datasets):
                 found[wanted[n]] = frame.to_ndarray(format="rgb24").transpose(2, 0, 1)
     for k, i in enumerate(want_idx):
         np.testing.assert_array_equal(got[k].numpy(), found[i], err_msg=f"index {i}")
+
+
+def test_extra_numbers_collate_decimals_and_nulls(datasets):
+    """DuckDB types 1.5 as DECIMAL and CASE without ELSE gives NULLs: both must reach the DataLoader as tensors."""
+    db = lsql.connect(datasets / "small20")
+    ds = db.dataset("SELECT index, 1.5 AS w, [1.0, 2.5] AS vec, CASE WHEN index % 2 = 0 THEN 7 END AS maybe "
+                    "FROM frames WHERE index < 4 ORDER BY index", cameras=[])
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)))
+    assert batch["w"].tolist() == [1.5] * 4
+    assert batch["vec"].tolist() == [[1.0, 2.5]] * 4
+    assert batch["maybe"][0].item() == 7 and torch.isnan(batch["maybe"][1])
+
+
+def test_result_columns_never_silently_replace_item_keys(datasets):
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(lsql.ResultContractError, match="differ from the frames' own values"):
+        db.dataset("SELECT index, 99 AS frame_index FROM frames WHERE index < 3", cameras=[])
+    with pytest.raises(lsql.ResultContractError, match=r"\['task'\] clash"):
+        db.dataset("SELECT index, 'x' AS task FROM frames WHERE index < 3", cameras=[])
+    with pytest.raises(lsql.ResultContractError, match="per-frame columns"):
+        db.dataset("SELECT episode_index, 3 AS frame_index FROM episodes", cameras=[])
+    # the frame's own columns, selected as they are, are fine
+    ds = db.dataset("SELECT * FROM frames WHERE episode_index = 1 ORDER BY index", cameras=[])
+    assert int(ds[5]["frame_index"]) == 5
