@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from filelock import FileLock
 
 from . import cache
-from .errors import DatasetFormatError
+from .errors import CacheError, DatasetFormatError, LeRobotSQLError
 from .layout import Layout
 from .source import Source
 
@@ -102,24 +102,36 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
     if not missing:
         return paths
     folder = paths[0].parent
-    folder.mkdir(parents=True, exist_ok=True)
-    # One lock for the data file, not one per row group (a 200-episode file has 200 row groups); each entry is
-    # still written under a temporary name and renamed into place, as cache.build_once does.
-    with FileLock(str(folder / "build.lock")), src.open(info.rel) as f:
-        pf = pq.ParquetFile(f)
-        for rg, p in missing:
-            if p.exists():
-                continue
-            table = _normalise(pf.read_row_group(rg), layout, src.path(info.rel))
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=p.name + ".", suffix=".tmp")
-            os.close(fd)
-            try:
-                with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-                    w.write_table(table)
-                os.replace(tmp, p)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # One lock for the data file, not one per row group (a 200-episode file has 200 row groups); each entry is
+        # still written under a temporary name and renamed into place, as cache.build_once does.
+        with FileLock(str(folder / "build.lock")), src.open(info.rel) as f:
+            pf = pq.ParquetFile(f)
+            for rg, p in missing:
+                if p.exists():
+                    continue
+                try:
+                    raw = pf.read_row_group(rg)
+                except (pa.ArrowException, OSError) as e:  # a damaged page: name the file, not a bare pyarrow error
+                    raise DatasetFormatError(f"{src.path(info.rel)}: row group {rg} cannot be decoded ({e}); the "
+                                             "file is corrupt, re-download it from the dataset's source") from e
+                table = _normalise(raw, layout, src.path(info.rel))
+                fd, tmp = tempfile.mkstemp(dir=folder, prefix=p.name + ".", suffix=".tmp")
+                os.close(fd)
+                try:
+                    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+                        w.write_table(table)
+                    os.replace(tmp, p)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+    except OSError as e:
+        if isinstance(e, LeRobotSQLError):  # MissingFileError / RemoteIOError from the source: already ours
+            raise
+        raise CacheError(f"{folder}: cannot write the tabular cache ({e}); the cache folder is full or not "
+                         "writable. Free space there, or set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a "
+                         "writable folder with room") from e
     return paths
 
 
