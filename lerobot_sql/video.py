@@ -1,8 +1,13 @@
 """Video access: a per-file frame index built by demuxing (no decoding), and a pool of reusable PyAV decoders.
 
 The index of an mp4 has one row per frame: its pts (stream time-base units and seconds), whether it is a keyframe,
-and the pts of the keyframe it depends on, plus its packet's byte range. It is cached as one small Parquet file per
-mp4, keyed by the file's identity (size + mtime, or ETag), and exposed in SQL as ``video_frames``.
+and the pts of the keyframe it depends on, plus its packet's byte range. It is read from the container's sample
+table when no frame is reordered (checked against the first packets), else by demuxing every packet; never by
+decoding. It is cached as one small Parquet file per mp4, keyed by the file's identity (size + mtime, or ETag), and
+exposed in SQL as ``video_frames``; a memory-mappable Arrow twin (pts, pts_s, key_row) serves the readers.
+
+``DecoderPool`` keeps open decoders per process and reaches each target by decoding forward from where the decoder
+stands, seeking (straight to the target's keyframe) only when that keyframe lies further ahead than ``reach``.
 """
 
 from __future__ import annotations
