@@ -148,6 +148,50 @@ def _out(path: str | None, binary: bool = False):
             yield f
 
 
+# --output's extension -> --format, when -f is not given (so `-o x.csv` never writes a box-drawn table).
+FORMAT_BY_EXTENSION = {".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json", ".parquet": "parquet",
+                       ".pq": "parquet", ".txt": "table"}
+
+
+def _format_of(fmt: str | None, output: str | None) -> str:
+    """The output format: ``-f`` if given, else inferred from ``--output``'s extension, else table (stdout)."""
+    if fmt:
+        return fmt
+    if output in (None, "-"):
+        return "table"
+    ext = Path(output).suffix.lower()
+    if ext not in FORMAT_BY_EXTENSION:
+        raise UsageError(f"cannot tell the format of {output!r} from its extension; use one of "
+                         f"{sorted(FORMAT_BY_EXTENSION)} or pass -f table|csv|json|parquet")
+    return FORMAT_BY_EXTENSION[ext]
+
+
+def _float32_shortest(table):
+    """``table`` with float32 (also inside lists/structs) as float64 holding the shortest decimal that round-trips
+    the float32 (25.24413, not 25.244129180908203): JSON then prints the same digits as CSV and the table view."""
+    import pyarrow as pa
+
+    def swap(t, to):
+        if pa.types.is_float32(t) or pa.types.is_float16(t):
+            return to
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            field = t.value_field.with_type(swap(t.value_type, to))
+            if pa.types.is_fixed_size_list(t):
+                return pa.list_(field, t.list_size)
+            return pa.large_list(field) if pa.types.is_large_list(t) else pa.list_(field)
+        if pa.types.is_struct(t):
+            return pa.struct([t.field(i).with_type(swap(t.field(i).type, to)) for i in range(t.num_fields)])
+        return t
+
+    for i, field in enumerate(table.schema):
+        if swap(field.type, pa.string()) != field.type:
+            # Arrow's float -> string cast writes the shortest round-trip digits; parsing them back as float64 keeps
+            # exactly those digits for json.dumps.
+            col = table.column(i).cast(swap(field.type, pa.string())).cast(swap(field.type, pa.float64()))
+            table = table.set_column(i, field.with_type(col.type), col)
+    return table
+
+
 def _write_result(rel, fmt: str, output: str | None, max_rows: int) -> None:
     if fmt == "table":
         if output not in (None, "-"):
@@ -156,18 +200,21 @@ def _write_result(rel, fmt: str, output: str | None, max_rows: int) -> None:
         else:
             _print_table(rel, max_rows)
     elif fmt == "json":  # JSON Lines: one object per row, streams into jq / pandas.read_json(lines=True)
-        table = _materialize(rel, "json")
+        table = _float32_shortest(_materialize(rel, "json"))
         with _out(output) as f:
             for row in table.to_pylist():
                 f.write(json.dumps(_jsonable(row), ensure_ascii=False) + "\n")
     elif fmt == "csv":
         import duckdb
 
-        # DuckDB writes lists and structs as readable text ([1.0, 2.0]); stdout goes through a temp file.
-        with tempfile.TemporaryDirectory() as tmp:
+        # DuckDB writes lists and structs as readable text ([1.0, 2.0]) and floats in their shortest form. The
+        # dataset's connection is locked down (no file writes: lerobot_sql.sandbox), so the result is handed as Arrow
+        # to a private in-memory connection that writes the file; stdout goes through a temp file.
+        table = _materialize(rel, "csv")
+        with tempfile.TemporaryDirectory() as tmp, contextlib.closing(duckdb.connect()) as con:
             path = output if output not in (None, "-") else os.path.join(tmp, "out.csv")
             try:
-                rel.write_csv(path, header=True)
+                con.from_arrow(table).write_csv(path, header=True)
             except duckdb.Error as e:
                 raise QueryError(f"{type(e).__name__}: {e}") from e
             if output in (None, "-"):
@@ -285,7 +332,7 @@ def cmd_query(args) -> int:
         rel = _run(db, None, dict(args.param or []), name=args.name)
     else:
         rel = _run(db, _sql_from(args, db))
-    _write_result(rel, args.format, args.output, args.max_rows)
+    _write_result(rel, _format_of(args.format, args.output), args.output, args.max_rows)
     return 0
 
 
@@ -307,8 +354,11 @@ def _print_report(report: Any) -> None:
 def cmd_export(args) -> int:
     db = _connect(args)
     sql = _sql_from(args, db)
-    report = db.export(sql, args.dest, overwrite=args.overwrite, progress=not args.quiet,
-                       tolerance_s=args.tolerance_s)
+    try:
+        report = db.export(sql, args.dest, overwrite=args.overwrite, progress=not args.quiet,
+                           tolerance_s=args.tolerance_s)
+    except FileExistsError as e:  # the library speaks Python (overwrite=True); say the flag here
+        raise FileExistsError(str(e).replace("overwrite=True", "--overwrite")) from e
     _print_report(report)
     return 0
 
@@ -426,15 +476,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt, epilog="examples:\n" + "\n".join("  " + e for e in [
             'lerobot-sql query sample/small20 "SELECT episode_index, length FROM episodes ORDER BY length DESC"',
             'lerobot-sql query sample/small20 "SELECT * FROM tasks" -f csv > tasks.csv',
-            'lerobot-sql query sample/small20 "SELECT * FROM frames" -f parquet -o frames.parquet',
+            'lerobot-sql query sample/small20 "SELECT * FROM frames" -o frames.parquet   # format from the extension',
             'echo "SELECT count(*) FROM frames" | lerobot-sql query sample/small20 -',
             "lerobot-sql query --list",
             "lerobot-sql query sample/small20 --name NAME -p key=value -f json"]))
     sp.add_argument("dataset", nargs="?", metavar="DATASET", help="dataset root (holds meta/, data/, videos/) or URL")
     query_source(sp, positional=True)
     sp.add_argument("--list", action="store_true", help="list the named queries and their parameters")
-    sp.add_argument("--format", "-f", choices=["table", "csv", "json", "parquet"], default="table",
-                    help="table (default), csv, json (JSON Lines: one object per row) or parquet")
+    sp.add_argument("--format", "-f", choices=["table", "csv", "json", "parquet"],
+                    help="table, csv, json (JSON Lines: one object per row) or parquet; default: from --output's "
+                         "extension (.csv, .json/.jsonl, .parquet, .txt), else table")
     sp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout (required for parquet "
                                                            "on a terminal)")
     sp.add_argument("--max-rows", type=int, default=40, help="rows shown by the table format (0 = all; default 40)")
@@ -477,8 +528,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-video", action="store_true", help="skip the video checks (faster)")
 
     sp = add("shell", "interactive SQL prompt with the views registered (.help inside)",
-             ["lerobot-sql shell sample/small20", "echo 'SELECT count(*) FROM frames;' | lerobot-sql shell sample/small20"],
-             cmd_shell)
+             ["lerobot-sql shell sample/small20", "echo 'SELECT count(*) FROM frames;' | lerobot-sql shell sample/small20",
+             "lerobot-sql shell sample/small20 < script.sql 2>&1 | tee log.txt"], cmd_shell)
+    sp.epilog += ("\n\nexit status: piped input (a script) runs every statement, printing each error in order with "
+                  "the\nresults, and exits 1 if any statement or dot command failed, else 0 (.quit ends the script "
+                  "early\nand keeps that status). An interactive session exits 0.")
     sp.add_argument("--max-rows", type=int, default=40, help="rows shown per result (0 = all; default 40)")
 
     sp = add("bench", "run the benchmarks (needs a source checkout: git clone, then pip install -e .)",
@@ -495,11 +549,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---- errors --------------------------------------------------------------------------------------------------------
+SCHEMA = "`lerobot-sql schema DATASET [VIEW]` lists the views and their columns"
+QUOTING = 'quote names that contain dots: "observation.state"'
 HINTS: list[tuple[type, str]] = [
     (UnsupportedVersionError, "lerobot_sql reads LeRobot format v3.x"),
     (ResultContractError, "return `index`, or `episode_index, start_s, end_s`, or `episode_index` columns"),
-    (QueryError, "list the views and columns with `lerobot-sql schema DATASET`; quote dotted names: "
-                 '"observation.state"'),
+    (QueryError, SCHEMA),  # refined by QUERY_HINTS
     (MissingFileError, "`lerobot-sql doctor DATASET` lists every file the metadata points to that is missing"),
     (DatasetFormatError, "`lerobot-sql doctor DATASET` checks the metadata against the files"),
     (FrameNotFoundError, "`lerobot-sql doctor DATASET` checks timestamps against the video frames"),
@@ -508,6 +563,31 @@ HINTS: list[tuple[type, str]] = [
     (FileExistsError, "choose a new destination or pass --overwrite"),
     (PermissionError, "check the permissions of the path"),
     (OSError, "check the path"),
+]
+# A QueryError's hint follows what went wrong: (regex over the message, hint); the first match wins. The messages
+# come from lerobot_sql.query, lerobot_sql.library and DuckDB; tests/test_cli.py covers each row.
+QUERY_HINTS: list[tuple[str, str]] = [
+    (r"^(no named query|query '[^']*'[: ]|.*\.sql: (parameter|no SQL|the SQL uses))",
+     "`lerobot-sql query --list` lists the named queries and their parameters"),
+    (r"^(DESCRIBE|SUMMARIZE|SHOW)\b", "`lerobot-sql schema DATASET VIEW` lists a view's columns and types"),
+    (r"^only queries|statement\(s\) of type",
+     "the views are read-only: only a SELECT (or WITH ... SELECT) runs here"),
+    (r"^cannot parse the SQL: .*unclosed", "close every quote ('text', \"name\") and /* comment */"),
+    (r"^cannot parse|Parser Error", "fix the SQL where the error points (marked >>> <<<, or 'at or near'); "
+                                    "examples: docs/sql.md"),
+    (r"exactly one SQL statement", "run one statement per call; `lerobot-sql shell` runs a script of several"),
+    (r"^(table functions|file paths in FROM)", f"query the views; {SCHEMA}"),
+    (r"qualified table names|read as table\.column", QUOTING),
+    (r"unknown column|Referenced column|column .* not found|Binder Error.*column",
+     f"{SCHEMA}; {QUOTING}"),
+    (r"^(LIMIT|OFFSET) \d+ is out of range", "LIMIT and OFFSET take a row count up to 2^63 - 1; leave LIMIT out "
+                                              "to get every row"),
+    (r"Invalid Input Error: [\w.]+: ", "this check is part of lerobot_sql's SQL: `lerobot-sql query --list` shows "
+                                       "the named queries' parameters, docs/sql.md the macros"),
+    (r"Conversion Error|Out of Range Error|out of range",
+     "a value does not fit its SQL type: check the literals and casts (::INT, ::FLOAT) in the query"),
+    (r"Function with name|does not exist", "DuckDB's functions: https://duckdb.org/docs/sql/functions/overview; "
+                                           "lerobot_sql's macros: docs/sql.md"),
 ]
 
 
@@ -523,8 +603,16 @@ def _one_line(e: BaseException) -> str:
 
 
 def _hint(e: BaseException) -> str | None:
+    """The ``hint:`` line for an error: specific to the kind of error (and, for QueryError, to its message)."""
+    import re
+
     if isinstance(e, MissingFileError) and "meta/info.json" in str(e):
         return "DATASET is the dataset root: the folder holding meta/info.json, data/ and videos/"
+    if isinstance(e, QueryError) and not isinstance(e, ResultContractError):
+        text = str(e).removeprefix("QueryError: ")
+        for pattern, hint in QUERY_HINTS:
+            if re.search(pattern, text, flags=re.DOTALL):
+                return hint
     for cls, hint in HINTS:
         if isinstance(e, cls):
             return hint

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 
 import sqlglot
 from sqlglot import exp
@@ -92,12 +93,27 @@ def rewrite_lambdas(sql: str) -> str:
     return sql
 
 
+def _parse_error(e: Exception, sql: str) -> str:
+    """sqlglot's parse error as 'at line L, column C: <what>: <context with the spot marked >>> <<<>'."""
+    errors = getattr(e, "errors", None)
+    if not errors:  # a TokenError (an unclosed quote or comment) has no position
+        return f"cannot parse the SQL: {e} (an unclosed quote or comment?). SQL: {sql!r}"
+    err = errors[0]
+    desc = err["description"]
+    # "Required keyword: 'this' missing for <class 'sqlglot.expressions.query.Where'>" -> "WHERE is incomplete"
+    m = re.match(r"Required keyword: '\w+' missing for <class '[\w.]*\.(\w+)'>", desc)
+    if m:
+        desc = f"{m.group(1).upper()} is incomplete"
+    before, spot, after = err.get("start_context") or "", err.get("highlight") or "", err.get("end_context") or ""
+    where = f"{before[-40:]}>>>{spot}<<<{after[:40]}".replace("\n", " ")
+    return f"cannot parse the SQL at line {err.get('line')}, column {err.get('col')}: {desc}: {where}"
+
+
 def _parse(sql: str) -> exp.Expression:
     try:
         trees = [t for t in sqlglot.parse(sql, read="duckdb") if t is not None]
     except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
-        desc = e.errors[0]["description"] if getattr(e, "errors", None) else str(e)
-        raise QueryError(f"cannot parse the SQL: {desc}. SQL: {sql!r}") from e
+        raise QueryError(_parse_error(e, sql)) from e
     if len(trees) != 1:
         raise QueryError(f"expected exactly one SQL statement, found {len(trees)}; run statements one at a time")
     return trees[0]
@@ -105,6 +121,13 @@ def _parse(sql: str) -> exp.Expression:
 
 # ---- checks ---------------------------------------------------------------------------------------------------
 def _only_queries(tree: exp.Expression, ctx: Context) -> None:
+    kind = (tree.name if isinstance(tree, exp.Command) else tree.key).upper()
+    if kind in ("DESCRIBE", "SUMMARIZE", "SHOW"):
+        # Read-only, but they can wrap any query (SUMMARIZE SELECT ... FROM read_csv(...)) and DuckDB reports them
+        # as statement types other than SELECT; a SELECT gives the same answers through every check.
+        raise QueryError(f"{kind} is not run here, only SELECT queries are. Columns of a view: "
+                         "db.sql('SELECT * FROM frames LIMIT 0').columns (or .types); statistics: a SELECT such as "
+                         "SELECT min(length), max(length), avg(length) FROM episodes")
     if not isinstance(tree, exp.Query):
         raise QueryError(f"only queries (SELECT / WITH ... SELECT) are allowed here, not {tree.key.upper()}; "
                          "lerobot_sql views are read-only")
@@ -129,6 +152,18 @@ def _no_files_or_table_functions(tree: exp.Expression, ctx: Context) -> None:
         if t.db or t.catalog:
             raise QueryError(f"{t.sql('duckdb')}: qualified table names are not allowed. If you meant a feature such "
                              f'as observation.state, quote it: "observation.state"')
+
+
+INT64_MAX = 2**63 - 1
+
+
+def _row_counts_fit(tree: exp.Expression, ctx: Context) -> None:
+    """LIMIT / OFFSET literals beyond BIGINT: DuckDB would say 'Type INT128 ... out of range for INT64'."""
+    for clause in tree.find_all(exp.Limit, exp.Offset):
+        n = clause.expression
+        if isinstance(n, exp.Literal) and not n.is_string and n.this.isdigit() and int(n.this) > INT64_MAX:
+            raise QueryError(f"{clause.key.upper()} {n.this} is out of range: row counts are 64-bit integers (at "
+                             f"most {INT64_MAX}); drop the {clause.key.upper()} to get every row")
 
 
 def _cte_names(tree: exp.Expression) -> set[str]:
@@ -244,7 +279,8 @@ def _known_columns(tree: exp.Expression, ctx: Context) -> None:
                          '(e.g. "observation.state").')
 
 
-CHECKS = (_only_queries, _no_files_or_table_functions, _known_views, _dotted_features, _known_columns)
+CHECKS = (_only_queries, _no_files_or_table_functions, _known_views, _dotted_features, _known_columns,
+          _row_counts_fit)
 
 
 def check_sql(sql: str, ctx: Context) -> str:

@@ -1,7 +1,9 @@
 """``lerobot-sql shell DATASET``: an interactive SQL prompt over the views (Python's ``cmd`` + readline).
 
 Statements end with ``;`` and may span lines; dot commands (``.views``, ``.schema VIEW``, ``.quit``) take one line.
-Piped input runs as a script without prompts; it exits 1 if any statement failed.
+Piped input runs as a script without prompts: every statement runs (an error does not stop the script) and the exit
+status is 1 if any statement or dot command failed, else 0, also when the script ends with ``.quit``. An
+interactive session always exits 0. Errors go to stderr in order with the results (stdout is flushed first).
 """
 
 from __future__ import annotations
@@ -115,10 +117,16 @@ Statements are read-only SELECT queries over the views and end with ';'."""
 
     def report(self, e: BaseException) -> None:
         self.errors += 1
+        # stdout is block-buffered when piped: flush the results printed so far so that, with 2>&1, the error
+        # lands right after the statement that failed rather than before earlier output.
+        sys.stdout.flush()
         print(f"error: {_one_line(e)}", file=sys.stderr)
         hint = _hint(e)
-        if hint:
+        if hint:  # inside the shell, the schema is one dot command away
+            hint = hint.replace("`lerobot-sql schema DATASET [VIEW]`", ".schema [VIEW]").replace(
+                "`lerobot-sql schema DATASET VIEW`", ".schema VIEW")
             print(f"hint: {hint}", file=sys.stderr)
+        sys.stderr.flush()
 
     def execute(self, stmt: str) -> None:
         try:
