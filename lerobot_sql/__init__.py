@@ -14,6 +14,7 @@ Errors all derive from :class:`LeRobotSQLError` (see :mod:`lerobot_sql.errors`).
 
 from .db import Database, connect
 from .errors import (
+    CacheError,
     DatasetFormatError,
     FrameNotFoundError,
     LeRobotSQLError,
@@ -50,4 +51,5 @@ __all__ = [
     "FrameNotFoundError",
     "VideoDecodeError",
     "RemoteIOError",
+    "CacheError",
 ]

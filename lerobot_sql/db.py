@@ -9,7 +9,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from . import cache, catalog, macros, plan, query, video
+from . import cache, catalog, macros, plan, query, sandbox, video
 from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, ResultContractError
 from .layout import load_layout
 from .source import open_source
@@ -77,9 +77,7 @@ class Database:
         self.cache_dir = Path(cache_dir) if cache_dir else cache.root_for(self.source.url)
         # threads: all cores (DuckDB's default); memory_limit: min(RAM/4, 4 GiB), not DuckDB's 80% of RAM, which
         # would leave nothing to DataLoader workers (see sandbox.default_config).
-        from .sandbox import default_config
-
-        config = default_config(threads or None, memory_limit or None)
+        config = sandbox.default_config(threads or None, memory_limit or None)
         # Spill next to our other caches, not into DuckDB's default `.tmp` in the user's working directory.
         config["temp_directory"] = str(temp_directory or self.cache_dir / "duckdb_tmp")
         self.con = duckdb.connect(config=config)
@@ -99,6 +97,8 @@ class Database:
         self._video_frames_ready = not self.layout.video_keys
         self.con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
         self._video_files_ready = not self.layout.video_keys
+        # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
+        sandbox.lock_down(self.con, [self.source.duckdb_path(""), str(self.cache_dir)])
         self._ctx: query.Context | None = None
         self._query_dirs: list[Path] = []
 

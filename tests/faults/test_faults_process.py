@@ -83,7 +83,8 @@ def test_dataloader_worker_killed_mid_epoch(datasets, tmp_path):
     it = iter(loader)
     next(it)
     os.kill(it._workers[0].pid, signal.SIGKILL)
-    with pytest.raises(RuntimeError, match="(?i)worker"):  # torch reports the dead worker; no hang
+    # torch reports the dead worker (RuntimeError), or the pipe to it breaks first (ConnectionResetError); no hang
+    with pytest.raises((RuntimeError, ConnectionError), match="(?i)worker|connection reset"):
         for _ in it:
             pass
     # Unregister the dead worker's pid with torch's SIGCHLD handler muted: the handler raises again, asynchronously,
