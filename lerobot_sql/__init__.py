@@ -8,6 +8,14 @@ Public surface::
     ds = db.dataset("SELECT episode_index FROM episodes WHERE length > 200",
                     delta_timestamps={"action": [i / 30 for i in range(10)]})
     ds[0]                                         # the dict LeRobotDataset.__getitem__ returns
+    db.export(sql, "out/subset")                  # a new LeRobot v3.0 dataset with exactly those frames
+    db.export_manifest(sql, "m.parquet")          # one row per sample, for Ray Data / Daft / torch ranks
+    db.query("split", subset="validation")        # named queries from queries/
+    db.nearest(at_sql, ["action", "observation.images.front"])  # align streams of different rates
+
+Samplers: :class:`EpisodeAwareSampler` (shuffled blocks of consecutive frames, per-epoch seeds, resume, rank
+shards) and :class:`EpisodeShardedSampler` (whole episodes per rank). Manifest sharding for many processes and the
+Ray Data hand-off: :mod:`lerobot_sql.shard`, :mod:`lerobot_sql.ray_data`. CLI: ``lerobot-sql --help``.
 
 Errors all derive from :class:`LeRobotSQLError` (see :mod:`lerobot_sql.errors`).
 """
@@ -30,11 +38,15 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # torch loads only when the dataset class is asked for.
+    # torch loads only when a torch-facing class is asked for.
     if name == "LeRobotSQLDataset":
         from .dataset import LeRobotSQLDataset
 
         return LeRobotSQLDataset
+    if name in ("EpisodeAwareSampler", "EpisodeShardedSampler"):
+        from . import samplers
+
+        return getattr(samplers, name)
     raise AttributeError(name)
 
 
@@ -42,6 +54,8 @@ __all__ = [
     "connect",
     "Database",
     "LeRobotSQLDataset",
+    "EpisodeAwareSampler",
+    "EpisodeShardedSampler",
     "LeRobotSQLError",
     "DatasetFormatError",
     "UnsupportedVersionError",

@@ -98,9 +98,15 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._max_open_decoders, self._seek_reach = int(max_open_decoders), int(seek_reach)
         if cameras is None:
             cameras = layout.camera_keys
+        elif isinstance(cameras, str):
+            cameras = [cameras]
         unknown = [c for c in cameras if c not in layout.camera_keys]
         if unknown:
             raise ValueError(f"cameras {unknown} are not camera features; valid: {layout.camera_keys}")
+        dropped = [k for k in (delta_timestamps or {}) if k in layout.camera_keys and k not in cameras]
+        if dropped:
+            raise ValueError(f"delta_timestamps names cameras {dropped} that cameras={list(cameras)} leaves out; "
+                             "add them to cameras or drop them from delta_timestamps")
         self._video_keys = [k for k in layout.video_keys if k in cameras]
         self._skip_columns = {k for k in layout.image_keys if k not in cameras}
         self.delta_timestamps = delta_timestamps
@@ -299,7 +305,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                     row0: int, pads: dict) -> tuple[video.FrameIndex, np.ndarray]:
         rel = self._video_files[key][self._c[f"_vfile/{key}"][i]]
         if rel in self._index_errors:
-            raise self._index_errors[rel]
+            e = self._index_errors[rel]
+            raise type(e)(f"{e} (camera {key!r}; pass cameras=[...] without it, or cameras=[] for tabular-only "
+                          "items)") from e
         index = self._index(rel)
         from_ts = self._c[f"{key}/from_timestamp"][i]
         ep = int(self._c["episode_index"][i])

@@ -257,8 +257,12 @@ class Database:
                 windows or ``episode_index`` rows (see README, "Adapter contract"); or a manifest (an Arrow
                 table from :meth:`manifest`, or the path of a Parquet file written by :meth:`export_manifest`).
             **kwargs: ``delta_timestamps`` ({key: [seconds]}), ``tolerance_s`` (default 1e-4 s),
-                ``return_uint8``, ``image_transforms``, ``cameras`` (subset of camera keys), ``decoder_threads``,
-                ``parallel_cameras``, ``max_open_decoders``.
+                ``return_uint8``, ``image_transforms``, ``cameras`` (subset of camera keys, ``[]`` for tabular-only
+                items), ``decoder_threads`` (FFmpeg threads per open file, default 1), ``parallel_cameras`` (True,
+                False or ``"auto"``: decode an item's cameras in threads for frames of 320x240 and more, outside
+                DataLoader workers), ``max_open_decoders`` (open containers per process, LRU, default 16),
+                ``seek_reach`` (decode forward instead of seeking when the target's keyframe is at most this many
+                frames ahead, default 2).
 
         Returns:
             :class:`lerobot_sql.dataset.LeRobotSQLDataset`.

@@ -32,7 +32,11 @@ def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float, t
         if key not in features:
             raise ValueError(f"delta_timestamps key {key!r} is not a feature of this dataset; "
                              f"valid keys: {sorted(features)}")
-        d = np.asarray(list(deltas), np.float64)
+        try:
+            d = np.asarray(list(deltas), np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"delta_timestamps[{key!r}] must be a list of offsets in seconds, e.g. "
+                             f"[-1 / {fps:g}, 0.0]; got {deltas!r}") from None
         if d.ndim != 1 or len(d) == 0:
             raise ValueError(f"delta_timestamps[{key!r}] must be a non-empty list of seconds")
         off = np.abs(d * fps - np.round(d * fps)) / fps

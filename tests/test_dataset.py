@@ -144,3 +144,24 @@ def test_result_columns_never_silently_replace_item_keys(datasets):
     # the frame's own columns, selected as they are, are fine
     ds = db.dataset("SELECT * FROM frames WHERE episode_index = 1 ORDER BY index", cameras=[])
     assert int(ds[5]["frame_index"]) == 5
+
+
+def test_option_mistakes_get_clear_errors(datasets):
+    db = lsql.connect(datasets / "small20")
+    sql = "SELECT index FROM frames WHERE index < 3"
+    one = db.dataset(sql, cameras="observation.images.front")  # a single key is a list of one
+    assert "observation.images.front" in one[0] and "observation.images.wrist" not in one[0]
+    with pytest.raises(ValueError, match=r"must be a list of offsets in seconds"):
+        db.dataset(sql, delta_timestamps={"action": 0.1})
+    with pytest.raises(ValueError, match="leaves out"):
+        db.dataset(sql, cameras=[], delta_timestamps={"observation.images.front": [0.0]})
+
+
+def test_missing_video_names_the_file_and_the_way_out(datasets):
+    db = lsql.connect(datasets / "record-test")
+    with pytest.warns(UserWarning, match="missing"):
+        ds = db.dataset("SELECT index FROM frames WHERE index < 3")
+    with pytest.raises(lsql.MissingFileError, match=r"observation.images.front/chunk-000/file-000.mp4.*cameras=\[\]"):
+        ds[0]
+    tab = db.dataset("SELECT index FROM frames WHERE index < 3", cameras=[])
+    assert tab[2]["observation.state"].shape == (6,)
