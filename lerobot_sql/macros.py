@@ -20,7 +20,8 @@ Scalar macros
 
 Table macros (the only functions allowed in FROM; see ``TABLE_MACROS``)
   ``first_event(pred)``                       per episode, the first frame of ``frames_ext`` where ``pred`` holds.
-  ``event_windows(pred, before_s, after_s)``  ``[event_s - before_s, event_s + after_s)`` clipped to the episode.
+  ``event_windows(pred, before_s, after_s)``  ``[event_s - before_s, event_s + after_s)`` clipped to the episode;
+                                              empty windows are dropped (an event at t = 0 has none before it).
   ``segments(pred, min_duration_s)``          maximal runs of consecutive frames where ``pred`` holds.
   ``nearest_camera_frame(video_key)``         for every ``frames`` row, the camera frame nearest in time.
 All window-returning macros give ``(episode_index, start_s, end_s)`` rows (half-open, seconds from the episode start)
@@ -149,6 +150,9 @@ SELECT episode_index, arg_min(timestamp, frame_index)::DOUBLE AS event_s, arg_mi
 FROM frames_ext WHERE coalesce(pred, false) GROUP BY episode_index
 """
 
+# Clipped to the episode, a window can be empty: an event on the first frame (event_s = 0) has nothing before it, so
+# event_windows(pred, before_s, 0) gives no row for that episode rather than a zero-length window (which would be a
+# training sample without frames).
 EVENT_WINDOWS = """
 SELECT ev.episode_index, greatest(ev.event_s - before_s, 0.0) AS start_s,
        least(ev.event_s + after_s, e.duration_s) AS end_s, ev.event_s
@@ -157,14 +161,16 @@ WHERE least(ev.event_s + after_s, e.duration_s) > greatest(ev.event_s - before_s
 """
 
 # Gaps and islands: a run ends wherever pred flips; frame_index - row_number() is constant within a run.
-SEGMENTS = """
+# Timestamps are float32 (about 2e-7 s apart from k/fps at t = 4 s): a run of exactly min_duration_s must not be dropped
+# for that, hence the TOL_S slack rather than an exact comparison.
+SEGMENTS = f"""
 WITH hit AS (SELECT episode_index, frame_index, timestamp::DOUBLE AS t FROM frames_ext WHERE coalesce(pred, false)),
      runs AS (SELECT *, frame_index - row_number() OVER (PARTITION BY episode_index ORDER BY frame_index) AS run
               FROM hit),
      seg AS (SELECT episode_index, min(t) AS start_s, max(t) + 1.0 / any_value(i.fps) AS end_s, count(*) AS n_frames
              FROM runs, info i GROUP BY episode_index, run)
 SELECT episode_index, start_s, end_s, end_s - start_s AS duration_s, n_frames FROM seg
-WHERE end_s - start_s >= min_duration_s - 1e-9
+WHERE end_s - start_s >= min_duration_s - {TOL_S!r}
 ORDER BY episode_index, start_s
 """
 

@@ -3,8 +3,11 @@ streams of different rates, on a dataset built here whose front camera runs at 1
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import re
+import shlex
 import shutil
 from fractions import Fraction
 
@@ -16,6 +19,8 @@ import pytest
 
 import lerobot_sql as lsql
 from lerobot_sql.errors import QueryError
+
+from helpers import REPO
 
 FRONT, WRIST = "observation.images.front", "observation.images.wrist"
 CAM_FPS, TB = 12, Fraction(1, 15360)
@@ -189,3 +194,110 @@ def test_first_event_windows_and_segments(small):
                 want_seg.append((e, te[a], te[b - 1] + 1 / 30, b - a))
     assert want_seg and [(s[0], s[3]) for s in seg] == [(w[0], w[3]) for w in want_seg]
     np.testing.assert_allclose([s[1:3] for s in seg], [w[1:3] for w in want_seg], atol=1e-6)
+
+
+# ---- docs/sql.md: every example runs on the bundled sample as written and returns rows -----------------------------
+def _doc_blocks() -> list[tuple[str, str]]:
+    """(language, text) of every fenced code block of docs/sql.md."""
+    text = (REPO / "docs" / "sql.md").read_text()
+    return re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def _sql_statements(block: str) -> list[str]:
+    """A ```sql block holds statements, each introduced by a `-- what it does` comment line."""
+    out, cur = [], []
+    for line in block.splitlines():
+        if line.startswith("--"):
+            if cur:
+                out.append("\n".join(cur))
+            cur = []
+        elif line.strip():
+            cur.append(line)
+    return out + (["\n".join(cur)] if cur else [])
+
+
+def _rows(value) -> int | None:
+    """The number of rows/items of an example's value (None when it is not a result)."""
+    if hasattr(value, "num_rows"):
+        return value.num_rows
+    if hasattr(value, "df") and hasattr(value, "fetchall"):
+        return len(value.fetchall())
+    if hasattr(value, "shape") and hasattr(value, "columns"):  # a pandas DataFrame
+        return len(value)
+    if hasattr(value, "__getitem__") and hasattr(value, "__len__") and not isinstance(value, (str, dict, list)):
+        return len(value)  # a torch Dataset
+    return None
+
+
+def test_docs_sql_examples_run_on_the_sample(monkeypatch):
+    monkeypatch.chdir(REPO)  # the docs use the path sample/small20
+    blocks = _doc_blocks()
+    ns: dict = {}
+    checked = 0
+    for lang, block in blocks:
+        if lang == "python":
+            tree = ast.parse(block)
+            for node in tree.body:  # statement by statement, so each expression's value can be checked
+                code = ast.Module([node], type_ignores=[])
+                if isinstance(node, ast.Expr):
+                    value = eval(compile(ast.Expression(node.value), "docs/sql.md", "eval"), ns)
+                else:
+                    exec(compile(code, "docs/sql.md", "exec"), ns)
+                    value = ns.get(node.targets[0].id) if isinstance(node, ast.Assign) and isinstance(
+                        node.targets[0], ast.Name) else None
+                n = _rows(value)
+                if n is not None:
+                    assert n > 0, f"docs/sql.md example returns no rows on the sample: {ast.unparse(node)}"
+                    checked += 1
+    db = ns["db"]
+    for lang, block in blocks:
+        if lang == "sql":
+            for stmt in _sql_statements(block):
+                assert db.sql(stmt).fetchall(), f"docs/sql.md example returns no rows on the sample: {stmt}"
+                checked += 1
+        elif lang == "" and block.startswith("lerobot-sql "):
+            from lerobot_sql import cli
+
+            for line in block.splitlines():
+                args = shlex.split(line)[1:]
+                assert cli.main(args) == 0, line
+                checked += 1
+    # inline examples in the prose
+    assert db.sql("SELECT \"observation.state\"[element_index('observation.state', 'gripper.pos')] FROM frames").fetchall()
+    assert db.sql('SELECT quantile_cont("observation.state.speed", [0.05, 0.5]) FROM frames_ext').fetchall()
+    assert checked >= 13, checked  # every Python result and SQL statement of the docs was seen
+
+
+def test_segments_idle_example_matches_numpy(small):
+    """The documented idle example: speed (L2 norm of the joint velocity, degrees/s) below 100 for >= 0.2 s."""
+    db, data = small
+    ep = data["episode_index"].to_numpy()
+    st = np.stack(data["observation.state"].to_numpy(zero_copy_only=False)).astype(np.float64)
+    t = data["timestamp"].to_numpy().astype(np.float64)
+    want = []
+    for e in np.unique(ep):
+        s, te = st[ep == e], t[ep == e]
+        speed = np.concatenate([[np.nan], np.linalg.norm(np.diff(s, axis=0) / np.diff(te)[:, None], axis=1)])
+        idle = speed < 100  # NaN (the first frame) is never idle
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], idle.astype(int), [0]])))
+        for a, b in zip(edges[::2], edges[1::2]):
+            if (b - a) / 30 >= 0.2 - 1e-9:
+                want.append((e, b - a))
+    got = db.sql('SELECT episode_index, n_frames FROM segments("observation.state.speed" < 100, 0.2)').fetchall()
+    assert want and got == want
+
+
+def test_event_at_t0_gives_no_window_before(small):
+    """An event on an episode's first frame has an empty [0, 0) window before it: event_windows drops that row."""
+    db, data = small
+    ep = data["episode_index"].to_numpy()
+    grip = np.stack(data["observation.state"].to_numpy(zero_copy_only=False))[:, 5]
+    fi = data["frame_index"].to_numpy()
+    at_start = {int(e) for e in np.unique(ep) if grip[(ep == e) & (fi == 0)][0] < 20}
+    with_event = {int(e) for e in np.unique(ep) if (grip[ep == e] < 20).any()}
+    assert at_start and with_event - at_start  # the sample has both kinds
+    before = {r[0] for r in db.sql('SELECT episode_index FROM event_windows("observation.state.gripper.pos" < 20, 2, 0)'
+                                   ).fetchall()}
+    after = {r[0] for r in db.sql('SELECT episode_index FROM event_windows("observation.state.gripper.pos" < 20, 0, 2)'
+                                  ).fetchall()}
+    assert before == with_event - at_start and after == with_event
