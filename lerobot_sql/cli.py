@@ -16,6 +16,7 @@ import difflib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -599,13 +600,13 @@ def _one_line(e: BaseException) -> str:
             break
         lines.append(line.strip())
     text = " ".join(lines) or type(e).__name__
+    # "ConversionException: Conversion Error: ..." -> "Conversion Error: ...": DuckDB names the kind twice.
+    text = re.sub(r"^[A-Z]\w*Exception: (?=[A-Z][\w ]* Error: )", "", text)
     return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _hint(e: BaseException) -> str | None:
     """The ``hint:`` line for an error: specific to the kind of error (and, for QueryError, to its message)."""
-    import re
-
     if isinstance(e, MissingFileError) and "meta/info.json" in str(e):
         return "DATASET is the dataset root: the folder holding meta/info.json, data/ and videos/"
     if isinstance(e, QueryError) and not isinstance(e, ResultContractError):

@@ -171,6 +171,83 @@ def test_query_errors_are_one_line_with_hint():
     assert_error(run("query", SAMPLE, "SELECT 'a'::INT"), "Conversion")  # fails while running, not binding
 
 
+@pytest.mark.parametrize("name, fmt", [("eps.csv", "csv"), ("eps.CSV", "csv"), ("eps.json", "json"),
+                                       ("eps.jsonl", "json"), ("eps.parquet", "parquet"), ("eps.txt", "table")])
+def test_output_format_follows_the_extension(tmp_path, episodes, name, fmt):
+    dest = tmp_path / name
+    ok("query", SAMPLE, "SELECT episode_index, length FROM episodes ORDER BY episode_index", "-o", dest)
+    want = dict(zip(episodes["episode_index"].to_pylist(), episodes["length"].to_pylist()))
+    if fmt == "csv":
+        rows = list(csv.DictReader(dest.open()))
+        got = {int(r["episode_index"]): int(r["length"]) for r in rows}
+    elif fmt == "json":
+        rows = [json.loads(ln) for ln in dest.read_text().splitlines()]
+        got = {r["episode_index"]: r["length"] for r in rows}
+    elif fmt == "parquet":
+        t = pq.read_table(dest)
+        got = dict(zip(t["episode_index"].to_pylist(), t["length"].to_pylist()))
+    else:
+        got = {int(r[0]): int(r[1]) for r in box_cells(dest.read_text())[2:]}
+    assert got == want
+
+
+def test_output_extension_unknown_or_overridden(tmp_path):
+    r = run("query", SAMPLE, "SELECT 1 AS x", "-o", tmp_path / "x.xlsx")
+    assert r.returncode == 2 and "usage:" in r.stderr and ".csv" in r.stderr and not (tmp_path / "x.xlsx").exists()
+    ok("query", SAMPLE, "SELECT 42 AS x", "-f", "csv", "-o", tmp_path / "x.dat")  # -f wins over the extension
+    assert (tmp_path / "x.dat").read_text().splitlines() == ["x", "42"]
+
+
+def test_csv_and_json_print_float32_alike(data):
+    """Both give the shortest decimal that reads back as the same float32 (as numpy's str of a float32)."""
+    sql = 'SELECT index, "observation.state", timestamp FROM frames WHERE episode_index = 1 ORDER BY index LIMIT 20'
+    rows_json = [json.loads(ln) for ln in ok("query", SAMPLE, sql, "-f", "json").splitlines()]
+    rows_csv = list(csv.DictReader(io.StringIO(ok("query", SAMPLE, sql, "-f", "csv"))))
+    want = data.filter(pc.equal(data["episode_index"], 1)).sort_by("index").slice(0, 20)
+    state = np.stack(want["observation.state"].to_numpy(zero_copy_only=False))
+    for rj, rc, st, ts in zip(rows_json, rows_csv, state, want["timestamp"].to_numpy()):
+        shortest = [str(np.float32(x)) for x in st]
+        assert [repr(x) for x in rj["observation.state"]] == shortest
+        assert rc["observation.state"] == "[" + ", ".join(shortest) + "]"
+        assert repr(rj["timestamp"]) == rc["timestamp"] == str(np.float32(ts))
+        assert np.array_equal(np.float32(rj["observation.state"]), st)  # still the exact float32 values
+    assert any(len(str(np.float32(x))) < len(repr(float(x))) for x in state.ravel())  # float32 != float64 digits
+
+
+QUOTING = "quote"
+
+
+@pytest.mark.parametrize("args, error, hint", [
+    (["--name", "nope"], "no named query 'nope'", "lerobot-sql query --list"),
+    (["--name", "split", "-p", "bogus=1"], "no parameter", "lerobot-sql query --list"),
+    (["DELETE FROM episodes"], "only queries", "read-only"),
+    (["SELEC 1"], "line 1, column 7", "where the error points"),
+    (["SELECT * FROM frames WHERE"], "WHERE is incomplete: SELECT * FROM frames >>>WHERE<<<", "where the error points"),
+    (["SELECT 1 AS x; SELECT 2 AS y"], "exactly one SQL statement", "one statement"),
+    (["DESCRIBE frames"], "db.sql('SELECT * FROM frames LIMIT 0').columns", "lerobot-sql schema DATASET VIEW"),
+    (["SUMMARIZE frames"], "only SELECT queries", "lerobot-sql schema DATASET VIEW"),
+    (["SELECT * FROM read_csv('x.csv')"], "table functions", "lerobot-sql schema"),
+    (["SELECT 'a'::INT"], "Conversion", "does not fit its SQL type"),
+    (["SELECT nosuchfn(1)"], "nosuchfn", "duckdb.org"),
+    (["SELECT * FROM episodes LIMIT 99999999999999999999999"], "LIMIT 99999999999999999999999 is out of range",
+     "2^63 - 1"),
+])
+def test_error_hints_fit_the_error(args, error, hint):
+    r = run("query", SAMPLE, *args)
+    assert_error(r, error, hint)
+    hint_line = r.stderr.strip().splitlines()[-1]
+    assert hint in hint_line and QUOTING not in hint_line, r.stderr  # the quoting hint only for names/columns
+    assert "Exception:" not in r.stderr  # no raw DuckDB exception class where we know better
+
+
+@pytest.mark.parametrize("sql", ["SELECT lenght FROM episodes", "SELECT observation.state FROM frames",
+                                 "SELECT nope2 AS x"])
+def test_quoting_hint_for_names_and_columns(sql):
+    r = run("query", SAMPLE, sql)
+    assert_error(r)
+    assert QUOTING in r.stderr.strip().splitlines()[-1], r.stderr
+
+
 @pytest.mark.skipif(not _has("lerobot_sql.library"), reason="lerobot_sql.library (named queries) not written yet")
 def test_named_query_from_a_user_folder(tmp_path, episodes):
     (tmp_path / "longer_than.sql").write_text(
@@ -201,7 +278,9 @@ def test_export_windows_then_reopen(tmp_path, data):
     got = pq.read_table(next((dest / "data").rglob("*.parquet")))
     np.testing.assert_array_equal(np.stack(got["action"].to_numpy(zero_copy_only=False)),
                                   np.stack(want.sort_by("index")["action"].to_numpy(zero_copy_only=False)))
-    assert_error(run("export", SAMPLE, dest, "--sql", sql, "--quiet"), "already exists", "--overwrite")
+    r = run("export", SAMPLE, dest, "--sql", sql, "--quiet")
+    assert_error(r, "already exists", "--overwrite")
+    assert "--overwrite" in r.stderr.splitlines()[0] and "overwrite=True" not in r.stderr  # the CLI's spelling
     ok("export", SAMPLE, dest, "--sql", "SELECT episode_index FROM episodes WHERE episode_index = 0",
        "--overwrite", "--quiet")
     assert json.loads(ok("info", dest, "--json"))["episodes"] == 1
@@ -283,6 +362,20 @@ def test_shell_reports_errors_and_continues():
     assert "seven" in r.stdout
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 2 and "nope" in errors[0] and ".bogus" in errors[1]
+
+
+def test_shell_errors_in_order_and_exit_status():
+    script = "SELECT 1 AS first;\nSELECT nope FROM tasks;\nSELECT 2 AS second;\n.quit\nSELECT 3 AS never;\n"
+    r = subprocess.run([*CLI, "shell", str(SAMPLE)], input=script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=240, cwd=REPO)  # one pipe for both: the order a user sees with 2>&1
+    out = r.stdout
+    assert r.returncode == 1  # a statement failed; .quit keeps that status
+    assert out.index("first") < out.index("error: unknown column 'nope'") < out.index("hint:") < out.index("second")
+    assert "never" not in out  # .quit ends the script
+    assert "hint: .schema [VIEW]" in out  # inside the shell the schema is a dot command away
+    assert run("shell", SAMPLE, stdin="SELECT 1 AS x;\n.quit\n").returncode == 0
+    help_text = " ".join(ok("shell", "--help").split())
+    assert "exit status" in help_text and "exits 1 if any statement or dot command failed" in help_text
 
 
 # ---- bench / demo --------------------------------------------------------------------------------------------------

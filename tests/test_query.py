@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -112,3 +114,31 @@ def test_cte_named_like_an_inner_alias_is_not_judged_as_that_table(sample):
                   "SELECT e.n FROM e ORDER BY e.episode_index LIMIT 2").fetchall()
     first = db.sql("SELECT length FROM episodes ORDER BY episode_index LIMIT 2").fetchall()
     assert rows == first
+
+
+@pytest.mark.parametrize("sql", ["DESCRIBE frames", "DESCRIBE SELECT * FROM episodes", "SUMMARIZE episodes",
+                                 "SUMMARIZE SELECT * FROM read_csv('/etc/passwd')", "SHOW TABLES", "SHOW frames"])
+def test_describe_summarize_show_point_to_a_select(db, datasets, sql):
+    # Refused (they wrap any query, and tests/test_security.py holds them as attacks) with the SELECT that answers.
+    with pytest.raises(QueryError, match=r"is not run here, only SELECT queries are.*LIMIT 0'\)\.columns"):
+        db.sql(sql)
+    data = datasets / "small20" / "data" / "chunk-000" / "file-000.parquet"
+    assert db.sql("SELECT * FROM frames LIMIT 0").columns == pq.read_schema(data).names  # the advice works
+
+
+@pytest.mark.parametrize("sql, clause", [("SELECT * FROM episodes LIMIT 99999999999999999999999", "LIMIT"),
+                                         ("SELECT * FROM episodes LIMIT 5 OFFSET 9223372036854775808", "OFFSET"),
+                                         ("SELECT * FROM (SELECT * FROM frames LIMIT 99999999999999999999) t", "LIMIT")])
+def test_row_counts_beyond_bigint_are_a_readable_error(db, sql, clause):
+    with pytest.raises(QueryError, match=rf"^{clause} \d+ is out of range: row counts are 64-bit integers \(at most "
+                                         rf"9223372036854775807\)"):
+        db.sql(sql)
+    assert len(db.sql("SELECT * FROM episodes LIMIT 9223372036854775807").fetchall()) == 20  # the bound itself runs
+
+
+@pytest.mark.parametrize("sql, where", [("SELEC 1", "line 1, column 7: Invalid expression / Unexpected token: SELEC >>>1<<<"),
+                                        ("SELECT *\nFROM frames WHERE", "line 2, column 17: WHERE is incomplete: "
+                                                                        "SELECT * FROM frames >>>WHERE<<<")])
+def test_parse_errors_show_where(db, sql, where):
+    with pytest.raises(QueryError, match=re.escape(f"cannot parse the SQL at {where}")):
+        db.sql(sql)
