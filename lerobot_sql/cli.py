@@ -486,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--list", action="store_true", help="list the named queries and their parameters")
     sp.add_argument("--format", "-f", choices=["table", "csv", "json", "parquet"],
                     help="table, csv, json (JSON Lines: one object per row) or parquet; default: from --output's "
-                         "extension (.csv, .json/.jsonl, .parquet, .txt), else table")
+                         "extension (.csv, .json/.jsonl, .parquet, .txt), else table. csv and json print a float as "
+                         "the shortest decimal that reads back to the same value (float32: 25.24413)")
     sp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout (required for parquet "
                                                            "on a terminal)")
     sp.add_argument("--max-rows", type=int, default=40, help="rows shown by the table format (0 = all; default 40)")
