@@ -22,5 +22,6 @@ WITH v AS (
 )
 SELECT episode_index, start_s, end_s, n_frames
 FROM seg
-WHERE end_s - start_s >= $min_duration_s - 1e-9
+-- float32 timestamps: a run lasting exactly min_duration_s must count
+WHERE end_s - start_s >= $min_duration_s - 1e-4
 ORDER BY episode_index, start_s

@@ -159,7 +159,7 @@ def test_idle_segments(g1):
                 while j + 1 < len(idle) and idle[j + 1]:
                     j += 1
                 s, t = d["t"][i], d["t"][j] + 1 / fps
-                if t - s >= min_dur - 1e-9:
+                if t - s >= min_dur - 1e-4:
                     want.append((e, s, t, j - i + 1))
                 i = j + 1
             else:

@@ -203,9 +203,9 @@ def test_default_resources_suit_a_small_machine(db):
 # ---- second wall: sandbox.lock_down on the raw connection -------------------------------------------------------
 @pytest.fixture(scope="module")
 def locked(world):
+    """A Database as connect() returns it: the views exist, then the connection is locked down (Database.__init__)."""
     root, _, _ = world
     with lsql.connect(root, cache_dir=root.parent / "cache") as d:
-        lock_down(d.con, [d.source.duckdb_path(""), str(d.cache_dir)])
         yield d
 
 
@@ -263,8 +263,8 @@ def test_lock_down_works_for_remote_sources(datasets, tmp_path, monkeypatch):
     secret = tmp_path / "secret.csv"
     secret.write_text(f"a\n{SECRET}\n")
     with RangeServer(datasets) as srv:
-        with lsql.connect(f"{srv.url}/small20") as remote:
-            lock_down(remote.con, [remote.source.duckdb_path(""), str(remote.cache_dir)])
+        with lsql.connect(f"{srv.url}/small20") as remote:  # locked down by connect() itself
+            assert remote.con.sql("SELECT current_setting('lock_configuration')").fetchall() == [(True,)]
             got = remote.sql("SELECT episode_index, count(*) FROM frames WHERE episode_index IN (2, 7) "
                              "GROUP BY ALL ORDER BY 1").fetchall()
             ep = pq.read_table(datasets / "small20/data/chunk-000/file-000.parquet")["episode_index"].to_numpy()
