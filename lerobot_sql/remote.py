@@ -75,6 +75,42 @@ def _retryable(e: BaseException) -> bool:
     return True
 
 
+class FileChangedError(RemoteIOError):
+    """The remote file no longer matches the version (ETag / version id) this session first saw."""
+
+
+def _precondition_failed(e: BaseException) -> bool:
+    """True for an HTTP 412 / S3 ``PreconditionFailed`` answer (the If-Match / If-Unmodified-Since test failed)."""
+    for x in (e, e.__cause__, e.__context__):
+        if x is None:
+            continue
+        status = getattr(x, "status", None) or getattr(x, "status_code", None)
+        resp = getattr(x, "response", None)
+        if isinstance(resp, dict):
+            status = status or resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if resp.get("Error", {}).get("Code") == "PreconditionFailed":
+                return True
+        if status == 412 or "PreconditionFailed" in str(x) or "Precondition Failed" in str(x):
+            return True
+    return False
+
+
+def version_of(info: dict) -> dict:
+    """What pins the bytes of the version described by ``info`` (a target's raw ``info()``): the S3 version id, a
+    strong ETag (a weak ``W/`` one cannot be used with If-Match), the Last-Modified date. Missing keys are left out."""
+    out = {}
+    vid = info.get("VersionId") or info.get("version_id")
+    if vid and vid != "null":
+        out["version_id"] = str(vid)
+    etag = info.get("ETag") or info.get("etag")
+    if isinstance(etag, str) and etag and not etag.startswith("W/"):
+        out["etag"] = etag if etag.startswith('"') else f'"{etag}"'
+    lm = info.get("Last-Modified")
+    if isinstance(lm, str) and lm:
+        out["last_modified"] = lm
+    return out
+
+
 def identity_of(info: dict) -> str:
     """size + the strongest content tag fsspec reports (ETag, blob id, LFS sha256, last commit, mtime)."""
     lfs = info.get("lfs") or {}
@@ -125,8 +161,10 @@ class RemoteCacheFS(AbstractFileSystem):
 
     # ---- plumbing ---------------------------------------------------------------------------------------------
     def __reduce__(self):
+        # The file infos go along: a DataLoader worker then reads the versions (ETags) its parent pinned, and asks
+        # the server nothing before its first range read.
         return (_rebuild, (self.target, self.root, self.url, str(self.dir.parent), self.cache_size, self.retries,
-                           self.backoff_s, self.offline))
+                           self.backoff_s, self.offline, dict(self._infos)))
 
     def _fs(self):
         """The target, re-created after a fork (async fsspec filesystems refuse to run in a forked child)."""
@@ -173,6 +211,8 @@ class RemoteCacheFS(AbstractFileSystem):
                 last = cause
                 time.sleep(self.backoff_s * (2 ** attempt) * (1 + 0.25 * random.random()))
                 continue
+            except FileChangedError:
+                raise  # another try cannot bring the old version back
             except Exception as e:  # noqa: BLE001 - any library's transport error; classified below
                 last = e
                 if not _retryable(e) or attempt == self.retries:
@@ -230,7 +270,8 @@ class RemoteCacheFS(AbstractFileSystem):
 
         def fetch():
             i = self._fs().info(path)
-            return {"name": path, "size": i.get("size"), "type": i.get("type", "file"), "identity": identity_of(i)}
+            return {"name": path, "size": i.get("size"), "type": i.get("type", "file"), "identity": identity_of(i),
+                    **version_of(i)}
 
         try:
             info = self._meta_op("info", path, fetch)
@@ -373,11 +414,51 @@ class RemoteCacheFS(AbstractFileSystem):
             return self._region_locks.setdefault((str(fdir), r), threading.Lock())
 
     def _get(self, path: str, a: int, b: int) -> bytes:
-        data = self._fs().cat_file(path, start=a, end=b)
+        """Bytes [a, b) of the version of ``path`` this session first saw (its ``info``): HTTP sends ``If-Match``
+        (or ``If-Unmodified-Since`` when the server gave no strong ETag), S3 reads the version id or sends
+        ``IfMatch``; the server refuses (412) once the file changed, and we raise :class:`FileChangedError` instead of
+        caching bytes of another version beside the old ones. Other filesystems are read unpinned."""
+        fs, pin = self._fs(), self.info(path)
+        proto = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        try:
+            if proto in ("http", "https") and (pin.get("etag") or pin.get("last_modified")):
+                headers = ({"If-Match": pin["etag"]} if pin.get("etag")
+                           else {"If-Unmodified-Since": pin["last_modified"]})
+                data = fs.cat_file(path, start=a, end=b, headers=headers)
+            elif proto in ("s3", "s3a") and pin.get("version_id"):
+                data = fs.cat_file(path, start=a, end=b, version_id=pin["version_id"])
+            elif proto in ("s3", "s3a") and pin.get("etag") and hasattr(fs, "_call_s3"):
+                data = self._s3_get(fs, path, a, b, pin["etag"])
+            else:
+                data = fs.cat_file(path, start=a, end=b)
+        except Exception as e:  # noqa: BLE001 - each library reports a 412 its own way
+            if _precondition_failed(e):
+                raise FileChangedError(
+                    f"{self._url(path)}: the file changed on the server during this run (it no longer matches "
+                    f"{pin.get('version_id') or pin.get('etag') or pin.get('last_modified')}, the version first "
+                    f"read); bytes {a}-{b} were not read, so no item mixes two versions. Connect again to read the "
+                    "new version") from e
+            raise
         self._count(bytes_fetched=len(data))
         if len(data) != b - a:
             raise _Truncated(f"got {len(data)} of {b - a} bytes")
         return data
+
+    @staticmethod
+    def _s3_get(fs, path: str, a: int, b: int, etag: str) -> bytes:
+        """A ranged S3 GetObject with ``IfMatch`` (s3fs's cat_file takes no conditions)."""
+        from fsspec.asyn import sync
+
+        bucket, key, _ = fs.split_path(path)
+
+        async def get():
+            resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={a}-{b - 1}", IfMatch=etag)
+            try:
+                return await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+
+        return sync(fs.loop, get)
 
     def read_range(self, path: str, start: int, end: int, readahead: int = 0) -> bytes:
         """Bytes ``[start, end)`` of ``path``, fetching what is missing (plus up to ``readahead`` bytes after ``end``)."""
@@ -470,8 +551,10 @@ class RemoteCacheFS(AbstractFileSystem):
         return total
 
 
-def _rebuild(target, root, url, cache_dir, cache_size, retries, backoff_s, offline):
-    return RemoteCacheFS(target, root, url, cache_dir, cache_size, retries=retries, backoff_s=backoff_s, offline=offline)
+def _rebuild(target, root, url, cache_dir, cache_size, retries, backoff_s, offline, infos=None):
+    fs = RemoteCacheFS(target, root, url, cache_dir, cache_size, retries=retries, backoff_s=backoff_s, offline=offline)
+    fs._infos.update(infos or {})
+    return fs
 
 
 class RemoteFile(AbstractBufferedFile):

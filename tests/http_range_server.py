@@ -1,11 +1,13 @@
 """A loopback HTTP server for remote-dataset tests and benchmarks: serves a folder with Range support, no listing.
 
 Fault injection (``server.faults``) and a throttle (``server.rate_bps``, ``server.latency_s``) are attributes of the
-running server; ``server.log`` records every GET as (path, start, end, bytes sent).
+running server; ``server.log`` records every GET as (path, start, end, bytes sent) (a 412 as (path, 0, 0, 0)).
+Conditional GETs (``If-Match``, ``If-Unmodified-Since``) are honoured.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import os
 import threading
@@ -27,12 +29,36 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return p
 
+    @staticmethod
+    def _etag(p: Path) -> str:
+        st = p.stat()
+        return f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
+
+    def _precondition_failed(self, p: Path) -> bool:
+        """Answer 412 when ``If-Match`` names no current ETag or the file was modified after ``If-Unmodified-Since``
+        (RFC 9110 13.1.1, 13.1.4), as S3, nginx and CDNs do."""
+        im = self.headers.get("If-Match")
+        failed = False
+        if im is not None and im.strip() != "*":
+            failed = self._etag(p) not in [t.strip() for t in im.split(",")]
+        ius = self.headers.get("If-Unmodified-Since")
+        if im is None and ius is not None:
+            with contextlib.suppress(TypeError, ValueError):
+                failed = int(p.stat().st_mtime) > email.utils.parsedate_to_datetime(ius).timestamp()
+        if failed:
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            with self.server.lock:
+                self.server.log.append((str(p.relative_to(self.server.root)), 0, 0, 0))
+        return failed
+
     def _headers(self, p: Path, status: int, length: int, extra: dict | None = None) -> None:
         st = p.stat()
         self.send_response(status)
         self.send_header("Content-Length", str(length))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", f'"{st.st_size:x}-{st.st_mtime_ns:x}"')
+        self.send_header("ETag", self._etag(p))
         self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
         self.send_header("Content-Type", "application/octet-stream")
         for k, v in (extra or {}).items():
@@ -66,7 +92,7 @@ class _Handler(BaseHTTPRequestHandler):
         if p is None:
             self.send_error(404)
             return
-        if self._fault():
+        if self._fault() or self._precondition_failed(p):
             return
         size = p.stat().st_size
         start, end, status, extra = 0, size, 200, {}

@@ -258,3 +258,43 @@ def test_http_v21_dataset_query_and_items(http, datasets):
     mp4s = {p for p, *_ in http.log if p.startswith("v21_small20/videos/")}
     assert mp4s == {f"v21_small20/videos/chunk-000/{k}/episode_{e:06d}.mp4"
                     for k in db.layout.video_keys for e in (3, 11)}
+
+
+def test_http_range_reads_pinned_to_first_etag(blob_server, tmp_path):
+    """Each range GET sends If-Match with the ETag first seen; once the file changes the server answers 412 and the
+    read raises RemoteIOError naming the URL and range, without retrying and without caching the new bytes."""
+    srv, data = blob_server
+    fs, url = _blob_fs(srv, tmp_path)
+    assert fs.read_range(url, 0, 1000) == data[:1000]
+    new = bytes(255 - x for x in data[:5_000_000]) + data[5_000_000:]
+    path = srv.root / "blob.bin"
+    st = path.stat()
+    path.write_bytes(new)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new ETag (size-mtime)
+    srv.log.clear()
+    with pytest.raises(RemoteIOError, match=r"blob\.bin: the file changed on the server during this run.*"
+                                            r"bytes 4000000-4100000"):
+        fs.read_range(url, 4_000_000, 4_100_000)
+    assert [(a, b, sent) for _, a, b, sent in srv.log] == [(0, 0, 0)]  # one 412, no retry, no body
+    assert fs.missing(url, 4_000_000, 4_100_000) == [(4_000_000, 4_100_000)]
+    assert fs.read_range(url, 0, 1000) == data[:1000]  # what was cached stays the first version
+    fresh, _ = _blob_fs(srv, tmp_path)  # a new session sees the new ETag: a new cache key, the new bytes
+    assert fresh.read_range(url, 4_000_000, 4_100_000) == new[4_000_000:4_100_000]
+
+
+def test_s3_range_reads_pinned_to_first_etag(s3, tmp_path):
+    import boto3
+
+    ep = s3["client_kwargs"]["endpoint_url"]
+    client = boto3.client("s3", endpoint_url=ep, aws_access_key_id="testing", aws_secret_access_key="testing",
+                          region_name="us-east-1")
+    old, new = os.urandom(300_000), os.urandom(300_000)
+    client.put_object(Bucket="robots", Key="pin/blob.bin", Body=old)
+    src = open_source("s3://robots/pin", s3, cache_dir=tmp_path / "c")
+    fs, path = src.fs, src.path("blob.bin")
+    fs.backoff_s = 0.01
+    assert fs.read_range(path, 0, 1000) == old[:1000]
+    client.put_object(Bucket="robots", Key="pin/blob.bin", Body=new)
+    with pytest.raises(RemoteIOError, match=r"s3://robots/pin/blob\.bin: the file changed on the server"):
+        fs.read_range(path, 100_000, 200_000)
+    assert fs.missing(path, 100_000, 200_000) == [(100_000, 200_000)]

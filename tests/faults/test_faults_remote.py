@@ -107,25 +107,46 @@ def test_file_changed_between_runs_is_read_anew(damaged, monkeypatch, tmp_path):
         np.testing.assert_array_equal(_state(again[10]), old + np.float32(1000.0))
 
 
-@pytest.mark.xfail(strict=True, reason="RemoteCacheFS keeps a file's identity (ETag) for the whole session and range "
-                   "GETs do not send If-Match, so bytes fetched after the server's file changed are stored under the "
-                   "old identity beside old pieces: one run then reads old rows and new rows of the same file")
+def _cause_chain(e: BaseException):
+    while e is not None:
+        yield e
+        e = e.__cause__
+
+
 def test_file_changed_during_a_run_never_mixes_versions(damaged, monkeypatch, tmp_path):
+    """Range GETs carry If-Match with the ETag first seen: after the server's file changes, the next range read gets
+    412 and raises FileChangedError (a RemoteIOError) naming the URL; the cache holds only bytes of the first version."""
+    from lerobot_sql.remote import FileChangedError
+
     root = damaged()
     monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
     _bump_state(root, 0.0)  # several row groups, so later episodes are fetched by later range reads
+    old_bytes = (root / DATA).read_bytes()
     with RangeServer(root.parent) as srv:
         db = lsql.connect(f"{srv.url}/{root.name}")
         early = db.dataset(SQL.format(1), cameras=[])
         before = _state(early[0])
         _bump_state(root, 1000.0)
+        assert (root / DATA).read_bytes() != old_bytes
+        with pytest.raises(lsql.LeRobotSQLError) as exc:
+            db.dataset(SQL.format(18), cameras=[])[0]
+        changed = [e for e in _cause_chain(exc.value) if isinstance(e, FileChangedError)]
+        # tabular.py currently wraps it in a DatasetFormatError; the cause is the RemoteIOError below.
+        assert changed and isinstance(changed[0], RemoteIOError), exc.value
+        assert f"{srv.url}/{root.name}/{DATA}: the file changed on the server" in str(changed[0])
+        assert any(p.endswith(DATA) and sent == 0 for p, _a, _b, sent in srv.log)  # the server's 412
+        # Every cached piece of the data file (the folder of the identity first seen) holds first-version bytes.
+        fdir = db.source.fs._file_dir(db.source.path(DATA))
+        pieces = sorted(fdir.glob("*.piece"))
+        assert pieces
+        for p in pieces:
+            a, b = (int(x) for x in p.stem.split("-"))
+            assert p.read_bytes() == old_bytes[a:b], p.name
+        # What was read before the change is still served, from the first version (the cache).
+        np.testing.assert_array_equal(_state(db.dataset(SQL.format(1), cameras=[])[0]), before)
+        # A new connection reads the new version throughout.
+        fresh = lsql.connect(f"{srv.url}/{root.name}")
         local_new = lsql.connect(root, cache_dir=tmp_path / "local")
-        try:
-            late = db.dataset(SQL.format(18), cameras=[])
-            got = _state(late[0])
-        except RemoteIOError:
-            return  # a typed error saying the file changed is an acceptable answer
-        # Otherwise every value must come from one version of the file: the new one throughout
-        want_new = _state(local_new.dataset(SQL.format(18), cameras=[])[0])
-        np.testing.assert_array_equal(got, want_new)
-        np.testing.assert_array_equal(_state(db.dataset(SQL.format(1), cameras=[])[0]), before + np.float32(1000.0))
+        np.testing.assert_array_equal(_state(fresh.dataset(SQL.format(18), cameras=[])[0]),
+                                      _state(local_new.dataset(SQL.format(18), cameras=[])[0]))
+        np.testing.assert_array_equal(_state(fresh.dataset(SQL.format(1), cameras=[])[0]), before + np.float32(1000.0))
