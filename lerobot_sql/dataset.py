@@ -22,7 +22,7 @@ import torch
 
 from . import frames as _frames
 from . import tabular, video
-from .errors import CacheError, LeRobotSQLError, MissingFileError
+from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
 from .layout import Layout
 from .source import Source
 
@@ -180,6 +180,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 # A time with no frame within tolerance keeps -1; __getitem__ raises FrameNotFoundError for it.
                 vrow[sel] = np.where(err <= self.tolerance_s, pick, -1)
             cols[f"_vfile/{k}"], cols[f"_vrow/{k}"] = codes, vrow
+        clips = json.loads((m.schema.metadata or {}).get(b"lerobot_sql.manifest", b"{}")).get("clips") or {}
+        for k in self._video_keys:
+            if k in clips:
+                self._check_clips(k, clips[k])
         if self._index_errors:
             warnings.warn(f"{len(self._index_errors)} video file(s) are missing, e.g. "
                           f"{next(iter(self._index_errors.values()))}; items needing them will raise "
@@ -201,6 +205,57 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             numeric = (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
                        or pa.types.is_boolean(col.type)) and col.null_count == 0
             self._extra_cols.append((e, col.to_numpy(zero_copy_only=False) if numeric else col, numeric))
+
+    def _check_clips(self, key: str, clips: dict[str, list]) -> None:
+        """Check each selected episode's clip against the real frames of its mp4, where per-frame lookups cannot.
+
+        In a lerobot-written file each episode's clip is a run of ``length`` consecutive frames starting at the frame
+        presented at ``from_timestamp``, and the clips of one file do not share frames. A start shifted by whole
+        frames still finds a frame for every timestamp (the neighbour's), so only this check can tell: an episode's
+        first frame must come after the previous clip's last frame, and its ``length`` frames must end before the
+        next clip's first frame and within the file. ``to_timestamp`` is not used, so writers that store
+        ``to_timestamp = from_timestamp + (length - 1) / fps`` pass. A time maps to the first frame presented no
+        earlier than half a frame before it (the nearest frame, for clips within half a frame of the real pts).
+
+        Args:
+            clips: column lists from ``plan._clip_table`` (the manifest's ``lerobot_sql.manifest`` metadata).
+
+        Raises:
+            DatasetFormatError: naming the mp4, camera and episode, what overlaps, and the fix.
+        """
+        half = 0.5 / float(self.fps)
+        paths = np.asarray(clips["path"], dtype=object)
+        num = lambda name, fill: np.array([fill if x is None else x for x in clips[name]], np.float64)  # noqa: E731
+        f, n = num("from_timestamp", np.nan), num("length", 0)
+        pf, pn, nf_ = num("prev_from_timestamp", np.nan), num("prev_length", 0), num("next_from_timestamp", np.nan)
+        for rel in np.unique(paths):
+            if rel not in self._index_paths:  # a missing mp4: its items raise MissingFileError
+                continue
+            sel = np.flatnonzero(paths == rel)
+            pts = self._index(rel).pts_s
+            row = lambda t: np.searchsorted(pts, t - half).astype(np.float64)  # noqa: E731
+            r0, end = row(f[sel]), row(f[sel]) + n[sel]
+            prev_end = np.where(np.isnan(pf[sel]), -np.inf, row(pf[sel]) + pn[sel])
+            nxt = np.where(np.isnan(nf_[sel]), np.inf, row(nf_[sel]))
+            bad = np.flatnonzero((r0 < prev_end) | (end > nxt) | (end > len(pts)))
+            if not len(bad):
+                continue
+            j = int(sel[bad[0]])
+            i = int(bad[0])
+            ep, a, b = clips["episode_index"][j], int(r0[i]), int(end[i]) - 1
+            if end[i] > len(pts):
+                why = (f"its {int(n[j])} frames (frames {a}..{b} of the file) run past the file's last frame "
+                       f"({len(pts) - 1})")
+            elif r0[i] < prev_end[i]:
+                why = (f"its first frame (frame {a} of the file) is one of the {int(pn[j])} frames of episode "
+                       f"{clips['prev_episode'][j]}'s clip, which starts at {pf[j]:.6f} s")
+            else:
+                why = (f"its {int(n[j])} frames (frames {a}..{b} of the file) run into the clip of episode "
+                       f"{clips['next_episode'][j]}, which starts at frame {int(nxt[i])} ({nf_[j]:.6f} s)")
+            raise DatasetFormatError(
+                f"{self._src.path(rel)}: camera {key!r}, episode {ep}: the clip starting at from_timestamp="
+                f"{f[j]:.6f} s disagrees with the video: {why}; reading it would give another episode's frames or "
+                f"none. Fix videos/{key}/from_timestamp in meta/episodes (run `lerobot-sql doctor`)")
 
     def _index(self, rel: str) -> video.FrameIndex:
         index = self._indexes.get(rel)

@@ -19,6 +19,7 @@ import json
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .catalog import lit, q
 from .errors import DatasetFormatError, ResultContractError
@@ -48,13 +49,19 @@ def result_mode(columns: list[str]) -> str:
     raise ResultContractError(f"the result has columns {columns}. {CONTRACT}")
 
 
-def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Table) -> None:
+def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Table) -> dict[str, dict[str, list]]:
     """Refuse metadata that would otherwise give a neighbouring frame without any error (selected episodes only).
 
     Checks: one meta/episodes row per episode; ``timestamp`` within half a frame of ``frame_index / fps`` (a wrong
     fps in info.json); per camera, a clip that starts at or after 0, lasts the episode's frame count within one frame
     (writers that store ``to_timestamp = (length - 1) / fps`` pass) and does not overlap another clip of its file by
     half a frame or more. ``lerobot-sql doctor`` checks the same and more, strictly, over every episode.
+
+    A start shifted by one frame alone, or the last clip of a file shifted, passes these metadata checks; the dataset
+    catches them against the real frames of each mp4 (``LeRobotSQLDataset._check_clips``) from what this returns.
+
+    Returns:
+        per camera, the clips of the selected episodes and their neighbours in the same file (see ``_clip_table``).
 
     Raises:
         DatasetFormatError: naming the episode, camera, file and the fix.
@@ -95,6 +102,40 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
             raise DatasetFormatError(
                 f"meta/episodes: episode {ep}, camera {k!r}: video clip [{f:.6f}, {t:.6f}) s of {path} {why}; reading "
                 f"it would give wrong frames. Fix videos/{k}/from_timestamp and to_timestamp (run `lerobot-sql doctor`)")
+    return _clip_table(con, layout)
+
+
+def _clip_table(con: duckdb.DuckDBPyConnection, layout: Layout) -> dict[str, dict[str, list]]:
+    """Per camera, column lists over the selected episodes (``_lsql_ext``), ordered by episode: ``episode_index``,
+    ``path`` (the mp4), ``from_timestamp`` (s), ``length`` (frames in data/), and the clips just before and after it
+    in the same file by ``from_timestamp``: ``prev_episode``, ``prev_from_timestamp``, ``prev_length``,
+    ``next_episode``, ``next_from_timestamp`` (None at the file's ends).
+
+    Only episodes with frames in data/ count as neighbours (a zero-length episode occupies no frame), and lengths
+    are counted in the data files, not taken from meta/episodes ``length``, which ``dataset()`` does not trust.
+    """
+    if not layout.video_keys:
+        return {}
+    keys = ", ".join(lit(k) for k in layout.video_keys)
+    t = con.sql(
+        "WITH sel AS (SELECT DISTINCT video_key, path FROM videos WHERE video_key IN "
+        f"({keys}) AND episode_index IN (SELECT episode_index FROM _lsql_ext)), "
+        "c AS (SELECT v.video_key, v.path, v.episode_index, v.from_timestamp FROM videos v "
+        "SEMI JOIN sel ON sel.video_key = v.video_key AND sel.path = v.path), "
+        "n AS (SELECT episode_index, count(*) AS length FROM _frames_loc "
+        "WHERE episode_index IN (SELECT episode_index FROM c) GROUP BY 1), "
+        "w AS (SELECT c.*, n.length, lag(c.episode_index) OVER w AS prev_episode, "
+        "lag(c.from_timestamp) OVER w AS prev_from_timestamp, lag(n.length) OVER w AS prev_length, "
+        "lead(c.episode_index) OVER w AS next_episode, lead(c.from_timestamp) OVER w AS next_from_timestamp "
+        "FROM c JOIN n USING (episode_index) "
+        "WINDOW w AS (PARTITION BY c.video_key, c.path ORDER BY c.from_timestamp, c.episode_index)) "
+        "SELECT * FROM w WHERE episode_index IN (SELECT episode_index FROM _lsql_ext) ORDER BY video_key, episode_index"
+    ).to_arrow_table()
+    out = {}
+    for k in layout.video_keys:
+        part = t.filter(pc.equal(t["video_key"], k)).drop_columns(["video_key"])
+        out[k] = part.to_pydict()
+    return out
 
 
 def _plain_numbers(t: pa.Table) -> pa.Table:
@@ -186,7 +227,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Ta
                 "are inconsistent, run `lerobot-sql doctor`"
             )
         con.register("_lsql_ext", ext)
-        _check_pointers(con, layout, ext)
+        clips = _check_pointers(con, layout, ext)
         vsel, vjoin = [], []
         for i, k in enumerate(layout.video_keys):
             vsel.append(f", v{i}.path AS {q(k + '/file')}, v{i}.from_timestamp AS {q(k + '/from_timestamp')}")
@@ -210,5 +251,5 @@ def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Ta
         if manifest[f"{k}/file"].null_count:
             raise DatasetFormatError(f"meta/episodes has no video pointer for camera {k!r} for some selected episodes")
     meta = {"lerobot_sql.manifest": json.dumps({"mode": mode, "extras": extras, "video_keys": layout.video_keys,
-                                                "fps": layout.fps, "sql": sql})}
+                                                "fps": layout.fps, "sql": sql, "clips": clips})}
     return manifest.replace_schema_metadata(meta)

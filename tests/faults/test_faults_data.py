@@ -135,10 +135,10 @@ def test_mp4_fewer_frames_than_episodes_claim(damaged, pristine):
     shorten_mp4(root / FRONT, 3000)  # frames 0..2999 kept: episodes ending later lose their tails
     db = lsql.connect(root)
     _items_equal(db, pristine, EP.format(2))
-    ds = db.dataset(EP.format(19))
-    with pytest.raises(FrameNotFoundError) as e:
-        ds[0]
-    _typed(e, FRONT, "episode 19", "doctor")
+    with pytest.raises(DatasetFormatError) as e:  # checked against the file's real frames when the dataset opens
+        db.dataset(EP.format(19))
+    _typed(e, FRONT, "episode 19", "past the file's last frame", "doctor")
+    _items_equal(db, pristine, EP.format(19), cameras=["observation.images.wrist"])  # the intact camera still reads
 
 
 # ---- info.json ---------------------------------------------------------------------------------------------------
@@ -212,23 +212,69 @@ def test_clip_length_contradicts_data(damaged):
     _typed(e, "episode 5", "frames")
 
 
-@pytest.mark.xfail(strict=True, reason="a one-frame shift of from_timestamp alone is indistinguishable from writers "
-                   "that store to_timestamp=(length-1)/fps; plan._check_pointers tolerates one frame of length error")
-def test_clip_start_alone_shifted_by_one_frame(damaged):
+def test_clip_start_alone_shifted_by_one_frame(damaged, pristine):
+    """from_timestamp alone +1 frame: its metadata looks like a to_timestamp = (length-1)/fps writer's, but the
+    episode's frames would run into episode 6's clip in the mp4. Which of the two overlapping clips is wrong cannot be
+    told, so episode 6 raises too; episodes whose clips overlap nothing stay exact."""
     root = damaged()
     _shift_clip(root, 5, 1 / 30, cols=("from_timestamp",))
-    with pytest.raises(DatasetFormatError):
+    db = lsql.connect(root)
+    for sql in (EP.format(5), "SELECT episode_index FROM episodes", "SELECT index FROM frames WHERE episode_index = 5 "
+                "AND frame_index = 0"):
+        with pytest.raises(DatasetFormatError) as e:
+            db.dataset(sql)
+        _typed(e, str(root / FRONT), "observation.images.front", "episode 5", "into the clip of episode 6",
+               "from_timestamp", "doctor")
+    _items_equal(db, pristine, EP.format(5), cameras=["observation.images.wrist"])  # the other camera is intact
+    with pytest.raises(DatasetFormatError) as e:
+        db.dataset(EP.format(6))
+    _typed(e, FRONT, "episode 6", "frames of episode 5", "doctor")
+    _items_equal(db, pristine, "SELECT episode_index FROM episodes WHERE episode_index IN (4, 7)", picks=(0, -1))
+
+
+def test_clip_start_alone_shifted_back_one_frame(damaged):
+    """from_timestamp alone -1 frame, in a dataset whose to_timestamp = from + (length-1)/fps (so the metadata shows
+    no overlap): the episode's first frame would be episode 4's last."""
+    root = damaged()
+    _open50_style(root)
+    _shift_clip(root, 5, -1 / 30, cols=("from_timestamp",))
+    with pytest.raises(DatasetFormatError) as e:
         lsql.connect(root).dataset(EP.format(5))
+    _typed(e, FRONT, "episode 5", "frames of episode 4", "doctor")
 
 
-@pytest.mark.xfail(strict=True, reason="the last clip of a file shifted +1 frame overlaps nothing; only its last "
-                   "frame is missing from the video, so only that item raises (needs an end-of-clip check against "
-                   "the video index in dataset._prepare)")
 def test_last_clip_of_file_shifted_by_one_frame(damaged):
     root = damaged()
     _shift_clip(root, 19, 1 / 30)
-    with pytest.raises(LeRobotSQLError):
-        lsql.connect(root).dataset(EP.format(19))[5]
+    with pytest.raises(DatasetFormatError) as e:
+        lsql.connect(root).dataset(EP.format(19))
+    _typed(e, str(root / FRONT), "observation.images.front", "episode 19", "past the file's last frame", "doctor")
+
+
+def _open50_style(root) -> None:
+    """Rewrite every clip's to_timestamp as from_timestamp + (length - 1) / fps, as some third-party writers do."""
+    def f(t):
+        n = np.asarray(t["length"].to_numpy(), np.float64)
+        for k in ("front", "wrist"):
+            frm = t[f"videos/observation.images.{k}/from_timestamp"].to_numpy()
+            t = set_column(t, f"videos/observation.images.{k}/to_timestamp", frm + (n - 1) / 30)
+        return t
+
+    rewrite_parquet(root / EPISODES, f)
+
+
+def test_to_timestamp_one_frame_short_is_accepted(damaged, pristine):
+    """Writers that store to_timestamp = from_timestamp + (length - 1) / fps (open_50): items are exact."""
+    root = damaged()
+    _open50_style(root)
+    got = pq.read_table(root / EPISODES)
+    d = (got["videos/observation.images.front/to_timestamp"].to_numpy()
+         - got["videos/observation.images.front/from_timestamp"].to_numpy())
+    np.testing.assert_allclose(d * 30, got["length"].to_numpy() - 1, atol=1e-9)  # the rewrite took effect
+    db = lsql.connect(root)
+    _items_equal(db, pristine, "SELECT episode_index FROM episodes", picks=(0, 1000, 2500, -1))
+    _items_equal(db, pristine, EP.format(19), picks=(0, -1), return_uint8=True,
+                 delta_timestamps={"observation.images.front": [-1 / 30, 0, 1 / 30]})
 
 
 def test_duplicate_episode_rows(damaged):
