@@ -54,6 +54,10 @@ CHECKS: tuple[Spec, ...] = (
          "length / fps and chain within a file", params=("tolerance_s",)),
     Spec("video_segment_frames", "the clip's real frames do not match its length: re-encode the episode or fix "
          "from/to_timestamp", needs="index", params=("tolerance_s",)),
+    Spec("video_clip_frames", "an episode's clip overlaps another clip or runs past the file's end in the mp4's real "
+         "frames, so its items would be another episode's frames (dataset() refuses it): fix "
+         "videos/<key>/from_timestamp so each clip starts on the frame after the previous episode's last",
+         needs="index"),
     Spec("video_frame_pts", "from_timestamp drifts from the file's real pts (lerobot issue #3177): recompute "
          "from_timestamp from the video, or pass a larger tolerance_s if the drift is known and harmless",
          needs="index", params=("tolerance_s",)),

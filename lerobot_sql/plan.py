@@ -118,10 +118,11 @@ def _clip_table(con: duckdb.DuckDBPyConnection, layout: Layout) -> dict[str, dic
         return {}
     keys = ", ".join(lit(k) for k in layout.video_keys)
     t = con.sql(
-        "WITH sel AS (SELECT DISTINCT video_key, path FROM videos WHERE video_key IN "
-        f"({keys}) AND episode_index IN (SELECT episode_index FROM _lsql_ext)), "
-        "c AS (SELECT v.video_key, v.path, v.episode_index, v.from_timestamp FROM videos v "
-        "SEMI JOIN sel ON sel.video_key = v.video_key AND sel.path = v.path), "
+        # `videos` reads meta/episodes once per camera: read it once here.
+        "WITH a AS MATERIALIZED (SELECT video_key, path, episode_index, from_timestamp FROM videos "
+        f"WHERE video_key IN ({keys})), "
+        "sel AS (SELECT DISTINCT video_key, path FROM a WHERE episode_index IN (SELECT episode_index FROM _lsql_ext)), "
+        "c AS (SELECT a.* FROM a SEMI JOIN sel ON sel.video_key = a.video_key AND sel.path = a.path), "
         "n AS (SELECT episode_index, count(*) AS length FROM _frames_loc "
         "WHERE episode_index IN (SELECT episode_index FROM c) GROUP BY 1), "
         "w AS (SELECT c.*, n.length, lag(c.episode_index) OVER w AS prev_episode, "

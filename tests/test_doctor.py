@@ -295,3 +295,59 @@ def test_video_files_view_and_standalone_missing_file(datasets, tmp_path):
     assert rows == [("observation.images.front", kept, True, (root / kept).stat().st_size, codec),
                     ("observation.images.wrist", gone, False, None, None)]
     assert db.query("doctor/video_codec").fetchall() == []
+
+
+# ---- clips against the mp4's real frames (the check dataset() also makes when it opens) ---------------------------
+FRONT_FROM, FRONT_TO = "videos/observation.images.front/from_timestamp", "videos/observation.images.front/to_timestamp"
+
+
+def _first_frames(root) -> np.ndarray:
+    """Ordinal of each episode's first frame in small20's single mp4 per camera: the running sum of data rows."""
+    ep = pq.read_table(root / DATA, columns=["episode_index"])["episode_index"].to_numpy()
+    counts = np.bincount(ep)
+    return np.concatenate([[0], np.cumsum(counts)]), counts
+
+
+def test_video_clip_start_alone_shifted(datasets, tmp_path):
+    """from_timestamp alone +1 frame: the clip's length still passes the one-frame slack dataset() allows, but its
+    frames run into episode 6's clip."""
+    root = _copy(datasets, tmp_path, "small20")
+    _edit_parquet(root / EPISODES, lambda t: _set(t, FRONT_FROM, lambda v: [x + 1 / 30 if i == 5 else x
+                                                                            for i, x in enumerate(v)]))
+    c = _run(root)["video_clip_frames"]
+    first, counts = _first_frames(root)
+    assert not c.ok and c.n_violations == 2
+    r5, r6 = c.sample
+    assert (r5["episode_index"], r5["first_frame"], r5["last_frame"]) == (5, first[5] + 1, first[5] + counts[5])
+    assert "run into the clip of episode 6" in r5["problem"]
+    assert r6["episode_index"] == 6 and "inside the clip of episode 5" in r6["problem"]
+
+
+def test_video_clip_last_of_file_shifted(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    shift = lambda v: [x + 1 / 30 if i == 19 else x for i, x in enumerate(v)]  # noqa: E731
+    _edit_parquet(root / EPISODES, lambda t: _set(_set(t, FRONT_FROM, shift), FRONT_TO, shift))
+    c = _run(root)["video_clip_frames"]
+    first, counts = _first_frames(root)
+    import av
+
+    with av.open(str(root / "videos/observation.images.front/chunk-000/file-000.mp4")) as f:
+        n_frames = sum(1 for p in f.demux(video=0) if p.pts is not None)
+    assert not c.ok and c.n_violations == 1
+    r = c.sample[0]
+    assert (r["episode_index"], r["frames_in_file"], r["last_frame"]) == (19, n_frames, first[19] + counts[19])
+    assert "past the file's last frame" in r["problem"]
+
+
+def test_video_clip_to_timestamp_one_frame_short_passes(datasets, tmp_path):
+    """Writers that store to_timestamp = from_timestamp + (length - 1) / fps: the clips still hold their frames."""
+    root = _copy(datasets, tmp_path, "small20")
+
+    def f(t):
+        n = np.asarray(t["length"].to_numpy(), np.float64)
+        return _set(t, FRONT_TO, lambda v: list(t[FRONT_FROM].to_numpy() + (n - 1) / 30))
+
+    _edit_parquet(root / EPISODES, f)
+    report = _run(root)
+    assert report["video_clip_frames"].ok and not report["video_clip_frames"].skipped
+    assert not report["video_segments"].ok  # the strict metadata check still names the unusual to_timestamp
