@@ -10,7 +10,9 @@ Other columns travel along as extras and are added to every item under their own
 Manifest columns: ``index, episode_index, frame_index, timestamp, task_index`` (from the data files),
 ``data_file, data_row`` (where the frame's row lives), ``ep_from_index, ep_to_index`` (the episode's full extent,
 half-open, for delta_timestamps clamping), ``ep_data_row0`` (file row of the episode's first frame), per camera
-``<video_key>/file`` and ``<video_key>/from_timestamp``, then the extras.
+``<video_key>/file`` and ``<video_key>/from_timestamp``, then the extras. Schema metadata ``lerobot_sql.manifest``
+(JSON): ``mode``, ``extras``, ``video_keys``, ``fps``, ``sql`` and ``clips`` (per camera, each selected episode's clip
+and its neighbours in the file, which the dataset checks against the mp4's real frames; see ``_clip_table``).
 """
 
 from __future__ import annotations
