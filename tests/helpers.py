@@ -44,3 +44,15 @@ def assert_item_equals_reference(item: dict, ref_json_item: dict, npz, mode: str
             # lerobot computes float32(u8)/255; compare in that exact form.
             ref = ref.astype(np.float32) / np.float32(255)
         np.testing.assert_array_equal(got, ref, err_msg=f"index {idx} {mode} {key}")
+
+
+def assert_items_equal(a: dict, b: dict) -> None:
+    """Two items hold the same keys, and equal values: tensors of the same dtype bit for bit, other values by ==."""
+    import torch
+
+    assert set(a) == set(b)
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k

@@ -3,7 +3,6 @@ column and a fix; never a neighbouring frame, never a bare library exception. Ma
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +13,8 @@ import torch
 import lerobot_sql as lsql
 from lerobot_sql.errors import (DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError,
                                 ResultContractError, VideoDecodeError)
+
+from helpers import assert_items_equal
 
 from damage import (DATA, EPISODES, FRONT, INFO, TASKS, edit_info, rewrite_parquet, scribble, set_column,
                       shorten_mp4, truncate)
@@ -28,20 +29,11 @@ def pristine(datasets):
     return lsql.connect(datasets / "small20")
 
 
-def _same(a: dict, b: dict) -> None:
-    assert set(a) == set(b)
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
-
-
 def _items_equal(db, pristine, sql: str, picks=(0, -1), **kw) -> int:
     ours, ref = db.dataset(sql, **kw), pristine.dataset(sql, **kw)
     assert len(ours) == len(ref)
     for i in picks:
-        _same(ours[i], ref[i])
+        assert_items_equal(ours[i], ref[i])
     return len(ours)
 
 

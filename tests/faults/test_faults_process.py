@@ -3,7 +3,6 @@ entry is ever read as whole, and the next run rebuilds or reuses correctly. Matr
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,17 +11,16 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
 import lerobot_sql as lsql
-from lerobot_sql import video
 from lerobot_sql.errors import CacheError
 
-from damage import FRONT
+from helpers import assert_items_equal
+
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,19 +28,10 @@ SQL = "SELECT episode_index FROM episodes WHERE episode_index IN (1, 2)"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _same(a: dict, b: dict) -> None:
-    assert set(a) == set(b)
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
-
-
 def _check_items(ds, ref, picks=(0, 7, -1)) -> None:
     assert len(ds) == len(ref)
     for i in picks:
-        _same(ds[i], ref[i])
+        assert_items_equal(ds[i], ref[i])
 
 
 def _cache_entries_whole(cache: Path) -> int:
@@ -100,7 +89,7 @@ def test_dataloader_worker_killed_mid_epoch(datasets, tmp_path):
     want = list(torch.utils.data.DataLoader(ds, batch_size=64, num_workers=0))
     assert len(got) == len(want)
     for a, b in zip(got, want):
-        _same({k: v for k, v in a.items() if k != "task"}, {k: v for k, v in b.items() if k != "task"})
+        assert_items_equal({k: v for k, v in a.items() if k != "task"}, {k: v for k, v in b.items() if k != "task"})
         assert a["task"] == b["task"]
 
 
