@@ -38,6 +38,8 @@ MAX_READAHEAD = 4 << 20          # sequential readers fetch ahead up to this muc
 MIN_READAHEAD = 64 << 10
 DEFAULT_CACHE_SIZE = 50 << 30    # 50 GiB
 WHOLE_PREFIXES = ("meta/",)      # fetched whole: small, read often, needed offline
+FETCH_THREADS = 16               # parallel range requests of one ensure_ranges call
+COLUMN_READAHEAD = 4 << 20       # bytes a Parquet column scan fetches ahead per request (see _column_readahead)
 
 
 def parse_size(size: int | str | None) -> int:
@@ -158,6 +160,8 @@ class RemoteCacheFS(AbstractFileSystem):
         self._pieces: dict[str, list[tuple[int, int]]] = {}
         self._total: int | None = None
         self._region_locks: dict[tuple[str, int], threading.Lock] = {}
+        self._pq: dict[str, dict] = {}
+        self._scans: dict[tuple, tuple[int, int]] = {}
 
     # ---- plumbing ---------------------------------------------------------------------------------------------
     def __reduce__(self):
@@ -370,43 +374,145 @@ class RemoteCacheFS(AbstractFileSystem):
         Raises:
             RemoteIOError: the remote failed after retries (nothing partial is left in the cache).
         """
+        return self.ensure_ranges(path, [(start, end)])
+
+    def ensure_ranges(self, path: str, ranges: list[tuple[int, int]]) -> int:
+        """Fetch whatever of ``ranges`` (``[start, end)`` byte ranges) is not cached yet, the missing pieces in
+        parallel (one request per gap, at most ``FETCH_THREADS`` at once); returns the bytes fetched.
+
+        Raises:
+            RemoteIOError: the remote failed after retries (the pieces that did arrive are kept; nothing partial).
+        """
         path = self._strip_protocol(path)
         size = self.info(path)["size"]
-        end = min(end, size)
         if self._whole(path):
-            start, end = 0, size
-        if start >= end or not self.missing(path, start, end):
+            ranges = [(0, size)]
+        ranges = [(max(0, a), min(b, size)) for a, b in ranges if min(b, size) > max(0, a)]
+        ranges = [(a, b) for a, b in ranges if self.missing(path, a, b)]
+        if not ranges:
             return 0
         fdir = self._file_dir(path)
         fdir.mkdir(parents=True, exist_ok=True)
-        fetched = 0
-        written: set[str] = set()
-        for r in range(start // REGION, (end - 1) // REGION + 1):
-            lo, hi = max(start, r * REGION), min(end, (r + 1) * REGION)
-            if not self._gaps(self._pieces.get(str(fdir), []), lo, hi):
-                continue
-            with self._region_lock(fdir, r), FileLock(str(fdir / f"r{r:07d}.lock")):
-                for a, b in self._gaps(self._scan(fdir), lo, hi):  # re-read: another worker may have fetched them
-                    if self.offline:
-                        raise RemoteIOError(f"{self._url(path)}: bytes {a}-{b} are not cached and the session is "
-                                            "offline; reconnect with the network, or prefetch before going offline")
-                    data = self._call(f"{self._url(path)}: bytes {a}-{b}", self._get, path, a, b)
-                    fetched += len(data)
-                    fd, tmp = tempfile.mkstemp(dir=fdir, suffix=".tmp")
-                    try:
-                        with os.fdopen(fd, "wb") as f:
-                            f.write(data)
-                        os.replace(tmp, fdir / f"{a:012d}-{b:012d}.piece")
-                        written.add(str(fdir / f"{a:012d}-{b:012d}.piece"))
-                    finally:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(tmp)
-                    with self._lock:
-                        self._pieces[str(fdir)] = sorted(self._pieces.get(str(fdir), []) + [(a, b)])
-                        if self._total is not None:
-                            self._total += len(data)
+        regions = sorted({r for a, b in ranges for r in range(a // REGION, (b - 1) // REGION + 1)})
+        # Locks in ascending region order (as every caller takes them): no two callers can deadlock.
+        with contextlib.ExitStack() as stack:
+            for r in regions:
+                stack.enter_context(self._region_lock(fdir, r))
+                stack.enter_context(FileLock(str(fdir / f"r{r:07d}.lock")))
+            pieces = self._scan(fdir)  # re-read: another worker may have fetched them
+            gaps: set[tuple[int, int]] = set()
+            for a, b in ranges:
+                for r in range(a // REGION, (b - 1) // REGION + 1):  # pieces never cross a region boundary
+                    gaps.update(self._gaps(pieces, max(a, r * REGION), min(b, (r + 1) * REGION)))
+            gaps = _disjoint(sorted(gaps))
+            if gaps and self.offline:
+                a, b = gaps[0]
+                raise RemoteIOError(f"{self._url(path)}: bytes {a}-{b} are not cached and the session is "
+                                    "offline; reconnect with the network, or prefetch before going offline")
+            written: set[str] = set()
+            fetched, error = 0, None
+            fetch = lambda g: self._call(f"{self._url(path)}: bytes {g[0]}-{g[1]}", self._get, path, *g)  # noqa: E731
+            results = [(gaps[0], _try(fetch, gaps[0]))] if len(gaps) == 1 else \
+                list(zip(gaps, _pool().map(lambda g: _try(fetch, g), gaps)))
+            for (a, b), (data, err) in results:
+                if err is not None:
+                    error = error or err
+                    continue
+                self._write_piece(fdir, a, b, data)
+                written.add(str(fdir / f"{a:012d}-{b:012d}.piece"))
+                fetched += len(data)
         self._evict(protect=written)
+        if error is not None:
+            raise error
         return fetched
+
+    def _write_piece(self, fdir: Path, a: int, b: int, data: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(dir=fdir, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, fdir / f"{a:012d}-{b:012d}.piece")
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        with self._lock:
+            self._pieces[str(fdir)] = sorted(self._pieces.get(str(fdir), []) + [(a, b)])
+            if self._total is not None:
+                self._total += len(data)
+
+    # ---- Parquet column scans ---------------------------------------------------------------------------------
+    def _parquet_chunks(self, path: str) -> dict | None:
+        """For a Parquet file whose footer is cached: ``{start: (row group, [columns], end)}`` per column chunk and
+        ``chunks[rg][col] = (start, end)``. None while the footer is not cached (it is never fetched for this)."""
+        known = self._pq.get(path)
+        if known is not None:
+            return known
+        size = self.info(path)["size"]
+        if size < 12 or self.missing(path, size - 8, size):
+            return None
+        tail = self._assemble(path, size - 8, size)
+        n = int.from_bytes(tail[:4], "little")
+        if tail[4:] != b"PAR1" or n + 8 > size or self.missing(path, size - 8 - n, size):
+            return None
+        import io
+
+        import pyarrow.parquet as pq
+
+        try:
+            md = pq.read_metadata(io.BytesIO(b"PAR1" + self._assemble(path, size - 8 - n, size)))
+        except Exception:  # noqa: BLE001 - not our business to judge the file here; just no column readahead
+            self._pq[path] = {"by_start": {}, "chunks": []}
+            return self._pq[path]
+        chunks = []
+        for i in range(md.num_row_groups):
+            g = md.row_group(i)
+            row = []
+            for j in range(g.num_columns):
+                c = g.column(j)
+                a = c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else \
+                    c.data_page_offset
+                row.append((int(a), int(a + c.total_compressed_size)))
+            chunks.append(row)
+        by_start = {}
+        for i, row in enumerate(chunks):
+            for j, (a, _b) in enumerate(row):
+                by_start.setdefault(a, (i, j))
+        self._pq[path] = {"by_start": by_start, "chunks": chunks}
+        return self._pq[path]
+
+    def _column_readahead(self, path: str, start: int, end: int) -> list[tuple[int, int]]:
+        """Ranges worth fetching with a Parquet read ``[start, end)``: when it is the column chunks ``cols`` of row
+        group ``rg`` and the same columns of ``rg - 1`` or ``rg - 2`` were read just before (a scan), the same
+        columns of the next ``k`` row groups (``k`` doubling 2, 4 ... 64 while the scan goes on, at most
+        ``COLUMN_READAHEAD`` bytes). DuckDB reads each column chunk of a scan with its own request; without this a
+        count over a 200-row-group file costs 200 sequential round trips. A query that skips row groups (a filter
+        the statistics prune) never looks like a scan, so it fetches nothing extra."""
+        if not path.endswith(".parquet") or self._whole(path):
+            return []
+        pq_ = self._parquet_chunks(path)
+        hit = pq_ and pq_["by_start"].get(start)
+        if not hit:
+            return []
+        rg, first = hit
+        row = pq_["chunks"][rg]
+        cols = tuple(j for j in range(first, len(row)) if row[j][0] >= start and row[j][1] <= end) or (first,)
+        key = (path, cols)
+        with self._lock:
+            hi, k = self._scans.get(key, (-10, 0))
+            if 0 <= hi - rg < k:  # inside the last readahead (a second reader thread got here first): in flight
+                return []
+            k = min(max(2 * k, 2), 64) if 1 <= rg - hi <= 2 else 0
+            last = min(len(pq_["chunks"]) - 1, rg + k)
+            self._scans[key] = (max(rg, last), k)
+        out, budget = [], COLUMN_READAHEAD
+        for i in range(rg + 1, last + 1):
+            r = pq_["chunks"][i]
+            a, b = min(r[j][0] for j in cols), max(r[j][1] for j in cols)
+            budget -= b - a
+            if budget < 0:
+                break
+            out.append((a, b))
+        return out
 
     def _region_lock(self, fdir: Path, r: int) -> threading.Lock:
         """Threads of this process queue on a plain lock (FileLock would make them poll every 50 ms)."""
@@ -470,7 +576,8 @@ class RemoteCacheFS(AbstractFileSystem):
         for _ in range(3):
             fetched = 0
             if self.missing(path, start, end):
-                fetched = self.ensure(path, start, min(size, max(end, start + readahead)))
+                fetched = self.ensure_ranges(path, [(start, min(size, max(end, start + readahead)))]
+                                             + self._column_readahead(path, start, end))
             try:
                 data = self._assemble(path, start, end)
             except FileNotFoundError:  # a piece was evicted by another process between listing and reading
@@ -551,6 +658,39 @@ class RemoteCacheFS(AbstractFileSystem):
         return total
 
 
+def _disjoint(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted spans with overlaps merged (two wanted ranges may share a gap); touching spans stay apart (they may
+    lie in two regions)."""
+    out: list[list[int]] = []
+    for a, b in spans:
+        if out and a < out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _try(fn, arg):
+    """(fn(arg), None) or (None, the exception): parallel fetches report failures after the others are stored."""
+    try:
+        return fn(arg), None
+    except BaseException as e:  # noqa: BLE001 - re-raised by the caller
+        return None, e
+
+
+_POOL: tuple[int, Any] | None = None
+
+
+def _pool():
+    """The process's fetch threads (re-created after a fork: a pool's threads do not survive one)."""
+    global _POOL
+    import concurrent.futures
+
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="lsql-fetch"))
+    return _POOL[1]
+
+
 def _rebuild(target, root, url, cache_dir, cache_size, retries, backoff_s, offline, infos=None):
     fs = RemoteCacheFS(target, root, url, cache_dir, cache_size, retries=retries, backoff_s=backoff_s, offline=offline)
     fs._infos.update(infos or {})
@@ -559,17 +699,38 @@ def _rebuild(target, root, url, cache_dir, cache_size, retries, backoff_s, offli
 
 class RemoteFile(AbstractBufferedFile):
     """A read-only file of :class:`RemoteCacheFS`. Sequential readers (PyAV, DuckDB) get a growing readahead
-    (64 KiB doubling to 4 MiB, reset by a seek), so a stream is fetched in few requests without overshooting much."""
+    (64 KiB doubling to 4 MiB, reset by a seek), so a stream is fetched in few requests without overshooting much.
+
+    The position (and the readahead state) is kept per thread: DuckDB reads one handle from several threads at once,
+    each as ``seek(location)`` then ``read(n)`` in two calls, so with one shared position a thread could read at the
+    place another thread just sought to. A thread that never sought starts where the file's last user left it."""
 
     def __init__(self, fs: RemoteCacheFS, path: str):
+        self._tls = threading.local()
+        self._last = (0, -1, 0)  # (loc, next, readahead) of the last thread to move: a new thread starts there
         super().__init__(fs, path, mode="rb", block_size=0, cache_type="none", size=fs.info(path)["size"])
-        self._next = -1
-        self._ra = 0
+
+    def _state(self) -> list:
+        st = getattr(self._tls, "st", None)
+        if st is None:
+            st = self._tls.st = list(self._last)
+        return st
+
+    @property
+    def loc(self) -> int:
+        return self._state()[0]
+
+    @loc.setter
+    def loc(self, value: int) -> None:
+        st = self._state()
+        st[0] = value
+        self._last = tuple(st)
 
     def _fetch_range(self, start: int, end: int) -> bytes:
-        if start == self._next:
-            self._ra = min(max(self._ra * 2, MIN_READAHEAD), MAX_READAHEAD)
+        st = self._state()
+        if start == st[1]:
+            st[2] = min(max(st[2] * 2, MIN_READAHEAD), MAX_READAHEAD)
         else:
-            self._ra = 0
-        self._next = end
-        return self.fs.read_range(self.path, start, end, readahead=end - start + self._ra)
+            st[2] = 0
+        st[1] = end
+        return self.fs.read_range(self.path, start, end, readahead=end - start + st[2])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import os
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +22,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):  # keep test output clean
         pass
+
+    def setup(self):
+        super().setup()
+        # As real servers do: without it, Nagle's algorithm holds the body behind the headers until the client's
+        # delayed ACK (~40 ms), which would make every small request look twice the link latency.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _wait(self) -> None:
+        """One link latency before an answer (every answer: HEAD, 4xx and 412 cost a round trip too)."""
+        if self.server.latency_s:
+            time.sleep(self.server.latency_s)
 
     def _file(self) -> Path | None:
         rel = self.path.split("?", 1)[0].lstrip("/")
@@ -46,6 +58,7 @@ class _Handler(BaseHTTPRequestHandler):
             with contextlib.suppress(TypeError, ValueError):
                 failed = int(p.stat().st_mtime) > email.utils.parsedate_to_datetime(ius).timestamp()
         if failed:
+            self._wait()
             self.send_response(412)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -79,6 +92,7 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def do_HEAD(self):
+        self._wait()
         p = self._file()
         if p is None:
             self.send_error(404)
@@ -90,6 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         p = self._file()
         if p is None:
+            self._wait()
             self.send_error(404)
             return
         if self._fault() or self._precondition_failed(p):
@@ -107,9 +122,8 @@ class _Handler(BaseHTTPRequestHandler):
         truncate = self.server.faults.get("truncate", 0) > 0 and end - start > 1
         if truncate:
             self.server.faults["truncate"] -= 1
+        self._wait()
         self._headers(p, status, end - start, extra)
-        if self.server.latency_s:
-            time.sleep(self.server.latency_s)
         with open(p, "rb") as f:
             f.seek(start)
             todo = end - start if not truncate else (end - start) // 2

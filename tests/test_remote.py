@@ -298,3 +298,69 @@ def test_s3_range_reads_pinned_to_first_etag(s3, tmp_path):
     with pytest.raises(RemoteIOError, match=r"s3://robots/pin/blob\.bin: the file changed on the server"):
         fs.read_range(path, 100_000, 200_000)
     assert fs.missing(path, 100_000, 200_000) == [(100_000, 200_000)]
+
+
+def test_one_handle_read_from_threads_seek_then_read(blob_server, tmp_path):
+    """DuckDB reads one handle from several threads, each as seek() then read() in two calls: every thread gets the
+    bytes at the place it sought to, even when another thread seeks in between (the position is per thread)."""
+    srv, data = blob_server
+    fs, url = _blob_fs(srv, tmp_path)
+    f = fs.open(url)
+    sought, moved = threading.Event(), threading.Event()
+    got = {}
+
+    def a():
+        f.seek(1_000_000)
+        sought.set()
+        moved.wait(10)
+        got["a"] = f.read(5000)
+
+    def b():
+        sought.wait(10)
+        f.seek(7_000_000)  # between a's seek and a's read
+        moved.set()
+        got["b"] = f.read(5000)
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got["a"] == data[1_000_000:1_005_000] and got["b"] == data[7_000_000:7_005_000]
+    f.seek(100)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(f.tell()))  # a new thread starts where the last user left
+    t.start()
+    t.join()
+    assert seen == [100]
+
+
+def _chunk(md, rg: int, col: int) -> tuple[int, int]:
+    c = md.row_group(rg).column(col)
+    a = c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else c.data_page_offset
+    return a, a + c.total_compressed_size
+
+
+def test_parquet_column_scan_fetches_ahead_only_when_scanning(http, datasets):
+    """Reading one column chunk per row group in order (DuckDB's scan) fetches the same column of the next row
+    groups ahead, in parallel; reads that skip row groups (pruned by statistics) fetch nothing extra."""
+    rel = "data/chunk-000/file-000.parquet"
+    md = pq.read_metadata(datasets / "multifile60" / rel)
+    src = open_source(f"{http.url}/multifile60")
+    fs, path = src.fs, src.path(rel)
+    with src.open(rel) as f:
+        pq.ParquetFile(f).metadata  # the footer is cached first, as DuckDB and pyarrow read it
+    col = md.schema.names.index("episode_index")
+    for rg in (0, 5, 10):  # skipping: no readahead
+        fs.read_range(path, *_chunk(md, rg, col))
+    assert fs.missing(path, *_chunk(md, 11, col)) and fs.missing(path, *_chunk(md, 1, col))
+    for rg in (20, 21):  # a scan: the next 2 row groups' chunks of this column arrive with the second read
+        fs.read_range(path, *_chunk(md, rg, col))
+    assert not fs.missing(path, *_chunk(md, 22, col)) and not fs.missing(path, *_chunk(md, 23, col))
+    assert fs.missing(path, *_chunk(md, 24, col))
+    assert fs.missing(path, *_chunk(md, 22, col + 1)) and fs.missing(path, *_chunk(md, 22, col - 1))
+    fs.read_range(path, *_chunk(md, 24, col))  # the scan goes on: 4 more
+    assert not fs.missing(path, *_chunk(md, 28, col)) and fs.missing(path, *_chunk(md, 29, col))
+    local = (datasets / "multifile60" / rel).read_bytes()
+    for rg in range(20, 29):
+        assert fs.read_range(path, *_chunk(md, rg, col)) == local[slice(*_chunk(md, rg, col))]
