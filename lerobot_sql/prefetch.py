@@ -97,13 +97,18 @@ def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
     keys = [k for k in db.layout.video_keys if cameras is None or k in cameras]
     ts = manifest["timestamp"].to_numpy().astype(np.float64)
     fps = db.layout.fps
+    # Build the video indexes of all the files first, several at once: each costs a moov fetch (round trips) and
+    # a demux (CPU), and the files are independent.
+    rels = sorted({str(r) for k in keys for r in manifest[f"{k}/file"].to_pylist() if r is not None})
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(4, len(rels)))) as pool:
+        index = dict(zip(rels, pool.map(lambda r: video.ensure_index(src, r, db.cache_dir), rels)))
     for k in keys:
         vfiles = manifest[f"{k}/file"].to_numpy(zero_copy_only=False)
         from_ts = manifest[f"{k}/from_timestamp"].to_numpy().astype(np.float64)
         offs = np.asarray((delta_timestamps or {}).get(k, [0.0]), np.float64)
         for rel in np.unique(vfiles[vfiles != None]):  # noqa: E711 - numpy elementwise
             sel = vfiles == rel
-            t = pq.read_table(video.ensure_index(src, str(rel), db.cache_dir),
+            t = pq.read_table(index[str(rel)],
                               columns=["pts", "pts_s", "keyframe_pts", "byte_offset", "byte_size"])
             pts, pts_s = t["pts"].to_numpy(), t["pts_s"].to_numpy()
             key_row = np.searchsorted(pts, t["keyframe_pts"].to_numpy())

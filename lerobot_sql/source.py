@@ -8,6 +8,7 @@ Roots may be local paths, any fsspec URL (``s3://``, ``gs://``, ``http(s)://``, 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import fnmatch
@@ -103,11 +104,14 @@ class Source:
         total = int(info.get("total_episodes") or 0)
         per_chunk = int(info.get("chunks_size") or 1000)
         files = {"meta/info.json"}
-        for extra in ("meta/tasks.parquet", "meta/stats.json", "meta/tasks.jsonl", "meta/episodes.jsonl",
-                      "meta/episodes_stats.jsonl"):
-            if self.fs.exists(self.path(extra)):
-                files.add(extra)
-        if str(info.get("codebase_version", "")).lstrip("v").startswith("2"):
+        v2 = str(info.get("codebase_version", "")).lstrip("v").startswith("2")
+        extras = ("meta/stats.json",) + (("meta/tasks.jsonl", "meta/episodes.jsonl", "meta/episodes_stats.jsonl")
+                                         if v2 else ("meta/tasks.parquet",))
+        # One round trip for all (each is a HEAD): the other version's files are not asked about at all.
+        with concurrent.futures.ThreadPoolExecutor(len(extras)) as pool:
+            found = list(pool.map(lambda rel: self.fs.exists(self.path(rel)), extras))
+        files.update(rel for rel, ok in zip(extras, found) if ok)
+        if v2:
             self._listing["files"] = sorted(files | self._v2_files(info))
             return self._listing["files"]
         data_tmpl = info.get("data_path") or "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -222,6 +226,10 @@ class _PayloadFreeMP4(io.RawIOBase):
                 size = self.size - off
             if size < hdr:
                 break  # not a box: let the demuxer see the bytes as they are
+            if typ == b"moov" and hasattr(getattr(f, "fs", None), "ensure"):
+                # The demuxer reads moov in 32 KiB steps (a growing readahead: ~6 round trips for a 1 MB moov);
+                # its size is known here, so fetch it in one request.
+                f.fs.ensure(f.path, off, off + size)
             if typ == b"mdat":
                 self.holes.append((off + hdr, off + size))
             off += size
