@@ -33,12 +33,6 @@ from lerobot_sql import video  # noqa: E402
 from http_range_server import RangeServer  # noqa: E402
 
 
-def _tune(db) -> None:
-    # What Database should set for remote roots (see the remote report): read each footer once. DuckDB's own
-    # Parquet prefetching stays on: without it a scan makes one request per column chunk (x4 requests here).
-    db.con.execute("SET parquet_metadata_cache = true")
-
-
 def full_download(srv: RangeServer, root: Path, dest: Path) -> tuple[float, int]:
     import urllib.request
 
@@ -56,24 +50,29 @@ def full_download(srv: RangeServer, root: Path, dest: Path) -> tuple[float, int]
     return time.perf_counter() - t0, n
 
 
-def run(srv: RangeServer, root: Path, sql: str, use_prefetch: bool, batch: int) -> dict:
+def run(srv: RangeServer, root: Path, sql: str, use_prefetch: bool, batch: int, all_items: bool = True,
+        threads: int | None = None) -> dict:
     os.environ["LSQL_CACHE_DIR"] = tempfile.mkdtemp(prefix="lsql_bench_")
     t0 = time.perf_counter()
-    db = lsql.connect(f"{srv.url}/{root.name}")
-    _tune(db)
-    out = {"connect_s": time.perf_counter() - t0}
+    db = lsql.connect(f"{srv.url}/{root.name}", threads=threads)
+    out = {"connect_s": time.perf_counter() - t0, "connect_requests": db.io_stats()["requests"]}
     if use_prefetch:
         rep = pf.prefetch(db, sql, progress=False)
         out["prefetch_s"] = rep.seconds
-    ds = db.dataset(sql)
+    t1, r1 = time.perf_counter(), db.io_stats()["requests"]
+    ds = db.dataset(sql)  # the manifest query, the metadata checks, the video indexes (moov boxes, demux)
+    out["dataset_s"], out["dataset_requests"] = time.perf_counter() - t1, db.io_stats()["requests"] - r1
     loader = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=0)
     it = iter(loader)
+    t2, r2 = time.perf_counter(), db.io_stats()["requests"]
     next(it)
+    out["batch_s"], out["batch_requests"] = time.perf_counter() - t2, db.io_stats()["requests"] - r2
     out["first_batch_s"] = time.perf_counter() - t0
     out["first_batch_bytes"] = db.io_stats()["bytes_fetched"]
-    for _ in it:
-        pass
-    out["all_items_s"] = time.perf_counter() - t0
+    if all_items:
+        for _ in it:
+            pass
+    out["all_items_s"] = time.perf_counter() - t0 if all_items else float("nan")
     out["bytes_fetched"] = db.io_stats()["bytes_fetched"]
     out["requests"] = db.io_stats()["requests"]
     manifest = db.manifest(sql)
@@ -87,26 +86,41 @@ def run(srv: RangeServer, root: Path, sql: str, use_prefetch: bool, batch: int) 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default = Path("/work/bench_data/syn200_96")
-    ap.add_argument("--root", type=Path, default=default if default.is_dir() else HERE.parent / "sample" / "small20")
+    ap.add_argument("--root", type=Path, action="append",
+                    help="dataset folder (repeat for several; default syn200_96 or the bundled sample)")
     ap.add_argument("--mbit", type=float, default=100)
     ap.add_argument("--latency-ms", type=float, default=20)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--runs", default="lazy,prefetch", help="which of lazy,prefetch to run")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="DuckDB threads (connect(threads=)); default: one per core. Remote scans wait on round "
+                         "trips, so more threads than cores overlap them")
+    ap.add_argument("--first-batch-only", action="store_true",
+                    help="stop after the first batch (bytes then count what the first batch read)")
     args = ap.parse_args()
-    root = args.root.resolve()
+    for root in args.root or [default if default.is_dir() else HERE.parent / "sample" / "small20"]:
+        bench(root.resolve(), args)
+
+
+def bench(root: Path, args) -> None:
     n_ep = lsql.connect(root).sql("SELECT count(*) FROM episodes").fetchall()[0][0]
     sql = "SELECT episode_index FROM episodes WHERE episode_index % 10 = 3"
     with RangeServer(root.parent, rate_bps=args.mbit * 1e6, latency_s=args.latency_ms / 1000) as srv:
         with tempfile.TemporaryDirectory() as d:
             t_full, n_full = full_download(srv, root, Path(d))
         print(f"dataset {root.name}: {n_ep} episodes, {n_full / 1e6:.1f} MB; link {args.mbit:g} Mbit/s, "
-              f"{args.latency_ms:g} ms latency; query: every 10th episode")
+              f"{args.latency_ms:g} ms latency; query: every 10th episode; DuckDB threads: {args.threads or 'default'}")
         print(f"full download: {t_full:.2f} s, {n_full / 1e6:.2f} MB")
-        for name, use in (("lazy", False), ("prefetch", True)):
-            r = run(srv, root, sql, use, args.batch)
-            print(f"{name:8s}: first batch {r['first_batch_s']:.2f} s ({r['first_batch_s'] / t_full:.3f}x full), "
-                  f"all {r['items']} items {r['all_items_s']:.2f} s; fetched {r['bytes_fetched'] / 1e6:.2f} MB "
-                  f"in {r['requests']} requests = {r['bytes_fetched'] / r['bytes_needed']:.2f}x the "
-                  f"{r['bytes_needed'] / 1e6:.2f} MB the items need ({r['bytes_fetched'] / n_full:.1%} of the dataset)")
+        for name in args.runs.split(","):
+            r = run(srv, root, sql, name == "prefetch", args.batch, not args.first_batch_only, args.threads)
+            print(f"{name:8s}: first batch {r['first_batch_s']:.2f} s ({r['first_batch_s'] / t_full:.3f}x full) = "
+                  f"connect {r['connect_s']:.2f} s ({r['connect_requests']} req)"
+                  + (f" + prefetch {r['prefetch_s']:.2f} s" if "prefetch_s" in r else "")
+                  + f" + dataset() {r['dataset_s']:.2f} s ({r['dataset_requests']} req) + first batch "
+                  f"{r['batch_s']:.2f} s ({r['batch_requests']} req); all {r['items']} items {r['all_items_s']:.2f} s; "
+                  f"fetched {r['bytes_fetched'] / 1e6:.2f} MB in {r['requests']} requests = "
+                  f"{r['bytes_fetched'] / r['bytes_needed']:.2f}x the {r['bytes_needed'] / 1e6:.2f} MB the items need "
+                  f"({r['bytes_fetched'] / n_full:.1%} of the dataset)", flush=True)
 
 
 if __name__ == "__main__":

@@ -130,6 +130,47 @@ def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
     return {rel: _merge(r) for rel, r in need.items()}
 
 
+def warm_episode_row_groups(db, sql: str) -> int:
+    """Fetch, in parallel, the data row groups of the episodes ``sql`` selects (by meta/episodes' data file and
+    ``dataset_from_index``/``dataset_to_index``), before the manifest query reads them. DuckDB reads the row groups
+    of a filtered scan one request after another (a round trip each: ~1,000 for 1,000 episodes); from the cache it
+    reads them at disk speed. Best effort: a query without ``episode_index``, or metadata that disagrees with the
+    data, only makes this fetch less (or more) than needed; ``needed_ranges`` then fetches exactly what is missing.
+
+    Returns the bytes fetched.
+    """
+    fs, src = db.source.fs, db.source
+    try:  # q.episode_index, qualified: unqualified, a query without it would match episodes.episode_index
+        wanted = db.sql('SELECT "data/chunk_index", "data/file_index", dataset_from_index, dataset_to_index FROM '
+                        f"episodes WHERE episode_index IN (SELECT q.episode_index FROM ({sql}) AS q)").fetchall()
+        firsts = {(c, f): a for c, f, a in db.sql('SELECT "data/chunk_index", "data/file_index", '
+                                                 "min(dataset_from_index) FROM episodes GROUP BY 1, 2").fetchall()}
+    except Exception:  # noqa: BLE001 - not an episode query (or v2 metadata): nothing to warm
+        return 0
+    tmpl = getattr(db.layout, "data_path", None)
+    if not tmpl or not wanted or getattr(db.layout, "legacy", False):  # v2: one file per episode, no row groups
+        return 0
+    jobs = []
+    for (c, f), a0 in firsts.items():
+        spans = [(a - a0, b - a0) for cc, ff, a, b in wanted if (cc, ff) == (c, f) and a is not None and b is not None]
+        if not spans or c is None or f is None:
+            continue
+        rel = tmpl.format(chunk_index=int(c), file_index=int(f))
+        try:
+            with src.open(rel) as fh:
+                md = pq.ParquetFile(fh).metadata
+        except Exception:  # noqa: BLE001 - the manifest query reports a missing or broken file properly
+            continue
+        offsets = np.concatenate([[0], np.cumsum([md.row_group(i).num_rows for i in range(md.num_row_groups)])])
+        rgs = set()
+        for a, b in spans:
+            lo, hi = np.searchsorted(offsets, [a, max(a, b - 1)], side="right") - 1
+            rgs.update(range(int(max(lo, 0)), int(min(hi, md.num_row_groups - 1)) + 1))
+        jobs.append((src.path(rel), _merge(row_group_ranges(md, sorted(rgs)))))
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(jobs))) as pool:
+        return sum(pool.map(lambda j: fs.ensure_ranges(*j), jobs)) if jobs else 0
+
+
 def prefetch(db, sql: str | pa.Table, progress: bool = True, *, delta_timestamps: dict | None = None,
              cameras: list[str] | None = None, workers: int = 8) -> PrefetchReport:
     """Fetch into the cache the bytes the items of ``sql`` (a query, or a manifest table) need.
@@ -148,6 +189,8 @@ def prefetch(db, sql: str | pa.Table, progress: bool = True, *, delta_timestamps
     if db.source.is_local or not hasattr(fs, "ensure"):
         return PrefetchReport(seconds=time.perf_counter() - t0)
     before = fs.io_stats()
+    if not isinstance(sql, pa.Table) and hasattr(fs, "ensure_ranges"):
+        warm_episode_row_groups(db, sql)
     manifest = sql if isinstance(sql, pa.Table) else db.manifest(sql)
     need = needed_ranges(db, manifest, delta_timestamps, cameras)
     jobs = [(db.source.path(rel), a, b) for rel, rs in need.items() for a, b in rs]

@@ -28,6 +28,7 @@ from .errors import DatasetFormatError, MissingFileError, UnsupportedVersionErro
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./%-]+)?$")
 _VERSION_REF = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
 CODEBASE_VERSION = (3, 0)
+HEAD_READ = 32 << 10  # bytes fetched with each mp4 box header when building a remote video index (PyAV's block)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,7 +216,12 @@ class _PayloadFreeMP4(io.RawIOBase):
         self.pos = 0
         self.holes: list[tuple[int, int]] = []
         off = 0
+        fetch = getattr(getattr(f, "fs", None), "ensure", None)  # remote: fetch in few round trips
         while off + 8 <= self.size:  # walk the top-level boxes by their headers
+            if fetch is not None and f.fs.missing(f.path, off, min(self.size, off + 16)):
+                # A box header plus what the demuxer reads next (ftyp's rest, the first packets after an mdat
+                # header: the container probe reads them) in one request instead of several 16-byte ones.
+                fetch(f.path, off, min(self.size, off + HEAD_READ))
             f.seek(off)
             head = f.read(16)
             size, typ = struct.unpack(">I4s", head[:8])
@@ -226,10 +232,10 @@ class _PayloadFreeMP4(io.RawIOBase):
                 size = self.size - off
             if size < hdr:
                 break  # not a box: let the demuxer see the bytes as they are
-            if typ == b"moov" and hasattr(getattr(f, "fs", None), "ensure"):
+            if typ == b"moov" and fetch is not None:
                 # The demuxer reads moov in 32 KiB steps (a growing readahead: ~6 round trips for a 1 MB moov);
                 # its size is known here, so fetch it in one request.
-                f.fs.ensure(f.path, off, off + size)
+                fetch(f.path, off, min(self.size, off + size + HEAD_READ))
             if typ == b"mdat":
                 self.holes.append((off + hdr, off + size))
             off += size

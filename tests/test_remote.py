@@ -364,3 +364,37 @@ def test_parquet_column_scan_fetches_ahead_only_when_scanning(http, datasets):
     local = (datasets / "multifile60" / rel).read_bytes()
     for rg in range(20, 29):
         assert fs.read_range(path, *_chunk(md, rg, col)) == local[slice(*_chunk(md, rg, col))]
+
+
+def test_prefetch_warms_row_groups_before_the_manifest_query(http, datasets):
+    """prefetch fetches the selected episodes' row groups in parallel first, so the manifest query (DuckDB, one
+    request per row group otherwise) reads only the cache."""
+    from lerobot_sql.prefetch import warm_episode_row_groups
+
+    root = datasets / "multifile60"
+    db = lsql.connect(f"{http.url}/multifile60")
+    sql = "SELECT episode_index FROM episodes WHERE episode_index % 10 = 3"
+    assert warm_episode_row_groups(db, sql) > 0
+    fs = db.source.fs
+    n_files = 0
+    for p in sorted((root / "data").rglob("*.parquet")):
+        pf = pq.ParquetFile(p)
+        for rg in range(pf.metadata.num_row_groups):  # independently: which row groups hold selected episodes
+            eps = pf.read_row_group(rg, columns=["episode_index"])["episode_index"].to_numpy()
+            c = pf.metadata.row_group(rg).column(0)
+            a = c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else c.data_page_offset
+            if (eps % 10 == 3).any():
+                n_files += 1
+                assert fs.missing(db.source.path(str(p.relative_to(root))), a, a + c.total_compressed_size) == []
+    assert n_files > 0
+    # What the manifest query still fetches: only episode_index chunks of other episodes (the video-clip check
+    # counts the frames of every episode sharing an mp4 with a selected one), never the selected row groups.
+    ep_chunks = set()
+    for p in sorted((root / "data").rglob("*.parquet")):
+        md = pq.read_metadata(p)
+        col = md.schema.names.index("episode_index")
+        ep_chunks.update((f"multifile60/{p.relative_to(root)}", _chunk(md, rg, col)[0]) for rg in range(md.num_row_groups))
+    n = len(http.log)
+    db.manifest(sql)
+    assert {(path, a) for path, a, _b, _ in http.log[n:]} <= ep_chunks
+    assert warm_episode_row_groups(db, "SELECT index FROM frames WHERE index < 5") == 0  # not an episode query
