@@ -1,14 +1,18 @@
 """Remote dataset over a throttled loopback HTTP link: time to first batch and bytes fetched vs a full download.
 
-    python benchmarks/bench_remote.py [--root /work/bench_data/syn200_96] [--mbit 100] [--latency-ms 20]
+    python benchmarks/bench_remote.py [--root DATASET ...] [--mbit 100] [--latency-ms 20] [--sql QUERY]
+        [--threads N] [--runs lazy,prefetch] [--first-batch-only]
 
 The server (tests/http_range_server.py) serves the dataset folder with Range support, one token bucket of
 ``--mbit`` for all connections and ``--latency-ms`` before each response body. Runs, each with an empty cache:
   * full download: every file of the dataset, 8 parallel GETs (what snapshot_download would do);
-  * lazy: connect, query every 10th episode (10% of episodes, scattered), first DataLoader batch, then all items;
+  * lazy: connect, the query (default every 10th episode: 10% of episodes, scattered), first DataLoader batch, then
+    all items (not with --first-batch-only);
   * prefetch: connect, ``prefetch`` the same query, first batch, all items.
 "Bytes the items need" = meta/ files + the byte ranges ``prefetch.needed_ranges`` computes (Parquet footers and row
 groups of the selected episodes, video packets from each frame's keyframe to the frame, container heads).
+Each line splits the time to the first batch into connect, prefetch, ``db.dataset()`` (manifest query, metadata
+checks, video indexes) and the batch itself, with the requests of each.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ def main() -> None:
     ap.add_argument("--mbit", type=float, default=100)
     ap.add_argument("--latency-ms", type=float, default=20)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--sql", default="SELECT episode_index FROM episodes WHERE episode_index % 10 = 3",
+                    help="the query (default: every 10th episode, scattered)")
     ap.add_argument("--runs", default="lazy,prefetch", help="which of lazy,prefetch to run")
     ap.add_argument("--threads", type=int, default=None,
                     help="DuckDB threads (connect(threads=)); default: one per core. Remote scans wait on round "
@@ -104,12 +110,12 @@ def main() -> None:
 
 def bench(root: Path, args) -> None:
     n_ep = lsql.connect(root).sql("SELECT count(*) FROM episodes").fetchall()[0][0]
-    sql = "SELECT episode_index FROM episodes WHERE episode_index % 10 = 3"
+    sql = args.sql
     with RangeServer(root.parent, rate_bps=args.mbit * 1e6, latency_s=args.latency_ms / 1000) as srv:
         with tempfile.TemporaryDirectory() as d:
             t_full, n_full = full_download(srv, root, Path(d))
         print(f"dataset {root.name}: {n_ep} episodes, {n_full / 1e6:.1f} MB; link {args.mbit:g} Mbit/s, "
-              f"{args.latency_ms:g} ms latency; query: every 10th episode; DuckDB threads: {args.threads or 'default'}")
+              f"{args.latency_ms:g} ms latency; query: {sql}; DuckDB threads: {args.threads or 'default'}")
         print(f"full download: {t_full:.2f} s, {n_full / 1e6:.2f} MB")
         for name in args.runs.split(","):
             r = run(srv, root, sql, name == "prefetch", args.batch, not args.first_batch_only, args.threads)
