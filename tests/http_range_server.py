@@ -58,12 +58,12 @@ class _Handler(BaseHTTPRequestHandler):
             with contextlib.suppress(TypeError, ValueError):
                 failed = int(p.stat().st_mtime) > email.utils.parsedate_to_datetime(ius).timestamp()
         if failed:
+            with self.server.lock:  # logged before answering: a test may look as soon as its client has the 412
+                self.server.log.append((str(p.relative_to(self.server.root)), 0, 0, 0))
             self._wait()
             self.send_response(412)
             self.send_header("Content-Length", "0")
             self.end_headers()
-            with self.server.lock:
-                self.server.log.append((str(p.relative_to(self.server.root)), 0, 0, 0))
         return failed
 
     def _headers(self, p: Path, status: int, length: int, extra: dict | None = None) -> None:
