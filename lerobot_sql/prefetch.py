@@ -4,7 +4,9 @@ For the query's manifest: the footer and the row groups of each data file that h
 episodes when ``delta_timestamps`` are given, as the dataset reads neighbours), and for each camera the packets from
 the keyframe before each wanted frame up to that frame (byte ranges from the video index, which itself costs only
 the mp4's ``moov`` box). Ranges are merged and fetched in parallel through :class:`lerobot_sql.remote.RemoteCacheFS`,
-so a later ``db.dataset(sql)`` reads from disk. ``lerobot-sql prefetch DATASET --sql ...`` is the CLI form.
+so a later ``db.dataset(sql)`` reads from disk. For an episode query the selected episodes' row groups are fetched
+first, in parallel, so that the manifest query itself reads the cache (``warm_episode_row_groups``).
+``lerobot-sql prefetch DATASET --sql ...`` is the CLI form.
 """
 
 from __future__ import annotations

@@ -13,7 +13,12 @@ a dataset's metadata has been read it opens offline (``LSQL_OFFLINE=1``/``HF_HUB
 after the network failed).
 
 Every network call is retried with exponential backoff on 5xx answers, resets, truncated bodies and timeouts, then
-raises :class:`RemoteIOError` naming the URL and byte range.
+raises :class:`RemoteIOError` naming the URL and byte range. Range reads are pinned to the version of the file first
+seen in the session (HTTP ``If-Match``, S3 version id / ``IfMatch``): a file that changes on the server mid-run raises
+:class:`FileChangedError` instead of mixing versions in the cache.
+
+Missing pieces of one read are fetched in parallel (``ensure_ranges``), and a Parquet column scan (the same columns
+of consecutive row groups, recognised from the cached footer) fetches the next row groups' chunks ahead.
 """
 
 from __future__ import annotations
