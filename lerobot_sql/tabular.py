@@ -113,6 +113,8 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
                     continue
                 try:
                     raw = pf.read_row_group(rg)
+                except LeRobotSQLError:  # already ours (e.g. the remote file changed): keep its own message
+                    raise
                 except (pa.ArrowException, OSError) as e:  # a damaged page: name the file, not a bare pyarrow error
                     raise DatasetFormatError(f"{src.path(info.rel)}: row group {rg} cannot be decoded ({e}); the "
                                              "file is corrupt, re-download it from the dataset's source") from e

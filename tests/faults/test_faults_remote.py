@@ -131,8 +131,8 @@ def test_file_changed_during_a_run_never_mixes_versions(damaged, monkeypatch, tm
         with pytest.raises(lsql.LeRobotSQLError) as exc:
             db.dataset(SQL.format(18), cameras=[])[0]
         changed = [e for e in _cause_chain(exc.value) if isinstance(e, FileChangedError)]
-        # tabular.py currently wraps it in a DatasetFormatError; the cause is the RemoteIOError below.
         assert changed and isinstance(changed[0], RemoteIOError), exc.value
+        assert not isinstance(exc.value, lsql.DatasetFormatError), "a changed file is not a corrupt one"
         assert f"{srv.url}/{root.name}/{DATA}: the file changed on the server" in str(changed[0])
         assert any(p.endswith(DATA) and sent == 0 for p, _a, _b, sent in srv.log)  # the server's 412
         # Every cached piece of the data file (the folder of the identity first seen) holds first-version bytes.
