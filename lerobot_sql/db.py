@@ -15,7 +15,18 @@ from .layout import load_layout
 from .source import open_source
 
 # Most rows a query given to dataset()/manifest() may return (samples; duplicates allowed for oversampling).
-MAX_RESULT_ROWS = 200_000_000
+MAX_RESULT_ROWS = 200_000_000  # hard ceiling on a manifest's rows, whatever the memory
+MANIFEST_BYTES_PER_ROW = 320  # peak bytes per sample while a manifest is built (30M frames peaked at 9.3 GB)
+
+
+def max_manifest_rows() -> int:
+    """Most samples a manifest may have: ``$LSQL_MAX_MANIFEST_ROWS``, else what half of RAM holds, at most
+    MAX_RESULT_ROWS (about 37M samples on a 24 GB machine)."""
+    env = os.environ.get("LSQL_MAX_MANIFEST_ROWS")
+    if env:
+        return int(env)
+    total = sandbox._total_memory()
+    return MAX_RESULT_ROWS if total is None else min(MAX_RESULT_ROWS, total // 2 // MANIFEST_BYTES_PER_ROW)
 
 VIDEO_FRAMES_EMPTY = ("SELECT NULL::VARCHAR AS video_key, NULL::BIGINT AS chunk_index, NULL::BIGINT AS file_index, "
                       "NULL::VARCHAR AS path, NULL::BIGINT AS frame, NULL::BIGINT AS pts, NULL::DOUBLE AS pts_s, "
@@ -234,14 +245,17 @@ class Database:
         Raises:
             ResultContractError: the result is empty or has none of the accepted column sets.
         """
-        # Fetch at most MAX_RESULT_ROWS + 1 rows: a runaway query (a cross join) fails fast instead of filling RAM.
-        result = self.sql(sql).limit(MAX_RESULT_ROWS + 1).arrow()
-        if result.num_rows > MAX_RESULT_ROWS:
-            raise ResultContractError(f"the query returns more than {MAX_RESULT_ROWS:,} rows (lerobot_sql.db."
-                                      f"MAX_RESULT_ROWS), far more samples than a training set needs; check its joins "
-                                      f"(a missing ON gives a cross product) or add a LIMIT: {sql!r}")
+        # Fetch at most max_rows + 1 rows: a runaway query (a cross join) fails fast instead of filling RAM.
+        max_rows = max_manifest_rows()
+        result = self.sql(sql).limit(max_rows + 1).arrow()
+        if result.num_rows > max_rows:
+            raise ResultContractError(
+                f"the query returns more than {max_rows:,} rows, more samples than this machine's memory holds as a "
+                f"manifest (about {MANIFEST_BYTES_PER_ROW} bytes per sample while it is built); check its joins (a "
+                f"missing ON gives a cross product), add a LIMIT, or set LSQL_MAX_MANIFEST_ROWS: {sql!r}")
         try:
-            return plan.build_manifest(self.con, self.layout, result, sql=sql)
+            return plan.build_manifest(self.con, self.layout, result, sql=sql,
+                                       ordered=query.has_order_by(self.check(sql)))
         except duckdb.Error as e:  # the data files failed while the frames were resolved
             raise unreadable_error(self.source, self.layout, e) from e
 

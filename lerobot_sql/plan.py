@@ -158,8 +158,12 @@ def _plain_numbers(t: pa.Table) -> pa.Table:
 
 
 def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Table, *, sql: str,
-                   window_tolerance_s: float = 1e-4) -> pa.Table:
+                   window_tolerance_s: float = 1e-4, ordered: bool = True) -> pa.Table:
     """Resolve ``result`` (the rows of user query ``sql``) to a manifest, in the main process.
+
+    Samples follow the result's row order when ``ordered`` (the query has an ORDER BY). Without one, DuckDB's row
+    order can change from run to run, so rows are sorted by the contract columns first (``index``; or
+    ``episode_index, start_s, end_s``; or ``episode_index``): the same query then always gives the same manifest.
 
     Raises:
         ResultContractError: the result is empty, has the wrong columns, or names frames that do not exist.
@@ -186,6 +190,8 @@ def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Ta
                                   f"frames by episode_index; alias or drop them in: {sql!r}")
 
     keep = list(contract) + extras + shadow
+    if not ordered:
+        result = result.sort_by([(c, "ascending") for c in contract])  # stable: equal keys keep their order
     res = _plain_numbers(result.select(keep)).append_column("_ord", pa.array(range(result.num_rows), pa.int64()))
     con.register("_lsql_result", res)
     try:

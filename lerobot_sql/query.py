@@ -305,3 +305,9 @@ def uses_video_index(sql: str) -> bool:
         if name in VIDEO_INDEX_NAMES:
             return True
     return False
+
+
+def has_order_by(sql: str) -> bool:
+    """True if the outermost query of ``sql`` has an ORDER BY (only then is DuckDB's row order defined)."""
+    tree = _parse(sql)
+    return tree.args.get("order") is not None

@@ -175,6 +175,12 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
             else (rank, world_size)
         self.epoch = 0
         self.dataset_kwargs = dataset_kwargs
+        from .dataset import LeRobotSQLDataset
+
+        # Prepared once here, before any fork: workers only pick their rows and read items (pyarrow/PyAV set-up
+        # inside freshly forked workers crashed under load).
+        self._dataset = LeRobotSQLDataset(self._src, self._layout, manifest, self._tasks, cache_dir=self._cache_dir,
+                                          **dataset_kwargs)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -186,12 +192,11 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
                               shuffle=self.shuffle)
 
     def __iter__(self) -> Iterator[dict]:
-        from .dataset import LeRobotSQLDataset
-
-        part = self.part()
-        if part.num_rows == 0:
-            return iter(())
-        ds = LeRobotSQLDataset(self._src, self._layout, part, self._tasks, cache_dir=self._cache_dir,
-                               **self.dataset_kwargs)
-        return (ds[i] for i in range(len(ds)))
+        shard, num = worker_shard(self.rank, self.world_size)
+        rows = pa.table({"_row": pa.array(range(self.manifest.num_rows), pa.int64())})
+        for name in ("episode_index", "index"):
+            rows = rows.append_column(name, self.manifest[name])
+        part = shard_manifest(rows, shard, num, epoch=self.epoch, seed=self.seed, by=self.by, shuffle=self.shuffle)
+        ds = self._dataset
+        return (ds[i] for i in part["_row"].to_pylist())
 

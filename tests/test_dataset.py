@@ -165,3 +165,29 @@ def test_missing_video_names_the_file_and_the_way_out(datasets):
         ds[0]
     tab = db.dataset("SELECT index FROM frames WHERE index < 3", cameras=[])
     assert tab[2]["observation.state"].shape == (6,)
+
+
+def test_same_query_same_manifest_without_order_by(datasets):
+    """DuckDB's row order is undefined without ORDER BY (window functions make it vary run to run): such results are
+    sorted by the contract columns, so a query always gives the same samples in the same order; ORDER BY is kept."""
+    db = lsql.connect(datasets / "multifile60")
+    sql = 'SELECT index FROM frames_ext WHERE "observation.state.speed" > 50'
+    runs = [db.manifest(sql)["index"].to_pylist() for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2] == sorted(runs[0])
+    win = 'SELECT * FROM event_windows("observation.state.gripper.pos" < 20, 2, 0)'
+    a, b = db.manifest(win), db.manifest(win)
+    assert a["index"].to_pylist() == b["index"].to_pylist()
+    assert a["episode_index"].to_pylist() == sorted(a["episode_index"].to_pylist())
+    desc = db.manifest(sql + " ORDER BY index DESC")["index"].to_pylist()
+    assert desc == sorted(runs[0], reverse=True)
+
+
+def test_manifest_row_cap_follows_memory(datasets, monkeypatch):
+    db = lsql.connect(datasets / "small20")
+    monkeypatch.setenv("LSQL_MAX_MANIFEST_ROWS", "1000")
+    with pytest.raises(lsql.ResultContractError, match="more than 1,000 rows"):
+        db.dataset("SELECT a.index FROM frames a, frames b", cameras=[])
+    monkeypatch.delenv("LSQL_MAX_MANIFEST_ROWS")
+    from lerobot_sql.db import max_manifest_rows
+
+    assert 1_000_000 <= max_manifest_rows() <= 200_000_000
