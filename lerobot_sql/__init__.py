@@ -24,6 +24,7 @@ from .db import Database, connect
 from .errors import (
     CacheError,
     DatasetFormatError,
+    DestinationExistsError,
     FrameNotFoundError,
     LeRobotSQLError,
     MissingFileError,
@@ -66,4 +67,5 @@ __all__ = [
     "VideoDecodeError",
     "RemoteIOError",
     "CacheError",
+    "DestinationExistsError",
 ]

@@ -289,10 +289,13 @@ class Database:
 
         if isinstance(sql, pa.Table):
             manifest = sql
-        elif isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.endswith(".parquet")
-                                               and os.path.exists(sql)):
+        elif isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.strip().endswith(".parquet")
+                                               and " " not in sql.strip()):
             import pyarrow.parquet as pq
 
+            if not os.path.exists(sql):
+                raise MissingFileError(f"{sql}: manifest file not found; write one with db.export_manifest(sql, path), "
+                                       "or pass a query instead")
             manifest = pq.read_table(sql)
         else:
             manifest = self.manifest(sql)

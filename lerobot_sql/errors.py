@@ -40,6 +40,10 @@ class VideoDecodeError(LeRobotSQLError, RuntimeError):
     """PyAV could not open or decode a video file (truncated, corrupt, or an unsupported codec)."""
 
 
+class DestinationExistsError(LeRobotSQLError, FileExistsError):
+    """An export's destination already exists (pass ``overwrite=True``, or ``--overwrite`` on the CLI)."""
+
+
 class RemoteIOError(LeRobotSQLError, OSError):
     """Reading a remote file failed after retries."""
 

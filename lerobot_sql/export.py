@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import plan, video
-from .errors import DatasetFormatError, LeRobotSQLError, VideoDecodeError
+from .errors import DatasetFormatError, DestinationExistsError, LeRobotSQLError, VideoDecodeError
 from .layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
 
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -120,12 +120,12 @@ def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = 
 
     Raises:
         QueryError / ResultContractError: the SQL or its result is unusable.
-        FileExistsError: ``path`` exists and ``overwrite`` is False.
+        DestinationExistsError (a FileExistsError): ``path`` exists and ``overwrite`` is False.
     """
     t0 = time.perf_counter()
     path = Path(path)
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{path}: exists; pass overwrite=True or choose another path")
+        raise DestinationExistsError(f"{path}: exists; pass overwrite=True or choose another path")
     m = db.manifest(sql)
     meta = json.loads(m.schema.metadata[b"lerobot_sql.manifest"])
     meta["root"] = db.source.url
@@ -166,7 +166,7 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
 
     Raises:
         QueryError / ResultContractError: the SQL or its result is unusable.
-        FileExistsError: ``dest`` exists and ``overwrite`` is False.
+        DestinationExistsError (a FileExistsError): ``dest`` exists and ``overwrite`` is False.
         FrameNotFoundError: a selected frame has no video frame within ``tolerance_s``.
         DatasetFormatError / VideoDecodeError / MissingFileError: the source dataset is inconsistent or unreadable.
     """
@@ -175,7 +175,7 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
     if "://" in str(dest):
         raise LeRobotSQLError(f"{dest}: export writes to a local folder; upload the result afterwards")
     if dest.exists() and not overwrite:
-        raise FileExistsError(f"{dest}: already exists; pass overwrite=True or choose another destination")
+        raise DestinationExistsError(f"{dest}: already exists; pass overwrite=True or choose another destination")
     result = db._arrow(sql)
     result = result.append_column(PART_COLUMN, pa.array(np.arange(result.num_rows), pa.int64()))
     manifest = plan.build_manifest(db.con, db.layout, result, sql=sql)

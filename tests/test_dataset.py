@@ -191,3 +191,9 @@ def test_manifest_row_cap_follows_memory(datasets, monkeypatch):
     from lerobot_sql.db import max_manifest_rows
 
     assert 1_000_000 <= max_manifest_rows() <= 200_000_000
+
+
+def test_manifest_path_typo_is_a_missing_file_not_a_sql_error(datasets, tmp_path):
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(lsql.MissingFileError, match="manifest file not found"):
+        db.dataset(str(tmp_path / "nope.parquet"))
