@@ -9,14 +9,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 import lerobot_sql as lsql
-from lerobot_sql import video
 from lerobot_sql.errors import RemoteIOError
 from lerobot_sql.prefetch import prefetch
 from lerobot_sql.source import open_source
 
+from helpers import assert_items_equal
 from http_range_server import RangeServer
 
 EPISODE_SQL = "SELECT episode_index FROM episodes WHERE episode_index IN (3, 11)"
@@ -40,15 +39,6 @@ def _dataset_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
-def _assert_items_equal(a: dict, b: dict) -> None:
-    assert set(a) == set(b)
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
-
-
 def _check_query_and_items(db, local_root: Path) -> None:
     # The query answer, computed independently with pyarrow over the local files.
     t = pq.read_table(local_root / "data/chunk-000/file-000.parquet", columns=["episode_index", "index"])
@@ -60,7 +50,7 @@ def _check_query_and_items(db, local_root: Path) -> None:
     remote = db.dataset(EPISODE_SQL, delta_timestamps={"action": [-1 / 30, 0, 1 / 30]})
     assert len(remote) == len(local) == int(np.isin(ep, [3, 11]).sum())
     for i in (0, 1, 57, len(local) - 1):
-        _assert_items_equal(remote[i], local[i])
+        assert_items_equal(remote[i], local[i])
 
 
 def test_http_query_and_items_without_full_download(http, datasets):
@@ -111,12 +101,12 @@ def test_cache_reused_across_connections_and_offline(http, datasets, monkeypatch
     again = [second.dataset(sql)[i] for i in (0, 100)]
     assert second.io_stats()["bytes_fetched"] == 0 and http.bytes_sent() == sent
     for a, b in zip(items, again):
-        _assert_items_equal(a, b)
+        assert_items_equal(a, b)
     # meta/ was fetched whole: the dataset opens and answers metadata queries without the network.
     monkeypatch.setenv("LSQL_OFFLINE", "1")
     third = lsql.connect(f"{http.url}/small20")
     assert third.sql("SELECT count(*), sum(length) FROM episodes").fetchall() == [(20, 4762)]
-    _assert_items_equal(third.dataset(sql)[100], items[1])
+    assert_items_equal(third.dataset(sql)[100], items[1])
     assert http.bytes_sent() == sent
     with pytest.raises(RemoteIOError, match="offline"):
         third.dataset("SELECT episode_index FROM episodes WHERE episode_index = 17")[0]
@@ -227,7 +217,7 @@ def test_prefetch_fetches_what_items_need(http, datasets):
     ds = db.dataset(sql)
     local = lsql.connect(datasets / "multifile60").dataset(sql)
     for i in range(0, len(ds), 97):
-        _assert_items_equal(ds[i], local[i])
+        assert_items_equal(ds[i], local[i])
     assert db.io_stats()["bytes_fetched"] == before["bytes_fetched"]  # everything came from the cache
     again = prefetch(db, sql, progress=False)
     assert again.bytes_fetched == 0 and again.bytes_already_cached == again.bytes_needed
@@ -254,7 +244,7 @@ def test_http_v21_dataset_query_and_items(http, datasets):
     remote = db.dataset(EPISODE_SQL, delta_timestamps=dt)
     assert len(remote) == len(local) == sum(w[1] for w in want)
     for i in (0, 1, 57, want[0][1], len(local) - 1):  # want[0][1]: the first frame of episode 11
-        _assert_items_equal(remote[i], local[i])
+        assert_items_equal(remote[i], local[i])
     mp4s = {p for p, *_ in http.log if p.startswith("v21_small20/videos/")}
     assert mp4s == {f"v21_small20/videos/chunk-000/{k}/episode_{e:06d}.mp4"
                     for k in db.layout.video_keys for e in (3, 11)}
