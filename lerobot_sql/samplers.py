@@ -79,8 +79,17 @@ class _Resumable(torch.utils.data.Sampler):
             raise ValueError(f"start must be >= 0, got {start}")
         self.epoch, self.start = int(epoch), int(start)
 
-    def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "start": self.start}
+    def state_dict(self, consumed: int = 0) -> dict:
+        """What to save in a checkpoint: seed, epoch and the position to resume from.
+
+        Args:
+            consumed: samples of this epoch trained on since iteration (re)started, e.g. ``steps * batch_size``.
+                The sampler cannot count them itself: a DataLoader prefetches, so the sampler runs ahead of
+                training, and counting what it yielded would skip the prefetched samples on resume.
+        """
+        if consumed < 0:
+            raise ValueError(f"consumed must be >= 0, got {consumed}")
+        return {"seed": self.seed, "epoch": self.epoch, "start": self.start + int(consumed)}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("seed", self.seed) != self.seed:
