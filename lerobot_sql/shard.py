@@ -185,18 +185,19 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
+    def _part_rows(self) -> list[int]:
+        """Manifest positions of this process's (or worker's) rows for the current epoch, in part order."""
+        shard, num = worker_shard(self.rank, self.world_size)
+        rows = pa.table({"_row": pa.array(range(self.manifest.num_rows), pa.int64()),
+                         "episode_index": self.manifest["episode_index"], "index": self.manifest["index"]})
+        part = shard_manifest(rows, shard, num, epoch=self.epoch, seed=self.seed, by=self.by, shuffle=self.shuffle)
+        return part["_row"].to_pylist()
+
     def part(self) -> pa.Table:
         """This process's (or worker's) rows for the current epoch."""
-        shard, num = worker_shard(self.rank, self.world_size)
-        return shard_manifest(self.manifest, shard, num, epoch=self.epoch, seed=self.seed, by=self.by,
-                              shuffle=self.shuffle)
+        return self.manifest.take(self._part_rows())
 
     def __iter__(self) -> Iterator[dict]:
-        shard, num = worker_shard(self.rank, self.world_size)
-        rows = pa.table({"_row": pa.array(range(self.manifest.num_rows), pa.int64())})
-        for name in ("episode_index", "index"):
-            rows = rows.append_column(name, self.manifest[name])
-        part = shard_manifest(rows, shard, num, epoch=self.epoch, seed=self.seed, by=self.by, shuffle=self.shuffle)
         ds = self._dataset
-        return (ds[i] for i in part["_row"].to_pylist())
+        return (ds[i] for i in self._part_rows())
 
