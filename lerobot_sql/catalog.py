@@ -122,6 +122,32 @@ def _read_jsonl(src: Source, rel: str) -> list[dict]:
     return out
 
 
+def read_tasks(src: Source, layout: Layout) -> pa.Table:
+    """``task_index`` (int64), ``task`` (string) from meta/tasks.parquet (v3) or meta/tasks.jsonl (v2); empty when
+    the file is absent. Small (one row per task), so it is read whole with pyarrow: the ``tasks`` view and
+    ``Database.tasks()`` both come from here.
+
+    Raises:
+        DatasetFormatError: the file lacks a task text column, or a JSON line lacks task_index / task.
+    """
+    if layout.tasks_file is None:
+        return pa.table({"task_index": pa.array([], pa.int64()), "task": pa.array([], pa.string())})
+    if layout.tasks_file == V2_TASKS:
+        rows = _read_jsonl(src, V2_TASKS)
+        bad = [r for r in rows if not isinstance(r.get("task_index"), int) or not isinstance(r.get("task"), str)]
+        if bad:
+            raise DatasetFormatError(f"{src.path(V2_TASKS)}: every line needs an integer task_index and a string "
+                                     f"task, found {bad[0]}")
+        return pa.table({"task_index": pa.array([r["task_index"] for r in rows], pa.int64()),
+                         "task": pa.array([r["task"] for r in rows], pa.string())})
+    idx_col, text_col = _tasks_text_column(src)
+    with src.open(layout.tasks_file) as f:
+        t = pq.read_table(f, columns=[c for c in (idx_col, text_col) if c])
+    # No task_index column: lerobot resolves task_index positionally, so the row number is the index.
+    idx = t[idx_col].cast(pa.int64()) if idx_col else pa.array(range(t.num_rows), pa.int64())
+    return pa.table({"task_index": idx, "task": t[text_col].cast(pa.string())})
+
+
 def _v2_episodes(src: Source, layout: Layout) -> pa.Table:
     """meta/episodes.jsonl (+ episodes_stats.jsonl) as a table with v3 meta/episodes columns, in episode order."""
     rel = layout.episode_files[0]
@@ -291,25 +317,7 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
                     "NULL::BIGINT AS frame_index, NULL::FLOAT AS timestamp, NULL::BIGINT AS task_index, "
                     "NULL::VARCHAR AS data_file, NULL::BIGINT AS row WHERE false")
 
-    if layout.tasks_file is None:
-        con.execute("CREATE OR REPLACE VIEW tasks AS SELECT NULL::BIGINT AS task_index, NULL::VARCHAR AS task WHERE false")
-    elif layout.tasks_file == V2_TASKS:
-        rows = _read_jsonl(src, V2_TASKS)
-        bad = [r for r in rows if not isinstance(r.get("task_index"), int) or not isinstance(r.get("task"), str)]
-        if bad:
-            raise DatasetFormatError(f"{src.path(V2_TASKS)}: every line needs an integer task_index and a string "
-                                     f"task, found {bad[0]}")
-        _register_table(con, "tasks", pa.table({"task_index": pa.array([r["task_index"] for r in rows], pa.int64()),
-                                                "task": pa.array([r["task"] for r in rows], pa.string())}))
-    else:
-        idx_col, text_col = _tasks_text_column(src)
-        # No task_index column: lerobot resolves task_index positionally, so the row number is the index.
-        idx = f"CAST({q(idx_col)} AS BIGINT)" if idx_col else "CAST(file_row_number AS BIGINT)"
-        extra = "" if idx_col else ", file_row_number=true"
-        con.execute(
-            f"CREATE OR REPLACE VIEW tasks AS SELECT {idx} AS task_index, CAST({q(text_col)} AS VARCHAR) AS task "
-            f"FROM read_parquet({lit(src.duckdb_path(layout.tasks_file))}{extra})"
-        )
+    _register_table(con, "tasks", read_tasks(src, layout))
 
     vids = []
     for k in layout.video_keys:

@@ -9,7 +9,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from . import cache, catalog, macros, plan, query, sandbox, video
+from . import cache, catalog, macros, plan, pointers, query, sandbox, video
 from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, ResultContractError
 from .layout import load_layout
 from .source import open_source
@@ -86,32 +86,49 @@ class Database:
         self.source = open_source(root, storage_options, cache_dir=cache_dir, cache_size=cache_size)
         self.layout = load_layout(self.source)
         self.cache_dir = Path(cache_dir) if cache_dir else cache.root_for(self.source.url)
+        self._duckdb_settings = (threads, memory_limit, temp_directory)
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._tasks: dict[int, str] | None = None
+        self._pointers = None
+        self._video_frames_ready = self._video_files_ready = not self.layout.video_keys
+        self._ctx: query.Context | None = None
+        self._query_dirs: list[Path] = []
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The DuckDB connection with the views, created on first use: opening a dataset and building a
+        whole-episode dataset need no DuckDB, so ``connect()`` reads only info.json and lists the files."""
+        if self._con is None:
+            self._con = self._connect_duckdb()
+        return self._con
+
+    def _connect_duckdb(self) -> duckdb.DuckDBPyConnection:
+        threads, memory_limit, temp_directory = self._duckdb_settings
         # threads: all cores (DuckDB's default); memory_limit: min(RAM/4, 4 GiB), not DuckDB's 80% of RAM, which
         # would leave nothing to DataLoader workers (see sandbox.default_config).
         config = sandbox.default_config(threads or None, memory_limit or None)
         # Spill next to our other caches, not into DuckDB's default `.tmp` in the user's working directory.
         config["temp_directory"] = str(temp_directory or self.cache_dir / "duckdb_tmp")
-        self.con = duckdb.connect(config=config)
+        con = duckdb.connect(config=config)
         if not self.source.is_local:
-            self.con.register_filesystem(self.source.fs)
+            con.register_filesystem(self.source.fs)
         # Views re-bind on every query; without this DuckDB re-parses every Parquet footer each time (at 100k
         # episodes: connect 10.7 s -> 1.2 s, benchmarks/README.md "Scale").
-        self.con.execute("SET parquet_metadata_cache = true")
+        con.execute("SET parquet_metadata_cache = true")
         try:
-            catalog.register_views(self.con, self.source, self.layout)
+            catalog.register_views(con, self.source, self.layout)
         except (duckdb.Error, pa.ArrowException, OSError) as e:
             if isinstance(e, LeRobotSQLError):
                 raise
             raise unreadable_error(self.source, self.layout, e) from e
-        macros.register(self.con, self.layout)
-        self.con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
+        macros.register(con, self.layout)
+        con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
         self._video_frames_ready = not self.layout.video_keys
-        self.con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
+        con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
         self._video_files_ready = not self.layout.video_keys
         # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
-        sandbox.lock_down(self.con, [self.source.duckdb_path(""), str(self.cache_dir)])
-        self._ctx: query.Context | None = None
-        self._query_dirs: list[Path] = []
+        sandbox.lock_down(con, [self.source.duckdb_path(""), str(self.cache_dir)])
+        return con
 
     # ---- SQL ------------------------------------------------------------------------------------------------
     @property
@@ -254,22 +271,54 @@ class Database:
                 f"manifest (about {MANIFEST_BYTES_PER_ROW} bytes per sample while it is built); check its joins (a "
                 f"missing ON gives a cross product), add a LIMIT, or set LSQL_MAX_MANIFEST_ROWS: {sql!r}")
         try:
-            return plan.build_manifest(self.con, self.layout, result, sql=sql,
-                                       ordered=query.has_order_by(self.check(sql)))
+            return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql,
+                                       ordered=query.has_order_by(self.check(sql)), src=self.source,
+                                       ptr=self._episode_pointers())
         except duckdb.Error as e:  # the data files failed while the frames were resolved
             raise unreadable_error(self.source, self.layout, e) from e
 
     def tasks(self) -> dict[int, str]:
-        """task_index -> task text, from meta/tasks.parquet."""
-        return dict(self.con.sql("SELECT task_index, task FROM tasks").fetchall())
+        """task_index -> task text, from meta/tasks.parquet (v2: meta/tasks.jsonl); read once per connection."""
+        if self._tasks is None:
+            t = catalog.read_tasks(self.source, self.layout)
+            self._tasks = dict(zip(t["task_index"].to_pylist(), t["task"].to_pylist()))
+        return dict(self._tasks)
 
-    def dataset(self, sql: str | os.PathLike | pa.Table, **kwargs: Any):
+    def _episode_pointers(self):
+        if self._pointers is None:
+            self._pointers = pointers.read_pointers(self.source, self.layout)
+        return self._pointers
+
+    def _episodes_manifest(self, episodes) -> pa.Table:
+        """The manifest of whole episodes (all when ``episodes`` is None), in the given order."""
+        ptr = self._episode_pointers()
+        if episodes is None:
+            if ptr is None:  # no usable pointers: let the catalog say why
+                return self.manifest("SELECT episode_index FROM episodes ORDER BY episode_index")
+            ep = sorted(set(ptr["episode_index"].to_pylist()))
+            sql = "SELECT episode_index FROM episodes ORDER BY episode_index"
+        else:
+            ep = [episodes] if isinstance(episodes, int) else [int(e) for e in episodes]
+            if not ep:
+                raise ResultContractError("episodes=[] selects nothing; pass episode_index values, or None for all")
+            sql = f"episodes={ep}"
+        result = pa.table({"episode_index": pa.array(ep, pa.int64())})
+        try:
+            return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql, src=self.source, ptr=ptr)
+        except duckdb.Error as e:
+            raise unreadable_error(self.source, self.layout, e) from e
+
+    def dataset(self, sql: str | os.PathLike | pa.Table | None = None, *, episodes: list[int] | None = None,
+                **kwargs: Any):
         """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
 
         Args:
             sql: a query over the views whose result is ``index`` rows, ``(episode_index, start_s, end_s)``
                 windows or ``episode_index`` rows (see README, "Adapter contract"); or a manifest (an Arrow
-                table from :meth:`manifest`, or the path of a Parquet file written by :meth:`export_manifest`).
+                table from :meth:`manifest`, or the path of a Parquet file written by :meth:`export_manifest`);
+                or None: every frame of ``episodes`` (as ``LeRobotDataset(repo_id, episodes=...)``), of all
+                episodes when that is None too. Whole episodes are resolved from meta/episodes without DuckDB.
+            episodes: episode_index values, in the order wanted (only with ``sql=None``).
             **kwargs: ``delta_timestamps`` ({key: [seconds]}), ``tolerance_s`` (default 1e-4 s),
                 ``return_uint8``, ``image_transforms``, ``cameras`` (subset of camera keys, ``[]`` for tabular-only
                 items), ``decoder_threads`` (FFmpeg threads per open file, default 1), ``parallel_cameras`` (True,
@@ -287,7 +336,11 @@ class Database:
         """
         from .dataset import LeRobotSQLDataset
 
-        if isinstance(sql, pa.Table):
+        if episodes is not None and sql is not None:
+            raise ValueError("pass either sql or episodes, not both (a query can filter episodes itself)")
+        if sql is None:
+            manifest = self._episodes_manifest(episodes)
+        elif isinstance(sql, pa.Table):
             manifest = sql
         elif isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.strip().endswith(".parquet")
                                                and " " not in sql.strip()):
@@ -344,7 +397,8 @@ class Database:
         return dict(stats()) if callable(stats) else {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
 
     def close(self) -> None:
-        self.con.close()
+        if self._con is not None:
+            self._con.close()
 
     def __enter__(self) -> "Database":
         return self
@@ -388,7 +442,10 @@ def unreadable_error(src, layout, cause: BaseException) -> DatasetFormatError:
 
 
 def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
-    """Open a LeRobot dataset for SQL. Reads meta/info.json and Parquet footers only; copies no table.
+    """Open a LeRobot dataset. Reads meta/info.json and lists the files; copies no table.
+
+    The DuckDB connection and its views are made on the first query (``db.sql``, ``db.con``, a SQL ``dataset``):
+    ``connect(root).dataset()`` / ``.dataset(episodes=[...])`` need no DuckDB at all.
 
     Args:
         root: the dataset root (the folder holding meta/, data/, videos/), a local path or an fsspec URL.
@@ -405,6 +462,7 @@ def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
     Raises:
         MissingFileError: no meta/info.json (or no data / episode files) under ``root``.
         UnsupportedVersionError: the dataset is not format v3.x.
-        DatasetFormatError: info.json is malformed.
+        DatasetFormatError: info.json is malformed. Malformed metadata files (meta/episodes, tasks, data footers)
+            raise DatasetFormatError on first use, naming the file.
     """
     return Database(root, **kwargs)

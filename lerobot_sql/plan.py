@@ -12,20 +12,24 @@ Manifest columns: ``index, episode_index, frame_index, timestamp, task_index`` (
 half-open, for delta_timestamps clamping), ``ep_data_row0`` (file row of the episode's first frame), per camera
 ``<video_key>/file`` and ``<video_key>/from_timestamp``, then the extras. Schema metadata ``lerobot_sql.manifest``
 (JSON): ``mode``, ``extras``, ``video_keys``, ``fps``, ``sql`` and ``clips`` (per camera, each selected episode's clip
-and its neighbours in the file, which the dataset checks against the mp4's real frames; see ``_clip_table``).
+and its neighbours in the file, which the dataset checks against the mp4's real frames; see
+``pointers.check_clips``).
 """
 
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .catalog import lit, q
+from . import pointers
+from .catalog import q
 from .errors import DatasetFormatError, ResultContractError
 from .layout import Layout
+from .source import Source
 
 CORE = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 LOCATION = ("data_file", "data_row", "ep_from_index", "ep_to_index", "ep_data_row0")
@@ -63,7 +67,8 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
     catches them against the real frames of each mp4 (``LeRobotSQLDataset._check_clips``) from what this returns.
 
     Returns:
-        per camera, the clips of the selected episodes and their neighbours in the same file (see ``_clip_table``).
+        per camera, the clips of the selected episodes and their neighbours in the same file (see
+        :func:`lerobot_sql.pointers.check_clips`, which the episode fast path shares).
 
     Raises:
         DatasetFormatError: naming the episode, camera, file and the fix.
@@ -76,69 +81,20 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
                                  "exactly one. Remove the duplicate rows (run `lerobot-sql doctor`)")
     off = [r for r in ext.to_pylist() if r["ts_err"] is not None and r["ts_err"] > 0.5 / fps]
     if off:
-        r = off[0]
-        raise DatasetFormatError(f"episode {r['episode_index']}: timestamps differ from frame_index / fps by up to "
-                                 f"{r['ts_err']:.4f} s with fps={fps:g} from meta/info.json; fix 'fps' in info.json or "
-                                 "the data files' timestamp column (run `lerobot-sql doctor`)")
-    half = 0.5 / fps
-    for k in layout.video_keys:
-        bad = con.sql(
-            "WITH c AS (SELECT episode_index, path, from_timestamp AS f, to_timestamp AS t, "
-            "lag(to_timestamp) OVER w AS prev_t, lag(episode_index) OVER w AS prev_ep FROM videos "
-            f"WHERE video_key = {lit(k)} AND path IN (SELECT path FROM videos WHERE video_key = {lit(k)} AND "
-            "episode_index IN (SELECT episode_index FROM _lsql_ext)) "
-            "WINDOW w AS (PARTITION BY path ORDER BY from_timestamp, episode_index)) "
-            "SELECT c.episode_index, c.path, c.f, c.t, e.n, c.prev_t, c.prev_ep FROM c LEFT JOIN _lsql_ext e "
-            "USING (episode_index) WHERE (e.n IS NOT NULL OR c.prev_ep IN (SELECT episode_index FROM _lsql_ext)) AND "
-            f"(c.f < -{half!r} OR abs((c.t - c.f) * {fps!r} - e.n) > 1.001 OR c.f < c.prev_t - {half!r}) "
-            "ORDER BY c.episode_index LIMIT 1"
-        ).fetchall()
-        if bad:
-            ep, path, f, t, n, prev_t, prev_ep = bad[0]
-            if f < -half:
-                why = "starts before 0 s"
-            elif prev_t is not None and f < prev_t - half:
-                why = f"overlaps the clip of episode {prev_ep}, which ends at {prev_t:.6f} s"
-            else:
-                why = f"lasts {(t - f) * fps:.2f} frames but the episode has {n} frames in data/"
-            raise DatasetFormatError(
-                f"meta/episodes: episode {ep}, camera {k!r}: video clip [{f:.6f}, {t:.6f}) s of {path} {why}; reading "
-                f"it would give wrong frames. Fix videos/{k}/from_timestamp and to_timestamp (run `lerobot-sql doctor`)")
-    return _clip_table(con, layout)
-
-
-def _clip_table(con: duckdb.DuckDBPyConnection, layout: Layout) -> dict[str, dict[str, list]]:
-    """Per camera, column lists over the selected episodes (``_lsql_ext``), ordered by episode: ``episode_index``,
-    ``path`` (the mp4), ``from_timestamp`` (s), ``length`` (frames in data/), and the clips just before and after it
-    in the same file by ``from_timestamp``: ``prev_episode``, ``prev_from_timestamp``, ``prev_length``,
-    ``next_episode``, ``next_from_timestamp`` (None at the file's ends).
-
-    Only episodes with frames in data/ count as neighbours (a zero-length episode occupies no frame), and lengths
-    are counted in the data files, not taken from meta/episodes ``length``, which ``dataset()`` does not trust.
-    """
+        raise pointers.timestamp_error(off[0]["episode_index"], off[0]["ts_err"], fps)
     if not layout.video_keys:
         return {}
-    keys = ", ".join(lit(k) for k in layout.video_keys)
+    # Every clip of every mp4 a selected episode uses, and the frames in data/ of those episodes.
     t = con.sql(
-        # `videos` reads meta/episodes once per camera: read it once here.
-        "WITH a AS MATERIALIZED (SELECT video_key, path, episode_index, from_timestamp FROM videos "
-        f"WHERE video_key IN ({keys})), "
-        "sel AS (SELECT DISTINCT video_key, path FROM a WHERE episode_index IN (SELECT episode_index FROM _lsql_ext)), "
-        "c AS (SELECT a.* FROM a SEMI JOIN sel ON sel.video_key = a.video_key AND sel.path = a.path), "
-        "n AS (SELECT episode_index, count(*) AS length FROM _frames_loc "
-        "WHERE episode_index IN (SELECT episode_index FROM c) GROUP BY 1), "
-        "w AS (SELECT c.*, n.length, lag(c.episode_index) OVER w AS prev_episode, "
-        "lag(c.from_timestamp) OVER w AS prev_from_timestamp, lag(n.length) OVER w AS prev_length, "
-        "lead(c.episode_index) OVER w AS next_episode, lead(c.from_timestamp) OVER w AS next_from_timestamp "
-        "FROM c JOIN n USING (episode_index) "
-        "WINDOW w AS (PARTITION BY c.video_key, c.path ORDER BY c.from_timestamp, c.episode_index)) "
-        "SELECT * FROM w WHERE episode_index IN (SELECT episode_index FROM _lsql_ext) ORDER BY video_key, episode_index"
+        "WITH sel AS (SELECT DISTINCT video_key, path FROM videos WHERE episode_index IN "
+        "(SELECT episode_index FROM _lsql_ext)) "
+        "SELECT v.video_key, v.episode_index, v.path, v.from_timestamp, v.to_timestamp FROM videos v "
+        "SEMI JOIN sel ON sel.video_key = v.video_key AND sel.path = v.path"
     ).to_arrow_table()
-    out = {}
-    for k in layout.video_keys:
-        part = t.filter(pc.equal(t["video_key"], k)).drop_columns(["video_key"])
-        out[k] = part.to_pydict()
-    return out
+    n = con.sql("SELECT episode_index, count(*) FROM _frames_loc WHERE episode_index IN "
+                f"({', '.join(str(e) for e in set(t['episode_index'].to_pylist())) or 'NULL'}) GROUP BY 1").fetchall()
+    videos = {k: t.filter(pc.equal(t["video_key"], k)).drop_columns(["video_key"]) for k in layout.video_keys}
+    return pointers.check_clips(layout, videos, dict(n), ext["episode_index"].to_numpy())
 
 
 def _plain_numbers(t: pa.Table) -> pa.Table:
@@ -157,13 +113,19 @@ def _plain_numbers(t: pa.Table) -> pa.Table:
     return pa.table(cols, names=t.column_names)
 
 
-def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Table, *, sql: str,
-                   window_tolerance_s: float = 1e-4, ordered: bool = True) -> pa.Table:
+def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPyConnection], layout: Layout,
+                   result: pa.Table, *, sql: str, window_tolerance_s: float = 1e-4, ordered: bool = True,
+                   src: Source | None = None, ptr: pa.Table | None = None) -> pa.Table:
     """Resolve ``result`` (the rows of user query ``sql``) to a manifest, in the main process.
 
     Samples follow the result's row order when ``ordered`` (the query has an ORDER BY). Without one, DuckDB's row
     order can change from run to run, so rows are sorted by the contract columns first (``index``; or
     ``episode_index, start_s, end_s``; or ``episode_index``): the same query then always gives the same manifest.
+
+    Whole-episode results (``episode_index`` rows) are resolved from the episode pointers with pyarrow when ``src``
+    is given (:func:`lerobot_sql.pointers.episode_manifest`: no DuckDB, only the selected episodes' row groups are
+    read); ``con`` (a connection, or a function returning one) is used only for the other shapes, or when the data
+    files are not laid out as lerobot writes them.
 
     Raises:
         ResultContractError: the result is empty, has the wrong columns, or names frames that do not exist.
@@ -192,6 +154,11 @@ def build_manifest(con: duckdb.DuckDBPyConnection, layout: Layout, result: pa.Ta
     keep = list(contract) + extras + shadow
     if not ordered:
         result = result.sort_by([(c, "ascending") for c in contract])  # stable: equal keys keep their order
+    if mode == "episode" and src is not None:
+        fast = pointers.episode_manifest(src, layout, _plain_numbers(result.select(keep)), extras, sql=sql, ptr=ptr)
+        if fast is not None:
+            return fast
+    con = con if isinstance(con, duckdb.DuckDBPyConnection) else con()
     res = _plain_numbers(result.select(keep)).append_column("_ord", pa.array(range(result.num_rows), pa.int64()))
     con.register("_lsql_result", res)
     try:

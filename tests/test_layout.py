@@ -131,5 +131,8 @@ def test_broken_jsonl_names_file_and_line(datasets, tmp_path):
     lines = (root / "meta/episodes.jsonl").read_text().splitlines()
     lines[2] = lines[2][:-5]
     (root / "meta/episodes.jsonl").write_text("\n".join(lines) + "\n")
+    db = lsql.connect(root)  # reads info.json only: the metadata files are read on first use
     with pytest.raises(lsql.DatasetFormatError, match=r"episodes\.jsonl:3"):
-        lsql.connect(root)
+        db.sql("SELECT count(*) FROM episodes")
+    with pytest.raises(lsql.DatasetFormatError, match=r"episodes\.jsonl:3"):
+        lsql.connect(root).dataset()  # the whole-episode path reads the pointers without DuckDB

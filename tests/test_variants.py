@@ -126,7 +126,9 @@ def test_tasks_table_variants(copy, original, kind):
 def test_ambiguous_tasks_table_is_refused(copy):
     pq.write_table(pa.table({"a": ["x"], "b": ["y"], "n": [0], "m": [1]}), copy / TASKS)
     with pytest.raises(lsql.DatasetFormatError, match="tasks.parquet"):
-        lsql.connect(copy)
+        lsql.connect(copy).tasks()
+    with pytest.raises(lsql.DatasetFormatError, match="tasks.parquet"):
+        lsql.connect(copy).sql("SELECT * FROM tasks")
 
 
 def test_info_json_unknown_absent_keys_and_float_fps(copy, original):

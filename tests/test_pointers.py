@@ -1,0 +1,114 @@
+"""Whole-episode manifests from the episode pointers (lerobot_sql/pointers.py): equal to the DuckDB join's, no DuckDB."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import lerobot_sql as lsql
+from lerobot_sql import plan, pointers
+
+ALL = ["small20", "h264_20", "multifile60", "img5_extras", "g1_real_v30", "g1_real_v21", "v21_small20", "record-test"]
+
+
+def _both(db, sql):
+    """(fast manifest, DuckDB-join manifest) of one query's result."""
+    res = db.sql(sql).arrow()
+    fast = pointers.episode_manifest(db.source, db.layout, res.select(["episode_index"] + [
+        c for c in res.column_names if c != "episode_index"]), [c for c in res.column_names if c != "episode_index"],
+        sql=sql)
+    slow = plan.build_manifest(db.con, db.layout, res, sql=sql)  # no src: always the join
+    return fast, slow
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_fast_manifest_equals_the_join(datasets, name):
+    db = lsql.connect(datasets / name)
+    sql = "SELECT episode_index, length * 2 AS twice FROM episodes WHERE episode_index % 3 <> 1 ORDER BY length DESC"
+    fast, slow = _both(db, sql)
+    assert fast is not None
+    assert fast.equals(slow), name  # columns, order, types and values
+    assert json.loads(fast.schema.metadata[b"lerobot_sql.manifest"]) == \
+        json.loads(slow.schema.metadata[b"lerobot_sql.manifest"])
+    # row counts from the data files themselves, not from meta/episodes
+    eps = db.sql(sql).arrow()["episode_index"].to_pylist()
+    counts = {}
+    for rel in db.layout.data_files:
+        col = pq.read_table(db.source.path(rel), columns=["episode_index"])["episode_index"].to_numpy()
+        for e, n in zip(*np.unique(col, return_counts=True)):
+            counts[int(e)] = counts.get(int(e), 0) + int(n)
+    assert fast.num_rows == sum(counts[e] for e in eps)
+
+
+def test_whole_dataset_needs_no_duckdb(datasets, tmp_path):
+    db = lsql.connect(datasets / "small20", cache_dir=tmp_path)
+    ds = db.dataset(cameras=[])
+    assert db._con is None  # neither connect() nor a whole-episode dataset opened DuckDB
+    assert len(ds) == db.layout.info["total_frames"]
+    ref = lsql.connect(datasets / "small20").dataset("SELECT index FROM frames ORDER BY index", cameras=[])
+    for i in (0, 777, len(ds) - 1):
+        a, b = ds[i], ref[i]
+        assert a.keys() == b.keys() and a["task"] == b["task"]
+        for k in a:
+            if k != "task":
+                assert np.array_equal(a[k].numpy(), b[k].numpy()), (i, k)
+
+
+def test_episodes_argument_keeps_order_and_matches_sql(datasets, tmp_path):
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path)
+    ds = db.dataset(episodes=[41, 3, 17])
+    want = db.dataset("SELECT episode_index FROM episodes WHERE episode_index IN (41, 3, 17) "
+                      "ORDER BY CASE episode_index WHEN 41 THEN 0 WHEN 3 THEN 1 ELSE 2 END")
+    assert ds.manifest.equals(want.manifest)  # schema metadata (the sql text) aside
+    assert list(dict.fromkeys(ds.manifest["episode_index"].to_pylist())) == [41, 3, 17]
+    assert [ds[i]["observation.images.front"].sum().item() for i in (0, len(ds) - 1)] == \
+        [want[i]["observation.images.front"].sum().item() for i in (0, len(want) - 1)]
+
+
+def test_bad_episode_arguments(datasets):
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(lsql.ResultContractError, match=r"episodes \[20, 99\] are not in meta/episodes"):
+        db.dataset(episodes=[3, 20, 99])
+    with pytest.raises(lsql.ResultContractError, match="selects nothing"):
+        db.dataset(episodes=[])
+    with pytest.raises(ValueError, match="either sql or episodes"):
+        db.dataset("SELECT episode_index FROM episodes", episodes=[1])
+
+
+def test_rows_out_of_index_order_fall_back_to_the_join(datasets, tmp_path):
+    """A data file whose rows are not in index order: the pointer arithmetic would read wrong rows, so the fast
+    path declines and the join (which reads every frame's real row) builds the manifest; items stay right."""
+    root = tmp_path / "shuffled"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    (root / "videos").symlink_to(datasets / "small20" / "videos")
+    rel = "data/chunk-000/file-000.parquet"
+    t = pq.read_table(root / rel)
+    pq.write_table(t.take(pa.array(np.arange(t.num_rows)[::-1].copy())), root / rel, row_group_size=500)
+    db = lsql.connect(root)
+    res = db.sql("SELECT episode_index FROM episodes WHERE episode_index IN (2, 7)").arrow()
+    assert pointers.episode_manifest(db.source, db.layout, res, [], sql="x") is None
+    ds = db.dataset(episodes=[2, 7], cameras=[])
+    assert db._con is not None  # the join ran
+    idx = ds.manifest["index"].to_numpy()
+    orig = pq.read_table(datasets / "small20" / rel, columns=["index", "episode_index"])
+    assert np.array_equal(idx, np.sort(orig["index"].to_numpy()[np.isin(orig["episode_index"].to_numpy(), [2, 7])]))
+    item = ds[5]
+    assert int(item["index"]) == idx[5] and int(item["episode_index"]) == 2 and int(item["frame_index"]) == 5
+
+
+def test_timestamps_off_the_grid_are_refused_by_both_paths(datasets, tmp_path):
+    root = tmp_path / "fps"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    info = json.loads((root / "meta/info.json").read_text())
+    info["fps"] = 15
+    (root / "meta/info.json").write_text(json.dumps(info))
+    db = lsql.connect(root)
+    with pytest.raises(lsql.DatasetFormatError, match=r"episode 0: timestamps differ .* fps=15"):
+        db.dataset(cameras=[])
+    with pytest.raises(lsql.DatasetFormatError, match=r"episode 0: timestamps differ .* fps=15"):
+        db.dataset("SELECT index FROM frames WHERE episode_index = 0", cameras=[])
