@@ -225,6 +225,10 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
                 rgs = np.unique(np.concatenate([np.arange(x, y + 1) for x, y in zip(a, b) if y >= x] or [[]]))
                 rgs = rgs.astype(np.int64)
                 cols = [c for c in FRAME_COLUMNS if c in names]
+                # Remote: fetch those column chunks in one parallel call, not one round trip per chunk.
+                from .prefetch import _merge, row_group_ranges
+
+                src.fetch_ranges(rel, _merge(row_group_ranges(md, rgs, cols)))
                 if not len(rgs):  # only zero-length episodes in this file
                     continue
                 t = pf.read_row_groups(rgs.tolist(), columns=cols)
