@@ -133,9 +133,7 @@ class DecodeLimit:
         raise RuntimeError(f"{rel}: pts {want} not reached")
 
     def _rows(self, k: str, i: int):
-        ds = self.ds
-        rel = ds._video_files[k][ds._c[f"_vfile/{k}"][i]]
-        return rel, ds._index(rel), int(ds._c[f"_vrow/{k}"][i])
+        return self.ds._frame(k, i)
 
     def item(self, i: int):
         return [self._frame(*self._rows(k, i)) for k in self.keys]

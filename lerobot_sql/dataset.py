@@ -1,13 +1,15 @@
 """The torch ``Dataset`` over a manifest: items equal to ``LeRobotDataset.__getitem__`` for the same frames.
 
-No SQL runs here. The manifest is resolved in the main process; each DataLoader worker opens its own memory maps
-and decoders on first use after the fork (see ``_Worker``).
+No SQL runs here. Construction only does vectorised bookkeeping over the manifest (data-file footers, each sample's
+row group and offset); the row-group caches and video indexes are built on first use, by whichever process reads the
+item (DataLoader workers included), and each process opens its own memory maps and decoders (see ``_Worker``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -30,16 +32,29 @@ from .source import Source
 _INHERITED: list = []  # per-process state inherited from a parent process; kept, never freed
 
 
+@dataclasses.dataclass
+class _VideoFile:
+    """One camera's mp4 as a process sees it: its loaded index and the video row of each of the file's samples, or
+    the error every item reading it raises (a missing file, a clip that disagrees with the frames)."""
+
+    index: video.FrameIndex | None = None
+    rows: np.ndarray | None = None  # per sample of the file (in ``_vorder`` order); -1: no frame within tolerance_s
+    error: LeRobotSQLError | None = None
+
+
 class _Worker:
-    """Per-process state: opened row-group maps, loaded video indexes, decoders, a thread for the other cameras.
+    """Per-process state: row-group maps, video indexes and rows, decoders, a thread for the other cameras.
 
     Created lazily in the process that reads (keyed by pid), so nothing opened before a DataLoader fork (containers,
-    threads) is used inside a worker.
+    threads) is used inside a worker. Row-group cache files and video indexes are built here on first use; the cache's
+    locks make concurrent workers build each entry once.
     """
 
     def __init__(self, ds: "LeRobotSQLDataset"):
         self.pid = os.getpid()
-        self.views: list[tabular.RowGroupView | None] = [None] * len(ds._rg_paths)
+        self.views: list[tabular.RowGroupView | None] = [None] * len(ds._rg_len)
+        self.indexes: dict[str, video.FrameIndex] = {}
+        self.videos: dict[tuple[str, int], _VideoFile] = {}
         self.decoders = video.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads)
         n = len(ds._video_keys)
         # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
@@ -48,8 +63,28 @@ class _Worker:
     def view(self, ds: "LeRobotSQLDataset", slot: int) -> tabular.RowGroupView:
         v = self.views[slot]
         if v is None:
-            v = self.views[slot] = tabular.RowGroupView(ds._rg_paths[slot], ds._layout)
+            self.map(ds, [slot])
+            v = self.views[slot]
         return v
+
+    def map(self, ds: "LeRobotSQLDataset", slots) -> None:
+        """Map the row groups ``slots`` (all of one data file), building the missing cache files in one pass."""
+        todo = [int(s) for s in slots if self.views[int(s)] is None]
+        if not todo:
+            return
+        fi = int(ds._slot_file[todo[0]])
+        base = int(ds._rg_base[fi])
+        paths = tabular.ensure_row_groups(ds._src, ds._infos[fi], [s - base for s in todo], ds._layout,
+                                          ds._cache_dir)
+        for s, path in zip(todo, paths):
+            self.views[s] = tabular.RowGroupView(path, ds._layout)
+
+    def index(self, ds: "LeRobotSQLDataset", rel: str) -> video.FrameIndex:
+        """The index of mp4 ``rel``, built (demux, cached on disk) on first use and memory-mapped."""
+        index = self.indexes.get(rel)
+        if index is None:
+            index = self.indexes[rel] = video.FrameIndex.load(video.ensure_index_arrow(ds._src, rel, ds._cache_dir))
+        return index
 
 
 class LeRobotSQLDataset(torch.utils.data.Dataset):
@@ -74,10 +109,19 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     (open mp4s kept per worker), ``seek_reach`` (frames a keyframe may lie ahead before a seek beats decoding
     forward).
 
+    Construction reads only the data files' footers: each row group's Arrow cache file and each mp4's frame index is
+    built when an item first needs it, in the process reading it (so a remote dataset's first batch waits only for
+    the pieces it uses). Errors in those files therefore surface from ``__getitem__``, not from the constructor; a
+    missing local mp4 is still warned about at construction.
+
     Raises (from ``__getitem__``):
         FrameNotFoundError: no video frame within ``tolerance_s`` of the wanted time.
-        MissingFileError: a video file the frame needs does not exist.
+        MissingFileError: a video file the frame needs does not exist (the message names it and ``cameras=[...]``).
+        DatasetFormatError: the mp4 holding the frame has a selected episode's clip (``from_timestamp`` and frame
+            count) that disagrees with its real frames (raised by every item reading that mp4 and camera), or a data
+            row group cannot be decoded or disagrees with info.json's shapes.
         VideoDecodeError: PyAV failed on the file.
+        CacheError: the cache folder is full or not writable.
     """
 
     def __init__(self, src: Source, layout: Layout, manifest: pa.Table, tasks: dict[int, str], *,
@@ -118,75 +162,48 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 
     # ---- main process -------------------------------------------------------------------------------------
     def _prepare(self, m: pa.Table) -> None:
-        """Resolve every sample to (row group, offset) and, per camera, to its row in the video index; then keep all
-        per-sample arrays in one memory-mapped Arrow file, so forked workers share them instead of copying."""
+        """Resolve every sample to (row-group slot, offset) from the data files' footers, and group each camera's
+        samples by mp4; then keep all per-sample arrays in one memory-mapped Arrow file, so forked workers share them
+        instead of copying. Nothing is built or decoded here (see ``_Worker``)."""
         n = m.num_rows
         self._files, file_codes = _codes(m["data_file"])
         self._infos = [tabular.data_file_info(self._src, f) for f in self._files]
-        data_row = m["data_row"].to_numpy()
-        row0 = m["ep_data_row0"].to_numpy()
-        ep_len = m["ep_to_index"].to_numpy() - m["ep_from_index"].to_numpy()
-        # Every row group the items can touch (whole episodes when neighbours are read), built before any fork.
-        need: set[tuple[int, int]] = set()
-        for fi, info in enumerate(self._infos):
-            sel = file_codes == fi
-            rows = data_row[sel]
-            if self._delta:
-                lo, hi = info.locate(np.array([row0[sel].min(), (row0[sel] + ep_len[sel] - 1).max()]))[0]
-                need.update((fi, int(rg)) for rg in range(int(lo), int(hi) + 1))
-            else:
-                need.update((fi, int(rg)) for rg in np.unique(info.locate(rows)[0]))
-        keys = sorted(need)
-        self._slot = {k: s for s, k in enumerate(keys)}
-        self._rg_paths = []
-        for fi, info in enumerate(self._infos):
-            self._rg_paths += tabular.ensure_row_groups(self._src, info, [rg for f, rg in keys if f == fi],
-                                                        self._layout, self._cache_dir)
-        self._rg_len = np.array([int(self._infos[fi].rg_offsets[rg + 1] - self._infos[fi].rg_offsets[rg])
-                                 for fi, rg in keys], np.int64)
+        # A slot per row group of every touched file: file fi's row group rg is slot _rg_base[fi] + rg.
+        counts = np.array([len(info.rg_offsets) - 1 for info in self._infos], np.int64)
+        self._rg_base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._slot_file = np.repeat(np.arange(len(self._infos), dtype=np.int32), counts)
+        self._rg_len = np.concatenate([np.diff(info.rg_offsets) for info in self._infos]).astype(np.int64)
         # per delta key: sorted offsets mean the clamped rows are sorted too, so their ends bound them
         self._delta_sorted = {k: bool((np.diff(v) >= 0).all()) for k, v in self._delta.items()}
-        slot = np.zeros(n, np.int32)
+        data_row = m["data_row"].to_numpy()
+        slot = np.zeros(n, np.int64)
         off = np.zeros(n, np.int64)
+        order, starts = _groups(file_codes, len(self._files))
         for fi, info in enumerate(self._infos):
-            sel = np.flatnonzero(file_codes == fi)
+            sel = order[starts[fi]:starts[fi + 1]]
             rg, o = info.locate(data_row[sel])
-            lut = np.full(len(info.rg_offsets), -1, np.int32)
-            for (f, g), s_ in self._slot.items():
-                if f == fi:
-                    lut[g] = s_
-            slot[sel], off[sel] = lut[rg], o
+            slot[sel], off[sel] = rg + self._rg_base[fi], o
         cols: dict[str, np.ndarray] = {"_file": file_codes, "_slot": slot, "_off": off}
-        # Video: index every file once (demux, cached), then find each sample's frame with one vectorised search.
+        # Video: per camera, its mp4s and each sample's place among its file's samples. The video rows themselves
+        # come from each file's index, on first use in the reading process (_video).
         self._video_files: dict[str, list[str]] = {}
-        self._index_paths: dict[str, Path] = {}
-        self._index_errors: dict[str, LeRobotSQLError] = {}
-        self._indexes: dict[str, video.FrameIndex] = {}
-        ts64 = m["timestamp"].to_numpy().astype(np.float64)
+        self._vstarts: dict[str, np.ndarray] = {}
+        missing: list[str] = []
         for k in self._video_keys:
             names, codes = _codes(m[f"{k}/file"])
             self._video_files[k] = names
-            from_ts = m[f"{k}/from_timestamp"].to_numpy()
-            vrow = np.full(n, -1, np.int64)
-            for code, rel in enumerate(names):
-                try:
-                    self._index_paths[rel] = video.ensure_index_arrow(self._src, rel, self._cache_dir)
-                except MissingFileError as e:
-                    self._index_errors[rel] = e
-                    continue
-                index = self._index(rel)
-                sel = np.flatnonzero(codes == code)
-                pick, err = index.nearest(from_ts[sel] + ts64[sel])
-                # A time with no frame within tolerance keeps -1; __getitem__ raises FrameNotFoundError for it.
-                vrow[sel] = np.where(err <= self.tolerance_s, pick, -1)
-            cols[f"_vfile/{k}"], cols[f"_vrow/{k}"] = codes, vrow
-        clips = json.loads((m.schema.metadata or {}).get(b"lerobot_sql.manifest", b"{}")).get("clips") or {}
-        for k in self._video_keys:
-            if k in clips:
-                self._check_clips(k, clips[k])
-        if self._index_errors:
-            warnings.warn(f"{len(self._index_errors)} video file(s) are missing, e.g. "
-                          f"{next(iter(self._index_errors.values()))}; items needing them will raise "
+            order, self._vstarts[k] = _groups(codes, len(names))
+            pos = np.empty(n, np.int64)
+            pos[order] = np.arange(n) - np.repeat(self._vstarts[k][:-1], np.diff(self._vstarts[k]))
+            cols[f"_vfile/{k}"], cols[f"_vorder/{k}"], cols[f"_vpos/{k}"] = codes, order, pos
+            for rel in names:  # only where it costs a stat: a remote file's absence shows at its first item
+                local = self._src.local_path(rel)
+                if local is not None and not os.path.exists(local):
+                    missing.append(local)
+        meta = json.loads((m.schema.metadata or {}).get(b"lerobot_sql.manifest", b"{}"))
+        self._clips = {k: v for k, v in (meta.get("clips") or {}).items() if k in self._video_keys}
+        if missing:
+            warnings.warn(f"{len(missing)} video file(s) are missing, e.g. {missing[0]}; items needing them will raise "
                           "MissingFileError (pass cameras=[...] to leave those cameras out)", stacklevel=4)
         self.manifest, derived = _map_table(m, cols, self._cache_dir)
         self._c = {c: derived[c].to_numpy() for c in derived.column_names}
@@ -195,9 +212,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             self._c[c] = self.manifest[c].chunk(0).to_numpy() if self.manifest[c].num_chunks == 1 else \
                 self.manifest[c].to_numpy()
         self._n = n
-        first = tabular.RowGroupView(self._rg_paths[0], self._layout) if self._rg_paths else None
-        self._columns = [c for c in first.table.column_names if c not in self._skip_columns] if first else []
-        self._plain = [(c, _kind(c, self._layout, first)) for c in self._columns if c not in self._delta]
+        # Columns and their kinds from the first data file's schema: the columns of its row-group cache files.
+        schema = self._infos[0].schema
+        self._columns = [c for c in schema.names if c not in self._skip_columns]
+        self._plain = [(c, "image" if c in self._layout.image_keys else
+                        "num" if tabular.is_numeric(schema.field(c), self._layout) else "other")
+                       for c in self._columns if c not in self._delta]
         self._extra_cols = []
         for e in self._extras:
             col = self.manifest[e]
@@ -206,8 +226,47 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                        or pa.types.is_boolean(col.type)) and col.null_count == 0
             self._extra_cols.append((e, col.to_numpy(zero_copy_only=False) if numeric else col, numeric))
 
-    def _check_clips(self, key: str, clips: dict[str, list]) -> None:
-        """Check each selected episode's clip against the real frames of its mp4, where per-frame lookups cannot.
+    # ---- any process --------------------------------------------------------------------------------------
+    def _video(self, w: _Worker, key: str, code: int) -> _VideoFile:
+        """Camera ``key``'s mp4 number ``code`` in this process: on first use, index it, check its clips and find
+        the video row of each of its samples (one vectorised search); later, the cached result or error.
+
+        Raises:
+            MissingFileError: the mp4 does not exist (with the ``cameras=[...]`` way out).
+            DatasetFormatError: a clip in it disagrees with its frames (see ``_check_clips``).
+        """
+        vf = w.videos.get((key, code))
+        if vf is None:
+            vf = w.videos[(key, code)] = self._open_video(w, key, code)
+        if vf.error is not None:
+            e = vf.error
+            hint = (f" (camera {key!r}; pass cameras=[...] without it, or cameras=[] for tabular-only items)"
+                    if isinstance(e, MissingFileError) else "")
+            raise type(e)(f"{e}{hint}") from e
+        return vf
+
+    def _open_video(self, w: _Worker, key: str, code: int) -> _VideoFile:
+        rel = self._video_files[key][code]
+        try:
+            index = w.index(self, rel)
+        except MissingFileError as e:
+            return _VideoFile(error=e)
+        try:
+            self._check_clips(key, rel, index)
+        except DatasetFormatError as e:
+            return _VideoFile(index, error=e)
+        rows = None
+        if key not in self._delta:  # delta cameras locate each item's frames as they go
+            a, b = self._vstarts[key][code], self._vstarts[key][code + 1]
+            sel = self._c[f"_vorder/{key}"][a:b]
+            pick, err = index.nearest(self._c[f"{key}/from_timestamp"][sel] +
+                                      self._c["timestamp"][sel].astype(np.float64))
+            # A time with no frame within tolerance keeps -1; __getitem__ raises FrameNotFoundError for it.
+            rows = np.where(err <= self.tolerance_s, pick, -1)
+        return _VideoFile(index, rows)
+
+    def _check_clips(self, key: str, rel: str, index: video.FrameIndex) -> None:
+        """Check the selected episodes' clips in mp4 ``rel`` against its real frames, where per-frame lookups cannot.
 
         In a lerobot-written file each episode's clip is a run of ``length`` consecutive frames starting at the frame
         presented at ``from_timestamp``, and the clips of one file do not share frames. A start shifted by whole
@@ -217,51 +276,57 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         ``to_timestamp = from_timestamp + (length - 1) / fps`` pass. A time maps to the first frame presented no
         earlier than half a frame before it (the nearest frame, for clips within half a frame of the real pts).
 
-        Args:
-            clips: column lists from ``plan._clip_table`` (the manifest's ``lerobot_sql.manifest`` metadata).
+        The clips are column lists from ``plan._clip_table`` (the manifest's ``lerobot_sql.manifest`` metadata).
 
         Raises:
             DatasetFormatError: naming the mp4, camera and episode, what overlaps, and the fix.
         """
+        clips = self._clips.get(key)
+        if not clips:
+            return
+        sel = np.flatnonzero(np.asarray(clips["path"], dtype=object) == rel)
+        if not len(sel):
+            return
         half = 0.5 / float(self.fps)
-        paths = np.asarray(clips["path"], dtype=object)
         num = lambda name, fill: np.array([fill if x is None else x for x in clips[name]], np.float64)  # noqa: E731
         f, n = num("from_timestamp", np.nan), num("length", 0)
         pf, pn, nf_ = num("prev_from_timestamp", np.nan), num("prev_length", 0), num("next_from_timestamp", np.nan)
-        for rel in np.unique(paths):
-            if rel not in self._index_paths:  # a missing mp4: its items raise MissingFileError
-                continue
-            sel = np.flatnonzero(paths == rel)
-            pts = self._index(rel).pts_s
-            row = lambda t: np.searchsorted(pts, t - half).astype(np.float64)  # noqa: E731
-            r0, end = row(f[sel]), row(f[sel]) + n[sel]
-            prev_end = np.where(np.isnan(pf[sel]), -np.inf, row(pf[sel]) + pn[sel])
-            nxt = np.where(np.isnan(nf_[sel]), np.inf, row(nf_[sel]))
-            bad = np.flatnonzero((r0 < prev_end) | (end > nxt) | (end > len(pts)))
-            if not len(bad):
-                continue
-            j = int(sel[bad[0]])
-            i = int(bad[0])
-            ep, a, b = clips["episode_index"][j], int(r0[i]), int(end[i]) - 1
-            if end[i] > len(pts):
-                why = (f"its {int(n[j])} frames (frames {a}..{b} of the file) run past the file's last frame "
-                       f"({len(pts) - 1})")
-            elif r0[i] < prev_end[i]:
-                why = (f"its first frame (frame {a} of the file) is one of the {int(pn[j])} frames of episode "
-                       f"{clips['prev_episode'][j]}'s clip, which starts at {pf[j]:.6f} s")
-            else:
-                why = (f"its {int(n[j])} frames (frames {a}..{b} of the file) run into the clip of episode "
-                       f"{clips['next_episode'][j]}, which starts at frame {int(nxt[i])} ({nf_[j]:.6f} s)")
-            raise DatasetFormatError(
-                f"{self._src.path(rel)}: camera {key!r}, episode {ep}: the clip starting at from_timestamp="
-                f"{f[j]:.6f} s disagrees with the video: {why}; reading it would give another episode's frames or "
-                f"none. Fix videos/{key}/from_timestamp in meta/episodes (run `lerobot-sql doctor`)")
+        pts = index.pts_s
+        row = lambda t: np.searchsorted(pts, t - half).astype(np.float64)  # noqa: E731
+        r0, end = row(f[sel]), row(f[sel]) + n[sel]
+        prev_end = np.where(np.isnan(pf[sel]), -np.inf, row(pf[sel]) + pn[sel])
+        nxt = np.where(np.isnan(nf_[sel]), np.inf, row(nf_[sel]))
+        bad = np.flatnonzero((r0 < prev_end) | (end > nxt) | (end > len(pts)))
+        if not len(bad):
+            return
+        j = int(sel[bad[0]])
+        i = int(bad[0])
+        ep, a, b = clips["episode_index"][j], int(r0[i]), int(end[i]) - 1
+        if end[i] > len(pts):
+            why = (f"its {int(n[j])} frames (frames {a}..{b} of the file) run past the file's last frame "
+                   f"({len(pts) - 1})")
+        elif r0[i] < prev_end[i]:
+            why = (f"its first frame (frame {a} of the file) is one of the {int(pn[j])} frames of episode "
+                   f"{clips['prev_episode'][j]}'s clip, which starts at {pf[j]:.6f} s")
+        else:
+            why = (f"its {int(n[j])} frames (frames {a}..{b} of the file) run into the clip of episode "
+                   f"{clips['next_episode'][j]}, which starts at frame {int(nxt[i])} ({nf_[j]:.6f} s)")
+        raise DatasetFormatError(
+            f"{self._src.path(rel)}: camera {key!r}, episode {ep}: the clip starting at from_timestamp="
+            f"{f[j]:.6f} s disagrees with the video: {why}; reading it would give another episode's frames or "
+            f"none. Fix videos/{key}/from_timestamp in meta/episodes (run `lerobot-sql doctor`)")
 
-    def _index(self, rel: str) -> video.FrameIndex:
-        index = self._indexes.get(rel)
-        if index is None:
-            index = self._indexes[rel] = video.FrameIndex.load(self._index_paths[rel])
-        return index
+    def _frame(self, key: str, i: int) -> tuple[str, video.FrameIndex, int]:
+        """(mp4, its index, video row) of sample ``i``'s frame of camera ``key`` (not a delta key), in this process.
+
+        Raises as ``__getitem__`` does (MissingFileError, DatasetFormatError, FrameNotFoundError)."""
+        code = int(self._c[f"_vfile/{key}"][i])
+        vf = self._video(self._w(), key, code)
+        r = int(vf.rows[self._c[f"_vpos/{key}"][i]])
+        if r < 0:  # raises FrameNotFoundError with the full story
+            vf.index.locate(np.array([self._c[f"{key}/from_timestamp"][i] + np.float64(self._c["timestamp"][i])]),
+                            self.tolerance_s, episode_index=int(self._c["episode_index"][i]), video_key=key)
+        return self._video_files[key][code], vf.index, r
 
     def _use_parallel(self) -> bool:
         if self._parallel_cameras != "auto":
@@ -273,14 +338,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_worker"] = None
-        state["_indexes"] = {}  # memory maps are re-opened in the receiving process
+        state["_worker"] = None  # maps, indexes and decoders are re-opened in the receiving process
         return state
 
     def __len__(self) -> int:
         return self._n
 
-    # ---- any process --------------------------------------------------------------------------------------
     def _w(self) -> _Worker:
         w = self._worker
         if w is None or w.pid != os.getpid():
@@ -295,13 +358,16 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         """Values of ``column`` at file rows (numpy (T, *shape), or list of Arrow scalars for other types)."""
         info = self._infos[fi]
         rgs, offs = info.locate(rows)
+        base = int(self._rg_base[fi])
         if rgs[0] == rgs[-1] and (len(rgs) < 3 or (rgs == rgs[0]).all()):
-            arr = w.view(self, self._slot[(fi, int(rgs[0]))]).column(column)
+            arr = w.view(self, base + int(rgs[0])).column(column)
             return arr[offs] if isinstance(arr, np.ndarray) else [arr[int(x)] for x in offs]
+        uniq = np.unique(rgs)
+        w.map(self, base + uniq)  # the row groups this item spans, built together
         parts = []
-        for rg in np.unique(rgs):
+        for rg in uniq:
             mask = rgs == rg
-            parts.append((mask, w.view(self, self._slot[(fi, int(rg))]).column(column), offs[mask]))
+            parts.append((mask, w.view(self, base + int(rg)).column(column), offs[mask]))
         first = parts[0][1]
         if isinstance(first, np.ndarray):
             out = np.empty((len(rows), *first.shape[1:]), first.dtype)
@@ -358,12 +424,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 
     def _video_rows(self, w: _Worker, key: str, i: int, fi: int, idx: int, ep_from: int, ep_to: int,
                     row0: int, pads: dict) -> tuple[video.FrameIndex, np.ndarray]:
-        rel = self._video_files[key][self._c[f"_vfile/{key}"][i]]
-        if rel in self._index_errors:
-            e = self._index_errors[rel]
-            raise type(e)(f"{e} (camera {key!r}; pass cameras=[...] without it, or cameras=[] for tabular-only "
-                          "items)") from e
-        index = self._index(rel)
+        vf = self._video(w, key, int(self._c[f"_vfile/{key}"][i]))
+        index = vf.index
         from_ts = self._c[f"{key}/from_timestamp"][i]
         ep = int(self._c["episode_index"][i])
         if key in self._delta:
@@ -371,7 +433,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             pads[f"{key}_is_pad"] = torch.from_numpy(pad)
             return index, index.locate(from_ts + times.astype(np.float64), self.tolerance_s, episode_index=ep,
                                        video_key=key)
-        r = int(self._c[f"_vrow/{key}"][i])
+        r = int(vf.rows[self._c[f"_vpos/{key}"][i]])
         if r < 0:  # raises FrameNotFoundError with the full story
             index.locate(np.array([from_ts + np.float64(self._c["timestamp"][i])]), self.tolerance_s,
                          episode_index=ep, video_key=key)
@@ -470,11 +532,12 @@ def _to_unit_float(arr: np.ndarray) -> np.ndarray:
     return np.true_divide(arr, np.float32(255), dtype=np.float32)
 
 
-def _kind(column: str, layout: Layout, view: tabular.RowGroupView) -> str:
-    """How a data column becomes a value: ``num`` (numpy -> tensor), ``image`` (PNG bytes) or ``other`` (as_py)."""
-    if column in layout.image_keys:
-        return "image"
-    return "num" if isinstance(view.column(column), np.ndarray) else "other"
+def _groups(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, starts): ``order[starts[c]:starts[c + 1]]`` are the positions holding code ``c``, ascending.
+    A stable sort, linear on the usual already-grouped codes."""
+    order = np.argsort(codes, kind="stable").astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=k))]).astype(np.int64)
+    return order, starts
 
 
 def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Path) -> tuple[pa.Table, pa.Table]:

@@ -1,9 +1,9 @@
 """Tabular frame data: Parquet row groups decoded once into an Arrow IPC cache and read through memory maps.
 
-Each (data file, row group) that a selection touches becomes one uncompressed Arrow IPC file under the cache,
-keyed by the data file's identity, with columns normalised to the shapes in info.json (``list<float>`` becomes
-``fixed_size_list<float>[n]``). Workers memory-map these files: the OS page cache is shared, and no process holds a
-private copy of the table.
+Each (data file, row group) that a reader touches becomes, on first use, one uncompressed Arrow IPC file under the
+cache, keyed by the data file's identity, with columns normalised to the shapes in info.json (``list<float>``
+becomes ``fixed_size_list<float>[n]``). Whichever process reads first builds it (under a lock per data file); all
+memory-map it: the OS page cache is shared, and no process holds a private copy of the table.
 """
 
 from __future__ import annotations
@@ -38,11 +38,16 @@ class DataFileInfo:
         rel: path relative to the dataset root.
         identity: size+mtime or ETag (part of the cache key).
         rg_offsets: int64 (n_row_groups + 1,): first row of each row group, then the total row count.
+        schema: the file's Arrow schema (from the footer): its columns, in file order, are those of every cache file
+            built from it.
+        metadata: the parsed footer, reused when row groups are built later (saves re-reading and parsing it).
     """
 
     rel: str
     identity: str
     rg_offsets: np.ndarray
+    schema: pa.Schema | None = dataclasses.field(default=None, compare=False)
+    metadata: pq.FileMetaData | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(row group, row within it) for file rows."""
@@ -51,10 +56,25 @@ class DataFileInfo:
 
 
 def data_file_info(src: Source, rel: str) -> DataFileInfo:
+    """Row-group offsets and schema of a data file, from its footer alone (no page is read)."""
     with src.open(rel) as f:
-        md = pq.ParquetFile(f).metadata
+        pf = pq.ParquetFile(f)
+        md, schema = pf.metadata, pf.schema_arrow
     counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-    return DataFileInfo(rel, src.identity(rel), np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+    return DataFileInfo(rel, src.identity(rel), np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), schema,
+                        md)
+
+
+def is_numeric(field: pa.Field, layout: Layout) -> bool:
+    """True if :meth:`RowGroupView.column` gives a numpy array for this column of a data file's schema: numeric
+    info.json features (normalised by ``_normalise``), and columns already stored as numbers or fixed-size lists.
+    Lets a reader know each column's kind from the footer, before any row group is built."""
+    feat = layout.features.get(field.name)
+    if feat is not None and feat.dtype in _NUMERIC:
+        return True
+    t = field.type
+    return (pa.types.is_fixed_size_list(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
+            or pa.types.is_boolean(t))
 
 
 def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
@@ -95,19 +115,26 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
 
     Raises:
         MissingFileError: the data file is gone.
-        DatasetFormatError: a column disagrees with the shape info.json gives it.
+        DatasetFormatError: a column disagrees with the shape info.json gives it, or a local file changed since
+            ``info`` was read (its row groups may have moved; a remote source pins the version it first saw).
     """
     paths = [row_group_path(src, info, rg, cache_dir) for rg in rgs]
     missing = [(rg, p) for rg, p in zip(rgs, paths) if not p.exists()]
     if not missing:
         return paths
+    if src.is_local and info.metadata is not None:
+        now = src.identity(info.rel)  # a stat: the footer read earlier (maybe hours ago) must still describe the file
+        if now != info.identity:
+            raise DatasetFormatError(f"{src.path(info.rel)}: the file changed after the dataset was opened (size-mtime "
+                                     f"{info.identity} then, {now} now); open the dataset again (db.dataset(...)) to "
+                                     "read the new version")
     folder = paths[0].parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
         # One lock for the data file, not one per row group (a 200-episode file has 200 row groups); each entry is
         # still written under a temporary name and renamed into place, as cache.build_once does.
         with FileLock(str(folder / "build.lock")), src.open(info.rel) as f:
-            pf = pq.ParquetFile(f)
+            pf = pq.ParquetFile(f, metadata=info.metadata)
             for rg, p in missing:
                 if p.exists():
                     continue

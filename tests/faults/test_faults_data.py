@@ -127,8 +127,9 @@ def test_mp4_fewer_frames_than_episodes_claim(damaged, pristine):
     shorten_mp4(root / FRONT, 3000)  # frames 0..2999 kept: episodes ending later lose their tails
     db = lsql.connect(root)
     _items_equal(db, pristine, EP.format(2))
-    with pytest.raises(DatasetFormatError) as e:  # checked against the file's real frames when the dataset opens
-        db.dataset(EP.format(19))
+    ds = db.dataset(EP.format(19))
+    with pytest.raises(DatasetFormatError) as e:  # checked against the file's real frames when an item first reads it
+        ds[0]
     _typed(e, FRONT, "episode 19", "past the file's last frame", "doctor")
     _items_equal(db, pristine, EP.format(19), cameras=["observation.images.wrist"])  # the intact camera still reads
 
@@ -153,8 +154,9 @@ def test_info_json_broken(damaged, damage, needle):
 def test_info_json_wrong_shape(damaged):
     root = damaged()
     edit_info(root, lambda i: i["features"]["action"].__setitem__("shape", [7]))
-    with pytest.raises(DatasetFormatError) as e:
-        lsql.connect(root).dataset(EP.format(0))
+    ds = lsql.connect(root).dataset(EP.format(0))
+    with pytest.raises(DatasetFormatError) as e:  # the row group is decoded when an item first needs it
+        ds[0]
     _typed(e, "'action'", "shape [7]", DATA)
 
 
@@ -213,13 +215,14 @@ def test_clip_start_alone_shifted_by_one_frame(damaged, pristine):
     db = lsql.connect(root)
     for sql in (EP.format(5), "SELECT episode_index FROM episodes", "SELECT index FROM frames WHERE episode_index = 5 "
                 "AND frame_index = 0"):
-        with pytest.raises(DatasetFormatError) as e:
-            db.dataset(sql)
+        ds = db.dataset(sql)
+        with pytest.raises(DatasetFormatError) as e:  # from any item reading the front mp4
+            ds[len(ds) - 1]
         _typed(e, str(root / FRONT), "observation.images.front", "episode 5", "into the clip of episode 6",
                "from_timestamp", "doctor")
     _items_equal(db, pristine, EP.format(5), cameras=["observation.images.wrist"])  # the other camera is intact
     with pytest.raises(DatasetFormatError) as e:
-        db.dataset(EP.format(6))
+        db.dataset(EP.format(6))[0]
     _typed(e, FRONT, "episode 6", "frames of episode 5", "doctor")
     _items_equal(db, pristine, "SELECT episode_index FROM episodes WHERE episode_index IN (4, 7)", picks=(0, -1))
 
@@ -231,7 +234,7 @@ def test_clip_start_alone_shifted_back_one_frame(damaged):
     _open50_style(root)
     _shift_clip(root, 5, -1 / 30, cols=("from_timestamp",))
     with pytest.raises(DatasetFormatError) as e:
-        lsql.connect(root).dataset(EP.format(5))
+        lsql.connect(root).dataset(EP.format(5))[0]
     _typed(e, FRONT, "episode 5", "frames of episode 4", "doctor")
 
 
@@ -239,7 +242,7 @@ def test_last_clip_of_file_shifted_by_one_frame(damaged):
     root = damaged()
     _shift_clip(root, 19, 1 / 30)
     with pytest.raises(DatasetFormatError) as e:
-        lsql.connect(root).dataset(EP.format(19))
+        lsql.connect(root).dataset(EP.format(19))[0]
     _typed(e, str(root / FRONT), "observation.images.front", "episode 19", "past the file's last frame", "doctor")
 
 
