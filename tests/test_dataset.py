@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import av
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 import lerobot_sql as lsql
-from helpers import REFERENCE_SETS, assert_item_equals_reference, load_reference
+from helpers import REFERENCE_SETS, assert_item_equals_reference, assert_items_equal, load_reference
+from lerobot_sql import tabular, video
 
 
 @pytest.mark.parametrize("name", REFERENCE_SETS)
@@ -197,3 +202,142 @@ def test_manifest_path_typo_is_a_missing_file_not_a_sql_error(datasets, tmp_path
     db = lsql.connect(datasets / "small20")
     with pytest.raises(lsql.MissingFileError, match="manifest file not found"):
         db.dataset(str(tmp_path / "nope.parquet"))
+
+
+# ---- lazy construction: caches are built by the items that need them ----------------------------------------------
+def _cache_files(cache) -> set:
+    """Finished row-group and video-index entries under a cache folder (not locks or temporary files)."""
+    return {p for sub in ("tabular", "video_index") for p in (cache / sub).rglob("*")
+            if p.suffix in (".arrow", ".parquet")}
+
+
+def _frame_home(root, index: int) -> tuple[str, int, int, int]:
+    """(data file, row group, row in the file, episode) of frame ``index``, read with pyarrow alone."""
+    for f in sorted((root / "data").rglob("*.parquet")):
+        pf = pq.ParquetFile(f)
+        start = 0
+        for rg in range(pf.num_row_groups):
+            t = pf.read_row_group(rg, columns=["index", "episode_index"])
+            hit = np.flatnonzero(t["index"].to_numpy() == index)
+            if len(hit):
+                return (str(f.relative_to(root)), rg, start + int(hit[0]),
+                        int(t["episode_index"].to_numpy()[hit[0]]))
+            start += t.num_rows
+    raise AssertionError(f"frame {index} not in the data files")
+
+
+def _mp4s(root, episode: int) -> list[str]:
+    """Each camera's mp4 holding ``episode`` (meta/episodes pointers and info.json's video_path)."""
+    info = json.loads((root / "meta/info.json").read_text())
+    eps = pq.read_table(sorted((root / "meta/episodes").rglob("*.parquet"))).to_pylist()
+    row = next(r for r in eps if r["episode_index"] == episode)
+    keys = [k for k, f in info["features"].items() if f["dtype"] == "video"]
+    return [info["video_path"].format(video_key=k, chunk_index=row[f"videos/{k}/chunk_index"],
+                                      file_index=row[f"videos/{k}/file_index"]) for k in keys]
+
+
+def _expected(src, cache, homes: set, mp4s: set) -> set:
+    """Cache files of (data file, row group) pairs and mp4s, named as tabular/video name their entries."""
+    out = set()
+    for rel, rg in homes:
+        out.add(tabular.row_group_path(src, tabular.data_file_info(src, rel), rg, cache))
+    for rel in mp4s:
+        p = video.index_path(src, rel, cache)
+        out |= {p, p.with_suffix(".arrow")}
+    return out
+
+
+def test_construction_builds_nothing_and_items_only_what_they_read(datasets, tmp_path):
+    root, cache = datasets / "multifile60", tmp_path / "c"
+    db = lsql.connect(root, cache_dir=cache)
+    ds = db.dataset("SELECT index FROM frames ORDER BY index")
+    assert _cache_files(cache) == set()  # no row group decoded, no mp4 demuxed
+    n = len(ds)
+    homes, mp4s = set(), set()
+    for idx in (n - 5, 700, 702, 30):  # the second data file, then the first; 702 shares 700's row group
+        item = ds[idx]
+        assert int(item["index"]) == idx
+        rel, rg, _, ep = _frame_home(root, idx)
+        homes.add((rel, rg))
+        mp4s.update(_mp4s(root, ep))
+        assert _cache_files(cache) == _expected(db.source, cache, homes, mp4s), idx
+    assert len({rel for rel, _ in homes}) == 2 and len(mp4s) > 2
+
+
+def test_neighbours_across_row_groups_build_both_and_read_the_right_rows(datasets, tmp_path):
+    """Row groups of 100 rows, so an episode spans several: an item near a boundary needs two of them."""
+    root, cache = tmp_path / "ds", tmp_path / "c"
+    shutil.copytree(datasets / "small20", root)
+    data = root / "data/chunk-000/file-000.parquet"
+    data.chmod(0o644)
+    table = pq.read_table(data)
+    pq.write_table(table, data, row_group_size=100)
+    db = lsql.connect(root, cache_dir=cache)
+    dt = {"action": [k / 30 for k in range(-2, 3)]}
+    for idx, rgs in ((100, {0, 1}), (150, {1})):
+        ds = db.dataset(f"SELECT index FROM frames WHERE index = {idx}", delta_timestamps=dt, cameras=[])
+        before = _cache_files(cache)
+        item = ds[0]
+        rel, rg, row, ep = _frame_home(root, idx)
+        assert rg == max(rgs) and ep == 0  # episode 0 has 348 frames: no clamping here
+        assert _cache_files(cache) == before | _expected(db.source, cache, {(rel, g) for g in rgs}, set())
+        np.testing.assert_array_equal(item["action"].numpy(),
+                                      np.array(table["action"].to_pylist()[row - 2: row + 3], np.float32))
+    assert {p.name for p in _cache_files(cache)} == {"rg-00000.arrow", "rg-00001.arrow"}
+
+
+def test_dataloader_workers_build_each_entry_once_and_match_one_process(datasets, tmp_path, monkeypatch):
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    data = root / "data/chunk-000/file-000.parquet"
+    data.chmod(0o644)
+    pq.write_table(pq.read_table(data), data, row_group_size=100)
+    builds = tmp_path / "builds.log"  # one line per row group decoded / mp4 demuxed, by any process
+    real_norm, real_demux = tabular._normalise, video._demux_index
+
+    def norm(table, layout, where):
+        with open(builds, "a") as f:
+            f.write("rg\n")
+        return real_norm(table, layout, where)
+
+    def demux(src, rel):
+        with open(builds, "a") as f:
+            f.write("mp4\n")
+        return real_demux(src, rel)
+
+    monkeypatch.setattr(tabular, "_normalise", norm)
+    monkeypatch.setattr(video, "_demux_index", demux)
+    sql = "SELECT index FROM frames WHERE episode_index IN (0, 3, 7) AND frame_index % 23 IN (0, 1) ORDER BY index"
+    dt = {"action": [-2 / 30, 0, 2 / 30], "observation.images.front": [-1 / 30, 0]}
+    runs = {}
+    for workers in (2, 0):
+        cache = tmp_path / f"c{workers}"
+        builds.unlink(missing_ok=True)
+        ds = lsql.connect(root, cache_dir=cache).dataset(sql, delta_timestamps=dt, return_uint8=True)
+        assert _cache_files(cache) == set()
+        loader = torch.utils.data.DataLoader(ds, batch_size=6, num_workers=workers, multiprocessing_context="fork"
+                                             if workers else None)
+        runs[workers] = (list(loader), sorted(p.relative_to(cache) for p in _cache_files(cache)),
+                         sorted(builds.read_text().split()))
+        assert not list(cache.rglob("*.tmp"))
+    (par, par_files, par_builds), (one, one_files, one_builds) = runs[2], runs[0]
+    assert len(par) == len(one) > 1
+    for a, b in zip(par, one):
+        assert a["task"] == b["task"]
+        assert_items_equal({k: v for k, v in a.items() if k != "task"}, {k: v for k, v in b.items() if k != "task"})
+    # the same entries either way, each built once: the row groups holding the frames and their clamped neighbours
+    assert par_files == one_files and par_builds == one_builds
+    rows = pq.read_table(data, columns=["episode_index", "frame_index"]).to_pandas()
+    rows["row"] = np.arange(len(rows))  # row in the file
+    ends = rows.groupby("episode_index")["row"].agg(["min", "max"])
+    pf = pq.ParquetFile(data)
+    offsets = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
+    sel = rows[rows.episode_index.isin([0, 3, 7]) & rows.frame_index.mod(23).isin([0, 1])]
+    need = set()
+    for _, r in sel.iterrows():
+        lo, hi = ends.loc[r.episode_index]
+        for d in (-2, 0, 2):
+            need.add(int(np.searchsorted(offsets, min(max(r.row + d, lo), hi), side="right") - 1))
+    assert par_builds.count("rg") == len(need) == sum(1 for p in par_files if p.suffix == ".arrow"
+                                                      and p.parts[0] == "tabular")
+    assert par_builds.count("mp4") == 2  # one per camera's mp4
