@@ -38,7 +38,7 @@ class _VideoFile:
     the error every item reading it raises (a missing file, a clip that disagrees with the frames)."""
 
     index: video.FrameIndex | None = None
-    rows: np.ndarray | None = None  # per sample of the file (in ``_vorder`` order); -1: no frame within tolerance_s
+    rows: np.ndarray | None = None  # int32, per sample of the file in ``_vorder`` order; -1: no frame in tolerance
     error: LeRobotSQLError | None = None
 
 
@@ -176,7 +176,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         # per delta key: sorted offsets mean the clamped rows are sorted too, so their ends bound them
         self._delta_sorted = {k: bool((np.diff(v) >= 0).all()) for k, v in self._delta.items()}
         data_row = m["data_row"].to_numpy()
-        slot = np.zeros(n, np.int64)
+        slot = np.zeros(n, np.int32)
         off = np.zeros(n, np.int64)
         order, starts = _groups(file_codes, len(self._files))
         for fi, info in enumerate(self._infos):
@@ -193,7 +193,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             names, codes = _codes(m[f"{k}/file"])
             self._video_files[k] = names
             order, self._vstarts[k] = _groups(codes, len(names))
-            pos = np.empty(n, np.int64)
+            pos = np.empty(n, np.int32)
             pos[order] = np.arange(n) - np.repeat(self._vstarts[k][:-1], np.diff(self._vstarts[k]))
             cols[f"_vfile/{k}"], cols[f"_vorder/{k}"], cols[f"_vpos/{k}"] = codes, order, pos
             for rel in names:  # only where it costs a stat: a remote file's absence shows at its first item
@@ -261,8 +261,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             sel = self._c[f"_vorder/{key}"][a:b]
             pick, err = index.nearest(self._c[f"{key}/from_timestamp"][sel] +
                                       self._c["timestamp"][sel].astype(np.float64))
-            # A time with no frame within tolerance keeps -1; __getitem__ raises FrameNotFoundError for it.
-            rows = np.where(err <= self.tolerance_s, pick, -1)
+            # A time with no frame within tolerance keeps -1; __getitem__ raises FrameNotFoundError for it. int32:
+            # these arrays are private to each process (no mp4 holds 2**31 frames).
+            rows = np.where(err <= self.tolerance_s, pick, -1).astype(np.int32)
         return _VideoFile(index, rows)
 
     def _check_clips(self, key: str, rel: str, index: video.FrameIndex) -> None:
@@ -535,7 +536,7 @@ def _to_unit_float(arr: np.ndarray) -> np.ndarray:
 def _groups(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(order, starts): ``order[starts[c]:starts[c + 1]]`` are the positions holding code ``c``, ascending.
     A stable sort, linear on the usual already-grouped codes."""
-    order = np.argsort(codes, kind="stable").astype(np.int64)
+    order = np.argsort(codes, kind="stable").astype(np.int32)  # manifests stay far below 2**31 rows
     starts = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=k))]).astype(np.int64)
     return order, starts
 
