@@ -56,27 +56,34 @@ def _open_container(src: Source, rel: str, demux_only: bool = False):
                                "or corrupt, re-fetch it from the dataset's source") from e
 
 
-def _container_index(container, stream) -> list[tuple[int, bool, int, int]] | None:
-    """(pts, keyframe, byte offset, size) per packet from the container's own sample table, without reading packets.
+def _container_index(container, stream) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(pts, keyframe, byte offset, size) arrays, one entry per packet in decode order, from the container's own
+    sample table, without reading packets.
 
     The mp4 demuxer fills ``index_entries`` from the moov atom when it opens the file. Their timestamps are decode
     times, equal to presentation times only when no frame is reordered, so this path is taken only for streams
     without B-frames whose first packets agree with it entry for entry; otherwise None (demux everything instead).
     """
     try:
-        entries = stream.index_entries
-        n = len(entries)
+        entries = list(stream.index_entries)
     except (AttributeError, av.error.FFmpegError):
         return None
+    n = len(entries)
     if n == 0 or stream.codec_context.has_b_frames or (stream.frames and stream.frames != n):
         return None
-    rows = [(e.timestamp, bool(e.is_keyframe), e.pos, e.size, e.is_discard) for e in entries]
-    if any(r[4] for r in rows):
+    if any(e.is_discard for e in entries):
         return None
-    for k, pkt in zip(range(32), container.demux(stream)):
-        if pkt.pts is None or (pkt.pts, bool(pkt.is_keyframe), pkt.pos, pkt.size) != rows[k][:4]:
+    # One array per field rather than a tuple per packet: tens of thousands of tuples wake the garbage collector,
+    # which then walks every object of the process (torch's included).
+    pts = np.fromiter((e.timestamp for e in entries), np.int64, n)
+    key = np.fromiter((e.is_keyframe for e in entries), np.bool_, n)
+    pos = np.fromiter((e.pos for e in entries), np.int64, n)
+    size = np.fromiter((e.size for e in entries), np.int64, n)
+    for k, pkt in zip(range(min(32, n)), container.demux(stream)):
+        if pkt.pts is None or (pkt.pts, bool(pkt.is_keyframe), pkt.pos, pkt.size) != \
+                (int(pts[k]), bool(key[k]), int(pos[k]), int(size[k])):
             return None
-    return [r[:4] for r in rows]
+    return pts, key, pos, size
 
 
 def _demux_index(src: Source, rel: str) -> pa.Table:
@@ -91,32 +98,33 @@ def _demux_index(src: Source, rel: str) -> pa.Table:
             # Payload-free remote reads: H.264 keyframe flags come from the payload, so take them from the
             # container's sync-sample table instead.
             keys = None if src.is_local else ({e.pos for e in stream.index_entries if e.is_keyframe} or None)
-            packets = [(pkt.pts, bool(pkt.is_keyframe) if keys is None else pkt.pos in keys,
-                        -1 if pkt.pos is None else pkt.pos, pkt.size)
-                       for pkt in container.demux(stream) if pkt.pts is not None]
-        rows = []
-        last_key = None
-        for pts, key, pos, size in packets:  # decode order: a frame depends on the last keyframe before it
-            if key:
-                last_key = pts
-            rows.append((pts, key, last_key if last_key is not None else pts, pos, size))
+            rows = [(pkt.pts, bool(pkt.is_keyframe) if keys is None else pkt.pos in keys,
+                     -1 if pkt.pos is None else pkt.pos, pkt.size)
+                    for pkt in container.demux(stream) if pkt.pts is not None]
+            packets = tuple(np.array([r[i] for r in rows], dt).reshape(-1)
+                            for i, dt in enumerate((np.int64, np.bool_, np.int64, np.int64)))
         tb = stream.time_base
     except av.error.FFmpegError as e:
         raise VideoDecodeError(f"{src.path(rel)}: demuxing failed ({e}); the file may be corrupt") from e
     finally:
         container.close()
-    if not rows:
+    pts, key, pos, size = packets
+    n = len(pts)
+    if not n:
         raise VideoDecodeError(f"{src.path(rel)}: the video stream holds no frames")
-    rows.sort(key=lambda r: r[0])
-    pts = np.array([r[0] for r in rows], np.int64)
+    # Decode order: a frame depends on the last keyframe at or before it (itself before the first keyframe).
+    last = np.maximum.accumulate(np.where(key, np.arange(n), -1))
+    key_pts = np.where(last >= 0, pts[np.maximum(last, 0)], pts)
+    order = np.argsort(pts, kind="stable")  # presentation order; equal pts keep decode order
+    pts = pts[order]
     return pa.table({
-        "frame": np.arange(len(rows), dtype=np.int64),
+        "frame": np.arange(n, dtype=np.int64),
         "pts": pts,
         "pts_s": pts * float(tb),
-        "is_keyframe": [r[1] for r in rows],
-        "keyframe_pts": np.array([r[2] for r in rows], np.int64),
-        "byte_offset": np.array([r[3] for r in rows], np.int64),
-        "byte_size": np.array([r[4] for r in rows], np.int64),
+        "is_keyframe": key[order],
+        "keyframe_pts": key_pts[order],
+        "byte_offset": pos[order],
+        "byte_size": size[order],
     }, schema=INDEX_SCHEMA.with_metadata({"time_base": f"{tb.numerator}/{tb.denominator}", "path": rel}))
 
 
