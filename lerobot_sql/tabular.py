@@ -131,30 +131,16 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
     folder = paths[0].parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        # One lock for the data file, not one per row group (a 200-episode file has 200 row groups); each entry is
-        # still written under a temporary name and renamed into place, as cache.build_once does.
-        with FileLock(str(folder / "build.lock")), src.open(info.rel) as f:
+        # Readers build entries as their items need them, DataLoader workers concurrently: one lock per row group
+        # lets them build different row groups (or fetch them, remotely) at once; waiters poll often, since a build
+        # takes milliseconds (filelock's default poll of 50 ms would dominate). Each entry is written under a
+        # temporary name and renamed into place, as cache.build_once does.
+        with src.open(info.rel) as f:
             pf = pq.ParquetFile(f, metadata=info.metadata)
             for rg, p in missing:
-                if p.exists():
-                    continue
-                try:
-                    raw = pf.read_row_group(rg)
-                except LeRobotSQLError:  # already ours (e.g. the remote file changed): keep its own message
-                    raise
-                except (pa.ArrowException, OSError) as e:  # a damaged page: name the file, not a bare pyarrow error
-                    raise DatasetFormatError(f"{src.path(info.rel)}: row group {rg} cannot be decoded ({e}); the "
-                                             "file is corrupt, re-download it from the dataset's source") from e
-                table = _normalise(raw, layout, src.path(info.rel))
-                fd, tmp = tempfile.mkstemp(dir=folder, prefix=p.name + ".", suffix=".tmp")
-                os.close(fd)
-                try:
-                    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-                        w.write_table(table)
-                    os.replace(tmp, p)
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)
+                with FileLock(str(p) + ".lock").acquire(poll_interval=0.002):
+                    if not p.exists():
+                        _build(pf, rg, p, layout, src.path(info.rel))
     except OSError as e:
         if isinstance(e, LeRobotSQLError):  # MissingFileError / RemoteIOError from the source: already ours
             raise
@@ -162,6 +148,27 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
                          "writable. Free space there, or set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a "
                          "writable folder with room") from e
     return paths
+
+
+def _build(pf: pq.ParquetFile, rg: int, p: Path, layout: Layout, where: str) -> None:
+    """Decode row group ``rg`` of ``pf``, normalise it and publish it at ``p`` (temporary name, then rename)."""
+    try:
+        raw = pf.read_row_group(rg)
+    except LeRobotSQLError:  # already ours (e.g. the remote file changed): keep its own message
+        raise
+    except (pa.ArrowException, OSError) as e:  # a damaged page: name the file, not a bare pyarrow error
+        raise DatasetFormatError(f"{where}: row group {rg} cannot be decoded ({e}); the file is corrupt, re-download "
+                                 "it from the dataset's source") from e
+    table = _normalise(raw, layout, where)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+        os.replace(tmp, p)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 class RowGroupView:
