@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -59,3 +61,32 @@ def test_shape_mismatch_is_a_format_error(datasets, tmp_path):
     t = pa.table({"action": pa.array([[1.0, 2.0]], pa.list_(pa.float32()))})
     with pytest.raises(DatasetFormatError, match="action.*shape"):
         tabular._normalise(t, layout, "x.parquet")
+
+
+@pytest.mark.parametrize("name", ["small20", "img5_extras", "g1_real_v30", "v21_small20"])
+def test_column_kinds_from_the_footer_match_the_built_row_group(datasets, tmp_path, name):
+    """The dataset knows each column's kind before any row group is built: the footer must agree with the cache."""
+    src = open_source(datasets / name)
+    layout = load_layout(src)
+    info = tabular.data_file_info(src, layout.data_files[0])
+    view = tabular.RowGroupView(tabular.ensure_row_group(src, info, 0, layout, tmp_path), layout)
+    assert view.table.column_names == info.schema.names
+    for field in info.schema:
+        assert tabular.is_numeric(field, layout) == isinstance(view.column(field.name), np.ndarray), field
+
+
+def test_a_local_file_changed_after_its_footer_was_read_is_refused(datasets, tmp_path):
+    """Row groups are built on first use, maybe long after the footer was read: a rewritten file is refused."""
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    rel = "data/chunk-000/file-000.parquet"
+    (root / rel).chmod(0o644)
+    src = open_source(root)
+    layout = load_layout(src)
+    info = tabular.data_file_info(src, rel)
+    first = tabular.ensure_row_group(src, info, 0, layout, tmp_path / "c")  # the same file: fine
+    table = pq.read_table(root / rel)
+    pq.write_table(table.slice(100), root / rel)  # rewritten: its row groups moved
+    with pytest.raises(DatasetFormatError, match=r"file-000\.parquet: the file changed after the dataset was opened"):
+        tabular.ensure_row_group(src, info, 1, layout, tmp_path / "c")
+    assert tabular.ensure_row_group(src, info, 0, layout, tmp_path / "c") == first  # built before: still served
