@@ -42,7 +42,7 @@ def build_once(path: Path, write: Callable[[str], None]) -> Path:
         return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path) + ".lock"):
+        with FileLock(str(path) + ".lock", poll_interval=0.002):  # DataLoader workers wait on each other's builds
             if path.exists():
                 return path
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")

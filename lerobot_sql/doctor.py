@@ -55,7 +55,7 @@ CHECKS: tuple[Spec, ...] = (
     Spec("video_segment_frames", "the clip's real frames do not match its length: re-encode the episode or fix "
          "from/to_timestamp", needs="index", params=("tolerance_s",)),
     Spec("video_clip_frames", "an episode's clip overlaps another clip or runs past the file's end in the mp4's real "
-         "frames, so its items would be another episode's frames (dataset() refuses it): fix "
+         "frames, so its items would be another episode's frames (the items reading that mp4 raise): fix "
          "videos/<key>/from_timestamp so each clip starts on the frame after the previous episode's last",
          needs="index"),
     Spec("video_frame_pts", "from_timestamp drifts from the file's real pts (lerobot issue #3177): recompute "
