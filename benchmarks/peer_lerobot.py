@@ -42,6 +42,9 @@ def main() -> None:
     ds = LeRobotDataset(repo, root=root)  # fresh HF_HOME: converts the parquet into its Arrow cache
     out["open_cold_s"] = time.perf_counter() - t
     t = time.perf_counter()
+    ds[p["random"][0]]
+    out["first_item_cold_s"] = time.perf_counter() - t
+    t = time.perf_counter()
     ds = LeRobotDataset(repo, root=root)
     out["open_warm_s"] = time.perf_counter() - t
     out["backend"] = ds.video_backend
