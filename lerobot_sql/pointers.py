@@ -226,10 +226,10 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
                 rgs = np.unique(np.concatenate([np.arange(x, y + 1) for x, y in zip(a, b) if y >= x] or [[]]))
                 rgs = rgs.astype(np.int64)
                 cols = [c for c in FRAME_COLUMNS if c in names]
-                # Remote: fetch those column chunks in one parallel call, not one round trip per chunk.
-                from .prefetch import _merge, row_group_ranges
+                if not src.is_local:  # fetch those column chunks in one parallel call, not a round trip each
+                    from .prefetch import _merge, row_group_ranges
 
-                src.fetch_ranges(rel, _merge(row_group_ranges(md, rgs, cols)))
+                    src.fetch_ranges(rel, _merge(row_group_ranges(md, rgs, cols)))
                 if not len(rgs):  # only zero-length episodes in this file
                     continue
                 whole = len(rgs) == md.num_row_groups  # (one read is faster than 200 row-group reads)
@@ -265,7 +265,9 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         take[m] = r - offsets[rg] + rb[1][j] + shift
         tables.append(t)
         shift += t.num_rows
-    ft = pa.concat_tables(tables, promote_options="permissive").take(pa.array(take))
+    ft = pa.concat_tables(tables, promote_options="permissive")
+    if not (len(take) == ft.num_rows and (take == np.arange(len(take))).all()):  # whole files in order: as read
+        ft = ft.take(pa.array(take))
     index = ft["index"].to_numpy()
     exp_index = lo[prow] + k_in_ep
     if not (np.array_equal(index, exp_index) and np.array_equal(ft["episode_index"].to_numpy(), all_ep[prow])):
