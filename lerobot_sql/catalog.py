@@ -270,7 +270,7 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
     dur = ", length / {} AS duration_s".format(repr(fps)) if "length" in ep_cols else ""
     con.execute(f"CREATE OR REPLACE VIEW episodes AS SELECT {', '.join(map(q, plain))}{dur} FROM _episodes_raw")
 
-    stats = []
+    cols, names = [], []
     for c, typ in ep_cols.items():
         m = re.fullmatch(r"stats/(.+)/([^/]+)", c)
         if not m:
@@ -281,12 +281,19 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
             expr = f"flatten({expr})"
         if depth == 0:
             expr = f"[{expr}]"
-        stats.append(
-            f"SELECT episode_index, {lit(m.group(1))} AS feature, {lit(m.group(2))} AS stat, "
-            f"CAST({expr} AS DOUBLE[]) AS value FROM _episodes_raw"
-        )
-    empty = "SELECT NULL::BIGINT AS episode_index, NULL::VARCHAR AS feature, NULL::VARCHAR AS stat, NULL::DOUBLE[] AS value WHERE false"
-    con.execute(f"CREATE OR REPLACE VIEW episode_stats AS {' UNION ALL '.join(stats) or empty}")
+        cols.append(f"CAST({expr} AS DOUBLE[]) AS {q(str(len(names)))}")
+        names.append((m.group(1), m.group(2)))
+    if names:
+        # One scan of meta/episodes, unpivoted: a UNION ALL of one SELECT per stats column took ~0.1 s to bind.
+        on = ", ".join(q(str(i)) for i in range(len(names)))
+        keys = ", ".join(f"({lit(str(i))}, {lit(f)}, {lit(st)}, {i})" for i, (f, st) in enumerate(names))
+        body = (f"SELECT u.episode_index, m.feature, m.stat, u.value FROM (SELECT episode_index, {', '.join(cols)} "
+                f"FROM _episodes_raw) UNPIVOT INCLUDE NULLS (value FOR k IN ({on})) u "
+                f"JOIN (VALUES {keys}) m(k, feature, stat, pos) USING (k) ORDER BY m.pos, u.episode_index")
+    else:
+        body = ("SELECT NULL::BIGINT AS episode_index, NULL::VARCHAR AS feature, NULL::VARCHAR AS stat, "
+                "NULL::DOUBLE[] AS value WHERE false")
+    con.execute(f"CREATE OR REPLACE VIEW episode_stats AS {body}")
 
     if layout.data_files:
         data_src = f"read_parquet({_file_list(src, layout.data_files)}, union_by_name=true"
