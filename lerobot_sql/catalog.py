@@ -12,6 +12,7 @@ tasks.jsonl; small) is loaded into DuckDB tables shaped like v3's meta/episodes 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 
@@ -19,7 +20,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import DatasetFormatError, MissingFileError
+from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError
 from .layout import Layout, V2_TASKS
 from .source import Source
 
@@ -70,6 +71,20 @@ def _describe(con: duckdb.DuckDBPyConnection, sql: str) -> dict[str, str]:
     return {r[0]: r[1] for r in con.sql(f"DESCRIBE {sql}").fetchall()}
 
 
+@contextlib.contextmanager
+def parquet_read_errors(src: Source, rel: str):
+    """Turn pyarrow's errors while reading ``rel`` into a :class:`DatasetFormatError` naming the file and the fix
+    (errors already ours, e.g. MissingFileError or RemoteIOError, pass unchanged)."""
+    try:
+        yield
+    except LeRobotSQLError:
+        raise
+    except (pa.ArrowException, OSError) as e:
+        raise DatasetFormatError(f"{src.path(rel)}: cannot be read as Parquet ({type(e).__name__}: {e}); the file is "
+                                 "truncated or corrupt. Re-download it from the dataset's source (`lerobot-sql "
+                                 "doctor` checks every file)") from e
+
+
 def _tasks_text_column(src: Source) -> tuple[str | None, str]:
     """(task_index column, task text column) of meta/tasks.parquet.
 
@@ -77,7 +92,7 @@ def _tasks_text_column(src: Source) -> tuple[str | None, str]:
     column. task_index: ``task_index``, else the only integer column, else None (then the row number is the
     task_index, which is how lerobot resolves it).
     """
-    with src.open("meta/tasks.parquet") as f:
+    with parquet_read_errors(src, "meta/tasks.parquet"), src.open("meta/tasks.parquet") as f:
         schema = pq.read_schema(f)
     names = schema.names
     strings = [fld.name for fld in schema if pa.types.is_string(fld.type) or pa.types.is_large_string(fld.type)
@@ -141,7 +156,7 @@ def read_tasks(src: Source, layout: Layout) -> pa.Table:
         return pa.table({"task_index": pa.array([r["task_index"] for r in rows], pa.int64()),
                          "task": pa.array([r["task"] for r in rows], pa.string())})
     idx_col, text_col = _tasks_text_column(src)
-    with src.open(layout.tasks_file) as f:
+    with parquet_read_errors(src, layout.tasks_file), src.open(layout.tasks_file) as f:
         t = pq.ParquetFile(f).read(columns=[c for c in (idx_col, text_col) if c])
     # No task_index column: lerobot resolves task_index positionally, so the row number is the index.
     idx = t[idx_col].cast(pa.int64()) if idx_col else pa.array(range(t.num_rows), pa.int64())

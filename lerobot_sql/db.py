@@ -298,10 +298,9 @@ class Database:
             ep = sorted(set(ptr["episode_index"].to_pylist()))
             sql = "SELECT episode_index FROM episodes ORDER BY episode_index"
         else:
-            ep = [episodes] if isinstance(episodes, int) else [int(e) for e in episodes]
-            if not ep:
-                raise ResultContractError("episodes=[] selects nothing; pass episode_index values, or None for all")
-            sql = f"episodes={ep}"
+            ep = _episode_list(episodes)
+            sql = f"SELECT episode_index FROM episodes WHERE episode_index IN ({', '.join(map(str, ep))}) " \
+                  "ORDER BY episode_index"
         result = pa.table({"episode_index": pa.array(ep, pa.int64())})
         try:
             return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql, src=self.source, ptr=ptr)
@@ -318,7 +317,8 @@ class Database:
                 table from :meth:`manifest`, or the path of a Parquet file written by :meth:`export_manifest`);
                 or None: every frame of ``episodes`` (as ``LeRobotDataset(repo_id, episodes=...)``), of all
                 episodes when that is None too. Whole episodes are resolved from meta/episodes without DuckDB.
-            episodes: episode_index values, in the order wanted (only with ``sql=None``).
+            episodes: episode_index values (only with ``sql=None``); as in ``LeRobotDataset``, a set: frames come in
+                index order, each once. A custom order or repeats: use SQL (``... ORDER BY``).
             **kwargs: ``delta_timestamps`` ({key: [seconds]}), ``tolerance_s`` (default 1e-4 s),
                 ``return_uint8``, ``image_transforms``, ``cameras`` (subset of camera keys, ``[]`` for tabular-only
                 items), ``decoder_threads`` (FFmpeg threads per open file, default 1), ``parallel_cameras`` (True,
@@ -332,7 +332,8 @@ class Database:
 
         Raises:
             QueryError / ResultContractError: the SQL or its result is unusable.
-            ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid).
+            ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid); both sql and episodes given.
+            TypeError: ``episodes`` holds something other than integers.
         """
         from .dataset import LeRobotSQLDataset
 
@@ -410,6 +411,31 @@ class Database:
         i = self.layout.info
         return (f"Database({self.source.url!r}, {self.layout.version}, episodes={i.get('total_episodes')}, "
                 f"frames={i.get('total_frames')}, fps={self.fps:g}, cameras={self.layout.camera_keys})")
+
+
+def _episode_list(episodes: Any) -> list[int]:
+    """Sorted distinct episode_index values, as ``LeRobotDataset(..., episodes=...)`` treats its list (a set: frames
+    follow the dataset's order). Accepts ints, numpy integers, 0-d integer tensors, any iterable of them.
+
+    Raises:
+        TypeError: a value is not an integer (a float, bool or string would silently pick another episode).
+        ResultContractError: the list is empty.
+    """
+    import operator
+
+    items = [episodes] if not hasattr(episodes, "__iter__") or isinstance(episodes, (str, bytes)) else list(episodes)
+    out = set()
+    for e in items:
+        if isinstance(e, (bool, str, bytes)) or type(e).__name__ == "bool_":
+            raise TypeError(f"episodes holds {e!r}; pass episode_index integers, e.g. episodes=[0, 3, 17]")
+        try:
+            out.add(operator.index(e))
+        except TypeError:
+            raise TypeError(f"episodes holds {e!r} ({type(e).__name__}); pass episode_index integers, e.g. "
+                            "episodes=[0, 3, 17]") from None
+    if not out:
+        raise ResultContractError("episodes=[] selects nothing; pass episode_index values, or None for all")
+    return sorted(out)
 
 
 def _reads_table(sql: str, name: str) -> bool:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import DatasetFormatError, LeRobotSQLError, ResultContractError
+from .errors import DatasetFormatError, ResultContractError
 from .layout import Layout
 from .source import Source
 
@@ -36,7 +36,7 @@ def read_pointers(src: Source, layout: Layout) -> pa.Table | None:
     meta/episodes row (v3: the Parquet files, those columns only; v2: meta/episodes.jsonl as the catalog shapes it).
     None when a column is missing (the DuckDB path then reports it).
     """
-    from .catalog import _v2_episodes
+    from .catalog import _v2_episodes, parquet_read_errors
 
     want = list(POINTERS) + [f"videos/{k}/{c}" for k in layout.video_keys for c in VIDEO_POINTERS]
     if not layout.episode_files:
@@ -46,7 +46,7 @@ def read_pointers(src: Source, layout: Layout) -> pa.Table | None:
         return t.select(want) if all(c in t.column_names for c in want) else None
     parts = []
     for rel in layout.episode_files:
-        with src.open(rel) as f:
+        with parquet_read_errors(src, rel), src.open(rel) as f:
             pf = pq.ParquetFile(f)
             names = set(pf.schema_arrow.names)
             if not all(c in names for c in want):
@@ -168,6 +168,8 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         DatasetFormatError: duplicate meta/episodes rows, timestamps off the fps grid, bad clip pointers, a missing
             video pointer, an unreadable data file.
     """
+    from .catalog import parquet_read_errors
+
     ptr = read_pointers(src, layout) if ptr is None else ptr
     if ptr is None or not layout.data_files:
         return None
@@ -209,37 +211,30 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     frames: dict[int, tuple[pa.Table, np.ndarray, np.ndarray]] = {}
     for code in np.unique(fcode[uniq_rows]):
         rel = files[code]
-        try:
-            with src.open(rel) as fh:
-                pf = pq.ParquetFile(fh)
-                md = pf.metadata
-                if md.num_rows != total[code]:
-                    return None
-                names = pf.schema_arrow.names
-                if not all(c in names for c in FRAME_COLUMNS[:4]):
-                    return None
-                offsets = np.concatenate([[0], np.cumsum([md.row_group(i).num_rows
-                                                          for i in range(md.num_row_groups)])]).astype(np.int64)
-                eps = uniq_rows[fcode[uniq_rows] == code]
-                a = np.searchsorted(offsets, row0_all[eps], side="right") - 1
-                b = np.searchsorted(offsets, row0_all[eps] + (hi - lo)[eps] - 1, side="right") - 1
-                rgs = np.unique(np.concatenate([np.arange(x, y + 1) for x, y in zip(a, b) if y >= x] or [[]]))
-                rgs = rgs.astype(np.int64)
-                cols = [c for c in FRAME_COLUMNS if c in names]
-                if not src.is_local:  # fetch those column chunks in one parallel call, not a round trip each
-                    from .prefetch import _merge, row_group_ranges
+        with parquet_read_errors(src, rel), src.open(rel) as fh:
+            pf = pq.ParquetFile(fh)
+            md = pf.metadata
+            if md.num_rows != total[code]:
+                return None
+            names = pf.schema_arrow.names
+            if not all(c in names for c in FRAME_COLUMNS[:4]):
+                return None
+            offsets = np.concatenate([[0], np.cumsum([md.row_group(i).num_rows
+                                                      for i in range(md.num_row_groups)])]).astype(np.int64)
+            eps = uniq_rows[fcode[uniq_rows] == code]
+            a = np.searchsorted(offsets, row0_all[eps], side="right") - 1
+            b = np.searchsorted(offsets, row0_all[eps] + (hi - lo)[eps] - 1, side="right") - 1
+            rgs = np.unique(np.concatenate([np.arange(x, y + 1) for x, y in zip(a, b) if y >= x] or [[]]))
+            rgs = rgs.astype(np.int64)
+            cols = [c for c in FRAME_COLUMNS if c in names]
+            if not src.is_local:  # fetch those column chunks in one parallel call, not a round trip each
+                from .prefetch import _merge, row_group_ranges
 
-                    src.fetch_ranges(rel, _merge(row_group_ranges(md, rgs, cols)))
-                if not len(rgs):  # only zero-length episodes in this file
-                    continue
-                whole = len(rgs) == md.num_row_groups  # (one read is faster than 200 row-group reads)
-                t = pf.read(columns=cols) if whole else pf.read_row_groups(rgs.tolist(), columns=cols)
-        except (pa.ArrowException, OSError) as e:
-            if isinstance(e, LeRobotSQLError):  # MissingFileError / RemoteIOError from the source: already ours
-                raise
-            raise DatasetFormatError(f"{src.path(rel)}: cannot be read as Parquet ({type(e).__name__}: {e}); the file "
-                                     "is truncated or corrupt. Re-download it (`lerobot-sql doctor` checks every "
-                                     "file)") from e
+                src.fetch_ranges(rel, _merge(row_group_ranges(md, rgs, cols)))
+            if not len(rgs):  # only zero-length episodes in this file
+                continue
+            whole = len(rgs) == md.num_row_groups  # (one read is faster than 200 row-group reads)
+            t = pf.read(columns=cols) if whole else pf.read_row_groups(rgs.tolist(), columns=cols)
         # table position of file row r: r - offsets[rg] + (rows of the earlier row groups read)
         sizes = offsets[rgs + 1] - offsets[rgs]
         base = np.concatenate([[0], np.cumsum(sizes)])[:-1]

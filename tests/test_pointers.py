@@ -59,13 +59,14 @@ def test_whole_dataset_needs_no_duckdb(datasets, tmp_path):
                 assert np.array_equal(a[k].numpy(), b[k].numpy()), (i, k)
 
 
-def test_episodes_argument_keeps_order_and_matches_sql(datasets, tmp_path):
+def test_episodes_argument_is_a_set_in_index_order_as_in_lerobot(datasets, tmp_path):
     db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path)
-    ds = db.dataset(episodes=[41, 3, 17])
-    want = db.dataset("SELECT episode_index FROM episodes WHERE episode_index IN (41, 3, 17) "
-                      "ORDER BY CASE episode_index WHEN 41 THEN 0 WHEN 3 THEN 1 ELSE 2 END")
+    ds = db.dataset(episodes=[41, 3, 17, 3])
+    want = db.dataset("SELECT episode_index FROM episodes WHERE episode_index IN (41, 3, 17) ORDER BY episode_index")
     assert ds.manifest.equals(want.manifest)  # schema metadata (the sql text) aside
-    assert list(dict.fromkeys(ds.manifest["episode_index"].to_pylist())) == [41, 3, 17]
+    assert list(dict.fromkeys(ds.manifest["episode_index"].to_pylist())) == [3, 17, 41]
+    idx = ds.manifest["index"].to_numpy()
+    assert (np.diff(idx) > 0).all()  # index order, each frame once, as LeRobotDataset(..., episodes=...) gives
     assert [ds[i]["observation.images.front"].sum().item() for i in (0, len(ds) - 1)] == \
         [want[i]["observation.images.front"].sum().item() for i in (0, len(want) - 1)]
 
@@ -76,6 +77,10 @@ def test_bad_episode_arguments(datasets):
         db.dataset(episodes=[3, 20, 99])
     with pytest.raises(lsql.ResultContractError, match="selects nothing"):
         db.dataset(episodes=[])
+    for bad in ([3.9], [True], ["03"], [np.float32(2.0)]):
+        with pytest.raises(TypeError, match="episode_index integers"):
+            db.dataset(episodes=bad)
+    assert len(db.dataset(episodes=np.array([2]), cameras=[])) == len(db.dataset(episodes=2, cameras=[]))
     with pytest.raises(ValueError, match="either sql or episodes"):
         db.dataset("SELECT episode_index FROM episodes", episodes=[1])
 
@@ -112,3 +117,13 @@ def test_timestamps_off_the_grid_are_refused_by_both_paths(datasets, tmp_path):
         db.dataset(cameras=[])
     with pytest.raises(lsql.DatasetFormatError, match=r"episode 0: timestamps differ .* fps=15"):
         db.dataset("SELECT index FROM frames WHERE episode_index = 0", cameras=[])
+
+
+@pytest.mark.parametrize("rel", ["meta/tasks.parquet", "meta/episodes/chunk-000/file-000.parquet"])
+def test_corrupt_metadata_parquet_is_named_on_the_pointer_path(datasets, tmp_path, rel):
+    root = tmp_path / "bad"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    data = (root / rel).read_bytes()
+    (root / rel).write_bytes(data[:-5000])  # truncated: no footer
+    with pytest.raises(lsql.DatasetFormatError, match=rf"{rel}: cannot be read as Parquet.*Re-download"):
+        lsql.connect(root).dataset(cameras=[])
