@@ -341,6 +341,19 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
 
     _register_table(con, "tasks", read_tasks(src, layout))
 
+    # Data files found under data/ and the file meta/episodes points each episode to (doctor's data_files_present,
+    # and the warning a connection gives when episodes point to files that are not there).
+    _register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(layout.data_files), pa.string())}))
+    if all(c in ep_cols for c in ("data/chunk_index", "data/file_index")):
+        values = {"chunk_index": q("data/chunk_index"), "file_index": q("data/file_index"),
+                  "episode_chunk": q("data/chunk_index"), "episode_index": q("data/file_index")}
+        fmt, args = template_to_printf(layout.data_path, values)
+        con.execute(f"CREATE OR REPLACE VIEW _episode_data_files AS SELECT episode_index, printf({lit(fmt)}, "
+                    f"{', '.join(args)}) AS path FROM _episodes_raw")
+    else:
+        con.execute("CREATE OR REPLACE VIEW _episode_data_files AS SELECT NULL::BIGINT AS episode_index, "
+                    "NULL::VARCHAR AS path WHERE false")
+
     vids = []
     for k in layout.video_keys:
         need = [f"videos/{k}/{c}" for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]

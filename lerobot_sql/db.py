@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,13 @@ class Database:
             if isinstance(e, LeRobotSQLError):
                 raise
             raise unreadable_error(self.source, self.layout, e) from e
+        missing = con.sql("SELECT path, count(*) FROM _episode_data_files WHERE path NOT IN "
+                          "(SELECT path FROM _data_files_listed) GROUP BY 1 ORDER BY 1").fetchall()
+        if missing:
+            warnings.warn(f"{len(missing)} data file(s) that meta/episodes points to are missing, e.g. "
+                          f"{self.source.path(missing[0][0])} ({missing[0][1]} episodes): the frames view and every "
+                          "query over it lack their episodes. Download data/ again; `lerobot-sql doctor` lists them "
+                          "(data_files_present)", stacklevel=4)
         macros.register(con, self.layout)
         con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
         self._video_frames_ready = not self.layout.video_keys

@@ -43,11 +43,16 @@ CHECKS: tuple[Spec, ...] = (
          "lerobot_sql reads rows by episode_index, but lerobot trusts these ranges"),
     Spec("data_file_pointers", "rewrite data/chunk_index and data/file_index in meta/episodes from the file holding "
          "each episode (a known converter bug, lerobot issue #2401)"),
+    Spec("data_files_present", "download the missing data files (e.g. huggingface_hub.snapshot_download with "
+         "allow_patterns='data/*'); until then queries over frames lack their episodes"),
+    Spec("data_files_decode", "re-download the named data files: a page does not decode (damaged or partial copy)"),
     Spec("tasks_exist", "add the missing tasks to meta/tasks.parquet (tasks.jsonl for v2.x) or fix task_index"),
     Spec("stats_present", "recompute per-episode statistics (lerobot's compute_episode_stats); normalisation needs "
          "them"),
     Spec("video_files_present", "download the missing mp4s (e.g. huggingface_hub.snapshot_download with "
          "allow_patterns='videos/*'); frames of those cameras cannot be read", needs="videos"),
+    Spec("video_files_complete", "re-download the truncated mp4s: frames past the cut cannot be decoded",
+         needs="index"),
     Spec("video_codec", "info.json mislabels the stream's codec; decoding follows the file, so this only misleads "
          "tools that trust info.json", severity="warning", needs="videos"),
     Spec("video_segments", "fix videos/<key>/from_timestamp and to_timestamp in meta/episodes: clips must last "
@@ -191,6 +196,27 @@ def probe_video_files(src, files: list[tuple[str, str]]) -> pa.Table:
                      "codec": pa.array(codecs, pa.string())})
 
 
+def _undecodable(db) -> list[dict[str, Any]]:
+    """The data files (and first row group) pyarrow cannot decode: ``path``, ``row_group`` (None: the footer),
+    ``error``."""
+    import pyarrow.parquet as pq
+
+    bad = []
+    for rel in db.layout.data_files:
+        try:
+            with db.source.open(rel) as f:
+                pf = pq.ParquetFile(f)
+                for rg in range(pf.num_row_groups):
+                    try:
+                        pf.read_row_group(rg)
+                    except (pa.ArrowException, OSError) as e:
+                        bad.append({"path": rel, "row_group": rg, "error": f"{type(e).__name__}: {e}"})
+                        break
+        except (pa.ArrowException, OSError) as e:
+            bad.append({"path": rel, "row_group": None, "error": f"{type(e).__name__}: {e}"})
+    return bad
+
+
 def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
     """Run every check on ``db`` (a :class:`lerobot_sql.Database`) and return the :class:`Report`.
 
@@ -236,6 +262,12 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
             sql = db.check(library.render(f"doctor/{spec.name}", {p: params[p] for p in spec.params}))
             result = db.con.sql(sql).to_arrow_table()
         except (duckdb.Error, LeRobotSQLError) as e:
+            if spec.name == "data_files_decode":  # DuckDB's decode error names no file: find them with pyarrow
+                bad = _undecodable(db)
+                if bad:
+                    checks.append(Check(spec.name, False, len(bad), bad[:SAMPLE_ROWS], spec.hint, spec.severity,
+                                        nq.description))
+                    continue
             checks.append(Check(spec.name, False, 1, [{"error": f"{type(e).__name__}: {e}"}],
                                 f"the check could not run on this dataset's metadata; {spec.hint}",
                                 spec.severity, nq.description))

@@ -55,9 +55,10 @@ def test_clean_datasets_pass(datasets, name):
     assert report.ok and not _failed(report), report.to_text()
     ran = {c.name for c in report.checks if not c.skipped}
     assert {"episode_index_contiguous", "index_contiguous", "episode_ranges", "data_file_pointers", "tasks_exist",
-            "stats_present", "frame_index_contiguous"} <= ran
+            "stats_present", "frame_index_contiguous", "data_files_present", "data_files_decode"} <= ran
     if name != "img5_extras":
-        assert {"video_files_present", "video_segments", "video_segment_frames", "video_frame_pts"} <= ran
+        assert {"video_files_present", "video_segments", "video_segment_frames", "video_frame_pts",
+                "video_files_complete"} <= ran
 
 
 def test_every_check_is_a_named_query():
@@ -351,3 +352,43 @@ def test_video_clip_to_timestamp_one_frame_short_passes(datasets, tmp_path):
     report = _run(root)
     assert report["video_clip_frames"].ok and not report["video_clip_frames"].skipped
     assert not report["video_segments"].ok  # the strict metadata check still names the unusual to_timestamp
+
+
+def test_missing_data_file_is_named_and_warned(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "multifile60")
+    gone = "data/chunk-000/file-001.parquet"
+    eps = sorted(set(pq.read_table(root / gone, columns=["episode_index"])["episode_index"].to_pylist()))
+    (root / gone).unlink()
+    report = _run(root)
+    c = report["data_files_present"]
+    assert not c.ok and c.sample == [{"path": gone, "n_episodes": len(eps), "first_episode": eps[0]}]
+    db = lsql.connect(root)
+    with pytest.warns(UserWarning, match=rf"1 data file\(s\) that meta/episodes points to are missing, e.g. .*{gone}"):
+        db.sql("SELECT count(*) FROM frames").fetchall()
+
+
+def test_damaged_page_is_named_with_its_row_group(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    md = pq.ParquetFile(root / DATA).metadata
+    rg = 9
+    col = md.row_group(rg).column(0)
+    with open(root / DATA, "r+b") as f:  # overwrite the first page header of row group 9's first column chunk
+        f.seek(col.data_page_offset)
+        f.write(bytes(range(256)) * 2)
+    report = _run(root)
+    c = report["data_files_decode"]
+    assert not c.ok and [(r["path"], r["row_group"]) for r in c.sample] == [(DATA, rg)]
+    assert _failed(report) == {"data_files_decode"}
+
+
+def test_truncated_mp4_is_reported(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    rel = "videos/observation.images.front/chunk-000/file-000.mp4"
+    size = (root / rel).stat().st_size
+    with open(root / rel, "r+b") as f:
+        f.truncate(int(size * 0.6))
+    report = _run(root)
+    c = report["video_files_complete"]
+    assert not c.ok and [r["path"] for r in c.sample] == [rel]
+    assert c.sample[0]["size_bytes"] == int(size * 0.6) < c.sample[0]["bytes_needed"] <= size
+    assert c.sample[0]["frames_past_end"] > 0
