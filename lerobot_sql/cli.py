@@ -50,7 +50,7 @@ examples:
   lerobot-sql index sample/small20 && lerobot-sql doctor sample/small20
   lerobot-sql shell sample/small20
 
-DATASET is the root of a LeRobot v3.0 dataset (the folder holding meta/, data/, videos/) or an fsspec URL.
+DATASET is the root of a LeRobot v3.0 (or v2.0/v2.1) dataset (the folder holding meta/, data/, videos/) or an fsspec URL.
 """
 
 
@@ -436,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
         prog="lerobot-sql", formatter_class=fmt, epilog=EPILOG,
-        description="SQL over LeRobot v3.0 datasets (Parquet + MP4), without loading or downloading them.")
+        description="SQL over LeRobot datasets (v3.0, and v2.x read natively; Parquet + MP4), without loading or downloading them.")
     p.add_argument("--version", action="version", version=f"lerobot-sql {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache-dir", help="where video indexes and tabular caches go (default $LSQL_CACHE_DIR "

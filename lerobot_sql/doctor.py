@@ -229,6 +229,13 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
     message; nothing is raised for a broken dataset.
     """
     params = {"tolerance_s": float(tolerance_s)}
+    try:  # the views read meta/episodes, tasks and every data footer: an unreadable one stops every check
+        db.con
+    except LeRobotSQLError as e:
+        return Report(db.source.url, db.layout.version, float(tolerance_s), [Check(
+            "metadata_readable", False, 1, [{"error": f"{type(e).__name__}: {e}"}],
+            "re-download the named file; no other check can run until the metadata and data footers read",
+            "error", "the metadata files and data file footers can be read")])
     # Reading video_files makes the Database probe the mp4s (once per connection).
     n_files, n_missing = db.con.sql(db.check(
         "SELECT count(*), count(*) FILTER (WHERE NOT present) FROM video_files")).fetchall()[0]

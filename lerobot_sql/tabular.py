@@ -92,7 +92,8 @@ def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
                     flat = pc.list_flatten(flat)
                 if len(flat) != n * len(col):
                     raise DatasetFormatError(f"{where}: column {name!r} holds {len(flat)} values for {len(col)} rows, "
-                                             f"but info.json gives shape {list(feat.shape)}")
+                                             f"but info.json gives shape {list(feat.shape)}; fix the feature's "
+                                             "shape in meta/info.json (or rewrite the data files to that shape)")
                 col = pa.FixedSizeListArray.from_arrays(flat.cast(typ), n)
             else:
                 col = col.cast(typ)

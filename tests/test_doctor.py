@@ -392,3 +392,12 @@ def test_truncated_mp4_is_reported(datasets, tmp_path):
     assert not c.ok and [r["path"] for r in c.sample] == [rel]
     assert c.sample[0]["size_bytes"] == int(size * 0.6) < c.sample[0]["bytes_needed"] <= size
     assert c.sample[0]["frames_past_end"] > 0
+
+
+def test_unreadable_metadata_is_a_finding_not_a_crash(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    rel = "meta/tasks.parquet"
+    (root / rel).write_bytes((root / rel).read_bytes()[:-300])
+    report = _run(root)
+    assert not report.ok and _failed(report) == {"metadata_readable"}
+    assert f"{rel}: cannot be read as Parquet" in report["metadata_readable"].sample[0]["error"]
