@@ -9,6 +9,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import cache, catalog, macros, plan, pointers, query, sandbox, video
 from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, ResultContractError
@@ -361,7 +362,20 @@ class Database:
             manifest = pq.read_table(sql)
         else:
             manifest = self.manifest(sql)
-        return LeRobotSQLDataset(self.source, self.layout, manifest, self.tasks(), cache_dir=self.cache_dir, **kwargs)
+        tasks = self.tasks()
+        wanted = pc.unique(manifest["task_index"]).drop_null().to_pylist() if "task_index" in manifest.column_names \
+            else []
+        unknown = sorted(t for t in wanted if t not in tasks)
+        if unknown:
+            # Items carry the task text (as LeRobotDataset's do); a None would fail much later, in collate.
+            where = self.source.path(self.layout.tasks_file) if self.layout.tasks_file else \
+                self.source.path("meta/tasks.jsonl" if self.layout.legacy else "meta/tasks.parquet")
+            err = DatasetFormatError if self.layout.tasks_file else MissingFileError
+            raise err(f"{where}: no task text for task_index {unknown[:5]} of the selected frames"
+                      f"{'' if self.layout.tasks_file else ' (the file is missing)'}; items carry the task text as "
+                      "LeRobotDataset's do. Restore the file from the dataset's source (`lerobot-sql doctor`: "
+                      "tasks_exist)")
+        return LeRobotSQLDataset(self.source, self.layout, manifest, tasks, cache_dir=self.cache_dir, **kwargs)
 
     # ---- delegated capabilities (each lives in its own module) ------------------------------------------------
     def query(self, name: str, **params: Any) -> duckdb.DuckDBPyRelation:

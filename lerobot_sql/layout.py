@@ -223,8 +223,8 @@ def load_layout(src: Source) -> Layout:
             notes.append(f"{src.path('meta/episodes')}: no episode metadata files ({EPISODES_GLOB}); "
                          "the episodes, episode_stats and videos views are empty")
     if tasks_file is None:
-        notes.append(f"{src.path(V2_TASKS if legacy else V3_TASKS)}: not found; the tasks view is empty and items "
-                     "have task None")
+        notes.append(f"{src.path(V2_TASKS if legacy else V3_TASKS)}: not found; the tasks view is empty and "
+                     "dataset() refuses frames whose task text it cannot give")
     data_files = tuple(src.glob("data/*/*.parquet"))
     if not data_files:
         notes.append(f"{src.path('data')}: no data files (data/*/*.parquet); this is a metadata-only copy, the "
