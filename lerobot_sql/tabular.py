@@ -154,7 +154,9 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
 def _build(pf: pq.ParquetFile, rg: int, p: Path, layout: Layout, where: str) -> None:
     """Decode row group ``rg`` of ``pf``, normalise it and publish it at ``p`` (temporary name, then rename)."""
     try:
-        raw = pf.read_row_group(rg)
+        # One thread: this runs in DataLoader workers forked from a parent whose Arrow thread pool was busy; one row
+        # group gains nothing from threads, and a fork-inherited pool is a hazard.
+        raw = pf.read_row_group(rg, use_threads=False)
     except LeRobotSQLError:  # already ours (e.g. the remote file changed): keep its own message
         raise
     except (pa.ArrowException, OSError) as e:  # a damaged page: name the file, not a bare pyarrow error

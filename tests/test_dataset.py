@@ -241,9 +241,8 @@ def _expected(src, cache, homes: set, mp4s: set) -> set:
     out = set()
     for rel, rg in homes:
         out.add(tabular.row_group_path(src, tabular.data_file_info(src, rel), rg, cache))
-    for rel in mp4s:
-        p = video.index_path(src, rel, cache)
-        out |= {p, p.with_suffix(".arrow")}
+    for rel in mp4s:  # items need only the Arrow form; the Parquet one is for the SQL view video_frames
+        out.add(video.index_path(src, rel, cache).with_suffix(".arrow"))
     return out
 
 

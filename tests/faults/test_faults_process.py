@@ -140,7 +140,7 @@ def test_process_killed_while_writing_a_cache_entry(damaged, tmp_path, datasets)
             time.sleep(600)
         video.pq.write_table = slow_write
         import lerobot_sql as lsql
-        lsql.connect({str(root)!r}, cache_dir={str(cache)!r}).dataset({SQL!r})[0]  # indexes the mp4s it reads
+        lsql.connect({str(root)!r}, cache_dir={str(cache)!r}).sql("SELECT count(*) FROM video_frames").fetchall()
     """
     p = _spawn(code)
     _wait_for(ready, p)
