@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import gc
 import dataclasses
 import io
 import json
@@ -30,6 +31,10 @@ from .source import Source
 
 
 _INHERITED: list = []  # per-process state inherited from a parent process; kept, never freed
+# A forked child (a DataLoader worker) must not free what it inherited either: PyAV/FFmpeg objects of any dataset
+# the parent read from own threads that exist only in the parent, and the cyclic GC would free unreachable ones in
+# the child (a segfault or a hang). Everything alive at the fork is moved out of the collector's reach.
+os.register_at_fork(after_in_child=gc.freeze)
 
 
 @dataclasses.dataclass
