@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,7 @@ class Database:
         self.cache_dir = Path(cache_dir) if cache_dir else cache.root_for(self.source.url)
         self._duckdb_settings = (threads, memory_limit, temp_directory)
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._con_lock = threading.Lock()
         self._tasks: dict[int, str] | None = None
         self._pointers = None
         self._video_frames_ready = self._video_files_ready = not self.layout.video_keys
@@ -101,7 +103,9 @@ class Database:
         """The DuckDB connection with the views, created on first use: opening a dataset and building a
         whole-episode dataset need no DuckDB, so ``connect()`` reads only info.json and lists the files."""
         if self._con is None:
-            self._con = self._connect_duckdb()
+            with self._con_lock:  # two threads' first queries make one connection
+                if self._con is None:
+                    self._con = self._connect_duckdb()
         return self._con
 
     def _connect_duckdb(self) -> duckdb.DuckDBPyConnection:
