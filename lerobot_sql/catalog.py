@@ -157,7 +157,7 @@ def read_tasks(src: Source, layout: Layout) -> pa.Table:
                          "task": pa.array([r["task"] for r in rows], pa.string())})
     idx_col, text_col = _tasks_text_column(src)
     with parquet_read_errors(src, layout.tasks_file), src.open(layout.tasks_file) as f:
-        t = pq.ParquetFile(f).read(columns=[c for c in (idx_col, text_col) if c])
+        t = pq.ParquetFile(f).read(columns=[c for c in (idx_col, text_col) if c], use_threads=False)
     # No task_index column: lerobot resolves task_index positionally, so the row number is the index.
     idx = t[idx_col].cast(pa.int64()) if idx_col else pa.array(range(t.num_rows), pa.int64())
     return pa.table({"task_index": idx, "task": t[text_col].cast(pa.string())})

@@ -51,7 +51,7 @@ def read_pointers(src: Source, layout: Layout) -> pa.Table | None:
             names = set(pf.schema_arrow.names)
             if not all(c in names for c in want):
                 return None
-            parts.append(pf.read(columns=want))
+            parts.append(pf.read(columns=want, use_threads=False))
     t = pa.concat_tables(parts, promote_options="permissive")
     cols = {c: t[c].cast(pa.float64() if c.endswith("_timestamp") else pa.int64()) for c in want}
     return pa.table(cols)
@@ -106,8 +106,8 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
         same_prev = np.r_[False, path[1:] == path[:-1]]
         same_next = np.r_[path[:-1] == path[1:], False]
         is_sel = np.array([int(e) in sel for e in ep], bool)
-        prev = np.r_[0, np.arange(len(ep) - 1)]
-        nxt = np.r_[np.arange(1, len(ep)), 0] if len(ep) else np.zeros(0, np.int64)
+        prev = np.maximum(np.arange(len(ep)) - 1, 0)  # (row 0 has no previous clip: same_prev masks it)
+        nxt = np.minimum(np.arange(len(ep)) + 1, max(len(ep) - 1, 0))
         starts_early = is_sel & (f < -half)
         wrong_len = is_sel & (np.abs((to - f) * fps - n) > 1.001)
         overlap = same_prev & (is_sel | is_sel[prev]) & (f < to[prev] - half)

@@ -216,10 +216,11 @@ class RemoteCacheFS(AbstractFileSystem):
             except FileNotFoundError as e:
                 # fsspec's HTTP info() reports any failure (a 503, a reset) as FileNotFoundError: look underneath.
                 cause = e.__cause__
-                if cause is None or isinstance(cause, FileNotFoundError) or not _retryable(cause) \
-                        or attempt == self.retries:
+                if cause is None or isinstance(cause, FileNotFoundError) or not _retryable(cause):
                     raise
-                last = cause
+                last = cause  # a 5xx, a refused connection: a network failure, not a missing file
+                if attempt == self.retries:
+                    break
                 time.sleep(self.backoff_s * (2 ** attempt) * (1 + 0.25 * random.random()))
                 continue
             except FileChangedError:

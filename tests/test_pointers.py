@@ -127,3 +127,11 @@ def test_corrupt_metadata_parquet_is_named_on_the_pointer_path(datasets, tmp_pat
     (root / rel).write_bytes(data[:-5000])  # truncated: no footer
     with pytest.raises(lsql.DatasetFormatError, match=rf"{rel}: cannot be read as Parquet.*Re-download"):
         lsql.connect(root).dataset(cameras=[])
+
+
+def test_windows_matching_no_frames_raise_the_contract_error(datasets):
+    db = lsql.connect(datasets / "small20")
+    for start, end in ((100.0, 200.0), (3.0, 1.0)):
+        with pytest.raises(lsql.ResultContractError, match="matched no frames"):
+            db.dataset(f"SELECT episode_index, {start} AS start_s, {end} AS end_s FROM episodes "
+                       "WHERE episode_index = 1")

@@ -388,3 +388,21 @@ def test_prefetch_warms_row_groups_before_the_manifest_query(http, datasets):
     db.manifest(sql)
     assert {(path, a) for path, a, _b, _ in http.log[n:]} <= ep_chunks
     assert warm_episode_row_groups(db, "SELECT index FROM frames WHERE index < 5") == 0  # not an episode query
+
+
+def test_server_gone_falls_back_to_the_cache_and_5xx_is_not_missing_file(datasets, tmp_path):
+    """A network failure is never reported as a missing file: an unreachable server or 503s raise RemoteIOError,
+    and a dataset whose metadata was cached opens offline by itself."""
+    sql = "SELECT episode_index FROM episodes WHERE episode_index = 5"
+    with RangeServer(datasets) as srv:
+        url = f"{srv.url}/small20"
+        want = lsql.connect(url).dataset(sql)[10]
+        srv.faults["status"] = 10**6
+        fresh = tmp_path / "fresh"
+        with pytest.raises(RemoteIOError, match=r"info\.json.*503"):
+            lsql.connect(url, cache_dir=fresh)
+    # the server is down now: the cached dataset still opens and gives the cached items
+    db = lsql.connect(url)
+    assert_items_equal(db.dataset(sql)[10], want)
+    with pytest.raises(RemoteIOError):
+        db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 17")[0]
