@@ -432,12 +432,18 @@ class DecoderPool:
             VideoDecodeError: PyAV failed, or the stream disagrees with the index.
         """
         f = self._take(index.path)
+        ok = False
         try:
             out = np.empty((len(rows), *f.shape), np.uint8)
             f.decode_into(index, np.asarray(rows), out, self.reach)
+            ok = True
             return out
         finally:
-            self._give(f)
+            if ok:
+                self._give(f)
+            else:  # a read failed inside PyAV (e.g. a remote error): its demuxer is spent, the next item reopens it
+                with self._lock:
+                    self._retire(f)
 
     def close(self) -> None:
         with self._lock:

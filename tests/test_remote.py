@@ -406,3 +406,18 @@ def test_server_gone_falls_back_to_the_cache_and_5xx_is_not_missing_file(dataset
     assert_items_equal(db.dataset(sql)[10], want)
     with pytest.raises(RemoteIOError):
         db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 17")[0]
+
+
+def test_a_failed_remote_read_does_not_spoil_the_next_items(datasets, tmp_path):
+    local = lsql.connect(datasets / "small20").dataset(episodes=[1, 8, 13])
+    with RangeServer(datasets) as srv:
+        ds = lsql.connect(f"{srv.url}/small20").dataset(episodes=[1, 8, 13])
+        assert_items_equal(ds[0], local[0])
+        srv.faults["status"] = 10**6
+        with pytest.raises(RemoteIOError):
+            ds[111]  # fails inside PyAV's read of the open container
+        with pytest.raises(RemoteIOError):  # was VideoDecodeError "Error in PyAV callback ... may be corrupt"
+            ds[148]
+        srv.faults.clear()
+        for i in (148, 111):
+            assert_items_equal(ds[i], local[i])
