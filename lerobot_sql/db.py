@@ -13,8 +13,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import cache, catalog, macros, plan, pointers, query, sandbox, video
-from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, ResultContractError
+from .errors import (DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, RemoteIOError,
+                     ResultContractError)
 from .layout import load_layout
+from .remote import FileChangedError
 from .source import open_source
 
 # Most rows a query given to dataset()/manifest() may return (samples; duplicates allowed for oversampling).
@@ -39,6 +41,18 @@ VIDEO_FILES_EMPTY = ("SELECT NULL::VARCHAR AS video_key, NULL::VARCHAR AS path, 
                      "NULL::BIGINT AS size_bytes, NULL::VARCHAR AS codec WHERE false")
 
 
+def query_error(e: BaseException, sql: str) -> LeRobotSQLError:
+    """The error for a DuckDB failure: a :class:`RemoteIOError` when the storage under a remote view failed (DuckDB
+    reports our fsspec layer's exception as text, traceback included), else a :class:`QueryError` naming the SQL."""
+    text = str(e)
+    for cls in (FileChangedError, RemoteIOError):
+        marker = f"{cls.__name__}: "
+        if marker in text:
+            msg = text[text.rindex(marker) + len(marker):].strip()
+            return cls(f"{msg} (while running: {sql})")
+    return QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}")
+
+
 class Result:
     """A lazy query result over a DuckDB relation. DuckDB errors, also those raised while fetching, arrive as
     :class:`QueryError` naming the SQL. Any other relation method is forwarded (``.limit(5)``, ``.columns`` ...)."""
@@ -50,7 +64,7 @@ class Result:
         try:
             out = fn(*args, **kwargs)
         except duckdb.Error as e:
-            raise QueryError(f"{type(e).__name__}: {e}\nSQL: {self._sql}") from e
+            raise query_error(e, self._sql) from e
         return Result(out, self._sql) if isinstance(out, duckdb.DuckDBPyRelation) else out
 
     def arrow(self) -> pa.Table:
@@ -237,7 +251,7 @@ class Database:
         try:
             stmts = self.con.extract_statements(checked)
         except duckdb.Error as e:
-            raise QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}") from e
+            raise query_error(e, sql) from e
         if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
             raise QueryError(f"DuckDB reads {len(stmts)} statement(s) of type(s) "
                              f"{[s.type.name for s in stmts]} here; only one query (SELECT) is allowed. SQL: {sql!r}")
@@ -263,7 +277,7 @@ class Database:
         try:
             return Result(self.con.sql(checked), sql)
         except duckdb.Error as e:
-            raise QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}") from e
+            raise query_error(e, sql) from e
 
     def _arrow(self, sql: str) -> pa.Table:
         return self.sql(sql).arrow()

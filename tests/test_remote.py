@@ -7,6 +7,8 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -421,3 +423,19 @@ def test_a_failed_remote_read_does_not_spoil_the_next_items(datasets, tmp_path):
         srv.faults.clear()
         for i in (148, 111):
             assert_items_equal(ds[i], local[i])
+
+
+def test_storage_failure_under_sql_is_a_remote_error_not_a_query_error(datasets):
+    with RangeServer(datasets) as srv:
+        db = lsql.connect(f"{srv.url}/small20")
+        sql = 'SELECT sum("action"[2]) FROM frames WHERE episode_index = 13'
+        db.sql("SELECT count(*) FROM episodes").fetchall()  # views made, metadata cached
+        srv.faults["status"] = 10**6
+        with pytest.raises(RemoteIOError, match=r"file-000\.parquet: bytes .*503.*while running: SELECT") as e:
+            db.sql(sql).fetchall()
+        assert "Traceback" not in str(e.value)
+        srv.faults.clear()
+        want = pq.read_table(datasets / "small20/data/chunk-000/file-000.parquet", columns=["episode_index", "action"])
+        sel = want.filter(pc.equal(want["episode_index"], 13))["action"].to_pylist()
+        assert db.sql(sql).fetchall()[0][0] == pytest.approx(  # DuckDB lists are 1-based
+            sum(float(a[1]) for a in sel), rel=1e-9)
