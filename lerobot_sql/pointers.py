@@ -212,8 +212,10 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     for code in np.unique(fcode[uniq_rows]):
         rel = files[code]
         with parquet_read_errors(src, rel), src.open(rel) as fh:
-            pf = pq.ParquetFile(fh)
-            md = pf.metadata
+            from .tabular import data_file_info
+
+            md = data_file_info(src, rel).metadata  # parsed once: the dataset reads the same footer next
+            pf = pq.ParquetFile(fh, metadata=md)
             if md.num_rows != total[code]:
                 return None
             names = pf.schema_arrow.names

@@ -55,14 +55,25 @@ class DataFileInfo:
         return rg, rows - self.rg_offsets[rg]
 
 
+_FOOTERS: dict[tuple[str, str, str], DataFileInfo] = {}  # (root, file, identity) -> info; a handful of entries
+
+
 def data_file_info(src: Source, rel: str) -> DataFileInfo:
-    """Row-group offsets and schema of a data file, from its footer alone (no page is read)."""
-    with src.open(rel) as f:
-        pf = pq.ParquetFile(f)
-        md, schema = pf.metadata, pf.schema_arrow
-    counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-    return DataFileInfo(rel, src.identity(rel), np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), schema,
-                        md)
+    """Row-group offsets and schema of a data file, from its footer alone (no page is read). Parsed once per process
+    and file version (the manifest and the dataset both need it; a 10k-row-group footer is megabytes)."""
+    identity = src.identity(rel)
+    key = (src.url, rel, identity)
+    info = _FOOTERS.get(key)
+    if info is None:
+        with src.open(rel) as f:
+            pf = pq.ParquetFile(f)
+            md, schema = pf.metadata, pf.schema_arrow
+        counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+        info = DataFileInfo(rel, identity, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), schema, md)
+        if len(_FOOTERS) >= 64:
+            _FOOTERS.pop(next(iter(_FOOTERS)))
+        _FOOTERS[key] = info
+    return info
 
 
 def is_numeric(field: pa.Field, layout: Layout) -> bool:
