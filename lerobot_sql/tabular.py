@@ -2,23 +2,19 @@
 
 Each (data file, row group) that a reader touches becomes, on first use, one uncompressed Arrow IPC file under the
 cache, keyed by the data file's identity, with columns normalised to the shapes in info.json (``list<float>``
-becomes ``fixed_size_list<float>[n]``). Whichever process reads first builds it (under a lock per data file); all
+becomes ``fixed_size_list<float>[n]``). Whichever process reads first builds it (under a lock per entry); all
 memory-map it: the OS page cache is shared, and no process holds a private copy of the table.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from filelock import FileLock
 
 from . import cache
 from .errors import CacheError, DatasetFormatError, LeRobotSQLError
@@ -142,19 +138,15 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
                                      "read the new version")
     folder = paths[0].parent
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        # Readers build entries as their items need them, DataLoader workers concurrently: one lock per row group
-        # lets them build different row groups (or fetch them, remotely) at once; waiters poll often, since a build
-        # takes milliseconds (filelock's default poll of 50 ms would dominate). Each entry is written under a
-        # temporary name and renamed into place, as cache.build_once does.
+        # Readers build entries as their items need them, DataLoader workers concurrently: cache.build_once takes one
+        # lock per row group (so they build different row groups, or fetch them remotely, at once) and publishes
+        # each entry whole (temporary name, then rename).
         with src.open(info.rel) as f:
             pf = pq.ParquetFile(f, metadata=info.metadata)
             for rg, p in missing:
-                with FileLock(str(p) + ".lock").acquire(poll_interval=0.002):
-                    if not p.exists():
-                        _build(pf, rg, p, layout, src.path(info.rel))
-    except OSError as e:
-        if isinstance(e, LeRobotSQLError):  # MissingFileError / RemoteIOError from the source: already ours
+                cache.build_once(p, lambda tmp, rg=rg: _write(pf, rg, tmp, layout, src.path(info.rel)))
+    except OSError as e:  # remote pieces are cache writes too
+        if isinstance(e, LeRobotSQLError):  # MissingFileError / RemoteIOError / CacheError: already ours
             raise
         raise CacheError(f"{folder}: cannot write the tabular cache ({e}); the cache folder is full or not "
                          "writable. Free space there, or set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a "
@@ -162,8 +154,8 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
     return paths
 
 
-def _build(pf: pq.ParquetFile, rg: int, p: Path, layout: Layout, where: str) -> None:
-    """Decode row group ``rg`` of ``pf``, normalise it and publish it at ``p`` (temporary name, then rename)."""
+def _write(pf: pq.ParquetFile, rg: int, tmp: str, layout: Layout, where: str) -> None:
+    """Decode row group ``rg`` of ``pf``, normalise it and write it as Arrow IPC to ``tmp``."""
     try:
         # One thread: this runs in DataLoader workers forked from a parent whose Arrow thread pool was busy; one row
         # group gains nothing from threads, and a fork-inherited pool is a hazard.
@@ -174,15 +166,8 @@ def _build(pf: pq.ParquetFile, rg: int, p: Path, layout: Layout, where: str) -> 
         raise DatasetFormatError(f"{where}: row group {rg} cannot be decoded ({e}); the file is corrupt, re-download "
                                  "it from the dataset's source") from e
     table = _normalise(raw, layout, where)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-            w.write_table(table)
-        os.replace(tmp, p)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
 
 
 class RowGroupView:
