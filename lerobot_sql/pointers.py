@@ -169,6 +169,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
             video pointer, an unreadable data file.
     """
     from .catalog import parquet_read_errors
+    from .tabular import data_file_info
 
     ptr = read_pointers(src, layout) if ptr is None else ptr
     if ptr is None or not layout.data_files:
@@ -211,32 +212,24 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     frames: dict[int, tuple[pa.Table, np.ndarray, np.ndarray]] = {}
     for code in np.unique(fcode[uniq_rows]):
         rel = files[code]
-        with parquet_read_errors(src, rel), src.open(rel) as fh:
-            from .tabular import data_file_info
-
-            md = data_file_info(src, rel).metadata  # parsed once: the dataset reads the same footer next
-            pf = pq.ParquetFile(fh, metadata=md)
-            if md.num_rows != total[code]:
+        with parquet_read_errors(src, rel):
+            info = data_file_info(src, rel)  # parsed once: the dataset reads the same footer next
+            md, offsets, names = info.metadata, info.rg_offsets, info.schema.names
+            if md.num_rows != total[code] or not all(c in names for c in FRAME_COLUMNS[:4]):
                 return None
-            names = pf.schema_arrow.names
-            if not all(c in names for c in FRAME_COLUMNS[:4]):
-                return None
-            offsets = np.concatenate([[0], np.cumsum([md.row_group(i).num_rows
-                                                      for i in range(md.num_row_groups)])]).astype(np.int64)
             eps = uniq_rows[fcode[uniq_rows] == code]
-            a = np.searchsorted(offsets, row0_all[eps], side="right") - 1
-            b = np.searchsorted(offsets, row0_all[eps] + (hi - lo)[eps] - 1, side="right") - 1
-            rgs = np.unique(np.concatenate([np.arange(x, y + 1) for x, y in zip(a, b) if y >= x] or [[]]))
-            rgs = rgs.astype(np.int64)
+            rgs = info.row_groups(row0_all[eps], row0_all[eps] + (hi - lo)[eps])
+            if not len(rgs):  # only zero-length episodes in this file
+                continue
             cols = [c for c in FRAME_COLUMNS if c in names]
             if not src.is_local:  # fetch those column chunks in one parallel call, not a round trip each
                 from .prefetch import _merge, row_group_ranges
 
                 src.fetch_ranges(rel, _merge(row_group_ranges(md, rgs, cols)))
-            if not len(rgs):  # only zero-length episodes in this file
-                continue
-            whole = len(rgs) == md.num_row_groups  # (one read is faster than 200 row-group reads)
-            t = pf.read(columns=cols) if whole else pf.read_row_groups(rgs.tolist(), columns=cols)
+            with src.open(rel) as fh:
+                pf = pq.ParquetFile(fh, metadata=md)
+                whole = len(rgs) == md.num_row_groups  # (one read is faster than 200 row-group reads)
+                t = pf.read(columns=cols) if whole else pf.read_row_groups(rgs.tolist(), columns=cols)
         # table position of file row r: r - offsets[rg] + (rows of the earlier row groups read)
         sizes = offsets[rgs + 1] - offsets[rgs]
         base = np.concatenate([[0], np.cumsum(sizes)])[:-1]

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import video
+from . import tabular, video
 
 MERGE_GAP = 16 << 10  # ranges closer than this are fetched as one (fewer requests for a few KiB more)
 AVIO_BUFFER = 32 << 10  # PyAV reads files in blocks of this size: a decode reads up to one block past its packet
@@ -90,19 +90,16 @@ def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
     n_ep = (manifest["ep_to_index"].to_numpy() - manifest["ep_from_index"].to_numpy())
     for rel in np.unique(files):
         sel = files == rel
-        with src.open(rel) as f:
-            pf = pq.ParquetFile(f)
-            md = pf.metadata
-            size = f.size
+        info = tabular.data_file_info(src, str(rel))
+        md = info.metadata
+        size = src.fs.info(src.path(str(rel)))["size"]
         tail = md.serialized_size + 8
-        offsets = np.concatenate([[0], np.cumsum([md.row_group(i).num_rows for i in range(md.num_row_groups)])])
         r = rows[sel]
         if delta_timestamps and row0 is not None:
             r = np.concatenate([r, row0[sel], row0[sel] + n_ep[sel] - 1])
-            lo, hi = np.searchsorted(offsets, [r.min(), r.max()], side="right") - 1
-            rgs = np.arange(lo, hi + 1)
+            rgs = info.row_groups([r.min()], [r.max() + 1])
         else:
-            rgs = np.unique(np.searchsorted(offsets, r, side="right") - 1)
+            rgs = np.unique(info.locate(r)[0])
         need[str(rel)] = row_group_ranges(md, rgs) + [(size - tail, size)]
     keys = [k for k in db.layout.video_keys if cameras is None or k in cameras]
     ts = manifest["timestamp"].to_numpy().astype(np.float64)
@@ -167,16 +164,11 @@ def warm_episode_row_groups(db, sql: str) -> int:
             continue
         rel = tmpl.format(chunk_index=int(c), file_index=int(f))
         try:
-            with src.open(rel) as fh:
-                md = pq.ParquetFile(fh).metadata
+            info = tabular.data_file_info(src, rel)
         except Exception:  # noqa: BLE001 - the manifest query reports a missing or broken file properly
             continue
-        offsets = np.concatenate([[0], np.cumsum([md.row_group(i).num_rows for i in range(md.num_row_groups)])])
-        rgs = set()
-        for a, b in spans:
-            lo, hi = np.searchsorted(offsets, [a, max(a, b - 1)], side="right") - 1
-            rgs.update(range(int(max(lo, 0)), int(min(hi, md.num_row_groups - 1)) + 1))
-        jobs.append((src.path(rel), _merge(row_group_ranges(md, sorted(rgs)))))
+        rgs = info.row_groups([a for a, _ in spans], [b for _, b in spans])
+        jobs.append((src.path(rel), _merge(row_group_ranges(info.metadata, rgs))))
     with concurrent.futures.ThreadPoolExecutor(max(1, len(jobs))) as pool:
         return sum(pool.map(lambda j: fs.ensure_ranges(*j), jobs)) if jobs else 0
 

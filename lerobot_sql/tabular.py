@@ -50,6 +50,17 @@ class DataFileInfo:
         rg = np.searchsorted(self.rg_offsets, rows, side="right") - 1
         return rg, rows - self.rg_offsets[rg]
 
+    def row_groups(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """The row groups (sorted, int64) holding any of the file rows ``[starts[i], ends[i])``; empty spans hold
+        none."""
+        starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+        keep = ends > starts
+        last = len(self.rg_offsets) - 2
+        a = np.clip(np.searchsorted(self.rg_offsets, starts[keep], side="right") - 1, 0, last)
+        b = np.clip(np.searchsorted(self.rg_offsets, ends[keep] - 1, side="right") - 1, 0, last)
+        spans = [np.arange(x, y + 1) for x, y in zip(a, b)]
+        return np.unique(np.concatenate(spans)).astype(np.int64) if spans else np.zeros(0, np.int64)
+
 
 _FOOTERS: dict[tuple[str, str, str], DataFileInfo] = {}  # (root, file, identity) -> info; a handful of entries
 

@@ -90,3 +90,15 @@ def test_a_local_file_changed_after_its_footer_was_read_is_refused(datasets, tmp
     with pytest.raises(DatasetFormatError, match=r"file-000\.parquet: the file changed after the dataset was opened"):
         tabular.ensure_row_group(src, info, 1, layout, tmp_path / "c")
     assert tabular.ensure_row_group(src, info, 0, layout, tmp_path / "c") == first  # built before: still served
+
+
+def test_row_groups_of_row_spans_match_the_footer(datasets):
+    src = open_source(datasets / "multifile60")
+    rel = "data/chunk-000/file-000.parquet"
+    info = tabular.data_file_info(src, rel)
+    md = pq.ParquetFile(datasets / "multifile60" / rel).metadata
+    owner = np.repeat(np.arange(md.num_row_groups), [md.row_group(i).num_rows for i in range(md.num_row_groups)])
+    spans = [(0, 1), (5, 5), (100, 900), (md.num_rows - 3, md.num_rows)]
+    want = sorted({int(owner[r]) for a, b in spans for r in range(a, b)})
+    assert info.row_groups([a for a, _ in spans], [b for _, b in spans]).tolist() == want
+    assert info.row_groups([], []).tolist() == []
