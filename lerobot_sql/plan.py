@@ -77,8 +77,7 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
     dup = con.sql("SELECT episode_index, count(*) FROM _episodes_raw WHERE episode_index IN "
                   "(SELECT episode_index FROM _lsql_ext) GROUP BY 1 HAVING count(*) > 1 ORDER BY 1 LIMIT 1").fetchall()
     if dup:
-        raise DatasetFormatError(f"meta/episodes: episode {dup[0][0]} has {dup[0][1]} rows; each episode must have "
-                                 "exactly one. Remove the duplicate rows (run `lerobot-sql doctor`)")
+        raise pointers.duplicate_episode_error(*dup[0])
     off = [r for r in ext.to_pylist() if r["ts_err"] is not None and r["ts_err"] > 0.5 / fps]
     if off:
         raise pointers.timestamp_error(off[0]["episode_index"], off[0]["ts_err"], fps)
@@ -157,7 +156,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     if mode == "episode" and src is not None:
         fast = pointers.episode_manifest(src, layout, _plain_numbers(result.select(keep)), extras, sql=sql, ptr=ptr)
         if fast is not None:
-            return fast
+            return _finish(*fast, mode, extras, layout, sql)
     con = con if isinstance(con, duckdb.DuckDBPyConnection) else con()
     res = _plain_numbers(result.select(keep)).append_column("_ord", pa.array(range(result.num_rows), pa.int64()))
     con.register("_lsql_result", res)
@@ -223,6 +222,12 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         con.execute("DROP TABLE IF EXISTS _lsql_sel")
     if manifest.num_rows == 0:
         raise ResultContractError(f"the query's {mode} selection matched no frames: {sql!r}")
+    return _finish(manifest, clips, mode, extras, layout, sql)
+
+
+def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layout: Layout, sql: str) -> pa.Table:
+    """Both paths' last step: refuse samples without a video pointer, attach the ``lerobot_sql.manifest``
+    metadata."""
     for k in layout.video_keys:
         if manifest[f"{k}/file"].null_count:
             raise DatasetFormatError(f"meta/episodes has no video pointer for camera {k!r} for some selected episodes")

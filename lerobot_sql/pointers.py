@@ -16,8 +16,6 @@ are shared with that path, so both give the same errors.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -55,6 +53,12 @@ def read_pointers(src: Source, layout: Layout) -> pa.Table | None:
     t = pa.concat_tables(parts, promote_options="permissive")
     cols = {c: t[c].cast(pa.float64() if c.endswith("_timestamp") else pa.int64()) for c in want}
     return pa.table(cols)
+
+
+def duplicate_episode_error(episode_index: int, rows: int) -> DatasetFormatError:
+    """The error for an episode that meta/episodes lists ``rows`` times."""
+    return DatasetFormatError(f"meta/episodes: episode {episode_index} has {rows} rows; each episode must have "
+                              "exactly one. Remove the duplicate rows (run `lerobot-sql doctor`)")
 
 
 def timestamp_error(episode_index: int, err: float, fps: float) -> DatasetFormatError:
@@ -155,18 +159,19 @@ def video_clips(layout: Layout, ptr: pa.Table) -> dict[str, pa.Table]:
 
 
 def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list[str], *, sql: str,
-                     ptr: pa.Table | None = None) -> pa.Table | None:
-    """The manifest (same columns, order, types and metadata as :func:`lerobot_sql.plan.build_manifest`) of
-    ``result``'s ``episode_index`` rows, in row order, each episode's frames by ``frame_index``; ``extras`` columns
-    of ``result`` repeat over their episode's frames.
+                     ptr: pa.Table | None = None) -> tuple[pa.Table, dict[str, dict[str, list]]] | None:
+    """The manifest (same columns, order and types as :func:`lerobot_sql.plan.build_manifest`'s, which adds the
+    metadata) of ``result``'s ``episode_index`` rows, in row order, each episode's frames by ``frame_index``;
+    ``extras`` columns of ``result`` repeat over their episode's frames.
 
     Returns:
-        the manifest, or None when the data files are not laid out as lerobot writes them (see the module doc).
+        (the manifest, the checked clips from :func:`check_clips`), or None when the data files are not laid out as
+        lerobot writes them (see the module doc).
 
     Raises:
         ResultContractError: an episode_index is NULL or not in meta/episodes.
-        DatasetFormatError: duplicate meta/episodes rows, timestamps off the fps grid, bad clip pointers, a missing
-            video pointer, an unreadable data file.
+        DatasetFormatError: duplicate meta/episodes rows, timestamps off the fps grid, bad clip pointers, an
+            unreadable data file.
     """
     from .catalog import parquet_read_errors
     from .tabular import data_file_info
@@ -185,9 +190,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     uniq, counts = np.unique(all_ep, return_counts=True)
     dup = uniq[(counts > 1) & np.isin(uniq, want)]
     if len(dup):
-        raise DatasetFormatError(f"meta/episodes: episode {int(dup[0])} has {int(counts[uniq == dup[0]][0])} rows; "
-                                 "each episode must have exactly one. Remove the duplicate rows (run `lerobot-sql "
-                                 "doctor`)")
+        raise duplicate_episode_error(int(dup[0]), int(counts[uniq == dup[0]][0]))
     pos = {int(e): i for i, e in enumerate(all_ep)}
     unknown = [int(e) for e in dict.fromkeys(want.tolist()) if e not in pos]
     if unknown:
@@ -276,9 +279,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     touched = {}
     for k, t in clips.items():
         paths = t["path"].to_pylist()
-        sel_paths = {paths[r] for r in uniq_rows}
-        if None in sel_paths:
-            raise DatasetFormatError(f"meta/episodes has no video pointer for camera {k!r} for some selected episodes")
+        sel_paths = {paths[r] for r in uniq_rows} - {None}  # no pointer: plan refuses those samples
         touched[k] = t.filter(pa.array([p in sel_paths for p in paths]))
     checked = check_clips(layout, touched, length, all_ep[uniq_rows])
 
@@ -300,7 +301,4 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         cols[f"{k}/from_timestamp"] = t["from_timestamp"].take(pa.array(prow))
     for e in extras:
         cols[e] = result[e].take(pa.array(rowidx))
-    manifest = pa.table(cols)
-    meta = {"lerobot_sql.manifest": json.dumps({"mode": "episode", "extras": extras, "video_keys": layout.video_keys,
-                                                "fps": layout.fps, "sql": sql, "clips": checked})}
-    return manifest.replace_schema_metadata(meta)
+    return pa.table(cols), checked
