@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import gc
 import dataclasses
+import gc
 import io
 import json
 import os
@@ -282,7 +282,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         ``to_timestamp = from_timestamp + (length - 1) / fps`` pass. A time maps to the first frame presented no
         earlier than half a frame before it (the nearest frame, for clips within half a frame of the real pts).
 
-        The clips are column lists from ``plan._clip_table`` (the manifest's ``lerobot_sql.manifest`` metadata).
+        The clips are column lists from ``pointers.check_clips`` (the manifest's ``lerobot_sql.manifest`` metadata).
 
         Raises:
             DatasetFormatError: naming the mp4, camera and episode, what overlaps, and the fix.

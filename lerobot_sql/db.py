@@ -149,10 +149,9 @@ class Database:
                           "query over it lack their episodes. Download data/ again; `lerobot-sql doctor` lists them "
                           "(data_files_present)", stacklevel=4)
         macros.register(con, self.layout)
+        # Placeholders with the real columns until a query reads them (see _ensure_video_frames / _video_files).
         con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
-        self._video_frames_ready = not self.layout.video_keys
         con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
-        self._video_files_ready = not self.layout.video_keys
         # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
         sandbox.lock_down(con, [self.source.duckdb_path(""), str(self.cache_dir)])
         return con
@@ -273,7 +272,10 @@ class Database:
             QueryError: the SQL was rejected by the checks or failed in DuckDB (the DuckDB message is kept), also
                 when the failure only shows while rows are fetched.
         """
-        checked = self.check(sql)
+        return self._run(self.check(sql), sql)
+
+    def _run(self, checked: str, sql: str) -> "Result":
+        """``checked`` (what :meth:`check` returned for user SQL ``sql``) as a lazy :class:`Result`."""
         try:
             return Result(self.con.sql(checked), sql)
         except duckdb.Error as e:
@@ -291,7 +293,8 @@ class Database:
         """
         # Fetch at most max_rows + 1 rows: a runaway query (a cross join) fails fast instead of filling RAM.
         max_rows = max_manifest_rows()
-        result = self.sql(sql).limit(max_rows + 1).arrow()
+        checked = self.check(sql)
+        result = self._run(checked, sql).limit(max_rows + 1).arrow()
         if result.num_rows > max_rows:
             raise ResultContractError(
                 f"the query returns more than {max_rows:,} rows, more samples than this machine's memory holds as a "
@@ -299,7 +302,7 @@ class Database:
                 f"missing ON gives a cross product), add a LIMIT, or set LSQL_MAX_MANIFEST_ROWS: {sql!r}")
         try:
             return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql,
-                                       ordered=query.has_order_by(self.check(sql)), src=self.source,
+                                       ordered=query.has_order_by(checked), src=self.source,
                                        ptr=self._episode_pointers())
         except duckdb.Error as e:  # the data files failed while the frames were resolved
             raise unreadable_error(self.source, self.layout, e) from e
