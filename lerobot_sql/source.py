@@ -31,6 +31,32 @@ CODEBASE_VERSION = (3, 0)
 HEAD_READ = 32 << 10  # bytes fetched with each mp4 box header when building a remote video index (PyAV's block)
 
 
+def confine(rel: str, origin: str | None = None) -> str:
+    """The one check that a relative path from a dataset's metadata stays inside the dataset root; returns ``rel``.
+
+    Refused: any ``..`` segment (even one that ``normpath`` would fold back inside: through a symlinked folder the
+    OS resolves ``link/..`` physically, not lexically), a NUL character, and a URL (``scheme://``). A leading ``/``
+    is read relative to the root, as :meth:`Source.path` always has. Cheap (two substring tests on the common
+    path), so it runs on every path the readers resolve, local and remote.
+
+    Args:
+        rel: the path relative to the root, as built from info.json templates, camera keys or meta/episodes.
+        origin: what produced it (``meta/info.json 'video_path' ... with camera ...``), for the message.
+
+    Raises:
+        DatasetFormatError: naming the path, its origin, and the fix.
+    """
+    if ".." in rel or "\0" in rel or "://" in rel:
+        segs = rel.replace("\\", "/").split("/")
+        if ".." in segs or "\0" in rel or "://" in rel:
+            src = f" (from {origin})" if origin else " (built from the dataset's metadata: info.json's data_path / " \
+                                                     "video_path, a camera key, or meta/episodes)"
+            raise DatasetFormatError(f"{rel!r}{src} leaves the dataset root or is not a plain relative path; "
+                                     "lerobot_sql reads only files under the root. Fix the template or key in "
+                                     "meta/info.json")
+    return rel
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
     """A dataset root on a filesystem.
@@ -52,8 +78,12 @@ class Source:
         return _is_local_fs(self.fs)
 
     def path(self, rel: str) -> str:
-        """The filesystem path of ``rel`` (relative to the root)."""
-        return f"{self.root.rstrip('/')}/{rel.lstrip('/')}"
+        """The filesystem path of ``rel`` (relative to the root).
+
+        Raises:
+            DatasetFormatError: ``rel`` would leave the root (see :func:`confine`).
+        """
+        return f"{self.root.rstrip('/')}/{confine(rel).lstrip('/')}"
 
     def duckdb_path(self, rel: str) -> str:
         """The path DuckDB should read: a plain local path, or a ``protocol://`` URL for a registered fsspec fs."""
