@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError
-from .layout import Layout, V2_TASKS, parse_template
+from .layout import Layout, V2_TASKS, check_stored_type, parse_template
 from .source import Source
 from .sqltext import ident, literal, number
 
@@ -316,6 +316,8 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
         sel = []
         for c, typ in data_cols.items():
             feat = layout.features.get(c)
+            check_stored_type(feat, re.sub(r"(\[\d*\])+$", "", typ) in ("FLOAT", "DOUBLE") or
+                              typ.startswith("DECIMAL"), src.path(layout.data_files[0]))
             if feat is not None and feat.is_image and typ.startswith("STRUCT"):
                 sel.append(f"{ident(c)}.path AS {ident(c)}")
             elif feat is not None and len(feat.shape) == 1 and typ.endswith("[]") and feat.dtype in DUCKDB_TYPES:

@@ -165,6 +165,23 @@ class Layout:
         return confine(rel, f"meta/info.json 'data_path' {self.data_path!r}")
 
 
+_INTEGRAL = NUMERIC_DTYPES - {"float16", "float32", "float64"}
+
+
+def check_stored_type(feature: Feature | None, stored_is_float: bool, where: str) -> None:
+    """Refuse an integer or bool dtype in info.json over a column stored as floats: casting would truncate every
+    value (SQL silently, tensors with pyarrow's bare ArrowInvalid). Called where a data file's schema is first read
+    (the catalog's frames view, the tabular reader's footer), before any value is converted.
+
+    Raises:
+        DatasetFormatError: naming the file, the column, both types and the fix.
+    """
+    if feature is not None and stored_is_float and feature.dtype in _INTEGRAL:
+        raise DatasetFormatError(f"{where}: column {feature.name!r} is stored as floating point, but meta/info.json "
+                                 f"declares dtype {feature.dtype!r}; converting would truncate the values. Fix the "
+                                 "feature's dtype in meta/info.json (e.g. 'float32')")
+
+
 def parse_version(v: Any) -> tuple[int, int]:
     m = re.fullmatch(r"v?(\d+)(?:\.(\d+))?.*", str(v))
     if not m:
