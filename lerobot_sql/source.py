@@ -221,6 +221,41 @@ class Source:
         """An OS path for ``rel`` when the file is local (PyAV and mmap then read it directly), else None."""
         return self.path(rel) if self.is_local else None
 
+    def symlink_targets(self) -> tuple[list[str], list[str]]:
+        """(allowed, refused): the real paths of the files under a local root that are symlinks to files outside it.
+
+        A Hugging Face hub cache (``huggingface_hub.snapshot_download``) is ``<repo>/snapshots/<rev>/...`` where
+        every file is a symlink into ``<repo>/blobs/<hash>``. DuckDB's sandbox checks the resolved path, so those
+        blobs must be allowed one by one (``allowed_paths``) for SQL to read the dataset. Only targets inside the
+        dataset root or inside the ``blobs`` folder of the hub-cache repo holding the root are allowed; a symlink
+        to anything else (``/etc/passwd``, another folder) is ``refused`` and stays unreadable to SQL. Remote
+        roots: ([], []). One walk of the root (a stat per entry), at connection time only.
+        """
+        if not self.is_local:
+            return [], []
+        root = os.path.realpath(self.root)
+        inside = [root.rstrip("/") + "/"]
+        parts = os.path.abspath(self.root).split("/")
+        if "snapshots" in parts:  # <repo>/snapshots/<rev>[/sub]: the repo's blobs folder holds the real files
+            repo = "/".join(parts[:len(parts) - 1 - parts[::-1].index("snapshots")])
+            blobs = os.path.realpath(os.path.join(repo, "blobs"))
+            if os.path.isdir(blobs):
+                inside.append(blobs.rstrip("/") + "/")
+        allowed, refused = [], []
+        for folder, dirs, files in os.walk(self.root):
+            for name in files + dirs:
+                p = os.path.join(folder, name)
+                if not os.path.islink(p):
+                    continue
+                target = os.path.realpath(p)
+                if not os.path.isfile(target):
+                    continue  # a symlinked folder: os.walk does not enter it, and DuckDB lists it as a path
+                if any(target.startswith(d) for d in inside):
+                    allowed.append(target)
+                else:
+                    refused.append(p)
+        return sorted(set(allowed)), refused
+
     def identity(self, rel: str) -> str:
         """A string that changes whenever the file's content may have changed: size+mtime, or the ETag.
 

@@ -101,14 +101,14 @@ def pair(request, datasets, tmp_path_factory):
     return lsql.connect(datasets / name), lsql.connect(hostile)
 
 
-def _assert_same_item(orig: dict, got: dict, rename: dict = RENAME) -> None:
+def _assert_same_item(orig: dict, got: dict, rename: dict = RENAME, task_prefix: str = TASK_PREFIX) -> None:
     back = {v: k for k, v in rename.items()}
     renamed = {back.get(k.removesuffix("_is_pad"), k.removesuffix("_is_pad")) + ("_is_pad" if k.endswith("_is_pad")
                                                                                else ""): v for k, v in got.items()}
     assert set(renamed) == set(orig)
     for k, v in orig.items():
         if k == "task":
-            assert renamed[k] == TASK_PREFIX + v
+            assert renamed[k] == task_prefix + v
         elif isinstance(v, torch.Tensor):
             assert v.dtype == renamed[k].dtype and torch.equal(v, renamed[k]), k
         else:
@@ -189,3 +189,59 @@ def test_a_crafted_camera_key_cannot_rewrite_the_video_join(datasets, tmp_path, 
     assert len(a) == len(b) > 0
     for i in (0, len(a) // 2, len(a) - 1):
         _assert_same_item(a[i], b[i], rename)
+
+
+# ---- A symlinked dataset (the Hugging Face hub cache layout) ----------------------------------------------------
+
+
+def _hub_snapshot(orig: Path, base: Path) -> Path:
+    """``base/datasets--org--name/snapshots/<rev>/...`` with every file a relative symlink into ``../../blobs/<sha>``,
+    as ``huggingface_hub.snapshot_download`` leaves it."""
+    import hashlib
+
+    repo = base / f"datasets--org--{orig.name}"
+    blobs, snap = repo / "blobs", repo / "snapshots" / "0123abcd"
+    blobs.mkdir(parents=True)
+    for f in sorted(orig.rglob("*")):
+        if f.is_file():
+            h = hashlib.sha256(f.read_bytes()).hexdigest()
+            if not (blobs / h).exists():
+                shutil.copy(f, blobs / h)
+            dst = snap / f.relative_to(orig)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.path.relpath(blobs / h, dst.parent), dst)
+    return snap
+
+
+@pytest.mark.parametrize("name", ["small20", "v21_small20"])
+def test_a_hub_cache_snapshot_works_and_the_sandbox_still_confines(datasets, tmp_path, name):
+    snap = _hub_snapshot(datasets / name, tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(datasets / name / "meta/info.json", outside / "secret.json")
+    (snap / "extra").mkdir()
+    os.symlink(outside / "secret.json", snap / "extra/secret.json")  # a symlink out of the dataset: never readable
+    orig = lsql.connect(datasets / name)
+    with pytest.warns(UserWarning, match="symlinks to files outside"):
+        db = lsql.connect(snap)
+        n = db.sql("SELECT count(*) FROM frames").fetchall()
+    assert n == orig.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+    for view in ("episodes", "tasks", "videos", "episode_stats"):
+        assert db.sql(f"SELECT count(*) FROM {view}").fetchall() == orig.sql(f"SELECT count(*) FROM {view}").fetchall()
+    assert db.sql("SELECT count(*), sum(pts) FROM video_frames").fetchall() == orig.sql(
+        "SELECT count(*), sum(pts) FROM video_frames").fetchall()
+    sql = "SELECT index FROM frames WHERE episode_index IN (1, 4) ORDER BY index"
+    a, b = orig.dataset(sql), db.dataset(sql)
+    assert len(a) == len(b) > 0
+    for i in (0, len(a) // 2, len(a) - 1):
+        _assert_same_item(a[i], b[i], {}, "")
+    # The second wall (db.con skips the query checks): the dataset's own blobs read, nothing else does.
+    import duckdb
+
+    info = snap / "meta/info.json"
+    assert db.con.sql(f"SELECT count(*) FROM read_json_objects('{info}')").fetchall() == [(1,)]
+    for path in (snap / "extra/secret.json", outside / "secret.json", "/etc/passwd"):
+        with pytest.raises(duckdb.PermissionException):
+            db.con.sql(f"SELECT * FROM read_text('{path}')").fetchall()
+    with pytest.raises(duckdb.PermissionException):
+        db.con.sql(f"SELECT * FROM glob('{snap.parent.parent / 'blobs'}/*')").fetchall()
