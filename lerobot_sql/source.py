@@ -145,8 +145,13 @@ class Source:
         if v2:
             self._listing["files"] = sorted(files | self._v2_files(info))
             return self._listing["files"]
-        data_tmpl = info.get("data_path") or "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+        from .layout import DATA_FIELDS, DEFAULT_DATA_PATH, VIDEO_FIELDS_V3, check_template  # layout imports us
+
+        # Validated before the first str.format: this runs before load_layout has checked info.json.
+        data_tmpl = check_template(info.get("data_path") or DEFAULT_DATA_PATH, DATA_FIELDS, "data_path")
         video_tmpl = info.get("video_path")
+        if video_tmpl:
+            check_template(video_tmpl, VIDEO_FIELDS_V3, "video_path")
         chunk, file, seen = 0, 0, 0
         while True:
             rel = f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
@@ -182,10 +187,10 @@ class Source:
         out = set()
         with self.open("meta/episodes.jsonl") as f:
             eps = [json.loads(line)["episode_index"] for line in f.read().decode().splitlines() if line.strip()]
-        from .layout import V2_DATA_PATH, V2_VIDEO_PATH  # layout imports this module
+        from .layout import DATA_FIELDS, V2_DATA_PATH, V2_VIDEO_PATH, VIDEO_FIELDS_V2, check_template
 
-        data_tmpl = info.get("data_path") or V2_DATA_PATH
-        video_tmpl = info.get("video_path") or V2_VIDEO_PATH
+        data_tmpl = check_template(info.get("data_path") or V2_DATA_PATH, DATA_FIELDS, "data_path")
+        video_tmpl = check_template(info.get("video_path") or V2_VIDEO_PATH, VIDEO_FIELDS_V2, "video_path")
         for ep in eps:
             chunk = int(ep) // per_chunk
             out.add(data_tmpl.format(episode_chunk=chunk, episode_index=int(ep)))
