@@ -21,8 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError
-from .layout import Layout, V2_TASKS
+from .layout import Layout, V2_TASKS, check_stored_type, parse_template
 from .source import Source
+from .sqltext import ident, literal, number
 
 DUCKDB_TYPES = {
     "float32": "FLOAT", "float64": "DOUBLE", "float16": "FLOAT", "int64": "BIGINT", "int32": "INTEGER",
@@ -31,40 +32,36 @@ DUCKDB_TYPES = {
 }
 
 
-def q(name: str) -> str:
-    """Quote an identifier for DuckDB (feature names contain dots and slashes)."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def lit(value: str) -> str:
-    """A SQL string literal."""
-    return "'" + str(value).replace("'", "''") + "'"
+# Every metadata string reaches SQL through lerobot_sql.sqltext; these names stay for the modules importing them.
+q = ident
+lit = literal
 
 
 def _file_list(src: Source, files) -> str:
-    return "[" + ", ".join(lit(src.duckdb_path(f)) for f in files) + "]"
+    return "[" + ", ".join(literal(src.duckdb_path(f)) for f in files) + "]"
 
 
 def template_to_printf(template: str, values: dict[str, str]) -> tuple[str, list[str]]:
     """Turn a ``str.format`` path template into a DuckDB ``printf`` format and its argument expressions.
 
     ``values`` maps placeholder names to SQL expressions; ``{chunk_index:03d}`` becomes ``%03d``. v3 templates
-    use ``video_key``, ``chunk_index``, ``file_index``; v2 templates ``episode_chunk`` and ``episode_index``.
+    use ``video_key``, ``chunk_index``, ``file_index``; v2 templates ``episode_chunk`` and ``episode_index``. The
+    template is parsed by :func:`lerobot_sql.layout.parse_template` (Python's own ``str.format`` parser), so the
+    SQL builds exactly the path ``str.format`` gives; the format itself is passed as one string literal.
 
     Raises:
-        DatasetFormatError: the template uses a placeholder that ``values`` does not define.
+        DatasetFormatError: the template uses a placeholder that ``values`` does not define, or a format spec other
+            than ``[0][width]d``.
     """
     args: list[str] = []
-
-    def sub(m: re.Match) -> str:
-        name, spec = m.group(1), m.group(2) or ""
-        if name not in values:
-            raise DatasetFormatError(f"path template {template!r} uses unknown placeholder {{{name}}}")
+    out = []
+    for text, name, spec in parse_template(template, set(values), "path template"):
+        out.append(text.replace("%", "%%"))
+        if name is None:
+            continue
         args.append(values[name])
-        return "%" + (spec[:-1] if spec.endswith("d") else spec) + ("d" if spec.endswith("d") else "s")
-
-    fmt = re.sub(r"\{(\w+)(?::([^}]*))?\}", sub, template.replace("%", "%%"))
-    return fmt, args
+        out.append("%" + spec[:-1] + "d" if spec else "%s")
+    return "".join(out), args
 
 
 def _describe(con: duckdb.DuckDBPyConnection, sql: str) -> dict[str, str]:
@@ -218,8 +215,8 @@ def _empty_episodes_sql(layout: Layout) -> str:
             'NULL::BIGINT AS "data/chunk_index"', 'NULL::BIGINT AS "data/file_index"',
             "NULL::BIGINT AS dataset_from_index", "NULL::BIGINT AS dataset_to_index"]
     for k in layout.video_keys:
-        cols += [f"NULL::BIGINT AS {q(f'videos/{k}/chunk_index')}", f"NULL::BIGINT AS {q(f'videos/{k}/file_index')}",
-                 f"NULL::DOUBLE AS {q(f'videos/{k}/from_timestamp')}", f"NULL::DOUBLE AS {q(f'videos/{k}/to_timestamp')}"]
+        cols += [f"NULL::BIGINT AS {ident(f'videos/{k}/chunk_index')}", f"NULL::BIGINT AS {ident(f'videos/{k}/file_index')}",
+                 f"NULL::DOUBLE AS {ident(f'videos/{k}/from_timestamp')}", f"NULL::DOUBLE AS {ident(f'videos/{k}/to_timestamp')}"]
     return f"SELECT {', '.join(cols)} WHERE false"
 
 
@@ -227,7 +224,7 @@ def _register_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) 
     tmp = f"_lsql_arrow_{name.strip('_')}"
     con.register(tmp, table)
     try:
-        con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM {tmp}")
+        con.execute(f"CREATE OR REPLACE TABLE {ident(name)} AS SELECT * FROM {ident(tmp)}")
     finally:
         con.unregister(tmp)
 
@@ -260,7 +257,7 @@ def _empty_frames_sql(layout: Layout) -> str:
                 typ = DUCKDB_TYPES[f.dtype] + "[]" * len(f.shape)
         else:
             typ = "VARCHAR"
-        cols.append(f"NULL::{typ} AS {q(f.name)}")
+        cols.append(f"NULL::{typ} AS {ident(f.name)}")
     for c, typ in (("timestamp", "FLOAT"), ("frame_index", "BIGINT"), ("episode_index", "BIGINT"),
                    ("index", "BIGINT"), ("task_index", "BIGINT")):
         if c not in layout.features:
@@ -282,26 +279,26 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
     fps = layout.fps
     ep_cols = _register_episodes(con, src, layout)
     plain = [c for c in ep_cols if not c.startswith("stats/")]
-    dur = ", length / {} AS duration_s".format(repr(fps)) if "length" in ep_cols else ""
+    dur = f", length / {number(fps)} AS duration_s" if "length" in ep_cols else ""
     con.execute(f"CREATE OR REPLACE VIEW episodes AS SELECT {', '.join(map(q, plain))}{dur} FROM _episodes_raw")
 
     cols, names = [], []
     for c, typ in ep_cols.items():
-        m = re.fullmatch(r"stats/(.+)/([^/]+)", c)
+        m = re.fullmatch(r"stats/(.+)/([^/]+)", c, re.DOTALL)  # a feature name may hold a newline
         if not m:
             continue
         depth = typ.count("[]")
-        expr = q(c)
+        expr = ident(c)
         for _ in range(max(depth - 1, 0)):
             expr = f"flatten({expr})"
         if depth == 0:
             expr = f"[{expr}]"
-        cols.append(f"CAST({expr} AS DOUBLE[]) AS {q(str(len(names)))}")
+        cols.append(f"CAST({expr} AS DOUBLE[]) AS {ident(str(len(names)))}")
         names.append((m.group(1), m.group(2)))
     if names:
         # One scan of meta/episodes, unpivoted: a UNION ALL of one SELECT per stats column took ~0.1 s to bind.
-        on = ", ".join(q(str(i)) for i in range(len(names)))
-        keys = ", ".join(f"({lit(str(i))}, {lit(f)}, {lit(st)}, {i})" for i, (f, st) in enumerate(names))
+        on = ", ".join(ident(str(i)) for i in range(len(names)))
+        keys = ", ".join(f"({literal(str(i))}, {literal(f)}, {literal(st)}, {i})" for i, (f, st) in enumerate(names))
         body = (f"SELECT u.episode_index, m.feature, m.stat, u.value FROM (SELECT episode_index, {', '.join(cols)} "
                 f"FROM _episodes_raw) UNPIVOT INCLUDE NULLS (value FOR k IN ({on})) u "
                 f"JOIN (VALUES {keys}) m(k, feature, stat, pos) USING (k) ORDER BY m.pos, u.episode_index")
@@ -319,12 +316,14 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
         sel = []
         for c, typ in data_cols.items():
             feat = layout.features.get(c)
+            check_stored_type(feat, re.sub(r"(\[\d*\])+$", "", typ) in ("FLOAT", "DOUBLE") or
+                              typ.startswith("DECIMAL"), src.path(layout.data_files[0]))
             if feat is not None and feat.is_image and typ.startswith("STRUCT"):
-                sel.append(f"{q(c)}.path AS {q(c)}")
+                sel.append(f"{ident(c)}.path AS {ident(c)}")
             elif feat is not None and len(feat.shape) == 1 and typ.endswith("[]") and feat.dtype in DUCKDB_TYPES:
-                sel.append(f"CAST({q(c)} AS {DUCKDB_TYPES[feat.dtype]}[{feat.shape[0]}]) AS {q(c)}")
+                sel.append(f"CAST({ident(c)} AS {DUCKDB_TYPES[feat.dtype]}[{feat.shape[0]}]) AS {ident(c)}")
             else:
-                sel.append(q(c))
+                sel.append(ident(c))
         con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {data_src})")
         prefix = src.duckdb_path("")
         task_col = ", task_index" if "task_index" in data_cols else ", 0::BIGINT AS task_index"
@@ -345,10 +344,10 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
     # and the warning a connection gives when episodes point to files that are not there).
     _register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(layout.data_files), pa.string())}))
     if all(c in ep_cols for c in ("data/chunk_index", "data/file_index")):
-        values = {"chunk_index": q("data/chunk_index"), "file_index": q("data/file_index"),
-                  "episode_chunk": q("data/chunk_index"), "episode_index": q("data/file_index")}
+        values = {"chunk_index": ident("data/chunk_index"), "file_index": ident("data/file_index"),
+                  "episode_chunk": ident("data/chunk_index"), "episode_index": ident("data/file_index")}
         fmt, args = template_to_printf(layout.data_path, values)
-        con.execute(f"CREATE OR REPLACE VIEW _episode_data_files AS SELECT episode_index, printf({lit(fmt)}, "
+        con.execute(f"CREATE OR REPLACE VIEW _episode_data_files AS SELECT episode_index, printf({literal(fmt)}, "
                     f"{', '.join(args)}) AS path FROM _episodes_raw")
     else:
         con.execute("CREATE OR REPLACE VIEW _episode_data_files AS SELECT NULL::BIGINT AS episode_index, "
@@ -359,14 +358,14 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
         need = [f"videos/{k}/{c}" for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]
         if not all(c in ep_cols for c in need):
             continue
-        values = {"video_key": lit(k), "chunk_index": q(need[0]), "file_index": q(need[1])}
+        values = {"video_key": literal(k), "chunk_index": ident(need[0]), "file_index": ident(need[1])}
         if layout.legacy:
-            values.update(episode_chunk=q(need[0]), episode_index=q(need[1]))
+            values.update(episode_chunk=ident(need[0]), episode_index=ident(need[1]))
         fmt, args = template_to_printf(layout.video_path, values)
         vids.append(
-            f"SELECT episode_index, {lit(k)} AS video_key, CAST({q(need[0])} AS BIGINT) AS chunk_index, "
-            f"CAST({q(need[1])} AS BIGINT) AS file_index, printf({lit(fmt)}, {', '.join(args)}) AS path, "
-            f"CAST({q(need[2])} AS DOUBLE) AS from_timestamp, CAST({q(need[3])} AS DOUBLE) AS to_timestamp "
+            f"SELECT episode_index, {literal(k)} AS video_key, CAST({ident(need[0])} AS BIGINT) AS chunk_index, "
+            f"CAST({ident(need[1])} AS BIGINT) AS file_index, printf({literal(fmt)}, {', '.join(args)}) AS path, "
+            f"CAST({ident(need[2])} AS DOUBLE) AS from_timestamp, CAST({ident(need[3])} AS DOUBLE) AS to_timestamp "
             "FROM _episodes_raw"
         )
     empty = ("SELECT NULL::BIGINT AS episode_index, NULL::VARCHAR AS video_key, NULL::BIGINT AS chunk_index, "

@@ -153,7 +153,13 @@ class Database:
         con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
         con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
         # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
-        sandbox.lock_down(con, [self.source.duckdb_path(""), str(self.cache_dir)])
+        # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.
+        targets, refused = self.source.symlink_targets()
+        if refused:
+            warnings.warn(f"{len(refused)} file(s) under the dataset root are symlinks to files outside it (e.g. "
+                          f"{refused[0]} -> {os.path.realpath(refused[0])}); SQL cannot read them. Copy the files "
+                          "into the dataset folder", stacklevel=4)
+        sandbox.lock_down(con, [self.source.duckdb_path(""), str(self.cache_dir)], allowed_paths=targets)
         return con
 
     # ---- SQL ------------------------------------------------------------------------------------------------

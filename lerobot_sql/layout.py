@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
+import string
 import warnings
 from typing import Any
 
 from .errors import DatasetFormatError, MissingFileError, UnsupportedVersionError
-from .source import Source
+from .source import Source, confine
 
 DEFAULT_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 EPISODES_GLOB = "meta/episodes/*/*.parquet"
@@ -28,6 +30,23 @@ V2_EPISODES = "meta/episodes.jsonl"
 V2_EPISODES_STATS = "meta/episodes_stats.jsonl"
 V2_TASKS = "meta/tasks.jsonl"
 V3_TASKS = "meta/tasks.parquet"
+
+# dtypes a LeRobot feature may declare (lerobot's writers: numpy dtype names, plus the non-tensor kinds).
+NUMERIC_DTYPES = frozenset({"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                            "uint32", "uint64", "bool"})
+KNOWN_DTYPES = NUMERIC_DTYPES | {"video", "image", "string", "language"}
+# Bounds on info.json numbers: far beyond any real dataset, small enough that no count, shape or path built from
+# them overflows int64 or allocates absurd memory. A 4K RGB camera is 2160*3840*3 = 2.5e7 elements.
+MAX_FPS = 100_000.0
+MAX_DIM = 1 << 20
+MAX_ELEMENTS = 1 << 30
+MAX_CHUNKS_SIZE = 1 << 31
+# The placeholders each path template may use (what Layout.data_file / video_file and the catalog's SQL define).
+DATA_FIELDS = frozenset({"chunk_index", "file_index", "episode_chunk", "episode_index"})
+VIDEO_FIELDS_V3 = frozenset({"video_key", "chunk_index", "file_index"})
+VIDEO_FIELDS_V2 = frozenset({"video_key", "episode_chunk", "episode_index", "chunk_index", "file_index"})
+_INT_SPEC = re.compile(r"0?[1-9]?[0-9]?d")  # "", "d", "03d", "06d": what lerobot's templates use, width <= 99
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,13 +154,32 @@ class Layout:
     def video_file(self, video_key: str, chunk_index: int, file_index: int) -> str:
         """Relative mp4 path of camera ``video_key``; for v2, chunk_index is episode_chunk, file_index episode_index."""
         tmpl = self.video_path or (V2_VIDEO_PATH if self.legacy else DEFAULT_VIDEO_PATH)
-        return tmpl.format(video_key=video_key, chunk_index=int(chunk_index), file_index=int(file_index),
-                           episode_chunk=int(chunk_index), episode_index=int(file_index))
+        rel = tmpl.format(video_key=video_key, chunk_index=int(chunk_index), file_index=int(file_index),
+                          episode_chunk=int(chunk_index), episode_index=int(file_index))
+        return confine(rel, f"meta/info.json 'video_path' {tmpl!r} with camera {video_key!r}")
 
     def data_file(self, chunk_index: int, file_index: int) -> str:
         """Relative data path from ``data_path``; for v2, chunk_index is episode_chunk, file_index episode_index."""
-        return self.data_path.format(chunk_index=int(chunk_index), file_index=int(file_index),
-                                     episode_chunk=int(chunk_index), episode_index=int(file_index))
+        rel = self.data_path.format(chunk_index=int(chunk_index), file_index=int(file_index),
+                                    episode_chunk=int(chunk_index), episode_index=int(file_index))
+        return confine(rel, f"meta/info.json 'data_path' {self.data_path!r}")
+
+
+_INTEGRAL = NUMERIC_DTYPES - {"float16", "float32", "float64"}
+
+
+def check_stored_type(feature: Feature | None, stored_is_float: bool, where: str) -> None:
+    """Refuse an integer or bool dtype in info.json over a column stored as floats: casting would truncate every
+    value (SQL silently, tensors with pyarrow's bare ArrowInvalid). Called where a data file's schema is first read
+    (the catalog's frames view, the tabular reader's footer), before any value is converted.
+
+    Raises:
+        DatasetFormatError: naming the file, the column, both types and the fix.
+    """
+    if feature is not None and stored_is_float and feature.dtype in _INTEGRAL:
+        raise DatasetFormatError(f"{where}: column {feature.name!r} is stored as floating point, but meta/info.json "
+                                 f"declares dtype {feature.dtype!r}; converting would truncate the values. Fix the "
+                                 "feature's dtype in meta/info.json (e.g. 'float32')")
 
 
 def parse_version(v: Any) -> tuple[int, int]:
@@ -151,6 +189,77 @@ def parse_version(v: Any) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2) or 0)
 
 
+def parse_template(template: Any, fields: set[str] | frozenset[str], where: str) -> list[tuple[str, str | None, str]]:
+    """Split a ``str.format`` path template with Python's own parser into (literal text, placeholder, spec) parts
+    (the last part's placeholder is None).
+
+    Only plain placeholders from ``fields`` are accepted: no attribute or index access (``{chunk_index.real}``), no
+    conversion (``!r``), no format spec but ``[0][width]d`` on integers and none on ``video_key``. Anything else
+    would make the path depend on Python internals or build a huge string.
+
+    Raises:
+        DatasetFormatError: naming ``where`` (which info.json key), the template and what to write instead.
+    """
+    fix = (f"write it like {DEFAULT_DATA_PATH!r} (placeholders {sorted(fields)}, integer specs like :03d)")
+    if not isinstance(template, str) or not template:
+        raise DatasetFormatError(f"{where}: must be a non-empty string, found {template!r}; {fix}")
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise DatasetFormatError(f"{where}: {template!r} is not a str.format template ({e}); {fix}") from e
+    out = []
+    for text, name, spec, conv in parts:
+        if name is None:
+            out.append((text, None, ""))
+            continue
+        if name not in fields:
+            raise DatasetFormatError(f"{where}: {template!r} uses unknown placeholder {{{name}}}; {fix}")
+        if conv is not None or (spec and (name == "video_key" or not _INT_SPEC.fullmatch(spec))):
+            raise DatasetFormatError(f"{where}: {template!r} formats {{{name}}} with {('!' + conv) if conv else ''}"
+                                     f"{(':' + spec) if spec else ''}, which is not allowed; {fix}")
+        out.append((text, name, spec or ""))
+    return out
+
+
+def check_template(template: Any, fields: set[str] | frozenset[str], key: str) -> str:
+    """Validate info.json's path template ``key`` (``data_path`` / ``video_path``): a relative path under the
+    dataset root, whatever the placeholders are filled with (see :func:`parse_template` and
+    :func:`lerobot_sql.source.confine`).
+
+    Raises:
+        DatasetFormatError: naming meta/info.json, the key, the template and the fix.
+    """
+    where = f"meta/info.json {key!r}"
+    parts = parse_template(template, fields, where)
+    text = "".join(t for t, _, _ in parts)
+    why = None
+    if template.startswith(("/", "\\")):
+        why = "is an absolute path"
+    elif template.startswith("~"):
+        why = "starts with '~' (a home folder)"
+    elif _SCHEME.match(template) or "://" in template:
+        why = "is a URL or has a drive/protocol prefix"
+    elif "\\" in text or "\0" in text:
+        why = "holds a backslash or NUL"
+    elif any(seg in ("..", ".") for seg in re.split(r"[/{}]", template)):
+        why = "has a '.' or '..' path segment"
+    if why:
+        raise DatasetFormatError(f"{where}: {template!r} {why}; path templates are relative to the dataset root, "
+                                 f"e.g. {DEFAULT_DATA_PATH!r}. Fix {key} in meta/info.json")
+    sample = template.format(**{f: ("k" if f == "video_key" else 0) for f in fields})
+    confine(sample, f"{where} {template!r}")
+    return template
+
+
+def _positive_int(value: Any, what: str, hi: int) -> int:
+    """``value`` as an int in [1, hi]; integral floats (``30.0``) accepted, bools and strings not."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+        raise ValueError(f"{what} must be an integer from 1 to {hi:,}, found {value!r}")
+    return value
+
+
 def _parse_features(raw: Any, where: str) -> dict[str, Feature]:
     if not isinstance(raw, dict) or not raw:
         raise DatasetFormatError(f"{where}: 'features' is missing or empty; a LeRobot info.json lists every feature")
@@ -158,9 +267,32 @@ def _parse_features(raw: Any, where: str) -> dict[str, Feature]:
     for name, spec in raw.items():
         if not isinstance(spec, dict) or "dtype" not in spec:
             raise DatasetFormatError(f"{where}: feature {name!r} has no 'dtype'; each feature needs dtype and shape")
+        if not name or "\0" in name:
+            raise DatasetFormatError(f"{where}: feature name {name!r} is empty or holds a NUL character; rename it")
+        dtype = spec["dtype"]
+        if not isinstance(dtype, str) or dtype not in KNOWN_DTYPES:
+            raise DatasetFormatError(f"{where}: feature {name!r} has dtype {dtype!r}, which is not a LeRobot dtype; "
+                                     f"use one of {sorted(KNOWN_DTYPES)} in meta/info.json")
         info = spec.get("info") or spec.get("video_info") or {}
+        if not isinstance(info, dict):
+            raise DatasetFormatError(f"{where}: feature {name!r}: 'info' must be an object, found {info!r}")
         shape = spec.get("shape") or [1]
-        out[name] = Feature(name, str(spec["dtype"]), tuple(int(s) for s in shape), spec.get("names"), dict(info))
+        try:
+            if not isinstance(shape, list):
+                raise ValueError(f"shape must be a list of integers like [6] or [480, 640, 3], found {shape!r}")
+            dims = tuple(_positive_int(s, "each dimension", MAX_DIM) for s in shape)
+            if _prod(dims) > MAX_ELEMENTS:
+                raise ValueError(f"shape {shape!r} has {_prod(dims):,} elements per frame, more than {MAX_ELEMENTS:,}")
+        except ValueError as e:
+            raise DatasetFormatError(f"{where}: feature {name!r}: {e}; fix its 'shape' in meta/info.json") from None
+        if dtype == "video":
+            # The key names a folder (videos/<key>/...): it must be one or more plain path segments.
+            segs = name.split("/")
+            if name.startswith("/") or any(seg in ("", ".", "..") for seg in segs):
+                raise DatasetFormatError(f"{where}: camera key {name!r} is not a usable folder name (it is absolute or "
+                                         "has an empty, '.' or '..' segment); rename the feature and its videos/ "
+                                         "folder")
+        out[name] = Feature(name, dtype, dims, spec.get("names"), dict(info))
     return out
 
 
@@ -197,28 +329,39 @@ def load_layout(src: Source) -> Layout:
                                       "LeRobot formats v2.0, v2.1 and v3.x")
     legacy = major == 2
     fps = info.get("fps")
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps <= 0:
-        raise DatasetFormatError(f"{where}: 'fps' must be a positive number, found {fps!r}")
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or not 0 < fps <= MAX_FPS:
+        raise DatasetFormatError(f"{where}: 'fps' must be a positive finite number (at most {MAX_FPS:g}), found "
+                                 f"{fps!r}; set it to the recording rate (e.g. 30) in meta/info.json")
     features = _parse_features(info.get("features"), where)
     has_video = any(f.is_video for f in features.values())
     chunks_size = info.get("chunks_size")
-    chunks_size = int(chunks_size) if isinstance(chunks_size, (int, float)) and chunks_size > 0 else 1000
+    if chunks_size is None:
+        chunks_size = 1000  # lerobot's default
+    else:
+        try:
+            chunks_size = _positive_int(chunks_size, "'chunks_size'", MAX_CHUNKS_SIZE)
+        except ValueError as e:
+            raise DatasetFormatError(f"{where}: {e}; lerobot writes 1000 (fix it in meta/info.json)") from None
     notes: list[str] = []
 
     if legacy:
         episode_files = (V2_EPISODES,) if src.exists(V2_EPISODES) else ()
         stats_file = V2_EPISODES_STATS if src.exists(V2_EPISODES_STATS) else None
         tasks_file = V2_TASKS if src.exists(V2_TASKS) else None
-        data_path = info.get("data_path") or V2_DATA_PATH
+        data_path = check_template(info.get("data_path") or V2_DATA_PATH, DATA_FIELDS, "data_path")
         video_path = info.get("video_path") or (V2_VIDEO_PATH if has_video else None)
+        if video_path is not None:
+            check_template(video_path, VIDEO_FIELDS_V2, "video_path")
         if not episode_files:
             notes.append(f"{src.path(V2_EPISODES)}: not found; the episodes view is empty")
     else:
         episode_files = tuple(src.glob(EPISODES_GLOB))
         stats_file = None
         tasks_file = V3_TASKS if src.exists(V3_TASKS) else None
-        data_path = info.get("data_path") or DEFAULT_DATA_PATH
+        data_path = check_template(info.get("data_path") or DEFAULT_DATA_PATH, DATA_FIELDS, "data_path")
         video_path = info.get("video_path") or (DEFAULT_VIDEO_PATH if has_video else None)
+        if video_path is not None:
+            check_template(video_path, VIDEO_FIELDS_V3, "video_path")
         if not episode_files:
             notes.append(f"{src.path('meta/episodes')}: no episode metadata files ({EPISODES_GLOB}); "
                          "the episodes, episode_stats and videos views are empty")

@@ -36,6 +36,7 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 
+from . import sqltext
 from .errors import QueryError
 
 # Source checkout: the repository's top-level queries/. Installed wheel: pyproject maps queries/ to the package data
@@ -230,16 +231,18 @@ def _check_expr(qname: str, pname: str, value: str) -> None:
 
 
 def _render_value(ptype: str, v: Any) -> str:
+    """A coerced parameter as SQL text, through :mod:`lerobot_sql.sqltext` (the one quoting helper)."""
     if ptype == "int":
-        return str(int(v))
+        return sqltext.integer(int(v))
     if ptype == "float":
-        return f"'{v}'::DOUBLE" if math.isinf(v) else f"{v!r}::DOUBLE"
+        # ±inf are meaningful bounds (`length < $max`); NaN compares false with everything: both as typed DOUBLEs.
+        return f"'{v}'::DOUBLE" if math.isinf(v) or math.isnan(v) else f"{sqltext.number(v)}::DOUBLE"
     if ptype == "bool":
         return "true" if v else "false"
     if ptype == "str":
-        return "'" + v.replace("'", "''") + "'"
+        return sqltext.literal(v)
     if ptype == "feature":
-        return '"' + v.replace('"', '""') + '"'
+        return sqltext.ident(v)
     return f"({v})"  # expr, checked by _check_expr
 
 

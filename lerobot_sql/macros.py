@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 
 from .layout import Layout
+from .sqltext import ident as q, literal as lit, number
 
 # Half-open windows are compared against float32 timestamps: this slack (seconds) matches plan.build_manifest.
 TOL_S = 1e-4
@@ -51,14 +52,6 @@ TABLE_MACROS: dict[str, tuple[str, ...]] = {
 # The view each table macro's expression arguments are evaluated over.
 MACRO_READS = {"first_event": "frames_ext", "event_windows": "frames_ext", "segments": "frames_ext",
                "nearest_camera_frame": "frames"}
-
-
-def q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def lit(value: str) -> str:
-    return "'" + str(value).replace("'", "''") + "'"
 
 
 def _vector_features(layout: Layout, frame_cols: dict[str, str]):
@@ -82,7 +75,7 @@ def _frames_ext_sql(layout: Layout, frame_cols: dict[str, str], has_length: bool
     for feat, _n, names in vecs:
         for i, el in enumerate(names or []):
             add(f"f.{q(feat)}[{i + 1}]", f"{feat}.{el}")
-    fps = repr(layout.fps)
+    fps = number(layout.fps)
     length = "e.length" if has_length else "count(*) OVER ep"
     add(length, "length")
     add(f"{length} / {fps}", "duration_s")

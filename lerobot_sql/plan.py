@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import pointers
-from .catalog import q
+from .sqltext import ident as q, literal, number
 from .errors import DatasetFormatError, ResultContractError
 from .layout import Layout
 from .source import Source
@@ -173,7 +173,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         join = {
             "index": "JOIN _frames_loc f ON f.index = r.index",
             "window": (f"JOIN _frames_loc f ON f.episode_index = r.episode_index "
-                       f"AND f.timestamp >= r.start_s - {tol!r} AND f.timestamp < r.end_s - {tol!r}"),
+                       f"AND f.timestamp >= r.start_s - {number(tol)} AND f.timestamp < r.end_s - {number(tol)}"),
             "episode": "JOIN _frames_loc f ON f.episode_index = r.episode_index",
         }[mode]
         extra_sel = "".join(f", r.{q(c)}" for c in extras)
@@ -189,7 +189,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         ext = con.sql(
             "SELECT episode_index, min(index) AS ep_from_index, max(index) + 1 AS ep_to_index, count(*) AS n, "
             "min(row) AS ep_data_row0, max(row) - min(row) + 1 AS nrows, count(DISTINCT data_file) AS nfiles, "
-            f"max(abs(timestamp - frame_index / {float(layout.fps)!r})) AS ts_err "
+            f"max(abs(timestamp - frame_index / {number(float(layout.fps))})) AS ts_err "
             "FROM _frames_loc WHERE episode_index IN (SELECT DISTINCT episode_index FROM _lsql_sel) GROUP BY 1"
         ).to_arrow_table()
         bad = [r for r in ext.to_pylist() if r["nfiles"] != 1 or r["n"] != r["ep_to_index"] - r["ep_from_index"]
@@ -206,7 +206,9 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         vsel, vjoin = [], []
         for i, k in enumerate(layout.video_keys):
             vsel.append(f", v{i}.path AS {q(k + '/file')}, v{i}.from_timestamp AS {q(k + '/from_timestamp')}")
-            vjoin.append(f" LEFT JOIN videos v{i} ON v{i}.episode_index = s.episode_index AND v{i}.video_key = '{k}'")
+            # The key is metadata (hostile): a literal, never pasted (``x' OR '1'='1`` joined every camera row).
+            vjoin.append(f" LEFT JOIN videos v{i} ON v{i}.episode_index = s.episode_index AND v{i}.video_key = "
+                         f"{literal(k)}")
         manifest = con.sql(
             "SELECT s.index, s.episode_index, s.frame_index, s.timestamp, s.task_index, s.data_file, "
             "s.row AS data_row, e.ep_from_index, e.ep_to_index, e.ep_data_row0"

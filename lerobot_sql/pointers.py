@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import DatasetFormatError, ResultContractError
-from .layout import Layout
+from .layout import Layout, check_stored_type
 from .source import Source
 
 POINTERS = ("episode_index", "dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index")
@@ -218,6 +218,12 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         with parquet_read_errors(src, rel):
             info = data_file_info(src, rel)  # parsed once: the dataset reads the same footer next
             md, offsets, names = info.metadata, info.rg_offsets, info.schema.names
+            for field in info.schema:  # an int dtype over floats must not reach the reader's cast
+                t = field.type
+                while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+                    t = t.value_type
+                check_stored_type(layout.features.get(field.name), pa.types.is_floating(t) or pa.types.is_decimal(t),
+                                  src.path(rel))
             if md.num_rows != total[code] or not all(c in names for c in FRAME_COLUMNS[:4]):
                 return None
             eps = uniq_rows[fcode[uniq_rows] == code]

@@ -62,7 +62,7 @@ def _dir(path: str) -> str:
     return p.rstrip("/") + "/"
 
 
-def lock_down(con: duckdb.DuckDBPyConnection, allowed_dirs: list[str]) -> None:
+def lock_down(con: duckdb.DuckDBPyConnection, allowed_dirs: list[str], allowed_paths: list[str] | None = None) -> None:
     """Restrict ``con`` to reading under ``allowed_dirs`` and freeze its configuration. Call it once the views
     exist (creating them reads the Parquet footers).
 
@@ -70,7 +70,9 @@ def lock_down(con: duckdb.DuckDBPyConnection, allowed_dirs: list[str]) -> None:
     and the dataset's cache folder, where the video index and spill files live), ``temp_directory`` to
     ``<first local allowed dir>/duckdb_tmp`` when the current one lies outside them, ``autoinstall_known_extensions``
     and ``autoload_known_extensions`` off, ``enable_external_access`` off, then ``lock_configuration`` on. The
-    settings hold for the life of the connection; they cannot be undone by SQL.
+    settings hold for the life of the connection; they cannot be undone by SQL. ``allowed_paths``: single files
+    outside ``allowed_dirs`` that may be read, for symlinked datasets (DuckDB checks a symlink's resolved target;
+    see :meth:`lerobot_sql.source.Source.symlink_targets`).
 
     Views and macros created before the call keep working, and so do those created later over files under
     ``allowed_dirs`` (the lazily built ``video_frames`` view reads index files from the cache).
@@ -82,6 +84,8 @@ def lock_down(con: duckdb.DuckDBPyConnection, allowed_dirs: list[str]) -> None:
     local = [d for d in dirs if "://" not in d]
     try:
         con.execute("SET allowed_directories = $1", [dirs])
+        if allowed_paths:
+            con.execute("SET allowed_paths = $1", [list(allowed_paths)])
         temp = con.sql("SELECT current_setting('temp_directory')").fetchall()[0][0]
         if local and not any(_dir(os.path.abspath(temp or ".")).startswith(d) for d in local):
             # DuckDB spills big sorts and joins here; keep it inside what it may write.

@@ -31,6 +31,32 @@ CODEBASE_VERSION = (3, 0)
 HEAD_READ = 32 << 10  # bytes fetched with each mp4 box header when building a remote video index (PyAV's block)
 
 
+def confine(rel: str, origin: str | None = None) -> str:
+    """The one check that a relative path from a dataset's metadata stays inside the dataset root; returns ``rel``.
+
+    Refused: any ``..`` segment (even one that ``normpath`` would fold back inside: through a symlinked folder the
+    OS resolves ``link/..`` physically, not lexically), a NUL character, and a URL (``scheme://``). A leading ``/``
+    is read relative to the root, as :meth:`Source.path` always has. Cheap (two substring tests on the common
+    path), so it runs on every path the readers resolve, local and remote.
+
+    Args:
+        rel: the path relative to the root, as built from info.json templates, camera keys or meta/episodes.
+        origin: what produced it (``meta/info.json 'video_path' ... with camera ...``), for the message.
+
+    Raises:
+        DatasetFormatError: naming the path, its origin, and the fix.
+    """
+    if ".." in rel or "\0" in rel or "://" in rel:
+        segs = rel.replace("\\", "/").split("/")
+        if ".." in segs or "\0" in rel or "://" in rel:
+            src = f" (from {origin})" if origin else " (built from the dataset's metadata: info.json's data_path / " \
+                                                     "video_path, a camera key, or meta/episodes)"
+            raise DatasetFormatError(f"{rel!r}{src} leaves the dataset root or is not a plain relative path; "
+                                     "lerobot_sql reads only files under the root. Fix the template or key in "
+                                     "meta/info.json")
+    return rel
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
     """A dataset root on a filesystem.
@@ -52,8 +78,12 @@ class Source:
         return _is_local_fs(self.fs)
 
     def path(self, rel: str) -> str:
-        """The filesystem path of ``rel`` (relative to the root)."""
-        return f"{self.root.rstrip('/')}/{rel.lstrip('/')}"
+        """The filesystem path of ``rel`` (relative to the root).
+
+        Raises:
+            DatasetFormatError: ``rel`` would leave the root (see :func:`confine`).
+        """
+        return f"{self.root.rstrip('/')}/{confine(rel).lstrip('/')}"
 
     def duckdb_path(self, rel: str) -> str:
         """The path DuckDB should read: a plain local path, or a ``protocol://`` URL for a registered fsspec fs."""
@@ -115,8 +145,13 @@ class Source:
         if v2:
             self._listing["files"] = sorted(files | self._v2_files(info))
             return self._listing["files"]
-        data_tmpl = info.get("data_path") or "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+        from .layout import DATA_FIELDS, DEFAULT_DATA_PATH, VIDEO_FIELDS_V3, check_template  # layout imports us
+
+        # Validated before the first str.format: this runs before load_layout has checked info.json.
+        data_tmpl = check_template(info.get("data_path") or DEFAULT_DATA_PATH, DATA_FIELDS, "data_path")
         video_tmpl = info.get("video_path")
+        if video_tmpl:
+            check_template(video_tmpl, VIDEO_FIELDS_V3, "video_path")
         chunk, file, seen = 0, 0, 0
         while True:
             rel = f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
@@ -152,10 +187,10 @@ class Source:
         out = set()
         with self.open("meta/episodes.jsonl") as f:
             eps = [json.loads(line)["episode_index"] for line in f.read().decode().splitlines() if line.strip()]
-        from .layout import V2_DATA_PATH, V2_VIDEO_PATH  # layout imports this module
+        from .layout import DATA_FIELDS, V2_DATA_PATH, V2_VIDEO_PATH, VIDEO_FIELDS_V2, check_template
 
-        data_tmpl = info.get("data_path") or V2_DATA_PATH
-        video_tmpl = info.get("video_path") or V2_VIDEO_PATH
+        data_tmpl = check_template(info.get("data_path") or V2_DATA_PATH, DATA_FIELDS, "data_path")
+        video_tmpl = check_template(info.get("video_path") or V2_VIDEO_PATH, VIDEO_FIELDS_V2, "video_path")
         for ep in eps:
             chunk = int(ep) // per_chunk
             out.add(data_tmpl.format(episode_chunk=chunk, episode_index=int(ep)))
@@ -190,6 +225,41 @@ class Source:
     def local_path(self, rel: str) -> str | None:
         """An OS path for ``rel`` when the file is local (PyAV and mmap then read it directly), else None."""
         return self.path(rel) if self.is_local else None
+
+    def symlink_targets(self) -> tuple[list[str], list[str]]:
+        """(allowed, refused): the real paths of the files under a local root that are symlinks to files outside it.
+
+        A Hugging Face hub cache (``huggingface_hub.snapshot_download``) is ``<repo>/snapshots/<rev>/...`` where
+        every file is a symlink into ``<repo>/blobs/<hash>``. DuckDB's sandbox checks the resolved path, so those
+        blobs must be allowed one by one (``allowed_paths``) for SQL to read the dataset. Only targets inside the
+        dataset root or inside the ``blobs`` folder of the hub-cache repo holding the root are allowed; a symlink
+        to anything else (``/etc/passwd``, another folder) is ``refused`` and stays unreadable to SQL. Remote
+        roots: ([], []). One walk of the root (a stat per entry), at connection time only.
+        """
+        if not self.is_local:
+            return [], []
+        root = os.path.realpath(self.root)
+        inside = [root.rstrip("/") + "/"]
+        parts = os.path.abspath(self.root).split("/")
+        if "snapshots" in parts:  # <repo>/snapshots/<rev>[/sub]: the repo's blobs folder holds the real files
+            repo = "/".join(parts[:len(parts) - 1 - parts[::-1].index("snapshots")])
+            blobs = os.path.realpath(os.path.join(repo, "blobs"))
+            if os.path.isdir(blobs):
+                inside.append(blobs.rstrip("/") + "/")
+        allowed, refused = [], []
+        for folder, dirs, files in os.walk(self.root):
+            for name in files + dirs:
+                p = os.path.join(folder, name)
+                if not os.path.islink(p):
+                    continue
+                target = os.path.realpath(p)
+                if not os.path.isfile(target):
+                    continue  # a symlinked folder: os.walk does not enter it, and DuckDB lists it as a path
+                if any(target.startswith(d) for d in inside):
+                    allowed.append(target)
+                else:
+                    refused.append(p)
+        return sorted(set(allowed)), refused
 
     def identity(self, rel: str) -> str:
         """A string that changes whenever the file's content may have changed: size+mtime, or the ETag.

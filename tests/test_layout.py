@@ -136,3 +136,147 @@ def test_broken_jsonl_names_file_and_line(datasets, tmp_path):
         db.sql("SELECT count(*) FROM episodes")
     with pytest.raises(lsql.DatasetFormatError, match=r"episodes\.jsonl:3"):
         lsql.connect(root).dataset()  # the whole-episode path reads the pointers without DuckDB
+
+
+# ---- Hardening round 2: info.json is validated up front, its templates never reach outside the root ----------
+
+
+def _with_info(datasets, tmp_path, **changes):
+    root = tmp_path / "ds"
+    if not root.exists():
+        shutil.copytree(datasets / "small20", root)
+    info = _info(datasets / "small20")
+    for k, v in changes.items():
+        if v is None:
+            info.pop(k, None)
+        else:
+            info[k] = v
+    (root / "meta/info.json").write_text(json.dumps(info))  # allow_nan: writes NaN / Infinity as Python reads them
+    return root
+
+
+BAD_TEMPLATES = [
+    "../evil/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+    "data/../../evil/file-{file_index:03d}.parquet",
+    "/tmp/evil/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+    "~/evil/file-{file_index:03d}.parquet",
+    "http://127.0.0.1:9/evil/file-{file_index:03d}.parquet",
+    "file:///etc/file-{file_index:03d}.parquet",
+    "s3://bucket/file-{file_index:03d}.parquet",
+    "data/chunk-{chunk_index:>999999}/file-{file_index:03d}.parquet",
+    "data/chunk-{chunk_index!r}/file-{file_index:03d}.parquet",
+    "data/chunk-{chunk_index.real}/file-{file_index:03d}.parquet",
+    "data/chunk-{nope:03d}/file-{file_index:03d}.parquet",
+    "data/chunk-{chunk_index:03d/file.parquet",
+    5,
+]
+
+
+@pytest.mark.parametrize("template", BAD_TEMPLATES)
+@pytest.mark.parametrize("key", ["data_path", "video_path"])
+def test_path_templates_are_confined_at_connect(datasets, tmp_path, key, template):
+    if key == "video_path" and isinstance(template, str):
+        template = template.replace("file_index:03d}.parquet", "file_index:03d}.mp4").replace(
+            "{file_index", "{video_key}/{file_index")
+    root = _with_info(datasets, tmp_path, **{key: template})
+    with pytest.raises(lsql.DatasetFormatError, match=rf"meta/info.json '{key}'") as e:
+        lsql.connect(root)
+    assert "Parquet" not in str(e.value) and "re-download" not in str(e.value)
+
+
+def test_a_data_path_with_dotdot_never_reads_outside_the_root(datasets, tmp_path):
+    """The escape as found: the whole-episode path read ../evil's Parquet while SQL read the file inside."""
+    root = _with_info(datasets, tmp_path, data_path="../evil/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet")
+    evil = tmp_path / "evil/chunk-000"
+    evil.mkdir(parents=True)
+    t = pq.read_table(datasets / "small20/data/chunk-000/file-000.parquet")
+    pq.write_table(t.set_column(t.column_names.index("action"), "action", t["action"]), evil / "file-000.parquet")
+    with pytest.raises(lsql.DatasetFormatError, match="data_path"):
+        lsql.connect(root).dataset()
+
+
+def test_resolved_paths_stay_under_the_root_local_and_remote(datasets, tmp_path):
+    import dataclasses
+
+    from lerobot_sql.source import confine
+
+    for root in (str(datasets / "small20"), "memory://lsql-confine/ds"):
+        src = open_source(root)
+        assert src.path("data/chunk-000/file-000.parquet").endswith("/data/chunk-000/file-000.parquet")
+        for rel in ("../x", "data/../../x", "videos/k/../../../etc/passwd", "a\0b", "data/http://h/x"):
+            with pytest.raises(lsql.DatasetFormatError, match="leaves the dataset root"):
+                src.path(rel)
+    layout = load_layout(open_source(datasets / "small20"))
+    with pytest.raises(lsql.DatasetFormatError, match="video_path.*camera '../..'"):
+        layout.video_file("../..", 0, 0)  # a key that passed no validation (the Layout built by hand)
+    bad = dataclasses.replace(layout, data_path="{file_index}/../../x")
+    with pytest.raises(lsql.DatasetFormatError, match="data_path"):
+        bad.data_file(0, 0)
+    assert confine("videos/a b'\"\\;/chunk-000/file-000.mp4") == "videos/a b'\"\\;/chunk-000/file-000.mp4"
+
+
+@pytest.mark.parametrize("key", ["..", "../../etc", "/abs", "a//b", "."])
+def test_camera_keys_must_be_folder_names(datasets, tmp_path, key):
+    info = _info(datasets / "small20")
+    feats = {key if k == "observation.images.front" else k: v for k, v in info["features"].items()}
+    root = _with_info(datasets, tmp_path, features=feats)
+    with pytest.raises(lsql.DatasetFormatError, match="camera key"):
+        lsql.connect(root)
+
+
+BAD_INFO = [
+    ({"fps": float("nan")}, "'fps'"),
+    ({"fps": float("inf")}, "'fps'"),
+    ({"fps": -30}, "'fps'"),
+    ({"fps": 1e300}, "'fps'"),
+    ({"chunks_size": 10 ** 30}, "'chunks_size'"),
+    ({"chunks_size": 0}, "'chunks_size'"),
+    ({"chunks_size": -5}, "'chunks_size'"),
+    ({"chunks_size": "1000"}, "'chunks_size'"),
+    ({"chunks_size": 2.5}, "'chunks_size'"),
+]
+BAD_FEATURE = [
+    ({"shape": [-6]}, "shape"),
+    ({"shape": [0]}, "shape"),
+    ({"shape": [10 ** 7, 10 ** 7]}, "shape"),
+    ({"shape": ["six"]}, "shape"),
+    ({"shape": 6}, "shape"),
+    ({"shape": [6.5]}, "shape"),
+    ({"shape": [True]}, "shape"),
+    ({"dtype": "float128"}, "dtype"),
+    ({"dtype": 5}, "dtype"),
+]
+
+
+@pytest.mark.parametrize("change,what", BAD_INFO + [({"features": f}, w) for f, w in BAD_FEATURE])
+def test_info_json_is_validated_at_connect(datasets, tmp_path, change, what):
+    if "features" in change:
+        info = _info(datasets / "small20")
+        info["features"]["observation.state"] = {**info["features"]["observation.state"], **change["features"]}
+        change = {"features": info["features"]}
+        what = rf"feature 'observation.state'.*{what}"
+    root = _with_info(datasets, tmp_path, **change)
+    with pytest.raises(lsql.DatasetFormatError, match=rf"meta/info.json.*{what}") as e:
+        lsql.connect(root)
+    assert "Parquet" not in str(e.value) and "re-download" not in str(e.value)
+
+
+def test_an_int_dtype_over_float_data_names_file_and_column(datasets, tmp_path):
+    info = _info(datasets / "small20")
+    info["features"]["observation.state"]["dtype"] = "int64"
+    root = _with_info(datasets, tmp_path, features=info["features"])
+    pattern = r"file-000\.parquet: column 'observation.state' is stored as floating point.*'int64'"
+    with pytest.raises(lsql.DatasetFormatError, match=pattern):  # SQL truncated the values silently
+        lsql.connect(root).sql('SELECT "observation.state" FROM frames').fetchall()
+    with pytest.raises(lsql.DatasetFormatError, match=pattern):  # whole episodes: no DuckDB on this path
+        lsql.connect(root).dataset()
+    with pytest.raises(lsql.DatasetFormatError, match=pattern):
+        lsql.connect(root).dataset("SELECT index FROM frames WHERE episode_index = 1")
+
+
+def test_valid_info_json_variants_still_open(datasets, tmp_path):
+    root = _with_info(datasets, tmp_path, fps=30.0, chunks_size=1000.0)
+    assert lsql.connect(root).sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+    root = _with_info(datasets, tmp_path, chunks_size=None,
+                      data_path="data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet")
+    assert lsql.connect(root).layout.chunks_size == 1000

@@ -1,0 +1,247 @@
+"""A dataset's own metadata is hostile input: feature names, camera keys, task texts and path templates from
+info.json / Parquet must never change the SQL lerobot_sql runs, nor reach files outside the dataset root.
+
+Each hostile dataset is a copy of small20 (or v21_small20) with its names rewritten everywhere lerobot stores them
+(info.json features, the data files' column names, meta/episodes ``videos/<key>/...`` and ``stats/<feature>/...``
+columns, the mp4 folders, the task texts); its items must equal the original dataset's items, key for key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import lerobot_sql as lsql
+
+# Quotes, backslashes, semicolons, newlines, unicode and SQL, in every name lerobot_sql pastes into SQL text.
+STATE = "obs'\"\\;\n é 状态 '); DROP VIEW frames; --"
+FRONT = "x' OR '1'='1"
+WRIST = "cam\"; DROP TABLE tasks; --\\ ü\n'"
+RENAME = {"observation.state": STATE, "observation.images.front": FRONT, "observation.images.wrist": WRIST}
+ACTION_NAME = "grip'\"; DROP VIEW frames_ext; -- \\ \n ж"  # replaces action's last element name
+TASK_PREFIX = "'); DROP VIEW episodes; -- x' OR '1'='1 \\ \" ; \n ✓ "
+
+
+def _rename_col(name: str, rename: dict) -> str:
+    """A data or meta/episodes column name with every feature name in ``rename`` replaced."""
+    if name in rename:
+        return rename[name]
+    for kind in ("videos/", "stats/"):
+        if name.startswith(kind):
+            feat, rest = name[len(kind):].rsplit("/", 1)
+            if feat in rename:
+                return f"{kind}{rename[feat]}/{rest}"
+    return name
+
+
+def _rename_parquet(path: Path, rename: dict) -> None:
+    t = pq.read_table(path)
+    meta = t.schema.metadata
+    t = t.rename_columns([_rename_col(c, rename) for c in t.column_names])
+    pq.write_table(t.replace_schema_metadata(meta), path)
+
+
+def _hostile_copy(orig: Path, dst: Path, rename: dict = RENAME) -> Path:
+    """A copy of ``orig`` with the features in ``rename`` renamed everywhere, action's last element name replaced
+    by ACTION_NAME and TASK_PREFIX put before every task text."""
+    shutil.copytree(orig, dst)
+    info = json.loads((dst / "meta/info.json").read_text())
+    info["features"] = {rename.get(k, k): v for k, v in info["features"].items()}
+    info["features"]["action"]["names"][-1] = ACTION_NAME
+    (dst / "meta/info.json").write_text(json.dumps(info))
+    for f in sorted(dst.glob("data/*/*.parquet")):
+        _rename_parquet(f, rename)
+    legacy = info["codebase_version"].startswith("v2")
+    if legacy:
+        for old, new in rename.items():
+            for d in dst.glob(f"videos/*/{old}"):
+                d.rename(d.parent / new)
+        stats = dst / "meta/episodes_stats.jsonl"
+        lines = [json.loads(s) for s in stats.read_text().splitlines() if s.strip()]
+        for r in lines:
+            r["stats"] = {rename.get(k, k): v for k, v in r["stats"].items()}
+        stats.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        tasks = dst / "meta/tasks.jsonl"
+        rows = [json.loads(s) for s in tasks.read_text().splitlines() if s.strip()]
+        for r in rows:
+            r["task"] = TASK_PREFIX + r["task"]
+        tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        eps = dst / "meta/episodes.jsonl"
+        rows = [json.loads(s) for s in eps.read_text().splitlines() if s.strip()]
+        for r in rows:
+            r["tasks"] = [TASK_PREFIX + t for t in r["tasks"]]
+        eps.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        for old, new in rename.items():
+            if (dst / "videos" / old).is_dir():
+                (dst / "videos" / old).rename(dst / "videos" / new)
+        for f in sorted(dst.glob("meta/episodes/*/*.parquet")):
+            _rename_parquet(f, rename)
+            t = pq.read_table(f)
+            tasks = pa.array([[TASK_PREFIX + s for s in ts] for ts in t["tasks"].to_pylist()], pa.list_(pa.string()))
+            pq.write_table(t.set_column(t.column_names.index("tasks"), "tasks", tasks), f)
+        t = pq.read_table(dst / "meta/tasks.parquet")
+        text = "task" if "task" in t.column_names else "__index_level_0__"
+        new = pa.array([TASK_PREFIX + s for s in t[text].to_pylist()], pa.string())
+        pq.write_table(t.set_column(t.column_names.index(text), text, new), dst / "meta/tasks.parquet")
+    return dst
+
+
+@pytest.fixture(scope="module", params=["small20", "v21_small20"])
+def pair(request, datasets, tmp_path_factory):
+    name = request.param
+    hostile = _hostile_copy(datasets / name, tmp_path_factory.mktemp("hostile") / name)
+    return lsql.connect(datasets / name), lsql.connect(hostile)
+
+
+def _assert_same_item(orig: dict, got: dict, rename: dict = RENAME, task_prefix: str = TASK_PREFIX) -> None:
+    back = {v: k for k, v in rename.items()}
+    renamed = {back.get(k.removesuffix("_is_pad"), k.removesuffix("_is_pad")) + ("_is_pad" if k.endswith("_is_pad")
+                                                                               else ""): v for k, v in got.items()}
+    assert set(renamed) == set(orig)
+    for k, v in orig.items():
+        if k == "task":
+            assert renamed[k] == task_prefix + v
+        elif isinstance(v, torch.Tensor):
+            assert v.dtype == renamed[k].dtype and torch.equal(v, renamed[k]), k
+        else:
+            assert renamed[k] == v, k
+
+
+# Whole episodes (the pointer fast path, no DuckDB), index rows and windows (the DuckDB plan path).
+QUERIES = [
+    None,
+    "SELECT index FROM frames WHERE episode_index IN (3, 7) ORDER BY index",
+    "SELECT episode_index, 0.5 AS start_s, 1.5 AS end_s FROM episodes WHERE episode_index % 4 = 1",
+]
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_items_equal_the_original_datasets(pair, sql):
+    orig_db, db = pair
+    a, b = orig_db.dataset(sql), db.dataset(sql)
+    assert len(a) == len(b) > 0
+    for i in sorted({0, 1, len(a) // 3, len(a) // 2, len(a) - 1}):
+        _assert_same_item(a[i], b[i])
+
+
+def test_views_hold_the_hostile_names_as_data(pair):
+    orig_db, db = pair
+    assert "frames" in db.views() and "episodes" in db.views() and "tasks" in db.views()
+    for view in ("frames", "episodes", "tasks", "videos", "episode_stats", "frames_ext", "features"):
+        assert db.sql(f"SELECT count(*) FROM {view}").fetchall() == orig_db.sql(
+            f"SELECT count(*) FROM {view}").fetchall(), view
+    assert {r[0] for r in db.sql("SELECT DISTINCT video_key FROM videos").fetchall()} == {FRONT, WRIST}
+    assert sorted(db.sql("SELECT video_key, path FROM videos").fetchall()) == sorted(
+        (RENAME[k], p.replace(k, RENAME[k])) for k, p in orig_db.sql("SELECT video_key, path FROM videos").fetchall())
+    assert db.tasks() == {i: TASK_PREFIX + t for i, t in orig_db.tasks().items()}
+    assert sorted(r[0] for r in db.sql("SELECT name FROM features").fetchall()) == sorted(
+        RENAME.get(r[0], r[0]) for r in orig_db.sql("SELECT name FROM features").fetchall())
+    quoted = '"' + STATE.replace('"', '""') + '"'
+    assert db.sql(f"SELECT {quoted} FROM frames ORDER BY index").fetchall() == orig_db.sql(
+        'SELECT "observation.state" FROM frames ORDER BY index').fetchall()
+    got = db.sql("SELECT feature, stat, value FROM episode_stats WHERE episode_index = 2").fetchall()
+    assert sorted(got) == sorted((RENAME.get(f, f), s, v) for f, s, v in orig_db.sql(
+        "SELECT feature, stat, value FROM episode_stats WHERE episode_index = 2").fetchall())
+    assert {f for f, _, _ in got} >= {STATE, FRONT, WRIST}
+
+
+def test_frames_ext_and_temporal_macros(pair):
+    orig_db, db = pair
+    quoted = '"' + (STATE + ".speed").replace('"', '""') + '"'
+    assert db.sql(f"SELECT {quoted} FROM frames_ext ORDER BY index").fetchall() == orig_db.sql(
+        'SELECT "observation.state.speed" FROM frames_ext ORDER BY index').fetchall()
+    col = '"' + STATE.replace('"', '""') + '"'
+    pred = f"{col}[1] > 0"
+    got = db.sql(f"SELECT * FROM segments({pred}, 0.2) ORDER BY ALL").fetchall()
+    want = orig_db.sql('SELECT * FROM segments("observation.state"[1] > 0, 0.2) ORDER BY ALL').fetchall()
+    assert got == want and len(want) > 0
+    assert db.sql(f"SELECT * FROM event_windows({pred}, 0.2, 0.3) ORDER BY ALL").fetchall() == orig_db.sql(
+        'SELECT * FROM event_windows("observation.state"[1] > 0, 0.2, 0.3) ORDER BY ALL').fetchall()
+    lit = "'" + FRONT.replace("'", "''") + "'"
+    got = db.sql(f"SELECT index, camera_frame_index, pts FROM nearest_camera_frame({lit}) ORDER BY index").fetchall()
+    want = orig_db.sql("SELECT index, camera_frame_index, pts FROM nearest_camera_frame('observation.images.front') "
+                       "ORDER BY index").fetchall()
+    assert got == want and len(want) == db.sql("SELECT count(*) FROM frames").fetchall()[0][0]
+    # Element names from info.json's `names` become frames_ext columns and element_index() cases.
+    name = "'" + ACTION_NAME.replace("'", "''") + "'"
+    assert db.sql(f"SELECT element_index('action', {name})").fetchall() == [(6,)]
+    quoted = '"' + ("action." + ACTION_NAME).replace('"', '""') + '"'
+    assert db.sql(f"SELECT {quoted} FROM frames_ext ORDER BY index").fetchall() == orig_db.sql(
+        'SELECT "action.gripper.pos" FROM frames_ext ORDER BY index').fetchall()
+
+
+@pytest.mark.parametrize("name", ["small20", "v21_small20"])
+def test_a_crafted_camera_key_cannot_rewrite_the_video_join(datasets, tmp_path, name):
+    """``x' OR '1'='1`` as the only hostile name parses when pasted unquoted into the manifest's video join (it joined
+    every camera row of every episode): items must still be the original's, frame for frame."""
+    rename = {"observation.images.front": FRONT}
+    hostile = _hostile_copy(datasets / name, tmp_path / name, rename)
+    sql = "SELECT index FROM frames WHERE episode_index IN (2, 5) ORDER BY index"
+    a, b = lsql.connect(datasets / name).dataset(sql), lsql.connect(hostile).dataset(sql)
+    assert len(a) == len(b) > 0
+    for i in (0, len(a) // 2, len(a) - 1):
+        _assert_same_item(a[i], b[i], rename)
+
+
+# ---- A symlinked dataset (the Hugging Face hub cache layout) ----------------------------------------------------
+
+
+def _hub_snapshot(orig: Path, base: Path) -> Path:
+    """``base/datasets--org--name/snapshots/<rev>/...`` with every file a relative symlink into ``../../blobs/<sha>``,
+    as ``huggingface_hub.snapshot_download`` leaves it."""
+    import hashlib
+
+    repo = base / f"datasets--org--{orig.name}"
+    blobs, snap = repo / "blobs", repo / "snapshots" / "0123abcd"
+    blobs.mkdir(parents=True)
+    for f in sorted(orig.rglob("*")):
+        if f.is_file():
+            h = hashlib.sha256(f.read_bytes()).hexdigest()
+            if not (blobs / h).exists():
+                shutil.copy(f, blobs / h)
+            dst = snap / f.relative_to(orig)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.path.relpath(blobs / h, dst.parent), dst)
+    return snap
+
+
+@pytest.mark.parametrize("name", ["small20", "v21_small20"])
+def test_a_hub_cache_snapshot_works_and_the_sandbox_still_confines(datasets, tmp_path, name):
+    snap = _hub_snapshot(datasets / name, tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(datasets / name / "meta/info.json", outside / "secret.json")
+    (snap / "extra").mkdir()
+    os.symlink(outside / "secret.json", snap / "extra/secret.json")  # a symlink out of the dataset: never readable
+    orig = lsql.connect(datasets / name)
+    with pytest.warns(UserWarning, match="symlinks to files outside"):
+        db = lsql.connect(snap)
+        n = db.sql("SELECT count(*) FROM frames").fetchall()
+    assert n == orig.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+    for view in ("episodes", "tasks", "videos", "episode_stats"):
+        assert db.sql(f"SELECT count(*) FROM {view}").fetchall() == orig.sql(f"SELECT count(*) FROM {view}").fetchall()
+    assert db.sql("SELECT count(*), sum(pts) FROM video_frames").fetchall() == orig.sql(
+        "SELECT count(*), sum(pts) FROM video_frames").fetchall()
+    sql = "SELECT index FROM frames WHERE episode_index IN (1, 4) ORDER BY index"
+    a, b = orig.dataset(sql), db.dataset(sql)
+    assert len(a) == len(b) > 0
+    for i in (0, len(a) // 2, len(a) - 1):
+        _assert_same_item(a[i], b[i], {}, "")
+    # The second wall (db.con skips the query checks): the dataset's own blobs read, nothing else does.
+    import duckdb
+
+    info = snap / "meta/info.json"
+    assert db.con.sql(f"SELECT count(*) FROM read_json_objects('{info}')").fetchall() == [(1,)]
+    for path in (snap / "extra/secret.json", outside / "secret.json", "/etc/passwd"):
+        with pytest.raises(duckdb.PermissionException):
+            db.con.sql(f"SELECT * FROM read_text('{path}')").fetchall()
+    with pytest.raises(duckdb.PermissionException):
+        db.con.sql(f"SELECT * FROM glob('{snap.parent.parent / 'blobs'}/*')").fetchall()
