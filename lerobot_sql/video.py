@@ -29,7 +29,7 @@ from . import cache
 from .errors import DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError, VideoDecodeError
 from .source import Source
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: entries carry a checksum sidecar (cache.check)
 INDEX_SCHEMA = pa.schema([
     ("frame", pa.int64()),          # ordinal of the frame in the file, in presentation order
     ("pts", pa.int64()),            # presentation time, stream time-base units
@@ -177,12 +177,15 @@ def index_path(src: Source, rel: str, cache_dir: Path, pin: Stamp | None = None)
 def ensure_index(src: Source, rel: str, cache_dir: Path) -> Path:
     """Build (once) and return the cached index Parquet of video file ``rel``.
 
+    A damaged entry (truncated, garbled: see :func:`lerobot_sql.cache.check`) is rebuilt once, with a warning.
+
     Raises:
         MissingFileError: the mp4 does not exist.
         VideoDecodeError: PyAV cannot demux it.
+        CacheError: the entry cannot be written.
     """
     path = index_path(src, rel, cache_dir)
-    return cache.build_once(path, lambda tmp: pq.write_table(_demux_index(src, rel), tmp))
+    return cache.ensure(path, lambda tmp: pq.write_table(_demux_index(src, rel), tmp))
 
 
 def _key_rows(pts: np.ndarray, keyframe_pts: np.ndarray, is_keyframe: np.ndarray) -> np.ndarray:
@@ -219,7 +222,8 @@ def ensure_index_arrow(src: Source, rel: str, cache_dir: Path, pin: Stamp | None
     def write(tmp: str) -> None:
         # The Parquet form serves the SQL view `video_frames` and is written only when a query needs it; reading
         # frames needs only this file, straight from the demux (writing Parquet cost 30 ms per 46k-frame mp4).
-        t = pq.read_table(parquet, columns=["pts", "pts_s", "is_keyframe", "keyframe_pts"]) if parquet.exists() \
+        ok = parquet.exists() and cache.check_once(parquet) is None  # a damaged Parquet form is not copied
+        t = pq.read_table(parquet, columns=["pts", "pts_s", "is_keyframe", "keyframe_pts"]) if ok \
             else _demux_index(src, rel)
         pts = t["pts"].to_numpy()
         key_row = _key_rows(pts, t["keyframe_pts"].to_numpy(), t["is_keyframe"].to_numpy(zero_copy_only=False))
@@ -229,7 +233,7 @@ def ensure_index_arrow(src: Source, rel: str, cache_dir: Path, pin: Stamp | None
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, out.schema) as w:
             w.write_table(out)
 
-    return cache.build_once(path, write)
+    return cache.ensure(path, write)
 
 
 @dataclasses.dataclass(frozen=True)
