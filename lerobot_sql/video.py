@@ -435,6 +435,7 @@ class DecoderPool:
                  thread_type: str = "AUTO", pins: dict[str, Stamp | None] | None = None):
         self.src, self.max_open, self.threads, self.reach = src, max_open, threads, reach
         self.pins = pins or {}
+        self._local: dict[str, str] = {}  # rel -> OS path of pinned files (spares a join per check)
         self.thread_type = thread_type
         self._open: collections.OrderedDict[str, _OpenFile] = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -487,7 +488,18 @@ class DecoderPool:
         try:
             # One stat per call (an item's camera), after the open: a file replaced by a rename before the open, or
             # rewritten in place under an open decoder, would otherwise be decoded through the old file's index.
-            _check_pin(self.src, index.path, self.pins.get(index.path))
+            pin = self.pins.get(index.path)
+            if pin is not None:
+                local = self._local.get(index.path)
+                if local is None:
+                    local = self._local[index.path] = self.src.local_path(index.path)
+                try:
+                    st = os.stat(local)
+                    now = (st.st_ino, st.st_size, st.st_mtime_ns)
+                except FileNotFoundError:
+                    now = None
+                if now != pin:
+                    raise changed_error(self.src, index.path, pin, now)
             out = np.empty((len(rows), *f.shape), np.uint8)
             f.decode_into(index, np.asarray(rows), out, self.reach)
             ok = True
