@@ -60,7 +60,8 @@ class _Worker:
         self.views: list[tabular.RowGroupView | None] = [None] * len(ds._rg_len)
         self.indexes: dict[str, video.FrameIndex] = {}
         self.videos: dict[tuple[str, int], _VideoFile] = {}
-        self.decoders = video.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads)
+        self.decoders = video.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads,
+                                          pins=ds._video_pins)
         n = len(ds._video_keys)
         # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
         self.pool = concurrent.futures.ThreadPoolExecutor(n - 1) if ds._use_parallel() and n > 1 else None
@@ -88,7 +89,8 @@ class _Worker:
         """The index of mp4 ``rel``, built (demux, cached on disk) on first use and memory-mapped."""
         index = self.indexes.get(rel)
         if index is None:
-            index = self.indexes[rel] = video.FrameIndex.load(video.ensure_index_arrow(ds._src, rel, ds._cache_dir))
+            index = self.indexes[rel] = video.FrameIndex.load(
+                video.ensure_index_arrow(ds._src, rel, ds._cache_dir, ds._video_pins.get(rel)))
         return index
 
 
@@ -123,8 +125,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         FrameNotFoundError: no video frame within ``tolerance_s`` of the wanted time.
         MissingFileError: a video file the frame needs does not exist (the message names it and ``cameras=[...]``).
         DatasetFormatError: the mp4 holding the frame has a selected episode's clip (``from_timestamp`` and frame
-            count) that disagrees with its real frames (raised by every item reading that mp4 and camera), or a data
-            row group cannot be decoded or disagrees with info.json's shapes.
+            count) that disagrees with its real frames (raised by every item reading that mp4 and camera), a data
+            row group cannot be decoded or disagrees with info.json's shapes, or a data file or mp4 was replaced or
+            rewritten after the dataset was opened (open it again to read the new version).
         VideoDecodeError: PyAV failed on the file.
         CacheError: the cache folder is full or not writable.
     """
@@ -192,6 +195,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         # Video: per camera, its mp4s and each sample's place among its file's samples. The video rows themselves
         # come from each file's index, on first use in the reading process (_video).
         self._video_files: dict[str, list[str]] = {}
+        self._video_pins: dict[str, video.Stamp | None] = {}
         self._vstarts: dict[str, np.ndarray] = {}
         missing: list[str] = []
         for k in self._video_keys:
@@ -202,8 +206,11 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             pos[order] = np.arange(n) - np.repeat(self._vstarts[k][:-1], np.diff(self._vstarts[k]))
             cols[f"_vfile/{k}"], cols[f"_vorder/{k}"], cols[f"_vpos/{k}"] = codes, order, pos
             for rel in names:  # only where it costs a stat: a remote file's absence shows at its first item
+                # The stamp pins the file: every process checks it before indexing or decoding the mp4 (a file
+                # replaced since would be read through an index and clips checked for another file).
+                pin = self._video_pins[rel] = video.stamp(self._src, rel)
                 local = self._src.local_path(rel)
-                if local is not None and not os.path.exists(local):
+                if local is not None and pin is None:
                     missing.append(local)
         meta = json.loads((m.schema.metadata or {}).get(b"lerobot_sql.manifest", b"{}"))
         self._clips = {k: v for k, v in (meta.get("clips") or {}).items() if k in self._video_keys}

@@ -497,17 +497,24 @@ def _reads_table(sql: str, name: str) -> bool:
     return any(t.name.lower() == name for t in sqlglot.parse_one(sql, read="duckdb").find_all(exp.Table))
 
 
-def unreadable_error(src, layout, cause: BaseException) -> DatasetFormatError:
+def unreadable_error(src, layout, cause: BaseException) -> LeRobotSQLError:
     """A DatasetFormatError for a Parquet file DuckDB or pyarrow could not read, naming the file(s) whose footer does
-    not parse (checked one by one, footers only), else every data file, and the fix."""
+    not parse (checked one by one, footers only), else every data file, and the fix. A storage failure (503s,
+    a dead server: in ``cause`` or while the footers are checked) is a RemoteIOError instead, not a corrupt file."""
     import pyarrow.parquet as pq
 
+    remote = query_error(cause, "opening the dataset's tables")
+    if isinstance(remote, RemoteIOError):
+        return remote
     files = [f for f in (*layout.episode_files, layout.tasks_file, *layout.data_files) if f and f.endswith(".parquet")]
     bad = []
     for rel in files:
         try:
             with src.open(rel) as f:
                 pq.read_metadata(f)
+        except RemoteIOError as e:
+            return type(e)(f"{e} (while checking the Parquet files after: {type(cause).__name__}: "
+                           f"{str(cause).splitlines()[0] if str(cause) else ''})")
         except (pa.ArrowException, OSError):
             bad.append(src.path(rel))
     where = ", ".join(bad[:3]) if bad else f"one of the data files under {src.path('data')}"

@@ -64,14 +64,29 @@ def parse_size(size: int | str | None) -> int:
     return int(s)
 
 
+STALL_S = 20.0                  # an HTTP answer may pause this long (headers, or between body bytes)
+MIN_RATE = 32 << 10              # ... and must deliver a body at this average rate (bytes/s) after STALL_S
+WHOLE_MAX = 64 << 20             # a file of a server that ignores Range is fetched whole up to this size
+CHECK_BYTES = 64 << 10           # bytes at each end of an untagged file hashed into its identity
+
+
 class _Truncated(OSError):
     """The server sent fewer bytes than asked for."""
+
+
+class _Stalled(OSError):
+    """The server stopped sending (no byte for ``stall_s``) or sends slower than ``min_rate``: retried once."""
+
+
+class _Lying(OSError):
+    """The server's answer contradicts the request (a Content-Length or Content-Range for other bytes): not
+    retried, another try gets the same answer."""
 
 
 def _retryable(e: BaseException) -> bool:
     """True for errors a second try may cure: 5xx/408/429 answers, resets, timeouts, truncated bodies."""
     if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotImplementedError, TypeError,
-                      KeyError, MissingFileError)):
+                      KeyError, MissingFileError, _Lying)):
         return False
     status = getattr(e, "status", None) or getattr(e, "status_code", None)
     if status is None:
@@ -151,8 +166,11 @@ class RemoteCacheFS(AbstractFileSystem):
     cachable = False
 
     def __init__(self, target: Any, root: str, url: str, cache_dir: str | os.PathLike, cache_size: int | str | None = None,
-                 retries: int = 4, backoff_s: float = 0.2, offline: bool | None = None, **kwargs: Any):
+                 retries: int = 4, backoff_s: float = 0.2, offline: bool | None = None, stall_s: float = STALL_S,
+                 min_rate: float = MIN_RATE, **kwargs: Any):
         super().__init__(**kwargs)
+        self.stall_s, self.min_rate = float(stall_s), float(min_rate)
+        self._warned: set[str] = set()
         self.target, self.root, self.url = target, root.rstrip("/"), url
         self.dir = Path(cache_dir) / "remote"
         self.cache_size = parse_size(cache_size)
@@ -175,7 +193,7 @@ class RemoteCacheFS(AbstractFileSystem):
         # The file infos go along: a DataLoader worker then reads the versions (ETags) its parent pinned, and asks
         # the server nothing before its first range read.
         return (_rebuild, (self.target, self.root, self.url, str(self.dir.parent), self.cache_size, self.retries,
-                           self.backoff_s, self.offline, dict(self._infos)))
+                           self.backoff_s, self.offline, dict(self._infos), self.stall_s, self.min_rate))
 
     def _fs(self):
         """The target, re-created after a fork (async fsspec filesystems refuse to run in a forked child)."""
@@ -209,6 +227,7 @@ class RemoteCacheFS(AbstractFileSystem):
     def _call(self, what: str, fn, *args: Any, **kwargs: Any):
         """``fn(*args)`` with retries; RemoteIOError after the last one; FileNotFoundError passes through."""
         last: BaseException | None = None
+        stalls = 0
         for attempt in range(self.retries + 1):
             self._count(requests=1)
             try:
@@ -227,7 +246,9 @@ class RemoteCacheFS(AbstractFileSystem):
                 raise  # another try cannot bring the old version back
             except Exception as e:  # noqa: BLE001 - any library's transport error; classified below
                 last = e
-                if not _retryable(e) or attempt == self.retries:
+                stalls += isinstance(e, _Stalled)
+                # A stalled server costs stall_s (or more) per try: one more try, not `retries` more.
+                if not _retryable(e) or attempt == self.retries or stalls > 1:
                     break
                 time.sleep(self.backoff_s * (2 ** attempt) * (1 + 0.25 * random.random()))
         raise RemoteIOError(f"{what}: failed after {attempt + 1} attempt(s): {type(last).__name__}: {last}. "
@@ -281,9 +302,24 @@ class RemoteCacheFS(AbstractFileSystem):
             return self._infos[path]
 
         def fetch():
-            i = self._fs().info(path)
-            return {"name": path, "size": i.get("size"), "type": i.get("type", "file"), "identity": identity_of(i),
-                    **version_of(i)}
+            fs = self._fs()
+            i = fs.info(path)
+            out = {"name": path, "size": i.get("size"), "type": i.get("type", "file"), "identity": identity_of(i),
+                   **version_of(i)}
+            proto = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+            if proto in ("http", "https") and not (out.get("etag") or out.get("last_modified")) \
+                    and out["type"] == "file" and isinstance(out["size"], int) and out["size"] > 0:
+                # Nothing tags this version: a change of the same size would keep serving the old cached bytes.
+                # A CRC of the file's first and last CHECK_BYTES (a Parquet footer, an mp4's moov box) joins the
+                # identity; a change elsewhere alone stays unnoticed (docs/remote).
+                n = out["size"]
+                head = self._http_get(fs, path, 0, min(n, CHECK_BYTES), {}, n, store=False)
+                tail = self._http_get(fs, path, max(0, n - CHECK_BYTES), n, {}, n, store=False) \
+                    if n > CHECK_BYTES else b""
+                import zlib
+
+                out["identity"] += f"-crc{zlib.crc32(tail, zlib.crc32(head)):08x}"
+            return out
 
         try:
             info = self._meta_op("info", path, fetch)
@@ -535,10 +571,10 @@ class RemoteCacheFS(AbstractFileSystem):
         fs, pin = self._fs(), self.info(path)
         proto = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         try:
-            if proto in ("http", "https") and (pin.get("etag") or pin.get("last_modified")):
+            if proto in ("http", "https"):
                 headers = ({"If-Match": pin["etag"]} if pin.get("etag")
-                           else {"If-Unmodified-Since": pin["last_modified"]})
-                data = fs.cat_file(path, start=a, end=b, headers=headers)
+                           else {"If-Unmodified-Since": pin["last_modified"]} if pin.get("last_modified") else {})
+                data = self._http_get(fs, path, a, b, headers, pin.get("size"))
             elif proto in ("s3", "s3a") and pin.get("version_id"):
                 data = fs.cat_file(path, start=a, end=b, version_id=pin["version_id"])
             elif proto in ("s3", "s3a") and pin.get("etag") and hasattr(fs, "_call_s3"):
@@ -557,6 +593,96 @@ class RemoteCacheFS(AbstractFileSystem):
         if len(data) != b - a:
             raise _Truncated(f"got {len(data)} of {b - a} bytes")
         return data
+
+    def _http_get(self, fs, path: str, a: int, b: int, headers: dict, size: int | None, store: bool = True) -> bytes:
+        """Bytes [a, b) by one ranged GET on fsspec's aiohttp session, checking the answer as it comes.
+
+        * The headers must announce exactly the bytes asked for (206 with that Content-Length and Content-Range):
+          a server announcing more than it sends would otherwise hold each read until the socket timeout, for every
+          retry. Any other announcement raises at once, before the body (``_Lying``, not retried).
+        * The body must keep coming: no pause over ``stall_s`` and, past ``stall_s``, at least ``min_rate`` bytes/s
+          on average (``_Stalled``, retried once). A server dripping a byte every few seconds never trips a socket
+          read timeout by itself.
+        * A server that ignores Range (200 and the whole file): the whole file (up to ``WHOLE_MAX`` bytes) is read
+          once and stored in the cache with a warning, so no later read (or retry) fetches it again; a larger file
+          raises RemoteIOError.
+        """
+        import asyncio
+
+        from fsspec.asyn import sync
+
+        url = self._url(path)
+
+        async def body(r, n: int) -> bytes:
+            out = bytearray()
+            deadline = time.monotonic() + self.stall_s + n / self.min_rate
+            while len(out) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Stalled(f"{url}: the server sent {len(out)} of {n} bytes in {self.stall_s + n / self.min_rate:.0f} s "
+                                   f"(less than {self.min_rate / 1024:.0f} KiB/s)")
+                try:
+                    chunk = await asyncio.wait_for(r.content.read(min(1 << 20, n - len(out))),
+                                                   timeout=min(left, self.stall_s))
+                except asyncio.TimeoutError:
+                    raise _Stalled(f"{url}: the server stopped sending after {len(out)} of {n} bytes (nothing for "
+                                   f"{min(left, self.stall_s):.0f} s)") from None
+                if not chunk:
+                    raise _Truncated(f"{url}: the connection closed after {len(out)} of {n} bytes")
+                out += chunk
+            return bytes(out)
+
+        async def get():
+            session = await fs.set_session()
+            kw = dict(getattr(fs, "kwargs", {}) or {})
+            h = {**(kw.pop("headers", None) or {}), **headers, "Range": f"bytes={a}-{b - 1}"}
+            async with session.get(fs.encode_url(path), headers=h, **kw) as r:
+                if r.status == 404:
+                    raise FileNotFoundError(url)
+                r.raise_for_status()  # 412 -> FileChangedError in _get; 5xx -> retried
+                n = r.content_length
+                if r.status == 200:
+                    total = n if n is not None else size
+                    if total is None or (size is not None and total != size):
+                        raise _Lying(f"{url}: asked for bytes {a}-{b}, the server answered 200 with "
+                                     f"{total} bytes, not the file's {size}")
+                    if total > WHOLE_MAX and not (a == 0 and b == total):
+                        raise _Lying(f"{url}: the server ignores Range requests (answered 200 with the whole "
+                                     f"{total}-byte file for bytes {a}-{b}); files over {WHOLE_MAX} bytes are "
+                                     "not fetched whole. Use a server or mirror that supports Range")
+                    return await body(r, total), True
+                if r.status != 206:
+                    raise _Lying(f"{url}: unexpected HTTP status {r.status} for bytes {a}-{b}")
+                cr = r.headers.get("Content-Range", "")
+                if (n is not None and n != b - a) or (cr and not cr.startswith(f"bytes {a}-{b - 1}/")):
+                    raise _Lying(f"{url}: asked for bytes {a}-{b} ({b - a} bytes), the server announced "
+                                 f"Content-Length {n}, Content-Range {cr or 'none'}; it sends other bytes than "
+                                 "asked for (a misconfigured server or proxy)")
+                return await body(r, b - a), False
+
+        data, whole = sync(fs.loop, get)
+        if whole and not store:
+            return data[a:b]
+        if whole:
+            if url not in self._warned:
+                self._warned.add(url)
+                import warnings
+
+                warnings.warn(f"{url}: the server ignores Range requests (it answered 200 with the whole file); "
+                              f"fetched the whole file ({len(data)} bytes) once into the cache", stacklevel=2)
+            self._store_whole(path, data)
+            data = data[a:b]
+        return data
+
+    def _store_whole(self, path: str, data: bytes) -> None:
+        """Keep a whole file as region pieces (never re-fetched while cached); pieces already there are kept."""
+        fdir = self._file_dir(path)
+        fdir.mkdir(parents=True, exist_ok=True)
+        have = self._scan(fdir)
+        for r in range((len(data) + REGION - 1) // REGION):
+            a, b = r * REGION, min(len(data), (r + 1) * REGION)
+            if self._gaps(have, a, b):
+                self._write_piece(fdir, a, b, data[a:b])
 
     @staticmethod
     def _s3_get(fs, path: str, a: int, b: int, etag: str) -> bytes:
@@ -699,8 +825,10 @@ def _pool():
     return _POOL[1]
 
 
-def _rebuild(target, root, url, cache_dir, cache_size, retries, backoff_s, offline, infos=None):
-    fs = RemoteCacheFS(target, root, url, cache_dir, cache_size, retries=retries, backoff_s=backoff_s, offline=offline)
+def _rebuild(target, root, url, cache_dir, cache_size, retries, backoff_s, offline, infos=None, stall_s=STALL_S,
+             min_rate=MIN_RATE):
+    fs = RemoteCacheFS(target, root, url, cache_dir, cache_size, retries=retries, backoff_s=backoff_s, offline=offline,
+                       stall_s=stall_s, min_rate=min_rate)
     fs._infos.update(infos or {})
     return fs
 

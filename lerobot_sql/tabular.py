@@ -9,6 +9,7 @@ memory-map it: the OS page cache is shared, and no process holds a private copy 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from .errors import CacheError, DatasetFormatError, LeRobotSQLError
 from .layout import Layout
 from .source import Source
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: keyed by info.json's numeric features too; entries carry a checksum sidecar
 _NUMERIC = {"float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32",
             "uint64", "bool"}
 
@@ -119,9 +120,20 @@ def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
     return pa.table(cols)
 
 
-def row_group_path(src: Source, info: DataFileInfo, rg: int, cache_dir: Path) -> Path:
-    """Where the Arrow IPC cache file of row group ``rg`` of a data file lives (it may not exist yet)."""
-    return cache_dir / "tabular" / cache.key(src.url, info.rel, info.identity, CACHE_VERSION) / f"rg-{rg:05d}.arrow"
+def features_key(layout: Layout) -> str:
+    """What of info.json decides an entry's decoded values: each numeric feature's name, dtype and shape (see
+    ``_normalise``). Part of the cache key, so a corrected info.json is never masked by entries built under the old
+    one."""
+    sig = sorted((name, f.dtype, [int(x) for x in f.shape]) for name, f in layout.features.items()
+                 if f.dtype in _NUMERIC)
+    return cache.key(json.dumps(sig))
+
+
+def row_group_path(src: Source, info: DataFileInfo, rg: int, cache_dir: Path, layout: Layout) -> Path:
+    """Where the Arrow IPC cache file of row group ``rg`` of a data file lives (it may not exist yet): keyed by the
+    file's identity and :func:`features_key`."""
+    return cache_dir / "tabular" / cache.key(src.url, info.rel, info.identity, features_key(layout),
+                                             CACHE_VERSION) / f"rg-{rg:05d}.arrow"
 
 
 def ensure_row_group(src: Source, info: DataFileInfo, rg: int, layout: Layout, cache_dir: Path) -> Path:
@@ -132,13 +144,26 @@ def ensure_row_group(src: Source, info: DataFileInfo, rg: int, layout: Layout, c
 def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Layout, cache_dir: Path) -> list[Path]:
     """Build (once) and return the cache files of several row groups of one data file, opening it at most once.
 
+    Each entry is checked against its checksum the first time this process uses it (:func:`cache.check_once`); a
+    damaged one (truncated, emptied, garbled, bytes changed) is rebuilt once, with a ``CacheWarning`` naming it.
+
     Raises:
         MissingFileError: the data file is gone.
         DatasetFormatError: a column disagrees with the shape info.json gives it, or a local file changed since
             ``info`` was read (its row groups may have moved; a remote source pins the version it first saw).
+        CacheError: an entry cannot be written, or is damaged again right after its rebuild.
     """
-    paths = [row_group_path(src, info, rg, cache_dir) for rg in rgs]
-    missing = [(rg, p) for rg, p in zip(rgs, paths) if not p.exists()]
+    paths = [row_group_path(src, info, rg, cache_dir, layout) for rg in rgs]
+    missing, healed = [], []
+    for rg, p in zip(rgs, paths):
+        if not p.exists():
+            missing.append((rg, p))
+            continue
+        why = cache.check_once(p)
+        if why is not None:
+            cache.discard(p, why)
+            missing.append((rg, p))
+            healed.append(p)
     if not missing:
         return paths
     if src.is_local and info.metadata is not None:
@@ -155,13 +180,16 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
         with src.open(info.rel) as f:
             pf = pq.ParquetFile(f, metadata=info.metadata)
             for rg, p in missing:
-                cache.build_once(p, lambda tmp, rg=rg: _write(pf, rg, tmp, layout, src.path(info.rel)))
+                cache.build_once(p, lambda tmp, rg=rg: _write(pf, rg, tmp, layout, src.path(info.rel)),
+                                 checksum=True)
     except OSError as e:  # remote pieces are cache writes too
         if isinstance(e, LeRobotSQLError):  # MissingFileError / RemoteIOError / CacheError: already ours
             raise
         raise CacheError(f"{folder}: cannot write the tabular cache ({e}); the cache folder is full or not "
                          "writable. Free space there, or set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a "
                          "writable folder with room") from e
+    for p in healed:
+        cache.verify_rebuilt(p)
     return paths
 
 

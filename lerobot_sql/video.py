@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import cache
-from .errors import FrameNotFoundError, MissingFileError, VideoDecodeError
+from .errors import DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError, VideoDecodeError
 from .source import Source
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: entries carry a checksum sidecar (cache.check)
 INDEX_SCHEMA = pa.schema([
     ("frame", pa.int64()),          # ordinal of the frame in the file, in presentation order
     ("pts", pa.int64()),            # presentation time, stream time-base units
@@ -128,20 +128,64 @@ def _demux_index(src: Source, rel: str) -> pa.Table:
     }, schema=INDEX_SCHEMA.with_metadata({"time_base": f"{tb.numerator}/{tb.denominator}", "path": rel}))
 
 
-def index_path(src: Source, rel: str, cache_dir: Path) -> Path:
-    """Where the cached index of ``rel`` lives (it may not exist yet)."""
-    return cache_dir / "video_index" / f"{cache.key(src.url, rel, src.identity(rel), INDEX_VERSION)}.parquet"
+Stamp = tuple  # (inode, size, mtime_ns) of a local file: see stamp()
+
+
+def stamp(src: Source, rel: str) -> Stamp | None:
+    """(inode, size in bytes, mtime in ns) of local file ``rel``, or None when it is missing or remote.
+
+    A dataset takes one stamp per mp4 when it is opened and compares it whenever a process indexes the file or
+    hands it to a decoder: a file replaced by a rename (new inode) or rewritten in place (new size or mtime)
+    differs. One ``os.stat``, about a microsecond. Remote files are pinned by their ETag instead (see remote.py).
+    """
+    local = src.local_path(rel)
+    if local is None:
+        return None
+    try:
+        st = os.stat(local)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def changed_error(src: Source, rel: str, then: Stamp, now: Stamp | None) -> LeRobotSQLError:
+    """The error for an mp4 that is no longer the file the dataset was opened on (or is gone)."""
+    if now is None:
+        return MissingFileError(f"{src.path(rel)}: video file not found; it existed when the dataset was opened. "
+                                "Restore it, or open the dataset again (db.dataset(...)) with cameras=[...] without it")
+    return DatasetFormatError(
+        f"{src.path(rel)}: the video file changed after the dataset was opened (inode-size-mtime "
+        f"{'-'.join(map(str, then))} then, {'-'.join(map(str, now))} now); its frame index and episode clips describe "
+        "the old file, so decoding it would give wrong frames. Open the dataset again (db.dataset(...)) to read the "
+        "new version")
+
+
+def _check_pin(src: Source, rel: str, pin: Stamp | None) -> None:
+    if pin is not None:
+        now = stamp(src, rel)
+        if now != pin:
+            raise changed_error(src, rel, pin, now)
+
+
+def index_path(src: Source, rel: str, cache_dir: Path, pin: Stamp | None = None) -> Path:
+    """Where the cached index of ``rel`` lives (it may not exist yet): keyed by the file's identity, the pinned
+    one when ``pin`` (a :func:`stamp`) is given."""
+    identity = f"{pin[1]}-{pin[2]}" if pin is not None else src.identity(rel)  # Source.identity's local form
+    return cache_dir / "video_index" / f"{cache.key(src.url, rel, identity, INDEX_VERSION)}.parquet"
 
 
 def ensure_index(src: Source, rel: str, cache_dir: Path) -> Path:
     """Build (once) and return the cached index Parquet of video file ``rel``.
 
+    A damaged entry (truncated, garbled: see :func:`lerobot_sql.cache.check`) is rebuilt once, with a warning.
+
     Raises:
         MissingFileError: the mp4 does not exist.
         VideoDecodeError: PyAV cannot demux it.
+        CacheError: the entry cannot be written.
     """
     path = index_path(src, rel, cache_dir)
-    return cache.build_once(path, lambda tmp: pq.write_table(_demux_index(src, rel), tmp))
+    return cache.ensure(path, lambda tmp: pq.write_table(_demux_index(src, rel), tmp))
 
 
 def _key_rows(pts: np.ndarray, keyframe_pts: np.ndarray, is_keyframe: np.ndarray) -> np.ndarray:
@@ -158,23 +202,28 @@ def _key_rows(pts: np.ndarray, keyframe_pts: np.ndarray, is_keyframe: np.ndarray
     return np.minimum(by_decode, by_pts).astype(np.int64)
 
 
-def ensure_index_arrow(src: Source, rel: str, cache_dir: Path) -> Path:
+def ensure_index_arrow(src: Source, rel: str, cache_dir: Path, pin: Stamp | None = None) -> Path:
     """Build (once) the memory-mappable Arrow IPC form of the index of ``rel`` (pts, pts_s, key_row).
+
+    ``pin``: the file's :func:`stamp` when the dataset was opened; the file must still be that one.
 
     Raises:
         MissingFileError: the mp4 does not exist.
+        DatasetFormatError: the mp4 is not the file ``pin`` describes (replaced or rewritten since).
         VideoDecodeError: PyAV cannot demux it.
 
     Workers map this file instead of loading the Parquet, so the index pages are shared through the OS page cache
     and a worker's private memory does not grow with the number of frames.
     """
-    parquet = index_path(src, rel, cache_dir)
+    _check_pin(src, rel, pin)  # a stat: the index must describe the file the dataset's clips were checked for
+    parquet = index_path(src, rel, cache_dir, pin)
     path = parquet.with_suffix(".arrow")
 
     def write(tmp: str) -> None:
         # The Parquet form serves the SQL view `video_frames` and is written only when a query needs it; reading
         # frames needs only this file, straight from the demux (writing Parquet cost 30 ms per 46k-frame mp4).
-        t = pq.read_table(parquet, columns=["pts", "pts_s", "is_keyframe", "keyframe_pts"]) if parquet.exists() \
+        ok = parquet.exists() and cache.check_once(parquet) is None  # a damaged Parquet form is not copied
+        t = pq.read_table(parquet, columns=["pts", "pts_s", "is_keyframe", "keyframe_pts"]) if ok \
             else _demux_index(src, rel)
         pts = t["pts"].to_numpy()
         key_row = _key_rows(pts, t["keyframe_pts"].to_numpy(), t["is_keyframe"].to_numpy(zero_copy_only=False))
@@ -184,7 +233,7 @@ def ensure_index_arrow(src: Source, rel: str, cache_dir: Path) -> Path:
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, out.schema) as w:
             w.write_table(out)
 
-    return cache.build_once(path, write)
+    return cache.ensure(path, write)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,8 +432,10 @@ class DecoderPool:
     """
 
     def __init__(self, src: Source, max_open: int = 16, threads: int = 1, reach: int = 2,
-                 thread_type: str = "AUTO"):
+                 thread_type: str = "AUTO", pins: dict[str, Stamp | None] | None = None):
         self.src, self.max_open, self.threads, self.reach = src, max_open, threads, reach
+        self.pins = pins or {}
+        self._local: dict[str, str] = {}  # rel -> OS path of pinned files (spares a join per check)
         self.thread_type = thread_type
         self._open: collections.OrderedDict[str, _OpenFile] = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -429,11 +480,26 @@ class DecoderPool:
 
         Raises:
             MissingFileError: the mp4 is gone.
+            DatasetFormatError: the mp4 is no longer the file its pin (``pins``) describes.
             VideoDecodeError: PyAV failed, or the stream disagrees with the index.
         """
         f = self._take(index.path)
         ok = False
         try:
+            # One stat per call (an item's camera), after the open: a file replaced by a rename before the open, or
+            # rewritten in place under an open decoder, would otherwise be decoded through the old file's index.
+            pin = self.pins.get(index.path)
+            if pin is not None:
+                local = self._local.get(index.path)
+                if local is None:
+                    local = self._local[index.path] = self.src.local_path(index.path)
+                try:
+                    st = os.stat(local)
+                    now = (st.st_ino, st.st_size, st.st_mtime_ns)
+                except FileNotFoundError:
+                    now = None
+                if now != pin:
+                    raise changed_error(self.src, index.path, pin, now)
             out = np.empty((len(rows), *f.shape), np.uint8)
             f.decode_into(index, np.asarray(rows), out, self.reach)
             ok = True

@@ -238,9 +238,11 @@ def _mp4s(root, episode: int) -> list[str]:
 
 def _expected(src, cache, homes: set, mp4s: set) -> set:
     """Cache files of (data file, row group) pairs and mp4s, named as tabular/video name their entries."""
+    from lerobot_sql.layout import load_layout
+
     out = set()
     for rel, rg in homes:
-        out.add(tabular.row_group_path(src, tabular.data_file_info(src, rel), rg, cache))
+        out.add(tabular.row_group_path(src, tabular.data_file_info(src, rel), rg, cache, load_layout(src)))
     for rel in mp4s:  # items need only the Arrow form; the Parquet one is for the SQL view video_frames
         out.add(video.index_path(src, rel, cache).with_suffix(".arrow"))
     return out

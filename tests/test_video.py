@@ -207,3 +207,82 @@ def test_fork_safety_parent_reads_then_two_workers(datasets, framecode):
             assert torch.equal(got[k][j], p[k])
             ep, f = int(got["episode_index"][j]), int(got["frame_index"][j])
             assert framecode.verify_frame(got[k][j].permute(1, 2, 0).numpy(), ep, f, cam)["ok"], (ep, f, k)
+
+
+# ---- a video file replaced while a dataset reads it (issue 14, High #4) -------------------------------------------
+FRONT = "videos/observation.images.front/chunk-000/file-000.mp4"
+WRIST = "videos/observation.images.wrist/chunk-000/file-000.mp4"
+CAMS = ("observation.images.front", "observation.images.wrist")
+
+
+def _writable_copy(datasets, tmp_path, name="small20"):
+    root = tmp_path / name
+    shutil.copytree(datasets / name, root)
+    for p in root.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return root
+
+
+def _swap_cameras(root):
+    """front <-> wrist by renames (new inodes, other sizes): each path now holds the other camera's frames."""
+    tmp = root / "swap.tmp"
+    os.replace(root / FRONT, tmp)
+    os.replace(root / WRIST, root / FRONT)
+    os.replace(tmp, root / WRIST)
+
+
+def _overwrite_in_place(root):
+    """front's bytes overwritten by wrist's in the same inode (as `cp wrist front` does)."""
+    with open(root / WRIST, "rb") as src, open(root / FRONT, "r+b") as dst:
+        dst.truncate(0)
+        shutil.copyfileobj(src, dst)
+
+
+def _assert_right_frames(framecode, item):
+    ep, f = int(item["episode_index"]), int(item["frame_index"])
+    for cam in CAMS:
+        img = item[cam].numpy().transpose(1, 2, 0)
+        assert framecode.verify_frame(img, ep, f, cam)["ok"], (cam, ep, f)
+
+
+SQL_SWAP = "SELECT index FROM frames WHERE episode_index = 3 AND frame_index < 40 ORDER BY index"
+
+
+@pytest.mark.parametrize("replace", [_swap_cameras, _overwrite_in_place])
+@pytest.mark.parametrize("when", ["before_first_item", "mid_run"])
+def test_a_replaced_mp4_is_refused_never_read_through_the_stale_index(datasets, tmp_path, framecode, replace, when):
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = _writable_copy(datasets, tmp_path)
+    ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(SQL_SWAP, return_uint8=True)
+    done = 0 if when == "before_first_item" else 5
+    for i in range(done):  # decoders are open on both files now
+        _assert_right_frames(framecode, ds[i])
+    replace(root)
+    for i in range(done, len(ds)):
+        with pytest.raises(DatasetFormatError, match=r"observation\.images\.front/chunk-000/file-000\.mp4.*changed"):
+            ds[i]
+    # a dataset opened anew reads what the files now hold, through a fresh index
+    ds2 = lsql.connect(root, cache_dir=tmp_path / "c").dataset(SQL_SWAP, return_uint8=True)
+    item = ds2[0]
+    ep, f = int(item["episode_index"]), int(item["frame_index"])
+    assert framecode.verify_frame(item["observation.images.front"].numpy().transpose(1, 2, 0), ep, f,
+                                  "observation.images.wrist")["ok"]
+
+
+def test_a_replaced_mp4_between_dataloader_epochs_is_refused_in_the_workers(datasets, tmp_path, framecode):
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = _writable_copy(datasets, tmp_path)
+    ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(SQL_SWAP, return_uint8=True)
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")
+    n = 0
+    for batch in loader:  # epoch 1: the workers build the indexes and open decoders
+        for j in range(len(batch["index"])):
+            _assert_right_frames(framecode, {k: v[j] for k, v in batch.items() if k != "task"})
+            n += 1
+    assert n == len(ds) == 40
+    _swap_cameras(root)
+    with pytest.raises(DatasetFormatError, match=r"file-000\.mp4.*changed"):
+        for _ in loader:  # epoch 2: fresh workers forked from a dataset that pinned the old files
+            pass

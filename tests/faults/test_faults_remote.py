@@ -150,3 +150,142 @@ def test_file_changed_during_a_run_never_mixes_versions(damaged, monkeypatch, tm
         np.testing.assert_array_equal(_state(fresh.dataset(SQL.format(18), cameras=[])[0]),
                                       _state(local_new.dataset(SQL.format(18), cameras=[])[0]))
         np.testing.assert_array_equal(_state(fresh.dataset(SQL.format(1), cameras=[])[0]), before + np.float32(1000.0))
+
+
+# ---- servers that lie or stall (issue 14) ---------------------------------------------------------------------
+class _LyingHandler(_Handler):
+    """Adds faults: ``drip`` (the body one byte every ``drip_s``), ``long_length`` (Content-Length 1000 bytes more
+    than the body, the connection kept open), ``no_range`` (Range ignored: 200 and the whole file), ``no_tags`` (no
+    ETag, no Last-Modified)."""
+
+    def _headers(self, p, status, length, extra=None):
+        f = self.server.faults
+        if f.get("no_range") and status == 206:
+            status, length, extra = 200, p.stat().st_size, {}
+            self._whole = True
+        if f.get("long_length"):
+            length += 1000
+        if f.get("no_tags"):
+            self.send_response(status)
+            self.send_header("Content-Length", str(length))
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            return
+        super()._headers(p, status, length, extra)
+
+    def do_GET(self):
+        f = self.server.faults
+        self._whole = False
+        if not (f.get("drip") or f.get("no_range")):
+            return super().do_GET()
+        p = self._file()
+        size = p.stat().st_size
+        a, _, b = self.headers["Range"][6:].partition("-")
+        start, end = int(a), min(int(b) + 1, size)
+        self._headers(p, 206, end - start, {"Content-Range": f"bytes {start}-{end - 1}/{size}"})
+        if self._whole:
+            start, end = 0, size
+        with open(p, "rb") as fh:
+            fh.seek(start)
+            body = fh.read(end - start)
+        try:
+            if f.get("drip"):
+                for i in range(len(body)):
+                    self.wfile.write(body[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(f["drip_s"])
+            else:
+                self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        with self.server.lock:
+            self.server.log.append((str(p.relative_to(self.server.root)), start, end, len(body)))
+
+
+class LyingServer(RangeServer):
+    def __init__(self, root):
+        super().__init__(root)
+        self.RequestHandlerClass = _LyingHandler
+
+
+@pytest.fixture
+def liar(tmp_path):
+    data = np.random.default_rng(2).integers(0, 256, 6 << 20, dtype=np.uint8).tobytes()
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "blob.bin").write_bytes(data)
+    with LyingServer(tmp_path / "srv") as srv:
+        src = open_source(srv.url, cache_dir=tmp_path / "c")  # the default HTTP options users get
+        src.fs.backoff_s = 0.01
+        yield srv, src.fs, f"{srv.url}/blob.bin", data
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("drip_s", [2.0, 0.02])
+def test_a_dripping_server_gives_a_remote_error_not_a_hang(liar, drip_s):
+    """One byte every 2 s never trips a socket-read timeout; nor does a steady trickle (50 bytes/s): the body must
+    keep a minimum rate after a grace period (stall_s), else RemoteIOError after one retry."""
+    srv, fs, url, data = liar
+    fs.info(url)
+    fs.stall_s = 1.0
+    srv.faults.update({"drip": True, "drip_s": drip_s})
+    t0 = time.monotonic()
+    with pytest.raises(RemoteIOError, match=r"blob\.bin: bytes 1000-5000.*failed after 2 attempt.*(stopped sending|less than)"):
+        fs.read_range(url, 1000, 5000)
+    assert time.monotonic() - t0 < 8
+    assert fs.missing(url, 1000, 5000) == [(1000, 5000)]
+    srv.faults.clear()
+    assert fs.read_range(url, 1000, 5000) == data[1000:5000]
+
+
+@pytest.mark.timeout(30)
+def test_a_content_length_longer_than_the_body_fails_at_once(liar):
+    srv, fs, url, data = liar
+    fs.info(url)
+    srv.faults["long_length"] = True
+    t0 = time.monotonic()
+    with pytest.raises(RemoteIOError, match=r"bytes 1000-5000.*failed after 1 attempt.*Content-Length 5000"):
+        fs.read_range(url, 1000, 5000)
+    assert time.monotonic() - t0 < 3  # was 5 tries x 60 s of socket timeout
+    srv.faults.clear()
+    assert fs.read_range(url, 1000, 5000) == data[1000:5000]
+
+
+@pytest.mark.timeout(30)
+def test_a_server_ignoring_range_is_fetched_whole_once_with_a_warning(liar):
+    srv, fs, url, data = liar
+    fs.info(url)
+    srv.faults["no_range"] = True
+    n = len(srv.log)
+    with pytest.warns(UserWarning, match=r"blob\.bin: the server ignores Range"):
+        assert fs.read_range(url, 1000, 5000) == data[1000:5000]
+    assert fs.read_range(url, 5_000_000, 5_100_000) == data[5_000_000:5_100_000]  # another region: cached already
+    assert fs.read_range(url, 0, len(data)) == data
+    assert [e[3] for e in srv.log[n:]] == [len(data)]  # one whole-file GET, never one per try or per read
+
+
+@pytest.mark.timeout(30)
+def test_a_same_size_change_on_a_server_without_etag_is_noticed_on_reconnect(liar, tmp_path):
+    """No ETag, no Last-Modified: a CRC of the file's ends joins its identity, so a later session reads the new
+    bytes instead of the cached old ones (a change in the middle alone stays unnoticed: docs/reliability.md)."""
+    srv, _fs, url, data = liar
+    srv.faults["no_tags"] = True
+    fs1 = open_source(srv.url, cache_dir=tmp_path / "c2").fs
+    assert fs1.read_range(url, len(data) - 100, len(data)) == data[-100:]
+    new = data[:-100] + bytes(100)  # same size, new tail (a rewritten Parquet footer)
+    (tmp_path / "srv" / "blob.bin").write_bytes(new)
+    fs2 = open_source(srv.url, cache_dir=tmp_path / "c2").fs
+    assert fs2.read_range(url, len(data) - 100, len(data)) == new[-100:]
+
+
+@pytest.mark.timeout(60)
+def test_storage_answering_503_at_the_first_query_is_a_remote_error(datasets, tmp_path):
+    """The first query makes DuckDB's views: a 503 there was reported as "Parquet truncated or corrupt"."""
+    with RangeServer(datasets) as srv:
+        db = lsql.connect(f"{srv.url}/small20", cache_dir=tmp_path / "c")
+        srv.faults["status"] = 10**6
+        with pytest.raises(RemoteIOError, match=r"small20/.*\.parquet.*503") as e:
+            db.sql('SELECT sum("action"[2]) FROM frames WHERE episode_index = 13').fetchall()
+        assert "corrupt" not in str(e.value) and "Traceback" not in str(e.value)
+        srv.faults.clear()
+        assert db.sql("SELECT count(*) FROM frames").fetchall()[0][0] == 4762

@@ -1,0 +1,68 @@
+"""A/B timing of the frame path: random items of one dataset, two checkouts of lerobot_sql, interleaved.
+
+    python -m benchmarks.ab_random --base /work/main --branch . [--dataset ../shared/datasets/small20]
+           [--rounds 6] [--items 2000]
+
+Each round runs one fresh interpreter per checkout (alternating which goes first), which opens the dataset with a
+warm cache, reads every planned item once (decoders open, maps made, entries checked), then times the same random
+items (mean ms per item, best of 3 passes). Prints each round and the median per checkout: on shared cores only
+the interleaved comparison means anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+import lerobot_sql as lsql
+root, cache, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ds = lsql.connect(root, cache_dir=cache).dataset(return_uint8=True)
+idx = np.random.default_rng(0).integers(0, len(ds), n)
+for i in idx:
+    ds[int(i)]
+best = 1e9
+for _ in range(3):
+    t = time.perf_counter()
+    for i in idx:
+        ds[int(i)]
+    best = min(best, (time.perf_counter() - t) / n)
+print(json.dumps({"file": lsql.__file__, "ms": best * 1e3}))
+"""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--branch", default=".")
+    ap.add_argument("--dataset", default=str(Path(__file__).resolve().parents[2] / "shared/datasets/small20"))
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--items", type=int, default=2000)
+    a = ap.parse_args(argv)
+    res = {"base": [], "branch": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(a.rounds):
+            order = ["base", "branch"] if r % 2 == 0 else ["branch", "base"]
+            for name in order:
+                repo = str(Path(getattr(a, name)).resolve())
+                out = subprocess.run([sys.executable, "-c", CHILD, a.dataset, f"{tmp}/{name}", str(a.items)],
+                                     env={"PYTHONPATH": repo, "PATH": "/usr/bin:/bin"}, capture_output=True,
+                                     text=True, check=True, cwd=repo)
+                got = json.loads(out.stdout.strip().splitlines()[-1])
+                assert got["file"].startswith(repo), got
+                res[name].append(got["ms"])
+                print(f"round {r} {name:6s} {got['ms']:.4f} ms/item", flush=True)
+    mb, mr = statistics.median(res["base"]), statistics.median(res["branch"])
+    print(f"median base {mb:.4f} ms, branch {mr:.4f} ms: branch/base = {mr / mb:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
