@@ -220,21 +220,28 @@ def _empty_episodes_sql(layout: Layout) -> str:
     return f"SELECT {', '.join(cols)} WHERE false"
 
 
-def _register_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> None:
-    tmp = f"_lsql_arrow_{name.strip('_')}"
-    con.register(tmp, table)
-    try:
-        con.execute(f"CREATE OR REPLACE TABLE {ident(name)} AS SELECT * FROM {ident(tmp)}")
-    finally:
-        con.unregister(tmp)
+def _register_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table, relations: dict | None = None,
+                    select: str = "*") -> None:
+    """Make ``name`` a view over the Arrow ``table``, registered as ``_lsql_arrow_<name>``, and record the
+    registration in ``relations`` (each DuckDB cursor needs it registered again: registrations are per connection).
+
+    A view over an Arrow scan, never a DuckDB base table: no SQL, even sent straight to ``db.con``, can UPDATE,
+    DELETE or INSERT rows that lerobot_sql reads back (a table here let one query swap v2.1 video pointers).
+    """
+    arrow_name = f"_lsql_arrow_{name.strip('_')}"
+    con.register(arrow_name, table)
+    if relations is not None:
+        relations[arrow_name] = table
+    con.execute(f"CREATE OR REPLACE VIEW {ident(name)} AS SELECT {select} FROM {ident(arrow_name)}")
 
 
-def _register_episodes(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) -> dict[str, str]:
+def _register_episodes(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
+                       relations: dict | None = None) -> dict[str, str]:
     """Create ``_episodes_raw`` (every meta/episodes column, stats included); return its column -> type."""
     if not layout.episode_files:
         con.execute(f"CREATE OR REPLACE VIEW _episodes_raw AS {_empty_episodes_sql(layout)}")
     elif layout.legacy:
-        _register_table(con, "_episodes_raw", _v2_episodes(src, layout))
+        _register_table(con, "_episodes_raw", _v2_episodes(src, layout), relations)
     else:
         ep_src = f"read_parquet({_file_list(src, layout.episode_files)}, union_by_name=true)"
         ep_cols = _describe(con, f"SELECT * FROM {ep_src}")
@@ -265,19 +272,28 @@ def _empty_frames_sql(layout: Layout) -> str:
     return f"SELECT {', '.join(cols)} WHERE false"
 
 
-def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) -> None:
+def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
+                   relations: dict | None = None) -> dict[str, pa.Table]:
     """Create the views ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``, ``features``, ``info``
     and the private ``_frames_loc`` (frame -> data file and row) on ``con``.
 
     Missing pieces of a partial copy (no data files, no episode metadata, no tasks file) give empty views with the
     usual columns; :func:`lerobot_sql.layout.load_layout` has already warned about them.
 
+    Every view reads Parquet files or an Arrow table registered on ``con``; none is a DuckDB base table, so the
+    relations lerobot_sql reads back cannot be written by SQL.
+
+    Returns:
+        ``relations`` (a new dict if None), filled with the Arrow tables registered on ``con`` (name -> table):
+        a cursor of ``con`` must register them too before it reads the views.
+
     Raises:
         DatasetFormatError: the episodes metadata lacks ``episode_index``; the data files lack a default column;
             a JSON-lines metadata file is malformed.
     """
+    relations = {} if relations is None else relations
     fps = layout.fps
-    ep_cols = _register_episodes(con, src, layout)
+    ep_cols = _register_episodes(con, src, layout, relations)
     plain = [c for c in ep_cols if not c.startswith("stats/")]
     dur = f", length / {number(fps)} AS duration_s" if "length" in ep_cols else ""
     con.execute(f"CREATE OR REPLACE VIEW episodes AS SELECT {', '.join(map(q, plain))}{dur} FROM _episodes_raw")
@@ -338,11 +354,12 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
                     "NULL::BIGINT AS frame_index, NULL::FLOAT AS timestamp, NULL::BIGINT AS task_index, "
                     "NULL::VARCHAR AS data_file, NULL::BIGINT AS row WHERE false")
 
-    _register_table(con, "tasks", read_tasks(src, layout))
+    _register_table(con, "tasks", read_tasks(src, layout), relations)
 
     # Data files found under data/ and the file meta/episodes points each episode to (doctor's data_files_present,
     # and the warning a connection gives when episodes point to files that are not there).
-    _register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(layout.data_files), pa.string())}))
+    _register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(layout.data_files), pa.string())}),
+                    relations)
     if all(c in ep_cols for c in ("data/chunk_index", "data/file_index")):
         values = {"chunk_index": ident("data/chunk_index"), "file_index": ident("data/file_index"),
                   "episode_chunk": ident("data/chunk_index"), "episode_index": ident("data/file_index")}
@@ -385,9 +402,7 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
         "width": pa.array([f.info.get("video.width") for f in layout.features.values()], pa.int64()),
         "pix_fmt": pa.array([f.info.get("video.pix_fmt") for f in layout.features.values()], pa.string()),
     })
-    con.register("_features_arrow", feats)
-    con.execute("CREATE OR REPLACE TABLE features AS SELECT * EXCLUDE (names), CAST(names AS JSON) AS names FROM _features_arrow")
-    con.unregister("_features_arrow")
+    _register_table(con, "features", feats, relations, select="* EXCLUDE (names), CAST(names AS JSON) AS names")
     i = layout.info
     info = pa.table({
         "fps": [layout.fps],
@@ -400,6 +415,5 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) 
         "data_path": [layout.data_path],
         "video_path": pa.array([layout.video_path], pa.string()),
     })
-    con.register("_info_arrow", info)
-    con.execute("CREATE OR REPLACE TABLE info AS SELECT * FROM _info_arrow")
-    con.unregister("_info_arrow")
+    _register_table(con, "info", info, relations)
+    return relations

@@ -96,11 +96,15 @@ def _sql_from(args, db, *, required: bool = True, default: str | None = None) ->
     return sql or default
 
 
-def _run(db, sql: str, params: dict | None = None, name: str | None = None):
+def _run(db, sql: str, params: dict | None = None, name: str | None = None, timeout: float | None = None):
     import duckdb
 
     try:
-        return db.query(name, **(params or {})) if name else db.sql(sql)
+        if name:
+            from . import library
+
+            sql = library.render(name, params or {}, extra_dirs=db.query_dirs)
+        return db.sql(sql, timeout=timeout)
     except duckdb.Error as e:
         raise QueryError(f"{type(e).__name__}: {e}") from e
 
@@ -330,9 +334,9 @@ def cmd_query(args) -> int:
     if args.name:
         if args.sql:
             raise UsageError("give either SQL or --name, not both")
-        rel = _run(db, None, dict(args.param or []), name=args.name)
+        rel = _run(db, None, dict(args.param or []), name=args.name, timeout=args.timeout)
     else:
-        rel = _run(db, _sql_from(args, db))
+        rel = _run(db, _sql_from(args, db), timeout=args.timeout)
     _write_result(rel, _format_of(args.format, args.output), args.output, args.max_rows)
     return 0
 
@@ -491,6 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout (required for parquet "
                                                            "on a terminal)")
     sp.add_argument("--max-rows", type=int, default=40, help="rows shown by the table format (0 = all; default 40)")
+    sp.add_argument("--timeout", type=float, metavar="SECONDS",
+                    help="stop the query after this many seconds (exit 1); Ctrl-C stops it at any time (exit 130)")
     sp.set_defaults(func=cmd_query)
 
     sp = add("export", "write the frames a query selects as a new LeRobot v3.0 dataset",
@@ -641,6 +647,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{sub.prog}: error: {e}", file=sys.stderr)
         return 2
     except (LeRobotSQLError, OSError) as e:
+        if getattr(e, "interrupted", None) == "sigint":  # Ctrl-C stopped DuckDB (db.Result): as KeyboardInterrupt
+            print("interrupted", file=sys.stderr)
+            return 130
         if isinstance(e, BrokenPipeError):  # `lerobot-sql query ... | head`: the reader left; not an error
             with contextlib.suppress(OSError):
                 sys.stdout = open(os.devnull, "w")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import signal
 import threading
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -53,19 +57,91 @@ def query_error(e: BaseException, sql: str) -> LeRobotSQLError:
     return QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}")
 
 
+class _Interruptible:
+    """While a query runs: ``timeout`` seconds on a timer, and on the main thread Ctrl-C (SIGINT), each call
+    ``con.interrupt()``, which stops DuckDB within milliseconds (Python's own SIGINT handling waits for the query to
+    end, which may be never). The connection stays usable afterwards.
+
+    After the block: ``reason`` is None, ``"timeout"`` or ``"sigint"``. A Ctrl-C that arrives just as the query ends
+    is not lost: it is raised as KeyboardInterrupt.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, timeout: float | None):
+        self.con, self.timeout, self.reason = con, timeout, None
+        self._timer: threading.Timer | None = None
+        self._old_handler = None
+
+    def _fire(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        try:
+            self.con.interrupt()
+        except duckdb.Error:  # the connection was closed meanwhile
+            pass
+
+    def __enter__(self) -> "_Interruptible":
+        if self.timeout is not None:
+            self._timer = threading.Timer(self.timeout, self._fire, ("timeout",))
+            self._timer.daemon = True
+            self._timer.start()
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            # Only Python's default handler is replaced: a handler the application installed is left alone.
+            self._old_handler = signal.signal(signal.SIGINT, lambda signum, frame: self._fire("sigint"))
+        return self
+
+    def __exit__(self, typ, exc, tb) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._old_handler is not None:
+            signal.signal(signal.SIGINT, self._old_handler)
+        if typ is None and self.reason == "sigint":
+            raise KeyboardInterrupt
+
+    def error(self, sql: str) -> QueryError:
+        if self.reason == "timeout":
+            err = QueryError(f"the query was stopped at its timeout of {self.timeout:g} s (timeout=...; CLI "
+                             f"--timeout); the connection is still usable. SQL: {sql}")
+        else:
+            err = QueryError(f"the query was interrupted (Ctrl-C); the connection is still usable. SQL: {sql}")
+        err.interrupted = self.reason  # the CLI exits 130 for Ctrl-C
+        return err
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
+            or timeout <= 0:
+        raise ValueError(f"timeout={timeout!r}: give a positive number of seconds, or None for no limit")
+    return float(timeout)
+
+
 class Result:
     """A lazy query result over a DuckDB relation. DuckDB errors, also those raised while fetching, arrive as
-    :class:`QueryError` naming the SQL. Any other relation method is forwarded (``.limit(5)``, ``.columns`` ...)."""
+    :class:`QueryError` naming the SQL. Any other relation method is forwarded (``.limit(5)``, ``.columns`` ...).
 
-    def __init__(self, rel: duckdb.DuckDBPyRelation, sql: str):
-        self._rel, self._sql = rel, sql
+    Every call that runs the query can be stopped: after ``timeout`` seconds (given to ``Database.sql``) and, on the
+    main thread, by Ctrl-C; both raise QueryError (with ``.interrupted`` set to ``"timeout"`` or ``"sigint"``).
+    """
+
+    def __init__(self, rel: duckdb.DuckDBPyRelation, sql: str, con: duckdb.DuckDBPyConnection | None = None,
+                 timeout: float | None = None):
+        self._rel, self._sql, self._con, self._timeout = rel, sql, con, timeout
 
     def _call(self, fn, *args, **kwargs):
-        try:
-            out = fn(*args, **kwargs)
-        except duckdb.Error as e:
-            raise query_error(e, self._sql) from e
-        return Result(out, self._sql) if isinstance(out, duckdb.DuckDBPyRelation) else out
+        if self._con is None:
+            guard = contextlib.nullcontext()
+        else:
+            guard = _Interruptible(self._con, self._timeout)
+        with guard:
+            try:
+                out = fn(*args, **kwargs)
+            except duckdb.Error as e:
+                if getattr(guard, "reason", None):
+                    raise guard.error(self._sql) from e
+                raise query_error(e, self._sql) from e
+        return Result(out, self._sql, self._con, self._timeout) if isinstance(out, duckdb.DuckDBPyRelation) else out
 
     def arrow(self) -> pa.Table:
         """All rows as a pyarrow Table."""
@@ -94,6 +170,10 @@ class Database:
 
     Views (full reference in README.md): ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
     ``video_frames`` and ``video_files`` (both built on first use), ``features``, ``info``.
+
+    Threads: one Database may be used from several threads. The thread that made the DuckDB connection uses it;
+    every other thread gets its own cursor of it (``db.con`` returns the calling thread's), which shares the views,
+    the sandbox settings and the lock-down, so queries of different threads run side by side.
     """
 
     def __init__(self, root: str | os.PathLike, *, storage_options: dict | None = None,
@@ -106,6 +186,12 @@ class Database:
         self._duckdb_settings = (threads, memory_limit, temp_directory)
         self._con: duckdb.DuckDBPyConnection | None = None
         self._con_lock = threading.Lock()
+        self._build_lock = threading.RLock()  # lazily built views (video index, video_files, the check context)
+        self._owner: int | None = None  # the thread that made self._con
+        self._local = threading.local()  # other threads' cursors
+        self._cursors: list[tuple[weakref.ref, duckdb.DuckDBPyConnection]] = []
+        self._relations: dict[str, pa.Table] = {}  # Arrow tables behind internal views, registered on each cursor
+        self._relations_gen = 0  # bumped by each _register: cursors compare it to what they registered
         self._tasks: dict[int, str] | None = None
         self._pointers = None
         self._video_frames_ready = self._video_files_ready = not self.layout.video_keys
@@ -119,8 +205,51 @@ class Database:
         if self._con is None:
             with self._con_lock:  # two threads' first queries make one connection
                 if self._con is None:
-                    self._con = self._connect_duckdb()
-        return self._con
+                    con = self._connect_duckdb()
+                    self._owner = threading.get_ident()
+                    self._local.cur, self._local.registered = con, dict(self._relations)
+                    self._local.seen = self._relations_gen
+                    self._con = con
+        return self._cursor()
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        """This thread's cursor of the connection, with every internal Arrow relation registered on it.
+
+        A DuckDB connection serves one query at a time ("connection is busy" from a second thread); a cursor shares
+        the database (views, macros, settings, lock-down) but has its own client context. Arrow registrations are
+        per client context, so each cursor registers ``_relations`` itself, also those added later (video index).
+        """
+        local = self._local
+        cur = getattr(local, "cur", None)
+        if cur is not None and local.seen == self._relations_gen:
+            return cur
+        with self._con_lock:
+            # Registrations are made by each thread on its own connection or cursor: registering on another
+            # thread's while it runs a query fails ("connection is busy").
+            if cur is None:
+                cur = self._con.cursor()
+                local.cur, local.registered = cur, {}
+                alive = []
+                for ref, c in self._cursors:  # close the cursors of threads that ended
+                    thread = ref()
+                    if thread is None or not thread.is_alive():
+                        c.close()
+                    else:
+                        alive.append((ref, c))
+                self._cursors = alive + [(weakref.ref(threading.current_thread()), cur)]
+            for name, table in list(self._relations.items()):
+                if local.registered.get(name) is not table:
+                    cur.register(name, table)
+                    local.registered[name] = table
+            local.seen = self._relations_gen
+        return cur
+
+    def _register(self, name: str, table: pa.Table) -> None:
+        """Register ``table`` as ``name`` on the connection and, from their next use, on every cursor."""
+        with self._con_lock:
+            self._relations[name] = table
+            self._relations_gen += 1
+        _ = self.con  # registers it on this thread's connection or cursor now; the others on their next use
 
     def _connect_duckdb(self) -> duckdb.DuckDBPyConnection:
         threads, memory_limit, temp_directory = self._duckdb_settings
@@ -135,8 +264,11 @@ class Database:
         # Views re-bind on every query; without this DuckDB re-parses every Parquet footer each time (at 100k
         # episodes: connect 10.7 s -> 1.2 s, benchmarks/README.md "Scale").
         con.execute("SET parquet_metadata_cache = true")
+        # Database.check reads DuckDB's own parse tree (json_serialize_sql); the json extension must be loaded
+        # before lock_down turns extension loading off.
+        con.execute("LOAD json")
         try:
-            catalog.register_views(con, self.source, self.layout)
+            catalog.register_views(con, self.source, self.layout, self._relations)
         except (duckdb.Error, pa.ArrowException, OSError) as e:
             if isinstance(e, LeRobotSQLError):
                 raise
@@ -173,6 +305,12 @@ class Database:
 
     def _context(self) -> query.Context:
         if self._ctx is None:
+            with self._build_lock:
+                return self._context_locked()
+        return self._ctx
+
+    def _context_locked(self) -> query.Context:
+        if self._ctx is None:
             views: dict[str, list[str]] = {}
             for t, c in self.con.sql("SELECT table_name, column_name FROM duckdb_columns() "
                                      "WHERE NOT internal ORDER BY table_name, column_index").fetchall():
@@ -182,7 +320,9 @@ class Database:
 
     def _ensure_video_frames(self) -> None:
         if not self._video_frames_ready:
-            self.build_video_index(progress=None)
+            with self._build_lock:  # one thread builds, the others wait for it
+                if not self._video_frames_ready:
+                    self.build_video_index(progress=None)
 
     def build_video_index(self, progress: bool | None = True) -> None:
         """Build the frame index of every mp4 (demux only, cached on disk by file identity) and point the
@@ -209,13 +349,18 @@ class Database:
         m = pa.table({"video_key": [f[0] for f in files], "chunk_index": [f[1] for f in files],
                       "file_index": [f[2] for f in files], "path": [f[3] for f in files],
                       "_index_file": [f[4] for f in files]})
-        # Registered by name: Python replacement scans (a bare local variable in FROM) are off once
-        # sandbox.lock_down disabled external access.
-        self.con.register("_lsql_video_files_arrow", m)
-        try:
-            self.con.execute("CREATE OR REPLACE TABLE _video_files AS SELECT * FROM _lsql_video_files_arrow")
-        finally:
-            self.con.unregister("_lsql_video_files_arrow")
+        # A view over a registered Arrow table, not a DuckDB table: SQL cannot rewrite which index file a camera's
+        # frames come from (see catalog._register_table).
+        with self._build_lock:
+            self._register("_lsql_arrow_video_files", m)
+            self.con.execute("CREATE OR REPLACE VIEW _video_files AS SELECT * FROM _lsql_arrow_video_files")
+            self._build_video_frames_view(files)
+        self._video_frames_ready = True
+        if missing:
+            raise MissingFileError(f"{len(missing)} of {len(rows)} video files are missing (the other "
+                                   f"{len(files)} are indexed), e.g. {missing[0]}")
+
+    def _build_video_frames_view(self, files) -> None:
         if files:
             lst = "[" + ", ".join(catalog.lit(f[4]) for f in files) + "]"
             self.con.execute(
@@ -223,10 +368,6 @@ class Database:
                 "i.frame, i.pts, i.pts_s, i.is_keyframe, i.keyframe_pts, i.byte_offset, i.byte_size "
                 f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
             )
-        self._video_frames_ready = True
-        if missing:
-            raise MissingFileError(f"{len(missing)} of {len(rows)} video files are missing (the other "
-                                   f"{len(files)} are indexed), e.g. {missing[0]}")
 
     def _ensure_video_files(self) -> None:
         """Fill the view ``video_files`` (one row per distinct mp4 of ``videos``: present, size_bytes, codec) by
@@ -235,14 +376,13 @@ class Database:
             return
         from . import doctor
 
-        rows = self.con.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
-        self.con.register("_lsql_video_probe_arrow", doctor.probe_video_files(self.source, rows))
-        try:
-            self.con.execute("CREATE OR REPLACE TABLE _video_probe AS SELECT * FROM _lsql_video_probe_arrow")
-        finally:
-            self.con.unregister("_lsql_video_probe_arrow")
-        self.con.execute("CREATE OR REPLACE VIEW video_files AS SELECT * FROM _video_probe")
-        self._video_files_ready = True
+        with self._build_lock:
+            if self._video_files_ready:
+                return
+            rows = self.con.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
+            self._register("_lsql_arrow_video_probe", doctor.probe_video_files(self.source, rows))
+            self.con.execute("CREATE OR REPLACE VIEW video_files AS SELECT * FROM _lsql_arrow_video_probe")
+            self._video_files_ready = True
 
     def check(self, sql: str) -> str:
         """Validate user SQL (see :mod:`lerobot_sql.query`) and return what DuckDB will run.
@@ -250,25 +390,42 @@ class Database:
         Raises:
             QueryError: not a single read-only query over the views, with the reason and a fix.
         """
-        checked = query.check_sql(sql, self._context())
+        return self._check(sql)[0]
+
+    def _check(self, sql: str) -> tuple[str, query.Facts]:
+        """:meth:`check`, and what DuckDB's parse tree says about the query (views read, ORDER BY)."""
+        ctx = self._context()
+        checked = query.check_sql(sql, ctx)
+        con = self.con
         # DuckDB's own parser must agree that this is one SELECT: a tokenizer difference between sqlglot and
         # DuckDB (quoting, comments) must never let a second statement through.
         try:
-            stmts = self.con.extract_statements(checked)
+            stmts = con.extract_statements(checked)
         except duckdb.Error as e:
             raise query_error(e, sql) from e
         if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
             raise QueryError(f"DuckDB reads {len(stmts)} statement(s) of type(s) "
                              f"{[s.type.name for s in stmts]} here; only one query (SELECT) is allowed. SQL: {sql!r}")
-        if not self._video_frames_ready:
-            if query.uses_video_index(checked):
-                self._ensure_video_frames()
-        if not self._video_files_ready and _reads_table(checked, "video_files"):
+        # ... and its parse tree, walked whole, must hold only reads of our views (query.duckdb_facts): the wall
+        # that does not depend on sqlglot reading the SQL as DuckDB does.
+        try:
+            serialized = con.sql("SELECT json_serialize_sql($1)", params=[checked]).fetchall()[0][0]
+        except duckdb.Error as e:
+            raise query_error(e, sql) from e
+        facts = query.duckdb_facts(serialized, ctx, sql)
+        if not self._video_frames_ready and facts.reads(*query.VIDEO_INDEX_NAMES):
+            self._ensure_video_frames()
+        if not self._video_files_ready and facts.reads("video_files"):
             self._ensure_video_files()
-        return checked
+        return checked, facts
 
-    def sql(self, sql: str) -> "Result":
+    def sql(self, sql: str, *, timeout: float | None = None) -> "Result":
         """Run a read-only query over the views.
+
+        Args:
+            sql: one SELECT (or WITH ... SELECT) over the views, at most ``query.MAX_SQL_CHARS`` characters.
+            timeout: seconds each run of the result (``.fetchall()``, ``.arrow()``, ``.df()`` ...) may take
+                before DuckDB is interrupted; None: no limit. Ctrl-C interrupts a run on the main thread either way.
 
         Returns:
             :class:`Result`, a lazy DuckDB relation: ``.df()``, ``.arrow()`` (a pyarrow Table), ``.fetchall()``,
@@ -276,14 +433,18 @@ class Database:
 
         Raises:
             QueryError: the SQL was rejected by the checks or failed in DuckDB (the DuckDB message is kept), also
-                when the failure only shows while rows are fetched.
+                when the failure only shows while rows are fetched; the run hit ``timeout`` or was interrupted by
+                Ctrl-C (``.interrupted`` is ``"timeout"`` / ``"sigint"``; the connection stays usable).
+            ValueError: ``timeout`` is not a positive number.
         """
-        return self._run(self.check(sql), sql)
+        timeout = _check_timeout(timeout)
+        return self._run(self.check(sql), sql, timeout)
 
-    def _run(self, checked: str, sql: str) -> "Result":
+    def _run(self, checked: str, sql: str, timeout: float | None = None) -> "Result":
         """``checked`` (what :meth:`check` returned for user SQL ``sql``) as a lazy :class:`Result`."""
+        con = self.con
         try:
-            return Result(self.con.sql(checked), sql)
+            return Result(con.sql(checked), sql, con, timeout)
         except duckdb.Error as e:
             raise query_error(e, sql) from e
 
@@ -299,7 +460,7 @@ class Database:
         """
         # Fetch at most max_rows + 1 rows: a runaway query (a cross join) fails fast instead of filling RAM.
         max_rows = max_manifest_rows()
-        checked = self.check(sql)
+        checked, facts = self._check(sql)
         result = self._run(checked, sql).limit(max_rows + 1).arrow()
         if result.num_rows > max_rows:
             raise ResultContractError(
@@ -308,7 +469,7 @@ class Database:
                 f"missing ON gives a cross product), add a LIMIT, or set LSQL_MAX_MANIFEST_ROWS: {sql!r}")
         try:
             return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql,
-                                       ordered=query.has_order_by(checked), src=self.source,
+                                       ordered=facts.ordered, src=self.source,
                                        ptr=self._episode_pointers())
         except duckdb.Error as e:  # the data files failed while the frames were resolved
             raise unreadable_error(self.source, self.layout, e) from e
@@ -447,6 +608,10 @@ class Database:
         return dict(stats()) if callable(stats) else {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
 
     def close(self) -> None:
+        with self._con_lock:
+            for _, cur in self._cursors:
+                cur.close()
+            self._cursors = []
         if self._con is not None:
             self._con.close()
 
@@ -485,16 +650,6 @@ def _episode_list(episodes: Any) -> list[int]:
     if not out:
         raise ResultContractError("episodes=[] selects nothing; pass episode_index values, or None for all")
     return sorted(out)
-
-
-def _reads_table(sql: str, name: str) -> bool:
-    """True if ``sql`` (already checked) names the view ``name`` in a FROM or JOIN."""
-    if name not in sql.lower():
-        return False
-    import sqlglot
-    from sqlglot import exp
-
-    return any(t.name.lower() == name for t in sqlglot.parse_one(sql, read="duckdb").find_all(exp.Table))
 
 
 def unreadable_error(src, layout, cause: BaseException) -> LeRobotSQLError:

@@ -7,9 +7,13 @@ runs them in order (see ``CHECKS``). Every entry point that takes user SQL (``Da
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import json
 import re
+import sys
+import threading
 
 import sqlglot
 from sqlglot import exp
@@ -109,6 +113,49 @@ def _parse_error(e: Exception, sql: str) -> str:
     return f"cannot parse the SQL at line {err.get('line')}, column {err.get('col')}: {desc}: {where}"
 
 
+# Longest user SQL accepted, in characters. The checks are linear in the text, but sqlglot parses about 0.5 MB/s and
+# DuckDB's parse tree of a long IN list is ~20x the text: 1M characters (an IN list of ~150k integers) take about 3 s
+# to check; a 1M-item list (7 MB) took minutes. Longer selections belong in a table: filter with a join or a
+# manifest (db.dataset(pyarrow_table)).
+MAX_SQL_CHARS = 1_000_000
+
+# sqlglot parses recursively (about 15 Python frames per nesting level): Python's default limit of 1000 frames made
+# 50 nested parentheses a RecursionError. The checks run with this higher limit (pure-Python frames, which do not grow
+# the C stack on CPython 3.11+); deeper SQL skips the sqlglot checks and is judged by DuckDB's own parse tree alone,
+# whose depth DuckDB bounds (max_expression_depth, 1000, locked by the sandbox).
+RECURSION_LIMIT = 20_000
+_recursion_lock = threading.Lock()
+_recursion_users = 0
+_recursion_saved = 0
+
+
+@contextlib.contextmanager
+def _deep_recursion():
+    """Raise Python's recursion limit to RECURSION_LIMIT for the block (process-wide, so counted across threads
+    and restored when the last user leaves)."""
+    global _recursion_users, _recursion_saved
+    with _recursion_lock:
+        if _recursion_users == 0:
+            _recursion_saved = sys.getrecursionlimit()
+            sys.setrecursionlimit(max(_recursion_saved, RECURSION_LIMIT))
+        _recursion_users += 1
+    try:
+        yield
+    finally:
+        with _recursion_lock:
+            _recursion_users -= 1
+            if _recursion_users == 0:
+                sys.setrecursionlimit(_recursion_saved)
+
+
+def check_size(sql: str) -> None:
+    """Raises QueryError when ``sql`` is longer than MAX_SQL_CHARS."""
+    if len(sql) > MAX_SQL_CHARS:
+        raise QueryError(f"the SQL is {len(sql):,} characters long, more than the {MAX_SQL_CHARS:,} accepted; a long "
+                         "IN (...) list belongs in a table: select with a join, or build the selection in pyarrow "
+                         "and pass it to db.dataset() as a manifest")
+
+
 def _parse(sql: str) -> exp.Expression:
     try:
         trees = [t for t in sqlglot.parse(sql, read="duckdb") if t is not None]
@@ -131,21 +178,48 @@ def _only_queries(tree: exp.Expression, ctx: Context) -> None:
     if not isinstance(tree, exp.Query):
         raise QueryError(f"only queries (SELECT / WITH ... SELECT) are allowed here, not {tree.key.upper()}; "
                          "lerobot_sql views are read-only")
+    # A query can hold a statement: WITH x AS (DELETE ... RETURNING *) SELECT ... deletes in DuckDB. Any node that
+    # writes, defines or configures, at any depth (CTE, subquery, LATERAL, set operation), is refused.
+    for node in tree.walk():
+        if isinstance(node, _STATEMENT_NODES):
+            kind = (node.name if isinstance(node, exp.Command) else node.key).upper()
+            raise QueryError(f"{kind} inside a query is not allowed: lerobot_sql views are read-only and only "
+                             "queries (SELECT / WITH ... SELECT) run here; write results out with db.export() or "
+                             "db.export_manifest()")
+
+
+_STATEMENT_NODES = tuple(getattr(exp, n) for n in (
+    "DML", "DDL", "Insert", "Update", "Delete", "Merge", "Create", "Drop", "Alter", "Copy", "Command", "Pragma", "Set",
+    "Attach", "Detach", "Use", "Transaction", "Commit", "Rollback", "Describe", "Summarize", "Show", "Install",
+    "Export", "Analyze", "Grant", "Revoke", "TruncateTable", "Kill", "Refresh", "Cache", "Uncache", "LoadData",
+    "Declare", "Comment") if hasattr(exp, n))
 
 
 def _func_name(f: exp.Func) -> str:
     return (f.name if isinstance(f, exp.Anonymous) else f.sql_name()).lower()
 
 
+# Table functions allowed besides our table macros: unnest reads only its argument (whose subqueries are checked).
+SAFE_TABLE_FUNCTIONS = frozenset({"unnest"})
+
+
+def _table_function_error(text: str, ctx: Context) -> QueryError:
+    return QueryError(f"table functions such as {text[:60]!r} are not allowed in FROM, JOIN or LATERAL; query the "
+                      f"views {ctx.public_views()} or the lerobot_sql table macros {sorted(ctx.table_macros)}")
+
+
 def _no_files_or_table_functions(tree: exp.Expression, ctx: Context) -> None:
+    for lat in tree.find_all(exp.Lateral):  # FROM t, LATERAL f(...): sqlglot holds the call outside any Table
+        if isinstance(lat.this, exp.Func) and not isinstance(lat.this, exp.Unnest):
+            name = _func_name(lat.this)
+            if name not in ctx.table_macros:
+                raise _table_function_error(lat.this.sql("duckdb"), ctx)
     for t in tree.find_all(exp.Table):
         if isinstance(t.this, exp.Func):
             name = _func_name(t.this)
             if name in ctx.table_macros:
                 continue
-            raise QueryError(f"table functions such as {t.this.sql('duckdb')[:60]!r} are not allowed in FROM; query "
-                             f"the views {ctx.public_views()} or the lerobot_sql table macros "
-                             f"{sorted(ctx.table_macros)}")
+            raise _table_function_error(t.this.sql("duckdb"), ctx)
         if isinstance(t.this, exp.Literal) or "/" in t.name or "\\" in t.name or ("." in t.name and not t.db):
             raise QueryError(f"file paths in FROM are not allowed ({t.sql('duckdb')}); query the views "
                              f"{ctx.public_views()}")
@@ -284,17 +358,183 @@ CHECKS = (_only_queries, _no_files_or_table_functions, _known_views, _dotted_fea
 
 
 def check_sql(sql: str, ctx: Context) -> str:
-    """Validate ``sql`` and return it ready for DuckDB (1.x lambdas rewritten).
+    """Validate ``sql`` with sqlglot and return it ready for DuckDB (1.x lambdas rewritten).
+
+    SQL nested deeper than sqlglot can follow (see RECURSION_LIMIT) skips these checks: :func:`duckdb_facts` on
+    DuckDB's own parse tree still refuses anything that is not a read-only query over the views.
 
     Raises:
-        QueryError: not exactly one query, a file path or table function in FROM, an unknown view or column, or an
-            unquoted dotted feature name; the message names the problem, the valid names and the fix.
+        QueryError: longer than MAX_SQL_CHARS, not exactly one query, a statement (DELETE, UPDATE, ...) anywhere in
+            it, a file path or table function in FROM / JOIN / LATERAL, an unknown view or column, or an unquoted
+            dotted feature name; the message names the problem, the valid names and the fix.
     """
+    check_size(sql)
     sql = rewrite_lambdas(sql)
-    tree = _parse(sql)
-    for check in CHECKS:
-        check(tree, ctx)
+    with _deep_recursion():
+        try:
+            tree = _parse(sql)
+            for check in CHECKS:
+                check(tree, ctx)
+        except RecursionError:
+            return sql  # too deep for sqlglot: DuckDB's parser bounds the depth, duckdb_facts judges the tree
     return sql
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What DuckDB's parse tree of a checked query says (see :func:`duckdb_facts`).
+
+    Attributes:
+        relations: names (lower case) of the views and CTEs read anywhere in the query.
+        functions: names (lower case) of the table macros called anywhere in the query.
+        ordered: the outermost query has an ORDER BY (only then is DuckDB's row order defined).
+    """
+
+    relations: frozenset[str]
+    functions: frozenset[str]
+    ordered: bool
+
+    def reads(self, *names: str) -> bool:
+        return any(n in self.relations or n in self.functions for n in names)
+
+
+# Most elements (list items or characters) one call of a generating function may be asked for with literal
+# arguments. DuckDB's memory_limit does not bound these values (they live outside its buffer manager): measured in a
+# fresh process over small20 (0.24 GB after connect), len(range(100000000)) peaked at 7.1 GB and repeat('x', 1e9) at
+# 2.1 GB; len(range(10000000)) at 1.08 GB, len(range(1000000)) at 0.31 GB. Arguments computed from data
+# (range(length * 1000)) are not known before the query runs and are not bounded here.
+MAX_GENERATED = 1_000_000
+_GENERATORS = frozenset({"range", "generate_series", "repeat", "lpad", "rpad", "list_resize", "array_resize"})
+
+
+def _literal_number(e) -> float | None:
+    """The value of a numeric constant in DuckDB's parse tree (also under a CAST), else None."""
+    while isinstance(e, dict) and e.get("class") == "CAST":
+        e = e.get("child")
+    if not isinstance(e, dict) or e.get("class") != "CONSTANT":
+        return None
+    lit_ = e.get("literal") or {}
+    if lit_.get("kind") not in ("INTEGER", "NUMERIC", "DECIMAL", "DOUBLE", "BIGINT", "HUGEINT", "FLOAT"):
+        return None
+    try:
+        return float(lit_.get("text"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _generated_size(name: str, args: list) -> float:
+    """How many elements ``name(args)`` produces when its size arguments are literals (0 when unknown)."""
+    vals = [_literal_number(a.get("expression") if isinstance(a, dict) else None) for a in args]
+    if name in ("range", "generate_series"):
+        if len(vals) == 1 and vals[0] is not None:
+            return vals[0]
+        if len(vals) >= 2 and vals[0] is not None and vals[1] is not None:
+            step = vals[2] if len(vals) > 2 and vals[2] else 1.0
+            return abs((vals[1] - vals[0]) / step) + (name == "generate_series")  # inclusive of its end
+        return 0.0
+    n = vals[1] if len(vals) > 1 and vals[1] is not None else 0.0
+    if name == "repeat" and args:
+        first = args[0].get("expression") if isinstance(args[0], dict) else None
+        text = ((first or {}).get("literal") or {}).get("text") if isinstance(first, dict) else None
+        if isinstance(text, str) and ((first or {}).get("literal") or {}).get("kind") == "STRING":
+            n *= max(len(text), 1)
+    return n
+
+
+# Query nodes of DuckDB's parse tree (json_serialize_sql) that only read; DELETE/UPDATE/INSERT/MERGE ... are
+# *_QUERY_NODE and can sit in a CTE.
+_READ_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"})
+
+
+def duckdb_facts(serialized: str, ctx: Context, sql: str) -> Facts:
+    """Judge DuckDB's own parse tree of ``sql`` (the text of ``SELECT json_serialize_sql(sql)``), the second look
+    behind the sqlglot checks and the only one for SQL too deep for sqlglot. Walks every node (iteratively, so depth
+    costs no recursion) and refuses: more than one statement or anything but a query; a writing query node
+    (``DELETE_QUERY_NODE`` ...) anywhere; a table function other than our table macros and unnest in any position
+    (FROM, JOIN, LATERAL, subqueries, macro arguments); a qualified table name; a table name that is neither a view
+    nor a CTE of the query (a file path, a replacement scan); DESCRIBE/SUMMARIZE/SHOW used as a table.
+
+    Returns:
+        :class:`Facts` (views and macros read, outermost ORDER BY).
+
+    Raises:
+        QueryError: naming the construct and the fix.
+    """
+    with _deep_recursion():  # json's decoder recurses per nesting level; DuckDB bounds the depth
+        try:
+            doc = json.loads(serialized)
+        except (RecursionError, ValueError) as e:
+            raise QueryError(f"the SQL is nested too deeply to check; simplify it (fewer nested subqueries or "
+                             f"parentheses): {sql[:200]!r}") from e
+    if doc.get("error"):
+        msg = str(doc.get("error_message") or "")
+        if "depth" in msg.lower():
+            raise QueryError(f"the SQL exceeds DuckDB's nesting depth ({msg}); simplify it (fewer nested subqueries "
+                             "or parentheses)")
+        if "only select" in msg.lower():
+            raise QueryError("only queries (SELECT / WITH ... SELECT) are allowed here; lerobot_sql views are "
+                             f"read-only: {sql[:200]!r}")
+        raise QueryError(f"DuckDB cannot parse the SQL: {msg}: {sql[:200]!r}")
+    stmts = doc.get("statements") or []
+    if len(stmts) != 1:
+        raise QueryError(f"expected exactly one SQL statement, found {len(stmts)}; run statements one at a time")
+    top = stmts[0].get("node") or {}
+    ordered = any(isinstance(m, dict) and m.get("type") == "ORDER_MODIFIER" for m in top.get("modifiers") or [])
+    known = {v.lower() for v in ctx.views}
+    macros = {m.lower() for m in ctx.table_macros}
+    tables: list[str] = []
+    functions: set[str] = set()
+    ctes: set[str] = set()
+    stack: list = [doc]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, list):
+            stack.extend(o)
+            continue
+        if not isinstance(o, dict):
+            continue
+        typ = o.get("type")
+        if isinstance(typ, str):
+            if typ.endswith("_QUERY_NODE") or ("cte_map" in o and typ not in _READ_NODES):
+                kind = typ.removesuffix("_QUERY_NODE").removesuffix("_NODE").replace("_", " ")
+                raise QueryError(f"{kind} inside a query is not allowed: lerobot_sql views are read-only and only "
+                                 "queries (SELECT / WITH ... SELECT) run here; write results out with db.export() "
+                                 "or db.export_manifest()")
+            if typ == "SHOW_REF":
+                raise QueryError("DESCRIBE / SUMMARIZE / SHOW are not run here, only SELECT queries are; columns of "
+                                 "a view: db.sql('SELECT * FROM frames LIMIT 0').columns")
+            if typ == "TABLE_FUNCTION":
+                f = o.get("function") or {}
+                name = str(f.get("function_name") or "").lower()
+                if f.get("schema") or f.get("catalog") or (name not in macros and name not in SAFE_TABLE_FUNCTIONS):
+                    raise _table_function_error(name + "(...)", ctx)
+                functions.add(name)
+            elif o.get("class") == "FUNCTION" and str(o.get("function_name") or "").lower() in _GENERATORS:
+                name = str(o.get("function_name")).lower()
+                size = _generated_size(name, o.get("arguments") or [])
+                if size > MAX_GENERATED:
+                    raise QueryError(f"{name}(...) would allocate {size:,.0f} elements, more than the "
+                                     f"{MAX_GENERATED:,} a query may generate from literals (DuckDB's memory_limit "
+                                     "does not bound such values); generate less, or read rows from the views")
+            elif typ == "BASE_TABLE":
+                name = str(o.get("table_name") or "")
+                if o.get("schema_name") or o.get("catalog_name"):
+                    raise QueryError(f"{o.get('schema_name') or o.get('catalog_name')}.{name}: qualified table names "
+                                     "are not allowed. If you meant a feature such as observation.state, quote it: "
+                                     '"observation.state"')
+                tables.append(name)
+        cte_map = o.get("cte_map")
+        if isinstance(cte_map, dict):
+            ctes.update(str(e.get("key", "")).lower() for e in cte_map.get("map") or [] if isinstance(e, dict))
+        stack.extend(v for v in o.values() if isinstance(v, (dict, list)))
+    for name in tables:
+        if name.lower() not in known and name.lower() not in ctes:
+            if "/" in name or "\\" in name or "." in name:
+                raise QueryError(f"file paths in FROM are not allowed ({name!r}); query the views "
+                                 f"{ctx.public_views()}")
+            raise QueryError(f"unknown view {name!r}.{_did_you_mean(name, ctx.public_views())} "
+                             f"Views: {ctx.public_views()}")
+    return Facts(frozenset(t.lower() for t in tables), frozenset(functions), ordered)
 
 
 def uses_video_index(sql: str) -> bool:

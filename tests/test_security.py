@@ -279,3 +279,317 @@ def test_lock_down_twice_is_a_typed_error(locked):
     with pytest.raises(lsql.LeRobotSQLError, match="lock down"):
         lock_down(locked.con, ["/"])
     assert np.isscalar(locked.sql("SELECT count(*) FROM frames").fetchall()[0][0])
+
+
+# ---- hardening round 2 (issue 14): writes anywhere in the tree, internal relations, every table-function position,
+# parser depth and size, time and memory bounds, threads ---------------------------------------------------------
+WRITING_CTES = {
+    "delete_features": "WITH x AS (DELETE FROM features RETURNING *) SELECT count(*) FROM x",
+    "update_tasks": "WITH x AS (UPDATE tasks SET task = 'pwned' RETURNING *) SELECT count(*) FROM x",
+    "insert_info": "WITH x AS (INSERT INTO info SELECT * FROM info RETURNING *) SELECT count(*) FROM x",
+    "delete_in_subquery": "SELECT * FROM (WITH x AS (DELETE FROM tasks RETURNING *) SELECT * FROM x) s",
+    "delete_in_union": "SELECT 1 AS a UNION ALL (WITH x AS (DELETE FROM tasks RETURNING task_index) SELECT * FROM x)",
+    "update_in_scalar": "SELECT (WITH x AS (UPDATE features SET dtype = 'x' RETURNING 1) SELECT count(*) FROM x) AS n",
+    "delete_in_lateral": "SELECT * FROM (VALUES (1)) t(x), LATERAL (WITH y AS (DELETE FROM tasks RETURNING *) "
+                         "SELECT * FROM y) z",
+}
+
+
+def _snapshot(db):
+    return (db.con.sql("SELECT * FROM features ORDER BY name").fetchall(),
+            db.con.sql("SELECT * FROM tasks ORDER BY task_index").fetchall(),
+            db.con.sql("SELECT * FROM info").fetchall())
+
+
+@pytest.mark.parametrize("name", list(WRITING_CTES))
+def test_writing_statements_inside_a_query_are_refused(db, world, name):
+    before = _snapshot(db)
+    assert len(before[0]) > 0 and len(before[1]) == 7
+    with pytest.raises(QueryError, match="(?i)read-only|only queries"):
+        db.sql(WRITING_CTES[name]).fetchall()
+    assert _snapshot(db) == before
+    _intact(db, world)
+
+
+def test_writing_cte_refused_by_duckdb_walk_too(db, monkeypatch):
+    """With the sqlglot wall bypassed, DuckDB's own parse tree is still walked for writes."""
+    from lerobot_sql import query
+
+    before = _snapshot(db)
+    monkeypatch.setattr(query, "check_sql", lambda sql, ctx: sql)
+    for sql in WRITING_CTES.values():
+        with pytest.raises(QueryError, match="(?i)read-only"):
+            db.sql(sql).fetchall()
+    assert _snapshot(db) == before
+
+
+RAW_WRITES = ["UPDATE tasks SET task = 'pwned'", "DELETE FROM features", "INSERT INTO info SELECT * FROM info",
+              "UPDATE _data_files_listed SET path = 'x'", "DELETE FROM _episodes_raw"]
+
+
+def test_internal_relations_are_read_only_even_through_db_con(locked):
+    """No base table lerobot_sql reads later exists in the user's catalog: DML through the raw connection fails."""
+    locked.sql("SELECT count(*) FROM video_frames").fetchall()
+    locked.sql("SELECT count(*) FROM video_files").fetchall()
+    before = _snapshot(locked)
+    for sql in RAW_WRITES:
+        with pytest.raises(duckdb.Error):
+            locked.con.execute(sql)
+    assert _snapshot(locked) == before
+    assert locked.con.sql("SELECT database_name, table_name FROM duckdb_tables() WHERE NOT temporary").fetchall() == []
+
+
+def test_v21_pointer_swap_attack_gives_correct_frames(datasets, tmp_path, framecode):
+    """On a v2.1 source the episode metadata was a DuckDB table: an UPDATE swapped two episodes' video pointers and
+    dataset() served episode 1's frames for episode 0."""
+    db = lsql.connect(datasets / "v21_small20", cache_dir=tmp_path / "cache")
+    key = "observation.images.front"
+    col = f'"videos/{key}/file_index"'
+    swap = f"UPDATE _episodes_raw SET {col} = CASE episode_index WHEN 0 THEN 1 WHEN 1 THEN 0 ELSE {col} END"
+    with pytest.raises(QueryError):
+        db.sql(f"WITH x AS ({swap} RETURNING 1) SELECT count(*) FROM x").fetchall()
+    with pytest.raises(duckdb.Error):
+        db.con.execute(swap)
+    assert db.sql("SELECT path FROM videos WHERE episode_index = 0 AND video_key = 'observation.images.front'"
+                  ).fetchall() == [("videos/chunk-000/observation.images.front/episode_000000.mp4",)]
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 0", return_uint8=True)
+    for i in (0, 7, len(ds) - 1):
+        item = ds[i]
+        assert framecode.verify_frame(item[key].permute(1, 2, 0).numpy(), 0, int(item["frame_index"]), 1)["ok"]
+
+
+def test_cli_export_with_a_writing_cte_does_not_land(world, tmp_path):
+    import subprocess
+    import sys
+
+    root, _, _ = world
+    dest = tmp_path / "out"
+    sql = "WITH x AS (UPDATE tasks SET task = 'pwned' RETURNING task_index) SELECT episode_index FROM episodes"
+    r = subprocess.run([sys.executable, "-m", "lerobot_sql.cli", "export", str(root), str(dest), "--sql", sql,
+                        "--quiet"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "read-only" in r.stderr, r.stderr
+    assert not dest.exists()
+
+
+LATERAL_FUNCS = {
+    "query": "query('SELECT 42 AS a')",
+    "query_table": "query_table('episodes')",
+    "glob": "glob('{R}/*')",
+    "read_text": "read_text('{R}/meta/info.json')",
+    "read_blob": "read_blob('{R}/meta/info.json')",
+    "read_csv": "read_csv('{S}')",
+    "duckdb_settings": "duckdb_settings()",
+    "json_execute_serialized_sql": "json_execute_serialized_sql(json_serialize_sql('SELECT 42 AS a'))",
+    "checkpoint": "checkpoint()",
+    "range": "range(3)",
+}
+LATERAL_FORMS = {
+    "values_lateral": "SELECT * FROM (VALUES (1)) t(x), LATERAL {F}",
+    "join_lateral": "SELECT * FROM episodes e JOIN LATERAL {F} f ON true",
+    "cross_join_lateral": "SELECT * FROM episodes e CROSS JOIN LATERAL {F}",
+    "lateral_in_cte": "WITH c AS (SELECT * FROM (VALUES (1)) t(x), LATERAL {F}) SELECT * FROM c",
+    "lateral_in_exists": "SELECT 1 AS y WHERE EXISTS (SELECT * FROM (VALUES (1)) t(x), LATERAL {F})",
+}
+
+
+@pytest.mark.parametrize("form", list(LATERAL_FORMS))
+@pytest.mark.parametrize("func", list(LATERAL_FUNCS))
+def test_table_functions_refused_in_every_position(db, world, form, func):
+    root, secret, _ = world
+    sql = LATERAL_FORMS[form].format(F=LATERAL_FUNCS[func].format(R=root, S=secret))
+    with pytest.raises(QueryError, match="table functions"):
+        db.sql(sql).fetchall()
+    _intact(db, world)
+
+
+def test_table_macros_and_unnest_still_work_in_lateral_positions(db):
+    want = db.sql("SELECT count(*) FROM first_event(\"observation.state\"[1] > 0)").fetchall()[0][0]
+    assert want > 0
+    got = db.sql("SELECT count(*) FROM (VALUES (1)) t(x), LATERAL first_event(\"observation.state\"[1] > 0)"
+                 ).fetchall()[0][0]
+    assert got == want
+    assert db.sql("SELECT sum(u) FROM episodes e, LATERAL unnest([e.length, 1]) t(u)").fetchall() == \
+        [(4762 + 20,)]
+
+
+def test_deep_queries_are_answered_or_refused_with_query_error(db):
+    paren = "SELECT " + "(" * 50 + "length" + ")" * 50 + " AS x FROM episodes ORDER BY x DESC LIMIT 1"
+    assert db.sql(paren).fetchall() == db.sql("SELECT max(length) FROM episodes").fetchall()
+    sub = "SELECT count(*) FROM " + "(SELECT * FROM " * 200 + "episodes" + " t)" * 200
+    assert db.sql(sub).fetchall() == [(20,)]
+    too_deep = "SELECT " + "(" * 5000 + "1" + ")" * 5000 + " AS x"
+    with pytest.raises(QueryError, match="(?i)depth"):
+        db.sql(too_deep)
+
+
+def test_query_text_is_bounded_and_big_in_lists_are_fast(db):
+    import time
+
+    from lerobot_sql import query
+
+    t0 = time.monotonic()
+    huge = "SELECT count(*) FROM episodes WHERE episode_index IN (" + ", ".join(map(str, range(1_000_000))) + ")"
+    with pytest.raises(QueryError, match=f"{query.MAX_SQL_CHARS:,}"):
+        db.sql(huge)
+    assert time.monotonic() - t0 < 2
+    t0 = time.monotonic()
+    big = "SELECT count(*) FROM episodes WHERE episode_index IN (" + ", ".join(map(str, range(20_000))) + ")"
+    assert db.sql(big).fetchall() == [(20,)]
+    assert time.monotonic() - t0 < 20
+
+
+def test_timeout_interrupts_a_runaway_query_and_the_connection_survives(db):
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(QueryError, match="(?i)timeout.*0.5 s"):
+        db.sql(RUNAWAY, timeout=0.5).fetchall()
+    assert time.monotonic() - t0 < 10
+    assert db.sql("SELECT count(*) FROM episodes", timeout=30).fetchall() == [(20,)]
+    with pytest.raises(ValueError, match="timeout"):
+        db.sql("SELECT 1", timeout=-1)
+
+
+def _run_and_interrupt(args, ready: str, tmp_path):
+    """Start ``args``, wait until stdout shows ``ready``, send SIGINT; (exit code, stdout, stderr, seconds to exit)."""
+    import signal
+    import subprocess
+    import time
+
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = p.stdout.readline()
+        assert ready in line, (line, p.stderr.read() if p.poll() is not None else "")
+        time.sleep(1.0)  # inside the query
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+        return p.returncode, line + out, err, time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+RUNAWAY = "SELECT sum(a.index * b.index + c.index) FROM frames a, frames b, frames c"
+
+
+def test_ctrl_c_interrupts_db_sql(world, tmp_path):
+    import sys
+
+    root, _, _ = world
+    script = ("import lerobot_sql as lsql, sys\n"
+              f"db = lsql.connect({str(root)!r}, cache_dir={str(root.parent / 'cache')!r})\n"
+              "db.sql('SELECT 1').fetchall()\n"
+              "print('ready', flush=True)\n"
+              "try:\n"
+              f"    db.sql({RUNAWAY!r}).fetchall()\n"
+              "except lsql.QueryError as e:\n"
+              "    print('QueryError:', e, flush=True)\n"
+              "print(db.sql('SELECT count(*) FROM episodes').fetchall(), flush=True)\n")
+    code, out, err, secs = _run_and_interrupt([sys.executable, "-c", script], "ready", tmp_path)
+    assert code == 0 and "QueryError:" in out and "Ctrl-C" in out and "[(20,)]" in out, (out, err)
+    assert secs < 10
+
+
+def test_cli_query_ctrl_c_and_timeout(world, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    root, _, _ = world
+    cli = [sys.executable, "-m", "lerobot_sql.cli"]
+    t0 = time.monotonic()
+    r = subprocess.run([*cli, "query", str(root), RUNAWAY, "--timeout", "1"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "timeout" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 30
+    # Ctrl-C: a shell pipeline would print the result; here the query never ends, so wait for the process to settle
+    p = subprocess.Popen([*cli, "query", str(root), RUNAWAY], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        time.sleep(6)  # interpreter start, connect, the query running
+        import signal
+
+        t1 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert time.monotonic() - t1 < 10
+
+
+MEMORY_HOGS = {
+    "range_list": "SELECT len(range(100000000)) AS n",
+    "repeat": "SELECT length(repeat('x', 1000000000)) AS n",
+    "list_repeat": "SELECT len(repeat([1], 100000000)) AS n",
+    "generate_series": "SELECT len(generate_series(1, 100000000)) AS n",
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(MEMORY_HOGS))
+def test_memory_hogs_refused_before_they_allocate(world, tmp_path, name):
+    """Measured in a child process: the peak RSS stays near a connection's own (about 0.3 GB here), where these
+    queries reached 2-5.5 GB before, since DuckDB's memory_limit does not bound these allocations."""
+    import subprocess
+    import sys
+
+    root, _, _ = world
+    script = ("import lerobot_sql as lsql, resource\n"
+              f"db = lsql.connect({str(root)!r}, cache_dir={str(root.parent / 'cache')!r})\n"
+              "try:\n"
+              f"    print('result', db.sql({MEMORY_HOGS[name]!r}).fetchall())\n"
+              "except lsql.QueryError as e:\n"
+              "    print('QueryError:', e)\n"
+              "print('maxrss_mb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=110, cwd=tmp_path)
+    assert "QueryError:" in r.stdout and "allocate" in r.stdout, (r.stdout, r.stderr)
+    rss = int(r.stdout.split("maxrss_mb")[1])
+    assert rss < 1000, rss
+
+
+def test_one_database_from_four_threads(datasets, tmp_path):
+    """manifest() and sql() from 4 threads on one Database give the single-threaded answers (56/60 failed with
+    'connection is busy' before)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    db = lsql.connect(datasets / "small20", cache_dir=tmp_path / "cache")
+    sqls = [f"SELECT episode_index FROM episodes WHERE episode_index % 5 = {k}" for k in range(5)]
+    counts = [f"SELECT episode_index, count(*) AS n FROM frames WHERE episode_index % 3 = {k} GROUP BY 1 ORDER BY 1"
+              for k in range(3)]
+    ref_db = lsql.connect(datasets / "small20", cache_dir=tmp_path / "cache_ref")
+    want_m = {s: ref_db.manifest(s) for s in sqls}
+    want_c = {s: ref_db.sql(s).fetchall() for s in counts}
+    want_v = ref_db.sql("SELECT count(*) FROM video_frames").fetchall()
+
+    def work(i):
+        out = []
+        for r in range(4):
+            s = sqls[(i + r) % len(sqls)]
+            out.append(("m", s, db.manifest(s)))
+            c = counts[(i + r) % len(counts)]
+            out.append(("c", c, db.sql(c).fetchall()))
+        out.append(("v", None, db.sql("SELECT count(*) FROM video_frames").fetchall()))
+        return out
+
+    with ThreadPoolExecutor(4) as ex:
+        results = [x for part in ex.map(work, range(4)) for x in part]
+    assert len(results) == 4 * 9
+    for kind, s, got in results:
+        if kind == "m":
+            assert got.equals(want_m[s]), s
+        elif kind == "c":
+            assert got == want_c[s], s
+        else:
+            assert got == want_v
+    # the sandbox holds on every thread's cursor
+    def attack(_):
+        with pytest.raises(duckdb.Error):
+            db.con.execute("SET enable_external_access = true")
+        return db.con.sql("SELECT current_setting('enable_external_access')").fetchall()
+
+    with ThreadPoolExecutor(2) as ex:
+        assert list(ex.map(attack, range(2))) == [[(False,)]] * 2
