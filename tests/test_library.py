@@ -46,9 +46,9 @@ def small(datasets):
 
 
 @pytest.fixture(scope="module")
-def g1(datasets):
-    db = lsql.connect(datasets / "g1_real_v30")
-    yield db, _load(datasets / "g1_real_v30"), 30.0
+def g1(real_datasets):
+    db = lsql.connect(real_datasets / "g1_real_v30")
+    yield db, _load(real_datasets / "g1_real_v30"), 30.0
     db.close()
 
 
