@@ -43,8 +43,9 @@ if str(REPO) not in sys.path:
 import common  # noqa: E402
 
 DEFAULT_PEER = "/work/peer/bin/python"
-SEARCH = [os.environ.get("LSQL_BENCH_DATA", "/work/bench_data"), str(REPO.parent / "shared" / "datasets"),
-          "/work/shared/datasets"]
+# sample/: the generated sets the repository ships (small20, multifile60, ...), so a fresh clone finds them.
+SEARCH = [os.environ.get("LSQL_BENCH_DATA", "/work/bench_data"), str(REPO / "sample"),
+          str(REPO.parent / "shared" / "datasets"), "/work/shared/datasets"]
 
 
 def _find(name: str) -> Path | None:

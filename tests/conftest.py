@@ -1,4 +1,5 @@
-"""Shared fixtures: where ../shared is, the bundled sample, a per-session cache, helpers to compare items."""
+"""Shared fixtures: the in-repo test data (first tier), the external real-data corpus (second tier), a per-session
+cache. Where each lives: tests/README.md; the constants and comparison helpers: tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -8,28 +9,47 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DATASETS, REFERENCE, SAMPLE, SHARED  # noqa: F401  (re-exported for fixtures)
+from helpers import (DATASETS, FRAMECODE, REAL_DATASETS, REAL_SETS, REAL_SKIP_REASON, REFERENCE, SAMPLE,
+                     need_real_corpus, real_corpus_present)
 
 
-def _need_shared():
-    if not DATASETS.is_dir():
-        pytest.fail(f"{SHARED} not found: the tests read the shared datasets beside the repo (or set LSQL_SHARED)")
+def pytest_collection_modifyitems(config, items):
+    """Without the external corpus, mark its tests skipped at collection (the report names each test and the
+    reason): those that take ``real_datasets`` or are parametrized with a real set's name. ``real_root`` /
+    ``data_root`` / ``load_reference`` skip at run time too, for a test that reaches the corpus another way."""
+    if real_corpus_present():
+        return
+    mark = pytest.mark.skip(reason=REAL_SKIP_REASON)
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "real_datasets" in item.fixturenames or any(isinstance(v, str) and v in REAL_SETS for v in params.values()):
+            item.add_marker(mark)
 
 
 @pytest.fixture(scope="session")
 def datasets() -> Path:
-    _need_shared()
+    """The folder of the generated datasets shipped in the repo (``datasets / "small20"``, ``"multifile60"``,
+    ``"v21_small20"``, ``"h264_20"``, ``"img5_extras"``). Always present."""
     return DATASETS
 
 
 @pytest.fixture(scope="session")
+def real_datasets() -> Path:
+    """The folder of the real datasets fetched from other repositories (``real_datasets / "g1_real_v30"``, ...), in
+    the external corpus ``$LSQL_SHARED/datasets``; the test is skipped when the corpus is absent."""
+    need_real_corpus()
+    return REAL_DATASETS
+
+
+@pytest.fixture(scope="session")
 def reference() -> Path:
-    _need_shared()
+    """tests/data/reference: lerobot 0.4.4's items for the shipped sets (``load_reference`` also finds g1's)."""
     return REFERENCE
 
 
 @pytest.fixture(scope="session")
 def sample() -> Path:
+    """sample/small20: the demo's dataset, the same folder as ``datasets / "small20"``."""
     return SAMPLE
 
 
@@ -43,8 +63,8 @@ def _cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def framecode():
-    _need_shared()
-    spec = importlib.util.spec_from_file_location("framecode", SHARED / "tools" / "framecode.py")
+    """tests/data/framecode.py: which frame an image is, and the exact state/action of every synthetic frame."""
+    spec = importlib.util.spec_from_file_location("framecode", FRAMECODE)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -2,6 +2,16 @@
 
 Kept out of conftest.py because pytest loads every conftest.py under the module name ``conftest``: a test that
 imports from ``conftest`` could get tests/faults/conftest.py instead.
+
+Two tiers of test data (tests/README.md):
+
+* **In the repo** (first tier, always present): the datasets lerobot's own writer produced from synthetic content,
+  in ``sample/`` (``small20`` is also the demo's and the README's sample), their lerobot reference items in
+  ``tests/data/reference/`` and the frame-identity code ``tests/data/framecode.py``. ``DATASETS / name`` and
+  ``load_reference(name)`` read these.
+* **External real-data corpus** (second tier): the sets fetched from other public repositories (``REAL_SETS``) and
+  the G1 reference items, never committed. They live in ``$LSQL_SHARED`` (default ``../shared`` beside the repo);
+  ``real_root(name)`` / ``load_reference("g1_real_v30")`` skip the test with ``REAL_SKIP_REASON`` when it is absent.
 """
 
 from __future__ import annotations
@@ -11,19 +21,56 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TEST_DATA = REPO / "tests" / "data"
+DATASETS = REPO / "sample"                      # the generated sets shipped in the repo (one copy of small20)
+REFERENCE = TEST_DATA / "reference"             # lerobot 0.4.4's items for the shipped sets
+FRAMECODE = TEST_DATA / "framecode.py"
+SAMPLE = DATASETS / "small20"
+
 SHARED = Path(os.environ.get("LSQL_SHARED", REPO.parent / "shared"))
-DATASETS = SHARED / "datasets"
-REFERENCE = SHARED / "reference"
-SAMPLE = REPO / "sample" / "small20"
+REAL_DATASETS = SHARED / "datasets"
+REAL_REFERENCE = SHARED / "reference"
+REAL_SETS = frozenset({"g1_real_v30", "g1_real_v21", "record-test", "oc_models_meta_only",
+                       "aloha_sim_transfer_cube_human_prerelease_meta_only"})
+REAL_SKIP_REASON = f"external real-data corpus not found at {REAL_DATASETS}; set LSQL_SHARED"
+
+# Every set with lerobot reference items; g1_real_v30's are in the real-data corpus (second tier).
 REFERENCE_SETS = ["small20", "multifile60", "h264_20", "img5_extras", "g1_real_v30"]
 
 
+def real_corpus_present() -> bool:
+    return REAL_DATASETS.is_dir()
+
+
+def need_real_corpus() -> None:
+    """Skip the calling test (second tier) when the external real-data corpus is absent."""
+    if not real_corpus_present():
+        pytest.skip(REAL_SKIP_REASON)
+
+
+def real_root(name: str) -> Path:
+    """Root of the real (fetched) dataset NAME in the external corpus; skips the test when the corpus is absent."""
+    assert name in REAL_SETS, f"{name} is not a real-data set: use DATASETS / {name!r}"
+    need_real_corpus()
+    return REAL_DATASETS / name
+
+
+def data_root(name: str) -> Path:
+    """Root of dataset NAME, shipped or real: for tests parametrized over both tiers (a real one skips if absent)."""
+    return real_root(name) if name in REAL_SETS else DATASETS / name
+
 
 def load_reference(name: str):
-    """(json dict, npz) of shared/reference/NAME."""
-    return json.loads((REFERENCE / f"{name}.json").read_text()), np.load(REFERENCE / f"{name}.npz")
+    """(json dict, npz) of lerobot's reference items for NAME (tests/data/reference, or the corpus for real sets)."""
+    if name in REAL_SETS:
+        need_real_corpus()
+        base = REAL_REFERENCE
+    else:
+        base = REFERENCE
+    return json.loads((base / f"{name}.json").read_text()), np.load(base / f"{name}.npz")
 
 
 def assert_item_equals_reference(item: dict, ref_json_item: dict, npz, mode: str) -> None:

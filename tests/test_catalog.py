@@ -10,11 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
+from helpers import data_root
 
 
 @pytest.mark.parametrize("name", ["small20", "g1_real_v30", "img5_extras"])
-def test_episode_stats_is_every_stats_column_of_meta_episodes(datasets, name):
-    root = datasets / name
+def test_episode_stats_is_every_stats_column_of_meta_episodes(name):
+    root = data_root(name)
     t = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(str(root / "meta/episodes/*/*.parquet")))],
                          promote_options="permissive")
     want = {}

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
-from helpers import REFERENCE_SETS, assert_item_equals_reference, assert_items_equal, load_reference
+from helpers import REFERENCE_SETS, assert_item_equals_reference, assert_items_equal, data_root, load_reference
 from lerobot_sql import tabular, video
 
 
 @pytest.mark.parametrize("name", REFERENCE_SETS)
 @pytest.mark.parametrize("mode", ["plain", "delta"])
-def test_items_equal_lerobot_reference(datasets, name, mode):
+def test_items_equal_lerobot_reference(name, mode):
     ref, npz = load_reference(name)
-    db = lsql.connect(datasets / name)
+    db = lsql.connect(data_root(name))
     ds = db.dataset("SELECT index FROM frames ORDER BY index",
                     delta_timestamps=ref["delta_timestamps"] if mode == "delta" else None)
     assert len(ds) == ref["total_frames"]
@@ -100,8 +100,8 @@ def test_frames_are_the_right_frames(datasets, framecode):
             assert framecode.verify_frame(item[k].permute(1, 2, 0).numpy(), ep, f, cam)["ok"], (ep, f, k)
 
 
-def test_dataloader_two_workers_on_real_g1_matches_direct_pyav(datasets):
-    root = datasets / "g1_real_v30"
+def test_dataloader_two_workers_on_real_g1_matches_direct_pyav(real_datasets):
+    root = real_datasets / "g1_real_v30"
     db = lsql.connect(root)
     ds = db.dataset("SELECT index FROM frames WHERE episode_index IN (1, 6) AND frame_index % 40 = 0 ORDER BY index",
                     return_uint8=True)
@@ -162,8 +162,8 @@ def test_option_mistakes_get_clear_errors(datasets):
         db.dataset(sql, cameras=[], delta_timestamps={"observation.images.front": [0.0]})
 
 
-def test_missing_video_names_the_file_and_the_way_out(datasets):
-    db = lsql.connect(datasets / "record-test")
+def test_missing_video_names_the_file_and_the_way_out(real_datasets):
+    db = lsql.connect(real_datasets / "record-test")
     with pytest.warns(UserWarning, match="missing"):
         ds = db.dataset("SELECT index FROM frames WHERE index < 3")
     with pytest.raises(lsql.MissingFileError, match=r"observation.images.front/chunk-000/file-000.mp4.*cameras=\[\]"):

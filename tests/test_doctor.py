@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
+from helpers import data_root
 from lerobot_sql import doctor, library
 
 CLEAN = ["small20", "multifile60", "h264_20", "img5_extras", "g1_real_v30", "v21_small20", "g1_real_v21"]
@@ -50,8 +51,8 @@ def _run(root, **kw):
 
 
 @pytest.mark.parametrize("name", CLEAN)
-def test_clean_datasets_pass(datasets, name):
-    report = _run(datasets / name)
+def test_clean_datasets_pass(name):
+    report = _run(data_root(name))
     assert report.ok and not _failed(report), report.to_text()
     ran = {c.name for c in report.checks if not c.skipped}
     assert {"episode_index_contiguous", "index_contiguous", "episode_ranges", "data_file_pointers", "tasks_exist",
@@ -70,8 +71,8 @@ def test_every_check_is_a_named_query():
         assert {p.name for p in nq.params} == set(spec.params), spec.name
 
 
-def test_record_test_reports_its_missing_videos_only(datasets):
-    report = _run(datasets / "record-test")
+def test_record_test_reports_its_missing_videos_only(real_datasets):
+    report = _run(real_datasets / "record-test")
     assert not report.ok
     assert _failed(report) == {"video_files_present"}
     missing = {r["path"] for r in report["video_files_present"].sample}

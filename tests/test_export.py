@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
+from helpers import data_root
 from lerobot_sql import export as export_mod
 
 RENUMBERED = {"index", "episode_index", "frame_index", "timestamp", "task_index"}
@@ -430,10 +431,10 @@ def _v2_episode_stats(src: Path) -> dict[int, dict]:
 
 
 @pytest.mark.parametrize("name", ["v21_small20", "g1_real_v21"])
-def test_v21_source_exports_v30(datasets, tmp_path, framecode, name):
+def test_v21_source_exports_v30(tmp_path, framecode, name):
     """A v2.1 source (episodes.jsonl, one parquet and one mp4 per episode) exports as a v3.0 dataset: lerobot's
     v3 paths and info.json, the source's values, stats copied from episodes_stats.jsonl for whole episodes."""
-    src = datasets / name
+    src = data_root(name)
     db = lsql.connect(src)
     lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
     # A whole episode, a window starting on an odd frame (mid-GOP: re-encoded head), one on an even frame.

@@ -31,8 +31,8 @@ def test_v30_layout(datasets):
     assert list(lay.features) == list(_info(datasets / "multifile60")["features"])
 
 
-def test_v21_layout(datasets):
-    lay = load_layout(open_source(datasets / "g1_real_v21"))
+def test_v21_layout(real_datasets):
+    lay = load_layout(open_source(real_datasets / "g1_real_v21"))
     assert lay.legacy and lay.version == "v2.1"
     assert lay.episode_files == ("meta/episodes.jsonl",)
     assert lay.episode_stats_file == "meta/episodes_stats.jsonl" and lay.tasks_file == "meta/tasks.jsonl"
@@ -48,7 +48,8 @@ def test_template_to_printf_v2_placeholders():
         template_to_printf("x/{episode_index}.mp4", {"chunk_index": "c"})
 
 
-def test_metadata_only_v30_opens_with_empty_frames(datasets):
+def test_metadata_only_v30_opens_with_empty_frames(real_datasets):
+    datasets = real_datasets  # fetched set: second tier
     with pytest.warns(UserWarning, match="no data files"):
         db = lsql.connect(datasets / "oc_models_meta_only")
     ep = pq.read_table(datasets / "oc_models_meta_only/meta/episodes/chunk-000/file-000.parquet",
@@ -65,8 +66,9 @@ def test_metadata_only_v30_opens_with_empty_frames(datasets):
         db.dataset("SELECT index FROM frames")
 
 
-def test_prerelease_json_only_copy_opens(datasets):
+def test_prerelease_json_only_copy_opens(real_datasets):
     """Float fps, files_size_in_mb, video_info, no total_videos, no meta/episodes, no tasks: metadata views only."""
+    datasets = real_datasets  # fetched set: second tier
     with pytest.warns(UserWarning) as rec:
         db = lsql.connect(datasets / ALOHA)
     msgs = " | ".join(str(w.message) for w in rec)
@@ -84,8 +86,8 @@ def test_prerelease_json_only_copy_opens(datasets):
     assert {"episode_index", "length", "dataset_from_index", "videos/observation.images.top/from_timestamp"} <= set(cols)
 
 
-def test_record_test_tables_work_and_frames_name_the_missing_mp4(datasets):
-    root = datasets / "record-test"
+def test_record_test_tables_work_and_frames_name_the_missing_mp4(real_datasets):
+    root = real_datasets / "record-test"
     db = lsql.connect(root)
     data = pq.read_table(root / "data/chunk-000/file-000.parquet")
     assert db.sql("SELECT count(*), max(index) FROM frames").fetchall() == [(data.num_rows, data.num_rows - 1)]

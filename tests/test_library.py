@@ -46,9 +46,9 @@ def small(datasets):
 
 
 @pytest.fixture(scope="module")
-def g1(datasets):
-    db = lsql.connect(datasets / "g1_real_v30")
-    yield db, _load(datasets / "g1_real_v30"), 30.0
+def g1(real_datasets):
+    db = lsql.connect(real_datasets / "g1_real_v30")
+    yield db, _load(real_datasets / "g1_real_v30"), 30.0
     db.close()
 
 
@@ -142,8 +142,9 @@ def test_windows_around_event_feed_dataset(small, which, seconds):
         assert len(_frames_of_windows(eps, [(e, s, t)])) == round(seconds * fps)
 
 
-def test_idle_segments(g1):
-    db, eps, fps = g1
+@pytest.mark.parametrize("which", ["small", "g1"])  # small20: the first tier; g1: real teleoperation
+def test_idle_segments(which, request):
+    db, eps, fps = request.getfixturevalue(which)
     speeds = {e: np.linalg.norm(np.diff(d["state"].astype(np.float64), axis=0), axis=1) / np.diff(d["t"])
               for e, d in eps.items()}
     # a threshold from the data itself (real teleoperation is never perfectly still)

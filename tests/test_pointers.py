@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
+from helpers import data_root
 from lerobot_sql import plan, pointers
 
 ALL = ["small20", "h264_20", "multifile60", "img5_extras", "g1_real_v30", "g1_real_v21", "v21_small20", "record-test"]
@@ -29,8 +30,8 @@ def _both(db, sql):
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_fast_manifest_equals_the_join(datasets, name):
-    db = lsql.connect(datasets / name)
+def test_fast_manifest_equals_the_join(name):
+    db = lsql.connect(data_root(name))
     sql = "SELECT episode_index, length * 2 AS twice FROM episodes WHERE episode_index % 3 <> 1 ORDER BY length DESC"
     fast, slow = _both(db, sql)
     assert fast.equals(slow), name  # columns, order, types and values

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from helpers import data_root
 from lerobot_sql import tabular
 from lerobot_sql.errors import DatasetFormatError
 from lerobot_sql.layout import load_layout
@@ -16,12 +17,12 @@ from lerobot_sql.source import open_source
 
 
 @pytest.mark.parametrize("name", ["multifile60", "g1_real_v30"])
-def test_row_groups_equal_the_parquet_rows(datasets, tmp_path, name):
-    src = open_source(datasets / name)
+def test_row_groups_equal_the_parquet_rows(tmp_path, name):
+    src = open_source(data_root(name))
     layout = load_layout(src)
     rel = "data/chunk-000/file-000.parquet"
     info = tabular.data_file_info(src, rel)
-    pf = pq.ParquetFile(datasets / name / rel)
+    pf = pq.ParquetFile(data_root(name) / rel)
     assert info.rg_offsets.tolist() == np.concatenate(
         [[0], np.cumsum([pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)])]).tolist()
     rgs = list(range(min(3, pf.num_row_groups)))
@@ -64,9 +65,9 @@ def test_shape_mismatch_is_a_format_error(datasets, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["small20", "img5_extras", "g1_real_v30", "v21_small20"])
-def test_column_kinds_from_the_footer_match_the_built_row_group(datasets, tmp_path, name):
+def test_column_kinds_from_the_footer_match_the_built_row_group(tmp_path, name):
     """The dataset knows each column's kind before any row group is built: the footer must agree with the cache."""
-    src = open_source(datasets / name)
+    src = open_source(data_root(name))
     layout = load_layout(src)
     info = tabular.data_file_info(src, layout.data_files[0])
     view = tabular.RowGroupView(tabular.ensure_row_group(src, info, 0, layout, tmp_path), layout)

@@ -138,10 +138,10 @@ def test_items_equal_small20_items(v21, v30, datasets, framecode, delta):
 
 
 @pytest.mark.parametrize("mode", ["plain", "delta"])
-def test_g1_real_v21_items_equal_g1_real_v30_reference(datasets, mode):
+def test_g1_real_v21_items_equal_g1_real_v30_reference(real_datasets, mode):
     """The real v2.1 set gives exactly what lerobot 0.4.4 returned for its converted v3.0 twin."""
     ref, npz = load_reference("g1_real_v30")
-    db = lsql.connect(datasets / "g1_real_v21")
+    db = lsql.connect(real_datasets / "g1_real_v21")
     ds = db.dataset("SELECT index FROM frames ORDER BY index",
                     delta_timestamps=ref["delta_timestamps"] if mode == "delta" else None)
     assert len(ds) == ref["total_frames"]

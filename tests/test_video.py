@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
+from helpers import data_root
 from lerobot_sql import video
 from lerobot_sql.source import open_source
 
@@ -42,11 +43,11 @@ def _decode_all(path, limit=None):
 
 
 @pytest.mark.parametrize("name,rel", CASES)
-def test_index_equals_full_demux(datasets, tmp_path, name, rel):
-    src = open_source(datasets / name)
+def test_index_equals_full_demux(tmp_path, name, rel):
+    src = open_source(data_root(name))
     t = pa.ipc.open_file(pa.memory_map(str(video.ensure_index_arrow(src, rel, tmp_path)))).read_all()
     pq_index = pq.read_table(video.ensure_index(src, rel, tmp_path))
-    pk, tb = _demux(datasets / name / rel)
+    pk, tb = _demux(data_root(name) / rel)
     pk_sorted = sorted(pk)
     assert pq_index["pts"].to_pylist() == [p[0] for p in pk_sorted]
     assert pq_index["is_keyframe"].to_pylist() == [p[1] for p in pk_sorted]
@@ -137,11 +138,11 @@ def test_missing_video_file_warns_then_raises_on_read(datasets, tmp_path):
 
 
 @pytest.mark.parametrize("name,rel", CASES)
-def test_decoder_pool_reads_exact_frames_in_any_order(datasets, tmp_path, name, rel):
-    src = open_source(datasets / name)
+def test_decoder_pool_reads_exact_frames_in_any_order(tmp_path, name, rel):
+    src = open_source(data_root(name))
     index = video.FrameIndex.load(video.ensure_index_arrow(src, rel, tmp_path))
     n = min(len(index.pts), 300)  # the file's start is enough, and keeps the test fast
-    truth = _decode_all(datasets / name / rel, limit=n + 8)
+    truth = _decode_all(data_root(name) / rel, limit=n + 8)
     rng = np.random.default_rng(0)
     pool = video.DecoderPool(src, max_open=2)
     orders = [np.arange(0, min(n, 40)),                      # forward run: one seek
@@ -178,8 +179,8 @@ def test_forward_reads_do_not_seek(datasets, tmp_path):
     assert s2["seeks"] == 2 and s2["decoded"] - s1["decoded"] == far - index.key_row[far] + 1
 
 
-def test_planar_and_packed_conversion_agree(datasets, tmp_path):
-    src = open_source(datasets / "g1_real_v30")
+def test_planar_and_packed_conversion_agree(real_datasets, tmp_path):
+    src = open_source(real_datasets / "g1_real_v30")
     rel = CASES[2][1]
     index = video.FrameIndex.load(video.ensure_index_arrow(src, rel, tmp_path))
     rows = np.array([3, 50, 51])

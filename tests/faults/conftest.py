@@ -1,6 +1,7 @@
-"""Helpers for the fault suite: copy a shared dataset into tmp_path, then break the copy in one precise way.
+"""Helpers for the fault suite: copy a shipped dataset into tmp_path, then break the copy in one precise way.
 
-The shared datasets are read-only and never touched; every damaging helper works on a copy made by ``damaged``.
+The shipped datasets (``sample/``, tests/data/README.md) are never touched; every damaging helper works on a copy
+made by ``damaged``.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ def _own_cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def damaged(tmp_path, datasets) -> Callable[[str], Path]:
-    """``damaged("small20")`` -> a fresh writable copy of that shared dataset under tmp_path."""
+    """``damaged("small20")`` -> a fresh writable copy of that shipped dataset under tmp_path."""
     n = [0]
 
     def make(name: str = "small20") -> Path:
         n[0] += 1
         dst = tmp_path / f"{name}-{n[0]}"
         shutil.copytree(datasets / name, dst)
-        for p in dst.rglob("*"):  # shared files are read-only; the copy must be editable
+        for p in dst.rglob("*"):  # the source may be read-only (a shared checkout); the copy must be editable
             p.chmod(0o755 if p.is_dir() else 0o644)
         return dst
 
