@@ -431,7 +431,7 @@ def test_query_text_is_bounded_and_big_in_lists_are_fast(db):
     huge = "SELECT count(*) FROM episodes WHERE episode_index IN (" + ", ".join(map(str, range(1_000_000))) + ")"
     with pytest.raises(QueryError, match=f"{query.MAX_SQL_CHARS:,}"):
         db.sql(huge)
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 10  # refused on its length, before any parse (minutes before the bound)
     t0 = time.monotonic()
     big = "SELECT count(*) FROM episodes WHERE episode_index IN (" + ", ".join(map(str, range(20_000))) + ")"
     assert db.sql(big).fetchall() == [(20,)]
