@@ -613,6 +613,9 @@ def _hint(e: BaseException) -> str | None:
     """The ``hint:`` line for an error: specific to the kind of error (and, for QueryError, to its message)."""
     if isinstance(e, MissingFileError) and "meta/info.json" in str(e):
         return "DATASET is the dataset root: the folder holding meta/info.json, data/ and videos/"
+    if isinstance(e, FileExistsError) and ("replaces only" in str(e) or "never" in str(e)):
+        # --overwrite was given but the destination is not ours to replace: passing it again would not help.
+        return "--overwrite replaces only an empty folder or an earlier lerobot-sql export; choose a new destination"
     if isinstance(e, QueryError) and not isinstance(e, ResultContractError):
         text = str(e).removeprefix("QueryError: ")
         for pattern, hint in QUERY_HINTS:

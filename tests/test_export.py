@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -640,3 +641,23 @@ def test_full_disk_is_a_typed_error_naming_the_path(datasets, tmp_path, monkeypa
         assert list(disk.iterdir()) == []
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_cli_overwrite_refusals_say_what_to_do(datasets, tmp_path):
+    """`lerobot-sql export --overwrite` onto the user's folder or the source's parent: exit 1, the path in the error,
+    a hint that does not suggest --overwrite again, and the folder untouched."""
+    import shutil
+
+    shutil.copytree(datasets / "small20", tmp_path / "parent" / "src")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "f.txt").write_text("mine")
+    before = _snapshot(tmp_path)
+    for dest, why in [(mine, "is not a dataset lerobot_sql exported"), (tmp_path / "parent", "holds the source")]:
+        r = subprocess.run([sys.executable, "-m", "lerobot_sql.cli", "export", str(tmp_path / "parent" / "src"),
+                            str(dest), "--sql", "SELECT 1 AS episode_index", "--overwrite", "-q"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and why in r.stderr and str(dest) in r.stderr, r.stderr
+        hint = [line for line in r.stderr.splitlines() if line.startswith("hint:")]
+        assert len(hint) == 1 and "pass --overwrite" not in hint[0], r.stderr
+    assert _snapshot(tmp_path) == before
