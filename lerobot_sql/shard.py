@@ -193,9 +193,8 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
                 world_size = dist.get_world_size() if ready else int(os.environ.get("WORLD_SIZE", 1))
         self.rank, self.world_size = int(rank), int(world_size)
         _check(self.rank, self.world_size, by)
-        self._rows = pa.table({"_row": pa.array(range(manifest.num_rows), pa.int64()),
-                               "episode_index": manifest["episode_index"], "index": manifest["index"]})
-        assign(self._rows, self.world_size, by=by, shuffle=shuffle)  # fewer episodes than ranks: fail here, not in a worker
+        # Fewer episodes than ranks: fail here, in the main process, not later inside a DataLoader worker.
+        assign(manifest, self.world_size, by=by, shuffle=shuffle)
         # One int64 in shared memory: set_epoch in the main process is seen by workers that outlive an epoch
         # (persistent_workers=True); a plain attribute is copied into each worker once, when it starts.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
@@ -224,7 +223,11 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
         """Manifest positions of this rank's rows (in a DataLoader worker: this worker's share of them) for the
         current epoch, in manifest order."""
         epoch = self.epoch
-        part = shard_manifest(self._rows, self.rank, self.world_size, epoch=epoch, seed=self.seed, by=self.by,
+        # Built per iter() (cheap: an arange and two column references), not kept: a spawned worker would be sent
+        # another copy of the manifest's columns.
+        rows = pa.table({"_row": np.arange(self.manifest.num_rows, dtype=np.int64),
+                         "episode_index": self.manifest["episode_index"], "index": self.manifest["index"]})
+        part = shard_manifest(rows, self.rank, self.world_size, epoch=epoch, seed=self.seed, by=self.by,
                               shuffle=self.shuffle)
         info = torch.utils.data.get_worker_info()
         if info is not None and info.num_workers > 1:

@@ -396,7 +396,8 @@ def test_nan_window_bounds_are_refused(datasets, start, end, col):
     episode (158 frames for a window meant to be short); a NaN start_s selected nothing."""
     db = lsql.connect(datasets / "small20")
     sql = f"SELECT 1 AS episode_index, {start} AS start_s, {end} AS end_s"
-    with pytest.raises(lsql.ResultContractError, match=rf"result column {col} is (nan|NULL) in row 0 \(episode_index 1\)"):
+    with pytest.raises(lsql.ResultContractError,
+                       match=rf"result column {col} is (nan|NULL) in row 0 \(episode_index 1\)"):
         db.dataset(sql, cameras=[])
     # infinite bounds keep their meaning: the whole episode
     n1 = db.sql("SELECT length FROM episodes WHERE episode_index = 1").fetchall()[0][0]
