@@ -319,7 +319,7 @@ def measure(root: Path, episodes: int, *, full_dataset: bool, spill: bool) -> di
     del m_full
     mpath = root.parent / f"manifest-{root.name}.parquet"
     with Step(steps, "export_manifest_full"):
-        db.export_manifest(sel_full, mpath)
+        db.export_manifest(sel_full, mpath, overwrite=True)  # a rerun replaces the last run's manifest
     r["manifest_parquet_bytes"] = mpath.stat().st_size
     if full_dataset:
         with Step(steps, "dataset_full"):

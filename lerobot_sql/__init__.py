@@ -24,6 +24,7 @@ from .db import Database, connect
 from .errors import (
     CacheError,
     DatasetFormatError,
+    DestinationError,
     DestinationExistsError,
     FrameNotFoundError,
     LeRobotSQLError,
@@ -68,4 +69,5 @@ __all__ = [
     "RemoteIOError",
     "CacheError",
     "DestinationExistsError",
+    "DestinationError",
 ]

@@ -26,6 +26,7 @@ from typing import Any
 
 from .errors import (
     DatasetFormatError,
+    DestinationError,
     FrameNotFoundError,
     LeRobotSQLError,
     MissingFileError,
@@ -507,7 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
               "lerobot-sql export sample/small20 /tmp/subset --name NAME -p key=value"], cmd_export)
     sp.add_argument("dest", metavar="DEST", help="folder of the new dataset")
     query_source(sp, positional=False)
-    sp.add_argument("--overwrite", action="store_true", help="replace DEST if it exists (once the new one is complete)")
+    sp.add_argument("--overwrite", action="store_true", help="replace DEST if it exists (once the new one is complete); only an empty folder "
+                         "or an earlier lerobot-sql export is ever replaced")
     sp.add_argument("--tolerance-s", type=float, default=1e-4,
                     help="how far a data timestamp may be from its video frame, in seconds (default 1e-4)")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -568,6 +570,7 @@ HINTS: list[tuple[type, str]] = [
     (FrameNotFoundError, "`lerobot-sql doctor DATASET` checks timestamps against the video frames"),
     (VideoDecodeError, "`lerobot-sql doctor DATASET` finds unreadable video files"),
     (RemoteIOError, "check the network and the URL; `lerobot-sql prefetch` downloads ahead of training"),
+    (DestinationError, "export to a new folder outside the source dataset, on a writable disk with room"),
     (FileExistsError, "choose a new destination or pass --overwrite"),
     (PermissionError, "check the permissions of the path"),
     (OSError, "check the path"),
@@ -616,6 +619,9 @@ def _hint(e: BaseException) -> str | None:
     """The ``hint:`` line for an error: specific to the kind of error (and, for QueryError, to its message)."""
     if isinstance(e, MissingFileError) and "meta/info.json" in str(e):
         return "DATASET is the dataset root: the folder holding meta/info.json, data/ and videos/"
+    if isinstance(e, FileExistsError) and ("replaces only" in str(e) or "never" in str(e)):
+        # --overwrite was given but the destination is not ours to replace: passing it again would not help.
+        return "--overwrite replaces only an empty folder or an earlier lerobot-sql export; choose a new destination"
     if isinstance(e, QueryError) and not isinstance(e, ResultContractError):
         text = str(e).removeprefix("QueryError: ")
         for pattern, hint in QUERY_HINTS:

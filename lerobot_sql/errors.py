@@ -44,6 +44,12 @@ class DestinationExistsError(LeRobotSQLError, FileExistsError):
     """An export's destination already exists (pass ``overwrite=True``, or ``--overwrite`` on the CLI)."""
 
 
+class DestinationError(LeRobotSQLError, OSError):
+    """An export destination cannot be written: it lies inside (or holds) the source dataset, is a dangling symlink,
+    has a file where a parent folder should be, is a folder where a file is wanted, or the disk is full or read-only.
+    Nothing is left at the destination; the message names the path and the fix."""
+
+
 class RemoteIOError(LeRobotSQLError, OSError):
     """Reading a remote file failed after retries."""
 
@@ -64,4 +70,6 @@ __all__ = [
     "VideoDecodeError",
     "RemoteIOError",
     "CacheError",
+    "DestinationExistsError",
+    "DestinationError",
 ]

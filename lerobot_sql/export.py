@@ -20,12 +20,15 @@ The source may be v3.x or v2.0/v2.1: episode metadata and tasks are read through
 converted as lerobot 0.4.4's ``convert_dataset_v21_to_v30`` does it).
 
 Everything is written into a hidden sibling folder and renamed into place at the end, so the destination appears
-complete or not at all.
+complete or not at all. ``meta/lerobot_sql_export.json`` marks the folder as ours and lists the files written: an
+overwrite replaces only an empty folder or such an export, and no destination may be the source, lie inside it or
+hold it (symlinks resolved).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -42,7 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import plan, video
-from .errors import DatasetFormatError, DestinationExistsError, LeRobotSQLError, VideoDecodeError
+from .errors import DatasetFormatError, DestinationError, DestinationExistsError, LeRobotSQLError, VideoDecodeError
 from .layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
 
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -107,8 +110,131 @@ class _Part:
     rows: np.ndarray  # manifest rows of this part, in frame order
 
 
+# ---- destination safety -----------------------------------------------------------------------------------------
+# What an overwrite may delete: only a folder that is empty or that this module wrote (the marker lists every file it
+# wrote, with its size), and only a manifest file that carries our schema metadata. Everything else (the source, a
+# folder that holds it, the user's files) is refused before any work, so an export can never delete what it did not
+# write.
+MARKER = "meta/lerobot_sql_export.json"
+MARKER_FORMAT = 1
+# errno values that can only come from writing the destination (reading the source never raises them).
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+def _local_dest(dest: str | os.PathLike, what: str) -> Path:
+    """``dest`` as an absolute local path; symlinks are resolved, a dangling one is refused."""
+    if "://" in os.fspath(dest):
+        raise DestinationError(f"{os.fspath(dest)}: {what} writes to a local path; write locally and upload the "
+                               "result afterwards")
+    p = Path(os.path.abspath(os.fspath(dest)))
+    if os.path.islink(p) and not os.path.exists(p):
+        raise DestinationError(f"{p}: is a symlink to {os.readlink(p)!r}, which does not exist; remove the link, "
+                               "create its target, or choose another destination")
+    return Path(os.path.realpath(p))
+
+
+def _refuse_source(db, dest: Path, what: str) -> None:
+    """Refuse a destination that is the source root, inside it or a folder holding it (symlinks resolved)."""
+    if not db.source.is_local:
+        return
+    src = Path(os.path.realpath(db.source.root))
+    if dest == src or dest.is_relative_to(src):
+        raise DestinationError(f"{dest}: is inside the source dataset {src}; {what} never writes into its own "
+                               "source: choose a destination outside it")
+    if src.is_relative_to(dest):
+        raise DestinationError(f"{dest}: holds the source dataset {src}; {what} never replaces a folder that holds "
+                               "its source: choose another destination")
+
+
+def _our_files(root: Path) -> dict[str, int]:
+    """Every file and symlink under ``root`` (relative posix path -> size; a symlink counts as -1, never ours)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            full = os.path.join(dirpath, name)
+            rel = Path(full).relative_to(root).as_posix()
+            out[rel] = -1 if os.path.islink(full) else os.lstat(full).st_size
+    return out
+
+
+def _check_replaceable(dest: Path) -> None:
+    """Raise DestinationExistsError unless ``dest`` is an empty folder or an export of ours left as we wrote it."""
+    if not dest.is_dir():
+        raise DestinationExistsError(f"{dest}: exists and is not a folder; overwrite=True replaces only an empty "
+                                     "folder or a dataset lerobot_sql exported: remove it yourself or choose another "
+                                     "destination")
+    present = _our_files(dest)
+    if not present:
+        return
+    marker = dest / MARKER
+    try:
+        written = json.loads(marker.read_text())["files"]
+        if not isinstance(written, dict):
+            raise TypeError("files is not a mapping")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DestinationExistsError(
+            f"{dest}: exists and is not a dataset lerobot_sql exported (no readable {MARKER}); overwrite=True "
+            "replaces only an empty folder or a previous export: remove it yourself or choose another destination"
+        ) from e
+    present.pop(MARKER, None)
+    foreign = sorted(r for r, size in present.items() if written.get(r) != size)
+    if foreign:
+        raise DestinationExistsError(
+            f"{dest}: holds {len(foreign)} file(s) the previous export did not write or that changed since "
+            f"(e.g. {foreign[:3]}); overwrite=True never deletes them: move them away or choose another destination")
+
+
+def _make_parents(folder: Path, dest: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns the folders created (to remove on failure)."""
+    missing = []
+    p = folder
+    while not os.path.lexists(p):
+        missing.append(p)
+        p = p.parent
+    created = []
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except OSError as e:
+            _remove_dirs(created)
+            why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
+            raise DestinationError(f"{dest}: cannot create the folder {d} ({why}); choose another destination") \
+                from e
+        created.append(d)
+    if not folder.is_dir():
+        raise DestinationError(f"{dest}: its parent {folder} is not a folder; choose another destination")
+    return created
+
+
+def _remove_dirs(created: list[Path]) -> None:
+    for d in reversed(created):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+def _write_error(e: OSError, dest: Path) -> DestinationError | None:
+    """The typed error for a failed write to ``dest`` (disk full, quota, read-only), or None if ``e`` is not one."""
+    if isinstance(e, LeRobotSQLError):
+        return None
+    text = str(e)
+    if e.errno in _WRITE_ERRNOS or "No space left on device" in text or "Read-only file system" in text:
+        why = e.strerror or text
+        return DestinationError(f"{dest}: writing failed ({why}); nothing was left there: free space on "
+                                f"{dest.parent} (or make it writable) and export again, or choose another destination")
+    return None
+
+
+def _is_our_manifest(path: Path) -> bool:
+    try:
+        return b"lerobot_sql.manifest" in (pq.read_schema(path).metadata or {})
+    except (OSError, pa.ArrowException, ValueError):
+        return False
+
+
 # ---- manifest ---------------------------------------------------------------------------------------------------
-def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = True) -> ManifestReport:
+def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = False) -> ManifestReport:
     """Write the manifest of ``sql`` (see :mod:`lerobot_sql.plan`) as one Parquet file, one row per sample.
 
     Columns: those of ``db.manifest(sql)`` (``index, episode_index, frame_index, timestamp, task_index, data_file,
@@ -118,14 +244,29 @@ def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = 
     schema metadata (``lerobot_sql.manifest`` -> ``root``). ``db.dataset(path)`` rebuilds the same items; Ray Data
     or Daft read it with their Parquet readers and shard it by row.
 
+    The file is written under a temporary name and renamed into place. ``overwrite=True`` replaces only a manifest
+    this function wrote (a Parquet file with ``lerobot_sql.manifest`` metadata), never another file.
+
     Raises:
         QueryError / ResultContractError: the SQL or its result is unusable.
-        DestinationExistsError (a FileExistsError): ``path`` exists and ``overwrite`` is False.
+        DestinationExistsError (a FileExistsError): ``path`` exists and ``overwrite`` is False, or it is not a
+            manifest lerobot_sql wrote.
+        DestinationError (an OSError): ``path`` is a folder, a dangling symlink, inside the source dataset, has a
+            file where a parent folder should be, or the disk is full / read-only (nothing is left at ``path``).
     """
     t0 = time.perf_counter()
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise DestinationExistsError(f"{path}: exists; pass overwrite=True or choose another path")
+    path = _local_dest(path, "export_manifest")
+    _refuse_source(db, path, "export_manifest")
+    if path.is_dir():
+        raise DestinationError(f"{path}: is a folder; export_manifest writes one Parquet file: give a file path "
+                               f"such as {path / 'manifest.parquet'}")
+    if os.path.lexists(path):
+        if not overwrite:
+            raise DestinationExistsError(f"{path}: exists; pass overwrite=True or choose another path")
+        if not _is_our_manifest(path):
+            raise DestinationExistsError(f"{path}: exists and is not a manifest lerobot_sql wrote (no lerobot_sql."
+                                         "manifest metadata); overwrite=True never replaces other files: remove it "
+                                         "yourself or choose another path")
     m = db.manifest(sql)
     meta = json.loads(m.schema.metadata[b"lerobot_sql.manifest"])
     meta["root"] = db.source.url
@@ -133,14 +274,23 @@ def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = 
         t = pc.add(m[f"{k}/from_timestamp"].cast(pa.float64()), m["timestamp"].cast(pa.float64()))
         m = m.append_column(f"{k}/time_s", t)
     m = m.replace_schema_metadata({b"lerobot_sql.manifest": json.dumps(meta).encode()})
-    path.parent.mkdir(parents=True, exist_ok=True)
+    created = _make_parents(path.parent, path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    ok = False
     try:
         pq.write_table(m, tmp)
         os.replace(tmp, path)
+        ok = True
+    except OSError as e:
+        err = _write_error(e, path)
+        if err is None:
+            raise
+        raise err from e
     finally:
         if tmp.exists():
             tmp.unlink()
+        if not ok:
+            _remove_dirs(created)
     episodes = len(np.unique(m["episode_index"].to_numpy()))
     return ManifestReport(str(path), m.num_rows, episodes, time.perf_counter() - t0)
 
@@ -156,8 +306,15 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
     follow the result order and are numbered 0..N-1; ``index`` is contiguous; tasks still used are renumbered in
     source order. Extra result columns are not written.
 
+    The dataset is written into a hidden sibling folder and renamed into place, with ``meta/lerobot_sql_export.json``
+    listing every file written (name and size), so that a later ``overwrite=True`` can tell an export of ours from
+    anything else.
+
     Args:
-        overwrite: replace an existing ``dest`` (only once the new dataset is complete).
+        overwrite: replace an existing ``dest`` (only once the new dataset is complete), and only if it is an empty
+            folder or a dataset this function exported, holding only the files it wrote. Any other folder (the
+            source, one that holds it, a dataset written by another tool, a folder with files of the user's) is
+            refused.
         progress: show a tqdm bar.
         tolerance_s: how far a data timestamp may be from its video frame's pts (as in dataset()).
 
@@ -166,42 +323,77 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
 
     Raises:
         QueryError / ResultContractError: the SQL or its result is unusable.
-        DestinationExistsError (a FileExistsError): ``dest`` exists and ``overwrite`` is False.
+        DestinationExistsError (a FileExistsError): ``dest`` exists and ``overwrite`` is False, or it is not an empty
+            folder or an unchanged export of ours.
+        DestinationError (an OSError): ``dest`` is the source, inside it or holds it; a dangling symlink; a parent is
+            a file; the disk is full or read-only (nothing is left at ``dest``).
         FrameNotFoundError: a selected frame has no video frame within ``tolerance_s``.
         DatasetFormatError / VideoDecodeError / MissingFileError: the source dataset is inconsistent or unreadable.
     """
     t0 = time.perf_counter()
-    dest = Path(dest).absolute()
-    if "://" in str(dest):
-        raise LeRobotSQLError(f"{dest}: export writes to a local folder; upload the result afterwards")
-    if dest.exists() and not overwrite:
-        raise DestinationExistsError(f"{dest}: already exists; pass overwrite=True or choose another destination")
+    dest = _local_dest(dest, "export")
+    _refuse_source(db, dest, "export")
+    replacing = os.path.lexists(dest)
+    if replacing:
+        if not overwrite:
+            raise DestinationExistsError(f"{dest}: already exists; pass overwrite=True or choose another destination")
+        _check_replaceable(dest)
     result = db._arrow(sql)
     result = result.append_column(PART_COLUMN, pa.array(np.arange(result.num_rows), pa.int64()))
     manifest = plan.build_manifest(db.con, db.layout, result, sql=sql)
     mode = json.loads(manifest.schema.metadata[b"lerobot_sql.manifest"])["mode"]
     parts = _parts(manifest, mode)
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    created = _make_parents(dest.parent, dest)
     tmp = dest.parent / f".{dest.name}.lsql-export-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    ok = False
     try:
+        try:
+            tmp.mkdir()
+        except OSError as e:
+            raise DestinationError(f"{dest}: cannot create a folder in {dest.parent} ({e.strerror}); make it "
+                                   "writable or choose another destination") from e
         writer = _Exporter(db, manifest, parts, tmp, tolerance_s)
         report = writer.run(progress)
-        if dest.exists():
+        _write_marker(tmp, db)
+        if os.path.lexists(dest):
+            _check_replaceable(dest)  # again: it may have changed during the export
             old = dest.parent / f".{dest.name}.lsql-old-{uuid.uuid4().hex[:8]}"
             os.rename(dest, old)
-            os.rename(tmp, dest)
+            try:
+                os.rename(tmp, dest)
+            except BaseException:
+                os.rename(old, dest)
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, dest)
+        ok = True
+    except OSError as e:
+        err = _write_error(e, dest)
+        if err is None:
+            raise
+        raise err from e
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if not ok:
+            _remove_dirs(created)
     report.dest = str(dest)
     report.files_written = sum(1 for p in dest.rglob("*") if p.is_file())
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _write_marker(root: Path, db) -> None:
+    """meta/lerobot_sql_export.json: who wrote this folder, from what, and every file it holds (name -> bytes)."""
+    from . import __version__
+
+    files = _our_files(root)
+    marker = {"written_by": "lerobot_sql", "format": MARKER_FORMAT, "version": __version__,
+              "source": db.source.url, "files": dict(sorted(files.items()))}
+    (root / MARKER).parent.mkdir(parents=True, exist_ok=True)
+    (root / MARKER).write_text(json.dumps(marker, indent=1, ensure_ascii=False))
 
 
 def _parts(m: pa.Table, mode: str) -> list[_Part]:

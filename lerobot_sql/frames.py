@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+MAX_OFFSET_FRAMES = 2**31 - 1  # a delta_timestamps offset beyond this many frames is a mistake (years of recording)
+
 
 def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float, tolerance_s: float,
                   features: dict) -> dict[str, np.ndarray]:
@@ -22,8 +24,8 @@ def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float, t
         key -> int64 array of frame offsets, same order as given.
 
     Raises:
-        ValueError: a key is not a feature, a list is empty, or an offset is not a multiple of 1/fps within
-            tolerance_s (the offenders are listed).
+        ValueError: a key is not a feature, a list is empty, an offset is NaN, infinite or beyond 2**31 frames, or
+            an offset is not a multiple of 1/fps within tolerance_s (the offenders are listed, with the key).
     """
     if not delta_timestamps:
         return {}
@@ -39,6 +41,17 @@ def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float, t
                              f"[-1 / {fps:g}, 0.0]; got {deltas!r}") from None
         if d.ndim != 1 or len(d) == 0:
             raise ValueError(f"delta_timestamps[{key!r}] must be a non-empty list of seconds")
+        # NaN passes the grid test below (every comparison with NaN is False) and NaN, inf or 1e30 seconds cast to
+        # int64 frames as -2**63: refuse them rather than pad silently.
+        bad = d[~np.isfinite(d)]
+        if len(bad):
+            raise ValueError(f"delta_timestamps[{key!r}] holds offsets that are not finite numbers: {bad.tolist()}; "
+                             f"give seconds such as [-1 / {fps:g}, 0.0]")
+        bad = d[np.abs(d) * fps > MAX_OFFSET_FRAMES]
+        if len(bad):
+            raise ValueError(f"delta_timestamps[{key!r}] has offsets beyond +-{MAX_OFFSET_FRAMES / fps:.4g} s "
+                             f"(2**31 frames at fps={fps:g}): {bad.tolist()}; no episode is that long, so every "
+                             "such frame would be padding")
         off = np.abs(d * fps - np.round(d * fps)) / fps
         bad = d[off > tolerance_s]
         if len(bad):

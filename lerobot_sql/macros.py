@@ -146,11 +146,18 @@ FROM frames_ext WHERE coalesce(pred, false) GROUP BY episode_index
 # Clipped to the episode, a window can be empty: an event on the first frame (event_s = 0) has nothing before it, so
 # event_windows(pred, before_s, 0) gives no row for that episode rather than a zero-length window (which would be a
 # training sample without frames).
+# A NaN bound would compare false everywhere and give no rows, silently: arg raises instead (the filter depends on
+# its value, so DuckDB cannot prune it away).
 EVENT_WINDOWS = """
-SELECT ev.episode_index, greatest(ev.event_s - before_s, 0.0) AS start_s,
-       least(ev.event_s + after_s, e.duration_s) AS end_s, ev.event_s
-FROM first_event(pred) ev JOIN episodes e USING (episode_index)
-WHERE least(ev.event_s + after_s, e.duration_s) > greatest(ev.event_s - before_s, 0.0)
+WITH arg AS (SELECT CASE WHEN before_s IS NULL OR after_s IS NULL OR isnan(before_s::DOUBLE) OR isnan(after_s::DOUBLE)
+                    THEN error('event_windows: before_s and after_s must be numbers of seconds, not NaN or NULL (got '
+                               || coalesce(before_s::VARCHAR, 'NULL') || ', ' || coalesce(after_s::VARCHAR, 'NULL')
+                               || ')')
+                    ELSE before_s::DOUBLE END AS b_s, after_s::DOUBLE AS a_s)
+SELECT ev.episode_index, greatest(ev.event_s - arg.b_s, 0.0) AS start_s,
+       least(ev.event_s + arg.a_s, e.duration_s) AS end_s, ev.event_s
+FROM first_event(pred) ev JOIN episodes e USING (episode_index), arg
+WHERE least(ev.event_s + arg.a_s, e.duration_s) > greatest(ev.event_s - arg.b_s, 0.0)
 """
 
 # Gaps and islands: a run ends wherever pred flips; frame_index - row_number() is constant within a run.
@@ -161,9 +168,13 @@ WITH hit AS (SELECT episode_index, frame_index, timestamp::DOUBLE AS t FROM fram
      runs AS (SELECT *, frame_index - row_number() OVER (PARTITION BY episode_index ORDER BY frame_index) AS run
               FROM hit),
      seg AS (SELECT episode_index, min(t) AS start_s, max(t) + 1.0 / any_value(i.fps) AS end_s, count(*) AS n_frames
-             FROM runs, info i GROUP BY episode_index, run)
-SELECT episode_index, start_s, end_s, end_s - start_s AS duration_s, n_frames FROM seg
-WHERE end_s - start_s >= min_duration_s - {TOL_S!r}
+             FROM runs, info i GROUP BY episode_index, run),
+     arg AS (SELECT CASE WHEN min_duration_s IS NULL OR isnan(min_duration_s::DOUBLE)
+                    THEN error('segments: min_duration_s must be a number of seconds, not NaN or NULL (got '
+                               || coalesce(min_duration_s::VARCHAR, 'NULL') || ')')
+                    ELSE min_duration_s::DOUBLE END AS min_s)
+SELECT episode_index, start_s, end_s, end_s - start_s AS duration_s, n_frames FROM seg, arg
+WHERE end_s - start_s >= arg.min_s - {TOL_S!r}
 ORDER BY episode_index, start_s
 """
 

@@ -19,6 +19,7 @@ and its neighbours in the file, which the dataset checks against the mp4's real 
 from __future__ import annotations
 
 import json
+import math
 from typing import Callable
 
 import duckdb
@@ -78,9 +79,17 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
                   "(SELECT episode_index FROM _lsql_ext) GROUP BY 1 HAVING count(*) > 1 ORDER BY 1 LIMIT 1").fetchall()
     if dup:
         raise pointers.duplicate_episode_error(*dup[0])
-    off = [r for r in ext.to_pylist() if r["ts_err"] is not None and r["ts_err"] > 0.5 / fps]
+    # `not <=` so that NaN (DuckDB's max() of a column holding a NaN timestamp) is off the grid too.
+    off = [r for r in ext.to_pylist() if r["ts_err"] is not None and not r["ts_err"] <= 0.5 / fps]
     if off:
-        raise pointers.timestamp_error(off[0]["episode_index"], off[0]["ts_err"], fps)
+        ep, err = off[0]["episode_index"], off[0]["ts_err"]
+        where = {}
+        if not math.isfinite(err):  # error path only: find the frame and the file to name
+            row = con.execute("SELECT data_file, frame_index FROM _frames_loc WHERE episode_index = ? AND "
+                              "NOT isfinite(timestamp::DOUBLE) ORDER BY frame_index LIMIT 1", [ep]).fetchone()
+            if row:
+                where = {"data_file": row[0], "frame_index": row[1]}
+        raise pointers.timestamp_error(ep, err, fps, **where)
     if not layout.video_keys:
         return {}
     # Every clip of every mp4 a selected episode uses, and the frames in data/ of those episodes.
@@ -94,6 +103,24 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
                 f"({', '.join(str(e) for e in set(t['episode_index'].to_pylist())) or 'NULL'}) GROUP BY 1").fetchall()
     videos = {k: t.filter(pc.equal(t["video_key"], k)).drop_columns(["video_key"]) for k in layout.video_keys}
     return pointers.check_clips(layout, videos, dict(n), ext["episode_index"].to_numpy())
+
+
+def _check_window_bounds(result: pa.Table, sql: str) -> None:
+    """Refuse NaN or NULL ``start_s``/``end_s``: DuckDB orders NaN above every number, so ``timestamp < NaN`` holds
+    and a NaN end would silently select the rest of the episode (a NaN start selects nothing). Infinite bounds keep
+    their meaning (from the start / to the end of the episode)."""
+    for c in ("start_s", "end_s"):
+        try:
+            v = result[c].cast(pa.float64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise ResultContractError(f"result column {c} must be seconds (a number), got {result[c].type}: "
+                                      f"{sql!r}") from e
+        bad = pc.or_kleene(pc.is_null(v), pc.is_nan(v)).fill_null(True)
+        if pc.any(bad).as_py():
+            i = int(pc.index(bad, True).as_py())
+            raise ResultContractError(f"result column {c} is {v[i].as_py() if v[i].is_valid else 'NULL'} in row {i} "
+                                      f"(episode_index {result['episode_index'][i].as_py()}); a window needs "
+                                      f"start_s and end_s in seconds from the episode start: {sql!r}")
 
 
 def _plain_numbers(t: pa.Table) -> pa.Table:
@@ -133,6 +160,8 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     if result.num_rows == 0:
         raise ResultContractError(f"the query returned no rows, so there is nothing to train on: {sql!r}")
     mode = result_mode(result.column_names)
+    if mode == "window":
+        _check_window_bounds(result, sql)
     video_cols = [c for k in layout.video_keys for c in (f"{k}/file", f"{k}/from_timestamp")]
     reserved = set(CORE) | set(LOCATION) | set(video_cols)
     contract = {"index": ("index",), "window": ("episode_index", "start_s", "end_s"),

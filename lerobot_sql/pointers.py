@@ -16,6 +16,7 @@ are shared with that path, so both give the same errors.
 
 from __future__ import annotations
 
+import math
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -61,8 +62,16 @@ def duplicate_episode_error(episode_index: int, rows: int) -> DatasetFormatError
                               "exactly one. Remove the duplicate rows (run `lerobot-sql doctor`)")
 
 
-def timestamp_error(episode_index: int, err: float, fps: float) -> DatasetFormatError:
-    """The error for an episode whose ``timestamp`` column strays from ``frame_index / fps`` by ``err`` seconds."""
+def timestamp_error(episode_index: int, err: float, fps: float, *, data_file: str | None = None,
+                    frame_index: int | None = None) -> DatasetFormatError:
+    """The error for an episode whose ``timestamp`` column strays from ``frame_index / fps`` by ``err`` seconds
+    (``err`` NaN or infinite: a timestamp that is not a finite number)."""
+    if not math.isfinite(err):
+        where = f" in {data_file}" if data_file else ""
+        at = f" (frame_index {frame_index})" if frame_index is not None else ""
+        return DatasetFormatError(f"episode {episode_index}: a timestamp{where}{at} is NaN or infinite; every "
+                                  "timestamp must be frame_index / fps: repair or re-record that data file "
+                                  "(`lerobot-sql doctor` checks timestamps)")
     return DatasetFormatError(f"episode {episode_index}: timestamps differ from frame_index / fps by up to {err:.4f} s "
                               f"with fps={fps:g} from meta/info.json; fix 'fps' in info.json or the data files' "
                               "timestamp column (run `lerobot-sql doctor`)")
@@ -274,11 +283,15 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     ts = ft["timestamp"].to_numpy().astype(np.float64)
     fi = ft["frame_index"].to_numpy()
     err = np.abs(ts - fi / float(layout.fps))
-    bad = np.flatnonzero(err > 0.5 / float(layout.fps))
+    bad = np.flatnonzero(~(err <= 0.5 / float(layout.fps)))  # written so that a NaN timestamp is off the grid too
     if len(bad):
         e = all_ep[prow[bad]]
         worst = min(set(e.tolist()))
-        raise timestamp_error(worst, float(err[bad][e == worst].max()), float(layout.fps))
+        mine = bad[e == worst]
+        nan = mine[~np.isfinite(err[mine])]
+        j = int(nan[0]) if len(nan) else int(mine[np.argmax(err[mine])])
+        raise timestamp_error(worst, float(err[j]), float(layout.fps), data_file=files[sample_code[j]],
+                              frame_index=int(fi[j]))
 
     length = {int(all_ep[r]): int(hi[r] - lo[r]) for r in range(len(all_ep))}
     clips = video_clips(layout, ptr)

@@ -38,7 +38,7 @@ def _check(rank: int, world_size: int, by: str) -> None:
 
 
 def assign(manifest: pa.Table, world_size: int, *, epoch: int = 0, seed: int = 0, by: str = "episode",
-           shuffle: bool = True) -> np.ndarray:
+           shuffle: bool = True, allow_empty: bool = False) -> np.ndarray:
     """The rank of every manifest row: int64 (num_rows,), values in ``[0, world_size)``.
 
     ``by="episode"``: the distinct ``episode_index`` values are taken in a (seed, epoch)-shuffled order and each goes
@@ -46,9 +46,12 @@ def assign(manifest: pa.Table, world_size: int, *, epoch: int = 0, seed: int = 0
     ``shuffle=False`` cuts the episodes, in manifest order, into contiguous runs of about equal rows. ``by="sample"``: rows are shuffled and dealt round-robin (``shuffle=False``: contiguous
     equal blocks). The random generator is ``numpy.random.default_rng([seed, epoch])``.
 
+    ``allow_empty=True`` accepts fewer episodes than parts (the extra parts get no rows): DataLoader workers of one
+    rank, where an idle worker is harmless, unlike an idle rank in DistributedDataParallel.
+
     Raises:
-        ValueError: bad ``world_size``/``by``; ``by="episode"`` with fewer episodes than ranks (a rank would be empty);
-            no ``episode_index`` column.
+        ValueError: bad ``world_size``/``by``; ``by="episode"`` with fewer episodes than ranks (a rank would be empty)
+            unless ``allow_empty``; no ``episode_index`` column.
     """
     _check(0, world_size, by)
     n = manifest.num_rows
@@ -68,7 +71,7 @@ def assign(manifest: pa.Table, world_size: int, *, epoch: int = 0, seed: int = 0
     run_len = np.diff(np.append(starts, n))
     uniq, first, inverse = np.unique(ep[starts], return_index=True, return_inverse=True)
     counts = np.bincount(inverse.ravel(), weights=run_len, minlength=len(uniq)).astype(np.int64)
-    if len(uniq) < world_size:
+    if len(uniq) < world_size and not allow_empty:
         raise ValueError(f"{len(uniq)} episode(s) cannot give each of {world_size} ranks whole episodes; "
                          "use by='sample' or fewer ranks")
     order = np.argsort(first, kind="stable")
@@ -151,10 +154,15 @@ def worker_shard(rank: int | None = None, world_size: int | None = None) -> tupl
 class ShardedManifestDataset(torch.utils.data.IterableDataset):
     """An iterable dataset that yields, in each process and DataLoader worker, the items of its own manifest part.
 
-    Build it in the main process from a connected database (``db``) and a manifest; each DataLoader worker computes
-    its part with :func:`worker_shard` and :func:`shard_manifest` and builds a
-    :class:`~lerobot_sql.dataset.LeRobotSQLDataset` over that part only (no DuckDB in workers). Items are exactly
-    ``db.dataset(manifest, **dataset_kwargs)``'s items for the same rows. Call :meth:`set_epoch` before each epoch.
+    Build it in the main process from a connected database (``db``) and a manifest. Each rank takes its part of the
+    manifest (:func:`shard_manifest` with ``rank``/``world_size``: the same whatever ``num_workers`` is, as with
+    ``DistributedSampler``); each DataLoader worker of the rank then takes its share of that part (whole episodes with
+    ``by="episode"``). A worker left without rows (fewer episodes than workers) yields nothing, so every sample of the
+    manifest appears exactly once per epoch across ranks x workers. Workers build no DuckDB connection; items are
+    exactly ``db.dataset(manifest, **dataset_kwargs)``'s items for the same rows.
+
+    Call :meth:`set_epoch` before each epoch. The epoch is kept in shared memory (a shared torch tensor), so workers
+    kept alive by ``persistent_workers=True`` (fork or spawn) read the new value when their next epoch starts.
 
     Args:
         db: a :class:`lerobot_sql.Database` (only its source, layout, tasks and cache_dir are kept).
@@ -163,6 +171,10 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
         rank, world_size: this process's rank; default from ``torch.distributed`` (or ``$RANK``/``$WORLD_SIZE``),
             read when the object is built, so workers started with ``spawn`` see the rank too.
         **dataset_kwargs: passed to LeRobotSQLDataset (``delta_timestamps``, ``cameras``, ...).
+
+    Raises:
+        ValueError: bad ``by``/``rank``/``world_size``, or ``by="episode"`` with fewer episodes than ranks (raised
+            here, before any worker starts).
     """
 
     def __init__(self, db, manifest: pa.Table, *, by: str = "episode", seed: int = 0, shuffle: bool = True,
@@ -171,9 +183,21 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
         self._src, self._layout, self._tasks, self._cache_dir = db.source, db.layout, db.tasks(), db.cache_dir
         self.manifest, self.by, self.seed, self.shuffle = manifest, by, int(seed), shuffle
         # Resolved here, in the rank's main process: spawned DataLoader workers do not inherit torch.distributed.
-        self.rank, self.world_size = worker_shard(rank, world_size) if torch.utils.data.get_worker_info() is None \
-            else (rank, world_size)
-        self.epoch = 0
+        # Only the rank is wanted, not the worker-expanded shard: the rank's part must not depend on num_workers.
+        if rank is None or world_size is None:
+            dist = torch.distributed
+            ready = dist.is_available() and dist.is_initialized()
+            if rank is None:
+                rank = dist.get_rank() if ready else int(os.environ.get("RANK", 0))
+            if world_size is None:
+                world_size = dist.get_world_size() if ready else int(os.environ.get("WORLD_SIZE", 1))
+        self.rank, self.world_size = int(rank), int(world_size)
+        _check(self.rank, self.world_size, by)
+        # Fewer episodes than ranks: fail here, in the main process, not later inside a DataLoader worker.
+        assign(manifest, self.world_size, by=by, shuffle=shuffle)
+        # One int64 in shared memory: set_epoch in the main process is seen by workers that outlive an epoch
+        # (persistent_workers=True); a plain attribute is copied into each worker once, when it starts.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self.dataset_kwargs = dataset_kwargs
         from .dataset import LeRobotSQLDataset
 
@@ -182,15 +206,34 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
         self._dataset = LeRobotSQLDataset(self._src, self._layout, manifest, self._tasks, cache_dir=self._cache_dir,
                                           **dataset_kwargs)
 
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.item())
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch.fill_(int(value))
+
     def set_epoch(self, epoch: int) -> None:
+        """Use the partition of ``epoch`` from the next ``iter()`` on, in this process and in its DataLoader workers
+        (persistent ones too)."""
         self.epoch = int(epoch)
 
     def _part_rows(self) -> list[int]:
-        """Manifest positions of this process's (or worker's) rows for the current epoch, in part order."""
-        shard, num = worker_shard(self.rank, self.world_size)
-        rows = pa.table({"_row": pa.array(range(self.manifest.num_rows), pa.int64()),
+        """Manifest positions of this rank's rows (in a DataLoader worker: this worker's share of them) for the
+        current epoch, in manifest order."""
+        epoch = self.epoch
+        # Built per iter() (cheap: an arange and two column references), not kept: a spawned worker would be sent
+        # another copy of the manifest's columns.
+        rows = pa.table({"_row": np.arange(self.manifest.num_rows, dtype=np.int64),
                          "episode_index": self.manifest["episode_index"], "index": self.manifest["index"]})
-        part = shard_manifest(rows, shard, num, epoch=self.epoch, seed=self.seed, by=self.by, shuffle=self.shuffle)
+        part = shard_manifest(rows, self.rank, self.world_size, epoch=epoch, seed=self.seed, by=self.by,
+                              shuffle=self.shuffle)
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers > 1:
+            owner = assign(part, info.num_workers, epoch=epoch, seed=self.seed, by=self.by, shuffle=self.shuffle,
+                           allow_empty=True)
+            part = part.take(pa.array(np.flatnonzero(owner == info.id)))
         return part["_row"].to_pylist()
 
     def part(self) -> pa.Table:
@@ -200,4 +243,3 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         ds = self._dataset
         return (ds[i] for i in self._part_rows())
-

@@ -10,10 +10,12 @@ dataset is aligned by its real frame times, not by frame_index. The SQL form of 
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any, Iterable
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .catalog import lit, q
 from .errors import QueryError
@@ -87,8 +89,9 @@ def nearest(db, at: Any, streams: Iterable[str] | str | None = None, k: int = 1,
         stream holding its value on that stream's rows (NULL on other rows).
 
     Raises:
-        QueryError: unknown stream (with the valid names), ``k`` < 1, ``at`` lacks the columns, or ``at`` names an
-            episode_index the dataset does not have.
+        QueryError: unknown stream (with the valid names), ``k`` < 1, ``tolerance_s`` negative or not finite,
+            ``at`` lacks the columns, holds a NaN or infinite time, or names an episode_index the dataset does not
+            have.
     """
     layout = db.layout
     if streams is None:
@@ -109,9 +112,19 @@ def nearest(db, at: Any, streams: Iterable[str] | str | None = None, k: int = 1,
         raise QueryError(f"nearest(): no streams given and the dataset has no video cameras; pass streams from {valid}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise QueryError(f"nearest(): k must be an integer >= 1, got {k!r}")
-    if tolerance_s is not None and not tolerance_s >= 0:
-        raise QueryError(f"nearest(): tolerance_s must be >= 0 seconds, got {tolerance_s!r}")
+    if tolerance_s is not None and not (isinstance(tolerance_s, (int, float)) and 0 <= tolerance_s < math.inf):
+        raise QueryError(f"nearest(): tolerance_s must be a finite number of seconds >= 0 (None: no bound), got "
+                         f"{tolerance_s!r}")
     at_t = _at_table(db, at)
+    # A NaN time is "after" every sample in DuckDB's ordering and an infinite one is nearest to the last sample:
+    # either would return a sample with dt_s NaN/inf instead of an error.
+    ts = at_t["timestamp"]
+    bad = pc.invert(pc.is_finite(ts)).fill_null(False)
+    if pc.any(bad).as_py():
+        i = int(pc.index(bad, True).as_py())
+        raise QueryError(f"nearest(): query time {ts[i].as_py()!r} (row {i}, episode_index "
+                         f"{at_t['episode_index'][i].as_py()}) is not a finite number of seconds; give times from "
+                         "the episode start, as in frames.timestamp")
     at_t = at_t.append_column("query_row", pa.array(range(at_t.num_rows), pa.int64()))
     if any(s in layout.video_keys for s in streams):
         db._ensure_video_frames()

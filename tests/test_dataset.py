@@ -342,3 +342,92 @@ def test_dataloader_workers_build_each_entry_once_and_match_one_process(datasets
     assert par_builds.count("rg") == len(need) == sum(1 for p in par_files if p.suffix == ".arrow"
                                                       and p.parts[0] == "tabular")
     assert par_builds.count("mp4") == 2  # one per camera's mp4
+
+
+# ---- non-finite input (issue 14, Medium "Non-finite input") ------------------------------------------------------
+@pytest.fixture(scope="module")
+def nan_timestamp(datasets, tmp_path_factory):
+    """A copy of small20 whose episode 1, frame 10 has timestamp NaN (all else unchanged)."""
+    import pyarrow as pa
+
+    root = tmp_path_factory.mktemp("nan_ts") / "small20"
+    shutil.copytree(datasets / "small20", root)
+    f = root / "data" / "chunk-000" / "file-000.parquet"
+    t = pq.read_table(f)
+    ts = t["timestamp"].to_numpy().copy()
+    hit = (t["episode_index"].to_numpy() == 1) & (t["frame_index"].to_numpy() == 10)
+    assert hit.sum() == 1
+    ts[hit] = np.nan
+    t = t.set_column(t.column_names.index("timestamp"), "timestamp", pa.array(ts, pa.float32()))
+    rg = pq.ParquetFile(datasets / "small20" / "data" / "chunk-000" / "file-000.parquet").metadata.row_group(0)
+    pq.write_table(t, f, row_group_size=rg.num_rows)  # the source's row groups, so only the value differs
+    return root
+
+
+@pytest.mark.parametrize("sql", ["SELECT 1 AS episode_index",  # pointer fast path (pyarrow)
+                                 "SELECT 1 AS episode_index, 0.0 AS start_s, 1.0 AS end_s",  # DuckDB path
+                                 "SELECT index FROM frames WHERE episode_index = 1 ORDER BY index"])
+def test_nan_timestamp_fails_the_fps_grid_check(nan_timestamp, tmp_path, sql):
+    """A NaN timestamp used to pass the grid check (every comparison with NaN is False): the 1 s window then had
+    29 frames, silently. Now: DatasetFormatError naming the episode, the data file and the frame."""
+    db = lsql.connect(nan_timestamp, cache_dir=tmp_path / "c")
+    with pytest.raises(lsql.DatasetFormatError,
+                       match=r"episode 1: a timestamp in data/chunk-000/file-000\.parquet \(frame_index 10\) is NaN"):
+        db.dataset(sql, cameras=[])
+    # Other episodes are untouched and still exact in length.
+    n2 = db.sql("SELECT length FROM episodes WHERE episode_index = 2").fetchall()[0][0]
+    assert len(db.dataset("SELECT 2 AS episode_index", cameras=[])) == n2
+    assert len(db.dataset("SELECT 2 AS episode_index, 0.0 AS start_s, 1.0 AS end_s", cameras=[])) == 30
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e30, -1e12])
+def test_non_finite_or_absurd_delta_timestamps_are_refused(datasets, bad):
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(ValueError, match=r"delta_timestamps\['action'\]") as e:
+        db.dataset("SELECT 2 AS episode_index", delta_timestamps={"action": [0.0, bad]}, cameras=[])
+    assert ("not finite" in str(e.value)) == (not np.isfinite(bad))
+    # a long but real offset still works (and pads)
+    ds = db.dataset("SELECT 2 AS episode_index", delta_timestamps={"action": [0.0, 3600.0]}, cameras=[])
+    assert ds[0]["action_is_pad"].tolist() == [False, True]
+
+
+@pytest.mark.parametrize("start, end, col", [("'nan'::DOUBLE", "1.0", "start_s"), ("0.0", "'nan'::DOUBLE", "end_s"),
+                                             ("0.0", "NULL::DOUBLE", "end_s")])
+def test_nan_window_bounds_are_refused(datasets, start, end, col):
+    """DuckDB orders NaN above every number: `timestamp < NaN` holds, so a NaN end_s selected the whole rest of the
+    episode (158 frames for a window meant to be short); a NaN start_s selected nothing."""
+    db = lsql.connect(datasets / "small20")
+    sql = f"SELECT 1 AS episode_index, {start} AS start_s, {end} AS end_s"
+    with pytest.raises(lsql.ResultContractError,
+                       match=rf"result column {col} is (nan|NULL) in row 0 \(episode_index 1\)"):
+        db.dataset(sql, cameras=[])
+    # infinite bounds keep their meaning: the whole episode
+    n1 = db.sql("SELECT length FROM episodes WHERE episode_index = 1").fetchall()[0][0]
+    assert len(db.dataset("SELECT 1 AS episode_index, '-inf'::DOUBLE AS start_s, 'inf'::DOUBLE AS end_s",
+                          cameras=[])) == n1
+
+
+@pytest.mark.parametrize("sql, msg", [
+    ("SELECT * FROM event_windows(\"observation.state\"[1] > 0, 'nan'::DOUBLE, 1)", "event_windows: before_s"),
+    ("SELECT * FROM event_windows(\"observation.state\"[1] > 0, 1, NULL)", "event_windows: before_s"),
+    ("SELECT * FROM segments(\"observation.state\"[1] > 0, 'nan'::DOUBLE)", "segments: min_duration_s"),
+])
+def test_window_macros_refuse_nan_arguments(datasets, sql, msg):
+    """A NaN argument made every comparison false: no rows, no error."""
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(lsql.QueryError, match=msg):
+        db.sql(sql).fetchall()
+    ok = sql.replace("'nan'::DOUBLE", "0.5").replace("NULL", "1")
+    assert db.sql(f"SELECT count(*) FROM ({ok})").fetchall()[0][0] > 0
+
+
+def test_nearest_refuses_non_finite_times_and_tolerance(datasets):
+    db = lsql.connect(datasets / "small20")
+    for t in (float("nan"), float("inf")):
+        with pytest.raises(lsql.QueryError, match=r"query time (nan|inf) \(row 1, episode_index 1\)"):
+            db.nearest([(1, 0.5), (1, t)], ["action"])
+    for tol in (float("inf"), float("nan")):
+        with pytest.raises(lsql.QueryError, match="tolerance_s must be a finite number"):
+            db.nearest([(1, 0.5)], ["action"], tolerance_s=tol)
+    t = db.nearest([(1, 0.5)], ["action"], tolerance_s=0.01)
+    assert t.num_rows == 1 and abs(t["dt_s"][0].as_py()) < 0.01

@@ -45,11 +45,15 @@ def _rank_main(rank: int, port: int, root: str, out: str) -> None:
                 "probe": [{"index": int(it["index"]), "action": it["action"].tolist(),
                            "state": it["observation.state"].tolist()} for it in items],
             }
-        # rank x DataLoader worker: 2 ranks x 2 workers = 4 parts, rank and world size taken from torch.distributed
+        # rank x DataLoader worker: each rank's part split between its 2 workers, rank and world size taken from
+        # torch.distributed; persistent workers follow set_epoch.
         it = ShardedManifestDataset(db, m, seed=7, cameras=[])
-        it.set_epoch(1)
-        seen = [int(x["index"]) for x in torch.utils.data.DataLoader(it, batch_size=None, num_workers=2)]
-        result["workers"] = seen
+        loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2, persistent_workers=True)
+        result["workers"] = {}
+        for epoch in (1, 2):
+            it.set_epoch(epoch)
+            result["workers"][epoch] = [int(x["index"]) for x in loader]
+        del loader
         dist.barrier()
         Path(out).write_text(json.dumps(result))
     finally:
@@ -91,10 +95,12 @@ def test_two_ranks_get_disjoint_covering_parts(sample, tmp_path):
                     assert torch.equal(torch.tensor(p["action"], dtype=torch.float32), item["action"])
                     assert torch.equal(torch.tensor(p["state"], dtype=torch.float32), item["observation.state"])
         assert res[0]["epochs"]["0"]["index"] != res[0]["epochs"]["1"]["index"]  # a new partition per epoch
-        workers = res[0]["workers"] + res[1]["workers"]
-        assert len(workers) == len(want) and sorted(workers) == want
-        parts4 = [shard_manifest(m, s, 4, epoch=1, seed=7)["index"].to_pylist() for s in range(4)]
-        assert sorted(res[0]["workers"]) == sorted(parts4[0] + parts4[1])  # rank 0 ran shards 0 and 1
+        for epoch in ("1", "2"):
+            workers = res[0]["workers"][epoch] + res[1]["workers"][epoch]
+            assert len(workers) == len(want) and sorted(workers) == want
+            for rank in range(WORLD):  # a rank's workers together read exactly the rank's part of that epoch
+                assert sorted(res[rank]["workers"][epoch]) == sorted(
+                    shard_manifest(m, rank, WORLD, epoch=int(epoch), seed=7)["index"].to_pylist())
 
 
 def _worker_entry(rank: int, port: int, root: str, out_dir: str) -> None:

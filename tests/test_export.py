@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -477,3 +478,187 @@ def test_lerobot_reads_v21_export(datasets, tmp_path):
     db.export(_windows_sql(parts[:1]) + " UNION ALL SELECT 12, 0, 1e9", tmp_path / "out", progress=False)
     n = len(_expected_frames(src, parts))
     _peer_check(db, src, tmp_path / "out", parts, [0, 1, 26, 27, 28, n - 1], tmp_path)
+
+
+# ---- destinations: export never deletes what it did not write (issue 14, High #5) -------------------------------
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (relative path -> bytes), symlinks as their target text."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_symlink():
+            out[p.relative_to(root).as_posix()] = os.readlink(p).encode()
+        elif p.is_file():
+            out[p.relative_to(root).as_posix()] = p.read_bytes()
+    return out
+
+
+@pytest.fixture
+def src_in_parent(datasets, tmp_path):
+    """A copy of small20 at parent/src, next to a file of the user's (parent/notes.txt)."""
+    import shutil
+
+    parent = tmp_path / "parent"
+    shutil.copytree(datasets / "small20", parent / "src")
+    (parent / "notes.txt").write_text("the user's own file\n")
+    return parent, parent / "src"
+
+
+def test_overwrite_never_touches_the_source_or_its_parent(src_in_parent, tmp_path):
+    parent, src = src_in_parent
+    (tmp_path / "link_to_parent").symlink_to(parent, target_is_directory=True)
+    (tmp_path / "link_to_src").symlink_to(src, target_is_directory=True)
+    before = _snapshot(tmp_path)
+    db = lsql.connect(src)
+    for dest in [parent, src, src / "meta", src / "new_inside", tmp_path / "link_to_parent",
+                 tmp_path / "link_to_src", tmp_path / "link_to_src" / "sub"]:
+        with pytest.raises(lsql.DestinationError) as e:
+            db.export("SELECT 1 AS episode_index", dest, overwrite=True, progress=False)
+        assert isinstance(e.value, OSError) and "source dataset" in str(e.value)
+        assert str(Path(os.path.realpath(dest))) in str(e.value)
+    for path in [src / "m.parquet", src / "meta" / "info.json", tmp_path / "link_to_src" / "m.parquet"]:
+        with pytest.raises(lsql.DestinationError, match="inside the source dataset"):
+            db.export_manifest("SELECT 1 AS episode_index", path, overwrite=True)
+    assert _snapshot(tmp_path) == before  # the source and the user's file, byte for byte, and nothing new
+    assert db.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+
+
+def test_overwrite_replaces_only_an_unchanged_export_of_ours(datasets, tmp_path):
+    import shutil
+
+    db = lsql.connect(datasets / "small20")
+    # A folder of the user's, and a LeRobot dataset another tool wrote: never replaced.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "thesis.tex").write_text("irreplaceable")
+    shutil.copytree(datasets / "small20", tmp_path / "foreign")
+    before = _snapshot(tmp_path)
+    for dest in (other, tmp_path / "foreign"):
+        with pytest.raises(lsql.DestinationExistsError, match="not a dataset lerobot_sql exported"):
+            db.export("SELECT 2 AS episode_index", dest, overwrite=True, progress=False)
+    assert _snapshot(tmp_path) == before
+    # An empty folder is replaced; our export is marked with the files it wrote and is replaced in turn.
+    out = tmp_path / "out"
+    out.mkdir()
+    rep = db.export("SELECT 2 AS episode_index", out, overwrite=True, progress=False)
+    marker = json.loads((out / export_mod.MARKER).read_text())
+    assert marker["written_by"] == "lerobot_sql" and marker["source"] == str(datasets / "small20")
+    assert marker["files"] == {k: len(v) for k, v in _snapshot(out).items() if k != export_mod.MARKER}
+    assert rep.files_written == len(marker["files"]) + 1
+    db.export("SELECT 3 AS episode_index", out, overwrite=True, progress=False)
+    assert _data(out)["episode_index"].unique().tolist() == [0] and lsql.connect(out).sql(
+        "SELECT count(*) FROM frames").fetchall() == db.sql("SELECT length FROM episodes WHERE episode_index = 3"
+                                                             ).fetchall()
+    # A file the user added to the export, or one they changed, makes it theirs: refused, kept.
+    (out / "README.md").write_text("my notes")
+    with pytest.raises(lsql.DestinationExistsError, match=r"README\.md"):
+        db.export("SELECT 4 AS episode_index", out, overwrite=True, progress=False)
+    assert (out / "README.md").read_text() == "my notes"
+    (out / "README.md").unlink()
+    with (out / "meta" / "info.json").open("a") as f:
+        f.write(" ")
+    kept = _snapshot(out)
+    with pytest.raises(lsql.DestinationExistsError, match=r"meta/info\.json"):
+        db.export("SELECT 4 AS episode_index", out, overwrite=True, progress=False)
+    assert _snapshot(out) == kept
+    # A forged marker that does not list a file does not let the overwrite delete it.
+    (out / "meta" / "info.json").write_bytes(kept["meta/info.json"][:-1])
+    (out / "data" / "extra.bin").write_bytes(b"\0" * 10)
+    with pytest.raises(lsql.DestinationExistsError, match=r"data/extra\.bin"):
+        db.export("SELECT 4 AS episode_index", out, overwrite=True, progress=False)
+    assert (out / "data" / "extra.bin").read_bytes() == b"\0" * 10
+
+
+def test_export_manifest_never_overwrites_by_default(datasets, tmp_path):
+    db = lsql.connect(datasets / "small20")
+    path = tmp_path / "m.parquet"
+    assert db.export_manifest("SELECT 1 AS episode_index", path).rows == 158
+    with pytest.raises(lsql.DestinationExistsError, match="overwrite=True"):
+        db.export_manifest("SELECT 2 AS episode_index", path)  # the default no longer replaces
+    assert pq.read_table(path)["episode_index"].to_pylist() == [1] * 158
+    db.export_manifest("SELECT 2 AS episode_index", path, overwrite=True)  # our manifest: replaced
+    assert set(pq.read_table(path)["episode_index"].to_pylist()) == {2}
+    # Another Parquet file (no lerobot_sql.manifest metadata) or any other file is never replaced.
+    pq.write_table(pq.read_table(datasets / "small20" / "meta" / "tasks.parquet"), tmp_path / "tasks.parquet")
+    (tmp_path / "notes.txt").write_text("mine")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    before = _snapshot(tmp_path)
+    for other in ("tasks.parquet", "notes.txt"):
+        with pytest.raises(lsql.DestinationExistsError, match="not a manifest lerobot_sql wrote"):
+            db.export_manifest("SELECT 2 AS episode_index", tmp_path / other, overwrite=True)
+    with pytest.raises(lsql.DestinationError, match=r"is a folder.*folder/manifest\.parquet"):
+        db.export_manifest("SELECT 2 AS episode_index", folder, overwrite=True)
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("what", ["export", "export_manifest"])
+def test_bad_destinations_are_typed_and_leave_nothing(datasets, tmp_path, what):
+    db = lsql.connect(datasets / "small20")
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    before = _snapshot(tmp_path)
+    run = getattr(db, what)
+    kw = {"progress": False} if what == "export" else {}
+    with pytest.raises(lsql.DestinationError, match=r"dangling: is a symlink to .*nowhere.*does not exist"):
+        run("SELECT 1 AS episode_index", tmp_path / "dangling", overwrite=True, **kw)
+    with pytest.raises(lsql.DestinationError, match=r"a_file.* not a folder|a file is in the way"):
+        run("SELECT 1 AS episode_index", tmp_path / "a_file" / "deeper" / "out", **kw)
+    with pytest.raises(lsql.DestinationError, match="local path"):
+        run("SELECT 1 AS episode_index", "s3://bucket/out", **kw)
+    assert _snapshot(tmp_path) == before and not (tmp_path / "nowhere").exists()
+
+
+def _tmpfs(path: Path, size: str) -> Path:
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if r.returncode != 0:
+        return None
+    return path
+
+
+@pytest.mark.parametrize("what", ["export", "export_manifest"])
+def test_full_disk_is_a_typed_error_naming_the_path(datasets, tmp_path, monkeypatch, what):
+    """On a 120 kB tmpfs (root only) or, elsewhere, a write that fails with ENOSPC: DestinationError naming the
+    destination, the OSError chained, nothing left on the disk (not even the parent folders the export made)."""
+    import errno
+
+    db = lsql.connect(datasets / "small20")
+    disk = _tmpfs(tmp_path / "disk", "120k")
+    if disk is None:  # no CAP_SYS_ADMIN: the first write of each writer fails as a full disk would
+        disk = tmp_path / "disk"
+
+        def full(*a, **k):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(export_mod._DataWriter, "_open", full)
+        monkeypatch.setattr(export_mod.pq, "write_table", full)
+    try:
+        dest = disk / "new" / ("out" if what == "export" else "m.parquet")
+        kw = {"progress": False} if what == "export" else {}
+        with pytest.raises(lsql.DestinationError) as e:
+            getattr(db, what)("SELECT episode_index FROM episodes", dest, **kw)
+        assert str(dest) in str(e.value) and "No space left on device" in str(e.value)
+        assert isinstance(e.value.__cause__, OSError) and e.value.__cause__.errno == errno.ENOSPC
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_cli_overwrite_refusals_say_what_to_do(datasets, tmp_path):
+    """`lerobot-sql export --overwrite` onto the user's folder or the source's parent: exit 1, the path in the error,
+    a hint that does not suggest --overwrite again, and the folder untouched."""
+    import shutil
+
+    shutil.copytree(datasets / "small20", tmp_path / "parent" / "src")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "f.txt").write_text("mine")
+    before = _snapshot(tmp_path)
+    for dest, why in [(mine, "is not a dataset lerobot_sql exported"), (tmp_path / "parent", "holds the source")]:
+        r = subprocess.run([sys.executable, "-m", "lerobot_sql.cli", "export", str(tmp_path / "parent" / "src"),
+                            str(dest), "--sql", "SELECT 1 AS episode_index", "--overwrite", "-q"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and why in r.stderr and str(dest) in r.stderr, r.stderr
+        hint = [line for line in r.stderr.splitlines() if line.startswith("hint:")]
+        assert len(hint) == 1 and "pass --overwrite" not in hint[0], r.stderr
+    assert _snapshot(tmp_path) == before

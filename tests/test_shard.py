@@ -171,14 +171,83 @@ def test_sharded_iterable_with_dataloader_workers(db):
 
 
 def test_worker_parts_follow_rank_and_worker(db, monkeypatch):
-    """Worker w of rank r reads part r * num_workers + w of rank-major shards."""
+    """Worker w of rank r reads share w of rank r's part; the rank's part does not depend on num_workers."""
     m = db.manifest("SELECT episode_index FROM episodes")
     for rank in range(2):
+        rank_part = shard_manifest(m, rank, 2, epoch=5, seed=1)
+        shares = []
         for wid in range(3):
             info = type("Info", (), {"id": wid, "num_workers": 3})()
             monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda info=info: info)
-            assert worker_shard(rank, 2) == (rank * 3 + wid, 6)
             it = ShardedManifestDataset(db, m, rank=rank, world_size=2, seed=1)
             it.set_epoch(5)
-            want = shard_manifest(m, rank * 3 + wid, 6, epoch=5, seed=1)
+            want = rank_part.take(pa.array(np.flatnonzero(assign(rank_part, 3, epoch=5, seed=1) == wid)))
             assert it.part()["index"].to_pylist() == want["index"].to_pylist()
+            assert len(set(it.part()["episode_index"].to_pylist())) >= 1  # whole episodes, none empty here
+            shares += it.part()["index"].to_pylist()
+        assert sorted(shares) == sorted(rank_part["index"].to_pylist())
+        monkeypatch.undo()
+
+
+def _epochs(it, loader, epochs) -> list[list[int]]:
+    """The ``index`` values the loader yields in each epoch (set_epoch called before each, as with
+    DistributedSampler)."""
+    out = []
+    for e in epochs:
+        it.set_epoch(e)
+        out.append([int(x["index"]) for x in loader])
+    return out
+
+
+def test_set_epoch_reaches_persistent_dataloader_workers(db):
+    """Epoch e gives rank r exactly shard_manifest(m, r, 2, epoch=e)'s rows, with fresh workers per epoch and with
+    persistent ones (whose copy of the dataset outlives the epoch), and the two ranks together cover the selection
+    once per epoch."""
+    # 6 frames of each of 6 episodes: few items, so the test is about the partition, not item reads.
+    m = db.manifest("SELECT episode_index, 0.0 AS start_s, 0.2 AS end_s FROM episodes "
+                    "WHERE episode_index IN (1, 4, 9, 12, 15, 18)")
+    assert m.num_rows == 36
+    epochs = [0, 1, 2, 3]
+    per_rank = []
+    for rank in range(2):
+        got = {}
+        for persistent in (False, True):
+            it = ShardedManifestDataset(db, m, rank=rank, world_size=2, seed=3, cameras=[])
+            loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2, persistent_workers=persistent)
+            got[persistent] = [sorted(x) for x in _epochs(it, loader, epochs)]
+            del loader
+        assert got[True] == got[False]  # persistent workers follow set_epoch like fresh ones
+        for e, items in zip(epochs, got[True]):
+            assert items == sorted(shard_manifest(m, rank, 2, epoch=e, seed=3)["index"].to_pylist()), e
+        per_rank.append(got[True])
+    for k in range(len(epochs)):
+        assert sorted(per_rank[0][k] + per_rank[1][k]) == sorted(m["index"].to_pylist())  # each row once per epoch
+    assert len({tuple(x) for x in per_rank[0]}) > 1  # the partition does follow the epoch
+
+
+@pytest.mark.parametrize("by, world, workers", [("episode", 1, 4), ("episode", 2, 4), ("episode", 3, 2),
+                                                ("sample", 1, 4)])
+def test_more_workers_than_episodes(db, by, world, workers):
+    """3 episodes, world x workers > 3: idle workers yield nothing; every row appears exactly once per epoch."""
+    m = db.manifest("SELECT episode_index, 0.0 AS start_s, 0.2 AS end_s FROM episodes "
+                    "WHERE episode_index IN (2, 5, 11)")
+    for persistent in (False, True):
+        seen = {e: [] for e in (0, 1)}
+        for rank in range(world):
+            it = ShardedManifestDataset(db, m, rank=rank, world_size=world, seed=0, by=by, cameras=[])
+            loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=workers,
+                                                 persistent_workers=persistent)
+            for e, items in zip((0, 1), _epochs(it, loader, (0, 1))):
+                assert sorted(items) == sorted(shard_manifest(m, rank, world, epoch=e, by=by)["index"].to_pylist())
+                seen[e] += items
+            del loader
+        for e in (0, 1):
+            assert sorted(seen[e]) == sorted(m["index"].to_pylist())
+
+
+def test_fewer_episodes_than_ranks_fails_before_workers_start(db):
+    m = db.manifest("SELECT episode_index FROM episodes WHERE episode_index IN (2, 5)")
+    with pytest.raises(ValueError, match="2 episode\\(s\\) cannot give each of 3 ranks"):
+        ShardedManifestDataset(db, m, rank=0, world_size=3, cameras=[])
+    with pytest.raises(ValueError, match="rank 3 is not in"):
+        ShardedManifestDataset(db, m, rank=3, world_size=3, by="sample", cameras=[])
