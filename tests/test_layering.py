@@ -1,0 +1,290 @@
+"""The package's import graph keeps the stage order of docs/architecture.md: no upward edge, no cycle.
+
+An AST walk of every module of ``lerobot_sql/`` collects its imports of the package, at module level and inside
+functions alike (a lazy import is still a dependency; it only hides a cycle from the interpreter). Each module
+belongs to a stage; ``ALLOWED`` says which stages (or single modules) a stage may import. The edges, cycles and
+cross-module private imports that break the rules today are listed in ``KNOWN_*``: a new one fails the test, and
+so does a listed one that no longer exists, so the lists can only shrink (delete the entry with the fix).
+
+The stages follow ../shared/spec/layout-target.md §5.2, adapted to today's flat modules. A new module must be given a
+stage in ``STAGE`` (the test says so), which is the moment to decide where it belongs.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "lerobot_sql"
+
+# module (dotted, relative to lerobot_sql) -> stage
+STAGE = {
+    "errors": "errors",
+    # where bytes live; knows no dataset format
+    "cache": "storage", "source": "storage", "remote": "storage",
+    # what the files mean; no DuckDB
+    "layout": "format",
+    # read a manifest's bytes; no SQL
+    "tabular": "readers", "video": "readers", "frames": "readers",
+    # SQL text; sqlglot only
+    "sqltext": "query", "query": "query", "library": "query",
+    # DuckDB: the connection's views and macros, its lock-down
+    "catalog": "catalog", "macros": "catalog", "sandbox": "catalog",
+    # query result -> manifest
+    "plan": "plan", "pointers": "plan",
+    # the torch side: after the manifest, files only
+    "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter",
+    # features built over a Database or a manifest
+    "export": "feature", "prefetch": "feature", "doctor": "feature", "temporal": "feature", "display": "feature",
+    # the facade
+    "__init__": "facade", "db": "facade",
+    # the command line and the demo: users of the facade
+    "cli": "cli", "shell": "cli", "demo": "cli",
+}
+
+# stage -> what it may import: stage names, or single module names (allowing that module only, not its stage).
+# Imports within one stage are allowed (cycles are checked apart).
+ALLOWED = {
+    "errors": set(),
+    "storage": {"errors"},
+    "format": {"storage", "errors"},
+    "readers": {"format", "storage", "errors"},
+    "query": {"errors"},
+    "catalog": {"video", "sqltext", "format", "storage", "errors"},
+    "plan": {"catalog", "tabular", "sqltext", "format", "storage", "errors"},
+    # storage only for the Source type the readers take
+    "adapter": {"readers", "format", "storage", "errors"},
+    # "db only as a type": under `if TYPE_CHECKING:`, which the walk skips
+    "feature": {"plan", "readers", "catalog", "query", "format", "storage", "errors"},
+    "facade": {"catalog", "plan", "query", "readers", "format", "storage", "errors"},
+    "cli": set(STAGE.values()),
+}
+# The facade delegates to features and builds datasets inside its methods (lazily, so `import lerobot_sql` stays
+# light); a module-level import of them would not be a delegate.
+LAZY_ALLOWED = {"facade": {"adapter", "feature"}}
+# Per-module narrowing of the stage rule: module -> the only package modules it may import.
+ONLY = {"shell": {"errors", "cli_output"}}
+# Edges no rule allows even lazily: the facade builds its views through the catalog, never through a feature
+# (`Database.doctor()`, a delegate, would be allowed again by removing the entry).
+FORBIDDEN = {("db", "doctor")}
+
+# Today's broken rules (layout-target.md §4.2): only deletions allowed here.
+KNOWN_EDGES = {
+    ("source", "layout"),     # storage -> format: Source invents file lists for HTTP roots from meta/
+    ("macros", "db"),         # catalog -> facade: the video_frames placeholder schema
+    ("query", "macros"),      # query -> catalog: the macro names the checks allow
+    ("pointers", "prefetch"),  # plan -> feature: Parquet byte geometry (row_group_ranges, _merge)
+    ("db", "doctor"),         # facade -> feature: probe_video_files fills the video_files view
+    ("ray_data", "__init__"),  # adapter -> facade: connect() only to copy source, layout, tasks, cache_dir
+    ("export", "__init__"),   # feature -> facade: __version__ for the export marker
+    ("shell", "cli"),         # cli/shell -> the commands, for five private output helpers
+}
+KNOWN_CYCLES = {
+    frozenset({"layout", "source"}),
+    frozenset({"db", "query", "macros", "doctor", "library", "export", "__init__"}),
+    frozenset({"cli", "shell"}),
+}
+# (importer, module, name): a private name of one module imported by another.
+KNOWN_PRIVATE = {
+    ("pointers", "catalog", "_v2_episodes"),
+    ("pointers", "prefetch", "_merge"),
+    ("shell", "cli", "_hint"), ("shell", "cli", "_one_line"), ("shell", "cli", "_print_table"),
+    ("shell", "cli", "_run"), ("shell", "cli", "_views_and_columns"),
+    ("export", "video", "_open_container"),
+    ("db", "sandbox", "_total_memory"),
+}
+# Third-party packages a stage must never import (module level or lazily).
+NEVER = {
+    "storage": {"duckdb", "sqlglot", "torch", "av"},
+    "format": {"duckdb", "sqlglot", "torch", "av"},
+    "readers": {"duckdb", "sqlglot"},
+    "query": {"duckdb", "torch", "av"},
+    "catalog": {"torch"},
+    "plan": {"torch", "av"},
+    "adapter": {"duckdb", "sqlglot"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        rel = p.relative_to(PKG).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or \
+        (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _walk(tree: ast.AST, lazy: bool = False):
+    """Yield (node, lazy) for every import statement, skipping `if TYPE_CHECKING:` blocks."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for n in node.orelse:
+                yield from _walk(ast.Module(body=[n], type_ignores=[]), lazy)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, lazy
+        inner = lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        yield from _walk(node, inner)
+
+
+@functools.lru_cache(maxsize=1)
+def _graph():
+    """edges: {(importer, imported): lazy_only}; private: {(importer, module, name)}; external: {(module, top)};
+    attr_private: {(importer, module, attr)} for `module._name` uses of a package module bound by an import."""
+    mods = _modules()
+    edges, private, external, attr_private = {}, set(), set(), set()
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text(), str(path))
+        pkg_parts = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
+        if name == "__init__":
+            pkg_parts = []
+        aliases = {}  # local name -> package module it is bound to
+
+        def add(target: str, lazy: bool) -> None:
+            if target == name:
+                return
+            edges[(name, target)] = edges.get((name, target), True) and lazy
+
+        for node, lazy in _walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    top = a.name.split(".")[0]
+                    if top != "lerobot_sql":
+                        external.add((name, top))
+                        continue
+                    target = ".".join(a.name.split(".")[1:]) or "__init__"
+                    add(target, lazy)
+                    if a.asname:
+                        aliases[a.asname] = target
+                continue
+            if node.level:
+                base = pkg_parts[: len(pkg_parts) - (node.level - 1)] if node.level > 1 else list(pkg_parts)
+                mod = ".".join(base + (node.module.split(".") if node.module else []))
+            elif node.module and node.module.split(".")[0] == "lerobot_sql":
+                mod = ".".join(node.module.split(".")[1:])
+            else:
+                if node.module and node.module != "__future__":
+                    external.add((name, node.module.split(".")[0]))
+                continue
+            for a in node.names:
+                sub = f"{mod}.{a.name}" if mod else a.name
+                if sub in mods:  # `from . import video`: the submodule
+                    add(sub, lazy)
+                    aliases[a.asname or a.name] = sub
+                else:  # a name defined in `mod`
+                    add(mod or "__init__", lazy)
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        private.add((name, mod or "__init__", a.name))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
+                    and node.attr.startswith("_") and not node.attr.startswith("__"):
+                attr_private.add((name, aliases[node.value.id], node.attr))
+    return mods, edges, private, external, attr_private
+
+
+def _allowed(src: str, dst: str, lazy: bool) -> bool:
+    if (src, dst) in FORBIDDEN:
+        return False
+    if src in ONLY:
+        return dst in ONLY[src]
+    s, d = STAGE[src], STAGE[dst]
+    rule = ALLOWED[s] | (LAZY_ALLOWED.get(s, set()) if lazy else set())
+    return s == d or d in rule or dst in rule
+
+
+def _cycles(edges) -> set[frozenset]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    graph = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    index, low, stack, on, out = {}, {}, [], set(), set()
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.add(frozenset(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_module_has_a_stage():
+    mods, *_ = _graph()
+    missing = sorted(set(mods) - set(STAGE))
+    assert not missing, f"give these modules a stage in STAGE (tests/test_layering.py): {missing}"
+    assert set(STAGE) <= set(mods), f"STAGE names modules that no longer exist: {sorted(set(STAGE) - set(mods))}"
+
+
+def test_no_upward_edge():
+    _, edges, *_ = _graph()
+    bad = sorted((a, b) for (a, b), lazy in edges.items() if not _allowed(a, b, lazy))
+    new = [e for e in bad if e not in KNOWN_EDGES]
+    assert not new, f"imports that break the stage order (stage {[(STAGE[a], STAGE[b]) for a, b in new]}): {new}"
+    gone = sorted(KNOWN_EDGES - set(bad))
+    assert not gone, f"fixed: delete these from KNOWN_EDGES so they cannot come back: {gone}"
+
+
+def test_no_import_cycle():
+    _, edges, *_ = _graph()
+    found = _cycles(edges)
+    new = [sorted(c) for c in found if c not in KNOWN_CYCLES]
+    assert not new, f"new import cycles (direct or lazy imports): {new}"
+    gone = [sorted(c) for c in KNOWN_CYCLES - found]
+    assert not gone, f"fixed or changed: update KNOWN_CYCLES to what remains: {gone}; found {[sorted(c) for c in found]}"
+
+
+def test_no_private_name_crosses_a_module():
+    _, _, private, _, attr_private = _graph()
+    found = private | attr_private
+    new = sorted(found - KNOWN_PRIVATE)
+    assert not new, f"private names used outside their module (make them public or move the code): {new}"
+    gone = sorted(KNOWN_PRIVATE - found)
+    assert not gone, f"fixed: delete these from KNOWN_PRIVATE: {gone}"
+
+
+def test_stages_keep_off_their_forbidden_libraries():
+    _, _, _, external, _ = _graph()
+    bad = sorted((m, lib) for m, lib in external if lib in NEVER.get(STAGE.get(m, ""), set()))
+    assert not bad, f"a stage imports a library it must not (see NEVER): {bad}"
+
+
+def test_the_walk_sees_lazy_imports_and_type_checking_blocks():
+    """The walk itself: a lazy import is an edge, a TYPE_CHECKING import is not, relative levels resolve."""
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .db import Database\n"
+                     "def f():\n    from . import video\n    from ..x import y\n")
+    got = [(n.module, [a.name for a in n.names], n.level, lazy) for n, lazy in _walk(tree)]
+    assert got == [("typing", ["TYPE_CHECKING"], 0, False), (None, ["video"], 1, True), ("x", ["y"], 2, True)]
+    _, edges, *_ = _graph()
+    assert edges[("db", "doctor")] is True          # lazy, inside a method
+    assert edges[("db", "catalog")] is False        # module level
+    assert ("dataset", "db") not in edges          # the adapter never sees the facade
+    assert not _allowed("dataset", "db", True) and not _allowed("catalog", "plan", False)
+    assert _allowed("db", "export", True) and not _allowed("db", "export", False)
