@@ -1,0 +1,125 @@
+"""The manifest, the hinge between SQL and the readers (lerobot_sql/plan.py, pointers.py, export.py).
+
+One contract, however the manifest is made: the pointer path (whole episodes with pyarrow, no DuckDB), the DuckDB
+join (every result shape), ``db.dataset(episodes=...)``, and ``export_manifest`` -> ``db.dataset(path)`` give the same
+columns in the same order, with the same types and the same ``lerobot_sql.manifest`` metadata. This is the guard rail
+for giving the manifest a type of its own (issue 15, layout-target.md §5.3 step 2(a)).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lerobot_sql as lsql
+from helpers import data_root
+from test_pointers import ALL, _both
+
+SHIPPED = ["small20", "h264_20", "multifile60", "img5_extras", "v21_small20"]
+CORE = [("index", pa.int64()), ("episode_index", pa.int64()), ("frame_index", pa.int64()),
+        ("task_index", pa.int64()), ("data_file", pa.string()), ("data_row", pa.int64()),
+        ("ep_from_index", pa.int64()), ("ep_to_index", pa.int64()), ("ep_data_row0", pa.int64())]
+META_KEYS = {"mode", "extras", "video_keys", "fps", "sql", "clips"}
+
+
+def _meta(t: pa.Table) -> dict:
+    return json.loads(t.schema.metadata[b"lerobot_sql.manifest"])
+
+
+def _check_contract(m: pa.Table, db, mode: str, extras: list[str], sql: str) -> None:
+    """The documented columns, in order, with their types; then the metadata."""
+    keys = db.layout.video_keys
+    want = ["index", "episode_index", "frame_index", "timestamp", "task_index", "data_file", "data_row",
+            "ep_from_index", "ep_to_index", "ep_data_row0"]
+    want += [c for k in keys for c in (f"{k}/file", f"{k}/from_timestamp")] + extras
+    assert m.column_names == want
+    for name, typ in CORE:
+        assert m.schema.field(name).type == typ, name
+    assert pa.types.is_floating(m.schema.field("timestamp").type)
+    for k in keys:
+        assert m.schema.field(f"{k}/file").type == pa.string()
+        assert m.schema.field(f"{k}/from_timestamp").type == pa.float64()
+    meta = _meta(m)
+    assert set(meta) == META_KEYS
+    assert meta["mode"] == mode and meta["extras"] == extras and meta["sql"] == sql
+    assert meta["video_keys"] == keys and meta["fps"] == db.layout.fps
+    assert set(meta["clips"]) == set(keys)
+    # every sample's data row and episode extent agree with each other
+    idx, lo, hi = (m[c].to_numpy() for c in ("index", "ep_from_index", "ep_to_index"))
+    assert ((lo <= idx) & (idx < hi)).all()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_both_resolvers_give_one_schema_and_metadata(name):
+    db = lsql.connect(data_root(name))
+    sql = "SELECT episode_index, episode_index * 10 AS tens FROM episodes WHERE episode_index % 2 = 0 " \
+          "ORDER BY episode_index DESC"
+    fast, slow = _both(db, sql)
+    assert fast.schema.equals(slow.schema, check_metadata=True), name
+    assert _meta(fast) == _meta(slow)
+    _check_contract(fast, db, "episode", ["tens"], sql)
+    assert fast.equals(slow)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_result_shape_gives_the_documented_columns(name):
+    db = lsql.connect(data_root(name))
+    shapes = {
+        "index": ("SELECT index, 1.5 AS w FROM frames WHERE index % 7 = 0 ORDER BY index", ["w"]),
+        "window": ("SELECT episode_index, 0.2 AS start_s, 0.6 AS end_s, 'x' || episode_index AS tag FROM episodes "
+                   "ORDER BY episode_index", ["tag"]),
+        "episode": ("SELECT episode_index FROM episodes WHERE episode_index IN (1, 3) ORDER BY episode_index", []),
+    }
+    for mode, (sql, extras) in shapes.items():
+        m = db.manifest(sql)
+        _check_contract(m, db, mode, extras, sql)
+        if mode == "index":
+            assert m["index"].to_pylist() == list(range(0, db.layout.info["total_frames"], 7))
+        if mode == "window":  # [0.2, 0.6) s of every episode: the frames on that grid
+            n = sum(1 for f in range(100) if 0.2 - 1e-4 <= f / db.layout.fps < 0.6 - 1e-4)
+            assert m.num_rows == n * db.layout.info["total_episodes"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_episodes_argument_gives_the_manifest_of_its_sql(name):
+    db = lsql.connect(data_root(name))
+    sql = "SELECT episode_index FROM episodes WHERE episode_index IN (0, 2) ORDER BY episode_index"
+    by_arg = db.dataset(episodes=[2, 0], cameras=[]).manifest
+    by_sql = db.manifest(sql)
+    assert by_arg.select(by_sql.column_names).equals(by_sql.select(by_sql.column_names))
+    assert _meta(db._episodes_manifest([2, 0])) == _meta(by_sql)  # the same sql text, too
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_export_manifest_round_trips_through_dataset(name, tmp_path):
+    db = lsql.connect(data_root(name))
+    sql = "SELECT index, index % 3 AS fold FROM frames WHERE episode_index IN (1, 2) AND frame_index % 4 = 1 " \
+          "ORDER BY index DESC"
+    m = db.manifest(sql)
+    path = tmp_path / "m.parquet"
+    report = db.export_manifest(sql, path)
+    assert report.rows == m.num_rows and report.episodes == 2
+    ds_file, ds_sql = db.dataset(path), db.dataset(sql)
+    saved = ds_file.manifest
+    keys = db.layout.video_keys
+    # the file: the manifest's columns, then each camera's time in its mp4; the metadata gains the root
+    assert saved.column_names == m.column_names + [f"{k}/time_s" for k in keys]
+    assert saved.select(m.column_names).equals(m)
+    assert ds_sql.manifest.select(m.column_names).equals(m)
+    meta = _meta(saved)
+    assert meta.pop("root") == db.source.url
+    assert meta == _meta(m)
+    for k in keys:
+        t = saved[f"{k}/from_timestamp"].to_numpy() + saved["timestamp"].to_numpy().astype(np.float64)
+        assert np.array_equal(saved[f"{k}/time_s"].to_numpy(), t)
+    assert len(ds_file) == len(ds_sql) == m.num_rows
+    for i in (0, len(ds_sql) // 2, len(ds_sql) - 1):
+        a, b = ds_file[i], ds_sql[i]
+        assert a.keys() == b.keys() and a["task"] == b["task"]
+        assert int(a["fold"]) == int(a["index"]) % 3
+        for key in a:
+            if key != "task":
+                assert np.array_equal(np.asarray(a[key]), np.asarray(b[key])), (name, i, key)
