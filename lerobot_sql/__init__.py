@@ -20,6 +20,7 @@ Ray Data hand-off: :mod:`lerobot_sql.shard`, :mod:`lerobot_sql.ray_data`. CLI: `
 Errors all derive from :class:`LeRobotSQLError` (see :mod:`lerobot_sql.errors`).
 """
 
+from ._version import __version__
 from .db import Database, connect
 from .errors import (
     CacheError,
@@ -35,8 +36,6 @@ from .errors import (
     UnsupportedVersionError,
     VideoDecodeError,
 )
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError
+from . import video
 from .layout import Layout, V2_TASKS, check_stored_type, parse_template
 from .source import Source
 from .sqltext import ident, literal, number
@@ -31,6 +32,21 @@ DUCKDB_TYPES = {
     "uint64": "UBIGINT", "bool": "BOOLEAN", "string": "VARCHAR",
 }
 
+
+_ARROW_TO_DUCKDB = {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN", pa.string(): "VARCHAR"}
+
+
+def _empty_view(columns) -> str:
+    """A SELECT of no rows with these (name, Arrow type) columns: a placeholder view with the real columns."""
+    return "SELECT " + ", ".join(f"NULL::{_ARROW_TO_DUCKDB[t]} AS {ident(n)}" for n, t in columns) + " WHERE false"
+
+
+# The columns of the two views a Database fills on first use (db.py: build_video_index, _ensure_video_files), taken
+# from the tables that fill them, so a placeholder and its real view cannot drift apart.
+VIDEO_FRAMES_COLUMNS = (("video_key", pa.string()), ("chunk_index", pa.int64()), ("file_index", pa.int64()),
+                        ("path", pa.string())) + tuple((f.name, f.type) for f in video.INDEX_SCHEMA)
+VIDEO_FRAMES_EMPTY = _empty_view(VIDEO_FRAMES_COLUMNS)
+VIDEO_FILES_EMPTY = _empty_view((f.name, f.type) for f in video.PROBE_SCHEMA)
 
 # Every metadata string reaches SQL through lerobot_sql.sqltext; these names stay for the modules importing them.
 q = ident
@@ -275,7 +291,8 @@ def _empty_frames_sql(layout: Layout) -> str:
 def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
                    relations: dict | None = None) -> dict[str, pa.Table]:
     """Create the views ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``, ``features``, ``info``
-    and the private ``_frames_loc`` (frame -> data file and row) on ``con``.
+    and the private ``_frames_loc`` (frame -> data file and row) on ``con``, and the placeholders (no rows, the real
+    columns) of ``video_frames`` and ``video_files``, which the Database replaces when a query first reads them.
 
     Missing pieces of a partial copy (no data files, no episode metadata, no tasks file) give empty views with the
     usual columns; :func:`lerobot_sql.layout.load_layout` has already warned about them.
@@ -416,4 +433,6 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
         "video_path": pa.array([layout.video_path], pa.string()),
     })
     _register_table(con, "info", info, relations)
+    con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
+    con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
     return relations

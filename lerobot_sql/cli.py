@@ -436,7 +436,7 @@ def cmd_shell(args) -> int:
 
 # ---- parser --------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ._version import __version__
 
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(

@@ -37,12 +37,6 @@ def max_manifest_rows() -> int:
     total = sandbox._total_memory()
     return MAX_RESULT_ROWS if total is None else min(MAX_RESULT_ROWS, total // 2 // MANIFEST_BYTES_PER_ROW)
 
-VIDEO_FRAMES_EMPTY = ("SELECT NULL::VARCHAR AS video_key, NULL::BIGINT AS chunk_index, NULL::BIGINT AS file_index, "
-                      "NULL::VARCHAR AS path, NULL::BIGINT AS frame, NULL::BIGINT AS pts, NULL::DOUBLE AS pts_s, "
-                      "NULL::BOOLEAN AS is_keyframe, NULL::BIGINT AS keyframe_pts, NULL::BIGINT AS byte_offset, "
-                      "NULL::BIGINT AS byte_size WHERE false")
-VIDEO_FILES_EMPTY = ("SELECT NULL::VARCHAR AS video_key, NULL::VARCHAR AS path, NULL::BOOLEAN AS present, "
-                     "NULL::BIGINT AS size_bytes, NULL::VARCHAR AS codec WHERE false")
 
 
 def query_error(e: BaseException, sql: str) -> LeRobotSQLError:
@@ -280,10 +274,7 @@ class Database:
                           f"{self.source.path(missing[0][0])} ({missing[0][1]} episodes): the frames view and every "
                           "query over it lack their episodes. Download data/ again; `lerobot-sql doctor` lists them "
                           "(data_files_present)", stacklevel=4)
-        macros.register(con, self.layout)
-        # Placeholders with the real columns until a query reads them (see _ensure_video_frames / _video_files).
-        con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
-        con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
+        macros.register(con, self.layout)  # over register_views' placeholders of video_frames / video_files
         # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
         # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.
         targets, refused = self.source.symlink_targets()
@@ -365,22 +356,20 @@ class Database:
             lst = "[" + ", ".join(catalog.lit(f[4]) for f in files) + "]"
             self.con.execute(
                 "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "
-                "i.frame, i.pts, i.pts_s, i.is_keyframe, i.keyframe_pts, i.byte_offset, i.byte_size "
+                f"{', '.join('i.' + catalog.q(f.name) for f in video.INDEX_SCHEMA)} "  # the placeholder's columns
                 f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
             )
 
     def _ensure_video_files(self) -> None:
         """Fill the view ``video_files`` (one row per distinct mp4 of ``videos``: present, size_bytes, codec) by
-        probing the files, once per connection (see :func:`lerobot_sql.doctor.probe_video_files`)."""
+        probing the files, once per connection (see :func:`lerobot_sql.video.probe_video_files`)."""
         if self._video_files_ready:
             return
-        from . import doctor
-
         with self._build_lock:
             if self._video_files_ready:
                 return
             rows = self.con.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
-            self._register("_lsql_arrow_video_probe", doctor.probe_video_files(self.source, rows))
+            self._register("_lsql_arrow_video_probe", video.probe_video_files(self.source, rows))
             self.con.execute("CREATE OR REPLACE VIEW video_files AS SELECT * FROM _lsql_arrow_video_probe")
             self._video_files_ready = True
 

@@ -3,7 +3,7 @@
 Each check is one named query in ``queries/doctor/<check>.sql`` that returns one row per violation; no rows means
 the check passed. Every check also runs alone, ``db.query("doctor/<check>")``: what SQL cannot do comes from views
 the Database builds on first use, ``video_files`` (file existence, size and stream codec, probed by
-:func:`probe_video_files`) and ``video_frames`` (the video index, by demuxing). ``run`` builds the video index only
+:func:`lerobot_sql.video.probe_video_files`) and ``video_frames`` (the video index, by demuxing). ``run`` builds the video index only
 when every video file is present.
 """
 
@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from . import library
 from .errors import LeRobotSQLError
+from .video import probe_video_files  # noqa: F401  moved to video.py; kept importable from here for one release
 
 SAMPLE_ROWS = 5
 
@@ -147,53 +148,6 @@ class Report:
 def _short(v: Any) -> str:
     s = repr(v) if isinstance(v, str) else str(v)
     return s if len(s) <= 120 else s[:117] + "..."
-
-
-def _stream_codec(src, rel: str) -> str | None:
-    """FFmpeg's canonical codec name (``av1``, ``h264``, ``mpeg4`` ...) of the file's first video stream; None if
-    PyAV cannot open it (the video index checks then report the file). Remote files are opened payload-free (only
-    the container's boxes are fetched)."""
-    import av
-
-    local = src.local_path(rel)
-    try:
-        with (av.open(local) if local is not None else av.open(src.open_demux(rel))) as container:
-            return container.streams.video[0].codec_context.codec.canonical_name
-    except (av.error.FFmpegError, IndexError, LeRobotSQLError, OSError):
-        return None
-
-
-def probe_video_files(src, files: list[tuple[str, str]]) -> pa.Table:
-    """The rows of the view ``video_files``: for each (video_key, path) of the ``videos`` view, whether the file
-    exists, its size and its stream's codec.
-
-    Args:
-        src: the dataset's :class:`lerobot_sql.source.Source`.
-        files: distinct (video_key, path relative to the root) pairs.
-
-    Returns:
-        Arrow table ``video_key`` string, ``path`` string, ``present`` bool, ``size_bytes`` int64 (NULL when
-        missing), ``codec`` string (FFmpeg canonical name, NULL when missing or unreadable).
-
-    Raises:
-        RemoteIOError: a remote file's existence could not be asked (network down, never seen offline).
-    """
-    from tqdm.auto import tqdm
-
-    keys, paths, present, sizes, codecs = [], [], [], [], []
-    for key, rel in tqdm(files, desc="probe videos", unit="file", disable=len(files) < 64):
-        try:  # fs.info, not Source.exists: on HTTP the latter trusts the metadata's file list
-            size = int(os.stat(src.local_path(rel)).st_size) if src.is_local else int(src.fs.info(src.path(rel))["size"])
-        except FileNotFoundError:
-            size = None
-        keys.append(key)
-        paths.append(rel)
-        present.append(size is not None)
-        sizes.append(size)
-        codecs.append(_stream_codec(src, rel) if size is not None else None)
-    return pa.table({"video_key": pa.array(keys, pa.string()), "path": pa.array(paths, pa.string()),
-                     "present": pa.array(present, pa.bool_()), "size_bytes": pa.array(sizes, pa.int64()),
-                     "codec": pa.array(codecs, pa.string())})
 
 
 def _undecodable(db) -> list[dict[str, Any]]:

@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import plan, video
+from ._version import __version__
 from .errors import DatasetFormatError, DestinationError, DestinationExistsError, LeRobotSQLError, VideoDecodeError
 from .layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
 
@@ -387,8 +388,6 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
 
 def _write_marker(root: Path, db) -> None:
     """meta/lerobot_sql_export.json: who wrote this folder, from what, and every file it holds (name -> bytes)."""
-    from . import __version__
-
     files = _our_files(root)
     marker = {"written_by": "lerobot_sql", "format": MARKER_FORMAT, "version": __version__,
               "source": db.source.url, "files": dict(sorted(files.items()))}

@@ -182,8 +182,8 @@ ORDER BY episode_index, start_s
 def register(con, layout: Layout) -> None:
     """Register the building-block views and macros on ``con`` (after catalog.register_views).
 
-    Creates the views ``frames_ext`` and ``camera_frames`` and the macros listed in the module docstring. A
-    placeholder ``video_frames`` view is created when absent so ``camera_frames`` can bind; Database replaces it.
+    Creates the views ``frames_ext`` and ``camera_frames`` and the macros listed in the module docstring.
+    ``camera_frames`` binds to ``video_frames``: register_views' placeholder until the Database replaces it.
     """
     frame_cols = {r[0]: r[1] for r in con.sql("DESCRIBE frames").fetchall()}
     ep_cols = {r[0] for r in con.sql("DESCRIBE episodes").fetchall()}
@@ -193,11 +193,6 @@ def register(con, layout: Layout) -> None:
     con.execute("CREATE OR REPLACE MACRO vec_norm(v) AS sqrt(list_sum(list_transform(v, lambda x: x::DOUBLE * x::DOUBLE)))")
     con.execute(_element_index_sql(layout))
     con.execute(f"CREATE OR REPLACE VIEW frames_ext AS {_frames_ext_sql(layout, frame_cols, 'length' in ep_cols)}")
-    have = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-    if "video_frames" not in have:
-        from .db import VIDEO_FRAMES_EMPTY  # the same empty schema Database installs
-
-        con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
     con.execute(f"CREATE OR REPLACE VIEW camera_frames AS {CAMERA_FRAMES}")
     con.execute(f"CREATE OR REPLACE MACRO first_event(pred) AS TABLE {FIRST_EVENT}")
     con.execute(f"CREATE OR REPLACE MACRO event_windows(pred, before_s, after_s) AS TABLE {EVENT_WINDOWS}")

@@ -39,6 +39,14 @@ INDEX_SCHEMA = pa.schema([
     ("byte_offset", pa.int64()),    # packet position in the file (-1 if unknown)
     ("byte_size", pa.int64()),      # packet size in bytes
 ])
+# The rows of the view ``video_files`` (probe_video_files): one per distinct mp4 of ``videos``.
+PROBE_SCHEMA = pa.schema([
+    ("video_key", pa.string()),
+    ("path", pa.string()),          # relative to the dataset root
+    ("present", pa.bool_()),
+    ("size_bytes", pa.int64()),     # NULL when missing
+    ("codec", pa.string()),         # FFmpeg canonical name; NULL when missing or unreadable
+])
 
 
 def _open_container(src: Source, rel: str, demux_only: bool = False):
@@ -234,6 +242,50 @@ def ensure_index_arrow(src: Source, rel: str, cache_dir: Path, pin: Stamp | None
             w.write_table(out)
 
     return cache.ensure(path, write)
+
+
+
+def _stream_codec(src: Source, rel: str) -> str | None:
+    """FFmpeg's canonical codec name (``av1``, ``h264``, ``mpeg4`` ...) of the file's first video stream; None if
+    PyAV cannot open it (the video index checks then report the file). Remote files are opened payload-free (only
+    the container's boxes are fetched)."""
+    local = src.local_path(rel)
+    try:
+        with (av.open(local) if local is not None else av.open(src.open_demux(rel))) as container:
+            return container.streams.video[0].codec_context.codec.canonical_name
+    except (av.error.FFmpegError, IndexError, LeRobotSQLError, OSError):
+        return None
+
+
+def probe_video_files(src: Source, files: list[tuple[str, str]]) -> pa.Table:
+    """The rows of the view ``video_files``: for each (video_key, path) of the ``videos`` view, whether the file
+    exists, its size and its stream's codec.
+
+    Args:
+        src: the dataset's :class:`lerobot_sql.source.Source`.
+        files: distinct (video_key, path relative to the root) pairs.
+
+    Returns:
+        Arrow table ``video_key`` string, ``path`` string, ``present`` bool, ``size_bytes`` int64 (NULL when
+        missing), ``codec`` string (FFmpeg canonical name, NULL when missing or unreadable).
+
+    Raises:
+        RemoteIOError: a remote file's existence could not be asked (network down, never seen offline).
+    """
+    from tqdm.auto import tqdm
+
+    keys, paths, present, sizes, codecs = [], [], [], [], []
+    for key, rel in tqdm(files, desc="probe videos", unit="file", disable=len(files) < 64):
+        try:  # fs.info, not Source.exists: on HTTP the latter trusts the metadata's file list
+            size = int(os.stat(src.local_path(rel)).st_size) if src.is_local else int(src.fs.info(src.path(rel))["size"])
+        except FileNotFoundError:
+            size = None
+        keys.append(key)
+        paths.append(rel)
+        present.append(size is not None)
+        sizes.append(size)
+        codecs.append(_stream_codec(src, rel) if size is not None else None)
+    return pa.table([keys, paths, present, sizes, codecs], schema=PROBE_SCHEMA)
 
 
 @dataclasses.dataclass(frozen=True)
