@@ -14,7 +14,7 @@ import difflib
 import sys
 from pathlib import Path
 
-from .cli import _hint, _one_line, _print_table, _run, _views_and_columns
+from .cli_output import error_hint, one_line, print_table, run_sql, views_and_columns
 from .errors import LeRobotSQLError, QueryError
 
 def split_statements(text: str) -> tuple[list[str], str]:
@@ -120,8 +120,8 @@ Statements are read-only SELECT queries over the views and end with ';'."""
         # stdout is block-buffered when piped: flush the results printed so far so that, with 2>&1, the error
         # lands right after the statement that failed rather than before earlier output.
         sys.stdout.flush()
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        hint = _hint(e)
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        hint = error_hint(e)
         if hint:  # inside the shell, the schema is one dot command away
             hint = hint.replace("`lerobot-sql schema DATASET [VIEW]`", ".schema [VIEW]").replace(
                 "`lerobot-sql schema DATASET VIEW`", ".schema VIEW")
@@ -130,7 +130,7 @@ Statements are read-only SELECT queries over the views and end with ';'."""
 
     def execute(self, stmt: str) -> None:
         try:
-            _print_table(_run(self.db, stmt), self.max_rows)
+            print_table(run_sql(self.db, stmt), self.max_rows)
         except LeRobotSQLError as e:
             self.report(e)
         sys.stdout.flush()
@@ -145,7 +145,7 @@ Statements are read-only SELECT queries over the views and end with ';'."""
         elif word in (".views", ".tables"):
             print("\n".join(self.db.views()))
         elif word == ".schema":
-            views = _views_and_columns(self.db)
+            views = views_and_columns(self.db)
             if rest and rest not in views:
                 near = difflib.get_close_matches(rest, list(views), n=1)
                 self.report(QueryError(f"unknown view {rest!r}.{' Did you mean ' + repr(near[0]) + '?' if near else ''}"
@@ -166,7 +166,7 @@ Statements are read-only SELECT queries over the views and end with ';'."""
     # readline completion over views, columns, dot commands and common keywords
     def words(self) -> list[str]:
         if self._words is None:
-            cols = {c for cs in _views_and_columns(self.db).values() for c, _ in cs}
+            cols = {c for cs in views_and_columns(self.db).values() for c, _ in cs}
             self._words = sorted(set(self.db.views()) | {f'"{c}"' if not c.isidentifier() else c for c in cols} |
                                  {".views", ".schema", ".help", ".quit", ".maxrows"} |
                                  {k.lower() for k in ("SELECT", "FROM", "WHERE", "GROUP BY", "ORDER BY", "LIMIT",

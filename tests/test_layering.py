@@ -40,7 +40,7 @@ STAGE = {
     # the facade
     "__init__": "facade", "db": "facade",
     # the command line and the demo: users of the facade
-    "cli": "cli", "shell": "cli", "demo": "cli",
+    "cli": "cli", "cli_output": "cli", "shell": "cli", "demo": "cli",
 }
 
 # stage -> what it may import: stage names, or single module names (allowing that module only, not its stage).
@@ -75,18 +75,14 @@ KNOWN_EDGES = {
     ("query", "macros"),      # query -> catalog: the macro names the checks allow
     ("pointers", "prefetch"),  # plan -> feature: Parquet byte geometry (row_group_ranges, _merge)
     ("ray_data", "__init__"),  # adapter -> facade: connect() only to copy source, layout, tasks, cache_dir
-    ("shell", "cli"),         # cli/shell -> the commands, for five private output helpers
 }
 KNOWN_CYCLES = {
     frozenset({"layout", "source"}),
-    frozenset({"cli", "shell"}),
 }
 # (importer, module, name): a private name of one module imported by another.
 KNOWN_PRIVATE = {
     ("pointers", "catalog", "_v2_episodes"),
     ("pointers", "prefetch", "_merge"),
-    ("shell", "cli", "_hint"), ("shell", "cli", "_one_line"), ("shell", "cli", "_print_table"),
-    ("shell", "cli", "_run"), ("shell", "cli", "_views_and_columns"),
     ("export", "video", "_open_container"),
     ("db", "sandbox", "_total_memory"),
 }

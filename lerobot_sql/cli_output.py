@@ -1,0 +1,259 @@
+"""What the ``lerobot-sql`` commands and the ``lerobot-sql shell`` prompt share: running a query for the terminal,
+writing a result (table, CSV, JSON Lines, Parquet), and the ``error:`` / ``hint:`` lines of a failure.
+
+Its own module so that the shell (:mod:`lerobot_sql.shell`) and the commands (:mod:`lerobot_sql.cli`) both import
+it and never each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import (
+    DatasetFormatError,
+    DestinationError,
+    FrameNotFoundError,
+    MissingFileError,
+    QueryError,
+    RemoteIOError,
+    ResultContractError,
+    UnsupportedVersionError,
+    VideoDecodeError,
+)
+
+
+class UsageError(Exception):
+    """Arguments that parse but do not fit together; reported like argparse errors (exit 2)."""
+
+
+
+def run_sql(db, sql: str, params: dict | None = None, name: str | None = None, timeout: float | None = None):
+    import duckdb
+
+    try:
+        if name:
+            from . import library
+
+            sql = library.render(name, params or {}, extra_dirs=db.query_dirs)
+        return db.sql(sql, timeout=timeout)
+    except duckdb.Error as e:
+        raise QueryError(f"{type(e).__name__}: {e}") from e
+
+
+def materialize(rel, what: str):
+    """Run the relation to an Arrow table, turning DuckDB runtime errors (casts, ...) into QueryError."""
+    import duckdb
+
+    try:
+        return rel.to_arrow_table()
+    except duckdb.Error as e:
+        raise QueryError(f"{type(e).__name__}: {e}") from e
+
+
+def print_table(rel, max_rows: int) -> None:
+    import duckdb
+
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 100_000
+    try:
+        # DuckDB's own box rendering; it elides middle rows past max_rows and states the row count.
+        rel.show(max_width=width, max_rows=max_rows if max_rows > 0 else 2**31 - 1)
+    except duckdb.Error as e:
+        raise QueryError(f"{type(e).__name__}: {e}") from e
+
+
+def jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, (bytes, bytearray)):
+        return v.hex()
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    return str(v)  # dates, decimals, UUIDs
+
+
+@contextlib.contextmanager
+def _out(path: str | None, binary: bool = False):
+    if path in (None, "-"):
+        yield sys.stdout.buffer if binary else sys.stdout
+    else:
+        with open(path, "wb" if binary else "w", encoding=None if binary else "utf-8") as f:
+            yield f
+
+
+# --output's extension -> --format, when -f is not given (so `-o x.csv` never writes a box-drawn table).
+FORMAT_BY_EXTENSION = {".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json", ".parquet": "parquet",
+                       ".pq": "parquet", ".txt": "table"}
+
+
+def format_of(fmt: str | None, output: str | None) -> str:
+    """The output format: ``-f`` if given, else inferred from ``--output``'s extension, else table (stdout)."""
+    if fmt:
+        return fmt
+    if output in (None, "-"):
+        return "table"
+    ext = Path(output).suffix.lower()
+    if ext not in FORMAT_BY_EXTENSION:
+        raise UsageError(f"cannot tell the format of {output!r} from its extension; use one of "
+                         f"{sorted(FORMAT_BY_EXTENSION)} or pass -f table|csv|json|parquet")
+    return FORMAT_BY_EXTENSION[ext]
+
+
+def _float32_shortest(table):
+    """``table`` with float32 (also inside lists/structs) as float64 holding the shortest decimal that round-trips
+    the float32 (25.24413, not 25.244129180908203): JSON then prints the same digits as CSV and the table view."""
+    import pyarrow as pa
+
+    def swap(t, to):
+        if pa.types.is_float32(t) or pa.types.is_float16(t):
+            return to
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            field = t.value_field.with_type(swap(t.value_type, to))
+            if pa.types.is_fixed_size_list(t):
+                return pa.list_(field, t.list_size)
+            return pa.large_list(field) if pa.types.is_large_list(t) else pa.list_(field)
+        if pa.types.is_struct(t):
+            return pa.struct([t.field(i).with_type(swap(t.field(i).type, to)) for i in range(t.num_fields)])
+        return t
+
+    for i, field in enumerate(table.schema):
+        if swap(field.type, pa.string()) != field.type:
+            # Arrow's float -> string cast writes the shortest round-trip digits; parsing them back as float64 keeps
+            # exactly those digits for json.dumps.
+            col = table.column(i).cast(swap(field.type, pa.string())).cast(swap(field.type, pa.float64()))
+            table = table.set_column(i, field.with_type(col.type), col)
+    return table
+
+
+def write_result(rel, fmt: str, output: str | None, max_rows: int) -> None:
+    if fmt == "table":
+        if output not in (None, "-"):
+            with _out(output) as f, contextlib.redirect_stdout(f):
+                print_table(rel, max_rows)
+        else:
+            print_table(rel, max_rows)
+    elif fmt == "json":  # JSON Lines: one object per row, streams into jq / pandas.read_json(lines=True)
+        table = _float32_shortest(materialize(rel, "json"))
+        with _out(output) as f:
+            for row in table.to_pylist():
+                f.write(json.dumps(jsonable(row), ensure_ascii=False) + "\n")
+    elif fmt == "csv":
+        import duckdb
+
+        # DuckDB writes lists and structs as readable text ([1.0, 2.0]) and floats in their shortest form. The
+        # dataset's connection is locked down (no file writes: lerobot_sql.sandbox), so the result is handed as Arrow
+        # to a private in-memory connection that writes the file; stdout goes through a temp file.
+        table = materialize(rel, "csv")
+        with tempfile.TemporaryDirectory() as tmp, contextlib.closing(duckdb.connect()) as con:
+            path = output if output not in (None, "-") else os.path.join(tmp, "out.csv")
+            try:
+                con.from_arrow(table).write_csv(path, header=True)
+            except duckdb.Error as e:
+                raise QueryError(f"{type(e).__name__}: {e}") from e
+            if output in (None, "-"):
+                with open(path, "rb") as f:
+                    shutil.copyfileobj(f, sys.stdout.buffer)
+    elif fmt == "parquet":
+        if output in (None, "-") and sys.stdout.isatty():
+            raise UsageError("--format parquet needs --output FILE.parquet (or a redirect: > out.parquet)")
+        import pyarrow.parquet as pq
+
+        table = materialize(rel, "parquet")
+        with _out(output, binary=True) as f:
+            pq.write_table(table, f)
+    sys.stdout.flush()
+
+
+def views_and_columns(db) -> dict[str, list[tuple[str, str]]]:
+    out: dict[str, list[tuple[str, str]]] = {}
+    for view in db.views():
+        # DESCRIBE runs on our own connection: db.sql() accepts only SELECT queries.
+        out[view] = [(r[0], r[1]) for r in db.con.sql(f'DESCRIBE "{view}"').fetchall()]
+    return out
+
+
+# ---- errors and hints --------------------------------------------------------------------------------------------------------
+SCHEMA = "`lerobot-sql schema DATASET [VIEW]` lists the views and their columns"
+QUOTING = 'quote names that contain dots: "observation.state"'
+HINTS: list[tuple[type, str]] = [
+    (UnsupportedVersionError, "lerobot_sql reads LeRobot format v3.x"),
+    (ResultContractError, "return `index`, or `episode_index, start_s, end_s`, or `episode_index` columns"),
+    (QueryError, SCHEMA),  # refined by QUERY_HINTS
+    (MissingFileError, "`lerobot-sql doctor DATASET` lists every file the metadata points to that is missing"),
+    (DatasetFormatError, "`lerobot-sql doctor DATASET` checks the metadata against the files"),
+    (FrameNotFoundError, "`lerobot-sql doctor DATASET` checks timestamps against the video frames"),
+    (VideoDecodeError, "`lerobot-sql doctor DATASET` finds unreadable video files"),
+    (RemoteIOError, "check the network and the URL; `lerobot-sql prefetch` downloads ahead of training"),
+    (DestinationError, "export to a new folder outside the source dataset, on a writable disk with room"),
+    (FileExistsError, "choose a new destination or pass --overwrite"),
+    (PermissionError, "check the permissions of the path"),
+    (OSError, "check the path"),
+]
+# A QueryError's hint follows what went wrong: (regex over the message, hint); the first match wins. The messages
+# come from lerobot_sql.query, lerobot_sql.library and DuckDB; tests/test_cli.py covers each row.
+QUERY_HINTS: list[tuple[str, str]] = [
+    (r"^(no named query|query '[^']*'[: ]|.*\.sql: (parameter|no SQL|the SQL uses))",
+     "`lerobot-sql query --list` lists the named queries and their parameters"),
+    (r"^(DESCRIBE|SUMMARIZE|SHOW)\b", "`lerobot-sql schema DATASET VIEW` lists a view's columns and types"),
+    (r"^only queries|statement\(s\) of type",
+     "the views are read-only: only a SELECT (or WITH ... SELECT) runs here"),
+    (r"^cannot parse the SQL: .*unclosed", "close every quote ('text', \"name\") and /* comment */"),
+    (r"^cannot parse|Parser Error", "fix the SQL where the error points (marked >>> <<<, or 'at or near'); "
+                                    "examples: docs/sql.md"),
+    (r"exactly one SQL statement", "run one statement per call; `lerobot-sql shell` runs a script of several"),
+    (r"^(table functions|file paths in FROM)", f"query the views; {SCHEMA}"),
+    (r"qualified table names|read as table\.column", QUOTING),
+    (r"unknown column|Referenced column|column .* not found|Binder Error.*column",
+     f"{SCHEMA}; {QUOTING}"),
+    (r"^(LIMIT|OFFSET) \d+ is out of range", "LIMIT and OFFSET take a row count up to 2^63 - 1; leave LIMIT out "
+                                              "to get every row"),
+    (r"Invalid Input Error: [\w.]+: ", "this check is part of lerobot_sql's SQL: `lerobot-sql query --list` shows "
+                                       "the named queries' parameters, docs/sql.md the macros"),
+    (r"Conversion Error|Out of Range Error|out of range",
+     "a value does not fit its SQL type: check the literals and casts (::INT, ::FLOAT) in the query"),
+    (r"Function with name|does not exist", "DuckDB's functions: https://duckdb.org/docs/sql/functions/overview; "
+                                           "lerobot_sql's macros: docs/sql.md"),
+]
+
+
+def one_line(e: BaseException) -> str:
+    """The message's first paragraph on one line (DuckDB adds 'LINE 1: ...' carets; we add 'SQL: ...')."""
+    lines = []
+    for line in str(e).splitlines():
+        if not line.strip() or line.startswith(("SQL:", "LINE ")):
+            break
+        lines.append(line.strip())
+    text = " ".join(lines) or type(e).__name__
+    # "ConversionException: Conversion Error: ..." -> "Conversion Error: ...": DuckDB names the kind twice.
+    text = re.sub(r"^[A-Z]\w*Exception: (?=[A-Z][\w ]* Error: )", "", text)
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def error_hint(e: BaseException) -> str | None:
+    """The ``hint:`` line for an error: specific to the kind of error (and, for QueryError, to its message)."""
+    if isinstance(e, MissingFileError) and "meta/info.json" in str(e):
+        return "DATASET is the dataset root: the folder holding meta/info.json, data/ and videos/"
+    if isinstance(e, FileExistsError) and ("replaces only" in str(e) or "never" in str(e)):
+        # --overwrite was given but the destination is not ours to replace: passing it again would not help.
+        return "--overwrite replaces only an empty folder or an earlier lerobot-sql export; choose a new destination"
+    if isinstance(e, QueryError) and not isinstance(e, ResultContractError):
+        text = str(e).removeprefix("QueryError: ")
+        for pattern, hint in QUERY_HINTS:
+            if re.search(pattern, text, flags=re.DOTALL):
+                return hint
+    for cls, hint in HINTS:
+        if isinstance(e, cls):
+            return hint
+    return None
