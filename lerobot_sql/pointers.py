@@ -183,7 +183,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
             unreadable data file.
     """
     from .catalog import parquet_read_errors
-    from .tabular import data_file_info
+    from .tabular import data_file_info, row_group_ranges
 
     ptr = read_pointers(src, layout) if ptr is None else ptr
     if ptr is None or not layout.data_files:
@@ -241,9 +241,9 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
                 continue
             cols = [c for c in FRAME_COLUMNS if c in names]
             if not src.is_local:  # fetch those column chunks in one parallel call, not a round trip each
-                from .prefetch import _merge, row_group_ranges
+                from .remote import merge_ranges
 
-                src.fetch_ranges(rel, _merge(row_group_ranges(md, rgs, cols)))
+                src.fetch_ranges(rel, merge_ranges(row_group_ranges(md, rgs, cols)))
             with src.open(rel) as fh:
                 pf = pq.ParquetFile(fh, metadata=md)
                 whole = len(rgs) == md.num_row_groups  # (one read is faster than 200 row-group reads)

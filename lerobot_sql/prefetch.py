@@ -21,8 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import tabular, video
+from .remote import MERGE_GAP, merge_ranges  # noqa: F401  (MERGE_GAP moved to remote.py)
+from .tabular import row_group_ranges
 
-MERGE_GAP = 16 << 10  # ranges closer than this are fetched as one (fewer requests for a few KiB more)
 AVIO_BUFFER = 32 << 10  # PyAV reads files in blocks of this size: a decode reads up to one block past its packet
 DECODER_DELAY = 4       # packets a decoder may read past a frame before it outputs that frame
 
@@ -41,39 +42,6 @@ class PrefetchReport:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _merge(ranges: list[tuple[int, int]], gap: int = MERGE_GAP) -> list[tuple[int, int]]:
-    out: list[list[int]] = []
-    for a, b in sorted(ranges):
-        if out and a <= out[-1][1] + gap:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def row_group_ranges(md: pq.FileMetaData, row_groups, columns=None) -> list[tuple[int, int]]:
-    """Byte ranges [start, end) of the column chunks of ``row_groups`` (dictionary page included): one range per
-    row group spanning its chunks, or with ``columns`` (top-level names) one per chunk of those columns only."""
-    out = []
-    keep = None if columns is None else [any(p == c or p.startswith(c + ".") for c in columns)
-                                         for p in (md.schema.column(j).path for j in range(md.num_columns))]
-    for rg in row_groups:
-        g = md.row_group(int(rg))
-        starts, ends = [], []
-        for j in range(g.num_columns):
-            if keep is not None and not keep[j]:
-                continue
-            c = g.column(j)
-            start = c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else c.data_page_offset
-            starts.append(start)
-            ends.append(start + c.total_compressed_size)
-        if keep is None:
-            out.append((min(starts), max(ends)))
-        else:
-            out += list(zip(starts, ends))
-    return out
 
 
 def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
@@ -134,7 +102,7 @@ def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
             ranges.append((0, int(start.min()) + AVIO_BUFFER))
             size = src.fs.info(src.path(str(rel)))["size"]
             need.setdefault(str(rel), []).extend((a, min(b, size)) for a, b in ranges)
-    return {rel: _merge(r) for rel, r in need.items()}
+    return {rel: merge_ranges(r) for rel, r in need.items()}
 
 
 def warm_episode_row_groups(db, sql: str) -> int:
@@ -168,7 +136,7 @@ def warm_episode_row_groups(db, sql: str) -> int:
         except Exception:  # noqa: BLE001 - the manifest query reports a missing or broken file properly
             continue
         rgs = info.row_groups([a for a, _ in spans], [b for _, b in spans])
-        jobs.append((src.path(rel), _merge(row_group_ranges(info.metadata, rgs))))
+        jobs.append((src.path(rel), merge_ranges(row_group_ranges(info.metadata, rgs))))
     with concurrent.futures.ThreadPoolExecutor(max(1, len(jobs))) as pool:
         return sum(pool.map(lambda j: fs.ensure_ranges(*j), jobs)) if jobs else 0
 

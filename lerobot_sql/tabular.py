@@ -84,6 +84,29 @@ def data_file_info(src: Source, rel: str) -> DataFileInfo:
     return info
 
 
+def row_group_ranges(md: pq.FileMetaData, row_groups, columns=None) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) of the column chunks of ``row_groups`` (dictionary page included): one range per
+    row group spanning its chunks, or with ``columns`` (top-level names) one per chunk of those columns only."""
+    out = []
+    keep = None if columns is None else [any(p == c or p.startswith(c + ".") for c in columns)
+                                         for p in (md.schema.column(j).path for j in range(md.num_columns))]
+    for rg in row_groups:
+        g = md.row_group(int(rg))
+        starts, ends = [], []
+        for j in range(g.num_columns):
+            if keep is not None and not keep[j]:
+                continue
+            c = g.column(j)
+            start = c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else c.data_page_offset
+            starts.append(start)
+            ends.append(start + c.total_compressed_size)
+        if keep is None:
+            out.append((min(starts), max(ends)))
+        else:
+            out += list(zip(starts, ends))
+    return out
+
+
 def is_numeric(field: pa.Field, layout: Layout) -> bool:
     """True if :meth:`RowGroupView.column` gives a numpy array for this column of a data file's schema: numeric
     info.json features (normalised by ``_normalise``), and columns already stored as numbers or fixed-size lists.

@@ -73,7 +73,6 @@ FORBIDDEN = {("db", "doctor")}
 KNOWN_EDGES = {
     ("source", "layout"),     # storage -> format: Source invents file lists for HTTP roots from meta/
     ("query", "macros"),      # query -> catalog: the macro names the checks allow
-    ("pointers", "prefetch"),  # plan -> feature: Parquet byte geometry (row_group_ranges, _merge)
     ("ray_data", "__init__"),  # adapter -> facade: connect() only to copy source, layout, tasks, cache_dir
 }
 KNOWN_CYCLES = {
@@ -82,7 +81,6 @@ KNOWN_CYCLES = {
 # (importer, module, name): a private name of one module imported by another.
 KNOWN_PRIVATE = {
     ("pointers", "catalog", "_v2_episodes"),
-    ("pointers", "prefetch", "_merge"),
     ("export", "video", "_open_container"),
     ("db", "sandbox", "_total_memory"),
 }
