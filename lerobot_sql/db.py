@@ -306,7 +306,7 @@ class Database:
             for t, c in self.con.sql("SELECT table_name, column_name FROM duckdb_columns() "
                                      "WHERE NOT internal ORDER BY table_name, column_index").fetchall():
                 views.setdefault(t, []).append(c)
-            self._ctx = query.Context(views)
+            self._ctx = query.Context(views, dict(macros.TABLE_MACROS), dict(macros.MACRO_READS))
         return self._ctx
 
     def _ensure_video_frames(self) -> None:

@@ -20,7 +20,6 @@ from sqlglot import exp
 from sqlglot.tokens import TokenType
 
 from .errors import QueryError
-from .macros import MACRO_READS, TABLE_MACROS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +29,16 @@ class Context:
     Attributes:
         views: view name -> its column names (from ``duckdb_columns()``).
         table_macros: table macros lerobot_sql registered (name -> result columns); the only functions allowed
-            in FROM.
+            in FROM (the Database passes :data:`lerobot_sql.macros.TABLE_MACROS`).
+        macro_reads: table macro name -> the view its expression arguments are evaluated over
+            (:data:`lerobot_sql.macros.MACRO_READS`).
+
+    The checks take the macros as data, so that this module (SQL text only) never imports the catalog.
     """
 
     views: dict[str, list[str]]
-    table_macros: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=lambda: dict(TABLE_MACROS))
+    table_macros: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    macro_reads: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def public_views(self) -> list[str]:
         return sorted(v for v in self.views if not v.startswith("_"))
@@ -311,7 +315,7 @@ def _known_columns(tree: exp.Expression, ctx: Context) -> None:
             name = _func_name(t.this)
             cols = list(macros.get(name, ()))
             # the macro's expression arguments are evaluated over this view
-            reads = MACRO_READS.get(name)
+            reads = ctx.macro_reads.get(name)
             if reads in ctx.views:
                 referenced[reads] = ctx.views[reads]
         else:

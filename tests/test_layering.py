@@ -72,7 +72,6 @@ FORBIDDEN = {("db", "doctor")}
 # Today's broken rules (layout-target.md §4.2): only deletions allowed here.
 KNOWN_EDGES = {
     ("source", "layout"),     # storage -> format: Source invents file lists for HTTP roots from meta/
-    ("query", "macros"),      # query -> catalog: the macro names the checks allow
     ("ray_data", "__init__"),  # adapter -> facade: connect() only to copy source, layout, tasks, cache_dir
 }
 KNOWN_CYCLES = {
