@@ -176,7 +176,7 @@ def read_tasks(src: Source, layout: Layout) -> pa.Table:
     return pa.table({"task_index": idx, "task": t[text_col].cast(pa.string())})
 
 
-def _v2_episodes(src: Source, layout: Layout) -> pa.Table:
+def v2_episodes(src: Source, layout: Layout) -> pa.Table:
     """meta/episodes.jsonl (+ episodes_stats.jsonl) as a table with v3 meta/episodes columns, in episode order."""
     rel = layout.episode_files[0]
     rows = _read_jsonl(src, rel)
@@ -257,7 +257,7 @@ def _register_episodes(con: duckdb.DuckDBPyConnection, src: Source, layout: Layo
     if not layout.episode_files:
         con.execute(f"CREATE OR REPLACE VIEW _episodes_raw AS {_empty_episodes_sql(layout)}")
     elif layout.legacy:
-        _register_table(con, "_episodes_raw", _v2_episodes(src, layout), relations)
+        _register_table(con, "_episodes_raw", v2_episodes(src, layout), relations)
     else:
         ep_src = f"read_parquet({_file_list(src, layout.episode_files)}, union_by_name=true)"
         ep_cols = _describe(con, f"SELECT * FROM {ep_src}")

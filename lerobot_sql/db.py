@@ -34,7 +34,7 @@ def max_manifest_rows() -> int:
     env = os.environ.get("LSQL_MAX_MANIFEST_ROWS")
     if env:
         return int(env)
-    total = sandbox._total_memory()
+    total = sandbox.total_memory()
     return MAX_RESULT_ROWS if total is None else min(MAX_RESULT_ROWS, total // 2 // MANIFEST_BYTES_PER_ROW)
 
 

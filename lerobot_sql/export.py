@@ -769,7 +769,7 @@ class _VideoWriter:
                 old = next(iter(self.inputs))
                 self.inputs.pop(old).close()
                 self.indexes.pop(old, None)
-            self.inputs[rel] = video._open_container(self.ex.src, rel)
+            self.inputs[rel] = video.open_container(self.ex.src, rel)
         return self.inputs[rel]
 
     def write(self, part: _Part) -> dict[str, Any]:

@@ -35,13 +35,13 @@ def read_pointers(src: Source, layout: Layout) -> pa.Table | None:
     meta/episodes row (v3: the Parquet files, those columns only; v2: meta/episodes.jsonl as the catalog shapes it).
     None when a column is missing (the DuckDB path then reports it).
     """
-    from .catalog import _v2_episodes, parquet_read_errors
+    from .catalog import v2_episodes, parquet_read_errors
 
     want = list(POINTERS) + [f"videos/{k}/{c}" for k in layout.video_keys for c in VIDEO_POINTERS]
     if not layout.episode_files:
         return None
     if layout.legacy:
-        t = _v2_episodes(src, layout)
+        t = v2_episodes(src, layout)
         return t.select(want) if all(c in t.column_names for c in want) else None
     parts = []
     for rel in layout.episode_files:

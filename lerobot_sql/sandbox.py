@@ -38,7 +38,8 @@ from .errors import LeRobotSQLError
 DEFAULT_MAX_MEMORY = 4 << 30
 
 
-def _total_memory() -> int | None:
+def total_memory() -> int | None:
+    """Physical memory of this machine in bytes (POSIX sysconf), or None where it cannot be asked."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -54,7 +55,7 @@ def default_config(threads: int | None = None, memory_limit: str | None = None) 
     if threads is None:
         threads = os.cpu_count() or 1
     if memory_limit is None:
-        total = _total_memory()
+        total = total_memory()
         mem = DEFAULT_MAX_MEMORY if total is None else max(256 << 20, min(DEFAULT_MAX_MEMORY, total // 4))
         memory_limit = f"{mem >> 20}MiB"
     return {"threads": int(threads), "memory_limit": str(memory_limit)}

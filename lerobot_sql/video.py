@@ -49,7 +49,13 @@ PROBE_SCHEMA = pa.schema([
 ])
 
 
-def _open_container(src: Source, rel: str, demux_only: bool = False):
+def open_container(src: Source, rel: str, demux_only: bool = False):
+    """The PyAV input container of video ``rel``; ``demux_only``: on a remote root, through the payload-free view
+    (only the container's boxes are fetched; enough to index, not to decode).
+
+    Raises:
+        MissingFileError: a local file is missing. VideoDecodeError: PyAV cannot open it.
+    """
     local = src.local_path(rel)
     try:
         if local is not None:
@@ -95,13 +101,13 @@ def _container_index(container, stream) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 def _demux_index(src: Source, rel: str) -> pa.Table:
-    container = _open_container(src, rel, demux_only=True)
+    container = open_container(src, rel, demux_only=True)
     try:
         stream = container.streams.video[0]
         packets = _container_index(container, stream)
         if packets is None:  # reopen rather than seek back: the check above may have consumed packets
             container.close()
-            container = _open_container(src, rel, demux_only=True)
+            container = open_container(src, rel, demux_only=True)
             stream = container.streams.video[0]
             # Payload-free remote reads: H.264 keyframe flags come from the payload, so take them from the
             # container's sync-sample table instead.
@@ -373,7 +379,7 @@ class _OpenFile:
     def __init__(self, src: Source, rel: str, threads: int, thread_type: str = "AUTO"):
         self.rel = rel
         self.path = src.path(rel)
-        self.container = _open_container(src, rel)
+        self.container = open_container(src, rel)
         self.stream = self.container.streams.video[0]
         cc = self.stream.codec_context
         if threads == 1:

@@ -78,11 +78,7 @@ KNOWN_CYCLES = {
     frozenset({"layout", "source"}),
 }
 # (importer, module, name): a private name of one module imported by another.
-KNOWN_PRIVATE = {
-    ("pointers", "catalog", "_v2_episodes"),
-    ("export", "video", "_open_container"),
-    ("db", "sandbox", "_total_memory"),
-}
+KNOWN_PRIVATE: set[tuple[str, str, str]] = set()
 # Third-party packages a stage must never import (module level or lazily).
 NEVER = {
     "storage": {"duckdb", "sqlglot", "torch", "av"},
