@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import gc
 import io
-import json
 import os
 import tempfile
 import warnings
@@ -27,6 +26,7 @@ from . import frames as _frames
 from . import tabular, video
 from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
 from .layout import Layout
+from .manifest import Meta
 from .source import Source
 
 
@@ -163,8 +163,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._skip_columns = {k for k in layout.image_keys if k not in cameras}
         self.delta_timestamps = delta_timestamps
         self._delta = _frames.delta_indices(delta_timestamps, layout.fps, self.tolerance_s, layout.features)
-        meta = json.loads((manifest.schema.metadata or {}).get(b"lerobot_sql.manifest", b"{}"))
-        self._extras = list(meta.get("extras", []))
+        self._meta = Meta.of(manifest)  # parsed once: the extras and the clips to check
+        self._extras = list(self._meta.extras)
         self._prepare(manifest)
         self._worker: _Worker | None = None
 
@@ -212,8 +212,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 local = self._src.local_path(rel)
                 if local is not None and pin is None:
                     missing.append(local)
-        meta = json.loads((m.schema.metadata or {}).get(b"lerobot_sql.manifest", b"{}"))
-        self._clips = {k: v for k, v in (meta.get("clips") or {}).items() if k in self._video_keys}
+        self._clips = {k: v for k, v in self._meta.clips.items() if k in self._video_keys}
         if missing:
             warnings.warn(f"{len(missing)} video file(s) are missing, e.g. {missing[0]}; items needing them will raise "
                           "MissingFileError (pass cameras=[...] to leave those cameras out)", stacklevel=4)

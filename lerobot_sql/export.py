@@ -1,9 +1,10 @@
 """Write a query's frames as a new LeRobot v3.0 dataset (``export_dataset``) or as a Parquet manifest
 (``export_manifest``).
 
-Export plan: the query result is resolved to a manifest (:mod:`lerobot_sql.plan`), cut into *parts* (one output
-episode each: a whole source episode, a window, or a contiguous run of ``index`` rows of one episode), and each part
-is written in order:
+Export plan: the query is resolved to a manifest by ``db.manifest(sql)`` (:mod:`lerobot_sql.manifest`; the same
+row cap, fast path and order as ``dataset()``), cut into *parts* (one output episode each: a whole source episode
+or a window, told apart by ``result_row``, or a contiguous run of ``index`` rows of one episode), and each part is
+written in order:
 
 * data: the part's source rows, with ``episode_index``/``index``/``frame_index``/``timestamp``/``task_index``
   rewritten, one row group per episode, files rotated by ``data_files_size_in_mb``;
@@ -44,17 +45,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import plan, video
+from . import video
 from ._version import __version__
 from .errors import DatasetFormatError, DestinationError, DestinationExistsError, LeRobotSQLError, VideoDecodeError
 from .layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
+from .manifest import Meta
 
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_POINTERS = ("meta/episodes/chunk_index", "meta/episodes/file_index")
 V3_VERSION = "v3.0"
 DEFAULT_DATA_MB, DEFAULT_VIDEO_MB = 100, 200  # lerobot 0.4.4 DEFAULT_DATA_FILE_SIZE_IN_MB / DEFAULT_VIDEO_...
 MAX_OPEN_INPUTS = 8  # source files kept open per stream (v2.x has one data file and one mp4 per episode)
-PART_COLUMN = "_lsql_export_part"
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
 INDEX_COLUMNS = ("index", "episode_index", "task_index")  # renumbered on export, so their stats are recomputed
 # info.json "video.codec" (FFmpeg decoder name) -> the encoder lerobot uses for it.
@@ -236,10 +237,10 @@ def _is_our_manifest(path: Path) -> bool:
 
 # ---- manifest ---------------------------------------------------------------------------------------------------
 def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = False) -> ManifestReport:
-    """Write the manifest of ``sql`` (see :mod:`lerobot_sql.plan`) as one Parquet file, one row per sample.
+    """Write the manifest of ``sql`` (see :mod:`lerobot_sql.manifest`) as one Parquet file, one row per sample.
 
     Columns: those of ``db.manifest(sql)`` (``index, episode_index, frame_index, timestamp, task_index, data_file,
-    data_row, ep_from_index, ep_to_index, ep_data_row0``, per camera ``<video_key>/file`` and
+    data_row, ep_from_index, ep_to_index, ep_data_row0, result_row``, per camera ``<video_key>/file`` and
     ``<video_key>/from_timestamp``, the query's extra columns) plus, per camera, ``<video_key>/time_s`` (float64,
     seconds in that mp4 = from_timestamp + timestamp). Paths are relative to the dataset root, which is stored in the
     schema metadata (``lerobot_sql.manifest`` -> ``root``). ``db.dataset(path)`` rebuilds the same items; Ray Data
@@ -269,12 +270,11 @@ def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = 
                                          "manifest metadata); overwrite=True never replaces other files: remove it "
                                          "yourself or choose another path")
     m = db.manifest(sql)
-    meta = json.loads(m.schema.metadata[b"lerobot_sql.manifest"])
-    meta["root"] = db.source.url
+    meta = dataclasses.replace(Meta.of(m), root=db.source.url)
     for k in db.layout.video_keys:
         t = pc.add(m[f"{k}/from_timestamp"].cast(pa.float64()), m["timestamp"].cast(pa.float64()))
         m = m.append_column(f"{k}/time_s", t)
-    m = m.replace_schema_metadata({b"lerobot_sql.manifest": json.dumps(meta).encode()})
+    m = meta.attach(m)
     created = _make_parents(path.parent, path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     ok = False
@@ -304,7 +304,8 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
     ``sql`` follows the dataset() contract (see :mod:`lerobot_sql.plan`): ``episode_index`` rows export whole
     episodes, ``(episode_index, start_s, end_s)`` rows export one episode per window (frame_index and timestamp
     restart at 0), ``index`` rows export each contiguous run of frames of one episode as an episode. Output episodes
-    follow the result order and are numbered 0..N-1; ``index`` is contiguous; tasks still used are renumbered in
+    follow the result order (for a query without ORDER BY, the order dataset() gives it: sorted by the contract
+    columns) and are numbered 0..N-1; ``index`` is contiguous; tasks still used are renumbered in
     source order. Extra result columns are not written.
 
     The dataset is written into a hidden sibling folder and renamed into place, with ``meta/lerobot_sql_export.json``
@@ -339,11 +340,11 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
         if not overwrite:
             raise DestinationExistsError(f"{dest}: already exists; pass overwrite=True or choose another destination")
         _check_replaceable(dest)
-    result = db._arrow(sql)
-    result = result.append_column(PART_COLUMN, pa.array(np.arange(result.num_rows), pa.int64()))
-    manifest = plan.build_manifest(db.con, db.layout, result, sql=sql)
-    mode = json.loads(manifest.schema.metadata[b"lerobot_sql.manifest"])["mode"]
-    parts = _parts(manifest, mode)
+    # db.manifest, as dataset() resolves the same SQL: the row cap, the pointer fast path for whole episodes, and
+    # a deterministic order for a query without ORDER BY. Each sample's result_row says which output episode
+    # (window, whole episode) it belongs to.
+    manifest = db.manifest(sql)
+    parts = _parts(manifest, Meta.of(manifest).mode)
 
     created = _make_parents(dest.parent, dest)
     tmp = dest.parent / f".{dest.name}.lsql-export-{uuid.uuid4().hex[:8]}"
@@ -406,7 +407,7 @@ def _parts(m: pa.Table, mode: str) -> list[_Part]:
     if len(ep) > 1:
         same = (ep[1:] == ep[:-1]) & (fi[1:] == fi[:-1] + 1) & (row[1:] == row[:-1] + 1)
         if mode != "index":
-            pid = m[PART_COLUMN].to_numpy()
+            pid = m["result_row"].to_numpy()
             same &= pid[1:] == pid[:-1]
         brk[1:] = ~same
     starts = np.flatnonzero(brk)

@@ -7,18 +7,12 @@ Result contract (checked in this order):
   * ``episode_index`` alone: all frames of those episodes.
 Other columns travel along as extras and are added to every item under their own names.
 
-Manifest columns: ``index, episode_index, frame_index, timestamp, task_index`` (from the data files),
-``data_file, data_row`` (where the frame's row lives), ``ep_from_index, ep_to_index`` (the episode's full extent,
-half-open, for delta_timestamps clamping), ``ep_data_row0`` (file row of the episode's first frame), per camera
-``<video_key>/file`` and ``<video_key>/from_timestamp``, then the extras. Schema metadata ``lerobot_sql.manifest``
-(JSON): ``mode``, ``extras``, ``video_keys``, ``fps``, ``sql`` and ``clips`` (per camera, each selected episode's clip
-and its neighbours in the file, which the dataset checks against the mp4's real frames; see
-``pointers.check_clips``).
+The manifest's columns and metadata are defined in :mod:`lerobot_sql.manifest` (``result_row`` is the result row
+each sample came from); both this module's DuckDB join and the pointer path end in :func:`lerobot_sql.manifest.finish`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Callable
 
@@ -26,14 +20,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import manifest as _manifest
 from . import pointers
 from .sqltext import ident as q, literal, number
 from .errors import DatasetFormatError, ResultContractError
 from .layout import Layout
 from .source import Source
 
-CORE = ("index", "episode_index", "frame_index", "timestamp", "task_index")
-LOCATION = ("data_file", "data_row", "ep_from_index", "ep_to_index", "ep_data_row0")
+CORE, LOCATION = _manifest.CORE, _manifest.LOCATION  # importable from here for one release
 CONTRACT = (
     "A query given to dataset() must return either an `index` column (one sample per row), or `episode_index` with "
     "`start_s` and `end_s` (seconds from episode start, half-open windows), or `episode_index` alone (whole episodes). "
@@ -162,7 +156,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     mode = result_mode(result.column_names)
     if mode == "window":
         _check_window_bounds(result, sql)
-    video_cols = [c for k in layout.video_keys for c in (f"{k}/file", f"{k}/from_timestamp")]
+    video_cols = _manifest.video_columns(layout.video_keys)
     reserved = set(CORE) | set(LOCATION) | set(video_cols)
     contract = {"index": ("index",), "window": ("episode_index", "start_s", "end_s"),
                 "episode": ("episode_index",)}[mode]
@@ -240,7 +234,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
                          f"{literal(k)}")
         manifest = con.sql(
             "SELECT s.index, s.episode_index, s.frame_index, s.timestamp, s.task_index, s.data_file, "
-            "s.row AS data_row, e.ep_from_index, e.ep_to_index, e.ep_data_row0"
+            "s.row AS data_row, e.ep_from_index, e.ep_to_index, e.ep_data_row0, s._ord AS result_row"
             f"{''.join(vsel)}{''.join(f', s.{q(c)}' for c in extras)} "
             f"FROM _lsql_sel s JOIN _lsql_ext e USING (episode_index){''.join(vjoin)} ORDER BY s._ord, s.frame_index"
         ).to_arrow_table()
@@ -257,11 +251,10 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
 
 
 def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layout: Layout, sql: str) -> pa.Table:
-    """Both paths' last step: refuse samples without a video pointer, attach the ``lerobot_sql.manifest``
-    metadata."""
+    """Both paths' last step: refuse samples without a video pointer; then the documented column order and the
+    ``lerobot_sql.manifest`` metadata (:func:`lerobot_sql.manifest.finish`)."""
     for k in layout.video_keys:
         if manifest[f"{k}/file"].null_count:
             raise DatasetFormatError(f"meta/episodes has no video pointer for camera {k!r} for some selected episodes")
-    meta = {"lerobot_sql.manifest": json.dumps({"mode": mode, "extras": extras, "video_keys": layout.video_keys,
-                                                "fps": layout.fps, "sql": sql, "clips": clips})}
-    return manifest.replace_schema_metadata(meta)
+    return _manifest.finish(manifest, mode=mode, extras=extras, video_keys=layout.video_keys, fps=layout.fps,
+                            sql=sql, clips=clips)

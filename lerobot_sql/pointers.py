@@ -314,6 +314,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         "ep_from_index": pa.array(lo[prow], pa.int64()),
         "ep_to_index": pa.array(hi[prow], pa.int64()),
         "ep_data_row0": pa.array(row0_all[prow], pa.int64()),
+        "result_row": pa.array(rowidx, pa.int64()),
     }
     for k, t in clips.items():
         cols[f"{k}/file"] = t["path"].take(pa.array(prow))

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-META_KEY = b"lerobot_sql.manifest"
+from .manifest import META_KEY, Meta  # noqa: F401  (META_KEY: importable from here for one release)
 
 
 def manifest_schema(path: str | os.PathLike, *, filesystem=None) -> pa.Schema:
@@ -42,7 +42,7 @@ def manifest_schema(path: str | os.PathLike, *, filesystem=None) -> pa.Schema:
         ValueError: the file has no ``lerobot_sql.manifest`` metadata (not written by export_manifest).
     """
     schema = pq.read_schema(str(path), filesystem=filesystem)
-    if not schema.metadata or META_KEY not in schema.metadata:
+    if not Meta.present(schema):
         raise ValueError(f"{path}: no 'lerobot_sql.manifest' schema metadata; write the manifest with "
                          "db.export_manifest(sql, path)")
     return schema
@@ -50,10 +50,10 @@ def manifest_schema(path: str | os.PathLike, *, filesystem=None) -> pa.Schema:
 
 def manifest_root(path: str | os.PathLike, *, filesystem=None) -> str:
     """The dataset root (path or URL) stored in a manifest file by ``db.export_manifest``."""
-    meta = json.loads(manifest_schema(path, filesystem=filesystem).metadata[META_KEY])
-    if not meta.get("root"):
+    root = Meta.of(manifest_schema(path, filesystem=filesystem), where=str(path)).root
+    if not root:
         raise ValueError(f"{path}: the manifest metadata names no dataset root; pass root=")
-    return meta["root"]
+    return root
 
 
 def _as_table(batch: Any) -> pa.Table:

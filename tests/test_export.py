@@ -244,8 +244,10 @@ def test_window_cuts_reencode_only_mid_gop_heads(datasets, tmp_path, framecode, 
     lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
     # Starts at an odd frame (not a keyframe with GOP 2), an even frame (a keyframe), and a tail cut.
     windows = [(1, 7, 50), (3, 10, 41), (6, 0, 33), (3, 45, lengths[3])]
-    sql = " UNION ALL ".join(f"SELECT {ep} AS episode_index, {a}/30 AS start_s, {b}/30 AS end_s"
-                             for ep, a, b in windows)
+    # ORDER BY: without one, export sorts the windows by (episode_index, start_s, end_s), as dataset() does.
+    sql = "SELECT episode_index, start_s, end_s FROM (" + " UNION ALL ".join(
+        f"SELECT {k} AS k, {ep} AS episode_index, {a}/30 AS start_s, {b}/30 AS end_s"
+        for k, (ep, a, b) in enumerate(windows)) + ") ORDER BY k"
     rep = db.export(sql, tmp_path / "out", progress=False)
     frames = _expected_frames(src, windows)
     info, d, e = _check_structure(src, tmp_path / "out", frames, windows)

@@ -32,7 +32,7 @@ STAGE = {
     # DuckDB: the connection's views and macros, its lock-down
     "catalog": "catalog", "macros": "catalog", "sandbox": "catalog",
     # query result -> manifest
-    "plan": "plan", "pointers": "plan",
+    "plan": "plan", "pointers": "plan", "manifest": "plan",
     # the torch side: after the manifest, files only
     "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter",
     # features built over a Database or a manifest
@@ -53,8 +53,8 @@ ALLOWED = {
     "query": {"errors"},
     "catalog": {"video", "sqltext", "format", "storage", "errors"},
     "plan": {"catalog", "tabular", "sqltext", "format", "storage", "errors"},
-    # storage only for the Source type the readers take
-    "adapter": {"readers", "format", "storage", "errors"},
+    # of the planner, only the manifest's definition; storage only for the Source type the readers take
+    "adapter": {"manifest", "readers", "format", "storage", "errors"},
     # "db only as a type": under `if TYPE_CHECKING:`, which the walk skips
     "feature": {"plan", "readers", "catalog", "query", "format", "storage", "errors"},
     "facade": {"catalog", "plan", "query", "readers", "format", "storage", "errors"},

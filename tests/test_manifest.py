@@ -21,7 +21,8 @@ from test_pointers import ALL, _both
 SHIPPED = ["small20", "h264_20", "multifile60", "img5_extras", "v21_small20"]
 CORE = [("index", pa.int64()), ("episode_index", pa.int64()), ("frame_index", pa.int64()),
         ("task_index", pa.int64()), ("data_file", pa.string()), ("data_row", pa.int64()),
-        ("ep_from_index", pa.int64()), ("ep_to_index", pa.int64()), ("ep_data_row0", pa.int64())]
+        ("ep_from_index", pa.int64()), ("ep_to_index", pa.int64()), ("ep_data_row0", pa.int64()),
+        ("result_row", pa.int64())]
 META_KEYS = {"mode", "extras", "video_keys", "fps", "sql", "clips"}
 
 
@@ -33,7 +34,7 @@ def _check_contract(m: pa.Table, db, mode: str, extras: list[str], sql: str) -> 
     """The documented columns, in order, with their types; then the metadata."""
     keys = db.layout.video_keys
     want = ["index", "episode_index", "frame_index", "timestamp", "task_index", "data_file", "data_row",
-            "ep_from_index", "ep_to_index", "ep_data_row0"]
+            "ep_from_index", "ep_to_index", "ep_data_row0", "result_row"]
     want += [c for k in keys for c in (f"{k}/file", f"{k}/from_timestamp")] + extras
     assert m.column_names == want
     for name, typ in CORE:
@@ -123,3 +124,22 @@ def test_export_manifest_round_trips_through_dataset(name, tmp_path):
         for key in a:
             if key != "task":
                 assert np.array_equal(np.asarray(a[key]), np.asarray(b[key])), (name, i, key)
+
+
+def test_export_resolves_its_sql_through_db_manifest(datasets, tmp_path, monkeypatch):
+    """export() takes the same road as dataset(): the manifest row cap holds for it too (it used to build its own
+    manifest past the cap), and adjacent windows of one episode stay two output episodes (cut by result_row)."""
+    db = lsql.connect(datasets / "small20")
+    monkeypatch.setenv("LSQL_MAX_MANIFEST_ROWS", "50")
+    with pytest.raises(lsql.ResultContractError, match="more than 50 rows"):
+        db.export("SELECT index FROM frames WHERE episode_index = 0", tmp_path / "capped", progress=False)
+    assert not (tmp_path / "capped").exists()
+    monkeypatch.delenv("LSQL_MAX_MANIFEST_ROWS")
+    sql = "SELECT 2 AS episode_index, 0.0 AS start_s, 0.5 AS end_s UNION ALL SELECT 2, 0.5, 1.0 ORDER BY start_s"
+    m = db.manifest(sql)
+    assert sorted(set(m["result_row"].to_pylist())) == [0, 1]
+    report = db.export(sql, tmp_path / "two", progress=False)
+    n0 = int((m["result_row"].to_numpy() == 0).sum())
+    assert report.episodes == 2 and report.frames == m.num_rows
+    out = lsql.connect(tmp_path / "two")
+    assert out.sql("SELECT length FROM episodes ORDER BY episode_index").fetchall() == [(n0,), (m.num_rows - n0,)]

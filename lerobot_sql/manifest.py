@@ -1,0 +1,111 @@
+"""The manifest: one row per sample, everything needed to read it, and nothing that needs SQL.
+
+A manifest is an Arrow table (what ``db.manifest(sql)`` returns, ``db.dataset()`` trains on, ``prefetch`` downloads
+for, ``export`` writes out and ``export_manifest`` saves as Parquet). This module is the one place that names its
+columns and reads or writes its metadata; both resolvers (:mod:`lerobot_sql.plan`, the DuckDB join, and
+:mod:`lerobot_sql.pointers`, whole episodes with pyarrow) build it through :func:`finish`.
+
+Columns, in this order:
+
+* ``index, episode_index, frame_index`` (int64), ``timestamp`` (float32, seconds from episode start),
+  ``task_index`` (int64): the frame's own values, from the data files;
+* ``data_file`` (string, relative to the dataset root), ``data_row`` (int64, row in that file): where the frame's
+  row lives; ``ep_from_index, ep_to_index`` (int64, half-open): the episode's full extent, for delta_timestamps
+  clamping; ``ep_data_row0`` (int64): the file row of the episode's first frame;
+* ``result_row`` (int64): the row of the query result the sample came from (after the deterministic sort of a
+  query without ORDER BY), so that a window or episode selected twice stays two samples runs (export cuts its
+  output episodes by it);
+* per camera, ``<video_key>/file`` (string) and ``<video_key>/from_timestamp`` (float64, seconds: where the
+  episode starts in that mp4);
+* the query's extra columns, under their own names.
+
+Schema metadata ``lerobot_sql.manifest`` (JSON, :class:`Meta`): ``mode`` (``index``, ``window`` or ``episode``),
+``extras``, ``video_keys``, ``fps``, ``sql``, ``clips`` (per camera, the selected episodes' clips and their
+neighbours in the file, which the dataset checks against the mp4's real frames) and, in a saved manifest, ``root``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pyarrow as pa
+
+from .errors import ResultContractError
+
+META_KEY = b"lerobot_sql.manifest"
+CORE = ("index", "episode_index", "frame_index", "timestamp", "task_index")
+LOCATION = ("data_file", "data_row", "ep_from_index", "ep_to_index", "ep_data_row0", "result_row")
+
+
+def video_columns(video_keys) -> list[str]:
+    """Per camera ``<key>/file`` and ``<key>/from_timestamp``, in camera order."""
+    return [c for k in video_keys for c in (f"{k}/file", f"{k}/from_timestamp")]
+
+
+def columns(video_keys, extras) -> list[str]:
+    """A manifest's columns in their order (see the module docstring)."""
+    return [*CORE, *LOCATION, *video_columns(video_keys), *extras]
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    """The ``lerobot_sql.manifest`` schema metadata of a manifest (see the module docstring)."""
+
+    mode: str | None = None
+    extras: tuple[str, ...] = ()
+    video_keys: tuple[str, ...] = ()
+    fps: float | None = None
+    sql: str | None = None
+    clips: dict[str, Any] = dataclasses.field(default_factory=dict)
+    root: str | None = None
+
+    @classmethod
+    def of(cls, table_or_schema: pa.Table | pa.Schema, *, where: str = "the manifest") -> "Meta":
+        """The metadata of a manifest table or schema; an Arrow table without it (built by hand) gets the empty
+        :class:`Meta` (no extras, no clips to check).
+
+        Raises:
+            ResultContractError: the metadata is there but is not a JSON object.
+        """
+        schema = table_or_schema.schema if isinstance(table_or_schema, pa.Table) else table_or_schema
+        raw = (schema.metadata or {}).get(META_KEY)
+        if raw is None:
+            return cls()
+        try:
+            d = json.loads(raw)
+            if not isinstance(d, dict):
+                raise TypeError(f"a JSON {type(d).__name__}")
+        except (ValueError, TypeError) as e:
+            raise ResultContractError(f"{where}: its lerobot_sql.manifest metadata is not a JSON object ({e}); "
+                                      "write the manifest again with db.export_manifest") from e
+        return cls(mode=d.get("mode"), extras=tuple(d.get("extras") or ()), video_keys=tuple(d.get("video_keys") or ()),
+                   fps=d.get("fps"), sql=d.get("sql"), clips=d.get("clips") or {}, root=d.get("root"))
+
+    @staticmethod
+    def present(schema: pa.Schema) -> bool:
+        """True if ``schema`` carries manifest metadata (a file lerobot_sql wrote)."""
+        return META_KEY in (schema.metadata or {})
+
+    def attach(self, table: pa.Table) -> pa.Table:
+        """``table`` with this metadata as its only schema metadata."""
+        d = {"mode": self.mode, "extras": list(self.extras), "video_keys": list(self.video_keys), "fps": self.fps,
+             "sql": self.sql, "clips": self.clips}
+        if self.root is not None:
+            d["root"] = self.root
+        return table.replace_schema_metadata({META_KEY: json.dumps(d).encode()})
+
+
+def finish(table: pa.Table, *, mode: str, extras: list[str], video_keys: list[str], fps: float, sql: str,
+           clips: dict) -> pa.Table:
+    """A resolver's last step: the columns in their documented order, and the metadata attached.
+
+    Raises:
+        ResultContractError: a documented column is missing (a resolver bug, named).
+    """
+    want = columns(video_keys, extras)
+    missing = [c for c in want if c not in table.column_names]
+    if missing:
+        raise ResultContractError(f"internal: the manifest lacks columns {missing} (resolver bug; please report)")
+    return Meta(mode, tuple(extras), tuple(video_keys), fps, sql, clips).attach(table.select(want))
