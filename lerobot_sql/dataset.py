@@ -23,7 +23,7 @@ import pyarrow as pa
 import torch
 
 from . import frames as _frames
-from . import tabular, video
+from . import locate, tabular, video
 from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
 from .layout import Layout
 from .manifest import Meta
@@ -270,63 +270,22 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if key not in self._delta:  # delta cameras locate each item's frames as they go
             a, b = self._vstarts[key][code], self._vstarts[key][code + 1]
             sel = self._c[f"_vorder/{key}"][a:b]
-            pick, err = index.nearest(self._c[f"{key}/from_timestamp"][sel] +
-                                      self._c["timestamp"][sel].astype(np.float64))
+            pick, err = index.nearest(locate.time_in_file(self._c[f"{key}/from_timestamp"][sel],
+                                                          self._c["timestamp"][sel]))
             # A time with no frame within tolerance keeps -1; __getitem__ raises FrameNotFoundError for it. int32:
             # these arrays are private to each process (no mp4 holds 2**31 frames).
             rows = np.where(err <= self.tolerance_s, pick, -1).astype(np.int32)
         return _VideoFile(index, rows)
 
     def _check_clips(self, key: str, rel: str, index: video.FrameIndex) -> None:
-        """Check the selected episodes' clips in mp4 ``rel`` against its real frames, where per-frame lookups cannot.
-
-        In a lerobot-written file each episode's clip is a run of ``length`` consecutive frames starting at the frame
-        presented at ``from_timestamp``, and the clips of one file do not share frames. A start shifted by whole
-        frames still finds a frame for every timestamp (the neighbour's), so only this check can tell: an episode's
-        first frame must come after the previous clip's last frame, and its ``length`` frames must end before the
-        next clip's first frame and within the file. ``to_timestamp`` is not used, so writers that store
-        ``to_timestamp = from_timestamp + (length - 1) / fps`` pass. A time maps to the first frame presented no
-        earlier than half a frame before it (the nearest frame, for clips within half a frame of the real pts).
-
-        The clips are column lists from ``pointers.check_clips`` (the manifest's ``lerobot_sql.manifest`` metadata).
+        """The selected episodes' clips in mp4 ``rel`` against its real frames
+        (:func:`lerobot_sql.locate.check_clips`; the clips come from the manifest's metadata).
 
         Raises:
             DatasetFormatError: naming the mp4, camera and episode, what overlaps, and the fix.
         """
-        clips = self._clips.get(key)
-        if not clips:
-            return
-        sel = np.flatnonzero(np.asarray(clips["path"], dtype=object) == rel)
-        if not len(sel):
-            return
-        half = 0.5 / float(self.fps)
-        num = lambda name, fill: np.array([fill if x is None else x for x in clips[name]], np.float64)  # noqa: E731
-        f, n = num("from_timestamp", np.nan), num("length", 0)
-        pf, pn, nf_ = num("prev_from_timestamp", np.nan), num("prev_length", 0), num("next_from_timestamp", np.nan)
-        pts = index.pts_s
-        row = lambda t: np.searchsorted(pts, t - half).astype(np.float64)  # noqa: E731
-        r0, end = row(f[sel]), row(f[sel]) + n[sel]
-        prev_end = np.where(np.isnan(pf[sel]), -np.inf, row(pf[sel]) + pn[sel])
-        nxt = np.where(np.isnan(nf_[sel]), np.inf, row(nf_[sel]))
-        bad = np.flatnonzero((r0 < prev_end) | (end > nxt) | (end > len(pts)))
-        if not len(bad):
-            return
-        j = int(sel[bad[0]])
-        i = int(bad[0])
-        ep, a, b = clips["episode_index"][j], int(r0[i]), int(end[i]) - 1
-        if end[i] > len(pts):
-            why = (f"its {int(n[j])} frames (frames {a}..{b} of the file) run past the file's last frame "
-                   f"({len(pts) - 1})")
-        elif r0[i] < prev_end[i]:
-            why = (f"its first frame (frame {a} of the file) is one of the {int(pn[j])} frames of episode "
-                   f"{clips['prev_episode'][j]}'s clip, which starts at {pf[j]:.6f} s")
-        else:
-            why = (f"its {int(n[j])} frames (frames {a}..{b} of the file) run into the clip of episode "
-                   f"{clips['next_episode'][j]}, which starts at frame {int(nxt[i])} ({nf_[j]:.6f} s)")
-        raise DatasetFormatError(
-            f"{self._src.path(rel)}: camera {key!r}, episode {ep}: the clip starting at from_timestamp="
-            f"{f[j]:.6f} s disagrees with the video: {why}; reading it would give another episode's frames or "
-            f"none. Fix videos/{key}/from_timestamp in meta/episodes (run `lerobot-sql doctor`)")
+        locate.check_clips(index.pts_s, self._clips.get(key), rel, fps=self.fps, where=self._src.path(rel),
+                           video_key=key)
 
     def _frame(self, key: str, i: int) -> tuple[str, video.FrameIndex, int]:
         """(mp4, its index, video row) of sample ``i``'s frame of camera ``key`` (not a delta key), in this process.

@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import video
+from . import locate, video
 from ._version import __version__
 from .errors import DatasetFormatError, DestinationError, DestinationExistsError, LeRobotSQLError, VideoDecodeError
 from .layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
@@ -575,8 +575,8 @@ class _Exporter:
         index = video.FrameIndex.load(video.ensure_index(self.src, rel, self.db.cache_dir))
         pick = _sample_indices(part.length)
         rows_m = part.rows[pick]
-        times = (self.m[f"{key}/from_timestamp"].to_numpy()[rows_m]
-                 + self.m["timestamp"].to_numpy()[rows_m].astype(np.float64))
+        times = locate.time_in_file(self.m[f"{key}/from_timestamp"].to_numpy()[rows_m],
+                                    self.m["timestamp"].to_numpy()[rows_m])
         r = index.locate(times, self.tol, episode_index=part.src_episode, video_key=key)
         frames = self.decoders.decode(index, r)
         return np.stack([_downsample(frames[int(index.pts[x])].transpose(2, 0, 1)) for x in r])
@@ -780,7 +780,7 @@ class _VideoWriter:
         from_src = float(ex.m[f"{key}/from_timestamp"][i0].as_py())
         index, sizes = self._index(rel)
         ts = ex.m["timestamp"].to_numpy()[part.rows].astype(np.float64)
-        rows = index.locate(from_src + ts, ex.tol, episode_index=part.src_episode, video_key=key)
+        rows = index.locate(locate.time_in_file(from_src, ts), ex.tol, episode_index=part.src_episode, video_key=key)
         if np.any(np.diff(rows) != 1):
             raise DatasetFormatError(f"{rel}: frames of episode {part.src_episode} ({key}) are not consecutive in "
                                      "the video; the timestamps disagree with the video (`lerobot-sql doctor`)")

@@ -80,8 +80,9 @@ class Meta:
         except (ValueError, TypeError) as e:
             raise ResultContractError(f"{where}: its lerobot_sql.manifest metadata is not a JSON object ({e}); "
                                       "write the manifest again with db.export_manifest") from e
-        return cls(mode=d.get("mode"), extras=tuple(d.get("extras") or ()), video_keys=tuple(d.get("video_keys") or ()),
-                   fps=d.get("fps"), sql=d.get("sql"), clips=d.get("clips") or {}, root=d.get("root"))
+        return cls(mode=d.get("mode"), extras=tuple(d.get("extras") or ()),
+                   video_keys=tuple(d.get("video_keys") or ()), fps=d.get("fps"), sql=d.get("sql"),
+                   clips=d.get("clips") or {}, root=d.get("root"))
 
     @staticmethod
     def present(schema: pa.Schema) -> bool:

@@ -20,12 +20,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import tabular, video
+from . import locate, tabular, video
 from .remote import MERGE_GAP, merge_ranges  # noqa: F401  (MERGE_GAP moved to remote.py)
 from .tabular import row_group_ranges
 
 AVIO_BUFFER = 32 << 10  # PyAV reads files in blocks of this size: a decode reads up to one block past its packet
-DECODER_DELAY = 4       # packets a decoder may read past a frame before it outputs that frame
+DECODER_DELAY = locate.DECODER_DELAY  # importable from here for one release
 
 
 @dataclasses.dataclass
@@ -84,20 +84,18 @@ def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
         for rel in np.unique(vfiles[vfiles != None]):  # noqa: E711 - numpy elementwise
             sel = vfiles == rel
             t = pq.read_table(index[str(rel)],
-                              columns=["pts", "pts_s", "keyframe_pts", "byte_offset", "byte_size"])
+                              columns=["pts", "pts_s", "is_keyframe", "keyframe_pts", "byte_offset", "byte_size"])
             pts, pts_s = t["pts"].to_numpy(), t["pts_s"].to_numpy()
-            key_row = np.searchsorted(pts, t["keyframe_pts"].to_numpy())
-            start, end = t["byte_offset"].to_numpy(), t["byte_offset"].to_numpy() + t["byte_size"].to_numpy()
-            want = (from_ts[sel][:, None] + ts[sel][:, None] + offs[None, :]).ravel()
+            # The decoder's own keyframe rule (presentation-order corrected), so the bytes fetched are the ones it
+            # reads from where it seeks.
+            key_row = locate.key_rows(pts, t["keyframe_pts"].to_numpy(),
+                                      t["is_keyframe"].to_numpy(zero_copy_only=False))
+            start, size_b = t["byte_offset"].to_numpy(), t["byte_size"].to_numpy()
+            want = (locate.time_in_file(from_ts[sel], ts[sel])[:, None] + offs[None, :]).ravel()
             if len(offs) > 1:  # neighbours are clamped to the episode: clamping only narrows the set
                 want = np.clip(want, pts_s[0], pts_s[-1])
-            pos = np.clip(np.searchsorted(pts_s, want), 1, max(len(pts_s) - 1, 1)) if len(pts_s) > 1 else \
-                np.zeros(len(want), np.int64)
-            left = np.maximum(pos - 1, 0)
-            pick = np.unique(np.where(np.abs(pts_s[left] - want) <= np.abs(pts_s[pos] - want), left, pos))
-            last = len(pts) - 1
-            ranges = [(int(start[key_row[r]:r + 1].min()),
-                       int(end[key_row[r]:min(r + DECODER_DELAY, last) + 1].max()) + AVIO_BUFFER) for r in pick]
+            pick = np.unique(locate.nearest(pts_s, want)[0])
+            ranges = locate.packet_ranges(pick, key_row, start, size_b, readahead=AVIO_BUFFER)
             # Opening the container reads its head (ftyp, moov) and probes the first packets.
             ranges.append((0, int(start.min()) + AVIO_BUFFER))
             size = src.fs.info(src.path(str(rel)))["size"]

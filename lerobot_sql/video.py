@@ -25,8 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import cache
-from .errors import DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError, VideoDecodeError
+from . import cache, locate
+from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError, VideoDecodeError
 from .source import Source
 
 INDEX_VERSION = 2  # 2: entries carry a checksum sidecar (cache.check)
@@ -202,20 +202,6 @@ def ensure_index(src: Source, rel: str, cache_dir: Path) -> Path:
     return cache.ensure(path, lambda tmp: pq.write_table(_demux_index(src, rel), tmp))
 
 
-def _key_rows(pts: np.ndarray, keyframe_pts: np.ndarray, is_keyframe: np.ndarray) -> np.ndarray:
-    """Row of the keyframe a decoder must start from for each row (rows sorted by pts).
-
-    The keyframe recorded at demux time is the last one before the packet in decode order. With reordered frames
-    (B-frames, open GOPs) that keyframe may be presented after the frame itself, so take the earlier of it and the
-    last keyframe in presentation order: starting earlier costs decode time, never a wrong frame.
-    """
-    n = len(pts)
-    by_decode = np.minimum(np.searchsorted(pts, keyframe_pts), np.arange(n))
-    marks = np.where(is_keyframe, np.arange(n), 0)
-    by_pts = np.maximum.accumulate(marks) if n else marks
-    return np.minimum(by_decode, by_pts).astype(np.int64)
-
-
 def ensure_index_arrow(src: Source, rel: str, cache_dir: Path, pin: Stamp | None = None) -> Path:
     """Build (once) the memory-mappable Arrow IPC form of the index of ``rel`` (pts, pts_s, key_row).
 
@@ -240,7 +226,7 @@ def ensure_index_arrow(src: Source, rel: str, cache_dir: Path, pin: Stamp | None
         t = pq.read_table(parquet, columns=["pts", "pts_s", "is_keyframe", "keyframe_pts"]) if ok \
             else _demux_index(src, rel)
         pts = t["pts"].to_numpy()
-        key_row = _key_rows(pts, t["keyframe_pts"].to_numpy(), t["is_keyframe"].to_numpy(zero_copy_only=False))
+        key_row = locate.key_rows(pts, t["keyframe_pts"].to_numpy(), t["is_keyframe"].to_numpy(zero_copy_only=False))
         out = pa.table({"pts": pts, "pts_s": t["pts_s"].to_numpy(), "key_row": key_row},
                        schema=pa.schema([("pts", pa.int64()), ("pts_s", pa.float64()), ("key_row", pa.int64())],
                                         metadata=t.schema.metadata))
@@ -248,7 +234,6 @@ def ensure_index_arrow(src: Source, rel: str, cache_dir: Path, pin: Stamp | None
             w.write_table(out)
 
     return cache.ensure(path, write)
-
 
 
 def _stream_codec(src: Source, rel: str) -> str | None:
@@ -324,7 +309,7 @@ class FrameIndex:
             key_row = t["key_row"].to_numpy()
         else:
             t = pq.read_table(index_file)
-            key_row = _key_rows(t["pts"].to_numpy(), t["keyframe_pts"].to_numpy(),
+            key_row = locate.key_rows(t["pts"].to_numpy(), t["keyframe_pts"].to_numpy(),
                                 t["is_keyframe"].to_numpy(zero_copy_only=False))
         meta = t.schema.metadata
         num, den = meta[b"time_base"].decode().split("/")
@@ -332,35 +317,17 @@ class FrameIndex:
                    t["pts_s"].to_numpy(), key_row)
 
     def nearest(self, times_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(row, |error| in seconds) of the frame nearest to each time; ties go to the earlier frame."""
-        times_s = np.asarray(times_s, np.float64)
-        if len(self.pts_s) == 1:
-            pick = np.zeros(times_s.shape, np.int64)
-        else:
-            pos = np.clip(np.searchsorted(self.pts_s, times_s), 1, len(self.pts_s) - 1)
-            left = pos - 1
-            pick = np.where(np.abs(self.pts_s[left] - times_s) <= np.abs(self.pts_s[pos] - times_s), left, pos)
-        return pick, np.abs(self.pts_s[pick] - times_s)
+        """(row, |error| in seconds) of the frame nearest to each time (:func:`lerobot_sql.locate.nearest`)."""
+        return locate.nearest(self.pts_s, times_s)
 
     def locate(self, times_s: np.ndarray, tolerance_s: float, *, episode_index: int, video_key: str) -> np.ndarray:
         """Index rows (positions in ``pts``) of the frames presented at ``times_s`` (seconds in the file).
 
         Raises:
-            FrameNotFoundError: some time has no frame within ``tolerance_s``; names file, episode, camera, the
-                queried time and the nearest pts. A neighbouring frame is never returned instead.
+            FrameNotFoundError: some time has no frame within ``tolerance_s`` (:func:`lerobot_sql.locate.locate`).
         """
-        times_s = np.asarray(times_s, np.float64)
-        pick, err = self.nearest(times_s)
-        bad = np.flatnonzero(~(err <= tolerance_s))
-        if len(bad):
-            i = bad[0]
-            raise FrameNotFoundError(
-                f"{self.path}: no frame of camera {video_key!r} within tolerance_s={tolerance_s} of t={times_s[i]:.6f}s "
-                f"(episode {episode_index}); nearest frame has pts={int(self.pts[pick[i]])} "
-                f"({self.pts_s[pick[i]]:.6f}s, off by {err[i]:.6f}s). The episode's from_timestamp or timestamps "
-                "disagree with the video: run `lerobot-sql doctor`, or raise tolerance_s if the drift is expected."
-            )
-        return pick
+        return locate.locate(self.pts, self.pts_s, times_s, tolerance_s, path=self.path,
+                             episode_index=episode_index, video_key=video_key)
 
 
 # Formats whose planar-RGB conversion was seen to equal the packed rgb24 one, per process (see _OpenFile._convert).

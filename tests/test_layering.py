@@ -26,7 +26,7 @@ STAGE = {
     # what the files mean; no DuckDB
     "layout": "format",
     # read a manifest's bytes; no SQL
-    "tabular": "readers", "video": "readers", "frames": "readers",
+    "tabular": "readers", "video": "readers", "frames": "readers", "locate": "readers",
     # SQL text; sqlglot only
     "sqltext": "query", "query": "query", "library": "query",
     # DuckDB: the connection's views and macros, its lock-down

@@ -1,0 +1,73 @@
+"""Where a frame is (lerobot_sql/locate.py): time in the file, nearest pts within tolerance, keyframe row, packet
+ranges; and prefetch planning its bytes with the decoder's own keyframe rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import lerobot_sql as lsql
+from lerobot_sql import locate, prefetch, video
+
+FPS = 30.0
+N = 24
+
+
+def _open_gop_index():
+    """A 24-frame index in presentation order, keyframes at rows 0, 6, 12, 18; rows 4-5, 10-11, 16-17 are
+    B-frames decoded after the next keyframe (open GOP), so the demuxer records that later keyframe for them.
+    Packet i sits at byte i * 100_000, 1000 bytes long."""
+    rows = np.arange(N)
+    pts = rows * 512
+    is_key = rows % 6 == 0
+    kf_row = (rows // 6) * 6
+    kf_row = np.where(rows % 6 >= 4, np.minimum(kf_row + 6, N - 6), kf_row)  # B-frames: the next keyframe
+    t = pa.table({"frame": rows, "pts": pts, "pts_s": pts / (512 * FPS), "is_keyframe": is_key,
+                  "keyframe_pts": pts[kf_row], "byte_offset": rows * 100_000, "byte_size": np.full(N, 1000)},
+                 schema=video.INDEX_SCHEMA)
+    return t
+
+
+def test_key_rows_never_start_after_the_frame():
+    t = _open_gop_index()
+    got = locate.key_rows(t["pts"].to_numpy(), t["keyframe_pts"].to_numpy(), t["is_keyframe"].to_numpy())
+    assert got.tolist() == [0] * 6 + [6] * 6 + [12] * 6 + [18] * 6
+
+
+def test_nearest_and_locate_within_tolerance():
+    pts_s = np.arange(5) / FPS
+    rows, err = locate.nearest(pts_s, [0.0, 0.5 / FPS, 1.4 / FPS, 9.0])
+    assert rows.tolist() == [0, 0, 1, 4]  # a tie goes to the earlier frame
+    assert np.allclose(err, [0, 0.5 / FPS, 0.4 / FPS, 9.0 - 4 / FPS])
+    pts = np.arange(5) * 512
+    assert locate.locate(pts, pts_s, [2 / FPS + 1e-5], 1e-4, path="v.mp4", episode_index=3, video_key="cam") == [2]
+    with pytest.raises(lsql.FrameNotFoundError, match=r"v.mp4: no frame of camera 'cam' .* \(episode 3\)"):
+        locate.locate(pts, pts_s, [2.5 / FPS], 1e-4, path="v.mp4", episode_index=3, video_key="cam")
+    assert locate.time_in_file(np.array([11.6]), np.array([0.5], np.float32)).tolist() == [12.1]
+
+
+def test_packet_ranges_start_at_the_keyframe_run():
+    t = _open_gop_index()
+    kr = locate.key_rows(t["pts"].to_numpy(), t["keyframe_pts"].to_numpy(), t["is_keyframe"].to_numpy())
+    got = locate.packet_ranges([10, 23], kr, t["byte_offset"].to_numpy(), t["byte_size"].to_numpy(), readahead=7)
+    assert got == [(600_000, 1_401_000 + 7), (1_800_000, 2_301_000 + 7)]
+
+
+def test_prefetch_plans_from_the_keyframe_the_decoder_seeks_to(datasets, tmp_path, monkeypatch):
+    """B-frames whose recorded keyframe is presented after them: prefetch used its own copy of the keyframe rule
+    (without the presentation-order correction) and planned from a later keyframe than the decoder reads (here: an
+    empty packet run, a ValueError). Now it asks locate.key_rows, as the decoder does."""
+    db = lsql.connect(datasets / "small20", cache_dir=tmp_path)
+    path = tmp_path / "open_gop.parquet"
+    pq.write_table(_open_gop_index(), path)
+    monkeypatch.setattr(video, "ensure_index", lambda src, rel, cache_dir: path)
+    monkeypatch.setattr(db.source.fs, "info", lambda p, **kw: {"size": 10**9})
+    m = db.manifest("SELECT index FROM frames WHERE episode_index = 0 AND frame_index IN (10, 11) ORDER BY index")
+    need = prefetch.needed_ranges(db, m)
+    a = prefetch.AVIO_BUFFER
+    for k in db.layout.video_keys:
+        rel = m[f"{k}/file"][0].as_py()
+        # the container head, then frames 10 and 11 from keyframe row 6 up to DECODER_DELAY packets past each
+        assert need[rel] == [(0, a), (600_000, 1_501_000 + a)], k
