@@ -72,6 +72,8 @@ class Source:
     root: str
     url: str
     _listing: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # rel -> None once check_link passed (a local file's symlinks resolved once per file per process).
+    _links: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_local(self) -> bool:
@@ -199,7 +201,9 @@ class Source:
         return out
 
     def open(self, rel: str, mode: str = "rb"):
-        """Open ``rel``; a missing file raises :class:`MissingFileError` naming it."""
+        """Open ``rel``; a missing file raises :class:`MissingFileError` naming it, a symlink leaving the dataset
+        :class:`DatasetFormatError` (see :meth:`check_link`)."""
+        self.check_link(rel)
         try:
             return self.fs.open(self.path(rel), mode)
         except FileNotFoundError as e:
@@ -223,39 +227,83 @@ class Source:
         return fetch(self.path(rel), sorted(ranges))
 
     def local_path(self, rel: str) -> str | None:
-        """An OS path for ``rel`` when the file is local (PyAV and mmap then read it directly), else None."""
-        return self.path(rel) if self.is_local else None
+        """An OS path for ``rel`` when the file is local (PyAV and mmap then read it directly), else None.
+
+        Raises:
+            DatasetFormatError: the local file is a symlink leaving the dataset (see :meth:`check_link`).
+        """
+        if not self.is_local:
+            return None
+        self.check_link(rel)
+        return self.path(rel)
+
+    def _link_dirs(self) -> tuple[str, ...]:
+        """Where a local dataset's files may really live, each ending in '/': the root's real path, and for a
+        Hugging Face hub cache snapshot (``<repo>/snapshots/<rev>[/sub]``) the real path of ``<repo>/blobs``."""
+        if ("dirs",) not in self._links:  # a tuple key: never a relative path
+            inside = [os.path.realpath(self.root).rstrip("/") + "/"]
+            parts = os.path.abspath(self.root).split("/")
+            if "snapshots" in parts:  # <repo>/snapshots/<rev>[/sub]: the repo's blobs folder holds the real files
+                repo = "/".join(parts[:len(parts) - 1 - parts[::-1].index("snapshots")])
+                blobs = os.path.realpath(os.path.join(repo, "blobs"))
+                if os.path.isdir(blobs):
+                    inside.append(blobs.rstrip("/") + "/")
+            self._links[("dirs",)] = tuple(inside)
+        return self._links[("dirs",)]
+
+    def link_target(self, path: str) -> tuple[str, bool]:
+        """The one rule for symlinks in a local dataset, for SQL and the Python readers alike: (real path of
+        ``path``, whether reading it is allowed). Allowed: no symlink on the way, or a real path inside the root or
+        the hub-cache repo's ``blobs/`` folder (see :meth:`_link_dirs`). ``path`` is an OS path under the root.
+        Costs a ``realpath`` (an lstat per path component)."""
+        target = os.path.realpath(path)
+        if target == os.path.abspath(path):
+            return target, True
+        return target, any(target.startswith(d) for d in self._link_dirs())
+
+    def check_link(self, rel: str) -> None:
+        """Refuse to read ``rel`` when it is (or lies under) a symlink whose target is outside the dataset (the
+        rule of :meth:`link_target`, the same one the SQL sandbox applies through :meth:`symlink_targets`).
+
+        Local roots only (remote filesystems have no symlinks); each file is resolved once per process (the
+        verdict is remembered on this Source), so the readers can call it at every open.
+
+        Raises:
+            DatasetFormatError: naming the file, its target, and the fix.
+        """
+        if rel in self._links or not self.is_local:
+            return
+        p = self.path(rel)
+        target, ok = self.link_target(p)
+        if not ok:
+            raise DatasetFormatError(f"{p}: is a symlink to {target}, outside the dataset root and outside the "
+                                     "hub cache's blobs/ folder; lerobot_sql reads only the dataset's own files. "
+                                     "Copy the file into the dataset folder (or re-download the dataset)")
+        self._links[rel] = None
 
     def symlink_targets(self) -> tuple[list[str], list[str]]:
         """(allowed, refused): the real paths of the files under a local root that are symlinks to files outside it.
 
         A Hugging Face hub cache (``huggingface_hub.snapshot_download``) is ``<repo>/snapshots/<rev>/...`` where
         every file is a symlink into ``<repo>/blobs/<hash>``. DuckDB's sandbox checks the resolved path, so those
-        blobs must be allowed one by one (``allowed_paths``) for SQL to read the dataset. Only targets inside the
-        dataset root or inside the ``blobs`` folder of the hub-cache repo holding the root are allowed; a symlink
-        to anything else (``/etc/passwd``, another folder) is ``refused`` and stays unreadable to SQL. Remote
-        roots: ([], []). One walk of the root (a stat per entry), at connection time only.
+        blobs must be allowed one by one (``allowed_paths``) for SQL to read the dataset. Only targets that
+        :meth:`link_target` allows (inside the dataset root or the ``blobs`` folder of the hub-cache repo holding
+        the root) are allowed; a symlink to anything else (``/etc/passwd``, another folder) is ``refused`` (its
+        path under the root) and stays unreadable to SQL, as :meth:`check_link` keeps it from the Python readers.
+        Remote roots: ([], []). One walk of the root (a stat per entry), at connection time only.
         """
         if not self.is_local:
             return [], []
-        root = os.path.realpath(self.root)
-        inside = [root.rstrip("/") + "/"]
-        parts = os.path.abspath(self.root).split("/")
-        if "snapshots" in parts:  # <repo>/snapshots/<rev>[/sub]: the repo's blobs folder holds the real files
-            repo = "/".join(parts[:len(parts) - 1 - parts[::-1].index("snapshots")])
-            blobs = os.path.realpath(os.path.join(repo, "blobs"))
-            if os.path.isdir(blobs):
-                inside.append(blobs.rstrip("/") + "/")
         allowed, refused = [], []
         for folder, dirs, files in os.walk(self.root):
             for name in files + dirs:
                 p = os.path.join(folder, name)
                 if not os.path.islink(p):
                     continue
-                target = os.path.realpath(p)
+                target, ok = self.link_target(p)
                 if not os.path.isfile(target):
                     continue  # a symlinked folder: os.walk does not enter it, and DuckDB lists it as a path
-                if any(target.startswith(d) for d in inside):
+                if ok:
                     allowed.append(target)
                 else:
                     refused.append(p)
@@ -269,6 +317,7 @@ class Source:
         """
         p = self.path(rel)
         if self.is_local:
+            self.check_link(rel)  # the identity is the target's: it keys caches built from the file's bytes
             try:
                 st = os.stat(p)
             except FileNotFoundError as e:
