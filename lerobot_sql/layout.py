@@ -221,15 +221,18 @@ def parse_template(template: Any, fields: set[str] | frozenset[str], where: str)
     return out
 
 
-def check_template(template: Any, fields: set[str] | frozenset[str], key: str) -> str:
+def check_template(template: Any, fields: set[str] | frozenset[str], key: str, info_file: str = "meta/info.json") -> str:
     """Validate info.json's path template ``key`` (``data_path`` / ``video_path``): a relative path under the
     dataset root, whatever the placeholders are filled with (see :func:`parse_template` and
     :func:`lerobot_sql.source.confine`).
 
+    Args:
+        info_file: the info.json as the user should see it (its full path or URL), for the message.
+
     Raises:
         DatasetFormatError: naming meta/info.json, the key, the template and the fix.
     """
-    where = f"meta/info.json {key!r}"
+    where = f"{info_file} {key!r}"
     parts = parse_template(template, fields, where)
     text = "".join(t for t, _, _ in parts)
     why = None
@@ -296,27 +299,43 @@ def _parse_features(raw: Any, where: str) -> dict[str, Feature]:
     return out
 
 
-def load_layout(src: Source) -> Layout:
-    """Read meta/info.json and list the metadata and data files (no Parquet is opened).
+@dataclasses.dataclass(frozen=True)
+class CheckedInfo:
+    """meta/info.json's values once :func:`check_info` accepted them.
 
-    v3.x and v2.x (v2.0, v2.1) are accepted. A copy without data files or without episode metadata still opens
-    (its views are empty) with a warning, so metadata-only copies can be queried.
+    Attributes:
+        version: ``codebase_version`` as written; legacy: True for v2.x.
+        fps: frames per second (> 0, finite, at most MAX_FPS).
+        features: name -> Feature; has_video: some feature has dtype ``video``.
+        chunks_size: files (v3) or episodes (v2) per chunk folder, 1..MAX_CHUNKS_SIZE (1000 when absent).
+        total_episodes: 0..MAX_CHUNKS_SIZE**2 (0 when absent).
+        data_path: the validated data template (the version's default when absent).
+        video_path: the validated video template (the default when absent and there are videos), or None.
+    """
+
+    version: str
+    legacy: bool
+    fps: float
+    features: dict[str, Feature]
+    has_video: bool
+    chunks_size: int
+    total_episodes: int
+    data_path: str
+    video_path: str | None
+
+
+def check_info(info: Any, where: str) -> CheckedInfo:
+    """The one validation of a parsed meta/info.json (types, ranges, finite numbers, path templates), before any
+    value is used: by :func:`load_layout` at ``connect()`` and by :meth:`lerobot_sql.source.Source.listed_files`
+    (HTTP roots, which derive the file list from info.json before the layout exists).
+
+    Args:
+        info: the parsed JSON. where: the file as the user should see it (``.../meta/info.json``).
 
     Raises:
-        MissingFileError: meta/info.json does not exist under the root.
-        DatasetFormatError: info.json is not valid JSON or lacks fps/features.
+        DatasetFormatError: naming ``where``, the key (or feature) that is wrong, and the fix.
         UnsupportedVersionError: codebase_version is neither v2.x nor v3.x.
     """
-    where = src.path("meta/info.json")
-    if not src.exists("meta/info.json"):
-        raise MissingFileError(
-            f"{where}: not found. Is {src.url!r} the root of a LeRobot dataset (the folder holding meta/, data/, videos/)?"
-        )
-    try:
-        with src.open("meta/info.json") as f:
-            info = json.loads(f.read())
-    except json.JSONDecodeError as e:
-        raise DatasetFormatError(f"{where}: invalid JSON ({e}); restore the file from the dataset's source") from e
     if not isinstance(info, dict):
         raise DatasetFormatError(f"{where}: expected a JSON object")
     version = str(info.get("codebase_version", ""))
@@ -342,26 +361,61 @@ def load_layout(src: Source) -> Layout:
             chunks_size = _positive_int(chunks_size, "'chunks_size'", MAX_CHUNKS_SIZE)
         except ValueError as e:
             raise DatasetFormatError(f"{where}: {e}; lerobot writes 1000 (fix it in meta/info.json)") from None
+    total = info.get("total_episodes")
+    if total is None or total == 0 and not isinstance(total, bool):
+        total = 0
+    else:
+        try:
+            total = _positive_int(total, "'total_episodes'", MAX_CHUNKS_SIZE * MAX_CHUNKS_SIZE)
+        except ValueError as e:
+            raise DatasetFormatError(f"{where}: {e} (or 0); set it to the number of episodes in meta/episodes "
+                                     "(fix it in meta/info.json)") from None
+    data_default, video_default = (V2_DATA_PATH, V2_VIDEO_PATH) if legacy else (DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH)
+    data_path = check_template(info.get("data_path") or data_default, DATA_FIELDS, "data_path", where)
+    video_path = info.get("video_path") or (video_default if has_video else None)
+    if video_path is not None:
+        check_template(video_path, VIDEO_FIELDS_V2 if legacy else VIDEO_FIELDS_V3, "video_path", where)
+    return CheckedInfo(version, legacy, float(fps), features, has_video, chunks_size, total, data_path, video_path)
+
+
+def load_layout(src: Source) -> Layout:
+    """Read meta/info.json and list the metadata and data files (no Parquet is opened).
+
+    v3.x and v2.x (v2.0, v2.1) are accepted. A copy without data files or without episode metadata still opens
+    (its views are empty) with a warning, so metadata-only copies can be queried.
+
+    Raises:
+        MissingFileError: meta/info.json does not exist under the root.
+        DatasetFormatError: info.json is not valid JSON or lacks fps/features.
+        UnsupportedVersionError: codebase_version is neither v2.x nor v3.x.
+    """
+    where = src.path("meta/info.json")
+    if not src.exists("meta/info.json"):
+        raise MissingFileError(
+            f"{where}: not found. Is {src.url!r} the root of a LeRobot dataset (the folder holding meta/, data/, videos/)?"
+        )
+    try:
+        with src.open("meta/info.json") as f:
+            info = json.loads(f.read())
+    except json.JSONDecodeError as e:
+        raise DatasetFormatError(f"{where}: invalid JSON ({e}); restore the file from the dataset's source") from e
+    v = check_info(info, where)
+    legacy, fps, features, has_video, chunks_size = v.legacy, v.fps, v.features, v.has_video, v.chunks_size
+    version = v.version
     notes: list[str] = []
 
     if legacy:
         episode_files = (V2_EPISODES,) if src.exists(V2_EPISODES) else ()
         stats_file = V2_EPISODES_STATS if src.exists(V2_EPISODES_STATS) else None
         tasks_file = V2_TASKS if src.exists(V2_TASKS) else None
-        data_path = check_template(info.get("data_path") or V2_DATA_PATH, DATA_FIELDS, "data_path")
-        video_path = info.get("video_path") or (V2_VIDEO_PATH if has_video else None)
-        if video_path is not None:
-            check_template(video_path, VIDEO_FIELDS_V2, "video_path")
+        data_path, video_path = v.data_path, v.video_path
         if not episode_files:
             notes.append(f"{src.path(V2_EPISODES)}: not found; the episodes view is empty")
     else:
         episode_files = tuple(src.glob(EPISODES_GLOB))
         stats_file = None
         tasks_file = V3_TASKS if src.exists(V3_TASKS) else None
-        data_path = check_template(info.get("data_path") or DEFAULT_DATA_PATH, DATA_FIELDS, "data_path")
-        video_path = info.get("video_path") or (DEFAULT_VIDEO_PATH if has_video else None)
-        if video_path is not None:
-            check_template(video_path, VIDEO_FIELDS_V3, "video_path")
+        data_path, video_path = v.data_path, v.video_path
         if not episode_files:
             notes.append(f"{src.path('meta/episodes')}: no episode metadata files ({EPISODES_GLOB}); "
                          "the episodes, episode_stats and videos views are empty")

@@ -126,18 +126,30 @@ class Source:
         """Every file a v3.x dataset's metadata names: meta/info.json, tasks, the meta/episodes files (followed
         from ``chunk-000/file-000`` until ``total_episodes`` are seen), and the data and video files they point to.
 
-        Used where the filesystem cannot list (HTTP). Raises MissingFileError if meta/info.json is missing.
+        Used where the filesystem cannot list (HTTP).
+
+        Raises:
+            MissingFileError: meta/info.json is missing.
+            DatasetFormatError: meta/info.json is refused (:func:`lerobot_sql.layout.check_info`), naming the key.
         """
         if "files" in self._listing:
             return self._listing["files"]
         import pyarrow.parquet as pq
 
+        from .layout import check_info  # layout imports us
+
+        where = self.path("meta/info.json")
         with self.open("meta/info.json") as f:
-            info = json.loads(f.read())
-        total = int(info.get("total_episodes") or 0)
-        per_chunk = int(info.get("chunks_size") or 1000)
+            raw = f.read()
+        try:
+            info = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DatasetFormatError(f"{where}: invalid JSON ({e}); restore the file from the dataset's source") from e
+        # The same validation as load_layout's, before any value is used (this runs before the layout exists).
+        checked = check_info(info, where)
+        total, per_chunk = checked.total_episodes, checked.chunks_size
         files = {"meta/info.json"}
-        v2 = str(info.get("codebase_version", "")).lstrip("v").startswith("2")
+        v2 = checked.legacy
         extras = ("meta/stats.json",) + (("meta/tasks.jsonl", "meta/episodes.jsonl", "meta/episodes_stats.jsonl")
                                          if v2 else ("meta/tasks.parquet",))
         # One round trip for all (each is a HEAD): the other version's files are not asked about at all.
@@ -145,15 +157,9 @@ class Source:
             found = list(pool.map(lambda rel: self.fs.exists(self.path(rel)), extras))
         files.update(rel for rel, ok in zip(extras, found) if ok)
         if v2:
-            self._listing["files"] = sorted(files | self._v2_files(info))
+            self._listing["files"] = sorted(files | self._v2_files(checked))
             return self._listing["files"]
-        from .layout import DATA_FIELDS, DEFAULT_DATA_PATH, VIDEO_FIELDS_V3, check_template  # layout imports us
-
-        # Validated before the first str.format: this runs before load_layout has checked info.json.
-        data_tmpl = check_template(info.get("data_path") or DEFAULT_DATA_PATH, DATA_FIELDS, "data_path")
-        video_tmpl = info.get("video_path")
-        if video_tmpl:
-            check_template(video_tmpl, VIDEO_FIELDS_V3, "video_path")
+        data_tmpl, video_tmpl = checked.data_path, checked.video_path
         chunk, file, seen = 0, 0, 0
         while True:
             rel = f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
@@ -182,21 +188,31 @@ class Source:
         self._listing["files"] = sorted(files)
         return self._listing["files"]
 
-    def _v2_files(self, info: dict) -> set[str]:
-        """Data and video files of a v2.x dataset: one per episode listed in meta/episodes.jsonl."""
-        per_chunk = int(info.get("chunks_size") or 1000)
-        keys = [k for k, f in (info.get("features") or {}).items() if isinstance(f, dict) and f.get("dtype") == "video"]
+    def _v2_files(self, info) -> set[str]:
+        """Data and video files of a v2.x dataset (``info``: its :class:`lerobot_sql.layout.CheckedInfo`): one per
+        episode listed in meta/episodes.jsonl."""
+        per_chunk = info.chunks_size
+        keys = [k for k, f in info.features.items() if f.is_video]
         out = set()
+        where = self.path("meta/episodes.jsonl")
+        eps = []
         with self.open("meta/episodes.jsonl") as f:
-            eps = [json.loads(line)["episode_index"] for line in f.read().decode().splitlines() if line.strip()]
-        from .layout import DATA_FIELDS, V2_DATA_PATH, V2_VIDEO_PATH, VIDEO_FIELDS_V2, check_template
-
-        data_tmpl = check_template(info.get("data_path") or V2_DATA_PATH, DATA_FIELDS, "data_path")
-        video_tmpl = check_template(info.get("video_path") or V2_VIDEO_PATH, VIDEO_FIELDS_V2, "video_path")
+            for n, line in enumerate(f.read().decode(errors="replace").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    ep = json.loads(line)["episode_index"]
+                    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 0:
+                        raise TypeError(ep)
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise DatasetFormatError(f"{where}:{n}: expected a JSON object with an integer episode_index "
+                                             f"({type(e).__name__}: {e}); restore the file") from e
+                eps.append(ep)
+        data_tmpl, video_tmpl = info.data_path, info.video_path
         for ep in eps:
             chunk = int(ep) // per_chunk
             out.add(data_tmpl.format(episode_chunk=chunk, episode_index=int(ep)))
-            for k in keys:
+            for k in keys if video_tmpl else ():
                 out.add(video_tmpl.format(episode_chunk=chunk, video_key=k, episode_index=int(ep)))
         return out
 
