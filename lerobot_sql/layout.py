@@ -221,7 +221,8 @@ def parse_template(template: Any, fields: set[str] | frozenset[str], where: str)
     return out
 
 
-def check_template(template: Any, fields: set[str] | frozenset[str], key: str, info_file: str = "meta/info.json") -> str:
+def check_template(template: Any, fields: set[str] | frozenset[str], key: str,
+                   info_file: str = "meta/info.json") -> str:
     """Validate info.json's path template ``key`` (``data_path`` / ``video_path``): a relative path under the
     dataset root, whatever the placeholders are filled with (see :func:`parse_template` and
     :func:`lerobot_sql.source.confine`).
@@ -268,35 +269,44 @@ def _parse_features(raw: Any, where: str) -> dict[str, Feature]:
         raise DatasetFormatError(f"{where}: 'features' is missing or empty; a LeRobot info.json lists every feature")
     out = {}
     for name, spec in raw.items():
-        if not isinstance(spec, dict) or "dtype" not in spec:
-            raise DatasetFormatError(f"{where}: feature {name!r} has no 'dtype'; each feature needs dtype and shape")
-        if not name or "\0" in name:
-            raise DatasetFormatError(f"{where}: feature name {name!r} is empty or holds a NUL character; rename it")
-        dtype = spec["dtype"]
-        if not isinstance(dtype, str) or dtype not in KNOWN_DTYPES:
-            raise DatasetFormatError(f"{where}: feature {name!r} has dtype {dtype!r}, which is not a LeRobot dtype; "
-                                     f"use one of {sorted(KNOWN_DTYPES)} in meta/info.json")
-        info = spec.get("info") or spec.get("video_info") or {}
-        if not isinstance(info, dict):
-            raise DatasetFormatError(f"{where}: feature {name!r}: 'info' must be an object, found {info!r}")
-        shape = spec.get("shape") or [1]
         try:
-            if not isinstance(shape, list):
-                raise ValueError(f"shape must be a list of integers like [6] or [480, 640, 3], found {shape!r}")
-            dims = tuple(_positive_int(s, "each dimension", MAX_DIM) for s in shape)
-            if _prod(dims) > MAX_ELEMENTS:
-                raise ValueError(f"shape {shape!r} has {_prod(dims):,} elements per frame, more than {MAX_ELEMENTS:,}")
-        except ValueError as e:
-            raise DatasetFormatError(f"{where}: feature {name!r}: {e}; fix its 'shape' in meta/info.json") from None
-        if dtype == "video":
-            # The key names a folder (videos/<key>/...): it must be one or more plain path segments.
-            segs = name.split("/")
-            if name.startswith("/") or any(seg in ("", ".", "..") for seg in segs):
-                raise DatasetFormatError(f"{where}: camera key {name!r} is not a usable folder name (it is absolute or "
-                                         "has an empty, '.' or '..' segment); rename the feature and its videos/ "
-                                         "folder")
-        out[name] = Feature(name, dtype, dims, spec.get("names"), dict(info))
+            out[name] = _parse_feature(name, spec, where)
+        except DatasetFormatError as e:
+            e.key = f"features[{name!r}]"
+            raise
     return out
+
+
+def _parse_feature(name: Any, spec: Any, where: str) -> Feature:
+    """One entry of info.json's ``features``, validated (see :func:`_parse_features`)."""
+    if not isinstance(spec, dict) or "dtype" not in spec:
+        raise DatasetFormatError(f"{where}: feature {name!r} has no 'dtype'; each feature needs dtype and shape")
+    if not name or "\0" in name:
+        raise DatasetFormatError(f"{where}: feature name {name!r} is empty or holds a NUL character; rename it")
+    dtype = spec["dtype"]
+    if not isinstance(dtype, str) or dtype not in KNOWN_DTYPES:
+        raise DatasetFormatError(f"{where}: feature {name!r} has dtype {dtype!r}, which is not a LeRobot dtype; "
+                                 f"use one of {sorted(KNOWN_DTYPES)} in meta/info.json")
+    info = spec.get("info") or spec.get("video_info") or {}
+    if not isinstance(info, dict):
+        raise DatasetFormatError(f"{where}: feature {name!r}: 'info' must be an object, found {info!r}")
+    shape = spec.get("shape") or [1]
+    try:
+        if not isinstance(shape, list):
+            raise ValueError(f"shape must be a list of integers like [6] or [480, 640, 3], found {shape!r}")
+        dims = tuple(_positive_int(s, "each dimension", MAX_DIM) for s in shape)
+        if _prod(dims) > MAX_ELEMENTS:
+            raise ValueError(f"shape {shape!r} has {_prod(dims):,} elements per frame, more than {MAX_ELEMENTS:,}")
+    except ValueError as e:
+        raise DatasetFormatError(f"{where}: feature {name!r}: {e}; fix its 'shape' in meta/info.json") from None
+    if dtype == "video":
+        # The key names a folder (videos/<key>/...): it must be one or more plain path segments.
+        segs = name.split("/")
+        if name.startswith("/") or any(seg in ("", ".", "..") for seg in segs):
+            raise DatasetFormatError(f"{where}: camera key {name!r} is not a usable folder name (it is absolute or "
+                                     "has an empty, '.' or '..' segment); rename the feature and its videos/ "
+                                     "folder")
+    return Feature(name, dtype, dims, spec.get("names"), dict(info))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,48 +343,65 @@ def check_info(info: Any, where: str) -> CheckedInfo:
         info: the parsed JSON. where: the file as the user should see it (``.../meta/info.json``).
 
     Raises:
-        DatasetFormatError: naming ``where``, the key (or feature) that is wrong, and the fix.
+        DatasetFormatError: naming ``where``, the key (or feature) that is wrong, and the fix; its ``key``
+            attribute is that key (``fps``, ``features['observation.state']``, ``data_path`` ...), for reports
+            (``lerobot-sql doctor``).
         UnsupportedVersionError: codebase_version is neither v2.x nor v3.x.
     """
-    if not isinstance(info, dict):
-        raise DatasetFormatError(f"{where}: expected a JSON object")
-    version = str(info.get("codebase_version", ""))
+    stage = "(the whole file)"  # the info.json key being checked: a refusal carries it as ``error.key``
     try:
-        major, _minor = parse_version(version)
-    except ValueError:
-        raise DatasetFormatError(f"{where}: codebase_version {version!r} is not a version like 'v3.0'") from None
-    if major not in (2, 3):
-        raise UnsupportedVersionError(f"{where}: codebase_version {version!r} is not supported: this reader handles "
-                                      "LeRobot formats v2.0, v2.1 and v3.x")
-    legacy = major == 2
-    fps = info.get("fps")
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or not 0 < fps <= MAX_FPS:
-        raise DatasetFormatError(f"{where}: 'fps' must be a positive finite number (at most {MAX_FPS:g}), found "
-                                 f"{fps!r}; set it to the recording rate (e.g. 30) in meta/info.json")
-    features = _parse_features(info.get("features"), where)
-    has_video = any(f.is_video for f in features.values())
-    chunks_size = info.get("chunks_size")
-    if chunks_size is None:
-        chunks_size = 1000  # lerobot's default
-    else:
+        if not isinstance(info, dict):
+            raise DatasetFormatError(f"{where}: expected a JSON object")
+        stage = "codebase_version"
+        version = str(info.get("codebase_version", ""))
         try:
-            chunks_size = _positive_int(chunks_size, "'chunks_size'", MAX_CHUNKS_SIZE)
-        except ValueError as e:
-            raise DatasetFormatError(f"{where}: {e}; lerobot writes 1000 (fix it in meta/info.json)") from None
-    total = info.get("total_episodes")
-    if total is None or total == 0 and not isinstance(total, bool):
-        total = 0
-    else:
-        try:
-            total = _positive_int(total, "'total_episodes'", MAX_CHUNKS_SIZE * MAX_CHUNKS_SIZE)
-        except ValueError as e:
-            raise DatasetFormatError(f"{where}: {e} (or 0); set it to the number of episodes in meta/episodes "
-                                     "(fix it in meta/info.json)") from None
-    data_default, video_default = (V2_DATA_PATH, V2_VIDEO_PATH) if legacy else (DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH)
-    data_path = check_template(info.get("data_path") or data_default, DATA_FIELDS, "data_path", where)
-    video_path = info.get("video_path") or (video_default if has_video else None)
-    if video_path is not None:
-        check_template(video_path, VIDEO_FIELDS_V2 if legacy else VIDEO_FIELDS_V3, "video_path", where)
+            major, _minor = parse_version(version)
+        except ValueError:
+            raise DatasetFormatError(f"{where}: codebase_version {version!r} is not a version like 'v3.0'") from None
+        if major not in (2, 3):
+            raise UnsupportedVersionError(f"{where}: codebase_version {version!r} is not supported: this reader "
+                                          "handles LeRobot formats v2.0, v2.1 and v3.x")
+        legacy = major == 2
+        stage = "fps"
+        fps = info.get("fps")
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) \
+                or not 0 < fps <= MAX_FPS:
+            raise DatasetFormatError(f"{where}: 'fps' must be a positive finite number (at most {MAX_FPS:g}), found "
+                                     f"{fps!r}; set it to the recording rate (e.g. 30) in meta/info.json")
+        stage = "features"
+        features = _parse_features(info.get("features"), where)
+        has_video = any(f.is_video for f in features.values())
+        stage = "chunks_size"
+        chunks_size = info.get("chunks_size")
+        if chunks_size is None:
+            chunks_size = 1000  # lerobot's default
+        else:
+            try:
+                chunks_size = _positive_int(chunks_size, "'chunks_size'", MAX_CHUNKS_SIZE)
+            except ValueError as e:
+                raise DatasetFormatError(f"{where}: {e}; lerobot writes 1000 (fix it in meta/info.json)") from None
+        stage = "total_episodes"
+        total = info.get("total_episodes")
+        if total is None or total == 0 and not isinstance(total, bool):
+            total = 0
+        else:
+            try:
+                total = _positive_int(total, "'total_episodes'", MAX_CHUNKS_SIZE * MAX_CHUNKS_SIZE)
+            except ValueError as e:
+                raise DatasetFormatError(f"{where}: {e} (or 0); set it to the number of episodes in meta/episodes "
+                                         "(fix it in meta/info.json)") from None
+        data_default, video_default = ((V2_DATA_PATH, V2_VIDEO_PATH) if legacy else
+                                       (DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH))
+        stage = "data_path"
+        data_path = check_template(info.get("data_path") or data_default, DATA_FIELDS, "data_path", where)
+        stage = "video_path"
+        video_path = info.get("video_path") or (video_default if has_video else None)
+        if video_path is not None:
+            check_template(video_path, VIDEO_FIELDS_V2 if legacy else VIDEO_FIELDS_V3, "video_path", where)
+    except DatasetFormatError as e:
+        if getattr(e, "key", None) is None:
+            e.key = stage
+        raise
     return CheckedInfo(version, legacy, float(fps), features, has_video, chunks_size, total, data_path, video_path)
 
 
