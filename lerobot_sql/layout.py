@@ -454,7 +454,7 @@ def load_layout(src: Source) -> Layout:
         notes.append(f"{src.path('data')}: no data files (data/*/*.parquet); this is a metadata-only copy, the "
                      "frames view is empty. Download data/ to read frames")
     if video_path is not None and has_video:
-        video_path = _find_video_dir(src, video_path, notes)
+        video_path = _find_video_dir(src, video_path, notes, VIDEO_FIELDS_V2 if legacy else VIDEO_FIELDS_V3, where)
     for n in notes:
         warnings.warn(n, stacklevel=4)  # the caller of lerobot_sql.connect()
     return Layout(
@@ -474,11 +474,16 @@ def load_layout(src: Source) -> Layout:
     )
 
 
-def _find_video_dir(src: Source, video_path: str, notes: list[str]) -> str:
+def _find_video_dir(src: Source, video_path: str, notes: list[str], fields: frozenset[str] = VIDEO_FIELDS_V3,
+                    where: str = "meta/info.json") -> str:
     """``video_path`` with its top folder replaced when that folder is absent but exactly one other top-level
     folder holds mp4 files (third-party writers put videos in ``video/`` while the template says ``videos/``).
 
-    Only the literal first path segment is compared, so this costs one or two listings, not one per file.
+    Only the literal first path segment is compared, so this costs one or two listings, not one per file. The
+    folder's name is data from a listing, not template text: its braces are escaped, and the rewritten template
+    goes through the same :func:`check_template` (and so :func:`lerobot_sql.source.confine`) as info.json's; a
+    name that fails it (a backslash, a NUL) is not used, with a note. A folder that is a symlink out of the
+    dataset is refused where its files are opened (:meth:`lerobot_sql.source.Source.check_link`).
     """
     top = video_path.split("/", 1)
     if len(top) != 2 or "{" in top[0]:
@@ -491,7 +496,16 @@ def _find_video_dir(src: Source, video_path: str, notes: list[str]) -> str:
         return video_path
     if len(candidates) != 1:
         return video_path
-    fixed = f"{candidates[0]}/{top[1]}"
-    notes.append(f"{src.path(top[0])}: not found, but {src.path(candidates[0])} holds mp4 files; reading videos "
+    folder = candidates[0]
+    fixed = f"{folder.replace('{', '{{').replace('}', '}}')}/{top[1]}"
+    try:
+        check_template(fixed, fields, "video_path", f"{where} (rewritten to the folder {folder!r} found under the "
+                                                    "root)")
+    except DatasetFormatError as e:
+        notes.append(f"{src.path(top[0])}: not found; {src.path(folder)} holds mp4 files but its name cannot be "
+                     f"used as a video folder ({e}); videos are read through info.json's video_path {video_path!r}. "
+                     "Rename the folder to match video_path")
+        return video_path
+    notes.append(f"{src.path(top[0])}: not found, but {src.path(folder)} holds mp4 files; reading videos "
                  f"through {fixed!r} instead of info.json's video_path {video_path!r}")
     return fixed

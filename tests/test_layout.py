@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pyarrow.parquet as pq
@@ -325,3 +326,36 @@ def test_http_root_with_a_valid_info_json_lists_its_files(datasets, tmp_path, mo
             assert db.source.listed_files() == local
             if n:
                 assert db.sql("SELECT count(*) FROM frames").fetchall() == [(n,)]
+
+
+@pytest.mark.parametrize("folder", ["vid{0}", "v{chunk_index.real}", "x}{", "clips%s", "{video_key}"])
+def test_a_video_folder_found_by_listing_is_data_not_template(datasets, tmp_path, folder):
+    """_find_video_dir puts the one top folder holding mp4s into the template: its braces are literal text."""
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    (root / "videos").rename(root / folder)
+    with pytest.warns(UserWarning, match="holds mp4 files; reading videos through"):
+        db = lsql.connect(root)
+    assert db.layout.video_path.startswith(folder.replace("{", "{{").replace("}", "}}") + "/{video_key}/")
+    sql = "SELECT index FROM frames WHERE episode_index IN (2, 9) ORDER BY index"
+    a, b = lsql.connect(datasets / "small20").dataset(sql), db.dataset(sql)
+    assert len(a) == len(b) == 495
+    from helpers import assert_items_equal
+
+    for i in (0, 247, 494):
+        assert_items_equal(b[i], a[i])
+    paths = sorted(r[0] for r in db.sql("SELECT DISTINCT path FROM videos").fetchall())
+    assert paths == [f"{folder}/observation.images.{c}/chunk-000/file-000.mp4" for c in ("front", "wrist")]
+
+
+@pytest.mark.parametrize("folder", ["vid\\eos", "~videos", "c:videos"])
+def test_a_video_folder_whose_name_is_no_template_is_not_used(datasets, tmp_path, folder):
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    (root / "videos").rename(root / folder)
+    with pytest.warns(UserWarning, match=r"cannot be used as a video folder .*meta/info.json \(rewritten to the "
+                                         rf"folder {re.escape(repr(folder))}"):
+        db = lsql.connect(root)
+    assert db.layout.video_path == _info(root)["video_path"]
+    with pytest.raises(lsql.MissingFileError):
+        db.dataset("SELECT index FROM frames WHERE episode_index = 2")[0]
