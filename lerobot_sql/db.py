@@ -289,8 +289,8 @@ class Database:
         targets, refused = self.source.symlink_targets()
         if refused:
             warnings.warn(f"{len(refused)} file(s) under the dataset root are symlinks to files outside it (e.g. "
-                          f"{refused[0]} -> {os.path.realpath(refused[0])}); SQL cannot read them. Copy the files "
-                          "into the dataset folder", stacklevel=4)
+                          f"{refused[0]} -> {os.path.realpath(refused[0])}); SQL, dataset() and export refuse to "
+                          "read them. Copy the files into the dataset folder", stacklevel=4)
         sandbox.lock_down(con, [self.source.duckdb_path(""), str(self.cache_dir)], allowed_paths=targets)
         return con
 
@@ -504,6 +504,15 @@ class Database:
         except duckdb.Error as e:
             raise unreadable_error(self.source, self.layout, e) from e
 
+    def _check_links(self) -> None:
+        """Refuse, with a DatasetFormatError naming file and target, a data or metadata file that is a symlink out
+        of the dataset (:meth:`lerobot_sql.source.Source.check_link`) before a manifest or an export reads it
+        (through DuckDB, whose sandbox would say only "Permission Error"). Each file is resolved once per process;
+        the mp4s are checked where they are opened (Source.local_path)."""
+        lay = self.layout
+        for rel in (*lay.data_files, *lay.episode_files, *(f for f in (lay.tasks_file, lay.episode_stats_file) if f)):
+            self.source.check_link(rel)
+
     def dataset(self, sql: str | os.PathLike | pa.Table | None = None, *, episodes: list[int] | None = None,
                 **kwargs: Any):
         """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
@@ -529,11 +538,14 @@ class Database:
 
         Raises:
             QueryError / ResultContractError: the SQL or its result is unusable.
+            DatasetFormatError: a data, metadata or video file is a symlink to a file outside the dataset root and
+                outside the hub cache's ``blobs/`` folder (see :meth:`lerobot_sql.source.Source.check_link`).
             ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid); both sql and episodes given.
             TypeError: ``episodes`` holds something other than integers.
         """
         from .dataset import LeRobotSQLDataset
 
+        self._check_links()
         if episodes is not None and sql is not None:
             raise ValueError("pass either sql or episodes, not both (a query can filter episodes itself)")
         if sql is None:
@@ -594,12 +606,14 @@ class Database:
         """Write the query's frames as a new LeRobot v3.0 dataset (see :func:`lerobot_sql.export.export_dataset`)."""
         from . import export
 
+        self._check_links()
         return export.export_dataset(self, sql, dest, **kwargs)
 
     def export_manifest(self, sql: str, path: str | os.PathLike, **kwargs: Any):
         """Write the query's manifest as Parquet (see :func:`lerobot_sql.export.export_manifest`)."""
         from . import export
 
+        self._check_links()
         return export.export_manifest(self, sql, path, **kwargs)
 
     def io_stats(self) -> dict[str, int]:

@@ -245,3 +245,82 @@ def test_a_hub_cache_snapshot_works_and_the_sandbox_still_confines(datasets, tmp
             db.con.sql(f"SELECT * FROM read_text('{path}')").fetchall()
     with pytest.raises(duckdb.PermissionException):
         db.con.sql(f"SELECT * FROM glob('{snap.parent.parent / 'blobs'}/*')").fetchall()
+
+
+# ---- Symlinks out of the dataset: the Python readers apply the SQL sandbox's rule ----------------------------------
+MP4 = "videos/observation.images.front/chunk-000/file-000.mp4"
+DATA = "data/chunk-000/file-000.parquet"
+
+
+def _link_out(snap: Path, rel: str, src_file: Path, outside: Path) -> Path:
+    """Replace the snapshot's symlink ``rel`` by one to a copy of ``src_file`` outside the dataset and its blobs."""
+    outside.mkdir(exist_ok=True)
+    target = outside / (rel.replace("/", "_"))
+    shutil.copy(src_file, target)
+    os.unlink(snap / rel)
+    os.symlink(target, snap / rel)
+    return target
+
+
+@pytest.mark.parametrize("rel", [MP4, DATA])
+def test_a_file_symlinked_out_of_the_dataset_is_never_served(datasets, tmp_path, rel):
+    orig = lsql.connect(datasets / "small20")
+    snap = _hub_snapshot(datasets / "small20", tmp_path / "hub")
+    good = lsql.connect(snap, cache_dir=tmp_path / "good_cache")  # the legit hub layout: exact items
+    sql = "SELECT index FROM frames WHERE episode_index IN (1, 4) ORDER BY index"
+    a, b = orig.dataset(sql), good.dataset(sql)
+    assert len(a) == len(b) == 404
+    for i in (0, 201, 403):
+        _assert_same_item(a[i], b[i], {}, "")
+    manifest = good.manifest(sql)
+    # Another dataset's file (same features, other codec or episodes) behind a symlink out of the dataset.
+    target = _link_out(snap, rel, datasets / ("h264_20" if rel == MP4 else "multifile60") / rel, tmp_path / "out")
+    with pytest.warns(UserWarning, match="symlinks to files outside"):
+        db = lsql.connect(snap, cache_dir=tmp_path / "bad_cache")
+        db.con
+    refused = rf"{snap / rel}: is a symlink to {target}, outside the dataset root"
+    makers = {"sql": lambda: db.dataset(sql), "all": lambda: db.dataset(), "manifest": lambda: db.dataset(manifest),
+              "episodes": lambda: db.dataset(episodes=[1]),
+              "export": lambda: db.export(sql, tmp_path / "exported", progress=False)}
+    if rel == DATA:  # a manifest names the mp4s without opening them; the data is read to build it
+        makers["export_manifest"] = lambda: db.export_manifest(sql, tmp_path / "m.parquet")
+    for what, make in makers.items():
+        with pytest.raises(lsql.DatasetFormatError, match=refused):
+            make()
+            pytest.fail(what)
+    assert not (tmp_path / "exported").exists() and not (tmp_path / "m.parquet").exists()
+    # Below db.dataset(): every reader of a file goes through the same check.
+    with pytest.raises(lsql.DatasetFormatError, match=refused):
+        db.source.open(rel)
+    with pytest.raises(lsql.DatasetFormatError, match=refused):
+        db.source.local_path(rel)
+    with pytest.raises(lsql.DatasetFormatError, match=refused):
+        db.source.identity(rel)
+    assert db.source.symlink_targets()[1] == [str(snap / rel)]
+
+
+def test_a_folder_symlinked_out_of_the_dataset_is_refused(datasets, tmp_path):
+    snap = _hub_snapshot(datasets / "small20", tmp_path / "hub")
+    folder = snap / "videos/observation.images.wrist"
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(datasets / "h264_20/videos/observation.images.wrist", outside)
+    shutil.rmtree(folder)
+    os.symlink(outside, folder)
+    db = lsql.connect(snap, cache_dir=tmp_path / "cache")
+    with pytest.raises(lsql.DatasetFormatError, match=rf"is a symlink to {outside}/chunk-000/file-000.mp4"):
+        db.dataset("SELECT index FROM frames WHERE episode_index = 2")
+    # Tabular items do not open the mp4s of a camera left out.
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index = 2", cameras=["observation.images.front"])
+    assert int(ds[0]["episode_index"]) == 2
+
+
+def test_symlinks_are_resolved_once_per_file_not_per_item(datasets, tmp_path, monkeypatch):
+    snap = _hub_snapshot(datasets / "small20", tmp_path / "hub")
+    ds = lsql.connect(snap, cache_dir=tmp_path / "cache").dataset("SELECT index FROM frames WHERE episode_index < 3")
+    ds[0]
+    calls = []
+    real = os.path.realpath
+    monkeypatch.setattr(os.path, "realpath", lambda p, *a, **k: calls.append(p) or real(p, *a, **k))
+    for i in range(0, len(ds), 7):
+        ds[i]
+    assert calls == []
