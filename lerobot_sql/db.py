@@ -137,9 +137,13 @@ class Result:
         with guard:
             try:
                 out = fn(*args, **kwargs)
-            except duckdb.Error as e:
+            except (duckdb.Error, RuntimeError) as e:
+                # An interrupt surfaces as duckdb.InterruptException or, when it lands in the result fetch of
+                # DuckDB's Python layer, as a bare RuntimeError("Query interrupted"): both are ours once we fired.
                 if getattr(guard, "reason", None):
                     raise guard.error(self._sql) from e
+                if not isinstance(e, duckdb.Error):
+                    raise
                 raise query_error(e, self._sql) from e
         return Result(out, self._sql, self._con, self._timeout) if isinstance(out, duckdb.DuckDBPyRelation) else out
 
