@@ -150,14 +150,41 @@ def read_tasks(src: Source, layout: Layout) -> pa.Table:
         if bad:
             raise DatasetFormatError(f"{src.path(V2_TASKS)}: every line needs an integer task_index and a string "
                                      f"task, found {bad[0]}")
-        return pa.table({"task_index": pa.array([r["task_index"] for r in rows], pa.int64()),
-                         "task": pa.array([r["task"] for r in rows], pa.string())})
+        return _unique_tasks(src.path(V2_TASKS), pa.table({
+            "task_index": pa.array([r["task_index"] for r in rows], pa.int64()),
+            "task": pa.array([r["task"] for r in rows], pa.string())}))
     idx_col, text_col = _tasks_text_column(src)
     with parquet_read_errors(src, layout.tasks_file), src.open(layout.tasks_file) as f:
         t = pq.ParquetFile(f).read(columns=[c for c in (idx_col, text_col) if c], use_threads=False)
     # No task_index column: lerobot resolves task_index positionally, so the row number is the index.
     idx = t[idx_col].cast(pa.int64()) if idx_col else pa.array(range(t.num_rows), pa.int64())
-    return pa.table({"task_index": idx, "task": t[text_col].cast(pa.string())})
+    return _unique_tasks(src.path(layout.tasks_file),
+                         pa.table({"task_index": idx, "task": t[text_col].cast(pa.string())}))
+
+
+def _unique_tasks(where: str, t: pa.Table) -> pa.Table:
+    """``t`` if it has one row per task, as lerobot writes it (a pandas frame indexed by the distinct task texts,
+    task_index 0..n-1). Two rows for one task_index would give items the last one's text and double every SQL
+    join with ``tasks``; two task_index values for one text make the text no key.
+
+    Raises:
+        DatasetFormatError: a NULL or repeated task_index, a NULL or repeated task text; names the file and value.
+    """
+    for col in ("task_index", "task"):
+        if t[col].null_count:
+            raise DatasetFormatError(f"{where}: a row has a NULL {col}; each row needs a task_index and its task "
+                                     "text. Restore the file from the dataset's source")
+        values = t[col].to_pylist()
+        seen: dict = {}
+        for i, v in enumerate(values):
+            j = seen.setdefault(v, i)
+            if j != i:
+                other = "task_index" if col == "task" else "task"
+                raise DatasetFormatError(
+                    f"{where}: {col} {v!r} is listed twice (rows {j} and {i}, {other} {t[other][j].as_py()!r} and "
+                    f"{t[other][i].as_py()!r}); lerobot writes one row per distinct task. Restore the file from the "
+                    "dataset's source")
+    return t
 
 
 def _v2_episodes(src: Source, layout: Layout) -> pa.Table:
