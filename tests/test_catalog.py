@@ -56,3 +56,54 @@ def test_a_task_listed_twice_is_refused(datasets, tmp_path, name, dup):
         db.sql("SELECT count(*) FROM frames f JOIN tasks t USING (task_index)").fetchall()
     with pytest.raises(lsql.DatasetFormatError, match=what):
         lsql.connect(root).dataset(episodes=[0], cameras=[])
+
+
+@pytest.mark.parametrize("col", ["filename", "file_row_number", "FILE_ROW_NUMBER"])
+def test_a_data_column_named_like_duckdbs_file_columns(datasets, tmp_path, col):
+    # _frames_loc asks read_parquet for the file name and row number columns; a data column of either name made
+    # connect report the files as corrupt ("re-download").
+    root = tmp_path / "vcol"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    f = root / "data/chunk-000/file-000.parquet"
+    t = pq.read_table(f)
+    n = t.num_rows
+    v = pa.array(["elsewhere.parquet"] * n) if col == "filename" else pa.array([min(i + 10, n - 1) for i in range(n)])
+    pq.write_table(t.append_column(col, v), f)
+    db = lsql.connect(root)
+    if col != "filename":
+        with pytest.raises(lsql.DatasetFormatError, match=rf"data column '{col}' has the name of DuckDB's row-number"):
+            db.sql("SELECT count(*) FROM frames").fetchall()
+        return
+    assert db.sql("SELECT data_file, row FROM _frames_loc WHERE index = 400").fetchall() == \
+        [("data/chunk-000/file-000.parquet", 400)]
+    assert db.sql("SELECT DISTINCT filename FROM frames").fetchall() == [("elsewhere.parquet",)]
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index = 1 ORDER BY index", cameras=[])
+    it = ds[0]
+    assert int(it["index"]) == 348 and float(it["action"][0]) == pytest.approx(t["action"][348].as_py()[0])
+
+
+def test_a_bool_episode_index_in_v21_episodes_jsonl_is_named(datasets, tmp_path):
+    root = tmp_path / "v21"
+    shutil.copytree(datasets / "v21_small20", root, ignore=shutil.ignore_patterns("videos"))
+    p = root / "meta/episodes.jsonl"
+    rows = [json.loads(line) for line in p.read_text().splitlines()]
+    rows[0]["episode_index"] = True
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(lsql.DatasetFormatError, match=r"meta/episodes\.jsonl: line 1 lacks an integer episode_index"):
+        lsql.connect(root).dataset(cameras=[])
+
+
+@pytest.mark.parametrize("kind", ["string", "struct"])
+def test_a_stats_column_that_is_not_numbers_is_left_out_with_a_warning(datasets, tmp_path, kind):
+    root = tmp_path / "stats"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    ep = root / "meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(ep)
+    arr = pa.array(["1e999x"] * t.num_rows) if kind == "string" else pa.array([{"a": 1}] * t.num_rows)
+    pq.write_table(t.append_column("stats/action/evil", arr), ep)
+    want = lsql.connect(datasets / "small20").sql(
+        "SELECT feature, stat, count(*) FROM episode_stats GROUP BY ALL ORDER BY ALL").fetchall()
+    with pytest.warns(UserWarning, match=r"1 stats column\(s\) are not numbers .* 'stats/action/evil'"):
+        db = lsql.connect(root)
+        got = db.sql("SELECT feature, stat, count(*) FROM episode_stats GROUP BY ALL ORDER BY ALL").fetchall()
+    assert got == want and len(want) > 10
