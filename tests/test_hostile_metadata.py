@@ -374,3 +374,21 @@ def test_element_names_never_take_another_columns_meaning(datasets, tmp_path):
                   ).fetchall() == [(4, 3)]
     with pytest.raises(lsql.QueryError, match="element_index: unknown feature/name"):
         db.sql("SELECT element_index('observation.state', 'x')").fetchall()
+
+
+def test_a_folder_symlinked_out_of_the_root_is_warned_about_at_connect(datasets, tmp_path):
+    # Files symlinked out were warned about; a symlinked folder was skipped silently (DuckDB still refuses it).
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    outside = tmp_path / "outside_private"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("TOPSECRET\n")
+    os.symlink(outside, root / "meta/extra")
+    os.symlink(root / "meta/episodes", root / "meta/alias")  # inside the root: no warning
+    with pytest.warns(UserWarning, match=rf"1 file\(s\) or folder\(s\) under the dataset root are symlinks to files "
+                                         rf"outside it \(e\.g\. {root}/meta/extra -> {outside}\)"):
+        db = lsql.connect(root)
+        assert db.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+    assert db.source.symlink_targets() == ([], [str(root / "meta/extra")])
+    with pytest.raises(Exception, match="Permission Error"):
+        db.con.sql(f"SELECT content FROM read_text('{root}/meta/extra/secret.txt')").fetchall()
