@@ -292,7 +292,7 @@ class Database:
         # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.
         targets, refused = self.source.symlink_targets()
         if refused:
-            warnings.warn(f"{len(refused)} file(s) under the dataset root are symlinks to files outside it (e.g. "
+            warnings.warn(f"{len(refused)} file(s) or folder(s) under the dataset root are symlinks to files outside it (e.g. "
                           f"{refused[0]} -> {os.path.realpath(refused[0])}); SQL, dataset() and export refuse to "
                           "read them. Copy the files into the dataset folder", stacklevel=4)
         sandbox.lock_down(con, [self.source.duckdb_path(""), str(self.cache_dir)], allowed_paths=targets)

@@ -264,16 +264,32 @@ def _positive_int(value: Any, what: str, hi: int) -> int:
     return value
 
 
+def sql_key(name: str) -> str:
+    """How DuckDB compares identifiers: ASCII letters case-insensitively, every other character as is (``"ACTION"``
+    and ``action`` are one column; ``"É"`` and ``"é"`` are two)."""
+    return "".join(c.lower() if c.isascii() else c for c in name)
+
+
 def _parse_features(raw: Any, where: str) -> dict[str, Feature]:
     if not isinstance(raw, dict) or not raw:
         raise DatasetFormatError(f"{where}: 'features' is missing or empty; a LeRobot info.json lists every feature")
-    out = {}
+    out: dict[str, Feature] = {}
+    seen: dict[str, str] = {}
     for name, spec in raw.items():
         try:
             out[name] = _parse_feature(name, spec, where)
         except DatasetFormatError as e:
             e.key = f"features[{name!r}]"
             raise
+        # DuckDB identifiers ignore ASCII case: `"ACTION"` would silently read `action`'s column (and the video
+        # pointers `videos/<key>/...` of a camera would be another camera's), so two such names are refused.
+        other = seen.setdefault(sql_key(name), name)
+        if other != name:
+            e = DatasetFormatError(f"{where}: features {other!r} and {name!r} differ only by letter case, which SQL "
+                                   "(DuckDB) cannot tell apart; rename one of them (its data column, and for a "
+                                   "camera its videos/ folder and meta/episodes columns)")
+            e.key = f"features[{name!r}]"
+            raise e
     return out
 
 

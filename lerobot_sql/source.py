@@ -306,6 +306,7 @@ class Source:
         :meth:`link_target` allows (inside the dataset root or the ``blobs`` folder of the hub-cache repo holding
         the root) are allowed; a symlink to anything else (``/etc/passwd``, another folder) is ``refused`` (its
         path under the root) and stays unreadable to SQL, as :meth:`check_link` keeps it from the Python readers.
+        A symlinked folder is never allowed (its files are not listed); one that points outside is ``refused``.
         Remote roots: ([], []). One walk of the root (a stat per entry), at connection time only.
         """
         if not self.is_local:
@@ -318,7 +319,11 @@ class Source:
                     continue
                 target, ok = self.link_target(p)
                 if not os.path.isfile(target):
-                    continue  # a symlinked folder: os.walk does not enter it, and DuckDB lists it as a path
+                    # A symlinked folder: os.walk does not enter it and DuckDB lists it as a path (so it is never
+                    # allowed); one pointing outside is reported like a file, since SQL and the readers refuse it.
+                    if not ok and os.path.isdir(target):
+                        refused.append(p)
+                    continue
                 if ok:
                     allowed.append(target)
                 else:

@@ -324,3 +324,71 @@ def test_symlinks_are_resolved_once_per_file_not_per_item(datasets, tmp_path, mo
     for i in range(0, len(ds), 7):
         ds[i]
     assert calls == []
+
+
+def _edit_info(root: Path, fn) -> None:
+    p = root / "meta/info.json"
+    info = json.loads(p.read_text())
+    fn(info)
+    p.write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("twin", ["action", "observation.images.front"])
+def test_feature_names_differing_only_by_case_are_refused(datasets, tmp_path, twin):
+    # DuckDB identifiers ignore ASCII case: `"ACTION"[1]` read action's values, and camera FRONT's meta/episodes
+    # pointers (videos/<key>/file_index) resolved to camera front's.
+    root = tmp_path / "case"
+    shutil.copytree(datasets / "small20", root)
+    upper = twin.upper() if twin == "action" else "observation.images.FRONT"
+    if twin == "action":
+        f = root / "data/chunk-000/file-000.parquet"
+        t = pq.read_table(f)
+        neg = pa.compute.negate(t["action"].combine_chunks().flatten())
+        pq.write_table(t.append_column(upper, pa.FixedSizeListArray.from_arrays(neg, 6)), f)
+    _edit_info(root, lambda j: j["features"].__setitem__(upper, dict(j["features"][twin])))
+    with pytest.raises(lsql.DatasetFormatError, match=rf"features '{twin}' and '{upper}' differ only by letter case"):
+        lsql.connect(root)
+
+
+def test_element_names_never_take_another_columns_meaning(datasets, tmp_path):
+    root = tmp_path / "names"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    names = {"observation.state": ["delta", "velocity", "A", "a", "x", "x"],
+             "action": ["Speed", "b", "c", "d", "e", "f"]}
+    _edit_info(root, lambda j: [j["features"][k].__setitem__("names", v) for k, v in names.items()])
+    with pytest.warns(UserWarning, match=r"frames_ext: 7 column name\(s\) .*'observation.state.A' is claimed by "
+                                         r"element 3 of 'observation.state' and element 4"):
+        db = lsql.connect(root)
+        cols = db.sql("SELECT * FROM frames_ext LIMIT 0").columns
+    state = [c for c in cols if c.startswith("observation.state.")]
+    assert state == ["observation.state.delta", "observation.state.velocity", "observation.state.speed"]
+    assert "action.Speed" not in cols and "action.speed" in cols and "action.b" in cols
+    # The derived columns keep their documented meaning (F[t] - F[t-1]), not element 1's value.
+    got = db.sql('SELECT "observation.state.delta", "action.b", action[2] FROM frames_ext ORDER BY index '
+                 'LIMIT 1 OFFSET 1').fetchall()[0]
+    s = db.sql('SELECT "observation.state" FROM frames ORDER BY index LIMIT 2').fetchall()
+    assert got[0] == pytest.approx([b - a for a, b in zip(s[0][0], s[1][0])]) and got[1] == got[2]
+    with pytest.raises(lsql.QueryError):
+        db.sql('SELECT "observation.state.a" FROM frames_ext').fetchall()
+    assert db.sql("SELECT element_index('observation.state', 'a'), element_index('observation.state', 'A')"
+                  ).fetchall() == [(4, 3)]
+    with pytest.raises(lsql.QueryError, match="element_index: unknown feature/name"):
+        db.sql("SELECT element_index('observation.state', 'x')").fetchall()
+
+
+def test_a_folder_symlinked_out_of_the_root_is_warned_about_at_connect(datasets, tmp_path):
+    # Files symlinked out were warned about; a symlinked folder was skipped silently (DuckDB still refuses it).
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    outside = tmp_path / "outside_private"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("TOPSECRET\n")
+    os.symlink(outside, root / "meta/extra")
+    os.symlink(root / "meta/episodes", root / "meta/alias")  # inside the root: no warning
+    with pytest.warns(UserWarning, match=rf"1 file\(s\) or folder\(s\) under the dataset root are symlinks to files "
+                                         rf"outside it \(e\.g\. {root}/meta/extra -> {outside}\)"):
+        db = lsql.connect(root)
+        assert db.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+    assert db.source.symlink_targets() == ([], [str(root / "meta/extra")])
+    with pytest.raises(Exception, match="Permission Error"):
+        db.con.sql(f"SELECT content FROM read_text('{root}/meta/extra/secret.txt')").fetchall()
