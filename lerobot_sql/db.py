@@ -62,6 +62,17 @@ class _Interruptible:
     ``con.interrupt()``, which stops DuckDB within milliseconds (Python's own SIGINT handling waits for the query to
     end, which may be never). The connection stays usable afterwards.
 
+    The timeout has two clocks. A ``threading.Timer`` works on any thread but needs the GIL to run its callback. On
+    the main thread, when nobody else uses SIGALRM (pytest-timeout's signal method does; then only the Timer runs),
+    an interval timer (``setitimer(ITIMER_REAL)``) also fires, every second after ``timeout``: DuckDB's Python layer
+    calls ``PyErr_CheckSignals`` between execution tasks, so the handler runs on the query's own thread and calls
+    ``con.interrupt()`` even when the Timer thread cannot get the GIL.
+
+    What neither bounds: DuckDB checks the interrupt flag only between chunks of work, so one value that takes long
+    to build (``printf('%01000000000d', 1)``, measured: interrupted 1 s in, ended 3.8 s in) runs to its end; the
+    query checks refuse such values before the query runs (``query.MAX_GENERATED``). A Python callback of the
+    query's (the fsspec filesystem of a remote root) blocked in I/O returns first.
+
     After the block: ``reason`` is None, ``"timeout"`` or ``"sigint"``. A Ctrl-C that arrives just as the query ends
     is not lost: it is raised as KeyboardInterrupt.
     """
@@ -70,6 +81,7 @@ class _Interruptible:
         self.con, self.timeout, self.reason = con, timeout, None
         self._timer: threading.Timer | None = None
         self._old_handler = None
+        self._old_alarm = None
 
     def _fire(self, reason: str) -> None:
         if self.reason is None:
@@ -84,15 +96,24 @@ class _Interruptible:
             self._timer = threading.Timer(self.timeout, self._fire, ("timeout",))
             self._timer.daemon = True
             self._timer.start()
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             # Only Python's default handler is replaced: a handler the application installed is left alone.
             self._old_handler = signal.signal(signal.SIGINT, lambda signum, frame: self._fire("sigint"))
+        if self.timeout is not None and main and hasattr(signal, "setitimer") and \
+                signal.getsignal(signal.SIGALRM) == signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
+            # SIGALRM unclaimed (default action, no alarm pending): ours for the block, every second after timeout
+            # in case one interrupt lands before DuckDB's next task.
+            self._old_alarm = signal.signal(signal.SIGALRM, lambda signum, frame: self._fire("timeout"))
+            signal.setitimer(signal.ITIMER_REAL, self.timeout, 1.0)
         return self
 
     def __exit__(self, typ, exc, tb) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self._old_alarm is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # first stop the clock, then give SIGALRM back
+            signal.signal(signal.SIGALRM, self._old_alarm)
         if self._old_handler is not None:
             signal.signal(signal.SIGINT, self._old_handler)
         if typ is None and self.reason == "sigint":
@@ -118,8 +139,14 @@ def _check_timeout(timeout: float | None) -> float | None:
 
 
 class Result:
-    """A lazy query result over a DuckDB relation. DuckDB errors, also those raised while fetching, arrive as
-    :class:`QueryError` naming the SQL. Any other relation method is forwarded (``.limit(5)``, ``.columns`` ...).
+    """A lazy, read-only query result over a DuckDB relation. DuckDB errors, also those raised while fetching,
+    arrive as :class:`QueryError` naming the SQL.
+
+    Only reading methods are offered (``READ_METHODS``, ``READ_ATTRIBUTES``, ``.limit(n, offset)`` with integers):
+    a DuckDB relation's other methods take SQL text that the query checks never see (``.query(name, sql)`` runs any
+    statement, ``.filter(str)`` / ``.project(str)`` / ``.order(str)`` / ``.aggregate(str)`` take expressions) or
+    write files (``.write_csv``, ``.to_parquet``); they raise AttributeError saying to pass the whole query to
+    ``Database.sql`` instead.
 
     Every call that runs the query can be stopped: after ``timeout`` seconds (given to ``Database.sql``) and, on the
     main thread, by Ctrl-C; both raise QueryError (with ``.interrupted`` set to ``"timeout"`` or ``"sigint"``).
@@ -158,7 +185,42 @@ class Result:
     def fetchall(self) -> list[tuple]:
         return self._call(self._rel.fetchall)
 
+    # Relation methods that only run the query and hand back its rows (or print them), forwarded as they are.
+    # (DuckDB 2.x dropped fetchone/fetchmany from relations: forwarded, DuckDB's own error says what to use.)
+    READ_METHODS = frozenset({"fetchall", "fetchone", "fetchmany", "fetchnumpy", "fetchdf", "to_df", "pl",
+                              "to_arrow_table", "fetch_arrow_table", "fetch_record_batch", "fetch_arrow_reader",
+                              "to_arrow_reader", "show"})
+    # Attributes that describe the result without running SQL of the caller's.
+    READ_ATTRIBUTES = frozenset({"columns", "types", "dtypes", "description", "shape", "alias", "type"})
+
+    def limit(self, n: int, offset: int = 0) -> "Result":
+        """The first ``n`` rows after ``offset`` (integers), as a Result.
+
+        Raises:
+            TypeError: ``n`` or ``offset`` is not an integer (DuckDB's relation would take SQL text here).
+        """
+        import operator
+
+        try:
+            n, offset = operator.index(n), operator.index(offset)
+        except TypeError:
+            raise TypeError(f"limit({n!r}, {offset!r}): give integers; for other row selections put LIMIT / "
+                            "OFFSET / WHERE in the query passed to db.sql") from None
+        if isinstance(n, bool) or isinstance(offset, bool) or n < 0 or offset < 0:
+            raise TypeError(f"limit({n!r}, {offset!r}): give non-negative integers")
+        return self._call(self._rel.limit, n, offset)
+
+    def __len__(self) -> int:
+        return self._call(len, self._rel)
+
     def __getattr__(self, name: str):
+        if name.startswith("__") or (name not in self.READ_METHODS and name not in self.READ_ATTRIBUTES):
+            raise AttributeError(
+                f"Result has no {name!r}: results of db.sql are read-only and take no further SQL text (a DuckDB "
+                f"relation's .query/.filter/.project/.order/.aggregate would run SQL the checks never see, "
+                f".write_csv/.to_parquet would write files). Put the whole query in db.sql(...); write data out with "
+                f"db.export() / db.export_manifest(), or fetch it (.arrow(), .df()) and write that. Available: "
+                f"{sorted(self.READ_METHODS | self.READ_ATTRIBUTES | {'arrow', 'df', 'limit'})}")
         attr = getattr(self._rel, name)
         return (lambda *a, **k: self._call(attr, *a, **k)) if callable(attr) else attr
 
