@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import warnings
 
 import duckdb
 import pyarrow as pa
@@ -22,7 +23,7 @@ import pyarrow.parquet as pq
 
 from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError
 from . import video
-from .layout import Layout, V2_TASKS, check_stored_type, parse_template
+from .layout import Layout, V2_TASKS, check_stored_type, parse_template, sql_key
 from .source import Source
 from .sqltext import ident, literal, number
 
@@ -51,6 +52,11 @@ VIDEO_FILES_EMPTY = _empty_view((f.name, f.type) for f in video.PROBE_SCHEMA)
 # Every metadata string reaches SQL through lerobot_sql.sqltext; these names stay for the modules importing them.
 q = ident
 lit = literal
+
+
+# DuckDB types a stats column may have (per element): numbers and booleans cast to DOUBLE.
+_STATS_TYPES = {"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+                "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE"}
 
 
 def _file_list(src: Source, files) -> str:
@@ -162,18 +168,46 @@ def read_tasks(src: Source, layout: Layout) -> pa.Table:
         return pa.table({"task_index": pa.array([], pa.int64()), "task": pa.array([], pa.string())})
     if layout.tasks_file == V2_TASKS:
         rows = _read_jsonl(src, V2_TASKS)
-        bad = [r for r in rows if not isinstance(r.get("task_index"), int) or not isinstance(r.get("task"), str)]
+        bad = [r for r in rows if not isinstance(r.get("task_index"), int) or isinstance(r.get("task_index"), bool)
+               or not isinstance(r.get("task"), str)]
         if bad:
             raise DatasetFormatError(f"{src.path(V2_TASKS)}: every line needs an integer task_index and a string "
                                      f"task, found {bad[0]}")
-        return pa.table({"task_index": pa.array([r["task_index"] for r in rows], pa.int64()),
-                         "task": pa.array([r["task"] for r in rows], pa.string())})
+        return _unique_tasks(src.path(V2_TASKS), pa.table({
+            "task_index": pa.array([r["task_index"] for r in rows], pa.int64()),
+            "task": pa.array([r["task"] for r in rows], pa.string())}))
     idx_col, text_col = _tasks_text_column(src)
     with parquet_read_errors(src, layout.tasks_file), src.open(layout.tasks_file) as f:
         t = pq.ParquetFile(f).read(columns=[c for c in (idx_col, text_col) if c], use_threads=False)
     # No task_index column: lerobot resolves task_index positionally, so the row number is the index.
     idx = t[idx_col].cast(pa.int64()) if idx_col else pa.array(range(t.num_rows), pa.int64())
-    return pa.table({"task_index": idx, "task": t[text_col].cast(pa.string())})
+    return _unique_tasks(src.path(layout.tasks_file),
+                         pa.table({"task_index": idx, "task": t[text_col].cast(pa.string())}))
+
+
+def _unique_tasks(where: str, t: pa.Table) -> pa.Table:
+    """``t`` if it has one row per task, as lerobot writes it (a pandas frame indexed by the distinct task texts,
+    task_index 0..n-1). Two rows for one task_index would give items the last one's text and double every SQL
+    join with ``tasks``; two task_index values for one text make the text no key.
+
+    Raises:
+        DatasetFormatError: a NULL or repeated task_index, a NULL or repeated task text; names the file and value.
+    """
+    for col in ("task_index", "task"):
+        if t[col].null_count:
+            raise DatasetFormatError(f"{where}: a row has a NULL {col}; each row needs a task_index and its task "
+                                     "text. Restore the file from the dataset's source")
+        values = t[col].to_pylist()
+        seen: dict = {}
+        for i, v in enumerate(values):
+            j = seen.setdefault(v, i)
+            if j != i:
+                other = "task_index" if col == "task" else "task"
+                raise DatasetFormatError(
+                    f"{where}: {col} {v!r} is listed twice (rows {j} and {i}, {other} {t[other][j].as_py()!r} and "
+                    f"{t[other][i].as_py()!r}); lerobot writes one row per distinct task. Restore the file from the "
+                    "dataset's source")
+    return t
 
 
 def v2_episodes(src: Source, layout: Layout) -> pa.Table:
@@ -181,7 +215,8 @@ def v2_episodes(src: Source, layout: Layout) -> pa.Table:
     rel = layout.episode_files[0]
     rows = _read_jsonl(src, rel)
     for n, r in enumerate(rows):
-        if not isinstance(r.get("episode_index"), int) or not isinstance(r.get("length"), int):
+        # bool is an int subclass in Python, but not to pyarrow: `true` must be refused here, naming the line.
+        if any(not isinstance(r.get(k), int) or isinstance(r.get(k), bool) for k in ("episode_index", "length")):
             raise DatasetFormatError(f"{src.path(rel)}: line {n + 1} lacks an integer episode_index or length: {r}")
     # lerobot v2.1 sorts episodes by episode_index and derives each episode's index range from cumulative lengths.
     rows.sort(key=lambda r: r["episode_index"])
@@ -315,10 +350,16 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
     dur = f", length / {number(fps)} AS duration_s" if "length" in ep_cols else ""
     con.execute(f"CREATE OR REPLACE VIEW episodes AS SELECT {', '.join(map(q, plain))}{dur} FROM _episodes_raw")
 
-    cols, names = [], []
+    cols, names, skipped = [], [], []
     for c, typ in ep_cols.items():
         m = re.fullmatch(r"stats/(.+)/([^/]+)", c, re.DOTALL)  # a feature name may hold a newline
         if not m:
+            continue
+        # A stats column of text or structs cannot become DOUBLE[]: the cast would fail every query of the view
+        # with an error that blames the user's SQL. Such a column is left out of episode_stats, with a warning.
+        base = re.sub(r"(\[\d*\])+$", "", typ)
+        if base not in _STATS_TYPES and not base.startswith("DECIMAL"):
+            skipped.append(f"{c!r} ({typ})")
             continue
         depth = typ.count("[]")
         expr = ident(c)
@@ -339,6 +380,10 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
         body = ("SELECT NULL::BIGINT AS episode_index, NULL::VARCHAR AS feature, NULL::VARCHAR AS stat, "
                 "NULL::DOUBLE[] AS value WHERE false")
     con.execute(f"CREATE OR REPLACE VIEW episode_stats AS {body}")
+    if skipped:
+        warnings.warn(f"meta/episodes: {len(skipped)} stats column(s) are not numbers and are left out of "
+                      f"episode_stats: {', '.join(skipped[:5])}; they stay in the meta/episodes files "
+                      "(restore meta/episodes from the dataset's source to have them back)", stacklevel=3)
 
     if layout.data_files:
         data_src = f"read_parquet({_file_list(src, layout.data_files)}, union_by_name=true"
@@ -360,10 +405,23 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
         con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {data_src})")
         prefix = src.duckdb_path("")
         task_col = ", task_index" if "task_index" in data_cols else ", 0::BIGINT AS task_index"
+        # Each frame's file and row come from DuckDB's own columns, which a data column of the same name (compared
+        # as DuckDB does, ignoring ASCII case) would clash with. The file name column can be renamed; the row
+        # number cannot (DuckDB 2.0 has no such option), so a data column named like it is refused.
+        keys = {sql_key(c) for c in data_cols}
+        if "file_row_number" in keys:
+            col = next(c for c in data_cols if sql_key(c) == "file_row_number")
+            raise DatasetFormatError(
+                f"{src.path(layout.data_files[0])}: the data column {col!r} has the name of DuckDB's row-number "
+                "column, which lerobot_sql needs to locate each frame's row; it is not a LeRobot feature: rename or "
+                "drop it in the data files")
+        fname = "_lsql_data_file"
+        while sql_key(fname) in keys:
+            fname += "_"
         con.execute(
             "CREATE OR REPLACE VIEW _frames_loc AS SELECT index, episode_index, frame_index, timestamp"
-            f"{task_col}, substr(filename, {len(prefix) + 1}) AS data_file, file_row_number AS row "
-            f"FROM {data_src}, filename=true, file_row_number=true)"
+            f"{task_col}, substr({ident(fname)}, {len(prefix) + 1}) AS data_file, file_row_number AS row "
+            f"FROM {data_src}, filename={literal(fname)}, file_row_number=true)"
         )
     else:
         con.execute(f"CREATE OR REPLACE VIEW frames AS {_empty_frames_sql(layout)}")

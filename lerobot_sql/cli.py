@@ -241,8 +241,14 @@ def cmd_index(args) -> int:
 def cmd_doctor(args) -> int:
     from . import doctor
 
-    db = _connect(args)
-    report = doctor.run(db, tolerance_s=args.tolerance_s, check_video=not args.no_video)
+    from .errors import DatasetFormatError
+
+    try:
+        db = _connect(args)
+    except DatasetFormatError as e:  # info.json refused at connect: a failed check with the key, not a traceback
+        report = doctor.refused_report(args.dataset, e, tolerance_s=args.tolerance_s)
+    else:
+        report = doctor.run(db, tolerance_s=args.tolerance_s, check_video=not args.no_video)
     print(report.to_json() if args.json else report.to_text())
     return 0 if report.ok else 1
 

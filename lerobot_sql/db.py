@@ -56,6 +56,17 @@ class _Interruptible:
     ``con.interrupt()``, which stops DuckDB within milliseconds (Python's own SIGINT handling waits for the query to
     end, which may be never). The connection stays usable afterwards.
 
+    The timeout has two clocks. A ``threading.Timer`` works on any thread but needs the GIL to run its callback. On
+    the main thread, when nobody else uses SIGALRM (pytest-timeout's signal method does; then only the Timer runs),
+    an interval timer (``setitimer(ITIMER_REAL)``) also fires, every second after ``timeout``: DuckDB's Python layer
+    calls ``PyErr_CheckSignals`` between execution tasks, so the handler runs on the query's own thread and calls
+    ``con.interrupt()`` even when the Timer thread cannot get the GIL.
+
+    What neither bounds: DuckDB checks the interrupt flag only between chunks of work, so one value that takes long
+    to build (``printf('%01000000000d', 1)``, measured: interrupted 1 s in, ended 3.8 s in) runs to its end; the
+    query checks refuse such values before the query runs (``query.MAX_GENERATED``). A Python callback of the
+    query's (the fsspec filesystem of a remote root) blocked in I/O returns first.
+
     After the block: ``reason`` is None, ``"timeout"`` or ``"sigint"``. A Ctrl-C that arrives just as the query ends
     is not lost: it is raised as KeyboardInterrupt.
     """
@@ -64,6 +75,7 @@ class _Interruptible:
         self.con, self.timeout, self.reason = con, timeout, None
         self._timer: threading.Timer | None = None
         self._old_handler = None
+        self._old_alarm = None
 
     def _fire(self, reason: str) -> None:
         if self.reason is None:
@@ -78,15 +90,24 @@ class _Interruptible:
             self._timer = threading.Timer(self.timeout, self._fire, ("timeout",))
             self._timer.daemon = True
             self._timer.start()
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             # Only Python's default handler is replaced: a handler the application installed is left alone.
             self._old_handler = signal.signal(signal.SIGINT, lambda signum, frame: self._fire("sigint"))
+        if self.timeout is not None and main and hasattr(signal, "setitimer") and \
+                signal.getsignal(signal.SIGALRM) == signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
+            # SIGALRM unclaimed (default action, no alarm pending): ours for the block, every second after timeout
+            # in case one interrupt lands before DuckDB's next task.
+            self._old_alarm = signal.signal(signal.SIGALRM, lambda signum, frame: self._fire("timeout"))
+            signal.setitimer(signal.ITIMER_REAL, self.timeout, 1.0)
         return self
 
     def __exit__(self, typ, exc, tb) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self._old_alarm is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # first stop the clock, then give SIGALRM back
+            signal.signal(signal.SIGALRM, self._old_alarm)
         if self._old_handler is not None:
             signal.signal(signal.SIGINT, self._old_handler)
         if typ is None and self.reason == "sigint":
@@ -112,8 +133,14 @@ def _check_timeout(timeout: float | None) -> float | None:
 
 
 class Result:
-    """A lazy query result over a DuckDB relation. DuckDB errors, also those raised while fetching, arrive as
-    :class:`QueryError` naming the SQL. Any other relation method is forwarded (``.limit(5)``, ``.columns`` ...).
+    """A lazy, read-only query result over a DuckDB relation. DuckDB errors, also those raised while fetching,
+    arrive as :class:`QueryError` naming the SQL.
+
+    Only reading methods are offered (``READ_METHODS``, ``READ_ATTRIBUTES``, ``.limit(n, offset)`` with integers):
+    a DuckDB relation's other methods take SQL text that the query checks never see (``.query(name, sql)`` runs any
+    statement, ``.filter(str)`` / ``.project(str)`` / ``.order(str)`` / ``.aggregate(str)`` take expressions) or
+    write files (``.write_csv``, ``.to_parquet``); they raise AttributeError saying to pass the whole query to
+    ``Database.sql`` instead.
 
     Every call that runs the query can be stopped: after ``timeout`` seconds (given to ``Database.sql``) and, on the
     main thread, by Ctrl-C; both raise QueryError (with ``.interrupted`` set to ``"timeout"`` or ``"sigint"``).
@@ -131,9 +158,13 @@ class Result:
         with guard:
             try:
                 out = fn(*args, **kwargs)
-            except duckdb.Error as e:
+            except (duckdb.Error, RuntimeError) as e:
+                # An interrupt surfaces as duckdb.InterruptException or, when it lands in the result fetch of
+                # DuckDB's Python layer, as a bare RuntimeError("Query interrupted"): both are ours once we fired.
                 if getattr(guard, "reason", None):
                     raise guard.error(self._sql) from e
+                if not isinstance(e, duckdb.Error):
+                    raise
                 raise query_error(e, self._sql) from e
         return Result(out, self._sql, self._con, self._timeout) if isinstance(out, duckdb.DuckDBPyRelation) else out
 
@@ -148,7 +179,42 @@ class Result:
     def fetchall(self) -> list[tuple]:
         return self._call(self._rel.fetchall)
 
+    # Relation methods that only run the query and hand back its rows (or print them), forwarded as they are.
+    # (DuckDB 2.x dropped fetchone/fetchmany from relations: forwarded, DuckDB's own error says what to use.)
+    READ_METHODS = frozenset({"fetchall", "fetchone", "fetchmany", "fetchnumpy", "fetchdf", "to_df", "pl",
+                              "to_arrow_table", "fetch_arrow_table", "fetch_record_batch", "fetch_arrow_reader",
+                              "to_arrow_reader", "show"})
+    # Attributes that describe the result without running SQL of the caller's.
+    READ_ATTRIBUTES = frozenset({"columns", "types", "dtypes", "description", "shape", "alias", "type"})
+
+    def limit(self, n: int, offset: int = 0) -> "Result":
+        """The first ``n`` rows after ``offset`` (integers), as a Result.
+
+        Raises:
+            TypeError: ``n`` or ``offset`` is not an integer (DuckDB's relation would take SQL text here).
+        """
+        import operator
+
+        try:
+            n, offset = operator.index(n), operator.index(offset)
+        except TypeError:
+            raise TypeError(f"limit({n!r}, {offset!r}): give integers; for other row selections put LIMIT / "
+                            "OFFSET / WHERE in the query passed to db.sql") from None
+        if isinstance(n, bool) or isinstance(offset, bool) or n < 0 or offset < 0:
+            raise TypeError(f"limit({n!r}, {offset!r}): give non-negative integers")
+        return self._call(self._rel.limit, n, offset)
+
+    def __len__(self) -> int:
+        return self._call(len, self._rel)
+
     def __getattr__(self, name: str):
+        if name.startswith("__") or (name not in self.READ_METHODS and name not in self.READ_ATTRIBUTES):
+            raise AttributeError(
+                f"Result has no {name!r}: results of db.sql are read-only and take no further SQL text (a DuckDB "
+                f"relation's .query/.filter/.project/.order/.aggregate would run SQL the checks never see, "
+                f".write_csv/.to_parquet would write files). Put the whole query in db.sql(...); write data out with "
+                f"db.export() / db.export_manifest(), or fetch it (.arrow(), .df()) and write that. Available: "
+                f"{sorted(self.READ_METHODS | self.READ_ATTRIBUTES | {'arrow', 'df', 'limit'})}")
         attr = getattr(self._rel, name)
         return (lambda *a, **k: self._call(attr, *a, **k)) if callable(attr) else attr
 
@@ -279,9 +345,9 @@ class Database:
         # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.
         targets, refused = self.source.symlink_targets()
         if refused:
-            warnings.warn(f"{len(refused)} file(s) under the dataset root are symlinks to files outside it (e.g. "
-                          f"{refused[0]} -> {os.path.realpath(refused[0])}); SQL cannot read them. Copy the files "
-                          "into the dataset folder", stacklevel=4)
+            warnings.warn(f"{len(refused)} file(s) or folder(s) under the dataset root are symlinks to files outside it (e.g. "
+                          f"{refused[0]} -> {os.path.realpath(refused[0])}); SQL, dataset() and export refuse to "
+                          "read them. Copy the files into the dataset folder", stacklevel=4)
         sandbox.lock_down(con, [self.source.duckdb_path(""), str(self.cache_dir)], allowed_paths=targets)
         return con
 
@@ -493,6 +559,15 @@ class Database:
         except duckdb.Error as e:
             raise unreadable_error(self.source, self.layout, e) from e
 
+    def _check_links(self) -> None:
+        """Refuse, with a DatasetFormatError naming file and target, a data or metadata file that is a symlink out
+        of the dataset (:meth:`lerobot_sql.source.Source.check_link`) before a manifest or an export reads it
+        (through DuckDB, whose sandbox would say only "Permission Error"). Each file is resolved once per process;
+        the mp4s are checked where they are opened (Source.local_path)."""
+        lay = self.layout
+        for rel in (*lay.data_files, *lay.episode_files, *(f for f in (lay.tasks_file, lay.episode_stats_file) if f)):
+            self.source.check_link(rel)
+
     def dataset(self, sql: str | os.PathLike | pa.Table | None = None, *, episodes: list[int] | None = None,
                 **kwargs: Any):
         """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
@@ -518,11 +593,14 @@ class Database:
 
         Raises:
             QueryError / ResultContractError: the SQL or its result is unusable.
+            DatasetFormatError: a data, metadata or video file is a symlink to a file outside the dataset root and
+                outside the hub cache's ``blobs/`` folder (see :meth:`lerobot_sql.source.Source.check_link`).
             ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid); both sql and episodes given.
             TypeError: ``episodes`` holds something other than integers.
         """
         from .dataset import LeRobotSQLDataset
 
+        self._check_links()
         if episodes is not None and sql is not None:
             raise ValueError("pass either sql or episodes, not both (a query can filter episodes itself)")
         if sql is None:
@@ -583,12 +661,14 @@ class Database:
         """Write the query's frames as a new LeRobot v3.0 dataset (see :func:`lerobot_sql.export.export_dataset`)."""
         from . import export
 
+        self._check_links()
         return export.export_dataset(self, sql, dest, **kwargs)
 
     def export_manifest(self, sql: str, path: str | os.PathLike, **kwargs: Any):
         """Write the query's manifest as Parquet (see :func:`lerobot_sql.export.export_manifest`)."""
         from . import export
 
+        self._check_links()
         return export.export_manifest(self, sql, path, **kwargs)
 
     def io_stats(self) -> dict[str, int]:

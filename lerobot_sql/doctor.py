@@ -170,6 +170,27 @@ def _undecodable(db) -> list[dict[str, Any]]:
     return bad
 
 
+def refused_report(dataset: str, error: Exception, tolerance_s: float = 1e-4) -> Report:
+    """The report for a dataset that ``connect()`` refused (its meta/info.json is invalid or unsupported): one failed
+    check, ``info_json_valid``, whose sample row names the file, the key that is wrong and the message (which says
+    what the key must hold); no other check can run.
+
+    Args:
+        dataset: the root as the user gave it. error: the DatasetFormatError raised by ``connect()`` (its ``key``
+            attribute, set by :func:`lerobot_sql.layout.check_info`, names the info.json key).
+    """
+    key = getattr(error, "key", None)
+    msg = str(error)
+    # The message starts with the file's path or URL; the hint repeats what follows it (what is wrong, the fix).
+    what = msg.split("meta/info.json", 1)[1].lstrip(" :") if "meta/info.json" in msg else msg
+    row = {"key": key or "(see the error)", "file": "meta/info.json", "error": f"{type(error).__name__}: {msg}"}
+    hint = (f"fix {key!r} in meta/info.json ({what}); " if key else f"fix meta/info.json ({what}); ") + \
+        "no other check can run until connect() accepts the file"
+    return Report(str(dataset), "?", float(tolerance_s), [Check(
+        "info_json_valid", False, 1, [row], hint, "error",
+        "meta/info.json passes validation (types, ranges, path templates)")])
+
+
 def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
     """Run every check on ``db`` (a :class:`lerobot_sql.Database`) and return the :class:`Report`.
 

@@ -221,15 +221,19 @@ def parse_template(template: Any, fields: set[str] | frozenset[str], where: str)
     return out
 
 
-def check_template(template: Any, fields: set[str] | frozenset[str], key: str) -> str:
+def check_template(template: Any, fields: set[str] | frozenset[str], key: str,
+                   info_file: str = "meta/info.json") -> str:
     """Validate info.json's path template ``key`` (``data_path`` / ``video_path``): a relative path under the
     dataset root, whatever the placeholders are filled with (see :func:`parse_template` and
     :func:`lerobot_sql.source.confine`).
 
+    Args:
+        info_file: the info.json as the user should see it (its full path or URL), for the message.
+
     Raises:
         DatasetFormatError: naming meta/info.json, the key, the template and the fix.
     """
-    where = f"meta/info.json {key!r}"
+    where = f"{info_file} {key!r}"
     parts = parse_template(template, fields, where)
     text = "".join(t for t, _, _ in parts)
     why = None
@@ -260,40 +264,161 @@ def _positive_int(value: Any, what: str, hi: int) -> int:
     return value
 
 
+def sql_key(name: str) -> str:
+    """How DuckDB compares identifiers: ASCII letters case-insensitively, every other character as is (``"ACTION"``
+    and ``action`` are one column; ``"É"`` and ``"é"`` are two)."""
+    return "".join(c.lower() if c.isascii() else c for c in name)
+
+
 def _parse_features(raw: Any, where: str) -> dict[str, Feature]:
     if not isinstance(raw, dict) or not raw:
         raise DatasetFormatError(f"{where}: 'features' is missing or empty; a LeRobot info.json lists every feature")
-    out = {}
+    out: dict[str, Feature] = {}
+    seen: dict[str, str] = {}
     for name, spec in raw.items():
-        if not isinstance(spec, dict) or "dtype" not in spec:
-            raise DatasetFormatError(f"{where}: feature {name!r} has no 'dtype'; each feature needs dtype and shape")
-        if not name or "\0" in name:
-            raise DatasetFormatError(f"{where}: feature name {name!r} is empty or holds a NUL character; rename it")
-        dtype = spec["dtype"]
-        if not isinstance(dtype, str) or dtype not in KNOWN_DTYPES:
-            raise DatasetFormatError(f"{where}: feature {name!r} has dtype {dtype!r}, which is not a LeRobot dtype; "
-                                     f"use one of {sorted(KNOWN_DTYPES)} in meta/info.json")
-        info = spec.get("info") or spec.get("video_info") or {}
-        if not isinstance(info, dict):
-            raise DatasetFormatError(f"{where}: feature {name!r}: 'info' must be an object, found {info!r}")
-        shape = spec.get("shape") or [1]
         try:
-            if not isinstance(shape, list):
-                raise ValueError(f"shape must be a list of integers like [6] or [480, 640, 3], found {shape!r}")
-            dims = tuple(_positive_int(s, "each dimension", MAX_DIM) for s in shape)
-            if _prod(dims) > MAX_ELEMENTS:
-                raise ValueError(f"shape {shape!r} has {_prod(dims):,} elements per frame, more than {MAX_ELEMENTS:,}")
-        except ValueError as e:
-            raise DatasetFormatError(f"{where}: feature {name!r}: {e}; fix its 'shape' in meta/info.json") from None
-        if dtype == "video":
-            # The key names a folder (videos/<key>/...): it must be one or more plain path segments.
-            segs = name.split("/")
-            if name.startswith("/") or any(seg in ("", ".", "..") for seg in segs):
-                raise DatasetFormatError(f"{where}: camera key {name!r} is not a usable folder name (it is absolute or "
-                                         "has an empty, '.' or '..' segment); rename the feature and its videos/ "
-                                         "folder")
-        out[name] = Feature(name, dtype, dims, spec.get("names"), dict(info))
+            out[name] = _parse_feature(name, spec, where)
+        except DatasetFormatError as e:
+            e.key = f"features[{name!r}]"
+            raise
+        # DuckDB identifiers ignore ASCII case: `"ACTION"` would silently read `action`'s column (and the video
+        # pointers `videos/<key>/...` of a camera would be another camera's), so two such names are refused.
+        other = seen.setdefault(sql_key(name), name)
+        if other != name:
+            e = DatasetFormatError(f"{where}: features {other!r} and {name!r} differ only by letter case, which SQL "
+                                   "(DuckDB) cannot tell apart; rename one of them (its data column, and for a "
+                                   "camera its videos/ folder and meta/episodes columns)")
+            e.key = f"features[{name!r}]"
+            raise e
     return out
+
+
+def _parse_feature(name: Any, spec: Any, where: str) -> Feature:
+    """One entry of info.json's ``features``, validated (see :func:`_parse_features`)."""
+    if not isinstance(spec, dict) or "dtype" not in spec:
+        raise DatasetFormatError(f"{where}: feature {name!r} has no 'dtype'; each feature needs dtype and shape")
+    if not name or "\0" in name:
+        raise DatasetFormatError(f"{where}: feature name {name!r} is empty or holds a NUL character; rename it")
+    dtype = spec["dtype"]
+    if not isinstance(dtype, str) or dtype not in KNOWN_DTYPES:
+        raise DatasetFormatError(f"{where}: feature {name!r} has dtype {dtype!r}, which is not a LeRobot dtype; "
+                                 f"use one of {sorted(KNOWN_DTYPES)} in meta/info.json")
+    info = spec.get("info") or spec.get("video_info") or {}
+    if not isinstance(info, dict):
+        raise DatasetFormatError(f"{where}: feature {name!r}: 'info' must be an object, found {info!r}")
+    shape = spec.get("shape") or [1]
+    try:
+        if not isinstance(shape, list):
+            raise ValueError(f"shape must be a list of integers like [6] or [480, 640, 3], found {shape!r}")
+        dims = tuple(_positive_int(s, "each dimension", MAX_DIM) for s in shape)
+        if _prod(dims) > MAX_ELEMENTS:
+            raise ValueError(f"shape {shape!r} has {_prod(dims):,} elements per frame, more than {MAX_ELEMENTS:,}")
+    except ValueError as e:
+        raise DatasetFormatError(f"{where}: feature {name!r}: {e}; fix its 'shape' in meta/info.json") from None
+    if dtype == "video":
+        # The key names a folder (videos/<key>/...): it must be one or more plain path segments.
+        segs = name.split("/")
+        if name.startswith("/") or any(seg in ("", ".", "..") for seg in segs):
+            raise DatasetFormatError(f"{where}: camera key {name!r} is not a usable folder name (it is absolute or "
+                                     "has an empty, '.' or '..' segment); rename the feature and its videos/ "
+                                     "folder")
+    return Feature(name, dtype, dims, spec.get("names"), dict(info))
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedInfo:
+    """meta/info.json's values once :func:`check_info` accepted them.
+
+    Attributes:
+        version: ``codebase_version`` as written; legacy: True for v2.x.
+        fps: frames per second (> 0, finite, at most MAX_FPS).
+        features: name -> Feature; has_video: some feature has dtype ``video``.
+        chunks_size: files (v3) or episodes (v2) per chunk folder, 1..MAX_CHUNKS_SIZE (1000 when absent).
+        total_episodes: 0..MAX_CHUNKS_SIZE**2 (0 when absent).
+        data_path: the validated data template (the version's default when absent).
+        video_path: the validated video template (the default when absent and there are videos), or None.
+    """
+
+    version: str
+    legacy: bool
+    fps: float
+    features: dict[str, Feature]
+    has_video: bool
+    chunks_size: int
+    total_episodes: int
+    data_path: str
+    video_path: str | None
+
+
+def check_info(info: Any, where: str) -> CheckedInfo:
+    """The one validation of a parsed meta/info.json (types, ranges, finite numbers, path templates), before any
+    value is used: by :func:`load_layout` at ``connect()`` and by :meth:`lerobot_sql.source.Source.listed_files`
+    (HTTP roots, which derive the file list from info.json before the layout exists).
+
+    Args:
+        info: the parsed JSON. where: the file as the user should see it (``.../meta/info.json``).
+
+    Raises:
+        DatasetFormatError: naming ``where``, the key (or feature) that is wrong, and the fix; its ``key``
+            attribute is that key (``fps``, ``features['observation.state']``, ``data_path`` ...), for reports
+            (``lerobot-sql doctor``).
+        UnsupportedVersionError: codebase_version is neither v2.x nor v3.x.
+    """
+    stage = "(the whole file)"  # the info.json key being checked: a refusal carries it as ``error.key``
+    try:
+        if not isinstance(info, dict):
+            raise DatasetFormatError(f"{where}: expected a JSON object")
+        stage = "codebase_version"
+        version = str(info.get("codebase_version", ""))
+        try:
+            major, _minor = parse_version(version)
+        except ValueError:
+            raise DatasetFormatError(f"{where}: codebase_version {version!r} is not a version like 'v3.0'") from None
+        if major not in (2, 3):
+            raise UnsupportedVersionError(f"{where}: codebase_version {version!r} is not supported: this reader "
+                                          "handles LeRobot formats v2.0, v2.1 and v3.x")
+        legacy = major == 2
+        stage = "fps"
+        fps = info.get("fps")
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) \
+                or not 0 < fps <= MAX_FPS:
+            raise DatasetFormatError(f"{where}: 'fps' must be a positive finite number (at most {MAX_FPS:g}), found "
+                                     f"{fps!r}; set it to the recording rate (e.g. 30) in meta/info.json")
+        stage = "features"
+        features = _parse_features(info.get("features"), where)
+        has_video = any(f.is_video for f in features.values())
+        stage = "chunks_size"
+        chunks_size = info.get("chunks_size")
+        if chunks_size is None:
+            chunks_size = 1000  # lerobot's default
+        else:
+            try:
+                chunks_size = _positive_int(chunks_size, "'chunks_size'", MAX_CHUNKS_SIZE)
+            except ValueError as e:
+                raise DatasetFormatError(f"{where}: {e}; lerobot writes 1000 (fix it in meta/info.json)") from None
+        stage = "total_episodes"
+        total = info.get("total_episodes")
+        if total is None or total == 0 and not isinstance(total, bool):
+            total = 0
+        else:
+            try:
+                total = _positive_int(total, "'total_episodes'", MAX_CHUNKS_SIZE * MAX_CHUNKS_SIZE)
+            except ValueError as e:
+                raise DatasetFormatError(f"{where}: {e} (or 0); set it to the number of episodes in meta/episodes "
+                                         "(fix it in meta/info.json)") from None
+        data_default, video_default = ((V2_DATA_PATH, V2_VIDEO_PATH) if legacy else
+                                       (DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH))
+        stage = "data_path"
+        data_path = check_template(info.get("data_path") or data_default, DATA_FIELDS, "data_path", where)
+        stage = "video_path"
+        video_path = info.get("video_path") or (video_default if has_video else None)
+        if video_path is not None:
+            check_template(video_path, VIDEO_FIELDS_V2 if legacy else VIDEO_FIELDS_V3, "video_path", where)
+    except DatasetFormatError as e:
+        if getattr(e, "key", None) is None:
+            e.key = stage
+        raise
+    return CheckedInfo(version, legacy, float(fps), features, has_video, chunks_size, total, data_path, video_path)
 
 
 def load_layout(src: Source) -> Layout:
@@ -317,51 +442,23 @@ def load_layout(src: Source) -> Layout:
             info = json.loads(f.read())
     except json.JSONDecodeError as e:
         raise DatasetFormatError(f"{where}: invalid JSON ({e}); restore the file from the dataset's source") from e
-    if not isinstance(info, dict):
-        raise DatasetFormatError(f"{where}: expected a JSON object")
-    version = str(info.get("codebase_version", ""))
-    try:
-        major, _minor = parse_version(version)
-    except ValueError:
-        raise DatasetFormatError(f"{where}: codebase_version {version!r} is not a version like 'v3.0'") from None
-    if major not in (2, 3):
-        raise UnsupportedVersionError(f"{where}: codebase_version {version!r} is not supported: this reader handles "
-                                      "LeRobot formats v2.0, v2.1 and v3.x")
-    legacy = major == 2
-    fps = info.get("fps")
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or not 0 < fps <= MAX_FPS:
-        raise DatasetFormatError(f"{where}: 'fps' must be a positive finite number (at most {MAX_FPS:g}), found "
-                                 f"{fps!r}; set it to the recording rate (e.g. 30) in meta/info.json")
-    features = _parse_features(info.get("features"), where)
-    has_video = any(f.is_video for f in features.values())
-    chunks_size = info.get("chunks_size")
-    if chunks_size is None:
-        chunks_size = 1000  # lerobot's default
-    else:
-        try:
-            chunks_size = _positive_int(chunks_size, "'chunks_size'", MAX_CHUNKS_SIZE)
-        except ValueError as e:
-            raise DatasetFormatError(f"{where}: {e}; lerobot writes 1000 (fix it in meta/info.json)") from None
+    v = check_info(info, where)
+    legacy, fps, features, has_video, chunks_size = v.legacy, v.fps, v.features, v.has_video, v.chunks_size
+    version = v.version
     notes: list[str] = []
 
     if legacy:
         episode_files = (V2_EPISODES,) if src.exists(V2_EPISODES) else ()
         stats_file = V2_EPISODES_STATS if src.exists(V2_EPISODES_STATS) else None
         tasks_file = V2_TASKS if src.exists(V2_TASKS) else None
-        data_path = check_template(info.get("data_path") or V2_DATA_PATH, DATA_FIELDS, "data_path")
-        video_path = info.get("video_path") or (V2_VIDEO_PATH if has_video else None)
-        if video_path is not None:
-            check_template(video_path, VIDEO_FIELDS_V2, "video_path")
+        data_path, video_path = v.data_path, v.video_path
         if not episode_files:
             notes.append(f"{src.path(V2_EPISODES)}: not found; the episodes view is empty")
     else:
         episode_files = tuple(src.glob(EPISODES_GLOB))
         stats_file = None
         tasks_file = V3_TASKS if src.exists(V3_TASKS) else None
-        data_path = check_template(info.get("data_path") or DEFAULT_DATA_PATH, DATA_FIELDS, "data_path")
-        video_path = info.get("video_path") or (DEFAULT_VIDEO_PATH if has_video else None)
-        if video_path is not None:
-            check_template(video_path, VIDEO_FIELDS_V3, "video_path")
+        data_path, video_path = v.data_path, v.video_path
         if not episode_files:
             notes.append(f"{src.path('meta/episodes')}: no episode metadata files ({EPISODES_GLOB}); "
                          "the episodes, episode_stats and videos views are empty")
@@ -373,7 +470,7 @@ def load_layout(src: Source) -> Layout:
         notes.append(f"{src.path('data')}: no data files (data/*/*.parquet); this is a metadata-only copy, the "
                      "frames view is empty. Download data/ to read frames")
     if video_path is not None and has_video:
-        video_path = _find_video_dir(src, video_path, notes)
+        video_path = _find_video_dir(src, video_path, notes, VIDEO_FIELDS_V2 if legacy else VIDEO_FIELDS_V3, where)
     for n in notes:
         warnings.warn(n, stacklevel=4)  # the caller of lerobot_sql.connect()
     return Layout(
@@ -393,11 +490,16 @@ def load_layout(src: Source) -> Layout:
     )
 
 
-def _find_video_dir(src: Source, video_path: str, notes: list[str]) -> str:
+def _find_video_dir(src: Source, video_path: str, notes: list[str], fields: frozenset[str] = VIDEO_FIELDS_V3,
+                    where: str = "meta/info.json") -> str:
     """``video_path`` with its top folder replaced when that folder is absent but exactly one other top-level
     folder holds mp4 files (third-party writers put videos in ``video/`` while the template says ``videos/``).
 
-    Only the literal first path segment is compared, so this costs one or two listings, not one per file.
+    Only the literal first path segment is compared, so this costs one or two listings, not one per file. The
+    folder's name is data from a listing, not template text: its braces are escaped, and the rewritten template
+    goes through the same :func:`check_template` (and so :func:`lerobot_sql.source.confine`) as info.json's; a
+    name that fails it (a backslash, a NUL) is not used, with a note. A folder that is a symlink out of the
+    dataset is refused where its files are opened (:meth:`lerobot_sql.source.Source.check_link`).
     """
     top = video_path.split("/", 1)
     if len(top) != 2 or "{" in top[0]:
@@ -410,7 +512,16 @@ def _find_video_dir(src: Source, video_path: str, notes: list[str]) -> str:
         return video_path
     if len(candidates) != 1:
         return video_path
-    fixed = f"{candidates[0]}/{top[1]}"
-    notes.append(f"{src.path(top[0])}: not found, but {src.path(candidates[0])} holds mp4 files; reading videos "
+    folder = candidates[0]
+    fixed = f"{folder.replace('{', '{{').replace('}', '}}')}/{top[1]}"
+    try:
+        check_template(fixed, fields, "video_path", f"{where} (rewritten to the folder {folder!r} found under the "
+                                                    "root)")
+    except DatasetFormatError as e:
+        notes.append(f"{src.path(top[0])}: not found; {src.path(folder)} holds mp4 files but its name cannot be "
+                     f"used as a video folder ({e}); videos are read through info.json's video_path {video_path!r}. "
+                     "Rename the folder to match video_path")
+        return video_path
+    notes.append(f"{src.path(top[0])}: not found, but {src.path(folder)} holds mp4 files; reading videos "
                  f"through {fixed!r} instead of info.json's video_path {video_path!r}")
     return fixed

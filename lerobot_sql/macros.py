@@ -31,8 +31,9 @@ that ``Database.dataset()`` accepts.
 from __future__ import annotations
 
 import json
+import warnings
 
-from .layout import Layout
+from .layout import Layout, sql_key
 from .sqltext import ident as q, literal as lit, number
 
 # Half-open windows are compared against float32 timestamps: this slack (seconds) matches plan.build_manifest.
@@ -63,32 +64,45 @@ def _vector_features(layout: Layout, frame_cols: dict[str, str]):
 
 
 def _frames_ext_sql(layout: Layout, frame_cols: dict[str, str], has_length: bool) -> str:
-    taken = set(frame_cols)
-    sel = ["f.*"]
-
-    def add(expr: str, name: str) -> None:
-        if name not in taken:  # never shadow a real column
-            taken.add(name)
-            sel.append(f"{expr} AS {q(name)}")
-
+    """The ``frames_ext`` view. Names are compared as DuckDB does (ASCII case-insensitively, :func:`sql_key`), and a
+    name is never given two meanings: a real ``frames`` column wins over everything; an element name that another
+    element or a derived column (``F.delta``, ``length`` ...) also claims gets no column at all (read it as
+    ``"F"[i]``; ``element_index`` names its position); each left-out name is warned about, naming both claims."""
+    real = {sql_key(c): c for c in frame_cols}
+    cand: list[tuple[str, str, str]] = []  # (expression, column name, what claims it)
     vecs = list(_vector_features(layout, frame_cols))
     for feat, _n, names in vecs:
         for i, el in enumerate(names or []):
-            add(f"f.{q(feat)}[{i + 1}]", f"{feat}.{el}")
+            cand.append((f"f.{q(feat)}[{i + 1}]", f"{feat}.{el}", f"element {i + 1} of {feat!r}"))
     fps = number(layout.fps)
     length = "e.length" if has_length else "count(*) OVER ep"
-    add(length, "length")
-    add(f"{length} / {fps}", "duration_s")
-    add(f"CASE WHEN {length} > 1 THEN f.frame_index / ({length} - 1) ELSE 0.0 END", "progress")
-    add(f"{length} / {fps} - f.timestamp", "time_to_end_s")
-    add("f.timestamp - lag(f.timestamp) OVER w", "dt_s")
+    derived = [(length, "length"), (f"{length} / {fps}", "duration_s"),
+               (f"CASE WHEN {length} > 1 THEN f.frame_index / ({length} - 1) ELSE 0.0 END", "progress"),
+               (f"{length} / {fps} - f.timestamp", "time_to_end_s"), ("f.timestamp - lag(f.timestamp) OVER w", "dt_s")]
     for feat, n, _names in vecs:
         col = f"f.{q(feat)}"
         delta = f"vec_sub({col}, lag({col}) OVER w)"
-        add(delta, f"{feat}.delta")
         vel = f"list_transform({delta}, lambda d: d / (f.timestamp - lag(f.timestamp) OVER w))"
-        add(vel, f"{feat}.velocity")
-        add(f"vec_norm({vel})", f"{feat}.speed")
+        derived += [(delta, f"{feat}.delta"), (vel, f"{feat}.velocity"), (f"vec_norm({vel})", f"{feat}.speed")]
+    cand += [(e, n, "a derived column") for e, n in derived]
+    claims: dict[str, list[str]] = {}
+    for _e, name, who in cand:
+        claims.setdefault(sql_key(name), []).append(who)
+    sel, taken, dropped = ["f.*"], set(real), []
+    for expr, name, who in cand:
+        key = sql_key(name)
+        if key in real:
+            dropped.append(f"{name!r} ({who}) is the real column {real[key]!r}")
+        elif who != "a derived column" and len(claims[key]) > 1:
+            dropped.append(f"{name!r} is claimed by {' and '.join(dict.fromkeys(claims[key]))}")
+        elif key not in taken:
+            taken.add(key)
+            sel.append(f"{expr} AS {q(name)}")
+    if dropped:
+        warnings.warn(f"frames_ext: {len(dropped)} column name(s) have more than one meaning in SQL (which ignores "
+                      f"letter case) and were left out: {'; '.join(dropped[:5])}. Read an element as "
+                      "\"feature\"[i] (element_index(feature, name) gives i), or fix 'names' in meta/info.json",
+                      stacklevel=3)
     join = "JOIN episodes e USING (episode_index)" if has_length else ""
     return (f"SELECT {', '.join(sel)} FROM frames f {join} "
             "WINDOW w AS (PARTITION BY f.episode_index ORDER BY f.frame_index), ep AS (PARTITION BY f.episode_index)")
@@ -97,8 +111,10 @@ def _frames_ext_sql(layout: Layout, frame_cols: dict[str, str], has_length: bool
 def _element_index_sql(layout: Layout) -> str:
     whens = []
     for name, f in layout.features.items():
-        for i, el in enumerate(f.flat_names or [] if len(f.shape) == 1 else []):
-            whens.append(f"WHEN {lit(name + chr(0) + el)} THEN {i + 1}")
+        els = f.flat_names or [] if len(f.shape) == 1 else []
+        for i, el in enumerate(els):
+            if els.count(el) == 1:  # a name listed twice has no one position: it is unknown, not the first
+                whens.append(f"WHEN {lit(name + chr(0) + el)} THEN {i + 1}")
     known = {name: f.flat_names for name, f in layout.features.items() if len(f.shape) == 1 and f.flat_names}
     msg = lit("element_index: unknown feature/name; valid: " + json.dumps(known)[:2000])
     body = " ".join(whens) or "WHEN NULL THEN NULL"

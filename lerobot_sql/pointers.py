@@ -212,6 +212,15 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     files = sorted(set(rels))
     code_of = {r: i for i, r in enumerate(files)}
     fcode = np.array([code_of[r] for r in rels], np.int64)
+    # Crafted pointers (an episode claiming K more rows, the next K fewer: per-file totals still match) must not
+    # reach np.repeat, which would allocate K elements or fail on a negative count. lerobot writes each file's
+    # episodes as one gap-free run of `index`; anything else goes to the DuckDB join, which reads the real rows.
+    if (hi < lo).any():
+        return None
+    order = np.lexsort((lo, fcode))
+    same = fcode[order][1:] == fcode[order][:-1]
+    if (hi[order][:-1][same] != lo[order][1:][same]).any():
+        return None
     first = np.full(len(files), np.iinfo(np.int64).max)
     total = np.zeros(len(files), np.int64)
     np.minimum.at(first, fcode, lo)

@@ -125,8 +125,8 @@ MAX_SQL_CHARS = 1_000_000
 
 # sqlglot parses recursively (about 15 Python frames per nesting level): Python's default limit of 1000 frames made
 # 50 nested parentheses a RecursionError. The checks run with this higher limit (pure-Python frames, which do not grow
-# the C stack on CPython 3.11+); deeper SQL skips the sqlglot checks and is judged by DuckDB's own parse tree alone,
-# whose depth DuckDB bounds (max_expression_depth, 1000, locked by the sandbox).
+# the C stack on CPython 3.11+), about 900 levels; deeper SQL is refused (check_sql), never judged by DuckDB's parse
+# tree alone.
 RECURSION_LIMIT = 20_000
 _recursion_lock = threading.Lock()
 _recursion_users = 0
@@ -364,13 +364,13 @@ CHECKS = (_only_queries, _no_files_or_table_functions, _known_views, _dotted_fea
 def check_sql(sql: str, ctx: Context) -> str:
     """Validate ``sql`` with sqlglot and return it ready for DuckDB (1.x lambdas rewritten).
 
-    SQL nested deeper than sqlglot can follow (see RECURSION_LIMIT) skips these checks: :func:`duckdb_facts` on
-    DuckDB's own parse tree still refuses anything that is not a read-only query over the views.
+    SQL nested deeper than sqlglot can follow (see RECURSION_LIMIT) is refused, not passed on unchecked.
 
     Raises:
         QueryError: longer than MAX_SQL_CHARS, not exactly one query, a statement (DELETE, UPDATE, ...) anywhere in
             it, a file path or table function in FROM / JOIN / LATERAL, an unknown view or column, or an unquoted
-            dotted feature name; the message names the problem, the valid names and the fix.
+            dotted feature name, nesting deeper than the checks can walk; the message names the problem, the valid
+            names and the fix.
     """
     check_size(sql)
     sql = rewrite_lambdas(sql)
@@ -379,8 +379,13 @@ def check_sql(sql: str, ctx: Context) -> str:
             tree = _parse(sql)
             for check in CHECKS:
                 check(tree, ctx)
-        except RecursionError:
-            return sql  # too deep for sqlglot: DuckDB's parser bounds the depth, duckdb_facts judges the tree
+        except RecursionError as e:
+            # Fail closed: a query the checks cannot walk is not run (it used to skip them, leaving DuckDB's tree
+            # walk as the only wall).
+            raise QueryError(f"the SQL is nested too deeply for the query checks (more than Python's recursion "
+                             f"limit of {RECURSION_LIMIT:,} frames while parsing, about 900 nested parentheses or "
+                             "subqueries; DuckDB's own depth limit is 1000): simplify it, with fewer nested "
+                             "parentheses or subqueries (a WITH clause per step)") from e
     return sql
 
 
@@ -402,47 +407,166 @@ class Facts:
         return any(n in self.relations or n in self.functions for n in names)
 
 
-# Most elements (list items or characters) one call of a generating function may be asked for with literal
-# arguments. DuckDB's memory_limit does not bound these values (they live outside its buffer manager): measured in a
-# fresh process over small20 (0.24 GB after connect), len(range(100000000)) peaked at 7.1 GB and repeat('x', 1e9) at
-# 2.1 GB; len(range(10000000)) at 1.08 GB, len(range(1000000)) at 0.31 GB. Arguments computed from data
-# (range(length * 1000)) are not known before the query runs and are not bounded here.
+# Most elements (list items or characters) one value of a query may hold when its size follows from literals.
+# DuckDB's memory_limit does not bound these values (they live outside its buffer manager): measured in a fresh
+# process over small20 (0.24 GB after connect), len(range(100000000)) peaked at 7.1 GB and repeat('x', 1e9) at
+# 2.1 GB; len(range(10000000)) at 1.08 GB, len(range(1000000)) at 0.31 GB. DuckDB also checks for interrupts only
+# between chunks, so one such value cannot be stopped by timeout= either (printf('%01000000000d', 1) ran on for
+# minutes): the bound has to hold before the query runs. Sizes derived from data (range(length * 1000)) are not
+# known before the query runs and are not bounded here.
 MAX_GENERATED = 1_000_000
-_GENERATORS = frozenset({"range", "generate_series", "repeat", "lpad", "rpad", "list_resize", "array_resize"})
+
+# Functions whose output size is the value of one argument (its position): repeat(s, n) -> len(s) * n, lpad(s, n)
+# -> n, bar(x, lo, hi, width) -> width ... (range / generate_series are counted from start, stop, step.)
+_COUNT_ARG = {"repeat": 1, "lpad": 1, "rpad": 1, "list_resize": 1, "array_resize": 1, "bar": 3, "to_base": 2,
+              "bitstring": 1, "equi_width_bins": 2}
+_RANGES = frozenset({"range", "generate_series"})
+# Functions that apply a lambda to each element of their first argument: the result holds (elements) x (the
+# lambda's result), so sizes multiply through nesting.
+_PER_ELEMENT = frozenset({"list_transform", "array_transform", "apply", "list_apply", "array_apply", "list_reduce",
+                          "array_reduce", "reduce", "list_filter", "array_filter", "filter"})
+_FORMATTERS = frozenset({"printf", "format"})
+# Arithmetic folded over literal arguments, so that repeat('x', 1000 * 1000000) is judged like repeat('x', 1e9).
+_FOLD = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b,
+         "//": lambda a, b: a // b, "%": lambda a, b: a % b, "^": lambda a, b: a ** b, "**": lambda a, b: a ** b,
+         "pow": lambda a, b: a ** b, "power": lambda a, b: a ** b, "<<": lambda a, b: a * 2.0 ** b,
+         "multiply": lambda a, b: a * b, "add": lambda a, b: a + b}
+
+
+def _args(e: dict) -> list:
+    return [a.get("expression") if isinstance(a, dict) else None for a in e.get("arguments") or []]
 
 
 def _literal_number(e) -> float | None:
-    """The value of a numeric constant in DuckDB's parse tree (also under a CAST), else None."""
+    """The value of a numeric constant in DuckDB's parse tree (also under a CAST, as a numeric string, or folded
+    from arithmetic on such constants), else None."""
     while isinstance(e, dict) and e.get("class") == "CAST":
         e = e.get("child")
-    if not isinstance(e, dict) or e.get("class") != "CONSTANT":
+    if not isinstance(e, dict):
         return None
-    lit_ = e.get("literal") or {}
-    if lit_.get("kind") not in ("INTEGER", "NUMERIC", "DECIMAL", "DOUBLE", "BIGINT", "HUGEINT", "FLOAT"):
-        return None
-    try:
-        return float(lit_.get("text"))
-    except (TypeError, ValueError):
-        return None
+    if e.get("class") == "CONSTANT":
+        lit_ = e.get("literal") or {}
+        try:
+            return float(lit_.get("text"))  # INTEGER, DECIMAL, ... and '1000000000' (DuckDB casts it implicitly)
+        except (TypeError, ValueError):
+            return None
+    if e.get("class") == "FUNCTION" and str(e.get("function_name") or "").lower() in _FOLD:
+        vals = [_literal_number(a) for a in _args(e)]
+        if None in vals or not vals:
+            return None
+        if len(vals) == 1:
+            return -vals[0] if e.get("function_name") == "-" else vals[0]
+        try:
+            return float(_FOLD[str(e["function_name"]).lower()](vals[0], vals[1]))
+        except (OverflowError, ZeroDivisionError, ValueError):
+            return float("inf")
+    return None
 
 
-def _generated_size(name: str, args: list) -> float:
-    """How many elements ``name(args)`` produces when its size arguments are literals (0 when unknown)."""
-    vals = [_literal_number(a.get("expression") if isinstance(a, dict) else None) for a in args]
-    if name in ("range", "generate_series"):
-        if len(vals) == 1 and vals[0] is not None:
-            return vals[0]
-        if len(vals) >= 2 and vals[0] is not None and vals[1] is not None:
-            step = vals[2] if len(vals) > 2 and vals[2] else 1.0
-            return abs((vals[1] - vals[0]) / step) + (name == "generate_series")  # inclusive of its end
+def _literal_text(e) -> str | None:
+    if isinstance(e, dict) and e.get("class") == "CONSTANT" and (e.get("literal") or {}).get("kind") == "STRING":
+        return str(e["literal"].get("text"))
+    return None
+
+
+def _spec_widths(name: str, spec: str) -> tuple[float, bool]:
+    """(sum of every number in the conversion specs of a printf / format string, whether a width or precision
+    comes from an argument). Every digit run inside a spec counts, widths and precisions alike: conservative."""
+    total, dynamic = 0.0, False
+    if name == "printf":  # %[flags][width][.precision]type, width/precision may be '*'
+        for m in re.finditer(r"%([^a-zA-Z%]*)", spec):
+            total += sum(float(d) for d in re.findall(r"\d+", m.group(1)))
+            dynamic = dynamic or "*" in m.group(1)
+        return total, dynamic
+    depth, field = 0, []  # format: {[arg][:[fill][align][sign][#][0][width][.precision][type]]}, nested {} dynamic
+    for ch in spec:
+        if ch == "{":
+            depth += 1
+            dynamic = dynamic or depth > 1
+        elif ch == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                total += sum(float(d) for d in re.findall(r"\d+", "".join(field)))
+                field = []
+        elif depth:
+            field.append(ch)
+    return total, dynamic
+
+
+def _too_big(name: str, size: float) -> QueryError:
+    return QueryError(f"{name}(...) would allocate about {size:,.0f} elements (list items or characters), more than "
+                      f"the {MAX_GENERATED:,} a query may generate from literals (DuckDB's memory_limit does not bound "
+                      "such values, and its timeout cannot stop one being built); generate less, or read rows from "
+                      "the views")
+
+
+def _value_size(o, sizes: dict) -> float:
+    """How many elements (list items or characters) the expression ``o`` of DuckDB's parse tree may produce per
+    row, judged from literals: constants count their characters, column references 1, ``repeat(x, n)`` is size(x)
+    x n, ``list_transform(l, lambda)`` size(l) x size(lambda body), printf/format the widths in their format
+    string, other functions the sum of their arguments. Raises QueryError as soon as one value exceeds
+    MAX_GENERATED. Query nodes and other containers report their largest part. Memoized in ``sizes`` by id."""
+    if isinstance(o, list):
+        return max((_value_size(v, sizes) for v in o), default=0.0)
+    if not isinstance(o, dict):
         return 0.0
-    n = vals[1] if len(vals) > 1 and vals[1] is not None else 0.0
-    if name == "repeat" and args:
-        first = args[0].get("expression") if isinstance(args[0], dict) else None
-        text = ((first or {}).get("literal") or {}).get("text") if isinstance(first, dict) else None
-        if isinstance(text, str) and ((first or {}).get("literal") or {}).get("kind") == "STRING":
-            n *= max(len(text), 1)
-    return n
+    key = id(o)
+    if key in sizes:
+        return sizes[key]
+    cls = o.get("class")
+    if cls == "CONSTANT":
+        text = _literal_text(o)
+        size = float(len(text)) if text is not None else 1.0
+    elif cls == "COLUMN_REF":
+        size = 1.0
+    elif cls == "LAMBDA":
+        size = _value_size(o.get("expr"), sizes)
+    elif cls == "FUNCTION":
+        name = str(o.get("function_name") or "").lower()
+        args = _args(o)
+        arg_sizes = [_value_size(a, sizes) for a in args]
+        # the other parts of a call (FILTER, ORDER BY of an aggregate) are judged too
+        for k in ("filter", "order_bys"):
+            _value_size(o.get(k), sizes)
+        size = sum(arg_sizes) or 1.0
+        if name in _RANGES:
+            vals = [_literal_number(a) for a in args]
+            if len(vals) == 1 and vals[0] is not None:
+                size = vals[0]
+            elif len(vals) >= 2 and vals[0] is not None and vals[1] is not None:
+                step = vals[2] if len(vals) > 2 and vals[2] else 1.0
+                size = abs((vals[1] - vals[0]) / step) + (name == "generate_series")  # inclusive of its end
+        elif name in _COUNT_ARG and len(args) > _COUNT_ARG[name]:
+            n = _literal_number(args[_COUNT_ARG[name]])
+            if n is not None:
+                unit = arg_sizes[0] if name in ("repeat", "list_resize", "array_resize") and arg_sizes[0] else 1.0
+                size = max(size, abs(n) * unit)
+        elif name in _PER_ELEMENT and len(args) >= 2:
+            size = max(size, arg_sizes[0] * max(arg_sizes[1:]))
+        elif name in _FORMATTERS and args:
+            spec = _literal_text(args[0])
+            if spec is None:
+                raise QueryError(f"{name}(...) with a format string computed by the query: its widths cannot be "
+                                 "checked before it runs (a width such as %01000000000d allocates 1 GB); write the "
+                                 f"format string as a literal, e.g. {name}('%d frames', n)")
+            widths, dynamic = _spec_widths(name, spec)
+            size += widths
+            if dynamic:  # printf('%*d', n, x) / format('{:>{}}', x, n): the width is an argument
+                size += max((abs(v) for v in map(_literal_number, args[1:]) if v is not None), default=0.0)
+        if size > MAX_GENERATED:
+            raise _too_big(name, size)
+    else:
+        size = max((_value_size(v, sizes) for v in o.values() if isinstance(v, (dict, list))), default=0.0)
+        if cls is not None and size > MAX_GENERATED:  # CASE, a subquery's value, an operator: as big as a part
+            raise _too_big(str(o.get("type") or cls).lower(), size)
+    sizes[key] = size
+    return size
+
+
+# Scalar functions that read DuckDB's configuration: current_setting('allowed_directories' | 'temp_directory' |
+# 'secret_directory' ...) tells where the cache and the home folder are. (duckdb_settings() and the other
+# table functions are refused with every table function.)
+SETTINGS_FUNCTIONS = frozenset({"current_setting"})
 
 
 # Query nodes of DuckDB's parse tree (json_serialize_sql) that only read; DELETE/UPDATE/INSERT/MERGE ... are
@@ -452,11 +576,13 @@ _READ_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NOD
 
 def duckdb_facts(serialized: str, ctx: Context, sql: str) -> Facts:
     """Judge DuckDB's own parse tree of ``sql`` (the text of ``SELECT json_serialize_sql(sql)``), the second look
-    behind the sqlglot checks and the only one for SQL too deep for sqlglot. Walks every node (iteratively, so depth
-    costs no recursion) and refuses: more than one statement or anything but a query; a writing query node
-    (``DELETE_QUERY_NODE`` ...) anywhere; a table function other than our table macros and unnest in any position
-    (FROM, JOIN, LATERAL, subqueries, macro arguments); a qualified table name; a table name that is neither a view
-    nor a CTE of the query (a file path, a replacement scan); DESCRIBE/SUMMARIZE/SHOW used as a table.
+    behind the sqlglot checks that does not depend on sqlglot reading the SQL as DuckDB does. Walks every node
+    (iteratively, so depth costs no recursion) and refuses: more than one statement or anything but a query; a
+    writing query node (``DELETE_QUERY_NODE`` ...) anywhere; a table function other than our table macros and
+    unnest in any position (FROM, JOIN, LATERAL, subqueries, macro arguments); a qualified table name; a table name
+    that is neither a view nor a CTE visible at that point (a file path, a replacement scan);
+    DESCRIBE/SUMMARIZE/SHOW used as a table; ``current_setting(...)`` (SETTINGS_FUNCTIONS); a value whose size,
+    judged from literals through every nesting level, exceeds MAX_GENERATED (:func:`_value_size`).
 
     Returns:
         :class:`Facts` (views and macros read, outermost ORDER BY).
@@ -488,12 +614,15 @@ def duckdb_facts(serialized: str, ctx: Context, sql: str) -> Facts:
     macros = {m.lower() for m in ctx.table_macros}
     tables: list[str] = []
     functions: set[str] = set()
-    ctes: set[str] = set()
-    stack: list = [doc]
+    # (node, CTE names visible there): a CTE is visible in the query node that defines it (its FROM, select list,
+    # subqueries ...) and in the CTEs defined after it in the same WITH; a recursive CTE also in its own body. A
+    # table name is allowed only where a view or a visible CTE has that name: a CTE named like a file in one
+    # subquery must not cover a bare path elsewhere (DuckDB would answer that with a replacement scan).
+    stack: list[tuple[object, frozenset[str]]] = [(doc, frozenset())]
     while stack:
-        o = stack.pop()
+        o, visible = stack.pop()
         if isinstance(o, list):
-            stack.extend(o)
+            stack.extend((v, visible) for v in o)
             continue
         if not isinstance(o, dict):
             continue
@@ -513,13 +642,11 @@ def duckdb_facts(serialized: str, ctx: Context, sql: str) -> Facts:
                 if f.get("schema") or f.get("catalog") or (name not in macros and name not in SAFE_TABLE_FUNCTIONS):
                     raise _table_function_error(name + "(...)", ctx)
                 functions.add(name)
-            elif o.get("class") == "FUNCTION" and str(o.get("function_name") or "").lower() in _GENERATORS:
-                name = str(o.get("function_name")).lower()
-                size = _generated_size(name, o.get("arguments") or [])
-                if size > MAX_GENERATED:
-                    raise QueryError(f"{name}(...) would allocate {size:,.0f} elements, more than the "
-                                     f"{MAX_GENERATED:,} a query may generate from literals (DuckDB's memory_limit "
-                                     "does not bound such values); generate less, or read rows from the views")
+            elif o.get("class") == "FUNCTION" and str(o.get("function_name") or "").lower() in SETTINGS_FUNCTIONS:
+                raise QueryError(f"{o.get('function_name')}(...) is not allowed: DuckDB's settings of this "
+                                 "connection (its directories, limits, paths of the cache and home folder) are not "
+                                 "part of the dataset; lerobot_sql chose them (lerobot_sql.sandbox), and "
+                                 "connect(..., threads=, memory_limit=, temp_directory=) sets them")
             elif typ == "BASE_TABLE":
                 name = str(o.get("table_name") or "")
                 if o.get("schema_name") or o.get("catalog_name"):
@@ -527,17 +654,24 @@ def duckdb_facts(serialized: str, ctx: Context, sql: str) -> Facts:
                                      "are not allowed. If you meant a feature such as observation.state, quote it: "
                                      '"observation.state"')
                 tables.append(name)
+                if name.lower() not in known and name.lower() not in visible:
+                    if "/" in name or "\\" in name or "." in name:
+                        raise QueryError(f"file paths in FROM are not allowed ({name!r}); query the views "
+                                         f"{ctx.public_views()}")
+                    raise QueryError(f"unknown view {name!r}.{_did_you_mean(name, ctx.public_views())} "
+                                     f"Views: {ctx.public_views()}")
         cte_map = o.get("cte_map")
-        if isinstance(cte_map, dict):
-            ctes.update(str(e.get("key", "")).lower() for e in cte_map.get("map") or [] if isinstance(e, dict))
-        stack.extend(v for v in o.values() if isinstance(v, (dict, list)))
-    for name in tables:
-        if name.lower() not in known and name.lower() not in ctes:
-            if "/" in name or "\\" in name or "." in name:
-                raise QueryError(f"file paths in FROM are not allowed ({name!r}); query the views "
-                                 f"{ctx.public_views()}")
-            raise QueryError(f"unknown view {name!r}.{_did_you_mean(name, ctx.public_views())} "
-                             f"Views: {ctx.public_views()}")
+        entries = [e for e in (cte_map.get("map") or []) if isinstance(e, dict)] if isinstance(cte_map, dict) else []
+        names = [str(e.get("key", "")).lower() for e in entries]
+        for i, e in enumerate(entries):
+            body = e.get("value")
+            own = {names[i]} if isinstance(body, dict) and \
+                (body.get("query_node") or {}).get("type") == "RECURSIVE_CTE_NODE" else set()
+            stack.append((body, visible | set(names[:i]) | own))
+        inner = visible | set(names)
+        stack.extend((v, inner) for k, v in o.items() if k != "cte_map" and isinstance(v, (dict, list)))
+    with _deep_recursion():  # DuckDB bounds the depth (max_expression_depth); one frame or two per level here
+        _value_size(doc, {})
     return Facts(frozenset(t.lower() for t in tables), frozenset(functions), ordered)
 
 

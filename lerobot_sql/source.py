@@ -72,6 +72,8 @@ class Source:
     root: str
     url: str
     _listing: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # rel -> None once check_link passed (a local file's symlinks resolved once per file per process).
+    _links: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_local(self) -> bool:
@@ -124,18 +126,30 @@ class Source:
         """Every file a v3.x dataset's metadata names: meta/info.json, tasks, the meta/episodes files (followed
         from ``chunk-000/file-000`` until ``total_episodes`` are seen), and the data and video files they point to.
 
-        Used where the filesystem cannot list (HTTP). Raises MissingFileError if meta/info.json is missing.
+        Used where the filesystem cannot list (HTTP).
+
+        Raises:
+            MissingFileError: meta/info.json is missing.
+            DatasetFormatError: meta/info.json is refused (:func:`lerobot_sql.layout.check_info`), naming the key.
         """
         if "files" in self._listing:
             return self._listing["files"]
         import pyarrow.parquet as pq
 
+        from .layout import check_info  # layout imports us
+
+        where = self.path("meta/info.json")
         with self.open("meta/info.json") as f:
-            info = json.loads(f.read())
-        total = int(info.get("total_episodes") or 0)
-        per_chunk = int(info.get("chunks_size") or 1000)
+            raw = f.read()
+        try:
+            info = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DatasetFormatError(f"{where}: invalid JSON ({e}); restore the file from the dataset's source") from e
+        # The same validation as load_layout's, before any value is used (this runs before the layout exists).
+        checked = check_info(info, where)
+        total, per_chunk = checked.total_episodes, checked.chunks_size
         files = {"meta/info.json"}
-        v2 = str(info.get("codebase_version", "")).lstrip("v").startswith("2")
+        v2 = checked.legacy
         extras = ("meta/stats.json",) + (("meta/tasks.jsonl", "meta/episodes.jsonl", "meta/episodes_stats.jsonl")
                                          if v2 else ("meta/tasks.parquet",))
         # One round trip for all (each is a HEAD): the other version's files are not asked about at all.
@@ -143,15 +157,9 @@ class Source:
             found = list(pool.map(lambda rel: self.fs.exists(self.path(rel)), extras))
         files.update(rel for rel, ok in zip(extras, found) if ok)
         if v2:
-            self._listing["files"] = sorted(files | self._v2_files(info))
+            self._listing["files"] = sorted(files | self._v2_files(checked))
             return self._listing["files"]
-        from .layout import DATA_FIELDS, DEFAULT_DATA_PATH, VIDEO_FIELDS_V3, check_template  # layout imports us
-
-        # Validated before the first str.format: this runs before load_layout has checked info.json.
-        data_tmpl = check_template(info.get("data_path") or DEFAULT_DATA_PATH, DATA_FIELDS, "data_path")
-        video_tmpl = info.get("video_path")
-        if video_tmpl:
-            check_template(video_tmpl, VIDEO_FIELDS_V3, "video_path")
+        data_tmpl, video_tmpl = checked.data_path, checked.video_path
         chunk, file, seen = 0, 0, 0
         while True:
             rel = f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
@@ -180,26 +188,38 @@ class Source:
         self._listing["files"] = sorted(files)
         return self._listing["files"]
 
-    def _v2_files(self, info: dict) -> set[str]:
-        """Data and video files of a v2.x dataset: one per episode listed in meta/episodes.jsonl."""
-        per_chunk = int(info.get("chunks_size") or 1000)
-        keys = [k for k, f in (info.get("features") or {}).items() if isinstance(f, dict) and f.get("dtype") == "video"]
+    def _v2_files(self, info) -> set[str]:
+        """Data and video files of a v2.x dataset (``info``: its :class:`lerobot_sql.layout.CheckedInfo`): one per
+        episode listed in meta/episodes.jsonl."""
+        per_chunk = info.chunks_size
+        keys = [k for k, f in info.features.items() if f.is_video]
         out = set()
+        where = self.path("meta/episodes.jsonl")
+        eps = []
         with self.open("meta/episodes.jsonl") as f:
-            eps = [json.loads(line)["episode_index"] for line in f.read().decode().splitlines() if line.strip()]
-        from .layout import DATA_FIELDS, V2_DATA_PATH, V2_VIDEO_PATH, VIDEO_FIELDS_V2, check_template
-
-        data_tmpl = check_template(info.get("data_path") or V2_DATA_PATH, DATA_FIELDS, "data_path")
-        video_tmpl = check_template(info.get("video_path") or V2_VIDEO_PATH, VIDEO_FIELDS_V2, "video_path")
+            for n, line in enumerate(f.read().decode(errors="replace").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    ep = json.loads(line)["episode_index"]
+                    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 0:
+                        raise TypeError(ep)
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise DatasetFormatError(f"{where}:{n}: expected a JSON object with an integer episode_index "
+                                             f"({type(e).__name__}: {e}); restore the file") from e
+                eps.append(ep)
+        data_tmpl, video_tmpl = info.data_path, info.video_path
         for ep in eps:
             chunk = int(ep) // per_chunk
             out.add(data_tmpl.format(episode_chunk=chunk, episode_index=int(ep)))
-            for k in keys:
+            for k in keys if video_tmpl else ():
                 out.add(video_tmpl.format(episode_chunk=chunk, video_key=k, episode_index=int(ep)))
         return out
 
     def open(self, rel: str, mode: str = "rb"):
-        """Open ``rel``; a missing file raises :class:`MissingFileError` naming it."""
+        """Open ``rel``; a missing file raises :class:`MissingFileError` naming it, a symlink leaving the dataset
+        :class:`DatasetFormatError` (see :meth:`check_link`)."""
+        self.check_link(rel)
         try:
             return self.fs.open(self.path(rel), mode)
         except FileNotFoundError as e:
@@ -223,39 +243,88 @@ class Source:
         return fetch(self.path(rel), sorted(ranges))
 
     def local_path(self, rel: str) -> str | None:
-        """An OS path for ``rel`` when the file is local (PyAV and mmap then read it directly), else None."""
-        return self.path(rel) if self.is_local else None
+        """An OS path for ``rel`` when the file is local (PyAV and mmap then read it directly), else None.
+
+        Raises:
+            DatasetFormatError: the local file is a symlink leaving the dataset (see :meth:`check_link`).
+        """
+        if not self.is_local:
+            return None
+        self.check_link(rel)
+        return self.path(rel)
+
+    def _link_dirs(self) -> tuple[str, ...]:
+        """Where a local dataset's files may really live, each ending in '/': the root's real path, and for a
+        Hugging Face hub cache snapshot (``<repo>/snapshots/<rev>[/sub]``) the real path of ``<repo>/blobs``."""
+        if ("dirs",) not in self._links:  # a tuple key: never a relative path
+            inside = [os.path.realpath(self.root).rstrip("/") + "/"]
+            parts = os.path.abspath(self.root).split("/")
+            if "snapshots" in parts:  # <repo>/snapshots/<rev>[/sub]: the repo's blobs folder holds the real files
+                repo = "/".join(parts[:len(parts) - 1 - parts[::-1].index("snapshots")])
+                blobs = os.path.realpath(os.path.join(repo, "blobs"))
+                if os.path.isdir(blobs):
+                    inside.append(blobs.rstrip("/") + "/")
+            self._links[("dirs",)] = tuple(inside)
+        return self._links[("dirs",)]
+
+    def link_target(self, path: str) -> tuple[str, bool]:
+        """The one rule for symlinks in a local dataset, for SQL and the Python readers alike: (real path of
+        ``path``, whether reading it is allowed). Allowed: no symlink on the way, or a real path inside the root or
+        the hub-cache repo's ``blobs/`` folder (see :meth:`_link_dirs`). ``path`` is an OS path under the root.
+        Costs a ``realpath`` (an lstat per path component)."""
+        target = os.path.realpath(path)
+        if target == os.path.abspath(path):
+            return target, True
+        return target, any(target.startswith(d) for d in self._link_dirs())
+
+    def check_link(self, rel: str) -> None:
+        """Refuse to read ``rel`` when it is (or lies under) a symlink whose target is outside the dataset (the
+        rule of :meth:`link_target`, the same one the SQL sandbox applies through :meth:`symlink_targets`).
+
+        Local roots only (remote filesystems have no symlinks); each file is resolved once per process (the
+        verdict is remembered on this Source), so the readers can call it at every open.
+
+        Raises:
+            DatasetFormatError: naming the file, its target, and the fix.
+        """
+        if rel in self._links or not self.is_local:
+            return
+        p = self.path(rel)
+        target, ok = self.link_target(p)
+        if not ok:
+            raise DatasetFormatError(f"{p}: is a symlink to {target}, outside the dataset root and outside the "
+                                     "hub cache's blobs/ folder; lerobot_sql reads only the dataset's own files. "
+                                     "Copy the file into the dataset folder (or re-download the dataset)")
+        self._links[rel] = None
 
     def symlink_targets(self) -> tuple[list[str], list[str]]:
         """(allowed, refused): the real paths of the files under a local root that are symlinks to files outside it.
 
         A Hugging Face hub cache (``huggingface_hub.snapshot_download``) is ``<repo>/snapshots/<rev>/...`` where
         every file is a symlink into ``<repo>/blobs/<hash>``. DuckDB's sandbox checks the resolved path, so those
-        blobs must be allowed one by one (``allowed_paths``) for SQL to read the dataset. Only targets inside the
-        dataset root or inside the ``blobs`` folder of the hub-cache repo holding the root are allowed; a symlink
-        to anything else (``/etc/passwd``, another folder) is ``refused`` and stays unreadable to SQL. Remote
-        roots: ([], []). One walk of the root (a stat per entry), at connection time only.
+        blobs must be allowed one by one (``allowed_paths``) for SQL to read the dataset. Only targets that
+        :meth:`link_target` allows (inside the dataset root or the ``blobs`` folder of the hub-cache repo holding
+        the root) are allowed; a symlink to anything else (``/etc/passwd``, another folder) is ``refused`` (its
+        path under the root) and stays unreadable to SQL, as :meth:`check_link` keeps it from the Python readers.
+        A symlinked folder is never allowed (its files are not listed); one that points outside is ``refused``.
+        Remote roots: ([], []). One walk of the root (a stat per entry), at connection time only.
         """
         if not self.is_local:
             return [], []
-        root = os.path.realpath(self.root)
-        inside = [root.rstrip("/") + "/"]
-        parts = os.path.abspath(self.root).split("/")
-        if "snapshots" in parts:  # <repo>/snapshots/<rev>[/sub]: the repo's blobs folder holds the real files
-            repo = "/".join(parts[:len(parts) - 1 - parts[::-1].index("snapshots")])
-            blobs = os.path.realpath(os.path.join(repo, "blobs"))
-            if os.path.isdir(blobs):
-                inside.append(blobs.rstrip("/") + "/")
         allowed, refused = [], []
         for folder, dirs, files in os.walk(self.root):
             for name in files + dirs:
                 p = os.path.join(folder, name)
                 if not os.path.islink(p):
                     continue
-                target = os.path.realpath(p)
+                target, ok = self.link_target(p)
                 if not os.path.isfile(target):
-                    continue  # a symlinked folder: os.walk does not enter it, and DuckDB lists it as a path
-                if any(target.startswith(d) for d in inside):
+                    # A symlinked folder: os.walk does not enter it and DuckDB lists it as a path (so it is never
+                    # allowed); one pointing outside is reported like a file, since SQL and the readers refuse it.
+                    if not ok and os.path.isdir(target):
+                        refused.append(p)
+                    continue
+                if ok:
                     allowed.append(target)
                 else:
                     refused.append(p)
@@ -269,6 +338,7 @@ class Source:
         """
         p = self.path(rel)
         if self.is_local:
+            self.check_link(rel)  # the identity is the target's: it keys caches built from the file's bytes
             try:
                 st = os.stat(p)
             except FileNotFoundError as e:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import glob
+import json
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -29,3 +31,79 @@ def test_episode_stats_is_every_stats_column_of_meta_episodes(name):
         "SELECT episode_index, feature, stat, value FROM episode_stats").fetchall()}
     assert len(want) > 0 and got.keys() == want.keys()
     assert all(got[k] == want[k] for k in want)
+
+
+@pytest.mark.parametrize("name,dup", [("small20", "index"), ("small20", "text"), ("v21_small20", "index"),
+                                      ("v21_small20", "text")])
+def test_a_task_listed_twice_is_refused(datasets, tmp_path, name, dup):
+    # Two rows for task_index 0: items carried the injected (last) text and a SQL join with tasks doubled rows.
+    root = tmp_path / name
+    shutil.copytree(datasets / name, root, ignore=shutil.ignore_patterns("videos"))
+    if name == "small20":
+        p = root / "meta/tasks.parquet"
+        t = pq.read_table(p)
+        row = {"task_index": [0 if dup == "index" else 99], "__index_level_0__": [
+            "EVIL TASK TEXT" if dup == "index" else t["__index_level_0__"][0].as_py()]}
+        pq.write_table(pa.concat_tables([t, pa.table(row).cast(t.schema)]), p)
+    else:
+        p = root / "meta/tasks.jsonl"
+        first = json.loads(p.read_text().splitlines()[0])
+        extra = {"task_index": 0, "task": "EVIL TASK TEXT"} if dup == "index" else {**first, "task_index": 99}
+        p.write_text(p.read_text() + json.dumps(extra) + "\n")
+    what = r"task_index 0 is listed twice" if dup == "index" else r"task '[^']+' is listed twice .* task_index 0 and 99"
+    db = lsql.connect(root)
+    with pytest.raises(lsql.DatasetFormatError, match=rf"meta/tasks\.(parquet|jsonl): {what}"):
+        db.sql("SELECT count(*) FROM frames f JOIN tasks t USING (task_index)").fetchall()
+    with pytest.raises(lsql.DatasetFormatError, match=what):
+        lsql.connect(root).dataset(episodes=[0], cameras=[])
+
+
+@pytest.mark.parametrize("col", ["filename", "file_row_number", "FILE_ROW_NUMBER"])
+def test_a_data_column_named_like_duckdbs_file_columns(datasets, tmp_path, col):
+    # _frames_loc asks read_parquet for the file name and row number columns; a data column of either name made
+    # connect report the files as corrupt ("re-download").
+    root = tmp_path / "vcol"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    f = root / "data/chunk-000/file-000.parquet"
+    t = pq.read_table(f)
+    n = t.num_rows
+    v = pa.array(["elsewhere.parquet"] * n) if col == "filename" else pa.array([min(i + 10, n - 1) for i in range(n)])
+    pq.write_table(t.append_column(col, v), f)
+    db = lsql.connect(root)
+    if col != "filename":
+        with pytest.raises(lsql.DatasetFormatError, match=rf"data column '{col}' has the name of DuckDB's row-number"):
+            db.sql("SELECT count(*) FROM frames").fetchall()
+        return
+    assert db.sql("SELECT data_file, row FROM _frames_loc WHERE index = 400").fetchall() == \
+        [("data/chunk-000/file-000.parquet", 400)]
+    assert db.sql("SELECT DISTINCT filename FROM frames").fetchall() == [("elsewhere.parquet",)]
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index = 1 ORDER BY index", cameras=[])
+    it = ds[0]
+    assert int(it["index"]) == 348 and float(it["action"][0]) == pytest.approx(t["action"][348].as_py()[0])
+
+
+def test_a_bool_episode_index_in_v21_episodes_jsonl_is_named(datasets, tmp_path):
+    root = tmp_path / "v21"
+    shutil.copytree(datasets / "v21_small20", root, ignore=shutil.ignore_patterns("videos"))
+    p = root / "meta/episodes.jsonl"
+    rows = [json.loads(line) for line in p.read_text().splitlines()]
+    rows[0]["episode_index"] = True
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(lsql.DatasetFormatError, match=r"meta/episodes\.jsonl: line 1 lacks an integer episode_index"):
+        lsql.connect(root).dataset(cameras=[])
+
+
+@pytest.mark.parametrize("kind", ["string", "struct"])
+def test_a_stats_column_that_is_not_numbers_is_left_out_with_a_warning(datasets, tmp_path, kind):
+    root = tmp_path / "stats"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    ep = root / "meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(ep)
+    arr = pa.array(["1e999x"] * t.num_rows) if kind == "string" else pa.array([{"a": 1}] * t.num_rows)
+    pq.write_table(t.append_column("stats/action/evil", arr), ep)
+    want = lsql.connect(datasets / "small20").sql(
+        "SELECT feature, stat, count(*) FROM episode_stats GROUP BY ALL ORDER BY ALL").fetchall()
+    with pytest.warns(UserWarning, match=r"1 stats column\(s\) are not numbers .* 'stats/action/evil'"):
+        db = lsql.connect(root)
+        got = db.sql("SELECT feature, stat, count(*) FROM episode_stats GROUP BY ALL ORDER BY ALL").fetchall()
+    assert got == want and len(want) > 10

@@ -402,3 +402,43 @@ def test_unreadable_metadata_is_a_finding_not_a_crash(datasets, tmp_path):
     report = _run(root)
     assert not report.ok and _failed(report) == {"metadata_readable"}
     assert f"{rel}: cannot be read as Parquet" in report["metadata_readable"].sample[0]["error"]
+
+
+REFUSED_INFO = [
+    ({"chunks_size": "many"}, "chunks_size", "'chunks_size' must be an integer"),
+    ({"fps": float("nan")}, "fps", "'fps' must be a positive finite number"),
+    ({"total_episodes": "twenty"}, "total_episodes", "'total_episodes' must be an integer"),
+    ({"data_path": "../../{file_index}.parquet"}, "data_path", "has a '.' or '..' path segment"),
+    ({"video_path": "videos/{video_key!r}/{file_index}.mp4"}, "video_path", "which is not allowed"),
+    ({"codebase_version": "v9.0"}, "codebase_version", "is not supported"),
+    ({"features": {"observation.state": {"dtype": "float32", "shape": ["six"]}}},
+     "features['observation.state']", "each dimension must be an integer"),
+]
+
+
+@pytest.mark.parametrize("change,key,message", REFUSED_INFO)
+def test_doctor_reports_a_refused_info_json_as_a_failed_check(datasets, tmp_path, change, key, message):
+    """`lerobot-sql doctor` on a dataset whose info.json connect() refuses: a report with one failed check naming
+    the key, the message and the fix (before: the CLI's error line, whose hint was to run `lerobot-sql doctor`)."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    root = _copy(datasets, tmp_path, "small20")
+    info = json.loads((root / "meta/info.json").read_text())
+    info.update(change)
+    (root / "meta/info.json").write_text(json.dumps(info))
+    cmd = [sys.executable, "-m", "lerobot_sql.cli", "doctor", str(root)]
+    env = {**__import__("os").environ, "LSQL_CACHE_DIR": str(tmp_path / "cache")}
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    assert text.returncode == 1 and "Traceback" not in text.stderr, text.stderr
+    assert "FAIL info_json_valid: 1 violation(s)" in text.stdout
+    assert f"key={key!r}" in text.stdout and f"hint: fix {key!r} in meta/info.json (" in text.stdout, text.stdout
+    assert message in text.stdout.split("hint:")[1], text.stdout
+    js = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    report = json.loads(js.stdout)
+    assert js.returncode == 1 and report["ok"] is False and [c["name"] for c in report["checks"]] == ["info_json_valid"]
+    row = report["checks"][0]["sample"][0]
+    assert row["file"] == "meta/info.json" and row["key"] == key and message in row["error"]
+    assert str(root / "meta/info.json") in row["error"]

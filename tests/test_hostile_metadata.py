@@ -245,3 +245,150 @@ def test_a_hub_cache_snapshot_works_and_the_sandbox_still_confines(datasets, tmp
             db.con.sql(f"SELECT * FROM read_text('{path}')").fetchall()
     with pytest.raises(duckdb.PermissionException):
         db.con.sql(f"SELECT * FROM glob('{snap.parent.parent / 'blobs'}/*')").fetchall()
+
+
+# ---- Symlinks out of the dataset: the Python readers apply the SQL sandbox's rule ----------------------------------
+MP4 = "videos/observation.images.front/chunk-000/file-000.mp4"
+DATA = "data/chunk-000/file-000.parquet"
+
+
+def _link_out(snap: Path, rel: str, src_file: Path, outside: Path) -> Path:
+    """Replace the snapshot's symlink ``rel`` by one to a copy of ``src_file`` outside the dataset and its blobs."""
+    outside.mkdir(exist_ok=True)
+    target = outside / (rel.replace("/", "_"))
+    shutil.copy(src_file, target)
+    os.unlink(snap / rel)
+    os.symlink(target, snap / rel)
+    return target
+
+
+@pytest.mark.parametrize("rel", [MP4, DATA])
+def test_a_file_symlinked_out_of_the_dataset_is_never_served(datasets, tmp_path, rel):
+    orig = lsql.connect(datasets / "small20")
+    snap = _hub_snapshot(datasets / "small20", tmp_path / "hub")
+    good = lsql.connect(snap, cache_dir=tmp_path / "good_cache")  # the legit hub layout: exact items
+    sql = "SELECT index FROM frames WHERE episode_index IN (1, 4) ORDER BY index"
+    a, b = orig.dataset(sql), good.dataset(sql)
+    assert len(a) == len(b) == 404
+    for i in (0, 201, 403):
+        _assert_same_item(a[i], b[i], {}, "")
+    manifest = good.manifest(sql)
+    # Another dataset's file (same features, other codec or episodes) behind a symlink out of the dataset.
+    target = _link_out(snap, rel, datasets / ("h264_20" if rel == MP4 else "multifile60") / rel, tmp_path / "out")
+    with pytest.warns(UserWarning, match="symlinks to files outside"):
+        db = lsql.connect(snap, cache_dir=tmp_path / "bad_cache")
+        db.con
+    refused = rf"{snap / rel}: is a symlink to {target}, outside the dataset root"
+    makers = {"sql": lambda: db.dataset(sql), "all": lambda: db.dataset(), "manifest": lambda: db.dataset(manifest),
+              "episodes": lambda: db.dataset(episodes=[1]),
+              "export": lambda: db.export(sql, tmp_path / "exported", progress=False)}
+    if rel == DATA:  # a manifest names the mp4s without opening them; the data is read to build it
+        makers["export_manifest"] = lambda: db.export_manifest(sql, tmp_path / "m.parquet")
+    for what, make in makers.items():
+        with pytest.raises(lsql.DatasetFormatError, match=refused):
+            make()
+            pytest.fail(what)
+    assert not (tmp_path / "exported").exists() and not (tmp_path / "m.parquet").exists()
+    # Below db.dataset(): every reader of a file goes through the same check.
+    with pytest.raises(lsql.DatasetFormatError, match=refused):
+        db.source.open(rel)
+    with pytest.raises(lsql.DatasetFormatError, match=refused):
+        db.source.local_path(rel)
+    with pytest.raises(lsql.DatasetFormatError, match=refused):
+        db.source.identity(rel)
+    assert db.source.symlink_targets()[1] == [str(snap / rel)]
+
+
+def test_a_folder_symlinked_out_of_the_dataset_is_refused(datasets, tmp_path):
+    snap = _hub_snapshot(datasets / "small20", tmp_path / "hub")
+    folder = snap / "videos/observation.images.wrist"
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(datasets / "h264_20/videos/observation.images.wrist", outside)
+    shutil.rmtree(folder)
+    os.symlink(outside, folder)
+    db = lsql.connect(snap, cache_dir=tmp_path / "cache")
+    with pytest.raises(lsql.DatasetFormatError, match=rf"is a symlink to {outside}/chunk-000/file-000.mp4"):
+        db.dataset("SELECT index FROM frames WHERE episode_index = 2")
+    # Tabular items do not open the mp4s of a camera left out.
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index = 2", cameras=["observation.images.front"])
+    assert int(ds[0]["episode_index"]) == 2
+
+
+def test_symlinks_are_resolved_once_per_file_not_per_item(datasets, tmp_path, monkeypatch):
+    snap = _hub_snapshot(datasets / "small20", tmp_path / "hub")
+    ds = lsql.connect(snap, cache_dir=tmp_path / "cache").dataset("SELECT index FROM frames WHERE episode_index < 3")
+    ds[0]
+    calls = []
+    real = os.path.realpath
+    monkeypatch.setattr(os.path, "realpath", lambda p, *a, **k: calls.append(p) or real(p, *a, **k))
+    for i in range(0, len(ds), 7):
+        ds[i]
+    assert calls == []
+
+
+def _edit_info(root: Path, fn) -> None:
+    p = root / "meta/info.json"
+    info = json.loads(p.read_text())
+    fn(info)
+    p.write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("twin", ["action", "observation.images.front"])
+def test_feature_names_differing_only_by_case_are_refused(datasets, tmp_path, twin):
+    # DuckDB identifiers ignore ASCII case: `"ACTION"[1]` read action's values, and camera FRONT's meta/episodes
+    # pointers (videos/<key>/file_index) resolved to camera front's.
+    root = tmp_path / "case"
+    shutil.copytree(datasets / "small20", root)
+    upper = twin.upper() if twin == "action" else "observation.images.FRONT"
+    if twin == "action":
+        f = root / "data/chunk-000/file-000.parquet"
+        t = pq.read_table(f)
+        neg = pa.compute.negate(t["action"].combine_chunks().flatten())
+        pq.write_table(t.append_column(upper, pa.FixedSizeListArray.from_arrays(neg, 6)), f)
+    _edit_info(root, lambda j: j["features"].__setitem__(upper, dict(j["features"][twin])))
+    with pytest.raises(lsql.DatasetFormatError, match=rf"features '{twin}' and '{upper}' differ only by letter case"):
+        lsql.connect(root)
+
+
+def test_element_names_never_take_another_columns_meaning(datasets, tmp_path):
+    root = tmp_path / "names"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    names = {"observation.state": ["delta", "velocity", "A", "a", "x", "x"],
+             "action": ["Speed", "b", "c", "d", "e", "f"]}
+    _edit_info(root, lambda j: [j["features"][k].__setitem__("names", v) for k, v in names.items()])
+    with pytest.warns(UserWarning, match=r"frames_ext: 7 column name\(s\) .*'observation.state.A' is claimed by "
+                                         r"element 3 of 'observation.state' and element 4"):
+        db = lsql.connect(root)
+        cols = db.sql("SELECT * FROM frames_ext LIMIT 0").columns
+    state = [c for c in cols if c.startswith("observation.state.")]
+    assert state == ["observation.state.delta", "observation.state.velocity", "observation.state.speed"]
+    assert "action.Speed" not in cols and "action.speed" in cols and "action.b" in cols
+    # The derived columns keep their documented meaning (F[t] - F[t-1]), not element 1's value.
+    got = db.sql('SELECT "observation.state.delta", "action.b", action[2] FROM frames_ext ORDER BY index '
+                 'LIMIT 1 OFFSET 1').fetchall()[0]
+    s = db.sql('SELECT "observation.state" FROM frames ORDER BY index LIMIT 2').fetchall()
+    assert got[0] == pytest.approx([b - a for a, b in zip(s[0][0], s[1][0])]) and got[1] == got[2]
+    with pytest.raises(lsql.QueryError):
+        db.sql('SELECT "observation.state.a" FROM frames_ext').fetchall()
+    assert db.sql("SELECT element_index('observation.state', 'a'), element_index('observation.state', 'A')"
+                  ).fetchall() == [(4, 3)]
+    with pytest.raises(lsql.QueryError, match="element_index: unknown feature/name"):
+        db.sql("SELECT element_index('observation.state', 'x')").fetchall()
+
+
+def test_a_folder_symlinked_out_of_the_root_is_warned_about_at_connect(datasets, tmp_path):
+    # Files symlinked out were warned about; a symlinked folder was skipped silently (DuckDB still refuses it).
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    outside = tmp_path / "outside_private"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("TOPSECRET\n")
+    os.symlink(outside, root / "meta/extra")
+    os.symlink(root / "meta/episodes", root / "meta/alias")  # inside the root: no warning
+    with pytest.warns(UserWarning, match=rf"1 file\(s\) or folder\(s\) under the dataset root are symlinks to files "
+                                         rf"outside it \(e\.g\. {root}/meta/extra -> {outside}\)"):
+        db = lsql.connect(root)
+        assert db.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+    assert db.source.symlink_targets() == ([], [str(root / "meta/extra")])
+    with pytest.raises(Exception, match="Permission Error"):
+        db.con.sql(f"SELECT content FROM read_text('{root}/meta/extra/secret.txt')").fetchall()

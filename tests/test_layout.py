@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pyarrow.parquet as pq
@@ -282,3 +283,81 @@ def test_valid_info_json_variants_still_open(datasets, tmp_path):
     root = _with_info(datasets, tmp_path, chunks_size=None,
                       data_path="data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet")
     assert lsql.connect(root).layout.chunks_size == 1000
+
+
+HTTP_BAD_INFO = [
+    ("small20", {"chunks_size": "many"}, "'chunks_size'"),
+    ("small20", {"chunks_size": 10 ** 30}, "'chunks_size'"),
+    ("small20", {"chunks_size": [1000]}, "'chunks_size'"),
+    ("small20", {"total_episodes": "twenty"}, "'total_episodes'"),
+    ("small20", {"total_episodes": -1}, "'total_episodes'"),
+    ("small20", {"data_path": "../{chunk_index}/{file_index}.parquet"}, "'data_path'"),
+    ("small20", {"video_path": "videos/{video_key}/{chunk_index.real}/{file_index}.mp4"}, "'video_path'"),
+    ("small20", {"features": "none"}, "'features'"),
+    ("v21_small20", {"chunks_size": "many"}, "'chunks_size'"),
+    ("v21_small20", {"video_path": "/abs/{video_key}/{episode_index}.mp4"}, "'video_path'"),
+]
+
+
+@pytest.mark.parametrize("name,change,what", HTTP_BAD_INFO)
+def test_http_roots_validate_info_json_before_listing(datasets, tmp_path, monkeypatch, name, change, what):
+    """Plain HTTP cannot list: Source.listed_files derives the file list from info.json before load_layout runs,
+    so it must apply the same validation (it ran int(chunks_size) and str.format first)."""
+    from http_range_server import RangeServer
+
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "srv" / name
+    shutil.copytree(datasets / name, root)
+    info = _info(root)
+    info.update(change)
+    (root / "meta/info.json").write_text(json.dumps(info))
+    with RangeServer(tmp_path / "srv") as srv:
+        with pytest.raises(lsql.DatasetFormatError, match=rf"{srv.url}/{name}/meta/info.json.*{what}") as e:
+            lsql.connect(f"{srv.url}/{name}")
+    assert "Parquet" not in str(e.value) and "re-download" not in str(e.value)
+
+
+def test_http_root_with_a_valid_info_json_lists_its_files(datasets, tmp_path, monkeypatch):
+    from http_range_server import RangeServer
+
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
+    with RangeServer(datasets) as srv:
+        for name, n in (("small20", 4762), ("v21_small20", 4762), ("multifile60", None)):
+            db = lsql.connect(f"{srv.url}/{name}")
+            local = sorted(str(p.relative_to(datasets / name)) for p in (datasets / name).rglob("*") if p.is_file())
+            assert db.source.listed_files() == local
+            if n:
+                assert db.sql("SELECT count(*) FROM frames").fetchall() == [(n,)]
+
+
+@pytest.mark.parametrize("folder", ["vid{0}", "v{chunk_index.real}", "x}{", "clips%s", "{video_key}"])
+def test_a_video_folder_found_by_listing_is_data_not_template(datasets, tmp_path, folder):
+    """_find_video_dir puts the one top folder holding mp4s into the template: its braces are literal text."""
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    (root / "videos").rename(root / folder)
+    with pytest.warns(UserWarning, match="holds mp4 files; reading videos through"):
+        db = lsql.connect(root)
+    assert db.layout.video_path.startswith(folder.replace("{", "{{").replace("}", "}}") + "/{video_key}/")
+    sql = "SELECT index FROM frames WHERE episode_index IN (2, 9) ORDER BY index"
+    a, b = lsql.connect(datasets / "small20").dataset(sql), db.dataset(sql)
+    assert len(a) == len(b) == 495
+    from helpers import assert_items_equal
+
+    for i in (0, 247, 494):
+        assert_items_equal(b[i], a[i])
+    paths = sorted(r[0] for r in db.sql("SELECT DISTINCT path FROM videos").fetchall())
+    assert paths == [f"{folder}/observation.images.{c}/chunk-000/file-000.mp4" for c in ("front", "wrist")]
+
+
+@pytest.mark.parametrize("folder", ["vid\\eos", "~videos", "c:videos"])
+def test_a_video_folder_whose_name_is_no_template_is_not_used(datasets, tmp_path, folder):
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    (root / "videos").rename(root / folder)
+    with pytest.warns(UserWarning, match=r"cannot be used as a video folder .*meta/info.json \(rewritten to the "
+                                         rf"folder {re.escape(repr(folder))}"):
+        db = lsql.connect(root)
+    assert db.layout.video_path == _info(root)["video_path"]
+    with pytest.raises(lsql.MissingFileError):
+        db.dataset("SELECT index FROM frames WHERE episode_index = 2")[0]

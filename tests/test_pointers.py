@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import lerobot_sql as lsql
 from helpers import data_root
@@ -137,3 +138,33 @@ def test_windows_matching_no_frames_raise_the_contract_error(datasets):
         with pytest.raises(lsql.ResultContractError, match="matched no frames"):
             db.dataset(f"SELECT episode_index, {start} AS start_s, {end} AS end_s FROM episodes "
                        "WHERE episode_index = 1")
+
+
+@pytest.mark.parametrize("k", [400, 10**10])  # 400 > episode 1's 158 frames: negative length
+def test_crafted_episode_ranges_fall_back_to_the_join(datasets, tmp_path, k):
+    # Episode 0 claims K more rows and episode 1 K fewer (a negative length): each file's total still matches. The
+    # pointer path must not allocate K elements (MemoryError) nor pass a negative count to np.repeat (ValueError);
+    # the DuckDB join reads every frame's real row instead.
+    root = tmp_path / "range"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"] = {n: f for n, f in info["features"].items() if f["dtype"] != "video"}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    ep = root / "meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(ep)
+    lo, hi = t["dataset_from_index"].to_pylist(), t["dataset_to_index"].to_pylist()
+    hi[0] += k
+    lo[1] += k
+    t = t.set_column(t.column_names.index("dataset_from_index"), "dataset_from_index", pa.array(lo, pa.int64()))
+    t = t.set_column(t.column_names.index("dataset_to_index"), "dataset_to_index", pa.array(hi, pa.int64()))
+    pq.write_table(t, ep)
+    db = lsql.connect(root)
+    ref = lsql.connect(datasets / "small20")
+    for kw, sql in ((dict(episodes=[0]), "SELECT index FROM frames WHERE episode_index = 0 ORDER BY index"),
+                    ({}, "SELECT index FROM frames ORDER BY index")):
+        ds, want = db.dataset(cameras=[], **kw), ref.dataset(sql, cameras=[])
+        assert len(ds) == len(want) == (348 if kw else ref.layout.info["total_frames"])
+        for i in (0, 347, len(ds) - 1):
+            a, b = ds[i], want[i]
+            assert a["task"] == b["task"] and int(a["index"]) == int(b["index"]) == i
+            assert torch.equal(a["action"], b["action"]) and torch.equal(a["episode_index"], b["episode_index"])

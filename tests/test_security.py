@@ -422,29 +422,26 @@ def test_deep_queries_are_answered_or_refused_with_query_error(db):
         db.sql(too_deep)
 
 
-def test_query_text_is_bounded_and_big_in_lists_are_fast(db):
-    import time
-
+def test_query_text_is_bounded_and_big_in_lists_are_answered(db):
     from lerobot_sql import query
 
-    t0 = time.monotonic()
+    # No timing asserts (speed belongs in benchmarks/): the module's 60 s pytest-timeout catches checks that take
+    # minutes, as the 1M-item list did before the bound.
     huge = "SELECT count(*) FROM episodes WHERE episode_index IN (" + ", ".join(map(str, range(1_000_000))) + ")"
     with pytest.raises(QueryError, match=f"{query.MAX_SQL_CHARS:,}"):
         db.sql(huge)
-    assert time.monotonic() - t0 < 10  # refused on its length, before any parse (minutes before the bound)
-    t0 = time.monotonic()
     big = "SELECT count(*) FROM episodes WHERE episode_index IN (" + ", ".join(map(str, range(20_000))) + ")"
     assert db.sql(big).fetchall() == [(20,)]
-    assert time.monotonic() - t0 < 20
 
 
+@pytest.mark.timeout(240)  # a loaded 2-core box starts interpreters slowly
 def test_timeout_interrupts_a_runaway_query_and_the_connection_survives(db):
     import time
 
     t0 = time.monotonic()
     with pytest.raises(QueryError, match="(?i)timeout.*0.5 s"):
         db.sql(RUNAWAY, timeout=0.5).fetchall()
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60
     assert db.sql("SELECT count(*) FROM episodes", timeout=30).fetchall() == [(20,)]
     with pytest.raises(ValueError, match="timeout"):
         db.sql("SELECT 1", timeout=-1)
@@ -463,7 +460,7 @@ def _run_and_interrupt(args, ready: str, tmp_path):
         time.sleep(1.0)  # inside the query
         t0 = time.monotonic()
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=20)
+        out, err = p.communicate(timeout=90)
         return p.returncode, line + out, err, time.monotonic() - t0
     finally:
         if p.poll() is None:
@@ -471,9 +468,11 @@ def _run_and_interrupt(args, ready: str, tmp_path):
             p.wait()
 
 
-RUNAWAY = "SELECT sum(a.index * b.index + c.index) FROM frames a, frames b, frames c"
+# 4762**4 rows: days of work, so a query that ends within the bounds below was stopped, never finished.
+RUNAWAY = "SELECT sum(a.index * b.index + c.index + d.index) FROM frames a, frames b, frames c, frames d"
 
 
+@pytest.mark.timeout(240)  # a loaded 2-core box starts interpreters slowly
 def test_ctrl_c_interrupts_db_sql(world, tmp_path):
     import sys
 
@@ -489,9 +488,10 @@ def test_ctrl_c_interrupts_db_sql(world, tmp_path):
               "print(db.sql('SELECT count(*) FROM episodes').fetchall(), flush=True)\n")
     code, out, err, secs = _run_and_interrupt([sys.executable, "-c", script], "ready", tmp_path)
     assert code == 0 and "QueryError:" in out and "Ctrl-C" in out and "[(20,)]" in out, (out, err)
-    assert secs < 10
+    assert secs < 60
 
 
+@pytest.mark.timeout(240)  # a loaded 2-core box starts interpreters slowly
 def test_cli_query_ctrl_c_and_timeout(world, tmp_path):
     import subprocess
     import sys
@@ -501,9 +501,9 @@ def test_cli_query_ctrl_c_and_timeout(world, tmp_path):
     cli = [sys.executable, "-m", "lerobot_sql.cli"]
     t0 = time.monotonic()
     r = subprocess.run([*cli, "query", str(root), RUNAWAY, "--timeout", "1"], capture_output=True, text=True,
-                       timeout=60)
+                       timeout=150)
     assert r.returncode == 1 and "timeout" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 90
     # Ctrl-C: a shell pipeline would print the result; here the query never ends, so wait for the process to settle
     p = subprocess.Popen([*cli, "query", str(root), RUNAWAY], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
@@ -513,12 +513,12 @@ def test_cli_query_ctrl_c_and_timeout(world, tmp_path):
 
         t1 = time.monotonic()
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=20)
+        out, err = p.communicate(timeout=90)
     finally:
         if p.poll() is None:
             p.kill()
     assert p.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
-    assert time.monotonic() - t1 < 10
+    assert time.monotonic() - t1 < 60
 
 
 MEMORY_HOGS = {
@@ -526,6 +526,15 @@ MEMORY_HOGS = {
     "repeat": "SELECT length(repeat('x', 1000000000)) AS n",
     "list_repeat": "SELECT len(repeat([1], 100000000)) AS n",
     "generate_series": "SELECT len(generate_series(1, 100000000)) AS n",
+    # round 3: sizes that multiply through nesting, widths inside format strings, computed literals
+    "printf_width": "SELECT length(printf('%01000000000d', 1)) AS n",
+    "printf_star_width": "SELECT length(printf('%*d', 1000000000, 1)) AS n",
+    "format_width": "SELECT length(format('{:>1000000000}', 'x')) AS n",
+    "format_dynamic_width": "SELECT length(format('{:>{}}', 'x', 1000000000)) AS n",
+    "nested_repeat": "SELECT length(repeat(repeat('x', 1000000), 1000)) AS n",
+    "nested_range": "SELECT len(flatten(list_transform(range(1000), lambda i: range(1000000)))) AS n",
+    "folded_count": "SELECT length(repeat('x', 1000 * 1000000)) AS n",
+    "string_count": "SELECT length(lpad('x', '1000000000')) AS n",
 }
 
 
@@ -538,13 +547,21 @@ def test_memory_hogs_refused_before_they_allocate(world, tmp_path, name):
     import sys
 
     root, _, _ = world
-    script = ("import lerobot_sql as lsql, resource\n"
+    # RLIMIT_AS: before the checks refused them, these would take 2-8 GB of a shared machine; capped, an
+    # unrefused hog fails with an allocation error (no "allocate" QueryError) instead. timeout=20: an unrefused
+    # printf ran for minutes, and DuckDB does not interrupt inside one value.
+    script = ("import resource\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+              "import lerobot_sql as lsql\n"
               f"db = lsql.connect({str(root)!r}, cache_dir={str(root.parent / 'cache')!r})\n"
               "try:\n"
-              f"    print('result', db.sql({MEMORY_HOGS[name]!r}).fetchall())\n"
+              f"    print('result', db.sql({MEMORY_HOGS[name]!r}, timeout=20).fetchall())\n"
               "except lsql.QueryError as e:\n"
               "    print('QueryError:', e)\n"
-              "print('maxrss_mb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+              # VmHWM, not getrusage's ru_maxrss: Linux keeps ru_maxrss across execve, so a child of a big pytest
+              # process would report its parent's peak
+              "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+              "print('maxrss_mb', int(hwm.split()[1]) // 1024)\n")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=110, cwd=tmp_path)
     assert "QueryError:" in r.stdout and "allocate" in r.stdout, (r.stdout, r.stderr)
     rss = int(r.stdout.split("maxrss_mb")[1])
@@ -593,3 +610,124 @@ def test_one_database_from_four_threads(datasets, tmp_path):
 
     with ThreadPoolExecutor(2) as ex:
         assert list(ex.map(attack, range(2))) == [[(False,)]] * 2
+
+
+# ---- round 3: deep SQL fails closed, CTE scope, the Result surface, settings, the timeout's second clock ----------
+def test_sql_too_deep_for_the_checks_is_refused_not_passed_unchecked(db):
+    """At ~950 nested parentheses sqlglot's walk hit RecursionError and check_sql returned the SQL unchecked."""
+    deep = "(" * 950 + "1" + ")" * 950
+    with pytest.raises(QueryError, match="nested too deeply for the query checks"):
+        db.sql(f"SELECT {deep} AS d, count(*) AS n FROM episodes")
+    ok = "(" * 100 + "1" + ")" * 100
+    assert db.sql(f"SELECT {ok} AS d, count(*) AS n FROM episodes").fetchall() == [(1, 20)]
+
+
+def _facts(db, sql):
+    from lerobot_sql import query
+
+    tree = db.con.sql("SELECT json_serialize_sql($1)", params=[sql]).fetchall()[0][0]
+    return query.duckdb_facts(tree, db._context(), sql)
+
+
+def test_cte_names_are_scoped_in_duckdbs_tree(db, world):
+    """A CTE named like a file inside one subquery covered a bare reference to that file elsewhere, which DuckDB
+    answers with a replacement scan (read_json_auto of the path). Judged on DuckDB's tree alone, as for SQL that
+    sqlglot cannot walk."""
+    root, _, _ = world
+    target = str(root / "meta" / "info.json")
+    sql = (f'SELECT * FROM (WITH "{target}" AS (SELECT 1 AS x) SELECT x FROM "{target}") a, "{target}" b')
+    with pytest.raises(QueryError, match="file paths in FROM"):
+        _facts(db, sql)
+    # a CTE of a later WITH entry does not cover an earlier one's body
+    with pytest.raises(QueryError, match="unknown view 'b'"):
+        _facts(db, "WITH a AS (SELECT * FROM b), b AS (SELECT 1 AS x) SELECT * FROM a")
+    # what scoping must keep: CTEs seen in their own query and subqueries, chains, recursion, set operations
+    assert db.sql("SELECT * FROM (WITH t AS (SELECT count(*) AS n FROM episodes) SELECT n FROM t) s").fetchall() \
+        == [(20,)]
+    assert db.sql("WITH a AS (SELECT episode_index FROM episodes), b AS (SELECT count(*) AS n FROM a) "
+                  "SELECT n, (SELECT max(episode_index) FROM a) FROM b").fetchall() == [(20, 19)]
+    assert db.sql("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 5) "
+                  "SELECT sum(n) FROM r").fetchall() == [(15,)]
+    assert db.sql("WITH a AS (SELECT 1 AS x) SELECT x FROM a UNION ALL SELECT x + 1 FROM a ORDER BY 1").fetchall() \
+        == [(1,), (2,)]
+
+
+RESULT_ESCAPES = {
+    "query_copy": lambda r, root: r.query("t", f"COPY (SELECT 'pwned' AS x) TO '{root}/meta/pwned.csv'"),
+    "query_view": lambda r, root: r.query("t", "CREATE OR REPLACE VIEW tasks AS SELECT 0 AS task_index, 'EVIL' AS task"),
+    "write_csv": lambda r, root: r.write_csv(f"{root}/data/pwned.csv"),
+    "to_parquet": lambda r, root: r.to_parquet(f"{root}/data/pwned.parquet"),
+    "to_csv": lambda r, root: r.to_csv(f"{root}/data/pwned.csv"),
+    "create_view": lambda r, root: r.create_view("tasks"),
+    "filter": lambda r, root: r.filter("x IN (SELECT 1)"),
+    "project": lambda r, root: r.project("x, current_setting('temp_directory')"),
+    "order": lambda r, root: r.order("x"),
+    "aggregate": lambda r, root: r.aggregate("count(*)"),
+    "execute": lambda r, root: r.execute(),
+    "insert_into": lambda r, root: r.insert_into("tasks"),
+}
+
+
+@pytest.mark.parametrize("name", list(RESULT_ESCAPES))
+def test_result_offers_only_reading_methods(db, world, name):
+    """db.sql's Result forwarded every DuckDB relation method: .query() ran COPY and CREATE VIEW, write_csv wrote
+    inside the root, filter/project/order/aggregate took SQL text the checks never saw."""
+    root, _, _ = world
+    before = {p for p in root.rglob("*")}
+    tasks = db.sql("SELECT * FROM tasks ORDER BY task_index").fetchall()
+    r = db.sql("SELECT 1 AS x")
+    with pytest.raises(AttributeError, match="read-only.*db.sql"):
+        RESULT_ESCAPES[name](r, root)
+    assert {p for p in root.rglob("*")} == before
+    assert db.sql("SELECT * FROM tasks ORDER BY task_index").fetchall() == tasks
+    assert "EVIL" not in str(tasks)
+
+
+def test_result_reading_methods_still_work(db):
+    r = db.sql("SELECT episode_index, length FROM episodes ORDER BY episode_index")
+    assert r.columns == ["episode_index", "length"] and len(r.types) == 2
+    assert r.limit(2).fetchall() == db.sql("SELECT episode_index, length FROM episodes ORDER BY episode_index "
+                                           "LIMIT 2").fetchall()
+    assert r.limit(1, 19).fetchall()[0][0] == 19
+    assert r.fetchnumpy()["length"].sum() == 4762
+    assert r.df().shape == (20, 2) and r.arrow().num_rows == 20 and len(r) == 20
+    assert r.to_arrow_table().column("length").to_pylist() == [row[1] for row in r.fetchall()]
+    with pytest.raises(TypeError, match="integers"):
+        r.limit("1 UNION SELECT 1")
+
+
+@pytest.mark.parametrize("setting", ["allowed_directories", "temp_directory", "secret_directory", "home_directory",
+                                     "threads"])
+def test_current_setting_is_refused(db, setting):
+    """current_setting('allowed_directories' | 'temp_directory' | ...) answered, revealing cache and home paths."""
+    with pytest.raises(QueryError, match="current_setting.*not allowed"):
+        db.sql(f"SELECT current_setting('{setting}') AS s").fetchall()
+    with pytest.raises(QueryError, match="current_setting.*not allowed"):
+        db.sql(f"SELECT task FROM tasks WHERE task <> CURRENT_SETTING('{setting}')").fetchall()
+
+
+@pytest.mark.timeout(240)
+def test_timeout_fires_without_the_timer_thread(world, tmp_path):
+    """The Timer thread of db.Result's timeout once never fired (a full-suite run, 60 s of a cross join). On the main
+    thread a SIGALRM interval timer is the second clock: with threading.Timer disabled the timeout still stops the
+    query. In a child process: pytest-timeout's signal method holds SIGALRM here, and then the fallback stays off."""
+    import subprocess
+    import sys
+
+    root, _, _ = world
+    script = ("import threading, lerobot_sql as lsql\n"
+              "from lerobot_sql import db as dbmod\n"
+              "class Dead:  # a Timer that never fires\n"
+              "    daemon = True\n"
+              "    def __init__(self, *a, **k): pass\n"
+              "    def start(self): pass\n"
+              "    def cancel(self): pass\n"
+              "dbmod.threading.Timer = Dead\n"
+              f"db = lsql.connect({str(root)!r}, cache_dir={str(root.parent / 'cache')!r})\n"
+              "try:\n"
+              f"    db.sql({RUNAWAY!r}, timeout=1).fetchall()\n"
+              "except lsql.QueryError as e:\n"
+              "    print('QueryError:', e.interrupted, flush=True)\n"
+              "print(db.sql('SELECT count(*) FROM episodes', timeout=30).fetchall(), flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert r.returncode == 0 and "QueryError: timeout" in r.stdout and "[(20,)]" in r.stdout, (r.stdout, r.stderr)

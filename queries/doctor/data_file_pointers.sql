@@ -5,16 +5,13 @@
 --
 -- returns: one row per bad episode: episode_index BIGINT, pointed_file VARCHAR, actual_files VARCHAR[],
 --   problem VARCHAR. No rows means the check passed.
-WITH fmt AS (
-  SELECT regexp_replace(regexp_replace(data_path,
-           '\{(?:chunk_index|episode_chunk)(?::(0?\d*)d)?\}', '%1$\1d', 'g'),
-           '\{(?:file_index|episode_index)(?::(0?\d*)d)?\}', '%2$\1d', 'g') AS f
-  FROM info
+-- The pointed file comes from the internal view _episode_data_files, which formats the pointers with info.json's
+-- data_path at connect time (a printf format computed inside a query is refused by the query checks: its widths
+-- could not be bounded before it runs).
+WITH pointed AS (
+  SELECT episode_index, path AS pointed_file FROM _episode_data_files
 ), actual AS (
   SELECT episode_index, list(DISTINCT data_file ORDER BY data_file) AS files FROM _frames_loc GROUP BY episode_index
-), pointed AS (
-  SELECT ep.episode_index, printf(fmt.f, ep."data/chunk_index", ep."data/file_index") AS pointed_file
-  FROM episodes ep, fmt
 )
 SELECT p.episode_index, p.pointed_file, a.files AS actual_files,
        CASE WHEN len(a.files) > 1 THEN 'rows are spread over ' || len(a.files) || ' data files'
