@@ -169,7 +169,7 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
     if src.is_local and info.metadata is not None:
         now = src.identity(info.rel)  # a stat: the footer read earlier (maybe hours ago) must still describe the file
         if now != info.identity:
-            raise DatasetFormatError(f"{src.path(info.rel)}: the file changed after the dataset was opened (size-mtime "
+            raise DatasetFormatError(f"{src.path(info.rel)}: the file changed after the dataset was opened (size-mtime-inode-ctime "
                                      f"{info.identity} then, {now} now); open the dataset again (db.dataset(...)) to "
                                      "read the new version")
     folder = paths[0].parent

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from . import cache
 from .errors import DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError, VideoDecodeError
-from .source import Source
+from .source import Source, local_identity
 
 INDEX_VERSION = 2  # 2: entries carry a checksum sidecar (cache.check)
 INDEX_SCHEMA = pa.schema([
@@ -128,15 +128,17 @@ def _demux_index(src: Source, rel: str) -> pa.Table:
     }, schema=INDEX_SCHEMA.with_metadata({"time_base": f"{tb.numerator}/{tb.denominator}", "path": rel}))
 
 
-Stamp = tuple  # (inode, size, mtime_ns) of a local file: see stamp()
+Stamp = tuple  # (inode, size, mtime_ns, ctime_ns, identity) of a local file: see stamp()
 
 
 def stamp(src: Source, rel: str) -> Stamp | None:
-    """(inode, size in bytes, mtime in ns) of local file ``rel``, or None when it is missing or remote.
+    """(inode, size in bytes, mtime in ns, ctime in ns, :func:`~lerobot_sql.source.local_identity`) of local file
+    ``rel``, or None when it is missing or remote.
 
     A dataset takes one stamp per mp4 when it is opened and compares it whenever a process indexes the file or
-    hands it to a decoder: a file replaced by a rename (new inode) or rewritten in place (new size or mtime)
-    differs. One ``os.stat``, about a microsecond. Remote files are pinned by their ETag instead (see remote.py).
+    hands it to a decoder: a file replaced by a rename (new inode) or rewritten in place (new size, mtime or
+    ctime; ctime also catches a same-size rewrite whose mtime was set back) differs. One ``os.stat``, about a
+    microsecond. Remote files are pinned by their ETag instead (see remote.py).
     """
     local = src.local_path(rel)
     if local is None:
@@ -145,7 +147,11 @@ def stamp(src: Source, rel: str) -> Stamp | None:
         st = os.stat(local)
     except FileNotFoundError:
         return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
+    return _stamp_of(st)
+
+
+def _stamp_of(st: os.stat_result) -> Stamp:
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, local_identity(st)
 
 
 def changed_error(src: Source, rel: str, then: Stamp, now: Stamp | None) -> LeRobotSQLError:
@@ -154,8 +160,8 @@ def changed_error(src: Source, rel: str, then: Stamp, now: Stamp | None) -> LeRo
         return MissingFileError(f"{src.path(rel)}: video file not found; it existed when the dataset was opened. "
                                 "Restore it, or open the dataset again (db.dataset(...)) with cameras=[...] without it")
     return DatasetFormatError(
-        f"{src.path(rel)}: the video file changed after the dataset was opened (inode-size-mtime "
-        f"{'-'.join(map(str, then))} then, {'-'.join(map(str, now))} now); its frame index and episode clips describe "
+        f"{src.path(rel)}: the video file changed after the dataset was opened (inode-size-mtime-ctime "
+        f"{'-'.join(map(str, then[:4]))} then, {'-'.join(map(str, now[:4]))} now); its frame index and episode clips describe "
         "the old file, so decoding it would give wrong frames. Open the dataset again (db.dataset(...)) to read the "
         "new version")
 
@@ -170,7 +176,7 @@ def _check_pin(src: Source, rel: str, pin: Stamp | None) -> None:
 def index_path(src: Source, rel: str, cache_dir: Path, pin: Stamp | None = None) -> Path:
     """Where the cached index of ``rel`` lives (it may not exist yet): keyed by the file's identity, the pinned
     one when ``pin`` (a :func:`stamp`) is given."""
-    identity = f"{pin[1]}-{pin[2]}" if pin is not None else src.identity(rel)  # Source.identity's local form
+    identity = pin[4] if pin is not None else src.identity(rel)  # pin[4] is Source.identity's local form
     return cache_dir / "video_index" / f"{cache.key(src.url, rel, identity, INDEX_VERSION)}.parquet"
 
 
@@ -494,8 +500,7 @@ class DecoderPool:
                 if local is None:
                     local = self._local[index.path] = self.src.local_path(index.path)
                 try:
-                    st = os.stat(local)
-                    now = (st.st_ino, st.st_size, st.st_mtime_ns)
+                    now = _stamp_of(os.stat(local))
                 except FileNotFoundError:
                     now = None
                 if now != pin:

@@ -287,3 +287,22 @@ def test_a_replaced_mp4_between_dataloader_epochs_is_refused_in_the_workers(data
     with pytest.raises(DatasetFormatError, match=r"file-000\.mp4.*changed"):
         for _ in loader:  # epoch 2: fresh workers forked from a dataset that pinned the old files
             pass
+
+
+def test_index_cache_sees_a_replacement_that_kept_size_and_mtime(datasets, tmp_path):
+    """A copy with ``cp -p`` over the mp4 keeps size and mtime; inode and ctime still key a new index entry."""
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    src = open_source(root)
+    rel = CASES[0][1]
+    p1 = video.ensure_index(src, rel, tmp_path / "cache")
+    st = os.stat(root / rel)
+    shutil.copy2(root / rel, root / (rel + ".new"))
+    os.replace(root / (rel + ".new"), root / rel)
+    os.utime(root / rel, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(root / rel).st_size, os.stat(root / rel).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    p2 = video.ensure_index(src, rel, tmp_path / "cache")
+    assert p2 != p1 and p2.exists()
+    pin = video.stamp(src, rel)
+    assert video.index_path(src, rel, tmp_path / "cache", pin) == p2  # the pinned key is Source.identity's
+    assert p2.with_suffix(".arrow") == video.ensure_index_arrow(src, rel, tmp_path / "cache", pin).with_suffix(".arrow")
