@@ -61,7 +61,7 @@ class _Worker:
         self.indexes: dict[str, video.FrameIndex] = {}
         self.videos: dict[tuple[str, int], _VideoFile] = {}
         self.decoders = video.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads,
-                                          pins=ds._video_pins)
+                                          pins=ds._video_pins, declared=ds._video_declared)
         n = len(ds._video_keys)
         # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
         self.pool = concurrent.futures.ThreadPoolExecutor(n - 1) if ds._use_parallel() and n > 1 else None
@@ -196,6 +196,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         # come from each file's index, on first use in the reading process (_video).
         self._video_files: dict[str, list[str]] = {}
         self._video_pins: dict[str, video.Stamp | None] = {}
+        self._video_declared: dict[str, tuple[str, tuple[int, int]]] = {}  # mp4 -> camera, declared (H, W)
         self._vstarts: dict[str, np.ndarray] = {}
         missing: list[str] = []
         for k in self._video_keys:
@@ -205,6 +206,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             pos = np.empty(n, np.int32)
             pos[order] = np.arange(n) - np.repeat(self._vstarts[k][:-1], np.diff(self._vstarts[k]))
             cols[f"_vfile/{k}"], cols[f"_vorder/{k}"], cols[f"_vpos/{k}"] = codes, order, pos
+            hw = _declared_hw(self._layout.features[k])
+            if hw is not None:
+                self._video_declared.update({rel: (k, next(iter(hw))) for rel in names})
             for rel in names:  # only where it costs a stat: a remote file's absence shows at its first item
                 # The stamp pins the file: every process checks it before indexing or decoding the mp4 (a file
                 # replaced since would be read through an index and clips checked for another file).

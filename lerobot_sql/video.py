@@ -315,6 +315,37 @@ class FrameIndex:
 _PLANAR_OK: dict[tuple, bool] = {}
 
 
+MAX_SIDE = 8192         # pixels: a frame side beyond 8K is refused as a decode bomb, whatever info.json declares
+MAX_PIXEL_RATIO = 64    # a frame of more than 64 x the declared pixel count is refused too (a 4K stream under 96x128)
+_WARNED: set[tuple[str, tuple[int, int]]] = set()  # (mp4, its frame size): warned once per process
+
+
+def check_resolution(path: str, hw: tuple[int, int], camera: str | None, declared: tuple[int, int] | None) -> None:
+    """Compare an mp4's frame size (``hw``: height, width from the stream at decoder open) with info.json's.
+
+    Datasets legitimately hold files of one camera at several resolutions (lerobot serves each file's own size),
+    so a difference only warns, once per file and process. Cheap: called when a decoder opens, never per frame.
+
+    Raises:
+        DatasetFormatError: a side over :data:`MAX_SIDE`, or more than :data:`MAX_PIXEL_RATIO` x the declared pixel
+            count: each decoded frame would cost that memory (uint8 3 x H x W per frame of every item).
+    """
+    h, w = int(hw[0]), int(hw[1])
+    said = f" of camera {camera!r}" if camera else ""
+    want = f"info.json declares {declared[0]}x{declared[1]} (HxW)" if declared else "no declared shape"
+    if max(h, w) > MAX_SIDE or (declared and h * w > MAX_PIXEL_RATIO * max(1, declared[0] * declared[1])):
+        raise DatasetFormatError(
+            f"{path}: video frames{said} are {h}x{w} (HxW), {want}; refused as a decode bomb (limits: sides up to "
+            f"{MAX_SIDE}, at most {MAX_PIXEL_RATIO}x the declared pixel count). Re-encode the mp4 at the declared "
+            "size, or leave the camera out (cameras=[...])")
+    if declared and (h, w) != tuple(declared) and (path, (h, w)) not in _WARNED:
+        _WARNED.add((path, (h, w)))
+        import warnings
+
+        warnings.warn(f"{path}: video frames{said} are {h}x{w} (HxW) but {want}; serving the file's own size "
+                      "(as lerobot does), so items of this camera differ in shape across files", stacklevel=5)
+
+
 class _OpenFile:
     """One open container positioned somewhere in its stream, decoding forward.
 
@@ -438,9 +469,11 @@ class DecoderPool:
     """
 
     def __init__(self, src: Source, max_open: int = 16, threads: int = 1, reach: int = 2,
-                 thread_type: str = "AUTO", pins: dict[str, Stamp | None] | None = None):
+                 thread_type: str = "AUTO", pins: dict[str, Stamp | None] | None = None,
+                 declared: dict[str, tuple[str, tuple[int, int]]] | None = None):
         self.src, self.max_open, self.threads, self.reach = src, max_open, threads, reach
         self.pins = pins or {}
+        self.declared = declared or {}  # rel -> (camera key, info.json's (height, width)): checked at each open
         self._local: dict[str, str] = {}  # rel -> OS path of pinned files (spares a join per check)
         self.thread_type = thread_type
         self._open: collections.OrderedDict[str, _OpenFile] = collections.OrderedDict()
@@ -450,7 +483,14 @@ class DecoderPool:
     def _take(self, rel: str) -> _OpenFile:
         with self._lock:
             f = self._open.pop(rel, None)
-        return f if f is not None else _OpenFile(self.src, rel, self.threads, self.thread_type)
+        if f is None:
+            f = _OpenFile(self.src, rel, self.threads, self.thread_type)
+            try:
+                check_resolution(f.path, f.shape[1:], *self.declared.get(rel, (None, None)))
+            except BaseException:
+                f.close()
+                raise
+        return f
 
     def _give(self, f: _OpenFile) -> None:
         with self._lock:
