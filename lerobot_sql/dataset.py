@@ -577,15 +577,17 @@ def _codes(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
 
 
 def _declared_hw(feature) -> set[tuple[int, int]] | None:
-    """The (height, width) an image feature's info.json shape allows: [H, W, C] (lerobot's), or [C, H, W] when its
-    names start with a channel (older writers); None when the shape says nothing usable (then no check)."""
+    """The (height, width) a camera feature's info.json shape allows: [H, W, C] (lerobot's), or [C, H, W] when its
+    names start with a channel, or, without names, when only the first side looks like a channel count (older
+    writers); [H, W] as is; None when the shape says nothing usable (then no check)."""
     shape = [int(x) for x in feature.shape if isinstance(x, (int, np.integer))]
     if len(shape) == 2:
         return {(shape[0], shape[1])}
     if len(shape) != 3:
         return None
     names = feature.names if isinstance(feature.names, list) else []
-    if names and str(names[0]).startswith("channel"):
+    chw = str(names[0]).startswith("channel") if names else shape[0] in (1, 3, 4) and shape[2] not in (1, 3, 4)
+    if chw:
         return {(shape[1], shape[2])}
     return {(shape[0], shape[1])}
 

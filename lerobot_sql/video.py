@@ -3,8 +3,9 @@
 The index of an mp4 has one row per frame: its pts (stream time-base units and seconds), whether it is a keyframe,
 and the pts of the keyframe it depends on, plus its packet's byte range. It is read from the container's sample
 table when no frame is reordered (checked against the first packets), else by demuxing every packet; never by
-decoding. It is cached as one small Parquet file per mp4, keyed by the file's identity (size + mtime, or ETag), and
-exposed in SQL as ``video_frames``; a memory-mappable Arrow twin (pts, pts_s, key_row) serves the readers.
+decoding. It is cached as one small Parquet file per mp4, keyed by the file's identity (size, mtime, inode, ctime;
+or ETag), and exposed in SQL as ``video_frames``; a memory-mappable Arrow twin (pts, pts_s, key_row) serves the
+readers.
 
 ``DecoderPool`` keeps open decoders per process and reaches each target by decoding forward from where the decoder
 stands, seeking (straight to the target's keyframe) only when that keyframe lies further ahead than ``reach``.
@@ -161,9 +162,9 @@ def changed_error(src: Source, rel: str, then: Stamp, now: Stamp | None) -> LeRo
                                 "Restore it, or open the dataset again (db.dataset(...)) with cameras=[...] without it")
     return DatasetFormatError(
         f"{src.path(rel)}: the video file changed after the dataset was opened (inode-size-mtime-ctime "
-        f"{'-'.join(map(str, then[:4]))} then, {'-'.join(map(str, now[:4]))} now); its frame index and episode clips describe "
-        "the old file, so decoding it would give wrong frames. Open the dataset again (db.dataset(...)) to read the "
-        "new version")
+        f"{'-'.join(map(str, then[:4]))} then, {'-'.join(map(str, now[:4]))} now); its frame index and episode clips "
+        "describe the old file, so decoding it would give wrong frames. Open the dataset again (db.dataset(...)) to "
+        "read the new version")
 
 
 def _check_pin(src: Source, rel: str, pin: Stamp | None) -> None:
