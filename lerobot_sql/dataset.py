@@ -61,7 +61,7 @@ class _Worker:
         self.indexes: dict[str, video.FrameIndex] = {}
         self.videos: dict[tuple[str, int], _VideoFile] = {}
         self.decoders = video.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads,
-                                          pins=ds._video_pins)
+                                          pins=ds._video_pins, declared=ds._video_declared)
         n = len(ds._video_keys)
         # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
         self.pool = concurrent.futures.ThreadPoolExecutor(n - 1) if ds._use_parallel() and n > 1 else None
@@ -196,6 +196,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         # come from each file's index, on first use in the reading process (_video).
         self._video_files: dict[str, list[str]] = {}
         self._video_pins: dict[str, video.Stamp | None] = {}
+        self._video_declared: dict[str, tuple[str, tuple[int, int]]] = {}  # mp4 -> camera, declared (H, W)
         self._vstarts: dict[str, np.ndarray] = {}
         missing: list[str] = []
         for k in self._video_keys:
@@ -205,6 +206,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             pos = np.empty(n, np.int32)
             pos[order] = np.arange(n) - np.repeat(self._vstarts[k][:-1], np.diff(self._vstarts[k]))
             cols[f"_vfile/{k}"], cols[f"_vorder/{k}"], cols[f"_vpos/{k}"] = codes, order, pos
+            hw = _declared_hw(self._layout.features[k])
+            if hw is not None:
+                self._video_declared.update({rel: (k, next(iter(hw))) for rel in names})
             for rel in names:  # only where it costs a stat: a remote file's absence shows at its first item
                 # The stamp pins the file: every process checks it before indexing or decoding the mp4 (a file
                 # replaced since would be read through an index and clips checked for another file).
@@ -229,6 +233,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._plain = [(c, "image" if c in self._layout.image_keys else
                         "num" if tabular.is_numeric(schema.field(c), self._layout) else "other")
                        for c in self._columns if c not in self._delta]
+        self._image_hw = {k: _declared_hw(self._layout.features[k]) for k in self._layout.image_keys}
         self._extra_cols = []
         for e in self._extras:
             col = self.manifest[e]
@@ -372,12 +377,38 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             vals = self._rows(w, fi, row0 + (q - ep_from), column)
         return vals, pad
 
-    def _image(self, value) -> torch.Tensor:
+    def _image(self, value, column: str, i: int) -> torch.Tensor:
+        """Decode one ``image`` cell (lerobot's ``{bytes, path}`` struct of PNG/TIFF bytes) of sample ``i``.
+
+        Returns lerobot's tensor (``ToTensor``): float32 (C, H, W) in [0, 1], uint8 with ``return_uint8``;
+        16-bit images as their integer values, (1, H, W).
+
+        Raises:
+            DatasetFormatError: the cell has no bytes (only a path, which is never opened: it is dataset text),
+                is not an image PIL can read, or its header's size is not the declared one (checked before the
+                pixels are decoded, so a small PNG declaring 12000 x 12000 costs nothing). lerobot would serve
+                any size; a refusal here keeps batches and model inputs at the declared shape.
+        """
         from PIL import Image
 
         raw = value.as_py() if hasattr(value, "as_py") else value
-        data = raw["bytes"] if isinstance(raw, dict) else raw
-        arr = np.asarray(Image.open(io.BytesIO(data)))
+        data = raw.get("bytes") if isinstance(raw, dict) else raw
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise self._image_error(column, i, "holds no image bytes" + (
+                " (only a path, which is not opened: re-encode the dataset with the images embedded)"
+                if isinstance(raw, dict) and raw.get("path") else ""))
+        try:
+            img = Image.open(io.BytesIO(data))  # lazy: reads the header only
+            want = self._image_hw.get(column)
+            if want is not None and (img.height, img.width) not in want:
+                raise self._image_error(
+                    column, i, f"is a {img.width}x{img.height} (WxH) {img.mode} image but info.json declares shape "
+                    f"{list(self._layout.features[column].shape)} for {column!r}; fix the image or the declared shape")
+            arr = np.asarray(img)
+        except DatasetFormatError:
+            raise
+        except Exception as e:  # PIL: UnidentifiedImageError, a truncated stream (OSError), DecompressionBombError
+            raise self._image_error(column, i, f"is not a readable image ({type(e).__name__}: {e})") from e
         if arr.ndim == 2:
             arr = arr[:, :, None]
         arr = np.ascontiguousarray(arr.transpose(2, 0, 1))
@@ -385,9 +416,16 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             arr = _to_unit_float(arr)
         return torch.from_numpy(arr)
 
-    def _tensor(self, column: str, values) -> Any:
+    def _image_error(self, column: str, i: int, what: str) -> DatasetFormatError:
+        c = self._c
+        return DatasetFormatError(
+            f"{self._src.path(self._files[int(c['_file'][i])])}: column {column!r} of sample {i} (episode "
+            f"{int(c['episode_index'][i])}, index {int(c['index'][i])}"
+            f"{', or a frame of its delta_timestamps window' if column in self._delta else ''}) {what}")
+
+    def _tensor(self, column: str, values, i: int) -> Any:
         if column in self._layout.image_keys:
-            imgs = [self._image(v) for v in values]
+            imgs = [self._image(v, column, i) for v in values]
             return imgs[0] if len(imgs) == 1 else torch.stack(imgs)
         if isinstance(values, np.ndarray):
             return torch.from_numpy(np.array(values))
@@ -440,7 +478,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             for col in self._columns:
                 if col in self._delta:
                     vals, pad = self._neighbours(w, i, col, col, fi, idx, ep_from, ep_to, row0)
-                    item[col] = self._tensor(col, vals)
+                    item[col] = self._tensor(col, vals, i)
                     if col in self._layout.image_keys and len(pad) > 1 and item[col].ndim == 3:
                         item[col] = item[col][None]
                     pads[f"{col}_is_pad"] = torch.from_numpy(pad)
@@ -449,7 +487,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 if kind == "num":
                     item[col] = torch.from_numpy(np.array(v))
                 elif kind == "image":
-                    item[col] = self._image(v)
+                    item[col] = self._image(v, col, i)
                 else:
                     item[col] = v.as_py()
             if self._delta:  # keep lerobot's key order: data columns in file order
@@ -494,6 +532,22 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 def _codes(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
     enc = column.combine_chunks().dictionary_encode()
     return enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+
+
+def _declared_hw(feature) -> set[tuple[int, int]] | None:
+    """The (height, width) a camera feature's info.json shape allows: [H, W, C] (lerobot's), or [C, H, W] when its
+    names start with a channel, or, without names, when only the first side looks like a channel count (older
+    writers); [H, W] as is; None when the shape says nothing usable (then no check)."""
+    shape = [int(x) for x in feature.shape if isinstance(x, (int, np.integer))]
+    if len(shape) == 2:
+        return {(shape[0], shape[1])}
+    if len(shape) != 3:
+        return None
+    names = feature.names if isinstance(feature.names, list) else []
+    chw = str(names[0]).startswith("channel") if names else shape[0] in (1, 3, 4) and shape[2] not in (1, 3, 4)
+    if chw:
+        return {(shape[1], shape[2])}
+    return {(shape[0], shape[1])}
 
 
 def _to_unit_float(arr: np.ndarray) -> np.ndarray:

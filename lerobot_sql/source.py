@@ -331,7 +331,8 @@ class Source:
         return sorted(set(allowed)), refused
 
     def identity(self, rel: str) -> str:
-        """A string that changes whenever the file's content may have changed: size+mtime, or the ETag.
+        """A string that changes whenever the file's content may have changed: :func:`local_identity` (size, mtime,
+        inode, ctime) of a local file, or the remote ETag / size+mtime(+CRC) (remote.py).
 
         Raises:
             MissingFileError: the file does not exist.
@@ -343,7 +344,7 @@ class Source:
                 st = os.stat(p)
             except FileNotFoundError as e:
                 raise MissingFileError(f"{p}: file not found (referenced by the dataset's metadata)") from e
-            return f"{st.st_size}-{st.st_mtime_ns}"
+            return local_identity(st)
         try:
             info = self.fs.info(p)
         except FileNotFoundError as e:
@@ -427,6 +428,19 @@ class _PayloadFreeMP4(io.RawIOBase):
     def close(self) -> None:
         self.f.close()
         super().close()
+
+
+def local_identity(st: os.stat_result) -> str:
+    """The identity of a local file from its stat: ``"size-mtime_ns-inode-ctime_ns"``.
+
+    Size and mtime alone are kept by a replacement (``cp -p``, ``rsync -t``, ``tar x``, ``os.utime`` set mtime back),
+    so a same-size rewrite would be served from caches built from the old bytes. The inode (a new file or a rename
+    over the old one) and st_ctime_ns (set by the kernel on every write, rename, utime or chmod; no user tool can set
+    it back) are what a replacement cannot keep. The cost of a false change: a copy, restore or chmod of the
+    dataset rebuilds its caches (tabular row groups, video indexes) once, and a dataset open at the time refuses the
+    file until reopened.
+    """
+    return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}-{st.st_ctime_ns}"
 
 
 def _is_local_fs(fs: Any) -> bool:

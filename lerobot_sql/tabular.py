@@ -33,7 +33,7 @@ class DataFileInfo:
 
     Attributes:
         rel: path relative to the dataset root.
-        identity: size+mtime or ETag (part of the cache key).
+        identity: size-mtime-inode-ctime (local, see source.local_identity) or the remote ETag (part of the cache key).
         rg_offsets: int64 (n_row_groups + 1,): first row of each row group, then the total row count.
         schema: the file's Arrow schema (from the footer): its columns, in file order, are those of every cache file
             built from it.
@@ -192,9 +192,9 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
     if src.is_local and info.metadata is not None:
         now = src.identity(info.rel)  # a stat: the footer read earlier (maybe hours ago) must still describe the file
         if now != info.identity:
-            raise DatasetFormatError(f"{src.path(info.rel)}: the file changed after the dataset was opened (size-mtime "
-                                     f"{info.identity} then, {now} now); open the dataset again (db.dataset(...)) to "
-                                     "read the new version")
+            raise DatasetFormatError(f"{src.path(info.rel)}: the file changed after the dataset was opened "
+                                     f"(size-mtime-inode-ctime {info.identity} then, {now} now); open the dataset "
+                                     "again (db.dataset(...)) to read the new version")
     folder = paths[0].parent
     try:
         # Readers build entries as their items need them, DataLoader workers concurrently: cache.build_once takes one

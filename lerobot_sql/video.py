@@ -3,8 +3,9 @@
 The index of an mp4 has one row per frame: its pts (stream time-base units and seconds), whether it is a keyframe,
 and the pts of the keyframe it depends on, plus its packet's byte range. It is read from the container's sample
 table when no frame is reordered (checked against the first packets), else by demuxing every packet; never by
-decoding. It is cached as one small Parquet file per mp4, keyed by the file's identity (size + mtime, or ETag), and
-exposed in SQL as ``video_frames``; a memory-mappable Arrow twin (pts, pts_s, key_row) serves the readers.
+decoding. It is cached as one small Parquet file per mp4, keyed by the file's identity (size, mtime, inode, ctime;
+or ETag), and exposed in SQL as ``video_frames``; a memory-mappable Arrow twin (pts, pts_s, key_row) serves the
+readers.
 
 ``DecoderPool`` keeps open decoders per process and reaches each target by decoding forward from where the decoder
 stands, seeking (straight to the target's keyframe) only when that keyframe lies further ahead than ``reach``.
@@ -27,7 +28,7 @@ import pyarrow.parquet as pq
 
 from . import cache, locate
 from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError, VideoDecodeError
-from .source import Source
+from .source import Source, local_identity
 
 INDEX_VERSION = 2  # 2: entries carry a checksum sidecar (cache.check)
 INDEX_SCHEMA = pa.schema([
@@ -142,15 +143,17 @@ def _demux_index(src: Source, rel: str) -> pa.Table:
     }, schema=INDEX_SCHEMA.with_metadata({"time_base": f"{tb.numerator}/{tb.denominator}", "path": rel}))
 
 
-Stamp = tuple  # (inode, size, mtime_ns) of a local file: see stamp()
+Stamp = tuple  # (inode, size, mtime_ns, ctime_ns, identity) of a local file: see stamp()
 
 
 def stamp(src: Source, rel: str) -> Stamp | None:
-    """(inode, size in bytes, mtime in ns) of local file ``rel``, or None when it is missing or remote.
+    """(inode, size in bytes, mtime in ns, ctime in ns, :func:`~lerobot_sql.source.local_identity`) of local file
+    ``rel``, or None when it is missing or remote.
 
     A dataset takes one stamp per mp4 when it is opened and compares it whenever a process indexes the file or
-    hands it to a decoder: a file replaced by a rename (new inode) or rewritten in place (new size or mtime)
-    differs. One ``os.stat``, about a microsecond. Remote files are pinned by their ETag instead (see remote.py).
+    hands it to a decoder: a file replaced by a rename (new inode) or rewritten in place (new size, mtime or
+    ctime; ctime also catches a same-size rewrite whose mtime was set back) differs. One ``os.stat``, about a
+    microsecond. Remote files are pinned by their ETag instead (see remote.py).
     """
     local = src.local_path(rel)
     if local is None:
@@ -159,7 +162,11 @@ def stamp(src: Source, rel: str) -> Stamp | None:
         st = os.stat(local)
     except FileNotFoundError:
         return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
+    return _stamp_of(st)
+
+
+def _stamp_of(st: os.stat_result) -> Stamp:
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, local_identity(st)
 
 
 def changed_error(src: Source, rel: str, then: Stamp, now: Stamp | None) -> LeRobotSQLError:
@@ -168,10 +175,10 @@ def changed_error(src: Source, rel: str, then: Stamp, now: Stamp | None) -> LeRo
         return MissingFileError(f"{src.path(rel)}: video file not found; it existed when the dataset was opened. "
                                 "Restore it, or open the dataset again (db.dataset(...)) with cameras=[...] without it")
     return DatasetFormatError(
-        f"{src.path(rel)}: the video file changed after the dataset was opened (inode-size-mtime "
-        f"{'-'.join(map(str, then))} then, {'-'.join(map(str, now))} now); its frame index and episode clips describe "
-        "the old file, so decoding it would give wrong frames. Open the dataset again (db.dataset(...)) to read the "
-        "new version")
+        f"{src.path(rel)}: the video file changed after the dataset was opened (inode-size-mtime-ctime "
+        f"{'-'.join(map(str, then[:4]))} then, {'-'.join(map(str, now[:4]))} now); its frame index and episode clips "
+        "describe the old file, so decoding it would give wrong frames. Open the dataset again (db.dataset(...)) to "
+        "read the new version")
 
 
 def _check_pin(src: Source, rel: str, pin: Stamp | None) -> None:
@@ -184,7 +191,7 @@ def _check_pin(src: Source, rel: str, pin: Stamp | None) -> None:
 def index_path(src: Source, rel: str, cache_dir: Path, pin: Stamp | None = None) -> Path:
     """Where the cached index of ``rel`` lives (it may not exist yet): keyed by the file's identity, the pinned
     one when ``pin`` (a :func:`stamp`) is given."""
-    identity = f"{pin[1]}-{pin[2]}" if pin is not None else src.identity(rel)  # Source.identity's local form
+    identity = pin[4] if pin is not None else src.identity(rel)  # pin[4] is Source.identity's local form
     return cache_dir / "video_index" / f"{cache.key(src.url, rel, identity, INDEX_VERSION)}.parquet"
 
 
@@ -334,6 +341,37 @@ class FrameIndex:
 _PLANAR_OK: dict[tuple, bool] = {}
 
 
+MAX_SIDE = 8192         # pixels: a frame side beyond 8K is refused as a decode bomb, whatever info.json declares
+MAX_PIXEL_RATIO = 64    # a frame of more than 64 x the declared pixel count is refused too (a 4K stream under 96x128)
+_WARNED: set[tuple[str, tuple[int, int]]] = set()  # (mp4, its frame size): warned once per process
+
+
+def check_resolution(path: str, hw: tuple[int, int], camera: str | None, declared: tuple[int, int] | None) -> None:
+    """Compare an mp4's frame size (``hw``: height, width from the stream at decoder open) with info.json's.
+
+    Datasets legitimately hold files of one camera at several resolutions (lerobot serves each file's own size),
+    so a difference only warns, once per file and process. Cheap: called when a decoder opens, never per frame.
+
+    Raises:
+        DatasetFormatError: a side over :data:`MAX_SIDE`, or more than :data:`MAX_PIXEL_RATIO` x the declared pixel
+            count: each decoded frame would cost that memory (uint8 3 x H x W per frame of every item).
+    """
+    h, w = int(hw[0]), int(hw[1])
+    said = f" of camera {camera!r}" if camera else ""
+    want = f"info.json declares {declared[0]}x{declared[1]} (HxW)" if declared else "no declared shape"
+    if max(h, w) > MAX_SIDE or (declared and h * w > MAX_PIXEL_RATIO * max(1, declared[0] * declared[1])):
+        raise DatasetFormatError(
+            f"{path}: video frames{said} are {h}x{w} (HxW), {want}; refused as a decode bomb (limits: sides up to "
+            f"{MAX_SIDE}, at most {MAX_PIXEL_RATIO}x the declared pixel count). Re-encode the mp4 at the declared "
+            "size, or leave the camera out (cameras=[...])")
+    if declared and (h, w) != tuple(declared) and (path, (h, w)) not in _WARNED:
+        _WARNED.add((path, (h, w)))
+        import warnings
+
+        warnings.warn(f"{path}: video frames{said} are {h}x{w} (HxW) but {want}; serving the file's own size "
+                      "(as lerobot does), so items of this camera differ in shape across files", stacklevel=5)
+
+
 class _OpenFile:
     """One open container positioned somewhere in its stream, decoding forward.
 
@@ -457,9 +495,11 @@ class DecoderPool:
     """
 
     def __init__(self, src: Source, max_open: int = 16, threads: int = 1, reach: int = 2,
-                 thread_type: str = "AUTO", pins: dict[str, Stamp | None] | None = None):
+                 thread_type: str = "AUTO", pins: dict[str, Stamp | None] | None = None,
+                 declared: dict[str, tuple[str, tuple[int, int]]] | None = None):
         self.src, self.max_open, self.threads, self.reach = src, max_open, threads, reach
         self.pins = pins or {}
+        self.declared = declared or {}  # rel -> (camera key, info.json's (height, width)): checked at each open
         self._local: dict[str, str] = {}  # rel -> OS path of pinned files (spares a join per check)
         self.thread_type = thread_type
         self._open: collections.OrderedDict[str, _OpenFile] = collections.OrderedDict()
@@ -469,7 +509,14 @@ class DecoderPool:
     def _take(self, rel: str) -> _OpenFile:
         with self._lock:
             f = self._open.pop(rel, None)
-        return f if f is not None else _OpenFile(self.src, rel, self.threads, self.thread_type)
+        if f is None:
+            f = _OpenFile(self.src, rel, self.threads, self.thread_type)
+            try:
+                check_resolution(f.path, f.shape[1:], *self.declared.get(rel, (None, None)))
+            except BaseException:
+                f.close()
+                raise
+        return f
 
     def _give(self, f: _OpenFile) -> None:
         with self._lock:
@@ -519,8 +566,7 @@ class DecoderPool:
                 if local is None:
                     local = self._local[index.path] = self.src.local_path(index.path)
                 try:
-                    st = os.stat(local)
-                    now = (st.st_ino, st.st_size, st.st_mtime_ns)
+                    now = _stamp_of(os.stat(local))
                 except FileNotFoundError:
                     now = None
                 if now != pin:

@@ -431,3 +431,51 @@ def test_nearest_refuses_non_finite_times_and_tolerance(datasets):
             db.nearest([(1, 0.5)], ["action"], tolerance_s=tol)
     t = db.nearest([(1, 0.5)], ["action"], tolerance_s=0.01)
     assert t.num_rows == 1 and abs(t["dt_s"][0].as_py()) < 0.01
+
+
+def _png(w: int, h: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    b = io.BytesIO()
+    Image.new("RGB", (w, h)).save(b, format="PNG")
+    return b.getvalue()
+
+
+@pytest.mark.parametrize("case", ["wrong_size", "bytes_null", "not_an_image", "bomb"])
+def test_hostile_image_cells_are_format_errors(datasets, tmp_path, case):
+    """A PNG of another size than declared (lerobot would serve it; the batch shape would change), a 12000 x 12000
+    PNG of a few kB (0.43 GB decoded: refused from its header, before decoding), a cell with only a path (never
+    opened), and bytes that are no image: each a DatasetFormatError naming the data file, column and sample."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cell = {"wrong_size": {"bytes": _png(640, 480), "path": None},
+            "bytes_null": {"bytes": None, "path": "/etc/hostname"},
+            "not_an_image": {"bytes": b"hello, not a png", "path": None},
+            "bomb": {"bytes": _png(12000, 12000), "path": None}}[case]
+    root = tmp_path / "img5_extras"
+    shutil.copytree(datasets / "img5_extras", root)
+    f = root / "data/chunk-000/file-000.parquet"
+    f.chmod(0o644)
+    t = pq.read_table(f)
+    key = "observation.images.front"
+    col = t[key].combine_chunks().to_pylist()
+    col[0] = cell
+    pq.write_table(t.set_column(t.column_names.index(key), key, pa.array(col, t.schema.field(key).type)), f)
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    ds = db.dataset("SELECT index FROM frames WHERE index < 3 ORDER BY index")
+    assert tuple(ds[1][key].shape) == (3, 96, 128)  # the intact cells still decode
+    with pytest.raises(lsql.DatasetFormatError,
+                       match=r"file-000\.parquet: column 'observation\.images\.front' "
+                             r"of sample 0 \(episode 0, index 0\)") as e:
+        ds[0]
+    msg = str(e.value)
+    if case in ("wrong_size", "bomb"):
+        assert "declares shape [96, 128, 3]" in msg
+        assert ("640x480" if case == "wrong_size" else "12000x12000") in msg
+    elif case == "bytes_null":
+        assert "holds no image bytes" in msg and "hostname" not in msg
+    else:
+        assert "not a readable image" in msg and e.value.__cause__ is not None

@@ -103,3 +103,44 @@ def test_row_groups_of_row_spans_match_the_footer(datasets):
     want = sorted({int(owner[r]) for a, b in spans for r in range(a, b)})
     assert info.row_groups([a for a, _ in spans], [b for _, b in spans]).tolist() == want
     assert info.row_groups([], []).tolist() == []
+
+
+def test_a_same_size_replacement_with_the_old_mtime_is_not_served_from_the_cache(datasets, tmp_path, monkeypatch):
+    """``cp -p`` / ``rsync -t`` / ``tar x`` keep size and mtime: the persistent row-group cache must still see a new
+    file (inode, ctime), so items read the same ``action`` as SQL in the next session."""
+    import os
+
+    import pyarrow.compute as pc
+
+    import lerobot_sql as lsql
+
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    f = root / "data/chunk-000/file-000.parquet"
+    t = pq.read_table(f)
+    pq.write_table(t, f, compression="none", write_statistics=False)
+
+    def item_and_sql() -> tuple[np.ndarray, list]:
+        db = lsql.connect(root)
+        try:
+            ds = db.dataset("SELECT index FROM frames WHERE episode_index = 0 ORDER BY index", cameras=[])
+            return (np.asarray(ds[5]["action"]),
+                    db.sql("SELECT action FROM frames WHERE index = 5").fetchall()[0][0])
+        finally:
+            db.close()
+
+    before, sql_before = item_and_sql()  # builds the cache entry of the row group
+    np.testing.assert_array_equal(before, np.asarray(sql_before, np.float32))
+    st = os.stat(f)
+    a = t["action"].combine_chunks()
+    neg = pa.FixedSizeListArray.from_arrays(pc.negate(a.flatten()), a.type.list_size)
+    pq.write_table(t.set_column(t.column_names.index("action"), "action", neg), str(f) + ".new",
+                   compression="none", write_statistics=False)
+    assert os.path.getsize(str(f) + ".new") == st.st_size
+    os.replace(str(f) + ".new", f)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(f).st_size, os.stat(f).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    after, sql_after = item_and_sql()
+    np.testing.assert_array_equal(np.asarray(sql_after, np.float32), -before)
+    np.testing.assert_array_equal(after, -before)  # the new file's values, not the cached old ones

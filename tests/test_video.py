@@ -287,3 +287,81 @@ def test_a_replaced_mp4_between_dataloader_epochs_is_refused_in_the_workers(data
     with pytest.raises(DatasetFormatError, match=r"file-000\.mp4.*changed"):
         for _ in loader:  # epoch 2: fresh workers forked from a dataset that pinned the old files
             pass
+
+
+def test_index_cache_sees_a_replacement_that_kept_size_and_mtime(datasets, tmp_path):
+    """A copy with ``cp -p`` over the mp4 keeps size and mtime; inode and ctime still key a new index entry."""
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    src = open_source(root)
+    rel = CASES[0][1]
+    p1 = video.ensure_index(src, rel, tmp_path / "cache")
+    st = os.stat(root / rel)
+    shutil.copy2(root / rel, root / (rel + ".new"))
+    os.replace(root / (rel + ".new"), root / rel)
+    os.utime(root / rel, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(root / rel).st_size, os.stat(root / rel).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    p2 = video.ensure_index(src, rel, tmp_path / "cache")
+    assert p2 != p1 and p2.exists()
+    pin = video.stamp(src, rel)
+    assert video.index_path(src, rel, tmp_path / "cache", pin) == p2  # the pinned key is Source.identity's
+    assert p2.with_suffix(".arrow") == video.ensure_index_arrow(src, rel, tmp_path / "cache", pin).with_suffix(".arrow")
+
+
+@pytest.fixture(scope="module")
+def wrist_320x240(datasets, tmp_path_factory):
+    """small20 with its wrist mp4 re-encoded at 320x240 (info.json declares 96x128), same frames and timing."""
+    import fractions
+
+    root = tmp_path_factory.mktemp("mp4res") / "small20"
+    shutil.copytree(datasets / "small20", root)
+    p = root / "videos/observation.images.wrist/chunk-000/file-000.mp4"
+    with av.open(str(p)) as c:
+        n = c.streams.video[0].frames
+    with av.open(str(p) + ".new.mp4", "w") as out:
+        s = out.add_stream("libx264", rate=30, options={"preset": "ultrafast"})
+        s.width, s.height, s.pix_fmt = 320, 240, "yuv420p"
+        s.codec_context.time_base = fractions.Fraction(1, 30)
+        for i in range(n):
+            fr = av.VideoFrame.from_ndarray(np.full((240, 320, 3), i % 255, np.uint8), format="rgb24")
+            fr.pts = i
+            out.mux(s.encode(fr))
+        out.mux(s.encode())
+    os.replace(str(p) + ".new.mp4", p)
+    return root
+
+
+def test_an_mp4_of_another_resolution_than_declared_is_served_with_one_warning(wrist_320x240, tmp_path):
+    """Real datasets hold one camera's files at several sizes (lerobot serves each file's own): served, but the
+    user hears of it once per file, naming the mp4, the camera and both shapes."""
+    import warnings
+
+    db = lsql.connect(wrist_320x240, cache_dir=tmp_path / "cache")
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index = 0 ORDER BY index LIMIT 4")
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        items = [ds[i] for i in range(3)]
+    assert [tuple(it["observation.images.wrist"].shape) for it in items] == [(3, 240, 320)] * 3
+    assert tuple(items[0]["observation.images.front"].shape) == (3, 96, 128)
+    msgs = [str(w.message) for w in rec if "video frames" in str(w.message)]
+    assert len(msgs) == 1, msgs  # at decoder open, not per frame
+    assert "observation.images.wrist/chunk-000/file-000.mp4" in msgs[0] and "'observation.images.wrist'" in msgs[0]
+    assert "240x320 (HxW)" in msgs[0] and "declares 96x128" in msgs[0]
+
+
+def test_an_mp4_far_larger_than_declared_is_refused_as_a_decode_bomb(wrist_320x240, tmp_path, monkeypatch):
+    """Past the bound (here lowered to 4 x the declared pixels so a small encode shows it; the shipped bound is 64 x,
+    or a side over 8192) the decoder is not used: a DatasetFormatError naming the mp4, camera and both shapes."""
+    monkeypatch.setattr(video, "MAX_PIXEL_RATIO", 4, raising=False)
+    db = lsql.connect(wrist_320x240, cache_dir=tmp_path / "cache")
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index = 0 ORDER BY index LIMIT 4", cameras=[
+        "observation.images.wrist"])
+    with pytest.raises(lsql.DatasetFormatError, match=r"observation\.images\.wrist/chunk-000/file-000\.mp4: video "
+                       r"frames of camera 'observation\.images\.wrist' are 240x320 \(HxW\), info\.json declares "
+                       r"96x128 \(HxW\); refused as a decode bomb"):
+        ds[0]
+    monkeypatch.setattr(video, "MAX_PIXEL_RATIO", 64)
+    monkeypatch.setattr(video, "MAX_SIDE", 300)  # the absolute bound, whatever info.json says
+    with pytest.raises(lsql.DatasetFormatError, match="refused as a decode bomb"):
+        video.check_resolution("x.mp4", (240, 320), "cam", None)
+    video.check_resolution("x.mp4", (240, 300), "cam", (240, 300))  # within both bounds: no error
