@@ -29,6 +29,20 @@ from . import cache
 from .errors import DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError, VideoDecodeError
 from .source import Source
 
+
+def _sws_single_thread() -> dict:
+    """``reformat()`` keywords for a single-threaded swscale: ``{"threads": 1}`` where PyAV has the option (16+),
+    else ``{}`` (PyAV 15, which lerobot 0.4 / 0.6 pin, has no ``threads`` keyword and always converts on one thread).
+    Probed once at import on a 2x2 frame, not by version number."""
+    try:
+        VideoReformatter().reformat(av.VideoFrame(2, 2, "yuv420p"), format="rgb24", threads=1)
+        return {"threads": 1}
+    except TypeError:
+        return {}
+
+
+_SWS_KW = _sws_single_thread()
+
 INDEX_VERSION = 2  # 2: entries carry a checksum sidecar (cache.check)
 INDEX_SCHEMA = pa.schema([
     ("frame", pa.int64()),          # ordinal of the frame in the file, in presentation order
@@ -356,17 +370,17 @@ class _OpenFile:
         if self.planar is None:
             fmt = (frame.format.name, frame.width, frame.height, int(frame.colorspace), int(frame.color_range))
             if fmt not in _PLANAR_OK:
-                ref = self.reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray().transpose(2, 0, 1)
+                ref = self.reformatter.reformat(frame, format="rgb24", **_SWS_KW).to_ndarray().transpose(2, 0, 1)
                 self._planar_into(frame, out)
                 _PLANAR_OK[fmt] = bool(np.array_equal(out, ref))
             self.planar = _PLANAR_OK[fmt]
         if self.planar:
             self._planar_into(frame, out)
         else:
-            out[...] = self.reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray().transpose(2, 0, 1)
+            out[...] = self.reformatter.reformat(frame, format="rgb24", **_SWS_KW).to_ndarray().transpose(2, 0, 1)
 
     def _planar_into(self, frame, out: np.ndarray) -> None:
-        g = self.reformatter.reformat(frame, format="gbrp", threads=1)
+        g = self.reformatter.reformat(frame, format="gbrp", **_SWS_KW)
         h, w = out.shape[1:]
         for c, p in ((0, 2), (1, 0), (2, 1)):  # gbrp planes are G, B, R
             plane = g.planes[p]
