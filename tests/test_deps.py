@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #                  huggingface-hub>=1.6,<2; tqdm>=4.66,<5; datasets>=4.8,<5
 #   datasets 4.0.0: pyarrow>=15; fsspec[http]>=2023.1,<=2025.3.0    datasets 4.8.5: pyarrow>=21; fsspec<=2026.2.0
 LEROBOT_USERS = {
-    "av": ["15.0.0", "15.1.0"],
+    "av": ["15.1.0"],  # the newest 15.x, what pip resolves for av>=15,<16
     "pyarrow": ["21.0.0", "29.0.0"],
     "numpy": ["2.0.0", "2.2.6"],
     "pandas": ["2.0.0", "2.3.3"],
@@ -41,9 +41,9 @@ LEROBOT_USERS = {
     "torch": ["2.10.0", "2.11.0"],
 }
 
-# PyAV is the one floor pinned above pyproject's bound: the floor leg takes the newest 15.x, the release lerobot
-# users get (pyproject admits all of 15.x; tests/data/README.md: 15.x and 18.1 decode the same pixels).
-NOT_AT_FLOOR = {"av", "torch"}
+# torch is the one dependency not tested at its floor: only the 2.13.0 CPU wheel is installable here, and raising
+# the floor to it would refuse lerobot's torch < 2.11 (see pyproject.toml).
+NOT_AT_FLOOR = {"torch"}
 
 
 def _norm(name: str) -> str:
