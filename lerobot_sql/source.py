@@ -429,6 +429,106 @@ class _PayloadFreeMP4(io.RawIOBase):
         super().close()
 
 
+_MP4_NESTED = (b"trak", b"mdia", b"minf", b"stbl")
+MOOV_MAX = 256 << 20  # a moov larger than this is not a LeRobot video (and not worth holding in memory)
+
+
+def _mp4_boxes(buf: bytes, start: int = 0, end: int | None = None):
+    """(type, payload start, payload end) of each box in ``buf[start:end]``; stops at the first malformed header."""
+    end = len(buf) if end is None else end
+    off = start
+    while off + 8 <= end:
+        size, typ = struct.unpack_from(">I4s", buf, off)
+        hdr = 8
+        if size == 1:
+            if off + 16 > end:
+                return
+            size, hdr = struct.unpack_from(">Q", buf, off + 8)[0], 16
+        elif size == 0:
+            size = end - off
+        if size < hdr or off + size > end:
+            return
+        yield typ, off + hdr, off + size
+        off += size
+
+
+def mp4_sync_samples(f) -> tuple[tuple[int, ...], frozenset[int] | None] | None:
+    """The sync-sample table of an mp4's first video track, read from its ``moov`` box only (no media payload).
+
+    For PyAV < 16, which has no ``stream.index_entries``: on the payload-free view (:meth:`Source.open_demux`) the
+    H.264 parser cannot see which packets are keyframes, so the flags come from the container's own table
+    (ISO/IEC 14496-12 8.6.2 ``stss``), as FFmpeg's mov demuxer takes them.
+
+    Args:
+        f: a seekable binary file object over the whole mp4 (the payload-free view is enough).
+
+    Returns:
+        (the size in bytes of each sample of the track, in decode order, from its ``stsz``; the 1-based numbers of
+        its sync samples, or None when the track has no ``stss``, which means every sample is a sync sample), or
+        None when the file has no ``moov`` with a video track and an ``stsz`` (fragmented or malformed files: the
+        caller then reads packets with their payload). The caller matches the sizes against the demuxed packets
+        before trusting the numbering. Hostile sizes and counts give None, never an exception or a huge allocation.
+    """
+    try:
+        size = f.seek(0, 2)
+        off, moov = 0, None
+        while off + 8 <= size:  # the top-level boxes, by their headers
+            f.seek(off)
+            head = f.read(16)
+            if len(head) < 8:
+                return None
+            box, typ = struct.unpack(">I4s", head[:8])
+            hdr = 8
+            if box == 1 and len(head) == 16:
+                box, hdr = struct.unpack(">Q", head[8:16])[0], 16
+            elif box == 0:
+                box = size - off
+            if box < hdr:
+                return None
+            if typ == b"moov":
+                if box > MOOV_MAX:
+                    return None
+                f.seek(off)
+                moov = f.read(box)
+                break
+            off += box
+        if moov is None or len(moov) < 8:
+            return None
+        for typ, a, z in _mp4_boxes(moov, 8):
+            if typ != b"trak":
+                continue
+            stbl = hdlr = None
+            mdia = next(((a2, z2) for t, a2, z2 in _mp4_boxes(moov, a, z) if t == b"mdia"), None)
+            if mdia is None:
+                continue
+            for t, a2, z2 in _mp4_boxes(moov, *mdia):
+                if t == b"hdlr" and z2 - a2 >= 12:
+                    hdlr = moov[a2 + 8:a2 + 12]
+                elif t == b"minf":
+                    stbl = next(((a3, z3) for t3, a3, z3 in _mp4_boxes(moov, a2, z2) if t3 == b"stbl"), None)
+            if hdlr != b"vide" or stbl is None:
+                continue
+            sizes, sync = None, None
+            for t, a2, z2 in _mp4_boxes(moov, *stbl):
+                if t == b"stsz" and z2 - a2 >= 12:  # (stz2, compact sizes, is not written by FFmpeg: None)
+                    one, n = struct.unpack_from(">II", moov, a2 + 4)
+                    if one:
+                        sizes = (one,) * min(n, 1 << 24) if n <= 1 << 24 else None
+                    elif 12 + 4 * n <= z2 - a2:
+                        sizes = struct.unpack_from(f">{n}I", moov, a2 + 12)
+                    else:
+                        return None  # the table claims more entries than its box holds
+                elif t == b"stss" and z2 - a2 >= 8:
+                    n = struct.unpack_from(">I", moov, a2 + 4)[0]
+                    if 8 + 4 * n > z2 - a2:
+                        return None  # the table claims more entries than its box holds
+                    sync = frozenset(struct.unpack_from(f">{n}I", moov, a2 + 8))
+            return None if sizes is None else (sizes, sync)
+        return None
+    except (OSError, ValueError, struct.error):
+        return None
+
+
 def _is_local_fs(fs: Any) -> bool:
     proto = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     return proto in ("file", "local")

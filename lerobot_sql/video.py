@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from . import cache
 from .errors import DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError, VideoDecodeError
-from .source import Source
+from .source import Source, mp4_sync_samples
 
 
 def _sws_single_thread() -> dict:
@@ -100,6 +100,29 @@ def _container_index(container, stream) -> tuple[np.ndarray, np.ndarray, np.ndar
     return pts, key, pos, size
 
 
+def _sync_flags(src: Source, rel: str, stream, rows: list[tuple]) -> list[bool] | None:
+    """Keyframe flag of each demuxed packet (``rows``: (pts, flag, pos, size) in decode order) from the container's
+    sync-sample table, for packets read through the payload-free view; None when no table matches the packets.
+
+    PyAV 16+ exposes the table as ``stream.index_entries`` (keyed by byte position). PyAV 15, which lerobot 0.4 /
+    0.6 pin, does not: the ``stss`` box is then read from the cached ``moov`` (:func:`source.mp4_sync_samples`),
+    numbered by sample, and trusted only when the track's sample sizes equal the packets' sizes one for one (an
+    edit list or fragment that made FFmpeg drop or add packets fails that, and the caller demuxes with payload).
+    """
+    entries = getattr(stream, "index_entries", None)
+    if entries is not None:
+        keys = {e.pos for e in entries if e.is_keyframe}
+        return [r[2] in keys for r in rows] if keys else [r[1] for r in rows]
+    with src.open_demux(rel) as f:
+        table = mp4_sync_samples(f)
+    if table is None:
+        return None
+    sizes, sync = table
+    if len(sizes) != len(rows) or any(s != r[3] for s, r in zip(sizes, rows)):
+        return None
+    return [True] * len(rows) if sync is None else [k + 1 in sync for k in range(len(rows))]
+
+
 def _demux_index(src: Source, rel: str) -> pa.Table:
     container = _open_container(src, rel, demux_only=True)
     try:
@@ -109,12 +132,20 @@ def _demux_index(src: Source, rel: str) -> pa.Table:
             container.close()
             container = _open_container(src, rel, demux_only=True)
             stream = container.streams.video[0]
-            # Payload-free remote reads: H.264 keyframe flags come from the payload, so take them from the
-            # container's sync-sample table instead.
-            keys = None if src.is_local else ({e.pos for e in stream.index_entries if e.is_keyframe} or None)
-            rows = [(pkt.pts, bool(pkt.is_keyframe) if keys is None else pkt.pos in keys,
-                     -1 if pkt.pos is None else pkt.pos, pkt.size)
+            rows = [(pkt.pts, bool(pkt.is_keyframe), -1 if pkt.pos is None else pkt.pos, pkt.size)
                     for pkt in container.demux(stream) if pkt.pts is not None]
+            if not src.is_local:
+                # Payload-free remote reads: H.264 keyframe flags come from the payload, so take them from the
+                # container's sync-sample table instead.
+                flags = _sync_flags(src, rel, stream, rows)
+                if flags is None:  # no table that matches the packets: demux again, payload and all (correct)
+                    container.close()
+                    container = _open_container(src, rel)
+                    stream = container.streams.video[0]
+                    rows = [(pkt.pts, bool(pkt.is_keyframe), -1 if pkt.pos is None else pkt.pos, pkt.size)
+                            for pkt in container.demux(stream) if pkt.pts is not None]
+                else:
+                    rows = [(r[0], k, r[2], r[3]) for r, k in zip(rows, flags)]
             packets = tuple(np.array([r[i] for r in rows], dt).reshape(-1)
                             for i, dt in enumerate((np.int64, np.bool_, np.int64, np.int64)))
         tb = stream.time_base
