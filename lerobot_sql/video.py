@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from . import cache
 from .errors import DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError, VideoDecodeError
-from .source import Source, mp4_sync_samples
+from .source import Source, mp4_sample_table, mp4_sync_samples
 
 
 def _sws_single_thread() -> dict:
@@ -123,6 +123,33 @@ def _sync_flags(src: Source, rel: str, stream, rows: list[tuple]) -> list[bool] 
     return [True] * len(rows) if sync is None else [k + 1 in sync for k in range(len(rows))]
 
 
+def _past_the_cut(src: Source, rel: str, rows: list[tuple]) -> list[tuple]:
+    """``rows`` (pts, keyframe, pos, size; decode order) of a file cut short, completed from its ``moov``.
+
+    PyAV 16's ``index_entries`` list every sample of the moov, so the index of a truncated mp4 keeps the frames
+    past the cut (their bytes lie past the end of the file: decoding them raises, and ``doctor`` reports the file
+    as cut). PyAV 15 demuxes only up to the cut; without this the clips past it would look like bad
+    ``from_timestamp`` metadata. The samples past the cut are added only when the demuxed packets equal the table's
+    first samples (sizes and offsets), the next sample does end past the file, and no frame is reordered
+    (presentation times are then the decode times: the last pts plus the ``stts`` steps); otherwise ``rows``.
+    """
+    with src.open_demux(rel) as f:
+        t = mp4_sample_table(f)
+    if t is None or t.offsets is None or t.deltas is None or t.reordered or len(t.sizes) <= len(rows):
+        return rows
+    m = len(rows)
+    while m and t.offsets[m - 1] + t.sizes[m - 1] > t.file_size:
+        m -= 1  # a packet the cut went through: FFmpeg hands out its first bytes; the table's entry replaces it
+    if (not m or m == len(t.sizes) or t.offsets[m] + t.sizes[m] <= t.file_size
+            or any(r[3] != n or r[2] != o for r, n, o in zip(rows[:m], t.sizes, t.offsets))):
+        return rows
+    out, pts = list(rows[:m]), rows[m - 1][0]
+    for k in range(m, len(t.sizes)):
+        pts += t.deltas[k - 1]
+        out.append((pts, t.sync is None or k + 1 in t.sync, t.offsets[k], t.sizes[k]))
+    return out
+
+
 def _demux_index(src: Source, rel: str) -> pa.Table:
     container = _open_container(src, rel, demux_only=True)
     try:
@@ -146,6 +173,8 @@ def _demux_index(src: Source, rel: str) -> pa.Table:
                             for pkt in container.demux(stream) if pkt.pts is not None]
                 else:
                     rows = [(r[0], k, r[2], r[3]) for r, k in zip(rows, flags)]
+            if not hasattr(stream, "index_entries") and stream.frames and len(rows) < stream.frames:
+                rows = _past_the_cut(src, rel, rows)
             packets = tuple(np.array([r[i] for r in rows], dt).reshape(-1)
                             for i, dt in enumerate((np.int64, np.bool_, np.int64, np.int64)))
         tb = stream.time_base
