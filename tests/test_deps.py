@@ -1,8 +1,8 @@
 """The dependency ranges in pyproject.toml are the ones CI really runs, and they install next to lerobot.
 
-CI's main leg installs constraints-floor.txt (every runtime dependency at pyproject.toml's lower bound, PyAV at the
-newest 15.x that lerobot pins) and its second leg constraints.txt (the newest releases): see .ci/run. These tests
-keep the three files consistent, so a floor cannot be claimed in pyproject.toml without CI running it, and check
+constraints-floor.txt pins every runtime dependency at pyproject.toml's lower bound (PyAV at the newest 15.x that
+lerobot pins; the set the suite is run on at the low end), constraints.txt the newest releases. These tests keep the
+three files consistent, so a floor cannot be claimed in pyproject.toml without the floor set naming it, and check
 that each range still admits what lerobot 0.4.4 / 0.6.1 (and the `datasets` 4.x they need) make users install.
 """
 
