@@ -13,6 +13,8 @@ import dataclasses
 import gc
 import io
 import json
+import math
+import operator
 import os
 import tempfile
 import warnings
@@ -144,6 +146,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._cache_dir = Path(cache_dir)
         self.fps = layout.fps
         self.tolerance_s = float(tolerance_s)
+        if not (math.isfinite(self.tolerance_s) and self.tolerance_s >= 0):
+            # a negative or NaN tolerance matches no frame (every item would raise), an infinite one any frame
+            raise ValueError(f"tolerance_s must be a finite number of seconds >= 0 (lerobot's default: 1e-4), not "
+                             f"{tolerance_s!r}")
         self.return_uint8 = return_uint8
         self.image_transforms = image_transforms
         if parallel_cameras not in (True, False, "auto"):
@@ -468,6 +474,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         return t[0] if len(rows) == 1 else t
 
     def __getitem__(self, i: int) -> dict[str, Any]:
+        try:
+            i = operator.index(i)  # ints, numpy ints, 0-d int tensors; a float or slice is a mistake
+        except TypeError:
+            raise TypeError(f"dataset indices must be integers (one sample per call, as LeRobotDataset), not "
+                            f"{type(i).__name__} {i!r}; for several samples use [ds[j] for j in ...] or a "
+                            "DataLoader") from None
         n = self._n
         if not -n <= i < n:
             raise IndexError(f"item {i} out of range for a dataset of {n} samples")
