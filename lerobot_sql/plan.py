@@ -108,19 +108,29 @@ def _did_you_mean_any(names: list[str], candidates: list[str]) -> str:
     return ""
 
 
-def _check_contract_types(result: pa.Table, mode: str, sql: str) -> None:
+def _check_contract_types(result: pa.Table, mode: str, sql: str) -> pa.Table:
     """Refuse contract columns of the wrong type, or NULL, before they reach a join: DuckDB would cast a string
     `index` inside our join (a ConversionException that is the query's fault, not the files'), and numpy would turn
     a NULL episode_index into garbage with a RuntimeWarning.
 
     Raises:
         ResultContractError: naming the column, its type or the row, and the cast that fixes it.
+
+    Returns:
+        ``result``, with whole-number DECIMAL keys (DuckDB's HUGEINT, e.g. of ``sum()``) as int64.
     """
     cols = {"index": ("index",), "window": ("episode_index", "start_s", "end_s"), "episode": ("episode_index",)}[mode]
     for c in cols:
         col = result[c]
         typ = col.type
         seconds = c in ("start_s", "end_s")
+        if not seconds and pa.types.is_decimal(typ) and typ.scale == 0:
+            try:
+                col = col.cast(pa.int64())
+            except pa.ArrowInvalid as e:
+                raise ResultContractError(f"result column {c} holds values beyond int64: {sql!r}") from e
+            result = result.set_column(result.schema.get_field_index(c), c, col)
+            typ = col.type
         ok = pa.types.is_null(typ) or pa.types.is_integer(typ) or (
             seconds and (pa.types.is_floating(typ) or pa.types.is_decimal(typ)))
         if not ok:
@@ -133,6 +143,7 @@ def _check_contract_types(result: pa.Table, mode: str, sql: str) -> None:
             raise ResultContractError(f"result column {c} is NULL in row {i}: every row must name a frame "
                                       f"({'an index' if c == 'index' else 'an episode_index'}); filter NULLs out "
                                       f"(`WHERE {c} IS NOT NULL`): {sql!r}")
+    return result
 
 
 def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Table) -> dict[str, dict[str, list]]:
@@ -272,7 +283,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     if result.num_rows == 0:
         raise ResultContractError(f"the query returned no rows, so there is nothing to train on: {sql!r}")
     mode = result_mode(result.column_names)
-    _check_contract_types(result, mode, sql)
+    result = _check_contract_types(result, mode, sql)
     if mode == "window":
         _check_window_bounds(result, sql)
     video_cols = [c for k in layout.video_keys for c in (f"{k}/file", f"{k}/from_timestamp")]

@@ -211,3 +211,11 @@ def test_cli_mistyped_path_prints_one_error_and_one_hint(monkeypatch, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[0].startswith("error: no local folder sample/smal20")
     assert err[1].startswith("hint: DATASET is a local folder holding meta/info.json")
+
+
+def test_whole_number_keys_of_other_integer_types_are_still_accepted(sample):
+    """The type check keeps HUGEINT (sum(), arrives as DECIMAL(38, 0)) and small ints usable as keys."""
+    db = lsql.connect(sample)
+    assert len(db.dataset("SELECT 3::HUGEINT AS episode_index", cameras=[])) == 390
+    assert int(db.dataset("SELECT sum(2) AS index", cameras=[])[0]["index"]) == 2
+    assert len(db.dataset("SELECT 3::UTINYINT AS episode_index, 0.5 AS start_s, 1::INT AS end_s", cameras=[])) == 15
