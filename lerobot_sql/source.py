@@ -23,7 +23,8 @@ from typing import Any, NamedTuple
 import fsspec
 
 from . import cache
-from .errors import DatasetFormatError, MissingFileError, UnsupportedVersionError
+from .errors import (DatasetFormatError, LeRobotSQLError, MissingFileError, RemoteIOError,
+                     UnsupportedVersionError)
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./%-]+)?$")
 _VERSION_REF = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
@@ -662,13 +663,42 @@ def _hub_root(root: str, storage_options: dict) -> tuple[str, str] | None:
     repo, sub = "/".join(parts[:2]), "/".join(parts[2:])
     repo_id, _, rev = repo.partition("@")
     if not rev:
-        rev = _cached_hub_revision(repo_id, storage_options.get("token"))
+        # A bare `org/name` may as well be a mistyped relative path (`sample/smal20`): errors say both readings.
+        local = None if root.startswith("hf://") else root
+        rev = _cached_hub_revision(repo_id, storage_options.get("token"), local=local)
     path = f"datasets/{repo_id}@{rev}" + (f"/{sub}" if sub else "")
     return path, f"hf://{path}"
 
 
-def _cached_hub_revision(repo_id: str, token: Any) -> str:
-    """resolve_hub_revision, remembered on disk so a dataset opened once opens offline."""
+def _hub_error(repo_id: str, cause: BaseException | None, local: str | None) -> LeRobotSQLError:
+    """The typed error for a Hub repo that cannot be resolved: MissingFileError when the Hub says there is no such
+    repo (or we are offline with nothing cached), RemoteIOError when it cannot be reached. With ``local`` (the root
+    was a bare ``org/name``), the message starts with the local reading: no folder of that name."""
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if cause is None:
+        why, cls = "offline (HF_HUB_OFFLINE / LSQL_OFFLINE) and no revision known", MissingFileError
+    else:
+        first = (str(cause).splitlines() or [""])[0]
+        why = f"{type(cause).__name__}: {first}"
+        cls = MissingFileError if isinstance(cause, RepositoryNotFoundError) else RemoteIOError
+    if local is not None:
+        return cls(f"no local folder {local} (resolved to {os.path.abspath(local)}); as a Hub repo id "
+                   f"hf://datasets/{repo_id}: {why}. Check the path (a dataset root holds meta/info.json), or the "
+                   "repo id and the network")
+    fix = ("check the repo id on https://huggingface.co/datasets" if cls is MissingFileError and cause is not None
+           else "check the network (once opened online, a dataset opens offline), or pass hf://datasets/ORG/NAME@REV")
+    return cls(f"hf://datasets/{repo_id}: cannot resolve the dataset's revision on the Hugging Face Hub ({why}); "
+               f"{fix}")
+
+
+def _cached_hub_revision(repo_id: str, token: Any, local: str | None = None) -> str:
+    """resolve_hub_revision, remembered on disk so a dataset opened once opens offline.
+
+    Raises:
+        MissingFileError: the Hub has no such repo, or offline with no revision remembered.
+        RemoteIOError: the Hub cannot be reached and no revision is remembered.
+    """
     store = cache.cache_root() / "hub_revisions.json"
     try:
         known = json.loads(store.read_text())
@@ -680,9 +710,9 @@ def _cached_hub_revision(repo_id: str, token: Any) -> str:
             rev = resolve_hub_revision(repo_id, token=token)
         except (UnsupportedVersionError, DatasetFormatError):
             raise
-        except Exception:  # noqa: BLE001 - no network: fall back to the last resolution
+        except Exception as e:  # noqa: BLE001 - no network: fall back to the last resolution
             if repo_id not in known:
-                raise
+                raise _hub_error(repo_id, e, local) from e
             return known[repo_id]
         if known.get(repo_id) != rev:
             known[repo_id] = rev
@@ -694,6 +724,8 @@ def _cached_hub_revision(repo_id: str, token: Any) -> str:
                 os.replace(tmp, store)
         return rev
     if repo_id not in known:
+        if local is not None:
+            raise _hub_error(repo_id, None, local)
         raise MissingFileError(f"hf://datasets/{repo_id}: offline and no revision known; connect once online, "
                                "or pass hf://datasets/ORG/NAME@REVISION")
     return known[repo_id]
