@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Create .venv and install lerobot_sql with its test extras. torch goes first, pinned to the local CPU wheel:
+# Create a venv and install lerobot_sql with its test extras. torch goes first, pinned to the local CPU wheel:
 # an unpinned torch would pull several GB of CUDA packages.
+#   LSQL_VENV         venv folder (default .venv)
+#   LSQL_CONSTRAINTS  pip constraints file (default constraints.txt: the newest known-good releases;
+#                     constraints-floor.txt: pyproject.toml's lower bounds with PyAV 15, where lerobot users are)
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip show torch >/dev/null 2>&1 || .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e '.[test]' -c constraints.txt
+VENV=${LSQL_VENV:-.venv}
+CONSTRAINTS=${LSQL_CONSTRAINTS:-constraints.txt}
+[ -f "$CONSTRAINTS" ] || { echo "setup.sh: constraints file $CONSTRAINTS not found" >&2; exit 1; }
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip show torch >/dev/null 2>&1 || "$VENV/bin/python" -m pip install -q torch==2.13.0
+"$VENV/bin/python" -m pip install -q -e '.[test]' -c "$CONSTRAINTS"
 # Fail loudly rather than test against a CUDA build that some resolver step swapped in.
-.venv/bin/python -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else f'setup.sh: torch {v} was installed instead of 2.13.0 (CPU)')"
-
+"$VENV/bin/python" -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else f'setup.sh: torch {v} was installed instead of 2.13.0 (CPU)')"

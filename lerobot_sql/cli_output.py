@@ -243,6 +243,8 @@ def one_line(e: BaseException) -> str:
 
 def error_hint(e: BaseException) -> str | None:
     """The ``hint:`` line for an error: specific to the kind of error (and, for QueryError, to its message)."""
+    if isinstance(e, (MissingFileError, RemoteIOError)) and str(e).startswith("no local folder "):
+        return "DATASET is a local folder holding meta/info.json, or a Hub repo id ORG/NAME (hf://datasets/ORG/NAME)"
     if isinstance(e, MissingFileError) and "meta/info.json" in str(e):
         return "DATASET is the dataset root: the folder holding meta/info.json, data/ and videos/"
     if isinstance(e, FileExistsError) and ("replaces only" in str(e) or "never" in str(e)):

@@ -12,6 +12,9 @@ import contextlib
 import dataclasses
 import gc
 import io
+import json
+import math
+import operator
 import os
 import tempfile
 import warnings
@@ -108,7 +111,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         decoded from their PNG bytes;
       * ``<key>_is_pad``: bool (T,) per ``delta_timestamps`` key, True where the offset left the episode;
       * ``task``: the task text (meta/tasks.parquet) of the frame's ``task_index``;
-      * the query's extra columns under their own names (numbers as tensors, text as str).
+      * the query's extra columns under their own names: numbers as 0-d tensors of the column's Arrow dtype
+        (int64 stays int64, float64 float64; DECIMAL and NULL-holding numbers float64 with NaN), lists of
+        numbers 1-D tensors of their element dtype, text as str (NULL: None).
 
     Speed knobs (results never change): ``decoder_threads`` (FFmpeg threads per open file, default 1: best for
     seeking on few cores), ``parallel_cameras`` (decode an item's cameras in concurrent threads; ``"auto"`` does so
@@ -142,6 +147,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._cache_dir = Path(cache_dir)
         self.fps = layout.fps
         self.tolerance_s = float(tolerance_s)
+        if not (math.isfinite(self.tolerance_s) and self.tolerance_s >= 0):
+            # a negative or NaN tolerance matches no frame (every item would raise), an infinite one any frame
+            raise ValueError(f"tolerance_s must be a finite number of seconds >= 0 (lerobot's default: 1e-4), not "
+                             f"{tolerance_s!r}")
         self.return_uint8 = return_uint8
         self.image_transforms = image_transforms
         if parallel_cameras not in (True, False, "auto"):
@@ -234,13 +243,19 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                         "num" if tabular.is_numeric(schema.field(c), self._layout) else "other")
                        for c in self._columns if c not in self._delta]
         self._image_hw = {k: _declared_hw(self._layout.features[k]) for k in self._layout.image_keys}
+        # Each extra keeps its Arrow dtype (float64 stays float64, int64 int64): a float32 tensor would round
+        # 123456789 to 123456792 and a Unix time to 1.7e9. A number column with NULLs is float64 with NaN already
+        # (plan._plain_numbers); here such a column (a manifest written elsewhere) is made so too.
         self._extra_cols = []
         for e in self._extras:
             col = self.manifest[e]
             col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-            numeric = (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
-                       or pa.types.is_boolean(col.type)) and col.null_count == 0
-            self._extra_cols.append((e, col.to_numpy(zero_copy_only=False) if numeric else col, numeric))
+            if _is_number(col.type) and col.null_count:
+                col = col.cast(pa.float64()).fill_null(float("nan"))
+            numeric = _is_number(col.type) and col.null_count == 0
+            inner = getattr(col.type, "value_type", None)
+            ltype = _torch_dtype(inner) if inner is not None and _is_number(inner) else None
+            self._extra_cols.append((e, col.to_numpy(zero_copy_only=False) if numeric else col, numeric, ltype))
 
     # ---- any process --------------------------------------------------------------------------------------
     def _video(self, w: _Worker, key: str, code: int) -> _VideoFile:
@@ -456,6 +471,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         return t[0] if len(rows) == 1 else t
 
     def __getitem__(self, i: int) -> dict[str, Any]:
+        try:
+            i = operator.index(i)  # ints, numpy ints, 0-d int tensors; a float or slice is a mistake
+        except TypeError:
+            raise TypeError(f"dataset indices must be integers (one sample per call, as LeRobotDataset), not "
+                            f"{type(i).__name__} {i!r}; for several samples use [ds[j] for j in ...] or a "
+                            "DataLoader") from None
         n = self._n
         if not -n <= i < n:
             raise IndexError(f"item {i} out of range for a dataset of {n} samples")
@@ -512,10 +533,19 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 if k in item:
                     item[k] = self.image_transforms(item[k])
         item["task"] = self._tasks.get(int(c["task_index"][i]))
-        for e, arr, numeric in self._extra_cols:
-            v = arr[i].item() if numeric else arr[i].as_py()
-            item[e] = torch.tensor(v) if isinstance(v, (int, float, bool)) or (
-                isinstance(v, list) and v and all(isinstance(x, (int, float, bool)) for x in v)) else v
+        for e, arr, numeric, ltype in self._extra_cols:
+            if numeric:  # 0-d tensor of the column's own dtype
+                item[e] = torch.from_numpy(np.array(arr[i]))
+                continue
+            v = arr[i].as_py()
+            if isinstance(v, list) and v and all(isinstance(x, (int, float, bool)) for x in v):
+                # a list of numbers: 1-D tensor of the list's value dtype (NULL elements become NaN, as float64)
+                item[e] = torch.tensor(v, dtype=ltype) if ltype is not None else torch.tensor(v)
+            elif isinstance(v, list) and v and ltype is not None and all(x is None or isinstance(x, (int, float))
+                                                                         for x in v):
+                item[e] = torch.tensor([float("nan") if x is None else x for x in v], dtype=torch.float64)
+            else:
+                item[e] = v
         return item
 
     def _pad_order(self, key: str) -> int:
@@ -527,6 +557,19 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         return (f"LeRobotSQLDataset({self._src.url!r}, samples={len(self)}, fps={self.fps:g}, "
                 f"cameras={self._video_keys + [k for k in self._layout.image_keys if k not in self._skip_columns]}, "
                 f"delta_timestamps={sorted(self._delta)})")
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _torch_dtype(t: pa.DataType) -> torch.dtype:
+    """The torch dtype holding Arrow number type ``t`` exactly (float16/32/64, int8..64, uint8, bool; wider
+    unsigned ints as int64, which holds every count a query gives)."""
+    np_dtype = np.dtype(t.to_pandas_dtype())
+    if np_dtype.kind == "u" and np_dtype.itemsize > 1:
+        np_dtype = np.dtype(np.int64)
+    return torch.from_numpy(np.zeros(0, np_dtype)).dtype
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:

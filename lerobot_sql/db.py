@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import signal
@@ -526,8 +527,8 @@ class Database:
             return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql,
                                        ordered=facts.ordered, src=self.source,
                                        ptr=self._episode_pointers())
-        except duckdb.Error as e:  # the data files failed while the frames were resolved
-            raise unreadable_error(self.source, self.layout, e) from e
+        except duckdb.Error as e:  # the data files failed while the frames were resolved, or the result's types
+            raise unreadable_error(self.source, self.layout, e, sql=sql) from e
 
     def tasks(self) -> dict[int, str]:
         """task_index -> task text, from meta/tasks.parquet (v2: meta/tasks.jsonl); read once per connection."""
@@ -617,6 +618,8 @@ class Database:
             manifest = pq.read_table(sql)
         else:
             manifest = self.manifest(sql)
+        if not isinstance(sql, str) or sql.strip().endswith(".parquet"):
+            self._check_manifest_source(manifest, sql)
         tasks = self.tasks()
         wanted = pc.unique(manifest["task_index"]).drop_null().to_pylist() if "task_index" in manifest.column_names \
             else []
@@ -631,6 +634,45 @@ class Database:
                       "LeRobotDataset's do. Restore the file from the dataset's source (`lerobot-sql doctor`: "
                       "tasks_exist)")
         return LeRobotSQLDataset(self.source, self.layout, manifest, tasks, cache_dir=self.cache_dir, **kwargs)
+
+    def _check_manifest_source(self, manifest: pa.Table, where) -> None:
+        """Refuse a manifest written from another dataset (``export_manifest`` stores its ``root``): its data_file,
+        data_row and index values point into that dataset, so read through this one they give other frames.
+
+        Accepted when the roots are the same folder, or when the manifest's ``dataset_id`` (info.json's version,
+        totals, fps and features; :func:`lerobot_sql.export.dataset_identity`) equals this dataset's: a copied or
+        moved dataset.
+
+        Raises:
+            ResultContractError: naming both roots and the fix.
+        """
+        from .export import dataset_identity
+
+        raw = (manifest.schema.metadata or {}).get(b"lerobot_sql.manifest")
+        try:
+            meta = json.loads(raw) if raw else {}
+        except ValueError:
+            meta = {}
+        root = meta.get("root") if isinstance(meta, dict) else None
+        if not isinstance(root, str) or not root:
+            return  # db.manifest()'s own tables carry no root
+        here = self.source.url
+
+        def same(a: str, b: str) -> bool:
+            if "://" in a or "://" in b:
+                return a.rstrip("/") == b.rstrip("/")
+            return os.path.realpath(a) == os.path.realpath(b)
+
+        if same(root, here) or meta.get("dataset_id") == dataset_identity(self.layout):
+            return
+        name = where if isinstance(where, (str, os.PathLike)) else "the manifest table"
+        why = ("its info.json differs from this one (version, total_episodes, total_frames, fps or features)"
+               if meta.get("dataset_id") else "it records no dataset identity to compare")
+        raise ResultContractError(
+            f"{name}: a manifest of the dataset at {root}, opened through the dataset at {here}; {why}, so its "
+            f"data_file/data_row/index values would give this dataset's other frames. Open it through its own "
+            f"dataset (lsql.connect({root!r}).dataset(...)), or write a manifest from this one with "
+            f"db.export_manifest(sql, path). A copy of the dataset with the same info.json is accepted as is")
 
     # ---- delegated capabilities (each lives in its own module) ------------------------------------------------
     def query(self, name: str, **params: Any) -> duckdb.DuckDBPyRelation:
@@ -648,8 +690,18 @@ class Database:
         return list(self._query_dirs)
 
     def add_query_dir(self, path: str | os.PathLike) -> None:
-        """Add a folder of ``.sql`` files to the named-query library (searched before the bundled ``queries/``)."""
-        self._query_dirs.insert(0, Path(path))
+        """Add a folder of ``.sql`` files to the named-query library (searched before the bundled ``queries/``).
+
+        Raises:
+            MissingFileError: ``path`` is not an existing folder (a typo would otherwise show only later, as an
+                unknown query name).
+        """
+        p = Path(path)
+        if not p.is_dir():
+            what = "is a file, not a folder" if p.exists() else "does not exist"
+            raise MissingFileError(f"add_query_dir: {p} (resolved to {p.resolve()}) {what}; pass the folder holding "
+                                   "your .sql files")
+        self._query_dirs.insert(0, p)
 
     def nearest(self, *args: Any, **kwargs: Any) -> pa.Table:
         """For given timestamps, the k nearest samples of named streams (see :func:`lerobot_sql.temporal.nearest`)."""
@@ -721,10 +773,12 @@ def _episode_list(episodes: Any) -> list[int]:
     return sorted(out)
 
 
-def unreadable_error(src, layout, cause: BaseException) -> LeRobotSQLError:
+def unreadable_error(src, layout, cause: BaseException, sql: str | None = None) -> LeRobotSQLError:
     """A DatasetFormatError for a Parquet file DuckDB or pyarrow could not read, naming the file(s) whose footer does
     not parse (checked one by one, footers only), else every data file, and the fix. A storage failure (503s,
-    a dead server: in ``cause`` or while the footers are checked) is a RemoteIOError instead, not a corrupt file."""
+    a dead server: in ``cause`` or while the footers are checked) is a RemoteIOError instead, not a corrupt file.
+    With the user's ``sql`` (the failure came while its result was resolved): a DuckDB Binder/Conversion error while
+    every footer parses is the result's types, not the files: a ResultContractError naming the query."""
     import pyarrow.parquet as pq
 
     remote = query_error(cause, "opening the dataset's tables")
@@ -741,6 +795,11 @@ def unreadable_error(src, layout, cause: BaseException) -> LeRobotSQLError:
                            f"{str(cause).splitlines()[0] if str(cause) else ''})")
         except (pa.ArrowException, OSError):
             bad.append(src.path(rel))
+    if not bad and sql is not None and isinstance(cause, (duckdb.BinderException, duckdb.ConversionException)):
+        return ResultContractError(f"the query's result cannot be matched to the frames ({type(cause).__name__}: "
+                                   f"{str(cause).splitlines()[0]}); check the types of its columns (index and "
+                                   f"episode_index integers, start_s/end_s seconds) and alias computed columns "
+                                   f"named like a feature: {sql!r}")
     where = ", ".join(bad[:3]) if bad else f"one of the data files under {src.path('data')}"
     return DatasetFormatError(f"{where}: cannot be read as Parquet ({type(cause).__name__}: {cause}); the file is "
                               "truncated or corrupt. Re-download it from the dataset's source (`lerobot-sql doctor` "

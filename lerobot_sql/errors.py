@@ -73,3 +73,13 @@ __all__ = [
     "DestinationExistsError",
     "DestinationError",
 ]
+
+
+def did_you_mean(name: str, candidates) -> str:
+    """`` Did you mean 'x'?`` for the candidate closest to ``name`` (case-insensitive, difflib ratio >= 0.6), else
+    ``""``: the one spelling of the hint every error message uses (query checks, result contracts)."""
+    import difflib
+
+    by_lower = {c.lower(): c for c in candidates}
+    near = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" Did you mean {by_lower[near[0]]!r}?" if near else ""

@@ -236,6 +236,22 @@ def _is_our_manifest(path: Path) -> bool:
 
 
 # ---- manifest ---------------------------------------------------------------------------------------------------
+def dataset_identity(layout) -> str:
+    """A digest of what makes two dataset folders the same dataset for a manifest: info.json's
+    ``codebase_version``, ``total_episodes``, ``total_frames``, ``fps`` and ``features`` (sha256 hex of their JSON).
+
+    A manifest stores its source's (``lerobot_sql.manifest`` -> ``dataset_id``); ``db.dataset(manifest)`` through
+    another root accepts it only when that root's digest is equal (a copied or moved dataset), since a manifest's
+    rows are file rows and indices of that one dataset.
+    """
+    import hashlib
+
+    info = layout.info
+    keys = ("codebase_version", "total_episodes", "total_frames", "fps", "features")
+    text = json.dumps({k: info.get(k) for k in keys}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = False) -> ManifestReport:
     """Write the manifest of ``sql`` (see :mod:`lerobot_sql.manifest`) as one Parquet file, one row per sample.
 
@@ -270,7 +286,8 @@ def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = 
                                          "manifest metadata); overwrite=True never replaces other files: remove it "
                                          "yourself or choose another path")
     m = db.manifest(sql)
-    meta = dataclasses.replace(Meta.of(m), root=db.source.url)
+    meta = dataclasses.replace(Meta.of(m), root=db.source.url,
+                               dataset_id=dataset_identity(db.layout))  # a copy elsewhere opens it (db.dataset)
     for k in db.layout.video_keys:
         t = pc.add(m[f"{k}/from_timestamp"].cast(pa.float64()), m["timestamp"].cast(pa.float64()))
         m = m.append_column(f"{k}/time_s", t)

@@ -60,6 +60,7 @@ class Meta:
     sql: str | None = None
     clips: dict[str, Any] = dataclasses.field(default_factory=dict)
     root: str | None = None
+    dataset_id: str | None = None  # export_manifest: the source's identity (export.dataset_identity)
 
     @classmethod
     def of(cls, table_or_schema: pa.Table | pa.Schema, *, where: str = "the manifest") -> "Meta":
@@ -82,7 +83,7 @@ class Meta:
                                       "write the manifest again with db.export_manifest") from e
         return cls(mode=d.get("mode"), extras=tuple(d.get("extras") or ()),
                    video_keys=tuple(d.get("video_keys") or ()), fps=d.get("fps"), sql=d.get("sql"),
-                   clips=d.get("clips") or {}, root=d.get("root"))
+                   clips=d.get("clips") or {}, root=d.get("root"), dataset_id=d.get("dataset_id"))
 
     @staticmethod
     def present(schema: pa.Schema) -> bool:
@@ -95,6 +96,8 @@ class Meta:
              "sql": self.sql, "clips": self.clips}
         if self.root is not None:
             d["root"] = self.root
+        if self.dataset_id is not None:
+            d["dataset_id"] = self.dataset_id
         return table.replace_schema_metadata({META_KEY: json.dumps(d).encode()})
 
 

@@ -13,6 +13,8 @@ each sample came from); both this module's DuckDB join and the pointer path end 
 
 from __future__ import annotations
 
+import difflib
+import json
 import math
 from typing import Callable
 
@@ -23,7 +25,7 @@ import pyarrow.compute as pc
 from . import manifest as _manifest
 from . import pointers
 from .sqltext import ident as q, literal, number
-from .errors import DatasetFormatError, ResultContractError
+from .errors import DatasetFormatError, ResultContractError, did_you_mean as _did_you_mean
 from .layout import Layout
 from .source import Source
 
@@ -35,19 +37,107 @@ CONTRACT = (
 )
 
 
+WINDOW_CONTRACT = ("A window result needs `episode_index`, `start_s` and `end_s` (seconds from the episode start, "
+                   "half-open [start_s, end_s)), e.g. SELECT episode_index, 1.0 AS start_s, 3.0 AS end_s FROM episodes")
+# Names users give window bounds that difflib does not tie to start_s/end_s (-> the contract name to alias them to).
+_WINDOW_LOOKALIKES = {"t0": "start_s", "t1": "end_s", "t_start": "start_s", "t_end": "end_s", "tstart": "start_s",
+                      "tend": "end_s", "begin": "start_s", "begin_s": "start_s", "stop": "end_s", "stop_s": "end_s",
+                      "from_s": "start_s", "to_s": "end_s", "start_time": "start_s", "end_time": "end_s"}
+
+
 def result_mode(columns: list[str]) -> str:
     """``index``, ``window`` or ``episode`` for a result with these columns.
 
     Raises:
-        ResultContractError: none of the three shapes fits; the message states the contract.
+        ResultContractError: none of the three shapes fits; the message states the contract. Also a result with
+            ``episode_index`` and only one of ``start_s``/``end_s``, or with columns named like window bounds
+            (``start``/``end``, ``t0``/``t1``, ``start_sec``, ...): read as whole episodes, it would silently train
+            on every frame of them.
     """
     if "index" in columns:
         return "index"
     if "episode_index" in columns and "start_s" in columns and "end_s" in columns:
         return "window"
     if "episode_index" in columns:
+        half = [c for c in ("start_s", "end_s") if c in columns]
+        if half:
+            other = "end_s" if half[0] == "start_s" else "start_s"
+            near = [c for c in columns if c not in ("episode_index", half[0])]
+            raise ResultContractError(f"the result has {half[0]} but no {other}.{_did_you_mean_any(near, [other])} "
+                                      f"{WINDOW_CONTRACT}; without both it would select whole episodes")
+        look = [(c, _window_lookalike(c)) for c in columns if c != "episode_index"]
+        look = [(c, to) for c, to in look if to]
+        if look:
+            renames = ", ".join(f"{q(c)} AS {to}" for c, to in look)
+            raise ResultContractError(
+                f"the result has column(s) {[c for c, _ in look]} named like window bounds, but windows are read "
+                f"only from start_s and end_s: as it is, it would select whole episodes. {WINDOW_CONTRACT}; rename "
+                f"them ({renames}), or alias them to other names if they are meant as extra columns")
         return "episode"
     raise ResultContractError(f"the result has columns {columns}. {CONTRACT}")
+
+
+def _window_lookalike(name: str) -> str | None:
+    """``start_s``/``end_s`` when ``name`` looks like a misnamed window bound, else None."""
+    low = name.lower()
+    if low in _WINDOW_LOOKALIKES:
+        return _WINDOW_LOOKALIKES[low]
+    # The project's did-you-mean, at a stricter cutoff than for view names: an extra column called `state` or
+    # `stage` must not be taken for `start_s`.
+    if difflib.get_close_matches(low, ["start_s", "end_s"], n=1, cutoff=0.75):
+        return _did_you_mean_name(low, ["start_s", "end_s"])
+    return None
+
+
+def _did_you_mean_name(name: str, candidates: list[str]) -> str | None:
+    hint = _did_you_mean(name, candidates)  # " Did you mean 'x'?" or ""
+    return hint.split("'")[1] if hint else None
+
+
+def _did_you_mean_any(names: list[str], candidates: list[str]) -> str:
+    for n in names:
+        hint = _did_you_mean(n, candidates)
+        if hint:
+            return f" Column {n!r}:{hint}"
+    return ""
+
+
+def _check_contract_types(result: pa.Table, mode: str, sql: str) -> pa.Table:
+    """Refuse contract columns of the wrong type, or NULL, before they reach a join: DuckDB would cast a string
+    `index` inside our join (a ConversionException that is the query's fault, not the files'), and numpy would turn
+    a NULL episode_index into garbage with a RuntimeWarning.
+
+    Raises:
+        ResultContractError: naming the column, its type or the row, and the cast that fixes it.
+
+    Returns:
+        ``result``, with whole-number DECIMAL keys (DuckDB's HUGEINT, e.g. of ``sum()``) as int64.
+    """
+    cols = {"index": ("index",), "window": ("episode_index", "start_s", "end_s"), "episode": ("episode_index",)}[mode]
+    for c in cols:
+        col = result[c]
+        typ = col.type
+        seconds = c in ("start_s", "end_s")
+        if not seconds and pa.types.is_decimal(typ) and typ.scale == 0:
+            try:
+                col = col.cast(pa.int64())
+            except pa.ArrowInvalid as e:
+                raise ResultContractError(f"result column {c} holds values beyond int64: {sql!r}") from e
+            result = result.set_column(result.schema.get_field_index(c), c, col)
+            typ = col.type
+        ok = pa.types.is_null(typ) or pa.types.is_integer(typ) or (
+            seconds and (pa.types.is_floating(typ) or pa.types.is_decimal(typ)))
+        if not ok:
+            want = "seconds (a number)" if seconds else "an integer"
+            cast = "DOUBLE" if seconds else "BIGINT"
+            raise ResultContractError(f"result column {c} must be {want}, got {typ}; cast it in the query (e.g. "
+                                      f"`CAST(x AS {cast}) AS {c}`): {sql!r}")
+        if col.null_count and not seconds:  # NULL/NaN seconds: _check_window_bounds names the row
+            i = int(pc.index(pc.is_null(col), True).as_py())
+            raise ResultContractError(f"result column {c} is NULL in row {i}: every row must name a frame "
+                                      f"({'an index' if c == 'index' else 'an episode_index'}); filter NULLs out "
+                                      f"(`WHERE {c} IS NOT NULL`): {sql!r}")
+    return result
 
 
 def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Table) -> dict[str, dict[str, list]]:
@@ -117,6 +207,39 @@ def _check_window_bounds(result: pa.Table, sql: str) -> None:
                                       f"start_s and end_s in seconds from the episode start: {sql!r}")
 
 
+def _shadow_differ(con: duckdb.DuckDBPyConnection, shadow: list[str]) -> list[tuple]:
+    differ = " OR ".join(f"r.{q(c)} IS DISTINCT FROM f.{q(c)}" for c in shadow)
+    return con.sql(f"SELECT r.index, {', '.join(f'r.{q(c)}' for c in shadow)} FROM _lsql_result r "
+                   f"JOIN frames f ON f.index = r.index WHERE {differ} LIMIT 1").fetchall()
+
+
+def _shadow_type_error(con: duckdb.DuckDBPyConnection, res: pa.Table, shadow: list[str],
+                       sql: str) -> ResultContractError | None:
+    """The error for a result column named like a frame column whose values cannot be compared with the frame's
+    (``0.0 AS action`` against FLOAT[6]): DuckDB's Conversion/Binder error there is the query's mistake, not a
+    damaged data file. Found by trying the columns one at a time (error path only); None if none fails alone."""
+    for c in shadow:
+        try:
+            _shadow_differ(con, [c])
+        except (duckdb.BinderException, duckdb.ConversionException) as e:
+            ftype = con.sql(f"SELECT typeof({q(c)}) FROM frames LIMIT 1").fetchall()
+            err = ResultContractError(
+                f"result column {c!r} ({res[c].type}) is named like the frames' column {c!r} "
+                f"({ftype[0][0] if ftype else '?'}) but cannot be compared with it ({type(e).__name__}: "
+                f"{str(e).splitlines()[0]}); items carry the frame's own {c!r}, so alias a computed column (e.g. "
+                f"`... AS {q('my_' + c.replace('.', '_'))}`) in: {sql!r}")
+            err.__cause__ = e
+            return err
+    return None
+
+
+def _contract_error(e: BaseException, sql: str) -> ResultContractError:
+    """A DuckDB type error while the result is joined to the frames: the result's column types are at fault."""
+    return ResultContractError(f"the query's result cannot be matched to the frames ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0]}); check the types of its columns (index and episode_index "
+                               f"integers, start_s/end_s seconds): {sql!r}")
+
+
 def _plain_numbers(t: pa.Table) -> pa.Table:
     """DECIMAL columns (DuckDB types `1.5` as DECIMAL) become float64, and numeric columns with NULLs float64 with
     NaN, so that every extra number becomes a tensor a DataLoader can collate."""
@@ -154,6 +277,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     if result.num_rows == 0:
         raise ResultContractError(f"the query returned no rows, so there is nothing to train on: {sql!r}")
     mode = result_mode(result.column_names)
+    result = _check_contract_types(result, mode, sql)
     if mode == "window":
         _check_window_bounds(result, sql)
     video_cols = _manifest.video_columns(layout.video_keys)
@@ -185,9 +309,10 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     con.register("_lsql_result", res)
     try:
         if shadow:
-            differ = " OR ".join(f"r.{q(c)} IS DISTINCT FROM f.{q(c)}" for c in shadow)
-            bad = con.sql(f"SELECT r.index, {', '.join(f'r.{q(c)}' for c in shadow)} FROM _lsql_result r "
-                          f"JOIN frames f ON f.index = r.index WHERE {differ} LIMIT 1").fetchall()
+            try:
+                bad = _shadow_differ(con, shadow)
+            except (duckdb.BinderException, duckdb.ConversionException) as e:
+                raise _shadow_type_error(con, res, shadow, sql) or _contract_error(e, sql) from e
             if bad:
                 raise ResultContractError(
                     f"result columns {shadow} differ from the frames' own values (e.g. at index {bad[0][0]}); items "

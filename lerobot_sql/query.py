@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import json
 import re
 import sys
@@ -19,7 +18,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
-from .errors import QueryError
+from .errors import QueryError, did_you_mean as _did_you_mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +48,6 @@ class Context:
 VIDEO_INDEX_NAMES = frozenset({"video_frames", "camera_frames", "nearest_camera_frame"})
 
 
-def _did_you_mean(name: str, candidates) -> str:
-    by_lower = {c.lower(): c for c in candidates}
-    near = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
-    return f" Did you mean {by_lower[near[0]]!r}?" if near else ""
 
 
 # ---- 1.x list lambdas ---------------------------------------------------------------------------------------------

@@ -18,12 +18,13 @@ import os
 import re
 import struct
 import tempfile
-from typing import Any
+from typing import Any, NamedTuple
 
 import fsspec
 
 from . import cache
-from .errors import DatasetFormatError, MissingFileError, UnsupportedVersionError
+from .errors import (DatasetFormatError, LeRobotSQLError, MissingFileError, RemoteIOError,
+                     UnsupportedVersionError)
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./%-]+)?$")
 _VERSION_REF = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
@@ -443,6 +444,168 @@ def local_identity(st: os.stat_result) -> str:
     return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}-{st.st_ctime_ns}"
 
 
+_MP4_NESTED = (b"trak", b"mdia", b"minf", b"stbl")
+MOOV_MAX = 256 << 20  # a moov larger than this is not a LeRobot video (and not worth holding in memory)
+
+
+def _mp4_boxes(buf: bytes, start: int = 0, end: int | None = None):
+    """(type, payload start, payload end) of each box in ``buf[start:end]``; stops at the first malformed header."""
+    end = len(buf) if end is None else end
+    off = start
+    while off + 8 <= end:
+        size, typ = struct.unpack_from(">I4s", buf, off)
+        hdr = 8
+        if size == 1:
+            if off + 16 > end:
+                return
+            size, hdr = struct.unpack_from(">Q", buf, off + 8)[0], 16
+        elif size == 0:
+            size = end - off
+        if size < hdr or off + size > end:
+            return
+        yield typ, off + hdr, off + size
+        off += size
+
+
+class Mp4Samples(NamedTuple):
+    """An mp4 video track's sample table (ISO/IEC 14496-12 8.6-8.7), one entry per sample in decode order."""
+    sizes: tuple[int, ...]  # bytes of each sample (stsz)
+    sync: frozenset[int] | None  # 1-based numbers of the sync samples (stss); None: every sample is one
+    offsets: tuple[int, ...] | None  # byte offset of each sample in the file (stsc + stco/co64); None if unknown
+    deltas: tuple[int, ...] | None  # decode-time step after each sample, in the track's time base (stts)
+    reordered: bool  # a ctts box: presentation order differs from decode order (B-frames)
+    file_size: int  # bytes of the file as read
+
+
+def _sample_deltas(n: int, stts) -> tuple[int, ...] | None:
+    if not stts or sum(c for c, _ in stts) != n:
+        return None
+    return tuple(d for c, d in stts for _ in range(c))
+
+
+def _sample_offsets(sizes, stsc, chunks) -> tuple[int, ...] | None:
+    """Each sample's byte offset: chunk k (1-based) holds the samples-per-chunk of the last stsc run starting at or
+    before k, packed from the chunk's offset. None when the tables disagree with the sample count."""
+    if not stsc or not chunks or stsc[0][0] != 1:
+        return None
+    out, k, runs = [], 0, stsc + [(len(chunks) + 1, 0)]
+    for (first, per), (nxt, _) in zip(runs, runs[1:]):
+        if not first <= nxt or nxt > len(chunks) + 1:
+            return None
+        for c in range(first, nxt):
+            off = chunks[c - 1]
+            for _ in range(per):
+                if k >= len(sizes):
+                    return None
+                out.append(off)
+                off += sizes[k]
+                k += 1
+    return tuple(out) if k == len(sizes) else None
+
+
+def mp4_sample_table(f) -> Mp4Samples | None:
+    """The sample table of an mp4's first video track, read from its ``moov`` box only (no media payload).
+
+    For PyAV < 16, which has no ``stream.index_entries``: on the payload-free view (:meth:`Source.open_demux`) the
+    H.264 parser cannot see which packets are keyframes, so the flags come from the container's own table
+    (ISO/IEC 14496-12 8.6.2 ``stss``), as FFmpeg's mov demuxer takes them.
+
+    Args:
+        f: a seekable binary file object over the whole mp4 (the payload-free view is enough).
+
+    PyAV 15 also demuxes a truncated file only up to the cut, where PyAV 16's ``index_entries`` list every sample
+    of the moov; the offsets and decode-time deltas here let the index keep the samples past the cut (see
+    video._demux_index), so a cut file is reported as such rather than as clips that run past the video.
+
+    Returns:
+        :class:`Mp4Samples`, or None when the file has no ``moov`` with a video track and an ``stsz`` (fragmented
+        or malformed files: the caller then reads packets with their payload). The caller matches the sizes
+        against the demuxed packets before trusting the numbering. Hostile sizes and counts give None, never an exception or a huge allocation.
+    """
+    try:
+        size = f.seek(0, 2)
+        off, moov = 0, None
+        while off + 8 <= size:  # the top-level boxes, by their headers
+            f.seek(off)
+            head = f.read(16)
+            if len(head) < 8:
+                return None
+            box, typ = struct.unpack(">I4s", head[:8])
+            hdr = 8
+            if box == 1 and len(head) == 16:
+                box, hdr = struct.unpack(">Q", head[8:16])[0], 16
+            elif box == 0:
+                box = size - off
+            if box < hdr:
+                return None
+            if typ == b"moov":
+                if box > MOOV_MAX:
+                    return None
+                f.seek(off)
+                moov = f.read(box)
+                break
+            off += box
+        if moov is None or len(moov) < 8:
+            return None
+        for typ, a, z in _mp4_boxes(moov, 8):
+            if typ != b"trak":
+                continue
+            stbl = hdlr = None
+            mdia = next(((a2, z2) for t, a2, z2 in _mp4_boxes(moov, a, z) if t == b"mdia"), None)
+            if mdia is None:
+                continue
+            for t, a2, z2 in _mp4_boxes(moov, *mdia):
+                if t == b"hdlr" and z2 - a2 >= 12:
+                    hdlr = moov[a2 + 8:a2 + 12]
+                elif t == b"minf":
+                    stbl = next(((a3, z3) for t3, a3, z3 in _mp4_boxes(moov, a2, z2) if t3 == b"stbl"), None)
+            if hdlr != b"vide" or stbl is None:
+                continue
+            sizes = sync = stts = stsc = chunks = None
+            reordered = False
+            for t, a2, z2 in _mp4_boxes(moov, *stbl):
+                if t == b"stsz" and z2 - a2 >= 12:  # (stz2, compact sizes, is not written by FFmpeg: None)
+                    one, n = struct.unpack_from(">II", moov, a2 + 4)
+                    if one:
+                        sizes = (one,) * min(n, 1 << 24) if n <= 1 << 24 else None
+                    elif 12 + 4 * n <= z2 - a2:
+                        sizes = struct.unpack_from(f">{n}I", moov, a2 + 12)
+                    else:
+                        return None  # the table claims more entries than its box holds
+                elif t == b"stss" and z2 - a2 >= 8:
+                    n = struct.unpack_from(">I", moov, a2 + 4)[0]
+                    if 8 + 4 * n > z2 - a2:
+                        return None  # the table claims more entries than its box holds
+                    sync = frozenset(struct.unpack_from(f">{n}I", moov, a2 + 8))
+                elif t in (b"stts", b"stsc", b"stco", b"co64") and z2 - a2 >= 8:
+                    n = struct.unpack_from(">I", moov, a2 + 4)[0]
+                    w = {b"stts": 8, b"stsc": 12, b"stco": 4, b"co64": 8}[t]
+                    if 8 + w * n > z2 - a2:
+                        return None
+                    v = struct.unpack_from(f">{n * w // 4}I" if t != b"co64" else f">{n}Q", moov, a2 + 8)
+                    if t == b"stts":
+                        stts = list(zip(v[0::2], v[1::2]))
+                    elif t == b"stsc":
+                        stsc = list(zip(v[0::3], v[1::3]))
+                    else:
+                        chunks = v
+                elif t == b"ctts":
+                    reordered = True
+            if sizes is None:
+                return None
+            return Mp4Samples(sizes, sync, _sample_offsets(sizes, stsc, chunks), _sample_deltas(len(sizes), stts),
+                              reordered, size)
+        return None
+    except (OSError, ValueError, struct.error):
+        return None
+
+
+def mp4_sync_samples(f) -> tuple[tuple[int, ...], frozenset[int] | None] | None:
+    """(sample sizes, sync-sample numbers) of :func:`mp4_sample_table`, or None."""
+    t = mp4_sample_table(f)
+    return None if t is None else (t.sizes, t.sync)
+
+
 def _is_local_fs(fs: Any) -> bool:
     proto = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     return proto in ("file", "local")
@@ -500,13 +663,42 @@ def _hub_root(root: str, storage_options: dict) -> tuple[str, str] | None:
     repo, sub = "/".join(parts[:2]), "/".join(parts[2:])
     repo_id, _, rev = repo.partition("@")
     if not rev:
-        rev = _cached_hub_revision(repo_id, storage_options.get("token"))
+        # A bare `org/name` may as well be a mistyped relative path (`sample/smal20`): errors say both readings.
+        local = None if root.startswith("hf://") else root
+        rev = _cached_hub_revision(repo_id, storage_options.get("token"), local=local)
     path = f"datasets/{repo_id}@{rev}" + (f"/{sub}" if sub else "")
     return path, f"hf://{path}"
 
 
-def _cached_hub_revision(repo_id: str, token: Any) -> str:
-    """resolve_hub_revision, remembered on disk so a dataset opened once opens offline."""
+def _hub_error(repo_id: str, cause: BaseException | None, local: str | None) -> LeRobotSQLError:
+    """The typed error for a Hub repo that cannot be resolved: MissingFileError when the Hub says there is no such
+    repo (or we are offline with nothing cached), RemoteIOError when it cannot be reached. With ``local`` (the root
+    was a bare ``org/name``), the message starts with the local reading: no folder of that name."""
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if cause is None:
+        why, cls = "offline (HF_HUB_OFFLINE / LSQL_OFFLINE) and no revision known", MissingFileError
+    else:
+        first = (str(cause).splitlines() or [""])[0]
+        why = f"{type(cause).__name__}: {first}"
+        cls = MissingFileError if isinstance(cause, RepositoryNotFoundError) else RemoteIOError
+    if local is not None:
+        return cls(f"no local folder {local} (resolved to {os.path.abspath(local)}); as a Hub repo id "
+                   f"hf://datasets/{repo_id}: {why}. Check the path (a dataset root holds meta/info.json), or the "
+                   "repo id and the network")
+    fix = ("check the repo id on https://huggingface.co/datasets" if cls is MissingFileError and cause is not None
+           else "check the network (once opened online, a dataset opens offline), or pass hf://datasets/ORG/NAME@REV")
+    return cls(f"hf://datasets/{repo_id}: cannot resolve the dataset's revision on the Hugging Face Hub ({why}); "
+               f"{fix}")
+
+
+def _cached_hub_revision(repo_id: str, token: Any, local: str | None = None) -> str:
+    """resolve_hub_revision, remembered on disk so a dataset opened once opens offline.
+
+    Raises:
+        MissingFileError: the Hub has no such repo, or offline with no revision remembered.
+        RemoteIOError: the Hub cannot be reached and no revision is remembered.
+    """
     store = cache.cache_root() / "hub_revisions.json"
     try:
         known = json.loads(store.read_text())
@@ -518,9 +710,9 @@ def _cached_hub_revision(repo_id: str, token: Any) -> str:
             rev = resolve_hub_revision(repo_id, token=token)
         except (UnsupportedVersionError, DatasetFormatError):
             raise
-        except Exception:  # noqa: BLE001 - no network: fall back to the last resolution
+        except Exception as e:  # noqa: BLE001 - no network: fall back to the last resolution
             if repo_id not in known:
-                raise
+                raise _hub_error(repo_id, e, local) from e
             return known[repo_id]
         if known.get(repo_id) != rev:
             known[repo_id] = rev
@@ -532,6 +724,8 @@ def _cached_hub_revision(repo_id: str, token: Any) -> str:
                 os.replace(tmp, store)
         return rev
     if repo_id not in known:
+        if local is not None:
+            raise _hub_error(repo_id, None, local)
         raise MissingFileError(f"hf://datasets/{repo_id}: offline and no revision known; connect once online, "
                                "or pass hf://datasets/ORG/NAME@REVISION")
     return known[repo_id]

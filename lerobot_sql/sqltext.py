@@ -5,8 +5,9 @@ task texts, file paths, path templates) or from a typed parameter goes through t
 input, and a name like ``x' OR '1'='1`` or ``'); DROP VIEW frames; --`` must stay one identifier or one string.
 
 DuckDB's grammar (PostgreSQL's): an identifier is ``"..."`` with ``"`` doubled; a string literal is ``'...'`` with
-``'`` doubled, and backslashes, semicolons, newlines and NUL are plain characters inside both (no ``E'...'``
-escapes are produced). Where a statement takes parameters (``con.execute(sql, [values])``) binding is used instead;
+``'`` doubled, and backslashes, semicolons and newlines are plain characters inside both (no ``E'...'``
+escapes are produced). NUL is not: DuckDB before 2.0 ends a literal at a NUL byte ("unterminated quoted string"),
+so ``literal`` spells it ``chr(0)`` (metadata names with NUL are refused earlier, by layout.py). Where a statement takes parameters (``con.execute(sql, [values])``) binding is used instead;
 DDL (``CREATE VIEW`` / ``MACRO``) cannot bind, hence these.
 """
 
@@ -29,11 +30,16 @@ def ident(name: str) -> str:
 def literal(value: str) -> str:
     """``value`` as one DuckDB string literal (``VARCHAR``).
 
+    A value holding NUL becomes a parenthesised constant expression, ``('a' || chr(0) || 'b')``: DuckDB < 2.0's
+    parser stops a literal at a NUL byte (2.0 accepts it), and pyproject.toml allows duckdb 1.4.
+
     Raises:
         TypeError: ``value`` is not a string.
     """
     if not isinstance(value, str):
         raise TypeError(f"SQL string literal must be a string, got {type(value).__name__}: {value!r}")
+    if "\0" in value:
+        return "(" + " || chr(0) || ".join("'" + part.replace("'", "''") + "'" for part in value.split("\0")) + ")"
     return "'" + value.replace("'", "''") + "'"
 
 

@@ -28,7 +28,21 @@ import pyarrow.parquet as pq
 
 from . import cache, locate
 from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError, VideoDecodeError
-from .source import Source, local_identity
+from .source import Source, local_identity, mp4_sample_table, mp4_sync_samples
+
+
+def _sws_single_thread() -> dict:
+    """``reformat()`` keywords for a single-threaded swscale: ``{"threads": 1}`` where PyAV has the option (16+),
+    else ``{}`` (PyAV 15, which lerobot 0.4 / 0.6 pin, has no ``threads`` keyword and always converts on one thread).
+    Probed once at import on a 2x2 frame, not by version number."""
+    try:
+        VideoReformatter().reformat(av.VideoFrame(2, 2, "yuv420p"), format="rgb24", threads=1)
+        return {"threads": 1}
+    except TypeError:
+        return {}
+
+
+_SWS_KW = _sws_single_thread()
 
 INDEX_VERSION = 2  # 2: entries carry a checksum sidecar (cache.check)
 INDEX_SCHEMA = pa.schema([
@@ -101,6 +115,56 @@ def _container_index(container, stream) -> tuple[np.ndarray, np.ndarray, np.ndar
     return pts, key, pos, size
 
 
+def _sync_flags(src: Source, rel: str, stream, rows: list[tuple]) -> list[bool] | None:
+    """Keyframe flag of each demuxed packet (``rows``: (pts, flag, pos, size) in decode order) from the container's
+    sync-sample table, for packets read through the payload-free view; None when no table matches the packets.
+
+    PyAV 16+ exposes the table as ``stream.index_entries`` (keyed by byte position). PyAV 15, which lerobot 0.4 /
+    0.6 pin, does not: the ``stss`` box is then read from the cached ``moov`` (:func:`source.mp4_sync_samples`),
+    numbered by sample, and trusted only when the track's sample sizes equal the packets' sizes one for one (an
+    edit list or fragment that made FFmpeg drop or add packets fails that, and the caller demuxes with payload).
+    """
+    entries = getattr(stream, "index_entries", None)
+    if entries is not None:
+        keys = {e.pos for e in entries if e.is_keyframe}
+        return [r[2] in keys for r in rows] if keys else [r[1] for r in rows]
+    with src.open_demux(rel) as f:
+        table = mp4_sync_samples(f)
+    if table is None:
+        return None
+    sizes, sync = table
+    if len(sizes) != len(rows) or any(s != r[3] for s, r in zip(sizes, rows)):
+        return None
+    return [True] * len(rows) if sync is None else [k + 1 in sync for k in range(len(rows))]
+
+
+def _past_the_cut(src: Source, rel: str, rows: list[tuple]) -> list[tuple]:
+    """``rows`` (pts, keyframe, pos, size; decode order) of a file cut short, completed from its ``moov``.
+
+    PyAV 16's ``index_entries`` list every sample of the moov, so the index of a truncated mp4 keeps the frames
+    past the cut (their bytes lie past the end of the file: decoding them raises, and ``doctor`` reports the file
+    as cut). PyAV 15 demuxes only up to the cut; without this the clips past it would look like bad
+    ``from_timestamp`` metadata. The samples past the cut are added only when the demuxed packets equal the table's
+    first samples (sizes and offsets), the next sample does end past the file, and no frame is reordered
+    (presentation times are then the decode times: the last pts plus the ``stts`` steps); otherwise ``rows``.
+    """
+    with src.open_demux(rel) as f:
+        t = mp4_sample_table(f)
+    if t is None or t.offsets is None or t.deltas is None or t.reordered or len(t.sizes) <= len(rows):
+        return rows
+    m = len(rows)
+    while m and t.offsets[m - 1] + t.sizes[m - 1] > t.file_size:
+        m -= 1  # a packet the cut went through: FFmpeg hands out its first bytes; the table's entry replaces it
+    if (not m or m == len(t.sizes) or t.offsets[m] + t.sizes[m] <= t.file_size
+            or any(r[3] != n or r[2] != o for r, n, o in zip(rows[:m], t.sizes, t.offsets))):
+        return rows
+    out, pts = list(rows[:m]), rows[m - 1][0]
+    for k in range(m, len(t.sizes)):
+        pts += t.deltas[k - 1]
+        out.append((pts, t.sync is None or k + 1 in t.sync, t.offsets[k], t.sizes[k]))
+    return out
+
+
 def _demux_index(src: Source, rel: str) -> pa.Table:
     container = open_container(src, rel, demux_only=True)
     try:
@@ -110,12 +174,22 @@ def _demux_index(src: Source, rel: str) -> pa.Table:
             container.close()
             container = open_container(src, rel, demux_only=True)
             stream = container.streams.video[0]
-            # Payload-free remote reads: H.264 keyframe flags come from the payload, so take them from the
-            # container's sync-sample table instead.
-            keys = None if src.is_local else ({e.pos for e in stream.index_entries if e.is_keyframe} or None)
-            rows = [(pkt.pts, bool(pkt.is_keyframe) if keys is None else pkt.pos in keys,
-                     -1 if pkt.pos is None else pkt.pos, pkt.size)
+            rows = [(pkt.pts, bool(pkt.is_keyframe), -1 if pkt.pos is None else pkt.pos, pkt.size)
                     for pkt in container.demux(stream) if pkt.pts is not None]
+            if not src.is_local:
+                # Payload-free remote reads: H.264 keyframe flags come from the payload, so take them from the
+                # container's sync-sample table instead.
+                flags = _sync_flags(src, rel, stream, rows)
+                if flags is None:  # no table that matches the packets: demux again, payload and all (correct)
+                    container.close()
+                    container = open_container(src, rel)
+                    stream = container.streams.video[0]
+                    rows = [(pkt.pts, bool(pkt.is_keyframe), -1 if pkt.pos is None else pkt.pos, pkt.size)
+                            for pkt in container.demux(stream) if pkt.pts is not None]
+                else:
+                    rows = [(r[0], k, r[2], r[3]) for r, k in zip(rows, flags)]
+            if not hasattr(stream, "index_entries") and stream.frames and len(rows) < stream.frames:
+                rows = _past_the_cut(src, rel, rows)
             packets = tuple(np.array([r[i] for r in rows], dt).reshape(-1)
                             for i, dt in enumerate((np.int64, np.bool_, np.int64, np.int64)))
         tb = stream.time_base
@@ -419,17 +493,17 @@ class _OpenFile:
         if self.planar is None:
             fmt = (frame.format.name, frame.width, frame.height, int(frame.colorspace), int(frame.color_range))
             if fmt not in _PLANAR_OK:
-                ref = self.reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray().transpose(2, 0, 1)
+                ref = self.reformatter.reformat(frame, format="rgb24", **_SWS_KW).to_ndarray().transpose(2, 0, 1)
                 self._planar_into(frame, out)
                 _PLANAR_OK[fmt] = bool(np.array_equal(out, ref))
             self.planar = _PLANAR_OK[fmt]
         if self.planar:
             self._planar_into(frame, out)
         else:
-            out[...] = self.reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray().transpose(2, 0, 1)
+            out[...] = self.reformatter.reformat(frame, format="rgb24", **_SWS_KW).to_ndarray().transpose(2, 0, 1)
 
     def _planar_into(self, frame, out: np.ndarray) -> None:
-        g = self.reformatter.reformat(frame, format="gbrp", threads=1)
+        g = self.reformatter.reformat(frame, format="gbrp", **_SWS_KW)
         h, w = out.shape[1:]
         for c, p in ((0, 2), (1, 0), (2, 1)):  # gbrp planes are G, B, R
             plane = g.planes[p]

@@ -76,6 +76,8 @@ def remux(parts: list[tuple[Path, int, int, int]], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(parts[0][0])) as first, av.open(str(out), "w", format="mp4") as dst:
         ost = dst.add_stream_from_template(first.streams.video[0], opaque=True)
+        # PyAV 15 gives the template stream another time base and muxes the copied ticks unscaled; set it.
+        ost.time_base = TIME_BASE
         for src, lo, hi, shift in parts:
             with av.open(str(src)) as c:
                 ist = c.streams.video[0]

@@ -106,12 +106,16 @@ def test_export_manifest_round_trips_through_dataset(name, tmp_path):
     ds_file, ds_sql = db.dataset(path), db.dataset(sql)
     saved = ds_file.manifest
     keys = db.layout.video_keys
-    # the file: the manifest's columns, then each camera's time in its mp4; the metadata gains the root
+    # the file: the manifest's columns, then each camera's time in its mp4; the metadata gains the root and the
+    # source's identity
     assert saved.column_names == m.column_names + [f"{k}/time_s" for k in keys]
     assert saved.select(m.column_names).equals(m)
     assert ds_sql.manifest.select(m.column_names).equals(m)
     meta = _meta(saved)
     assert meta.pop("root") == db.source.url
+    from lerobot_sql.export import dataset_identity
+
+    assert meta.pop("dataset_id") == dataset_identity(db.layout)  # what db.dataset(manifest) compares
     assert meta == _meta(m)
     for k in keys:
         t = saved[f"{k}/from_timestamp"].to_numpy() + saved["timestamp"].to_numpy().astype(np.float64)

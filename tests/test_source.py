@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import struct
 
 import types
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 from lerobot_sql import source
 from lerobot_sql.errors import UnsupportedVersionError
 from lerobot_sql.remote import parse_size
-from lerobot_sql.source import open_source, resolve_hub_revision
+from lerobot_sql.source import mp4_sync_samples, open_source, resolve_hub_revision
 
 from http_range_server import RangeServer
 
@@ -92,13 +94,56 @@ def test_http_file_list_from_metadata(datasets, tmp_path, name):
 
 
 def _packets(f, use_index_keys: bool):
+    """(pts, pos, size, keyframe) of every packet; keyframe from the container's sync-sample table when
+    use_index_keys (``index_entries`` on PyAV 16+, the ``stss`` box via mp4_sync_samples on PyAV 15)."""
+    table = mp4_sync_samples(f) if use_index_keys else None
     c = av.open(f)
     s = c.streams.video[0]
-    keys = {e.pos for e in s.index_entries if e.is_keyframe}
-    out = sorted((p.pts, p.pos, p.size, (p.pos in keys) if use_index_keys else p.is_keyframe)
-                 for p in c.demux(s) if p.pts is not None)
+    rows = [(p.pts, p.pos, p.size, bool(p.is_keyframe)) for p in c.demux(s) if p.pts is not None]
+    if use_index_keys and hasattr(s, "index_entries"):
+        keys = {e.pos for e in s.index_entries if e.is_keyframe}
+        rows = [(t, pos, n, pos in keys) for t, pos, n, _ in rows]
+    elif use_index_keys:
+        sizes, sync = table
+        assert list(sizes) == [r[2] for r in rows]
+        rows = [(t, pos, n, sync is None or k + 1 in sync) for k, (t, pos, n, _) in enumerate(rows)]
     c.close()
-    return out
+    return sorted(rows)
+
+
+@pytest.mark.parametrize("name", ["small20", "h264_20"])
+def test_mp4_sync_samples_match_the_decoders_keyframes(datasets, tmp_path, name):
+    """The stss reader (PyAV 15's only keyframe source for payload-free remote reads) gives, over the payload-free
+    view, exactly the keyframes and sizes a full demux reports; on any PyAV."""
+    rel = "videos/observation.images.front/chunk-000/file-000.mp4"
+    full = [(p.size, bool(p.is_keyframe)) for p in _demux_all(str(datasets / name / rel))]
+    with RangeServer(datasets) as srv:
+        src = open_source(f"{srv.url}/{name}", cache_dir=tmp_path)
+        with src.open_demux(rel) as f:
+            sizes, sync = mp4_sync_samples(f)
+    assert list(sizes) == [n for n, _ in full]
+    got = [True] * len(sizes) if sync is None else [k + 1 in sync for k in range(len(sizes))]
+    assert got == [k for _, k in full] and 0 < sum(got) < len(got)
+
+
+def _demux_all(path):
+    c = av.open(path)
+    try:
+        return [p for p in c.demux(c.streams.video[0]) if p.pts is not None]
+    finally:
+        c.close()
+
+
+def test_mp4_sync_samples_refuses_hostile_tables(datasets, tmp_path):
+    """A crafted stss/stsz claiming billions of entries, or no moov at all, gives None (the caller then demuxes
+    with payload), never a huge allocation or a struct error."""
+    data = (datasets / "h264_20" / "videos/observation.images.front/chunk-000/file-000.mp4").read_bytes()
+    assert mp4_sync_samples(io.BytesIO(b"\0\0\0\x10mdat" + bytes(8))) is None
+    for box in (b"stss", b"stsz"):
+        i = data.index(box)
+        bad = data[:i + 8] + struct.pack(">I", 0x3FFFFFFF) + data[i + 12:] if box == b"stss" else \
+            data[:i + 12] + struct.pack(">I", 0x3FFFFFFF) + data[i + 16:]
+        assert mp4_sync_samples(io.BytesIO(bad)) is None, box
 
 
 @pytest.mark.parametrize("name", ["small20", "h264_20"])

@@ -1,0 +1,221 @@
+"""What a new user hit following the README (issue 14 "errors that blame the wrong thing", issue 20's first items):
+each test fails on the code before its fix. Only the in-repo datasets (sample/, tests/data) are used."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import lerobot_sql as lsql
+
+
+def test_extra_columns_keep_their_arrow_dtype_in_items_and_batches(sample):
+    """float32 rounded 123456789 + 2 to 123456792 and a Unix time to 1.7e9: each extra keeps its own dtype."""
+    db = lsql.connect(sample)
+    ds = db.dataset("SELECT index, CASE WHEN index % 2 = 0 THEN 123456789 + index END AS id, "
+                    "1700000000.123::DOUBLE AS wall_s, 123456789123::BIGINT AS big, 0.1::FLOAT AS f32, "
+                    "[1700000000.5, 2.0]::DOUBLE[] AS vec, 2.25::DECIMAL(6,2) AS dec "
+                    "FROM frames WHERE episode_index = 0 ORDER BY index", cameras=[])
+    it = ds[2]
+    assert it["id"].dtype == torch.float64 and it["id"].item() == 123456791.0  # NULL-holding int: float64, NaN
+    assert math.isnan(ds[1]["id"].item())
+    assert it["wall_s"].dtype == torch.float64 and it["wall_s"].item() == 1700000000.123
+    assert it["big"].dtype == torch.int64 and it["big"].item() == 123456789123
+    assert it["f32"].dtype == torch.float32
+    assert it["vec"].dtype == torch.float64 and it["vec"].tolist() == [1700000000.5, 2.0]
+    assert it["dec"].dtype == torch.float64 and it["dec"].item() == 2.25
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
+    assert batch["id"].dtype == torch.float64 and batch["id"][0].item() == 123456789.0
+    assert batch["wall_s"].tolist() == [1700000000.123] * 4
+    assert batch["big"].dtype == torch.int64 and batch["big"].tolist() == [123456789123] * 4
+
+
+@pytest.mark.parametrize("sql, column", [
+    ("SELECT index, 0.0 AS action FROM frames WHERE index = 400", "action"),
+    ("SELECT index, 'x' AS timestamp FROM frames WHERE index < 3", "timestamp"),
+    ("SELECT index, [1, 2] AS \"observation.state\" FROM frames WHERE index < 3", "observation.state"),
+])
+def test_a_type_mistake_in_a_feature_named_column_blames_the_query(sample, sql, column):
+    """These raised DatasetFormatError "cannot be read as Parquet ... Re-download it" about intact files."""
+    db = lsql.connect(sample)
+    with pytest.raises(lsql.ResultContractError, match=rf"result column '{column}' .* alias") as ei:
+        db.dataset(sql, cameras=[])
+    assert "Parquet" not in str(ei.value) and "Re-download" not in str(ei.value)
+    assert ei.value.__cause__ is not None
+
+
+@pytest.mark.parametrize("sql, column", [
+    ("SELECT 0 AS episode_index, '1.5' AS start_s, '2.0' AS end_s", "start_s"),
+    ("SELECT 'x' AS index", "index"),
+    ("SELECT '1' AS episode_index", "episode_index"),
+])
+def test_contract_columns_of_the_wrong_type_are_refused_naming_the_cast(sample, sql, column):
+    db = lsql.connect(sample)
+    with pytest.raises(lsql.ResultContractError, match=rf"result column {column} must be .*CAST\(x AS") as ei:
+        db.dataset(sql, cameras=[])
+    assert "Parquet" not in str(ei.value)
+
+
+def test_a_type_error_from_the_query_is_not_blamed_on_files(sample):
+    """unreadable_error: with every footer intact, a DuckDB Conversion error while the user's result is resolved is
+    the result's, not a data file's."""
+    import duckdb
+    from lerobot_sql.db import unreadable_error
+
+    db = lsql.connect(sample)
+    cause = duckdb.ConversionException("Conversion Error: Could not convert string 'x' to INT64")
+    err = unreadable_error(db.source, db.layout, cause, sql="SELECT ...")
+    assert type(err) is lsql.ResultContractError and "SELECT ..." in str(err)
+    # without a user query (opening the views), it stays a file error
+    assert type(unreadable_error(db.source, db.layout, cause)) is lsql.DatasetFormatError
+
+
+@pytest.mark.parametrize("sql, hint", [
+    ("SELECT episode_index, 1.0 AS start_s FROM episodes", "has start_s but no end_s"),
+    ("SELECT episode_index, 2.0 AS end_s FROM episodes", "has end_s but no start_s"),
+    ("SELECT episode_index, 1.0 AS start_sec, 2.0 AS end_s FROM episodes", "Did you mean 'start_s'"),
+    ('SELECT episode_index, 1.0 AS start, 2.0 AS "end" FROM episodes', r'"start" AS start_s, "end" AS end_s'),
+    ("SELECT episode_index, 1.0 AS t0, 2.0 AS t1 FROM episodes", r'"t0" AS start_s, "t1" AS end_s'),
+    ("SELECT episode_index, 1.0 AS start_sec, 2.0 AS end_sec FROM episodes", "start_sec"),
+])
+def test_misnamed_window_columns_do_not_select_whole_episodes(sample, sql, hint):
+    """Each of these silently gave every frame of every episode (issue 20)."""
+    db = lsql.connect(sample)
+    with pytest.raises(lsql.ResultContractError, match="start_s") as ei:
+        db.dataset(sql, cameras=[])
+    assert hint in str(ei.value) and "seconds" in str(ei.value)
+
+
+def test_extra_columns_that_only_resemble_bounds_are_kept(sample):
+    """The near-miss check must not refuse ordinary extras (`state`, `stage`, `length`)."""
+    db = lsql.connect(sample)
+    ds = db.dataset("SELECT episode_index, 1 AS state, 2 AS stage, length FROM episodes WHERE episode_index = 0",
+                    cameras=[])
+    assert len(ds) == 348 and ds[0]["state"].item() == 1 and ds[0]["length"].item() == 348
+
+
+def test_null_episode_index_is_a_contract_error_without_numpy_warnings(sample):
+    db = lsql.connect(sample)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(lsql.ResultContractError, match="episode_index is NULL in row 0"):
+            db.dataset("SELECT NULL::BIGINT AS episode_index", cameras=[])
+        with pytest.raises(lsql.ResultContractError, match="index is NULL in row 1"):
+            db.dataset("SELECT * FROM (VALUES (0), (NULL)) t(index)", cameras=[])
+
+
+def test_item_indices_must_be_integers(sample):
+    db = lsql.connect(sample)
+    ds = db.dataset(episodes=[0], cameras=[])
+    with pytest.raises(TypeError, match="indices must be integers"):
+        ds[0:2]
+    with pytest.raises(TypeError, match="indices must be integers"):
+        ds[1.0]
+    import numpy as np
+    assert ds[np.int64(3)]["frame_index"].item() == 3 and ds[torch.tensor(4)]["frame_index"].item() == 4
+
+
+@pytest.mark.parametrize("tol", [-1, -1e-4, float("nan"), float("inf")])
+def test_tolerance_must_be_finite_and_not_negative(sample, tol):
+    db = lsql.connect(sample)
+    with pytest.raises(ValueError, match="tolerance_s must be a finite number"):
+        db.dataset(episodes=[0], tolerance_s=tol)
+    assert len(db.dataset(episodes=[0], cameras=[], tolerance_s=0)) == 348
+
+
+def test_add_query_dir_of_a_missing_folder_is_refused(sample, tmp_path):
+    db = lsql.connect(sample)
+    with pytest.raises(lsql.MissingFileError, match=r"nodir .*does not exist"):
+        db.add_query_dir(tmp_path / "nodir")
+    (tmp_path / "f.sql").write_text("SELECT 1")
+    with pytest.raises(lsql.MissingFileError, match="is a file, not a folder"):
+        db.add_query_dir(tmp_path / "f.sql")
+    db.add_query_dir(tmp_path)  # an existing folder is fine
+
+
+def test_a_manifest_is_refused_through_another_dataset(sample, datasets, tmp_path):
+    """multifile60's manifest opened through small20 served small20's frames at multifile60's file rows."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    other = lsql.connect(datasets / "multifile60")
+    path = tmp_path / "mm.parquet"
+    other.export_manifest("SELECT index FROM frames WHERE episode_index = 3 ORDER BY index", path)
+    with pytest.raises(lsql.ResultContractError, match="manifest of the dataset at .*multifile60.*opened through "
+                                                       "the dataset at .*small20") as ei:
+        lsql.connect(sample).dataset(str(path), cameras=[])
+    assert "export_manifest" in str(ei.value)
+    with pytest.raises(lsql.ResultContractError, match="multifile60"):  # a table read by the user, too
+        lsql.connect(sample).dataset(pq.read_table(path), cameras=[])
+    # its own dataset, and a copy of it elsewhere (same info.json), read the same frames
+    want = [other.sql("SELECT index FROM frames WHERE episode_index = 3 ORDER BY index").fetchall()[k][0]
+            for k in (0, 5)]
+    assert [int(other.dataset(str(path), cameras=[])[k]["index"]) for k in (0, 5)] == want
+    copy = tmp_path / "copy"
+    shutil.copytree(datasets / "multifile60", copy)
+    ds = lsql.connect(copy).dataset(str(path), cameras=[])
+    assert [int(ds[k]["index"]) for k in (0, 5)] == want and int(ds[0]["episode_index"]) == 3
+
+
+def _hub_down(monkeypatch, exc):
+    """No test touches the network: the Hub's revision lookup raises ``exc``."""
+    import huggingface_hub
+
+    def refs(self, *a, **k):
+        raise exc
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_refs", refs)
+    for v in ("LSQL_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(v, raising=False)
+
+
+def _not_found():
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    e = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # its __init__ wants an HTTP response
+    Exception.__init__(e, "404 Client Error. Repository Not Found for url: https://huggingface.co/api/datasets/x")
+    return e
+
+
+def test_a_mistyped_path_is_not_a_raw_network_traceback(monkeypatch, tmp_path):
+    """`lsql.connect("sample/smal20")` was taken as a Hub repo id and raised the HTTP library's ConnectError."""
+    monkeypatch.chdir(tmp_path)
+    _hub_down(monkeypatch, ConnectionError("[Errno -3] Temporary failure in name resolution"))
+    with pytest.raises(lsql.RemoteIOError, match=r"no local folder sample/smal20 \(resolved to "
+                                                 rf"{tmp_path}/sample/smal20\); as a Hub repo id .*name resolution") \
+            as ei:
+        lsql.connect("sample/smal20")
+    assert isinstance(ei.value.__cause__, ConnectionError)
+    _hub_down(monkeypatch, _not_found())
+    with pytest.raises(lsql.MissingFileError, match=r"no local folder sample/smal20 .*Repository Not Found"):
+        lsql.connect("sample/smal20")
+
+
+def test_hf_url_offline_is_a_remote_io_error(monkeypatch):
+    _hub_down(monkeypatch, ConnectionError("connection refused"))
+    with pytest.raises(lsql.RemoteIOError, match=r"hf://datasets/someorg/nothere: cannot resolve .*connection refused"):
+        lsql.connect("hf://datasets/someorg/nothere")
+
+
+def test_cli_mistyped_path_prints_one_error_and_one_hint(monkeypatch, tmp_path, capsys):
+    from lerobot_sql import cli
+
+    monkeypatch.chdir(tmp_path)
+    _hub_down(monkeypatch, ConnectionError("[Errno -3] Temporary failure in name resolution"))
+    monkeypatch.delenv("LSQL_DEBUG", raising=False)
+    assert cli.main(["info", "sample/smal20"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[0].startswith("error: no local folder sample/smal20")
+    assert err[1].startswith("hint: DATASET is a local folder holding meta/info.json")
+
+
+def test_whole_number_keys_of_other_integer_types_are_still_accepted(sample):
+    """The type check keeps HUGEINT (sum(), arrives as DECIMAL(38, 0)) and small ints usable as keys."""
+    db = lsql.connect(sample)
+    assert len(db.dataset("SELECT 3::HUGEINT AS episode_index", cameras=[])) == 390
+    assert int(db.dataset("SELECT sum(2) AS index", cameras=[])[0]["index"]) == 2
+    assert len(db.dataset("SELECT 3::UTINYINT AS episode_index, 0.5 AS start_s, 1::INT AS end_s", cameras=[])) == 15
