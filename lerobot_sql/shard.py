@@ -131,13 +131,9 @@ def shard_sizes(manifest: pa.Table, world_size: int, **kwargs: Any) -> np.ndarra
     return np.bincount(assign(manifest, world_size, **kwargs), minlength=world_size).astype(np.int64)
 
 
-def worker_shard(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """``(shard, num_shards)`` of the calling process: distributed rank x DataLoader worker.
-
-    ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialised, else ``$RANK``/``$WORLD_SIZE``
-    (torchrun sets them), else 0/1. Inside a DataLoader worker, shard = ``rank * num_workers + worker_id`` and
-    num_shards = ``world_size * num_workers``; elsewhere (the main process) ``(rank, world_size)``.
-    """
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """The given rank / world_size, else ``torch.distributed``'s when it is initialised, else ``$RANK`` /
+    ``$WORLD_SIZE`` (torchrun sets them), else 0 / 1."""
     if rank is None or world_size is None:
         dist = torch.distributed
         ready = dist.is_available() and dist.is_initialized()
@@ -145,6 +141,17 @@ def worker_shard(rank: int | None = None, world_size: int | None = None) -> tupl
             rank = dist.get_rank() if ready else int(os.environ.get("RANK", 0))
         if world_size is None:
             world_size = dist.get_world_size() if ready else int(os.environ.get("WORLD_SIZE", 1))
+    return int(rank), int(world_size)
+
+
+def worker_shard(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """``(shard, num_shards)`` of the calling process: distributed rank x DataLoader worker.
+
+    ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialised, else ``$RANK``/``$WORLD_SIZE``
+    (torchrun sets them), else 0/1. Inside a DataLoader worker, shard = ``rank * num_workers + worker_id`` and
+    num_shards = ``world_size * num_workers``; elsewhere (the main process) ``(rank, world_size)``.
+    """
+    rank, world_size = _rank_and_world(rank, world_size)
     info = torch.utils.data.get_worker_info()
     if info is None:
         return int(rank), int(world_size)
@@ -184,13 +191,7 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
         self.manifest, self.by, self.seed, self.shuffle = manifest, by, int(seed), shuffle
         # Resolved here, in the rank's main process: spawned DataLoader workers do not inherit torch.distributed.
         # Only the rank is wanted, not the worker-expanded shard: the rank's part must not depend on num_workers.
-        if rank is None or world_size is None:
-            dist = torch.distributed
-            ready = dist.is_available() and dist.is_initialized()
-            if rank is None:
-                rank = dist.get_rank() if ready else int(os.environ.get("RANK", 0))
-            if world_size is None:
-                world_size = dist.get_world_size() if ready else int(os.environ.get("WORLD_SIZE", 1))
+        rank, world_size = _rank_and_world(rank, world_size)
         self.rank, self.world_size = int(rank), int(world_size)
         _check(self.rank, self.world_size, by)
         # Fewer episodes than ranks: fail here, in the main process, not later inside a DataLoader worker.
