@@ -42,10 +42,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True)
     ap.add_argument("--branch", default=".")
-    ap.add_argument("--dataset", default=str(Path(__file__).resolve().parents[2] / "shared/datasets/small20"))
+    ap.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1] / "sample/small20"))
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--items", type=int, default=2000)
     a = ap.parse_args(argv)
+    a.dataset = str(Path(a.dataset).resolve())  # each child runs in its checkout, so a relative path would move
     res = {"base": [], "branch": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
