@@ -10,7 +10,7 @@ Public surface::
     ds[0]                                         # the dict LeRobotDataset.__getitem__ returns
     db.export(sql, "out/subset")                  # a new LeRobot v3.0 dataset with exactly those frames
     db.export_manifest(sql, "m.parquet")          # one row per sample, for Ray Data / Daft / torch ranks
-    db.query("split", subset="validation")        # named queries from queries/
+    db.named_query("split", subset="validation")  # named queries from queries/
     db.nearest(at_sql, ["action", "observation.images.front"])  # align streams of different rates
 
 Samplers: :class:`EpisodeAwareSampler` (shuffled blocks of consecutive frames, per-epoch seeds, resume, rank

@@ -25,12 +25,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from . import frames as _frames
-from . import locate, tabular, video
+from ._readers import deltas as _frames
+from ._readers import locate, tabular, video
 from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
-from .layout import Layout
-from .manifest import Meta
-from .source import Source
+from ._format.layout import Layout
+from ._plan.manifest import Meta
+from ._storage.source import Source
 
 
 _INHERITED: list = []  # per-process state inherited from a parent process; kept, never freed
@@ -299,7 +299,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 
     def _check_clips(self, key: str, rel: str, index: video.FrameIndex) -> None:
         """The selected episodes' clips in mp4 ``rel`` against its real frames
-        (:func:`lerobot_sql.locate.check_clips`; the clips come from the manifest's metadata).
+        (:func:`lerobot_sql._readers.locate.check_clips`; the clips come from the manifest's metadata).
 
         Raises:
             DatasetFormatError: naming the mp4, camera and episode, what overlaps, and the fix.

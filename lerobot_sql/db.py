@@ -17,12 +17,16 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import cache, catalog, macros, plan, pointers, query, sandbox, video
+from ._storage import cache
+from ._catalog import views as catalog, macros, sandbox
+from ._plan import resolve as plan, episodes as pointers
+from ._query import checks as query
+from ._readers import video
 from .errors import (DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, RemoteIOError,
                      ResultContractError)
-from .layout import load_layout
-from .remote import FileChangedError
-from .source import open_source
+from ._format.layout import load_layout
+from ._storage.remote import FileChangedError
+from ._storage.source import open_source
 
 # Most rows a query given to dataset()/manifest() may return (samples; duplicates allowed for oversampling).
 MAX_RESULT_ROWS = 200_000_000  # hard ceiling on a manifest's rows, whatever the memory
@@ -429,7 +433,7 @@ class Database:
 
     def _ensure_video_files(self) -> None:
         """Fill the view ``video_files`` (one row per distinct mp4 of ``videos``: present, size_bytes, codec) by
-        probing the files, once per connection (see :func:`lerobot_sql.video.probe_video_files`)."""
+        probing the files, once per connection (see :func:`lerobot_sql._readers.video.probe_video_files`)."""
         if self._video_files_ready:
             return
         with self._build_lock:
@@ -441,7 +445,7 @@ class Database:
             self._video_files_ready = True
 
     def check(self, sql: str) -> str:
-        """Validate user SQL (see :mod:`lerobot_sql.query`) and return what DuckDB will run.
+        """Validate user SQL (see :mod:`lerobot_sql._query.checks`) and return what DuckDB will run.
 
         Raises:
             QueryError: not a single read-only query over the views, with the reason and a fix.
@@ -509,7 +513,7 @@ class Database:
 
     # ---- datasets -------------------------------------------------------------------------------------------
     def manifest(self, sql: str) -> pa.Table:
-        """The manifest of a query: one row per sample (see :mod:`lerobot_sql.plan` for columns and contract).
+        """The manifest of a query: one row per sample (see :mod:`lerobot_sql._plan.resolve` for columns and contract).
 
         Raises:
             ResultContractError: the result is empty or has none of the accepted column sets.
@@ -562,7 +566,7 @@ class Database:
 
     def _check_links(self) -> None:
         """Refuse, with a DatasetFormatError naming file and target, a data or metadata file that is a symlink out
-        of the dataset (:meth:`lerobot_sql.source.Source.check_link`) before a manifest or an export reads it
+        of the dataset (:meth:`lerobot_sql._storage.source.Source.check_link`) before a manifest or an export reads it
         (through DuckDB, whose sandbox would say only "Permission Error"). Each file is resolved once per process;
         the mp4s are checked where they are opened (Source.local_path)."""
         lay = self.layout
@@ -595,7 +599,7 @@ class Database:
         Raises:
             QueryError / ResultContractError: the SQL or its result is unusable.
             DatasetFormatError: a data, metadata or video file is a symlink to a file outside the dataset root and
-                outside the hub cache's ``blobs/`` folder (see :meth:`lerobot_sql.source.Source.check_link`).
+                outside the hub cache's ``blobs/`` folder (see :meth:`lerobot_sql._storage.source.Source.check_link`).
             ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid); both sql and episodes given.
             TypeError: ``episodes`` holds something other than integers.
         """
@@ -675,14 +679,29 @@ class Database:
             f"db.export_manifest(sql, path). A copy of the dataset with the same info.json is accepted as is")
 
     # ---- delegated capabilities (each lives in its own module) ------------------------------------------------
-    def query(self, name: str, **params: Any) -> duckdb.DuckDBPyRelation:
+    def named_query(self, name: str, **params: Any) -> duckdb.DuckDBPyRelation:
         """Run a named query from ``queries/`` (or a folder added with ``add_query_dir``) with parameters.
 
-        See :mod:`lerobot_sql.library`; ``lerobot-sql query DATASET --name NAME --param k=v`` is the CLI form.
-        """
-        from . import library
+        ``db.dataset(db.named_query_sql(name, **params))`` turns it into a training set.
+        ``lerobot-sql query DATASET --name NAME --param k=v`` is the CLI form.
 
-        return self.sql(library.render(name, params, extra_dirs=self._query_dirs))
+        Raises:
+            QueryError: unknown name (with a did-you-mean), a missing or mistyped parameter, or the query fails.
+        """
+        return self.sql(self.named_query_sql(name, **params))
+
+    query = named_query  # its name in 0.1; kept as an alias
+
+    def named_query_sql(self, name: str, **params: Any) -> str:
+        """The SQL text of named query ``name`` with ``params`` filled in (each value type-checked and quoted by
+        the library's parameter rules), e.g. to pass to :meth:`dataset` or :meth:`export`.
+
+        Raises:
+            QueryError: unknown name or a missing / mistyped parameter.
+        """
+        from ._query import library
+
+        return library.render(name, params, extra_dirs=self._query_dirs)
 
     @property
     def query_dirs(self) -> list[Path]:
@@ -704,8 +723,8 @@ class Database:
         self._query_dirs.insert(0, p)
 
     def nearest(self, *args: Any, **kwargs: Any) -> pa.Table:
-        """For given timestamps, the k nearest samples of named streams (see :func:`lerobot_sql.temporal.nearest`)."""
-        from . import temporal
+        """For given timestamps, the k nearest samples of named streams (see :func:`lerobot_sql.nearest.nearest`)."""
+        from . import nearest as temporal
 
         return temporal.nearest(self, *args, **kwargs)
 

@@ -14,9 +14,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .catalog import q
+from ._catalog.views import q
 from .errors import QueryError
-from .layout import DEFAULT_COLUMNS
+from ._format.layout import DEFAULT_COLUMNS
 
 __all__ = ["plot_episode", "frame_grid", "show_item", "ItemView"]
 

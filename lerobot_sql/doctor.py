@@ -1,9 +1,9 @@
 """``lerobot-sql doctor``: the format's invariants (spec section 8) run as SQL over the views, with a report.
 
 Each check is one named query in ``queries/doctor/<check>.sql`` that returns one row per violation; no rows means
-the check passed. Every check also runs alone, ``db.query("doctor/<check>")``: what SQL cannot do comes from views
+the check passed. Every check also runs alone, ``db.named_query("doctor/<check>")``: what SQL cannot do comes from views
 the Database builds on first use, ``video_files`` (file existence, size and stream codec, probed by
-:func:`lerobot_sql.video.probe_video_files`) and ``video_frames`` (the video index, by demuxing). ``run`` builds the video index only
+:func:`lerobot_sql._readers.video.probe_video_files`) and ``video_frames`` (the video index, by demuxing). ``run`` builds the video index only
 when every video file is present.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from . import library
+from ._query import library
 from .errors import LeRobotSQLError
-from .video import probe_video_files  # noqa: F401  moved to video.py; kept importable from here for one release
+from ._readers.video import probe_video_files  # noqa: F401  moved to video.py; kept importable from here for one release
 
 SAMPLE_ROWS = 5
 
@@ -177,7 +177,7 @@ def refused_report(dataset: str, error: Exception, tolerance_s: float = 1e-4) ->
 
     Args:
         dataset: the root as the user gave it. error: the DatasetFormatError raised by ``connect()`` (its ``key``
-            attribute, set by :func:`lerobot_sql.layout.check_info`, names the info.json key).
+            attribute, set by :func:`lerobot_sql._format.layout.check_info`, names the info.json key).
     """
     key = getattr(error, "key", None)
     msg = str(error)

@@ -3,7 +3,7 @@
 For the query's manifest: the footer and the row groups of each data file that hold the selected frames (whole
 episodes when ``delta_timestamps`` are given, as the dataset reads neighbours), and for each camera the packets from
 the keyframe before each wanted frame up to that frame (byte ranges from the video index, which itself costs only
-the mp4's ``moov`` box). Ranges are merged and fetched in parallel through :class:`lerobot_sql.remote.RemoteCacheFS`,
+the mp4's ``moov`` box). Ranges are merged and fetched in parallel through :class:`lerobot_sql._storage.remote.RemoteCacheFS`,
 so a later ``db.dataset(sql)`` reads from disk. For an episode query the selected episodes' row groups are fetched
 first, in parallel, so that the manifest query itself reads the cache (``warm_episode_row_groups``).
 ``lerobot-sql prefetch DATASET --sql ...`` is the CLI form.
@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import locate, tabular, video
-from .remote import MERGE_GAP, merge_ranges  # noqa: F401  (MERGE_GAP moved to remote.py)
-from .tabular import row_group_ranges
+from ._readers import locate, tabular, video
+from ._storage.remote import MERGE_GAP, merge_ranges  # noqa: F401  (MERGE_GAP moved to remote.py)
+from ._readers.tabular import row_group_ranges
 
 AVIO_BUFFER = 32 << 10  # PyAV reads files in blocks of this size: a decode reads up to one block past its packet
 DECODER_DELAY = locate.DECODER_DELAY  # importable from here for one release

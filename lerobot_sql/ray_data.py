@@ -1,7 +1,7 @@
 """Past one machine: a manifest read by Ray Data (or Daft, Spark) and decoded into the same items as ``db.dataset()``.
 
 The planning happens once, where DuckDB runs: ``db.export_manifest(sql, "m.parquet")`` writes one row per sample
-(columns in :mod:`lerobot_sql.plan`, dataset root in the schema metadata). The cluster engine reads that Parquet
+(columns in :mod:`lerobot_sql._plan.resolve`, dataset root in the schema metadata). The cluster engine reads that Parquet
 file with its own reader, splits it into blocks however it likes, and calls :class:`Decoder` (or
 :func:`decode_batch`) on each block of rows. The decoder builds a :class:`~lerobot_sql.dataset.LeRobotSQLDataset`
 over exactly those rows, the same class ``db.dataset()`` returns, so each item equals ``db.dataset(path)[i]`` for
@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .manifest import META_KEY, Meta  # noqa: F401  (META_KEY: importable from here for one release)
+from ._plan.manifest import META_KEY, Meta  # noqa: F401  (META_KEY: importable from here for one release)
 
 
 def manifest_schema(path: str | os.PathLike, *, filesystem=None) -> pa.Schema:

@@ -4,7 +4,6 @@ and PyAV reading the sample's files directly, not from lerobot_sql."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import json
 import os
@@ -50,8 +49,6 @@ def box_cells(out: str) -> list[list[str]]:
     return [[c.strip() for c in ln.strip().strip("│").split("│")] for ln in out.splitlines() if ln.startswith("│")]
 
 
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +245,6 @@ def test_quoting_hint_for_names_and_columns(sql):
     assert QUOTING in r.stderr.strip().splitlines()[-1], r.stderr
 
 
-@pytest.mark.skipif(not _has("lerobot_sql.library"), reason="lerobot_sql.library (named queries) not written yet")
 def test_named_query_from_a_user_folder(tmp_path, episodes):
     (tmp_path / "longer_than.sql").write_text(
         "-- Episodes longer than a number of frames.\n--\n-- params:\n"
@@ -265,7 +261,6 @@ def test_named_query_from_a_user_folder(tmp_path, episodes):
 
 
 # ---- export --------------------------------------------------------------------------------------------------------
-@pytest.mark.skipif(not _has("lerobot_sql.export"), reason="lerobot_sql.export not written yet")
 def test_export_windows_then_reopen(tmp_path, data):
     dest = tmp_path / "windows"
     sql = "SELECT episode_index, 1.0 AS start_s, 2.0 AS end_s FROM episodes WHERE episode_index IN (1, 3)"
@@ -324,12 +319,10 @@ def test_info_on_a_metadata_only_copy(tmp_path):
     assert warnings and all(w.startswith("warning: ") for w in warnings), r.stderr
 
 
-@pytest.mark.skipif(not _has("lerobot_sql.prefetch"), reason="lerobot_sql.prefetch not written yet")
 def test_prefetch_runs_on_a_local_dataset():
     ok("prefetch", SAMPLE, "--sql", "SELECT episode_index FROM episodes WHERE episode_index < 2", "--quiet")
 
 
-@pytest.mark.skipif(not _has("lerobot_sql.doctor"), reason="lerobot_sql.doctor not written yet")
 def test_doctor_ok_on_sample_and_exit_1_on_a_missing_video(tmp_path):
     report = json.loads(ok("doctor", SAMPLE, "--json"))
     assert report["ok"] is True
@@ -389,7 +382,6 @@ def test_bench_passes_arguments_through():
     assert "usage" in out.lower()
 
 
-@pytest.mark.skipif(not _has("lerobot_sql.demo"), reason="lerobot_sql.demo not written yet")
 def test_demo_runs_on_the_sample():
     out = ok("demo")
     assert "episodes" in out

@@ -13,7 +13,7 @@ import torch
 
 import lerobot_sql as lsql
 from helpers import REFERENCE_SETS, assert_item_equals_reference, assert_items_equal, data_root, load_reference
-from lerobot_sql import tabular, video
+from lerobot_sql._readers import tabular, video
 
 
 @pytest.mark.parametrize("name", REFERENCE_SETS)
@@ -238,7 +238,7 @@ def _mp4s(root, episode: int) -> list[str]:
 
 def _expected(src, cache, homes: set, mp4s: set) -> set:
     """Cache files of (data file, row group) pairs and mp4s, named as tabular/video name their entries."""
-    from lerobot_sql.layout import load_layout
+    from lerobot_sql._format.layout import load_layout
 
     out = set()
     for rel, rg in homes:

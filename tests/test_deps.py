@@ -17,7 +17,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from lerobot_sql.sqltext import literal
+from lerobot_sql._query.sqltext import literal
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11; CI runs 3.11
 

@@ -14,7 +14,8 @@ import pytest
 
 import lerobot_sql as lsql
 from helpers import data_root
-from lerobot_sql import doctor, library
+from lerobot_sql import doctor
+from lerobot_sql._query import library
 
 CLEAN = ["small20", "multifile60", "h264_20", "img5_extras", "g1_real_v30", "v21_small20", "g1_real_v21"]
 EPISODES = "meta/episodes/chunk-000/file-000.parquet"

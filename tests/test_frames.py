@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lerobot_sql import frames
+from lerobot_sql._readers import deltas as frames
 
 FEATURES = {"action": None, "observation.state": None}
 

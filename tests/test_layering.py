@@ -7,7 +7,7 @@ cross-module private imports that break the rules today are listed in ``KNOWN_*`
 so does a listed one that no longer exists, so the lists can only shrink (delete the entry with the fix).
 
 The stages follow ../shared/spec/layout-target.md §5.2, adapted to today's flat modules. A new module must be given a
-stage in ``STAGE`` (the test says so), which is the moment to decide where it belongs.
+stage in ``PACKAGE_STAGE`` or ``STAGE_TOP`` (the test says so), which is the moment to decide where it belongs.
 """
 
 from __future__ import annotations
@@ -18,30 +18,35 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "lerobot_sql"
 
-# module (dotted, relative to lerobot_sql) -> stage
-STAGE = {
+# package -> stage: every module of a private stage package belongs to that stage
+PACKAGE_STAGE = {
+    "_storage": "storage",   # where bytes live; knows no dataset format
+    "_format": "format",     # what the files mean; no DuckDB
+    "_readers": "readers",   # read a manifest's bytes; no SQL
+    "_query": "query",       # SQL text; sqlglot only
+    "_catalog": "catalog",   # DuckDB: the connection's views and macros, its lock-down
+    "_plan": "plan",         # query result -> manifest
+    "export": "feature",     # the export package: a feature over a manifest
+    "cli": "cli",            # the command line
+}
+# top-level module -> stage
+STAGE_TOP = {
     "errors": "errors", "_version": "errors",  # the leaves everyone may import
-    # where bytes live; knows no dataset format
-    "cache": "storage", "source": "storage", "remote": "storage",
-    # what the files mean; no DuckDB
-    "layout": "format",
-    # read a manifest's bytes; no SQL
-    "tabular": "readers", "video": "readers", "frames": "readers", "locate": "readers",
-    # SQL text; sqlglot only
-    "sqltext": "query", "query": "query", "library": "query",
-    # DuckDB: the connection's views and macros, its lock-down
-    "catalog": "catalog", "macros": "catalog", "sandbox": "catalog",
-    # query result -> manifest
-    "plan": "plan", "pointers": "plan", "manifest": "plan",
     # the torch side: after the manifest, files only
     "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter",
     # features built over a Database or a manifest
-    "export": "feature", "prefetch": "feature", "doctor": "feature", "temporal": "feature", "display": "feature",
+    "prefetch": "feature", "doctor": "feature", "nearest": "feature", "display": "feature",
     # the facade
     "__init__": "facade", "db": "facade",
-    # the command line and the demo: users of the facade
-    "cli": "cli", "cli_output": "cli", "shell": "cli", "demo": "cli",
+    # the demo: a user of the facade
+    "demo": "cli",
 }
+
+
+def stage_of(mod: str) -> str | None:
+    head = mod.split(".")[0]
+    return PACKAGE_STAGE.get(head) or STAGE_TOP.get(mod)
+
 
 # stage -> what it may import: stage names, or single module names (allowing that module only, not its stage).
 # Imports within one stage are allowed (cycles are checked apart).
@@ -51,31 +56,31 @@ ALLOWED = {
     "format": {"storage", "errors"},
     "readers": {"format", "storage", "errors"},
     "query": {"errors"},
-    "catalog": {"video", "sqltext", "format", "storage", "errors"},
-    "plan": {"catalog", "tabular", "sqltext", "format", "storage", "errors"},
+    "catalog": {"_readers.video", "_query.sqltext", "format", "storage", "errors"},
+    "plan": {"catalog", "_readers.tabular", "_query.sqltext", "format", "storage", "errors"},
     # of the planner, only the manifest's definition; storage only for the Source type the readers take
-    "adapter": {"manifest", "readers", "format", "storage", "errors"},
+    "adapter": {"_plan.manifest", "readers", "format", "storage", "errors"},
     # "db only as a type": under `if TYPE_CHECKING:`, which the walk skips
     "feature": {"plan", "readers", "catalog", "query", "format", "storage", "errors"},
     "facade": {"catalog", "plan", "query", "readers", "format", "storage", "errors"},
-    "cli": set(STAGE.values()),
+    "cli": set(PACKAGE_STAGE.values()) | set(STAGE_TOP.values()),
 }
 # The facade delegates to features and builds datasets inside its methods (lazily, so `import lerobot_sql` stays
 # light); a module-level import of them would not be a delegate.
 LAZY_ALLOWED = {"facade": {"adapter", "feature"}}
 # Per-module narrowing of the stage rule: module -> the only package modules it may import.
-ONLY = {"shell": {"errors", "cli_output"}}
+ONLY = {"cli.shell": {"errors", "cli.output"}}
 # Edges no rule allows even lazily: the facade builds its views through the catalog, never through a feature
 # (`Database.doctor()`, a delegate, would be allowed again by removing the entry).
 FORBIDDEN = {("db", "doctor")}
 
 # Today's broken rules (layout-target.md §4.2): only deletions allowed here.
 KNOWN_EDGES = {
-    ("source", "layout"),     # storage -> format: Source invents file lists for HTTP roots from meta/
+    ("_storage.source", "_format.layout"),  # storage -> format: Source invents file lists for HTTP roots from meta/
     ("ray_data", "__init__"),  # adapter -> facade: connect() only to copy source, layout, tasks, cache_dir
 }
 KNOWN_CYCLES = {
-    frozenset({"layout", "source"}),
+    frozenset({"_format.layout", "_storage.source"}),
 }
 # (importer, module, name): a private name of one module imported by another.
 KNOWN_PRIVATE: set[tuple[str, str, str]] = set()
@@ -181,7 +186,7 @@ def _allowed(src: str, dst: str, lazy: bool) -> bool:
         return False
     if src in ONLY:
         return dst in ONLY[src]
-    s, d = STAGE[src], STAGE[dst]
+    s, d = stage_of(src), stage_of(dst)
     rule = ALLOWED[s] | (LAZY_ALLOWED.get(s, set()) if lazy else set())
     return s == d or d in rule or dst in rule
 
@@ -223,16 +228,17 @@ def _cycles(edges) -> set[frozenset]:
 
 def test_every_module_has_a_stage():
     mods, *_ = _graph()
-    missing = sorted(set(mods) - set(STAGE))
-    assert not missing, f"give these modules a stage in STAGE (tests/test_layering.py): {missing}"
-    assert set(STAGE) <= set(mods), f"STAGE names modules that no longer exist: {sorted(set(STAGE) - set(mods))}"
+    missing = sorted(m for m in mods if stage_of(m) is None)
+    assert not missing, f"give these modules a stage (PACKAGE_STAGE or STAGE_TOP, tests/test_layering.py): {missing}"
+    gone = sorted(set(STAGE_TOP) - set(mods)) + sorted(set(PACKAGE_STAGE) - set(mods))
+    assert not gone, f"STAGE_TOP / PACKAGE_STAGE name modules that no longer exist: {gone}"
 
 
 def test_no_upward_edge():
     _, edges, *_ = _graph()
     bad = sorted((a, b) for (a, b), lazy in edges.items() if not _allowed(a, b, lazy))
     new = [e for e in bad if e not in KNOWN_EDGES]
-    assert not new, f"imports that break the stage order (stage {[(STAGE[a], STAGE[b]) for a, b in new]}): {new}"
+    assert not new, f"imports that break the stage order (stage {[(stage_of(a), stage_of(b)) for a, b in new]}): {new}"
     gone = sorted(KNOWN_EDGES - set(bad))
     assert not gone, f"fixed: delete these from KNOWN_EDGES so they cannot come back: {gone}"
 
@@ -257,7 +263,7 @@ def test_no_private_name_crosses_a_module():
 
 def test_stages_keep_off_their_forbidden_libraries():
     _, _, _, external, _ = _graph()
-    bad = sorted((m, lib) for m, lib in external if lib in NEVER.get(STAGE.get(m, ""), set()))
+    bad = sorted((m, lib) for m, lib in external if lib in NEVER.get(stage_of(m) or "", set()))
     assert not bad, f"a stage imports a library it must not (see NEVER): {bad}"
 
 
@@ -269,7 +275,17 @@ def test_the_walk_sees_lazy_imports_and_type_checking_blocks():
     assert got == [("typing", ["TYPE_CHECKING"], 0, False), (None, ["video"], 1, True), ("x", ["y"], 2, True)]
     _, edges, *_ = _graph()
     assert edges[("db", "export")] is True          # lazy, inside a method
-    assert edges[("db", "catalog")] is False        # module level
+    assert edges[("db", "_catalog.views")] is False  # module level
     assert ("dataset", "db") not in edges          # the adapter never sees the facade
-    assert not _allowed("dataset", "db", True) and not _allowed("catalog", "plan", False)
+    assert not _allowed("dataset", "db", True) and not _allowed("_catalog.views", "_plan.resolve", False)
     assert _allowed("db", "export", True) and not _allowed("db", "export", False)
+
+
+def test_pyproject_names_every_package():
+    """setuptools' explicit ``packages`` list decides what a wheel holds: a subpackage missing from it would import
+    in an editable checkout (the tests) and be absent from every real install."""
+    tomllib = __import__("pytest").importorskip("tomllib")
+    listed = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    tree = {"lerobot_sql" + "".join("." + x for x in p.parent.relative_to(PKG).parts)
+            for p in PKG.rglob("__init__.py") if "__pycache__" not in p.parts}
+    assert tree - listed == set(), f"add to pyproject.toml [tool.setuptools] packages: {sorted(tree - listed)}"

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from lerobot_sql.catalog import template_to_printf
-from lerobot_sql.layout import load_layout
-from lerobot_sql.source import open_source
+from lerobot_sql._catalog.views import template_to_printf
+from lerobot_sql._format.layout import load_layout
+from lerobot_sql._storage.source import open_source
 
 ALOHA = "aloha_sim_transfer_cube_human_prerelease_meta_only"
 
@@ -201,7 +201,7 @@ def test_a_data_path_with_dotdot_never_reads_outside_the_root(datasets, tmp_path
 def test_resolved_paths_stay_under_the_root_local_and_remote(datasets, tmp_path):
     import dataclasses
 
-    from lerobot_sql.source import confine
+    from lerobot_sql._storage.source import confine
 
     for root in (str(datasets / "small20"), "memory://lsql-confine/ds"):
         src = open_source(root)

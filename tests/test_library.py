@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from lerobot_sql import library
+from lerobot_sql._query import library
 from lerobot_sql.errors import QueryError
 
 TOL = 1e-6

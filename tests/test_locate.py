@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from lerobot_sql import locate, prefetch, video
+from lerobot_sql._readers import locate, video
+from lerobot_sql import prefetch
 
 FPS = 30.0
 N = 24

@@ -202,7 +202,7 @@ def test_hf_url_offline_is_a_remote_io_error(monkeypatch):
 
 
 def test_cli_mistyped_path_prints_one_error_and_one_hint(monkeypatch, tmp_path, capsys):
-    from lerobot_sql import cli
+    from lerobot_sql.cli import commands as cli
 
     monkeypatch.chdir(tmp_path)
     _hub_down(monkeypatch, ConnectionError("[Errno -3] Temporary failure in name resolution"))

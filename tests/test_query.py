@@ -1,4 +1,4 @@
-"""Query checks (lerobot_sql.query): what is rejected, with which message, and what still runs."""
+"""Query checks (lerobot_sql._query.checks): what is rejected, with which message, and what still runs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import lerobot_sql as lsql
 from lerobot_sql.errors import QueryError
-from lerobot_sql.query import rewrite_lambdas
+from lerobot_sql._query.checks import rewrite_lambdas
 
 
 @pytest.fixture(scope="module")

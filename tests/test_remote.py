@@ -15,7 +15,7 @@ import pytest
 import lerobot_sql as lsql
 from lerobot_sql.errors import RemoteIOError
 from lerobot_sql.prefetch import prefetch
-from lerobot_sql.source import open_source
+from lerobot_sql._storage.source import open_source
 
 from helpers import assert_items_equal
 from http_range_server import RangeServer

@@ -1,7 +1,7 @@
 """Hostile SQL: one test per attack, against both walls.
 
 First wall: ``Database.sql`` (and so ``dataset``/``manifest``/``query``/the CLI) accepts one read-only query over our
-views (``lerobot_sql.query`` checks with sqlglot, then DuckDB's own parser must agree). Second wall:
+views (``lerobot_sql._query.checks`` checks with sqlglot, then DuckDB's own parser must agree). Second wall:
 ``sandbox.lock_down`` (DuckDB's external access off outside the dataset root and our cache, configuration locked)
 holds even for SQL sent straight to ``db.con``.
 
@@ -23,7 +23,7 @@ import torch
 import lerobot_sql as lsql
 from lerobot_sql import db as dbmod
 from lerobot_sql.errors import QueryError, ResultContractError
-from lerobot_sql.sandbox import default_config, lock_down
+from lerobot_sql._catalog.sandbox import default_config, lock_down
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -166,7 +166,7 @@ def test_quoted_semicolons_are_data_not_statements(db, world):
 
 def test_duckdb_parser_must_agree(db, monkeypatch):
     """If sqlglot ever missed a second statement, DuckDB's own parser still stops it."""
-    from lerobot_sql import query
+    from lerobot_sql._query import checks as query
 
     monkeypatch.setattr(query, "check_sql", lambda sql, ctx: sql)  # simulate a first-wall gap
     with pytest.raises(QueryError, match=r"2 statement\(s\).*DROP"):
@@ -313,7 +313,7 @@ def test_writing_statements_inside_a_query_are_refused(db, world, name):
 
 def test_writing_cte_refused_by_duckdb_walk_too(db, monkeypatch):
     """With the sqlglot wall bypassed, DuckDB's own parse tree is still walked for writes."""
-    from lerobot_sql import query
+    from lerobot_sql._query import checks as query
 
     before = _snapshot(db)
     monkeypatch.setattr(query, "check_sql", lambda sql, ctx: sql)
@@ -423,7 +423,7 @@ def test_deep_queries_are_answered_or_refused_with_query_error(db):
 
 
 def test_query_text_is_bounded_and_big_in_lists_are_answered(db):
-    from lerobot_sql import query
+    from lerobot_sql._query import checks as query
 
     # No timing asserts (speed belongs in benchmarks/): the module's 60 s pytest-timeout catches checks that take
     # minutes, as the 1M-item list did before the bound.
@@ -641,7 +641,7 @@ def test_sql_too_deep_for_the_checks_is_refused_not_passed_unchecked(db):
 
 
 def _facts(db, sql):
-    from lerobot_sql import query
+    from lerobot_sql._query import checks as query
 
     tree = db.con.sql("SELECT json_serialize_sql($1)", params=[sql]).fetchall()[0][0]
     return query.duckdb_facts(tree, db._context(), sql)

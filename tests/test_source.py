@@ -12,10 +12,10 @@ from pathlib import Path
 import av
 import pytest
 
-from lerobot_sql import source
+from lerobot_sql._storage import source
 from lerobot_sql.errors import UnsupportedVersionError
-from lerobot_sql.remote import parse_size
-from lerobot_sql.source import mp4_sync_samples, open_source, resolve_hub_revision
+from lerobot_sql._storage.remote import parse_size
+from lerobot_sql._storage.source import mp4_sync_samples, open_source, resolve_hub_revision
 
 from http_range_server import RangeServer
 

@@ -20,9 +20,11 @@ import torch
 
 import lerobot_sql as lsql
 import standins
-from lerobot_sql import doctor, plan, tabular, video
-from lerobot_sql.layout import load_layout
-from lerobot_sql.source import open_source
+from lerobot_sql import doctor
+from lerobot_sql._plan import resolve as plan
+from lerobot_sql._readers import tabular, video
+from lerobot_sql._format.layout import load_layout
+from lerobot_sql._storage.source import open_source
 from standins import DATA, EPISODES, FRONT, SPLIT, TASKS, WRIST, video_rel
 
 DELTA = {"observation.state": [-2 / 30, -1 / 30, 0.0], "action": [i / 30 for i in range(10)],

@@ -256,7 +256,7 @@ def test_docs_sql_examples_run_on_the_sample(monkeypatch):
                 assert db.sql(stmt).fetchall(), f"docs/sql.md example returns no rows on the sample: {stmt}"
                 checked += 1
         elif lang == "" and block.startswith("lerobot-sql "):
-            from lerobot_sql import cli
+            from lerobot_sql.cli import commands as cli
 
             for line in block.splitlines():
                 args = shlex.split(line)[1:]

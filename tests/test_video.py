@@ -15,8 +15,8 @@ import torch
 
 import lerobot_sql as lsql
 from helpers import data_root
-from lerobot_sql import video
-from lerobot_sql.source import open_source
+from lerobot_sql._readers import video
+from lerobot_sql._storage.source import open_source
 
 CASES = [("small20", "videos/observation.images.front/chunk-000/file-000.mp4"),    # AV1, sample-table path
          ("h264_20", "videos/observation.images.wrist/chunk-000/file-000.mp4"),    # H.264 with B-frames: demux path

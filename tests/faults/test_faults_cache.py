@@ -15,9 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from lerobot_sql import cache, video
-from lerobot_sql.cache import CacheWarning
-from lerobot_sql.source import open_source
+from lerobot_sql._storage import cache
+from lerobot_sql._readers import video
+from lerobot_sql._storage.cache import CacheWarning
+from lerobot_sql._storage.source import open_source
 
 from damage import FRONT, INFO, scribble, truncate
 from helpers import assert_items_equal

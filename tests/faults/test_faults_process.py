@@ -133,7 +133,7 @@ def test_process_killed_while_writing_a_cache_entry(damaged, tmp_path, datasets)
     ready = tmp_path / "ready"
     code = f"""
         import pathlib, time, pyarrow.parquet as pq
-        from lerobot_sql import video
+        from lerobot_sql._readers import video
         real = pq.write_table
         def slow_write(table, where, **kw):   # half the entry on disk, then the process dies
             real(table, where, **kw)

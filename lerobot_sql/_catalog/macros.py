@@ -33,8 +33,8 @@ from __future__ import annotations
 import json
 import warnings
 
-from .layout import Layout, sql_key
-from .sqltext import ident as q, literal as lit, number
+from .._format.layout import Layout, sql_key
+from .._query.sqltext import ident as q, literal as lit, number
 
 # Half-open windows are compared against float32 timestamps: this slack (seconds) matches plan.build_manifest.
 TOL_S = 1e-4

@@ -7,8 +7,8 @@ Result contract (checked in this order):
   * ``episode_index`` alone: all frames of those episodes.
 Other columns travel along as extras and are added to every item under their own names.
 
-The manifest's columns and metadata are defined in :mod:`lerobot_sql.manifest` (``result_row`` is the result row
-each sample came from); both this module's DuckDB join and the pointer path end in :func:`lerobot_sql.manifest.finish`.
+The manifest's columns and metadata are defined in :mod:`lerobot_sql._plan.manifest` (``result_row`` is the result row
+each sample came from); both this module's DuckDB join and the pointer path end in :func:`lerobot_sql._plan.manifest.finish`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import manifest as _manifest
-from . import pointers
-from .sqltext import ident as q, literal, number
-from .errors import DatasetFormatError, ResultContractError, did_you_mean as _did_you_mean
-from .layout import Layout
-from .source import Source
+from . import episodes as pointers
+from .._query.sqltext import ident as q, literal, number
+from ..errors import DatasetFormatError, ResultContractError, did_you_mean as _did_you_mean
+from .._format.layout import Layout
+from .._storage.source import Source
 
 CORE, LOCATION = _manifest.CORE, _manifest.LOCATION  # importable from here for one release
 CONTRACT = (
@@ -153,7 +153,7 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
 
     Returns:
         per camera, the clips of the selected episodes and their neighbours in the same file (see
-        :func:`lerobot_sql.pointers.check_clips`, which the episode fast path shares).
+        :func:`lerobot_sql._plan.episodes.check_clips`, which the episode fast path shares).
 
     Raises:
         DatasetFormatError: naming the episode, camera, file and the fix.
@@ -266,7 +266,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     ``episode_index, start_s, end_s``; or ``episode_index``): the same query then always gives the same manifest.
 
     Whole-episode results (``episode_index`` rows) are resolved from the episode pointers with pyarrow when ``src``
-    is given (:func:`lerobot_sql.pointers.episode_manifest`: no DuckDB, only the selected episodes' row groups are
+    is given (:func:`lerobot_sql._plan.episodes.episode_manifest`: no DuckDB, only the selected episodes' row groups are
     read); ``con`` (a connection, or a function returning one) is used only for the other shapes, or when the data
     files are not laid out as lerobot writes them.
 
@@ -377,7 +377,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
 
 def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layout: Layout, sql: str) -> pa.Table:
     """Both paths' last step: refuse samples without a video pointer; then the documented column order and the
-    ``lerobot_sql.manifest`` metadata (:func:`lerobot_sql.manifest.finish`)."""
+    ``lerobot_sql.manifest`` metadata (:func:`lerobot_sql._plan.manifest.finish`)."""
     for k in layout.video_keys:
         if manifest[f"{k}/file"].null_count:
             raise DatasetFormatError(f"meta/episodes has no video pointer for camera {k!r} for some selected episodes")

@@ -7,7 +7,7 @@ episode). The frame shown there is the one whose pts is nearest to that time, an
 keyframe row (:func:`key_rows`, corrected for reordered frames), and a reader fetches the packets from that keyframe
 up to a few packets past the frame (:func:`packet_ranges`). An episode's clip must match the mp4's real frames
 (:func:`check_clips`), which per-frame lookups cannot tell. The dataset, ``prefetch`` and ``export`` all ask here;
-the arrays come from a file's index (:class:`lerobot_sql.video.FrameIndex`, built by demuxing).
+the arrays come from a file's index (:class:`lerobot_sql._readers.video.FrameIndex`, built by demuxing).
 
 Arrays: ``pts`` int64 (n,) in stream time-base units and ``pts_s`` float64 (n,) seconds, sorted by presentation
 time; rows are positions in them.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import DatasetFormatError, FrameNotFoundError
+from ..errors import DatasetFormatError, FrameNotFoundError
 
 DECODER_DELAY = 4  # packets a decoder may read past a frame before it outputs that frame
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 from filelock import FileLock
 
-from .errors import CacheError, LeRobotSQLError
+from ..errors import CacheError, LeRobotSQLError
 
 
 def cache_root() -> Path:

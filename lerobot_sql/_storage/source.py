@@ -3,7 +3,7 @@
 Everything above this module speaks of paths relative to the dataset root (``data/chunk-000/file-000.parquet``).
 Roots may be local paths, any fsspec URL (``s3://``, ``gs://``, ``http(s)://``, ...) or a Hugging Face Hub dataset
 (``hf://datasets/<org>/<name>[@revision]`` or plain ``<org>/<name>``). Remote roots are read through
-:class:`lerobot_sql.remote.RemoteCacheFS`: byte ranges on demand, cached on disk.
+:class:`lerobot_sql._storage.remote.RemoteCacheFS`: byte ranges on demand, cached on disk.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from typing import Any, NamedTuple
 import fsspec
 
 from . import cache
-from .errors import (DatasetFormatError, LeRobotSQLError, MissingFileError, RemoteIOError,
-                     UnsupportedVersionError)
+from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError, RemoteIOError, UnsupportedVersionError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./%-]+)?$")
 _VERSION_REF = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
@@ -63,7 +62,7 @@ class Source:
     """A dataset root on a filesystem.
 
     Attributes:
-        fs: the fsspec filesystem holding the dataset (a :class:`~lerobot_sql.remote.RemoteCacheFS` when remote).
+        fs: the fsspec filesystem holding the dataset (a :class:`~lerobot_sql._storage.remote.RemoteCacheFS` when remote).
         root: the root path as ``fs`` spells it (no protocol for local paths).
         url: the root as the user gave it, normalised (Hub roots carry their resolved revision); part of every
             cache key.
@@ -131,13 +130,13 @@ class Source:
 
         Raises:
             MissingFileError: meta/info.json is missing.
-            DatasetFormatError: meta/info.json is refused (:func:`lerobot_sql.layout.check_info`), naming the key.
+            DatasetFormatError: meta/info.json is refused (:func:`lerobot_sql._format.layout.check_info`), naming the key.
         """
         if "files" in self._listing:
             return self._listing["files"]
         import pyarrow.parquet as pq
 
-        from .layout import check_info  # layout imports us
+        from .._format.layout import check_info  # layout imports us
 
         where = self.path("meta/info.json")
         with self.open("meta/info.json") as f:
@@ -190,7 +189,7 @@ class Source:
         return self._listing["files"]
 
     def _v2_files(self, info) -> set[str]:
-        """Data and video files of a v2.x dataset (``info``: its :class:`lerobot_sql.layout.CheckedInfo`): one per
+        """Data and video files of a v2.x dataset (``info``: its :class:`lerobot_sql._format.layout.CheckedInfo`): one per
         episode listed in meta/episodes.jsonl."""
         per_chunk = info.chunks_size
         keys = [k for k, f in info.features.items() if f.is_video]
@@ -750,7 +749,7 @@ def open_source(root: str | os.PathLike, storage_options: dict | None = None, *,
         root: ``/path``, ``s3://bucket/ds``, ``gs://...``, ``https://host/ds``, ``hf://datasets/org/name[@rev]`` or
             ``org/name`` (Hub; without a revision the ``v3.0`` ref, see :func:`resolve_hub_revision`).
         storage_options: passed to the fsspec filesystem (credentials, endpoint_url, client_kwargs ...).
-        cache_dir: the dataset's cache folder (default :func:`lerobot_sql.cache.root_for` of the URL); remote
+        cache_dir: the dataset's cache folder (default :func:`lerobot_sql._storage.cache.root_for` of the URL); remote
             bytes go under ``cache_dir/remote``.
         cache_size: bound on the remote-bytes cache (bytes or ``"20GB"``; default 50 GiB), LRU eviction.
 

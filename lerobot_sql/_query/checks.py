@@ -18,7 +18,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
-from .errors import QueryError, did_you_mean as _did_you_mean
+from ..errors import QueryError, did_you_mean as _did_you_mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,9 +28,9 @@ class Context:
     Attributes:
         views: view name -> its column names (from ``duckdb_columns()``).
         table_macros: table macros lerobot_sql registered (name -> result columns); the only functions allowed
-            in FROM (the Database passes :data:`lerobot_sql.macros.TABLE_MACROS`).
+            in FROM (the Database passes :data:`lerobot_sql._catalog.macros.TABLE_MACROS`).
         macro_reads: table macro name -> the view its expression arguments are evaluated over
-            (:data:`lerobot_sql.macros.MACRO_READS`).
+            (:data:`lerobot_sql._catalog.macros.MACRO_READS`).
 
     The checks take the macros as data, so that this module (SQL text only) never imports the catalog.
     """

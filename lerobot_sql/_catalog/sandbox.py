@@ -1,4 +1,4 @@
-"""DuckDB's own lock-down, the second wall behind :mod:`lerobot_sql.query`'s checks, and resource defaults.
+"""DuckDB's own lock-down, the second wall behind :mod:`lerobot_sql._query.checks`'s checks, and resource defaults.
 
 ``query.check_sql`` (the first wall) lets only one read-only query over our views through ``Database.sql``. But a
 user also holds ``db.con``, and a check can have a gap. After the views exist, :func:`lock_down` turns off DuckDB's
@@ -29,7 +29,7 @@ import os
 
 import duckdb
 
-from .errors import LeRobotSQLError
+from ..errors import LeRobotSQLError
 
 # Resource defaults for a small training box (2 cores, 24 GB): DuckDB only plans manifests and answers queries
 # while DataLoader workers and the decoders need the rest of the memory, so it gets a quarter of RAM, at most 4 GiB
@@ -79,7 +79,7 @@ def lock_down(con: duckdb.DuckDBPyConnection, allowed_dirs: list[str], allowed_p
     and ``autoload_known_extensions`` off, ``enable_external_access`` off, then ``lock_configuration`` on. The
     settings hold for the life of the connection; they cannot be undone by SQL. ``allowed_paths``: single files
     outside ``allowed_dirs`` that may be read, for symlinked datasets (DuckDB checks a symlink's resolved target;
-    see :meth:`lerobot_sql.source.Source.symlink_targets`).
+    see :meth:`lerobot_sql._storage.source.Source.symlink_targets`).
 
     Views and macros created before the call keep working, and so do those created later over files under
     ``allowed_dirs`` (the lazily built ``video_frames`` view reads index files from the cache).

@@ -1,4 +1,4 @@
-"""The named-query library: parameterized ``.sql`` files run with ``db.query(name, **params)``.
+"""The named-query library: parameterized ``.sql`` files run with ``db.named_query(name, **params)``.
 
 Bundled queries live in the repository's top-level ``queries/`` folder (``Path(__file__).parents[1] / "queries"``);
 users add folders with ``Database.add_query_dir`` (searched first). A query's name is its file name without
@@ -37,12 +37,12 @@ import sqlglot
 from sqlglot import exp
 
 from . import sqltext
-from .errors import QueryError
+from ..errors import QueryError
 
 # Source checkout: the repository's top-level queries/. Installed wheel: pyproject maps queries/ to the package data
 # folder lerobot_sql/_queries (package-dir "lerobot_sql._queries" = "queries").
-_HERE = Path(__file__).resolve().parent
-BUNDLED = next((p for p in (_HERE.parent / "queries", _HERE / "_queries") if p.is_dir()), _HERE.parent / "queries")
+_PKG = Path(__file__).resolve().parents[1]  # lerobot_sql/ (this module is lerobot_sql/_query/library.py)
+BUNDLED = next((p for p in (_PKG.parent / "queries", _PKG / "_queries") if p.is_dir()), _PKG.parent / "queries")
 TYPES = ("int", "float", "str", "bool", "feature", "expr")
 _PARAM_LINE = re.compile(r"^\s*(\w+)\s*\(\s*(\w+)\s*(?:,\s*default\s*=?\s*(.*?))?\s*\)\s*:\s*(.*)$")
 _PLACEHOLDER = re.compile(r"\$([A-Za-z_]\w*)")
@@ -216,7 +216,7 @@ def _coerce(qname: str, pname: str, ptype: str, value: Any) -> Any:
 
 
 def _check_expr(qname: str, pname: str, value: str) -> None:
-    from .query import rewrite_lambdas
+    from .checks import rewrite_lambdas
 
     try:
         trees = sqlglot.parse(f"SELECT {rewrite_lambdas(value)}", read="duckdb")
@@ -231,7 +231,7 @@ def _check_expr(qname: str, pname: str, value: str) -> None:
 
 
 def _render_value(ptype: str, v: Any) -> str:
-    """A coerced parameter as SQL text, through :mod:`lerobot_sql.sqltext` (the one quoting helper)."""
+    """A coerced parameter as SQL text, through :mod:`lerobot_sql._query.sqltext` (the one quoting helper)."""
     if ptype == "int":
         return sqltext.integer(int(v))
     if ptype == "float":

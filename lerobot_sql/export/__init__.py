@@ -1,7 +1,7 @@
 """Write a query's frames as a new LeRobot v3.0 dataset (``export_dataset``) or as a Parquet manifest
 (``export_manifest``).
 
-Export plan: the query is resolved to a manifest by ``db.manifest(sql)`` (:mod:`lerobot_sql.manifest`; the same
+Export plan: the query is resolved to a manifest by ``db.manifest(sql)`` (:mod:`lerobot_sql._plan.manifest`; the same
 row cap, fast path and order as ``dataset()``), cut into *parts* (one output episode each: a whole source episode
 or a window, told apart by ``result_row``, or a contiguous run of ``index`` rows of one episode), and each part is
 written in order:
@@ -45,11 +45,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import locate, video
-from ._version import __version__
-from .errors import DatasetFormatError, DestinationError, DestinationExistsError, LeRobotSQLError, VideoDecodeError
-from .layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
-from .manifest import Meta
+from .._readers import locate, video
+from .._version import __version__
+from ..errors import DatasetFormatError, DestinationError, DestinationExistsError, LeRobotSQLError, VideoDecodeError
+from .._format.layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
+from .._plan.manifest import Meta
 
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_POINTERS = ("meta/episodes/chunk_index", "meta/episodes/file_index")
@@ -253,7 +253,7 @@ def dataset_identity(layout) -> str:
 
 
 def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = False) -> ManifestReport:
-    """Write the manifest of ``sql`` (see :mod:`lerobot_sql.manifest`) as one Parquet file, one row per sample.
+    """Write the manifest of ``sql`` (see :mod:`lerobot_sql._plan.manifest`) as one Parquet file, one row per sample.
 
     Columns: those of ``db.manifest(sql)`` (``index, episode_index, frame_index, timestamp, task_index, data_file,
     data_row, ep_from_index, ep_to_index, ep_data_row0, result_row``, per camera ``<video_key>/file`` and
@@ -318,7 +318,7 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
                    tolerance_s: float = 1e-4) -> ExportReport:
     """Write the frames ``sql`` selects as a new LeRobot v3.0 dataset at ``dest`` (a local folder).
 
-    ``sql`` follows the dataset() contract (see :mod:`lerobot_sql.plan`): ``episode_index`` rows export whole
+    ``sql`` follows the dataset() contract (see :mod:`lerobot_sql._plan.resolve`): ``episode_index`` rows export whole
     episodes, ``(episode_index, start_s, end_s)`` rows export one episode per window (frame_index and timestamp
     restart at 0), ``index`` rows export each contiguous run of frames of one episode as an episode. Output episodes
     follow the result order (for a query without ORDER BY, the order dataset() gives it: sorted by the contract

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import cache
-from .errors import CacheError, DatasetFormatError, LeRobotSQLError
-from .layout import Layout
-from .source import Source
+from .._storage import cache
+from ..errors import CacheError, DatasetFormatError, LeRobotSQLError
+from .._format.layout import Layout
+from .._storage.source import Source
 
 CACHE_VERSION = 2  # 2: keyed by info.json's numeric features too; entries carry a checksum sidecar
 _NUMERIC = {"float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32",

@@ -16,8 +16,8 @@ import string
 import warnings
 from typing import Any
 
-from .errors import DatasetFormatError, MissingFileError, UnsupportedVersionError
-from .source import Source, confine
+from ..errors import DatasetFormatError, MissingFileError, UnsupportedVersionError
+from .._storage.source import Source, confine
 
 DEFAULT_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 EPISODES_GLOB = "meta/episodes/*/*.parquet"
@@ -225,7 +225,7 @@ def check_template(template: Any, fields: set[str] | frozenset[str], key: str,
                    info_file: str = "meta/info.json") -> str:
     """Validate info.json's path template ``key`` (``data_path`` / ``video_path``): a relative path under the
     dataset root, whatever the placeholders are filled with (see :func:`parse_template` and
-    :func:`lerobot_sql.source.confine`).
+    :func:`lerobot_sql._storage.source.confine`).
 
     Args:
         info_file: the info.json as the user should see it (its full path or URL), for the message.
@@ -352,7 +352,7 @@ class CheckedInfo:
 
 def check_info(info: Any, where: str) -> CheckedInfo:
     """The one validation of a parsed meta/info.json (types, ranges, finite numbers, path templates), before any
-    value is used: by :func:`load_layout` at ``connect()`` and by :meth:`lerobot_sql.source.Source.listed_files`
+    value is used: by :func:`load_layout` at ``connect()`` and by :meth:`lerobot_sql._storage.source.Source.listed_files`
     (HTTP roots, which derive the file list from info.json before the layout exists).
 
     Args:
@@ -497,9 +497,9 @@ def _find_video_dir(src: Source, video_path: str, notes: list[str], fields: froz
 
     Only the literal first path segment is compared, so this costs one or two listings, not one per file. The
     folder's name is data from a listing, not template text: its braces are escaped, and the rewritten template
-    goes through the same :func:`check_template` (and so :func:`lerobot_sql.source.confine`) as info.json's; a
+    goes through the same :func:`check_template` (and so :func:`lerobot_sql._storage.source.confine`) as info.json's; a
     name that fails it (a backslash, a NUL) is not used, with a note. A folder that is a symlink out of the
-    dataset is refused where its files are opened (:meth:`lerobot_sql.source.Source.check_link`).
+    dataset is refused where its files are opened (:meth:`lerobot_sql._storage.source.Source.check_link`).
     """
     top = video_path.split("/", 1)
     if len(top) != 2 or "{" in top[0]:

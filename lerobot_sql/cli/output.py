@@ -1,7 +1,7 @@
 """What the ``lerobot-sql`` commands and the ``lerobot-sql shell`` prompt share: running a query for the terminal,
 writing a result (table, CSV, JSON Lines, Parquet), and the ``error:`` / ``hint:`` lines of a failure.
 
-Its own module so that the shell (:mod:`lerobot_sql.shell`) and the commands (:mod:`lerobot_sql.cli`) both import
+Its own module so that the shell (:mod:`lerobot_sql.cli.shell`) and the commands (:mod:`lerobot_sql.cli`) both import
 it and never each other.
 """
 
@@ -18,17 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import (
-    DatasetFormatError,
-    DestinationError,
-    FrameNotFoundError,
-    MissingFileError,
-    QueryError,
-    RemoteIOError,
-    ResultContractError,
-    UnsupportedVersionError,
-    VideoDecodeError,
-)
+from ..errors import (DatasetFormatError, DestinationError, FrameNotFoundError, MissingFileError, QueryError,
+                      RemoteIOError, ResultContractError, UnsupportedVersionError, VideoDecodeError)
 
 
 class UsageError(Exception):
@@ -41,7 +32,7 @@ def run_sql(db, sql: str, params: dict | None = None, name: str | None = None, t
 
     try:
         if name:
-            from . import library
+            from .._query import library
 
             sql = library.render(name, params or {}, extra_dirs=db.query_dirs)
         return db.sql(sql, timeout=timeout)

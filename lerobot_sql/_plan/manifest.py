@@ -2,8 +2,8 @@
 
 A manifest is an Arrow table (what ``db.manifest(sql)`` returns, ``db.dataset()`` trains on, ``prefetch`` downloads
 for, ``export`` writes out and ``export_manifest`` saves as Parquet). This module is the one place that names its
-columns and reads or writes its metadata; both resolvers (:mod:`lerobot_sql.plan`, the DuckDB join, and
-:mod:`lerobot_sql.pointers`, whole episodes with pyarrow) build it through :func:`finish`.
+columns and reads or writes its metadata; both resolvers (:mod:`lerobot_sql._plan.resolve`, the DuckDB join, and
+:mod:`lerobot_sql._plan.episodes`, whole episodes with pyarrow) build it through :func:`finish`.
 
 Columns, in this order:
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .errors import ResultContractError
+from ..errors import ResultContractError
 
 META_KEY = b"lerobot_sql.manifest"
 CORE = ("index", "episode_index", "frame_index", "timestamp", "task_index")

@@ -4,7 +4,7 @@ Tabular features (``observation.state``, ``action`` ...) are sampled at the data
 sample. Camera streams are sampled at their own rate: their sample times are the actual pts of the decoded frames,
 from the video index (``camera_frames``: pts_s - videos.from_timestamp), so a camera recorded at 15 fps in a 30 fps
 dataset is aligned by its real frame times, not by frame_index. The SQL form of the same alignment is an ASOF JOIN
-(see ``nearest_camera_frame`` in :mod:`lerobot_sql.macros` and docs/sql.md).
+(see ``nearest_camera_frame`` in :mod:`lerobot_sql._catalog.macros` and docs/sql.md).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .catalog import lit, q
+from ._catalog.views import lit, q
 from .errors import QueryError
 
 

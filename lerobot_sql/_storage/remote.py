@@ -36,7 +36,7 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from filelock import FileLock
 
-from .errors import MissingFileError, RemoteIOError
+from ..errors import MissingFileError, RemoteIOError
 
 REGION = 4 << 20                 # unit of locking; largest piece (bytes)
 MERGE_GAP = 16 << 10             # ranges closer than this are fetched as one (fewer requests for a few KiB more)

@@ -21,11 +21,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError
-from . import video
-from .layout import Layout, V2_TASKS, check_stored_type, parse_template, sql_key
-from .source import Source
-from .sqltext import ident, literal, number
+from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError
+from .._readers import video
+from .._format.layout import Layout, V2_TASKS, check_stored_type, parse_template, sql_key
+from .._storage.source import Source
+from .._query.sqltext import ident, literal, number
 
 DUCKDB_TYPES = {
     "float32": "FLOAT", "float64": "DOUBLE", "float16": "FLOAT", "int64": "BIGINT", "int32": "INTEGER",
@@ -68,7 +68,7 @@ def template_to_printf(template: str, values: dict[str, str]) -> tuple[str, list
 
     ``values`` maps placeholder names to SQL expressions; ``{chunk_index:03d}`` becomes ``%03d``. v3 templates
     use ``video_key``, ``chunk_index``, ``file_index``; v2 templates ``episode_chunk`` and ``episode_index``. The
-    template is parsed by :func:`lerobot_sql.layout.parse_template` (Python's own ``str.format`` parser), so the
+    template is parsed by :func:`lerobot_sql._format.layout.parse_template` (Python's own ``str.format`` parser), so the
     SQL builds exactly the path ``str.format`` gives; the format itself is passed as one string literal.
 
     Raises:
@@ -330,7 +330,7 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
     columns) of ``video_frames`` and ``video_files``, which the Database replaces when a query first reads them.
 
     Missing pieces of a partial copy (no data files, no episode metadata, no tasks file) give empty views with the
-    usual columns; :func:`lerobot_sql.layout.load_layout` has already warned about them.
+    usual columns; :func:`lerobot_sql._format.layout.load_layout` has already warned about them.
 
     Every view reads Parquet files or an Arrow table registered on ``con``; none is a DuckDB base table, so the
     relations lerobot_sql reads back cannot be written by SQL.

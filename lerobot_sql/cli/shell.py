@@ -14,8 +14,8 @@ import difflib
 import sys
 from pathlib import Path
 
-from .cli_output import error_hint, one_line, print_table, run_sql, views_and_columns
-from .errors import LeRobotSQLError, QueryError
+from .output import error_hint, one_line, print_table, run_sql, views_and_columns
+from ..errors import LeRobotSQLError, QueryError
 
 def split_statements(text: str) -> tuple[list[str], str]:
     """Split ``text`` at semicolons outside quotes and comments: (complete statements, unfinished rest)."""

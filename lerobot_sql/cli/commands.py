@@ -2,8 +2,8 @@
 
 Exit codes: 0 success, 1 failure (a :class:`LeRobotSQLError`, an I/O error, ``doctor`` finding problems),
 2 usage error (argparse), 130 interrupted. Errors print as ``error: <message>`` plus a ``hint:`` line on stderr;
-set ``LSQL_DEBUG=1`` for the traceback. The interactive prompt lives in :mod:`lerobot_sql.shell`; what both print
-(result writers, error and hint lines) in :mod:`lerobot_sql.cli_output`.
+set ``LSQL_DEBUG=1`` for the traceback. The interactive prompt lives in :mod:`lerobot_sql.cli.shell`; what both print
+(result writers, error and hint lines) in :mod:`lerobot_sql.cli.output`.
 
 Over 400 lines on purpose: the parser with its help texts and examples and the handlers are the whole CLI surface
 and read best side by side.
@@ -22,11 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .cli_output import (UsageError, error_hint, format_of, one_line, print_table, run_sql, views_and_columns,
-                         write_result)
-from .errors import LeRobotSQLError, MissingFileError, QueryError
+from .output import UsageError, error_hint, format_of, one_line, print_table, run_sql, views_and_columns, write_result
+from ..errors import LeRobotSQLError, MissingFileError, QueryError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout: lerobot_sql/cli/commands.py -> ../../..
 
 EPILOG = """\
 examples:
@@ -74,7 +73,7 @@ def _sql_from(args, db, *, required: bool = True, default: str | None = None) ->
     if getattr(args, "param", None) and not name:
         raise UsageError("--param only applies to a named query (--name NAME)")
     if name:
-        from . import library
+        from .._query import library
 
         return library.render(name, dict(args.param or []), extra_dirs=db.query_dirs)
     if not sql and required and default is None:
@@ -150,7 +149,7 @@ def cmd_schema(args) -> int:
 
 def cmd_query(args) -> int:
     if args.list:
-        from . import library
+        from .._query import library
 
         import textwrap
 
@@ -207,7 +206,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_prefetch(args) -> int:
-    from . import prefetch
+    from .. import prefetch
 
     db = _connect(args)
     sql = _sql_from(args, db, default="SELECT episode_index FROM episodes")
@@ -239,9 +238,9 @@ def cmd_index(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from . import doctor
+    from .. import doctor
 
-    from .errors import DatasetFormatError
+    from ..errors import DatasetFormatError
 
     try:
         db = _connect(args)
@@ -265,7 +264,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from . import demo
+    from .. import demo
 
     rc = demo.main([args.dataset] if args.dataset else [])
     return int(rc or 0)
@@ -279,7 +278,7 @@ def cmd_shell(args) -> int:
 
 # ---- parser --------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from ._version import __version__
+    from .._version import __version__
 
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
@@ -439,6 +438,3 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import DatasetFormatError, ResultContractError
-from .layout import Layout, check_stored_type
-from .source import Source
+from ..errors import DatasetFormatError, ResultContractError
+from .._format.layout import Layout, check_stored_type
+from .._storage.source import Source
 
 POINTERS = ("episode_index", "dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index")
 VIDEO_POINTERS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
@@ -35,7 +35,7 @@ def read_pointers(src: Source, layout: Layout) -> pa.Table | None:
     meta/episodes row (v3: the Parquet files, those columns only; v2: meta/episodes.jsonl as the catalog shapes it).
     None when a column is missing (the DuckDB path then reports it).
     """
-    from .catalog import v2_episodes, parquet_read_errors
+    from .._catalog.views import v2_episodes, parquet_read_errors
 
     want = list(POINTERS) + [f"videos/{k}/{c}" for k in layout.video_keys for c in VIDEO_POINTERS]
     if not layout.episode_files:
@@ -169,7 +169,7 @@ def video_clips(layout: Layout, ptr: pa.Table) -> dict[str, pa.Table]:
 
 def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list[str], *, sql: str,
                      ptr: pa.Table | None = None) -> tuple[pa.Table, dict[str, dict[str, list]]] | None:
-    """The manifest (same columns, order and types as :func:`lerobot_sql.plan.build_manifest`'s, which adds the
+    """The manifest (same columns, order and types as :func:`lerobot_sql._plan.resolve.build_manifest`'s, which adds the
     metadata) of ``result``'s ``episode_index`` rows, in row order, each episode's frames by ``frame_index``;
     ``extras`` columns of ``result`` repeat over their episode's frames.
 
@@ -182,8 +182,8 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         DatasetFormatError: duplicate meta/episodes rows, timestamps off the fps grid, bad clip pointers, an
             unreadable data file.
     """
-    from .catalog import parquet_read_errors
-    from .tabular import data_file_info, row_group_ranges
+    from .._catalog.views import parquet_read_errors
+    from .._readers.tabular import data_file_info, row_group_ranges
 
     ptr = read_pointers(src, layout) if ptr is None else ptr
     if ptr is None or not layout.data_files:
@@ -250,7 +250,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
                 continue
             cols = [c for c in FRAME_COLUMNS if c in names]
             if not src.is_local:  # fetch those column chunks in one parallel call, not a round trip each
-                from .remote import merge_ranges
+                from .._storage.remote import merge_ranges
 
                 src.fetch_ranges(rel, merge_ranges(row_group_ranges(md, rgs, cols)))
             with src.open(rel) as fh:

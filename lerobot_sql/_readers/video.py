@@ -26,9 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import cache, locate
-from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError, VideoDecodeError
-from .source import Source, local_identity, mp4_sample_table, mp4_sync_samples
+from .._storage import cache
+from . import locate
+from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError, VideoDecodeError
+from .._storage.source import Source, local_identity, mp4_sample_table, mp4_sync_samples
 
 
 def _sws_single_thread() -> dict:
@@ -221,7 +222,7 @@ Stamp = tuple  # (inode, size, mtime_ns, ctime_ns, identity) of a local file: se
 
 
 def stamp(src: Source, rel: str) -> Stamp | None:
-    """(inode, size in bytes, mtime in ns, ctime in ns, :func:`~lerobot_sql.source.local_identity`) of local file
+    """(inode, size in bytes, mtime in ns, ctime in ns, :func:`~lerobot_sql._storage.source.local_identity`) of local file
     ``rel``, or None when it is missing or remote.
 
     A dataset takes one stamp per mp4 when it is opened and compares it whenever a process indexes the file or
@@ -272,7 +273,7 @@ def index_path(src: Source, rel: str, cache_dir: Path, pin: Stamp | None = None)
 def ensure_index(src: Source, rel: str, cache_dir: Path) -> Path:
     """Build (once) and return the cached index Parquet of video file ``rel``.
 
-    A damaged entry (truncated, garbled: see :func:`lerobot_sql.cache.check`) is rebuilt once, with a warning.
+    A damaged entry (truncated, garbled: see :func:`lerobot_sql._storage.cache.check`) is rebuilt once, with a warning.
 
     Raises:
         MissingFileError: the mp4 does not exist.
@@ -334,7 +335,7 @@ def probe_video_files(src: Source, files: list[tuple[str, str]]) -> pa.Table:
     exists, its size and its stream's codec.
 
     Args:
-        src: the dataset's :class:`lerobot_sql.source.Source`.
+        src: the dataset's :class:`lerobot_sql._storage.source.Source`.
         files: distinct (video_key, path relative to the root) pairs.
 
     Returns:
@@ -398,14 +399,14 @@ class FrameIndex:
                    t["pts_s"].to_numpy(), key_row)
 
     def nearest(self, times_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(row, |error| in seconds) of the frame nearest to each time (:func:`lerobot_sql.locate.nearest`)."""
+        """(row, |error| in seconds) of the frame nearest to each time (:func:`lerobot_sql._readers.locate.nearest`)."""
         return locate.nearest(self.pts_s, times_s)
 
     def locate(self, times_s: np.ndarray, tolerance_s: float, *, episode_index: int, video_key: str) -> np.ndarray:
         """Index rows (positions in ``pts``) of the frames presented at ``times_s`` (seconds in the file).
 
         Raises:
-            FrameNotFoundError: some time has no frame within ``tolerance_s`` (:func:`lerobot_sql.locate.locate`).
+            FrameNotFoundError: some time has no frame within ``tolerance_s`` (:func:`lerobot_sql._readers.locate.locate`).
         """
         return locate.locate(self.pts, self.pts_s, times_s, tolerance_s, path=self.path,
                              episode_index=episode_index, video_key=video_key)
