@@ -28,9 +28,8 @@ import torch
 from ._readers import deltas as _frames
 from ._readers import locate, tabular, video
 from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
-from ._format.layout import Layout
+from ._format.files import DatasetFiles
 from ._plan.manifest import Meta
-from ._storage.source import Source
 
 
 _INHERITED: list = []  # per-process state inherited from a parent process; kept, never freed
@@ -121,6 +120,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     (open mp4s kept per worker), ``seek_reach`` (frames a keyframe may lie ahead before a seek beats decoding
     forward).
 
+    Made by ``db.dataset(...)``; directly: ``LeRobotSQLDataset(files, manifest, **options)`` with ``files`` a
+    :class:`~lerobot_sql._format.files.DatasetFiles` (``db.files``, or ``open_files(root)``), ``manifest`` a
+    manifest of that dataset and the options of ``db.dataset``.
+
     Construction reads only the data files' footers: each row group's Arrow cache file and each mp4's frame index is
     built when an item first needs it, in the process reading it (so a remote dataset's first batch waits only for
     the pieces it uses). Errors in those files therefore surface from ``__getitem__``, not from the constructor; a
@@ -137,14 +140,14 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         CacheError: the cache folder is full or not writable.
     """
 
-    def __init__(self, src: Source, layout: Layout, manifest: pa.Table, tasks: dict[int, str], *,
-                 cache_dir: Path, delta_timestamps: dict[str, list[float]] | None = None,
+    def __init__(self, files: DatasetFiles, manifest: pa.Table, *, delta_timestamps: dict[str, list[float]] | None = None,
                  tolerance_s: float = 1e-4, return_uint8: bool = False,
                  image_transforms: Callable | None = None, cameras: list[str] | None = None,
                  decoder_threads: int = 1, parallel_cameras: bool | str = "auto", max_open_decoders: int = 16,
                  seek_reach: int = 2):
-        self._src, self._layout, self._tasks = src, layout, tasks
-        self._cache_dir = Path(cache_dir)
+        # The task texts are read here, in the main process, before any worker starts (once per DatasetFiles).
+        layout = files.layout
+        self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir
         self.fps = layout.fps
         self.tolerance_s = float(tolerance_s)
         if not (math.isfinite(self.tolerance_s) and self.tolerance_s >= 0):

@@ -8,8 +8,6 @@ import math
 import os
 import signal
 import threading
-import warnings
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -17,44 +15,16 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._storage import cache
-from ._catalog import views as catalog, macros, sandbox
-from ._plan import resolve as plan, episodes as pointers
+from ._catalog import macros
+from ._catalog.connection import (MANIFEST_BYTES_PER_ROW, Connection, max_manifest_rows, query_error,
+                                  unreadable_error)
+from ._format.files import DatasetFiles, open_files
+from ._format.layout import Layout
+from ._format.metadata import read_pointers
+from ._plan import resolve as plan
 from ._query import checks as query
-from ._readers import video
-from .errors import (DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, RemoteIOError,
-                     ResultContractError)
-from ._format.layout import load_layout
-from ._storage.remote import FileChangedError
-from ._storage.source import open_source
-
-# Most rows a query given to dataset()/manifest() may return (samples; duplicates allowed for oversampling).
-MAX_RESULT_ROWS = 200_000_000  # hard ceiling on a manifest's rows, whatever the memory
-MANIFEST_BYTES_PER_ROW = 320  # peak bytes per sample while a manifest is built (30M frames peaked at 9.3 GB)
-
-
-def max_manifest_rows() -> int:
-    """Most samples a manifest may have: ``$LSQL_MAX_MANIFEST_ROWS``, else what half of RAM holds, at most
-    MAX_RESULT_ROWS (about 37M samples on a 24 GB machine)."""
-    env = os.environ.get("LSQL_MAX_MANIFEST_ROWS")
-    if env:
-        return int(env)
-    total = sandbox.total_memory()
-    return MAX_RESULT_ROWS if total is None else min(MAX_RESULT_ROWS, total // 2 // MANIFEST_BYTES_PER_ROW)
-
-
-
-def query_error(e: BaseException, sql: str) -> LeRobotSQLError:
-    """The error for a DuckDB failure: a :class:`RemoteIOError` when the storage under a remote view failed (DuckDB
-    reports our fsspec layer's exception as text, traceback included), else a :class:`QueryError` naming the SQL."""
-    text = str(e)
-    for cls in (FileChangedError, RemoteIOError):
-        marker = f"{cls.__name__}: "
-        if marker in text:
-            msg = text[text.rindex(marker) + len(marker):].strip()
-            return cls(f"{msg} (while running: {sql})")
-    return QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}")
-
+from ._storage.source import Source
+from .errors import DatasetFormatError, MissingFileError, QueryError, ResultContractError
 
 class _Interruptible:
     """While a query runs: ``timeout`` seconds on a timer, and on the main thread Ctrl-C (SIGINT), each call
@@ -231,7 +201,9 @@ class Result:
 
 
 class Database:
-    """One dataset, its DuckDB connection and views. Create it with :func:`connect`.
+    """One dataset (its :class:`~lerobot_sql._format.files.DatasetFiles`, ``db.files``), its DuckDB connection and
+    views (:class:`lerobot_sql._catalog.connection.Connection`, made on the first query). Create it with
+    :func:`connect`.
 
     Views (full reference in README.md): ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
     ``video_frames`` and ``video_files`` (both built on first use), ``features``, ``info``.
@@ -245,116 +217,36 @@ class Database:
                  cache_dir: str | os.PathLike | None = None, cache_size: int | str | None = None,
                  threads: int | None = None, memory_limit: str | None = None,
                  temp_directory: str | os.PathLike | None = None):
-        self.source = open_source(root, storage_options, cache_dir=cache_dir, cache_size=cache_size)
-        self.layout = load_layout(self.source)
-        self.cache_dir = Path(cache_dir) if cache_dir else cache.root_for(self.source.url)
-        self._duckdb_settings = (threads, memory_limit, temp_directory)
-        self._con: duckdb.DuckDBPyConnection | None = None
-        self._con_lock = threading.Lock()
-        self._build_lock = threading.RLock()  # lazily built views (video index, video_files, the check context)
-        self._owner: int | None = None  # the thread that made self._con
-        self._local = threading.local()  # other threads' cursors
-        self._cursors: list[tuple[weakref.ref, duckdb.DuckDBPyConnection]] = []
-        self._relations: dict[str, pa.Table] = {}  # Arrow tables behind internal views, registered on each cursor
-        self._relations_gen = 0  # bumped by each _register: cursors compare it to what they registered
-        self._tasks: dict[int, str] | None = None
+        self.files: DatasetFiles = open_files(root, storage_options=storage_options, cache_dir=cache_dir,
+                                              cache_size=cache_size)
+        self._connection = Connection(self.files, threads=threads, memory_limit=memory_limit,
+                                      temp_directory=temp_directory)
+        self._ctx_lock = threading.RLock()  # two threads' first checks build one context
         self._pointers = None
-        self._video_frames_ready = self._video_files_ready = not self.layout.video_keys
         self._ctx: query.Context | None = None
         self._query_dirs: list[Path] = []
 
     @property
+    def source(self) -> Source:
+        """Where the dataset's bytes are (``files.source``)."""
+        return self.files.source
+
+    @property
+    def layout(self) -> Layout:
+        """meta/info.json and the file lists (``files.layout``)."""
+        return self.files.layout
+
+    @property
+    def cache_dir(self) -> Path:
+        """This dataset's cache folder (``files.cache_dir``)."""
+        return self.files.cache_dir
+
+    @property
     def con(self) -> duckdb.DuckDBPyConnection:
-        """The DuckDB connection with the views, created on first use: opening a dataset and building a
-        whole-episode dataset need no DuckDB, so ``connect()`` reads only info.json and lists the files."""
-        if self._con is None:
-            with self._con_lock:  # two threads' first queries make one connection
-                if self._con is None:
-                    con = self._connect_duckdb()
-                    self._owner = threading.get_ident()
-                    self._local.cur, self._local.registered = con, dict(self._relations)
-                    self._local.seen = self._relations_gen
-                    self._con = con
-        return self._cursor()
-
-    def _cursor(self) -> duckdb.DuckDBPyConnection:
-        """This thread's cursor of the connection, with every internal Arrow relation registered on it.
-
-        A DuckDB connection serves one query at a time ("connection is busy" from a second thread); a cursor shares
-        the database (views, macros, settings, lock-down) but has its own client context. Arrow registrations are
-        per client context, so each cursor registers ``_relations`` itself, also those added later (video index).
-        """
-        local = self._local
-        cur = getattr(local, "cur", None)
-        if cur is not None and local.seen == self._relations_gen:
-            return cur
-        with self._con_lock:
-            # Registrations are made by each thread on its own connection or cursor: registering on another
-            # thread's while it runs a query fails ("connection is busy").
-            if cur is None:
-                cur = self._con.cursor()
-                local.cur, local.registered = cur, {}
-                alive = []
-                for ref, c in self._cursors:  # close the cursors of threads that ended
-                    thread = ref()
-                    if thread is None or not thread.is_alive():
-                        c.close()
-                    else:
-                        alive.append((ref, c))
-                self._cursors = alive + [(weakref.ref(threading.current_thread()), cur)]
-            for name, table in list(self._relations.items()):
-                if local.registered.get(name) is not table:
-                    cur.register(name, table)
-                    local.registered[name] = table
-            local.seen = self._relations_gen
-        return cur
-
-    def _register(self, name: str, table: pa.Table) -> None:
-        """Register ``table`` as ``name`` on the connection and, from their next use, on every cursor."""
-        with self._con_lock:
-            self._relations[name] = table
-            self._relations_gen += 1
-        _ = self.con  # registers it on this thread's connection or cursor now; the others on their next use
-
-    def _connect_duckdb(self) -> duckdb.DuckDBPyConnection:
-        threads, memory_limit, temp_directory = self._duckdb_settings
-        # threads: all cores (DuckDB's default); memory_limit: min(RAM/4, 4 GiB), not DuckDB's 80% of RAM, which
-        # would leave nothing to DataLoader workers (see sandbox.default_config).
-        config = sandbox.default_config(threads or None, memory_limit or None)
-        # Spill next to our other caches, not into DuckDB's default `.tmp` in the user's working directory.
-        config["temp_directory"] = str(temp_directory or self.cache_dir / "duckdb_tmp")
-        con = duckdb.connect(config=config)
-        if not self.source.is_local:
-            con.register_filesystem(self.source.fs)
-        # Views re-bind on every query; without this DuckDB re-parses every Parquet footer each time (at 100k
-        # episodes: connect 10.7 s -> 1.2 s, benchmarks/README.md "Scale").
-        con.execute("SET parquet_metadata_cache = true")
-        # Database.check reads DuckDB's own parse tree (json_serialize_sql); the json extension must be loaded
-        # before lock_down turns extension loading off.
-        con.execute("LOAD json")
-        try:
-            catalog.register_views(con, self.source, self.layout, self._relations)
-        except (duckdb.Error, pa.ArrowException, OSError) as e:
-            if isinstance(e, LeRobotSQLError):
-                raise
-            raise unreadable_error(self.source, self.layout, e) from e
-        missing = con.sql("SELECT path, count(*) FROM _episode_data_files WHERE path NOT IN "
-                          "(SELECT path FROM _data_files_listed) GROUP BY 1 ORDER BY 1").fetchall()
-        if missing:
-            warnings.warn(f"{len(missing)} data file(s) that meta/episodes points to are missing, e.g. "
-                          f"{self.source.path(missing[0][0])} ({missing[0][1]} episodes): the frames view and every "
-                          "query over it lack their episodes. Download data/ again; `lerobot-sql doctor` lists them "
-                          "(data_files_present)", stacklevel=4)
-        macros.register(con, self.layout)  # over register_views' placeholders of video_frames / video_files
-        # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
-        # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.
-        targets, refused = self.source.symlink_targets()
-        if refused:
-            warnings.warn(f"{len(refused)} file(s) or folder(s) under the dataset root are symlinks to files outside it (e.g. "
-                          f"{refused[0]} -> {os.path.realpath(refused[0])}); SQL, dataset() and export refuse to "
-                          "read them. Copy the files into the dataset folder", stacklevel=4)
-        sandbox.lock_down(con, [self.source.duckdb_path(""), str(self.cache_dir)], allowed_paths=targets)
-        return con
+        """The calling thread's DuckDB connection (or cursor) with the views, created on first use: opening a
+        dataset and building a whole-episode dataset need no DuckDB, so ``connect()`` reads only info.json and lists
+        the files."""
+        return self._connection.cursor()
 
     # ---- SQL ------------------------------------------------------------------------------------------------
     @property
@@ -367,7 +259,7 @@ class Database:
 
     def _context(self) -> query.Context:
         if self._ctx is None:
-            with self._build_lock:
+            with self._ctx_lock:
                 return self._context_locked()
         return self._ctx
 
@@ -381,10 +273,7 @@ class Database:
         return self._ctx
 
     def _ensure_video_frames(self) -> None:
-        if not self._video_frames_ready:
-            with self._build_lock:  # one thread builds, the others wait for it
-                if not self._video_frames_ready:
-                    self.build_video_index(progress=None)
+        self._connection.ensure("video_frames")
 
     def build_video_index(self, progress: bool | None = True) -> None:
         """Build the frame index of every mp4 (demux only, cached on disk by file identity) and point the
@@ -397,52 +286,7 @@ class Database:
             MissingFileError: some mp4s are missing; every other file is indexed and queryable first.
             VideoDecodeError: PyAV cannot demux a file.
         """
-        from tqdm.auto import tqdm
-
-        rows = self.con.sql("SELECT DISTINCT video_key, chunk_index, file_index, path FROM videos "
-                            "ORDER BY video_key, chunk_index, file_index").fetchall()
-        files, missing = [], []
-        for key, chunk, file, rel in tqdm(rows, desc="video index", unit="file",
-                                          disable=(len(rows) < 8) if progress is None else not progress):
-            try:
-                files.append((key, chunk, file, rel, str(video.ensure_index(self.source, rel, self.cache_dir))))
-            except MissingFileError as e:
-                missing.append(e)
-        m = pa.table({"video_key": [f[0] for f in files], "chunk_index": [f[1] for f in files],
-                      "file_index": [f[2] for f in files], "path": [f[3] for f in files],
-                      "_index_file": [f[4] for f in files]})
-        # A view over a registered Arrow table, not a DuckDB table: SQL cannot rewrite which index file a camera's
-        # frames come from (see catalog._register_table).
-        with self._build_lock:
-            self._register("_lsql_arrow_video_files", m)
-            self.con.execute("CREATE OR REPLACE VIEW _video_files AS SELECT * FROM _lsql_arrow_video_files")
-            self._build_video_frames_view(files)
-        self._video_frames_ready = True
-        if missing:
-            raise MissingFileError(f"{len(missing)} of {len(rows)} video files are missing (the other "
-                                   f"{len(files)} are indexed), e.g. {missing[0]}")
-
-    def _build_video_frames_view(self, files) -> None:
-        if files:
-            lst = "[" + ", ".join(catalog.lit(f[4]) for f in files) + "]"
-            self.con.execute(
-                "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "
-                f"{', '.join('i.' + catalog.q(f.name) for f in video.INDEX_SCHEMA)} "  # the placeholder's columns
-                f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
-            )
-
-    def _ensure_video_files(self) -> None:
-        """Fill the view ``video_files`` (one row per distinct mp4 of ``videos``: present, size_bytes, codec) by
-        probing the files, once per connection (see :func:`lerobot_sql._readers.video.probe_video_files`)."""
-        if self._video_files_ready:
-            return
-        with self._build_lock:
-            if self._video_files_ready:
-                return
-            rows = self.con.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
-            self._register("_lsql_arrow_video_probe", video.probe_video_files(self.source, rows))
-            self.con.execute("CREATE OR REPLACE VIEW video_files AS SELECT * FROM _lsql_arrow_video_probe")
-            self._video_files_ready = True
+        self._connection.build_video_index(progress)
 
     def check(self, sql: str) -> str:
         """Validate user SQL (see :mod:`lerobot_sql._query.checks`) and return what DuckDB will run.
@@ -473,10 +317,10 @@ class Database:
         except duckdb.Error as e:
             raise query_error(e, sql) from e
         facts = query.duckdb_facts(serialized, ctx, sql)
-        if not self._video_frames_ready and facts.reads(*query.VIDEO_INDEX_NAMES):
-            self._ensure_video_frames()
-        if not self._video_files_ready and facts.reads("video_files"):
-            self._ensure_video_files()
+        if facts.reads(*query.VIDEO_INDEX_NAMES):
+            self._connection.ensure("video_frames")
+        if facts.reads("video_files"):
+            self._connection.ensure("video_files")
         return checked, facts
 
     def sql(self, sql: str, *, timeout: float | None = None) -> "Result":
@@ -536,14 +380,11 @@ class Database:
 
     def tasks(self) -> dict[int, str]:
         """task_index -> task text, from meta/tasks.parquet (v2: meta/tasks.jsonl); read once per connection."""
-        if self._tasks is None:
-            t = catalog.read_tasks(self.source, self.layout)
-            self._tasks = dict(zip(t["task_index"].to_pylist(), t["task"].to_pylist()))
-        return dict(self._tasks)
+        return self.files.tasks()
 
     def _episode_pointers(self):
         if self._pointers is None:
-            self._pointers = pointers.read_pointers(self.source, self.layout)
+            self._pointers = read_pointers(self.source, self.layout)
         return self._pointers
 
     def _episodes_manifest(self, episodes) -> pa.Table:
@@ -637,7 +478,7 @@ class Database:
                       f"{'' if self.layout.tasks_file else ' (the file is missing)'}; items carry the task text as "
                       "LeRobotDataset's do. Restore the file from the dataset's source (`lerobot-sql doctor`: "
                       "tasks_exist)")
-        return LeRobotSQLDataset(self.source, self.layout, manifest, tasks, cache_dir=self.cache_dir, **kwargs)
+        return LeRobotSQLDataset(self.files, manifest, **kwargs)
 
     def _check_manifest_source(self, manifest: pa.Table, where) -> None:
         """Refuse a manifest written from another dataset (``export_manifest`` stores its ``root``): its data_file,
@@ -748,12 +589,7 @@ class Database:
         return dict(stats()) if callable(stats) else {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
 
     def close(self) -> None:
-        with self._con_lock:
-            for _, cur in self._cursors:
-                cur.close()
-            self._cursors = []
-        if self._con is not None:
-            self._con.close()
+        self._connection.close()
 
     def __enter__(self) -> "Database":
         return self
@@ -790,39 +626,6 @@ def _episode_list(episodes: Any) -> list[int]:
     if not out:
         raise ResultContractError("episodes=[] selects nothing; pass episode_index values, or None for all")
     return sorted(out)
-
-
-def unreadable_error(src, layout, cause: BaseException, sql: str | None = None) -> LeRobotSQLError:
-    """A DatasetFormatError for a Parquet file DuckDB or pyarrow could not read, naming the file(s) whose footer does
-    not parse (checked one by one, footers only), else every data file, and the fix. A storage failure (503s,
-    a dead server: in ``cause`` or while the footers are checked) is a RemoteIOError instead, not a corrupt file.
-    With the user's ``sql`` (the failure came while its result was resolved): a DuckDB Binder/Conversion error while
-    every footer parses is the result's types, not the files: a ResultContractError naming the query."""
-    import pyarrow.parquet as pq
-
-    remote = query_error(cause, "opening the dataset's tables")
-    if isinstance(remote, RemoteIOError):
-        return remote
-    files = [f for f in (*layout.episode_files, layout.tasks_file, *layout.data_files) if f and f.endswith(".parquet")]
-    bad = []
-    for rel in files:
-        try:
-            with src.open(rel) as f:
-                pq.read_metadata(f)
-        except RemoteIOError as e:
-            return type(e)(f"{e} (while checking the Parquet files after: {type(cause).__name__}: "
-                           f"{str(cause).splitlines()[0] if str(cause) else ''})")
-        except (pa.ArrowException, OSError):
-            bad.append(src.path(rel))
-    if not bad and sql is not None and isinstance(cause, (duckdb.BinderException, duckdb.ConversionException)):
-        return ResultContractError(f"the query's result cannot be matched to the frames ({type(cause).__name__}: "
-                                   f"{str(cause).splitlines()[0]}); check the types of its columns (index and "
-                                   f"episode_index integers, start_s/end_s seconds) and alias computed columns "
-                                   f"named like a feature: {sql!r}")
-    where = ", ".join(bad[:3]) if bad else f"one of the data files under {src.path('data')}"
-    return DatasetFormatError(f"{where}: cannot be read as Parquet ({type(cause).__name__}: {cause}); the file is "
-                              "truncated or corrupt. Re-download it from the dataset's source (`lerobot-sql doctor` "
-                              "checks every file)")
 
 
 def connect(root: str | os.PathLike, **kwargs: Any) -> Database:

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._format.files import open_files
 from ._plan.manifest import META_KEY, Meta  # noqa: F401  (META_KEY: importable from here for one release)
 
 
@@ -116,18 +116,14 @@ class Decoder:
     def __init__(self, manifest: str | os.PathLike | None = None, *, root: str | os.PathLike | None = None,
                  storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
                  **dataset_kwargs: Any):
-        from . import connect
-
         self._schema = manifest_schema(manifest) if manifest is not None else None
         if root is None:
             if manifest is None:
                 raise ValueError("Decoder needs the manifest file (manifest=) or the dataset root (root=)")
             root = manifest_root(manifest)
-        db = connect(root, storage_options=storage_options, cache_dir=cache_dir)
-        try:
-            self._src, self._layout, self._tasks, self._cache_dir = db.source, db.layout, db.tasks(), db.cache_dir
-        finally:
-            db.close()  # only files are read from here on; no DuckDB connection lives in the worker
+        # Files only: no DuckDB connection is made in the worker. The tasks are read here, once per worker.
+        self._files = open_files(root, storage_options=storage_options, cache_dir=cache_dir)
+        self._files.tasks()
         self._kwargs = dataset_kwargs
 
     def _manifest(self, batch: Any) -> pa.Table:
@@ -148,8 +144,7 @@ class Decoder:
         m = self._manifest(batch)
         if m.num_rows == 0:
             return []
-        ds = LeRobotSQLDataset(self._src, self._layout, m, self._tasks, cache_dir=Path(self._cache_dir),
-                               **self._kwargs)
+        ds = LeRobotSQLDataset(self._files, m, **self._kwargs)
         return [ds[i] for i in range(len(ds))]
 
     def __call__(self, batch: Any) -> dict[str, np.ndarray]:

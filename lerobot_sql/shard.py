@@ -161,7 +161,7 @@ def worker_shard(rank: int | None = None, world_size: int | None = None) -> tupl
 class ShardedManifestDataset(torch.utils.data.IterableDataset):
     """An iterable dataset that yields, in each process and DataLoader worker, the items of its own manifest part.
 
-    Build it in the main process from a connected database (``db``) and a manifest. Each rank takes its part of the
+    Build it in the main process from a dataset's files (``db.files``, or the ``db`` itself) and a manifest. Each rank takes its part of the
     manifest (:func:`shard_manifest` with ``rank``/``world_size``: the same whatever ``num_workers`` is, as with
     ``DistributedSampler``); each DataLoader worker of the rank then takes its share of that part (whole episodes with
     ``by="episode"``). A worker left without rows (fewer episodes than workers) yields nothing, so every sample of the
@@ -172,7 +172,8 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
     kept alive by ``persistent_workers=True`` (fork or spawn) read the new value when their next epoch starts.
 
     Args:
-        db: a :class:`lerobot_sql.Database` (only its source, layout, tasks and cache_dir are kept).
+        files: the dataset's :class:`~lerobot_sql._format.files.DatasetFiles` (``db.files``), or a
+            :class:`lerobot_sql.Database` (its ``files`` are taken; no DuckDB reaches the workers).
         manifest: the whole selection (every rank passes the same one).
         by, seed, shuffle: as :func:`shard_manifest`.
         rank, world_size: this process's rank; default from ``torch.distributed`` (or ``$RANK``/``$WORLD_SIZE``),
@@ -184,10 +185,10 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
             here, before any worker starts).
     """
 
-    def __init__(self, db, manifest: pa.Table, *, by: str = "episode", seed: int = 0, shuffle: bool = True,
+    def __init__(self, files, manifest: pa.Table, *, by: str = "episode", seed: int = 0, shuffle: bool = True,
                  rank: int | None = None, world_size: int | None = None, **dataset_kwargs: Any):
         _check(0, 1, by)
-        self._src, self._layout, self._tasks, self._cache_dir = db.source, db.layout, db.tasks(), db.cache_dir
+        files = getattr(files, "files", files)  # a Database holds its DatasetFiles as .files
         self.manifest, self.by, self.seed, self.shuffle = manifest, by, int(seed), shuffle
         # Resolved here, in the rank's main process: spawned DataLoader workers do not inherit torch.distributed.
         # Only the rank is wanted, not the worker-expanded shard: the rank's part must not depend on num_workers.
@@ -204,8 +205,7 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
 
         # Prepared once here, before any fork: workers only pick their rows and read items (pyarrow/PyAV set-up
         # inside freshly forked workers crashed under load).
-        self._dataset = LeRobotSQLDataset(self._src, self._layout, manifest, self._tasks, cache_dir=self._cache_dir,
-                                          **dataset_kwargs)
+        self._dataset = LeRobotSQLDataset(files, manifest, **dataset_kwargs)
 
     @property
     def epoch(self) -> int:

@@ -193,7 +193,7 @@ def test_manifest_row_cap_follows_memory(datasets, monkeypatch):
     with pytest.raises(lsql.ResultContractError, match="more than 1,000 rows"):
         db.dataset("SELECT a.index FROM frames a, frames b", cameras=[])
     monkeypatch.delenv("LSQL_MAX_MANIFEST_ROWS")
-    from lerobot_sql.db import max_manifest_rows
+    from lerobot_sql._catalog.connection import max_manifest_rows
 
     assert 1_000_000 <= max_manifest_rows() <= 200_000_000
 

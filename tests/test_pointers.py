@@ -51,7 +51,7 @@ def test_fast_manifest_equals_the_join(name):
 def test_whole_dataset_needs_no_duckdb(datasets, tmp_path):
     db = lsql.connect(datasets / "small20", cache_dir=tmp_path)
     ds = db.dataset(cameras=[])
-    assert db._con is None  # neither connect() nor a whole-episode dataset opened DuckDB
+    assert not db._connection.opened  # neither connect() nor a whole-episode dataset opened DuckDB
     assert len(ds) == db.layout.info["total_frames"]
     ref = lsql.connect(datasets / "small20").dataset("SELECT index FROM frames ORDER BY index", cameras=[])
     for i in (0, 777, len(ds) - 1):
@@ -101,7 +101,7 @@ def test_rows_out_of_index_order_fall_back_to_the_join(datasets, tmp_path):
     res = db.sql("SELECT episode_index FROM episodes WHERE episode_index IN (2, 7)").arrow()
     assert pointers.episode_manifest(db.source, db.layout, res, [], sql="x") is None
     ds = db.dataset(episodes=[2, 7], cameras=[])
-    assert db._con is not None  # the join ran
+    assert db._connection.opened  # the join ran
     idx = ds.manifest["index"].to_numpy()
     orig = pq.read_table(datasets / "small20" / rel, columns=["index", "episode_index"])
     assert np.array_equal(idx, np.sort(orig["index"].to_numpy()[np.isin(orig["episode_index"].to_numpy(), [2, 7])]))

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
-from lerobot_sql import db as dbmod
+from lerobot_sql._catalog import connection
 from lerobot_sql.errors import QueryError, ResultContractError
 from lerobot_sql._catalog.sandbox import default_config, lock_down
 
@@ -176,7 +176,7 @@ def test_duckdb_parser_must_agree(db, monkeypatch):
 
 # ---- huge results and resource bounds ----------------------------------------------------------------------------
 def test_runaway_result_fails_fast(db, monkeypatch):
-    monkeypatch.setattr(dbmod, "MAX_RESULT_ROWS", 100_000)
+    monkeypatch.setattr(connection, "MAX_RESULT_ROWS", 100_000)
     # frames x frames x frames: 1e11 rows; only MAX_RESULT_ROWS + 1 are ever produced.
     with pytest.raises(ResultContractError, match="more than 100,000 rows"):
         db.dataset("SELECT a.index FROM frames a, frames b, frames c")

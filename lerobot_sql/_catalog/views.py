@@ -1,29 +1,29 @@
-"""The DuckDB connection and the views users write SQL against.
+"""The views users write SQL against: ``VIEWS``, one small function per view, run in order by ``register_views``.
 
 ``register_views`` reads only info.json and Parquet footers: every view over Parquet is lazy and re-reads its
 files when queried, so nothing is copied at connect time. The view reference lives in README.md ("Views").
+A new view is one function added to ``VIEWS`` (one built on first use: an entry in
+:data:`lerobot_sql._catalog.connection.LAZY_VIEWS` and its placeholder here).
 
-The legacy v2.x layout gets the same views: its JSON-lines metadata (episodes.jsonl, episodes_stats.jsonl,
-tasks.jsonl; small) is loaded into DuckDB tables shaped like v3's meta/episodes and meta/tasks.parquet, with
-``dataset_from_index``/``dataset_to_index`` from the cumulative ``length``, ``from_timestamp = 0`` and
-``to_timestamp = length / fps`` (one mp4 per episode), and ``chunk_index``/``file_index`` holding
-``episode_chunk``/``episode_index``, the two placeholders of v2 path templates.
+The legacy v2.x layout gets the same views: its JSON-lines metadata is read into Arrow tables shaped like v3's
+meta/episodes and meta/tasks.parquet by :mod:`lerobot_sql._format.v2`, and registered as views over those tables.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import json
 import re
 import warnings
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError
+from ..errors import DatasetFormatError
 from .._readers import video
-from .._format.layout import Layout, V2_TASKS, check_stored_type, parse_template, sql_key
+from .._format import v2
+from .._format.layout import Layout, check_stored_type, parse_template, sql_key
+from .._format.metadata import read_tasks
 from .._storage.source import Source
 from .._query.sqltext import ident, literal, number
 
@@ -90,177 +90,6 @@ def _describe(con: duckdb.DuckDBPyConnection, sql: str) -> dict[str, str]:
     return {r[0]: r[1] for r in con.sql(f"DESCRIBE {sql}").fetchall()}
 
 
-@contextlib.contextmanager
-def parquet_read_errors(src: Source, rel: str):
-    """Turn pyarrow's errors while reading ``rel`` into a :class:`DatasetFormatError` naming the file and the fix
-    (errors already ours, e.g. MissingFileError or RemoteIOError, pass unchanged)."""
-    try:
-        yield
-    except LeRobotSQLError:
-        raise
-    except (pa.ArrowException, OSError) as e:
-        raise DatasetFormatError(f"{src.path(rel)}: cannot be read as Parquet ({type(e).__name__}: {e}); the file is "
-                                 "truncated or corrupt. Re-download it from the dataset's source (`lerobot-sql "
-                                 "doctor` checks every file)") from e
-
-
-def _tasks_text_column(src: Source) -> tuple[str | None, str]:
-    """(task_index column, task text column) of meta/tasks.parquet.
-
-    Text: ``task``, else the pandas metadata's ``index_columns``, else ``__index_level_0__``, else the only string
-    column. task_index: ``task_index``, else the only integer column, else None (then the row number is the
-    task_index, which is how lerobot resolves it).
-    """
-    with parquet_read_errors(src, "meta/tasks.parquet"), src.open("meta/tasks.parquet") as f:
-        schema = pq.read_schema(f)
-    names = schema.names
-    strings = [fld.name for fld in schema if pa.types.is_string(fld.type) or pa.types.is_large_string(fld.type)
-               or pa.types.is_string_view(fld.type)]
-    ints = [fld.name for fld in schema if pa.types.is_integer(fld.type)]
-    idx_col = "task_index" if "task_index" in names else (ints[0] if len(ints) == 1 else None)
-    text = "task" if "task" in names else None
-    if text is None and schema.metadata and b"pandas" in schema.metadata:
-        meta = json.loads(schema.metadata[b"pandas"])
-        cols = [c for c in meta.get("index_columns", []) if isinstance(c, str) and c in strings]
-        text = cols[0] if cols else None
-    if text is None and "__index_level_0__" in strings:
-        text = "__index_level_0__"
-    if text is None and len(strings) == 1:
-        text = strings[0]
-    if text is None or (idx_col is None and len(ints) > 1):
-        raise DatasetFormatError(
-            f"{src.path('meta/tasks.parquet')}: expected columns task_index and task (or a pandas index holding the "
-            f"task text), found {schema}"
-        )
-    return idx_col, text
-
-
-def _read_jsonl(src: Source, rel: str) -> list[dict]:
-    """The objects of a JSON-lines file (blank lines skipped).
-
-    Raises:
-        DatasetFormatError: a line is not a JSON object; names the file and line.
-    """
-    out = []
-    with src.open(rel) as f:
-        for n, line in enumerate(f.read().decode("utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetFormatError(f"{src.path(rel)}:{n}: invalid JSON ({e}); restore the file") from e
-            if not isinstance(obj, dict):
-                raise DatasetFormatError(f"{src.path(rel)}:{n}: expected a JSON object per line")
-            out.append(obj)
-    return out
-
-
-def read_tasks(src: Source, layout: Layout) -> pa.Table:
-    """``task_index`` (int64), ``task`` (string) from meta/tasks.parquet (v3) or meta/tasks.jsonl (v2); empty when
-    the file is absent. Small (one row per task), so it is read whole with pyarrow: the ``tasks`` view and
-    ``Database.tasks()`` both come from here.
-
-    Raises:
-        DatasetFormatError: the file lacks a task text column, or a JSON line lacks task_index / task.
-    """
-    if layout.tasks_file is None:
-        return pa.table({"task_index": pa.array([], pa.int64()), "task": pa.array([], pa.string())})
-    if layout.tasks_file == V2_TASKS:
-        rows = _read_jsonl(src, V2_TASKS)
-        bad = [r for r in rows if not isinstance(r.get("task_index"), int) or isinstance(r.get("task_index"), bool)
-               or not isinstance(r.get("task"), str)]
-        if bad:
-            raise DatasetFormatError(f"{src.path(V2_TASKS)}: every line needs an integer task_index and a string "
-                                     f"task, found {bad[0]}")
-        return _unique_tasks(src.path(V2_TASKS), pa.table({
-            "task_index": pa.array([r["task_index"] for r in rows], pa.int64()),
-            "task": pa.array([r["task"] for r in rows], pa.string())}))
-    idx_col, text_col = _tasks_text_column(src)
-    with parquet_read_errors(src, layout.tasks_file), src.open(layout.tasks_file) as f:
-        t = pq.ParquetFile(f).read(columns=[c for c in (idx_col, text_col) if c], use_threads=False)
-    # No task_index column: lerobot resolves task_index positionally, so the row number is the index.
-    idx = t[idx_col].cast(pa.int64()) if idx_col else pa.array(range(t.num_rows), pa.int64())
-    return _unique_tasks(src.path(layout.tasks_file),
-                         pa.table({"task_index": idx, "task": t[text_col].cast(pa.string())}))
-
-
-def _unique_tasks(where: str, t: pa.Table) -> pa.Table:
-    """``t`` if it has one row per task, as lerobot writes it (a pandas frame indexed by the distinct task texts,
-    task_index 0..n-1). Two rows for one task_index would give items the last one's text and double every SQL
-    join with ``tasks``; two task_index values for one text make the text no key.
-
-    Raises:
-        DatasetFormatError: a NULL or repeated task_index, a NULL or repeated task text; names the file and value.
-    """
-    for col in ("task_index", "task"):
-        if t[col].null_count:
-            raise DatasetFormatError(f"{where}: a row has a NULL {col}; each row needs a task_index and its task "
-                                     "text. Restore the file from the dataset's source")
-        values = t[col].to_pylist()
-        seen: dict = {}
-        for i, v in enumerate(values):
-            j = seen.setdefault(v, i)
-            if j != i:
-                other = "task_index" if col == "task" else "task"
-                raise DatasetFormatError(
-                    f"{where}: {col} {v!r} is listed twice (rows {j} and {i}, {other} {t[other][j].as_py()!r} and "
-                    f"{t[other][i].as_py()!r}); lerobot writes one row per distinct task. Restore the file from the "
-                    "dataset's source")
-    return t
-
-
-def v2_episodes(src: Source, layout: Layout) -> pa.Table:
-    """meta/episodes.jsonl (+ episodes_stats.jsonl) as a table with v3 meta/episodes columns, in episode order."""
-    rel = layout.episode_files[0]
-    rows = _read_jsonl(src, rel)
-    for n, r in enumerate(rows):
-        # bool is an int subclass in Python, but not to pyarrow: `true` must be refused here, naming the line.
-        if any(not isinstance(r.get(k), int) or isinstance(r.get(k), bool) for k in ("episode_index", "length")):
-            raise DatasetFormatError(f"{src.path(rel)}: line {n + 1} lacks an integer episode_index or length: {r}")
-    # lerobot v2.1 sorts episodes by episode_index and derives each episode's index range from cumulative lengths.
-    rows.sort(key=lambda r: r["episode_index"])
-    ep = [r["episode_index"] for r in rows]
-    length = [r["length"] for r in rows]
-    start = [0] * len(rows)
-    for i in range(1, len(rows)):
-        start[i] = start[i - 1] + length[i - 1]
-    chunk = [e // layout.chunks_size for e in ep]
-    cols: dict[str, pa.Array] = {
-        "episode_index": pa.array(ep, pa.int64()),
-        "tasks": pa.array([r.get("tasks") if isinstance(r.get("tasks"), list) else None for r in rows],
-                          pa.list_(pa.string())),
-        "length": pa.array(length, pa.int64()),
-        "data/chunk_index": pa.array(chunk, pa.int64()),
-        "data/file_index": pa.array(ep, pa.int64()),
-        "dataset_from_index": pa.array(start, pa.int64()),
-        "dataset_to_index": pa.array([s + n for s, n in zip(start, length)], pa.int64()),
-    }
-    for k in layout.video_keys:
-        cols[f"videos/{k}/chunk_index"] = pa.array(chunk, pa.int64())
-        cols[f"videos/{k}/file_index"] = pa.array(ep, pa.int64())
-        cols[f"videos/{k}/from_timestamp"] = pa.array([0.0] * len(rows), pa.float64())
-        cols[f"videos/{k}/to_timestamp"] = pa.array([n / layout.fps for n in length], pa.float64())
-    if layout.episode_stats_file:
-        pos = {e: i for i, e in enumerate(ep)}
-        stats: dict[str, list] = {}
-        for r in _read_jsonl(src, layout.episode_stats_file):
-            i = pos.get(r.get("episode_index"))
-            if i is None or not isinstance(r.get("stats"), dict):
-                continue
-            for feat, per in r["stats"].items():
-                for stat, value in (per.items() if isinstance(per, dict) else ()):
-                    stats.setdefault(f"stats/{feat}/{stat}", [None] * len(ep))[i] = (
-                        value if isinstance(value, list) else [value])
-        for name, values in stats.items():
-            try:
-                cols[name] = pa.array(values)
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-                raise DatasetFormatError(f"{src.path(layout.episode_stats_file)}: {name} mixes shapes or types "
-                                         f"across episodes ({e})") from e
-    return pa.table(cols)
-
-
 def _empty_episodes_sql(layout: Layout) -> str:
     cols = ["NULL::BIGINT AS episode_index", "NULL::VARCHAR[] AS tasks", "NULL::BIGINT AS length",
             'NULL::BIGINT AS "data/chunk_index"', 'NULL::BIGINT AS "data/file_index"',
@@ -292,7 +121,7 @@ def _register_episodes(con: duckdb.DuckDBPyConnection, src: Source, layout: Layo
     if not layout.episode_files:
         con.execute(f"CREATE OR REPLACE VIEW _episodes_raw AS {_empty_episodes_sql(layout)}")
     elif layout.legacy:
-        _register_table(con, "_episodes_raw", v2_episodes(src, layout), relations)
+        _register_table(con, "_episodes_raw", v2.episodes(src, layout), relations)
     else:
         ep_src = f"read_parquet({_file_list(src, layout.episode_files)}, union_by_name=true)"
         ep_cols = _describe(con, f"SELECT * FROM {ep_src}")
@@ -323,35 +152,33 @@ def _empty_frames_sql(layout: Layout) -> str:
     return f"SELECT {', '.join(cols)} WHERE false"
 
 
-def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
-                   relations: dict | None = None) -> dict[str, pa.Table]:
-    """Create the views ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``, ``features``, ``info``
-    and the private ``_frames_loc`` (frame -> data file and row) on ``con``, and the placeholders (no rows, the real
-    columns) of ``video_frames`` and ``video_files``, which the Database replaces when a query first reads them.
 
-    Missing pieces of a partial copy (no data files, no episode metadata, no tasks file) give empty views with the
-    usual columns; :func:`lerobot_sql._format.layout.load_layout` has already warned about them.
 
-    Every view reads Parquet files or an Arrow table registered on ``con``; none is a DuckDB base table, so the
-    relations lerobot_sql reads back cannot be written by SQL.
+@dataclasses.dataclass
+class Build:
+    """What each view function of :data:`VIEWS` gets: the connection, the dataset, the Arrow tables registered so
+    far (``relations``, filled by the functions) and the columns of ``_episodes_raw`` (name -> DuckDB type)."""
 
-    Returns:
-        ``relations`` (a new dict if None), filled with the Arrow tables registered on ``con`` (name -> table):
-        a cursor of ``con`` must register them too before it reads the views.
+    con: duckdb.DuckDBPyConnection
+    src: Source
+    layout: Layout
+    relations: dict[str, pa.Table]
+    episode_columns: dict[str, str]
 
-    Raises:
-        DatasetFormatError: the episodes metadata lacks ``episode_index``; the data files lack a default column;
-            a JSON-lines metadata file is malformed.
-    """
-    relations = {} if relations is None else relations
-    fps = layout.fps
-    ep_cols = _register_episodes(con, src, layout, relations)
+
+def episodes(b: Build) -> None:
+    """``episodes``: meta/episodes without its stats columns, plus ``duration_s``."""
+    ep_cols = b.episode_columns
     plain = [c for c in ep_cols if not c.startswith("stats/")]
-    dur = f", length / {number(fps)} AS duration_s" if "length" in ep_cols else ""
-    con.execute(f"CREATE OR REPLACE VIEW episodes AS SELECT {', '.join(map(q, plain))}{dur} FROM _episodes_raw")
+    dur = f", length / {number(b.layout.fps)} AS duration_s" if "length" in ep_cols else ""
+    b.con.execute(f"CREATE OR REPLACE VIEW episodes AS SELECT {', '.join(map(q, plain))}{dur} FROM _episodes_raw")
 
+
+def episode_stats(b: Build) -> None:
+    """``episode_stats``: meta/episodes' ``stats/<feature>/<stat>`` columns unpivoted to (episode_index, feature,
+    stat, value DOUBLE[]); a column that is not numbers is left out, with a warning."""
     cols, names, skipped = [], [], []
-    for c, typ in ep_cols.items():
+    for c, typ in b.episode_columns.items():
         m = re.fullmatch(r"stats/(.+)/([^/]+)", c, re.DOTALL)  # a feature name may hold a newline
         if not m:
             continue
@@ -379,62 +206,74 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
     else:
         body = ("SELECT NULL::BIGINT AS episode_index, NULL::VARCHAR AS feature, NULL::VARCHAR AS stat, "
                 "NULL::DOUBLE[] AS value WHERE false")
-    con.execute(f"CREATE OR REPLACE VIEW episode_stats AS {body}")
+    b.con.execute(f"CREATE OR REPLACE VIEW episode_stats AS {body}")
     if skipped:
         warnings.warn(f"meta/episodes: {len(skipped)} stats column(s) are not numbers and are left out of "
                       f"episode_stats: {', '.join(skipped[:5])}; they stay in the meta/episodes files "
-                      "(restore meta/episodes from the dataset's source to have them back)", stacklevel=3)
+                      "(restore meta/episodes from the dataset's source to have them back)", stacklevel=4)
 
-    if layout.data_files:
-        data_src = f"read_parquet({_file_list(src, layout.data_files)}, union_by_name=true"
-        data_cols = _describe(con, f"SELECT * FROM {data_src})")
-        for c in ("index", "episode_index", "frame_index", "timestamp"):
-            if c not in data_cols:
-                raise DatasetFormatError(f"{src.path(layout.data_files[0])}: data files lack the {c!r} column")
-        sel = []
-        for c, typ in data_cols.items():
-            feat = layout.features.get(c)
-            check_stored_type(feat, re.sub(r"(\[\d*\])+$", "", typ) in ("FLOAT", "DOUBLE") or
-                              typ.startswith("DECIMAL"), src.path(layout.data_files[0]))
-            if feat is not None and feat.is_image and typ.startswith("STRUCT"):
-                sel.append(f"{ident(c)}.path AS {ident(c)}")
-            elif feat is not None and len(feat.shape) == 1 and typ.endswith("[]") and feat.dtype in DUCKDB_TYPES:
-                sel.append(f"CAST({ident(c)} AS {DUCKDB_TYPES[feat.dtype]}[{feat.shape[0]}]) AS {ident(c)}")
-            else:
-                sel.append(ident(c))
-        con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {data_src})")
-        prefix = src.duckdb_path("")
-        task_col = ", task_index" if "task_index" in data_cols else ", 0::BIGINT AS task_index"
-        # Each frame's file and row come from DuckDB's own columns, which a data column of the same name (compared
-        # as DuckDB does, ignoring ASCII case) would clash with. The file name column can be renamed; the row
-        # number cannot (DuckDB 2.0 has no such option), so a data column named like it is refused.
-        keys = {sql_key(c) for c in data_cols}
-        if "file_row_number" in keys:
-            col = next(c for c in data_cols if sql_key(c) == "file_row_number")
-            raise DatasetFormatError(
-                f"{src.path(layout.data_files[0])}: the data column {col!r} has the name of DuckDB's row-number "
-                "column, which lerobot_sql needs to locate each frame's row; it is not a LeRobot feature: rename or "
-                "drop it in the data files")
-        fname = "_lsql_data_file"
-        while sql_key(fname) in keys:
-            fname += "_"
-        con.execute(
-            "CREATE OR REPLACE VIEW _frames_loc AS SELECT index, episode_index, frame_index, timestamp"
-            f"{task_col}, substr({ident(fname)}, {len(prefix) + 1}) AS data_file, file_row_number AS row "
-            f"FROM {data_src}, filename={literal(fname)}, file_row_number=true)"
-        )
-    else:
+
+def frames(b: Build) -> None:
+    """``frames`` (every data-file column; fixed-length vectors as DuckDB arrays, images as their path) and the
+    private ``_frames_loc`` (frame -> data file and row)."""
+    con, src, layout = b.con, b.src, b.layout
+    if not layout.data_files:
         con.execute(f"CREATE OR REPLACE VIEW frames AS {_empty_frames_sql(layout)}")
         con.execute("CREATE OR REPLACE VIEW _frames_loc AS SELECT NULL::BIGINT AS index, NULL::BIGINT AS episode_index, "
                     "NULL::BIGINT AS frame_index, NULL::FLOAT AS timestamp, NULL::BIGINT AS task_index, "
                     "NULL::VARCHAR AS data_file, NULL::BIGINT AS row WHERE false")
+        return
+    data_src = f"read_parquet({_file_list(src, layout.data_files)}, union_by_name=true"
+    data_cols = _describe(con, f"SELECT * FROM {data_src})")
+    for c in ("index", "episode_index", "frame_index", "timestamp"):
+        if c not in data_cols:
+            raise DatasetFormatError(f"{src.path(layout.data_files[0])}: data files lack the {c!r} column")
+    sel = []
+    for c, typ in data_cols.items():
+        feat = layout.features.get(c)
+        check_stored_type(feat, re.sub(r"(\[\d*\])+$", "", typ) in ("FLOAT", "DOUBLE") or
+                          typ.startswith("DECIMAL"), src.path(layout.data_files[0]))
+        if feat is not None and feat.is_image and typ.startswith("STRUCT"):
+            sel.append(f"{ident(c)}.path AS {ident(c)}")
+        elif feat is not None and len(feat.shape) == 1 and typ.endswith("[]") and feat.dtype in DUCKDB_TYPES:
+            sel.append(f"CAST({ident(c)} AS {DUCKDB_TYPES[feat.dtype]}[{feat.shape[0]}]) AS {ident(c)}")
+        else:
+            sel.append(ident(c))
+    con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {data_src})")
+    prefix = src.duckdb_path("")
+    task_col = ", task_index" if "task_index" in data_cols else ", 0::BIGINT AS task_index"
+    # Each frame's file and row come from DuckDB's own columns, which a data column of the same name (compared
+    # as DuckDB does, ignoring ASCII case) would clash with. The file name column can be renamed; the row
+    # number cannot (DuckDB 2.0 has no such option), so a data column named like it is refused.
+    keys = {sql_key(c) for c in data_cols}
+    if "file_row_number" in keys:
+        col = next(c for c in data_cols if sql_key(c) == "file_row_number")
+        raise DatasetFormatError(
+            f"{src.path(layout.data_files[0])}: the data column {col!r} has the name of DuckDB's row-number "
+            "column, which lerobot_sql needs to locate each frame's row; it is not a LeRobot feature: rename or "
+            "drop it in the data files")
+    fname = "_lsql_data_file"
+    while sql_key(fname) in keys:
+        fname += "_"
+    con.execute(
+        "CREATE OR REPLACE VIEW _frames_loc AS SELECT index, episode_index, frame_index, timestamp"
+        f"{task_col}, substr({ident(fname)}, {len(prefix) + 1}) AS data_file, file_row_number AS row "
+        f"FROM {data_src}, filename={literal(fname)}, file_row_number=true)"
+    )
 
-    _register_table(con, "tasks", read_tasks(src, layout), relations)
 
-    # Data files found under data/ and the file meta/episodes points each episode to (doctor's data_files_present,
-    # and the warning a connection gives when episodes point to files that are not there).
+def tasks(b: Build) -> None:
+    """``tasks``: (task_index, task), read whole (:func:`lerobot_sql._format.metadata.read_tasks`)."""
+    _register_table(b.con, "tasks", read_tasks(b.src, b.layout), b.relations)
+
+
+def data_files(b: Build) -> None:
+    """``_data_files_listed`` (data files found under data/) and ``_episode_data_files`` (the file meta/episodes
+    points each episode to): doctor's data_files_present, and the warning a connection gives when episodes point
+    to files that are not there."""
+    con, layout, ep_cols = b.con, b.layout, b.episode_columns
     _register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(layout.data_files), pa.string())}),
-                    relations)
+                    b.relations)
     if all(c in ep_cols for c in ("data/chunk_index", "data/file_index")):
         values = {"chunk_index": ident("data/chunk_index"), "file_index": ident("data/file_index"),
                   "episode_chunk": ident("data/chunk_index"), "episode_index": ident("data/file_index")}
@@ -445,6 +284,10 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
         con.execute("CREATE OR REPLACE VIEW _episode_data_files AS SELECT NULL::BIGINT AS episode_index, "
                     "NULL::VARCHAR AS path WHERE false")
 
+
+def videos(b: Build) -> None:
+    """``videos``: one row per (episode, camera): the mp4 path from the template, its clip's from/to timestamps."""
+    layout, ep_cols = b.layout, b.episode_columns
     vids = []
     for k in layout.video_keys:
         need = [f"videos/{k}/{c}" for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]
@@ -463,23 +306,32 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
     empty = ("SELECT NULL::BIGINT AS episode_index, NULL::VARCHAR AS video_key, NULL::BIGINT AS chunk_index, "
              "NULL::BIGINT AS file_index, NULL::VARCHAR AS path, NULL::DOUBLE AS from_timestamp, "
              "NULL::DOUBLE AS to_timestamp WHERE false")
-    con.execute(f"CREATE OR REPLACE VIEW videos AS {' UNION ALL '.join(vids) or empty}")
+    b.con.execute(f"CREATE OR REPLACE VIEW videos AS {' UNION ALL '.join(vids) or empty}")
 
+
+def features(b: Build) -> None:
+    """``features``: one row per info.json feature (dtype, shape, names as JSON, the video settings)."""
+    fs = b.layout.features.values()
     feats = pa.table({
-        "name": [f.name for f in layout.features.values()],
-        "dtype": [f.dtype for f in layout.features.values()],
-        "shape": pa.array([list(f.shape) for f in layout.features.values()], pa.list_(pa.int64())),
-        "names": [json.dumps(f.names) for f in layout.features.values()],
-        "is_video": [f.is_video for f in layout.features.values()],
-        "codec": [f.info.get("video.codec") for f in layout.features.values()],
-        "fps": pa.array([f.info.get("video.fps") for f in layout.features.values()], pa.float64()),
-        "height": pa.array([f.info.get("video.height") for f in layout.features.values()], pa.int64()),
-        "width": pa.array([f.info.get("video.width") for f in layout.features.values()], pa.int64()),
-        "pix_fmt": pa.array([f.info.get("video.pix_fmt") for f in layout.features.values()], pa.string()),
+        "name": [f.name for f in fs],
+        "dtype": [f.dtype for f in fs],
+        "shape": pa.array([list(f.shape) for f in fs], pa.list_(pa.int64())),
+        "names": [json.dumps(f.names) for f in fs],
+        "is_video": [f.is_video for f in fs],
+        "codec": [f.info.get("video.codec") for f in fs],
+        "fps": pa.array([f.info.get("video.fps") for f in fs], pa.float64()),
+        "height": pa.array([f.info.get("video.height") for f in fs], pa.int64()),
+        "width": pa.array([f.info.get("video.width") for f in fs], pa.int64()),
+        "pix_fmt": pa.array([f.info.get("video.pix_fmt") for f in fs], pa.string()),
     })
-    _register_table(con, "features", feats, relations, select="* EXCLUDE (names), CAST(names AS JSON) AS names")
+    _register_table(b.con, "features", feats, b.relations, select="* EXCLUDE (names), CAST(names AS JSON) AS names")
+
+
+def info(b: Build) -> None:
+    """``info``: one row of info.json's settings (fps, version, totals, path templates)."""
+    layout = b.layout
     i = layout.info
-    info = pa.table({
+    table = pa.table({
         "fps": [layout.fps],
         "codebase_version": [layout.version],
         "robot_type": pa.array([i.get("robot_type")], pa.string()),
@@ -490,7 +342,38 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
         "data_path": [layout.data_path],
         "video_path": pa.array([layout.video_path], pa.string()),
     })
-    _register_table(con, "info", info, relations)
+    _register_table(b.con, "info", table, b.relations)
+
+
+# The plain views, in the order they are created (each reads only _episodes_raw, the files and what is before it).
+VIEWS = (episodes, episode_stats, frames, tasks, data_files, videos, features, info)
+
+
+def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
+                   relations: dict | None = None) -> dict[str, pa.Table]:
+    """Create the views of :data:`VIEWS` (``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
+    ``features``, ``info`` and the private ``_frames_loc``, ``_data_files_listed``, ``_episode_data_files``) over
+    ``_episodes_raw`` on ``con``, and the placeholders (no rows, the real columns) of ``video_frames`` and
+    ``video_files``, which the connection replaces when a query first reads them.
+
+    Missing pieces of a partial copy (no data files, no episode metadata, no tasks file) give empty views with the
+    usual columns; :func:`lerobot_sql._format.layout.load_layout` has already warned about them.
+
+    Every view reads Parquet files or an Arrow table registered on ``con``; none is a DuckDB base table, so the
+    relations lerobot_sql reads back cannot be written by SQL.
+
+    Returns:
+        ``relations`` (a new dict if None), filled with the Arrow tables registered on ``con`` (name -> table):
+        a cursor of ``con`` must register them too before it reads the views.
+
+    Raises:
+        DatasetFormatError: the episodes metadata lacks ``episode_index``; the data files lack a default column;
+            a JSON-lines metadata file is malformed.
+    """
+    relations = {} if relations is None else relations
+    b = Build(con, src, layout, relations, _register_episodes(con, src, layout, relations))
+    for view in VIEWS:
+        view(b)
     con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
     con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
     return relations

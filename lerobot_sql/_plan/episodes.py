@@ -10,161 +10,23 @@ read, and only their ``index, episode_index, frame_index, timestamp, task_index`
 Nothing is trusted unchecked: the ``index`` and ``episode_index`` values read at the computed rows must be the
 expected ones and each file's row count must equal the lengths its episodes claim; where they are not (a file
 written in another order), :func:`episode_manifest` returns None and the caller uses the general DuckDB join, which
-reads each frame's real row. The checks that refuse bad metadata (:func:`check_timestamps`, :func:`check_clips`)
-are shared with that path, so both give the same errors.
+reads each frame's real row. The checks that refuse bad metadata (:mod:`lerobot_sql._plan.clips`) are shared with
+that path, so both give the same errors.
 """
 
 from __future__ import annotations
 
-import math
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import DatasetFormatError, ResultContractError
+from ..errors import ResultContractError
 from .._format.layout import Layout, check_stored_type
+from .._format.metadata import parquet_read_errors, read_pointers, video_clips
 from .._storage.source import Source
+from .clips import check_clips, duplicate_episode_error, timestamp_error
 
-POINTERS = ("episode_index", "dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index")
-VIDEO_POINTERS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
 FRAME_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
-
-
-def read_pointers(src: Source, layout: Layout) -> pa.Table | None:
-    """Episode pointers: :data:`POINTERS` and ``videos/<video_key>/<VIDEO_POINTERS>`` per camera, one row per
-    meta/episodes row (v3: the Parquet files, those columns only; v2: meta/episodes.jsonl as the catalog shapes it).
-    None when a column is missing (the DuckDB path then reports it).
-    """
-    from .._catalog.views import v2_episodes, parquet_read_errors
-
-    want = list(POINTERS) + [f"videos/{k}/{c}" for k in layout.video_keys for c in VIDEO_POINTERS]
-    if not layout.episode_files:
-        return None
-    if layout.legacy:
-        t = v2_episodes(src, layout)
-        return t.select(want) if all(c in t.column_names for c in want) else None
-    parts = []
-    for rel in layout.episode_files:
-        with parquet_read_errors(src, rel), src.open(rel) as f:
-            pf = pq.ParquetFile(f)
-            names = set(pf.schema_arrow.names)
-            if not all(c in names for c in want):
-                return None
-            parts.append(pf.read(columns=want, use_threads=False))
-    t = pa.concat_tables(parts, promote_options="permissive")
-    cols = {c: t[c].cast(pa.float64() if c.endswith("_timestamp") else pa.int64()) for c in want}
-    return pa.table(cols)
-
-
-def duplicate_episode_error(episode_index: int, rows: int) -> DatasetFormatError:
-    """The error for an episode that meta/episodes lists ``rows`` times."""
-    return DatasetFormatError(f"meta/episodes: episode {episode_index} has {rows} rows; each episode must have "
-                              "exactly one. Remove the duplicate rows (run `lerobot-sql doctor`)")
-
-
-def timestamp_error(episode_index: int, err: float, fps: float, *, data_file: str | None = None,
-                    frame_index: int | None = None) -> DatasetFormatError:
-    """The error for an episode whose ``timestamp`` column strays from ``frame_index / fps`` by ``err`` seconds
-    (``err`` NaN or infinite: a timestamp that is not a finite number)."""
-    if not math.isfinite(err):
-        where = f" in {data_file}" if data_file else ""
-        at = f" (frame_index {frame_index})" if frame_index is not None else ""
-        return DatasetFormatError(f"episode {episode_index}: a timestamp{where}{at} is NaN or infinite; every "
-                                  "timestamp must be frame_index / fps: repair or re-record that data file "
-                                  "(`lerobot-sql doctor` checks timestamps)")
-    return DatasetFormatError(f"episode {episode_index}: timestamps differ from frame_index / fps by up to {err:.4f} s "
-                              f"with fps={fps:g} from meta/info.json; fix 'fps' in info.json or the data files' "
-                              "timestamp column (run `lerobot-sql doctor`)")
-
-
-def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, int],
-                selected: np.ndarray) -> dict[str, dict[str, list]]:
-    """Refuse per-camera clip pointers that would give a neighbouring frame without an error, and return the clips.
-
-    Checks, per camera over the selected episodes: the clip starts at or after 0 (within half a frame), lasts the
-    episode's frame count in data/ within one frame (writers that store ``to_timestamp = (length - 1) / fps`` pass),
-    and does not start half a frame or more before the end of the previous clip of its mp4 (by ``from_timestamp``),
-    nor does the next clip start before its end. A start shifted by whole frames passes these; the dataset checks
-    those against the mp4's real frames from what this returns.
-
-    Args:
-        videos: per video_key, the clips of every episode sharing an mp4 with a selected one: ``episode_index``,
-            ``path``, ``from_timestamp``, ``to_timestamp`` (seconds).
-        length: frames in data/ per episode (episodes absent or with 0 frames occupy no frame and are skipped).
-        selected: the selected episode_index values.
-
-    Returns:
-        per video_key, column lists over the selected episodes ordered by episode: ``episode_index``, ``path``,
-        ``from_timestamp``, ``length``, and the clips just before and after in the same mp4: ``prev_episode``,
-        ``prev_from_timestamp``, ``prev_length``, ``next_episode``, ``next_from_timestamp`` (None at the file's ends).
-
-    Raises:
-        DatasetFormatError: naming the episode, camera, mp4 and the fix (the lowest bad episode_index first).
-    """
-    fps = float(layout.fps)
-    half = 0.5 / fps
-    sel = set(int(e) for e in selected)
-    out = {}
-    for k in layout.video_keys:
-        t = videos[k]
-        ep = t["episode_index"].to_numpy()
-        n = np.array([length.get(int(e), 0) for e in ep], np.int64)
-        keep = n > 0
-        ep, n = ep[keep], n[keep]
-        path = np.asarray(t["path"].to_pylist(), dtype=object)[keep]
-        f = t["from_timestamp"].to_numpy(zero_copy_only=False)[keep]
-        to = t["to_timestamp"].to_numpy(zero_copy_only=False)[keep]
-        order = np.lexsort((ep, f, path))
-        ep, n, path, f, to = ep[order], n[order], path[order], f[order], to[order]
-        same_prev = np.r_[False, path[1:] == path[:-1]]
-        same_next = np.r_[path[:-1] == path[1:], False]
-        is_sel = np.array([int(e) in sel for e in ep], bool)
-        prev = np.maximum(np.arange(len(ep)) - 1, 0)  # (row 0 has no previous clip: same_prev masks it)
-        nxt = np.minimum(np.arange(len(ep)) + 1, max(len(ep) - 1, 0))
-        starts_early = is_sel & (f < -half)
-        wrong_len = is_sel & (np.abs((to - f) * fps - n) > 1.001)
-        overlap = same_prev & (is_sel | is_sel[prev]) & (f < to[prev] - half)
-        bad = np.flatnonzero(starts_early | wrong_len | overlap)
-        if len(bad):
-            j = bad[np.argmin(ep[bad])]
-            if starts_early[j]:
-                why = "starts before 0 s"
-            elif overlap[j]:
-                why = f"overlaps the clip of episode {int(ep[prev[j]])}, which ends at {to[prev[j]]:.6f} s"
-            else:
-                why = f"lasts {(to[j] - f[j]) * fps:.2f} frames but the episode has {int(n[j])} frames in data/"
-            raise DatasetFormatError(
-                f"meta/episodes: episode {int(ep[j])}, camera {k!r}: video clip [{f[j]:.6f}, {to[j]:.6f}) s of "
-                f"{path[j]} {why}; reading it would give wrong frames. Fix videos/{k}/from_timestamp and "
-                "to_timestamp (run `lerobot-sql doctor`)")
-        rows = np.flatnonzero(is_sel)
-        rows = rows[np.argsort(ep[rows], kind="stable")]
-        opt = lambda mask, values: [v.item() if m else None for m, v in zip(mask, values)]  # noqa: E731
-        out[k] = {
-            "episode_index": ep[rows].tolist(), "path": path[rows].tolist(), "from_timestamp": f[rows].tolist(),
-            "length": n[rows].tolist(),
-            "prev_episode": opt(same_prev[rows], ep[prev[rows]]),
-            "prev_from_timestamp": opt(same_prev[rows], f[prev[rows]]),
-            "prev_length": opt(same_prev[rows], n[prev[rows]]),
-            "next_episode": opt(same_next[rows], ep[nxt[rows]]),
-            "next_from_timestamp": opt(same_next[rows], f[nxt[rows]]),
-        }
-    return out
-
-
-def video_clips(layout: Layout, ptr: pa.Table) -> dict[str, pa.Table]:
-    """Per video_key, the clip pointers of every episode: ``episode_index``, ``path`` (mp4 relative to the root),
-    ``from_timestamp``, ``to_timestamp``."""
-    ep = ptr["episode_index"]
-    out = {}
-    for k in layout.video_keys:
-        chunk = ptr[f"videos/{k}/chunk_index"].to_pylist()
-        file = ptr[f"videos/{k}/file_index"].to_pylist()
-        path = [None if c is None or fi is None else layout.video_file(k, c, fi) for c, fi in zip(chunk, file)]
-        out[k] = pa.table({"episode_index": ep, "path": pa.array(path, pa.string()),
-                           "from_timestamp": ptr[f"videos/{k}/from_timestamp"],
-                           "to_timestamp": ptr[f"videos/{k}/to_timestamp"]})
-    return out
 
 
 def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list[str], *, sql: str,
@@ -182,7 +44,6 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         DatasetFormatError: duplicate meta/episodes rows, timestamps off the fps grid, bad clip pointers, an
             unreadable data file.
     """
-    from .._catalog.views import parquet_read_errors
     from .._readers.tabular import data_file_info, row_group_ranges
 
     ptr = read_pointers(src, layout) if ptr is None else ptr

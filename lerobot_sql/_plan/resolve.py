@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from . import manifest as _manifest
 from . import episodes as pointers
+from .clips import check_clips, duplicate_episode_error, timestamp_error
 from .._query.sqltext import ident as q, literal, number
 from ..errors import DatasetFormatError, ResultContractError, did_you_mean as _did_you_mean
 from .._format.layout import Layout
@@ -153,7 +154,7 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
 
     Returns:
         per camera, the clips of the selected episodes and their neighbours in the same file (see
-        :func:`lerobot_sql._plan.episodes.check_clips`, which the episode fast path shares).
+        :func:`lerobot_sql._plan.clips.check_clips`, which the episode fast path shares).
 
     Raises:
         DatasetFormatError: naming the episode, camera, file and the fix.
@@ -162,7 +163,7 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
     dup = con.sql("SELECT episode_index, count(*) FROM _episodes_raw WHERE episode_index IN "
                   "(SELECT episode_index FROM _lsql_ext) GROUP BY 1 HAVING count(*) > 1 ORDER BY 1 LIMIT 1").fetchall()
     if dup:
-        raise pointers.duplicate_episode_error(*dup[0])
+        raise duplicate_episode_error(*dup[0])
     # `not <=` so that NaN (DuckDB's max() of a column holding a NaN timestamp) is off the grid too.
     off = [r for r in ext.to_pylist() if r["ts_err"] is not None and not r["ts_err"] <= 0.5 / fps]
     if off:
@@ -173,7 +174,7 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
                               "NOT isfinite(timestamp::DOUBLE) ORDER BY frame_index LIMIT 1", [ep]).fetchone()
             if row:
                 where = {"data_file": row[0], "frame_index": row[1]}
-        raise pointers.timestamp_error(ep, err, fps, **where)
+        raise timestamp_error(ep, err, fps, **where)
     if not layout.video_keys:
         return {}
     # Every clip of every mp4 a selected episode uses, and the frames in data/ of those episodes.
@@ -186,7 +187,7 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
     n = con.sql("SELECT episode_index, count(*) FROM _frames_loc WHERE episode_index IN "
                 f"({', '.join(str(e) for e in set(t['episode_index'].to_pylist())) or 'NULL'}) GROUP BY 1").fetchall()
     videos = {k: t.filter(pc.equal(t["video_key"], k)).drop_columns(["video_key"]) for k in layout.video_keys}
-    return pointers.check_clips(layout, videos, dict(n), ext["episode_index"].to_numpy())
+    return check_clips(layout, videos, dict(n), ext["episode_index"].to_numpy())
 
 
 def _check_window_bounds(result: pa.Table, sql: str) -> None:

@@ -1,0 +1,268 @@
+"""The DuckDB connection of one dataset: made on first use, its views registered, then locked down; one cursor per
+thread; the views built on first read (``LAZY_VIEWS``); the errors a DuckDB failure becomes; the manifest row cap.
+
+:class:`Connection` is all the DuckDB a ``Database`` holds. It is made without DuckDB (``connect()`` reads only
+info.json), and opens the connection when a query first needs it: a whole-episode dataset never does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+import weakref
+
+import duckdb
+import pyarrow as pa
+
+from ..errors import LeRobotSQLError, MissingFileError, QueryError, RemoteIOError, ResultContractError
+from .._format.files import DatasetFiles
+from .._format.layout import Layout
+from .._format.metadata import corrupt_parquet_files, unreadable_error as parquet_error
+from .._readers import video
+from .._storage.remote import FileChangedError
+from .._storage.source import Source
+from . import macros, sandbox, views
+
+# Most rows a query given to dataset()/manifest() may return (samples; duplicates allowed for oversampling).
+MAX_RESULT_ROWS = 200_000_000  # hard ceiling on a manifest's rows, whatever the memory
+MANIFEST_BYTES_PER_ROW = 320  # peak bytes per sample while a manifest is built (30M frames peaked at 9.3 GB)
+
+
+def max_manifest_rows() -> int:
+    """Most samples a manifest may have: ``$LSQL_MAX_MANIFEST_ROWS``, else what half of RAM holds, at most
+    MAX_RESULT_ROWS (about 37M samples on a 24 GB machine)."""
+    env = os.environ.get("LSQL_MAX_MANIFEST_ROWS")
+    if env:
+        return int(env)
+    total = sandbox.total_memory()
+    return MAX_RESULT_ROWS if total is None else min(MAX_RESULT_ROWS, total // 2 // MANIFEST_BYTES_PER_ROW)
+
+
+def query_error(e: BaseException, sql: str) -> LeRobotSQLError:
+    """The error for a DuckDB failure: a :class:`RemoteIOError` when the storage under a remote view failed (DuckDB
+    reports our fsspec layer's exception as text, traceback included), else a :class:`QueryError` naming the SQL."""
+    text = str(e)
+    for cls in (FileChangedError, RemoteIOError):
+        marker = f"{cls.__name__}: "
+        if marker in text:
+            msg = text[text.rindex(marker) + len(marker):].strip()
+            return cls(f"{msg} (while running: {sql})")
+    return QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}")
+
+
+def unreadable_error(src: Source, layout: Layout, cause: BaseException, sql: str | None = None) -> LeRobotSQLError:
+    """A DatasetFormatError for a Parquet file DuckDB or pyarrow could not read, naming the file(s) whose footer does
+    not parse (checked one by one, footers only), else every data file, and the fix. A storage failure (503s,
+    a dead server: in ``cause`` or while the footers are checked) is a RemoteIOError instead, not a corrupt file.
+    With the user's ``sql`` (the failure came while its result was resolved): a DuckDB Binder/Conversion error while
+    every footer parses is the result's types, not the files: a ResultContractError naming the query."""
+    remote = query_error(cause, "opening the dataset's tables")
+    if isinstance(remote, RemoteIOError):
+        return remote
+    try:
+        bad = corrupt_parquet_files(src, layout)
+    except RemoteIOError as e:
+        return type(e)(f"{e} (while checking the Parquet files after: {type(cause).__name__}: "
+                       f"{str(cause).splitlines()[0] if str(cause) else ''})")
+    if not bad and sql is not None and isinstance(cause, (duckdb.BinderException, duckdb.ConversionException)):
+        return ResultContractError(f"the query's result cannot be matched to the frames ({type(cause).__name__}: "
+                                   f"{str(cause).splitlines()[0]}); check the types of its columns (index and "
+                                   f"episode_index integers, start_s/end_s seconds) and alias computed columns "
+                                   f"named like a feature: {sql!r}")
+    return parquet_error(src, bad, cause)
+
+
+class Connection:
+    """The DuckDB side of one dataset: the connection (made on first :meth:`cursor`), a cursor per thread, the Arrow
+    relations behind internal views, and the views built on first read.
+
+    Threads: the thread that made the connection uses it; every other thread gets its own cursor of it, which
+    shares the views, the sandbox settings and the lock-down, so queries of different threads run side by side.
+
+    Args:
+        files: the dataset.
+        threads, memory_limit, temp_directory: DuckDB settings, as :func:`lerobot_sql.connect`.
+    """
+
+    def __init__(self, files: DatasetFiles, *, threads: int | None = None, memory_limit: str | None = None,
+                 temp_directory: str | os.PathLike | None = None):
+        self.files = files
+        self._settings = (threads, memory_limit, temp_directory)
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._con_lock = threading.Lock()
+        self._build_lock = threading.RLock()  # lazily built views (video index, video_files)
+        self._local = threading.local()  # other threads' cursors
+        self._cursors: list[tuple[weakref.ref, duckdb.DuckDBPyConnection]] = []
+        self._relations: dict[str, pa.Table] = {}  # Arrow tables behind internal views, registered on each cursor
+        self._relations_gen = 0  # bumped by each register: cursors compare it to what they registered
+        # view -> built; without cameras there is nothing to build (the placeholders are the views)
+        self._ready = {name: not files.layout.video_keys for name in LAZY_VIEWS}
+
+    @property
+    def opened(self) -> bool:
+        """True once the DuckDB connection exists."""
+        return self._con is not None
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """This thread's connection or cursor, with the views and every internal Arrow relation registered on it;
+        the connection is made on the first call.
+
+        A DuckDB connection serves one query at a time ("connection is busy" from a second thread); a cursor shares
+        the database (views, macros, settings, lock-down) but has its own client context. Arrow registrations are
+        per client context, so each cursor registers the relations itself, also those added later (video index).
+        """
+        if self._con is None:
+            with self._con_lock:  # two threads' first queries make one connection
+                if self._con is None:
+                    con = self._open()
+                    self._local.cur, self._local.registered = con, dict(self._relations)
+                    self._local.seen = self._relations_gen
+                    self._con = con
+        local = self._local
+        cur = getattr(local, "cur", None)
+        if cur is not None and local.seen == self._relations_gen:
+            return cur
+        with self._con_lock:
+            # Registrations are made by each thread on its own connection or cursor: registering on another
+            # thread's while it runs a query fails ("connection is busy").
+            if cur is None:
+                cur = self._con.cursor()
+                local.cur, local.registered = cur, {}
+                alive = []
+                for ref, c in self._cursors:  # close the cursors of threads that ended
+                    thread = ref()
+                    if thread is None or not thread.is_alive():
+                        c.close()
+                    else:
+                        alive.append((ref, c))
+                self._cursors = alive + [(weakref.ref(threading.current_thread()), cur)]
+            for name, table in list(self._relations.items()):
+                if local.registered.get(name) is not table:
+                    cur.register(name, table)
+                    local.registered[name] = table
+            local.seen = self._relations_gen
+        return cur
+
+    def register(self, name: str, table: pa.Table) -> None:
+        """Register ``table`` as ``name`` on the connection and, from their next use, on every cursor."""
+        with self._con_lock:
+            self._relations[name] = table
+            self._relations_gen += 1
+        _ = self.cursor()  # registers it on this thread's connection or cursor now; the others on their next use
+
+    def _open(self) -> duckdb.DuckDBPyConnection:
+        """A new DuckDB connection with the views and macros, locked down to the dataset and its cache."""
+        src, layout, cache_dir = self.files.source, self.files.layout, self.files.cache_dir
+        threads, memory_limit, temp_directory = self._settings
+        # threads: all cores (DuckDB's default); memory_limit: min(RAM/4, 4 GiB), not DuckDB's 80% of RAM, which
+        # would leave nothing to DataLoader workers (see sandbox.default_config).
+        config = sandbox.default_config(threads or None, memory_limit or None)
+        # Spill next to our other caches, not into DuckDB's default `.tmp` in the user's working directory.
+        config["temp_directory"] = str(temp_directory or cache_dir / "duckdb_tmp")
+        con = duckdb.connect(config=config)
+        if not src.is_local:
+            con.register_filesystem(src.fs)
+        # Views re-bind on every query; without this DuckDB re-parses every Parquet footer each time (at 100k
+        # episodes: connect 10.7 s -> 1.2 s, benchmarks/README.md "Scale").
+        con.execute("SET parquet_metadata_cache = true")
+        # Database.check reads DuckDB's own parse tree (json_serialize_sql); the json extension must be loaded
+        # before lock_down turns extension loading off.
+        con.execute("LOAD json")
+        try:
+            views.register_views(con, src, layout, self._relations)
+        except (duckdb.Error, pa.ArrowException, OSError) as e:
+            if isinstance(e, LeRobotSQLError):
+                raise
+            raise unreadable_error(src, layout, e) from e
+        missing = con.sql("SELECT path, count(*) FROM _episode_data_files WHERE path NOT IN "
+                          "(SELECT path FROM _data_files_listed) GROUP BY 1 ORDER BY 1").fetchall()
+        if missing:
+            warnings.warn(f"{len(missing)} data file(s) that meta/episodes points to are missing, e.g. "
+                          f"{src.path(missing[0][0])} ({missing[0][1]} episodes): the frames view and every "
+                          "query over it lack their episodes. Download data/ again; `lerobot-sql doctor` lists them "
+                          "(data_files_present)", stacklevel=5)
+        macros.register(con, layout)  # over register_views' placeholders of video_frames / video_files
+        # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
+        # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.
+        targets, refused = src.symlink_targets()
+        if refused:
+            warnings.warn(f"{len(refused)} file(s) or folder(s) under the dataset root are symlinks to files outside it (e.g. "
+                          f"{refused[0]} -> {os.path.realpath(refused[0])}); SQL, dataset() and export refuse to "
+                          "read them. Copy the files into the dataset folder", stacklevel=5)
+        sandbox.lock_down(con, [src.duckdb_path(""), str(cache_dir)], allowed_paths=targets)
+        return con
+
+    # ---- the views built on first read --------------------------------------------------------------------
+    def ensure(self, name: str) -> None:
+        """Build the lazy view ``name`` (a key of :data:`LAZY_VIEWS`) unless it is built; one thread builds, the
+        others wait for it."""
+        if not self._ready[name]:
+            with self._build_lock:
+                if not self._ready[name]:
+                    LAZY_VIEWS[name](self)
+
+    def build_video_index(self, progress: bool | None = True) -> None:
+        """Build the frame index of every mp4 (demux only, cached on disk by file identity) and point the
+        ``video_frames`` view at it (see ``Database.build_video_index``).
+
+        Raises:
+            MissingFileError: some mp4s are missing; every other file is indexed and queryable first.
+            VideoDecodeError: PyAV cannot demux a file.
+        """
+        from tqdm.auto import tqdm
+
+        src, cache_dir = self.files.source, self.files.cache_dir
+        rows = self.cursor().sql("SELECT DISTINCT video_key, chunk_index, file_index, path FROM videos "
+                                 "ORDER BY video_key, chunk_index, file_index").fetchall()
+        files, missing = [], []
+        for key, chunk, file, rel in tqdm(rows, desc="video index", unit="file",
+                                          disable=(len(rows) < 8) if progress is None else not progress):
+            try:
+                files.append((key, chunk, file, rel, str(video.ensure_index(src, rel, cache_dir))))
+            except MissingFileError as e:
+                missing.append(e)
+        m = pa.table({"video_key": [f[0] for f in files], "chunk_index": [f[1] for f in files],
+                      "file_index": [f[2] for f in files], "path": [f[3] for f in files],
+                      "_index_file": [f[4] for f in files]})
+        # A view over a registered Arrow table, not a DuckDB table: SQL cannot rewrite which index file a camera's
+        # frames come from (see views._register_table).
+        with self._build_lock:
+            self.register("_lsql_arrow_video_files", m)
+            con = self.cursor()
+            con.execute("CREATE OR REPLACE VIEW _video_files AS SELECT * FROM _lsql_arrow_video_files")
+            if files:
+                lst = "[" + ", ".join(views.lit(f[4]) for f in files) + "]"
+                con.execute(
+                    "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "
+                    f"{', '.join('i.' + views.q(f.name) for f in video.INDEX_SCHEMA)} "  # the placeholder's columns
+                    f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
+                )
+        self._ready["video_frames"] = True
+        if missing:
+            raise MissingFileError(f"{len(missing)} of {len(rows)} video files are missing (the other "
+                                   f"{len(files)} are indexed), e.g. {missing[0]}")
+
+    def _build_video_files(self) -> None:
+        """Fill the view ``video_files`` (one row per distinct mp4 of ``videos``: present, size_bytes, codec) by
+        probing the files (see :func:`lerobot_sql._readers.video.probe_video_files`)."""
+        rows = self.cursor().sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
+        self.register("_lsql_arrow_video_probe", video.probe_video_files(self.files.source, rows))
+        self.cursor().execute("CREATE OR REPLACE VIEW video_files AS SELECT * FROM _lsql_arrow_video_probe")
+        self._ready["video_files"] = True
+
+    def close(self) -> None:
+        with self._con_lock:
+            for _, cur in self._cursors:
+                cur.close()
+            self._cursors = []
+        if self._con is not None:
+            self._con.close()
+
+
+# Views that a query's first read builds (view -> its builder); views.register_views makes their placeholders
+# (no rows, the real columns) so that the checks know their columns before they are built.
+LAZY_VIEWS = {
+    "video_frames": lambda c: c.build_video_index(progress=None),
+    "video_files": Connection._build_video_files,
+}

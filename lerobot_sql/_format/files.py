@@ -1,0 +1,61 @@
+"""One dataset's files, without DuckDB: where they are, what they mean, where our caches for them go, their tasks.
+
+A :class:`DatasetFiles` is what every reader of a dataset needs and all it needs: the ``Database`` holds one (and
+adds DuckDB on top), and the training sets (``LeRobotSQLDataset``, ``ShardedManifestDataset``) and the cluster
+decoder (``ray_data.Decoder``) take one. It pickles, so it travels to DataLoader workers (fork or spawn) and Ray
+workers with the dataset; nothing in it ever opens a DuckDB connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from .._storage import cache
+from .._storage.source import Source, open_source
+from .layout import Layout, load_layout
+from .metadata import read_tasks
+
+
+@dataclasses.dataclass(eq=False)
+class DatasetFiles:
+    """One opened dataset: make it with :func:`open_files`.
+
+    Attributes:
+        source: where the bytes are (local folder or fsspec URL, with the remote-bytes cache).
+        layout: meta/info.json and the file lists (format version, fps, features, path templates).
+        cache_dir: this dataset's cache folder (video indexes, row-group Arrow files, manifests, DuckDB spill).
+    """
+
+    source: Source
+    layout: Layout
+    cache_dir: Path
+    _tasks: dict[int, str] | None = dataclasses.field(default=None, repr=False)
+
+    def tasks(self) -> dict[int, str]:
+        """task_index -> task text, from meta/tasks.parquet (v2: meta/tasks.jsonl); read on first call, once (a new
+        dict each call: callers may change theirs).
+
+        Raises:
+            DatasetFormatError: the tasks file is malformed (see :func:`lerobot_sql._format.metadata.read_tasks`).
+        """
+        if self._tasks is None:
+            t = read_tasks(self.source, self.layout)
+            self._tasks = dict(zip(t["task_index"].to_pylist(), t["task"].to_pylist()))
+        return dict(self._tasks)
+
+
+def open_files(root: str | os.PathLike, *, storage_options: dict | None = None,
+               cache_dir: str | os.PathLike | None = None, cache_size: int | str | None = None) -> DatasetFiles:
+    """Open the dataset at ``root``: reads meta/info.json and lists the files; opens no Parquet file.
+
+    Args: as :func:`lerobot_sql.connect` (``cache_dir`` default: :func:`lerobot_sql._storage.cache.root_for` of
+    the dataset's URL, under ``$LSQL_CACHE_DIR`` or ``~/.cache/lerobot_sql``).
+
+    Raises:
+        MissingFileError / UnsupportedVersionError / DatasetFormatError: as :func:`lerobot_sql._format.layout.load_layout`.
+    """
+    source = open_source(root, storage_options, cache_dir=cache_dir, cache_size=cache_size)
+    layout = load_layout(source)
+    return DatasetFiles(source, layout, Path(cache_dir) if cache_dir else cache.root_for(source.url))

@@ -1,0 +1,107 @@
+"""Everything v2.x (v2.0, v2.1): the JSON-lines metadata, read into the tables v3 keeps in Parquet.
+
+v2 keeps its metadata in JSON lines (meta/episodes.jsonl, episodes_stats.jsonl, tasks.jsonl; small, read whole).
+:func:`episodes` shapes them like v3's meta/episodes: ``dataset_from_index``/``dataset_to_index`` from the
+cumulative ``length``, ``from_timestamp = 0`` and ``to_timestamp = length / fps`` (one mp4 per episode), and
+``chunk_index``/``file_index`` holding ``episode_chunk``/``episode_index``, the two placeholders of v2 path
+templates. The catalog's views and the episode pointers both read v2 through here. No DuckDB.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from ..errors import DatasetFormatError
+from .._storage.source import Source
+from .layout import Layout, V2_TASKS
+
+
+def read_jsonl(src: Source, rel: str) -> list[dict]:
+    """The objects of a JSON-lines file (blank lines skipped).
+
+    Raises:
+        DatasetFormatError: a line is not a JSON object; names the file and line.
+    """
+    out = []
+    with src.open(rel) as f:
+        for n, line in enumerate(f.read().decode("utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetFormatError(f"{src.path(rel)}:{n}: invalid JSON ({e}); restore the file") from e
+            if not isinstance(obj, dict):
+                raise DatasetFormatError(f"{src.path(rel)}:{n}: expected a JSON object per line")
+            out.append(obj)
+    return out
+
+
+def tasks(src: Source) -> pa.Table:
+    """meta/tasks.jsonl as ``task_index`` (int64), ``task`` (string), one row per line, as written (the caller
+    checks that each task and task_index appears once).
+
+    Raises:
+        DatasetFormatError: a line is not a JSON object or lacks an integer task_index / a string task.
+    """
+    rows = read_jsonl(src, V2_TASKS)
+    bad = [r for r in rows if not isinstance(r.get("task_index"), int) or isinstance(r.get("task_index"), bool)
+           or not isinstance(r.get("task"), str)]
+    if bad:
+        raise DatasetFormatError(f"{src.path(V2_TASKS)}: every line needs an integer task_index and a string "
+                                 f"task, found {bad[0]}")
+    return pa.table({"task_index": pa.array([r["task_index"] for r in rows], pa.int64()),
+                     "task": pa.array([r["task"] for r in rows], pa.string())})
+
+
+def episodes(src: Source, layout: Layout) -> pa.Table:
+    """meta/episodes.jsonl (+ episodes_stats.jsonl) as a table with v3 meta/episodes columns, in episode order."""
+    rel = layout.episode_files[0]
+    rows = read_jsonl(src, rel)
+    for n, r in enumerate(rows):
+        # bool is an int subclass in Python, but not to pyarrow: `true` must be refused here, naming the line.
+        if any(not isinstance(r.get(k), int) or isinstance(r.get(k), bool) for k in ("episode_index", "length")):
+            raise DatasetFormatError(f"{src.path(rel)}: line {n + 1} lacks an integer episode_index or length: {r}")
+    # lerobot v2.1 sorts episodes by episode_index and derives each episode's index range from cumulative lengths.
+    rows.sort(key=lambda r: r["episode_index"])
+    ep = [r["episode_index"] for r in rows]
+    length = [r["length"] for r in rows]
+    start = [0] * len(rows)
+    for i in range(1, len(rows)):
+        start[i] = start[i - 1] + length[i - 1]
+    chunk = [e // layout.chunks_size for e in ep]
+    cols: dict[str, pa.Array] = {
+        "episode_index": pa.array(ep, pa.int64()),
+        "tasks": pa.array([r.get("tasks") if isinstance(r.get("tasks"), list) else None for r in rows],
+                          pa.list_(pa.string())),
+        "length": pa.array(length, pa.int64()),
+        "data/chunk_index": pa.array(chunk, pa.int64()),
+        "data/file_index": pa.array(ep, pa.int64()),
+        "dataset_from_index": pa.array(start, pa.int64()),
+        "dataset_to_index": pa.array([s + n for s, n in zip(start, length)], pa.int64()),
+    }
+    for k in layout.video_keys:
+        cols[f"videos/{k}/chunk_index"] = pa.array(chunk, pa.int64())
+        cols[f"videos/{k}/file_index"] = pa.array(ep, pa.int64())
+        cols[f"videos/{k}/from_timestamp"] = pa.array([0.0] * len(rows), pa.float64())
+        cols[f"videos/{k}/to_timestamp"] = pa.array([n / layout.fps for n in length], pa.float64())
+    if layout.episode_stats_file:
+        pos = {e: i for i, e in enumerate(ep)}
+        stats: dict[str, list] = {}
+        for r in read_jsonl(src, layout.episode_stats_file):
+            i = pos.get(r.get("episode_index"))
+            if i is None or not isinstance(r.get("stats"), dict):
+                continue
+            for feat, per in r["stats"].items():
+                for stat, value in (per.items() if isinstance(per, dict) else ()):
+                    stats.setdefault(f"stats/{feat}/{stat}", [None] * len(ep))[i] = (
+                        value if isinstance(value, list) else [value])
+        for name, values in stats.items():
+            try:
+                cols[name] = pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise DatasetFormatError(f"{src.path(layout.episode_stats_file)}: {name} mixes shapes or types "
+                                         f"across episodes ({e})") from e
+    return pa.table(cols)

@@ -1,0 +1,114 @@
+"""The metadata checks both manifest resolvers share: one row per episode, timestamps on the fps grid, and per
+camera clip pointers that cannot give a neighbouring frame without an error.
+
+The episode fast path (:mod:`lerobot_sql._plan.episodes`, pyarrow) and the DuckDB join
+(:mod:`lerobot_sql._plan.resolve`) raise these same errors, so a bad dataset fails the same way whichever path
+resolved the query. The clips returned by :func:`check_clips` go into the manifest's metadata; the dataset checks
+them against each mp4's real frames (:func:`lerobot_sql._readers.locate.check_clips`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import DatasetFormatError
+from .._format.layout import Layout
+
+
+def duplicate_episode_error(episode_index: int, rows: int) -> DatasetFormatError:
+    """The error for an episode that meta/episodes lists ``rows`` times."""
+    return DatasetFormatError(f"meta/episodes: episode {episode_index} has {rows} rows; each episode must have "
+                              "exactly one. Remove the duplicate rows (run `lerobot-sql doctor`)")
+
+
+def timestamp_error(episode_index: int, err: float, fps: float, *, data_file: str | None = None,
+                    frame_index: int | None = None) -> DatasetFormatError:
+    """The error for an episode whose ``timestamp`` column strays from ``frame_index / fps`` by ``err`` seconds
+    (``err`` NaN or infinite: a timestamp that is not a finite number)."""
+    if not math.isfinite(err):
+        where = f" in {data_file}" if data_file else ""
+        at = f" (frame_index {frame_index})" if frame_index is not None else ""
+        return DatasetFormatError(f"episode {episode_index}: a timestamp{where}{at} is NaN or infinite; every "
+                                  "timestamp must be frame_index / fps: repair or re-record that data file "
+                                  "(`lerobot-sql doctor` checks timestamps)")
+    return DatasetFormatError(f"episode {episode_index}: timestamps differ from frame_index / fps by up to {err:.4f} s "
+                              f"with fps={fps:g} from meta/info.json; fix 'fps' in info.json or the data files' "
+                              "timestamp column (run `lerobot-sql doctor`)")
+
+
+def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, int],
+                selected: np.ndarray) -> dict[str, dict[str, list]]:
+    """Refuse per-camera clip pointers that would give a neighbouring frame without an error, and return the clips.
+
+    Checks, per camera over the selected episodes: the clip starts at or after 0 (within half a frame), lasts the
+    episode's frame count in data/ within one frame (writers that store ``to_timestamp = (length - 1) / fps`` pass),
+    and does not start half a frame or more before the end of the previous clip of its mp4 (by ``from_timestamp``),
+    nor does the next clip start before its end. A start shifted by whole frames passes these; the dataset checks
+    those against the mp4's real frames from what this returns.
+
+    Args:
+        videos: per video_key, the clips of every episode sharing an mp4 with a selected one: ``episode_index``,
+            ``path``, ``from_timestamp``, ``to_timestamp`` (seconds).
+        length: frames in data/ per episode (episodes absent or with 0 frames occupy no frame and are skipped).
+        selected: the selected episode_index values.
+
+    Returns:
+        per video_key, column lists over the selected episodes ordered by episode: ``episode_index``, ``path``,
+        ``from_timestamp``, ``length``, and the clips just before and after in the same mp4: ``prev_episode``,
+        ``prev_from_timestamp``, ``prev_length``, ``next_episode``, ``next_from_timestamp`` (None at the file's ends).
+
+    Raises:
+        DatasetFormatError: naming the episode, camera, mp4 and the fix (the lowest bad episode_index first).
+    """
+    fps = float(layout.fps)
+    half = 0.5 / fps
+    sel = set(int(e) for e in selected)
+    out = {}
+    for k in layout.video_keys:
+        t = videos[k]
+        ep = t["episode_index"].to_numpy()
+        n = np.array([length.get(int(e), 0) for e in ep], np.int64)
+        keep = n > 0
+        ep, n = ep[keep], n[keep]
+        path = np.asarray(t["path"].to_pylist(), dtype=object)[keep]
+        f = t["from_timestamp"].to_numpy(zero_copy_only=False)[keep]
+        to = t["to_timestamp"].to_numpy(zero_copy_only=False)[keep]
+        order = np.lexsort((ep, f, path))
+        ep, n, path, f, to = ep[order], n[order], path[order], f[order], to[order]
+        same_prev = np.r_[False, path[1:] == path[:-1]]
+        same_next = np.r_[path[:-1] == path[1:], False]
+        is_sel = np.array([int(e) in sel for e in ep], bool)
+        prev = np.maximum(np.arange(len(ep)) - 1, 0)  # (row 0 has no previous clip: same_prev masks it)
+        nxt = np.minimum(np.arange(len(ep)) + 1, max(len(ep) - 1, 0))
+        starts_early = is_sel & (f < -half)
+        wrong_len = is_sel & (np.abs((to - f) * fps - n) > 1.001)
+        overlap = same_prev & (is_sel | is_sel[prev]) & (f < to[prev] - half)
+        bad = np.flatnonzero(starts_early | wrong_len | overlap)
+        if len(bad):
+            j = bad[np.argmin(ep[bad])]
+            if starts_early[j]:
+                why = "starts before 0 s"
+            elif overlap[j]:
+                why = f"overlaps the clip of episode {int(ep[prev[j]])}, which ends at {to[prev[j]]:.6f} s"
+            else:
+                why = f"lasts {(to[j] - f[j]) * fps:.2f} frames but the episode has {int(n[j])} frames in data/"
+            raise DatasetFormatError(
+                f"meta/episodes: episode {int(ep[j])}, camera {k!r}: video clip [{f[j]:.6f}, {to[j]:.6f}) s of "
+                f"{path[j]} {why}; reading it would give wrong frames. Fix videos/{k}/from_timestamp and "
+                "to_timestamp (run `lerobot-sql doctor`)")
+        rows = np.flatnonzero(is_sel)
+        rows = rows[np.argsort(ep[rows], kind="stable")]
+        opt = lambda mask, values: [v.item() if m else None for m, v in zip(mask, values)]  # noqa: E731
+        out[k] = {
+            "episode_index": ep[rows].tolist(), "path": path[rows].tolist(), "from_timestamp": f[rows].tolist(),
+            "length": n[rows].tolist(),
+            "prev_episode": opt(same_prev[rows], ep[prev[rows]]),
+            "prev_from_timestamp": opt(same_prev[rows], f[prev[rows]]),
+            "prev_length": opt(same_prev[rows], n[prev[rows]]),
+            "next_episode": opt(same_next[rows], ep[nxt[rows]]),
+            "next_from_timestamp": opt(same_next[rows], f[nxt[rows]]),
+        }
+    return out
