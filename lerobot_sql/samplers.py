@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ._plan.partition import largest_first
+
 
 def _columns(source) -> tuple[np.ndarray, np.ndarray]:
     """(episode_index, index) int64 arrays, one per sample, from a dataset, manifest or (episodes, index) pair."""
@@ -179,12 +181,8 @@ class EpisodeShardedSampler(_Resumable):
         self.num_replicas, self.rank = _dist(num_replicas, rank)
         self.block_size, self.shuffle, self.seed, self.drop_last = block_size, shuffle, int(seed), drop_last
         episodes, first, counts = np.unique(ep, return_index=True, return_counts=True)
-        order = np.random.default_rng([self.seed, 2**31]).permutation(len(episodes))
-        load = np.zeros(self.num_replicas, np.int64)
-        owner = np.empty(len(episodes), np.int64)
-        for e in order[np.argsort(-counts[order], kind="stable")]:  # largest first, ties in seeded order
-            owner[e] = int(np.argmin(load))
-            load[owner[e]] += counts[e]
+        owner = largest_first(counts, self.num_replicas, self.seed)  # largest first, ties in seeded order
+        load = np.bincount(owner, weights=counts, minlength=self.num_replicas).astype(np.int64)
         if (load == 0).any():
             raise ValueError(f"{len(episodes)} episode(s) cannot fill {self.num_replicas} ranks with whole episodes; "
                              "use EpisodeAwareSampler (it splits blocks across ranks) or fewer ranks")

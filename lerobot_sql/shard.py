@@ -17,7 +17,6 @@ only ever see its own part (many machines, Ray/Daft/Spark tasks, iterable pipeli
 
 from __future__ import annotations
 
-import heapq
 import os
 from typing import Any, Iterator
 
@@ -25,82 +24,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-BY = ("episode", "sample")
-
-
-def _check(rank: int, world_size: int, by: str) -> None:
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, {world_size})")
-    if by not in BY:
-        raise ValueError(f"by must be one of {BY}, got {by!r}")
-
-
-def assign(manifest: pa.Table, world_size: int, *, epoch: int = 0, seed: int = 0, by: str = "episode",
-           shuffle: bool = True, allow_empty: bool = False) -> np.ndarray:
-    """The rank of every manifest row: int64 (num_rows,), values in ``[0, world_size)``.
-
-    ``by="episode"``: the distinct ``episode_index`` values are taken in a (seed, epoch)-shuffled order and each goes
-    to the rank with the fewest rows so far, so part sizes differ by at most the longest episode's rows;
-    ``shuffle=False`` cuts the episodes, in manifest order, into contiguous runs of about equal rows. ``by="sample"``: rows are shuffled and dealt round-robin (``shuffle=False``: contiguous
-    equal blocks). The random generator is ``numpy.random.default_rng([seed, epoch])``.
-
-    ``allow_empty=True`` accepts fewer episodes than parts (the extra parts get no rows): DataLoader workers of one
-    rank, where an idle worker is harmless, unlike an idle rank in DistributedDataParallel.
-
-    Raises:
-        ValueError: bad ``world_size``/``by``; ``by="episode"`` with fewer episodes than ranks (a rank would be empty)
-            unless ``allow_empty``; no ``episode_index`` column.
-    """
-    _check(0, world_size, by)
-    n = manifest.num_rows
-    rng = np.random.default_rng([int(seed), int(epoch)])
-    if by == "sample":
-        if not shuffle:
-            return (np.arange(n, dtype=np.int64) * world_size) // max(n, 1)
-        owner = np.empty(n, np.int64)
-        owner[rng.permutation(n)] = np.arange(n, dtype=np.int64) % world_size
-        return owner
-    if "episode_index" not in manifest.column_names:
-        raise ValueError(f"by='episode' needs an episode_index column; the manifest has {manifest.column_names}")
-    ep = manifest["episode_index"].to_numpy()
-    # Work on runs of equal episode_index (a manifest is mostly whole episodes in a row): sorting runs instead of
-    # rows keeps this O(rows) for tens of millions of frames.
-    starts = np.concatenate([[0], np.flatnonzero(ep[1:] != ep[:-1]) + 1]) if n else np.zeros(0, np.int64)
-    run_len = np.diff(np.append(starts, n))
-    uniq, first, inverse = np.unique(ep[starts], return_index=True, return_inverse=True)
-    counts = np.bincount(inverse.ravel(), weights=run_len, minlength=len(uniq)).astype(np.int64)
-    if len(uniq) < world_size and not allow_empty:
-        raise ValueError(f"{len(uniq)} episode(s) cannot give each of {world_size} ranks whole episodes; "
-                         "use by='sample' or fewer ranks")
-    order = np.argsort(first, kind="stable")
-    if shuffle:
-        # Seeded order, each episode to the rank with the fewest rows so far (ties: lowest rank). Greedy list
-        # scheduling keeps max - min <= the longest episode and gives every rank an episode.
-        order = order[rng.permutation(len(order))]
-        heap = [(0, r) for r in range(world_size)]
-        run = np.empty(len(order), np.int64)
-        for j, c in enumerate(counts[order].tolist()):
-            load, r = heapq.heappop(heap)
-            run[j] = r
-            heapq.heappush(heap, (load + c, r))
-    else:
-        # Contiguous runs of about n / world_size rows in manifest order; an episode goes to the run holding its
-        # middle row (sizes then differ by at most two episodes).
-        c = counts[order]
-        mid = np.cumsum(c) - c / 2.0
-        run = np.minimum((mid * world_size / n).astype(np.int64), world_size - 1)
-        if len(np.unique(run)) < world_size:  # a few huge episodes: one per rank in turn
-            run = np.arange(len(order), dtype=np.int64) % world_size
-    owner_of_episode = np.empty(len(uniq), np.int64)
-    owner_of_episode[order] = run
-    return np.repeat(owner_of_episode[inverse.ravel()], run_len)
+from ._plan.partition import assign, check_part
 
 
 def shard_manifest(manifest: pa.Table, rank: int, world_size: int, *, epoch: int = 0, seed: int = 0,
                    by: str = "episode", shuffle: bool = True) -> pa.Table:
-    """The rows of ``manifest`` that belong to ``rank`` of ``world_size`` (see :func:`assign` for the rule).
+    """The rows of ``manifest`` that belong to ``rank`` of ``world_size`` (see :func:`lerobot_sql._plan.partition.assign` for the rule).
 
     The ``world_size`` parts are disjoint and together hold every row exactly once, for any (seed, epoch); every
     process computes the same parts from the same manifest. Rows keep their manifest order and the schema metadata
@@ -117,7 +46,7 @@ def shard_manifest(manifest: pa.Table, rank: int, world_size: int, *, epoch: int
     Raises:
         ValueError: ``rank`` not in ``[0, world_size)``, unknown ``by``, or fewer episodes than ranks.
     """
-    _check(rank, world_size, by)
+    check_part(rank, world_size, by)
     owner = assign(manifest, world_size, epoch=epoch, seed=seed, by=by, shuffle=shuffle)
     return manifest.take(pa.array(np.flatnonzero(owner == rank)))
 
@@ -187,14 +116,14 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, files, manifest: pa.Table, *, by: str = "episode", seed: int = 0, shuffle: bool = True,
                  rank: int | None = None, world_size: int | None = None, **dataset_kwargs: Any):
-        _check(0, 1, by)
+        check_part(0, 1, by)
         files = getattr(files, "files", files)  # a Database holds its DatasetFiles as .files
         self.manifest, self.by, self.seed, self.shuffle = manifest, by, int(seed), shuffle
         # Resolved here, in the rank's main process: spawned DataLoader workers do not inherit torch.distributed.
         # Only the rank is wanted, not the worker-expanded shard: the rank's part must not depend on num_workers.
         rank, world_size = _rank_and_world(rank, world_size)
         self.rank, self.world_size = int(rank), int(world_size)
-        _check(self.rank, self.world_size, by)
+        check_part(self.rank, self.world_size, by)
         # Fewer episodes than ranks: fail here, in the main process, not later inside a DataLoader worker.
         assign(manifest, self.world_size, by=by, shuffle=shuffle)
         # One int64 in shared memory: set_epoch in the main process is seen by workers that outlive an epoch

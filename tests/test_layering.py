@@ -58,8 +58,9 @@ ALLOWED = {
     "query": {"errors"},
     "catalog": {"_readers.video", "_query.sqltext", "format", "storage", "errors"},
     "plan": {"catalog", "_readers.tabular", "_query.sqltext", "format", "storage", "errors"},
-    # of the planner, only the manifest's definition; storage only for the Source type the readers take
-    "adapter": {"_plan.manifest", "readers", "format", "storage", "errors"},
+    # of the planner, only the manifest's definition and the dealing of its rows to ranks (numpy, no DuckDB; shard and
+    # samplers share it); storage only for the Source type the readers take
+    "adapter": {"_plan.manifest", "_plan.partition", "readers", "format", "storage", "errors"},
     # "db only as a type": under `if TYPE_CHECKING:`, which the walk skips
     "feature": {"plan", "readers", "catalog", "query", "format", "storage", "errors"},
     "facade": {"catalog", "plan", "query", "readers", "format", "storage", "errors"},
