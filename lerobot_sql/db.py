@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -294,17 +295,18 @@ class Database:
         Raises:
             QueryError: not a single read-only query over the views, with the reason and a fix.
         """
-        return self._check(sql)[0]
+        return self._check(sql).sql
 
-    def _check(self, sql: str) -> tuple[str, query.Facts]:
-        """:meth:`check`, and what DuckDB's parse tree says about the query (views read, ORDER BY)."""
+    def _check(self, sql: str) -> query.CheckedQuery:
+        """:meth:`check`'s query, parsed once: the text DuckDB runs, sqlglot's tree, and what DuckDB's own parse tree
+        says it reads and whether it is ordered (which builds the lazy views it reads)."""
         ctx = self._context()
         checked = query.check_sql(sql, ctx)
         con = self.con
         # DuckDB's own parser must agree that this is one SELECT: a tokenizer difference between sqlglot and
         # DuckDB (quoting, comments) must never let a second statement through.
         try:
-            stmts = con.extract_statements(checked)
+            stmts = con.extract_statements(checked.sql)
         except duckdb.Error as e:
             raise query_error(e, sql) from e
         if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
@@ -313,15 +315,17 @@ class Database:
         # ... and its parse tree, walked whole, must hold only reads of our views (query.duckdb_facts): the wall
         # that does not depend on sqlglot reading the SQL as DuckDB does.
         try:
-            serialized = con.sql("SELECT json_serialize_sql($1)", params=[checked]).fetchall()[0][0]
+            serialized = con.sql("SELECT json_serialize_sql($1)", params=[checked.sql]).fetchall()[0][0]
         except duckdb.Error as e:
             raise query_error(e, sql) from e
         facts = query.duckdb_facts(serialized, ctx, sql)
-        if facts.reads(*query.VIDEO_INDEX_NAMES):
+        # DuckDB's reading decides what the query reads and whether it is ordered.
+        checked = dataclasses.replace(checked, tables=facts.relations | facts.functions, ordered=facts.ordered)
+        if checked.reads(*query.VIDEO_INDEX_NAMES):
             self._connection.ensure("video_frames")
-        if facts.reads("video_files"):
+        if checked.reads("video_files"):
             self._connection.ensure("video_files")
-        return checked, facts
+        return checked
 
     def sql(self, sql: str, *, timeout: float | None = None) -> "Result":
         """Run a read-only query over the views.
@@ -342,13 +346,13 @@ class Database:
             ValueError: ``timeout`` is not a positive number.
         """
         timeout = _check_timeout(timeout)
-        return self._run(self.check(sql), sql, timeout)
+        return self._run(self._check(sql), sql, timeout)
 
-    def _run(self, checked: str, sql: str, timeout: float | None = None) -> "Result":
-        """``checked`` (what :meth:`check` returned for user SQL ``sql``) as a lazy :class:`Result`."""
+    def _run(self, checked: query.CheckedQuery, sql: str, timeout: float | None = None) -> "Result":
+        """``checked`` (from :meth:`_check` of user SQL ``sql``, which errors name) as a lazy :class:`Result`."""
         con = self.con
         try:
-            return Result(con.sql(checked), sql, con, timeout)
+            return Result(con.sql(checked.sql), sql, con, timeout)
         except duckdb.Error as e:
             raise query_error(e, sql) from e
 
@@ -364,7 +368,7 @@ class Database:
         """
         # Fetch at most max_rows + 1 rows: a runaway query (a cross join) fails fast instead of filling RAM.
         max_rows = max_manifest_rows()
-        checked, facts = self._check(sql)
+        checked = self._check(sql)
         result = self._run(checked, sql).limit(max_rows + 1).arrow()
         if result.num_rows > max_rows:
             raise ResultContractError(
@@ -373,7 +377,7 @@ class Database:
                 f"missing ON gives a cross product), add a LIMIT, or set LSQL_MAX_MANIFEST_ROWS: {sql!r}")
         try:
             return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql,
-                                       ordered=facts.ordered, src=self.source,
+                                       ordered=checked.ordered, src=self.source,
                                        ptr=self._episode_pointers())
         except duckdb.Error as e:  # the data files failed while the frames were resolved, or the result's types
             raise unreadable_error(self.source, self.layout, e, sql=sql) from e

@@ -168,7 +168,8 @@ def test_duckdb_parser_must_agree(db, monkeypatch):
     """If sqlglot ever missed a second statement, DuckDB's own parser still stops it."""
     from lerobot_sql._query import checks as query
 
-    monkeypatch.setattr(query, "check_sql", lambda sql, ctx: sql)  # simulate a first-wall gap
+    # simulate a first-wall gap: the SQL passes sqlglot's checks unchanged
+    monkeypatch.setattr(query, "check_sql", lambda sql, ctx: query.CheckedQuery(sql, None, frozenset(), False))
     with pytest.raises(QueryError, match=r"2 statement\(s\).*DROP"):
         db.sql("SELECT 1; DROP VIEW episodes")
     assert db.con.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]
@@ -316,7 +317,7 @@ def test_writing_cte_refused_by_duckdb_walk_too(db, monkeypatch):
     from lerobot_sql._query import checks as query
 
     before = _snapshot(db)
-    monkeypatch.setattr(query, "check_sql", lambda sql, ctx: sql)
+    monkeypatch.setattr(query, "check_sql", lambda sql, ctx: query.CheckedQuery(sql, None, frozenset(), False))
     for sql in WRITING_CTES.values():
         with pytest.raises(QueryError, match="(?i)read-only"):
             db.sql(sql).fetchall()

@@ -44,7 +44,7 @@ class Context:
 
 
 # Views and table macros whose rows come from the per-mp4 video index: Database.check builds that index when a
-# query names one of them (see uses_video_index).
+# query reads one of them (CheckedQuery.reads).
 VIDEO_INDEX_NAMES = frozenset({"video_frames", "camera_frames", "nearest_camera_frame"})
 
 
@@ -356,8 +356,32 @@ CHECKS = (_only_queries, _no_files_or_table_functions, _known_views, _dotted_fea
           _row_counts_fit)
 
 
-def check_sql(sql: str, ctx: Context) -> str:
-    """Validate ``sql`` with sqlglot and return it ready for DuckDB (1.x lambdas rewritten).
+@dataclasses.dataclass(frozen=True)
+class CheckedQuery:
+    """A user query that passed the checks, parsed once: what the entry points (``Database.sql``, ``manifest``,
+    ``dataset``) run and plan from, so none of them parses the SQL again.
+
+    Attributes:
+        sql: the text DuckDB runs (1.x lambdas rewritten).
+        tree: sqlglot's parse tree of ``sql``.
+        tables: names (lower case) of the views, CTEs and table macros read anywhere in the query. From
+            :func:`check_sql`: as sqlglot reads them; ``Database.check`` replaces them (and ``ordered``) with what
+            DuckDB's own parse tree says (:func:`duckdb_facts`), the reading that decides.
+        ordered: the outermost query has an ORDER BY (only then is DuckDB's row order defined).
+    """
+
+    sql: str
+    tree: exp.Expression = dataclasses.field(repr=False, compare=False)
+    tables: frozenset[str]
+    ordered: bool
+
+    def reads(self, *names: str) -> bool:
+        """True if the query reads one of the views or table macros ``names`` (lower case)."""
+        return any(n in self.tables for n in names)
+
+
+def check_sql(sql: str, ctx: Context) -> CheckedQuery:
+    """Validate ``sql`` with sqlglot and return it ready for DuckDB (1.x lambdas rewritten), with its parse tree.
 
     SQL nested deeper than sqlglot can follow (see RECURSION_LIMIT) is refused, not passed on unchecked.
 
@@ -374,6 +398,8 @@ def check_sql(sql: str, ctx: Context) -> str:
             tree = _parse(sql)
             for check in CHECKS:
                 check(tree, ctx)
+            tables = frozenset(_func_name(t.this) if isinstance(t.this, exp.Func) else t.name.lower()
+                               for t in tree.find_all(exp.Table))
         except RecursionError as e:
             # Fail closed: a query the checks cannot walk is not run (it used to skip them, leaving DuckDB's tree
             # walk as the only wall).
@@ -381,7 +407,7 @@ def check_sql(sql: str, ctx: Context) -> str:
                              f"limit of {RECURSION_LIMIT:,} frames while parsing, about 900 nested parentheses or "
                              "subqueries; DuckDB's own depth limit is 1000): simplify it, with fewer nested "
                              "parentheses or subqueries (a WITH clause per step)") from e
-    return sql
+    return CheckedQuery(sql, tree, tables, tree.args.get("order") is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -668,19 +694,3 @@ def duckdb_facts(serialized: str, ctx: Context, sql: str) -> Facts:
     with _deep_recursion():  # DuckDB bounds the depth (max_expression_depth); one frame or two per level here
         _value_size(doc, {})
     return Facts(frozenset(t.lower() for t in tables), frozenset(functions), ordered)
-
-
-def uses_video_index(sql: str) -> bool:
-    """True if ``sql`` reads a view or table macro built on the video index (``VIDEO_INDEX_NAMES``)."""
-    tree = _parse(sql)
-    for t in tree.find_all(exp.Table):
-        name = _func_name(t.this) if isinstance(t.this, exp.Func) else t.name.lower()
-        if name in VIDEO_INDEX_NAMES:
-            return True
-    return False
-
-
-def has_order_by(sql: str) -> bool:
-    """True if the outermost query of ``sql`` has an ORDER BY (only then is DuckDB's row order defined)."""
-    tree = _parse(sql)
-    return tree.args.get("order") is not None
