@@ -31,3 +31,28 @@ def test_dataset_refuses_an_empty_v21_tasks_file(datasets, tmp_path):
         db = lsql.connect(root)
     with pytest.raises(lsql.DatasetFormatError, match=r"meta/tasks.jsonl: no task text for task_index \[\d"):
         db.dataset(episodes=[1], cameras=[])
+
+
+def test_dataset_files_open_without_duckdb_and_travel_to_workers(datasets, tmp_path):
+    """open_files gives what a Database holds as db.files (no DuckDB); it pickles with its tasks, and a dataset
+    built over the unpickled copy gives the same items as db.dataset()."""
+    import pickle
+
+    import torch
+
+    from lerobot_sql._format.files import open_files
+    from lerobot_sql.dataset import LeRobotSQLDataset
+
+    db = lsql.connect(datasets / "small20", cache_dir=tmp_path)
+    files = open_files(datasets / "small20", cache_dir=tmp_path)
+    assert (files.source.url, files.layout, files.cache_dir) == (db.source.url, db.layout, db.cache_dir)
+    assert files.tasks() == db.tasks() and not db._connection.opened
+    files.tasks()[0] = "changed"  # callers get their own dict
+    assert files.tasks() == db.tasks()
+    manifest = db.manifest("SELECT index FROM frames WHERE episode_index = 2 ORDER BY index LIMIT 3")
+    ds = LeRobotSQLDataset(pickle.loads(pickle.dumps(files)), manifest, cameras=[])
+    want = db.dataset(manifest, cameras=[])
+    for i in range(len(want)):
+        a, b = ds[i], want[i]
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
