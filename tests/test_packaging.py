@@ -9,6 +9,7 @@ So: build the wheel, install it into an empty folder, and import and use it from
 from __future__ import annotations
 
 import json
+import shutil
 import site
 import subprocess
 import sys
@@ -39,7 +40,14 @@ print(json.dumps({"file": lsql.__file__, "modules": mods, "queries": sorted(q["n
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
+    # Build from a copy of what the wheel is made of: setuptools reuses an in-tree build/ folder, which would hold
+    # files of earlier builds (a package since dropped from the list would still be packed).
+    src = tmp / "src"
+    for name in ("lerobot_sql", "queries"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp / "dist")], check=True, capture_output=True, text=True, timeout=600)
     (whl,) = (tmp / "dist").glob("lerobot_sql-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp / "site"),
