@@ -35,7 +35,7 @@ STAGE_TOP = {
     # the torch side: after the manifest, files only
     "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter",
     # features built over a Database or a manifest
-    "prefetch": "feature", "doctor": "feature", "nearest": "feature", "display": "feature",
+    "prefetch": "feature", "doctor": "feature", "nearest": "feature", "display": "feature", "stats": "feature",
     # the facade
     "__init__": "facade", "db": "facade",
     # the demo: a user of the facade
