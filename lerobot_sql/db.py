@@ -21,7 +21,7 @@ from ._storage import cache
 from ._catalog import views as catalog, macros, sandbox
 from ._plan import resolve as plan, episodes as pointers
 from ._query import checks as query
-from ._readers import video
+from ._readers import video_index
 from .errors import (DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, RemoteIOError,
                      ResultContractError)
 from ._format.layout import load_layout
@@ -405,7 +405,7 @@ class Database:
         for key, chunk, file, rel in tqdm(rows, desc="video index", unit="file",
                                           disable=(len(rows) < 8) if progress is None else not progress):
             try:
-                files.append((key, chunk, file, rel, str(video.ensure_index(self.source, rel, self.cache_dir))))
+                files.append((key, chunk, file, rel, str(video_index.ensure_index(self.source, rel, self.cache_dir))))
             except MissingFileError as e:
                 missing.append(e)
         m = pa.table({"video_key": [f[0] for f in files], "chunk_index": [f[1] for f in files],
@@ -427,20 +427,20 @@ class Database:
             lst = "[" + ", ".join(catalog.lit(f[4]) for f in files) + "]"
             self.con.execute(
                 "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "
-                f"{', '.join('i.' + catalog.q(f.name) for f in video.INDEX_SCHEMA)} "  # the placeholder's columns
+                f"{', '.join('i.' + catalog.q(f.name) for f in video_index.INDEX_SCHEMA)} "  # the placeholder's columns
                 f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
             )
 
     def _ensure_video_files(self) -> None:
         """Fill the view ``video_files`` (one row per distinct mp4 of ``videos``: present, size_bytes, codec) by
-        probing the files, once per connection (see :func:`lerobot_sql._readers.video.probe_video_files`)."""
+        probing the files, once per connection (see :func:`lerobot_sql._readers.video_index.probe_video_files`)."""
         if self._video_files_ready:
             return
         with self._build_lock:
             if self._video_files_ready:
                 return
             rows = self.con.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
-            self._register("_lsql_arrow_video_probe", video.probe_video_files(self.source, rows))
+            self._register("_lsql_arrow_video_probe", video_index.probe_video_files(self.source, rows))
             self.con.execute("CREATE OR REPLACE VIEW video_files AS SELECT * FROM _lsql_arrow_video_probe")
             self._video_files_ready = True
 

@@ -56,7 +56,7 @@ ALLOWED = {
     "format": {"storage", "errors"},
     "readers": {"format", "storage", "errors"},
     "query": {"errors"},
-    "catalog": {"_readers.video", "_query.sqltext", "format", "storage", "errors"},
+    "catalog": {"_readers.video_index", "_query.sqltext", "format", "storage", "errors"},
     "plan": {"catalog", "_readers.tabular", "_query.sqltext", "format", "storage", "errors"},
     # of the planner, only the manifest's definition; storage only for the Source type the readers take
     "adapter": {"_plan.manifest", "readers", "format", "storage", "errors"},
