@@ -548,6 +548,34 @@ class Database:
 
         return library.render(name, params, extra_dirs=self._query_dirs)
 
+    def stats(self, sql: str | None = None) -> dict[str, dict[str, Any]]:
+        """Statistics in lerobot's ``meta/stats.json`` form: ``{feature: {"min", "max", "mean", "std", "count"
+        [, "q01".."q99"]}}`` of numpy arrays (vectors ``(D,)``, cameras ``(3, 1, 1)`` in [0, 1], ``count`` int64
+        ``(1,)``), what lerobot's ``LeRobotDatasetMetadata.stats`` holds.
+
+        ``sql``: a selection as :meth:`dataset` takes it. Numeric features are computed by DuckDB over exactly the
+        selected samples; cameras are aggregated from the per-episode statistics of the episodes the selection
+        touches, as lerobot's ``aggregate_stats`` does (:mod:`lerobot_sql.stats` says what is exact). Without
+        ``sql``: the source's ``meta/stats.json`` unchanged, which is what lerobot uses even with ``episodes=[...]``.
+
+        Raises:
+            MissingFileError: no ``sql`` and the dataset has no meta/stats.json.
+            ValueError: the selection is empty.
+            QueryError, ResultContractError: as :meth:`manifest`.
+        """
+        from . import stats
+
+        if sql is None:
+            if not self.source.exists("meta/stats.json"):
+                raise MissingFileError(f"{self.source.path('meta/stats.json')}: this dataset has no meta/stats.json; "
+                                       "db.stats('SELECT episode_index FROM episodes') computes them from the data")
+            with self.source.open("meta/stats.json") as f:
+                raw = json.load(f)
+            return stats.from_json(raw, self.source.path("meta/stats.json"))
+        manifest = self.manifest(sql)
+        has_q = bool(self.con.sql("SELECT 1 FROM episode_stats WHERE stat = 'q01' LIMIT 1").fetchall())
+        return stats.selection_stats(self.con, self.layout, manifest, quantiles=has_q)
+
     @property
     def query_dirs(self) -> list[Path]:
         """User folders of named ``.sql`` queries, searched in this order before the bundled ``queries/``."""

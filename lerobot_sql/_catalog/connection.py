@@ -19,7 +19,7 @@ from ..errors import LeRobotSQLError, MissingFileError, QueryError, RemoteIOErro
 from .._format.files import DatasetFiles
 from .._format.layout import Layout
 from .._format.metadata import corrupt_parquet_files, unreadable_error as parquet_error
-from .._readers import video
+from .._readers import video_index
 from .._storage.remote import FileChangedError
 from .._storage.source import Source
 from . import macros, sandbox, views
@@ -219,7 +219,7 @@ class Connection:
         for key, chunk, file, rel in tqdm(rows, desc="video index", unit="file",
                                           disable=(len(rows) < 8) if progress is None else not progress):
             try:
-                files.append((key, chunk, file, rel, str(video.ensure_index(src, rel, cache_dir))))
+                files.append((key, chunk, file, rel, str(video_index.ensure_index(src, rel, cache_dir))))
             except MissingFileError as e:
                 missing.append(e)
         m = pa.table({"video_key": [f[0] for f in files], "chunk_index": [f[1] for f in files],
@@ -235,7 +235,7 @@ class Connection:
                 lst = "[" + ", ".join(views.lit(f[4]) for f in files) + "]"
                 con.execute(
                     "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "
-                    f"{', '.join('i.' + views.q(f.name) for f in video.INDEX_SCHEMA)} "  # the placeholder's columns
+                    f"{', '.join('i.' + views.q(f.name) for f in video_index.INDEX_SCHEMA)} "  # the placeholder's columns
                     f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
                 )
         self._ready["video_frames"] = True
@@ -245,9 +245,9 @@ class Connection:
 
     def _build_video_files(self) -> None:
         """Fill the view ``video_files`` (one row per distinct mp4 of ``videos``: present, size_bytes, codec) by
-        probing the files (see :func:`lerobot_sql._readers.video.probe_video_files`)."""
+        probing the files (see :func:`lerobot_sql._readers.video_index.probe_video_files`)."""
         rows = self.cursor().sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
-        self.register("_lsql_arrow_video_probe", video.probe_video_files(self.files.source, rows))
+        self.register("_lsql_arrow_video_probe", video_index.probe_video_files(self.files.source, rows))
         self.cursor().execute("CREATE OR REPLACE VIEW video_files AS SELECT * FROM _lsql_arrow_video_probe")
         self._ready["video_files"] = True
 
