@@ -54,7 +54,8 @@ def open_files(root: str | os.PathLike, *, storage_options: dict | None = None,
     the dataset's URL, under ``$LSQL_CACHE_DIR`` or ``~/.cache/lerobot_sql``).
 
     Raises:
-        MissingFileError / UnsupportedVersionError / DatasetFormatError: as :func:`lerobot_sql._format.layout.load_layout`.
+        MissingFileError / UnsupportedVersionError / DatasetFormatError: as
+            :func:`lerobot_sql._format.layout.load_layout`.
     """
     source = open_source(root, storage_options, cache_dir=cache_dir, cache_size=cache_size)
     layout = load_layout(source)

@@ -1,9 +1,11 @@
 """Metadata readers that need no DuckDB: tasks, episode pointers, per-camera clips, and the errors of unreadable
 Parquet metadata.
 
-The catalog's ``tasks`` view, ``Database.tasks()``, the episode fast path (:mod:`lerobot_sql._plan.episodes`) and
-the DuckDB join (:mod:`lerobot_sql._plan.resolve`) all read the metadata through here, so each file is parsed
-by one rule and its errors name the file the same way. v2.x JSON lines are read by :mod:`lerobot_sql._format.v2`.
+The catalog's ``tasks`` view and :meth:`DatasetFiles.tasks <lerobot_sql._format.files.DatasetFiles.tasks>` (what
+items carry), the episode fast path (:mod:`lerobot_sql._plan.episodes`) and the connection's error for unreadable
+files (:func:`lerobot_sql._catalog.connection.unreadable_error`) read the metadata through here, so each file is
+parsed by one rule and its errors name the file the same way. v2.x JSON lines are read by
+:mod:`lerobot_sql._format.v2`.
 """
 
 from __future__ import annotations
@@ -116,8 +118,9 @@ def _unique_tasks(where: str, t: pa.Table) -> pa.Table:
 
 def read_pointers(src: Source, layout: Layout) -> pa.Table | None:
     """Episode pointers: :data:`POINTERS` and ``videos/<video_key>/<VIDEO_POINTERS>`` per camera, one row per
-    meta/episodes row (v3: the Parquet files, those columns only; v2: meta/episodes.jsonl as the catalog shapes it).
-    None when a column is missing (the DuckDB path then reports it).
+    meta/episodes row (v3: the Parquet files, those columns only; v2: meta/episodes.jsonl as
+    :func:`lerobot_sql._format.v2.episodes` shapes it). None when a column is missing (the DuckDB path then
+    reports it).
     """
     want = list(POINTERS) + [f"videos/{k}/{c}" for k in layout.video_keys for c in VIDEO_POINTERS]
     if not layout.episode_files:

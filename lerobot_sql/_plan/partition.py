@@ -18,6 +18,8 @@ BY = ("episode", "sample")
 
 
 def check_part(rank: int, world_size: int, by: str) -> None:
+    """Raise ValueError, naming the value, for ``world_size < 1``, ``rank`` outside ``[0, world_size)`` or ``by``
+    not in :data:`BY`."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
@@ -61,9 +63,10 @@ def assign(manifest: pa.Table, world_size: int, *, epoch: int = 0, seed: int = 0
     """The rank of every manifest row: int64 (num_rows,), values in ``[0, world_size)``.
 
     ``by="episode"``: the distinct ``episode_index`` values are taken in a (seed, epoch)-shuffled order and each goes
-    to the rank with the fewest rows so far, so part sizes differ by at most the longest episode's rows;
-    ``shuffle=False`` cuts the episodes, in manifest order, into contiguous runs of about equal rows. ``by="sample"``: rows are shuffled and dealt round-robin (``shuffle=False``: contiguous
-    equal blocks). The random generator is ``numpy.random.default_rng([seed, epoch])``.
+    to the rank with the fewest rows so far (:func:`fewest_first`), so part sizes differ by at most the longest
+    episode's rows; ``shuffle=False`` cuts the episodes, in manifest order, into contiguous runs of about equal rows.
+    ``by="sample"``: rows are shuffled and dealt round-robin (``shuffle=False``: contiguous equal blocks). The random
+    generator is ``numpy.random.default_rng([seed, epoch])``.
 
     ``allow_empty=True`` accepts fewer episodes than parts (the extra parts get no rows): DataLoader workers of one
     rank, where an idle worker is harmless, unlike an idle rank in DistributedDataParallel.
