@@ -1,9 +1,10 @@
-"""Ports of lerobot 0.4.4's per-episode statistics (``compute_stats``) and their aggregation (``aggregate_stats``).
+"""Ports of lerobot 0.4.4's per-episode statistics (``compute_stats``), and its aggregation (``aggregate_stats``).
 
 Export recomputes the stats of every output episode that is not a whole source episode, and of the columns it
 renumbers; these functions give the numbers lerobot would write for the same frames (min, max, mean, std, count and
 the histogram quantiles q01..q99), as numpy arrays, and turn them into the nested Python values of
-meta/episodes' Arrow types.
+meta/episodes' Arrow types. The aggregation (``aggregate``, lerobot's ``aggregate_feature_stats``) is the one of
+:mod:`lerobot_sql.stats`, which ``db.stats`` uses too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
+# One copy of the quantiles, their keys and the aggregation, shared with db.stats (lerobot_sql/stats.py).
+from ..stats import QUANTILES, aggregate, qkey
 
 
 def numeric(column: pa.ChunkedArray) -> np.ndarray:
@@ -50,14 +52,14 @@ def feature_stats(x: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarray
     mn, mx, mean = x.min(0), x.max(0), x.mean(0)
     if n < 2:
         st = {"min": mn, "max": mx, "mean": mean, "std": x.std(0)}
-        st.update({_qkey(q): mean.copy() for q in QUANTILES})
+        st.update({qkey(q): mean.copy() for q in QUANTILES})
     else:
         st = {"min": mn, "max": mx, "mean": mean, "std": np.sqrt(np.maximum(0, (x ** 2).mean(0) - mean ** 2))}
         qs = np.empty((len(QUANTILES), x.shape[1]))
         for d in range(x.shape[1]):
             edges = np.linspace(mn[d] - 1e-10, mx[d] + 1e-10, 5001)
             qs[:, d] = _hist_quantiles(np.histogram(x[:, d], bins=edges)[0], edges, n)
-        st.update({_qkey(q): qs[qi] for qi, q in enumerate(QUANTILES)})
+        st.update({qkey(q): qs[qi] for qi, q in enumerate(QUANTILES)})
     shape = tuple(shape) if int(np.prod(shape)) == x.shape[1] else (x.shape[1],)
     out = {k: v.reshape(shape) for k, v in st.items()}
     out["count"] = np.array([n], np.int64)
@@ -89,7 +91,7 @@ def image_stats(imgs: np.ndarray) -> dict[str, np.ndarray]:
     """
     c = imgs.shape[1]
     v = np.arange(256, dtype=np.float64)
-    st = {k: np.empty(c) for k in ("min", "max", "mean", "std", *map(_qkey, QUANTILES))}
+    st = {k: np.empty(c) for k in ("min", "max", "mean", "std", *map(qkey, QUANTILES))}
     for ch in range(c):
         cnt = np.bincount(imgs[:, ch].ravel(), minlength=256).astype(np.float64)
         n = cnt.sum()
@@ -105,31 +107,9 @@ def image_stats(imgs: np.ndarray) -> dict[str, np.ndarray]:
             b = np.clip(np.searchsorted(edges, v[nz], side="right") - 1, 0, 4999)
             qs = _hist_quantiles(np.bincount(b, weights=cnt[nz], minlength=5000), edges, int(n))
         for qi, q in enumerate(QUANTILES):
-            st[_qkey(q)][ch] = qs[qi]
+            st[qkey(q)][ch] = qs[qi]
     out = {k: (x / 255.0).reshape(c, 1, 1) for k, x in st.items()}
     out["count"] = np.array([len(imgs)], np.int64)
-    return out
-
-
-def _qkey(q: float) -> str:
-    return f"q{int(q * 100):02d}"
-
-
-def aggregate(stats: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """lerobot 0.4.4's aggregate_feature_stats: global min/max, weighted mean, pooled std, count-weighted quantiles."""
-    means = np.stack([s["mean"] for s in stats]).astype(np.float64)
-    var = np.stack([np.asarray(s["std"], np.float64) ** 2 for s in stats])
-    counts = np.stack([np.asarray(s["count"]) for s in stats]).astype(np.float64)
-    total = counts.sum(0)
-    while counts.ndim < means.ndim:
-        counts = counts[..., None]
-    mean = (means * counts).sum(0) / total
-    out = {"min": np.min(np.stack([s["min"] for s in stats]), 0), "max": np.max(np.stack([s["max"] for s in stats]), 0),
-           "mean": mean, "std": np.sqrt(((var + (means - mean) ** 2) * counts).sum(0) / total),
-           "count": total.astype(np.int64)}
-    for q in (k for k in stats[0] if k.startswith("q") and k[1:].isdigit()):
-        if all(q in s for s in stats):
-            out[q] = (np.stack([s[q] for s in stats]) * counts).sum(0) / total
     return out
 
 
