@@ -14,7 +14,7 @@ import pytest
 
 from lerobot_sql._storage import source
 from lerobot_sql.errors import LeRobotSQLError, UnsupportedVersionError
-from lerobot_sql._storage.remote import parse_size
+from lerobot_sql._storage.cache import parse_size
 from lerobot_sql._format.layout import load_layout
 from lerobot_sql._storage.mp4 import mp4_sync_samples
 from lerobot_sql._storage.source import open_source, resolve_hub_revision

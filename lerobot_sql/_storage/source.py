@@ -21,7 +21,8 @@ import fsspec
 
 from . import cache
 from .mp4 import PayloadFreeMP4
-from .remote import RemoteCacheFS, identity_of
+from .remote import RemoteCacheFS
+from .transport import identity_of
 from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError, RemoteIOError, UnsupportedVersionError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./%-]+)?$")
