@@ -32,7 +32,6 @@ import torch  # noqa: E402
 
 import lerobot_sql as lsql  # noqa: E402
 from lerobot_sql import prefetch as pf  # noqa: E402
-from lerobot_sql._readers import video  # noqa: E402
 
 from http_range_server import RangeServer  # noqa: E402
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import torch
 
 from ._readers import deltas as _frames
-from ._readers import locate, tabular, video
+from ._readers import decode, locate, tabular, video_index
 from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
 from ._format.layout import Layout
 from ._plan.manifest import Meta
@@ -45,7 +45,7 @@ class _VideoFile:
     """One camera's mp4 as a process sees it: its loaded index and the video row of each of the file's samples, or
     the error every item reading it raises (a missing file, a clip that disagrees with the frames)."""
 
-    index: video.FrameIndex | None = None
+    index: video_index.FrameIndex | None = None
     rows: np.ndarray | None = None  # int32, per sample of the file in ``_vorder`` order; -1: no frame in tolerance
     error: LeRobotSQLError | None = None
 
@@ -61,9 +61,9 @@ class _Worker:
     def __init__(self, ds: "LeRobotSQLDataset"):
         self.pid = os.getpid()
         self.views: list[tabular.RowGroupView | None] = [None] * len(ds._rg_len)
-        self.indexes: dict[str, video.FrameIndex] = {}
+        self.indexes: dict[str, video_index.FrameIndex] = {}
         self.videos: dict[tuple[str, int], _VideoFile] = {}
-        self.decoders = video.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads,
+        self.decoders = decode.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads,
                                           pins=ds._video_pins, declared=ds._video_declared)
         n = len(ds._video_keys)
         # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
@@ -88,12 +88,12 @@ class _Worker:
         for s, path in zip(todo, paths):
             self.views[s] = tabular.RowGroupView(path, ds._layout)
 
-    def index(self, ds: "LeRobotSQLDataset", rel: str) -> video.FrameIndex:
+    def index(self, ds: "LeRobotSQLDataset", rel: str) -> video_index.FrameIndex:
         """The index of mp4 ``rel``, built (demux, cached on disk) on first use and memory-mapped."""
         index = self.indexes.get(rel)
         if index is None:
-            index = self.indexes[rel] = video.FrameIndex.load(
-                video.ensure_index_arrow(ds._src, rel, ds._cache_dir, ds._video_pins.get(rel)))
+            index = self.indexes[rel] = video_index.FrameIndex.load(
+                video_index.ensure_index_arrow(ds._src, rel, ds._cache_dir, ds._video_pins.get(rel)))
         return index
 
 
@@ -204,7 +204,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         # Video: per camera, its mp4s and each sample's place among its file's samples. The video rows themselves
         # come from each file's index, on first use in the reading process (_video).
         self._video_files: dict[str, list[str]] = {}
-        self._video_pins: dict[str, video.Stamp | None] = {}
+        self._video_pins: dict[str, video_index.Stamp | None] = {}
         self._video_declared: dict[str, tuple[str, tuple[int, int]]] = {}  # mp4 -> camera, declared (H, W)
         self._vstarts: dict[str, np.ndarray] = {}
         missing: list[str] = []
@@ -221,7 +221,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             for rel in names:  # only where it costs a stat: a remote file's absence shows at its first item
                 # The stamp pins the file: every process checks it before indexing or decoding the mp4 (a file
                 # replaced since would be read through an index and clips checked for another file).
-                pin = self._video_pins[rel] = video.stamp(self._src, rel)
+                pin = self._video_pins[rel] = video_index.stamp(self._src, rel)
                 local = self._src.local_path(rel)
                 if local is not None and pin is None:
                     missing.append(local)
@@ -290,14 +290,14 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if key not in self._delta:  # delta cameras locate each item's frames as they go
             a, b = self._vstarts[key][code], self._vstarts[key][code + 1]
             sel = self._c[f"_vorder/{key}"][a:b]
-            pick, err = index.nearest(locate.time_in_file(self._c[f"{key}/from_timestamp"][sel],
-                                                          self._c["timestamp"][sel]))
             # A time with no frame within tolerance keeps -1; __getitem__ raises FrameNotFoundError for it. int32:
             # these arrays are private to each process (no mp4 holds 2**31 frames).
-            rows = np.where(err <= self.tolerance_s, pick, -1).astype(np.int32)
+            rows = locate.rows_within(index.pts_s, locate.time_in_file(self._c[f"{key}/from_timestamp"][sel],
+                                                                       self._c["timestamp"][sel]),
+                                      self.tolerance_s).astype(np.int32)
         return _VideoFile(index, rows)
 
-    def _check_clips(self, key: str, rel: str, index: video.FrameIndex) -> None:
+    def _check_clips(self, key: str, rel: str, index: video_index.FrameIndex) -> None:
         """The selected episodes' clips in mp4 ``rel`` against its real frames
         (:func:`lerobot_sql._readers.locate.check_clips`; the clips come from the manifest's metadata).
 
@@ -307,7 +307,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         locate.check_clips(index.pts_s, self._clips.get(key), rel, fps=self.fps, where=self._src.path(rel),
                            video_key=key)
 
-    def _frame(self, key: str, i: int) -> tuple[str, video.FrameIndex, int]:
+    def _frame(self, key: str, i: int) -> tuple[str, video_index.FrameIndex, int]:
         """(mp4, its index, video row) of sample ``i``'s frame of camera ``key`` (not a delta key), in this process.
 
         Raises as ``__getitem__`` does (MissingFileError, DatasetFormatError, FrameNotFoundError)."""
@@ -315,7 +315,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         vf = self._video(self._w(), key, code)
         r = int(vf.rows[self._c[f"_vpos/{key}"][i]])
         if r < 0:  # raises FrameNotFoundError with the full story
-            vf.index.locate(np.array([self._c[f"{key}/from_timestamp"][i] + np.float64(self._c["timestamp"][i])]),
+            vf.index.locate(locate.time_in_file(self._c[f"{key}/from_timestamp"][i], self._c["timestamp"][i:i + 1]),
                             self.tolerance_s, episode_index=int(self._c["episode_index"][i]), video_key=key)
         return self._video_files[key][code], vf.index, r
 
@@ -447,7 +447,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         return [v.as_py() for v in values]
 
     def _video_rows(self, w: _Worker, key: str, i: int, fi: int, idx: int, ep_from: int, ep_to: int,
-                    row0: int, pads: dict) -> tuple[video.FrameIndex, np.ndarray]:
+                    row0: int, pads: dict) -> tuple[video_index.FrameIndex, np.ndarray]:
         vf = self._video(w, key, int(self._c[f"_vfile/{key}"][i]))
         index = vf.index
         from_ts = self._c[f"{key}/from_timestamp"][i]
@@ -455,15 +455,15 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if key in self._delta:
             times, pad = self._neighbours(w, i, key, "timestamp", fi, idx, ep_from, ep_to, row0)
             pads[f"{key}_is_pad"] = torch.from_numpy(pad)
-            return index, index.locate(from_ts + times.astype(np.float64), self.tolerance_s, episode_index=ep,
+            return index, index.locate(locate.time_in_file(from_ts, times), self.tolerance_s, episode_index=ep,
                                        video_key=key)
         r = int(vf.rows[self._c[f"_vpos/{key}"][i]])
         if r < 0:  # raises FrameNotFoundError with the full story
-            index.locate(np.array([from_ts + np.float64(self._c["timestamp"][i])]), self.tolerance_s,
+            index.locate(locate.time_in_file(from_ts, self._c["timestamp"][i:i + 1]), self.tolerance_s,
                          episode_index=ep, video_key=key)
         return index, np.array([r])
 
-    def _decode(self, w: _Worker, index: video.FrameIndex, rows: np.ndarray) -> torch.Tensor:
+    def _decode(self, w: _Worker, index: video_index.FrameIndex, rows: np.ndarray) -> torch.Tensor:
         arr = w.decoders.decode_chw(index, rows)
         if not self.return_uint8:
             arr = _to_unit_float(arr)

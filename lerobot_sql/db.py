@@ -21,7 +21,7 @@ from ._storage import cache
 from ._catalog import views as catalog, macros, sandbox
 from ._plan import resolve as plan, episodes as pointers
 from ._query import checks as query
-from ._readers import video
+from ._readers import video_index
 from .errors import (DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, RemoteIOError,
                      ResultContractError)
 from ._format.layout import load_layout
@@ -405,7 +405,7 @@ class Database:
         for key, chunk, file, rel in tqdm(rows, desc="video index", unit="file",
                                           disable=(len(rows) < 8) if progress is None else not progress):
             try:
-                files.append((key, chunk, file, rel, str(video.ensure_index(self.source, rel, self.cache_dir))))
+                files.append((key, chunk, file, rel, str(video_index.ensure_index(self.source, rel, self.cache_dir))))
             except MissingFileError as e:
                 missing.append(e)
         m = pa.table({"video_key": [f[0] for f in files], "chunk_index": [f[1] for f in files],
@@ -427,20 +427,20 @@ class Database:
             lst = "[" + ", ".join(catalog.lit(f[4]) for f in files) + "]"
             self.con.execute(
                 "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "
-                f"{', '.join('i.' + catalog.q(f.name) for f in video.INDEX_SCHEMA)} "  # the placeholder's columns
+                f"{', '.join('i.' + catalog.q(f.name) for f in video_index.INDEX_SCHEMA)} "  # the placeholder's columns
                 f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
             )
 
     def _ensure_video_files(self) -> None:
         """Fill the view ``video_files`` (one row per distinct mp4 of ``videos``: present, size_bytes, codec) by
-        probing the files, once per connection (see :func:`lerobot_sql._readers.video.probe_video_files`)."""
+        probing the files, once per connection (see :func:`lerobot_sql._readers.video_index.probe_video_files`)."""
         if self._video_files_ready:
             return
         with self._build_lock:
             if self._video_files_ready:
                 return
             rows = self.con.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
-            self._register("_lsql_arrow_video_probe", video.probe_video_files(self.source, rows))
+            self._register("_lsql_arrow_video_probe", video_index.probe_video_files(self.source, rows))
             self.con.execute("CREATE OR REPLACE VIEW video_files AS SELECT * FROM _lsql_arrow_video_probe")
             self._video_files_ready = True
 
@@ -702,6 +702,34 @@ class Database:
         from ._query import library
 
         return library.render(name, params, extra_dirs=self._query_dirs)
+
+    def stats(self, sql: str | None = None) -> dict[str, dict[str, Any]]:
+        """Statistics in lerobot's ``meta/stats.json`` form: ``{feature: {"min", "max", "mean", "std", "count"
+        [, "q01".."q99"]}}`` of numpy arrays (vectors ``(D,)``, cameras ``(3, 1, 1)`` in [0, 1], ``count`` int64
+        ``(1,)``), what lerobot's ``LeRobotDatasetMetadata.stats`` holds.
+
+        ``sql``: a selection as :meth:`dataset` takes it. Numeric features are computed by DuckDB over exactly the
+        selected samples; cameras are aggregated from the per-episode statistics of the episodes the selection
+        touches, as lerobot's ``aggregate_stats`` does (:mod:`lerobot_sql.stats` says what is exact). Without
+        ``sql``: the source's ``meta/stats.json`` unchanged, which is what lerobot uses even with ``episodes=[...]``.
+
+        Raises:
+            MissingFileError: no ``sql`` and the dataset has no meta/stats.json.
+            ValueError: the selection is empty.
+            QueryError, ResultContractError: as :meth:`manifest`.
+        """
+        from . import stats
+
+        if sql is None:
+            if not self.source.exists("meta/stats.json"):
+                raise MissingFileError(f"{self.source.path('meta/stats.json')}: this dataset has no meta/stats.json; "
+                                       "db.stats('SELECT episode_index FROM episodes') computes them from the data")
+            with self.source.open("meta/stats.json") as f:
+                raw = json.load(f)
+            return stats.from_json(raw, self.source.path("meta/stats.json"))
+        manifest = self.manifest(sql)
+        has_q = bool(self.con.sql("SELECT 1 FROM episode_stats WHERE stat = 'q01' LIMIT 1").fetchall())
+        return stats.selection_stats(self.con, self.layout, manifest, quantiles=has_q)
 
     @property
     def query_dirs(self) -> list[Path]:

@@ -3,8 +3,8 @@
 Each check is one named query in ``queries/doctor/<check>.sql`` that returns one row per violation; no rows means
 the check passed. Every check also runs alone, ``db.named_query("doctor/<check>")``: what SQL cannot do comes from views
 the Database builds on first use, ``video_files`` (file existence, size and stream codec, probed by
-:func:`lerobot_sql._readers.video.probe_video_files`) and ``video_frames`` (the video index, by demuxing). ``run`` builds the video index only
-when every video file is present.
+:func:`lerobot_sql._readers.video_index.probe_video_files`) and ``video_frames`` (the video index, by demuxing).
+``run`` builds the video index only when every video file is present.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import pyarrow as pa
 
 from ._query import library
 from .errors import LeRobotSQLError
-from ._readers.video import probe_video_files  # noqa: F401  moved to video.py; kept importable from here for one release
 
 SAMPLE_ROWS = 5
 

@@ -20,12 +20,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._readers import locate, tabular, video
+from ._readers import locate, tabular, video_index
 from ._storage.pieces import MERGE_GAP, merge_ranges  # noqa: F401  (MERGE_GAP moved to _storage/pieces.py)
 from ._readers.tabular import row_group_ranges
 
 AVIO_BUFFER = 32 << 10  # PyAV reads files in blocks of this size: a decode reads up to one block past its packet
-DECODER_DELAY = locate.DECODER_DELAY  # importable from here for one release
 
 
 @dataclasses.dataclass
@@ -76,7 +75,7 @@ def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
     # a demux (CPU), and the files are independent.
     rels = sorted({str(r) for k in keys for r in manifest[f"{k}/file"].to_pylist() if r is not None})
     with concurrent.futures.ThreadPoolExecutor(max(1, min(4, len(rels)))) as pool:
-        index = dict(zip(rels, pool.map(lambda r: video.ensure_index(src, r, db.cache_dir), rels)))
+        index = dict(zip(rels, pool.map(lambda r: video_index.ensure_index(src, r, db.cache_dir), rels)))
     for k in keys:
         vfiles = manifest[f"{k}/file"].to_numpy(zero_copy_only=False)
         from_ts = manifest[f"{k}/from_timestamp"].to_numpy().astype(np.float64)

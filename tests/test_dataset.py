@@ -13,7 +13,7 @@ import torch
 
 import lerobot_sql as lsql
 from helpers import REFERENCE_SETS, assert_item_equals_reference, assert_items_equal, data_root, load_reference
-from lerobot_sql._readers import tabular, video
+from lerobot_sql._readers import tabular, video_index
 
 
 @pytest.mark.parametrize("name", REFERENCE_SETS)
@@ -244,7 +244,7 @@ def _expected(src, cache, homes: set, mp4s: set) -> set:
     for rel, rg in homes:
         out.add(tabular.row_group_path(src, tabular.data_file_info(src, rel), rg, cache, load_layout(src)))
     for rel in mp4s:  # items need only the Arrow form; the Parquet one is for the SQL view video_frames
-        out.add(video.index_path(src, rel, cache).with_suffix(".arrow"))
+        out.add(video_index.index_path(src, rel, cache).with_suffix(".arrow"))
     return out
 
 
@@ -294,7 +294,7 @@ def test_dataloader_workers_build_each_entry_once_and_match_one_process(datasets
     data.chmod(0o644)
     pq.write_table(pq.read_table(data), data, row_group_size=100)
     builds = tmp_path / "builds.log"  # one line per row group decoded / mp4 demuxed, by any process
-    real_norm, real_demux = tabular._normalise, video._demux_index
+    real_norm, real_demux = tabular._normalise, video_index._demux_index
 
     def norm(table, layout, where):
         with open(builds, "a") as f:
@@ -307,7 +307,7 @@ def test_dataloader_workers_build_each_entry_once_and_match_one_process(datasets
         return real_demux(src, rel)
 
     monkeypatch.setattr(tabular, "_normalise", norm)
-    monkeypatch.setattr(video, "_demux_index", demux)
+    monkeypatch.setattr(video_index, "_demux_index", demux)
     sql = "SELECT index FROM frames WHERE episode_index IN (0, 3, 7) AND frame_index % 23 IN (0, 1) ORDER BY index"
     dt = {"action": [-2 / 30, 0, 2 / 30], "observation.images.front": [-1 / 30, 0]}
     runs = {}

@@ -35,7 +35,7 @@ STAGE_TOP = {
     # the torch side: after the manifest, files only
     "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter",
     # features built over a Database or a manifest
-    "prefetch": "feature", "doctor": "feature", "nearest": "feature", "display": "feature",
+    "prefetch": "feature", "doctor": "feature", "nearest": "feature", "display": "feature", "stats": "feature",
     # the facade
     "__init__": "facade", "db": "facade",
     # the demo: a user of the facade
@@ -56,7 +56,7 @@ ALLOWED = {
     "format": {"storage", "errors"},
     "readers": {"format", "storage", "errors"},
     "query": {"errors"},
-    "catalog": {"_readers.video", "_query.sqltext", "format", "storage", "errors"},
+    "catalog": {"_readers.video_index", "_query.sqltext", "format", "storage", "errors"},
     "plan": {"catalog", "_readers.tabular", "_query.sqltext", "format", "storage", "errors"},
     # of the planner, only the manifest's definition; storage only for the Source type the readers take
     "adapter": {"_plan.manifest", "readers", "format", "storage", "errors"},

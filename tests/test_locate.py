@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from lerobot_sql._readers import locate, video
+from lerobot_sql._readers import locate, video_index
 from lerobot_sql import prefetch
 
 FPS = 30.0
@@ -27,7 +28,7 @@ def _open_gop_index():
     kf_row = np.where(rows % 6 >= 4, np.minimum(kf_row + 6, N - 6), kf_row)  # B-frames: the next keyframe
     t = pa.table({"frame": rows, "pts": pts, "pts_s": pts / (512 * FPS), "is_keyframe": is_key,
                   "keyframe_pts": pts[kf_row], "byte_offset": rows * 100_000, "byte_size": np.full(N, 1000)},
-                 schema=video.INDEX_SCHEMA)
+                 schema=video_index.INDEX_SCHEMA)
     return t
 
 
@@ -46,6 +47,8 @@ def test_nearest_and_locate_within_tolerance():
     assert locate.locate(pts, pts_s, [2 / FPS + 1e-5], 1e-4, path="v.mp4", episode_index=3, video_key="cam") == [2]
     with pytest.raises(lsql.FrameNotFoundError, match=r"v.mp4: no frame of camera 'cam' .* \(episode 3\)"):
         locate.locate(pts, pts_s, [2.5 / FPS], 1e-4, path="v.mp4", episode_index=3, video_key="cam")
+    # the same rule without raising: -1 where no frame is within tolerance
+    assert locate.rows_within(pts_s, [2 / FPS + 1e-5, 2.5 / FPS, 4 / FPS], 1e-4).tolist() == [2, -1, 4]
     assert locate.time_in_file(np.array([11.6]), np.array([0.5], np.float32)).tolist() == [12.1]
 
 
@@ -63,7 +66,7 @@ def test_prefetch_plans_from_the_keyframe_the_decoder_seeks_to(datasets, tmp_pat
     db = lsql.connect(datasets / "small20", cache_dir=tmp_path)
     path = tmp_path / "open_gop.parquet"
     pq.write_table(_open_gop_index(), path)
-    monkeypatch.setattr(video, "ensure_index", lambda src, rel, cache_dir: path)
+    monkeypatch.setattr(video_index, "ensure_index", lambda src, rel, cache_dir: path)
     monkeypatch.setattr(db.source.fs, "info", lambda p, **kw: {"size": 10**9})
     m = db.manifest("SELECT index FROM frames WHERE episode_index = 0 AND frame_index IN (10, 11) ORDER BY index")
     need = prefetch.needed_ranges(db, m)
@@ -72,3 +75,16 @@ def test_prefetch_plans_from_the_keyframe_the_decoder_seeks_to(datasets, tmp_pat
         rel = m[f"{k}/file"][0].as_py()
         # the container head, then frames 10 and 11 from keyframe row 6 up to DECODER_DELAY packets past each
         assert need[rel] == [(0, a), (600_000, 1_501_000 + a)], k
+
+
+def test_dataset_raises_frame_not_found_for_drifted_timestamps(datasets):
+    db = lsql.connect(datasets / "small20")
+    m = db.manifest("SELECT index FROM frames WHERE episode_index = 2 AND frame_index < 4")
+    key = "observation.images.wrist"
+    col = m.column_names.index(f"{key}/from_timestamp")
+    m = m.set_column(col, f"{key}/from_timestamp", pa.compute.add(m[f"{key}/from_timestamp"], 0.5 / 30))
+    ds = db.dataset(m)
+    with pytest.raises(lsql.FrameNotFoundError, match="wrist"):
+        ds[0]
+    ok = db.dataset(m, cameras=["observation.images.front"])  # the other camera still reads
+    assert ok[0]["observation.images.front"].shape == (3, 96, 128)

@@ -22,7 +22,7 @@ import lerobot_sql as lsql
 import standins
 from lerobot_sql import doctor
 from lerobot_sql._plan import resolve as plan
-from lerobot_sql._readers import tabular, video
+from lerobot_sql._readers import decode, tabular, video_index
 from lerobot_sql._format.layout import load_layout
 from lerobot_sql._storage.source import open_source
 from standins import DATA, EPISODES, FRONT, SPLIT, TASKS, WRIST, video_rel
@@ -150,7 +150,7 @@ def test_g1_like_index_equals_full_demux_and_decoder_reads_exact_frames(g1, tmp_
     root = g1[0]
     rel = video_rel(key, file_index)
     src = open_source(root)
-    pq_index = pq.read_table(video.ensure_index(src, rel, tmp_path))
+    pq_index = pq.read_table(video_index.ensure_index(src, rel, tmp_path))
     with av.open(str(root / rel)) as c:
         s = c.streams.video[0]
         pk = sorted((p.pts, bool(p.is_keyframe), p.pos, p.size) for p in c.demux(s) if p.pts is not None)
@@ -158,11 +158,11 @@ def test_g1_like_index_equals_full_demux_and_decoder_reads_exact_frames(g1, tmp_
     assert pq_index["is_keyframe"].to_pylist() == [p[1] for p in pk]
     assert pq_index["byte_offset"].to_pylist() == [p[2] for p in pk]
     assert pq_index["byte_size"].to_pylist() == [p[3] for p in pk]
-    index = video.FrameIndex.load(video.ensure_index_arrow(src, rel, tmp_path))
+    index = video_index.FrameIndex.load(video_index.ensure_index_arrow(src, rel, tmp_path))
     full = [f.transpose(2, 0, 1) for f in standins.decode_all(root / rel)]
     assert len(index.pts) == len(full)
     rng = np.random.default_rng(0)
-    pool = video.DecoderPool(src, max_open=2)
+    pool = decode.DecoderPool(src, max_open=2)
     for rows in (np.arange(0, 12), rng.integers(0, len(full), 20), np.array([len(full) - 1, 0, len(full) // 2])):
         got = pool.decode_chw(index, rows)
         for j, r in enumerate(rows):
@@ -173,10 +173,10 @@ def test_g1_like_planar_and_packed_conversion_agree_at_480x640(g1, tmp_path):
     root = g1[0]
     src = open_source(root)
     rel = video_rel(WRIST, 0)
-    index = video.FrameIndex.load(video.ensure_index_arrow(src, rel, tmp_path))
+    index = video_index.FrameIndex.load(video_index.ensure_index_arrow(src, rel, tmp_path))
     rows = np.array([3, 50, 51])
-    a = video.DecoderPool(src).decode_chw(index, rows)
-    f = video._OpenFile(src, rel, 1)
+    a = decode.DecoderPool(src).decode_chw(index, rows)
+    f = decode._OpenFile(src, rel, 1)
     f.planar = False  # force the packed rgb24 path
     b = np.empty_like(a)
     f.decode_into(index, rows, b, 2)

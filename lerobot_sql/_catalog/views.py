@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError
-from .._readers import video
+from .._readers import video_index
 from .._format.layout import Layout, V2_TASKS, check_stored_type, parse_template, sql_key
 from .._storage.source import Source
 from .._query.sqltext import ident, literal, number
@@ -45,9 +45,9 @@ def _empty_view(columns) -> str:
 # The columns of the two views a Database fills on first use (db.py: build_video_index, _ensure_video_files), taken
 # from the tables that fill them, so a placeholder and its real view cannot drift apart.
 VIDEO_FRAMES_COLUMNS = (("video_key", pa.string()), ("chunk_index", pa.int64()), ("file_index", pa.int64()),
-                        ("path", pa.string())) + tuple((f.name, f.type) for f in video.INDEX_SCHEMA)
+                        ("path", pa.string())) + tuple((f.name, f.type) for f in video_index.INDEX_SCHEMA)
 VIDEO_FRAMES_EMPTY = _empty_view(VIDEO_FRAMES_COLUMNS)
-VIDEO_FILES_EMPTY = _empty_view((f.name, f.type) for f in video.PROBE_SCHEMA)
+VIDEO_FILES_EMPTY = _empty_view((f.name, f.type) for f in video_index.PROBE_SCHEMA)
 
 # Every metadata string reaches SQL through lerobot_sql.sqltext; these names stay for the modules importing them.
 q = ident

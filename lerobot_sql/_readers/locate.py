@@ -3,11 +3,11 @@
 A sample's camera frame lives in the mp4 the manifest names (``<video_key>/file``), at ``from_timestamp +
 timestamp`` seconds (:func:`time_in_file`: where the episode starts in that file plus the frame's time in the
 episode). The frame shown there is the one whose pts is nearest to that time, and only within ``tolerance_s``
-(:func:`nearest`, :func:`locate`; a neighbouring frame is never returned instead). Decoding it must start at its
+(:func:`nearest`, :func:`locate`, :func:`rows_within`; a neighbouring frame is never returned instead). Decoding it must start at its
 keyframe row (:func:`key_rows`, corrected for reordered frames), and a reader fetches the packets from that keyframe
 up to a few packets past the frame (:func:`packet_ranges`). An episode's clip must match the mp4's real frames
 (:func:`check_clips`), which per-frame lookups cannot tell. The dataset, ``prefetch`` and ``export`` all ask here;
-the arrays come from a file's index (:class:`lerobot_sql._readers.video.FrameIndex`, built by demuxing).
+the arrays come from a file's index (:class:`lerobot_sql._readers.video_index.FrameIndex`, built by demuxing).
 
 Arrays: ``pts`` int64 (n,) in stream time-base units and ``pts_s`` float64 (n,) seconds, sorted by presentation
 time; rows are positions in them.
@@ -52,6 +52,13 @@ def nearest(pts_s: np.ndarray, times_s) -> tuple[np.ndarray, np.ndarray]:
         left = pos - 1
         pick = np.where(np.abs(pts_s[left] - times_s) <= np.abs(pts_s[pos] - times_s), left, pos)
     return pick, np.abs(pts_s[pick] - times_s)
+
+
+def rows_within(pts_s: np.ndarray, times_s, tolerance_s: float) -> np.ndarray:
+    """Row (int64) of the frame nearest to each time, -1 where none lies within ``tolerance_s``: the rule of
+    :func:`locate` without raising, for readers that locate many frames at once and raise per item."""
+    pick, err = nearest(pts_s, times_s)
+    return np.where(err <= tolerance_s, pick, -1)
 
 
 def locate(pts: np.ndarray, pts_s: np.ndarray, times_s, tolerance_s: float, *, path: str, episode_index: int,

@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._readers import locate, video
+from .._readers import decode, locate, video_index
 from .._version import __version__
 from ..errors import DatasetFormatError, DestinationError, DestinationExistsError, LeRobotSQLError, VideoDecodeError
 from .._format.layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
@@ -474,7 +474,7 @@ class _Exporter:
         self._tasks()
         self.data = _DataWriter(self)
         self.videos = {k: _VideoWriter(self, k) for k in self.layout.video_keys}
-        self.decoders = video.DecoderPool(self.src, max_open=4)
+        self.decoders = decode.DecoderPool(self.src, max_open=4)
         rows, ep_stats = [], []
         next_index = 0
         try:
@@ -589,7 +589,7 @@ class _Exporter:
 
     def _video_samples(self, key: str, part: _Part) -> np.ndarray:
         rel = self.m[f"{key}/file"][int(part.rows[0])].as_py()
-        index = video.FrameIndex.load(video.ensure_index(self.src, rel, self.db.cache_dir))
+        index = video_index.FrameIndex.load(video_index.ensure_index(self.src, rel, self.db.cache_dir))
         pick = _sample_indices(part.length)
         rows_m = part.rows[pick]
         times = locate.time_in_file(self.m[f"{key}/from_timestamp"].to_numpy()[rows_m],
@@ -771,13 +771,13 @@ class _VideoWriter:
         self.last_dts: int | None = None
         self.files = 0
         self.inputs: dict[str, Any] = {}
-        self.indexes: dict[str, tuple[video.FrameIndex, np.ndarray]] = {}
+        self.indexes: dict[str, tuple[video_index.FrameIndex, np.ndarray]] = {}
         self.feat_info = ex.layout.features[key].info
 
-    def _index(self, rel: str) -> tuple[video.FrameIndex, np.ndarray]:
+    def _index(self, rel: str) -> tuple[video_index.FrameIndex, np.ndarray]:
         if rel not in self.indexes:
-            p = video.ensure_index(self.ex.src, rel, self.ex.db.cache_dir)
-            self.indexes[rel] = (video.FrameIndex.load(p), pq.read_table(p, columns=["byte_size"])["byte_size"]
+            p = video_index.ensure_index(self.ex.src, rel, self.ex.db.cache_dir)
+            self.indexes[rel] = (video_index.FrameIndex.load(p), pq.read_table(p, columns=["byte_size"])["byte_size"]
                                  .to_numpy())
         return self.indexes[rel]
 
@@ -787,7 +787,7 @@ class _VideoWriter:
                 old = next(iter(self.inputs))
                 self.inputs.pop(old).close()
                 self.indexes.pop(old, None)
-            self.inputs[rel] = video.open_container(self.ex.src, rel)
+            self.inputs[rel] = video_index.open_container(self.ex.src, rel)
         return self.inputs[rel]
 
     def write(self, part: _Part) -> dict[str, Any]:
@@ -868,7 +868,7 @@ class _VideoWriter:
         self.out.mux(pkt)
         self.last_dts = dts
 
-    def _remux(self, inp, in_stream, index: video.FrameIndex, ra: int, rb: int, out_pts) -> tuple[bool, int]:
+    def _remux(self, inp, in_stream, index: video_index.FrameIndex, ra: int, rb: int, out_pts) -> tuple[bool, int]:
         """Copy the packets of frames ra..rb (ra is a keyframe). False if decode order crosses the cut."""
         lo, hi = int(index.pts[ra]), int(index.pts[rb])
         frame_dur = int(round(Fraction(1) / Fraction(self.ex.fps) / Fraction(index.time_base)))
@@ -901,7 +901,7 @@ class _VideoWriter:
             self._mux(pkt, p, d)
         return True, end
 
-    def _encode(self, inp, in_stream, index: video.FrameIndex, ra: int, rb: int, out_pts) -> int:
+    def _encode(self, inp, in_stream, index: video_index.FrameIndex, ra: int, rb: int, out_pts) -> int:
         """Decode frames ra..rb and encode them as a new GOP with info.json's encoder settings."""
         lo, hi = int(index.pts[ra]), int(index.pts[rb])
         frames = []

@@ -16,7 +16,7 @@ import pytest
 
 import lerobot_sql as lsql
 from lerobot_sql._storage import cache
-from lerobot_sql._readers import video
+from lerobot_sql._readers import video_index
 from lerobot_sql._storage.cache import CacheWarning
 from lerobot_sql._storage.source import open_source
 
@@ -103,12 +103,12 @@ def test_a_damaged_cache_entry_is_rebuilt_once_with_a_warning(datasets, tmp_path
 def test_a_damaged_parquet_video_index_is_rebuilt(datasets, tmp_path, monkeypatch, damage):
     """The Parquet form of an index serves the SQL view video_frames."""
     src = open_source(datasets / "small20")
-    p = video.ensure_index(src, FRONT, tmp_path)
+    p = video_index.ensure_index(src, FRONT, tmp_path)
     want = pq.read_table(p)
     truncate(p, 0.5) if damage == "truncated" else scribble(p, 0.3, 16)
     _new_process(monkeypatch)
     with pytest.warns(CacheWarning, match=re.escape(str(p))):
-        assert video.ensure_index(src, FRONT, tmp_path) == p
+        assert video_index.ensure_index(src, FRONT, tmp_path) == p
     assert pq.read_table(p).equals(want)
     db = lsql.connect(datasets / "small20", cache_dir=tmp_path / "c2")
     assert db.sql("SELECT count(*) FROM video_frames").fetchall()[0][0] == 2 * 4762

@@ -133,7 +133,7 @@ def test_process_killed_while_writing_a_cache_entry(damaged, tmp_path, datasets)
     ready = tmp_path / "ready"
     code = f"""
         import pathlib, time, pyarrow.parquet as pq
-        from lerobot_sql._readers import video
+        from lerobot_sql._readers import video_index
         real = pq.write_table
         def slow_write(table, where, **kw):   # half the entry on disk, then the process dies
             real(table, where, **kw)
@@ -141,7 +141,7 @@ def test_process_killed_while_writing_a_cache_entry(damaged, tmp_path, datasets)
             pathlib.Path(where).write_bytes(data[: len(data) // 2])
             pathlib.Path({str(ready)!r}).touch()
             time.sleep(600)
-        video.pq.write_table = slow_write
+        video_index.pq.write_table = slow_write
         import lerobot_sql as lsql
         lsql.connect({str(root)!r}, cache_dir={str(cache)!r}).sql("SELECT count(*) FROM video_frames").fetchall()
     """

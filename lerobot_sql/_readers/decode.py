@@ -1,0 +1,290 @@
+"""Decoding: a pool of reusable PyAV decoders per process, writing RGB frames straight into caller arrays.
+
+``DecoderPool`` keeps open decoders per process and reaches each target by decoding forward from where the decoder
+stands, seeking (straight to the target's keyframe) only when that keyframe lies further ahead than ``reach``. The
+rows it decodes come from a file's :class:`~lerobot_sql._readers.video_index.FrameIndex` (where a frame is:
+:mod:`lerobot_sql._readers.locate`); each file is checked against its pin and its declared frame size when it opens.
+Frames are converted by swscale to planar RGB where that was seen to equal the packed rgb24 conversion.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+
+import av
+from av.video.reformatter import VideoReformatter
+import numpy as np
+
+from ..errors import DatasetFormatError, VideoDecodeError
+from .._storage.source import Source
+from .video_index import FrameIndex, Stamp, changed_error, open_container, stamp_of
+
+
+def _sws_single_thread() -> dict:
+    """``reformat()`` keywords for a single-threaded swscale: ``{"threads": 1}`` where PyAV has the option (16+),
+    else ``{}`` (PyAV 15, which lerobot 0.4 / 0.6 pin, has no ``threads`` keyword and always converts on one thread).
+    Probed once at import on a 2x2 frame, not by version number."""
+    try:
+        VideoReformatter().reformat(av.VideoFrame(2, 2, "yuv420p"), format="rgb24", threads=1)
+        return {"threads": 1}
+    except TypeError:
+        return {}
+
+
+_SWS_KW = _sws_single_thread()
+
+
+# Formats whose planar-RGB conversion was seen to equal the packed rgb24 one, per process (see _OpenFile._convert).
+_PLANAR_OK: dict[tuple, bool] = {}
+
+
+MAX_SIDE = 8192         # pixels: a frame side beyond 8K is refused as a decode bomb, whatever info.json declares
+MAX_PIXEL_RATIO = 64    # a frame of more than 64 x the declared pixel count is refused too (a 4K stream under 96x128)
+_WARNED: set[tuple[str, tuple[int, int]]] = set()  # (mp4, its frame size): warned once per process
+
+
+def check_resolution(path: str, hw: tuple[int, int], camera: str | None, declared: tuple[int, int] | None) -> None:
+    """Compare an mp4's frame size (``hw``: height, width from the stream at decoder open) with info.json's.
+
+    Datasets legitimately hold files of one camera at several resolutions (lerobot serves each file's own size),
+    so a difference only warns, once per file and process. Cheap: called when a decoder opens, never per frame.
+
+    Raises:
+        DatasetFormatError: a side over :data:`MAX_SIDE`, or more than :data:`MAX_PIXEL_RATIO` x the declared pixel
+            count: each decoded frame would cost that memory (uint8 3 x H x W per frame of every item).
+    """
+    h, w = int(hw[0]), int(hw[1])
+    said = f" of camera {camera!r}" if camera else ""
+    want = f"info.json declares {declared[0]}x{declared[1]} (HxW)" if declared else "no declared shape"
+    if max(h, w) > MAX_SIDE or (declared and h * w > MAX_PIXEL_RATIO * max(1, declared[0] * declared[1])):
+        raise DatasetFormatError(
+            f"{path}: video frames{said} are {h}x{w} (HxW), {want}; refused as a decode bomb (limits: sides up to "
+            f"{MAX_SIDE}, at most {MAX_PIXEL_RATIO}x the declared pixel count). Re-encode the mp4 at the declared "
+            "size, or leave the camera out (cameras=[...])")
+    if declared and (h, w) != tuple(declared) and (path, (h, w)) not in _WARNED:
+        _WARNED.add((path, (h, w)))
+        import warnings
+
+        warnings.warn(f"{path}: video frames{said} are {h}x{w} (HxW) but {want}; serving the file's own size "
+                      "(as lerobot does), so items of this camera differ in shape across files", stacklevel=5)
+
+
+class _OpenFile:
+    """One open container positioned somewhere in its stream, decoding forward.
+
+    ``pos`` is the index row of the frame the decoder will output next (None after an error or before the first
+    seek): a target at or after ``pos`` whose keyframe is not far ahead is reached by decoding forward, anything else
+    by one seek straight to the target's keyframe. Frames are converted by one ``VideoReformatter`` kept for the
+    file, single-threaded (swscale's default spawns a thread pool per call, which costs more than a small frame).
+    """
+
+    def __init__(self, src: Source, rel: str, threads: int, thread_type: str = "AUTO"):
+        self.rel = rel
+        self.path = src.path(rel)
+        self.container = open_container(src, rel)
+        self.stream = self.container.streams.video[0]
+        cc = self.stream.codec_context
+        if threads == 1:
+            cc.thread_count = 1
+        else:
+            cc.thread_type = thread_type
+            cc.thread_count = threads  # 0 = FFmpeg picks
+        self.reformatter = VideoReformatter()
+        self.frames = None
+        self.pos: int | None = None
+        self.planar: bool | None = None
+        self.seeks = 0    # counters for tests and benchmarks
+        self.decoded = 0
+
+    def _seek(self, index: FrameIndex, key_row: int) -> None:
+        self.container.seek(int(index.pts[key_row]), stream=self.stream, backward=True, any_frame=False)
+        self.frames = self.container.decode(self.stream)
+        self.pos = key_row
+        self.seeks += 1
+
+    def _convert(self, frame, out: np.ndarray) -> None:
+        """Write ``frame`` as RGB (3, H, W) uint8 into ``out``.
+
+        swscale's planar GBR output equals its packed rgb24 output for the formats checked (yuv420p AV1/H.264),
+        and lands in channel-first order without a transpose; the first frame of each pixel format is converted
+        both ways and the planar path is used only if the two agree bit for bit.
+        """
+        if frame.height != out.shape[1] or frame.width != out.shape[2]:
+            raise VideoDecodeError(f"{self.path}: frame at pts={frame.pts} is {frame.width}x{frame.height} but the "
+                                   f"stream declares {out.shape[2]}x{out.shape[1]}; frames of changing size are not "
+                                   "supported")
+        if self.planar is None:
+            fmt = (frame.format.name, frame.width, frame.height, int(frame.colorspace), int(frame.color_range))
+            if fmt not in _PLANAR_OK:
+                ref = self.reformatter.reformat(frame, format="rgb24", **_SWS_KW).to_ndarray().transpose(2, 0, 1)
+                self._planar_into(frame, out)
+                _PLANAR_OK[fmt] = bool(np.array_equal(out, ref))
+            self.planar = _PLANAR_OK[fmt]
+        if self.planar:
+            self._planar_into(frame, out)
+        else:
+            out[...] = self.reformatter.reformat(frame, format="rgb24", **_SWS_KW).to_ndarray().transpose(2, 0, 1)
+
+    def _planar_into(self, frame, out: np.ndarray) -> None:
+        g = self.reformatter.reformat(frame, format="gbrp", **_SWS_KW)
+        h, w = out.shape[1:]
+        for c, p in ((0, 2), (1, 0), (2, 1)):  # gbrp planes are G, B, R
+            plane = g.planes[p]
+            out[c] = np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)[:, :w]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        cc = self.stream.codec_context
+        return 3, cc.height, cc.width
+
+    def decode_into(self, index: FrameIndex, rows: np.ndarray, out: np.ndarray, reach: int) -> None:
+        """Write the frames at index ``rows`` into ``out[j]`` ((len(rows), 3, H, W) uint8), in one forward pass
+        over the sorted rows where the keyframes allow it."""
+        # one row (an item without delta_timestamps) is most calls: argsort's ~3 us was ~1% of an item
+        order = (0,) if len(rows) == 1 else np.argsort(rows, kind="stable")
+        prev_row, prev_j = -1, -1
+        for j in order:
+            r = int(rows[j])
+            if r == prev_row:
+                out[j] = out[prev_j]
+                continue
+            kr = int(index.key_row[r])
+            # Decoding forward from pos costs r - pos frames; a seek costs r - kr frames plus a flush. Forward wins
+            # unless the target's keyframe lies more than `reach` frames past the current position.
+            if self.pos is None or r < self.pos or kr - self.pos > reach:
+                self._seek(index, kr)
+            want = int(index.pts[r])
+            try:
+                for frame in self.frames:
+                    self.decoded += 1
+                    p = frame.pts
+                    if p == want:
+                        self._convert(frame, out[j])
+                        break
+                    if p is not None and p > want:
+                        self.pos = None
+                        raise VideoDecodeError(f"{self.path}: decoding skipped pts={want} (got {p}); the stream's "
+                                               "index disagrees with its packets, the file may be corrupt")
+                else:
+                    self.pos = None
+                    raise VideoDecodeError(f"{self.path}: stream ended before pts={want}; the file may be truncated")
+            except av.error.FFmpegError as e:
+                self.pos = None
+                raise VideoDecodeError(f"{self.path}: decoding failed near pts={want} ({e}); the file may be "
+                                       "corrupt, re-fetch it") from e
+            self.pos = r + 1
+            prev_row, prev_j = r, j
+
+    def close(self) -> None:
+        self.container.close()
+
+
+class DecoderPool:
+    """Open decoders of one process, at most ``max_open`` (LRU), each reused for forward reads.
+
+    A pool must be created in the process that uses it: the dataset makes one lazily per worker. Several threads may
+    share a pool as long as each file is used by one thread at a time (the dataset decodes each camera, i.e. each
+    file, in its own thread).
+
+    Args:
+        threads: FFmpeg decoder threads per open file; 1 suits seeking and small frames, 0 lets FFmpeg choose.
+        reach: how many frames past the current position a target's keyframe may lie before a seek is cheaper
+            than decoding forward.
+    """
+
+    def __init__(self, src: Source, max_open: int = 16, threads: int = 1, reach: int = 2,
+                 thread_type: str = "AUTO", pins: dict[str, Stamp | None] | None = None,
+                 declared: dict[str, tuple[str, tuple[int, int]]] | None = None):
+        self.src, self.max_open, self.threads, self.reach = src, max_open, threads, reach
+        self.pins = pins or {}
+        self.declared = declared or {}  # rel -> (camera key, info.json's (height, width)): checked at each open
+        self._local: dict[str, str] = {}  # rel -> OS path of pinned files (spares a join per check)
+        self.thread_type = thread_type
+        self._open: collections.OrderedDict[str, _OpenFile] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._closed = {"seeks": 0, "decoded": 0}
+
+    def _take(self, rel: str) -> _OpenFile:
+        with self._lock:
+            f = self._open.pop(rel, None)
+        if f is None:
+            f = _OpenFile(self.src, rel, self.threads, self.thread_type)
+            try:
+                check_resolution(f.path, f.shape[1:], *self.declared.get(rel, (None, None)))
+            except BaseException:
+                f.close()
+                raise
+        return f
+
+    def _give(self, f: _OpenFile) -> None:
+        with self._lock:
+            other = self._open.pop(f.rel, None)
+            self._open[f.rel] = f
+            if other is not None and other is not f:
+                self._retire(other)
+            while len(self._open) > self.max_open:
+                self._retire(self._open.popitem(last=False)[1])
+
+    def _retire(self, f: _OpenFile) -> None:
+        self._closed["seeks"] += f.seeks
+        self._closed["decoded"] += f.decoded
+        f.close()
+
+    def stats(self) -> dict[str, int]:
+        """Seeks and decoded frames so far in this process, and how many files are open."""
+        with self._lock:
+            files = list(self._open.values())
+            out = dict(self._closed)
+        out["seeks"] += sum(f.seeks for f in files)
+        out["decoded"] += sum(f.decoded for f in files)
+        out["open_files"] = len(files)
+        return out
+
+    def decode(self, index: FrameIndex, rows: np.ndarray) -> dict[int, np.ndarray]:
+        """HWC uint8 RGB frames (dict pts -> (H, W, 3) array) for the given rows of ``index``'s file."""
+        frames = self.decode_chw(index, rows)
+        return {int(index.pts[r]): frames[j].transpose(1, 2, 0) for j, r in enumerate(np.asarray(rows))}
+
+    def decode_chw(self, index: FrameIndex, rows: np.ndarray) -> np.ndarray:
+        """RGB frames at ``rows`` of ``index``'s file: uint8 (len(rows), 3, H, W), in the order of ``rows``.
+
+        Raises:
+            MissingFileError: the mp4 is gone.
+            DatasetFormatError: the mp4 is no longer the file its pin (``pins``) describes.
+            VideoDecodeError: PyAV failed, or the stream disagrees with the index.
+        """
+        f = self._take(index.path)
+        ok = False
+        try:
+            # One stat per call (an item's camera), after the open: a file replaced by a rename before the open, or
+            # rewritten in place under an open decoder, would otherwise be decoded through the old file's index.
+            pin = self.pins.get(index.path)
+            if pin is not None:
+                local = self._local.get(index.path)
+                if local is None:
+                    local = self._local[index.path] = self.src.local_path(index.path)
+                try:
+                    st = os.stat(local)
+                except FileNotFoundError:
+                    raise changed_error(self.src, index.path, pin, None) from None
+                # the four numbers, not stamp_of: building the identity string per call cost ~1% of an item
+                if (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != pin[:4]:
+                    raise changed_error(self.src, index.path, pin, stamp_of(st))
+            out = np.empty((len(rows), *f.shape), np.uint8)
+            f.decode_into(index, np.asarray(rows), out, self.reach)
+            ok = True
+            return out
+        finally:
+            if ok:
+                self._give(f)
+            else:  # a read failed inside PyAV (e.g. a remote error): its demuxer is spent, the next item reopens it
+                with self._lock:
+                    self._retire(f)
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self._open.values():
+                self._retire(f)
+            self._open.clear()

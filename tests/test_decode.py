@@ -1,0 +1,168 @@
+"""Decoding (lerobot_sql/_readers/decode.py): exact frames in any order, forward reads without seeks, planar and
+packed conversion alike, fork safety of the frame path, and the frame-size checks at decoder open."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import av
+import numpy as np
+import pytest
+import torch
+
+import lerobot_sql as lsql
+from helpers import data_root
+from lerobot_sql._readers import decode, video_index
+from lerobot_sql._storage.source import open_source
+
+# the same files as test_video_index.py
+
+CASES = [("small20", "videos/observation.images.front/chunk-000/file-000.mp4"),    # AV1, sample-table path
+         ("h264_20", "videos/observation.images.wrist/chunk-000/file-000.mp4"),    # H.264 with B-frames: demux path
+         ("g1_real_v30", "videos/observation.images.cam_high/chunk-000/file-000.mp4")]
+
+
+def _decode_all(path, limit=None):
+    """Independent truth: the file's first ``limit`` frames (all by default), one sequential pass, keyed by pts."""
+    with av.open(str(path)) as c:
+        out = {}
+        for f in c.decode(video=0):
+            out[f.pts] = f.to_ndarray(format="rgb24").transpose(2, 0, 1)
+            if limit and len(out) >= limit:
+                break
+        return out
+
+
+
+@pytest.mark.parametrize("name,rel", CASES)
+def test_decoder_pool_reads_exact_frames_in_any_order(tmp_path, name, rel):
+    src = open_source(data_root(name))
+    index = video_index.FrameIndex.load(video_index.ensure_index_arrow(src, rel, tmp_path))
+    n = min(len(index.pts), 300)  # the file's start is enough, and keeps the test fast
+    truth = _decode_all(data_root(name) / rel, limit=n + 8)
+    rng = np.random.default_rng(0)
+    pool = decode.DecoderPool(src, max_open=2)
+    orders = [np.arange(0, min(n, 40)),                      # forward run: one seek
+              rng.integers(0, n, 25),                        # random
+              np.array([30, 29, 28, 5, 5, 6, 200 % n]),      # backwards, repeats
+              np.array([n - 1, 0, n - 2])]
+    for rows in orders:
+        frames = pool.decode_chw(index, rows)
+        for j, r in enumerate(rows):
+            np.testing.assert_array_equal(frames[j], truth[int(index.pts[r])], err_msg=f"{name} row {r}")
+    # dict form used by export: pts -> HWC
+    d = pool.decode(index, np.array([3, 4]))
+    np.testing.assert_array_equal(d[int(index.pts[4])], truth[int(index.pts[4])].transpose(1, 2, 0))
+    pool.close()
+
+
+def test_forward_reads_do_not_seek(datasets, tmp_path):
+    src = open_source(datasets / "small20")
+    rel = CASES[0][1]
+    index = video_index.FrameIndex.load(video_index.ensure_index_arrow(src, rel, tmp_path))
+    pool = decode.DecoderPool(src, reach=2)
+    for r in range(100, 160):
+        pool.decode_chw(index, np.array([r]))
+    s = pool.stats()
+    assert s["seeks"] == 1 and s["decoded"] == 160 - index.key_row[100]
+    t = 162
+    assert 0 < index.key_row[t] - 160 <= 2                  # its keyframe is just ahead: decode forward
+    pool.decode_chw(index, np.array([t]))
+    s1 = pool.stats()
+    assert s1["seeks"] == 1 and s1["decoded"] - s["decoded"] == t - 160 + 1
+    far = 400                                                # far ahead: one seek to its keyframe
+    pool.decode_chw(index, np.array([far]))
+    s2 = pool.stats()
+    assert s2["seeks"] == 2 and s2["decoded"] - s1["decoded"] == far - index.key_row[far] + 1
+
+
+def test_planar_and_packed_conversion_agree(real_datasets, tmp_path):
+    src = open_source(real_datasets / "g1_real_v30")
+    rel = CASES[2][1]
+    index = video_index.FrameIndex.load(video_index.ensure_index_arrow(src, rel, tmp_path))
+    rows = np.array([3, 50, 51])
+    a = decode.DecoderPool(src).decode_chw(index, rows)
+    f = decode._OpenFile(src, rel, 1)
+    f.planar = False  # force the packed rgb24 path
+    b = np.empty_like(a)
+    f.decode_into(index, rows, b, 2)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_fork_safety_parent_reads_then_two_workers(datasets, framecode):
+    db = lsql.connect(datasets / "multifile60")
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index IN (10, 11, 33, 34) AND frame_index % 9 = 0 "
+                    "ORDER BY index", return_uint8=True, parallel_cameras=True)
+    parent = [ds[i] for i in range(len(ds))]  # opens decoders, maps and threads in the parent
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, shuffle=False, num_workers=2,
+                                         multiprocessing_context="fork")
+    got = {k: torch.cat([b[k] for b in loader]) for k in ("index", "observation.images.front",
+                                                           "observation.images.wrist", "frame_index",
+                                                           "episode_index")}
+    assert got["index"].tolist() == [int(p["index"]) for p in parent]
+    for j, p in enumerate(parent):
+        for cam, k in ((1, "observation.images.front"), (2, "observation.images.wrist")):
+            assert torch.equal(got[k][j], p[k])
+            ep, f = int(got["episode_index"][j]), int(got["frame_index"][j])
+            assert framecode.verify_frame(got[k][j].permute(1, 2, 0).numpy(), ep, f, cam)["ok"], (ep, f, k)
+
+
+
+@pytest.fixture(scope="module")
+def wrist_320x240(datasets, tmp_path_factory):
+    """small20 with its wrist mp4 re-encoded at 320x240 (info.json declares 96x128), same frames and timing."""
+    import fractions
+
+    root = tmp_path_factory.mktemp("mp4res") / "small20"
+    shutil.copytree(datasets / "small20", root)
+    p = root / "videos/observation.images.wrist/chunk-000/file-000.mp4"
+    with av.open(str(p)) as c:
+        n = c.streams.video[0].frames
+    with av.open(str(p) + ".new.mp4", "w") as out:
+        s = out.add_stream("libx264", rate=30, options={"preset": "ultrafast"})
+        s.width, s.height, s.pix_fmt = 320, 240, "yuv420p"
+        s.codec_context.time_base = fractions.Fraction(1, 30)
+        for i in range(n):
+            fr = av.VideoFrame.from_ndarray(np.full((240, 320, 3), i % 255, np.uint8), format="rgb24")
+            fr.pts = i
+            out.mux(s.encode(fr))
+        out.mux(s.encode())
+    os.replace(str(p) + ".new.mp4", p)
+    return root
+
+
+def test_an_mp4_of_another_resolution_than_declared_is_served_with_one_warning(wrist_320x240, tmp_path):
+    """Real datasets hold one camera's files at several sizes (lerobot serves each file's own): served, but the
+    user hears of it once per file, naming the mp4, the camera and both shapes."""
+    import warnings
+
+    db = lsql.connect(wrist_320x240, cache_dir=tmp_path / "cache")
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index = 0 ORDER BY index LIMIT 4")
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        items = [ds[i] for i in range(3)]
+    assert [tuple(it["observation.images.wrist"].shape) for it in items] == [(3, 240, 320)] * 3
+    assert tuple(items[0]["observation.images.front"].shape) == (3, 96, 128)
+    msgs = [str(w.message) for w in rec if "video frames" in str(w.message)]
+    assert len(msgs) == 1, msgs  # at decoder open, not per frame
+    assert "observation.images.wrist/chunk-000/file-000.mp4" in msgs[0] and "'observation.images.wrist'" in msgs[0]
+    assert "240x320 (HxW)" in msgs[0] and "declares 96x128" in msgs[0]
+
+
+def test_an_mp4_far_larger_than_declared_is_refused_as_a_decode_bomb(wrist_320x240, tmp_path, monkeypatch):
+    """Past the bound (here lowered to 4 x the declared pixels so a small encode shows it; the shipped bound is 64 x,
+    or a side over 8192) the decoder is not used: a DatasetFormatError naming the mp4, camera and both shapes."""
+    monkeypatch.setattr(decode, "MAX_PIXEL_RATIO", 4, raising=False)
+    db = lsql.connect(wrist_320x240, cache_dir=tmp_path / "cache")
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index = 0 ORDER BY index LIMIT 4", cameras=[
+        "observation.images.wrist"])
+    with pytest.raises(lsql.DatasetFormatError, match=r"observation\.images\.wrist/chunk-000/file-000\.mp4: video "
+                       r"frames of camera 'observation\.images\.wrist' are 240x320 \(HxW\), info\.json declares "
+                       r"96x128 \(HxW\); refused as a decode bomb"):
+        ds[0]
+    monkeypatch.setattr(decode, "MAX_PIXEL_RATIO", 64)
+    monkeypatch.setattr(decode, "MAX_SIDE", 300)  # the absolute bound, whatever info.json says
+    with pytest.raises(lsql.DatasetFormatError, match="refused as a decode bomb"):
+        decode.check_resolution("x.mp4", (240, 320), "cam", None)
+    decode.check_resolution("x.mp4", (240, 300), "cam", (240, 300))  # within both bounds: no error
