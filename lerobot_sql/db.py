@@ -25,7 +25,7 @@ from ._readers import video_index
 from .errors import (DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, RemoteIOError,
                      ResultContractError)
 from ._format.layout import load_layout
-from ._storage.remote import FileChangedError
+from ._storage.transport import FileChangedError
 from ._storage.source import open_source
 
 # Most rows a query given to dataset()/manifest() may return (samples; duplicates allowed for oversampling).
@@ -772,8 +772,7 @@ class Database:
 
     def io_stats(self) -> dict[str, int]:
         """Bytes and requests read from the dataset's storage: requests, bytes_fetched, bytes_from_cache."""
-        stats = getattr(self.source.fs, "io_stats", None)
-        return dict(stats()) if callable(stats) else {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
+        return self.source.io_stats()
 
     def close(self) -> None:
         with self._con_lock:

@@ -209,3 +209,21 @@ def atomic_write(path: str | os.PathLike, data: bytes | Callable[[str], None], *
 def root_for(dataset_url: str) -> Path:
     """The cache folder of one dataset (by its URL or absolute path)."""
     return cache_root() / key(dataset_url)
+
+
+DEFAULT_CACHE_SIZE = 50 << 30    # bound on a remote dataset's cached bytes: 50 GiB
+
+
+def parse_size(size: int | str | None) -> int:
+    """``50GB``, ``512MiB``, ``10_000_000`` or an int -> bytes; None -> DEFAULT_CACHE_SIZE."""
+    if size is None:
+        return DEFAULT_CACHE_SIZE
+    if isinstance(size, (int, float)):
+        return int(size)
+    s = str(size).strip().upper().replace("_", "")
+    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "KB": 10**3, "MB": 10**6,
+             "GB": 10**9, "TB": 10**12, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "B": 1}
+    for u, mult in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * mult)
+    return int(s)
