@@ -33,13 +33,13 @@ PACKAGE_STAGE = {
 STAGE_TOP = {
     "errors": "errors", "_version": "errors",  # the leaves everyone may import
     # the torch side: after the manifest, files only
-    "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter",
+    "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter", "meta": "adapter",
     # features built over a Database or a manifest
     "prefetch": "feature", "doctor": "feature", "nearest": "feature", "display": "feature", "stats": "feature",
     # the facade
     "__init__": "facade", "db": "facade",
-    # the demo: a user of the facade
-    "demo": "cli",
+    # the demo and the lerobot-train driver: users of the facade
+    "demo": "cli", "train": "cli",
 }
 
 

@@ -45,7 +45,7 @@ class DataWriter:
             pf = pq.ParquetFile(fh)
             md = pf.metadata
             offs = np.concatenate([[0], np.cumsum([md.row_group(i).num_rows for i in range(md.num_row_groups)])])
-            size = self.ex.src.fs.size(self.ex.src.path(rel))
+            size = self.ex.src.size(rel)
             self._pf[rel] = (pf, offs, fh, size / max(md.num_rows, 1))
         pf, offs, _, _ = self._pf[rel]
         first = int(np.searchsorted(offs, row0, side="right") - 1)
