@@ -617,8 +617,7 @@ class Database:
 
     def io_stats(self) -> dict[str, int]:
         """Bytes and requests read from the dataset's storage: requests, bytes_fetched, bytes_from_cache."""
-        stats = getattr(self.source.fs, "io_stats", None)
-        return dict(stats()) if callable(stats) else {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
+        return self.source.io_stats()
 
     def close(self) -> None:
         self._connection.close()

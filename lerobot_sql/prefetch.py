@@ -3,7 +3,7 @@
 For the query's manifest: the footer and the row groups of each data file that hold the selected frames (whole
 episodes when ``delta_timestamps`` are given, as the dataset reads neighbours), and for each camera the packets from
 the keyframe before each wanted frame up to that frame (byte ranges from the video index, which itself costs only
-the mp4's ``moov`` box). Ranges are merged and fetched in parallel through :class:`lerobot_sql._storage.remote.RemoteCacheFS`,
+the mp4's ``moov`` box). Ranges are merged and fetched in parallel through :meth:`lerobot_sql._storage.source.Source.fetch`,
 so a later ``db.dataset(sql)`` reads from disk. For an episode query the selected episodes' row groups are fetched
 first, in parallel, so that the manifest query itself reads the cache (``warm_episode_row_groups``).
 ``lerobot-sql prefetch DATASET --sql ...`` is the CLI form.
@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._readers import locate, tabular, video_index
-from ._storage.remote import MERGE_GAP, merge_ranges  # noqa: F401  (MERGE_GAP moved to remote.py)
+from ._storage.pieces import MERGE_GAP, merge_ranges  # noqa: F401  (MERGE_GAP moved to _storage/pieces.py)
 from ._readers.tabular import row_group_ranges
 
 AVIO_BUFFER = 32 << 10  # PyAV reads files in blocks of this size: a decode reads up to one block past its packet
@@ -59,7 +59,7 @@ def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
         sel = files == rel
         info = tabular.data_file_info(src, str(rel))
         md = info.metadata
-        size = src.fs.info(src.path(str(rel)))["size"]
+        size = src.size(str(rel))
         tail = md.serialized_size + 8
         r = rows[sel]
         if delta_timestamps and row0 is not None:
@@ -97,7 +97,7 @@ def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
             ranges = locate.packet_ranges(pick, key_row, start, size_b, readahead=AVIO_BUFFER)
             # Opening the container reads its head (ftyp, moov) and probes the first packets.
             ranges.append((0, int(start.min()) + AVIO_BUFFER))
-            size = src.fs.info(src.path(str(rel)))["size"]
+            size = src.size(str(rel))
             need.setdefault(str(rel), []).extend((a, min(b, size)) for a, b in ranges)
     return {rel: merge_ranges(r) for rel, r in need.items()}
 
@@ -111,7 +111,7 @@ def warm_episode_row_groups(db, sql: str) -> int:
 
     Returns the bytes fetched.
     """
-    fs, src = db.source.fs, db.source
+    src = db.source
     try:  # q.episode_index, qualified: unqualified, a query without it would match episodes.episode_index
         wanted = db.sql('SELECT "data/chunk_index", "data/file_index", dataset_from_index, dataset_to_index FROM '
                         f"episodes WHERE episode_index IN (SELECT q.episode_index FROM ({sql}) AS q)").fetchall()
@@ -133,9 +133,9 @@ def warm_episode_row_groups(db, sql: str) -> int:
         except Exception:  # noqa: BLE001 - the manifest query reports a missing or broken file properly
             continue
         rgs = info.row_groups([a for a, _ in spans], [b for _, b in spans])
-        jobs.append((src.path(rel), merge_ranges(row_group_ranges(info.metadata, rgs))))
+        jobs.append((rel, merge_ranges(row_group_ranges(info.metadata, rgs))))
     with concurrent.futures.ThreadPoolExecutor(max(1, len(jobs))) as pool:
-        return sum(pool.map(lambda j: fs.ensure_ranges(*j), jobs)) if jobs else 0
+        return sum(pool.map(lambda j: src.fetch(*j), jobs)) if jobs else 0
 
 
 def prefetch(db, sql: str | pa.Table, progress: bool = True, *, delta_timestamps: dict | None = None,
@@ -152,25 +152,25 @@ def prefetch(db, sql: str | pa.Table, progress: bool = True, *, delta_timestamps
         RemoteIOError: the remote failed after retries (what was fetched stays cached).
     """
     t0 = time.perf_counter()
-    fs = db.source.fs
-    if db.source.is_local or not hasattr(fs, "ensure"):
+    src = db.source
+    if src.is_local:
         return PrefetchReport(seconds=time.perf_counter() - t0)
-    before = fs.io_stats()
-    if not isinstance(sql, pa.Table) and hasattr(fs, "ensure_ranges"):
+    before = src.io_stats()
+    if not isinstance(sql, pa.Table):
         warm_episode_row_groups(db, sql)
     manifest = sql if isinstance(sql, pa.Table) else db.manifest(sql)
     need = needed_ranges(db, manifest, delta_timestamps, cameras)
-    jobs = [(db.source.path(rel), a, b) for rel, rs in need.items() for a, b in rs]
-    missing = sum(b - a for p, a0, b0 in jobs for a, b in fs.missing(p, a0, b0))
+    jobs = [(rel, a, b) for rel, rs in need.items() for a, b in rs]
+    missing = sum(b - a for rel, a0, b0 in jobs for a, b in src.missing(rel, [(a0, b0)]))
     total = sum(b - a for _, a, b in jobs)
     from tqdm.auto import tqdm
 
     with tqdm(total=missing, unit="B", unit_scale=True, desc="prefetch", disable=not progress) as bar, \
             concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
-        futs = [pool.submit(fs.ensure, p, a, b) for p, a, b in jobs]
+        futs = [pool.submit(src.fetch, rel, [(a, b)]) for rel, a, b in jobs]
         for fut in concurrent.futures.as_completed(futs):
             bar.update(fut.result())
-    after = fs.io_stats()
+    after = src.io_stats()
     return PrefetchReport(files=len(need), ranges=len(jobs), bytes_needed=total,
                           bytes_fetched=after["bytes_fetched"] - before["bytes_fetched"],
                           bytes_already_cached=total - missing, requests=after["requests"] - before["requests"],

@@ -20,6 +20,7 @@ import torch
 import lerobot_sql as lsql
 from helpers import data_root
 from lerobot_sql import export as export_mod
+from lerobot_sql.export import data_writer, video_writer
 
 RENUMBERED = {"index", "episode_index", "frame_index", "timestamp", "task_index"}
 PEER_PYTHON = os.environ.get("LSQL_PEER_PYTHON", "/work/peer/bin/python")
@@ -292,7 +293,7 @@ def test_destination_is_atomic(datasets, tmp_path, monkeypatch):
     db = lsql.connect(datasets / "small20")
     dest = tmp_path / "out"
     calls = {"n": 0}
-    real = export_mod._VideoWriter.write
+    real = video_writer.VideoWriter.write
 
     def failing(self, part):
         calls["n"] += 1
@@ -300,7 +301,7 @@ def test_destination_is_atomic(datasets, tmp_path, monkeypatch):
             raise KeyboardInterrupt  # an interrupted export
         return real(self, part)
 
-    monkeypatch.setattr(export_mod._VideoWriter, "write", failing)
+    monkeypatch.setattr(video_writer.VideoWriter, "write", failing)
     with pytest.raises(KeyboardInterrupt):
         db.export("SELECT episode_index FROM episodes", dest, progress=False)
     assert not dest.exists()
@@ -632,8 +633,8 @@ def test_full_disk_is_a_typed_error_naming_the_path(datasets, tmp_path, monkeypa
         def full(*a, **k):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(export_mod._DataWriter, "_open", full)
-        monkeypatch.setattr(export_mod.pq, "write_table", full)
+        monkeypatch.setattr(data_writer.DataWriter, "_open", full)
+        monkeypatch.setattr(pq, "write_table", full)
     try:
         dest = disk / "new" / ("out" if what == "export" else "m.parquet")
         kw = {"progress": False} if what == "export" else {}

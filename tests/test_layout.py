@@ -301,8 +301,8 @@ HTTP_BAD_INFO = [
 
 @pytest.mark.parametrize("name,change,what", HTTP_BAD_INFO)
 def test_http_roots_validate_info_json_before_listing(datasets, tmp_path, monkeypatch, name, change, what):
-    """Plain HTTP cannot list: Source.listed_files derives the file list from info.json before load_layout runs,
-    so it must apply the same validation (it ran int(chunks_size) and str.format first)."""
+    """Plain HTTP cannot list: load_layout derives the file list from info.json (_format/listing.py), so the
+    validation must come first (the listing once ran int(chunks_size) and str.format before it)."""
     from http_range_server import RangeServer
 
     monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))

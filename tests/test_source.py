@@ -13,9 +13,11 @@ import av
 import pytest
 
 from lerobot_sql._storage import source
-from lerobot_sql.errors import UnsupportedVersionError
-from lerobot_sql._storage.remote import parse_size
-from lerobot_sql._storage.source import mp4_sync_samples, open_source, resolve_hub_revision
+from lerobot_sql.errors import LeRobotSQLError, UnsupportedVersionError
+from lerobot_sql._storage.cache import parse_size
+from lerobot_sql._format.layout import load_layout
+from lerobot_sql._storage.mp4 import mp4_sync_samples
+from lerobot_sql._storage.source import open_source, resolve_hub_revision
 
 from http_range_server import RangeServer
 
@@ -87,6 +89,9 @@ def test_http_file_list_from_metadata(datasets, tmp_path, name):
     on_disk = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     with RangeServer(datasets) as srv:
         src = open_source(f"{srv.url}/{name}", cache_dir=tmp_path)
+        with pytest.raises(LeRobotSQLError, match="plain HTTP cannot list folders"):
+            src.glob("data/*/*.parquet")  # storage knows no format: the list comes from the metadata (load_layout)
+        load_layout(src)
         assert src.listed_files() == on_disk
         assert src.glob("data/*/*.parquet") == sorted(f for f in on_disk if f.startswith("data/"))
         assert src.exists("videos") == any(f.startswith("videos/") for f in on_disk)

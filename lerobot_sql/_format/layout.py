@@ -16,6 +16,7 @@ import string
 import warnings
 from typing import Any
 
+from . import listing
 from ..errors import DatasetFormatError, MissingFileError, UnsupportedVersionError
 from .._storage.source import Source, confine
 
@@ -352,8 +353,8 @@ class CheckedInfo:
 
 def check_info(info: Any, where: str) -> CheckedInfo:
     """The one validation of a parsed meta/info.json (types, ranges, finite numbers, path templates), before any
-    value is used: by :func:`load_layout` at ``connect()`` and by :meth:`lerobot_sql._storage.source.Source.listed_files`
-    (HTTP roots, which derive the file list from info.json before the layout exists).
+    value is used: by :func:`load_layout` at ``connect()``, before :func:`lerobot_sql._format.listing.list_files`
+    (HTTP roots) derives the file list from it.
 
     Args:
         info: the parsed JSON. where: the file as the user should see it (``.../meta/info.json``).
@@ -440,9 +441,11 @@ def load_layout(src: Source) -> Layout:
     try:
         with src.open("meta/info.json") as f:
             info = json.loads(f.read())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DatasetFormatError(f"{where}: invalid JSON ({e}); restore the file from the dataset's source") from e
     v = check_info(info, where)
+    if src.is_http:  # no directory listing: every exists/glob below answers from the files the metadata names
+        src.set_listing(listing.list_files(src, v))
     legacy, fps, features, has_video, chunks_size = v.legacy, v.fps, v.features, v.has_video, v.chunks_size
     version = v.version
     notes: list[str] = []

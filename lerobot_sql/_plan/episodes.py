@@ -111,9 +111,9 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
                 continue
             cols = [c for c in FRAME_COLUMNS if c in names]
             if not src.is_local:  # fetch those column chunks in one parallel call, not a round trip each
-                from .._storage.remote import merge_ranges
+                from .._storage.pieces import merge_ranges
 
-                src.fetch_ranges(rel, merge_ranges(row_group_ranges(md, rgs, cols)))
+                src.fetch(rel, merge_ranges(row_group_ranges(md, rgs, cols)))
             with src.open(rel) as fh:
                 pf = pq.ParquetFile(fh, metadata=md)
                 whole = len(rgs) == md.num_row_groups  # (one read is faster than 200 row-group reads)

@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 from .._storage import cache
 from . import locate
 from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError, VideoDecodeError
-from .._storage.source import Source, local_identity, mp4_sample_table, mp4_sync_samples
+from .._storage.mp4 import mp4_sample_table, mp4_sync_samples
+from .._storage.source import Source, local_identity
 
 INDEX_VERSION = 2  # 2: entries carry a checksum sidecar (cache.check)
 INDEX_SCHEMA = pa.schema([
@@ -103,7 +104,7 @@ def _sync_flags(src: Source, rel: str, stream, rows: list[tuple]) -> list[bool] 
     sync-sample table, for packets read through the payload-free view; None when no table matches the packets.
 
     PyAV 16+ exposes the table as ``stream.index_entries`` (keyed by byte position). PyAV 15, which lerobot 0.4 /
-    0.6 pin, does not: the ``stss`` box is then read from the cached ``moov`` (:func:`source.mp4_sync_samples`),
+    0.6 pin, does not: the ``stss`` box is then read from the cached ``moov`` (:func:`lerobot_sql._storage.mp4.mp4_sync_samples`),
     numbered by sample, and trusted only when the track's sample sizes equal the packets' sizes one for one (an
     edit list or fragment that made FFmpeg drop or add packets fails that, and the caller demuxes with payload).
     """
@@ -332,8 +333,8 @@ def probe_video_files(src: Source, files: list[tuple[str, str]]) -> pa.Table:
 
     keys, paths, present, sizes, codecs = [], [], [], [], []
     for key, rel in tqdm(files, desc="probe videos", unit="file", disable=len(files) < 64):
-        try:  # fs.info, not Source.exists: on HTTP the latter trusts the metadata's file list
-            size = int(os.stat(src.local_path(rel)).st_size) if src.is_local else int(src.fs.info(src.path(rel))["size"])
+        try:  # Source.size, not Source.exists: on HTTP the latter trusts the metadata's file list
+            size = src.size(rel)
         except FileNotFoundError:
             size = None
         keys.append(key)

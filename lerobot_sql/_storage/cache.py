@@ -1,7 +1,8 @@
 """On-disk caches: one root per user, one folder per dataset, entries keyed by the source file's identity.
 
-Writes go to a temporary name in the same folder and are renamed into place, under a file lock, so a reader never
-sees a half-written entry and two processes never build the same entry twice.
+Writes go to a temporary name in the same folder and are renamed into place (:func:`atomic_write`, which the
+package's other whole-file writes use too), under a file lock, so a reader never sees a half-written entry and two
+processes never build the same entry twice.
 
 Entries built with ``checksum=True`` get a sidecar ``<entry>.crc`` (size and CRC-32 of the entry, written before
 the entry is renamed into place). :func:`check_once` compares an entry with it the first time a process uses the
@@ -16,6 +17,7 @@ import hashlib
 import mmap
 import os
 import tempfile
+import uuid
 import warnings
 import zlib
 from pathlib import Path
@@ -151,25 +153,15 @@ def build_once(path: Path, write: Callable[[str], None], *, checksum: bool = Fal
         with FileLock(str(path) + ".lock", poll_interval=0.002):  # DataLoader workers wait on each other's builds
             if path.exists():
                 return path
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-            os.close(fd)
-            try:
-                write(tmp)
-                if checksum:
-                    fd, tsum = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-                    try:
-                        with os.fdopen(fd, "w") as f:
-                            f.write(_digest(tmp))
-                        os.replace(tsum, _sidecar(path))
-                    finally:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(tsum)
-                os.replace(tmp, path)
-                if checksum:
-                    _CHECKED.add(str(path))  # just computed from these bytes
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+            if checksum:  # the sidecar first, so a published entry always has one
+                def write_both(tmp: str) -> None:
+                    write(tmp)
+                    atomic_write(_sidecar(path), _digest(tmp).encode())
+
+                atomic_write(path, write_both)
+                _CHECKED.add(str(path))  # just computed from these bytes
+            else:
+                atomic_write(path, write)
     except OSError as e:
         if isinstance(e, LeRobotSQLError):  # MissingFileError, RemoteIOError from the source: already ours
             raise
@@ -179,6 +171,59 @@ def build_once(path: Path, write: Callable[[str], None], *, checksum: bool = Fal
     return path
 
 
+def atomic_write(path: str | os.PathLike, data: bytes | Callable[[str], None], *, private: bool = True) -> Path:
+    """Write ``path`` whole or not at all: a reader sees the old file (or none) until the new one is complete.
+
+    ``data`` is the file's bytes, or ``write(tmp_path)`` that writes the file at ``tmp_path``. Either goes to a
+    temporary name in ``path``'s folder (``<name>.<random>.tmp``, hidden with a leading dot when not ``private``),
+    which is renamed over ``path`` (``os.replace``, atomic on POSIX and Windows) once complete; on any failure the
+    temporary file is removed and the error raised as it is (the caller names it: CacheError, DestinationError).
+
+    Args:
+        private: the temporary file is created by ``mkstemp`` (mode 0600: cache entries stay the user's own) and
+            ``write`` overwrites it. False leaves its creation to ``write`` (to ``open(.., "xb")`` for bytes), under
+            the process umask, for a file the user shares (an exported manifest).
+
+    Returns:
+        ``path``, as a Path.
+    """
+    path = Path(path)
+    if private:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        os.close(fd)
+    else:
+        tmp = str(path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"))
+    try:
+        if callable(data):
+            data(tmp)
+        else:
+            with open(tmp, "wb" if private else "xb") as f:
+                f.write(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return path
+
+
 def root_for(dataset_url: str) -> Path:
     """The cache folder of one dataset (by its URL or absolute path)."""
     return cache_root() / key(dataset_url)
+
+
+DEFAULT_CACHE_SIZE = 50 << 30    # bound on a remote dataset's cached bytes: 50 GiB
+
+
+def parse_size(size: int | str | None) -> int:
+    """``50GB``, ``512MiB``, ``10_000_000`` or an int -> bytes; None -> DEFAULT_CACHE_SIZE."""
+    if size is None:
+        return DEFAULT_CACHE_SIZE
+    if isinstance(size, (int, float)):
+        return int(size)
+    s = str(size).strip().upper().replace("_", "")
+    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "KB": 10**3, "MB": 10**6,
+             "GB": 10**9, "TB": 10**12, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "B": 1}
+    for u, mult in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * mult)
+    return int(s)

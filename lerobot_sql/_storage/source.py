@@ -8,27 +8,26 @@ Roots may be local paths, any fsspec URL (``s3://``, ``gs://``, ``http(s)://``, 
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import fnmatch
-import io
 import json
 import os
 import re
-import struct
 import tempfile
-from typing import Any, NamedTuple
+from typing import Any
 
 import fsspec
 
 from . import cache
+from .mp4 import PayloadFreeMP4
+from .remote import RemoteCacheFS
+from .transport import identity_of
 from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError, RemoteIOError, UnsupportedVersionError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./%-]+)?$")
 _VERSION_REF = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
 CODEBASE_VERSION = (3, 0)
-HEAD_READ = 32 << 10  # bytes fetched with each mp4 box header when building a remote video index (PyAV's block)
 
 
 def confine(rel: str, origin: str | None = None) -> str:
@@ -95,11 +94,11 @@ class Source:
         return f"{proto}://{self.path(rel)}"
 
     def exists(self, rel: str) -> bool:
-        """True if ``rel`` is a file or a folder under the root (on HTTP: a file the metadata names, or a folder
-        holding one)."""
-        if self.is_http:
+        """True if ``rel`` is a file or a folder under the root (on HTTP, given a listing: a file it names, or a
+        folder holding one; else the filesystem's answer for a file)."""
+        files = self._listing.get("files")
+        if files is not None:
             rel = rel.strip("/")
-            files = self.listed_files()
             if rel in files or any(f.startswith(rel + "/") for f in files):
                 return True
         return self.fs.exists(self.path(rel))
@@ -107,8 +106,11 @@ class Source:
     def glob(self, pattern: str) -> list[str]:
         """Paths relative to the root matching ``pattern``, sorted (the order lerobot concatenates files in).
 
-        Plain HTTP has no directory listing: there the file list is derived from the metadata (see
-        :meth:`listed_files`) and matched against ``pattern``.
+        Plain HTTP has no directory listing: there the file list given by :meth:`set_listing` (the metadata's, see
+        :func:`lerobot_sql._format.listing.list_files`) is matched against ``pattern``.
+
+        Raises:
+            LeRobotSQLError: an HTTP root that was given no listing.
         """
         if self.is_http:
             return sorted(f for f in self.listed_files() if fnmatch.fnmatchcase(f, pattern))
@@ -118,103 +120,29 @@ class Source:
 
     @property
     def is_http(self) -> bool:
-        target = getattr(self.fs, "target", self.fs)
+        """True for a plain HTTP(S) root, whose filesystem cannot list folders."""
+        target = self.fs.target if isinstance(self.fs, RemoteCacheFS) else self.fs
         proto = target.protocol if isinstance(target.protocol, str) else target.protocol[0]
         return proto in ("http", "https")
 
-    def listed_files(self) -> list[str]:
-        """Every file a v3.x dataset's metadata names: meta/info.json, tasks, the meta/episodes files (followed
-        from ``chunk-000/file-000`` until ``total_episodes`` are seen), and the data and video files they point to.
+    def set_listing(self, files) -> None:
+        """Give this root its file list (paths relative to the root): where the filesystem cannot list (HTTP),
+        :meth:`exists` and :meth:`glob` answer from it. Set once per open, by
+        :func:`lerobot_sql._format.layout.load_layout` from :func:`lerobot_sql._format.listing.list_files`."""
+        self._listing["files"] = sorted(files)
 
-        Used where the filesystem cannot list (HTTP).
+    def listed_files(self) -> list[str]:
+        """The file list given by :meth:`set_listing`, sorted.
 
         Raises:
-            MissingFileError: meta/info.json is missing.
-            DatasetFormatError: meta/info.json is refused (:func:`lerobot_sql._format.layout.check_info`), naming the key.
+            LeRobotSQLError: none was given (an HTTP root opened without :func:`lerobot_sql._format.layout.load_layout`).
         """
-        if "files" in self._listing:
-            return self._listing["files"]
-        import pyarrow.parquet as pq
-
-        from .._format.layout import check_info  # layout imports us
-
-        where = self.path("meta/info.json")
-        with self.open("meta/info.json") as f:
-            raw = f.read()
-        try:
-            info = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DatasetFormatError(f"{where}: invalid JSON ({e}); restore the file from the dataset's source") from e
-        # The same validation as load_layout's, before any value is used (this runs before the layout exists).
-        checked = check_info(info, where)
-        total, per_chunk = checked.total_episodes, checked.chunks_size
-        files = {"meta/info.json"}
-        v2 = checked.legacy
-        extras = ("meta/stats.json",) + (("meta/tasks.jsonl", "meta/episodes.jsonl", "meta/episodes_stats.jsonl")
-                                         if v2 else ("meta/tasks.parquet",))
-        # One round trip for all (each is a HEAD): the other version's files are not asked about at all.
-        with concurrent.futures.ThreadPoolExecutor(len(extras)) as pool:
-            found = list(pool.map(lambda rel: self.fs.exists(self.path(rel)), extras))
-        files.update(rel for rel, ok in zip(extras, found) if ok)
-        if v2:
-            self._listing["files"] = sorted(files | self._v2_files(checked))
-            return self._listing["files"]
-        data_tmpl, video_tmpl = checked.data_path, checked.video_path
-        chunk, file, seen = 0, 0, 0
-        while True:
-            rel = f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
-            if not self.fs.exists(self.path(rel)):
-                break
-            files.add(rel)
-            with self.open(rel) as f:
-                pf = pq.ParquetFile(f)
-                cols = [c for c in pf.schema_arrow.names if c in ("episode_index", "data/chunk_index",
-                                                                  "data/file_index") or c.startswith("videos/")]
-                t = pf.read(columns=cols).to_pydict()
-            seen += len(t.get("episode_index", []))
-            for c, fi in zip(t.get("data/chunk_index", []), t.get("data/file_index", [])):
-                files.add(data_tmpl.format(chunk_index=int(c), file_index=int(fi)))
-            keys = {c[len("videos/"):-len("/chunk_index")] for c in t if c.endswith("/chunk_index") and
-                    c.startswith("videos/")}
-            for k in keys if video_tmpl else ():
-                for c, fi in zip(t[f"videos/{k}/chunk_index"], t[f"videos/{k}/file_index"]):
-                    if c is not None and fi is not None:
-                        files.add(video_tmpl.format(video_key=k, chunk_index=int(c), file_index=int(fi)))
-            if total and seen >= total:
-                break
-            file += 1
-            if file >= per_chunk:
-                chunk, file = chunk + 1, 0
-        self._listing["files"] = sorted(files)
-        return self._listing["files"]
-
-    def _v2_files(self, info) -> set[str]:
-        """Data and video files of a v2.x dataset (``info``: its :class:`lerobot_sql._format.layout.CheckedInfo`): one per
-        episode listed in meta/episodes.jsonl."""
-        per_chunk = info.chunks_size
-        keys = [k for k, f in info.features.items() if f.is_video]
-        out = set()
-        where = self.path("meta/episodes.jsonl")
-        eps = []
-        with self.open("meta/episodes.jsonl") as f:
-            for n, line in enumerate(f.read().decode(errors="replace").splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    ep = json.loads(line)["episode_index"]
-                    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 0:
-                        raise TypeError(ep)
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise DatasetFormatError(f"{where}:{n}: expected a JSON object with an integer episode_index "
-                                             f"({type(e).__name__}: {e}); restore the file") from e
-                eps.append(ep)
-        data_tmpl, video_tmpl = info.data_path, info.video_path
-        for ep in eps:
-            chunk = int(ep) // per_chunk
-            out.add(data_tmpl.format(episode_chunk=chunk, episode_index=int(ep)))
-            for k in keys if video_tmpl else ():
-                out.add(video_tmpl.format(episode_chunk=chunk, video_key=k, episode_index=int(ep)))
-        return out
+        files = self._listing.get("files")
+        if files is None:
+            raise LeRobotSQLError(f"{self.url}: plain HTTP cannot list folders and this root was given no file "
+                                  "list; open it with lerobot_sql.connect() (load_layout lists the files its "
+                                  "metadata names)")
+        return files
 
     def open(self, rel: str, mode: str = "rb"):
         """Open ``rel``; a missing file raises :class:`MissingFileError` naming it, a symlink leaving the dataset
@@ -232,15 +160,54 @@ class Source:
         ``stream.index_entries`` instead. Local files are opened as they are."""
         if self.is_local:
             return self.open(rel)
-        return _PayloadFreeMP4(self.open(rel))
+        return PayloadFreeMP4(self.open(rel), lambda a, b: bool(self.missing(rel, [(a, b)])),
+                              lambda a, b: self.fetch(rel, [(a, b)]))
 
-    def fetch_ranges(self, rel: str, ranges: list[tuple[int, int]]) -> int:
+    def size(self, rel: str) -> int:
+        """Bytes of the file ``rel``: a stat of a local file (its symlinks checked, see :meth:`check_link`), the
+        remote ``info`` (remembered for the session, offline from the cache) of a remote one.
+
+        Raises:
+            MissingFileError: the file does not exist (a FileNotFoundError).
+            DatasetFormatError: the local file is a symlink leaving the dataset.
+            RemoteIOError: the remote could not be asked.
+        """
+        p = self.path(rel)
+        try:
+            if self.is_local:
+                self.check_link(rel)
+                return int(os.stat(p).st_size)
+            return int(self.fs.info(p)["size"])
+        except FileNotFoundError as e:
+            raise MissingFileError(f"{p}: file not found (referenced by the dataset's metadata)") from e
+
+    def fetch(self, rel: str, ranges: list[tuple[int, int]]) -> int:
         """Fetch byte ranges ``[start, end)`` of a remote file into the cache in one parallel call, before a reader
-        (pyarrow, PyAV) asks for them one round trip at a time. Local files: nothing to do. Returns bytes fetched."""
-        fetch = getattr(self.fs, "ensure_ranges", None)
-        if self.is_local or fetch is None or not ranges:
+        (pyarrow, PyAV) asks for them one round trip at a time. Local files (and filesystems without a cache):
+        nothing to do. Returns the bytes fetched.
+
+        Raises:
+            RemoteIOError: the remote failed after retries (the ranges that did arrive stay cached).
+        """
+        if not isinstance(self.fs, RemoteCacheFS) or not ranges:
             return 0
-        return fetch(self.path(rel), sorted(ranges))
+        return self.fs.ensure_ranges(self.path(rel), sorted(ranges))
+
+    def missing(self, rel: str, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The byte ranges of ``ranges`` (``[start, end)`` each) of ``rel`` that are not in the cache yet, in the
+        order asked; ``[]`` for local files (and filesystems without a cache)."""
+        if not isinstance(self.fs, RemoteCacheFS):
+            return []
+        p = self.path(rel)
+        return [g for a, b in ranges for g in self.fs.missing(p, a, b)]
+
+    def io_stats(self) -> dict[str, int]:
+        """Counters of this process for this root: ``requests`` (network calls, retries included),
+        ``bytes_fetched`` (received from the remote), ``bytes_from_cache`` (served from the cache); zeros for a
+        local root."""
+        if not isinstance(self.fs, RemoteCacheFS):
+            return {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
+        return self.fs.io_stats()
 
     def local_path(self, rel: str) -> str | None:
         """An OS path for ``rel`` when the file is local (PyAV and mmap then read it directly), else None.
@@ -351,83 +318,7 @@ class Source:
             raise MissingFileError(f"{p}: file not found (referenced by the dataset's metadata)") from e
         if "identity" in info:
             return info["identity"]
-        from .remote import identity_of
-
         return identity_of(info)
-
-
-class _PayloadFreeMP4(io.RawIOBase):
-    """Reads an ISO-BMFF file with the payload of every top-level ``mdat`` box replaced by zeros (never fetched)."""
-
-    def __init__(self, f):
-        self.f = f
-        self.size = f.size if hasattr(f, "size") else f.seek(0, 2)
-        self.pos = 0
-        self.holes: list[tuple[int, int]] = []
-        off = 0
-        fetch = getattr(getattr(f, "fs", None), "ensure", None)  # remote: fetch in few round trips
-        while off + 8 <= self.size:  # walk the top-level boxes by their headers
-            if fetch is not None and f.fs.missing(f.path, off, min(self.size, off + 16)):
-                # A box header plus what the demuxer reads next (ftyp's rest, the first packets after an mdat
-                # header: the container probe reads them) in one request instead of several 16-byte ones.
-                fetch(f.path, off, min(self.size, off + HEAD_READ))
-            f.seek(off)
-            head = f.read(16)
-            size, typ = struct.unpack(">I4s", head[:8])
-            hdr = 8
-            if size == 1:
-                size, hdr = struct.unpack(">Q", head[8:16])[0], 16
-            elif size == 0:
-                size = self.size - off
-            if size < hdr:
-                break  # not a box: let the demuxer see the bytes as they are
-            if typ == b"moov" and fetch is not None:
-                # The demuxer reads moov in 32 KiB steps (a growing readahead: ~6 round trips for a 1 MB moov);
-                # its size is known here, so fetch it in one request.
-                fetch(f.path, off, min(self.size, off + size + HEAD_READ))
-            if typ == b"mdat":
-                self.holes.append((off + hdr, off + size))
-            off += size
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def readinto(self, b) -> int:
-        n = min(len(b), self.size - self.pos)
-        if n <= 0:
-            return 0
-        out = bytearray(n)
-        pos, end = self.pos, self.pos + n
-        for a, z in self.holes + [(self.size, self.size)]:
-            if z <= pos:
-                continue
-            if a > pos:  # real bytes up to the next hole
-                stop = min(a, end)
-                self.f.seek(pos)
-                out[pos - self.pos:stop - self.pos] = self.f.read(stop - pos)
-                pos = stop
-            if pos >= end:
-                break
-            pos = min(z, end)  # zeros inside the hole
-            if pos >= end:
-                break
-        b[:n] = out
-        self.pos += n
-        return n
-
-    def close(self) -> None:
-        self.f.close()
-        super().close()
 
 
 def local_identity(st: os.stat_result) -> str:
@@ -441,168 +332,6 @@ def local_identity(st: os.stat_result) -> str:
     file until reopened.
     """
     return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}-{st.st_ctime_ns}"
-
-
-_MP4_NESTED = (b"trak", b"mdia", b"minf", b"stbl")
-MOOV_MAX = 256 << 20  # a moov larger than this is not a LeRobot video (and not worth holding in memory)
-
-
-def _mp4_boxes(buf: bytes, start: int = 0, end: int | None = None):
-    """(type, payload start, payload end) of each box in ``buf[start:end]``; stops at the first malformed header."""
-    end = len(buf) if end is None else end
-    off = start
-    while off + 8 <= end:
-        size, typ = struct.unpack_from(">I4s", buf, off)
-        hdr = 8
-        if size == 1:
-            if off + 16 > end:
-                return
-            size, hdr = struct.unpack_from(">Q", buf, off + 8)[0], 16
-        elif size == 0:
-            size = end - off
-        if size < hdr or off + size > end:
-            return
-        yield typ, off + hdr, off + size
-        off += size
-
-
-class Mp4Samples(NamedTuple):
-    """An mp4 video track's sample table (ISO/IEC 14496-12 8.6-8.7), one entry per sample in decode order."""
-    sizes: tuple[int, ...]  # bytes of each sample (stsz)
-    sync: frozenset[int] | None  # 1-based numbers of the sync samples (stss); None: every sample is one
-    offsets: tuple[int, ...] | None  # byte offset of each sample in the file (stsc + stco/co64); None if unknown
-    deltas: tuple[int, ...] | None  # decode-time step after each sample, in the track's time base (stts)
-    reordered: bool  # a ctts box: presentation order differs from decode order (B-frames)
-    file_size: int  # bytes of the file as read
-
-
-def _sample_deltas(n: int, stts) -> tuple[int, ...] | None:
-    if not stts or sum(c for c, _ in stts) != n:
-        return None
-    return tuple(d for c, d in stts for _ in range(c))
-
-
-def _sample_offsets(sizes, stsc, chunks) -> tuple[int, ...] | None:
-    """Each sample's byte offset: chunk k (1-based) holds the samples-per-chunk of the last stsc run starting at or
-    before k, packed from the chunk's offset. None when the tables disagree with the sample count."""
-    if not stsc or not chunks or stsc[0][0] != 1:
-        return None
-    out, k, runs = [], 0, stsc + [(len(chunks) + 1, 0)]
-    for (first, per), (nxt, _) in zip(runs, runs[1:]):
-        if not first <= nxt or nxt > len(chunks) + 1:
-            return None
-        for c in range(first, nxt):
-            off = chunks[c - 1]
-            for _ in range(per):
-                if k >= len(sizes):
-                    return None
-                out.append(off)
-                off += sizes[k]
-                k += 1
-    return tuple(out) if k == len(sizes) else None
-
-
-def mp4_sample_table(f) -> Mp4Samples | None:
-    """The sample table of an mp4's first video track, read from its ``moov`` box only (no media payload).
-
-    For PyAV < 16, which has no ``stream.index_entries``: on the payload-free view (:meth:`Source.open_demux`) the
-    H.264 parser cannot see which packets are keyframes, so the flags come from the container's own table
-    (ISO/IEC 14496-12 8.6.2 ``stss``), as FFmpeg's mov demuxer takes them.
-
-    Args:
-        f: a seekable binary file object over the whole mp4 (the payload-free view is enough).
-
-    PyAV 15 also demuxes a truncated file only up to the cut, where PyAV 16's ``index_entries`` list every sample
-    of the moov; the offsets and decode-time deltas here let the index keep the samples past the cut (see
-    video._demux_index), so a cut file is reported as such rather than as clips that run past the video.
-
-    Returns:
-        :class:`Mp4Samples`, or None when the file has no ``moov`` with a video track and an ``stsz`` (fragmented
-        or malformed files: the caller then reads packets with their payload). The caller matches the sizes
-        against the demuxed packets before trusting the numbering. Hostile sizes and counts give None, never an exception or a huge allocation.
-    """
-    try:
-        size = f.seek(0, 2)
-        off, moov = 0, None
-        while off + 8 <= size:  # the top-level boxes, by their headers
-            f.seek(off)
-            head = f.read(16)
-            if len(head) < 8:
-                return None
-            box, typ = struct.unpack(">I4s", head[:8])
-            hdr = 8
-            if box == 1 and len(head) == 16:
-                box, hdr = struct.unpack(">Q", head[8:16])[0], 16
-            elif box == 0:
-                box = size - off
-            if box < hdr:
-                return None
-            if typ == b"moov":
-                if box > MOOV_MAX:
-                    return None
-                f.seek(off)
-                moov = f.read(box)
-                break
-            off += box
-        if moov is None or len(moov) < 8:
-            return None
-        for typ, a, z in _mp4_boxes(moov, 8):
-            if typ != b"trak":
-                continue
-            stbl = hdlr = None
-            mdia = next(((a2, z2) for t, a2, z2 in _mp4_boxes(moov, a, z) if t == b"mdia"), None)
-            if mdia is None:
-                continue
-            for t, a2, z2 in _mp4_boxes(moov, *mdia):
-                if t == b"hdlr" and z2 - a2 >= 12:
-                    hdlr = moov[a2 + 8:a2 + 12]
-                elif t == b"minf":
-                    stbl = next(((a3, z3) for t3, a3, z3 in _mp4_boxes(moov, a2, z2) if t3 == b"stbl"), None)
-            if hdlr != b"vide" or stbl is None:
-                continue
-            sizes = sync = stts = stsc = chunks = None
-            reordered = False
-            for t, a2, z2 in _mp4_boxes(moov, *stbl):
-                if t == b"stsz" and z2 - a2 >= 12:  # (stz2, compact sizes, is not written by FFmpeg: None)
-                    one, n = struct.unpack_from(">II", moov, a2 + 4)
-                    if one:
-                        sizes = (one,) * min(n, 1 << 24) if n <= 1 << 24 else None
-                    elif 12 + 4 * n <= z2 - a2:
-                        sizes = struct.unpack_from(f">{n}I", moov, a2 + 12)
-                    else:
-                        return None  # the table claims more entries than its box holds
-                elif t == b"stss" and z2 - a2 >= 8:
-                    n = struct.unpack_from(">I", moov, a2 + 4)[0]
-                    if 8 + 4 * n > z2 - a2:
-                        return None  # the table claims more entries than its box holds
-                    sync = frozenset(struct.unpack_from(f">{n}I", moov, a2 + 8))
-                elif t in (b"stts", b"stsc", b"stco", b"co64") and z2 - a2 >= 8:
-                    n = struct.unpack_from(">I", moov, a2 + 4)[0]
-                    w = {b"stts": 8, b"stsc": 12, b"stco": 4, b"co64": 8}[t]
-                    if 8 + w * n > z2 - a2:
-                        return None
-                    v = struct.unpack_from(f">{n * w // 4}I" if t != b"co64" else f">{n}Q", moov, a2 + 8)
-                    if t == b"stts":
-                        stts = list(zip(v[0::2], v[1::2]))
-                    elif t == b"stsc":
-                        stsc = list(zip(v[0::3], v[1::3]))
-                    else:
-                        chunks = v
-                elif t == b"ctts":
-                    reordered = True
-            if sizes is None:
-                return None
-            return Mp4Samples(sizes, sync, _sample_offsets(sizes, stsc, chunks), _sample_deltas(len(sizes), stts),
-                              reordered, size)
-        return None
-    except (OSError, ValueError, struct.error):
-        return None
-
-
-def mp4_sync_samples(f) -> tuple[tuple[int, ...], frozenset[int] | None] | None:
-    """(sample sizes, sync-sample numbers) of :func:`mp4_sample_table`, or None."""
-    t = mp4_sample_table(f)
-    return None if t is None else (t.sizes, t.sync)
 
 
 def _is_local_fs(fs: Any) -> bool:
@@ -756,8 +485,6 @@ def open_source(root: str | os.PathLike, storage_options: dict | None = None, *,
     Raises:
         UnsupportedVersionError: a Hub repo with only non-v3 version refs.
     """
-    from .remote import RemoteCacheFS
-
     root = os.fspath(root)
     options = dict(storage_options or {})
     hub = _hub_root(root, options)

@@ -277,6 +277,25 @@ def cmd_shell(args) -> int:
 
 
 # ---- parser --------------------------------------------------------------------------------------------------------
+def cmd_train(args) -> int:
+    from .. import train
+
+    sql = args.sql
+    if sql == "-":
+        sql = sys.stdin.read()
+    if args.name:
+        if sql:
+            raise UsageError("give either --sql or --name, not both")
+        from .._query import library
+
+        sql = library.render(args.name, dict(args.param or []), extra_dirs=args.query_dir or [])
+    if not sql and "--resume=true" not in [a.lower() for a in args.lerobot_args]:
+        raise UsageError("no selection: give --sql SELECT ... or --name NAME (or --resume=true with lerobot's "
+                         "--config_path to continue a run)")
+    result = train.run(args.dataset, sql or None, args.lerobot_args, stats=args.stats, cache_dir=args.cache_dir)
+    return int(result) if isinstance(result, int) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .._version import __version__
 
@@ -394,6 +413,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--repo", help="the source checkout (default: the one this package was installed from)")
     sp.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed on to python -m benchmarks.run")
 
+    sp = add("train", "run lerobot's own training (lerobot-train) on the frames a query selects",
+             ['lerobot-sql train sample/small20 --sql "SELECT episode_index FROM episodes WHERE length > 200" -- '
+              "--policy.type=act --policy.device=cpu --steps=1000 --output_dir=outputs/act_long",
+              "lerobot-sql train hf://datasets/ORG/NAME --name split -p subset=train -- --policy.type=diffusion"],
+             cmd_train)
+    query_source(sp, positional=False)
+    sp.add_argument("--stats", choices=["selection", "dataset"], default="selection",
+                    help="normalization statistics: of the selected frames (default) or the source's "
+                         "meta/stats.json (what lerobot uses with --dataset.episodes)")
+    sp.set_defaults(lerobot_args=[])  # everything after `--`, split off in main() before parsing
+    sp.usage = "lerobot-sql train [-h] [--sql SQL | --name NAME [-p KEY=VALUE ...]] [--stats {selection,dataset}] " \
+               "DATASET -- [lerobot-train arguments ...]"
+
     sp = add("demo", "a tour on the bundled sample: SQL results, a training set, a DataLoader pass",
              ["lerobot-sql demo", "lerobot-sql demo path/to/dataset"], cmd_demo, dataset=False)
     sp.add_argument("dataset", nargs="?", metavar="DATASET", help="default: the bundled sample/small20")
@@ -410,7 +442,14 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.showwarning = _warn
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passed_on = []
+    if argv[:1] == ["train"] and "--" in argv:  # lerobot-train's arguments are not ours to parse
+        k = argv.index("--")
+        argv, passed_on = argv[:k], argv[k + 1:]
     args = parser.parse_args(argv)
+    if passed_on:
+        args.lerobot_args = passed_on
     try:
         return int(args.func(args) or 0)
     except UsageError as e:

@@ -1,0 +1,258 @@
+"""The payload-free view of an mp4 for demuxing: its boxes as they are, its media payload as zeros, and the video
+track's sample table read from the ``moov`` box alone (ISO/IEC 14496-12).
+
+A remote video index then costs the container's ``moov`` box and a few box headers, never the media bytes
+(:meth:`lerobot_sql._storage.source.Source.open_demux`). Knows bytes and boxes only: no dataset format, no decoder.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from typing import Callable, NamedTuple
+
+HEAD_READ = 32 << 10  # bytes fetched with each mp4 box header when building a remote video index (PyAV's block)
+
+
+class PayloadFreeMP4(io.RawIOBase):
+    """Reads an ISO-BMFF file with the payload of every top-level ``mdat`` box replaced by zeros (never fetched).
+
+    Args:
+        f: a seekable binary file object over the whole mp4.
+        missing: ``missing(start, end)`` is true when bytes ``[start, end)`` are not cached yet; with ``fetch``
+            (``fetch(start, end)`` caches them), box headers and the ``moov`` box are fetched in few round trips
+            (:meth:`lerobot_sql._storage.source.Source.missing` / ``fetch`` of a remote root). None: read as is.
+    """
+
+    def __init__(self, f, missing: Callable[[int, int], bool] | None = None,
+                 fetch: Callable[[int, int], object] | None = None):
+        self.f = f
+        self.size = f.size if hasattr(f, "size") else f.seek(0, 2)
+        self.pos = 0
+        self.holes: list[tuple[int, int]] = []
+        off = 0
+        if missing is None:
+            fetch = None
+        while off + 8 <= self.size:  # walk the top-level boxes by their headers
+            if fetch is not None and missing(off, min(self.size, off + 16)):
+                # A box header plus what the demuxer reads next (ftyp's rest, the first packets after an mdat
+                # header: the container probe reads them) in one request instead of several 16-byte ones.
+                fetch(off, min(self.size, off + HEAD_READ))
+            f.seek(off)
+            head = f.read(16)
+            size, typ = struct.unpack(">I4s", head[:8])
+            hdr = 8
+            if size == 1:
+                size, hdr = struct.unpack(">Q", head[8:16])[0], 16
+            elif size == 0:
+                size = self.size - off
+            if size < hdr:
+                break  # not a box: let the demuxer see the bytes as they are
+            if typ == b"moov" and fetch is not None:
+                # The demuxer reads moov in 32 KiB steps (a growing readahead: ~6 round trips for a 1 MB moov);
+                # its size is known here, so fetch it in one request.
+                fetch(off, min(self.size, off + size + HEAD_READ))
+            if typ == b"mdat":
+                self.holes.append((off + hdr, off + size))
+            off += size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, b) -> int:
+        n = min(len(b), self.size - self.pos)
+        if n <= 0:
+            return 0
+        out = bytearray(n)
+        pos, end = self.pos, self.pos + n
+        for a, z in self.holes + [(self.size, self.size)]:
+            if z <= pos:
+                continue
+            if a > pos:  # real bytes up to the next hole
+                stop = min(a, end)
+                self.f.seek(pos)
+                out[pos - self.pos:stop - self.pos] = self.f.read(stop - pos)
+                pos = stop
+            if pos >= end:
+                break
+            pos = min(z, end)  # zeros inside the hole
+            if pos >= end:
+                break
+        b[:n] = out
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        self.f.close()
+        super().close()
+
+
+MOOV_MAX = 256 << 20  # a moov larger than this is not a LeRobot video (and not worth holding in memory)
+
+
+def _mp4_boxes(buf: bytes, start: int = 0, end: int | None = None):
+    """(type, payload start, payload end) of each box in ``buf[start:end]``; stops at the first malformed header."""
+    end = len(buf) if end is None else end
+    off = start
+    while off + 8 <= end:
+        size, typ = struct.unpack_from(">I4s", buf, off)
+        hdr = 8
+        if size == 1:
+            if off + 16 > end:
+                return
+            size, hdr = struct.unpack_from(">Q", buf, off + 8)[0], 16
+        elif size == 0:
+            size = end - off
+        if size < hdr or off + size > end:
+            return
+        yield typ, off + hdr, off + size
+        off += size
+
+
+class Mp4Samples(NamedTuple):
+    """An mp4 video track's sample table (ISO/IEC 14496-12 8.6-8.7), one entry per sample in decode order."""
+    sizes: tuple[int, ...]  # bytes of each sample (stsz)
+    sync: frozenset[int] | None  # 1-based numbers of the sync samples (stss); None: every sample is one
+    offsets: tuple[int, ...] | None  # byte offset of each sample in the file (stsc + stco/co64); None if unknown
+    deltas: tuple[int, ...] | None  # decode-time step after each sample, in the track's time base (stts)
+    reordered: bool  # a ctts box: presentation order differs from decode order (B-frames)
+    file_size: int  # bytes of the file as read
+
+
+def _sample_deltas(n: int, stts) -> tuple[int, ...] | None:
+    if not stts or sum(c for c, _ in stts) != n:
+        return None
+    return tuple(d for c, d in stts for _ in range(c))
+
+
+def _sample_offsets(sizes, stsc, chunks) -> tuple[int, ...] | None:
+    """Each sample's byte offset: chunk k (1-based) holds the samples-per-chunk of the last stsc run starting at or
+    before k, packed from the chunk's offset. None when the tables disagree with the sample count."""
+    if not stsc or not chunks or stsc[0][0] != 1:
+        return None
+    out, k, runs = [], 0, stsc + [(len(chunks) + 1, 0)]
+    for (first, per), (nxt, _) in zip(runs, runs[1:]):
+        if not first <= nxt or nxt > len(chunks) + 1:
+            return None
+        for c in range(first, nxt):
+            off = chunks[c - 1]
+            for _ in range(per):
+                if k >= len(sizes):
+                    return None
+                out.append(off)
+                off += sizes[k]
+                k += 1
+    return tuple(out) if k == len(sizes) else None
+
+
+def mp4_sample_table(f) -> Mp4Samples | None:
+    """The sample table of an mp4's first video track, read from its ``moov`` box only (no media payload).
+
+    For PyAV < 16, which has no ``stream.index_entries``: on the payload-free view (:class:`PayloadFreeMP4`) the
+    H.264 parser cannot see which packets are keyframes, so the flags come from the container's own table
+    (ISO/IEC 14496-12 8.6.2 ``stss``), as FFmpeg's mov demuxer takes them.
+
+    Args:
+        f: a seekable binary file object over the whole mp4 (the payload-free view is enough).
+
+    PyAV 15 also demuxes a truncated file only up to the cut, where PyAV 16's ``index_entries`` list every sample
+    of the moov; the offsets and decode-time deltas here let the index keep the samples past the cut (see
+    video._demux_index), so a cut file is reported as such rather than as clips that run past the video.
+
+    Returns:
+        :class:`Mp4Samples`, or None when the file has no ``moov`` with a video track and an ``stsz`` (fragmented
+        or malformed files: the caller then reads packets with their payload). The caller matches the sizes
+        against the demuxed packets before trusting the numbering. Hostile sizes and counts give None, never an exception or a huge allocation.
+    """
+    try:
+        size = f.seek(0, 2)
+        off, moov = 0, None
+        while off + 8 <= size:  # the top-level boxes, by their headers
+            f.seek(off)
+            head = f.read(16)
+            if len(head) < 8:
+                return None
+            box, typ = struct.unpack(">I4s", head[:8])
+            hdr = 8
+            if box == 1 and len(head) == 16:
+                box, hdr = struct.unpack(">Q", head[8:16])[0], 16
+            elif box == 0:
+                box = size - off
+            if box < hdr:
+                return None
+            if typ == b"moov":
+                if box > MOOV_MAX:
+                    return None
+                f.seek(off)
+                moov = f.read(box)
+                break
+            off += box
+        if moov is None or len(moov) < 8:
+            return None
+        for typ, a, z in _mp4_boxes(moov, 8):
+            if typ != b"trak":
+                continue
+            stbl = hdlr = None
+            mdia = next(((a2, z2) for t, a2, z2 in _mp4_boxes(moov, a, z) if t == b"mdia"), None)
+            if mdia is None:
+                continue
+            for t, a2, z2 in _mp4_boxes(moov, *mdia):
+                if t == b"hdlr" and z2 - a2 >= 12:
+                    hdlr = moov[a2 + 8:a2 + 12]
+                elif t == b"minf":
+                    stbl = next(((a3, z3) for t3, a3, z3 in _mp4_boxes(moov, a2, z2) if t3 == b"stbl"), None)
+            if hdlr != b"vide" or stbl is None:
+                continue
+            sizes = sync = stts = stsc = chunks = None
+            reordered = False
+            for t, a2, z2 in _mp4_boxes(moov, *stbl):
+                if t == b"stsz" and z2 - a2 >= 12:  # (stz2, compact sizes, is not written by FFmpeg: None)
+                    one, n = struct.unpack_from(">II", moov, a2 + 4)
+                    if one:
+                        sizes = (one,) * min(n, 1 << 24) if n <= 1 << 24 else None
+                    elif 12 + 4 * n <= z2 - a2:
+                        sizes = struct.unpack_from(f">{n}I", moov, a2 + 12)
+                    else:
+                        return None  # the table claims more entries than its box holds
+                elif t == b"stss" and z2 - a2 >= 8:
+                    n = struct.unpack_from(">I", moov, a2 + 4)[0]
+                    if 8 + 4 * n > z2 - a2:
+                        return None  # the table claims more entries than its box holds
+                    sync = frozenset(struct.unpack_from(f">{n}I", moov, a2 + 8))
+                elif t in (b"stts", b"stsc", b"stco", b"co64") and z2 - a2 >= 8:
+                    n = struct.unpack_from(">I", moov, a2 + 4)[0]
+                    w = {b"stts": 8, b"stsc": 12, b"stco": 4, b"co64": 8}[t]
+                    if 8 + w * n > z2 - a2:
+                        return None
+                    v = struct.unpack_from(f">{n * w // 4}I" if t != b"co64" else f">{n}Q", moov, a2 + 8)
+                    if t == b"stts":
+                        stts = list(zip(v[0::2], v[1::2]))
+                    elif t == b"stsc":
+                        stsc = list(zip(v[0::3], v[1::3]))
+                    else:
+                        chunks = v
+                elif t == b"ctts":
+                    reordered = True
+            if sizes is None:
+                return None
+            return Mp4Samples(sizes, sync, _sample_offsets(sizes, stsc, chunks), _sample_deltas(len(sizes), stts),
+                              reordered, size)
+        return None
+    except (OSError, ValueError, struct.error):
+        return None
+
+
+def mp4_sync_samples(f) -> tuple[tuple[int, ...], frozenset[int] | None] | None:
+    """(sample sizes, sync-sample numbers) of :func:`mp4_sample_table`, or None."""
+    t = mp4_sample_table(f)
+    return None if t is None else (t.sizes, t.sync)

@@ -1,0 +1,251 @@
+"""The piece store: fetched byte ranges of remote files, kept on disk as immutable pieces.
+
+One folder per remote file version (named by the file's path and identity, so a changed remote file never serves
+stale bytes), one file per piece, named ``<start>-<end>.piece`` (12-digit byte offsets, ``[start, end)``). Pieces
+never cross a ``REGION`` (4 MiB) boundary; a file lock per (file, region) makes workers that want the same bytes
+wait for one another instead of fetching them twice. A piece is written under a temporary name and renamed into
+place, so an interrupted download leaves nothing that is ever read, and a restart re-fetches only the regions that
+are still missing. The total size of the pieces is bounded by ``cache_size``; the least recently read pieces are
+deleted first (read time = the piece's mtime).
+
+Knows files and byte ranges only: what to fetch comes from the caller (:mod:`lerobot_sql._storage.remote`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from filelock import FileLock
+
+from .cache import key
+
+REGION = 4 << 20                 # unit of locking; largest piece (bytes)
+MERGE_GAP = 16 << 10             # ranges closer than this are fetched as one (fewer requests for a few KiB more)
+
+
+def gaps(pieces: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of ``[lo, hi)`` that the sorted ``pieces`` (``[start, end)`` each) do not cover."""
+    out, pos = [], lo
+    for a, b in pieces:
+        if b <= pos or a >= hi:
+            continue
+        if a > pos:
+            out.append((pos, a))
+        pos = max(pos, b)
+    if pos < hi:
+        out.append((pos, hi))
+    return out
+
+
+def merge_ranges(ranges: list[tuple[int, int]], gap: int = MERGE_GAP) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) sorted, with those that overlap, touch or lie within ``gap`` bytes of each other
+    merged into one: what to ask a server for (fewer requests for a few KiB more)."""
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + gap:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _disjoint(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted spans with overlaps merged (two wanted ranges may share a gap); touching spans stay apart (they may
+    lie in two regions)."""
+    out: list[list[int]] = []
+    for a, b in spans:
+        if out and a < out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _piece(fdir: Path, a: int, b: int) -> Path:
+    return fdir / f"{a:012d}-{b:012d}.piece"
+
+
+class PieceStore:
+    """The pieces under ``dir`` (one folder per remote file version), bounded by ``cache_size`` bytes.
+
+    Shared by the processes reading one dataset (file locks); the piece lists seen by this process are remembered
+    and re-read from disk whenever a read finds a gap.
+    """
+
+    def __init__(self, dir: str | os.PathLike, cache_size: int):
+        self.dir, self.cache_size = Path(dir), int(cache_size)
+        self._pieces: dict[str, list[tuple[int, int]]] = {}
+        self._total: int | None = None
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """New locks (a forked child must not wait on a lock a thread of its parent held)."""
+        self._lock = threading.RLock()
+        self._region_locks: dict[tuple[str, int], threading.Lock] = {}
+
+    def folder(self, path: str, identity: str) -> Path:
+        """The folder of the pieces of ``path`` at the version ``identity``."""
+        return self.dir / key(path, identity)
+
+    def scan(self, fdir: Path) -> list[tuple[int, int]]:
+        """The pieces of ``fdir`` on disk now, sorted (remembered for :meth:`missing`)."""
+        out = []
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(fdir):
+                if name.endswith(".piece"):
+                    a, b = name[:-6].split("-")
+                    out.append((int(a), int(b)))
+        out.sort()
+        self._pieces[str(fdir)] = out
+        return out
+
+    def missing(self, fdir: Path, start: int, end: int) -> list[tuple[int, int]]:
+        """Byte ranges of ``[start, end)`` not in ``fdir`` (as this process last saw it, re-read on a gap)."""
+        pieces = self._pieces.get(str(fdir))
+        if pieces is None or gaps(pieces, start, end):
+            pieces = self.scan(fdir)
+        return gaps(pieces, start, end)
+
+    def _region_lock(self, fdir: Path, r: int) -> threading.Lock:
+        """Threads of this process queue on a plain lock (FileLock would make them poll every 50 ms)."""
+        with self._lock:
+            return self._region_locks.setdefault((str(fdir), r), threading.Lock())
+
+    def fill(self, fdir: Path, ranges: list[tuple[int, int]],
+             fetch_all: Callable[[list[tuple[int, int]]], list[tuple[Any, Any]]]) -> int:
+        """Fetch and store what of ``ranges`` is missing from ``fdir``; returns the bytes fetched.
+
+        Under the locks of every region the ranges touch (taken in ascending order, as every caller takes them: no
+        two callers can deadlock), the gaps are computed again (another worker may have fetched them), split at
+        region boundaries, and handed to ``fetch_all(gaps)``, which returns ``(data, None)`` or
+        ``(None, exception)`` per gap. The pieces that arrived are stored, the cache is evicted down to its bound,
+        then the first failure is raised (nothing partial is left in the cache).
+        """
+        fdir.mkdir(parents=True, exist_ok=True)
+        regions = sorted({r for a, b in ranges for r in range(a // REGION, (b - 1) // REGION + 1)})
+        with contextlib.ExitStack() as stack:
+            for r in regions:
+                stack.enter_context(self._region_lock(fdir, r))
+                stack.enter_context(FileLock(str(fdir / f"r{r:07d}.lock")))
+            pieces = self.scan(fdir)  # re-read: another worker may have fetched them
+            want: set[tuple[int, int]] = set()
+            for a, b in ranges:
+                for r in range(a // REGION, (b - 1) // REGION + 1):  # pieces never cross a region boundary
+                    want.update(gaps(pieces, max(a, r * REGION), min(b, (r + 1) * REGION)))
+            todo = _disjoint(sorted(want))
+            written: set[str] = set()
+            fetched, error = 0, None
+            for (a, b), (data, err) in zip(todo, fetch_all(todo)):
+                if err is not None:
+                    error = error or err
+                    continue
+                self.write(fdir, a, b, data)
+                written.add(str(_piece(fdir, a, b)))
+                fetched += len(data)
+        self.evict(protect=written)
+        if error is not None:
+            raise error
+        return fetched
+
+    def write(self, fdir: Path, a: int, b: int, data: bytes) -> None:
+        """Store bytes ``[a, b)`` as one piece (temporary name, then renamed into place)."""
+        fd, tmp = tempfile.mkstemp(dir=fdir, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, _piece(fdir, a, b))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        with self._lock:
+            self._pieces[str(fdir)] = sorted(self._pieces.get(str(fdir), []) + [(a, b)])
+            if self._total is not None:
+                self._total += len(data)
+
+    def store_whole(self, fdir: Path, data: bytes) -> None:
+        """Keep a whole file as region pieces (never re-fetched while cached); pieces already there are kept."""
+        fdir.mkdir(parents=True, exist_ok=True)
+        have = self.scan(fdir)
+        for r in range((len(data) + REGION - 1) // REGION):
+            a, b = r * REGION, min(len(data), (r + 1) * REGION)
+            if gaps(have, a, b):
+                self.write(fdir, a, b, data[a:b])
+
+    def assemble(self, fdir: Path, path: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` from the pieces of ``fdir`` (``path``: the remote file, for the message); each
+        piece read is touched (LRU).
+
+        Raises:
+            FileNotFoundError: a piece is missing or short (evicted by another process since it was listed).
+        """
+        out = bytearray()
+        pos = start
+        for a, b in self._pieces.get(str(fdir), []):
+            if b <= pos or a > pos:
+                if a > pos:
+                    break
+                continue
+            p = _piece(fdir, a, b)
+            n = min(b, end) - pos
+            with open(p, "rb") as f:
+                f.seek(pos - a)
+                chunk = f.read(n)
+            if len(chunk) != n:
+                raise FileNotFoundError(p)
+            with contextlib.suppress(OSError):
+                os.utime(p)  # LRU: the mtime of a piece is its last read
+            out += chunk
+            pos += n
+            if pos >= end:
+                break
+        if pos < end:
+            raise FileNotFoundError(f"{path}: bytes {pos}-{end}")
+        return bytes(out)
+
+    def evict(self, protect: set[str] = frozenset()) -> None:
+        """Delete least recently read pieces until the total is at most 90% of ``cache_size`` (never the pieces
+        in ``protect``, just written for the current read)."""
+        if self._total is not None and self._total <= self.cache_size:
+            return
+        entries = []
+        with contextlib.suppress(FileNotFoundError):
+            for d in os.scandir(self.dir):
+                if not d.is_dir():
+                    continue
+                for e in os.scandir(d.path):
+                    if e.name.endswith(".piece"):
+                        with contextlib.suppress(FileNotFoundError):
+                            st = e.stat()
+                            entries.append((st.st_mtime_ns, st.st_size, d.path, e.name))
+        total = sum(e[1] for e in entries)
+        if total > self.cache_size:
+            goal = int(self.cache_size * 0.9)
+            for _mt, sz, d, name in sorted(entries):
+                if total <= goal:
+                    break
+                if os.path.join(d, name) in protect:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(d, name))
+                    total -= sz
+                    a, b = name[:-6].split("-")
+                    with self._lock:
+                        lst = self._pieces.get(d)
+                        if lst is not None and (int(a), int(b)) in lst:
+                            lst.remove((int(a), int(b)))
+        self._total = total
+
+    def cached_bytes(self) -> int:
+        """Total size of the pieces on disk (all processes)."""
+        self._total = None
+        total = 0
+        with contextlib.suppress(FileNotFoundError):
+            for d in os.scandir(self.dir):
+                if d.is_dir():
+                    total += sum(e.stat().st_size for e in os.scandir(d.path) if e.name.endswith(".piece"))
+        return total

@@ -1,0 +1,341 @@
+"""The network side of remote reads: retries, and range reads pinned to the version of a file first seen.
+
+Every network call goes through :func:`call`: retried with exponential backoff on 5xx answers, resets, truncated
+bodies and timeouts, then :class:`RemoteIOError` naming the URL and byte range. Range reads go through
+:func:`pinned_get`, which looks the backend's way of pinning a version up in ``PINNERS`` (keyed by protocol: HTTP
+``If-Match`` / ``If-Unmodified-Since``, S3 version id / ``IfMatch``); a file that changes on the server mid-run then
+raises :class:`FileChangedError` instead of mixing versions in the cache. A new backend is one entry in ``PINNERS``;
+a protocol without one is read unpinned.
+
+Plain functions over an fsspec filesystem: the cache of fetched bytes is :mod:`lerobot_sql._storage.pieces`, the
+fsspec face :mod:`lerobot_sql._storage.remote`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import random
+import time
+from typing import Any, Callable
+
+from ..errors import MissingFileError, RemoteIOError
+
+STALL_S = 20.0                  # an HTTP answer may pause this long (headers, or between body bytes)
+MIN_RATE = 32 << 10              # ... and must deliver a body at this average rate (bytes/s) after STALL_S
+WHOLE_MAX = 64 << 20             # a file of a server that ignores Range is fetched whole up to this size
+CHECK_BYTES = 64 << 10           # bytes at each end of an untagged file hashed into its identity
+FETCH_THREADS = 16               # parallel range requests of one fetch_each call
+
+
+class Truncated(OSError):
+    """The server sent fewer bytes than asked for: retried."""
+
+
+class Stalled(OSError):
+    """The server stopped sending (no byte for ``stall_s``) or sends slower than ``min_rate``: retried once."""
+
+
+class Lying(OSError):
+    """The server's answer contradicts the request (a Content-Length or Content-Range for other bytes): not
+    retried, another try gets the same answer."""
+
+
+class FileChangedError(RemoteIOError):
+    """The remote file no longer matches the version (ETag / version id) this session first saw."""
+
+
+def protocol(fs: Any) -> str:
+    """The first protocol name of an fsspec filesystem (``"https"``, ``"s3"``, ``"file"`` ...)."""
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
+def retryable(e: BaseException) -> bool:
+    """True for errors a second try may cure: 5xx/408/429 answers, resets, timeouts, truncated bodies."""
+    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotImplementedError, TypeError,
+                      KeyError, MissingFileError, Lying)):
+        return False
+    status = getattr(e, "status", None) or getattr(e, "status_code", None)
+    if status is None:
+        resp = getattr(e, "response", None)
+        status = getattr(resp, "status_code", None) if resp is not None and not isinstance(resp, dict) else None
+        if isinstance(resp, dict):
+            status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
+        return False
+    return True
+
+
+def precondition_failed(e: BaseException) -> bool:
+    """True for an HTTP 412 / S3 ``PreconditionFailed`` answer (the If-Match / If-Unmodified-Since test failed)."""
+    for x in (e, e.__cause__, e.__context__):
+        if x is None:
+            continue
+        status = getattr(x, "status", None) or getattr(x, "status_code", None)
+        resp = getattr(x, "response", None)
+        if isinstance(resp, dict):
+            status = status or resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if resp.get("Error", {}).get("Code") == "PreconditionFailed":
+                return True
+        if status == 412 or "PreconditionFailed" in str(x) or "Precondition Failed" in str(x):
+            return True
+    return False
+
+
+def version_of(info: dict) -> dict:
+    """What pins the bytes of the version described by ``info`` (a target's raw ``info()``): the S3 version id, a
+    strong ETag (a weak ``W/`` one cannot be used with If-Match), the Last-Modified date. Missing keys are left out."""
+    out = {}
+    vid = info.get("VersionId") or info.get("version_id")
+    if vid and vid != "null":
+        out["version_id"] = str(vid)
+    etag = info.get("ETag") or info.get("etag")
+    if isinstance(etag, str) and etag and not etag.startswith("W/"):
+        out["etag"] = etag if etag.startswith('"') else f'"{etag}"'
+    lm = info.get("Last-Modified")
+    if isinstance(lm, str) and lm:
+        out["last_modified"] = lm
+    return out
+
+
+def identity_of(info: dict) -> str:
+    """size + the strongest content tag fsspec reports (ETag, blob id, LFS sha256, last commit, mtime)."""
+    lfs = info.get("lfs") or {}
+    tag = (info.get("ETag") or info.get("etag") or info.get("blob_id") or (lfs.get("sha256") if isinstance(lfs, dict)
+           else None) or info.get("last_commit") or info.get("LastModified") or info.get("Last-Modified")
+           or info.get("mtime") or info.get("updated") or "")
+    if isinstance(tag, dict):
+        tag = tag.get("oid") or json.dumps(tag, sort_keys=True, default=str)
+    return f"{info.get('size')}-{str(tag).strip(chr(34))}"
+
+
+def call(what: str, fn: Callable, *args: Any, retries: int, backoff_s: float,
+         on_attempt: Callable[[], None] = lambda: None):
+    """``fn(*args)`` with up to ``retries`` more tries (backoff ``backoff_s * 2**k`` seconds, jittered) on a
+    retryable error; ``on_attempt()`` before each try (the request counter).
+
+    Raises:
+        RemoteIOError: after the last try, naming ``what`` and the last error (chained).
+        FileNotFoundError: passed through (unless fsspec's HTTP ``info()`` wrapped a network failure in it).
+        FileChangedError: passed through (another try cannot bring the old version back).
+    """
+    last: BaseException | None = None
+    stalls = 0
+    for attempt in range(retries + 1):
+        on_attempt()
+        try:
+            return fn(*args)
+        except FileNotFoundError as e:
+            # fsspec's HTTP info() reports any failure (a 503, a reset) as FileNotFoundError: look underneath.
+            cause = e.__cause__
+            if cause is None or isinstance(cause, FileNotFoundError) or not retryable(cause):
+                raise
+            last = cause  # a 5xx, a refused connection: a network failure, not a missing file
+            if attempt == retries:
+                break
+            time.sleep(backoff_s * (2 ** attempt) * (1 + 0.25 * random.random()))
+            continue
+        except FileChangedError:
+            raise  # another try cannot bring the old version back
+        except Exception as e:  # noqa: BLE001 - any library's transport error; classified below
+            last = e
+            stalls += isinstance(e, Stalled)
+            # A stalled server costs stall_s (or more) per try: one more try, not `retries` more.
+            if not retryable(e) or attempt == retries or stalls > 1:
+                break
+            time.sleep(backoff_s * (2 ** attempt) * (1 + 0.25 * random.random()))
+    raise RemoteIOError(f"{what}: failed after {attempt + 1} attempt(s): {type(last).__name__}: {last}. "
+                        "Check the network and credentials (storage_options), then retry; the cache holds "
+                        "nothing partial from this read.") from last
+
+
+def describe(fs: Any, path: str, *, url: str, stall_s: float = STALL_S, min_rate: float = MIN_RATE) -> dict:
+    """One ``info()`` of ``path`` on the remote, as the cache keeps it: ``name``, ``size``, ``type``, ``identity``
+    (:func:`identity_of`) and what pins the version (:func:`version_of`).
+
+    A plain HTTP file that nothing tags (no strong ETag, no Last-Modified) gets a CRC of its first and last
+    ``CHECK_BYTES`` (a Parquet footer, an mp4's moov box) in its identity: otherwise a change of the same size
+    would keep serving the old cached bytes; a change elsewhere alone stays unnoticed (docs/remote).
+    """
+    i = fs.info(path)
+    out = {"name": path, "size": i.get("size"), "type": i.get("type", "file"), "identity": identity_of(i),
+           **version_of(i)}
+    if protocol(fs) in ("http", "https") and not (out.get("etag") or out.get("last_modified")) \
+            and out["type"] == "file" and isinstance(out["size"], int) and out["size"] > 0:
+        n = out["size"]
+
+        def span(a: int, b: int) -> bytes:
+            data, whole = http_get(fs, path, a, b, {}, n, url=url, stall_s=stall_s, min_rate=min_rate)
+            return data[a:b] if whole else data
+
+        head = span(0, min(n, CHECK_BYTES))
+        tail = span(max(0, n - CHECK_BYTES), n) if n > CHECK_BYTES else b""
+        import zlib
+
+        out["identity"] += f"-crc{zlib.crc32(tail, zlib.crc32(head)):08x}"
+    return out
+
+
+def http_get(fs, path: str, a: int, b: int, headers: dict, size: int | None, *, url: str,
+             stall_s: float = STALL_S, min_rate: float = MIN_RATE) -> tuple[bytes, bool]:
+    """Bytes [a, b) by one ranged GET on fsspec's aiohttp session, checking the answer as it comes.
+
+    Returns ``(data, whole)``: ``whole`` when the server ignored Range and sent the whole file, which ``data``
+    then is (the caller keeps it, so no later read or retry fetches it again).
+
+    * The headers must announce exactly the bytes asked for (206 with that Content-Length and Content-Range):
+      a server announcing more than it sends would otherwise hold each read until the socket timeout, for every
+      retry. Any other announcement raises at once, before the body (:class:`Lying`, not retried).
+    * The body must keep coming: no pause over ``stall_s`` and, past ``stall_s``, at least ``min_rate`` bytes/s
+      on average (:class:`Stalled`, retried once). A server dripping a byte every few seconds never trips a socket
+      read timeout by itself.
+    * A server that ignores Range (200 and the whole file): the whole file is read up to ``WHOLE_MAX`` bytes; a
+      larger file raises (:class:`Lying`).
+    """
+    import asyncio
+
+    from fsspec.asyn import sync
+
+    async def body(r, n: int) -> bytes:
+        out = bytearray()
+        deadline = time.monotonic() + stall_s + n / min_rate
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Stalled(f"{url}: the server sent {len(out)} of {n} bytes in {stall_s + n / min_rate:.0f} s "
+                              f"(less than {min_rate / 1024:.0f} KiB/s)")
+            try:
+                chunk = await asyncio.wait_for(r.content.read(min(1 << 20, n - len(out))),
+                                               timeout=min(left, stall_s))
+            except asyncio.TimeoutError:
+                raise Stalled(f"{url}: the server stopped sending after {len(out)} of {n} bytes (nothing for "
+                              f"{min(left, stall_s):.0f} s)") from None
+            if not chunk:
+                raise Truncated(f"{url}: the connection closed after {len(out)} of {n} bytes")
+            out += chunk
+        return bytes(out)
+
+    async def get():
+        session = await fs.set_session()
+        kw = dict(getattr(fs, "kwargs", {}) or {})
+        h = {**(kw.pop("headers", None) or {}), **headers, "Range": f"bytes={a}-{b - 1}"}
+        async with session.get(fs.encode_url(path), headers=h, **kw) as r:
+            if r.status == 404:
+                raise FileNotFoundError(url)
+            r.raise_for_status()  # 412 -> FileChangedError in pinned_get; 5xx -> retried
+            n = r.content_length
+            if r.status == 200:
+                total = n if n is not None else size
+                if total is None or (size is not None and total != size):
+                    raise Lying(f"{url}: asked for bytes {a}-{b}, the server answered 200 with "
+                                f"{total} bytes, not the file's {size}")
+                if total > WHOLE_MAX and not (a == 0 and b == total):
+                    raise Lying(f"{url}: the server ignores Range requests (answered 200 with the whole "
+                                f"{total}-byte file for bytes {a}-{b}); files over {WHOLE_MAX} bytes are "
+                                "not fetched whole. Use a server or mirror that supports Range")
+                return await body(r, total), True
+            if r.status != 206:
+                raise Lying(f"{url}: unexpected HTTP status {r.status} for bytes {a}-{b}")
+            cr = r.headers.get("Content-Range", "")
+            if (n is not None and n != b - a) or (cr and not cr.startswith(f"bytes {a}-{b - 1}/")):
+                raise Lying(f"{url}: asked for bytes {a}-{b} ({b - a} bytes), the server announced "
+                            f"Content-Length {n}, Content-Range {cr or 'none'}; it sends other bytes than "
+                            "asked for (a misconfigured server or proxy)")
+            return await body(r, b - a), False
+
+    return sync(fs.loop, get)
+
+
+def s3_get(fs, path: str, a: int, b: int, etag: str) -> bytes:
+    """A ranged S3 GetObject with ``IfMatch`` (s3fs's cat_file takes no conditions)."""
+    from fsspec.asyn import sync
+
+    bucket, key, _ = fs.split_path(path)
+
+    async def get():
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={a}-{b - 1}", IfMatch=etag)
+        try:
+            return await resp["Body"].read()
+        finally:
+            resp["Body"].close()
+
+    return sync(fs.loop, get)
+
+
+def _pin_http(fs, path: str, a: int, b: int, pin: dict, **kw: Any) -> tuple[bytes, bool]:
+    """``If-Match`` with a strong ETag, else ``If-Unmodified-Since`` with the Last-Modified date, else unpinned."""
+    headers = ({"If-Match": pin["etag"]} if pin.get("etag")
+               else {"If-Unmodified-Since": pin["last_modified"]} if pin.get("last_modified") else {})
+    return http_get(fs, path, a, b, headers, pin.get("size"), **kw)
+
+
+def _pin_s3(fs, path: str, a: int, b: int, pin: dict, **kw: Any) -> tuple[bytes, bool]:
+    """The version id when the bucket is versioned, else ``IfMatch`` with the ETag (s3fs), else unpinned."""
+    if pin.get("version_id"):
+        return fs.cat_file(path, start=a, end=b, version_id=pin["version_id"]), False
+    if pin.get("etag") and hasattr(fs, "_call_s3"):
+        return s3_get(fs, path, a, b, pin["etag"]), False
+    return fs.cat_file(path, start=a, end=b), False
+
+
+def _unpinned(fs, path: str, a: int, b: int, pin: dict, **kw: Any) -> tuple[bytes, bool]:
+    return fs.cat_file(path, start=a, end=b), False
+
+
+# protocol -> how a range read is pinned to the version in ``pin`` (the cached info): (data, whole file?).
+PINNERS: dict[str, Callable[..., tuple[bytes, bool]]] = {
+    "http": _pin_http, "https": _pin_http, "s3": _pin_s3, "s3a": _pin_s3,
+}
+
+
+def pinned_get(fs, path: str, a: int, b: int, pin: dict, *, url: str, stall_s: float = STALL_S,
+               min_rate: float = MIN_RATE) -> tuple[bytes, bool]:
+    """Bytes [a, b) of the version of ``path`` described by ``pin`` (its first :func:`describe`), by the
+    protocol's entry in ``PINNERS`` (other protocols: unpinned). The server refuses (412) once the file changed.
+
+    Returns:
+        ``(data, whole)`` as :func:`http_get` (``whole`` only from a server that ignores Range).
+
+    Raises:
+        FileChangedError: the file no longer matches ``pin``; no bytes of the new version were read.
+    """
+    try:
+        return PINNERS.get(protocol(fs), _unpinned)(fs, path, a, b, pin, url=url, stall_s=stall_s,
+                                                   min_rate=min_rate)
+    except Exception as e:  # noqa: BLE001 - each library reports a 412 its own way
+        if precondition_failed(e):
+            raise FileChangedError(
+                f"{url}: the file changed on the server during this run (it no longer matches "
+                f"{pin.get('version_id') or pin.get('etag') or pin.get('last_modified')}, the version first "
+                f"read); bytes {a}-{b} were not read, so no item mixes two versions. Connect again to read the "
+                "new version") from e
+        raise
+
+
+def _try(fn, arg):
+    """(fn(arg), None) or (None, the exception): parallel fetches report failures after the others are stored."""
+    try:
+        return fn(arg), None
+    except BaseException as e:  # noqa: BLE001 - re-raised by the caller
+        return None, e
+
+
+_POOL: tuple[int, Any] | None = None
+
+
+def _pool():
+    """The process's fetch threads (re-created after a fork: a pool's threads do not survive one)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="lsql-fetch"))
+    return _POOL[1]
+
+
+def fetch_each(fn: Callable[[tuple[int, int]], bytes], spans: list[tuple[int, int]]) -> list[tuple[Any, Any]]:
+    """``fn(span)`` for each span, at most ``FETCH_THREADS`` at once (one span: in this thread). Returns
+    ``(data, None)`` or ``(None, exception)`` per span, in order: a failure is raised by the caller after the
+    other spans are stored."""
+    if len(spans) == 1:
+        return [_try(fn, spans[0])]
+    return list(_pool().map(lambda g: _try(fn, g), spans))

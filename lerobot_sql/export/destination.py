@@ -1,0 +1,168 @@
+"""Where an export may write, and the one error block around its writes.
+
+What an overwrite may delete: only a folder that is empty or that lerobot_sql exported (its marker ``MARKER`` lists
+every file written, with its size), and only a manifest file that carries our schema metadata. Everything else (the
+source, a folder that holds it, the user's files) is refused before any work, so an export never deletes what it
+did not write. A write that fails because the disk is full or read-only is a :class:`DestinationError` naming the
+destination, and leaves nothing behind, not even the parent folders the export made (:func:`writing`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import DestinationError, DestinationExistsError, LeRobotSQLError
+
+MARKER = "meta/lerobot_sql_export.json"
+MARKER_FORMAT = 1
+# errno values that can only come from writing the destination (reading the source never raises them).
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+MARKER = "meta/lerobot_sql_export.json"
+MARKER_FORMAT = 1
+# errno values that can only come from writing the destination (reading the source never raises them).
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+def local_dest(dest: str | os.PathLike, what: str) -> Path:
+    """``dest`` as an absolute local path; symlinks are resolved, a dangling one is refused."""
+    if "://" in os.fspath(dest):
+        raise DestinationError(f"{os.fspath(dest)}: {what} writes to a local path; write locally and upload the "
+                               "result afterwards")
+    p = Path(os.path.abspath(os.fspath(dest)))
+    if os.path.islink(p) and not os.path.exists(p):
+        raise DestinationError(f"{p}: is a symlink to {os.readlink(p)!r}, which does not exist; remove the link, "
+                               "create its target, or choose another destination")
+    return Path(os.path.realpath(p))
+
+
+def refuse_source(db, dest: Path, what: str) -> None:
+    """Refuse a destination that is the source root, inside it or a folder holding it (symlinks resolved)."""
+    if not db.source.is_local:
+        return
+    src = Path(os.path.realpath(db.source.root))
+    if dest == src or dest.is_relative_to(src):
+        raise DestinationError(f"{dest}: is inside the source dataset {src}; {what} never writes into its own "
+                               "source: choose a destination outside it")
+    if src.is_relative_to(dest):
+        raise DestinationError(f"{dest}: holds the source dataset {src}; {what} never replaces a folder that holds "
+                               "its source: choose another destination")
+
+
+def our_files(root: Path) -> dict[str, int]:
+    """Every file and symlink under ``root`` (relative posix path -> size; a symlink counts as -1, never ours)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            full = os.path.join(dirpath, name)
+            rel = Path(full).relative_to(root).as_posix()
+            out[rel] = -1 if os.path.islink(full) else os.lstat(full).st_size
+    return out
+
+
+def check_replaceable(dest: Path) -> None:
+    """Raise DestinationExistsError unless ``dest`` is an empty folder or an export of ours left as we wrote it."""
+    if not dest.is_dir():
+        raise DestinationExistsError(f"{dest}: exists and is not a folder; overwrite=True replaces only an empty "
+                                     "folder or a dataset lerobot_sql exported: remove it yourself or choose another "
+                                     "destination")
+    present = our_files(dest)
+    if not present:
+        return
+    marker = dest / MARKER
+    try:
+        written = json.loads(marker.read_text())["files"]
+        if not isinstance(written, dict):
+            raise TypeError("files is not a mapping")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DestinationExistsError(
+            f"{dest}: exists and is not a dataset lerobot_sql exported (no readable {MARKER}); overwrite=True "
+            "replaces only an empty folder or a previous export: remove it yourself or choose another destination"
+        ) from e
+    present.pop(MARKER, None)
+    foreign = sorted(r for r, size in present.items() if written.get(r) != size)
+    if foreign:
+        raise DestinationExistsError(
+            f"{dest}: holds {len(foreign)} file(s) the previous export did not write or that changed since "
+            f"(e.g. {foreign[:3]}); overwrite=True never deletes them: move them away or choose another destination")
+
+
+def _make_parents(folder: Path, dest: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns the folders created (to remove on failure)."""
+    missing = []
+    p = folder
+    while not os.path.lexists(p):
+        missing.append(p)
+        p = p.parent
+    created = []
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except OSError as e:
+            _remove_dirs(created)
+            why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
+            raise DestinationError(f"{dest}: cannot create the folder {d} ({why}); choose another destination") \
+                from e
+        created.append(d)
+    if not folder.is_dir():
+        raise DestinationError(f"{dest}: its parent {folder} is not a folder; choose another destination")
+    return created
+
+
+def _remove_dirs(created: list[Path]) -> None:
+    for d in reversed(created):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+def _write_error(e: OSError, dest: Path) -> DestinationError | None:
+    """The typed error for a failed write to ``dest`` (disk full, quota, read-only), or None if ``e`` is not one."""
+    if isinstance(e, LeRobotSQLError):
+        return None
+    text = str(e)
+    if e.errno in _WRITE_ERRNOS or "No space left on device" in text or "Read-only file system" in text:
+        why = e.strerror or text
+        return DestinationError(f"{dest}: writing failed ({why}); nothing was left there: free space on "
+                                f"{dest.parent} (or make it writable) and export again, or choose another destination")
+    return None
+
+
+@contextlib.contextmanager
+def writing(dest: Path, tmp: Path | None = None) -> Iterator[None]:
+    """The error handling around writing ``dest`` (export_dataset and export_manifest alike).
+
+    Creates ``dest``'s missing parent folders, then runs the body, which writes ``tmp`` (or another temporary name)
+    and renames it to ``dest``. Afterwards ``tmp`` (a file or a folder) is removed if it is still there; if the
+    body failed, so are the parent folders created here.
+
+    Raises:
+        DestinationError: a parent cannot be created (a file is in the way, no permission), or the body failed
+            with an OSError from a full or read-only disk (chained as ``__cause__``). Other errors pass unchanged.
+    """
+    created = _make_parents(dest.parent, dest)
+    ok = False
+    try:
+        yield
+        ok = True
+    except OSError as e:
+        err = _write_error(e, dest)
+        if err is None:
+            raise
+        raise err from e
+    finally:
+        if tmp is not None and tmp.exists():
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink()
+        if not ok:
+            _remove_dirs(created)

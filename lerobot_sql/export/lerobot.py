@@ -1,0 +1,427 @@
+"""The LeRobot v3.0 export driver: ``export_dataset`` writes a query's frames as a new dataset.
+
+Export plan: the query is resolved to a manifest by ``db.manifest(sql)`` (:mod:`lerobot_sql._plan.manifest`; the same
+row cap, fast path and order as ``dataset()``), cut into *parts* (one output episode each: a whole source episode
+or a window, told apart by ``result_row``, or a contiguous run of ``index`` rows of one episode), and each part is
+written in order (:mod:`.parts` cuts them; the writers are :mod:`.data_writer` and :mod:`.video_writer`, the
+stats ports :mod:`.stats`):
+
+* data: the part's source rows, with ``episode_index``/``index``/``frame_index``/``timestamp``/``task_index``
+  rewritten, one row group per episode, files rotated by ``data_files_size_in_mb``;
+* video, per camera: packets copied as they are (PyAV remux, no decode) from the first kept frame on when it is a
+  keyframe; frames before the first keyframe of a part (a window cut mid-GOP) are decoded and re-encoded with the
+  encoder settings of info.json (lerobot's defaults where info.json has none). Files rotate by
+  ``video_files_size_in_mb``; each episode's ``from_timestamp`` is where its first frame sits in the new file;
+* meta/episodes (source row copied, pointers/lengths/tasks replaced, stats recomputed for cut parts and for the
+  renumbered ``index``/``episode_index``/``task_index`` columns), tasks.parquet (tasks still used, in source order),
+  stats.json (aggregated as lerobot 0.4.4 does), info.json (totals and splits).
+
+The source may be v3.x or v2.0/v2.1: episode metadata and tasks are read through the catalog (``_episodes_raw``,
+``tasks``), which gives both versions the same columns, so a v2.x selection is written as a v3.0 dataset (info.json
+converted as lerobot 0.4.4's ``convert_dataset_v21_to_v30`` does it).
+
+Everything is written into a hidden sibling folder and renamed into place at the end, so the destination appears
+complete or not at all. ``meta/lerobot_sql_export.json`` marks the folder as ours and lists the files written: an
+overwrite replaces only an empty folder or such an export, and no destination may be the source, lie inside it or
+hold it (symlinks resolved; :mod:`.destination`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .._format.layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
+from .._plan.manifest import Meta
+from .._readers import decode, locate, video_index
+from .._version import __version__
+from ..errors import DatasetFormatError, DestinationError, DestinationExistsError
+from . import destination, stats
+from .data_writer import DataWriter
+from .parts import Part, Rotator, cut_parts
+from .video_writer import VideoWriter
+
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+EPISODES_POINTERS = ("meta/episodes/chunk_index", "meta/episodes/file_index")
+V3_VERSION = "v3.0"
+DEFAULT_DATA_MB, DEFAULT_VIDEO_MB = 100, 200  # lerobot 0.4.4 DEFAULT_DATA_FILE_SIZE_IN_MB / DEFAULT_VIDEO_...
+INDEX_COLUMNS = ("index", "episode_index", "task_index")  # renumbered on export, so their stats are recomputed
+
+
+@dataclasses.dataclass
+class ExportReport:
+    """What :func:`export_dataset` wrote.
+
+    Attributes:
+        dest: the new dataset root.
+        episodes, frames: totals of the new dataset.
+        tasks: rows of the new meta/tasks.parquet.
+        files_written: every file under ``dest``.
+        data_files, video_files: how many of each.
+        frames_reencoded: video frames decoded and re-encoded (summed over cameras); all others were remuxed.
+        frames_remuxed: video frames whose packets were copied unchanged (summed over cameras).
+        seconds: wall time.
+    """
+
+    dest: str
+    episodes: int
+    frames: int
+    tasks: int
+    files_written: int
+    data_files: int
+    video_files: int
+    frames_reencoded: int
+    frames_remuxed: int
+    seconds: float
+
+
+def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = False, progress: bool = True,
+                   tolerance_s: float = 1e-4) -> ExportReport:
+    """Write the frames ``sql`` selects as a new LeRobot v3.0 dataset at ``dest`` (a local folder).
+
+    ``sql`` follows the dataset() contract (see :mod:`lerobot_sql._plan.resolve`): ``episode_index`` rows export whole
+    episodes, ``(episode_index, start_s, end_s)`` rows export one episode per window (frame_index and timestamp
+    restart at 0), ``index`` rows export each contiguous run of frames of one episode as an episode. Output episodes
+    follow the result order (for a query without ORDER BY, the order dataset() gives it: sorted by the contract
+    columns) and are numbered 0..N-1; ``index`` is contiguous; tasks still used are renumbered in
+    source order. Extra result columns are not written.
+
+    The dataset is written into a hidden sibling folder and renamed into place, with ``meta/lerobot_sql_export.json``
+    listing every file written (name and size), so that a later ``overwrite=True`` can tell an export of ours from
+    anything else.
+
+    Args:
+        overwrite: replace an existing ``dest`` (only once the new dataset is complete), and only if it is an empty
+            folder or a dataset this function exported, holding only the files it wrote. Any other folder (the
+            source, one that holds it, a dataset written by another tool, a folder with files of the user's) is
+            refused.
+        progress: show a tqdm bar.
+        tolerance_s: how far a data timestamp may be from its video frame's pts (as in dataset()).
+
+    Returns:
+        :class:`ExportReport` (episodes, frames, files written, frames re-encoded, seconds).
+
+    Raises:
+        QueryError / ResultContractError: the SQL or its result is unusable.
+        DestinationExistsError (a FileExistsError): ``dest`` exists and ``overwrite`` is False, or it is not an empty
+            folder or an unchanged export of ours.
+        DestinationError (an OSError): ``dest`` is the source, inside it or holds it; a dangling symlink; a parent is
+            a file; the disk is full or read-only (nothing is left at ``dest``).
+        FrameNotFoundError: a selected frame has no video frame within ``tolerance_s``.
+        DatasetFormatError / VideoDecodeError / MissingFileError: the source dataset is inconsistent or unreadable.
+    """
+    t0 = time.perf_counter()
+    dest = destination.local_dest(dest, "export")
+    destination.refuse_source(db, dest, "export")
+    replacing = os.path.lexists(dest)
+    if replacing:
+        if not overwrite:
+            raise DestinationExistsError(f"{dest}: already exists; pass overwrite=True or choose another destination")
+        destination.check_replaceable(dest)
+    # db.manifest, as dataset() resolves the same SQL: the row cap, the pointer fast path for whole episodes, and
+    # a deterministic order for a query without ORDER BY. Each sample's result_row says which output episode
+    # (window, whole episode) it belongs to.
+    manifest = db.manifest(sql)
+    parts = cut_parts(manifest, Meta.of(manifest).mode)
+
+    tmp = dest.parent / f".{dest.name}.lsql-export-{uuid.uuid4().hex[:8]}"
+    with destination.writing(dest, tmp):
+        try:
+            tmp.mkdir()
+        except OSError as e:
+            raise DestinationError(f"{dest}: cannot create a folder in {dest.parent} ({e.strerror}); make it "
+                                   "writable or choose another destination") from e
+        report = Exporter(db, manifest, parts, tmp, tolerance_s).run(progress)
+        _write_marker(tmp, db)
+        _swap_into_place(tmp, dest)
+    report.dest = str(dest)
+    report.files_written = sum(1 for p in dest.rglob("*") if p.is_file())
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _swap_into_place(tmp: Path, dest: Path) -> None:
+    """Rename the finished folder ``tmp`` to ``dest``, replacing a previous export there.
+
+    Not ``_storage.cache.atomic_write``: that replaces one file, while ``os.replace`` cannot replace a folder that
+    is not empty. The old export is renamed aside first and renamed back if the second rename fails, so ``dest``
+    holds the old or the new dataset at every moment, and is deleted only once the new one is in place.
+    """
+    if os.path.lexists(dest):
+        destination.check_replaceable(dest)  # again: it may have changed during the export
+        old = dest.parent / f".{dest.name}.lsql-old-{uuid.uuid4().hex[:8]}"
+        os.rename(dest, old)
+        try:
+            os.rename(tmp, dest)
+        except BaseException:
+            os.rename(old, dest)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, dest)
+
+
+def _write_marker(root: Path, db) -> None:
+    """meta/lerobot_sql_export.json: who wrote this folder, from what, and every file it holds (name -> bytes)."""
+    files = destination.our_files(root)
+    marker = {"written_by": "lerobot_sql", "format": destination.MARKER_FORMAT, "version": __version__,
+              "source": db.source.url, "files": dict(sorted(files.items()))}
+    (root / destination.MARKER).parent.mkdir(parents=True, exist_ok=True)
+    (root / destination.MARKER).write_text(json.dumps(marker, indent=1, ensure_ascii=False))
+
+
+class Exporter:
+    """One export run into the folder ``root``: reads the source metadata, drives the writers part by part, and
+    writes meta/. Every file is written in place, as the whole folder is renamed into place at the end
+    (:func:`export_dataset`), so no single file needs ``atomic_write``. The writers read its attributes: ``m`` (the
+    manifest), ``src``, ``layout``, ``root``, ``fps``, ``tol``, the size limits, output path templates and
+    ``task_map``, and add to its ``frames_reencoded`` / ``frames_remuxed`` counts.
+    """
+
+    def __init__(self, db, manifest: pa.Table, parts: list[Part], root: Path, tolerance_s: float):
+        self.db, self.src, self.layout = db, db.source, db.layout
+        self.m, self.parts, self.root, self.tol = manifest, parts, root, tolerance_s
+        info = self.layout.info
+        self.fps = self.layout.fps
+        self.chunks_size = int(info.get("chunks_size") or 1000)
+        self.data_limit = float(info.get("data_files_size_in_mb") or DEFAULT_DATA_MB) * 1024 * 1024
+        self.video_limit = float(info.get("video_files_size_in_mb") or DEFAULT_VIDEO_MB) * 1024 * 1024
+        # Output path templates: the source's own for v3.x; v2.x templates name one file per episode, so a v2 source
+        # is written with lerobot's v3.0 defaults.
+        legacy = self.layout.legacy
+        self.data_path = DEFAULT_DATA_PATH if legacy else self.layout.data_path
+        self.video_path = DEFAULT_VIDEO_PATH if legacy or not self.layout.video_path else self.layout.video_path
+        self.frames_reencoded = self.frames_remuxed = 0
+        self.data_files = self.video_files = 0
+
+    # ---- driver -------------------------------------------------------------------------------------------
+    def run(self, progress: bool) -> ExportReport:
+        """Write every part, then meta/; returns the report (``dest``, ``files_written`` and ``seconds`` are filled
+        in by :func:`export_dataset`)."""
+        from tqdm.auto import tqdm
+
+        self._load_episodes()
+        self._tasks()
+        self.data = DataWriter(self)
+        self.videos = {k: VideoWriter(self, k) for k in self.layout.video_keys}
+        self.decoders = decode.DecoderPool(self.src, max_open=4)
+        rows, ep_stats = [], []
+        next_index = 0
+        try:
+            bar = tqdm(self.parts, desc="export", unit="episode", disable=not progress or len(self.parts) < 2)
+            for new_ep, part in enumerate(bar):
+                table = self.data.write(part, new_ep, next_index)
+                row = dict(self.src_rows[part.src_episode])
+                row.update({"episode_index": new_ep, "length": part.length,
+                            "dataset_from_index": next_index, "dataset_to_index": next_index + part.length,
+                            "data/chunk_index": self.data.rot.chunk, "data/file_index": self.data.rot.file,
+                            "tasks": [self.new_tasks[t] for t in np.unique(table["task_index"].to_numpy())]})
+                for k, w in self.videos.items():
+                    row.update(w.write(part))
+                part_stats = self._episode_stats(part, table)
+                for (feat, stat), col in self.stat_cols.items():
+                    if feat in part_stats and stat in part_stats[feat]:
+                        row[col] = part_stats[feat][stat]
+                rows.append(row)
+                ep_stats.append(part_stats)
+                next_index += part.length
+        finally:
+            self.data.close()
+            for w in self.videos.values():
+                w.close()
+            self.decoders.close()
+        self._write_episodes(rows)
+        self._write_stats(ep_stats)
+        self._write_info(len(self.parts), next_index)
+        return ExportReport("", len(self.parts), next_index, len(self.new_tasks), 0, self.data.files,
+                            sum(w.files for w in self.videos.values()), self.frames_reencoded, self.frames_remuxed,
+                            0.0)
+
+    # ---- metadata in --------------------------------------------------------------------------------------
+    def _load_episodes(self) -> None:
+        """The source episode rows and the output meta/episodes schema, from the catalog's ``_episodes_raw``.
+
+        ``_episodes_raw`` has the same columns for v3.x (meta/episodes/*.parquet) and v2.x (episodes.jsonl and
+        episodes_stats.jsonl), so export never parses the metadata files itself.
+        """
+        ep = self.db.con.sql("SELECT * FROM _episodes_raw").to_arrow_table()
+        self.ep_schema = self._episodes_schema(ep.schema)
+        want = sorted(set(int(p.src_episode) for p in self.parts))
+        sub = ep.filter(pc.is_in(ep["episode_index"], pa.array(want, pa.int64()))).to_pylist()
+        self.src_rows = {int(r["episode_index"]): r for r in sub}
+        missing = set(want) - set(self.src_rows)
+        if missing:
+            where = self.layout.episode_files[0] if self.layout.episode_files else "meta/episodes"
+            raise DatasetFormatError(f"{self.src.path(where)}: no row for episode(s) {sorted(missing)[:5]}; run "
+                                     "`lerobot-sql doctor`")
+        self.stat_cols: dict[tuple[str, str], str] = {}
+        for name in ep.column_names:
+            if name.startswith("stats/"):
+                feat, _, stat = name[len("stats/"):].rpartition("/")
+                self.stat_cols[(feat, stat)] = name
+        self.stat_types = {name: self.ep_schema.field(name).type for name in self.stat_cols.values()}
+
+    def _episodes_schema(self, raw: pa.Schema) -> pa.Schema:
+        """Columns of ``_episodes_raw`` plus the meta/episodes pointers. A v3 source keeps the exact types and the
+        schema metadata of its first meta/episodes file (only its footer is read); other columns (all of them for
+        v2.x) get plain Arrow types (list<double>, string)."""
+        ref: dict[str, pa.DataType] = {}
+        meta = None
+        if not self.layout.legacy and self.layout.episode_files:
+            with self.src.open(self.layout.episode_files[0]) as f:
+                first = pq.read_schema(f)
+            ref, meta = {fld.name: fld.type for fld in first}, first.metadata
+        fields = [pa.field(fld.name, ref.get(fld.name) or _plain_type(fld.type)) for fld in raw]
+        fields += [pa.field(c, pa.int64()) for c in EPISODES_POINTERS if c not in raw.names]
+        return pa.schema(fields, metadata=meta)
+
+    def _tasks(self) -> None:
+        used = np.unique(self.m["task_index"].to_numpy())
+        texts = dict(self.db.con.sql("SELECT task_index, task FROM tasks").fetchall())
+        absent = [int(t) for t in used if int(t) not in texts]
+        if absent:
+            raise DatasetFormatError(f"{self.src.path(self.layout.tasks_file or 'meta/tasks.parquet')}: no task_index "
+                                     f"{absent[:5]}, used by the selected frames; run `lerobot-sql doctor`")
+        self.task_map = np.full(int(used.max()) + 1, -1, np.int64)
+        self.task_map[used] = np.arange(len(used))
+        self.new_tasks = {i: texts[int(t)] for i, t in enumerate(used)}
+
+    # ---- stats --------------------------------------------------------------------------------------------
+    def _episode_stats(self, part: Part, table: pa.Table) -> dict[str, dict[str, np.ndarray]]:
+        """Per-feature stats of one output episode: copied from the source for whole episodes, else recomputed."""
+        copied = self._source_stats(part.src_episode) if part.whole else {}
+        out: dict[str, dict[str, np.ndarray]] = {}
+        for name, feat in self.layout.features.items():
+            if feat.dtype in ("string", "language"):
+                continue
+            if name in copied and name not in INDEX_COLUMNS and copied[name]:
+                out[name] = copied[name]
+                continue
+            if feat.is_video:
+                if (name, "mean") in self.stat_cols or not self.stat_cols:
+                    out[name] = stats.image_stats(self._video_samples(name, part))
+            elif feat.is_image:
+                if name in table.column_names and ((name, "mean") in self.stat_cols or not self.stat_cols):
+                    out[name] = stats.image_stats(self._png_samples(table[name], part.length))
+            elif name in table.column_names:
+                arr = stats.numeric(table[name])
+                out[name] = stats.feature_stats(arr.reshape(len(arr), -1), feat.shape if arr.ndim > 1 else (1,))
+        return out
+
+    def _source_stats(self, episode: int) -> dict[str, dict[str, np.ndarray]]:
+        row = self.src_rows[episode]
+        out: dict[str, dict[str, np.ndarray]] = {}
+        for (feat, stat), col in self.stat_cols.items():
+            v = row.get(col)
+            if v is not None:
+                out.setdefault(feat, {})[stat] = np.asarray(v)
+        return out
+
+    def _video_samples(self, key: str, part: Part) -> np.ndarray:
+        rel = self.m[f"{key}/file"][int(part.rows[0])].as_py()
+        index = video_index.FrameIndex.load(video_index.ensure_index(self.src, rel, self.db.cache_dir))
+        pick = stats.sample_indices(part.length)
+        rows_m = part.rows[pick]
+        times = locate.time_in_file(self.m[f"{key}/from_timestamp"].to_numpy()[rows_m],
+                                    self.m["timestamp"].to_numpy()[rows_m])
+        r = index.locate(times, self.tol, episode_index=part.src_episode, video_key=key)
+        frames = self.decoders.decode(index, r)
+        return np.stack([stats.downsample(frames[int(index.pts[x])].transpose(2, 0, 1)) for x in r])
+
+    def _png_samples(self, column: pa.ChunkedArray, n: int) -> np.ndarray:
+        import io
+
+        from PIL import Image
+
+        imgs = []
+        for i in stats.sample_indices(n):
+            v = column[int(i)].as_py()
+            a = np.asarray(Image.open(io.BytesIO(v["bytes"] if isinstance(v, dict) else v)).convert("RGB"))
+            imgs.append(stats.downsample(a.transpose(2, 0, 1)))
+        return np.stack(imgs)
+
+    # ---- metadata out -------------------------------------------------------------------------------------
+    def _write_episodes(self, rows: list[dict]) -> None:
+        rot = Rotator(self.chunks_size)
+        for r in rows:
+            for col, typ in self.stat_types.items():
+                if col in r and isinstance(r[col], np.ndarray):
+                    r[col] = stats.to_py(r[col], typ)
+        per_row = max(1, len(json.dumps(rows[0], default=str)))
+        per_file = max(1, int(self.data_limit // per_row))
+        for start in range(0, len(rows), per_file):
+            chunk = rows[start:start + per_file]
+            for r in chunk:
+                r["meta/episodes/chunk_index"], r["meta/episodes/file_index"] = rot.chunk, rot.file
+            rel = EPISODES_PATH.format(chunk_index=rot.chunk, file_index=rot.file)
+            path = self.root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.Table.from_pylist(chunk, schema=self.ep_schema), path)
+            rot.advance()
+
+    def _write_stats(self, ep_stats: list[dict]) -> None:
+        feats = [f for f in self.layout.features if any(f in s for s in ep_stats)]
+        agg = {}
+        for f in feats:
+            lst = [s[f] for s in ep_stats if f in s and {"mean", "std", "count", "min", "max"} <= set(s[f])]
+            if lst:
+                agg[f] = {k: v.tolist() for k, v in stats.aggregate(lst).items()}
+        if agg:
+            (self.root / "meta" / "stats.json").write_text(json.dumps(agg, indent=4))
+
+    def _write_info(self, episodes: int, frames: int) -> None:
+        import pandas as pd
+
+        info = json.loads(json.dumps(self.layout.info))
+        if self.layout.legacy:
+            _v2_info_to_v3(info)
+        info.update(total_episodes=episodes, total_frames=frames, total_tasks=len(self.new_tasks),
+                    splits={"train": f"0:{episodes}"})
+        (self.root / "meta").mkdir(parents=True, exist_ok=True)
+        (self.root / "meta" / "info.json").write_text(json.dumps(info, indent=4, ensure_ascii=False))
+        # As lerobot 0.4.4 writes it: task text in the unnamed pandas index (__index_level_0__), task_index column.
+        tasks = pd.DataFrame({"task_index": np.arange(len(self.new_tasks), dtype=np.int64)},
+                             index=[self.new_tasks[i] for i in range(len(self.new_tasks))])
+        tasks.to_parquet(self.root / "meta" / "tasks.parquet")
+
+
+def _v2_info_to_v3(info: dict) -> None:
+    """A v2.x info.json rewritten in place as lerobot 0.4.4's converter (``convert_info``) writes v3.0."""
+    info["codebase_version"] = V3_VERSION
+    info.pop("total_chunks", None)
+    info.pop("total_videos", None)
+    info.setdefault("data_files_size_in_mb", DEFAULT_DATA_MB)
+    info.setdefault("video_files_size_in_mb", DEFAULT_VIDEO_MB)
+    has_video = any(isinstance(f, dict) and f.get("dtype") == "video" for f in info.get("features", {}).values())
+    info["data_path"] = DEFAULT_DATA_PATH
+    info["video_path"] = DEFAULT_VIDEO_PATH if has_video else None
+    if float(info["fps"]).is_integer():
+        info["fps"] = int(info["fps"])
+    for f in info.get("features", {}).values():
+        if isinstance(f, dict) and f.get("dtype") != "video":
+            f["fps"] = info["fps"]
+
+
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with list fields renamed to Arrow's default and string views/large types made plain, as pyarrow and
+    lerobot write meta/episodes (DuckDB names list children ``l``)."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) \
+            or pa.types.is_large_list_view(t):
+        return pa.list_(_plain_type(t.value_type))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_plain_type(t.value_type), t.list_size)
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    return t

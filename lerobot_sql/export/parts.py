@@ -1,0 +1,79 @@
+"""How an export's selection is cut into output files: the manifest into parts (one output episode each), and the
+chunk/file numbering of each output stream.
+
+A part is a run of manifest rows that are consecutive frames of one source episode, stored in consecutive rows of
+one data file, and (for whole-episode and window queries) from one result row: a whole source episode, a window, or
+a contiguous run of ``index`` rows. The writers (``data_writer``, ``video_writer``, the driver's meta/episodes) each
+hold a :class:`Rotator` that says which ``chunk-XXX/file-YYY`` they write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+
+# Source files a writer keeps open per stream (v2.x has one data file and one mp4 per episode); parts arrive in file
+# order, so the oldest open file is the one done with.
+MAX_OPEN_INPUTS = 8
+
+
+@dataclasses.dataclass
+class Part:
+    """One output episode: ``length`` consecutive frames of source episode ``src_episode`` from ``frame_start``.
+
+    Attributes:
+        whole: the part is the whole source episode (frame 0 on, its full length): its stats are copied, its
+            timestamps kept.
+        data_file, data_row: where its first frame's row is in the source (relative path, row in that file).
+        rows: int64 (length,), the manifest rows of this part, in frame order.
+    """
+
+    src_episode: int
+    frame_start: int
+    length: int
+    whole: bool
+    data_file: str
+    data_row: int
+    rows: np.ndarray
+
+
+def cut_parts(m: pa.Table, mode: str) -> list[Part]:
+    """Cut the manifest ``m`` into output episodes, in manifest order: a new part wherever the episode changes,
+    the frame or data row does not follow on, or (``mode`` "episode"/"window", from the manifest's metadata) the
+    ``result_row`` changes."""
+    ep = m["episode_index"].to_numpy()
+    fi = m["frame_index"].to_numpy()
+    row = m["data_row"].to_numpy()
+    files = m["data_file"].to_pylist()
+    ep_len = m["ep_to_index"].to_numpy() - m["ep_from_index"].to_numpy()
+    brk = np.ones(len(ep), bool)
+    if len(ep) > 1:
+        same = (ep[1:] == ep[:-1]) & (fi[1:] == fi[:-1] + 1) & (row[1:] == row[:-1] + 1)
+        if mode != "index":
+            pid = m["result_row"].to_numpy()
+            same &= pid[1:] == pid[:-1]
+        brk[1:] = ~same
+    starts = np.flatnonzero(brk)
+    ends = np.append(starts[1:], len(ep))
+    out = []
+    for s, e in zip(starts, ends):
+        n = int(e - s)
+        out.append(Part(int(ep[s]), int(fi[s]), n, bool(fi[s] == 0 and n == ep_len[s]), files[s], int(row[s]),
+                        np.arange(s, e)))
+    return out
+
+
+class Rotator:
+    """chunk/file counters of one output stream (data, episodes metadata or one camera): ``chunk``, ``file`` (the
+    file being written), ``used`` (it holds an episode already); ``advance()`` moves to the next file, starting a new
+    chunk after ``chunks_size`` files."""
+
+    def __init__(self, chunks_size: int):
+        self.chunks_size, self.chunk, self.file, self.used = max(int(chunks_size), 1), 0, 0, False
+
+    def advance(self) -> None:
+        self.file += 1
+        if self.file >= self.chunks_size:
+            self.chunk, self.file = self.chunk + 1, 0

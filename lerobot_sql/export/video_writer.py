@@ -1,0 +1,284 @@
+"""The video writer of an export: videos/<video_key>/chunk-*/file-*.mp4, one writer per camera.
+
+Each part's frames are located in the source mp4 (:mod:`lerobot_sql._readers.locate`, within ``tolerance_s``).
+From the part's first keyframe on, packets are copied as they are (PyAV remux, no decode), with pts/dts shifted to
+where the episode starts in the new file. Frames before it (a window cut mid-GOP), and a run whose decode order
+crosses the cut (B-frames), are decoded and re-encoded as a new GOP with the encoder settings of info.json
+(``ENCODERS`` maps its decoder name to lerobot's encoder; lerobot's defaults where info.json has none). H.264/H.265
+encoder output is Annex B and is rewritten length-prefixed, as an mp4 track holds it. Files rotate by
+``video_files_size_in_mb`` (estimated from the source packets' sizes).
+"""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+import av
+import numpy as np
+import pyarrow.parquet as pq
+
+from .._readers import locate, video_index
+from ..errors import DatasetFormatError, VideoDecodeError
+from .parts import MAX_OPEN_INPUTS, Part, Rotator
+
+if TYPE_CHECKING:
+    from .lerobot import Exporter
+
+# info.json "video.codec" (FFmpeg decoder name) -> the encoder lerobot uses for it.
+ENCODERS = {"av1": "libsvtav1", "libdav1d": "libsvtav1", "h264": "libx264", "hevc": "libx265"}
+
+
+class VideoWriter:
+    """Writes videos/<key>/chunk-*/file-*.mp4 for one camera: remuxed packets, re-encoded heads of mid-GOP cuts."""
+
+    def __init__(self, ex: Exporter, key: str):
+        self.ex, self.key = ex, key
+        self.rot = Rotator(ex.chunks_size)
+        self.out = self.stream = None
+        self.tb: Fraction | None = None
+        self.t_pts = 0          # where the next episode starts, output time-base units
+        self.bytes = 0
+        self.last_dts: int | None = None
+        self.files = 0
+        self.inputs: dict[str, Any] = {}
+        self.indexes: dict[str, tuple[video_index.FrameIndex, np.ndarray]] = {}
+        self.feat_info = ex.layout.features[key].info
+
+    def _index(self, rel: str) -> tuple[video_index.FrameIndex, np.ndarray]:
+        if rel not in self.indexes:
+            p = video_index.ensure_index(self.ex.src, rel, self.ex.db.cache_dir)
+            self.indexes[rel] = (video_index.FrameIndex.load(p), pq.read_table(p, columns=["byte_size"])["byte_size"]
+                                 .to_numpy())
+        return self.indexes[rel]
+
+    def _input(self, rel: str):
+        if rel not in self.inputs:
+            if len(self.inputs) >= MAX_OPEN_INPUTS:
+                old = next(iter(self.inputs))
+                self.inputs.pop(old).close()
+                self.indexes.pop(old, None)
+            self.inputs[rel] = video_index.open_container(self.ex.src, rel)
+        return self.inputs[rel]
+
+    def write(self, part: Part) -> dict[str, Any]:
+        """Append ``part``'s frames of this camera; returns its meta/episodes columns
+        ``videos/<key>/chunk_index``, ``file_index`` (int), ``from_timestamp``, ``to_timestamp`` (float seconds in
+        the new file).
+
+        Raises:
+            FrameNotFoundError: a frame has no video frame within ``tolerance_s``.
+            DatasetFormatError: the part's frames are not consecutive in the video.
+            VideoDecodeError: the source cannot be demuxed/decoded, or no encoder for a cut exists in this PyAV.
+        """
+        ex, key = self.ex, self.key
+        i0 = int(part.rows[0])
+        rel = ex.m[f"{key}/file"][i0].as_py()
+        from_src = float(ex.m[f"{key}/from_timestamp"][i0].as_py())
+        index, sizes = self._index(rel)
+        ts = ex.m["timestamp"].to_numpy()[part.rows].astype(np.float64)
+        rows = index.locate(locate.time_in_file(from_src, ts), ex.tol, episode_index=part.src_episode, video_key=key)
+        if np.any(np.diff(rows) != 1):
+            raise DatasetFormatError(f"{rel}: frames of episode {part.src_episode} ({key}) are not consecutive in "
+                                     "the video; the timestamps disagree with the video (`lerobot-sql doctor`)")
+        ra, rb = int(rows[0]), int(rows[-1])
+        est = int(sizes[ra:rb + 1].sum())
+        inp = self._input(rel)
+        in_stream = inp.streams.video[0]
+        if self.out is not None and self.rot.used and self.bytes + est >= ex.video_limit:
+            self._close_file()
+            self.rot.advance()
+        if self.out is None:
+            self._open(in_stream)
+        in_tb = Fraction(index.time_base)
+        # A whole episode keeps its timestamps, so its first frame sits at from_timestamp + timestamp[0] (0 for
+        # lerobot-written data); a cut one restarts at 0.
+        lead = float(ts[0]) if part.whole else 0.0
+        start_pts = self.t_pts + int(round(Fraction(lead) / self.tb)) if lead else self.t_pts
+        from_ts = float(self.t_pts * self.tb)
+
+        base, ratio = int(index.pts[ra]), in_tb / self.tb
+
+        def out_pts(src_pts: int) -> int:
+            if ratio == 1:  # the usual case: same time base, plain integer shift
+                return start_pts + src_pts - base
+            return start_pts + int(round((src_pts - base) * ratio))
+
+        is_key = index.keyframe_pts == index.pts
+        keys = np.flatnonzero(is_key[ra:rb + 1]) + ra
+        rk = int(keys[0]) if len(keys) else rb + 1
+        end_pts = None
+        if rk > ra:
+            end_pts = self._encode(inp, in_stream, index, ra, rk - 1, out_pts)
+            ex.frames_reencoded += rk - ra
+        if rk <= rb:
+            ok, end_pts = self._remux(inp, in_stream, index, rk, rb, out_pts)
+            if not ok:  # frames reordered across the cut (B-frames): re-encode that part instead
+                end_pts = self._encode(inp, in_stream, index, rk, rb, out_pts)
+                ex.frames_reencoded += rb - rk + 1
+            else:
+                ex.frames_remuxed += rb - rk + 1
+        self.bytes += est
+        self.rot.used = True
+        self.t_pts = max(end_pts, start_pts)
+        p = f"videos/{key}/"
+        return {p + "chunk_index": self.rot.chunk, p + "file_index": self.rot.file, p + "from_timestamp": from_ts,
+                p + "to_timestamp": float(self.t_pts * self.tb)}
+
+    def _open(self, in_stream) -> None:
+        rel = self.ex.video_path.format(video_key=self.key, chunk_index=self.rot.chunk, file_index=self.rot.file)
+        path = self.ex.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.out = av.open(str(path), "w", format="mp4", options={"movflags": "faststart"})
+        self.stream = self.out.add_stream_from_template(in_stream, opaque=True)
+        self.stream.time_base = in_stream.time_base
+        self.out.start_encoding()
+        self.tb = Fraction(self.stream.time_base)
+        self.t_pts, self.bytes, self.last_dts = 0, 0, None
+        self.files += 1
+
+    def _mux(self, pkt, pts: int, dts: int | None) -> None:
+        dts = pts if dts is None else dts
+        if self.last_dts is not None and dts <= self.last_dts:
+            dts = self.last_dts + 1
+        dts = min(dts, pts)
+        pkt.stream = self.stream
+        pkt.time_base = self.stream.time_base
+        pkt.pts, pkt.dts = pts, dts
+        self.out.mux(pkt)
+        self.last_dts = dts
+
+    def _remux(self, inp, in_stream, index: video_index.FrameIndex, ra: int, rb: int, out_pts) -> tuple[bool, int]:
+        """Copy the packets of frames ra..rb (ra is a keyframe). False if decode order crosses the cut."""
+        lo, hi = int(index.pts[ra]), int(index.pts[rb])
+        frame_dur = int(round(Fraction(1) / Fraction(self.ex.fps) / Fraction(index.time_base)))
+        try:
+            inp.seek(lo, stream=in_stream, backward=True, any_frame=False)
+            pkts, seen_after = [], False
+            for pkt in inp.demux(in_stream):
+                if pkt.pts is None:
+                    continue
+                if pkt.pts > hi:
+                    if pkt.is_keyframe:
+                        break
+                    seen_after = True
+                    continue
+                if pkt.pts < lo:
+                    continue
+                if seen_after:
+                    return False, 0
+                pkts.append(pkt)
+        except av.error.FFmpegError as e:
+            raise VideoDecodeError(f"{index.path}: demuxing failed near pts={lo} ({e}); the file may be corrupt") \
+                from e
+        if len(pkts) != rb - ra + 1:
+            raise VideoDecodeError(f"{index.path}: expected {rb - ra + 1} packets between pts {lo} and {hi}, found "
+                                   f"{len(pkts)}; the file may be corrupt")
+        end = 0
+        for pkt in pkts:
+            p, d = out_pts(pkt.pts), None if pkt.dts is None else out_pts(pkt.dts)
+            end = max(end, out_pts(pkt.pts + int(pkt.duration or frame_dur)))
+            self._mux(pkt, p, d)
+        return True, end
+
+    def _encode(self, inp, in_stream, index: video_index.FrameIndex, ra: int, rb: int, out_pts) -> int:
+        """Decode frames ra..rb and encode them as a new GOP with info.json's encoder settings."""
+        lo, hi = int(index.pts[ra]), int(index.pts[rb])
+        frames = []
+        try:
+            inp.seek(int(index.keyframe_pts[ra]), stream=in_stream, backward=True, any_frame=False)
+            for fr in inp.decode(in_stream):
+                if fr.pts is None or fr.pts < lo:
+                    continue
+                if fr.pts > hi:
+                    break
+                frames.append(fr)
+        except av.error.FFmpegError as e:
+            raise VideoDecodeError(f"{index.path}: decoding failed near pts={lo} ({e})") from e
+        if len(frames) != rb - ra + 1:
+            raise VideoDecodeError(f"{index.path}: decoded {len(frames)} frames between pts {lo} and {hi}, expected "
+                                   f"{rb - ra + 1}; the file may be corrupt")
+        src_pts = [int(f.pts) for f in frames]
+        cc = self._encoder(frames[0])
+        enc_tb = Fraction(1, int(round(self.ex.fps))) if float(self.ex.fps).is_integer() else \
+            Fraction(self.ex.fps).limit_denominator(1001) ** -1
+        packets = []
+        for j, fr in enumerate(frames):
+            f = fr.reformat(format=cc.pix_fmt) if fr.format.name != cc.pix_fmt else fr
+            f.pts, f.time_base = j, enc_tb
+            packets += cc.encode(f)
+        packets += cc.encode(None)
+        frame_dur = int(round(enc_tb / self.tb))
+        end = 0
+        base = out_pts(src_pts[0])
+        for pkt in packets:
+            j = int(pkt.pts)
+            p = out_pts(src_pts[j]) if 0 <= j < len(src_pts) else base + int(round(j * enc_tb / self.tb))
+            d = None if pkt.dts is None else base + int(round(int(pkt.dts) * enc_tb / self.tb))
+            if cc.name in ("libx264", "libx265"):
+                pkt = av.Packet(annexb_to_length_prefixed(bytes(pkt)))
+                pkt.is_keyframe = j == 0
+            self._mux(pkt, p, d)
+            end = max(end, p + frame_dur)
+        return end
+
+    def _encoder(self, frame):
+        info = self.feat_info
+        codec = info.get("video.codec") or self.stream.codec_context.name
+        name = ENCODERS.get(codec, codec)
+        opts = {"g": str(info.get("video.g") or 2), "crf": str(info.get("video.crf") or 30)}
+        preset = info.get("video.preset")
+        if name == "libsvtav1":
+            opts["preset"] = str(12 if preset is None else preset)
+        elif preset is not None:
+            opts["preset"] = str(preset)
+        if info.get("video.fast_decode"):
+            opts["svtav1-params" if name == "libsvtav1" else "tune"] = \
+                f"fast-decode={info['video.fast_decode']}" if name == "libsvtav1" else "fastdecode"
+        for k, v in (info.get("video.extra_options") or {}).items():
+            opts.setdefault(str(k), str(v))
+        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its config banner per encoder otherwise
+        try:
+            cc = av.CodecContext.create(name, "w")
+        except (av.error.FFmpegError, ValueError) as e:
+            raise VideoDecodeError(f"camera {self.key!r}: no {name!r} encoder in this PyAV build to re-encode a "
+                                   "mid-GOP cut; cut windows on keyframes (even frame_index) or install it") from e
+        cc.width, cc.height = frame.width, frame.height
+        cc.pix_fmt = info.get("video.pix_fmt") or "yuv420p"
+        fps = Fraction(self.ex.fps).limit_denominator(1001)
+        cc.time_base, cc.framerate = 1 / fps, fps
+        cc.options = opts
+        cc.open()
+        return cc
+
+    def _close_file(self) -> None:
+        if self.out is not None:
+            self.out.close()
+            self.out = self.stream = None
+
+    def close(self) -> None:
+        self._close_file()
+        for c in self.inputs.values():
+            c.close()
+        self.inputs.clear()
+
+
+def annexb_to_length_prefixed(data: bytes) -> bytes:
+    """H.264/H.265 Annex B (start codes) -> the 4-byte length-prefixed NAL units an mp4 track holds."""
+    out, i, n = bytearray(), 0, len(data)
+    starts = []
+    while i < n - 2:
+        if data[i] == 0 and data[i + 1] == 0 and data[i + 2] == 1:
+            starts.append(i + 3)
+            i += 3
+        else:
+            i += 1
+    for s, nxt in zip(starts, starts[1:] + [n + 3]):
+        end = nxt - 3
+        while end > s and data[end - 1] == 0:  # trailing zero of a 4-byte start code
+            end -= 1
+        nal = data[s:end]
+        out += len(nal).to_bytes(4, "big") + nal
+    return bytes(out) if starts else data
+
