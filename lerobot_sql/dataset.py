@@ -29,6 +29,7 @@ from ._readers import deltas as _frames
 from ._readers import decode, locate, tabular, video_index
 from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
 from ._format.files import DatasetFiles
+from . import meta as _meta
 from ._plan.manifest import Meta
 
 
@@ -144,7 +145,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                  tolerance_s: float = 1e-4, return_uint8: bool = False,
                  image_transforms: Callable | None = None, cameras: list[str] | None = None,
                  decoder_threads: int = 1, parallel_cameras: bool | str = "auto", max_open_decoders: int = 16,
-                 seek_reach: int = 2):
+                 seek_reach: int = 2, stats: Callable[[], dict] | None = None):
         # The task texts are read here, in the main process, before any worker starts (once per DatasetFiles).
         layout = files.layout
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir
@@ -179,6 +180,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._extras = list(self._meta.extras)
         self._prepare(manifest)
         self._worker: _Worker | None = None
+        self._stats_fn = stats  # ds.meta.stats: called once, on first use (db.dataset passes the Database's)
+        self._meta_obj: _meta.SelectionMetadata | None = None
 
     # ---- main process -------------------------------------------------------------------------------------
     def _prepare(self, m: pa.Table) -> None:
@@ -333,7 +336,82 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_worker"] = None  # maps, indexes and decoders are re-opened in the receiving process
+        # The statistics function holds the Database (DuckDB does not pickle, nor cross a fork): a copy keeps the
+        # numbers if they were computed, else says where to compute them (SelectionMetadata.__getstate__).
+        state["_stats_fn"] = _meta.stats_unavailable if self._stats_fn is not None else None
         return state
+
+    # ---- what lerobot's training code reads besides items (lerobot_sql.meta) ------------------------------
+    @property
+    def meta(self) -> "_meta.SelectionMetadata":
+        """What ``LeRobotDatasetMetadata`` answers, for this dataset's selection (:mod:`lerobot_sql.meta`):
+        ``info``, ``features``, ``fps``, ``camera_keys``, ``episodes`` (one row per run, positions in this dataset),
+        ``tasks``, ``stats``, totals. Built on first use from meta/episodes (pyarrow, no DuckDB).
+
+        Raises:
+            DatasetFormatError: meta/episodes cannot be read.
+        """
+        if self._meta_obj is None:
+            from ._format.metadata import read_episodes
+
+            ep = self._c["episode_index"]
+            fr = self.manifest["frame_index"].to_numpy()
+            source_eps = read_episodes(self._src, self._layout, np.unique(ep))
+            self._meta_obj = _meta.SelectionMetadata(
+                self._layout, _meta.episodes_table(source_eps, ep, fr), self._tasks, total_frames=self._n,
+                task_indices=self._c["task_index"], repo_id=self.repo_id, root=self.root, stats_fn=self._stats_fn,
+                cameras=self.camera_keys)
+        return self._meta_obj
+
+    @property
+    def features(self) -> dict[str, dict]:
+        """info.json's ``features`` for what the items carry (cameras left out with ``cameras=`` are not here)."""
+        return self.meta.features
+
+    @property
+    def camera_keys(self) -> list[str]:
+        """The cameras the items carry (video and image keys), in info.json order."""
+        return [k for k in self._layout.camera_keys if k in self._video_keys or
+                (k in self._layout.image_keys and k not in self._skip_columns)]
+
+    @property
+    def num_frames(self) -> int:
+        """Samples in the dataset (``len(ds)``; a frame selected twice counts twice)."""
+        return self._n
+
+    @property
+    def num_episodes(self) -> int:
+        """Distinct episodes the samples come from."""
+        return int(len(np.unique(self._c["episode_index"])))
+
+    @property
+    def episodes(self) -> None:
+        """None: every row of ``meta.episodes`` belongs to this dataset (as LeRobotDataset without ``episodes=``);
+        the episode indices are ``meta.episodes["episode_index"]``."""
+        return None
+
+    @property
+    def absolute_to_relative_idx(self) -> None:
+        """None: ``meta.episodes`` ranges are already positions in this dataset (lerobot 0.6's sampler reads it)."""
+        return None
+
+    @property
+    def delta_indices(self) -> dict[str, list[int]] | None:
+        """Frame offsets of ``delta_timestamps`` (``round(d * fps)`` per key), as lerobot 0.4's; None without."""
+        return {k: [int(x) for x in v] for k, v in self._delta.items()} if self._delta else None
+
+    @property
+    def repo_id(self) -> str:
+        """The Hub repo id of a Hub dataset (``org/name``), else the root folder's name."""
+        url = self._src.url
+        if url.startswith("hf://datasets/"):
+            return "/".join(url[len("hf://datasets/"):].split("@")[0].split("/")[:2])
+        return Path(self._src.root.rstrip("/")).name or self._src.url
+
+    @property
+    def root(self) -> Path | str:
+        """The dataset root: a Path for a local dataset, else its URL."""
+        return Path(self._src.root) if self._src.is_local else self._src.url
 
     def __len__(self) -> int:
         return self._n

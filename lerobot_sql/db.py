@@ -419,7 +419,10 @@ class Database:
             self.source.check_link(rel)
 
     def dataset(self, sql: str | os.PathLike | pa.Table | None = None, *, episodes: list[int] | None = None,
-                **kwargs: Any):
+                delta_timestamps: dict[str, list[float]] | None = None, tolerance_s: float = 1e-4,
+                return_uint8: bool = False, image_transforms: Any = None, cameras: list[str] | None = None,
+                stats: str | None = "selection", decoder_threads: int = 1, parallel_cameras: bool | str = "auto",
+                max_open_decoders: int = 16, seek_reach: int = 2):
         """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
 
         Args:
@@ -430,13 +433,20 @@ class Database:
                 episodes when that is None too. Whole episodes are resolved from meta/episodes without DuckDB.
             episodes: episode_index values (only with ``sql=None``); as in ``LeRobotDataset``, a set: frames come in
                 index order, each once. A custom order or repeats: use SQL (``... ORDER BY``).
-            **kwargs: ``delta_timestamps`` ({key: [seconds]}), ``tolerance_s`` (default 1e-4 s),
-                ``return_uint8``, ``image_transforms``, ``cameras`` (subset of camera keys, ``[]`` for tabular-only
-                items), ``decoder_threads`` (FFmpeg threads per open file, default 1), ``parallel_cameras`` (True,
-                False or ``"auto"``: decode an item's cameras in threads for frames of 320x240 and more, outside
-                DataLoader workers), ``max_open_decoders`` (open containers per process, LRU, default 16),
-                ``seek_reach`` (decode forward instead of seeking when the target's keyframe is at most this many
-                frames ahead, default 2).
+            delta_timestamps: {feature key: [offsets in seconds]}, as LeRobotDataset's.
+            tolerance_s: how far a frame's timestamp may be from the wanted time, seconds (lerobot's 1e-4).
+            return_uint8: camera frames as uint8 (C, H, W) instead of float32 in [0, 1] (lerobot 0.6's option).
+            image_transforms: a callable applied to each camera frame (lerobot's ``ImageTransforms``).
+            cameras: subset of camera keys to return, ``[]`` for tabular-only items (default all).
+            stats: what ``ds.meta.stats`` holds: ``"selection"`` (default: statistics of exactly the selected
+                frames, :meth:`stats`), ``"dataset"`` (the source's meta/stats.json unchanged, what lerobot uses
+                with ``episodes=[...]``; None when the file is missing) or None (no statistics).
+            decoder_threads: FFmpeg threads per open file (default 1).
+            parallel_cameras: True, False or ``"auto"``: decode an item's cameras in threads for frames of
+                320x240 and more, outside DataLoader workers.
+            max_open_decoders: open containers per process, LRU (default 16).
+            seek_reach: decode forward instead of seeking when the target's keyframe is at most this many frames
+                ahead (default 2).
 
         Returns:
             :class:`lerobot_sql.dataset.LeRobotSQLDataset`.
@@ -445,11 +455,15 @@ class Database:
             QueryError / ResultContractError: the SQL or its result is unusable.
             DatasetFormatError: a data, metadata or video file is a symlink to a file outside the dataset root and
                 outside the hub cache's ``blobs/`` folder (see :meth:`lerobot_sql._storage.source.Source.check_link`).
-            ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid); both sql and episodes given.
+            ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid); both sql and episodes given;
+                ``stats`` not one of the three choices.
             TypeError: ``episodes`` holds something other than integers.
         """
         from .dataset import LeRobotSQLDataset
 
+        if stats not in ("selection", "dataset", None):
+            raise ValueError(f"stats must be 'selection' (statistics of the selected frames), 'dataset' (the "
+                             f"source's meta/stats.json) or None, not {stats!r}")
         self._check_links()
         if episodes is not None and sql is not None:
             raise ValueError("pass either sql or episodes, not both (a query can filter episodes itself)")
@@ -482,7 +496,18 @@ class Database:
                       f"{'' if self.layout.tasks_file else ' (the file is missing)'}; items carry the task text as "
                       "LeRobotDataset's do. Restore the file from the dataset's source (`lerobot-sql doctor`: "
                       "tasks_exist)")
-        return LeRobotSQLDataset(self.files, manifest, **kwargs)
+        if stats == "selection":
+            def stats_fn(db=self, m=manifest):
+                return db.stats(m)
+        elif stats == "dataset":
+            def stats_fn(db=self):
+                return db.stats() if db.source.exists("meta/stats.json") else None
+        else:
+            stats_fn = None
+        return LeRobotSQLDataset(self.files, manifest, delta_timestamps=delta_timestamps, tolerance_s=tolerance_s,
+                                 return_uint8=return_uint8, image_transforms=image_transforms, cameras=cameras,
+                                 decoder_threads=decoder_threads, parallel_cameras=parallel_cameras,
+                                 max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn)
 
     def _check_manifest_source(self, manifest: pa.Table, where) -> None:
         """Refuse a manifest written from another dataset (``export_manifest`` stores its ``root``): its data_file,
@@ -548,12 +573,12 @@ class Database:
 
         return library.render(name, params, extra_dirs=self._query_dirs)
 
-    def stats(self, sql: str | None = None) -> dict[str, dict[str, Any]]:
+    def stats(self, sql: str | pa.Table | None = None) -> dict[str, dict[str, Any]]:
         """Statistics in lerobot's ``meta/stats.json`` form: ``{feature: {"min", "max", "mean", "std", "count"
         [, "q01".."q99"]}}`` of numpy arrays (vectors ``(D,)``, cameras ``(3, 1, 1)`` in [0, 1], ``count`` int64
         ``(1,)``), what lerobot's ``LeRobotDatasetMetadata.stats`` holds.
 
-        ``sql``: a selection as :meth:`dataset` takes it. Numeric features are computed by DuckDB over exactly the
+        ``sql``: a selection as :meth:`dataset` takes it (SQL text or a manifest table). Numeric features are computed by DuckDB over exactly the
         selected samples; cameras are aggregated from the per-episode statistics of the episodes the selection
         touches, as lerobot's ``aggregate_stats`` does (:mod:`lerobot_sql.stats` says what is exact). Without
         ``sql``: the source's ``meta/stats.json`` unchanged, which is what lerobot uses even with ``episodes=[...]``.
@@ -572,7 +597,7 @@ class Database:
             with self.source.open("meta/stats.json") as f:
                 raw = json.load(f)
             return stats.from_json(raw, self.source.path("meta/stats.json"))
-        manifest = self.manifest(sql)
+        manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql)
         has_q = bool(self.con.sql("SELECT 1 FROM episode_stats WHERE stat = 'q01' LIMIT 1").fetchall())
         return stats.selection_stats(self.con, self.layout, manifest, quantiles=has_q)
 

@@ -141,6 +141,34 @@ def read_pointers(src: Source, layout: Layout) -> pa.Table | None:
     return pa.table(cols)
 
 
+def read_episodes(src: Source, layout: Layout, episodes=None) -> pa.Table | None:
+    """meta/episodes without the ``stats/...`` columns (as lerobot's ``load_episodes`` selects them), the rows of
+    ``episodes`` (episode_index values; all when None), in file order. v2: meta/episodes.jsonl shaped as v3 rows by
+    :func:`lerobot_sql._format.v2.episodes`. None when the dataset has no episode metadata.
+
+    Raises:
+        DatasetFormatError: a file cannot be read (naming it).
+    """
+    if not layout.episode_files:
+        return None
+    if layout.legacy:
+        t = v2.episodes(src, layout)
+    else:
+        parts = []
+        for rel in layout.episode_files:
+            with parquet_read_errors(src, rel), src.open(rel) as f:
+                pf = pq.ParquetFile(f)
+                parts.append(pf.read(columns=[c for c in pf.schema_arrow.names if not c.startswith("stats/")],
+                                     use_threads=False))
+        t = pa.concat_tables(parts, promote_options="permissive")
+    t = t.select([c for c in t.column_names if not c.startswith("stats/")])
+    if episodes is not None:
+        import pyarrow.compute as pc
+
+        t = t.filter(pc.is_in(t["episode_index"], pa.array(sorted({int(e) for e in episodes}), pa.int64())))
+    return t
+
+
 def video_clips(layout: Layout, ptr: pa.Table) -> dict[str, pa.Table]:
     """Per video_key, the clip pointers of every episode: ``episode_index``, ``path`` (mp4 relative to the root),
     ``from_timestamp``, ``to_timestamp``."""

@@ -1,0 +1,190 @@
+"""Run lerobot's own training script on a SQL selection, with no edits to lerobot.
+
+``lerobot-sql train DATASET --sql "SELECT ..." -- <the usual lerobot-train arguments>`` (or :func:`run`) runs
+lerobot's ``lerobot-train`` entry point in this process with our dataset in place of the one its factory would
+build. lerobot's train function takes its dataset from a factory it imported at module level
+(``lerobot.scripts.lerobot_train.make_dataset`` in 0.4.x, ``make_train_eval_datasets`` in 0.5+), so that one name
+is replaced for the run; everything else (config parsing, policy, processors, sampler, optimizer, checkpoints,
+logging) is lerobot's. The replacement does what lerobot's factory does around the dataset:
+
+* ``delta_timestamps`` from the policy config, through lerobot's own ``resolve_delta_timestamps``;
+* ``image_transforms`` from ``--dataset.image_transforms.*``, ``tolerance_s`` from ``--tolerance_s``;
+* ``return_uint8=True`` on lerobot >= 0.5 (its factory always passes it; its train loop scales uint8 frames);
+* ImageNet mean/std for the cameras when ``--dataset.use_imagenet_stats`` (lerobot's default);
+* statistics: the selection's (``stats="selection"``, the default) or the source's ``meta/stats.json``
+  (``stats="dataset"``, what lerobot uses with ``--dataset.episodes``).
+
+The dataset's ``meta.episodes`` holds positional runs (see :mod:`lerobot_sql.meta`), so lerobot's
+``EpisodeAwareSampler`` (used by policies with ``drop_n_last_frames``, e.g. diffusion, and by every policy on 0.6)
+draws exactly the selected samples on both versions.
+
+lerobot is an optional dependency: this module imports it only inside :func:`run`, and ``import lerobot_sql``
+never does.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import LeRobotSQLError
+
+SUPPORTED = ((0, 4), (0, 6))  # lerobot minor versions checked (README: "Train with lerobot")
+
+
+class TrainSetupError(LeRobotSQLError, ValueError):
+    """``lerobot-sql train`` cannot start: lerobot missing or unsupported, or an option it cannot honour."""
+
+
+def lerobot_version() -> tuple[int, ...]:
+    """The installed lerobot's version as integers, e.g. ``(0, 4, 4)``.
+
+    Raises:
+        TrainSetupError: lerobot is not installed.
+    """
+    try:
+        v = importlib.metadata.version("lerobot")
+    except importlib.metadata.PackageNotFoundError:
+        raise TrainSetupError("lerobot is not installed in this environment; `lerobot-sql train` runs lerobot's own "
+                              "training script (pip install 'lerobot>=0.4.4,<0.7', or use the Python environment "
+                              "you train in)") from None
+    return tuple(int(x) for x in v.split("+")[0].split(".")[:3] if x.isdigit())
+
+
+def _arg_value(args: list[str], name: str) -> str | None:
+    """The value of ``--name=value`` or ``--name value`` in lerobot-style arguments (last one wins)."""
+    out = None
+    for i, a in enumerate(args):
+        if a.startswith(f"--{name}="):
+            out = a.split("=", 1)[1]
+        elif a == f"--{name}" and i + 1 < len(args):
+            out = args[i + 1]
+    return out
+
+
+def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, ...] = (0, 4, 4),
+                 dataset_kwargs: dict | None = None):
+    """The replacement for lerobot's dataset factory: ``cfg -> LeRobotSQLDataset`` over ``sql`` on ``db``.
+
+    Args:
+        db: the :class:`lerobot_sql.Database` of the source.
+        sql: the selection, as :meth:`lerobot_sql.Database.dataset` takes it.
+        stats: ``"selection"`` or ``"dataset"`` (see :meth:`lerobot_sql.Database.dataset`).
+        version: the installed lerobot's version (decides ``return_uint8``).
+        dataset_kwargs: more :meth:`Database.dataset` options (``cameras``, ``decoder_threads`` ...).
+
+    Raises (when lerobot calls it):
+        TrainSetupError: ``--dataset.episodes`` or ``--dataset.streaming`` given (select episodes in the SQL; a
+            SQL selection is read in place, never streamed).
+    """
+    import torch
+    from lerobot.datasets.factory import IMAGENET_STATS, resolve_delta_timestamps
+    from lerobot.datasets.transforms import ImageTransforms
+
+    def factory(cfg):
+        if getattr(cfg.dataset, "episodes", None):
+            raise TrainSetupError("--dataset.episodes cannot be combined with --sql: select the episodes in the SQL "
+                                  "(e.g. ... WHERE episode_index IN (2, 5, 7))")
+        if getattr(cfg.dataset, "streaming", False):
+            raise TrainSetupError("--dataset.streaming is not used with --sql: the selection is read in place, "
+                                  "only the bytes it needs")
+        features = db.layout.info["features"]
+        probe = _Probe(features, db.layout.info["fps"])
+        policy_cfg = getattr(cfg, "trainable_config", None) or cfg.policy
+        delta = resolve_delta_timestamps(policy_cfg, probe)
+        tf = cfg.dataset.image_transforms
+        transforms = ImageTransforms(tf) if getattr(tf, "enable", False) else None
+        kwargs = dict(dataset_kwargs or {})
+        kwargs.setdefault("return_uint8", version[:2] >= (0, 5))
+        ds = db.dataset(sql, delta_timestamps=delta, image_transforms=transforms,
+                        tolerance_s=float(getattr(cfg, "tolerance_s", 1e-4)), stats=stats, **kwargs)
+        st = ds.meta.stats  # computed here, in the main process, before lerobot starts its DataLoader workers
+        if st is not None and getattr(cfg.dataset, "use_imagenet_stats", True):
+            depth = set(ds.meta.depth_keys)
+            for key in ds.meta.camera_keys:
+                if key in depth:
+                    continue
+                st.setdefault(key, {})
+                for name, value in IMAGENET_STATS.items():
+                    st[key][name] = torch.tensor(value, dtype=torch.float32)
+        out = getattr(cfg, "output_dir", None)
+        if out:  # what --resume needs to rebuild the same dataset (lerobot reloads only its own config)
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "lerobot_sql_train.json").write_text(json.dumps(
+                {"root": db.source.url, "sql": sql if isinstance(sql, str) else None, "stats": stats}, indent=2))
+        return ds
+
+    return factory
+
+
+class _Probe:
+    """What ``resolve_delta_timestamps`` reads of a metadata object: ``features`` and ``fps``."""
+
+    def __init__(self, features: dict, fps):
+        self.features, self.fps = features, fps
+
+
+def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, stats: str = "selection",
+        storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
+        dataset_kwargs: dict | None = None) -> Any:
+    """Run lerobot's ``lerobot-train`` with ``lerobot_args`` on the selection ``sql`` of the dataset at ``root``.
+
+    Args:
+        root: the dataset (local folder, fsspec URL or Hub id), as :func:`lerobot_sql.connect` takes it.
+        sql: the selection; None with ``--resume`` reads it from ``<output_dir>/lerobot_sql_train.json``.
+        lerobot_args: lerobot-train's arguments (``--policy.type=act --steps=...``). ``--dataset.repo_id`` is
+            filled in when absent (lerobot requires one; it names the run, nothing is downloaded).
+        stats: ``"selection"`` (default) or ``"dataset"``.
+
+    Returns:
+        What lerobot's ``main()`` returns.
+
+    Raises:
+        TrainSetupError: lerobot missing or not 0.4.x-0.6.x, or an option that cannot be honoured.
+    """
+    version = lerobot_version()
+    if version[:2] < SUPPORTED[0] or version[:2] > SUPPORTED[-1]:
+        raise TrainSetupError(f"lerobot {'.'.join(map(str, version))} is installed; `lerobot-sql train` supports "
+                              f"lerobot 0.4.x to 0.6.x (checked: 0.4.4, 0.6.1)")
+    from lerobot.scripts import lerobot_train as lt
+
+    from .db import connect
+
+    args = list(lerobot_args)
+    if sql is None:
+        out = _arg_value(args, "output_dir") or _arg_value(args, "config_path")
+        saved = Path(out).parent.parent.parent / "lerobot_sql_train.json" if out and out.endswith(".json") else \
+            (Path(out) / "lerobot_sql_train.json" if out else None)
+        if saved is None or not saved.exists():
+            raise TrainSetupError("no --sql given and no lerobot_sql_train.json to resume from; pass --sql")
+        sql = json.loads(saved.read_text())["sql"]
+    db = connect(root, storage_options=storage_options, cache_dir=cache_dir)
+    factory = make_factory(db, sql, stats=stats, version=version, dataset_kwargs=dataset_kwargs)
+    if _arg_value(args, "dataset.repo_id") is None:
+        args.append(f"--dataset.repo_id={_repo_id(db)}")
+    if hasattr(lt, "make_train_eval_datasets"):  # lerobot >= 0.5
+        if float(_arg_value(args, "eval_split") or 0) > 0:
+            raise TrainSetupError("--eval_split is not supported with --sql: hold out episodes in the SQL instead "
+                                  "(the named query 'split' does a seeded split)")
+        name, replacement = "make_train_eval_datasets", lambda cfg: (factory(cfg), None)
+    else:
+        name, replacement = "make_dataset", factory
+    original, argv = getattr(lt, name), sys.argv
+    setattr(lt, name, replacement)
+    sys.argv = ["lerobot-train", *args]
+    try:
+        return lt.main()
+    finally:
+        setattr(lt, name, original)
+        sys.argv = argv
+
+
+def _repo_id(db) -> str:
+    url = db.source.url
+    if url.startswith("hf://datasets/"):
+        return url[len("hf://datasets/"):].split("@")[0]
+    return "local/" + (Path(db.source.root).name or "dataset")

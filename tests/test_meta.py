@@ -1,0 +1,132 @@
+"""``ds.meta`` and the dataset attributes lerobot's training code reads (lerobot_sql.meta): totals, runs with their
+positions, tasks by position, stats by choice, and what survives pickling into a DataLoader worker."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import lerobot_sql as lsql
+from lerobot_sql.meta import runs
+
+
+def _lerobot_sampler_indices(meta, episodes, drop_n_last_frames=0):
+    """lerobot 0.4.4's EpisodeAwareSampler.__init__ index list, written out (lerobot/datasets/sampler.py)."""
+    out = []
+    for episode_idx, (start, end) in enumerate(zip(meta.episodes["dataset_from_index"],
+                                                     meta.episodes["dataset_to_index"], strict=True)):
+        if episodes is None or episode_idx in episodes:
+            out.extend(range(start, end - drop_n_last_frames))
+    return out
+
+
+def test_runs_split_at_episode_changes_and_frame_gaps():
+    ep = np.array([3, 3, 3, 3, 5, 5, 3, 3])
+    fr = np.array([0, 1, 2, 7, 0, 1, 2, 3])
+    s, e = runs(ep, fr)
+    assert s.tolist() == [0, 3, 4, 6] and e.tolist() == [3, 4, 6, 8]
+    assert [x.tolist() for x in runs(np.array([], np.int64), np.array([], np.int64))] == [[], []]
+
+
+def test_whole_episodes_meta_matches_the_selection(sample, tmp_path):
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index IN (2, 5, 6) ORDER BY episode_index")
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes WHERE episode_index IN (2, 5, 6)").fetchall())
+    meta = ds.meta
+    assert meta.total_episodes == ds.num_episodes == 3
+    assert meta.total_frames == ds.num_frames == len(ds) == sum(lengths.values())
+    assert meta.episodes["episode_index"] == [2, 5, 6]
+    assert meta.episodes["length"] == [lengths[2], lengths[5], lengths[6]]
+    assert meta.episodes["dataset_from_index"] == [0, lengths[2], lengths[2] + lengths[5]]
+    assert meta.episodes["dataset_to_index"] == [lengths[2], lengths[2] + lengths[5], len(ds)]
+    assert not any(c.startswith("stats/") for c in meta.episodes.column_names)
+    info = json.loads((sample / "meta" / "info.json").read_text())
+    assert meta.info["total_episodes"] == 3 and meta.info["total_frames"] == len(ds)
+    assert meta.features == info["features"] and ds.features == info["features"]
+    assert meta.fps == ds.fps == info["fps"] and meta.robot_type == info.get("robot_type")
+    assert meta.camera_keys == ds.camera_keys == ["observation.images.front", "observation.images.wrist"]
+    assert meta.video_keys == meta.camera_keys and meta.image_keys == [] and meta.depth_keys == []
+    assert meta.shapes["action"] == tuple(info["features"]["action"]["shape"])
+    assert meta.names["action"] == info["features"]["action"]["names"]
+    assert ds.episodes is None and ds.repo_id == "small20" and str(ds.root) == str(sample)
+    assert meta.repo_id == ds.repo_id and meta.has_language_columns is False
+
+
+def test_lerobots_sampler_draws_exactly_this_datasets_samples(sample, tmp_path):
+    """Windows of one episode twice, out of order: every position once, runs never cross an episode or a gap."""
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    sql = ("SELECT * FROM (VALUES (4, 1.0, 2.0), (1, 0.0, 0.5), (4, 0.0, 0.5)) t(episode_index, start_s, end_s) "
+           "ORDER BY episode_index DESC, start_s DESC")
+    ds = db.dataset(sql, cameras=[])
+    meta = ds.meta
+    assert meta.episodes["episode_index"] == [4, 4, 1] and meta.total_episodes == 2
+    idx = _lerobot_sampler_indices(meta, ds.episodes)
+    assert sorted(idx) == list(range(len(ds)))
+    for row in meta.episodes:
+        items = [ds[i] for i in range(row["dataset_from_index"], row["dataset_to_index"])]
+        assert {int(it["episode_index"]) for it in items} == {row["episode_index"]}
+        fr = [int(it["frame_index"]) for it in items]
+        assert fr == list(range(fr[0], fr[0] + len(fr)))
+    # drop_n_last_frames drops the last frames of each run (lerobot: of each episode)
+    assert len(_lerobot_sampler_indices(meta, ds.episodes, 2)) == len(ds) - 2 * len(meta.episodes)
+
+
+def test_tasks_are_looked_up_by_position_as_lerobot_does(sample, tmp_path):
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    ds = db.dataset("SELECT index FROM frames WHERE index % 97 = 0", cameras=[])
+    tasks = ds.meta.tasks
+    assert tasks.index.name == "task" and tasks["task_index"].dtype == np.int64
+    for i in range(len(ds)):
+        item = ds[i]
+        assert tasks.iloc[int(item["task_index"])].name == item["task"]
+        assert ds.meta.get_task_index(item["task"]) == int(item["task_index"])
+    used = db.sql("SELECT count(DISTINCT task_index) FROM frames WHERE index % 97 = 0").fetchall()[0][0]
+    assert ds.meta.total_tasks == used
+
+
+def test_stats_are_the_selections_by_default_and_the_sources_on_request(sample, tmp_path):
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    sql = "SELECT episode_index FROM episodes WHERE episode_index < 5"
+    st = db.dataset(sql).meta.stats
+    ref = db.stats(sql)
+    assert set(st) == set(ref)
+    for k in ref:  # DuckDB sums in parallel, so two runs agree to rounding, not bit for bit
+        for s in ref[k]:
+            np.testing.assert_allclose(st[k][s], ref[k][s], rtol=1e-12, atol=0)
+    src = db.dataset(sql, stats="dataset").meta.stats
+    whole = db.stats()
+    np.testing.assert_array_equal(src["action"]["mean"], whole["action"]["mean"])
+    assert db.dataset(sql, stats=None).meta.stats is None
+    with pytest.raises(ValueError, match="stats"):
+        db.dataset(sql, stats="episodes")
+    # lerobot hands each value to torch.as_tensor
+    assert torch.as_tensor(st["action"]["mean"]).shape == (6,)
+    assert torch.as_tensor(st["observation.images.front"]["std"]).shape == (3, 1, 1)
+
+
+def test_meta_pickles_with_computed_stats_and_says_so_without(sample, tmp_path):
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    sql = "SELECT episode_index FROM episodes WHERE episode_index < 3"
+    ds = db.dataset(sql, cameras=[])
+    _ = ds.meta.stats
+    copy = pickle.loads(pickle.dumps(ds))
+    np.testing.assert_array_equal(copy.meta.stats["action"]["max"], ds.meta.stats["action"]["max"])
+    assert copy.meta.episodes["dataset_to_index"] == ds.meta.episodes["dataset_to_index"]
+    fresh = db.dataset(sql, cameras=[])
+    copy2 = pickle.loads(pickle.dumps(fresh))
+    with pytest.raises(RuntimeError, match="main process"):
+        copy2.meta.stats
+
+
+def test_delta_indices_are_lerobots(sample, tmp_path):
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    fps = db.layout.fps
+    dt = {"action": [i / fps for i in range(-1, 5)], "observation.images.front": [-1 / fps, 0.0]}
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 0", delta_timestamps=dt)
+    assert ds.delta_timestamps == dt
+    assert ds.delta_indices == {"action": [-1, 0, 1, 2, 3, 4], "observation.images.front": [-1, 0]}
+    assert db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 0").delta_indices is None

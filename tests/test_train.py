@@ -1,0 +1,166 @@
+"""Training with lerobot's own code on a SQL selection (lerobot_sql.train, ``lerobot-sql train``), in a real lerobot.
+
+These run in the lerobot peer interpreter (``$LSQL_PEER_PYTHON``, default /work/peer/bin/python: lerobot 0.4.4 on
+Python 3.11 with CPU torch, installed by ../shared/tools/install_peer.sh plus .ci/peer_train_deps.sh), with this
+checkout on its PYTHONPATH. Without that interpreter they skip with the reason; nothing else depends on lerobot.
+
+Checked: lerobot-train's loop runs 20 steps of a small ACT on a whole-episode subset and on a windows query through
+the documented entry point, offline, with finite losses; diffusion (lerobot's EpisodeAwareSampler with
+drop_n_last_frames) on a subset, where lerobot 0.4.4's own LeRobotDataset(episodes=...) fails; and ``ds.meta``,
+its stats and the dataset attributes against ``LeRobotDataset(root, episodes=[...])`` on the same episodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER_PYTHON = os.environ.get("LSQL_PEER_PYTHON", "/work/peer/bin/python")
+CHECK = ("import duckdb, sqlglot, lerobot, importlib.metadata as m; "
+         "from lerobot.scripts import lerobot_train; from lerobot.policies.act.modeling_act import ACTPolicy; "
+         "print(m.version('lerobot'))")
+
+# A small ACT (the default one has 52M parameters: minutes per step on a shared CPU); no pretrained weights offline.
+ACT = ["--policy.type=act", "--policy.device=cpu", "--policy.push_to_hub=false",
+       "--policy.pretrained_backbone_weights=null", "--policy.dim_model=32", "--policy.n_heads=2",
+       "--policy.dim_feedforward=64", "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1",
+       "--policy.chunk_size=5", "--policy.n_action_steps=5", "--policy.use_vae=false"]
+COMMON = ["--batch_size=4", "--num_workers=0", "--save_checkpoint=false", "--eval_freq=0", "--wandb.enable=false",
+          "--log_freq=1", "--seed=1"]
+
+
+def _peer_version() -> str | None:
+    if not Path(PEER_PYTHON).exists():
+        return None
+    r = subprocess.run([PEER_PYTHON, "-c", CHECK], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else None
+
+
+@pytest.fixture(scope="module")
+def peer():
+    v = _peer_version()
+    if v is None:
+        pytest.skip(f"lerobot peer interpreter {PEER_PYTHON} missing, or lerobot's training code (or duckdb/sqlglot) "
+                    "not importable in it: install it with ../shared/tools/install_peer.sh DIR && "
+                    "bash .ci/peer_train_deps.sh DIR, then set LSQL_PEER_PYTHON=DIR/bin/python")
+    return v
+
+
+def _run(args, tmp_path, timeout=1500):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "LSQL_CACHE_DIR": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
+    return subprocess.run([PEER_PYTHON, "-m", "lerobot_sql.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=tmp_path)
+
+
+def _losses(log: str) -> list[float]:
+    return [float(x) for x in re.findall(r"step:\d+\S* .*?loss:([0-9.eE+-]+|nan|inf)", log)]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT episode_index FROM episodes WHERE episode_index IN (2, 5, 7)",
+    "SELECT episode_index, 1.0 AS start_s, 3.0 AS end_s FROM episodes WHERE episode_index < 6",
+], ids=["episodes", "windows"])
+def test_lerobot_train_runs_act_on_a_query(peer, sample, tmp_path, sql):
+    out = tmp_path / "run"
+    r = _run(["train", str(sample), "--sql", sql, "--", *ACT, *COMMON, "--steps=20", f"--output_dir={out}"],
+             tmp_path)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    losses = _losses(log)
+    assert len(losses) == 20, log[-3000:]
+    assert all(0 <= x < 1e6 for x in losses), losses  # finite, not NaN
+    assert "End of training" in log
+    saved = json.loads((out / "lerobot_sql_train.json").read_text())
+    assert saved["sql"] == sql and saved["stats"] == "selection"
+    # lerobot logged our dataset's size: the selection's frames
+    n = re.search(r"dataset.num_frames=(\d+)", log)
+    assert n, log[-3000:]
+    assert int(n.group(1)) > 0
+
+
+PARITY = r"""
+import json, sys, numpy as np, torch
+import lerobot_sql as lsql
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+root, eps = sys.argv[1], [2, 5, 7]
+theirs = LeRobotDataset("local/small20", root=root, episodes=eps)
+db = lsql.connect(root)
+ours = db.dataset(f"SELECT episode_index FROM episodes WHERE episode_index IN ({', '.join(map(str, eps))})",
+                  stats="dataset")
+out = {"num_frames": [ours.num_frames, theirs.num_frames], "num_episodes": [ours.num_episodes, theirs.num_episodes],
+       "len": [len(ours), len(theirs)], "fps": [ours.fps, theirs.fps],
+       "features": ours.features == theirs.features, "meta_features": ours.meta.features == theirs.meta.features,
+       "camera_keys": [ours.meta.camera_keys, theirs.meta.camera_keys],
+       "video_keys": [ours.meta.video_keys, theirs.meta.video_keys],
+       "names": ours.meta.names == theirs.meta.names, "shapes": ours.meta.shapes == theirs.meta.shapes,
+       "robot_type": [ours.meta.robot_type, theirs.meta.robot_type],
+       "tasks": [list(ours.meta.tasks.index), list(theirs.meta.tasks.index)],
+       "task_index": [ours.meta.tasks["task_index"].tolist(), theirs.meta.tasks["task_index"].tolist()]}
+# stats="dataset" is what lerobot holds with episodes=[...]: the whole dataset's meta/stats.json
+bad = []
+for k, st in theirs.meta.stats.items():
+    for s, v in st.items():
+        a = ours.meta.stats[k][s]
+        if not (isinstance(a, np.ndarray) and a.dtype == v.dtype and a.shape == v.shape and np.array_equal(a, v)):
+            bad.append([k, s])
+out["stats_bad"] = bad
+# the selection's stats equal lerobot's aggregate over those episodes on min/max/mean/std/count
+from lerobot.datasets.compute_stats import aggregate_stats
+import pyarrow.parquet as pq, glob
+rows = [r for p in sorted(glob.glob(root + "/meta/episodes/*/*.parquet")) for r in pq.read_table(p).to_pylist()
+        if r["episode_index"] in eps]
+per_ep = [{k.split("/")[1]: {} for k in r if k.startswith("stats/")} for r in rows]
+for d, r in zip(per_ep, rows):
+    for k, v in r.items():
+        if k.startswith("stats/"):
+            _, feat, s = k.split("/", 2)
+            d[feat][s] = np.asarray(v)
+agg = aggregate_stats(per_ep)
+sel = db.stats(f"SELECT episode_index FROM episodes WHERE episode_index IN ({', '.join(map(str, eps))})")
+worst = 0.0
+for k, st in agg.items():
+    for s in ("min", "max", "mean", "std", "count"):
+        a, b = np.asarray(sel[k][s], np.float64).reshape(-1), np.asarray(st[s], np.float64).reshape(-1)
+        worst = max(worst, float(np.max(np.abs(a - b) / np.maximum(1e-6, np.abs(b)))))
+out["selection_vs_aggregate_worst_rel"] = worst
+# the sampler lerobot's train builds over our dataset draws each position once
+from lerobot.datasets.sampler import EpisodeAwareSampler
+s = EpisodeAwareSampler(ours.meta.episodes["dataset_from_index"], ours.meta.episodes["dataset_to_index"],
+                        episode_indices_to_use=ours.episodes, drop_n_last_frames=0, shuffle=True)
+out["sampler"] = sorted(list(s)) == list(range(len(ours)))
+# items equal
+diff = []
+for i in range(0, len(ours), 37):
+    a, b = ours[i], theirs[i]
+    for key in b:
+        x, y = a[key], b[key]
+        same = torch.equal(x, y) if isinstance(y, torch.Tensor) else x == y
+        if not same:
+            diff.append([i, key])
+out["item_diff"] = diff
+print(json.dumps(out))
+"""
+
+
+def test_meta_and_stats_match_lerobot_dataset_with_episodes(peer, sample, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "LSQL_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([PEER_PYTHON, "-c", PARITY, str(sample)], capture_output=True, text=True, timeout=900,
+                       env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for k in ("num_frames", "len", "fps", "camera_keys", "video_keys", "robot_type", "tasks", "task_index"):
+        assert got[k][0] == got[k][1], (k, got[k])
+    # lerobot's num_episodes with episodes=[2, 5, 7] is 3, as ours
+    assert got["num_episodes"] == [3, 3]
+    assert got["features"] and got["meta_features"] and got["names"] and got["shapes"]
+    assert got["stats_bad"] == []
+    assert got["selection_vs_aggregate_worst_rel"] < 1e-9, got["selection_vs_aggregate_worst_rel"]
+    assert got["sampler"] and got["item_diff"] == []
