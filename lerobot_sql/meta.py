@@ -122,6 +122,9 @@ class SelectionMetadata:
         if cameras is not None:  # cameras left out of the items are left out of the features lerobot builds from
             info["features"] = {k: f for k, f in info["features"].items()
                                 if f.get("dtype") not in ("video", "image") or k in cameras}
+        for f in info["features"].values():  # lerobot's load_info makes every shape a tuple
+            if isinstance(f, dict) and isinstance(f.get("shape"), list):
+                f["shape"] = tuple(f["shape"])
         info["total_episodes"] = self._total_episodes
         info["total_frames"] = self._total_frames
         info["total_tasks"] = self._total_tasks

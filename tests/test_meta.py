@@ -46,6 +46,8 @@ def test_whole_episodes_meta_matches_the_selection(sample, tmp_path):
     assert not any(c.startswith("stats/") for c in meta.episodes.column_names)
     info = json.loads((sample / "meta" / "info.json").read_text())
     assert meta.info["total_episodes"] == 3 and meta.info["total_frames"] == len(ds)
+    for f in info["features"].values():  # lerobot's load_info makes shapes tuples
+        f["shape"] = tuple(f["shape"])
     assert meta.features == info["features"] and ds.features == info["features"]
     assert meta.fps == ds.fps == info["fps"] and meta.robot_type == info.get("robot_type")
     assert meta.camera_keys == ds.camera_keys == ["observation.images.front", "observation.images.wrist"]

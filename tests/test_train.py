@@ -125,11 +125,12 @@ for d, r in zip(per_ep, rows):
             d[feat][s] = np.asarray(v)
 agg = aggregate_stats(per_ep)
 sel = db.stats(f"SELECT episode_index FROM episodes WHERE episode_index IN ({', '.join(map(str, eps))})")
-worst = 0.0
+worst = {"camera": 0.0, "numeric": 0.0}
 for k, st in agg.items():
+    kind = "camera" if k in theirs.meta.camera_keys else "numeric"
     for s in ("min", "max", "mean", "std", "count"):
         a, b = np.asarray(sel[k][s], np.float64).reshape(-1), np.asarray(st[s], np.float64).reshape(-1)
-        worst = max(worst, float(np.max(np.abs(a - b) / np.maximum(1e-6, np.abs(b)))))
+        worst[kind] = max(worst[kind], float(np.max(np.abs(a - b) / np.maximum(1e-6, np.abs(b)))))
 out["selection_vs_aggregate_worst_rel"] = worst
 # the sampler lerobot's train builds over our dataset draws each position once
 from lerobot.datasets.sampler import EpisodeAwareSampler
@@ -162,5 +163,8 @@ def test_meta_and_stats_match_lerobot_dataset_with_episodes(peer, sample, tmp_pa
     assert got["num_episodes"] == [3, 3]
     assert got["features"] and got["meta_features"] and got["names"] and got["shapes"]
     assert got["stats_bad"] == []
-    assert got["selection_vs_aggregate_worst_rel"] < 1e-9, got["selection_vs_aggregate_worst_rel"]
+    # Cameras are lerobot's own aggregation of the same per-episode numbers; numeric features are computed from the
+    # frames in float64, where lerobot's per-episode stats summed float32 (about 1e-6 relative apart).
+    worst = got["selection_vs_aggregate_worst_rel"]
+    assert worst["camera"] < 1e-12 and worst["numeric"] < 1e-5, worst
     assert got["sampler"] and got["item_diff"] == []
