@@ -12,6 +12,11 @@ Public surface::
     db.export_manifest(sql, "m.parquet")          # one row per sample, for Ray Data / Daft / torch ranks
     db.named_query("split", subset="validation")  # named queries from queries/
     db.nearest(at_sql, ["action", "observation.images.front"])  # align streams of different rates
+    db.stats(sql)                                 # lerobot's stats dict for exactly the selected frames
+    ds.meta, ds.num_frames, ds.meta.stats         # what lerobot's training code reads (lerobot_sql.meta)
+
+Training with lerobot's own script on a query: ``lerobot-sql train DATASET --sql "SELECT ..." -- <lerobot-train
+arguments>`` (:mod:`lerobot_sql.train`; lerobot is not imported by ``import lerobot_sql``).
 
 Samplers: :class:`EpisodeAwareSampler` (shuffled blocks of consecutive frames, per-epoch seeds, resume, rank
 shards) and :class:`EpisodeShardedSampler` (whole episodes per rank). Manifest sharding for many processes and the
@@ -27,6 +32,7 @@ from .errors import (
     DatasetFormatError,
     DestinationError,
     DestinationExistsError,
+    FileChangedError,
     FrameNotFoundError,
     LeRobotSQLError,
     MissingFileError,
@@ -66,6 +72,7 @@ __all__ = [
     "FrameNotFoundError",
     "VideoDecodeError",
     "RemoteIOError",
+    "FileChangedError",
     "CacheError",
     "DestinationExistsError",
     "DestinationError",

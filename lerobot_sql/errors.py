@@ -54,6 +54,11 @@ class RemoteIOError(LeRobotSQLError, OSError):
     """Reading a remote file failed after retries."""
 
 
+class FileChangedError(RemoteIOError):
+    """A remote file no longer matches the version (ETag / S3 version id) this session first read of it: the
+    dataset changed on the server mid-run. Reading on would mix two versions' bytes; open the dataset again."""
+
+
 class CacheError(LeRobotSQLError, OSError):
     """A cache entry could not be written (disk full, read-only or unwritable cache folder). Nothing partial is left
     that a later run would read; free space or set ``LSQL_CACHE_DIR`` / ``cache_dir=`` to a writable folder."""
@@ -69,6 +74,7 @@ __all__ = [
     "FrameNotFoundError",
     "VideoDecodeError",
     "RemoteIOError",
+    "FileChangedError",
     "CacheError",
     "DestinationExistsError",
     "DestinationError",

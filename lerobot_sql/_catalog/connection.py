@@ -20,7 +20,7 @@ from .._format.files import DatasetFiles
 from .._format.layout import Layout
 from .._format.metadata import corrupt_parquet_files, unreadable_error as parquet_error
 from .._readers import video_index
-from .._storage.transport import FileChangedError
+from ..errors import FileChangedError
 from .._storage.source import Source
 from . import macros, sandbox, views
 

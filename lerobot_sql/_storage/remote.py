@@ -3,7 +3,7 @@
 Only the bytes a reader asks for are fetched, and kept as pieces on disk (:mod:`lerobot_sql._storage.pieces`: one
 folder per file version, region locks, LRU eviction bounded by ``cache_size``). Network calls are retried and range
 reads pinned to the version of the file first seen (:mod:`lerobot_sql._storage.transport`): a file that changes on
-the server mid-run raises :class:`~lerobot_sql._storage.transport.FileChangedError` instead of mixing versions.
+the server mid-run raises :class:`~lerobot_sql.errors.FileChangedError` instead of mixing versions.
 
 Files under ``meta/`` are fetched whole, and the answers of ``info``/``glob`` are stored beside the pieces, so once
 a dataset's metadata has been read it opens offline (``LSQL_OFFLINE=1``/``HF_HUB_OFFLINE=1``, or automatically

@@ -20,7 +20,7 @@ import random
 import time
 from typing import Any, Callable
 
-from ..errors import MissingFileError, RemoteIOError
+from ..errors import FileChangedError, MissingFileError, RemoteIOError
 
 STALL_S = 20.0                  # an HTTP answer may pause this long (headers, or between body bytes)
 MIN_RATE = 32 << 10              # ... and must deliver a body at this average rate (bytes/s) after STALL_S
@@ -40,10 +40,6 @@ class Stalled(OSError):
 class Lying(OSError):
     """The server's answer contradicts the request (a Content-Length or Content-Range for other bytes): not
     retried, another try gets the same answer."""
-
-
-class FileChangedError(RemoteIOError):
-    """The remote file no longer matches the version (ETag / version id) this session first saw."""
 
 
 def protocol(fs: Any) -> str:

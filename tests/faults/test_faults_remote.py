@@ -116,7 +116,7 @@ def _cause_chain(e: BaseException):
 def test_file_changed_during_a_run_never_mixes_versions(damaged, monkeypatch, tmp_path):
     """Range GETs carry If-Match with the ETag first seen: after the server's file changes, the next range read gets
     412 and raises FileChangedError (a RemoteIOError) naming the URL; the cache holds only bytes of the first version."""
-    from lerobot_sql._storage.transport import FileChangedError
+    from lerobot_sql.errors import FileChangedError
 
     root = damaged()
     monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
