@@ -39,6 +39,7 @@ from .errors import (
     QueryError,
     RemoteIOError,
     ResultContractError,
+    UnsupportedFeatureError,
     UnsupportedVersionError,
     VideoDecodeError,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "RemoteIOError",
     "FileChangedError",
     "CacheError",
+    "UnsupportedFeatureError",
     "DestinationExistsError",
     "DestinationError",
 ]

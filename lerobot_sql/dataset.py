@@ -27,7 +27,7 @@ import torch
 
 from ._readers import deltas as _frames
 from ._readers import decode, locate, tabular, video_index
-from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
+from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError, UnsupportedFeatureError
 from ._format.files import DatasetFiles
 from . import meta as _meta
 from ._plan.manifest import Meta
@@ -172,6 +172,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if dropped:
             raise ValueError(f"delta_timestamps names cameras {dropped} that cameras={list(cameras)} leaves out; "
                              "add them to cameras or drop them from delta_timestamps")
+        depth = [k for k in cameras if layout.features[k].is_depth_map]
+        if depth:
+            # A depth stream (12-bit gray, dequantized by lerobot 0.6) decoded as RGB would be a wrong value.
+            raise UnsupportedFeatureError(
+                f"camera(s) {depth} are depth maps (info.is_depth_map); lerobot_sql does not decode depth yet and "
+                f"will not return them as RGB. Leave them out: cameras={[c for c in cameras if c not in depth]}")
         self._video_keys = [k for k in layout.video_keys if k in cameras]
         self._skip_columns = {k for k in layout.image_keys if k not in cameras}
         self.delta_timestamps = delta_timestamps

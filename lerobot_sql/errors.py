@@ -59,6 +59,11 @@ class FileChangedError(RemoteIOError):
     dataset changed on the server mid-run. Reading on would mix two versions' bytes; open the dataset again."""
 
 
+class UnsupportedFeatureError(LeRobotSQLError, NotImplementedError):
+    """A feature of the dataset that lerobot_sql cannot return correctly yet (e.g. a depth-map camera): refused,
+    naming the key and how to leave it out, rather than returned as a wrong value."""
+
+
 class CacheError(LeRobotSQLError, OSError):
     """A cache entry could not be written (disk full, read-only or unwritable cache folder). Nothing partial is left
     that a later run would read; free space or set ``LSQL_CACHE_DIR`` / ``cache_dir=`` to a writable folder."""
@@ -76,6 +81,7 @@ __all__ = [
     "RemoteIOError",
     "FileChangedError",
     "CacheError",
+    "UnsupportedFeatureError",
     "DestinationExistsError",
     "DestinationError",
 ]

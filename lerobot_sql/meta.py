@@ -171,12 +171,7 @@ class SelectionMetadata:
     @property
     def depth_keys(self) -> list[str]:
         """Cameras marked as depth maps (``info.is_depth_map``, or the legacy ``info.video.is_depth_map``)."""
-        out = []
-        for k in self.camera_keys:
-            inf = self.features[k].get("info") or {}
-            if inf.get("is_depth_map") or inf.get("video.is_depth_map"):
-                out.append(k)
-        return out
+        return [k for k in self.camera_keys if self._layout.features[k].is_depth_map]
 
     @property
     def names(self) -> dict[str, Any]:

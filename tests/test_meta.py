@@ -132,3 +132,23 @@ def test_delta_indices_are_lerobots(sample, tmp_path):
     assert ds.delta_timestamps == dt
     assert ds.delta_indices == {"action": [-1, 0, 1, 2, 3, 4], "observation.images.front": [-1, 0]}
     assert db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 0").delta_indices is None
+
+
+def test_a_depth_camera_is_refused_never_returned_as_rgb(datasets, tmp_path):
+    """lerobot 0.6 marks depth streams with info.is_depth_map and dequantizes them; decoding one as RGB would be a
+    wrong value, so it is refused naming the key, and the other cameras still read."""
+    import shutil
+
+    from lerobot_sql.errors import UnsupportedFeatureError
+
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    info["features"]["observation.images.wrist"]["info"]["video.is_depth_map"] = True
+    (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
+    db = lsql.connect(root, cache_dir=tmp_path / "c")
+    with pytest.raises(UnsupportedFeatureError, match=r"observation\.images\.wrist.*depth"):
+        db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 0")
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 0", cameras=["observation.images.front"])
+    assert ds[0]["observation.images.front"].shape == (3, 96, 128)
+    assert ds.meta.depth_keys == [] and "observation.images.wrist" not in ds.meta.features

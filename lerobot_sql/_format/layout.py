@@ -73,6 +73,11 @@ class Feature:
         return self.dtype == "video"
 
     @property
+    def is_depth_map(self) -> bool:
+        """lerobot 0.6's depth flag: ``info.is_depth_map``, or the legacy ``info["video.is_depth_map"]``."""
+        return bool(self.info.get("is_depth_map") or self.info.get("video.is_depth_map"))
+
+    @property
     def is_image(self) -> bool:
         return self.dtype == "image"
 
