@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._readers import locate, tabular, video_index
-from ._storage.pieces import MERGE_GAP, merge_ranges  # noqa: F401  (MERGE_GAP moved to _storage/pieces.py)
+from ._storage.pieces import merge_ranges
 from ._readers.tabular import row_group_ranges
 
 AVIO_BUFFER = 32 << 10  # PyAV reads files in blocks of this size: a decode reads up to one block past its packet

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._format.files import open_files
-from ._plan.manifest import META_KEY, Meta  # noqa: F401  (META_KEY: importable from here for one release)
+from ._plan.manifest import Meta
 
 
 def manifest_schema(path: str | os.PathLike, *, filesystem=None) -> pa.Schema:

@@ -30,7 +30,7 @@ from ..errors import DatasetFormatError, ResultContractError, did_you_mean as _d
 from .._format.layout import Layout
 from .._storage.source import Source
 
-CORE, LOCATION = _manifest.CORE, _manifest.LOCATION  # importable from here for one release
+CORE, LOCATION = _manifest.CORE, _manifest.LOCATION
 CONTRACT = (
     "A query given to dataset() must return either an `index` column (one sample per row), or `episode_index` with "
     "`start_s` and `end_s` (seconds from episode start, half-open windows), or `episode_index` alone (whole episodes). "
