@@ -14,7 +14,6 @@ import fnmatch
 import json
 import os
 import re
-import tempfile
 from typing import Any
 
 import fsspec
@@ -446,10 +445,7 @@ def _cached_hub_revision(repo_id: str, token: Any, local: str | None = None) -> 
             known[repo_id] = rev
             with contextlib.suppress(OSError):  # only an offline convenience
                 store.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=store.parent, suffix=".tmp")
-                with os.fdopen(fd, "w") as f:
-                    json.dump(known, f)
-                os.replace(tmp, store)
+                cache.atomic_write(store, json.dumps(known).encode())
         return rev
     if repo_id not in known:
         if local is not None:
