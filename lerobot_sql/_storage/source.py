@@ -401,7 +401,10 @@ def _hub_error(repo_id: str, cause: BaseException | None, local: str | None) -> 
     """The typed error for a Hub repo that cannot be resolved: MissingFileError when the Hub says there is no such
     repo (or we are offline with nothing cached), RemoteIOError when it cannot be reached. With ``local`` (the root
     was a bare ``org/name``), the message starts with the local reading: no folder of that name."""
-    from huggingface_hub.errors import RepositoryNotFoundError
+    try:
+        from huggingface_hub.errors import RepositoryNotFoundError
+    except ImportError:  # huggingface_hub 0.24 (our floor) has it only in huggingface_hub.utils
+        from huggingface_hub.utils import RepositoryNotFoundError
 
     if cause is None:
         why, cls = "offline (HF_HUB_OFFLINE / LSQL_OFFLINE) and no revision known", MissingFileError
