@@ -39,6 +39,8 @@ from .errors import (
     QueryError,
     RemoteIOError,
     ResultContractError,
+    StatsUnavailableError,
+    TrainSetupError,
     UnsupportedFeatureError,
     UnsupportedVersionError,
     VideoDecodeError,
@@ -58,6 +60,10 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
+def __dir__():
+    return sorted(set(globals()) | set(__all__))  # the lazily loaded names too
+
+
 __all__ = [
     "connect",
     "Database",
@@ -75,6 +81,8 @@ __all__ = [
     "RemoteIOError",
     "FileChangedError",
     "CacheError",
+    "StatsUnavailableError",
+    "TrainSetupError",
     "UnsupportedFeatureError",
     "DestinationExistsError",
     "DestinationError",

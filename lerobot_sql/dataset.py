@@ -187,6 +187,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._prepare(manifest)
         self._worker: _Worker | None = None
         self._stats_fn = stats  # ds.meta.stats: called once, on first use (db.dataset passes the Database's)
+        self._owner_pid = os.getpid()  # only this process may call it: DuckDB does not survive a fork
         self._meta_obj: _meta.SelectionMetadata | None = None
 
     # ---- main process -------------------------------------------------------------------------------------
@@ -365,8 +366,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             source_eps = read_episodes(self._src, self._layout, np.unique(ep))
             self._meta_obj = _meta.SelectionMetadata(
                 self._layout, _meta.episodes_table(source_eps, ep, fr), self._tasks, total_frames=self._n,
-                task_indices=self._c["task_index"], repo_id=self.repo_id, root=self.root, stats_fn=self._stats_fn,
-                cameras=self.camera_keys)
+                task_indices=self._c["task_index"], repo_id=self.repo_id, root=self.root,
+                stats_fn=self._stats_fn if os.getpid() == self._owner_pid or self._stats_fn is None
+                else _meta.stats_unavailable, cameras=self.camera_keys)
         return self._meta_obj
 
     @property

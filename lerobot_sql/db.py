@@ -300,6 +300,10 @@ class Database:
     def _check(self, sql: str) -> query.CheckedQuery:
         """:meth:`check`'s query, parsed once: the text DuckDB runs, sqlglot's tree, and what DuckDB's own parse tree
         says it reads and whether it is ordered (which builds the lazy views it reads)."""
+        if not isinstance(sql, str):
+            hint = (" For whole episodes pass episodes=[...] to db.dataset() or db.stats()."
+                    if isinstance(sql, (list, tuple, range)) or hasattr(sql, "__index__") else "")
+            raise TypeError(f"SQL must be a string (a SELECT over the views), not {type(sql).__name__} {sql!r:.80}.{hint}")
         ctx = self._context()
         checked = query.check_sql(sql, ctx)
         con = self.con
@@ -573,12 +577,14 @@ class Database:
 
         return library.render(name, params, extra_dirs=self._query_dirs)
 
-    def stats(self, sql: str | pa.Table | None = None) -> dict[str, dict[str, Any]]:
+    def stats(self, sql: str | pa.Table | None = None, *, episodes: list[int] | None = None
+              ) -> dict[str, dict[str, Any]]:
         """Statistics in lerobot's ``meta/stats.json`` form: ``{feature: {"min", "max", "mean", "std", "count"
         [, "q01".."q99"]}}`` of numpy arrays (vectors ``(D,)``, cameras ``(3, 1, 1)`` in [0, 1], ``count`` int64
         ``(1,)``), what lerobot's ``LeRobotDatasetMetadata.stats`` holds.
 
-        ``sql``: a selection as :meth:`dataset` takes it (SQL text or a manifest table). Numeric features are computed by DuckDB over exactly the
+        ``sql``: a selection as :meth:`dataset` takes it (SQL text or a manifest table); or ``episodes``: whole
+        episodes, as ``db.dataset(episodes=[...])``. Numeric features are computed by DuckDB over exactly the
         selected samples; cameras are aggregated from the per-episode statistics of the episodes the selection
         touches, as lerobot's ``aggregate_stats`` does (:mod:`lerobot_sql.stats` says what is exact). Without
         ``sql``: the source's ``meta/stats.json`` unchanged, which is what lerobot uses even with ``episodes=[...]``.
@@ -590,6 +596,10 @@ class Database:
         """
         from . import stats
 
+        if episodes is not None:
+            if sql is not None:
+                raise ValueError("pass either sql or episodes, not both (a query can filter episodes itself)")
+            sql = self._episodes_manifest(episodes)
         if sql is None:
             if not self.source.exists("meta/stats.json"):
                 raise MissingFileError(f"{self.source.path('meta/stats.json')}: this dataset has no meta/stats.json; "

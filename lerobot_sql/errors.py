@@ -64,6 +64,17 @@ class UnsupportedFeatureError(LeRobotSQLError, NotImplementedError):
     naming the key and how to leave it out, rather than returned as a wrong value."""
 
 
+class StatsUnavailableError(LeRobotSQLError, RuntimeError):
+    """``ds.meta.stats`` first read in a process that cannot compute it (a DataLoader worker, an unpickled copy):
+    selection statistics need the Database's DuckDB connection, which never crosses a fork or a pickle. Read
+    ``ds.meta.stats`` once in the main process before the DataLoader starts (or build with ``stats="dataset"``)."""
+
+
+class TrainSetupError(LeRobotSQLError, ValueError):
+    """``lerobot-sql train`` cannot start: lerobot missing or of an unsupported version, or a lerobot-train option
+    that a SQL selection replaces (``--dataset.episodes``, ``--dataset.streaming``, ``--eval_split``)."""
+
+
 class CacheError(LeRobotSQLError, OSError):
     """A cache entry could not be written (disk full, read-only or unwritable cache folder). Nothing partial is left
     that a later run would read; free space or set ``LSQL_CACHE_DIR`` / ``cache_dir=`` to a writable folder."""
@@ -81,6 +92,8 @@ __all__ = [
     "RemoteIOError",
     "FileChangedError",
     "CacheError",
+    "TrainSetupError",
+    "StatsUnavailableError",
     "UnsupportedFeatureError",
     "DestinationExistsError",
     "DestinationError",

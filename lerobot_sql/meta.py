@@ -26,6 +26,7 @@ a dataset of its own:
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from ._format.layout import Layout
+from .errors import StatsUnavailableError
 
 
 def runs(episode_index: np.ndarray, frame_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -116,6 +118,7 @@ class SelectionMetadata:
         self._total_episodes = len(set(episodes.column("episode_index").to_pylist())) if episodes.num_rows else 0
         self._total_tasks = int(len(np.unique(task_indices)))
         self._stats_fn = stats_fn
+        self._pid = os.getpid()  # the process holding the Database: the only one that may compute the stats
         self._stats: dict | None = None
         self._tasks_df = None
         info = copy.deepcopy(layout.info)
@@ -224,11 +227,15 @@ class SelectionMetadata:
         ``stats=None``. Computed on first use (DuckDB, main process) and kept.
 
         Raises:
-            RuntimeError: first use inside a process that cannot compute them (a DataLoader worker, a pickled
-                copy): read ``ds.meta.stats`` once in the main process before the DataLoader starts.
+            StatsUnavailableError: first use inside a process that cannot compute them (a DataLoader worker, a
+                pickled copy): read ``ds.meta.stats`` once in the main process before the DataLoader starts.
         """
         if self._stats is None and self._stats_fn is not None:
-            self._stats = self._stats_fn()
+            if os.getpid() != self._pid:  # a forked worker: DuckDB is not fork-safe (using it there hangs)
+                stats_unavailable()
+            st = self._stats_fn()
+            # only what the items carry: cameras left out with cameras=[...] are not in features either
+            self._stats = None if st is None else {k: v for k, v in st.items() if k in self.features}
         return self._stats
 
     def __getstate__(self):
@@ -242,9 +249,10 @@ class SelectionMetadata:
 
 
 def stats_unavailable():
-    raise RuntimeError("ds.meta.stats was first read in a copy of the dataset (a DataLoader worker or an unpickled "
-                       "dataset), where no DuckDB connection exists to compute it; read ds.meta.stats once in the "
-                       "main process before starting the DataLoader")
+    raise StatsUnavailableError("ds.meta.stats was first read in a copy of the dataset (a DataLoader worker or an "
+                                "unpickled dataset), where no DuckDB connection exists to compute it; read "
+                                "ds.meta.stats once in the main process before starting the DataLoader, or build "
+                                "the dataset with stats='dataset'")
 
 
 def episodes_table(source_episodes: pa.Table | None, episode_index: np.ndarray, frame_index: np.ndarray) -> pa.Table:

@@ -31,13 +31,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import LeRobotSQLError
+from .errors import TrainSetupError
 
 SUPPORTED = ((0, 4), (0, 6))  # lerobot minor versions checked (README: "Train with lerobot")
-
-
-class TrainSetupError(LeRobotSQLError, ValueError):
-    """``lerobot-sql train`` cannot start: lerobot missing or unsupported, or an option it cannot honour."""
 
 
 def lerobot_version() -> tuple[int, ...]:
@@ -86,6 +82,7 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
     from lerobot.datasets.transforms import ImageTransforms
 
     def factory(cfg):
+        factory.dataset = None
         if getattr(cfg.dataset, "episodes", None):
             raise TrainSetupError("--dataset.episodes cannot be combined with --sql: select the episodes in the SQL "
                                   "(e.g. ... WHERE episode_index IN (2, 5, 7))")
@@ -116,9 +113,52 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
             Path(out).mkdir(parents=True, exist_ok=True)
             (Path(out) / "lerobot_sql_train.json").write_text(json.dumps(
                 {"root": db.source.url, "sql": sql if isinstance(sql, str) else None, "stats": stats}, indent=2))
+        factory.dataset = ds
         return ds
 
     return factory
+
+
+def keep_positions(manifest, drop_n_first_frames: int = 0, drop_n_last_frames: int = 0):
+    """Positions of the samples lerobot's ``EpisodeAwareSampler`` keeps by its rule: a sample whose frame is at least
+    ``drop_n_first_frames`` after its episode's first frame and more than ``drop_n_last_frames`` before its
+    episode's end (``drop_n_last_frames`` exists so that an action chunk does not run past the episode).
+
+    By the episode, not by the run of the selection: a strided or windowed selection keeps every sample lerobot
+    would keep for that frame. int64 array, ascending.
+
+    Raises:
+        TrainSetupError: no sample is left (every selected frame is within the dropped ends of its episode).
+    """
+    import numpy as np
+
+    idx = manifest["index"].to_numpy()
+    start, end = manifest["ep_from_index"].to_numpy(), manifest["ep_to_index"].to_numpy()
+    pos = idx - start
+    keep = np.flatnonzero((pos >= drop_n_first_frames) & (pos < (end - start) - drop_n_last_frames))
+    if len(keep) == 0:
+        raise TrainSetupError(f"the policy drops the first {drop_n_first_frames} and last {drop_n_last_frames} frames "
+                              f"of each episode, which leaves none of the {len(idx)} selected samples; select frames "
+                              "farther from the episode ends")
+    return keep.astype(np.int64)
+
+
+def sampler_class(base, dataset_of):
+    """A subclass of lerobot's ``EpisodeAwareSampler`` (``base``) that draws this dataset's samples by the
+    per-episode rule of :func:`keep_positions`, whatever ``meta.episodes`` the caller passes, keeping lerobot's own
+    shuffling, seeding and resume logic (each kept sample is handed to it as an episode of one frame).
+
+    ``dataset_of()``: the LeRobotSQLDataset being trained on.
+    """
+
+    class SelectionSampler(base):
+        def __init__(self, dataset_from_indices, dataset_to_indices, episode_indices_to_use=None,
+                     drop_n_first_frames: int = 0, drop_n_last_frames: int = 0, *args, **kwargs):
+            keep = keep_positions(dataset_of().manifest, drop_n_first_frames, drop_n_last_frames)
+            super().__init__(keep.tolist(), (keep + 1).tolist(), None, 0, 0, *args, **kwargs)
+
+    SelectionSampler.__qualname__ = SelectionSampler.__name__ = "SelectionSampler"
+    return SelectionSampler
 
 
 class _Probe:
@@ -146,15 +186,28 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
     Raises:
         TrainSetupError: lerobot missing or not 0.4.x-0.6.x, or an option that cannot be honoured.
     """
+    args = list(lerobot_args)
+    # What can be checked without lerobot comes first: a user should not install lerobot to learn of a typo.
+    if _arg_value(args, "dataset.episodes") not in (None, "", "null", "None", "[]"):
+        raise TrainSetupError("--dataset.episodes cannot be combined with --sql: select the episodes in the SQL "
+                              "(e.g. ... WHERE episode_index IN (2, 5, 7))")
+    if (_arg_value(args, "dataset.streaming") or "false").lower() == "true":
+        raise TrainSetupError("--dataset.streaming is not used with --sql: the selection is read in place, only the "
+                              "bytes it needs")
+    if float(_arg_value(args, "eval_split") or 0) > 0:
+        raise TrainSetupError("--eval_split is not supported with --sql: hold out episodes in the SQL instead (the "
+                              "named query 'split' does a seeded split)")
+    from .db import connect
+
+    db = connect(root, storage_options=storage_options, cache_dir=cache_dir)
+    if isinstance(sql, str):
+        db.check(sql)
     version = lerobot_version()
     if version[:2] < SUPPORTED[0] or version[:2] > SUPPORTED[-1]:
         raise TrainSetupError(f"lerobot {'.'.join(map(str, version))} is installed; `lerobot-sql train` supports "
                               f"lerobot 0.4.x to 0.6.x (checked: 0.4.4, 0.6.1)")
     from lerobot.scripts import lerobot_train as lt
 
-    from .db import connect
-
-    args = list(lerobot_args)
     if sql is None:
         out = _arg_value(args, "output_dir") or _arg_value(args, "config_path")
         saved = Path(out).parent.parent.parent / "lerobot_sql_train.json" if out and out.endswith(".json") else \
@@ -162,24 +215,26 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
         if saved is None or not saved.exists():
             raise TrainSetupError("no --sql given and no lerobot_sql_train.json to resume from; pass --sql")
         sql = json.loads(saved.read_text())["sql"]
-    db = connect(root, storage_options=storage_options, cache_dir=cache_dir)
     factory = make_factory(db, sql, stats=stats, version=version, dataset_kwargs=dataset_kwargs)
     if _arg_value(args, "dataset.repo_id") is None:
         args.append(f"--dataset.repo_id={_repo_id(db)}")
     if hasattr(lt, "make_train_eval_datasets"):  # lerobot >= 0.5
-        if float(_arg_value(args, "eval_split") or 0) > 0:
-            raise TrainSetupError("--eval_split is not supported with --sql: hold out episodes in the SQL instead "
-                                  "(the named query 'split' does a seeded split)")
         name, replacement = "make_train_eval_datasets", lambda cfg: (factory(cfg), None)
     else:
         name, replacement = "make_dataset", factory
-    original, argv = getattr(lt, name), sys.argv
-    setattr(lt, name, replacement)
+    # Two module globals of lerobot's train script are replaced for the run, nothing else: its dataset factory,
+    # and its EpisodeAwareSampler, by one that keeps lerobot's per-episode drop rule over a SQL selection.
+    patches = {name: replacement,
+               "EpisodeAwareSampler": sampler_class(lt.EpisodeAwareSampler, lambda: factory.dataset)}
+    originals, argv = {k: getattr(lt, k) for k in patches}, sys.argv
+    for k, v in patches.items():
+        setattr(lt, k, v)
     sys.argv = ["lerobot-train", *args]
     try:
         return lt.main()
     finally:
-        setattr(lt, name, original)
+        for k, v in originals.items():
+            setattr(lt, k, v)
         sys.argv = argv
 
 

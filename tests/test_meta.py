@@ -152,3 +152,39 @@ def test_a_depth_camera_is_refused_never_returned_as_rgb(datasets, tmp_path):
     ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 0", cameras=["observation.images.front"])
     assert ds[0]["observation.images.front"].shape == (3, 96, 128)
     assert ds.meta.depth_keys == [] and "observation.images.wrist" not in ds.meta.features
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("first_in_worker", ["meta", "stats"])
+def test_stats_first_read_in_a_forked_worker_is_an_error_not_a_hang(sample, tmp_path, first_in_worker):
+    """DuckDB does not survive a fork: computing the selection's stats inside a forked DataLoader worker hung."""
+    from lerobot_sql.errors import StatsUnavailableError
+
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 3", cameras=[])
+    if first_in_worker == "stats":
+        _ = ds.meta  # meta built in the main process, stats not yet computed
+
+    class Reads(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            try:
+                ds.meta.stats
+            except StatsUnavailableError as e:
+                return str(e)
+            return "computed"
+
+    loader = torch.utils.data.DataLoader(Reads(), batch_size=2, num_workers=1, multiprocessing_context="fork")
+    (batch,) = list(loader)
+    assert all("main process" in m for m in batch), batch
+    assert ds.meta.stats["action"]["count"].tolist() == [db.sql(
+        "SELECT length FROM episodes WHERE episode_index = 3").fetchall()[0][0]]  # the main process still can
+
+
+def test_stats_leave_out_the_cameras_the_items_leave_out(sample, tmp_path):
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index < 2", cameras=["observation.images.wrist"])
+    assert "observation.images.wrist" in ds.meta.stats and "observation.images.front" not in ds.meta.stats
+    assert set(ds.meta.stats) <= set(ds.meta.features)

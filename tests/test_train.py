@@ -31,7 +31,7 @@ ACT = ["--policy.type=act", "--policy.device=cpu", "--policy.push_to_hub=false",
        "--policy.pretrained_backbone_weights=null", "--policy.dim_model=32", "--policy.n_heads=2",
        "--policy.dim_feedforward=64", "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1",
        "--policy.chunk_size=5", "--policy.n_action_steps=5", "--policy.use_vae=false"]
-COMMON = ["--batch_size=4", "--num_workers=0", "--save_checkpoint=false", "--eval_freq=0", "--wandb.enable=false",
+COMMON = ["--batch_size=2", "--num_workers=0", "--save_checkpoint=false", "--eval_freq=0", "--wandb.enable=false",
           "--log_freq=1", "--seed=1"]
 
 
@@ -68,6 +68,7 @@ def _losses(log: str) -> list[float]:
     "SELECT episode_index FROM episodes WHERE episode_index IN (2, 5, 7)",
     "SELECT episode_index, 1.0 AS start_s, 3.0 AS end_s FROM episodes WHERE episode_index < 6",
 ], ids=["episodes", "windows"])
+@pytest.mark.timeout(1800)  # 20 training steps: ~1.5 min on a free core, several times that on a loaded CI box
 def test_lerobot_train_runs_act_on_a_query(peer, sample, tmp_path, sql):
     out = tmp_path / "run"
     r = _run(["train", str(sample), "--sql", sql, "--", *ACT, *COMMON, "--steps=20", f"--output_dir={out}"],
@@ -151,6 +152,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.timeout(1200)
 def test_meta_and_stats_match_lerobot_dataset_with_episodes(peer, sample, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "LSQL_CACHE_DIR": str(tmp_path / "cache")}
     r = subprocess.run([PEER_PYTHON, "-c", PARITY, str(sample)], capture_output=True, text=True, timeout=900,
@@ -168,3 +170,39 @@ def test_meta_and_stats_match_lerobot_dataset_with_episodes(peer, sample, tmp_pa
     worst = got["selection_vs_aggregate_worst_rel"]
     assert worst["camera"] < 1e-12 and worst["numeric"] < 1e-5, worst
     assert got["sampler"] and got["item_diff"] == []
+
+
+class _Lerobot044Sampler:
+    """lerobot 0.4.4's EpisodeAwareSampler (lerobot/datasets/sampler.py), written out for the tier without lerobot."""
+
+    def __init__(self, dataset_from_indices, dataset_to_indices, episode_indices_to_use=None,
+                 drop_n_first_frames=0, drop_n_last_frames=0, shuffle=False):
+        self.indices = []
+        for episode_idx, (start, end) in enumerate(zip(dataset_from_indices, dataset_to_indices, strict=True)):
+            if episode_indices_to_use is None or episode_idx in episode_indices_to_use:
+                self.indices.extend(range(start + drop_n_first_frames, end - drop_n_last_frames))
+        self.shuffle = shuffle
+
+    def __iter__(self):
+        return iter(self.indices)
+
+
+def test_the_train_sampler_drops_by_episode_ends_not_by_runs(sample, tmp_path):
+    """A strided selection is one run per sample: lerobot's sampler over meta.episodes would drop every sample for
+    drop_n_last_frames=3. lerobot-sql train's sampler keeps lerobot's rule by the episode: every selected frame at
+    least 3 frames before its episode's end."""
+    import lerobot_sql as lsql
+    from lerobot_sql.errors import TrainSetupError
+    from lerobot_sql.train import keep_positions, sampler_class
+
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    length = db.sql("SELECT length FROM episodes WHERE episode_index = 2").fetchall()[0][0]
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index = 2 AND frame_index % 2 = 0", cameras=[])
+    eps = ds.meta.episodes
+    assert len(_Lerobot044Sampler(eps["dataset_from_index"], eps["dataset_to_index"], None, 0, 3).indices) == 0
+    S = sampler_class(_Lerobot044Sampler, lambda: ds)
+    got = list(S(eps["dataset_from_index"], eps["dataset_to_index"], ds.episodes, 1, 3))
+    frames = [int(ds[i]["frame_index"]) for i in got]
+    assert frames == [f for f in range(0, length, 2) if 1 <= f < length - 3]
+    with pytest.raises(TrainSetupError, match="leaves none"):
+        keep_positions(ds.manifest, 0, length)

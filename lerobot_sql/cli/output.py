@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import (DatasetFormatError, DestinationError, FrameNotFoundError, MissingFileError, QueryError,
-                      RemoteIOError, ResultContractError, UnsupportedVersionError, VideoDecodeError)
+                      RemoteIOError, ResultContractError, TrainSetupError, UnsupportedVersionError, VideoDecodeError)
 
 
 class UsageError(Exception):
@@ -241,6 +241,10 @@ def error_hint(e: BaseException) -> str | None:
     if isinstance(e, FileExistsError) and ("replaces only" in str(e) or "never" in str(e)):
         # --overwrite was given but the destination is not ours to replace: passing it again would not help.
         return "--overwrite replaces only an empty folder or an earlier lerobot-sql export; choose a new destination"
+    if isinstance(e, ResultContractError) and "no rows" in str(e):
+        return "the query selected nothing: check its WHERE clause, e.g. with `lerobot-sql query DATASET \"SELECT ...\"`"
+    if isinstance(e, TrainSetupError) and "not installed" in str(e):
+        return "run lerobot-sql train with the Python that has lerobot (0.4.x-0.6.x), e.g. your training environment"
     if isinstance(e, QueryError) and not isinstance(e, ResultContractError):
         text = str(e).removeprefix("QueryError: ")
         for pattern, hint in QUERY_HINTS:
