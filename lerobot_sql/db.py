@@ -155,6 +155,12 @@ class Result:
     def fetchall(self) -> list[tuple]:
         return self._call(self._rel.fetchall)
 
+    def scan(self, consume, batch_size: int = 2048):
+        """``consume(reader)`` over the rows as a ``pyarrow.RecordBatchReader`` (batches of at most ``batch_size``
+        rows), under this result's timeout and Ctrl-C handling for the whole scan (a reader handed out would
+        stream unguarded); returns what ``consume`` returns. Raises QueryError like the other fetches."""
+        return self._call(lambda: consume(self._rel.to_arrow_reader(batch_size)))
+
     # Relation methods that only run the query and hand back its rows (or print them), forwarded as they are.
     # (DuckDB 2.x dropped fetchone/fetchmany from relations: forwarded, DuckDB's own error says what to use.)
     READ_METHODS = frozenset({"fetchall", "fetchone", "fetchmany", "fetchnumpy", "fetchdf", "to_df", "pl",
