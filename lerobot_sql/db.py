@@ -440,7 +440,8 @@ class Database:
             episodes: episode_index values (only with ``sql=None``); as in ``LeRobotDataset``, a set: frames come in
                 index order, each once. A custom order or repeats: use SQL (``... ORDER BY``).
             delta_timestamps: {feature key: [offsets in seconds]}, as LeRobotDataset's.
-            tolerance_s: how far a frame's timestamp may be from the wanted time, seconds (lerobot's 1e-4).
+            tolerance_s: how far a frame's timestamp may be from the wanted time, seconds (lerobot's 1e-4); a
+                finite number > 0, else ValueError.
             return_uint8: camera frames as uint8 (C, H, W) instead of float32 in [0, 1] (lerobot 0.6's option).
             image_transforms: a callable applied to each camera frame (lerobot's ``ImageTransforms``).
             cameras: subset of camera keys to return, ``[]`` for tabular-only items (default all).
