@@ -145,8 +145,8 @@ def print_table(rel, max_rows: int) -> None:
         dots = "│".join(" " * (len(c) - 2) + "· " if len(c) >= 3 else c for c in box[first].split("│"))
         at = first + head.num_rows
         print("\n".join(box[:at] + [dots] * 3 + box[at:]))
-        note = (f"{total:,} rows ({shown:,} shown: rows 1-{head.num_rows:,} and {total - tail.num_rows + 1:,}-"
-                f"{total:,})")
+        last = f" and {total - tail.num_rows + 1:,}-{total:,}" if tail.num_rows else ""
+        note = f"{total:,} rows ({shown:,} shown: rows 1-{head.num_rows:,}{last})"
     print("  " + note)
     for ln in footer:
         print(ln)
