@@ -151,9 +151,11 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir
         self.fps = layout.fps
         self.tolerance_s = float(tolerance_s)
-        if not (math.isfinite(self.tolerance_s) and self.tolerance_s >= 0):
-            # a negative or NaN tolerance matches no frame (every item would raise), an infinite one any frame
-            raise ValueError(f"tolerance_s must be a finite number of seconds >= 0 (lerobot's default: 1e-4), not "
+        if not (math.isfinite(self.tolerance_s) and self.tolerance_s > 0):
+            # A negative or NaN tolerance matches no frame (every item would raise), an infinite one any frame. 0 as
+            # well: lerobot keeps a frame only if |ts - pts| < tolerance_s (strictly), so 0 fails every video item
+            # there, and here it would serve the frames whose float pts happen to equal the time and fail the rest.
+            raise ValueError(f"tolerance_s must be a finite number of seconds > 0 (lerobot's default: 1e-4), not "
                              f"{tolerance_s!r}")
         self.return_uint8 = return_uint8
         self.image_transforms = image_transforms
@@ -559,12 +561,14 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         t = torch.from_numpy(arr)
         return t[0] if len(rows) == 1 else t
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(i, slice):  # as lerobot 0.6's LeRobotDataset: a list of the items, in the slice's order
+            return [self[j] for j in range(*i.indices(len(self)))]
         try:
-            i = operator.index(i)  # ints, numpy ints, 0-d int tensors; a float or slice is a mistake
+            i = operator.index(i)  # ints, numpy ints, 0-d int tensors; a float (1.0) or "1" is a mistake
         except TypeError:
-            raise TypeError(f"dataset indices must be integers (one sample per call, as LeRobotDataset), not "
-                            f"{type(i).__name__} {i!r}; for several samples use [ds[j] for j in ...] or a "
+            raise TypeError(f"dataset indices must be integers or slices (as LeRobotDataset), not "
+                            f"{type(i).__name__} {i!r}; for several samples use ds[a:b], [ds[j] for j in ...] or a "
                             "DataLoader") from None
         n = self._n
         if not -n <= i < n:

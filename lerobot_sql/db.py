@@ -155,6 +155,12 @@ class Result:
     def fetchall(self) -> list[tuple]:
         return self._call(self._rel.fetchall)
 
+    def scan(self, consume, batch_size: int = 2048):
+        """``consume(reader)`` over the rows as a ``pyarrow.RecordBatchReader`` (batches of at most ``batch_size``
+        rows), under this result's timeout and Ctrl-C handling for the whole scan (a reader handed out would
+        stream unguarded); returns what ``consume`` returns. Raises QueryError like the other fetches."""
+        return self._call(lambda: consume(self._rel.to_arrow_reader(batch_size)))
+
     # Relation methods that only run the query and hand back its rows (or print them), forwarded as they are.
     # (DuckDB 2.x dropped fetchone/fetchmany from relations: forwarded, DuckDB's own error says what to use.)
     READ_METHODS = frozenset({"fetchall", "fetchone", "fetchmany", "fetchnumpy", "fetchdf", "to_df", "pl",
@@ -438,7 +444,8 @@ class Database:
             episodes: episode_index values (only with ``sql=None``); as in ``LeRobotDataset``, a set: frames come in
                 index order, each once. A custom order or repeats: use SQL (``... ORDER BY``).
             delta_timestamps: {feature key: [offsets in seconds]}, as LeRobotDataset's.
-            tolerance_s: how far a frame's timestamp may be from the wanted time, seconds (lerobot's 1e-4).
+            tolerance_s: how far a frame's timestamp may be from the wanted time, seconds (lerobot's 1e-4); a
+                finite number > 0, else ValueError.
             return_uint8: camera frames as uint8 (C, H, W) instead of float32 in [0, 1] (lerobot 0.6's option).
             image_transforms: a callable applied to each camera frame (lerobot's ``ImageTransforms``).
             cameras: subset of camera keys to return, ``[]`` for tabular-only items (default all).

@@ -134,6 +134,42 @@ def test_query_table_output(episodes):
     assert [int(r[1]) for r in cells[2:]] == top
 
 
+# Three copies of frames (3 x 4,762 rows), past DuckDB's box renderer, which fetches 10,000 rows and elided from
+# those: it showed row 10,000 as the last one and "? rows" (issue 20).
+TRIPLED = ("SELECT f.index, k.k FROM frames f, (SELECT 1 AS k UNION ALL SELECT 2 UNION ALL SELECT 3) k "
+           "ORDER BY k.k, f.index")
+
+
+def _rows(out: str) -> list[list[str]]:
+    cells = box_cells(out)
+    return [r for r in cells if r[0] not in ("index", "int64") and "·" not in r[0]]
+
+
+def test_query_table_past_10000_rows_says_where_it_was_cut(data):
+    n = data.num_rows
+    out = ok("query", SAMPLE, TRIPLED)  # default --max-rows 40
+    rows = _rows(out)
+    assert len(rows) == 40
+    assert rows[:20] == [[str(i), "1"] for i in range(20)]
+    assert rows[20:] == [[str(i), "3"] for i in range(n - 20, n)]  # the real last rows, not rows 9,981-10,000
+    assert "·" in out
+    footer = out.split("└")[-1]
+    assert f"{3 * n:,} rows" in footer and "40 shown" in footer and f"{3 * n - 19:,}-{3 * n:,}" in footer, footer
+
+
+@pytest.mark.parametrize("how", ["query", "shell"])
+def test_query_table_max_rows_0_prints_every_row(data, how):
+    n = data.num_rows
+    if how == "query":
+        out = ok("query", SAMPLE, TRIPLED, "--max-rows", "0")
+    else:
+        out = ok("shell", SAMPLE, "--max-rows", "0", stdin=TRIPLED + ";\n")
+    rows = _rows(out)
+    assert rows == [[str(i), str(k)] for k in (1, 2, 3) for i in range(n)]
+    assert "·" not in out
+    assert f"{3 * n:,} rows" in out.split("└")[-1]
+
+
 def test_query_csv_equals_parquet(episodes):
     out = ok("query", SAMPLE, "SELECT episode_index, length FROM episodes ORDER BY episode_index", "-f", "csv")
     rows = list(csv.DictReader(io.StringIO(out)))

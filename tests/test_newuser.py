@@ -110,20 +110,40 @@ def test_null_episode_index_is_a_contract_error_without_numpy_warnings(sample):
 def test_item_indices_must_be_integers(sample):
     db = lsql.connect(sample)
     ds = db.dataset(episodes=[0], cameras=[])
-    with pytest.raises(TypeError, match="indices must be integers"):
-        ds[0:2]
-    with pytest.raises(TypeError, match="indices must be integers"):
-        ds[1.0]
+    for bad in (1.0, "a", "0", None, (0, 1), [0, 1]):
+        with pytest.raises(TypeError, match=r"indices must be integers or slices.*not (float|str|NoneType|tuple|list)"):
+            ds[bad]
     import numpy as np
     assert ds[np.int64(3)]["frame_index"].item() == 3 and ds[torch.tensor(4)]["frame_index"].item() == 4
 
 
-@pytest.mark.parametrize("tol", [-1, -1e-4, float("nan"), float("inf")])
-def test_tolerance_must_be_finite_and_not_negative(sample, tol):
+def test_item_slices_give_lists_of_items_as_lerobot_06(sample):
+    """lerobot 0.6's LeRobotDataset.__getitem__ takes a slice: [self[i] for i in range(*idx.indices(len(self)))]."""
     db = lsql.connect(sample)
-    with pytest.raises(ValueError, match="tolerance_s must be a finite number"):
+    ds = db.dataset(episodes=[0, 1])  # with cameras: the items are the integer-indexed ones
+    n = len(ds)
+    for sl, want in ((slice(0, 3), [0, 1, 2]), (slice(None, None, 100), list(range(0, n, 100))),
+                     (slice(-2, None), [n - 2, n - 1]), (slice(5, 2), []), (slice(n - 1, n + 10), [n - 1])):
+        got = ds[sl]
+        assert isinstance(got, list) and [x["index"].item() for x in got] == [ds[j]["index"].item() for j in want]
+    a, b = ds[2:4]
+    for key, v in ds[2].items():
+        assert torch.equal(a[key], v) if isinstance(v, torch.Tensor) else a[key] == v
+    assert torch.equal(b["observation.images.front"], ds[3]["observation.images.front"])
+    with pytest.raises(ValueError, match="slice step cannot be zero"):
+        ds[::0]
+
+
+@pytest.mark.parametrize("tol", [0, 0.0, -0.0, -1, -1e-4, float("nan"), float("inf"), float("-inf")])
+def test_tolerance_must_be_finite_and_positive(sample, tol):
+    """0 included: lerobot (0.4.4 and 0.6) accepts a frame only if |ts - pts| < tolerance_s, strictly, so 0 makes
+    every video item fail there; here it served the exact-pts frames and raised FrameNotFoundError for the rest."""
+    db = lsql.connect(sample)
+    with pytest.raises(ValueError, match=r"tolerance_s must be a finite number of seconds > 0 .*1e-4"):
         db.dataset(episodes=[0], tolerance_s=tol)
-    assert len(db.dataset(episodes=[0], cameras=[], tolerance_s=0)) == 348
+    with pytest.raises(ValueError, match=r"tolerance_s must be a finite number of seconds > 0"):
+        db.dataset(episodes=[0], cameras=[], tolerance_s=tol)
+    assert len(db.dataset(episodes=[0], cameras=[], tolerance_s=1e-9)) == 348
 
 
 def test_add_query_dir_of_a_missing_folder_is_refused(sample, tmp_path):

@@ -301,3 +301,33 @@ def test_event_at_t0_gives_no_window_before(small):
     after = {r[0] for r in db.sql('SELECT episode_index FROM event_windows("observation.state.gripper.pos" < 20, 0, 2)'
                                   ).fetchall()}
     assert before == with_event - at_start and after == with_event
+
+
+def _docs_asof_recipe() -> str:
+    """The docs/sql.md ASOF JOIN statement (frames to camera_frames), as a user copies it."""
+    stmts = [s for lang, block in _doc_blocks() if lang == "sql" for s in _sql_statements(block)]
+    (stmt,) = [s for s in stmts if "ASOF" in s and "camera_frames" in s]
+    return stmt
+
+
+@pytest.mark.parametrize("name,camera", [("small20", FRONT), ("small20", WRIST), ("multifile60", None)])
+def test_docs_asof_recipe_picks_the_frame_db_nearest_picks(datasets, name, camera):
+    """The recipe compared float32 frames.timestamp with the double pts_s - from_timestamp with no slack: ~45% of
+    rows got the previous camera frame and, on multifile60, 11 episodes' frame 0 had none (an inner ASOF JOIN drops
+    the row)."""
+    db = lsql.connect(datasets / name)
+    camera = camera or db.layout.video_keys[0]
+    data = db.sql("SELECT index, frame_index FROM frames ORDER BY index").arrow()
+    assert data.num_rows == db.layout.info["total_frames"]
+    recipe = _docs_asof_recipe().replace("observation.images.front", camera)
+    got = db.sql(f"SELECT * FROM ({recipe}) ORDER BY index").arrow()
+    want = db.nearest("SELECT episode_index, timestamp FROM frames ORDER BY index", camera)
+    assert got.num_rows == data.num_rows == want.num_rows  # every frame, none dropped
+    assert got["index"].to_pylist() == data["index"].to_pylist()
+    assert got["camera_frame"].to_pylist() == want["frame_index"].to_pylist()
+    # the dataset's camera runs at its fps: camera frame i is frame i of the episode
+    assert got["camera_frame"].to_pylist() == data["frame_index"].to_pylist()
+    assert max(abs(x) for x in got["lag_s"].to_pylist()) < 1e-4
+    # the macro's nearest frame agrees too
+    mac = db.sql(f"SELECT index, camera_frame_index FROM nearest_camera_frame('{camera}') ORDER BY index").arrow()
+    assert mac["camera_frame_index"].to_pylist() == want["frame_index"].to_pylist()

@@ -190,6 +190,38 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
     return check_clips(layout, videos, dict(n), ext["episode_index"].to_numpy())
 
 
+def _warn_rows_unlike_metadata(con: duckdb.DuckDBPyConnection) -> None:
+    """Warn, naming each episode and both counts, when a selected episode's rows in data/ are not as many as
+    meta/episodes' ``length`` says (an episode whose rows were left out of its data file, or its data file missing):
+    the join would silently serve only what the data holds. Only whole-episode and window results: an ``index``
+    result names its frames itself and an unknown index is an error."""
+    rows = con.sql(
+        "WITH sel AS (SELECT DISTINCT episode_index FROM _lsql_result), "
+        "got AS (SELECT episode_index, count(*) AS n FROM _frames_loc SEMI JOIN sel USING (episode_index) GROUP BY 1) "
+        "SELECT s.episode_index, e.length, coalesce(g.n, 0) AS n, d.path, "
+        "       d.path IS NULL OR d.path IN (SELECT path FROM _data_files_listed) AS present "
+        "FROM sel s JOIN episodes e USING (episode_index) LEFT JOIN got g USING (episode_index) "
+        "LEFT JOIN _episode_data_files d USING (episode_index) "
+        "WHERE e.length IS NOT NULL AND coalesce(g.n, 0) <> e.length ORDER BY s.episode_index").fetchall()
+    if not rows:
+        return
+    import warnings
+
+    def one(ep, length, n, path, present):
+        where = f" ({path} {'holds no rows of it' if n == 0 else f'holds {n:,}'})" if path and present else \
+            (f" (its data file {path} is missing)" if path else "")
+        return f"episode {ep}: {n:,} rows in data/ where meta/episodes says {length:,} frames{where}"
+
+    said = sum(r[1] for r in rows)
+    got = sum(r[2] for r in rows)
+    who = "this selected episode has" if len(rows) == 1 else f"these {len(rows)} selected episodes have"
+    warnings.warn(
+        f"{'; '.join(one(*r) for r in rows[:5])}{'; ...' if len(rows) > 5 else ''}: {who} other row counts in data/ "
+        f"than meta/episodes says, and only the rows that exist are served ({got:,} frames of {said:,}). "
+        "`lerobot-sql doctor` checks the data files against meta/episodes; download the data file again, or leave "
+        "the episode out of the query", stacklevel=5)
+
+
 def _check_window_bounds(result: pa.Table, sql: str) -> None:
     """Refuse NaN or NULL ``start_s``/``end_s``: DuckDB orders NaN above every number, so ``timestamp < NaN`` holds
     and a NaN end would silently select the rest of the episode (a NaN start selects nothing). Infinite bounds keep
@@ -328,6 +360,8 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         extra_sel = "".join(f", r.{q(c)}" for c in extras)
         con.execute(f"CREATE OR REPLACE TEMP TABLE _lsql_sel AS SELECT r._ord, f.*{extra_sel} FROM _lsql_result r "
                     f"{join} ORDER BY r._ord, f.frame_index")
+        if mode != "index":
+            _warn_rows_unlike_metadata(con)
         if mode == "index":
             n = con.sql("SELECT count(*) FROM _lsql_sel").fetchall()[0][0]
             if n != result.num_rows:

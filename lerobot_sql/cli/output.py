@@ -50,15 +50,106 @@ def materialize(rel, what: str):
         raise QueryError(f"{type(e).__name__}: {e}") from e
 
 
-def print_table(rel, max_rows: int) -> None:
-    import duckdb
+# DuckDB's box renderer (relation.show) fetches at most 10,000 rows and elides from those: past that it showed row
+# 10,000 as the "last" row, "? rows", and with --max-rows 0 stopped at 10,000. We stream the result once, keep what
+# is shown (the first and last halves of max_rows, or every row), count every row, and hand DuckDB only tables it
+# renders whole.
+_RENDER_CHUNK = 5_000
+_ROW_COUNT = re.compile(r"\s*\((?:>?\d[\d,]* rows, )?\d[\d,]* shown\)|\s*(?:\d[\d,]*|\?) rows")
 
-    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 100_000
+
+def _kept_rows(rel, max_rows: int):
+    """(head, tail, total): Arrow tables of the first ``ceil(max_rows/2)`` and the last ``max_rows//2`` rows (every
+    row in ``head``, ``tail`` empty, when ``max_rows <= 0`` or nothing is left out) and the result's row count."""
+    import collections
+
+    import duckdb
+    import pyarrow as pa
+
+    want_head = (max_rows + 1) // 2 if max_rows > 0 else None
+    want_tail = max_rows // 2 if max_rows > 0 else 0
+    head: list = []
+    tail: collections.deque = collections.deque()
+    n_head = n_tail = total = 0
+
+    def consume(reader):
+        nonlocal n_head, n_tail, total
+        for batch in reader:
+            total += batch.num_rows
+            if want_head is None or n_head < want_head:
+                take = batch if want_head is None else batch.slice(0, want_head - n_head)
+                head.append(take)
+                n_head += take.num_rows
+                batch = batch.slice(take.num_rows)
+            if batch.num_rows and want_tail:
+                tail.append(batch)
+                n_tail += batch.num_rows
+                while n_tail - tail[0].num_rows >= want_tail:  # keep only the batches the last rows are in
+                    n_tail -= tail.popleft().num_rows
+        return reader.schema
+
     try:
-        # DuckDB's own box rendering; it elides middle rows past max_rows and states the row count.
-        rel.show(max_width=width, max_rows=max_rows if max_rows > 0 else 2**31 - 1)
+        # db.sql's Result scans under its --timeout / Ctrl-C guard; a plain DuckDB relation (tests) streams as is.
+        schema = rel.scan(consume) if hasattr(type(rel), "scan") else consume(rel.to_arrow_reader(2048))
     except duckdb.Error as e:
         raise QueryError(f"{type(e).__name__}: {e}") from e
+    head_t = pa.Table.from_batches(head, schema=schema)
+    tail_t = pa.Table.from_batches(list(tail), schema=schema)
+    tail_t = tail_t.slice(max(tail_t.num_rows - want_tail, 0))
+    if head_t.num_rows + tail_t.num_rows == total:  # nothing left out: one table
+        head_t, tail_t = pa.concat_tables([head_t, tail_t]), tail_t.slice(0, 0)
+    return head_t, tail_t, total
+
+
+def _render(table, width: int) -> tuple[list[str], list[str]]:
+    """DuckDB's box rendering of every row of ``table`` (at most _RENDER_CHUNK rows): (the box's lines, the footer's
+    lines without DuckDB's row count, e.g. "30 columns (9 shown)" on a narrow terminal)."""
+    import io
+
+    import duckdb
+
+    out = io.StringIO()
+    with contextlib.closing(duckdb.connect()) as con, contextlib.redirect_stdout(out):
+        con.from_arrow(table).show(max_width=width, max_rows=max(table.num_rows, 1))
+    lines = out.getvalue().rstrip("\n").split("\n")
+    end = max(i for i, ln in enumerate(lines) if ln.startswith("└"))
+    footer = [_ROW_COUNT.sub("", ln).rstrip() for ln in lines[end + 1:]]
+    return lines[:end + 1], [ln for ln in footer if ln.strip()]
+
+
+def print_table(rel, max_rows: int) -> None:
+    """Print the result ``rel`` as a box table on stdout: every row when ``max_rows <= 0`` or nothing would be left
+    out, else the first ``ceil(max_rows/2)`` and the last ``max_rows//2`` rows around a ``·`` line. The footer gives
+    the row count and, when rows are left out, which ones are shown ("14,286 rows (40 shown: rows 1-20 and
+    14,267-14,286)"). Past 5,000 rows shown, the rows come as consecutive tables of 5,000 (DuckDB draws at most
+    10,000 rows per table).
+
+    Raises:
+        QueryError: the query fails while it runs.
+    """
+    import pyarrow as pa
+
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 100_000
+    head, tail, total = _kept_rows(rel, max_rows)
+    shown = head.num_rows + tail.num_rows
+    if shown == total:
+        footer: list[str] = []
+        for start in range(0, max(total, 1), _RENDER_CHUNK):
+            box, footer = _render(head.slice(start, _RENDER_CHUNK), width)
+            print("\n".join(box))
+        note = f"{total:,} rows" + (f" (in tables of {_RENDER_CHUNK:,})" if total > _RENDER_CHUNK else "")
+    else:
+        box, footer = _render(pa.concat_tables([head, tail]), width)
+        first = next(i for i, ln in enumerate(box) if ln.startswith("├")) + 1
+        # Where the rows are left out, three "·" lines in the shape of a data row, as DuckDB draws them.
+        dots = "│".join(" " * (len(c) - 2) + "· " if len(c) >= 3 else c for c in box[first].split("│"))
+        at = first + head.num_rows
+        print("\n".join(box[:at] + [dots] * 3 + box[at:]))
+        last = f" and {total - tail.num_rows + 1:,}-{total:,}" if tail.num_rows else ""
+        note = f"{total:,} rows ({shown:,} shown: rows 1-{head.num_rows:,}{last})"
+    print("  " + note)
+    for ln in footer:
+        print(ln)
 
 
 def jsonable(v: Any) -> Any:

@@ -290,8 +290,9 @@ def test_episode_ranges_contradict_data(damaged, pristine):
         return set_column(t, "length", [v + (10 if i == 4 else 0) for i, v in enumerate(t["length"].to_pylist())])
 
     rewrite_parquet(root / EPISODES, f)
-    _items_equal(lsql.connect(root), pristine, EP.format(4), picks=(0, 1, -2, -1),
-                 delta_timestamps={"action": [-2 / 30, 0, 2 / 30], "observation.images.front": [-1 / 30, 0]})
+    with pytest.warns(UserWarning, match="episode 4: 246 rows in data/ where meta/episodes says 256 frames"):
+        _items_equal(lsql.connect(root), pristine, EP.format(4), picks=(0, 1, -2, -1),
+                     delta_timestamps={"action": [-2 / 30, 0, 2 / 30], "observation.images.front": [-1 / 30, 0]})
 
 
 def test_data_rows_of_an_episode_not_contiguous(damaged):
@@ -372,3 +373,41 @@ def test_zero_length_episode(damaged, pristine):
     assert n == pq.read_table(root / DATA, filters=[("episode_index", ">=", 18)]).num_rows
     with pytest.raises(ResultContractError, match="matched no frames"):
         db.dataset("SELECT episode_index FROM episodes WHERE length = 0")
+
+
+@pytest.mark.parametrize("name", ["small20", "multifile60"])
+def test_episode_without_rows_in_its_data_file_is_named(damaged, datasets, tmp_path, name):
+    """An episode whose rows are gone from its data file (meta/episodes still says its length) was silently left out
+    of dataset() and export: now a warning names the episode, both counts and the file; the rest is served as is."""
+    import warnings
+
+    root = damaged(name)
+    eps = pq.read_table(root / EPISODES).to_pylist()
+    victim = eps[len(eps) // 3]  # in the middle of its file: its neighbours' rows stay where meta/episodes says
+    e, length = victim["episode_index"], victim["length"]
+    data = root / f"data/chunk-{victim['data/chunk_index']:03d}/file-{victim['data/file_index']:03d}.parquet"
+    import pyarrow.compute as pc
+
+    rewrite_parquet(data, lambda t: t.filter(pc.not_equal(t["episode_index"], e)))
+    total = sum(r["length"] for r in eps)
+    rel = str(data.relative_to(root))
+    warned = rf"episode {e}: 0 rows in data/ where meta/episodes says {length} frames \({rel} holds no rows of it\)"
+    db, ref = lsql.connect(root), lsql.connect(datasets / name)
+    for kw, n in (({}, total - length), ({"episodes": [e, e + 1]}, eps[e + 1]["length"]),
+                  ({"sql": "SELECT episode_index FROM episodes"}, total - length),
+                  ({"sql": f"SELECT {e} AS episode_index, 0.0 AS start_s, 1.0 AS end_s UNION ALL "
+                           f"SELECT {e + 1}, 0.0, 1.0"}, round(db.fps))):
+        with pytest.warns(UserWarning, match=warned):
+            ds = db.dataset(**kw)
+        assert len(ds) == n
+        # what is served is the right frames: the next episode's first frame equals the pristine copy's
+        served = ds.manifest["episode_index"].to_pylist()
+        assert e not in served
+        assert_items_equal(ds[served.index(e + 1)], ref.dataset(episodes=[e + 1])[0])
+    with pytest.warns(UserWarning, match=warned):
+        report = db.export("SELECT episode_index FROM episodes", tmp_path / "out")
+    assert (report.episodes, report.frames) == (len(eps) - 1, total - length)
+    # an index result names its frames itself: nothing is missing from it, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(db.dataset("SELECT index FROM frames", cameras=[])) == total - length
