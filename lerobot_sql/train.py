@@ -78,8 +78,8 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
             SQL selection is read in place, never streamed).
     """
     import torch
-    from lerobot.datasets.factory import IMAGENET_STATS, resolve_delta_timestamps
-    from lerobot.datasets.transforms import ImageTransforms
+    # the names as lerobot's own factory imports them (ImageTransforms moved to lerobot.transforms in 0.5)
+    from lerobot.datasets.factory import IMAGENET_STATS, ImageTransforms, resolve_delta_timestamps
 
     def factory(cfg):
         factory.dataset = None
