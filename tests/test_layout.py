@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -328,6 +329,67 @@ def test_http_root_with_a_valid_info_json_lists_its_files(datasets, tmp_path, mo
             assert db.source.listed_files() == local
             if n:
                 assert db.sql("SELECT count(*) FROM frames").fetchall() == [(n,)]
+
+
+def _relay_meta_episodes(src, root, places):
+    """Copy ``src`` to ``root`` with meta/episodes split into ``len(places)`` equal files at the (chunk, file)
+    positions ``places`` (their meta/episodes/* columns rewritten to match); info.json is left as it was."""
+    shutil.copytree(src, root)
+    old = root / "meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(old)
+    old.unlink()
+    n = -(-t.num_rows // len(places))
+    for i, (c, f) in enumerate(places):
+        part = t.slice(i * n, n)
+        for col, v in (("meta/episodes/chunk_index", c), ("meta/episodes/file_index", f)):
+            part = part.set_column(part.schema.get_field_index(col), col,
+                                   pa.array([v] * part.num_rows, part.schema.field(col).type))
+        (root / f"meta/episodes/chunk-{c:03d}").mkdir(parents=True, exist_ok=True)
+        pq.write_table(part, root / f"meta/episodes/chunk-{c:03d}/file-{f:03d}.parquet")
+
+
+# multifile60 says chunks_size 2; its meta/episodes re-laid more densely (5 files in chunk-000) and more sparsely
+# (1 file per chunk) than that.
+RELAID = {"dense": [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)], "sparse": [(0, 0), (1, 0), (2, 0)]}
+
+
+@pytest.mark.parametrize("layout", sorted(RELAID))
+def test_http_listing_finds_meta_episodes_numbered_unlike_chunks_size(datasets, tmp_path, monkeypatch, layout):
+    """Plain HTTP cannot list: the meta/episodes files are found by walking file indices. Walking by chunks_size
+    alone stopped at chunk-001/file-000 in the dense layout and read 24 of 60 episodes without a word."""
+    from http_range_server import RangeServer
+
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "srv" / "ds"
+    _relay_meta_episodes(datasets / "multifile60", root, RELAID[layout])
+    info = _info(root)
+    with RangeServer(tmp_path / "srv") as srv:
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            db = lsql.connect(f"{srv.url}/ds")
+        local = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        assert db.source.listed_files() == local
+        assert db.sql("SELECT count(*), sum(length) FROM episodes").fetchall() == \
+            [(info["total_episodes"], info["total_frames"])]
+        assert db.sql("SELECT count(*) FROM frames").fetchall() == [(info["total_frames"],)]
+
+
+def test_http_listing_short_of_total_episodes_warns_with_both_counts(datasets, tmp_path, monkeypatch):
+    """A meta/episodes file missing at the end of the walk: the episodes read are kept, with a warning giving
+    how many were found and how many info.json promises."""
+    from http_range_server import RangeServer
+
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "srv" / "ds"
+    _relay_meta_episodes(datasets / "multifile60", root, RELAID["dense"])
+    (root / "meta/episodes/chunk-000/file-003.parquet").unlink()
+    with RangeServer(tmp_path / "srv") as srv:
+        with pytest.warns(UserWarning, match=r"hold 36 episodes but info.json's total_episodes is 60.*"
+                                             r"neither meta/episodes/chunk-001/file-000.parquet nor "
+                                             r"meta/episodes/chunk-000/file-003.parquet exists.*other 24"):
+            db = lsql.connect(f"{srv.url}/ds")
+        assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(36,)]
 
 
 @pytest.mark.parametrize("folder", ["vid{0}", "v{chunk_index.real}", "x}{", "clips%s", "{video_key}"])
