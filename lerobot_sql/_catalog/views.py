@@ -268,12 +268,15 @@ def tasks(b: Build) -> None:
 
 
 def data_files(b: Build) -> None:
-    """``_data_files_listed`` (data files found under data/) and ``_episode_data_files`` (the file meta/episodes
+    """``_data_files_listed`` (data files found under data/), ``_data_files_stray`` (other Parquet files there,
+    not read: doctor's data_files_stray) and ``_episode_data_files`` (the file meta/episodes
     points each episode to): doctor's data_files_present, and the warning a connection gives when episodes point
     to files that are not there."""
     con, layout, ep_cols = b.con, b.layout, b.episode_columns
     _register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(layout.data_files), pa.string())}),
                     b.relations)
+    _register_table(con, "_data_files_stray",
+                    pa.table({"path": pa.array(list(layout.stray_data_files), pa.string())}), b.relations)
     if all(c in ep_cols for c in ("data/chunk_index", "data/file_index")):
         values = {"chunk_index": ident("data/chunk_index"), "file_index": ident("data/file_index"),
                   "episode_chunk": ident("data/chunk_index"), "episode_index": ident("data/file_index")}
