@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import warnings
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -364,7 +365,6 @@ def test_http_listing_finds_meta_episodes_numbered_unlike_chunks_size(datasets, 
     _relay_meta_episodes(datasets / "multifile60", root, RELAID[layout])
     info = _info(root)
     with RangeServer(tmp_path / "srv") as srv:
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             db = lsql.connect(f"{srv.url}/ds")
@@ -423,3 +423,83 @@ def test_a_video_folder_whose_name_is_no_template_is_not_used(datasets, tmp_path
     assert db.layout.video_path == _info(root)["video_path"]
     with pytest.raises(lsql.MissingFileError):
         db.dataset("SELECT index FROM frames WHERE episode_index = 2")[0]
+
+
+def _drop_data_column(datasets, tmp_path, name, column, one_task=False):
+    """A copy of ``name`` whose data files lack ``column`` (as a third-party v2.1 converter writes them); with
+    ``one_task`` every episode lists only its first task in meta/episodes (the data's task_index is that one)."""
+    root = tmp_path / f"{name}-no-{column}"
+    shutil.copytree(datasets / name, root)
+    for f in sorted(root.glob("data/*/*.parquet")):
+        t = pq.read_table(f)
+        pq.write_table(t.drop_columns([column]).replace_schema_metadata(t.schema.metadata), f)
+    if one_task and name == "v21_small20":
+        rows = [json.loads(line) for line in (root / "meta/episodes.jsonl").read_text().splitlines() if line.strip()]
+        (root / "meta/episodes.jsonl").write_text("".join(json.dumps({**r, "tasks": r["tasks"][:1]}) + "\n"
+                                                          for r in rows))
+    elif one_task:
+        f = root / "meta/episodes/chunk-000/file-000.parquet"
+        t = pq.read_table(f)
+        i = t.schema.get_field_index("tasks")
+        pq.write_table(t.set_column(i, "tasks", pa.array([v[:1] for v in t["tasks"].to_pylist()],
+                                                          t.schema.field(i).type)), f)
+    return root
+
+
+@pytest.mark.parametrize("name", ["small20", "v21_small20"])
+@pytest.mark.parametrize("column", ["index", "task_index"])
+def test_a_missing_data_column_leaves_the_other_views_readable(datasets, tmp_path, name, column):
+    """One missing default column once made every view raise at the first query (even info, features, tasks);
+    task_index absent gave every item task 0's text. Now the views that do not need it work, and what cannot be
+    derived raises DatasetFormatError naming the column and a data file."""
+    root = _drop_data_column(datasets, tmp_path, name, column)
+    info = _info(root)
+    with pytest.warns(UserWarning, match=rf"lack the '{column}' column"):
+        db = lsql.connect(root)
+        db.sql("SELECT 1 FROM frames LIMIT 0").fetchall()
+    assert db.sql("SELECT fps, total_frames FROM info").fetchall() == [(30.0, info["total_frames"])]
+    assert db.sql("SELECT count(*) FROM features").fetchall() == [(len(info["features"]),)]
+    assert db.sql("SELECT count(*) FROM tasks").fetchall() == [(info["total_tasks"],)]
+    assert db.sql("SELECT count(*), sum(length) FROM episodes").fetchall() == \
+        [(info["total_episodes"], info["total_frames"])]
+    assert db.sql("SELECT count(*), count(DISTINCT episode_index), max(frame_index) FROM frames").fetchall() == \
+        lsql.connect(datasets / name).sql("SELECT count(*), count(DISTINCT episode_index), max(frame_index) "
+                                         "FROM frames").fetchall()
+    first = db.layout.data_files[0]
+    derived = column == "index" and name == "v21_small20"  # v2.x: lerobot v2.1 numbers frames by episode order
+    if derived:
+        want = lsql.connect(datasets / name).sql("SELECT episode_index, frame_index, index FROM frames ORDER BY 2, 1")
+        assert db.sql("SELECT episode_index, frame_index, index FROM frames ORDER BY 2, 1").fetchall() == \
+            want.fetchall()
+        return
+    if column == "index":
+        with pytest.raises(lsql.DatasetFormatError, match=rf"{re.escape(first)}: the data files lack the 'index'"):
+            db.sql("SELECT max(index) FROM frames").fetchall()
+    tail = r".*e\.g\. episode 1\)" if column == "task_index" else ""  # episode 1 lists two tasks
+    with pytest.raises(lsql.DatasetFormatError, match=rf"{re.escape(first)}: the data files lack the '{column}'"
+                                                      rf"{tail}"):
+        db.dataset("SELECT index FROM frames WHERE episode_index = 2")[0]
+
+
+@pytest.mark.parametrize("name", ["small20", "v21_small20"])
+def test_a_missing_task_index_is_derived_from_each_episodes_one_task(datasets, tmp_path, name):
+    root = _drop_data_column(datasets, tmp_path, name, "task_index", one_task=True)
+    with pytest.warns(UserWarning, match="derived from each episode's one task"):
+        db = lsql.connect(root)
+        ds = db.dataset("SELECT index FROM frames WHERE episode_index IN (0, 2, 7)")
+    want = lsql.connect(datasets / name).dataset("SELECT index FROM frames WHERE episode_index IN (0, 2, 7)")
+    assert len(ds) == len(want)
+    for i in (0, 1, len(want) // 2, len(want) - 1):
+        got, ref = ds[i], want[i]
+        assert got["task"] == ref["task"] and int(got["index"]) == int(ref["index"])
+
+
+@pytest.mark.xfail(strict=True, reason="whole-episode manifests (_plan/episodes.py, episode_manifest) read "
+                   "task_index from the data files and default it to 0 when absent, bypassing the derivation in "
+                   "_frames_loc; fix there: return None when the data lack task_index (the DuckDB join derives it)")
+def test_whole_episode_items_with_a_missing_task_index_get_their_own_task(datasets, tmp_path):
+    root = _drop_data_column(datasets, tmp_path, "small20", "task_index", one_task=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = lsql.connect(root).dataset(episodes=[2])[0]
+    assert got["task"] == lsql.connect(datasets / "small20").dataset(episodes=[2])[0]["task"]
