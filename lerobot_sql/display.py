@@ -7,15 +7,14 @@ matplotlib is imported only inside :func:`plot_episode` and :func:`frame_grid` (
 from __future__ import annotations
 
 import base64
-import difflib
 import html
 import io
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ._catalog.views import q
-from .errors import QueryError
+from ._query.sqltext import ident as q
+from .errors import QueryError, did_you_mean
 from ._format.layout import DEFAULT_COLUMNS
 
 __all__ = ["plot_episode", "frame_grid", "show_item", "ItemView"]
@@ -51,8 +50,7 @@ def episode_frame(db, episode_index: int, features: Sequence[str] | None = None)
     for f in features:
         feat = db.layout.features.get(f)
         if feat is None:
-            near = difflib.get_close_matches(f, list(db.layout.features), n=1)
-            raise QueryError(f"unknown feature {f!r}.{' Did you mean ' + repr(near[0]) + '?' if near else ''} "
+            raise QueryError(f"unknown feature {f!r}.{did_you_mean(f, db.layout.features)} "
                              f"Plottable features: {_plottable(db)}")
         if feat.is_camera or feat.dtype in ("string", "language"):
             raise QueryError(f"feature {f!r} ({feat.dtype}) cannot be plotted against time; use frame_grid() for "

@@ -9,7 +9,6 @@ dataset is aligned by its real frame times, not by frame_index. The SQL form of 
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any, Iterable
 
@@ -17,8 +16,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._catalog.views import lit, q
-from .errors import QueryError
+from ._query.sqltext import ident as q, literal as lit
+from .errors import QueryError, did_you_mean
 
 
 def _at_table(db, at: Any) -> pa.Table:
@@ -104,10 +103,8 @@ def nearest(db, at: Any, streams: Iterable[str] | str | None = None, k: int = 1,
     valid = list(layout.video_keys) + [c for c in frame_cols if c not in layout.image_keys]
     for s in streams:
         if s not in valid:
-            near = difflib.get_close_matches(s, valid, n=1)
-            hint = f" Did you mean {near[0]!r}?" if near else ""
             why = " (image features are stored per frame: use the frames rows)" if s in layout.image_keys else ""
-            raise QueryError(f"nearest(): unknown stream {s!r}{why}.{hint} Streams: {valid}")
+            raise QueryError(f"nearest(): unknown stream {s!r}{why}.{did_you_mean(s, valid)} Streams: {valid}")
     if not streams:
         raise QueryError(f"nearest(): no streams given and the dataset has no video cameras; pass streams from {valid}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:

@@ -22,6 +22,7 @@ import pyarrow as pa
 import torch
 
 from ._plan.partition import largest_first
+from .shard import rank_and_world
 
 
 def _columns(source) -> tuple[np.ndarray, np.ndarray]:
@@ -57,13 +58,10 @@ def blocks(episode_index: np.ndarray, index: np.ndarray, block_size: int) -> np.
 
 
 def _dist(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    if num_replicas is None or rank is None:
-        ready = torch.distributed.is_available() and torch.distributed.is_initialized()
-        num_replicas = num_replicas if num_replicas is not None else (torch.distributed.get_world_size() if ready else 1)
-        rank = rank if rank is not None else (torch.distributed.get_rank() if ready else 0)
-    if not 0 <= rank < num_replicas:
-        raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
-    return int(num_replicas), int(rank)
+    # shard.rank_and_world: the same rule as the sharded dataset (torchrun's $RANK/$WORLD_SIZE before the process
+    # group exists, so ranks never silently all take every sample)
+    r, w = rank_and_world(rank, num_replicas)
+    return w, r
 
 
 class _Resumable(torch.utils.data.Sampler):

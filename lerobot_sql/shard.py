@@ -60,9 +60,14 @@ def shard_sizes(manifest: pa.Table, world_size: int, **kwargs: Any) -> np.ndarra
     return np.bincount(assign(manifest, world_size, **kwargs), minlength=world_size).astype(np.int64)
 
 
-def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """The given rank / world_size, else ``torch.distributed``'s when it is initialised, else ``$RANK`` /
-    ``$WORLD_SIZE`` (torchrun sets them), else 0 / 1."""
+def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """``(rank, world_size)`` of the calling process: the given values, else ``torch.distributed``'s when it is
+    initialised, else ``$RANK`` / ``$WORLD_SIZE`` (torchrun sets them before the process group exists), else 0 / 1.
+    The one rule for the samplers, :func:`worker_shard` and :class:`ShardedManifestDataset`.
+
+    Raises:
+        ValueError: ``rank`` not in ``[0, world_size)``.
+    """
     if rank is None or world_size is None:
         dist = torch.distributed
         ready = dist.is_available() and dist.is_initialized()
@@ -70,6 +75,8 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
             rank = dist.get_rank() if ready else int(os.environ.get("RANK", 0))
         if world_size is None:
             world_size = dist.get_world_size() if ready else int(os.environ.get("WORLD_SIZE", 1))
+    if not 0 <= int(rank) < int(world_size):
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
     return int(rank), int(world_size)
 
 
@@ -80,7 +87,7 @@ def worker_shard(rank: int | None = None, world_size: int | None = None) -> tupl
     (torchrun sets them), else 0/1. Inside a DataLoader worker, shard = ``rank * num_workers + worker_id`` and
     num_shards = ``world_size * num_workers``; elsewhere (the main process) ``(rank, world_size)``.
     """
-    rank, world_size = _rank_and_world(rank, world_size)
+    rank, world_size = rank_and_world(rank, world_size)
     info = torch.utils.data.get_worker_info()
     if info is None:
         return int(rank), int(world_size)
@@ -121,7 +128,7 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
         self.manifest, self.by, self.seed, self.shuffle = manifest, by, int(seed), shuffle
         # Resolved here, in the rank's main process: spawned DataLoader workers do not inherit torch.distributed.
         # Only the rank is wanted, not the worker-expanded shard: the rank's part must not depend on num_workers.
-        rank, world_size = _rank_and_world(rank, world_size)
+        rank, world_size = rank_and_world(rank, world_size)
         self.rank, self.world_size = int(rank), int(world_size)
         check_part(self.rank, self.world_size, by)
         # Fewer episodes than ranks: fail here, in the main process, not later inside a DataLoader worker.

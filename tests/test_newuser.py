@@ -174,7 +174,10 @@ def _hub_down(monkeypatch, exc):
 
 
 def _not_found():
-    from huggingface_hub.errors import RepositoryNotFoundError
+    try:
+        from huggingface_hub.errors import RepositoryNotFoundError
+    except ImportError:  # huggingface_hub 0.24 has it only in huggingface_hub.utils
+        from huggingface_hub.utils import RepositoryNotFoundError
 
     e = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # its __init__ wants an HTTP response
     Exception.__init__(e, "404 Client Error. Repository Not Found for url: https://huggingface.co/api/datasets/x")

@@ -141,3 +141,22 @@ def test_checkpoint_with_consumed_samples_resumes_exactly(ds):
     assert full[:40] + full[40:104] + list(r) == full
     with pytest.raises(ValueError, match="consumed"):
         s.state_dict(consumed=-1)
+
+
+@pytest.mark.parametrize("cls", [EpisodeAwareSampler, EpisodeShardedSampler])
+def test_torchrun_environment_shards_before_the_process_group_exists(ds, monkeypatch, cls):
+    """torchrun sets $RANK/$WORLD_SIZE; a sampler built before init_process_group must still take only its share
+    (it took every sample on every rank: duplicated training), by the same rule as shard.worker_shard."""
+    assert not torch.distributed.is_initialized()
+    parts = []
+    for r in range(2):
+        monkeypatch.setenv("RANK", str(r))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        s = cls(ds, seed=3)
+        assert (s.rank, s.num_replicas) == (r, 2)
+        parts.append(list(s))
+    assert not set(parts[0]) & set(parts[1]) or cls is EpisodeAwareSampler  # padding may repeat a few
+    assert set(parts[0]) | set(parts[1]) == set(range(len(ds)))
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(ValueError, match="rank 2"):
+        cls(ds)

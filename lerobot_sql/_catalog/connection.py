@@ -15,13 +15,13 @@ import weakref
 import duckdb
 import pyarrow as pa
 
-from ..errors import (DatasetFormatError, LeRobotSQLError, MissingFileError, QueryError, RemoteIOError,
-                      ResultContractError)
+from ..errors import (DatasetFormatError, FileChangedError, LeRobotSQLError, MissingFileError, QueryError,
+                      RemoteIOError, ResultContractError)
 from .._format.files import DatasetFiles
 from .._format.layout import Layout
 from .._format.metadata import corrupt_parquet_files, unreadable_error as parquet_error
 from .._readers import video_index
-from ..errors import FileChangedError
+from .._query.sqltext import ident, literal
 from .._storage.source import Source
 from . import macros, sandbox, views
 
@@ -236,10 +236,10 @@ class Connection:
             con = self.cursor()
             con.execute("CREATE OR REPLACE VIEW _video_files AS SELECT * FROM _lsql_arrow_video_files")
             if files:
-                lst = "[" + ", ".join(views.lit(f[4]) for f in files) + "]"
+                lst = "[" + ", ".join(literal(f[4]) for f in files) + "]"
                 con.execute(
                     "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "
-                    f"{', '.join('i.' + views.q(f.name) for f in video_index.INDEX_SCHEMA)} "  # the placeholder's columns
+                    f"{', '.join('i.' + ident(f.name) for f in video_index.INDEX_SCHEMA)} "  # the placeholder's columns
                     f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
                 )
         self._ready["video_frames"] = True

@@ -49,11 +49,6 @@ VIDEO_FRAMES_COLUMNS = (("video_key", pa.string()), ("chunk_index", pa.int64()),
 VIDEO_FRAMES_EMPTY = _empty_view(VIDEO_FRAMES_COLUMNS)
 VIDEO_FILES_EMPTY = _empty_view((f.name, f.type) for f in video_index.PROBE_SCHEMA)
 
-# Every metadata string reaches SQL through lerobot_sql.sqltext; these names stay for the modules importing them.
-q = ident
-lit = literal
-
-
 # DuckDB types a stats column may have (per element): numbers and booleans cast to DOUBLE.
 _STATS_TYPES = {"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
                 "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE"}
@@ -171,7 +166,7 @@ def episodes(b: Build) -> None:
     ep_cols = b.episode_columns
     plain = [c for c in ep_cols if not c.startswith("stats/")]
     dur = f", length / {number(b.layout.fps)} AS duration_s" if "length" in ep_cols else ""
-    b.con.execute(f"CREATE OR REPLACE VIEW episodes AS SELECT {', '.join(map(q, plain))}{dur} FROM _episodes_raw")
+    b.con.execute(f"CREATE OR REPLACE VIEW episodes AS SELECT {', '.join(map(ident, plain))}{dur} FROM _episodes_raw")
 
 
 def episode_stats(b: Build) -> None:

@@ -27,7 +27,6 @@ File format: a header of ``--`` comment lines, then one SELECT::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 from pathlib import Path
@@ -37,7 +36,7 @@ import sqlglot
 from sqlglot import exp
 
 from . import sqltext
-from ..errors import QueryError
+from ..errors import QueryError, did_you_mean
 
 # Source checkout: the repository's top-level queries/. Installed wheel: pyproject maps queries/ to the package data
 # folder lerobot_sql/_queries (package-dir "lerobot_sql._queries" = "queries").
@@ -150,9 +149,7 @@ def load(name: str, extra_dirs=None) -> NamedQuery:
             if p.is_file():
                 return _parse_file(name, p)
     names = sorted(_all_files(extra_dirs))
-    near = difflib.get_close_matches(name or "", names, n=1)
-    hint = f" Did you mean {near[0]!r}?" if near else ""
-    raise QueryError(f"no named query {name!r}.{hint} Available: {names} (folders searched: "
+    raise QueryError(f"no named query {name!r}.{did_you_mean(name or '', names)} Available: {names} (folders searched: "
                      f"{[str(d) for d in _dirs(extra_dirs)]})")
 
 

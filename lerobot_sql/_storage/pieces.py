@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from filelock import FileLock
 
-from .cache import key
+from .cache import atomic_write, key
 
 REGION = 4 << 20                 # unit of locking; largest piece (bytes)
 MERGE_GAP = 16 << 10             # ranges closer than this are fetched as one (fewer requests for a few KiB more)
@@ -154,14 +153,7 @@ class PieceStore:
 
     def write(self, fdir: Path, a: int, b: int, data: bytes) -> None:
         """Store bytes ``[a, b)`` as one piece (temporary name, then renamed into place)."""
-        fd, tmp = tempfile.mkstemp(dir=fdir, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, _piece(fdir, a, b))
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        atomic_write(_piece(fdir, a, b), data)
         with self._lock:
             self._pieces[str(fdir)] = sorted(self._pieces.get(str(fdir), []) + [(a, b)])
             if self._total is not None:

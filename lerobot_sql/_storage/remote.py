@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from filelock import FileLock
 
 from . import transport
-from .cache import parse_size
+from .cache import atomic_write, parse_size
 from .pieces import PieceStore
 from .readahead import ColumnReadahead
 from ..errors import RemoteIOError
@@ -138,10 +137,7 @@ class RemoteCacheFS(AbstractFileSystem):
         with FileLock(str(self._store_path()) + ".lock"):
             store = self._load_store()
             store.setdefault(section, {})[key] = value
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix="listing.", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(store, f)
-            os.replace(tmp, self._store_path())
+            atomic_write(self._store_path(), json.dumps(store).encode())
 
     def _meta_op(self, section: str, key: str, fn):
         """Run a listing/info call online, remember its answer on disk; offline (or if it fails), use that answer."""

@@ -14,7 +14,6 @@ import fnmatch
 import json
 import os
 import re
-import tempfile
 from typing import Any
 
 import fsspec
@@ -402,7 +401,10 @@ def _hub_error(repo_id: str, cause: BaseException | None, local: str | None) -> 
     """The typed error for a Hub repo that cannot be resolved: MissingFileError when the Hub says there is no such
     repo (or we are offline with nothing cached), RemoteIOError when it cannot be reached. With ``local`` (the root
     was a bare ``org/name``), the message starts with the local reading: no folder of that name."""
-    from huggingface_hub.errors import RepositoryNotFoundError
+    try:
+        from huggingface_hub.errors import RepositoryNotFoundError
+    except ImportError:  # huggingface_hub 0.24 (our floor) has it only in huggingface_hub.utils
+        from huggingface_hub.utils import RepositoryNotFoundError
 
     if cause is None:
         why, cls = "offline (HF_HUB_OFFLINE / LSQL_OFFLINE) and no revision known", MissingFileError
@@ -446,10 +448,7 @@ def _cached_hub_revision(repo_id: str, token: Any, local: str | None = None) -> 
             known[repo_id] = rev
             with contextlib.suppress(OSError):  # only an offline convenience
                 store.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=store.parent, suffix=".tmp")
-                with os.fdopen(fd, "w") as f:
-                    json.dump(known, f)
-                os.replace(tmp, store)
+                cache.atomic_write(store, json.dumps(known).encode())
         return rev
     if repo_id not in known:
         if local is not None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .output import UsageError, error_hint, format_of, one_line, print_table, run_sql, views_and_columns, write_result
-from ..errors import LeRobotSQLError, MissingFileError, QueryError
+from ..errors import LeRobotSQLError, MissingFileError, QueryError, did_you_mean
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: lerobot_sql/cli/commands.py -> ../../..
 
@@ -131,8 +130,7 @@ def cmd_schema(args) -> int:
     views = views_and_columns(db)
     if args.view:
         if args.view not in views:
-            near = difflib.get_close_matches(args.view, list(views), n=1)
-            raise QueryError(f"unknown view {args.view!r}.{' Did you mean ' + repr(near[0]) + '?' if near else ''} "
+            raise QueryError(f"unknown view {args.view!r}.{did_you_mean(args.view, views)} "
                              f"Views: {sorted(views)}")
         views = {args.view: views[args.view]}
     if args.json:

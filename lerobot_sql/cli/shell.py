@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import cmd
 import contextlib
-import difflib
 import sys
 from pathlib import Path
 
 from .output import error_hint, one_line, print_table, run_sql, views_and_columns
-from ..errors import LeRobotSQLError, QueryError
+from ..errors import LeRobotSQLError, QueryError, did_you_mean
 
 def split_statements(text: str) -> tuple[list[str], str]:
     """Split ``text`` at semicolons outside quotes and comments: (complete statements, unfinished rest)."""
@@ -147,9 +146,7 @@ Statements are read-only SELECT queries over the views and end with ';'."""
         elif word == ".schema":
             views = views_and_columns(self.db)
             if rest and rest not in views:
-                near = difflib.get_close_matches(rest, list(views), n=1)
-                self.report(QueryError(f"unknown view {rest!r}.{' Did you mean ' + repr(near[0]) + '?' if near else ''}"
-                                       f" Views: {sorted(views)}"))
+                self.report(QueryError(f"unknown view {rest!r}.{did_you_mean(rest, views)} Views: {sorted(views)}"))
                 return False
             for v, cols in views.items():
                 if not rest or v == rest:
