@@ -44,6 +44,9 @@ CHECKS: tuple[Spec, ...] = (
          "each episode (a known converter bug, lerobot issue #2401)"),
     Spec("data_files_present", "download the missing data files (e.g. huggingface_hub.snapshot_download with "
          "allow_patterns='data/*'); until then queries over frames lack their episodes"),
+    Spec("data_files_stray", "move these files out of data/ (or rename them to match info.json's data_path if they "
+         "are the dataset's own): they are not read as frames, but tools that read data/ whole take them in",
+         severity="warning"),
     Spec("data_files_decode", "re-download the named data files: a page does not decode (damaged or partial copy)"),
     Spec("tasks_exist", "add the missing tasks to meta/tasks.parquet (tasks.jsonl for v2.x) or fix task_index"),
     Spec("stats_present", "recompute per-episode statistics (lerobot's compute_episode_stats); normalisation needs "

@@ -443,3 +443,24 @@ def test_doctor_reports_a_refused_info_json_as_a_failed_check(datasets, tmp_path
     row = report["checks"][0]["sample"][0]
     assert row["file"] == "meta/info.json" and row["key"] == key and message in row["error"]
     assert str(root / "meta/info.json") in row["error"]
+
+
+@pytest.mark.parametrize("name,stray", [("small20", "data/chunk-000/recorder_raw.parquet"),
+                                        ("v21_small20", "data/chunk-000/raw_000.parquet")])
+def test_stray_parquet_in_data_is_not_read_and_doctor_names_it(datasets, tmp_path, name, stray):
+    """A raw recorder file of other columns beside the dataset's own data files: frames once took its rows in,
+    with NULL episode_index (4762 + 50 rows for small20); now only files data_path names are read."""
+    root = _copy(datasets, tmp_path, name)
+    pq.write_table(pa.table({"ts_ns": pa.array(range(50), pa.int64()), "joint_raw": pa.array([0.5] * 50)}),
+                   root / stray)
+    info = json.loads((root / "meta/info.json").read_text())
+    with pytest.warns(UserWarning, match=rf"1 Parquet file\(s\) do not match info.json's data_path .* {stray}"):
+        db = lsql.connect(root)
+    assert db.sql("SELECT count(*), count(episode_index), count(DISTINCT episode_index) FROM frames").fetchall() == \
+        [(info["total_frames"], info["total_frames"], info["total_episodes"])]
+    assert stray not in db.layout.data_files and db.layout.stray_data_files == (stray,)
+    report = _run(root)
+    c = report["data_files_stray"]
+    assert not c.ok and c.severity == "warning" and c.sample == [{"path": stray}]
+    assert report.ok, report.to_text()  # the dataset itself reads: a warning, not a failure
+    assert stray in report.to_text()

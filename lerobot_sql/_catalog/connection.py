@@ -15,7 +15,8 @@ import weakref
 import duckdb
 import pyarrow as pa
 
-from ..errors import FileChangedError, LeRobotSQLError, MissingFileError, QueryError, RemoteIOError, ResultContractError
+from ..errors import (DatasetFormatError, FileChangedError, LeRobotSQLError, MissingFileError, QueryError,
+                      RemoteIOError, ResultContractError)
 from .._format.files import DatasetFiles
 from .._format.layout import Layout
 from .._format.metadata import corrupt_parquet_files, unreadable_error as parquet_error
@@ -41,8 +42,11 @@ def max_manifest_rows() -> int:
 
 def query_error(e: BaseException, sql: str) -> LeRobotSQLError:
     """The error for a DuckDB failure: a :class:`RemoteIOError` when the storage under a remote view failed (DuckDB
-    reports our fsspec layer's exception as text, traceback included), else a :class:`QueryError` naming the SQL."""
+    reports our fsspec layer's exception as text, traceback included), a :class:`DatasetFormatError` when a view
+    raised for a column the data lacks (``views.ERROR_MARKER``), else a :class:`QueryError` naming the SQL."""
     text = str(e)
+    if views.ERROR_MARKER in text:  # a view's error() for a column the data lacks (views._derived_columns)
+        return DatasetFormatError(text[text.rindex(views.ERROR_MARKER) + len(views.ERROR_MARKER):].strip())
     for cls in (FileChangedError, RemoteIOError):
         marker = f"{cls.__name__}: "
         if marker in text:
@@ -58,7 +62,7 @@ def unreadable_error(src: Source, layout: Layout, cause: BaseException, sql: str
     With the user's ``sql`` (the failure came while its result was resolved): a DuckDB Binder/Conversion error while
     every footer parses is the result's types, not the files: a ResultContractError naming the query."""
     remote = query_error(cause, "opening the dataset's tables")
-    if isinstance(remote, RemoteIOError):
+    if isinstance(remote, (RemoteIOError, DatasetFormatError)):  # DatasetFormatError: a missing column, named
         return remote
     try:
         bad = corrupt_parquet_files(src, layout)

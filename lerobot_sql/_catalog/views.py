@@ -220,23 +220,20 @@ def frames(b: Build) -> None:
         return
     data_src = f"read_parquet({_file_list(src, layout.data_files)}, union_by_name=true"
     data_cols = _describe(con, f"SELECT * FROM {data_src})")
-    for c in ("index", "episode_index", "frame_index", "timestamp"):
-        if c not in data_cols:
-            raise DatasetFormatError(f"{src.path(layout.data_files[0])}: data files lack the {c!r} column")
+    first = src.path(layout.data_files[0])
+    derived = _derived_columns(b, data_cols, first)
     sel = []
     for c, typ in data_cols.items():
         feat = layout.features.get(c)
         check_stored_type(feat, re.sub(r"(\[\d*\])+$", "", typ) in ("FLOAT", "DOUBLE") or
-                          typ.startswith("DECIMAL"), src.path(layout.data_files[0]))
+                          typ.startswith("DECIMAL"), first)
         if feat is not None and feat.is_image and typ.startswith("STRUCT"):
             sel.append(f"{ident(c)}.path AS {ident(c)}")
         elif feat is not None and len(feat.shape) == 1 and typ.endswith("[]") and feat.dtype in DUCKDB_TYPES:
             sel.append(f"CAST({ident(c)} AS {DUCKDB_TYPES[feat.dtype]}[{feat.shape[0]}]) AS {ident(c)}")
         else:
             sel.append(ident(c))
-    con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {data_src})")
-    prefix = src.duckdb_path("")
-    task_col = ", task_index" if "task_index" in data_cols else ", 0::BIGINT AS task_index"
+    sel += [ident(c) for c in derived if c != "task_index"]  # task_index only where items need it: _frames_loc
     # Each frame's file and row come from DuckDB's own columns, which a data column of the same name (compared
     # as DuckDB does, ignoring ASCII case) would clash with. The file name column can be renamed; the row
     # number cannot (DuckDB 2.0 has no such option), so a data column named like it is refused.
@@ -244,17 +241,102 @@ def frames(b: Build) -> None:
     if "file_row_number" in keys:
         col = next(c for c in data_cols if sql_key(c) == "file_row_number")
         raise DatasetFormatError(
-            f"{src.path(layout.data_files[0])}: the data column {col!r} has the name of DuckDB's row-number "
+            f"{first}: the data column {col!r} has the name of DuckDB's row-number "
             "column, which lerobot_sql needs to locate each frame's row; it is not a LeRobot feature: rename or "
             "drop it in the data files")
     fname = "_lsql_data_file"
     while sql_key(fname) in keys:
         fname += "_"
+
+    def rows(options: str = "") -> str:
+        """The data files' rows, with the derived columns (a missing default column) after the stored ones."""
+        if not derived:
+            return f"{data_src}{options})"
+        extra = ", ".join(f"{expr} AS {ident(c)}" for c, expr in derived.items())
+        return f"(SELECT d.*, {extra} FROM {data_src}{options}) d) AS _lsql_rows"
+
+    con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {rows()}")
+    prefix = src.duckdb_path("")
     con.execute(
-        "CREATE OR REPLACE VIEW _frames_loc AS SELECT index, episode_index, frame_index, timestamp"
-        f"{task_col}, substr({ident(fname)}, {len(prefix) + 1}) AS data_file, file_row_number AS row "
-        f"FROM {data_src}, filename={literal(fname)}, file_row_number=true)"
+        "CREATE OR REPLACE VIEW _frames_loc AS SELECT index, episode_index, frame_index, timestamp, task_index, "
+        f"substr({ident(fname)}, {len(prefix) + 1}) AS data_file, file_row_number AS row "
+        f"FROM {rows(f', filename={literal(fname)}, file_row_number=true')}"
     )
+
+
+# The marker query_error (_catalog/connection.py) turns back into a DatasetFormatError: a view over data that lacks
+# a column raises through DuckDB's error() only when a query reads that column, so every other view and column
+# stays readable.
+ERROR_MARKER = "lerobot_sql.DatasetFormatError: "
+
+
+def _raise_sql(message: str, typ: str) -> str:
+    return f"error({literal(ERROR_MARKER + message)})::{typ}"
+
+
+def _derived_columns(b: Build, data_cols: dict[str, str], first: str) -> dict[str, str]:
+    """SQL expressions (over the data row ``d``, reading ``_episodes_raw`` and ``tasks``) for the default columns
+    the data files lack, in the order of the defaults. Each is derived where the metadata makes it unambiguous, else
+    raises when read, naming the column and the file:
+
+    * ``index`` (v2.x only: lerobot v2.1 numbers frames by episode order) is ``dataset_from_index + frame_index``,
+      the episode's start from the cumulative lengths of meta/episodes.jsonl; a frame_index outside the episode's
+      length raises rather than give another episode's index.
+    * ``task_index`` is the index of the episode's task when meta/episodes lists exactly one for every episode
+      (and the tasks table holds that text once); else reading it raises, naming an episode with several.
+    * ``episode_index``, ``frame_index``, ``timestamp``: never derived.
+    """
+    con, layout = b.con, b.layout
+    eps = b.episode_columns
+    out: dict[str, str] = {}
+    notes = []
+    for c, typ in (("index", "BIGINT"), ("episode_index", "BIGINT"), ("frame_index", "BIGINT"),
+                   ("timestamp", "FLOAT"), ("task_index", "BIGINT")):
+        if c in data_cols:
+            continue
+        why = (f"{first}: the data files lack the {c!r} column (a default LeRobot column, every frame has one)")
+        if c == "index" and layout.legacy and {"episode_index", "frame_index"} <= data_cols.keys() and \
+                {"episode_index", "dataset_from_index", "length"} <= eps.keys() and \
+                con.sql("SELECT count(*) = count(DISTINCT episode_index) FROM _episodes_raw").fetchall()[0][0]:
+            bad = _raise_sql(f"{why}; it is derived as the episode's start (meta/episodes.jsonl lengths) + "
+                             "frame_index, but a frame_index lies outside its episode's length or its episode is "
+                             "not in meta/episodes.jsonl: rewrite the data files with an index column", "BIGINT")
+            out[c] = (f"COALESCE((SELECT min(e.dataset_from_index) + d.frame_index FROM _episodes_raw e WHERE "
+                      "e.episode_index = d.episode_index AND d.frame_index >= 0 AND d.frame_index < e.length), "
+                      f"{bad})")
+            notes.append(f"{why}: derived as each episode's start (the cumulative lengths of meta/episodes.jsonl, "
+                         "as lerobot v2.1 numbers frames) + frame_index")
+        elif c == "task_index" and layout.tasks_file is not None and "tasks" in eps and "episode_index" in data_cols:
+            # Decided for the whole dataset here, not row by row: DuckDB may compute a column for rows a query
+            # later filters out, so a per-row error would fire in queries about other episodes.
+            n_bad, example = con.sql(
+                "SELECT count(*) FILTER (WHERE n <> 1), min(episode_index) FILTER (WHERE n <> 1) FROM (SELECT "
+                "e.episode_index, (SELECT count(*) FROM tasks t WHERE len(e.tasks) = 1 AND t.task = e.tasks[1]) "
+                "+ (SELECT count(*) - 1 FROM _episodes_raw e2 WHERE e2.episode_index = e.episode_index) AS n "
+                "FROM _episodes_raw e)").fetchall()[0]
+            if n_bad == 0:
+                bad = _raise_sql(f"{why}; it is derived from the episode's one task in meta/episodes, but this "
+                                 "frame's episode is not in meta/episodes: add task_index to the data files", "BIGINT")
+                out[c] = (f"COALESCE((SELECT min(t.task_index) FROM tasks t, _episodes_raw e WHERE e.episode_index = "
+                          f"d.episode_index AND t.task = e.tasks[1]), {bad})")
+                notes.append(f"{why}: derived from each episode's one task in meta/episodes")
+            else:
+                out[c] = _raise_sql(f"{why}; it cannot be derived from meta/episodes: {n_bad} episode(s) (e.g. "
+                                    f"episode {example}) list more than one task, or one the tasks table does not "
+                                    "hold exactly once. Items need each frame's task: add task_index to the data "
+                                    "files", "BIGINT")
+                notes.append(f"{why}: {n_bad} episode(s) (e.g. episode {example}) do not have exactly one task, so "
+                             "it cannot be derived; queries and items that read it raise, the other views and "
+                             "columns work")
+        elif c == "task_index" and layout.tasks_file is None:
+            out[c] = "0::BIGINT"  # no tasks file: items refuse for the missing task text (load_layout warned)
+        else:
+            out[c] = _raise_sql(f"{why}; only the views and columns that do not need it can be read: rewrite the "
+                                f"data files with a {c!r} column", typ)
+            notes.append(f"{why}: queries and items that read it raise; the other views and columns work")
+    for n in notes:
+        warnings.warn(n, stacklevel=6)
+    return out
 
 
 def tasks(b: Build) -> None:
@@ -263,12 +345,15 @@ def tasks(b: Build) -> None:
 
 
 def data_files(b: Build) -> None:
-    """``_data_files_listed`` (data files found under data/) and ``_episode_data_files`` (the file meta/episodes
+    """``_data_files_listed`` (data files found under data/), ``_data_files_stray`` (other Parquet files there,
+    not read: doctor's data_files_stray) and ``_episode_data_files`` (the file meta/episodes
     points each episode to): doctor's data_files_present, and the warning a connection gives when episodes point
     to files that are not there."""
     con, layout, ep_cols = b.con, b.layout, b.episode_columns
     _register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(layout.data_files), pa.string())}),
                     b.relations)
+    _register_table(con, "_data_files_stray",
+                    pa.table({"path": pa.array(list(layout.stray_data_files), pa.string())}), b.relations)
     if all(c in ep_cols for c in ("data/chunk_index", "data/file_index")):
         values = {"chunk_index": ident("data/chunk_index"), "file_index": ident("data/file_index"),
                   "episode_chunk": ident("data/chunk_index"), "episode_index": ident("data/file_index")}
@@ -340,8 +425,9 @@ def info(b: Build) -> None:
     _register_table(b.con, "info", table, b.relations)
 
 
-# The plain views, in the order they are created (each reads only _episodes_raw, the files and what is before it).
-VIEWS = (episodes, episode_stats, frames, tasks, data_files, videos, features, info)
+# The plain views, in the order they are created (each reads only _episodes_raw, the files and what is before it:
+# frames derives a missing task_index from tasks).
+VIEWS = (episodes, episode_stats, tasks, frames, data_files, videos, features, info)
 
 
 def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
@@ -362,8 +448,10 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
         a cursor of ``con`` must register them too before it reads the views.
 
     Raises:
-        DatasetFormatError: the episodes metadata lacks ``episode_index``; the data files lack a default column;
-            a JSON-lines metadata file is malformed.
+        DatasetFormatError: the episodes metadata lacks ``episode_index``; a JSON-lines metadata file is
+            malformed. A default column the data files lack (``index``, ``task_index`` ...) does not raise here:
+            it is derived where the metadata makes it unambiguous, else reading it raises DatasetFormatError
+            (through :data:`ERROR_MARKER`) naming the column and a data file, and the other views stay readable.
     """
     relations = {} if relations is None else relations
     b = Build(con, src, layout, relations, _register_episodes(con, src, layout, relations))

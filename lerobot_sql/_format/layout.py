@@ -116,7 +116,10 @@ class Layout:
         data_path, video_path: ``str.format`` templates relative to the root.
         info: the raw info.json dict.
         episode_files: v3: ``meta/episodes/*/*.parquet``; v2: ``("meta/episodes.jsonl",)``; () if absent.
-        data_files: relative paths of every data Parquet file, sorted; () for a metadata-only copy.
+        data_files: relative paths of the dataset's data Parquet files (``data/*/*.parquet`` matching
+            ``data_path``), sorted; () for a metadata-only copy.
+        stray_data_files: the other Parquet files found under ``data/*/`` (raw recorder output next to the
+            dataset's own), sorted: not read, reported by ``lerobot-sql doctor`` (``data_files_stray``).
         legacy: True for the v2.0/v2.1 layout.
         chunks_size: info.json ``chunks_size`` (v2: episodes per chunk folder; v3: files per chunk folder).
         tasks_file: ``meta/tasks.parquet`` (v3) or ``meta/tasks.jsonl`` (v2); None if absent.
@@ -140,6 +143,7 @@ class Layout:
     tasks_file: str | None = V3_TASKS
     episode_stats_file: str | None = None
     warnings: tuple[str, ...] = ()
+    stray_data_files: tuple[str, ...] = ()
 
     @property
     def version_tuple(self) -> tuple[int, int]:
@@ -473,7 +477,7 @@ def load_layout(src: Source) -> Layout:
     if tasks_file is None:
         notes.append(f"{src.path(V2_TASKS if legacy else V3_TASKS)}: not found; the tasks view is empty and "
                      "dataset() refuses frames whose task text it cannot give")
-    data_files = tuple(src.glob("data/*/*.parquet"))
+    data_files, strays = _split_data_files(src, tuple(src.glob("data/*/*.parquet")), data_path, notes)
     if not data_files:
         notes.append(f"{src.path('data')}: no data files (data/*/*.parquet); this is a metadata-only copy, the "
                      "frames view is empty. Download data/ to read frames")
@@ -495,7 +499,34 @@ def load_layout(src: Source) -> Layout:
         tasks_file=tasks_file,
         episode_stats_file=stats_file,
         warnings=tuple(notes),
+        stray_data_files=strays,
     )
+
+
+def _split_data_files(src: Source, found: tuple[str, ...], data_path: str,
+                      notes: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``found`` split into the dataset's data files (those ``data_path`` can name) and the strays.
+
+    A Parquet file of other columns beside the dataset's own (raw recorder output) would join the frames view
+    with NULL ``episode_index`` rows: only files the template names are read, and the others are named in a note.
+    When no file matches the template (a writer that ignored its own data_path), all are read, as before, with a
+    note: refusing would leave nothing to read.
+    """
+    pattern = re.compile("".join(re.escape(text) + (r"\d+" if field is not None else "")
+                                 for text, field, _spec, _conv in string.Formatter().parse(data_path)))
+    ours = tuple(f for f in found if pattern.fullmatch(f))
+    strays = tuple(f for f in found if not pattern.fullmatch(f))
+    if not strays:
+        return found, ()
+    if not ours:
+        notes.append(f"{src.path('data')}: none of the {len(found)} Parquet files under data/ match info.json's "
+                     f"data_path {data_path!r} (e.g. {found[0]}); all are read as data files. Fix data_path")
+        return found, ()
+    shown = ", ".join(strays[:5]) + (f" and {len(strays) - 5} more" if len(strays) > 5 else "")
+    notes.append(f"{src.path('data')}: {len(strays)} Parquet file(s) do not match info.json's data_path "
+                 f"{data_path!r} and are not read as frames: {shown}. They are not part of the dataset "
+                 "(lerobot-sql doctor lists them); move them out of data/")
+    return ours, strays
 
 
 def _find_video_dir(src: Source, video_path: str, notes: list[str], fields: frozenset[str] = VIDEO_FIELDS_V3,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import warnings
 from typing import TYPE_CHECKING
 
 from ..errors import DatasetFormatError
@@ -24,12 +25,20 @@ def list_files(src: Source, info: CheckedInfo) -> list[str]:
     (v3.x: followed from ``chunk-000/file-000`` until ``total_episodes`` are seen; v2.x: meta/episodes.jsonl), and
     the data and video files they point to.
 
+    The v3.x walk goes to the next file where ``chunks_size`` puts it, and when that file does not exist, to where
+    a denser or sparser numbering would (the same chunk past ``chunks_size`` files, or the next chunk's
+    ``file-000``): writers do not all follow info.json's ``chunks_size`` in meta/episodes.
+
     Args:
         src: the dataset root (one HEAD per metadata file asked about, the meta/episodes files read whole).
         info: its meta/info.json, already validated (:func:`lerobot_sql._format.layout.check_info`).
 
     Returns:
         Paths relative to the root (``data/chunk-000/file-000.parquet``).
+
+    Warns:
+        UserWarning: the walk ends with fewer episodes than ``total_episodes``, giving both counts and the two
+            files it looked for (the episodes found are kept).
 
     Raises:
         DatasetFormatError: meta/episodes.jsonl (v2.x) has a line without an integer episode_index.
@@ -47,12 +56,12 @@ def list_files(src: Source, info: CheckedInfo) -> list[str]:
     files.update(rel for rel, ok in zip(extras, found) if ok)
     if v2:
         return sorted(files | _v2_files(src, info))
+    if not src.exists(_episodes_file(0, 0)):
+        return sorted(files)  # no episode metadata: load_layout says so
     data_tmpl, video_tmpl = info.data_path, info.video_path
     chunk, file, seen = 0, 0, 0
     while True:
-        rel = f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
-        if not src.exists(rel):
-            break
+        rel = _episodes_file(chunk, file)
         files.add(rel)
         with src.open(rel) as f:
             pf = pq.ParquetFile(f)
@@ -70,10 +79,28 @@ def list_files(src: Source, info: CheckedInfo) -> list[str]:
                     files.add(video_tmpl.format(video_key=k, chunk_index=int(c), file_index=int(fi)))
         if total and seen >= total:
             break
-        file += 1
-        if file >= per_chunk:
-            chunk, file = chunk + 1, 0
+        # The next file where chunks_size says it is, then where the other layout would put it: writers number
+        # meta/episodes more densely (more files per chunk) or sparsely than info.json's chunks_size, and a
+        # walk that trusted it alone dropped the episodes of every later file without a word.
+        nxt = [(chunk, file + 1), (chunk + 1, 0)]
+        if file + 1 >= per_chunk:
+            nxt.reverse()
+        found = next(((c, fi) for c, fi in nxt if src.exists(_episodes_file(c, fi))), None)
+        if found is None:
+            if total and seen < total:
+                warnings.warn(
+                    f"{src.path('meta/episodes')}: the meta/episodes files followed from chunk-000/file-000 hold "
+                    f"{seen} episodes but info.json's total_episodes is {total}; neither "
+                    f"{_episodes_file(*nxt[0])} nor {_episodes_file(*nxt[1])} exists, and plain HTTP cannot list "
+                    f"the folder to find the other {total - seen}: they are not read. Fix total_episodes in "
+                    "meta/info.json, or restore the missing meta/episodes files", stacklevel=6)
+            break
+        chunk, file = found
     return sorted(files)
+
+
+def _episodes_file(chunk: int, file: int) -> str:
+    return f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
 
 
 def _v2_files(src: Source, info: CheckedInfo) -> set[str]:
