@@ -494,9 +494,6 @@ def test_a_missing_task_index_is_derived_from_each_episodes_one_task(datasets, t
         assert got["task"] == ref["task"] and int(got["index"]) == int(ref["index"])
 
 
-@pytest.mark.xfail(strict=True, reason="whole-episode manifests (_plan/episodes.py, episode_manifest) read "
-                   "task_index from the data files and default it to 0 when absent, bypassing the derivation in "
-                   "_frames_loc; fix there: return None when the data lack task_index (the DuckDB join derives it)")
 def test_whole_episode_items_with_a_missing_task_index_get_their_own_task(datasets, tmp_path):
     root = _drop_data_column(datasets, tmp_path, "small20", "task_index", one_task=True)
     with warnings.catch_warnings():

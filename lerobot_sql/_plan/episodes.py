@@ -144,6 +144,8 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         tables.append(t)
         shift += t.num_rows
     ft = pa.concat_tables(tables, promote_options="permissive")
+    if "task_index" not in ft.column_names:
+        return None  # the DuckDB join derives it from meta/episodes' tasks (or refuses, naming the column)
     if not (len(take) == ft.num_rows and (take == np.arange(len(take))).all()):  # whole files in order: as read
         ft = ft.take(pa.array(take))
     index = ft["index"].to_numpy()
@@ -177,8 +179,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         "episode_index": pa.array(all_ep[prow], pa.int64()),
         "frame_index": pa.array(fi, pa.int64()),
         "timestamp": ft["timestamp"].cast(pa.float32()),
-        "task_index": ft["task_index"].cast(pa.int64()) if "task_index" in ft.column_names
-        else pa.array(np.zeros(len(rowidx), np.int64)),
+        "task_index": ft["task_index"].cast(pa.int64()),
         "data_file": pa.array([files[c] for c in range(len(files))], pa.string()).take(pa.array(sample_code)),
         "data_row": pa.array(data_row, pa.int64()),
         "ep_from_index": pa.array(lo[prow], pa.int64()),
