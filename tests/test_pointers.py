@@ -134,8 +134,8 @@ def test_corrupt_metadata_parquet_is_named_on_the_pointer_path(datasets, tmp_pat
 
 def test_windows_matching_no_frames_raise_the_contract_error(datasets):
     db = lsql.connect(datasets / "small20")
-    for start, end in ((100.0, 200.0), (3.0, 1.0)):
-        with pytest.raises(lsql.ResultContractError, match="matched no frames"):
+    for start, end, msg in ((100.0, 200.0, "matched no frames"), (3.0, 1.0, "empty window")):
+        with pytest.raises(lsql.ResultContractError, match=msg):
             db.dataset(f"SELECT episode_index, {start} AS start_s, {end} AS end_s FROM episodes "
                        "WHERE episode_index = 1")
 
@@ -168,3 +168,17 @@ def test_crafted_episode_ranges_fall_back_to_the_join(datasets, tmp_path, k):
             a, b = ds[i], want[i]
             assert a["task"] == b["task"] and int(a["index"]) == int(b["index"]) == i
             assert torch.equal(a["action"], b["action"]) and torch.equal(a["episode_index"], b["episode_index"])
+
+
+def test_an_empty_window_among_others_is_refused_naming_the_row(datasets):
+    """start_s >= end_s holds no frame: with other rows matching it vanished without a word (a new user's
+    CASE expression gave one episode 5.0 .. 1.0)."""
+    from lerobot_sql.errors import ResultContractError
+
+    db = lsql.connect(datasets / "small20")
+    sql = ("SELECT episode_index, CASE WHEN episode_index = 1 THEN 5.0 ELSE 0.0 END AS start_s, 1.0 AS end_s "
+           "FROM episodes WHERE episode_index IN (1, 2) ORDER BY episode_index")
+    with pytest.raises(ResultContractError, match=r"row 0 \(episode_index 1\) is an empty window: start_s 5.0 >= end_s 1.0"):
+        db.dataset(sql)
+    ok = db.dataset("SELECT episode_index, 0.0 AS start_s, 1.0 AS end_s FROM episodes WHERE episode_index IN (1, 2)")
+    assert len(ok) == 60  # 30 frames of each

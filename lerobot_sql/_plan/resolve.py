@@ -238,6 +238,15 @@ def _check_window_bounds(result: pa.Table, sql: str) -> None:
             raise ResultContractError(f"result column {c} is {v[i].as_py() if v[i].is_valid else 'NULL'} in row {i} "
                                       f"(episode_index {result['episode_index'][i].as_py()}); a window needs "
                                       f"start_s and end_s in seconds from the episode start: {sql!r}")
+    # A window [start_s, end_s) with start_s >= end_s holds no frame: among other rows it would vanish unnoticed.
+    empty = pc.greater_equal(result["start_s"].cast(pa.float64()), result["end_s"].cast(pa.float64()))
+    if pc.any(empty).as_py():
+        i = int(pc.index(empty, True).as_py())
+        n = int(pc.sum(empty.cast(pa.int64())).as_py())
+        raise ResultContractError(
+            f"row {i} (episode_index {result['episode_index'][i].as_py()}) is an empty window: start_s "
+            f"{result['start_s'][i].as_py()} >= end_s {result['end_s'][i].as_py()} ({n} such row(s)); windows are "
+            f"half-open [start_s, end_s) in seconds from the episode start, so end_s must be larger: {sql!r}")
 
 
 def _shadow_differ(con: duckdb.DuckDBPyConnection, shadow: list[str]) -> list[tuple]:
