@@ -177,3 +177,29 @@ def test_one_camera_and_workers(datasets):
     for j, got in enumerate(batches):
         _same(default_collate([ds[i] for i in idx[16 * j:16 * j + 16]]), got, f"batch {j}")
         assert "observation.images.front" not in got
+
+
+def test_a_batch_needing_a_missing_mp4_raises_as_its_item_does(datasets, tmp_path):
+    """A copy of multifile60 with one wrist mp4 deleted: a batch with an item from it raises the item's
+    MissingFileError (naming the file and cameras=[...]); a batch of the other files is still exact."""
+    import shutil
+    import warnings
+
+    from lerobot_sql.errors import MissingFileError
+
+    root = tmp_path / "mf"
+    shutil.copytree(datasets / "multifile60", root)
+    gone = sorted((root / "videos" / "observation.images.wrist").rglob("*.mp4"))[-1]
+    gone.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = lsql.connect(root).dataset("SELECT index FROM frames ORDER BY index")
+    files = ds.manifest["observation.images.wrist/file"].to_numpy(zero_copy_only=False)
+    bad = int(np.flatnonzero(files == str(gone.relative_to(root)))[0])
+    good = [int(i) for i in np.flatnonzero(files != str(gone.relative_to(root)))[::997]]
+    with pytest.raises(MissingFileError) as one:
+        ds[bad]
+    with pytest.raises(MissingFileError) as many:
+        _loader_batch(ds, good[:3] + [bad] + good[3:])
+    assert str(many.value) == str(one.value) and gone.name in str(many.value) and "cameras=[" in str(many.value)
+    _same(default_collate([ds[i] for i in good]), _loader_batch(ds, good))

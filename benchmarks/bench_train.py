@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""Training-loader benchmark (issue 18, batched fetch): DataLoader items/s with ``__getitems__`` on and off.
+
+    python -m benchmarks.bench_train [--dataset small20] [--rounds 5] [--items 1536] [--batch 32] [--workers 2]
+                                     [--uint8] [--json OUT]
+
+Profiles (``delta_timestamps`` at the dataset's fps): plain (no windows); ACT (action chunk of 50: ``[0..49]``);
+diffusion (state and every camera at ``[-1, 0]``, action ``[-1..14]``). For every profile the same shuffled
+indices are read by a DataLoader (``num_workers`` forked workers, ``batch_size``, default collate) over one dataset
+object twice: with ``__getitems__`` (the batched fetch: torch's fetcher calls it with the batch) and with it hidden
+(``ds.__getitems__ = None``: the fetcher then calls ``ds[i]`` per item and ``default_collate`` stacks). items/s is
+counted after each loader's first batch (worker start-up excluded). Caches are warm: one untimed pass over the
+indices first builds the row-group cache files and video indexes and fills the page cache. The machine is shared:
+rounds interleave on/off and the profiles, and the table gives medians over rounds (and the spread), with the
+load average before and after. Also per profile: one process (no workers) reading the same items, ``ds[i]`` +
+``default_collate`` per batch and ``__getitems__`` per batch, to give the ceiling ``workers x single-process
+items/s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import common  # noqa: E402
+
+
+def _find(name: str) -> Path:
+    for base in [Path(name), REPO / "sample" / name, Path(os.environ.get("LSQL_BENCH_DATA", "/work/bench_data")) / name]:
+        if (base / "meta" / "info.json").exists():
+            return base
+    raise SystemExit(f"dataset {name!r} not found (a path, or a name under sample/ or $LSQL_BENCH_DATA)")
+
+
+def profiles(fps: float, cams: list[str]) -> dict[str, dict | None]:
+    return {"plain": None,
+            "ACT": {"action": [i / fps for i in range(50)]},
+            "diffusion": {"observation.state": [-1 / fps, 0.0], "action": [i / fps for i in range(-1, 15)],
+                          **{k: [-1 / fps, 0.0] for k in cams}}}
+
+
+def _single(torch, ds, indices: list[int], batch: int, batched: bool) -> float:
+    """items/s of one process reading the items and collating batches (no DataLoader)."""
+    collate = torch.utils.data.default_collate
+    t0 = time.perf_counter()
+    for j in range(0, len(indices), batch):
+        idx = indices[j:j + batch]
+        collate(ds.__getitems__(idx) if batched else [ds[i] for i in idx])
+    return len(indices) / (time.perf_counter() - t0)
+
+
+def run(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", default="small20")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--items", type=int, default=1536)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--uint8", action="store_true", help="return_uint8=True")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    import torch
+
+    import lerobot_sql as lsql
+
+    root = _find(a.dataset)
+    db = lsql.connect(root)
+    base = db.dataset("SELECT index FROM frames ORDER BY index")
+    n, cams = len(base), base.camera_keys
+    indices = [int(i) for i in np.random.default_rng(a.seed).permutation(n)[:a.items]]
+    sets = {p: db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=dt, return_uint8=a.uint8)
+            for p, dt in profiles(base.fps, cams).items()}
+    load0 = os.getloadavg()
+    for ds in sets.values():  # warm: cache files, indexes, page cache
+        common.time_dataloader(torch, ds, indices, a.batch, a.workers)
+    res: dict[str, dict[str, list[float]]] = {p: {"on": [], "off": [], "single": [], "single_off": []} for p in sets}
+    for r in range(a.rounds):
+        for p, ds in sets.items():
+            for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                if mode == "off":
+                    ds.__getitems__ = None  # the fetcher's per-item path: [ds[i] for i in batch] + default_collate
+                try:
+                    res[p][mode].append(common.time_dataloader(torch, ds, indices, a.batch, a.workers)["items_per_s"])
+                finally:
+                    ds.__dict__.pop("__getitems__", None)
+            res[p]["single"].append(_single(torch, ds, indices[:a.batch * 8], a.batch, True))
+            res[p]["single_off"].append(_single(torch, ds, indices[:a.batch * 8], a.batch, False))
+    load1 = os.getloadavg()
+    med = {p: {m: statistics.median(v) for m, v in d.items()} for p, d in res.items()}
+    print(f"\n{root.name}: {n} frames, cameras {cams}, {len(indices)} shuffled items, batch {a.batch}, "
+          f"{a.workers} workers (fork), {'uint8' if a.uint8 else 'float32'} frames, median of {a.rounds} rounds; "
+          f"load average {load0[0]:.2f} before, {load1[0]:.2f} after; {common.cpu_info()}, torch {torch.__version__}")
+    print("\n| profile | __getitems__ on, items/s | off (per item + default_collate), items/s | on / off | "
+          f"1 process, on / off, items/s | on / ({a.workers} x 1 process on) | rounds on (min-max) | "
+          "rounds off (min-max) |")
+    print("|---|---:|---:|---:|---:|---:|---|---|")
+    for p, m in med.items():
+        on, off = res[p]["on"], res[p]["off"]
+        print(f"| {p} | {m['on']:,.0f} | {m['off']:,.0f} | {m['on'] / m['off']:.2f}x | {m['single']:,.0f} / {m['single_off']:,.0f} | "
+              f"{m['on'] / (a.workers * m['single']):.2f} | {min(on):,.0f}-{max(on):,.0f} | "
+              f"{min(off):,.0f}-{max(off):,.0f} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "load": [load0, load1], "rounds": res}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())
