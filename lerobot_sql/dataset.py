@@ -712,6 +712,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 
         # video: locate every camera's frames for the batch, then decode per (camera, mp4) in file order
         frames: dict[str, torch.Tensor] = {}
+        targets = []
         for k in self._video_keys:
             codes = c[f"_vfile/{k}"][ii]
             files = {int(code): self._video(w, k, int(code)) for code in np.unique(codes)}
@@ -737,20 +738,21 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                     files[int(codes[j])].index.locate(
                         locate.time_in_file(c[f"{k}/from_timestamp"][i], c["timestamp"][i:i + 1]), self.tolerance_s,
                         episode_index=int(c["episode_index"][i]), video_key=k)
-            t = rows.shape[1]
-            out = None
-            for code in sorted(files):
-                m = np.flatnonzero(codes == code)
-                arr = w.decoders.decode_chw(files[code].index, rows[m].reshape(-1))
-                if out is None:
-                    out = _batch_tensor((b, t, *arr.shape[1:]), torch.uint8 if self.return_uint8 else torch.float32)
-                    na = out.numpy()
-                arr = arr.reshape(len(m), t, *arr.shape[1:])
-                if self.return_uint8:
-                    na[m] = arr
-                else:
-                    na[m] = _to_unit_float(arr)
-            frames[k] = out if (k in self._delta and t > 1) else out[:, 0]
+            targets.append((k, codes, files, rows))
+        # decode per (camera, mp4), rows sorted inside decode_into: one forward pass per GOP run; the other cameras
+        # in helper threads where __getitem__ would use them (PyAV releases the GIL)
+        futures = []
+        if w.pool is not None and len(targets) > 1:
+            futures = [w.pool.submit(self._decode_batch, w, *tg) for tg in targets[:-1]]
+        try:
+            for tg in targets[len(futures):]:  # all cameras, or the last one beside the helpers
+                frames[tg[0]] = self._decode_batch(w, *tg)
+            for tg, f in zip(targets, futures):
+                frames[tg[0]] = f.result()
+            futures = []
+        finally:
+            for f in futures:  # an error above: let helper threads finish with their decoders before leaving
+                f.cancel() or f.exception()
 
         # tabular columns, in __getitem__'s order
         item_cols: dict[str, Any] = {}
@@ -814,6 +816,25 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         for k, v in batch.items():
             (tensors if isinstance(v, torch.Tensor) else lists)[k] = v
         return _Batch(list(batch), tensors, lists, b)
+
+    def _decode_batch(self, w: _Worker, key: str, codes: np.ndarray, files: dict, rows: np.ndarray) -> torch.Tensor:
+        """Camera ``key``'s frames for a batch: one ``decode_chw`` per mp4 (``codes[j]`` the file of item j,
+        ``rows`` (B, T) its video rows), written into one (B, T, 3, H, W) batch tensor (uint8, or float32 in
+        [0, 1]); (B, 3, H, W) unless ``key`` is a delta key with T > 1, as ``__getitem__``'s shapes."""
+        b, t = rows.shape
+        out = na = None
+        for code in sorted(files):
+            m = np.flatnonzero(codes == code)
+            arr = w.decoders.decode_chw(files[code].index, rows[m].reshape(-1))
+            if out is None:
+                out = _batch_tensor((b, t, *arr.shape[1:]), torch.uint8 if self.return_uint8 else torch.float32)
+                na = out.numpy()
+            arr = arr.reshape(len(m), t, *arr.shape[1:])
+            if self.return_uint8:
+                na[m] = arr
+            else:
+                na[m] = _to_unit_float(arr)
+        return out if (key in self._delta and t > 1) else out[:, 0]
 
     def _batch_indices(self, indices) -> np.ndarray:
         """``indices`` as int64 positions in [0, n), checked as ``__getitem__`` checks one index."""
