@@ -203,3 +203,13 @@ def test_a_batch_needing_a_missing_mp4_raises_as_its_item_does(datasets, tmp_pat
         _loader_batch(ds, good[:3] + [bad] + good[3:])
     assert str(many.value) == str(one.value) and gone.name in str(many.value) and "cameras=[" in str(many.value)
     _same(default_collate([ds[i] for i in good]), _loader_batch(ds, good))
+
+
+def test_parallel_cameras_batch(datasets):
+    """parallel_cameras=True: the other camera's mp4s decode in the helper thread; the batch is unchanged."""
+    db = lsql.connect(datasets / "multifile60")
+    ds = db.dataset("SELECT index FROM frames ORDER BY index", parallel_cameras=True,
+                    delta_timestamps={"observation.images.front": [-1 / FPS, 0.0]})
+    assert ds._w().pool is not None
+    idx = [int(i) for i in np.random.default_rng(2).permutation(len(ds))[:24]]
+    _same(default_collate([ds[i] for i in idx]), _loader_batch(ds, idx))
