@@ -13,8 +13,8 @@ counted after each loader's first batch (worker start-up excluded). Caches are w
 indices first builds the row-group cache files and video indexes and fills the page cache. The machine is shared:
 rounds interleave on/off and the profiles, and the table gives medians over rounds (and the spread), with the
 load average before and after. Also per profile: one process (no workers) reading the same items, ``ds[i]`` +
-``default_collate`` per batch and ``__getitems__`` per batch, to give the ceiling ``workers x single-process
-items/s``.
+``default_collate`` per batch and ``__getitems__`` per batch, with one torch thread as in a worker, to give the
+ceiling ``workers x single-process items/s``.
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ def run(argv=None) -> int:
     import torch
 
     import lerobot_sql as lsql
+
+    # the 1-process column models one DataLoader worker, which torch runs with one intra-op thread
+    torch.set_num_threads(1)
 
     root = _find(a.dataset)
     db = lsql.connect(root)
