@@ -718,7 +718,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             files = {int(code): self._video(w, k, int(code)) for code in np.unique(codes)}
             if k in self._delta:
                 q, pad, o, inside = window(k)
-                times = np.empty(q.shape, c["timestamp"].dtype)
+                # the data file's timestamp dtype, as __getitem__ reads the window's times from the row group
+                times = np.empty(q.shape, w.view(self, int(slot[0])).column("timestamp").dtype)
                 neighbours("timestamp", k, times)
                 rows = np.empty(q.shape, np.int64)
                 from_ts = c[f"{k}/from_timestamp"][ii]

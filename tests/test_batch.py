@@ -213,3 +213,24 @@ def test_parallel_cameras_batch(datasets):
     assert ds._w().pool is not None
     idx = [int(i) for i in np.random.default_rng(2).permutation(len(ds))[:24]]
     _same(default_collate([ds[i] for i in idx]), _loader_batch(ds, idx))
+
+
+def test_windows_across_row_groups(datasets, tmp_path):
+    """small20 re-laid with row groups of 100 rows: windows crossing a boundary (read per item) and windows inside
+    one (gathered per row group) in the same batch, all equal to the items; the batch spans many row groups."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    data = root / "data/chunk-000/file-000.parquet"
+    data.chmod(0o644)
+    pq.write_table(pq.read_table(data), data, row_group_size=100)
+    db = lsql.connect(root)
+    cams = db.dataset("SELECT index FROM frames LIMIT 1").camera_keys
+    for profile in ("act", "diffusion"):
+        ds = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta(profile, cams))
+        idx = [99, 100, 101, 150, 1999, 2000, 60, 4761, 0, 100]
+        assert len(set(np.asarray(ds._c["_slot"])[idx])) >= 5
+        _same(default_collate([ds[i] for i in idx]), _loader_batch(ds, idx), profile)
