@@ -234,3 +234,27 @@ def test_windows_across_row_groups(datasets, tmp_path):
         idx = [99, 100, 101, 150, 1999, 2000, 60, 4761, 0, 100]
         assert len(set(np.asarray(ds._c["_slot"])[idx])) >= 5
         _same(default_collate([ds[i] for i in idx]), _loader_batch(ds, idx), profile)
+
+
+def test_batch_frames_and_windows_are_the_right_ones(datasets, framecode):
+    """Ground truth, not only agreement with ds[i]: a diffusion batch over multifile60 (several mp4s and episodes)
+    holds the frames [f-1, f] (clamped at the episode start) of each camera and state [f-1, f], action [f-1..f+14]
+    clamped to the episode, per framecode."""
+    db = lsql.connect(datasets / "multifile60")
+    cams = db.dataset("SELECT index FROM frames LIMIT 1").camera_keys
+    ds = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta("diffusion", cams),
+                    return_uint8=True)
+    idx = _indices(ds, 12, seed=7)
+    got = _loader_batch(ds, idx)
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    for j in range(len(idx)):
+        ep, f = int(got["episode_index"][j]), int(got["frame_index"][j])
+        fr = np.clip(np.array([f - 1, f]), 0, lengths[ep] - 1)
+        np.testing.assert_array_equal(got["observation.state"][j].numpy(), framecode.expected_state(ep, fr))
+        fa = np.clip(np.arange(f - 1, f + 15), 0, lengths[ep] - 1)
+        np.testing.assert_array_equal(got["action"][j].numpy(), framecode.expected_action(ep, fa))
+        assert got["action_is_pad"][j].tolist() == [not 0 <= x < lengths[ep] for x in range(f - 1, f + 15)]
+        for k in cams:
+            for t, g in enumerate(fr):
+                img = got[k][j, t].permute(1, 2, 0).numpy()
+                assert framecode.verify_frame(img, ep, int(g), k)["ok"], (k, ep, f, t)
