@@ -7,6 +7,7 @@ item (DataLoader workers included), and each process opens its own memory maps a
 
 from __future__ import annotations
 
+import collections.abc
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -646,10 +647,297 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         return self._columns.index(base) if base in self._columns else len(self._columns) + \
             self._video_keys.index(base)
 
+    # ---- batched fetch (DataLoader) ------------------------------------------------------------------------
+    def __getitems__(self, indices) -> "_Batch":
+        """The items ``[self[i] for i in indices]``, built together: what torch's DataLoader calls with a batch.
+
+        Returns a :class:`_Batch`: a sequence of ``len(indices)`` item dicts (item ``j`` equals ``self[indices[j]]``
+        bit for bit: same keys in the same order, dtypes, shapes; tensors are views into the batch's tensors) that
+        also holds the collated batch. torch's fetcher hands the returned value to ``collate_fn``; torch's
+        ``default_collate`` cannot be given a ready dict (it indexes ``batch[0]`` and stacks), so this module
+        registers its item type in ``default_collate_fn_map``: ``default_collate`` on a ``_Batch`` returns the
+        prepared batch directly (``{key: (B, *item shape) tensor | collated list}``), which equals
+        ``default_collate([self[i] for i in indices])`` key by key, bit for bit. A plain
+        ``DataLoader(ds, batch_size=B)`` therefore stays correct and skips the per-item stack; any other
+        ``collate_fn`` sees a sequence of ordinary item dicts. Keys that are not tensors in the batch (``task``,
+        text and list extras, strings; every camera when ``image_transforms`` is set, which runs per item as in
+        ``__getitem__``) are collated by ``default_collate`` itself from the per-item values, so its rules and
+        errors (e.g. ``TypeError`` for a NULL text extra) are unchanged.
+
+        The work is done where the time goes: tabular columns are gathered with one vectorised take per row group
+        (``delta_timestamps`` windows too, where they sit in the frame's row group), each mp4's frames for the
+        whole batch are decoded in one call (sorted rows: one forward pass per GOP run), and results are written
+        straight into batch tensors (in shared memory inside a DataLoader worker, as ``default_collate`` does).
+
+        Raises: as ``__getitem__`` does for the first failing item (``IndexError``, ``TypeError`` for non-integer
+        indices, FrameNotFoundError, MissingFileError, DatasetFormatError, VideoDecodeError, CacheError).
+        """
+        ii = self._batch_indices(indices)
+        b = len(ii)
+        w = self._w()
+        c = self._c
+        tensors: dict[str, torch.Tensor] = {}  # key -> (B, *item shape)
+        lists: dict[str, list] = {}  # key -> per-item values, collated by default_collate
+        order: list[str] = []
+        if b == 0:
+            return _Batch(order, tensors, lists, 0)
+        fi, idx = c["_file"][ii].astype(np.int64), c["index"][ii].astype(np.int64)
+        ep_from, ep_to, row0 = (c["ep_from_index"][ii].astype(np.int64), c["ep_to_index"][ii].astype(np.int64),
+                                c["ep_data_row0"][ii].astype(np.int64))
+        slot, off = c["_slot"][ii].astype(np.int64), c["_off"][ii].astype(np.int64)
+        for f in np.unique(fi):  # the batch's row groups of each file, cache files built together
+            w.map(self, np.unique(slot[fi == f]))
+        pads: dict[str, np.ndarray] = {}
+        windows: dict[str, tuple] = {}
+
+        def window(key: str):
+            # (clamped file rows q (B, T), pad (B, T), offsets in the frame's row group o (B, T), inside (B,))
+            if key not in windows:
+                target = self._delta[key][None, :] + idx[:, None]
+                pad = (target < ep_from[:, None]) | (target >= ep_to[:, None])
+                q = np.minimum(np.maximum(target, ep_from[:, None]), ep_to[:, None] - 1)
+                o = q + (off - idx)[:, None]
+                inside = (o.min(axis=1) >= 0) & (o.max(axis=1) < self._rg_len[slot])
+                windows[key] = (q, pad, o, inside)
+            return windows[key]
+
+        def gather(column: str, o: np.ndarray, sel: np.ndarray, out: np.ndarray) -> None:
+            # out[j] = column at row o[j] of row group slot[j], for j in sel: one take per row group
+            ss = slot[sel]
+            for s in np.unique(ss):
+                m = sel[ss == s]
+                out[m] = w.view(self, int(s)).column(column)[o[m]]
+
+        def neighbours(column: str, key: str, out: np.ndarray) -> None:
+            q, pad, o, inside = window(key)
+            sel = np.flatnonzero(inside)
+            if len(sel):
+                gather(column, o, sel, out)
+            for j in np.flatnonzero(~inside):  # a window crossing row groups: read per item
+                out[j] = self._rows(w, int(fi[j]), row0[j] + (q[j] - ep_from[j]), column)
+
+        # video: locate every camera's frames for the batch, then decode per (camera, mp4) in file order
+        frames: dict[str, torch.Tensor] = {}
+        targets = []
+        for k in self._video_keys:
+            codes = c[f"_vfile/{k}"][ii]
+            files = {int(code): self._video(w, k, int(code)) for code in np.unique(codes)}
+            if k in self._delta:
+                q, pad, o, inside = window(k)
+                # the data file's timestamp dtype, as __getitem__ reads the window's times from the row group
+                times = np.empty(q.shape, w.view(self, int(slot[0])).column("timestamp").dtype)
+                neighbours("timestamp", k, times)
+                rows = np.empty(q.shape, np.int64)
+                from_ts = c[f"{k}/from_timestamp"][ii]
+                for j in range(b):
+                    rows[j] = files[int(codes[j])].index.locate(
+                        locate.time_in_file(from_ts[j], times[j]), self.tolerance_s,
+                        episode_index=int(c["episode_index"][ii[j]]), video_key=k)
+                pads[f"{k}_is_pad"] = pad
+            else:
+                pos = c[f"_vpos/{k}"][ii]
+                rows = np.empty((b, 1), np.int64)
+                for code, vf in files.items():
+                    m = codes == code
+                    rows[m, 0] = vf.rows[pos[m]]
+                for j in np.flatnonzero(rows[:, 0] < 0):  # raises FrameNotFoundError with the full story
+                    i = int(ii[j])
+                    files[int(codes[j])].index.locate(
+                        locate.time_in_file(c[f"{k}/from_timestamp"][i], c["timestamp"][i:i + 1]), self.tolerance_s,
+                        episode_index=int(c["episode_index"][i]), video_key=k)
+            targets.append((k, codes, files, rows))
+        # decode per (camera, mp4), rows sorted inside decode_into: one forward pass per GOP run; the other cameras
+        # in helper threads where __getitem__ would use them (PyAV releases the GIL)
+        futures = []
+        if w.pool is not None and len(targets) > 1:
+            futures = [w.pool.submit(self._decode_batch, w, *tg) for tg in targets[:-1]]
+        try:
+            for tg in targets[len(futures):]:  # all cameras, or the last one beside the helpers
+                frames[tg[0]] = self._decode_batch(w, *tg)
+            for tg, f in zip(targets, futures):
+                frames[tg[0]] = f.result()
+            futures = []
+        finally:
+            for f in futures:  # an error above: let helper threads finish with their decoders before leaving
+                f.cancel() or f.exception()
+
+        # tabular columns, in __getitem__'s order
+        item_cols: dict[str, Any] = {}
+        for col in self._columns:
+            if col in self._delta:
+                q, pad, o, inside = window(col)
+                first = w.view(self, int(slot[0])).column(col)
+                if isinstance(first, np.ndarray):  # numbers: what __getitem__'s _tensor turns into one tensor
+                    out_t = _batch_tensor((b, *o.shape[1:], *first.shape[1:]), _np_torch(first.dtype))
+                    neighbours(col, col, out_t.numpy())
+                    item_cols[col] = out_t
+                else:
+                    vals = []
+                    for j in range(b):
+                        v, _ = self._neighbours(w, int(ii[j]), col, col, int(fi[j]), int(idx[j]), int(ep_from[j]),
+                                                int(ep_to[j]), int(row0[j]))
+                        x = self._tensor(col, v, int(ii[j]))
+                        if col in self._layout.image_keys and len(v) > 1 and x.ndim == 3:
+                            x = x[None]
+                        vals.append(x)
+                    item_cols[col] = vals
+                pads[f"{col}_is_pad"] = pad
+        for col, kind in self._plain:
+            if kind == "num":
+                first = w.view(self, int(slot[0])).column(col)
+                out_t = _batch_tensor((b, *first.shape[1:]), _np_torch(first.dtype))
+                gather(col, off, np.arange(b), out_t.numpy())
+                item_cols[col] = out_t
+            elif kind == "image":
+                item_cols[col] = [self._image(w.view(self, int(slot[j])).column(col)[int(off[j])], col, int(ii[j]))
+                                  for j in range(b)]
+            else:
+                item_cols[col] = [w.view(self, int(slot[j])).column(col)[int(off[j])].as_py() for j in range(b)]
+        if self._delta:
+            item_cols = {col: item_cols[col] for col in self._columns}
+        for k in sorted(pads, key=self._pad_order):
+            item_cols[k] = torch.from_numpy(np.ascontiguousarray(pads[k]))
+        batch = {**{k: frames[k] for k in self._video_keys}, **item_cols}
+        if self.image_transforms is not None:
+            # per item, item-major and in camera order, as __getitem__ calls it (a random transform draws the same)
+            cams = [k for k in self._layout.camera_keys if k in batch]
+            per = {k: [] for k in cams}
+            for j in range(b):
+                for k in cams:
+                    per[k].append(self.image_transforms(batch[k][j]))
+            batch.update(per)
+        batch["task"] = [self._tasks.get(int(x)) for x in c["task_index"][ii]]
+        for e, arr, numeric, ltype in self._extra_cols:
+            if numeric:
+                batch[e] = torch.from_numpy(np.ascontiguousarray(arr[ii]))
+                continue
+            vals = []
+            for v in arr.take(pa.array(ii)).to_pylist():
+                if isinstance(v, list) and v and all(isinstance(x, (int, float, bool)) for x in v):
+                    v = torch.tensor(v, dtype=ltype) if ltype is not None else torch.tensor(v)
+                elif isinstance(v, list) and v and ltype is not None and all(x is None or isinstance(x, (int, float))
+                                                                             for x in v):
+                    v = torch.tensor([float("nan") if x is None else x for x in v], dtype=torch.float64)
+                vals.append(v)
+            batch[e] = vals
+        for k, v in batch.items():
+            (tensors if isinstance(v, torch.Tensor) else lists)[k] = v
+        return _Batch(list(batch), tensors, lists, b)
+
+    def _decode_batch(self, w: _Worker, key: str, codes: np.ndarray, files: dict, rows: np.ndarray) -> torch.Tensor:
+        """Camera ``key``'s frames for a batch: one ``decode_chw`` per mp4 (``codes[j]`` the file of item j,
+        ``rows`` (B, T) its video rows), written into one (B, T, 3, H, W) batch tensor (uint8, or float32 in
+        [0, 1]); (B, 3, H, W) unless ``key`` is a delta key with T > 1, as ``__getitem__``'s shapes."""
+        b, t = rows.shape
+        out = na = None
+        for code in sorted(files):
+            m = np.flatnonzero(codes == code)
+            arr = w.decoders.decode_chw(files[code].index, rows[m].reshape(-1))
+            if out is None:
+                out = _batch_tensor((b, t, *arr.shape[1:]), torch.uint8 if self.return_uint8 else torch.float32)
+                na = out.numpy()
+            arr = arr.reshape(len(m), t, *arr.shape[1:])
+            if self.return_uint8:
+                na[m] = arr
+            else:
+                na[m] = _to_unit_float(arr)
+        return out if (key in self._delta and t > 1) else out[:, 0]
+
+    def _batch_indices(self, indices) -> np.ndarray:
+        """``indices`` as int64 positions in [0, n), checked as ``__getitem__`` checks one index."""
+        try:
+            ii = np.fromiter((operator.index(i) for i in indices), np.int64)
+        except TypeError:
+            ii = None
+        n = self._n
+        if ii is None or len(ii) and (ii.min() < -n or ii.max() >= n):
+            for i in indices:  # raises __getitem__'s TypeError / IndexError for the first bad index
+                self.__getitem__(i)
+        return ii % n if len(ii) else ii
+
     def __repr__(self) -> str:
         return (f"LeRobotSQLDataset({self._src.url!r}, samples={len(self)}, fps={self.fps:g}, "
                 f"cameras={self._video_keys + [k for k in self._layout.image_keys if k not in self._skip_columns]}, "
                 f"delta_timestamps={sorted(self._delta)})")
+
+
+
+class _Item(dict):
+    """One item of a :class:`_Batch`: a plain dict of the item's values (its type tells ``default_collate`` that
+    the batch it came from is already collated)."""
+
+    __slots__ = ()
+
+
+class _Batch(collections.abc.Sequence):
+    """What ``LeRobotSQLDataset.__getitems__`` returns: B items, and their collated batch.
+
+    ``batch[j]`` is item j as a dict (tensors are views of the batch tensors), so any ``collate_fn`` that takes a
+    list of items works on it; ``default_collate(batch)`` returns the collated dict without re-stacking (see
+    ``_collate_batch``).
+    """
+
+    def __init__(self, keys: list[str], tensors: dict[str, torch.Tensor], lists: dict[str, list], n: int):
+        self.keys, self.tensors, self.lists, self._n = keys, tensors, lists, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[x] for x in range(*j.indices(self._n))]
+        j = operator.index(j)
+        if not -self._n <= j < self._n:
+            raise IndexError(f"item {j} out of range for a batch of {self._n}")
+        return _Item((k, self.tensors[k][j] if k in self.tensors else self.lists[k][j]) for k in self.keys)
+
+    def collated(self, collate_fn_map) -> dict[str, Any]:
+        """``default_collate`` of the items: the batch tensors as they are, the other keys collated by torch."""
+        from torch.utils.data._utils.collate import collate
+
+        return {k: self.tensors[k] if k in self.tensors else collate(self.lists[k], collate_fn_map=collate_fn_map)
+                for k in self.keys}
+
+
+def _collate_batch(batch, *, collate_fn_map=None):
+    """``default_collate``'s rule for :class:`_Item`: a whole ``_Batch`` (torch's fetcher passes what
+    ``__getitems__`` returned) is already collated; anything else (a list of items taken out of batches, or a
+    caller's own collate map) goes through torch's generic dict rule."""
+    from torch.utils.data._utils.collate import collate, default_collate_fn_map
+
+    if isinstance(batch, _Batch) and collate_fn_map is default_collate_fn_map:
+        return batch.collated(collate_fn_map)
+    return collate([dict(x) for x in batch], collate_fn_map=collate_fn_map)
+
+
+def _register_collate() -> None:
+    # torch >= 1.13 dispatches default_collate on the first element's exact type through this public registry
+    # (documented in torch.utils.data._utils.collate.collate); older torch never calls __getitems__ either.
+    try:
+        from torch.utils.data._utils.collate import default_collate_fn_map
+    except ImportError:
+        return
+    default_collate_fn_map.setdefault(_Item, _collate_batch)
+
+
+_register_collate()
+
+
+def _np_torch(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def _batch_tensor(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised batch tensor; in a DataLoader worker in shared memory, as ``default_collate`` allocates
+    its stacks (the batch then crosses to the main process without a copy)."""
+    if torch.utils.data.get_worker_info() is not None:
+        try:
+            numel = int(np.prod(shape))
+            storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel)
+            return torch.empty(0, dtype=dtype).new(storage).view(shape)
+        except (AttributeError, RuntimeError, TypeError):  # a torch without these internals: a private tensor
+            pass
+    return torch.empty(shape, dtype=dtype)
 
 
 def _is_number(t: pa.DataType) -> bool:
