@@ -103,3 +103,19 @@ def assert_items_equal(a: dict, b: dict) -> None:
             assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
         else:
             assert a[k] == b[k], k
+
+
+def decode_planar_and_packed(src, rel: str, cache_dir, rows=(3, 50, 51)):
+    """Frames ``rows`` of mp4 ``rel`` decoded twice: by the pool (planar GBR conversion where it was checked equal)
+    and by a decoder forced onto packed rgb24; (planar, packed) uint8 (N, 3, H, W) arrays, for tests comparing the
+    two conversions."""
+    from lerobot_sql._readers import decode, video_index
+
+    index = video_index.FrameIndex.load(video_index.ensure_index_arrow(src, rel, cache_dir))
+    rows = np.array(rows)
+    a = decode.DecoderPool(src).decode_chw(index, rows)
+    f = decode._OpenFile(src, rel, 1)
+    f.planar = False  # force the packed rgb24 path
+    b = np.empty_like(a)
+    f.decode_into(index, rows, b, 2)
+    return a, b

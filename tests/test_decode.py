@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
-from helpers import data_root
+from helpers import data_root, decode_planar_and_packed
 from lerobot_sql._readers import decode, video_index
 from lerobot_sql._storage.source import open_source
 
@@ -79,14 +79,7 @@ def test_forward_reads_do_not_seek(datasets, tmp_path):
 
 def test_planar_and_packed_conversion_agree(real_datasets, tmp_path):
     src = open_source(real_datasets / "g1_real_v30")
-    rel = CASES[2][1]
-    index = video_index.FrameIndex.load(video_index.ensure_index_arrow(src, rel, tmp_path))
-    rows = np.array([3, 50, 51])
-    a = decode.DecoderPool(src).decode_chw(index, rows)
-    f = decode._OpenFile(src, rel, 1)
-    f.planar = False  # force the packed rgb24 path
-    b = np.empty_like(a)
-    f.decode_into(index, rows, b, 2)
+    a, b = decode_planar_and_packed(src, CASES[2][1], tmp_path)
     np.testing.assert_array_equal(a, b)
 
 

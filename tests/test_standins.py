@@ -25,6 +25,7 @@ from lerobot_sql._plan import resolve as plan
 from lerobot_sql._readers import decode, tabular, video_index
 from lerobot_sql._format.layout import load_layout
 from lerobot_sql._storage.source import open_source
+from helpers import decode_planar_and_packed
 from standins import DATA, EPISODES, FRONT, SPLIT, TASKS, WRIST, video_rel
 
 DELTA = {"observation.state": [-2 / 30, -1 / 30, 0.0], "action": [i / 30 for i in range(10)],
@@ -172,14 +173,7 @@ def test_g1_like_index_equals_full_demux_and_decoder_reads_exact_frames(g1, tmp_
 def test_g1_like_planar_and_packed_conversion_agree_at_480x640(g1, tmp_path):
     root = g1[0]
     src = open_source(root)
-    rel = video_rel(WRIST, 0)
-    index = video_index.FrameIndex.load(video_index.ensure_index_arrow(src, rel, tmp_path))
-    rows = np.array([3, 50, 51])
-    a = decode.DecoderPool(src).decode_chw(index, rows)
-    f = decode._OpenFile(src, rel, 1)
-    f.planar = False  # force the packed rgb24 path
-    b = np.empty_like(a)
-    f.decode_into(index, rows, b, 2)
+    a, b = decode_planar_and_packed(src, video_rel(WRIST, 0), tmp_path)
     np.testing.assert_array_equal(a, b)
     assert a.shape == (3, 3, 480, 640)
 
