@@ -182,3 +182,21 @@ def test_an_empty_window_among_others_is_refused_naming_the_row(datasets):
         db.dataset(sql)
     ok = db.dataset("SELECT episode_index, 0.0 AS start_s, 1.0 AS end_s FROM episodes WHERE episode_index IN (1, 2)")
     assert len(ok) == 60  # 30 frames of each
+
+
+def test_repeated_episode_rows_are_warned_about(datasets):
+    """`SELECT episode_index FROM frames WHERE ...` is one row per frame: each row gave the whole episode again
+    (158 x 158 samples) without a word."""
+    db = lsql.connect(datasets / "small20")
+    length = db.sql("SELECT length FROM episodes WHERE episode_index = 1").fetchall()[0][0]
+    with pytest.warns(UserWarning, match=rf"episode 1 {length} times.*SELECT DISTINCT episode_index"):
+        ds = db.dataset("SELECT episode_index FROM frames WHERE episode_index = 1", cameras=[])
+    assert len(ds) == length * length  # still served as asked
+    with pytest.warns(UserWarning, match=r"window \(episode 1, 0.0 .. 0.5 s\) 2 times"):
+        db.dataset("SELECT 1 AS episode_index, 0.0 AS start_s, 0.5 AS end_s UNION ALL "
+                   "SELECT 1, 0.0, 0.5", cameras=[])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # distinct rows: no warning
+        db.dataset("SELECT DISTINCT episode_index FROM frames WHERE episode_index IN (1, 2)", cameras=[])

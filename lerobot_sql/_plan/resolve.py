@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import warnings
 from typing import Callable
 
 import duckdb
@@ -222,6 +223,22 @@ def _warn_rows_unlike_metadata(con: duckdb.DuckDBPyConnection) -> None:
         "the episode out of the query", stacklevel=5)
 
 
+def _warn_repeated_rows(result: pa.Table, mode: str, sql: str) -> None:
+    """Warn when the same episode (or the same window) comes more than once: each row gives its frames again, which
+    is a training set with repeats, and more often a query over ``frames`` missing a DISTINCT (one row per frame:
+    an episode of 158 frames came 158 times, 24,964 samples without a word)."""
+    keys = ["episode_index"] if mode == "episode" else ["episode_index", "start_s", "end_s"]
+    counts = result.group_by(keys).aggregate([([], "count_all")])
+    rep = counts.filter(pc.greater(counts["count_all"], 1))
+    if rep.num_rows:
+        top = rep.sort_by([("count_all", "descending")]).slice(0, 1).to_pylist()[0]
+        what = (f"episode {top['episode_index']}" if mode == "episode" else
+                f"window (episode {top['episode_index']}, {top['start_s']} .. {top['end_s']} s)")
+        warnings.warn(f"{rep.num_rows} {mode}(s) come more than once in the result ({what} {top['count_all']} times); "
+                      f"each row gives its frames again. If you meant each once, SELECT DISTINCT {', '.join(keys)} "
+                      f"(a query over frames returns one row per frame): {sql!r:.200}", stacklevel=4)
+
+
 def _check_window_bounds(result: pa.Table, sql: str) -> None:
     """Refuse NaN or NULL ``start_s``/``end_s``: DuckDB orders NaN above every number, so ``timestamp < NaN`` holds
     and a NaN end would silently select the rest of the episode (a NaN start selects nothing). Infinite bounds keep
@@ -322,6 +339,8 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     result = _check_contract_types(result, mode, sql)
     if mode == "window":
         _check_window_bounds(result, sql)
+    if mode in ("episode", "window"):
+        _warn_repeated_rows(result, mode, sql)
     video_cols = _manifest.video_columns(layout.video_keys)
     reserved = set(CORE) | set(LOCATION) | set(video_cols)
     contract = {"index": ("index",), "window": ("episode_index", "start_s", "end_s"),
