@@ -56,3 +56,15 @@ def test_dataset_files_open_without_duckdb_and_travel_to_workers(datasets, tmp_p
         a, b = ds[i], want[i]
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+
+
+@pytest.mark.parametrize("bad", [3, [1, 2], None.__class__, 2.5])
+def test_sql_that_is_not_a_string_is_a_type_error_naming_it(datasets, bad):
+    db = lsql.connect(datasets / "small20")
+    for call in (db.sql, db.manifest, db.dataset, db.stats):
+        if call is db.dataset and bad is None.__class__:
+            continue
+        with pytest.raises(TypeError, match=r"SQL must be a string .*not (int|list|type|float)"):
+            call(bad)
+    with pytest.raises(TypeError, match=r"episodes=\[\.\.\.\]"):
+        db.dataset([1, 2])
