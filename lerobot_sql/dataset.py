@@ -150,7 +150,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         # The task texts are read here, in the main process, before any worker starts (once per DatasetFiles).
         layout = files.layout
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir
-        self.fps = layout.fps
+        # info.json's own value, as lerobot's ds.fps (an int in lerobot-written data); layout.fps is its float
+        self.fps = layout.info.get("fps", layout.fps)
         self.tolerance_s = float(tolerance_s)
         if not (math.isfinite(self.tolerance_s) and self.tolerance_s > 0):
             # A negative or NaN tolerance matches no frame (every item would raise), an infinite one any frame. 0 as
@@ -320,7 +321,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         Raises:
             DatasetFormatError: naming the mp4, camera and episode, what overlaps, and the fix.
         """
-        locate.check_clips(index.pts_s, self._clips.get(key), rel, fps=self.fps, where=self._src.path(rel),
+        locate.check_clips(index.pts_s, self._clips.get(key), rel, fps=self._layout.fps, where=self._src.path(rel),
                            video_key=key)
 
     def _frame(self, key: str, i: int) -> tuple[str, video_index.FrameIndex, int]:

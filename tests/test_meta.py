@@ -50,6 +50,7 @@ def test_whole_episodes_meta_matches_the_selection(sample, tmp_path):
         f["shape"] = tuple(f["shape"])
     assert meta.features == info["features"] and ds.features == info["features"]
     assert meta.fps == ds.fps == info["fps"] and meta.robot_type == info.get("robot_type")
+    assert type(ds.fps) is type(meta.fps) is type(info["fps"]) is int  # lerobot's ds.fps is info.json's int
     assert meta.camera_keys == ds.camera_keys == ["observation.images.front", "observation.images.wrist"]
     assert meta.video_keys == meta.camera_keys and meta.image_keys == [] and meta.depth_keys == []
     assert meta.shapes["action"] == tuple(info["features"]["action"]["shape"])
