@@ -38,6 +38,8 @@ STAGE_TOP = {
     "prefetch": "feature", "doctor": "feature", "nearest": "feature", "display": "feature", "stats": "feature",
     # the facade
     "__init__": "facade", "db": "facade",
+    # the one old import path kept for a release (docs/sql.md showed `from lerobot_sql import library` in 0.1)
+    "library": "query",
     # the demo and the lerobot-train driver: users of the facade
     "demo": "cli", "train": "cli",
 }

@@ -16,7 +16,7 @@ import pytest
 
 import lerobot_sql as lsql
 from helpers import data_root
-from test_pointers import ALL, _both
+from test_episodes import ALL, _both
 
 SHIPPED = ["small20", "h264_20", "multifile60", "img5_extras", "v21_small20"]
 CORE = [("index", pa.int64()), ("episode_index", pa.int64()), ("frame_index", pa.int64()),

@@ -1,4 +1,4 @@
-"""Whole-episode manifests from the episode pointers (lerobot_sql/pointers.py): equal to the DuckDB join's, no DuckDB."""
+"""Whole-episode manifests from the episode pointers (lerobot_sql/_plan/episodes.py): equal to the DuckDB join's, no DuckDB."""
 
 from __future__ import annotations
 
