@@ -11,6 +11,7 @@ import collections.abc
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import gc
 import io
 import json
@@ -370,9 +371,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             source_eps = read_episodes(self._src, self._layout, np.unique(ep))
             self._meta_obj = _meta.SelectionMetadata(
                 self._layout, _meta.episodes_table(source_eps, ep, fr), self._tasks, total_frames=self._n,
-                task_indices=self._c["task_index"], repo_id=self.repo_id, root=self.root,
-                stats_fn=self._stats_fn if os.getpid() == self._owner_pid or self._stats_fn is None
-                else _meta.stats_unavailable, cameras=self.camera_keys)
+                task_indices=self._c["task_index"], repo_id=self.repo_id, root=self.root, stats_fn=self._stats_fn,
+                cameras=self.camera_keys, owner_pid=self._owner_pid)
         return self._meta_obj
 
     @property
@@ -391,9 +391,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         """Samples in the dataset (``len(ds)``; a frame selected twice counts twice)."""
         return self._n
 
-    @property
+    @functools.cached_property
     def num_episodes(self) -> int:
-        """Distinct episodes the samples come from."""
+        """Distinct episodes the samples come from (counted once: a sort of every sample's episode_index)."""
         return int(len(np.unique(self._c["episode_index"])))
 
     @property
@@ -415,10 +415,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     @property
     def repo_id(self) -> str:
         """The Hub repo id of a Hub dataset (``org/name``), else the root folder's name."""
-        url = self._src.url
-        if url.startswith("hf://datasets/"):
-            return "/".join(url[len("hf://datasets/"):].split("@")[0].split("/")[:2])
-        return Path(self._src.root.rstrip("/")).name or self._src.url
+        return _meta.repo_id(self._src.url, self._src.root)
 
     @property
     def root(self) -> Path | str:
@@ -632,15 +629,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             if numeric:  # 0-d tensor of the column's own dtype
                 item[e] = torch.from_numpy(np.array(arr[i]))
                 continue
-            v = arr[i].as_py()
-            if isinstance(v, list) and v and all(isinstance(x, (int, float, bool)) for x in v):
-                # a list of numbers: 1-D tensor of the list's value dtype (NULL elements become NaN, as float64)
-                item[e] = torch.tensor(v, dtype=ltype) if ltype is not None else torch.tensor(v)
-            elif isinstance(v, list) and v and ltype is not None and all(x is None or isinstance(x, (int, float))
-                                                                         for x in v):
-                item[e] = torch.tensor([float("nan") if x is None else x for x in v], dtype=torch.float64)
-            else:
-                item[e] = v
+            item[e] = _extra_value(arr[i].as_py(), ltype)
         return item
 
     def _pad_order(self, key: str) -> int:
@@ -812,15 +801,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             if numeric:
                 batch[e] = torch.from_numpy(np.ascontiguousarray(arr[ii]))
                 continue
-            vals = []
-            for v in arr.take(pa.array(ii)).to_pylist():
-                if isinstance(v, list) and v and all(isinstance(x, (int, float, bool)) for x in v):
-                    v = torch.tensor(v, dtype=ltype) if ltype is not None else torch.tensor(v)
-                elif isinstance(v, list) and v and ltype is not None and all(x is None or isinstance(x, (int, float))
-                                                                             for x in v):
-                    v = torch.tensor([float("nan") if x is None else x for x in v], dtype=torch.float64)
-                vals.append(v)
-            batch[e] = vals
+            batch[e] = [_extra_value(v, ltype) for v in arr.take(pa.array(ii)).to_pylist()]
         for k, v in batch.items():
             (tensors if isinstance(v, torch.Tensor) else lists)[k] = v
         return _Batch(list(batch), tensors, lists, b)
@@ -939,6 +920,16 @@ def _batch_tensor(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         except (AttributeError, RuntimeError, TypeError):  # a torch without these internals: a private tensor
             pass
     return torch.empty(shape, dtype=dtype)
+
+
+def _extra_value(v, ltype: torch.dtype | None):
+    """A query's non-numeric extra column value as an item carries it: a list of numbers as a 1-D tensor of the
+    list's value dtype (NULL elements become NaN, as float64); anything else (text, None, other lists) as is."""
+    if isinstance(v, list) and v and all(isinstance(x, (int, float, bool)) for x in v):
+        return torch.tensor(v, dtype=ltype) if ltype is not None else torch.tensor(v)
+    if isinstance(v, list) and v and ltype is not None and all(x is None or isinstance(x, (int, float)) for x in v):
+        return torch.tensor([float("nan") if x is None else x for x in v], dtype=torch.float64)
+    return v
 
 
 def _is_number(t: pa.DataType) -> bool:

@@ -107,7 +107,7 @@ class SelectionMetadata:
 
     def __init__(self, layout: Layout, episodes: pa.Table, tasks: dict[int, str], *, total_frames: int,
                  task_indices: np.ndarray, repo_id: str, root: Path | str,
-                 stats_fn: Callable[[], dict] | None, cameras: list[str] | None = None):
+                 stats_fn: Callable[[], dict] | None, cameras: list[str] | None = None, owner_pid: int | None = None):
         self._layout = layout
         self.repo_id = repo_id
         self.root = root
@@ -118,7 +118,8 @@ class SelectionMetadata:
         self._total_episodes = len(set(episodes.column("episode_index").to_pylist())) if episodes.num_rows else 0
         self._total_tasks = int(len(np.unique(task_indices)))
         self._stats_fn = stats_fn
-        self._pid = os.getpid()  # the process holding the Database: the only one that may compute the stats
+        # the process holding the Database (the dataset's builder): the only one that may call stats_fn
+        self._pid = os.getpid() if owner_pid is None else owner_pid
         self._stats: dict | None = None
         self._tasks_df = None
         info = copy.deepcopy(layout.info)
@@ -253,6 +254,14 @@ def stats_unavailable():
                                 "unpickled dataset), where no DuckDB connection exists to compute it; read "
                                 "ds.meta.stats once in the main process before starting the DataLoader, or build "
                                 "the dataset with stats='dataset'")
+
+
+def repo_id(url: str, root: str) -> str:
+    """The dataset's lerobot ``repo_id``: ``org/name`` of a Hub dataset (``hf://datasets/org/name[@rev][/sub]``),
+    else the root folder's name."""
+    if url.startswith("hf://datasets/"):
+        return "/".join(url[len("hf://datasets/"):].split("@")[0].split("/")[:2])
+    return Path(root.rstrip("/")).name or url
 
 
 def episodes_table(source_episodes: pa.Table | None, episode_index: np.ndarray, frame_index: np.ndarray) -> pa.Table:

@@ -55,11 +55,6 @@ def numeric_features(layout: Layout) -> list[str]:
     return [k for k, f in layout.features.items() if f.dtype in NUMERIC_DTYPES]
 
 
-def camera_features(layout: Layout) -> list[str]:
-    """Features whose statistics are aggregated from per-episode statistics (``video`` and ``image``)."""
-    return [k for k, f in layout.features.items() if f.dtype in ("video", "image")]
-
-
 def from_json(raw: dict, where: str) -> dict[str, dict[str, np.ndarray]]:
     """``meta/stats.json`` as lerobot loads it (``cast_stats_to_numpy``: every value through ``np.array``).
 
@@ -107,8 +102,7 @@ def selection_stats(con: "duckdb.DuckDBPyConnection", layout: Layout, manifest: 
                 f"{manifest.num_rows - found} of {manifest.num_rows} selected samples have no row in the data files "
                 "(frames.index): the manifest describes another dataset or the data changed since it was made; "
                 "build the selection again from this Database")
-        cams = camera_features(layout)
-        per_camera = _camera_stats(con, layout, name, cams)
+        per_camera = _camera_stats(con, layout, name, layout.camera_keys)  # video and image features
         for key in layout.features:
             if key in numeric:
                 out[key] = _numeric_stats(con, layout, name, key, quantiles)
