@@ -34,6 +34,11 @@ from typing import Any
 from .errors import TrainSetupError
 
 SUPPORTED = ((0, 4), (0, 6))  # lerobot minor versions checked (README: "Train with lerobot")
+# lerobot-train options a SQL selection replaces: refused from the arguments (before lerobot is imported) and again
+# from the parsed config (a --config_path file can set them too)
+NO_EPISODES = ("--dataset.episodes cannot be combined with --sql: select the episodes in the SQL (e.g. ... WHERE "
+               "episode_index IN (2, 5, 7))")
+NO_STREAMING = "--dataset.streaming is not used with --sql: the selection is read in place, only the bytes it needs"
 
 
 def lerobot_version() -> tuple[int, ...]:
@@ -84,11 +89,9 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
     def factory(cfg):
         factory.dataset = None
         if getattr(cfg.dataset, "episodes", None):
-            raise TrainSetupError("--dataset.episodes cannot be combined with --sql: select the episodes in the SQL "
-                                  "(e.g. ... WHERE episode_index IN (2, 5, 7))")
+            raise TrainSetupError(NO_EPISODES)
         if getattr(cfg.dataset, "streaming", False):
-            raise TrainSetupError("--dataset.streaming is not used with --sql: the selection is read in place, "
-                                  "only the bytes it needs")
+            raise TrainSetupError(NO_STREAMING)
         features = db.layout.info["features"]
         probe = _Probe(features, db.layout.info["fps"])
         policy_cfg = getattr(cfg, "trainable_config", None) or cfg.policy
@@ -189,11 +192,9 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
     args = list(lerobot_args)
     # What can be checked without lerobot comes first: a user should not install lerobot to learn of a typo.
     if _arg_value(args, "dataset.episodes") not in (None, "", "null", "None", "[]"):
-        raise TrainSetupError("--dataset.episodes cannot be combined with --sql: select the episodes in the SQL "
-                              "(e.g. ... WHERE episode_index IN (2, 5, 7))")
+        raise TrainSetupError(NO_EPISODES)
     if (_arg_value(args, "dataset.streaming") or "false").lower() == "true":
-        raise TrainSetupError("--dataset.streaming is not used with --sql: the selection is read in place, only the "
-                              "bytes it needs")
+        raise TrainSetupError(NO_STREAMING)
     if float(_arg_value(args, "eval_split") or 0) > 0:
         raise TrainSetupError("--eval_split is not supported with --sql: hold out episodes in the SQL instead (the "
                               "named query 'split' does a seeded split)")
@@ -209,12 +210,7 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
     from lerobot.scripts import lerobot_train as lt
 
     if sql is None:
-        out = _arg_value(args, "output_dir") or _arg_value(args, "config_path")
-        saved = Path(out).parent.parent.parent / "lerobot_sql_train.json" if out and out.endswith(".json") else \
-            (Path(out) / "lerobot_sql_train.json" if out else None)
-        if saved is None or not saved.exists():
-            raise TrainSetupError("no --sql given and no lerobot_sql_train.json to resume from; pass --sql")
-        sql = json.loads(saved.read_text())["sql"]
+        sql = saved_selection(args)
     factory = make_factory(db, sql, stats=stats, version=version, dataset_kwargs=dataset_kwargs)
     if _arg_value(args, "dataset.repo_id") is None:
         args.append(f"--dataset.repo_id={_repo_id(db)}")
@@ -238,8 +234,25 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
         sys.argv = argv
 
 
+def saved_selection(lerobot_args: list[str]) -> str:
+    """The SQL a run was started with, for ``--resume``: lerobot resumes from
+    ``--config_path=<output_dir>/checkpoints/<step>/pretrained_model/train_config.json`` (or ``--output_dir``), and
+    the selection was saved as ``<output_dir>/lerobot_sql_train.json``, in one of that path's folders.
+
+    Raises:
+        TrainSetupError: neither argument leads to a saved selection.
+    """
+    out = _arg_value(lerobot_args, "output_dir") or _arg_value(lerobot_args, "config_path")
+    here = [Path(out), *Path(out).parents] if out else []
+    saved = next((d / "lerobot_sql_train.json" for d in here if (d / "lerobot_sql_train.json").exists()), None)
+    if saved is None:
+        raise TrainSetupError(f"no --sql given and no lerobot_sql_train.json beside {out or 'any --output_dir'} to "
+                              "resume from; pass --sql")
+    return json.loads(saved.read_text())["sql"]
+
+
 def _repo_id(db) -> str:
-    url = db.source.url
-    if url.startswith("hf://datasets/"):
-        return url[len("hf://datasets/"):].split("@")[0]
-    return "local/" + (Path(db.source.root).name or "dataset")
+    from .meta import repo_id
+
+    rid = repo_id(db.source.url, db.source.root)
+    return rid if "/" in rid else f"local/{rid}"  # lerobot names runs by an org/name repo_id

@@ -206,3 +206,19 @@ def test_the_train_sampler_drops_by_episode_ends_not_by_runs(sample, tmp_path):
     assert frames == [f for f in range(0, length, 2) if 1 <= f < length - 3]
     with pytest.raises(TrainSetupError, match="leaves none"):
         keep_positions(ds.manifest, 0, length)
+
+
+def test_resume_finds_the_saved_selection_from_lerobots_checkpoint_config(tmp_path):
+    """lerobot resumes from <output_dir>/checkpoints/<step>/pretrained_model/train_config.json: the selection saved in
+    <output_dir> is found from there (it was looked for three folders up, in checkpoints/, and never found)."""
+    from lerobot_sql.errors import TrainSetupError
+    from lerobot_sql.train import saved_selection
+
+    out = tmp_path / "run"
+    cfg = out / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
+    cfg.parent.mkdir(parents=True)
+    (out / "lerobot_sql_train.json").write_text(json.dumps({"sql": "SELECT episode_index FROM episodes"}))
+    assert saved_selection(["--resume=true", f"--config_path={cfg}"]) == "SELECT episode_index FROM episodes"
+    assert saved_selection([f"--output_dir={out}"]) == "SELECT episode_index FROM episodes"
+    with pytest.raises(TrainSetupError, match="pass --sql"):
+        saved_selection([f"--output_dir={tmp_path / 'other'}"])
