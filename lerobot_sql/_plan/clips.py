@@ -58,7 +58,9 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
     Returns:
         per video_key, column lists over the selected episodes ordered by episode: ``episode_index``, ``path``,
         ``from_timestamp``, ``length``, and the clips just before and after in the same mp4: ``prev_episode``,
-        ``prev_from_timestamp``, ``prev_length``, ``next_episode``, ``next_from_timestamp`` (None at the file's ends).
+        ``prev_from_timestamp``, ``prev_length``, ``next_episode``, ``next_from_timestamp`` (None at the file's ends);
+        and ``chains``: per mp4 a selected episode uses, every clip in it (``episode_index``, ``from_timestamp``,
+        ``length``) ordered by ``from_timestamp``, for :func:`lerobot_sql._readers.locate.check_clips`.
 
     Raises:
         DatasetFormatError: naming the episode, camera, mp4 and the fix (the lowest bad episode_index first).
@@ -110,5 +112,10 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
             "prev_length": opt(same_prev[rows], n[prev[rows]]),
             "next_episode": opt(same_next[rows], ep[nxt[rows]]),
             "next_from_timestamp": opt(same_next[rows], f[nxt[rows]]),
+            # The whole chain of every touched mp4 (the dataset checks it against the file's frames at first open:
+            # a run of clips shifted by whole frames shows only where the run ends, maybe far from the selection).
+            "chains": {str(p): {"episode_index": ep[m].tolist(), "from_timestamp": f[m].tolist(),
+                                "length": n[m].tolist()}
+                       for p in dict.fromkeys(path[rows].tolist()) for m in [path == p]},
         }
     return out

@@ -95,27 +95,139 @@ def packet_ranges(rows, key_row: np.ndarray, byte_offset: np.ndarray, byte_size:
 
 
 def check_clips(pts_s: np.ndarray, clips: dict | None, rel: str, *, fps: float, where: str, video_key: str) -> None:
-    """Check the selected episodes' clips in mp4 ``rel`` against its real frames, where per-frame lookups cannot.
+    """Check the clip chain of mp4 ``rel`` against its real frames, where per-frame lookups cannot.
 
     In a lerobot-written file each episode's clip is a run of ``length`` consecutive frames starting at the frame
     presented at ``from_timestamp``, and the clips of one file do not share frames. A start shifted by whole frames
-    still finds a frame for every timestamp (the neighbour's), so only this check can tell: an episode's first frame
-    must come after the previous clip's last frame, and its ``length`` frames must end before the next clip's first
-    frame and within the file. ``to_timestamp`` is not used, so writers that store ``to_timestamp = from_timestamp +
-    (length - 1) / fps`` pass. A time maps to the first frame presented no earlier than half a frame before it.
+    still finds a frame for every timestamp (the neighbour's), so only this check can tell. It takes every clip of
+    the file (the manifest's ``chains``), not only the selected ones: a run of consecutive clips all shifted by the
+    same whole frames overlaps nothing inside, and shows only where the run ends, maybe far from the selection (see
+    :func:`chain_problems` for the rule). ``to_timestamp`` is not used, so writers that store ``to_timestamp =
+    from_timestamp + (length - 1) / fps`` pass. A time maps to the first frame presented no earlier than half a
+    frame before it. Cost: a few vectorised passes over the file's clips, once per mp4 and process.
 
     Args:
-        pts_s: the file's frame times. clips: column lists from ``pointers.check_clips`` (the manifest's metadata)
-            for camera ``video_key``, or None. where: the mp4's path or URL, for the message.
+        pts_s: the file's frame times (float64 seconds, sorted). clips: column lists from
+            :func:`lerobot_sql._plan.clips.check_clips` (the manifest's metadata) for camera ``video_key``, or None.
+            where: the mp4's path or URL, for the message.
 
     Raises:
-        DatasetFormatError: naming the mp4, camera and episode, what overlaps, and the fix.
+        DatasetFormatError: a selected episode's clip is implicated; names the mp4, camera, the episodes (the run),
+            the offset in frames and seconds where the frames tell it, and the fix.
     """
     if not clips:
         return
     sel = np.flatnonzero(np.asarray(clips["path"], dtype=object) == rel)
     if not len(sel):
         return
+    chain = (clips.get("chains") or {}).get(rel)
+    if chain is None:  # a manifest written before chains
+        return _check_neighbours(pts_s, clips, sel, fps=fps, where=where, video_key=video_key)
+    msg = chain_problems(pts_s, chain, {clips["episode_index"][j] for j in sel}, fps=fps, video_key=video_key)
+    if msg:
+        raise DatasetFormatError(f"{where}: camera {video_key!r}, {msg}")
+
+
+def chain_problems(pts_s: np.ndarray, chain: dict, selected, *, fps: float, video_key: str) -> str | None:
+    """What is wrong with the clip of the first implicated selected episode in one mp4's clip chain, or None.
+
+    The rule. Clip i occupies frames ``a_i .. a_i + length_i - 1`` of the file (``a_i``: the first frame presented
+    no earlier than half a frame before ``from_timestamp``). A clip is *bad* if it starts before the file's first
+    frame, runs past its last frame, or shares frames with the clip before or after it (both clips of an overlap are
+    bad: which one is wrong, the frames cannot tell). Clips whose frames follow each other with no gap and no overlap
+    form a *run*; a run is *anchored* if it starts at the file's first frame or ends at its last one (a shift would
+    have moved that end off the file's edge). Every clip of an unanchored run holding a bad clip is implicated too:
+    the run moved as one (an off-by-one merge, drift reaching a whole frame), and every lookup in it lands on a real
+    frame, the wrong one. Nothing is corrected: a run that is k frames late fits the frames just as well as a file
+    with k spare frames before it and k frames lost at its end, and lerobot reads the shifted frames, so the fix
+    (the metadata) is named instead. Gaps (frames in no clip) alone are not an error (episodes deleted from the
+    metadata, clips longer than their episodes).
+
+    Args:
+        chain: ``episode_index``, ``from_timestamp`` (seconds), ``length`` (frames in data/) of every clip in the
+            file with at least one frame. selected: episode indices the caller reads.
+    """
+    ep = np.asarray(chain["episode_index"], np.int64)
+    f = np.asarray(chain["from_timestamp"], np.float64)
+    n = np.asarray(chain["length"], np.int64)
+    order = np.lexsort((ep, f))
+    ep, f, n = ep[order], f[order], n[order]
+    m, total = len(ep), len(pts_s)
+    if not m:
+        return None
+    half = 0.5 / float(fps)
+    a = np.searchsorted(pts_s, f - half).astype(np.int64)
+    b = a + n
+    early = f < (pts_s[0] if total else 0.0) - half
+    over = b[:-1] - a[1:]  # frames clip i shares with clip i + 1 (< 0: frames between them that are in no clip)
+    bad = early | (b > total)
+    bad[:-1] |= over > 0
+    bad[1:] |= over > 0
+    if not bad.any():
+        return None
+    breaks = np.flatnonzero(over != 0)
+    run = np.r_[0, np.cumsum(over != 0)]
+    first, last = np.r_[0, breaks + 1], np.r_[breaks, m - 1]
+    anchored = ((a[first] == 0) & ~early[first]) | (b[last] == total)
+    run_bad = np.zeros(len(first), bool)
+    run_bad[run[bad]] = True
+    implicated = bad | (run_bad & ~anchored)[run]
+    hit = np.flatnonzero(implicated & np.isin(ep, np.fromiter(selected, np.int64)))
+    if not len(hit):
+        return None
+    j = int(hit[0])
+    whys = []
+    if early[j]:
+        whys.append(f"its clip starts at from_timestamp={f[j]:.6f} s, before the file's first frame "
+                    f"({pts_s[0]:.6f} s)" if total else "the file has no frames")
+    if b[j] > total:
+        whys.append(f"its {int(n[j])} frames (frames {a[j]}..{b[j] - 1} of the file) run past the file's last frame "
+                    f"({total - 1})")
+    if j > 0 and over[j - 1] > 0:
+        whys.append(f"its first frame (frame {a[j]} of the file) is one of the {int(n[j - 1])} frames of episode "
+                    f"{int(ep[j - 1])}'s clip, which starts at {f[j - 1]:.6f} s")
+    if j < m - 1 and over[j] > 0:
+        whys.append(f"its {int(n[j])} frames (frames {a[j]}..{b[j] - 1} of the file) run into the clip of episode "
+                    f"{int(ep[j + 1])}, which starts at frame {a[j + 1]} ({f[j + 1]:.6f} s)")
+    r = run[j]
+    i0, i1 = int(first[r]), int(last[r])
+    eps = f"episodes {ep[i0]}-{ep[i1]}" if i1 > i0 else f"episode {ep[i0]}"
+    shift = None
+    if not anchored[r]:
+        before = (int(round((f[i0] - pts_s[0]) * fps)) if early[i0] and total else
+                  int(a[i0] - (b[i0 - 1] if i0 > 0 else 0)))  # > 0: free frames before the run; < 0: shared
+        after = int((a[i1 + 1] if i1 < m - 1 else total) - b[i1])
+        end = (f"into the clip of episode {ep[i1 + 1]}" if i1 < m - 1 else "past the file's last frame")
+        clips_of = f"the clips of {eps} (one unbroken run, frames {a[i0]}..{b[i1] - 1} of the file)" if i1 > i0 \
+            else f"the clip of {eps} (frames {a[i0]}..{b[i1] - 1} of the file)"
+        if before > 0 and after == -before:
+            shift = before
+            whys.append(f"{clips_of} sit{'s' if i1 == i0 else ''} {before} frame{'s' if before > 1 else ''} late "
+                        f"({before / fps:.6f} s): the {before} frame(s) before {'it' if i1 == i0 else 'the run'} are "
+                        f"in no clip and its end runs {before} frame(s) {end}; every lookup in it would land on a real "
+                        f"frame, {before} late")
+        elif before < 0 and after == -before:
+            shift = before
+            whys.append(f"{clips_of} sit{'s' if i1 == i0 else ''} {-before} frame{'s' if -before > 1 else ''} early "
+                        f"({-before / fps:.6f} s): its start shares {-before} frame(s) with the clip before it and the "
+                        f"{after} frame(s) after it are in no clip; every lookup in it would land on a real frame, "
+                        f"{-before} early")
+        else:
+            whys.append(f"{clips_of} move{'s' if i1 == i0 else ''} with it: no anchor in the file tells how far "
+                        f"({before:+d} frame(s) free before it, {after:+d} after it)")
+    fix = (f"{'subtract' if shift > 0 else 'add'} {abs(shift)}/fps = {abs(shift) / fps:.6f} s "
+           f"{'from' if shift > 0 else 'to'} videos/{video_key}/from_timestamp and to_timestamp of {eps} in "
+           "meta/episodes" if shift else
+           f"fix videos/{video_key}/from_timestamp in meta/episodes so each clip starts on the frame after the "
+           "previous episode's last")
+    return (f"episode {int(ep[j])}: the clip starting at from_timestamp={f[j]:.6f} s disagrees with the video: "
+            f"{'; '.join(whys)}. Reading it would give another episode's frames, shifted frames or none, so no item "
+            f"reading this mp4 is served. Fix: {fix} (run `lerobot-sql doctor`)")
+
+
+def _check_neighbours(pts_s: np.ndarray, clips: dict, sel: np.ndarray, *, fps: float, where: str,
+                      video_key: str) -> None:
+    """The check of manifests written before ``chains`` (the selected clips against their two neighbours only)."""
     half = 0.5 / float(fps)
 
     def num(name: str, fill: float) -> np.ndarray:

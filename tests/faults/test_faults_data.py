@@ -246,6 +246,32 @@ def test_last_clip_of_file_shifted_by_one_frame(damaged):
     _typed(e, str(root / FRONT), "observation.images.front", "episode 19", "past the file's last frame", "doctor")
 
 
+def _shift_run(root, eps, frames: int, key="observation.images.front"):
+    """Shift the clips (from and to) of ``eps`` by ``frames`` whole frames, as an off-by-one merge does."""
+    for ep in eps:
+        _shift_clip(root, ep, frames / 30, key=key)
+
+
+@pytest.mark.parametrize("eps, pick", [(range(2, 7), 3), (range(20), 5)], ids=["run_in_file", "whole_file"])
+def test_run_of_clips_shifted_by_one_frame_is_refused(damaged, pristine, eps, pick):
+    """Consecutive clips all one frame late: every lookup of an episode inside the run lands on a real pts (its next
+    frame), and the episode's neighbours do not overlap it; only the run's end runs into the next clip (or past the
+    file). The whole chain of the mp4 tells, so an episode anywhere in the run is refused, naming the run and the
+    offset; episodes outside it stay exact."""
+    root = damaged()
+    _shift_run(root, eps, 1)
+    db = lsql.connect(root)
+    ds = db.dataset(EP.format(pick))
+    with pytest.raises(DatasetFormatError) as e:
+        ds[0]
+    first, last = min(eps), max(eps)
+    _typed(e, str(root / FRONT), "observation.images.front", f"episodes {first}-{last}", "1 frame late",
+           "from_timestamp", "doctor")
+    _items_equal(db, pristine, EP.format(pick), cameras=["observation.images.wrist"])  # the other camera is intact
+    if first > 1:  # before the run: exact
+        _items_equal(db, pristine, EP.format(first - 2))
+
+
 def _open50_style(root) -> None:
     """Rewrite every clip's to_timestamp as from_timestamp + (length - 1) / fps, as some third-party writers do."""
     def f(t):
