@@ -188,6 +188,11 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self.delta_timestamps = delta_timestamps
         self._delta = _frames.delta_indices(delta_timestamps, layout.fps, self.tolerance_s, layout.features)
         self._meta = Meta.of(manifest)  # parsed once: the extras and the clips to check
+        unchecked = [k for k in self._video_keys if self._meta.cameras is not None and k not in self._meta.cameras]
+        if unchecked:  # its pointers may be null and its clips were never checked
+            raise ValueError(f"the manifest was resolved for cameras {list(self._meta.cameras)} only, so it cannot "
+                             f"serve {unchecked}: pass cameras={list(self._meta.cameras)}, or resolve it again with "
+                             f"db.manifest(sql, cameras={list(self._video_keys)})")
         self._extras = list(self._meta.extras)
         self._prepare(manifest)
         self._worker: _Worker | None = None

@@ -370,11 +370,20 @@ class Database:
         return self.sql(sql).arrow()
 
     # ---- datasets -------------------------------------------------------------------------------------------
-    def manifest(self, sql: str) -> pa.Table:
+    def manifest(self, sql: str, *, cameras: list[str] | None = None, tolerance_s: float | None = None) -> pa.Table:
         """The manifest of a query: one row per sample (see :mod:`lerobot_sql._plan.resolve` for columns and contract).
+
+        Args:
+            cameras: the cameras whose video pointers and clips are checked and recorded (default every camera;
+                ``[]``: a tabular-only manifest, which needs no video metadata; ``dataset()`` refuses the manifest
+                for a camera it was not resolved for).
+            tolerance_s: seconds the data's ``timestamp`` may stray from ``frame_index / fps`` when more than half a
+                frame (wall-clock timestamps, which lerobot reads with its ``tolerance_s``); default half a frame.
 
         Raises:
             ResultContractError: the result is empty or has none of the accepted column sets.
+            DatasetFormatError: timestamps off the grid (naming the worst episodes), a missing video pointer or bad
+                clip of one of ``cameras``.
         """
         # Fetch at most max_rows + 1 rows: a runaway query (a cross join) fails fast instead of filling RAM.
         max_rows = max_manifest_rows()
@@ -388,7 +397,7 @@ class Database:
         try:
             return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql,
                                        ordered=checked.ordered, src=self.source,
-                                       ptr=self._episode_pointers())
+                                       ptr=self._episode_pointers(), cameras=cameras, tolerance_s=tolerance_s)
         except duckdb.Error as e:  # the data files failed while the frames were resolved, or the result's types
             raise unreadable_error(self.source, self.layout, e, sql=sql) from e
 
@@ -401,12 +410,13 @@ class Database:
             self._pointers = read_pointers(self.source, self.layout)
         return self._pointers
 
-    def _episodes_manifest(self, episodes) -> pa.Table:
-        """The manifest of whole episodes (all when ``episodes`` is None), in the given order."""
+    def _episodes_manifest(self, episodes, **kw) -> pa.Table:
+        """The manifest of whole episodes (all when ``episodes`` is None), in the given order; ``kw``: ``cameras``,
+        ``tolerance_s`` as :meth:`manifest` takes them."""
         ptr = self._episode_pointers()
         if episodes is None:
             if ptr is None:  # no usable pointers: let the catalog say why
-                return self.manifest("SELECT episode_index FROM episodes ORDER BY episode_index")
+                return self.manifest("SELECT episode_index FROM episodes ORDER BY episode_index", **kw)
             ep = sorted(set(ptr["episode_index"].to_pylist()))
             sql = "SELECT episode_index FROM episodes ORDER BY episode_index"
         else:
@@ -415,7 +425,7 @@ class Database:
                   "ORDER BY episode_index"
         result = pa.table({"episode_index": pa.array(ep, pa.int64())})
         try:
-            return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql, src=self.source, ptr=ptr)
+            return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql, src=self.source, ptr=ptr, **kw)
         except duckdb.Error as e:
             raise unreadable_error(self.source, self.layout, e) from e
 
@@ -478,8 +488,12 @@ class Database:
         self._check_links()
         if episodes is not None and sql is not None:
             raise ValueError("pass either sql or episodes, not both (a query can filter episodes itself)")
+        # The manifest checks only what these items read: the chosen cameras' pointers and clips, and timestamps
+        # within tolerance_s (cameras=[] needs no video metadata at all).
+        kw = {"cameras": None if cameras is None else [cameras] if isinstance(cameras, str) else list(cameras),
+              "tolerance_s": tolerance_s}
         if sql is None:
-            manifest = self._episodes_manifest(episodes)
+            manifest = self._episodes_manifest(episodes, **kw)
         elif isinstance(sql, pa.Table):
             manifest = sql
         elif isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.strip().endswith(".parquet")
@@ -491,7 +505,7 @@ class Database:
                                        "or pass a query instead")
             manifest = pq.read_table(sql)
         else:
-            manifest = self.manifest(sql)
+            manifest = self.manifest(sql, **kw)
         if not isinstance(sql, str) or sql.strip().endswith(".parquet"):
             self._check_manifest_source(manifest, sql)
         tasks = self.tasks()

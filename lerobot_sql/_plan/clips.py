@@ -25,22 +25,34 @@ def duplicate_episode_error(episode_index: int, rows: int) -> DatasetFormatError
 
 
 def timestamp_error(episode_index: int, err: float, fps: float, *, data_file: str | None = None,
-                    frame_index: int | None = None) -> DatasetFormatError:
+                    frame_index: int | None = None, others: list[tuple[int, float]] = (), n_off: int = 1,
+                    limit: float | None = None) -> DatasetFormatError:
     """The error for an episode whose ``timestamp`` column strays from ``frame_index / fps`` by ``err`` seconds
-    (``err`` NaN or infinite: a timestamp that is not a finite number)."""
+    (``err`` NaN or infinite: a timestamp that is not a finite number); ``others``: the next worst (episode, err),
+    ``n_off`` episodes in all beyond ``limit`` seconds (the grid check's bound, :func:`grid_limit`)."""
     if not math.isfinite(err):
         where = f" in {data_file}" if data_file else ""
         at = f" (frame_index {frame_index})" if frame_index is not None else ""
         return DatasetFormatError(f"episode {episode_index}: a timestamp{where}{at} is NaN or infinite; every "
                                   "timestamp must be frame_index / fps: repair or re-record that data file "
                                   "(`lerobot-sql doctor` checks timestamps)")
-    return DatasetFormatError(f"episode {episode_index}: timestamps differ from frame_index / fps by up to {err:.4f} s "
-                              f"with fps={fps:g} from meta/info.json; fix 'fps' in info.json or the data files' "
-                              "timestamp column (run `lerobot-sql doctor`)")
+    also = "".join(f", episode {e} by {x:.4f} s" for e, x in others)
+    count = f"; {n_off} selected episodes in all are off by more than {limit:.6g} s" if n_off > 1 and limit else ""
+    return DatasetFormatError(
+        f"episode {episode_index}: timestamps differ from frame_index / fps by up to {err:.4f} s{also}{count}, with "
+        f"fps={fps:g} from meta/info.json. If they are wall-clock times (lerobot reads them with tolerance_s), pass "
+        f"tolerance_s={math.ceil(err * 1000) / 1000:g} or more (dataset(..., tolerance_s=...)); else fix 'fps' in "
+        "info.json or the data files' timestamp column (run `lerobot-sql doctor`)")
+
+
+def grid_limit(fps: float, tolerance_s: float | None) -> float:
+    """Seconds a timestamp may stray from ``frame_index / fps``: half a frame (a timestamp then still names its own
+    frame), or ``tolerance_s`` if larger (the caller accepts timestamps that far off, as lerobot does)."""
+    return max(0.5 / float(fps), float(tolerance_s or 0.0))
 
 
 def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, int],
-                selected: np.ndarray) -> dict[str, dict[str, list]]:
+                selected: np.ndarray, keys: list[str] | None = None) -> dict[str, dict[str, list]]:
     """Refuse per-camera clip pointers that would give a neighbouring frame without an error, and return the clips.
 
     Checks, per camera over the selected episodes: the clip starts at or after 0 (within half a frame), lasts the
@@ -54,6 +66,7 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
             ``path``, ``from_timestamp``, ``to_timestamp`` (seconds).
         length: frames in data/ per episode (episodes absent or with 0 frames occupy no frame and are skipped).
         selected: the selected episode_index values.
+        keys: the cameras to check (default every video key); the others are neither checked nor returned.
 
     Returns:
         per video_key, column lists over the selected episodes ordered by episode: ``episode_index``, ``path``,
@@ -69,7 +82,7 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
     half = 0.5 / fps
     sel = set(int(e) for e in selected)
     out = {}
-    for k in layout.video_keys:
+    for k in layout.video_keys if keys is None else keys:
         t = videos[k]
         ep = t["episode_index"].to_numpy()
         n = np.array([length.get(int(e), 0) for e in ep], np.int64)

@@ -24,16 +24,19 @@ from ..errors import ResultContractError
 from .._format.layout import Layout, check_stored_type
 from .._format.metadata import parquet_read_errors, read_pointers, video_clips
 from .._storage.source import Source
-from .clips import check_clips, duplicate_episode_error, timestamp_error
+from .clips import check_clips, duplicate_episode_error, grid_limit, timestamp_error
 
 FRAME_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 
 
 def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list[str], *, sql: str,
-                     ptr: pa.Table | None = None) -> tuple[pa.Table, dict[str, dict[str, list]]] | None:
+                     ptr: pa.Table | None = None, cameras: list[str] | None = None,
+                     tolerance_s: float | None = None) -> tuple[pa.Table, dict[str, dict[str, list]]] | None:
     """The manifest (same columns, order and types as :func:`lerobot_sql._plan.resolve.build_manifest`'s, which adds the
     metadata) of ``result``'s ``episode_index`` rows, in row order, each episode's frames by ``frame_index``;
-    ``extras`` columns of ``result`` repeat over their episode's frames.
+    ``extras`` columns of ``result`` repeat over their episode's frames. ``cameras`` (default every video key): the
+    cameras whose clips are checked and returned (the others' columns may be null); ``tolerance_s``: timestamps may
+    stray from ``frame_index / fps`` by this much when it is more than half a frame (:func:`grid_limit`).
 
     Returns:
         (the manifest, the checked clips from :func:`check_clips`), or None when the data files are not laid out as
@@ -155,15 +158,10 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     ts = ft["timestamp"].to_numpy().astype(np.float64)
     fi = ft["frame_index"].to_numpy()
     err = np.abs(ts - fi / float(layout.fps))
-    bad = np.flatnonzero(~(err <= 0.5 / float(layout.fps)))  # written so that a NaN timestamp is off the grid too
+    limit = grid_limit(layout.fps, tolerance_s)
+    bad = np.flatnonzero(~(err <= limit))  # written so that a NaN timestamp is off the grid too
     if len(bad):
-        e = all_ep[prow[bad]]
-        worst = min(set(e.tolist()))
-        mine = bad[e == worst]
-        nan = mine[~np.isfinite(err[mine])]
-        j = int(nan[0]) if len(nan) else int(mine[np.argmax(err[mine])])
-        raise timestamp_error(worst, float(err[j]), float(layout.fps), data_file=files[sample_code[j]],
-                              frame_index=int(fi[j]))
+        raise _grid_error(all_ep[prow[bad]], err[bad], fi[bad], lambda j: files[sample_code[bad[j]]], layout, limit)
 
     length = {int(all_ep[r]): int(hi[r] - lo[r]) for r in range(len(all_ep))}
     clips = video_clips(layout, ptr)
@@ -172,7 +170,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         paths = t["path"].to_pylist()
         sel_paths = {paths[r] for r in uniq_rows} - {None}  # no pointer: plan refuses those samples
         touched[k] = t.filter(pa.array([p in sel_paths for p in paths]))
-    checked = check_clips(layout, touched, length, all_ep[uniq_rows])
+    checked = check_clips(layout, touched, length, all_ep[uniq_rows], keys=cameras)
 
     cols: dict[str, pa.Array] = {
         "index": pa.array(index, pa.int64()),
@@ -193,3 +191,20 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     for e in extras:
         cols[e] = result[e].take(pa.array(rowidx))
     return pa.table(cols), checked
+
+
+def _grid_error(ep: np.ndarray, err: np.ndarray, fi: np.ndarray, file_of, layout: Layout, limit: float):
+    """The timestamp error for the off-grid frames (episode, |error|, frame_index per frame; ``file_of(j)``: frame
+    j's data file): a NaN first, else the worst episodes by their largest error."""
+    nan = np.flatnonzero(~np.isfinite(err))
+    if len(nan):
+        j = int(nan[0])
+        return timestamp_error(int(ep[j]), float(err[j]), float(layout.fps), data_file=file_of(j),
+                               frame_index=int(fi[j]))
+    uniq, inv = np.unique(ep, return_inverse=True)
+    worst = np.zeros(len(uniq))
+    np.maximum.at(worst, inv, err)
+    order = np.argsort(-worst, kind="stable")
+    top = [(int(uniq[i]), float(worst[i])) for i in order[:4]]
+    return timestamp_error(*top[0], float(layout.fps), others=top[1:], n_off=len(uniq), limit=limit)
+

@@ -21,7 +21,9 @@ Columns, in this order:
 
 Schema metadata ``lerobot_sql.manifest`` (JSON, :class:`Meta`): ``mode`` (``index``, ``window`` or ``episode``),
 ``extras``, ``video_keys``, ``fps``, ``sql``, ``clips`` (per camera, the selected episodes' clips and their
-neighbours in the file, which the dataset checks against the mp4's real frames) and, in a saved manifest, ``root``.
+neighbours in the file, and ``chains``: every clip of each touched mp4, which the dataset checks against the mp4's
+real frames), ``cameras`` when the manifest was resolved for some cameras only (``dataset(cameras=[...])``: only
+their pointers and clips were checked; the other cameras' columns may be null) and, in a saved manifest, ``root``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Meta:
     clips: dict[str, Any] = dataclasses.field(default_factory=dict)
     root: str | None = None
     dataset_id: str | None = None  # export_manifest: the source's identity (export.dataset_identity)
+    cameras: tuple[str, ...] | None = None  # the cameras whose pointers and clips were checked; None: every one
 
     @classmethod
     def of(cls, table_or_schema: pa.Table | pa.Schema, *, where: str = "the manifest") -> "Meta":
@@ -83,7 +86,8 @@ class Meta:
                                       "write the manifest again with db.export_manifest") from e
         return cls(mode=d.get("mode"), extras=tuple(d.get("extras") or ()),
                    video_keys=tuple(d.get("video_keys") or ()), fps=d.get("fps"), sql=d.get("sql"),
-                   clips=d.get("clips") or {}, root=d.get("root"), dataset_id=d.get("dataset_id"))
+                   clips=d.get("clips") or {}, root=d.get("root"), dataset_id=d.get("dataset_id"),
+                   cameras=None if d.get("cameras") is None else tuple(d["cameras"]))
 
     @staticmethod
     def present(schema: pa.Schema) -> bool:
@@ -98,11 +102,13 @@ class Meta:
             d["root"] = self.root
         if self.dataset_id is not None:
             d["dataset_id"] = self.dataset_id
+        if self.cameras is not None:
+            d["cameras"] = list(self.cameras)
         return table.replace_schema_metadata({META_KEY: json.dumps(d).encode()})
 
 
 def finish(table: pa.Table, *, mode: str, extras: list[str], video_keys: list[str], fps: float, sql: str,
-           clips: dict) -> pa.Table:
+           clips: dict, cameras: list[str] | None = None) -> pa.Table:
     """A resolver's last step: the columns in their documented order, and the metadata attached.
 
     Raises:
@@ -112,4 +118,5 @@ def finish(table: pa.Table, *, mode: str, extras: list[str], video_keys: list[st
     missing = [c for c in want if c not in table.column_names]
     if missing:
         raise ResultContractError(f"internal: the manifest lacks columns {missing} (resolver bug; please report)")
-    return Meta(mode, tuple(extras), tuple(video_keys), fps, sql, clips).attach(table.select(want))
+    return Meta(mode, tuple(extras), tuple(video_keys), fps, sql, clips,
+                cameras=None if cameras is None else tuple(cameras)).attach(table.select(want))

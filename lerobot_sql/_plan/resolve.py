@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from . import manifest as _manifest
 from . import episodes as pointers
-from .clips import check_clips, duplicate_episode_error, timestamp_error
+from .clips import check_clips, duplicate_episode_error, grid_limit, timestamp_error
 from .._query.sqltext import ident as q, literal, number
 from ..errors import DatasetFormatError, ResultContractError, did_you_mean as _did_you_mean
 from .._format.layout import Layout
@@ -142,11 +142,13 @@ def _check_contract_types(result: pa.Table, mode: str, sql: str) -> pa.Table:
     return result
 
 
-def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Table) -> dict[str, dict[str, list]]:
+def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Table, cameras: list[str] | None = None,
+                    tolerance_s: float | None = None) -> dict[str, dict[str, list]]:
     """Refuse metadata that would otherwise give a neighbouring frame without any error (selected episodes only).
 
     Checks: one meta/episodes row per episode; ``timestamp`` within half a frame of ``frame_index / fps`` (a wrong
-    fps in info.json); per camera, a clip that starts at or after 0, lasts the episode's frame count within one frame
+    fps in info.json), or within ``tolerance_s`` if larger (:func:`lerobot_sql._plan.clips.grid_limit`); per camera
+    of ``cameras`` (default all), a clip that starts at or after 0, lasts the episode's frame count within one frame
     (writers that store ``to_timestamp = (length - 1) / fps`` pass) and does not overlap another clip of its file by
     half a frame or more. ``lerobot-sql doctor`` checks the same and more, strictly, over every episode.
 
@@ -166,17 +168,19 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
     if dup:
         raise duplicate_episode_error(*dup[0])
     # `not <=` so that NaN (DuckDB's max() of a column holding a NaN timestamp) is off the grid too.
-    off = [r for r in ext.to_pylist() if r["ts_err"] is not None and not r["ts_err"] <= 0.5 / fps]
+    limit = grid_limit(fps, tolerance_s)
+    off = [r for r in ext.to_pylist() if r["ts_err"] is not None and not r["ts_err"] <= limit]
     if off:
+        off.sort(key=lambda r: (math.isfinite(r["ts_err"]), -r["ts_err"]))  # a NaN first, then the worst
         ep, err = off[0]["episode_index"], off[0]["ts_err"]
-        where = {}
+        where = {"others": [(r["episode_index"], r["ts_err"]) for r in off[1:4]], "n_off": len(off), "limit": limit}
         if not math.isfinite(err):  # error path only: find the frame and the file to name
             row = con.execute("SELECT data_file, frame_index FROM _frames_loc WHERE episode_index = ? AND "
                               "NOT isfinite(timestamp::DOUBLE) ORDER BY frame_index LIMIT 1", [ep]).fetchone()
-            if row:
-                where = {"data_file": row[0], "frame_index": row[1]}
+            where = {"data_file": row[0], "frame_index": row[1]} if row else {}
         raise timestamp_error(ep, err, fps, **where)
-    if not layout.video_keys:
+    keys = layout.video_keys if cameras is None else [k for k in layout.video_keys if k in cameras]
+    if not keys:
         return {}
     # Every clip of every mp4 a selected episode uses, and the frames in data/ of those episodes.
     t = con.sql(
@@ -188,7 +192,7 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
     n = con.sql("SELECT episode_index, count(*) FROM _frames_loc WHERE episode_index IN "
                 f"({', '.join(str(e) for e in set(t['episode_index'].to_pylist())) or 'NULL'}) GROUP BY 1").fetchall()
     videos = {k: t.filter(pc.equal(t["video_key"], k)).drop_columns(["video_key"]) for k in layout.video_keys}
-    return check_clips(layout, videos, dict(n), ext["episode_index"].to_numpy())
+    return check_clips(layout, videos, dict(n), ext["episode_index"].to_numpy(), keys=keys)
 
 
 def _warn_rows_unlike_metadata(con: duckdb.DuckDBPyConnection) -> None:
@@ -317,7 +321,8 @@ def _plain_numbers(t: pa.Table) -> pa.Table:
 
 def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPyConnection], layout: Layout,
                    result: pa.Table, *, sql: str, window_tolerance_s: float = 1e-4, ordered: bool = True,
-                   src: Source | None = None, ptr: pa.Table | None = None) -> pa.Table:
+                   src: Source | None = None, ptr: pa.Table | None = None, cameras: list[str] | None = None,
+                   tolerance_s: float | None = None) -> pa.Table:
     """Resolve ``result`` (the rows of user query ``sql``) to a manifest, in the main process.
 
     Samples follow the result's row order when ``ordered`` (the query has an ORDER BY). Without one, DuckDB's row
@@ -328,6 +333,10 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     is given (:func:`lerobot_sql._plan.episodes.episode_manifest`: no DuckDB, only the selected episodes' row groups are
     read); ``con`` (a connection, or a function returning one) is used only for the other shapes, or when the data
     files are not laid out as lerobot writes them.
+
+    ``cameras`` (default every video key): the cameras whose video pointers and clips are checked and recorded in the
+    metadata (``cameras=[]``: tabular reads, no video metadata needed; the other cameras' columns may be null).
+    ``tolerance_s``: timestamps may stray from ``frame_index / fps`` by this much when it is more than half a frame.
 
     Raises:
         ResultContractError: the result is empty, has the wrong columns, or names frames that do not exist.
@@ -362,9 +371,10 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     if not ordered:
         result = result.sort_by([(c, "ascending") for c in contract])  # stable: equal keys keep their order
     if mode == "episode" and src is not None:
-        fast = pointers.episode_manifest(src, layout, _plain_numbers(result.select(keep)), extras, sql=sql, ptr=ptr)
+        fast = pointers.episode_manifest(src, layout, _plain_numbers(result.select(keep)), extras, sql=sql, ptr=ptr,
+                                         cameras=cameras, tolerance_s=tolerance_s)
         if fast is not None:
-            return _finish(*fast, mode, extras, layout, sql)
+            return _finish(*fast, mode, extras, layout, sql, cameras)
     con = con if isinstance(con, duckdb.DuckDBPyConnection) else con()
     res = _plain_numbers(result.select(keep)).append_column("_ord", pa.array(range(result.num_rows), pa.int64()))
     con.register("_lsql_result", res)
@@ -413,7 +423,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
                 "are inconsistent, run `lerobot-sql doctor`"
             )
         con.register("_lsql_ext", ext)
-        clips = _check_pointers(con, layout, ext)
+        clips = _check_pointers(con, layout, ext, cameras, tolerance_s)
         vsel, vjoin = [], []
         for i, k in enumerate(layout.video_keys):
             vsel.append(f", v{i}.path AS {q(k + '/file')}, v{i}.from_timestamp AS {q(k + '/from_timestamp')}")
@@ -435,14 +445,22 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         con.execute("DROP TABLE IF EXISTS _lsql_sel")
     if manifest.num_rows == 0:
         raise ResultContractError(f"the query's {mode} selection matched no frames: {sql!r}")
-    return _finish(manifest, clips, mode, extras, layout, sql)
+    return _finish(manifest, clips, mode, extras, layout, sql, cameras)
 
 
-def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layout: Layout, sql: str) -> pa.Table:
-    """Both paths' last step: refuse samples without a video pointer; then the documented column order and the
-    ``lerobot_sql.manifest`` metadata (:func:`lerobot_sql._plan.manifest.finish`)."""
-    for k in layout.video_keys:
-        if manifest[f"{k}/file"].null_count:
-            raise DatasetFormatError(f"meta/episodes has no video pointer for camera {k!r} for some selected episodes")
+def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layout: Layout, sql: str,
+            cameras: list[str] | None = None) -> pa.Table:
+    """Both paths' last step: refuse samples of ``cameras`` (default all) without a video pointer; then the
+    documented column order and the ``lerobot_sql.manifest`` metadata (:func:`lerobot_sql._plan.manifest.finish`)."""
+    keys = layout.video_keys if cameras is None else [k for k in layout.video_keys if k in cameras]
+    for k in keys:
+        n = manifest[f"{k}/file"].null_count
+        if n:
+            eps = pc.unique(manifest["episode_index"].filter(pc.is_null(manifest[f"{k}/file"]))).to_pylist()
+            raise DatasetFormatError(
+                f"meta/episodes has no video pointer for camera {k!r} (videos/{k}/chunk_index, file_index, "
+                f"from_timestamp) for {len(eps)} selected episode(s), e.g. {sorted(eps)[:5]}; its frames cannot be "
+                f"located. Leave the camera out (cameras=[...] without it, or cameras=[] for tabular items), or "
+                "restore those columns of meta/episodes (run `lerobot-sql doctor`)")
     return _manifest.finish(manifest, mode=mode, extras=extras, video_keys=layout.video_keys, fps=layout.fps,
-                            sql=sql, clips=clips)
+                            sql=sql, clips=clips, cameras=None if cameras is None else keys)

@@ -272,6 +272,73 @@ def test_run_of_clips_shifted_by_one_frame_is_refused(damaged, pristine, eps, pi
         _items_equal(db, pristine, EP.format(first - 2))
 
 
+def _tabular_equal(ours, ref) -> None:
+    assert len(ours) == len(ref)
+    for i in (0, len(ref) // 2, len(ref) - 1):
+        assert_items_equal(ours[i], ref[i])
+
+
+@pytest.mark.parametrize("sql", [EP.format(3), None, "SELECT index FROM frames WHERE episode_index = 3",
+                                 "SELECT 3 AS episode_index, 1.0 AS start_s, 2.0 AS end_s"],
+                         ids=["episode", "episodes_arg", "index", "window"])
+def test_tabular_reads_need_no_video_metadata(damaged, pristine, sql):
+    """cameras=[] reads the data files only: meta/episodes without any videos/* column (a converter that wrote no
+    video pointers) and no mp4 at all give the same tabular items as the intact dataset."""
+    root = damaged()
+    rewrite_parquet(root / EPISODES, lambda t: t.drop_columns([c for c in t.column_names if c.startswith("videos/")]))
+    for p in (root / "videos").rglob("*.mp4"):
+        p.unlink()
+    db = lsql.connect(root)
+    kw = {"cameras": []} if sql else {"cameras": [], "episodes": [3]}
+    ours = db.dataset(sql, **kw)
+    ref = pristine.dataset(sql, **kw)
+    _tabular_equal(ours, ref)
+    assert not any(k.startswith("observation.images") for k in ours[0])
+    with pytest.raises(DatasetFormatError) as e:  # a camera still needs its pointer
+        db.dataset(sql, **{**kw, "cameras": ["observation.images.front"]})
+    _typed(e, "observation.images.front", "video pointer")
+
+
+def test_wall_clock_timestamps_read_with_tolerance_s(damaged, pristine):
+    """timestamps written as wall-clock time, up to 1.9 s off frame_index / fps: refused at the default tolerance,
+    naming the worst episodes; tolerance_s=2.0 (as lerobot's) reads them, each item carrying its own timestamp."""
+    root = damaged()
+    drift = {4: 1.9, 9: 0.7, 12: 0.02}
+
+    def f(t):
+        ep = t["episode_index"].to_numpy()
+        fi = t["frame_index"].to_numpy()
+        ts = t["timestamp"].to_numpy().astype(np.float64).copy()
+        for e, d in drift.items():
+            m = ep == e
+            ts[m] += d * fi[m] / fi[m].max()  # a clock running fast: 0 at the start, d at the end
+        return set_column(t, "timestamp", ts.astype(np.float32))
+
+    rewrite_parquet(root / DATA, f)
+    db = lsql.connect(root)
+    sql = "SELECT episode_index FROM episodes WHERE episode_index IN (3, 4, 9, 12)"
+    for q in (sql, "SELECT index FROM frames WHERE episode_index IN (3, 4, 9, 12)"):
+        with pytest.raises(DatasetFormatError) as e:
+            db.dataset(q, cameras=[])
+        _typed(e, "episode 4", "episode 9", "episode 12", "1.9", "tolerance_s")
+        assert str(e.value).index("episode 4") < str(e.value).index("episode 9")  # worst first
+    with pytest.raises(DatasetFormatError) as e:  # 2.0 covers 1.9 s, 1.0 does not
+        db.dataset(sql, cameras=[], tolerance_s=1.0)
+    _typed(e, "episode 4")
+    ours = db.dataset(sql, cameras=[], tolerance_s=2.0)
+    ref = pristine.dataset(sql, cameras=[])
+    assert len(ours) == len(ref)
+    want = pq.read_table(root / DATA, columns=["index", "timestamp"]).to_pydict()
+    ts_of = dict(zip(want["index"], want["timestamp"]))
+    for i in (0, 500, len(ref) - 1):
+        a, b = ours[i], ref[i]
+        assert a["index"] == b["index"]
+        assert float(a["timestamp"]) == np.float32(ts_of[int(a["index"])])
+        assert_items_equal({k: v for k, v in a.items() if k != "timestamp"},
+                           {k: v for k, v in b.items() if k != "timestamp"})
+    assert float(max(abs(float(ours[i]["timestamp"]) - float(ref[i]["timestamp"])) for i in range(len(ref)))) > 1.8
+
+
 def _open50_style(root) -> None:
     """Rewrite every clip's to_timestamp as from_timestamp + (length - 1) / fps, as some third-party writers do."""
     def f(t):
