@@ -53,6 +53,8 @@ CHECKS: tuple[Spec, ...] = (
          "them"),
     Spec("video_files_present", "download the missing mp4s (e.g. huggingface_hub.snapshot_download with "
          "allow_patterns='videos/*'); frames of those cameras cannot be read", needs="videos"),
+    Spec("video_files_readable", "re-download the named mp4s (an empty or unreadable file: the frames of that camera "
+         "cannot be read, and the video index checks below cannot run on it)", needs="videos"),
     Spec("video_files_complete", "re-download the truncated mp4s: frames past the cut cannot be decoded",
          needs="index"),
     Spec("video_codec", "info.json mislabels the stream's codec; decoding follows the file, so this only misleads "

@@ -396,6 +396,23 @@ def test_truncated_mp4_is_reported(datasets, tmp_path):
     assert c.sample[0]["frames_past_end"] > 0
 
 
+@pytest.mark.parametrize("damage", ["zero_bytes", "garbage"])
+def test_empty_or_unreadable_mp4_fails_the_report(datasets, tmp_path, damage):
+    """A zero-byte (or unreadable) mp4 that meta/episodes references is a failure naming the file, not a run of
+    skipped video checks and an OK report; the other camera's file is not named."""
+    root = _copy(datasets, tmp_path, "small20")
+    rel = "videos/observation.images.front/chunk-000/file-000.mp4"
+    (root / rel).write_bytes(b"" if damage == "zero_bytes" else b"\x00" * 4096)
+    report = _run(root)
+    assert not report.ok, report.to_text()
+    c = report["video_files_readable"]
+    assert not c.ok and c.n_violations == 1 and not c.skipped
+    r = c.sample[0]
+    assert (r["video_key"], r["path"], r["size_bytes"], r["n_episodes"]) == (
+        "observation.images.front", rel, 0 if damage == "zero_bytes" else 4096, 20)
+    assert "PROBLEMS" in report.to_text() and rel in report.to_text()
+
+
 def test_unreadable_metadata_is_a_finding_not_a_crash(datasets, tmp_path):
     root = _copy(datasets, tmp_path, "small20")
     rel = "meta/tasks.parquet"
