@@ -10,6 +10,7 @@ them against each mp4's real frames (:func:`lerobot_sql._readers.locate.check_cl
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -55,8 +56,9 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
                 selected: np.ndarray, keys: list[str] | None = None) -> dict[str, dict[str, list]]:
     """Refuse per-camera clip pointers that would give a neighbouring frame without an error, and return the clips.
 
-    Checks, per camera over the selected episodes: the clip starts at or after 0 (within half a frame), lasts the
-    episode's frame count in data/ within one frame (writers that store ``to_timestamp = (length - 1) / fps`` pass),
+    Checks, per camera over the selected episodes: the clip starts at or after 0 (within half a frame), lasts at least
+    the episode's frame count in data/ less one frame (writers that store ``to_timestamp = (length - 1) / fps``
+    pass; a longer clip, frames past the episode's kept in the mp4, is read from its start with a ``UserWarning``),
     and does not start half a frame or more before the end of the previous clip of its mp4 (by ``from_timestamp``),
     nor does the next clip start before its end. A start shifted by whole frames passes these; the dataset checks
     those against the mp4's real frames from what this returns.
@@ -82,6 +84,7 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
     half = 0.5 / fps
     sel = set(int(e) for e in selected)
     out = {}
+    long_clips: list[tuple] = []
     for k in layout.video_keys if keys is None else keys:
         t = videos[k]
         ep = t["episode_index"].to_numpy()
@@ -99,7 +102,11 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
         prev = np.maximum(np.arange(len(ep)) - 1, 0)  # (row 0 has no previous clip: same_prev masks it)
         nxt = np.minimum(np.arange(len(ep)) + 1, max(len(ep) - 1, 0))
         starts_early = is_sel & (f < -half)
-        wrong_len = is_sel & (np.abs((to - f) * fps - n) > 1.001)
+        # Shorter than the data by more than a frame: its last frames lie outside the clip. Longer: a writer kept
+        # frames past the episode's (a discarded take): the first `length` frames are the episode's, as lerobot
+        # reads them, and the dataset checks that they do not run into the next clip; warned about below.
+        wrong_len = is_sel & (n - (to - f) * fps > 1.001)
+        too_long = is_sel & ((to - f) * fps - n > 1.001)
         overlap = same_prev & (is_sel | is_sel[prev]) & (f < to[prev] - half)
         bad = np.flatnonzero(starts_early | wrong_len | overlap)
         if len(bad):
@@ -114,6 +121,9 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
                 f"meta/episodes: episode {int(ep[j])}, camera {k!r}: video clip [{f[j]:.6f}, {to[j]:.6f}) s of "
                 f"{path[j]} {why}; reading it would give wrong frames. Fix videos/{k}/from_timestamp and "
                 "to_timestamp (run `lerobot-sql doctor`)")
+        long_rows = np.flatnonzero(too_long)
+        if len(long_rows):
+            long_clips += [(int(ep[j]), k, (to[j] - f[j]) * fps, int(n[j]), path[j]) for j in long_rows]
         rows = np.flatnonzero(is_sel)
         rows = rows[np.argsort(ep[rows], kind="stable")]
         opt = lambda mask, values: [v.item() if m else None for m, v in zip(mask, values)]  # noqa: E731
@@ -131,4 +141,13 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
                                 "length": n[m].tolist()}
                        for p in dict.fromkeys(path[rows].tolist()) for m in [path == p]},
         }
+    if long_clips:
+        long_clips.sort()
+        e, k, frames, n_, p = long_clips[0]
+        warnings.warn(
+            f"meta/episodes: episode {e}, camera {k!r}: its video clip in {p} lasts {frames:.2f} frames but the "
+            f"episode has {n_} frames in data/ ({len(long_clips)} such clip(s) among the selected episodes); the first "
+            f"{n_} frames from from_timestamp are read, as lerobot reads them (checked not to run into the next clip), "
+            "and the rest of the clip is left unused. If the data lost rows instead, run `lerobot-sql doctor`",
+            stacklevel=5)
     return out

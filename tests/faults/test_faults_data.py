@@ -339,6 +339,35 @@ def test_wall_clock_timestamps_read_with_tolerance_s(damaged, pristine):
     assert float(max(abs(float(ours[i]["timestamp"]) - float(ref[i]["timestamp"])) for i in range(len(ref)))) > 1.8
 
 
+def test_clip_longer_than_its_episode_is_read_with_a_warning(damaged, pristine):
+    """A clip holding more frames than its episode's rows (a discarded take's frames kept in the mp4): the last
+    episode loses its last 20 rows from data/ and meta/episodes, its clip keeps its to_timestamp. lerobot reads the
+    first `length` frames from from_timestamp; so do we, with a warning naming the episode, camera and both counts."""
+    root = damaged()
+    cut = 20
+    t = pq.read_table(root / DATA)
+    ep = t["episode_index"].to_numpy()
+    n19 = int((ep == 19).sum())
+    rewrite_parquet(root / DATA, lambda t: t.slice(0, t.num_rows - cut))
+
+    def meta(t):
+        i = t["episode_index"].to_pylist().index(19)
+        t = set_column(t, "length", [v - cut if j == i else v for j, v in enumerate(t["length"].to_pylist())])
+        return set_column(t, "dataset_to_index", [v - cut if j == i else v
+                                                  for j, v in enumerate(t["dataset_to_index"].to_pylist())])
+
+    rewrite_parquet(root / EPISODES, meta)
+    edit_info(root, lambda i: i.update(total_frames=i["total_frames"] - cut))
+    db = lsql.connect(root)
+    for sql in (EP.format(19), "SELECT index FROM frames WHERE episode_index = 19"):
+        with pytest.warns(UserWarning, match=rf"episode 19.*lasts {n19}.00 frames.*{n19 - cut} frames in data/"):
+            ours = db.dataset(sql)
+        ref = pristine.dataset(EP.format(19))
+        assert len(ours) == n19 - cut
+        for i in (0, len(ours) // 2, len(ours) - 1):
+            assert_items_equal(ours[i], ref[i])
+
+
 def _open50_style(root) -> None:
     """Rewrite every clip's to_timestamp as from_timestamp + (length - 1) / fps, as some third-party writers do."""
     def f(t):
