@@ -77,6 +77,39 @@ def unreadable_error(src: Source, layout: Layout, cause: BaseException, sql: str
     return parquet_error(src, bad, cause)
 
 
+
+def _missing_data_files_warning(con: duckdb.DuckDBPyConnection, src, missing: list[tuple]) -> str:
+    """The warning for data files meta/episodes points to that do not exist, worded by what is wrong: a stale
+    pointer whose episode's rows are in another data file (frames and dataset() find them by episode_index), or an
+    episode with no rows anywhere (every query lacks it). Error path only: scans the data's episode_index."""
+    head = f"{len(missing)} data file(s) that meta/episodes points to are missing, e.g. {src.path(missing[0][0])}"
+    try:
+        rows = con.sql(
+            "WITH gone AS (SELECT episode_index, path FROM _episode_data_files WHERE path NOT IN "
+            "(SELECT path FROM _data_files_listed)), "
+            "found AS (SELECT episode_index, min(data_file) AS at, count(*) AS n FROM _frames_loc "
+            "WHERE episode_index IN (SELECT episode_index FROM gone) GROUP BY 1) "
+            "SELECT g.episode_index, g.path, f.at, f.n FROM gone g LEFT JOIN found f USING (episode_index) "
+            "ORDER BY g.episode_index").fetchall()
+    except duckdb.Error:  # the frames cannot be scanned (a damaged data file): say only what is known
+        return (f"{head}: the frames view and every query over it may lack their episodes. Download data/ again; "
+                "`lerobot-sql doctor` lists them (data_files_present)")
+    found = [r for r in rows if r[3]]
+    lost = [r for r in rows if not r[3]]
+    parts = [head]
+    if found:
+        e, p, at, n = found[0]
+        parts.append(f"{len(found)} episode(s) pointing there have their rows in other data files (e.g. episode {e}: "
+                     f"{n} rows in {at}, not {p}) and are read from there, found by episode_index; fix their "
+                     "data/chunk_index and data/file_index in meta/episodes (`lerobot-sql doctor`: data_file_pointers)")
+    if lost:
+        eps = ", ".join(str(r[0]) for r in lost[:5]) + (", ..." if len(lost) > 5 else "")
+        parts.append(f"{len(lost)} episode(s) have no rows in any data file (episodes {eps}): the frames view and "
+                     "every query over it lack them. Download data/ again; `lerobot-sql doctor` lists the files "
+                     "(data_files_present)")
+    return "; ".join(parts)
+
+
 class Connection:
     """The DuckDB side of one dataset: the connection (made on first :meth:`cursor`), a cursor per thread, the Arrow
     relations behind internal views, and the views built on first read.
@@ -182,10 +215,7 @@ class Connection:
         missing = con.sql("SELECT path, count(*) FROM _episode_data_files WHERE path NOT IN "
                           "(SELECT path FROM _data_files_listed) GROUP BY 1 ORDER BY 1").fetchall()
         if missing:
-            warnings.warn(f"{len(missing)} data file(s) that meta/episodes points to are missing, e.g. "
-                          f"{src.path(missing[0][0])} ({missing[0][1]} episodes): the frames view and every "
-                          "query over it lack their episodes. Download data/ again; `lerobot-sql doctor` lists them "
-                          "(data_files_present)", stacklevel=5)
+            warnings.warn(_missing_data_files_warning(con, src, missing), stacklevel=5)
         macros.register(con, layout)  # over register_views' placeholders of video_frames / video_files
         # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
         # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.

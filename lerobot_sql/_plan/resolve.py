@@ -27,7 +27,7 @@ from . import manifest as _manifest
 from . import episodes as pointers
 from .clips import check_clips, duplicate_episode_error, grid_limit, timestamp_error
 from .._query.sqltext import ident as q, literal, number
-from ..errors import DatasetFormatError, ResultContractError, did_you_mean as _did_you_mean
+from ..errors import DatasetFormatError, MissingFileError, ResultContractError, did_you_mean as _did_you_mean
 from .._format.layout import Layout
 from .._storage.source import Source
 
@@ -370,9 +370,16 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     keep = list(contract) + extras + shadow
     if not ordered:
         result = result.sort_by([(c, "ascending") for c in contract])  # stable: equal keys keep their order
+    stale: MissingFileError | None = None
     if mode == "episode" and src is not None:
-        fast = pointers.episode_manifest(src, layout, _plain_numbers(result.select(keep)), extras, sql=sql, ptr=ptr,
-                                         cameras=cameras, tolerance_s=tolerance_s)
+        try:
+            fast = pointers.episode_manifest(src, layout, _plain_numbers(result.select(keep)), extras, sql=sql,
+                                             ptr=ptr, cameras=cameras, tolerance_s=tolerance_s)
+        except MissingFileError as e:
+            # A data file the pointers name is missing: a stale pointer, maybe, whose episode's rows are in another
+            # file. The join below finds rows by episode_index (the connection warns, saying which); if the
+            # selection then has no rows at all, the missing file is the error.
+            fast, stale = None, e
         if fast is not None:
             return _finish(*fast, mode, extras, layout, sql, cameras)
     con = con if isinstance(con, duckdb.DuckDBPyConnection) else con()
@@ -444,6 +451,8 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
                 pass
         con.execute("DROP TABLE IF EXISTS _lsql_sel")
     if manifest.num_rows == 0:
+        if stale is not None:
+            raise stale
         raise ResultContractError(f"the query's {mode} selection matched no frames: {sql!r}")
     return _finish(manifest, clips, mode, extras, layout, sql, cameras)
 

@@ -368,6 +368,40 @@ def test_clip_longer_than_its_episode_is_read_with_a_warning(damaged, pristine):
             assert_items_equal(ours[i], ref[i])
 
 
+@pytest.fixture(scope="module")
+def pristine60(datasets):
+    return lsql.connect(datasets / "multifile60")
+
+
+@pytest.mark.parametrize("ep, rows", [(54, 58), (56, 75)], ids=["inside_file", "last_of_file"])
+def test_stale_data_pointer_reads_the_rows_where_they_are(damaged, pristine60, ep, rows):
+    """meta/episodes points an episode to a data file that does not exist; its rows are in file-000. The episode
+    reads from where its rows are (found by episode_index), and the warning says so instead of claiming the frames
+    are missing; an episode whose file really is gone is warned about as missing."""
+    root = damaged("multifile60")
+    rewrite_parquet(root / EPISODES, lambda t: set_column(
+        t, "data/file_index", [7 if e == ep else v for e, v in zip(t["episode_index"].to_pylist(),
+                                                                    t["data/file_index"].to_pylist())]))
+    with pytest.warns(UserWarning) as rec:
+        db = lsql.connect(root)
+        ours = db.dataset(episodes=[ep])
+    msg = " ".join(str(w.message) for w in rec)
+    assert "file-007.parquet" in msg and f"episode {ep}" in msg and f"{rows} rows" in msg
+    assert "data/chunk-000/file-000.parquet" in msg and "lack their episodes" not in msg
+    ref = pristine60.dataset(episodes=[ep])
+    assert len(ours) == len(ref) == rows
+    for i in (0, rows // 2, rows - 1):
+        assert_items_equal(ours[i], ref[i])
+    sql_ds = db.dataset(f"SELECT episode_index FROM episodes WHERE episode_index = {ep}")
+    assert len(sql_ds) == rows
+    assert_items_equal(sql_ds[rows - 1], ref[rows - 1])
+    # the file really gone: its episodes are named as missing
+    root2 = damaged("multifile60")
+    (root2 / "data/chunk-000/file-001.parquet").unlink()
+    with pytest.warns(UserWarning, match=r"no rows in any data file.*episodes? 57"):
+        lsql.connect(root2).con
+
+
 def _open50_style(root) -> None:
     """Rewrite every clip's to_timestamp as from_timestamp + (length - 1) / fps, as some third-party writers do."""
     def f(t):
