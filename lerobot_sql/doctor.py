@@ -67,6 +67,10 @@ CHECKS: tuple[Spec, ...] = (
          "frames, so its items would be another episode's frames (the items reading that mp4 raise): fix "
          "videos/<key>/from_timestamp so each clip starts on the frame after the previous episode's last",
          needs="index"),
+    Spec("video_stream_rate", "the mp4's frame rate is not info.json's fps: frames are looked up by time (the real "
+         "pts), so fix 'fps' in info.json if the data's timestamps follow the video, or re-encode the video at the "
+         "dataset's fps; frames whose time has no video frame are listed by video_frame_pts", severity="warning",
+         needs="index"),
     Spec("video_frame_pts", "from_timestamp drifts from the file's real pts (lerobot issue #3177): recompute "
          "from_timestamp from the video, or pass a larger tolerance_s if the drift is known and harmless",
          needs="index", params=("tolerance_s",)),

@@ -413,6 +413,20 @@ def test_empty_or_unreadable_mp4_fails_the_report(datasets, tmp_path, damage):
     assert "PROBLEMS" in report.to_text() and rel in report.to_text()
 
 
+def test_video_stream_rate_other_than_info_fps_is_named(datasets, tmp_path):
+    """A 30 fps stream behind an info.json that says 15 fps: a warning naming each mp4 and both rates."""
+    root = _copy(datasets, tmp_path, "small20")
+    info = json.loads((root / "meta/info.json").read_text())
+    info["fps"] = 15
+    (root / "meta/info.json").write_text(json.dumps(info))
+    report = _run(root, tolerance_s=1.0)
+    c = report["video_stream_rate"]
+    assert not c.ok and c.severity == "warning" and not c.skipped
+    assert [(r["video_key"], r["info_fps"], r["stream_fps"]) for r in c.sample] == [
+        ("observation.images.front", 15.0, 30.0), ("observation.images.wrist", 15.0, 30.0)]
+    assert _run(datasets / "small20")["video_stream_rate"].ok
+
+
 def test_unreadable_metadata_is_a_finding_not_a_crash(datasets, tmp_path):
     root = _copy(datasets, tmp_path, "small20")
     rel = "meta/tasks.parquet"
