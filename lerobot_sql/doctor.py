@@ -61,6 +61,10 @@ CHECKS: tuple[Spec, ...] = (
          "tools that trust info.json", severity="warning", needs="videos"),
     Spec("video_segments", "fix videos/<key>/from_timestamp and to_timestamp in meta/episodes: clips must last "
          "length / fps and chain within a file", params=("tolerance_s",)),
+    Spec("video_segments_end_convention", "to_timestamp marks the clip's last frame ((length - 1) / fps after "
+         "from_timestamp), not its end (length / fps, as lerobot writes): both readers decode it correctly; rewrite "
+         "to_timestamp = from_timestamp + length / fps for tools that treat [from, to) as the clip's span",
+         severity="warning", params=("tolerance_s",)),
     Spec("video_segment_frames", "the clip's real frames do not match its length: re-encode the episode or fix "
          "from/to_timestamp", needs="index", params=("tolerance_s",)),
     Spec("video_clip_frames", "an episode's clip overlaps another clip or runs past the file's end in the mp4's real "

@@ -1,5 +1,6 @@
 -- Doctor check (video index): each episode's clip [from_timestamp, to_timestamp) of its mp4 holds exactly
--- `length` frames, counted from the frames' real pts (view video_frames, built by demuxing).
+-- `length` frames, counted from the frames' real pts (view video_frames, built by demuxing). A clip whose
+-- to_timestamp is from_timestamp + (length - 1) / fps (video_segments_end_convention) ends one frame later.
 --
 -- params:
 --   tolerance_s (float, default 1e-4): the clip bounds are shifted down by this much, seconds
@@ -10,7 +11,10 @@ FROM videos v
 JOIN episodes e USING (episode_index)
 LEFT JOIN video_frames vf
   ON vf.video_key = v.video_key AND vf.path = v.path
- AND vf.pts_s >= v.from_timestamp - $tolerance_s AND vf.pts_s < v.to_timestamp - $tolerance_s
+ AND vf.pts_s >= v.from_timestamp - $tolerance_s
+ AND vf.pts_s < v.to_timestamp - $tolerance_s
+     + CASE WHEN abs((v.to_timestamp - v.from_timestamp) - (e.length - 1) / (SELECT fps FROM info)) <= $tolerance_s
+            THEN 1 / (SELECT fps FROM info) ELSE 0 END
 GROUP BY ALL
 HAVING count(vf.pts) <> e.length
 ORDER BY v.video_key, v.episode_index
