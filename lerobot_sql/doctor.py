@@ -51,6 +51,9 @@ CHECKS: tuple[Spec, ...] = (
     Spec("tasks_exist", "add the missing tasks to meta/tasks.parquet (tasks.jsonl for v2.x) or fix task_index"),
     Spec("stats_present", "recompute per-episode statistics (lerobot's compute_episode_stats); normalisation needs "
          "them"),
+    Spec("video_pointers_present", "restore the videos/<key>/chunk_index, file_index, from_timestamp and "
+         "to_timestamp columns of meta/episodes from the dataset's source (or rewrite them from the mp4s); until then "
+         "that camera's frames cannot be located (cameras=[] reads the tabular data)"),
     Spec("video_files_present", "download the missing mp4s (e.g. huggingface_hub.snapshot_download with "
          "allow_patterns='videos/*'); frames of those cameras cannot be read", needs="videos"),
     Spec("video_files_readable", "re-download the named mp4s (an empty or unreadable file: the frames of that camera "
@@ -236,7 +239,8 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
         nq = library.load(f"doctor/{spec.name}")
         skipped = None
         if spec.needs and not n_files:
-            skipped = "no video files referenced (no video features, or no episode metadata)"
+            skipped = ("no video features" if not db.layout.video_keys else
+                       "meta/episodes points to no mp4 (see video_pointers_present)")
         elif spec.needs == "index" and not check_video:
             skipped = "video checks disabled"
         elif spec.name == "video_codec" and not check_video:

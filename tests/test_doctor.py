@@ -432,6 +432,22 @@ def test_video_stream_rate_other_than_info_fps_is_named(datasets, tmp_path):
     assert _run(datasets / "small20")["video_stream_rate"].ok
 
 
+def test_missing_clip_timestamps_fail_the_report(datasets, tmp_path):
+    """meta/episodes without the videos/*/from_timestamp and to_timestamp columns (the mp4s all there): a failure
+    naming each camera and its episodes, and the video checks say why they skip (not 'no video files referenced')."""
+    root = _copy(datasets, tmp_path, "small20")
+    _edit_parquet(root / EPISODES, lambda t: t.drop_columns(
+        [c for c in t.column_names if c.startswith("videos/") and c.endswith("_timestamp")]))
+    report = _run(root)
+    assert not report.ok
+    c = report["video_pointers_present"]
+    assert [(r["video_key"], r["n_episodes"], r["first_episode"]) for r in c.sample] == [
+        ("observation.images.front", 20, 0), ("observation.images.wrist", 20, 0)]
+    assert "from_timestamp" in c.sample[0]["problem"]
+    assert report["video_frame_pts"].skipped == "meta/episodes points to no mp4 (see video_pointers_present)"
+    assert "no video files referenced" not in report.to_text()
+
+
 def test_unreadable_metadata_is_a_finding_not_a_crash(datasets, tmp_path):
     root = _copy(datasets, tmp_path, "small20")
     rel = "meta/tasks.parquet"
