@@ -235,6 +235,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
         except LeRobotSQLError as e:
             index_ready = f"the video index could not be built: {e}"
     checks = []
+    failing: dict[str, set] = {}  # check -> episodes it found bad (for hints that name the real cause)
     for spec in CHECKS:
         nq = library.load(f"doctor/{spec.name}")
         skipped = None
@@ -269,6 +270,27 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
                                 f"the check could not run on this dataset's metadata; {spec.hint}",
                                 spec.severity, nq.description))
             continue
+        hint = spec.hint
+        if "episode_index" in result.column_names and result.num_rows:
+            failing[spec.name] = set(result["episode_index"].to_pylist())
+            if spec.name == "video_frame_pts":
+                hint = _frame_pts_hint(failing, hint)
         checks.append(Check(spec.name, result.num_rows == 0, result.num_rows,
-                            result.slice(0, SAMPLE_ROWS).to_pylist(), spec.hint, spec.severity, nq.description))
+                            result.slice(0, SAMPLE_ROWS).to_pylist(), hint, spec.severity, nq.description))
     return Report(db.source.url, db.layout.version, float(tolerance_s), checks)
+
+
+def _frame_pts_hint(failing: dict[str, set], hint: str) -> str:
+    """video_frame_pts's hint, naming the real cause where the data's own timestamps are off the fps grid
+    (frame_index_contiguous failed for those episodes): the lookups follow the timestamp column, so from_timestamp
+    is not the thing to fix there."""
+    off = failing.get("video_frame_pts", set()) & failing.get("frame_index_contiguous", set())
+    if not off:
+        return hint
+    n = len(failing["video_frame_pts"])
+    eps = ", ".join(map(str, sorted(off)[:5])) + (", ..." if len(off) > 5 else "")
+    rest = "" if len(off) == n else f"; for the other {n - len(off)} episode(s): {hint}"
+    return (f"{len(off)} of these {n} episode(s) (episodes {eps}) have timestamps that are not frame_index / fps in "
+            "the data files (see frame_index_contiguous): frames are looked up at from_timestamp + timestamp, so "
+            "fix the timestamp column (or info.json's fps) first, or pass a tolerance_s as large as the drift if the "
+            f"timestamps are wall-clock{rest}")

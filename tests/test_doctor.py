@@ -448,6 +448,26 @@ def test_missing_clip_timestamps_fail_the_report(datasets, tmp_path):
     assert "no video files referenced" not in report.to_text()
 
 
+def test_frame_pts_hint_names_the_timestamp_column_when_it_is_off(datasets, tmp_path):
+    """Episode 3's timestamps 10 ms off frame_index / fps in data/ (from_timestamp intact): video_frame_pts fails
+    for its frames, and its hint names the timestamp column, not from_timestamp drift."""
+    root = _copy(datasets, tmp_path, "small20")
+
+    def f(t):
+        ep = t["episode_index"].to_numpy()
+        ts = t["timestamp"].to_numpy().copy()
+        ts[ep == 3] += 0.01
+        return _set(t, "timestamp", lambda v: ts.tolist())
+
+    _edit_parquet(root / DATA, f)
+    report = _run(root)
+    assert not report["frame_index_contiguous"].ok
+    c = report["video_frame_pts"]
+    assert not c.ok and {r["episode_index"] for r in c.sample} == {3}
+    assert "timestamp column" in c.hint and "episodes 3" in c.hint and "drifts" not in c.hint
+    assert "drifts" in _run(datasets / "small20")["video_frame_pts"].hint  # the usual hint elsewhere
+
+
 def test_unreadable_metadata_is_a_finding_not_a_crash(datasets, tmp_path):
     root = _copy(datasets, tmp_path, "small20")
     rel = "meta/tasks.parquet"
