@@ -185,6 +185,60 @@ def _undecodable(db) -> list[dict[str, Any]]:
     return bad
 
 
+SHAPE_HINT = ("a column's values per row differ from the shape info.json declares for it: fix the feature's shape in "
+              "meta/info.json (or rewrite the data files to that shape); the files themselves decode")
+
+
+def _could_not_run(e: Exception, spec: Spec) -> str:
+    """The hint of a check whose query failed, by the real cause: a column the data lacks (a converter that did not
+    write it) is not a reason to re-download; otherwise the check's own hint."""
+    import re
+
+    m = re.search(r"unknown column '([^']+)' in '([^']+)'", str(e)) or \
+        re.search(r'Referenced column "([^"]+)" not found', str(e))
+    if m:
+        where = f" of {m.group(2)}" if m.lastindex and m.lastindex > 1 else ""
+        return (f"the check could not run: the dataset has no column {m.group(1)!r}{where}, which it reads (a "
+                "converter that did not write it): add the column to the data files (lerobot writes it), or read "
+                "what does not need it; re-downloading will not help")
+    return f"the check could not run on this dataset's metadata; {spec.hint}"
+
+
+def _shape_mismatches(db) -> list[dict[str, Any]]:
+    """Numeric list columns whose values per row (first row of each data file) are not the product of the shape
+    info.json declares: ``path``, ``column``, ``declared_shape``, ``values_per_row``."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    out = []
+    feats = {k: f for k, f in db.layout.features.items() if len(f.shape) and not f.is_video and not f.is_image}
+    for rel in db.layout.data_files:
+        try:
+            with db.source.open(rel) as fh:
+                pf = pq.ParquetFile(fh)
+                cols = [c for c in pf.schema_arrow.names if c in feats]
+                if not cols or not pf.metadata.num_rows:
+                    continue
+                first = pf.read_row_group(0, columns=cols).slice(0, 1)
+        except (pa.ArrowException, OSError):
+            continue
+        for c in cols:
+            col = first[c]
+            t = col.type
+            if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+                continue
+            flat = col.combine_chunks()
+            while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or \
+                    pa.types.is_fixed_size_list(flat.type):
+                flat = pc.list_flatten(flat)
+            want = int(np.prod(feats[c].shape))
+            if len(flat) != want:
+                out.append({"path": rel, "column": c, "declared_shape": list(feats[c].shape),
+                            "values_per_row": len(flat)})
+    return out
+
+
 def refused_report(dataset: str, error: Exception, tolerance_s: float = 1e-4) -> Report:
     """The report for a dataset that ``connect()`` refused (its meta/info.json is invalid or unsupported): one failed
     check, ``info_json_valid``, whose sample row names the file, the key that is wrong and the message (which says
@@ -260,14 +314,18 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
             sql = db.check(library.render(f"doctor/{spec.name}", {p: params[p] for p in spec.params}))
             result = db.con.sql(sql).to_arrow_table()
         except (duckdb.Error, LeRobotSQLError) as e:
+            shapes = _shape_mismatches(db) if "Cannot cast list" in str(e) else []
+            if shapes:  # info.json declares a shape the data does not have: not a damaged file
+                checks.append(Check(spec.name, False, len(shapes), shapes[:SAMPLE_ROWS], SHAPE_HINT, spec.severity,
+                                    nq.description))
+                continue
             if spec.name == "data_files_decode":  # DuckDB's decode error names no file: find them with pyarrow
                 bad = _undecodable(db)
                 if bad:
                     checks.append(Check(spec.name, False, len(bad), bad[:SAMPLE_ROWS], spec.hint, spec.severity,
                                         nq.description))
                     continue
-            checks.append(Check(spec.name, False, 1, [{"error": f"{type(e).__name__}: {e}"}],
-                                f"the check could not run on this dataset's metadata; {spec.hint}",
+            checks.append(Check(spec.name, False, 1, [{"error": f"{type(e).__name__}: {e}"}], _could_not_run(e, spec),
                                 spec.severity, nq.description))
             continue
         hint = spec.hint

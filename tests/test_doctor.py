@@ -468,6 +468,30 @@ def test_frame_pts_hint_names_the_timestamp_column_when_it_is_off(datasets, tmp_
     assert "drifts" in _run(datasets / "small20")["video_frame_pts"].hint  # the usual hint elsewhere
 
 
+def test_declared_shape_mismatch_is_named_not_a_redownload(datasets, tmp_path):
+    """info.json declares observation.state as 7 values where the data holds 6: the failure names the column, both
+    sizes and the info.json fix; no hint says to re-download."""
+    root = _copy(datasets, tmp_path, "small20")
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"]["observation.state"]["shape"] = [7]
+    (root / "meta/info.json").write_text(json.dumps(info))
+    report = _run(root)
+    assert not report.ok
+    bad = [c for c in report.checks if not c.ok]
+    assert bad and all("re-download" not in c.hint for c in bad), report.to_text()
+    c = report["data_files_decode"]
+    assert c.sample == [{"path": DATA, "column": "observation.state", "declared_shape": [7], "values_per_row": 6}]
+    assert "shape" in c.hint and "info.json" in c.hint
+
+
+def test_missing_column_hint_says_which_and_not_redownload(datasets, tmp_path):
+    root = _copy(datasets, tmp_path, "small20")
+    _edit_parquet(root / DATA, lambda t: t.drop_columns(["task_index"]))
+    report = _run(root)
+    c = report["tasks_exist"]
+    assert not c.ok and "'task_index'" in c.hint and "re-download" in c.hint and "will not help" in c.hint
+
+
 def test_unreadable_metadata_is_a_finding_not_a_crash(datasets, tmp_path):
     root = _copy(datasets, tmp_path, "small20")
     rel = "meta/tasks.parquet"
