@@ -74,11 +74,15 @@ def locate(pts: np.ndarray, pts_s: np.ndarray, times_s, tolerance_s: float, *, p
     bad = np.flatnonzero(~(err <= tolerance_s))
     if len(bad):
         i = bad[0]
+        # The file's own rate (error path only): a stream of another rate than info.json's fps shows here first.
+        step = float(np.median(np.diff(pts_s))) if len(pts_s) > 1 else 0.0
+        rate = f" The file's frames come at {1 / step:.2f} fps (median pts spacing); if info.json's fps differs, " \
+            "frames are still looked up by time (doctor: video_stream_rate)." if step > 0 else ""
         raise FrameNotFoundError(
             f"{path}: no frame of camera {video_key!r} within tolerance_s={tolerance_s} of t={times_s[i]:.6f}s "
             f"(episode {episode_index}); nearest frame has pts={int(pts[pick[i]])} "
             f"({pts_s[pick[i]]:.6f}s, off by {err[i]:.6f}s). The episode's from_timestamp or timestamps "
-            "disagree with the video: run `lerobot-sql doctor`, or raise tolerance_s if the drift is expected."
+            f"disagree with the video: run `lerobot-sql doctor`, or raise tolerance_s if the drift is expected.{rate}"
         )
     return pick
 

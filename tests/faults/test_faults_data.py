@@ -402,6 +402,26 @@ def test_stale_data_pointer_reads_the_rows_where_they_are(damaged, pristine60, e
         lsql.connect(root2).con
 
 
+def test_stream_rate_other_than_info_fps_is_read_by_time(damaged, pristine):
+    """info.json says 60 fps (data timestamps frame_index / 60) over 30 fps mp4s: frames are looked up by time
+    against the real pts, never by frame counts at the nominal rate. Item 2k gets the video frame at 2k/60 s (the
+    intact dataset's item k), and an odd item, whose time falls between two frames, raises FrameNotFoundError
+    naming the file's real rate."""
+    root = damaged()
+    edit_info(root, lambda i: i.update(fps=60))
+    rewrite_parquet(root / DATA, lambda t: set_column(t, "timestamp",
+                                                      (t["frame_index"].to_numpy() / 60).astype(np.float32)))
+    with pytest.warns(UserWarning, match="lasts"):  # each clip holds twice its episode's frames at 60 fps
+        ds = lsql.connect(root).dataset(EP.format(3))
+    ref = pristine.dataset(EP.format(3))
+    key = "observation.images.front"
+    for k in (0, 1, 50):
+        assert torch.equal(ds[2 * k][key], ref[k][key])
+    with pytest.raises(FrameNotFoundError) as e:
+        ds[1]
+    _typed(e, FRONT, "episode 3", "30.00 fps", "video_stream_rate")
+
+
 def _open50_style(root) -> None:
     """Rewrite every clip's to_timestamp as from_timestamp + (length - 1) / fps, as some third-party writers do."""
     def f(t):
