@@ -15,6 +15,10 @@ Public surface::
     db.stats(sql)                                 # lerobot's stats dict for exactly the selected frames
     ds.meta, ds.num_frames, ds.meta.stats         # what lerobot's training code reads (lerobot_sql.meta)
 
+    coll = lsql.connect_many(["site_a", "site_b"])  # Collection: every view spans both, with a dataset column
+    coll.sql("SELECT dataset, count(*) FROM episodes GROUP BY dataset")
+    ds = coll.dataset("SELECT dataset, episode_index FROM episodes WHERE duration_s > 10")  # items carry dataset
+
 Training with lerobot's own script on a query: ``lerobot-sql train DATASET --sql "SELECT ..." -- <lerobot-train
 arguments>`` (:mod:`lerobot_sql.train`; lerobot is not imported by ``import lerobot_sql``).
 
@@ -26,6 +30,7 @@ Errors all derive from :class:`LeRobotSQLError` (see :mod:`lerobot_sql.errors`).
 """
 
 from ._version import __version__
+from .collection import Collection, connect_many
 from .db import Database, connect
 from .errors import (
     CacheError,
@@ -53,6 +58,10 @@ def __getattr__(name: str):
         from .dataset import LeRobotSQLDataset
 
         return LeRobotSQLDataset
+    if name == "CollectionDataset":
+        from .mixture import CollectionDataset
+
+        return CollectionDataset
     if name in ("EpisodeAwareSampler", "EpisodeShardedSampler"):
         from . import samplers
 
@@ -67,7 +76,10 @@ def __dir__():
 __all__ = [
     "connect",
     "Database",
+    "connect_many",
+    "Collection",
     "LeRobotSQLDataset",
+    "CollectionDataset",
     "EpisodeAwareSampler",
     "EpisodeShardedSampler",
     "LeRobotSQLError",

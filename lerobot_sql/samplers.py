@@ -29,8 +29,14 @@ def _columns(source) -> tuple[np.ndarray, np.ndarray]:
     """(episode_index, index) int64 arrays, one per sample, from a dataset, manifest or (episodes, index) pair."""
     m = getattr(source, "manifest", source)
     if isinstance(m, pa.Table):
-        return (m["episode_index"].to_numpy().astype(np.int64, copy=False),
-                m["index"].to_numpy().astype(np.int64, copy=False))
+        ep = m["episode_index"].to_numpy().astype(np.int64, copy=False)
+        idx = m["index"].to_numpy().astype(np.int64, copy=False)
+        if "dataset" in m.column_names:
+            # A collection: identity is (dataset, episode_index) / (dataset, index); each dataset numbers its own
+            # from 0, so the dataset's position goes into the high bits (episode and frame numbers stay < 2**40).
+            code = _dataset_codes(m["dataset"]) << np.int64(40)
+            ep, idx = ep + code, idx + code
+        return ep, idx
     if isinstance(m, tuple) and len(m) == 2:
         ep, idx = (np.asarray(x, np.int64) for x in m)
         if ep.shape != idx.shape or ep.ndim != 1:
@@ -38,6 +44,16 @@ def _columns(source) -> tuple[np.ndarray, np.ndarray]:
         return ep, idx
     raise TypeError(f"expected a LeRobotSQLDataset, a manifest (pyarrow.Table) or (episode_index, index) arrays, "
                     f"got {type(source).__name__}")
+
+
+def _dataset_codes(col) -> np.ndarray:
+    """int64 (N,): each sample's dataset as a number (the dictionary index of a collection manifest's column)."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(col.type):
+        return col.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    import pyarrow.compute as pc
+
+    return pc.index_in(col, value_set=pc.unique(col)).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def blocks(episode_index: np.ndarray, index: np.ndarray, block_size: int) -> np.ndarray:
