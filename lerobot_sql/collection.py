@@ -14,7 +14,6 @@ name), and a query turned into a training set must return it.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import threading
 from pathlib import Path
@@ -28,12 +27,10 @@ from ._catalog import macros
 from ._catalog.collection import CollectionConnection
 from ._catalog.connection import MANIFEST_BYTES_PER_ROW, max_manifest_rows
 from ._format.files import open_files
+from ._plan import manifest as _manifest
 from ._storage import cache
 from .db import Database, QueryFace
 from .errors import LeRobotSQLError, MissingFileError, ResultContractError, did_you_mean
-
-COLLECTION_KEY = b"lerobot_sql.collection"
-
 
 def _is_dataset(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "meta", "info.json"))
@@ -192,35 +189,34 @@ class Collection(QueryFace):
                                       f"({self.names}): {sql!r}.{hint}")
         codes = codes.to_numpy(zero_copy_only=False).astype(np.int32)
         rest = result.drop_columns(["dataset"])
-        parts, metas, offset = [], {}, 0
+        parts, offset = [], 0
         for code in np.unique(codes):  # names order
             name = self.names[code]
             member = self.members[name]
             pos = np.flatnonzero(codes == code)
-            sub = rest.take(pa.array(pos))
             member._check_links()
-            cur = self._connection.source_cursor(int(code))
+            cursor = []  # made on first use: whole episodes resolve from the pointers without DuckDB
+
+            def con(code=int(code), cursor=cursor):
+                if not cursor:
+                    cursor.append(self._connection.source_cursor(code))
+                return cursor[0]
+
             try:
-                m = member._resolve(sub, sql, ordered, con=lambda c=cur: c)
+                m = member._resolve(rest.take(pa.array(pos)), sql, ordered, con=con)
             except ResultContractError as e:
                 raise type(e)(f"dataset {name!r}: {e}") from e
             finally:
-                cur.close()
+                for c in cursor:
+                    c.close()
             rr = m["result_row"].to_numpy()
-            glob_rr = pos[rr] if ordered else rr + offset
+            # result_row: the row of the whole result (ordered), or this dataset's rows after the ones before it
+            m = m.set_column(m.column_names.index("result_row"), "result_row",
+                             pa.array(pos[rr] if ordered else rr + offset, pa.int64()))
             offset += len(pos)
-            metas[name] = (m.schema.metadata or {}).get(b"lerobot_sql.manifest", b"{}").decode()
-            m = m.set_column(m.column_names.index("result_row"), "result_row", pa.array(glob_rr, pa.int64()))
-            m = m.replace_schema_metadata(None)
-            parts.append(m.add_column(0, "dataset", pa.DictionaryArray.from_arrays(
-                pa.array(np.full(m.num_rows, code, np.int32)), pa.array(self.names, pa.string()))))
-        out = pa.concat_tables(parts, promote_options="default")
-        if ordered and len(parts) > 1:
-            order = np.argsort(out["result_row"].to_numpy(), kind="stable")
-            out = out.take(pa.array(order))
-        meta = {"names": self.names, "roots": {n: self.members[n].source.url for n in self.names},
-                "manifests": metas, "sql": sql}
-        return out.replace_schema_metadata({COLLECTION_KEY: json.dumps(meta).encode()})
+            parts.append((int(code), m))
+        return _manifest.collection_manifest(parts, self.names, {n: self.members[n].source.url for n in self.names},
+                                             sql, ordered)
 
     def dataset(self, sql: str | pa.Table, *, features: list[str] | None = None,
                 rename: dict[str, dict[str, str]] | None = None, **options: Any):
@@ -252,6 +248,62 @@ class Collection(QueryFace):
 
         manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql)
         return CollectionDataset.build(self, manifest, features=features, rename=rename, options=options)
+
+    def stats(self, sql: str | pa.Table | None = None, *, per_dataset: bool = False,
+              rename: dict[str, dict[str, str]] | None = None) -> dict:
+        """Statistics of a selection across the collection, in lerobot's ``meta/stats.json`` form (see
+        :meth:`Database.stats` and :mod:`lerobot_sql.stats`).
+
+        Each dataset's statistics are those of its own selected samples (:meth:`Database.stats`: numeric features
+        exact, cameras aggregated from per-episode statistics). Across datasets, per feature key (after
+        ``rename``) over the datasets that have it, they are combined by lerobot's ``aggregate_stats`` rule
+        (:func:`lerobot_sql.stats.aggregate`): min of mins, max of maxes, count-weighted mean, pooled population
+        std, total count, which is exact for min/max/mean/std/count of numeric features; quantiles are
+        count-weighted means of each dataset's quantiles (an estimate, as lerobot's).
+
+        Args:
+            sql: a collection query (``dataset`` plus a contract) or a collection manifest; None: every episode.
+            per_dataset: return ``{dataset: its stats}`` instead of the combined statistics.
+            rename: as :meth:`dataset`, so that differently named features combine.
+
+        Raises:
+            ValueError: the selection is empty. QueryError, ResultContractError: as :meth:`manifest`.
+            Features whose shapes differ between datasets (a 6- and a 14-dim state) are not combined: they are
+            left out with a warning naming the datasets (``per_dataset=True`` has them).
+        """
+        import warnings
+
+        from . import stats as _stats
+
+        manifest = sql if isinstance(sql, pa.Table) else \
+            self.manifest(sql if sql is not None else "SELECT dataset, episode_index FROM episodes")
+        meta = _manifest.collection_meta(manifest)
+        per: dict[str, dict] = {}
+        for code, name in enumerate(meta["names"]):
+            part, pos = _manifest.part_of(manifest, name, code, meta)
+            if not len(pos):
+                continue
+            cur = self._connection.source_cursor(code)
+            try:
+                has_q = bool(cur.sql("SELECT 1 FROM episode_stats WHERE stat = 'q01' LIMIT 1").fetchall())
+                got = _stats.selection_stats(cur, self.members[name].layout, part, quantiles=has_q)
+            finally:
+                cur.close()
+            m = (rename or {}).get(name, {})
+            per[name] = {m.get(k, k): v for k, v in got.items()}
+        if per_dataset:
+            return per
+        out: dict[str, dict] = {}
+        keys = list(dict.fromkeys(k for s in per.values() for k in s))
+        for k in keys:
+            have = {n: s[k] for n, s in per.items() if k in s}
+            shapes = {n: np.shape(v["mean"]) for n, v in have.items()}
+            if len(set(shapes.values())) > 1:
+                warnings.warn(f"stats: {k!r} has different shapes across datasets ({shapes}); it is left out of "
+                              "the combined statistics (stats(..., per_dataset=True) has each)", stacklevel=2)
+                continue
+            out[k] = _stats.aggregate(list(have.values())) if len(have) > 1 else next(iter(have.values()))
+        return out
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -9,7 +9,6 @@ are renamed per dataset (``rename=``) and kept per ``features=``; items gain ``d
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -17,42 +16,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from ._plan import manifest as _manifest
+from ._plan.manifest import collection_meta, part_of
 from .dataset import Batch, LeRobotSQLDataset
 from .errors import ResultContractError, did_you_mean
 
-COLLECTION_KEY = b"lerobot_sql.collection"
 # Keys every item has that are not features: kept whatever ``features`` says.
 _DEFAULT = ("index", "episode_index", "frame_index", "timestamp", "task_index")
-
-
-def collection_meta(manifest: pa.Table) -> dict:
-    """The ``lerobot_sql.collection`` metadata of a collection manifest (names, roots, each part's manifest
-    metadata).
-
-    Raises:
-        ResultContractError: the table is not a collection manifest.
-    """
-    raw = (manifest.schema.metadata or {}).get(COLLECTION_KEY)
-    if raw is None or "dataset" not in manifest.column_names:
-        raise ResultContractError("not a collection manifest (no dataset column or no lerobot_sql.collection "
-                                  "metadata): make it with Collection.manifest(sql)")
-    return json.loads(raw)
-
-
-def part_of(manifest: pa.Table, name: str, code: int, meta: dict) -> tuple[pa.Table, np.ndarray]:
-    """Dataset ``name``'s rows of a collection manifest as its own manifest (its columns, its metadata), and their
-    positions in the collection manifest."""
-    codes = manifest["dataset"].combine_chunks().indices.to_numpy(zero_copy_only=False) \
-        if pa.types.is_dictionary(manifest["dataset"].type) else None
-    if codes is None or list(manifest["dataset"].combine_chunks().dictionary.to_pylist()) != meta["names"]:
-        codes = pc.index_in(manifest["dataset"].cast(pa.string()), value_set=pa.array(meta["names"])) \
-            .to_numpy(zero_copy_only=False)
-    pos = np.flatnonzero(codes == code)
-    own = json.loads(meta["manifests"][name])
-    cols = _manifest.columns(own.get("video_keys", ()), own.get("extras", ()))
-    sub = manifest.take(pa.array(pos)).select(cols)
-    return sub.replace_schema_metadata({_manifest.META_KEY: meta["manifests"][name].encode()}), pos
 
 
 def _item_spec(layout, key: str) -> tuple:

@@ -190,3 +190,30 @@ def test_remote_and_local_datasets_in_one_collection(datasets, tmp_path, monkeyp
             own = lsql.connect(datasets / item["dataset"]).dataset(f"SELECT {int(item['index'])} AS index")
             assert_items_equal({k: v for k, v in item.items() if k not in ("dataset", "dataset_index")}, own[0])
         assert c["small20"].io_stats()["bytes_fetched"] > 0 and c["h264_20"].io_stats()["bytes_fetched"] > 0
+
+
+def test_stats_across_datasets_equal_numpy_over_the_selected_rows(coll, datasets):
+    sql = "SELECT dataset, index FROM frames WHERE frame_index % 5 = 0 AND episode_index < 7"
+    got = coll.stats(sql)
+    rows = {"observation.state": [], "action": []}
+    for name in SETS:
+        t = lsql.connect(datasets / name).sql(
+            'SELECT "observation.state", action FROM frames WHERE frame_index % 5 = 0 AND episode_index < 7').arrow()
+        rows["observation.state"].append(np.array(t["observation.state"].to_pylist(), np.float64))
+        rows["action"].append(np.array(t["action"].to_pylist(), np.float64))
+    for k, parts in rows.items():
+        x = np.concatenate(parts)
+        assert got[k]["count"].tolist() == [len(x)]
+        np.testing.assert_allclose(got[k]["mean"], x.mean(0), rtol=1e-9)
+        np.testing.assert_allclose(got[k]["std"], x.std(0), rtol=1e-7)
+        np.testing.assert_array_equal(np.float32(got[k]["min"]), np.float32(x.min(0)))
+        np.testing.assert_array_equal(np.float32(got[k]["max"]), np.float32(x.max(0)))
+    per = coll.stats(sql, per_dataset=True)
+    assert set(per) == set(SETS)
+    own = lsql.connect(datasets / "h264_20").stats("SELECT index FROM frames WHERE frame_index % 5 = 0 AND "
+                                                    "episode_index < 7")
+    for k in own:  # the same numbers (DuckDB's parallel sums may differ in the last bit between runs)
+        for st in own[k]:
+            np.testing.assert_allclose(per["h264_20"][k][st], own[k][st], rtol=1e-12)
+    cams = got["observation.images.front"]
+    assert cams["mean"].shape == (3, 1, 1) and cams["count"][0] > 0

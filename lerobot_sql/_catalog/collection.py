@@ -68,7 +68,7 @@ class CollectionConnection(Connection):
             con.execute(f"CREATE SCHEMA {ident(schema_of(i))}")
             con.execute(f"SET schema = {literal(schema_of(i))}")
             try:
-                dirs, links = populate(con, files, self._relations, prefix_of(i))
+                dirs, links = populate(con, files, self._relations, prefix_of(i), table_macros=False)
             except DatasetFormatError as e:
                 raise type(e)(f"dataset {self.names[i]!r}: {e}") from e
             allowed += dirs
@@ -84,12 +84,15 @@ class CollectionConnection(Connection):
     def source_cursor(self, i: int) -> duckdb.DuckDBPyConnection:
         """A new cursor whose unqualified names are dataset ``i``'s views (its schema first): what the resolvers
         of one dataset need (``_frames_loc``, ``episodes`` ...). The caller closes it."""
-        main = self.cursor()  # opens the connection, registers on this thread
+        self.cursor()  # opens the connection
+        own = f"_lsql_arrow_{prefix_of(i)}"
         with self._con_lock:
             cur = self._con.cursor()
+            # Only this dataset's registrations: its views read nothing else (registering every dataset's on each
+            # cursor made a 100-dataset manifest quadratic).
             for name, table in self._relations.items():
-                cur.register(name, table)
-        del main
+                if name.startswith(own):
+                    cur.register(name, table)
         cur.execute(f"SET schema = {literal(schema_of(i))}")
         return cur
 
@@ -201,6 +204,8 @@ def union_sql(con: duckdb.DuckDBPyConnection, view: str, names: list[str]) -> st
         return " UNION ALL BY NAME ".join(parts)
 
     sql = body({})
+    if all(len(set(per.values())) == 1 or c in casts for c, per in by_col.items()):
+        return sql  # every column has one type across the datasets: the union binds (checking costs a bind)
     try:
         con.sql(f"DESCRIBE {sql}").fetchall()
         return sql

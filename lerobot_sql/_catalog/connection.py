@@ -78,7 +78,7 @@ def unreadable_error(src: Source, layout: Layout, cause: BaseException, sql: str
 
 
 def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dict[str, pa.Table],
-             prefix: str = "") -> tuple[list[str], list[str]]:
+             prefix: str = "", table_macros: bool = True) -> tuple[list[str], list[str]]:
     """Create one dataset's views and macros in ``con``'s current schema (Arrow registrations named with
     ``prefix``, recorded in ``relations``); warn about missing data files and symlinks out of the root.
 
@@ -103,7 +103,7 @@ def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dic
                       f"{src.path(missing[0][0])} ({missing[0][1]} episodes): the frames view and every "
                       "query over it lack their episodes. Download data/ again; `lerobot-sql doctor` lists them "
                       "(data_files_present)", stacklevel=6)
-    macros.register(con, layout)  # over register_views' placeholders of video_frames / video_files
+    macros.register(con, layout, table_macros)  # over register_views' placeholders of video_frames / video_files
     # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
     # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.
     targets, refused = src.symlink_targets()

@@ -255,7 +255,7 @@ def register_collection(con, layouts: list[Layout]) -> None:
     _table_macros(con, True)
 
 
-def register(con, layout: Layout) -> None:
+def register(con, layout: Layout, table_macros: bool = True) -> None:
     """Register the building-block views and macros on ``con`` (after catalog.register_views).
 
     Creates the views ``frames_ext`` and ``camera_frames`` and the macros listed in the module docstring.
@@ -267,4 +267,5 @@ def register(con, layout: Layout) -> None:
     con.execute(_element_index_sql(layout))
     con.execute(f"CREATE OR REPLACE VIEW frames_ext AS {_frames_ext_sql(layout, frame_cols, 'length' in ep_cols)}")
     con.execute(f"CREATE OR REPLACE VIEW camera_frames AS {CAMERA_FRAMES}")
-    _table_macros(con, False)
+    if table_macros:  # a collection's datasets need none of their own: users call the collection's
+        _table_macros(con, False)
