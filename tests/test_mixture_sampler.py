@@ -185,6 +185,7 @@ def test_ranks_are_disjoint_slices_covering_the_global_order(ds, num_samples):
 
 
 def test_collection_manifest_and_single_dataset(coll, ds, datasets):
+    assert lsql.MixtureSampler is MixtureSampler and "MixtureSampler" in lsql.__all__  # lazy, as the others
     m = coll.manifest(SQL)
     assert list(MixtureSampler(m, W, num_samples=2000, seed=3)) == list(MixtureSampler(ds, W, num_samples=2000,
                                                                                         seed=3))
