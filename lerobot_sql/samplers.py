@@ -437,11 +437,13 @@ class MixtureSampler(_Resumable):
         label = np.concatenate([np.full(len(parts[c][0]), c, np.int64) for c in parts])
         rng = np.random.default_rng([self.seed, self.epoch])
         label = label[rng.permutation(len(label))]
+        # dataset c's blocks fill its slots of the interleaving in stream order: a stable sort by dataset lists
+        # the slots dataset by dataset (ascending codes, as `parts`), each dataset's in order
+        slots = np.argsort(label, kind="stable")
         st = np.empty(len(label), np.int64)
         sz = np.empty(len(label), np.int64)
-        for c, (s, z) in parts.items():  # dataset c's blocks fill its slots of the interleaving, in stream order
-            where = label == c
-            st[where], sz[where] = s, z
+        st[slots] = np.concatenate([parts[c][0] for c in parts])
+        sz[slots] = np.concatenate([parts[c][1] for c in parts])
         within = np.arange(self.num_samples) - np.repeat(np.cumsum(sz) - sz, sz)
         return np.repeat(st, sz) + within
 
