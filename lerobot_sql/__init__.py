@@ -23,8 +23,9 @@ Training with lerobot's own script on a query: ``lerobot-sql train DATASET --sql
 arguments>`` (:mod:`lerobot_sql.train`; lerobot is not imported by ``import lerobot_sql``).
 
 Samplers: :class:`EpisodeAwareSampler` (shuffled blocks of consecutive frames, per-epoch seeds, resume, rank
-shards) and :class:`EpisodeShardedSampler` (whole episodes per rank). Manifest sharding for many processes and the
-Ray Data hand-off: :mod:`lerobot_sql.shard`, :mod:`lerobot_sql.ray_data`. CLI: ``lerobot-sql --help``.
+shards), :class:`EpisodeShardedSampler` (whole episodes per rank) and :class:`MixtureSampler` (datasets of a
+collection in given proportions: ``MixtureSampler(ds, {"site_a": 0.7, "site_b": 0.3})`` or ``alpha=0.5``).
+Manifest sharding for many processes and the Ray Data hand-off: :mod:`lerobot_sql.shard`, :mod:`lerobot_sql.ray_data`. CLI: ``lerobot-sql --help``.
 
 Errors all derive from :class:`LeRobotSQLError` (see :mod:`lerobot_sql.errors`).
 """
@@ -62,7 +63,7 @@ def __getattr__(name: str):
         from .mixture import CollectionDataset
 
         return CollectionDataset
-    if name in ("EpisodeAwareSampler", "EpisodeShardedSampler"):
+    if name in ("EpisodeAwareSampler", "EpisodeShardedSampler", "MixtureSampler"):
         from . import samplers
 
         return getattr(samplers, name)
@@ -82,6 +83,7 @@ __all__ = [
     "CollectionDataset",
     "EpisodeAwareSampler",
     "EpisodeShardedSampler",
+    "MixtureSampler",
     "LeRobotSQLError",
     "DatasetFormatError",
     "UnsupportedVersionError",
