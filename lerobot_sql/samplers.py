@@ -39,7 +39,7 @@ def _columns(source) -> tuple[np.ndarray, np.ndarray]:
         if "dataset" in m.column_names:
             # A collection: identity is (dataset, episode_index) / (dataset, index); each dataset numbers its own
             # from 0, so the dataset's position goes into the high bits (episode and frame numbers stay < 2**40).
-            code = _dataset_codes(m["dataset"]) << np.int64(40)
+            code = _groups(m)[1] << np.int64(40)
             ep, idx = ep + code, idx + code
         return ep, idx
     if isinstance(m, tuple) and len(m) == 2:
@@ -49,16 +49,6 @@ def _columns(source) -> tuple[np.ndarray, np.ndarray]:
         return ep, idx
     raise TypeError(f"expected a LeRobotSQLDataset, a manifest (pyarrow.Table) or (episode_index, index) arrays, "
                     f"got {type(source).__name__}")
-
-
-def _dataset_codes(col) -> np.ndarray:
-    """int64 (N,): each sample's dataset as a number (the dictionary index of a collection manifest's column)."""
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if pa.types.is_dictionary(col.type):
-        return col.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    import pyarrow.compute as pc
-
-    return pc.index_in(col, value_set=pc.unique(col)).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def blocks(episode_index: np.ndarray, index: np.ndarray, block_size: int) -> np.ndarray:
@@ -239,7 +229,7 @@ def _groups(source) -> tuple[list[str], np.ndarray]:
 
         import pyarrow.compute as pc
 
-        from .mixture import COLLECTION_KEY
+        from ._plan.manifest import COLLECTION_KEY
 
         col = m["dataset"].combine_chunks()
         raw = (m.schema.metadata or {}).get(COLLECTION_KEY)
