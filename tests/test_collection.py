@@ -217,3 +217,10 @@ def test_stats_across_datasets_equal_numpy_over_the_selected_rows(coll, datasets
             np.testing.assert_allclose(per["h264_20"][k][st], own[k][st], rtol=1e-12)
     cams = got["observation.images.front"]
     assert cams["mean"].shape == (3, 1, 1) and cams["count"][0] > 0
+
+
+def test_a_feature_named_dataset_is_refused_naming_the_dataset(tmp_path, datasets):
+    odd = renamed_copy(datasets / "small20", tmp_path / "odd", {"action": "Dataset"})
+    c = lsql.connect_many([datasets / "h264_20", odd])
+    with pytest.raises(lsql.DatasetFormatError, match=r"dataset 'odd'.*'Dataset'.*rename"):
+        c.sql("SELECT count(*) FROM frames")
