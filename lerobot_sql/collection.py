@@ -218,7 +218,7 @@ class Collection(QueryFace):
         return _manifest.collection_manifest(parts, self.names, {n: self.members[n].source.url for n in self.names},
                                              sql, ordered)
 
-    def dataset(self, sql: str | pa.Table, *, features: list[str] | None = None,
+    def dataset(self, sql: str | os.PathLike | pa.Table, *, features: list[str] | None = None,
                 rename: dict[str, dict[str, str]] | None = None, **options: Any):
         """One torch Dataset over a query's frames across the collection; item ``i`` is the item its dataset's own
         :meth:`Database.dataset` gives for that frame (equal value for value), with keys renamed by ``rename``,
@@ -227,7 +227,8 @@ class Collection(QueryFace):
 
         Args:
             sql: a query returning ``dataset`` and a contract of :meth:`Database.dataset` per dataset, or a
-                manifest from :meth:`manifest`.
+                manifest from :meth:`manifest` (an Arrow table, or a Parquet file it was written to with
+                ``pyarrow.parquet.write_table``).
             features: the feature keys items carry (after ``rename``; default: every feature of the selected
                 datasets, which must then agree). Keys that are not features (``index``, ``episode_index``,
                 ``frame_index``, ``timestamp``, ``task_index``, ``task``, extra result columns) are always kept.
@@ -246,8 +247,36 @@ class Collection(QueryFace):
         """
         from .mixture import CollectionDataset
 
-        manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql)
+        if isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.strip().endswith(".parquet")
+                                             and " " not in sql.strip()):
+            import pyarrow.parquet as pq
+
+            if not os.path.exists(sql):
+                raise MissingFileError(f"{sql}: manifest file not found; write one with "
+                                       "pyarrow.parquet.write_table(coll.manifest(sql), path), or pass a query")
+            sql = pq.read_table(sql)
+        if isinstance(sql, pa.Table):
+            self._check_manifest_source(sql)
+            manifest = sql
+        else:
+            manifest = self.manifest(sql)
         return CollectionDataset.build(self, manifest, features=features, rename=rename, options=options)
+
+    def _check_manifest_source(self, manifest: pa.Table) -> None:
+        """Refuse a collection manifest made over other datasets (names or roots differ): its index values are those
+        datasets' frames.
+
+        Raises:
+            ResultContractError: naming what differs.
+        """
+        meta = _manifest.collection_meta(manifest)
+        roots = {n: self.members[n].source.url for n in self.names}
+        if meta.get("names") != self.names or meta.get("roots", roots) != roots:
+            theirs = meta.get("roots") or dict.fromkeys(meta.get("names") or [])
+            raise ResultContractError(
+                f"a manifest of the collection {theirs}, opened through the collection {roots}: its index values are "
+                "those datasets' frames. Open it through a collection of the same datasets under the same names, "
+                "or build it again with coll.manifest(sql)")
 
     def stats(self, sql: str | pa.Table | None = None, *, per_dataset: bool = False,
               rename: dict[str, dict[str, str]] | None = None) -> dict:

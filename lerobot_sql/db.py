@@ -22,6 +22,7 @@ from ._catalog.connection import (MANIFEST_BYTES_PER_ROW, Connection, max_manife
 from ._format.files import DatasetFiles, open_files
 from ._format.layout import Layout
 from ._format.metadata import read_pointers
+from ._plan import manifest as plan_manifest
 from ._plan import resolve as plan
 from ._query import checks as query
 from ._storage.source import Source
@@ -515,6 +516,11 @@ class Database(QueryFace):
         else:
             manifest = self.manifest(sql)
         if not isinstance(sql, str) or sql.strip().endswith(".parquet"):
+            if plan_manifest.COLLECTION_KEY in (manifest.schema.metadata or {}):
+                # Its index / data_row values are each dataset's own: read through one dataset they are other frames.
+                raise ResultContractError("a manifest of a collection (Collection.manifest), given to one dataset's "
+                                          "Database: open it with the collection's dataset() (lsql.connect_many"
+                                          "(...).dataset(manifest)), or select this dataset's rows in SQL")
             self._check_manifest_source(manifest, sql)
         tasks = self.tasks()
         wanted = pc.unique(manifest["task_index"]).drop_null().to_pylist() if "task_index" in manifest.column_names \

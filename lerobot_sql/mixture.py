@@ -61,9 +61,6 @@ class CollectionDataset(torch.utils.data.Dataset):
         """The dataset of collection ``coll``'s ``manifest`` (see ``Collection.dataset`` for the arguments)."""
         meta = collection_meta(manifest)
         names = meta["names"]
-        if names != coll.names:
-            raise ResultContractError(f"a manifest of the collection {names}, opened through the collection "
-                                      f"{coll.names}: open it through its own collection")
         options = dict(options or {})
         rename = dict(rename or {})
         for n, mapping in rename.items():

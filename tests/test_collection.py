@@ -224,3 +224,19 @@ def test_a_feature_named_dataset_is_refused_naming_the_dataset(tmp_path, dataset
     c = lsql.connect_many([datasets / "h264_20", odd])
     with pytest.raises(lsql.DatasetFormatError, match=r"dataset 'odd'.*'Dataset'.*rename"):
         c.sql("SELECT count(*) FROM frames")
+
+
+def test_a_collection_manifest_is_read_only_by_its_own_collection(coll, datasets, tmp_path):
+    sql = "SELECT dataset, index FROM frames WHERE frame_index = 2 AND episode_index < 2"
+    m = coll.manifest(sql)
+    with pytest.raises(lsql.ResultContractError, match="collection"):
+        coll["small20"].dataset(m)  # its index values are four datasets' frames
+    path = tmp_path / "m.parquet"
+    pq.write_table(m, path)
+    ds = coll.dataset(path)
+    ref = coll.dataset(sql)
+    assert len(ds) == len(ref) == 8
+    assert [ds[i]["index"] for i in range(8)] == [ref[i]["index"] for i in range(8)]
+    other = lsql.connect_many([datasets / n for n in reversed(SETS)])
+    with pytest.raises(lsql.ResultContractError, match="same datasets"):
+        other.dataset(m)
