@@ -15,7 +15,7 @@ The public face of the package only; the work is in its modules:
 from __future__ import annotations
 
 from .destination import MARKER
-from .lerobot import ExportReport, export_dataset
+from .lerobot import ExportReport, export_collection, export_dataset
 from .manifest import ManifestReport, dataset_identity, export_manifest
 
-__all__ = ["export_dataset", "export_manifest", "ExportReport", "ManifestReport", "dataset_identity", "MARKER"]
+__all__ = ["export_dataset", "export_collection", "export_manifest", "ExportReport", "ManifestReport", "dataset_identity", "MARKER"]
