@@ -215,3 +215,46 @@ def test_fps_that_differ_are_refused_naming_them(datasets, tmp_path):
         coll.export("SELECT dataset, episode_index FROM episodes WHERE episode_index = 0", tmp_path / "out",
                     features=["observation.state", "action"], progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def _reencoded_copy(src: Path, dst: Path, options: dict) -> Path:
+    """A copy of ``src`` whose mp4s are re-encoded with libx264 ``options`` (same frames, pts and time base, so
+    meta/episodes stays right): same codec, resolution and pix_fmt, another codec header (SPS/PPS)."""
+    import av
+
+    shutil.copytree(src, dst)
+    for f in sorted(dst.glob("videos/*/*/*.mp4")):
+        tmp = f.with_suffix(".tmp.mp4")
+        with av.open(str(f)) as inp, av.open(str(tmp), "w", format="mp4") as out:
+            ist = inp.streams.video[0]
+            ost = out.add_stream("libx264", rate=30, options=options)
+            ost.width, ost.height, ost.pix_fmt = ist.codec_context.width, ist.codec_context.height, "yuv420p"
+            ost.time_base = ist.time_base
+            ost.codec_context.time_base = ist.time_base
+            for frame in inp.decode(ist):
+                frame.pict_type = av.video.frame.PictureType.NONE
+                out.mux(ost.encode(frame))
+            out.mux(ost.encode(None))
+        tmp.replace(f)
+    return dst
+
+
+def test_a_new_codec_header_starts_a_new_video_file(datasets, tmp_path):
+    """h264_20 (High profile, CABAC) and a copy re-encoded Baseline (CAVLC): the same codec, resolution and
+    pix_fmt, so they export together, but a copied packet decodes only with its own SPS/PPS: each switch of
+    source header starts a new mp4, and every frame is still the source's, bit for bit."""
+    base = _reencoded_copy(datasets / "h264_20", tmp_path / "baseline",
+                           {"profile": "baseline", "g": "2", "bf": "0", "crf": "30"})
+    coll = lsql.connect_many([datasets / "h264_20", base])
+    sql = ("SELECT * FROM (SELECT 'h264_20' AS dataset, 0 AS episode_index, 0 AS o UNION ALL "
+           "SELECT 'baseline', 1, 1 UNION ALL SELECT 'h264_20', 2, 2) ORDER BY o")
+    rep = coll.export(sql, tmp_path / "out", progress=False)
+    assert rep.video_files == 2 * 3 and rep.frames_reencoded == 0
+    e = _episodes(tmp_path / "out")
+    assert e[f"videos/{FRONT}/file_index"].tolist() == [0, 1, 2]
+    assert e[f"videos/{FRONT}/from_timestamp"].tolist() == [0.0, 0.0, 0.0]
+    out = lsql.connect(tmp_path / "out")
+    a = out.dataset("SELECT index FROM frames ORDER BY index", return_uint8=True)
+    b = coll.dataset(sql, return_uint8=True)
+    assert _same_items(a, b, extras=("o",)) == 2 * rep.frames
+    assert doctor.run(out).ok
