@@ -78,9 +78,10 @@ class DataWriter:
         got_fi = t["frame_index"].to_numpy()
         if t.num_rows != part.length or got_fi[0] != part.frame_start or np.any(np.diff(got_fi) != 1) or \
                 np.any(t["episode_index"].to_numpy() != part.src_episode):
-            raise DatasetFormatError(f"{s.src.path(part.data_file)}: rows {part.data_row}..{part.data_row + part.length - 1} "
-                                     f"are not frames {part.frame_start}.. of episode {part.src_episode}; the data "
-                                     "file changed since the query ran, or is inconsistent (`lerobot-sql doctor`)")
+            raise DatasetFormatError(f"{s.src.path(part.data_file)}: rows {part.data_row}.."
+                                     f"{part.data_row + part.length - 1} are not frames {part.frame_start}.. of "
+                                     f"episode {part.src_episode}; the data file changed since the query ran, or is "
+                                     "inconsistent (`lerobot-sql doctor`)")
         n = part.length
         ts = t["timestamp"].to_numpy().astype(np.float32)
         if not part.whole:

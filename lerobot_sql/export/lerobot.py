@@ -1,4 +1,5 @@
-"""The LeRobot v3.0 export driver: ``export_dataset`` writes a query's frames as a new dataset.
+"""The LeRobot v3.0 export driver: ``export_dataset`` writes a query's frames as a new dataset, ``export_collection``
+a collection's selection as one.
 
 Export plan: the query is resolved to a manifest by ``db.manifest(sql)`` (:mod:`lerobot_sql._plan.manifest`; the same
 row cap, fast path and order as ``dataset()``), cut into *parts* (one output episode each: a whole source episode
@@ -19,6 +20,12 @@ stats ports :mod:`.stats`):
 The source may be v3.x or v2.0/v2.1: episode metadata and tasks are read through the catalog (``_episodes_raw``,
 ``tasks``), which gives both versions the same columns, so a v2.x selection is written as a v3.0 dataset (info.json
 converted as lerobot 0.4.4's ``convert_dataset_v21_to_v30`` does it).
+
+Several datasets (``export_collection``, ``Collection.export``): the same driver over a collection's manifest. Each
+selected dataset is a :class:`Source` (its Database, its name, its source-key -> output-key map), each part names
+its source, and the writers read that source's files and column names; tasks are merged by text, and
+meta/episodes gains ``source_dataset`` / ``source_episode_index``. What one dataset cannot hold (two fps, two
+robot_types, a camera's videos of two codecs, resolutions or pixel formats) is refused before any write.
 
 Everything is written into a hidden sibling folder and renamed into place at the end, so the destination appears
 complete or not at all. ``meta/lerobot_sql_export.json`` marks the folder as ours and lists the files written: an
@@ -46,7 +53,8 @@ from .._format.layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
 from .._plan.manifest import Meta
 from .._readers import decode, locate, video_index
 from .._version import __version__
-from ..errors import DatasetFormatError, DestinationError, DestinationExistsError, IncompatibleDatasetsError
+from ..errors import (DatasetFormatError, DestinationError, DestinationExistsError, IncompatibleDatasetsError,
+                      ResultContractError)
 from . import destination, stats
 from .data_writer import DataWriter
 from .parts import Part, Rotator, cut_parts
@@ -169,9 +177,13 @@ def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, pres
     lookup = np.full(len(coll.names), -1, np.int64)  # dataset code -> position in sources
     lookup[[s.code for s in sources]] = np.arange(len(sources))
     src_of_row = lookup[codes.astype(np.int64)]
-    modes = {json.loads(v).get("mode") for v in json.loads(manifest.schema.metadata[b"lerobot_sql.collection"])
-             ["manifests"].values()}
-    parts = cut_parts(manifest, modes.pop() if len(modes) == 1 else "index", src_of_row)
+    # One query, one contract: every dataset's part of the manifest has the same mode.
+    meta = json.loads(manifest.schema.metadata[b"lerobot_sql.collection"])
+    modes = {json.loads(v).get("mode") for n, v in meta["manifests"].items() if n in present}
+    if len(modes) != 1:
+        raise ResultContractError(f"the collection manifest mixes result contracts {sorted(map(str, modes))}; "
+                                  "export one query's manifest (Collection.manifest(sql))")
+    parts = cut_parts(manifest, modes.pop(), src_of_row)
     return _write(dest, sources, manifest, parts, tolerance_s, progress, t0, codes=src_of_row)
 
 
