@@ -383,7 +383,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             self._meta_obj = _meta.SelectionMetadata(
                 self._layout, _meta.episodes_table(source_eps, ep, fr), self._tasks, total_frames=self._n,
                 task_indices=self._c["task_index"], repo_id=self.repo_id, root=self.root, stats_fn=self._stats_fn,
-                cameras=self.camera_keys, owner_pid=self._owner_pid)
+                cameras=self.camera_keys, owner_pid=self._owner_pid, depth_output_unit=self.depth_output_unit)
         return self._meta_obj
 
     @property
