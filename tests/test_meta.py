@@ -217,3 +217,45 @@ def test_stats_leave_out_the_cameras_the_items_leave_out(sample, tmp_path):
     ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index < 2", cameras=["observation.images.wrist"])
     assert "observation.images.wrist" in ds.meta.stats and "observation.images.front" not in ds.meta.stats
     assert set(ds.meta.stats) <= set(ds.meta.features)
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("depth_unit", "cm", r"depth_png.*depth_unit is 'cm'"),
+    ("video.depth_min", "near", r"depth.*video\.depth_min.*not a finite number"),
+    ("video.depth_max", 0.005, r"depth.*unusable.*depth_max > depth_min"),
+    ("video.use_log", "yes", r"depth.*video\.use_log.*not a boolean"),
+])
+def test_unusable_depth_metadata_is_refused_naming_the_feature(datasets, tmp_path, field, value, error):
+    """A depth unit lerobot does not know (it would divide by 1000 as if mm), or a quantizer that is no number or
+    no range: DatasetFormatError naming the feature at dataset(), never a silently wrong depth."""
+    import shutil
+
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "depth4", root)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    key = "observation.images.depth_png" if field == "depth_unit" else "observation.images.depth"
+    info["features"][key]["info"][field] = value
+    (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
+    db = lsql.connect(root, cache_dir=tmp_path / "c")
+    with pytest.raises(DatasetFormatError, match=error):
+        db.dataset()
+    assert db.dataset(cameras=["observation.images.front"])[0]["observation.images.front"].shape == (3, 48, 64)
+
+
+def test_a_depth_image_without_a_recorded_unit_is_returned_as_stored_with_a_warning(datasets, tmp_path):
+    """lerobot 0.6 returns a depth image without info.depth_unit as stored (and warns): so does this."""
+    import shutil
+
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "depth4", root)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    del info["features"]["observation.images.depth_m"]["info"]["depth_unit"]
+    (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
+    ref, npz = json.loads((REFERENCE / "depth4.json").read_text()), np.load(REFERENCE / "depth4.npz")
+    with pytest.warns(UserWarning, match=r"depth_m.*no info\.depth_unit"):
+        ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset()
+    i = ref["items"][2]["index"]
+    got = ds[i]["observation.images.depth_m"]
+    np.testing.assert_array_equal(got.numpy(), npz[f"metres/{i}/observation.images.depth_m"])  # the stored metres
