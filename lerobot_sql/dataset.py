@@ -497,7 +497,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         """Decode one ``image`` cell (lerobot's ``{bytes, path}`` struct of PNG/TIFF bytes) of sample ``i``.
 
         Returns lerobot's tensor (``ToTensor``): float32 (C, H, W) in [0, 1], uint8 with ``return_uint8``;
-        16-bit images as their integer values, (1, H, W).
+        16-bit images as their integer values, (1, H, W); a depth map (``info.is_depth_map``) as lerobot 0.6:
+        float32 (1, H, W) of its values (uint16 mm or float m TIFF), converted from ``info.depth_unit`` to
+        ``depth_output_unit`` (x1000 or /1000).
 
         Raises:
             DatasetFormatError: the cell has no bytes (only a path, which is never opened: it is dataset text),
