@@ -371,6 +371,25 @@ def test_depth_dataset_export_keeps_depth_maps_and_their_info(datasets, tmp_path
     assert 300 < mean < 9000 and _flat(e_out["stats/observation.images.depth/count"][0]).tolist() == [12]
 
 
+def test_depth_head_reencode_muxes_every_time(datasets, tmp_path):
+    """A window cut mid-GOP of the HEVC depth video re-encodes its head with libx265. On PyAV 15 that encoder at
+    times returned an unset dts (garbage), and the mux failed (PatchWelcomeError "pts/dts pair unsupported", or
+    OverflowError) in about 2 of 5 exports; the decoded frame's B type was also forced on the encoder. Six exports
+    in a row now all succeed and hold the source's 12-bit codes."""
+    db = lsql.connect(datasets / "depth4")
+    rel = "videos/observation.images.depth/chunk-000/file-000.mp4"
+    with av.open(str(datasets / "depth4" / rel)) as c:
+        want = [f.to_ndarray(format="gray12le") for f in c.decode(video=0)][3:15]
+    for k in range(6):
+        with pytest.warns(UserWarning, match="quantized"):
+            rep = db.export("SELECT 0 AS episode_index, 0.1 AS start_s, 0.5 AS end_s", tmp_path / f"out{k}",
+                            progress=False)
+        assert rep.frames == 12 and rep.frames_reencoded >= 1
+        with av.open(str(tmp_path / f"out{k}" / rel)) as c:
+            got = [f.to_ndarray(format="gray12le") for f in c.decode(video=0)]
+        assert len(got) == 12 and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
 def test_depth_image_stats_are_lerobots(datasets):
     """A depth image's stats recomputed by export (raw TIFF values, per channel, no /255) equal the ones lerobot
     0.6.1 wrote for the same episode (every frame sampled: episodes under 100 frames): min, max, count exactly;
