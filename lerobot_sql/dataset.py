@@ -665,14 +665,14 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             self._video_keys.index(base)
 
     # ---- batched fetch (DataLoader) ------------------------------------------------------------------------
-    def __getitems__(self, indices) -> "_Batch":
+    def __getitems__(self, indices) -> "Batch":
         """The items ``[self[i] for i in indices]``, built together: what torch's DataLoader calls with a batch.
 
-        Returns a :class:`_Batch`: a sequence of ``len(indices)`` item dicts (item ``j`` equals ``self[indices[j]]``
+        Returns a :class:`Batch`: a sequence of ``len(indices)`` item dicts (item ``j`` equals ``self[indices[j]]``
         bit for bit: same keys in the same order, dtypes, shapes; tensors are views into the batch's tensors) that
         also holds the collated batch. torch's fetcher hands the returned value to ``collate_fn``; torch's
         ``default_collate`` cannot be given a ready dict (it indexes ``batch[0]`` and stacks), so this module
-        registers its item type in ``default_collate_fn_map``: ``default_collate`` on a ``_Batch`` returns the
+        registers its item type in ``default_collate_fn_map``: ``default_collate`` on a ``Batch`` returns the
         prepared batch directly (``{key: (B, *item shape) tensor | collated list}``), which equals
         ``default_collate([self[i] for i in indices])`` key by key, bit for bit. A plain
         ``DataLoader(ds, batch_size=B)`` therefore stays correct and skips the per-item stack; any other
@@ -697,7 +697,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         lists: dict[str, list] = {}  # key -> per-item values, collated by default_collate
         order: list[str] = []
         if b == 0:
-            return _Batch(order, tensors, lists, 0)
+            return Batch(order, tensors, lists, 0)
         fi, idx = c["_file"][ii].astype(np.int64), c["index"][ii].astype(np.int64)
         ep_from, ep_to, row0 = (c["ep_from_index"][ii].astype(np.int64), c["ep_to_index"][ii].astype(np.int64),
                                 c["ep_data_row0"][ii].astype(np.int64))
@@ -831,7 +831,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             batch[e] = [_extra_value(v, ltype) for v in arr.take(pa.array(ii)).to_pylist()]
         for k, v in batch.items():
             (tensors if isinstance(v, torch.Tensor) else lists)[k] = v
-        return _Batch(list(batch), tensors, lists, b)
+        return Batch(list(batch), tensors, lists, b)
 
     def _decode_batch(self, w: _Worker, key: str, codes: np.ndarray, files: dict, rows: np.ndarray) -> torch.Tensor:
         """Camera ``key``'s frames for a batch: one ``decode_chw`` per mp4 (``codes[j]`` the file of item j,
@@ -877,14 +877,14 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 
 
 
-class _Item(dict):
-    """One item of a :class:`_Batch`: a plain dict of the item's values (its type tells ``default_collate`` that
+class BatchItem(dict):
+    """One item of a :class:`Batch`: a plain dict of the item's values (its type tells ``default_collate`` that
     the batch it came from is already collated)."""
 
     __slots__ = ()
 
 
-class _Batch(collections.abc.Sequence):
+class Batch(collections.abc.Sequence):
     """What ``LeRobotSQLDataset.__getitems__`` returns: B items, and their collated batch.
 
     ``batch[j]`` is item j as a dict (tensors are views of the batch tensors), so any ``collate_fn`` that takes a
@@ -904,7 +904,7 @@ class _Batch(collections.abc.Sequence):
         j = operator.index(j)
         if not -self._n <= j < self._n:
             raise IndexError(f"item {j} out of range for a batch of {self._n}")
-        return _Item((k, self.tensors[k][j] if k in self.tensors else self.lists[k][j]) for k in self.keys)
+        return BatchItem((k, self.tensors[k][j] if k in self.tensors else self.lists[k][j]) for k in self.keys)
 
     def collated(self, collate_fn_map) -> dict[str, Any]:
         """``default_collate`` of the items: the batch tensors as they are, the other keys collated by torch."""
@@ -915,12 +915,12 @@ class _Batch(collections.abc.Sequence):
 
 
 def _collate_batch(batch, *, collate_fn_map=None):
-    """``default_collate``'s rule for :class:`_Item`: a whole ``_Batch`` (torch's fetcher passes what
+    """``default_collate``'s rule for :class:`BatchItem`: a whole ``Batch`` (torch's fetcher passes what
     ``__getitems__`` returned) is already collated; anything else (a list of items taken out of batches, or a
     caller's own collate map) goes through torch's generic dict rule."""
     from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
-    if isinstance(batch, _Batch) and collate_fn_map is default_collate_fn_map:
+    if isinstance(batch, Batch) and collate_fn_map is default_collate_fn_map:
         return batch.collated(collate_fn_map)
     return collate([dict(x) for x in batch], collate_fn_map=collate_fn_map)
 
@@ -932,7 +932,7 @@ def _register_collate() -> None:
         from torch.utils.data._utils.collate import default_collate_fn_map
     except ImportError:
         return
-    default_collate_fn_map.setdefault(_Item, _collate_batch)
+    default_collate_fn_map.setdefault(BatchItem, _collate_batch)
 
 
 _register_collate()
