@@ -66,7 +66,7 @@ class FileChangedError(RemoteIOError):
 
 
 class UnsupportedFeatureError(LeRobotSQLError, NotImplementedError):
-    """A feature of the dataset that lerobot_sql cannot return correctly yet (e.g. a depth-map camera): refused,
+    """A feature of the dataset that lerobot_sql cannot return correctly yet: refused,
     naming the key and how to leave it out, rather than returned as a wrong value."""
 
 

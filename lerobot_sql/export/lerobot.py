@@ -41,6 +41,7 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -389,7 +390,13 @@ class Exporter:
         self.data = DataWriter(self)
         self.videos = {k: VideoWriter(self, k) for k in self.video_keys}
         for s in self.sources:
-            s.decoders = decode.DecoderPool(s.src, max_open=4)
+            # depth mp4s decode to their 12-bit codes (gray12le), never RGB
+            depth = [k for k in s.layout.video_keys if s.layout.features[k].is_depth_map
+                     and f"{k}/file" in self.m.column_names]
+            rows = self.m.filter(pa.array(self.codes == s.code)) if depth else None
+            s.decoders = decode.DecoderPool(s.src, max_open=4, gray={
+                rel for k in depth for rel in pc.unique(rows[f"{k}/file"]).drop_null().to_pylist()})
+        self.depth_recomputed: dict[str, int] = {}  # depth video key -> output episodes whose stats were recomputed
         rows, ep_stats = [], []
         next_index = 0
         try:
@@ -424,6 +431,12 @@ class Exporter:
             for s in self.sources:
                 if getattr(s, "decoders", None) is not None:
                     s.decoders.close()
+        if self.depth_recomputed:
+            warnings.warn(
+                f"export: statistics of depth video(s) {self.depth_recomputed} (camera: episodes) were recomputed "
+                "from the 12-bit quantized frames, dequantized to info.depth_unit; lerobot computed the source's "
+                "from the raw frames, which the mp4 no longer holds, so min/max/mean/quantiles differ by up to one "
+                "quantization step (whole source episodes keep lerobot's numbers)", stacklevel=3)
         self._write_episodes(rows)
         self._write_stats(ep_stats)
         self._write_info(len(self.parts), next_index)
@@ -527,10 +540,19 @@ class Exporter:
                 continue
             if feat.is_video:
                 if (name, "mean") in self.stat_cols or not self.stat_cols:
-                    out[name] = stats.image_stats(self._video_samples(name, part))
+                    if feat.is_depth_map:
+                        codes = self._video_samples(name, part)
+                        out[name] = stats.depth_stats(stats.dequantize_depth(codes, feat.depth_quantization,
+                                                                             feat.depth_unit or "mm"))
+                        self.depth_recomputed[name] = self.depth_recomputed.get(name, 0) + 1
+                    else:
+                        out[name] = stats.image_stats(self._video_samples(name, part))
             elif feat.is_image:
                 if name in table.column_names and ((name, "mean") in self.stat_cols or not self.stat_cols):
-                    out[name] = stats.image_stats(self._png_samples(table[name], part.length))
+                    if feat.is_depth_map:  # the raw values (lossless TIFF): lerobot's numbers
+                        out[name] = stats.depth_stats(self._png_samples(table[name], part.length, raw=True))
+                    else:
+                        out[name] = stats.image_stats(self._png_samples(table[name], part.length))
             elif name in table.column_names:
                 arr = stats.numeric(table[name])
                 out[name] = stats.feature_stats(arr.reshape(len(arr), -1), feat.shape if arr.ndim > 1 else (1,))
@@ -560,7 +582,9 @@ class Exporter:
         frames = s.decoders.decode(index, r)
         return np.stack([stats.downsample(frames[int(index.pts[x])].transpose(2, 0, 1)) for x in r])
 
-    def _png_samples(self, column: pa.ChunkedArray, n: int) -> np.ndarray:
+    def _png_samples(self, column: pa.ChunkedArray, n: int, raw: bool = False) -> np.ndarray:
+        """lerobot's sampled frames of an image column, (k, C, H, W): RGB uint8, or with ``raw`` (depth maps) the
+        image's own values and dtype (lerobot's load_image_as_numpy keeps a TIFF's uint16 / float32)."""
         import io
 
         from PIL import Image
@@ -568,7 +592,9 @@ class Exporter:
         imgs = []
         for i in stats.sample_indices(n):
             v = column[int(i)].as_py()
-            a = np.asarray(Image.open(io.BytesIO(v["bytes"] if isinstance(v, dict) else v)).convert("RGB"))
+            img = Image.open(io.BytesIO(v["bytes"] if isinstance(v, dict) else v))
+            a = np.asarray(img) if raw else np.asarray(img.convert("RGB"))
+            a = a[:, :, None] if a.ndim == 2 else a
             imgs.append(stats.downsample(a.transpose(2, 0, 1)))
         return np.stack(imgs)
 

@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import av
+from av.video.frame import PictureType
 import numpy as np
 import pyarrow.parquet as pq
 
@@ -216,6 +217,10 @@ class VideoWriter:
         for j, fr in enumerate(frames):
             f = fr.reformat(format=cc.pix_fmt) if fr.format.name != cc.pix_fmt else fr
             f.pts, f.time_base = j, enc_tb
+            # A decoded frame keeps its picture type (B, P), and libx265 obeys it as a forced type: a lone B frame
+            # opening a GOP ("frame type 5 at 0") came out with unusable pts/dts on PyAV 15 (intermittently
+            # PatchWelcomeError / OverflowError at mux). The encoder chooses: keyframe first, as the GOP needs.
+            f.pict_type = PictureType.NONE
             packets += cc.encode(f)
         packets += cc.encode(None)
         frame_dur = int(round(enc_tb / self.tb))
@@ -224,7 +229,11 @@ class VideoWriter:
         for pkt in packets:
             j = int(pkt.pts)
             p = out_pts(src_pts[j]) if 0 <= j < len(src_pts) else base + int(round(j * enc_tb / self.tb))
-            d = None if pkt.dts is None else base + int(round(int(pkt.dts) * enc_tb / self.tb))
+            # libx265 under PyAV 15 at times hands back an unset dts (garbage, e.g. -3.9e16): a dts is at most the
+            # packet's pts and at most the reorder delay before the GOP, anything else is taken as absent (_mux then
+            # derives it from the pts, monotonic)
+            dts_ok = pkt.dts is not None and -len(frames) - 16 <= int(pkt.dts) <= j
+            d = base + int(round(int(pkt.dts) * enc_tb / self.tb)) if dts_ok else None
             if cc.name in ("libx264", "libx265"):
                 pkt = av.Packet(annexb_to_length_prefixed(bytes(pkt)))
                 pkt.is_keyframe = j == 0
