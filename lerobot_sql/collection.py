@@ -334,6 +334,53 @@ class Collection(QueryFace):
             out[k] = _stats.aggregate(list(have.values())) if len(have) > 1 else next(iter(have.values()))
         return out
 
+    def export(self, sql: str | pa.Table, dest: str | os.PathLike, *, features: list[str] | None = None,
+               rename: dict[str, dict[str, str]] | None = None, **kwargs: Any):
+        """Write a query's frames across the collection as one new LeRobot v3.0 dataset at ``dest`` (a local
+        folder); lerobot's ``aggregate_datasets``, from a query.
+
+        The query returns ``dataset`` and a contract of :meth:`Database.export` per dataset (``episode_index`` rows:
+        whole episodes; ``episode_index, start_s, end_s``: windows; ``index`` rows: runs of frames). Output episodes
+        follow the result's order (see :meth:`manifest`), numbered 0..N-1, ``index`` and ``frame_index``
+        renumbered as a one-dataset export does. Tasks are merged by text: one ``task_index`` per distinct text.
+        meta/episodes has ``source_dataset`` (string, the dataset's name) and ``source_episode_index`` (int64, its
+        episode_index there). Video packets are stream-copied (frames before a window's first keyframe are
+        re-encoded, as in a one-dataset export); data values are copied; stats are copied for whole episodes and
+        recomputed otherwise, then aggregated as lerobot does. info.json, chunk and file sizes are the first
+        selected dataset's.
+
+        Args:
+            sql: the query, or a manifest from :meth:`manifest`.
+            features, rename: as :meth:`dataset`: which feature keys to write (after ``rename``; default every
+                feature, which the selected datasets must then all have alike) and per dataset
+                ``{its key: output key}``.
+            kwargs: as :func:`lerobot_sql.export.export_dataset` (``overwrite``, ``progress``, ``tolerance_s``).
+
+        Returns:
+            :class:`lerobot_sql.export.ExportReport`.
+
+        Raises:
+            ResultContractError: as :meth:`manifest`; the features do not line up (a key missing in some datasets,
+                a vector of another dtype or shape, a camera of another resolution), naming datasets and keys.
+            IncompatibleDatasetsError (a ResultContractError): the datasets' fps or robot_type differ, or a camera's
+                videos differ in codec, resolution or pixel format (naming datasets, key and values).
+            KeyError / ValueError: ``rename`` names an unknown dataset or key.
+            and what :meth:`Database.export` raises (destination, source files).
+        """
+        from . import export
+        from .mixture import collection_meta, line_up
+
+        manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql)
+        names = collection_meta(manifest)["names"]
+        if names != self.names:
+            raise ResultContractError(f"a manifest of the collection {names}, exported through the collection "
+                                      f"{self.names}: export it through its own collection")
+        present, keymaps, keys = line_up(self, manifest, names, features, rename,
+                                         why="so they cannot be written as one dataset")
+        for n in present:
+            self.members[n]._check_links()
+        return export.export_collection(self, manifest, dest, present=present, keymaps=keymaps, keys=keys, **kwargs)
+
     # ---- lifecycle ---------------------------------------------------------------------------------------------
     def close(self) -> None:
         self._connection.close()

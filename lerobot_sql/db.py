@@ -468,7 +468,7 @@ class Database(QueryFace):
                 delta_timestamps: dict[str, list[float]] | None = None, tolerance_s: float = 1e-4,
                 return_uint8: bool = False, image_transforms: Any = None, cameras: list[str] | None = None,
                 stats: str | None = "selection", decoder_threads: int = 1, parallel_cameras: bool | str = "auto",
-                max_open_decoders: int = 16, seek_reach: int = 2):
+                max_open_decoders: int = 16, seek_reach: int = 2, depth_output_unit: str = "mm"):
         """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
 
         Args:
@@ -494,6 +494,8 @@ class Database(QueryFace):
             max_open_decoders: open containers per process, LRU (default 16).
             seek_reach: decode forward instead of seeking when the target's keyframe is at most this many frames
                 ahead (default 2).
+            depth_output_unit: ``"mm"`` (default) or ``"m"``: the unit of depth maps (``ds.meta.depth_keys``,
+                float32 (1, H, W)) and of their statistics, as lerobot 0.6's option of the same name.
 
         Returns:
             :class:`lerobot_sql.dataset.LeRobotSQLDataset`.
@@ -503,7 +505,7 @@ class Database(QueryFace):
             DatasetFormatError: a data, metadata or video file is a symlink to a file outside the dataset root and
                 outside the hub cache's ``blobs/`` folder (see :meth:`lerobot_sql._storage.source.Source.check_link`).
             ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid); both sql and episodes given;
-                ``stats`` not one of the three choices.
+                ``stats`` not one of the three choices; ``depth_output_unit`` not "mm" or "m".
             TypeError: ``episodes`` holds something other than integers.
         """
         from .dataset import LeRobotSQLDataset
@@ -563,7 +565,8 @@ class Database(QueryFace):
         return LeRobotSQLDataset(self.files, manifest, delta_timestamps=delta_timestamps, tolerance_s=tolerance_s,
                                  return_uint8=return_uint8, image_transforms=image_transforms, cameras=cameras,
                                  decoder_threads=decoder_threads, parallel_cameras=parallel_cameras,
-                                 max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn)
+                                 max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn,
+                                 depth_output_unit=depth_output_unit)
 
     def _check_manifest_source(self, manifest: pa.Table, where) -> None:
         """Refuse a manifest written from another dataset (``export_manifest`` stores its ``root``): its data_file,

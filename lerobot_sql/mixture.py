@@ -32,6 +32,70 @@ def _item_spec(layout, key: str) -> tuple:
     return ("vector", f.dtype, tuple(f.shape))
 
 
+def line_up(coll, manifest: pa.Table, names: list[str], features=None, rename=None,
+            why: str = "so they cannot be batched together"
+            ) -> tuple[list[str], dict[str, dict[str, str]], set[str]]:
+    """The item keys of a collection manifest's datasets, checked to line up: ``(present, keymaps, keys)``, the
+    datasets with samples (in ``names`` order), per dataset ``{source feature key: item key}`` (``rename``
+    applied; the keys every item has are left out), and the feature keys kept (``features``, or every key).
+    ``why`` ends the first sentence of the refusal (what the mismatch prevents).
+    ``CollectionDataset.build`` and ``Collection.export`` share this one rule.
+
+    Raises:
+        ResultContractError: ``features`` names keys no selected dataset has; a kept key is missing in some
+            datasets, or differs between them (a vector's dtype or shape, a camera's shape), naming datasets and keys.
+        KeyError / ValueError: ``rename`` names an unknown dataset or key, or maps two keys to one name.
+    """
+    rename = dict(rename or {})
+    for n, mapping in rename.items():
+        if n not in coll.names:
+            raise KeyError(f"rename: no dataset {n!r} in the collection {coll.names}.{did_you_mean(n, coll.names)}")
+        feats = coll[n].layout.features
+        for k in mapping:
+            if k not in feats:
+                raise KeyError(f"rename[{n!r}]: dataset {n!r} has no feature {k!r}.{did_you_mean(k, feats)}")
+        targets = list(mapping.values())
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"rename[{n!r}] maps two keys to one name: {mapping}")
+    present = [n for n in names if n in set(pc.unique(manifest["dataset"].cast(pa.string())).to_pylist())]
+    # Item keys per dataset: source feature key -> item key.
+    keymaps = {}
+    specs: dict[str, dict[str, tuple]] = {}
+    for n in present:
+        lay = coll[n].layout
+        m = {k: rename.get(n, {}).get(k, k) for k in lay.features if k not in _DEFAULT}
+        inv = [v for v in m.values()]
+        dup = sorted({v for v in inv if inv.count(v) > 1})
+        if dup:
+            raise ValueError(f"rename[{n!r}]: {dup} would name two features of {n!r}")
+        keymaps[n] = m
+        specs[n] = {m[k]: _item_spec(lay, k) for k in m}
+    wanted = set(features) if features is not None else None
+    if wanted is not None:
+        known = set().union(*[set(s) for s in specs.values()])
+        unknown = sorted(wanted - known - set(_DEFAULT))
+        if unknown:
+            raise ResultContractError(f"features={unknown}: no selected dataset has them (after rename); keys: "
+                                      f"{sorted(known)}.{did_you_mean(unknown[0], known)}")
+    keys = wanted - set(_DEFAULT) if wanted is not None else set().union(*[set(s) for s in specs.values()])
+    problems = []
+    for k in sorted(keys):
+        have = {n: specs[n].get(k) for n in present}
+        missing = [n for n, v in have.items() if v is None]
+        if missing:
+            problems.append(f"{k!r} is missing in {missing} (present in "
+                            f"{[n for n, v in have.items() if v is not None]})")
+            continue
+        if len(set(have.values())) > 1:
+            problems.append(f"{k!r} differs: " + ", ".join(f"{n}: {v}" for n, v in have.items()))
+    if problems:
+        raise ResultContractError(
+            f"the selected datasets' items do not line up, {why}: "
+            + "; ".join(problems[:6]) + ". Pass features=[...] with the keys to keep, rename={dataset: "
+            "{its key: common key}} to line names up, or select fewer datasets")
+    return present, keymaps, keys
+
+
 class CollectionDataset(torch.utils.data.Dataset):
     """A torch Dataset over a query's samples across a collection (see the module docstring).
 
@@ -62,53 +126,7 @@ class CollectionDataset(torch.utils.data.Dataset):
         meta = collection_meta(manifest)
         names = meta["names"]
         options = dict(options or {})
-        rename = dict(rename or {})
-        for n, mapping in rename.items():
-            if n not in coll.names:
-                raise KeyError(f"rename: no dataset {n!r} in the collection {coll.names}.{did_you_mean(n, coll.names)}")
-            feats = coll[n].layout.features
-            for k in mapping:
-                if k not in feats:
-                    raise KeyError(f"rename[{n!r}]: dataset {n!r} has no feature {k!r}.{did_you_mean(k, feats)}")
-            targets = list(mapping.values())
-            if len(set(targets)) != len(targets):
-                raise ValueError(f"rename[{n!r}] maps two keys to one name: {mapping}")
-        present = [n for n in names if n in set(pc.unique(manifest["dataset"].cast(pa.string())).to_pylist())]
-        # Item keys per dataset: source feature key -> item key.
-        keymaps = {}
-        specs: dict[str, dict[str, tuple]] = {}
-        for n in present:
-            lay = coll[n].layout
-            m = {k: rename.get(n, {}).get(k, k) for k in lay.features if k not in _DEFAULT}
-            inv = [v for v in m.values()]
-            dup = sorted({v for v in inv if inv.count(v) > 1})
-            if dup:
-                raise ValueError(f"rename[{n!r}]: {dup} would name two features of {n!r}")
-            keymaps[n] = m
-            specs[n] = {m[k]: _item_spec(lay, k) for k in m}
-        wanted = set(features) if features is not None else None
-        if wanted is not None:
-            known = set().union(*[set(s) for s in specs.values()])
-            unknown = sorted(wanted - known - set(_DEFAULT))
-            if unknown:
-                raise ResultContractError(f"features={unknown}: no selected dataset has them (after rename); keys: "
-                                          f"{sorted(known)}.{did_you_mean(unknown[0], known)}")
-        keys = wanted - set(_DEFAULT) if wanted is not None else set().union(*[set(s) for s in specs.values()])
-        problems = []
-        for k in sorted(keys):
-            have = {n: specs[n].get(k) for n in present}
-            missing = [n for n, v in have.items() if v is None]
-            if missing:
-                problems.append(f"{k!r} is missing in {missing} (present in "
-                                f"{[n for n, v in have.items() if v is not None]})")
-                continue
-            if len(set(have.values())) > 1:
-                problems.append(f"{k!r} differs: " + ", ".join(f"{n}: {v}" for n, v in have.items()))
-        if problems:
-            raise ResultContractError(
-                "the selected datasets' items do not line up, so they cannot be batched together: "
-                + "; ".join(problems[:6]) + ". Pass features=[...] with the keys to keep, rename={dataset: "
-                "{its key: common key}} to line names up, or select fewer datasets")
+        present, keymaps, keys = line_up(coll, manifest, names, features, rename)
         drop = {n: {k for k in keymaps[n].values() if k not in keys} for n in present}
         delta = options.pop("delta_timestamps", None) or {}
         unknown = sorted(set(delta) - keys)

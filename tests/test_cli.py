@@ -441,5 +441,10 @@ def test_collection_info_query_and_doctor(tmp_path):
     assert r.returncode == 1, r.stderr
     rep = json.loads(r.stdout)
     assert set(rep) == {"broken", "fine"}
+    ok("export", f"{SAMPLE},{DATASETS / 'multifile60'}", tmp_path / "merged", "--quiet", "--sql",
+       "SELECT dataset, episode_index FROM episodes WHERE episode_index < 2")
+    merged = ok("query", tmp_path / "merged", "SELECT source_dataset, count(*) AS n FROM episodes GROUP BY 1 ORDER BY 1",
+                "-f", "csv")
+    assert merged.splitlines() == ["source_dataset,n", "multifile60,2", "small20,2"]
     r = run("query", str(tmp_path / "lab"), "--name", "episodes_by_task", "-p", "text=x")
     assert r.returncode == 2 and "named queries" in r.stderr, (r.returncode, r.stderr)

@@ -240,3 +240,23 @@ def test_a_collection_manifest_is_read_only_by_its_own_collection(coll, datasets
     other = lsql.connect_many([datasets / n for n in reversed(SETS)])
     with pytest.raises(lsql.ResultContractError, match="same datasets"):
         other.dataset(m)
+
+
+def test_real_datasets_in_one_collection():
+    """Second tier: the real G1 set in both layouts and a real so101 recording; SQL counts per dataset equal each
+    dataset's own totals, items equal each dataset's own items, and the keys that do not line up are named."""
+    from helpers import assert_items_equal, real_root
+
+    roots = [real_root("g1_real_v30"), real_root("g1_real_v21"), real_root("record-test")]
+    c = lsql.connect_many(roots)
+    got = dict(c.sql("SELECT dataset, count(*) FROM frames GROUP BY 1").fetchall())
+    assert got == {n: json.loads((r / "meta/info.json").read_text())["total_frames"] for n, r in zip(c.names, roots)}
+    with pytest.raises(lsql.ResultContractError, match=r"'action' differs: .*\(26,\).*\(6,\)"):
+        c.dataset("SELECT dataset, episode_index FROM episodes WHERE episode_index = 0")
+    sql = "SELECT dataset, index FROM frames WHERE frame_index IN (0, 77) AND episode_index < 3 AND dataset LIKE 'g1%'"
+    ds = c.dataset(sql, delta_timestamps={"action": [0.0, 1 / 30]})
+    assert len(ds) == 12
+    for i in range(len(ds)):
+        item = ds[i]
+        own = c[item["dataset"]].dataset(f"SELECT {int(item['index'])} AS index", delta_timestamps={"action": [0.0, 1 / 30]})
+        assert_items_equal({k: v for k, v in item.items() if k not in ("dataset", "dataset_index")}, own[0])
