@@ -25,11 +25,10 @@ import pyarrow.compute as pc
 
 from ._catalog import macros
 from ._catalog.collection import CollectionConnection
-from ._catalog.connection import MANIFEST_BYTES_PER_ROW, max_manifest_rows
 from ._format.files import open_files
 from ._plan import manifest as _manifest
 from ._storage import cache
-from .db import Database, QueryFace
+from .db import Database, QueryFace, is_manifest_path, read_manifest_file
 from .errors import LeRobotSQLError, MissingFileError, ResultContractError, did_you_mean
 
 def _is_dataset(path: str) -> bool:
@@ -157,14 +156,7 @@ class Collection(QueryFace):
             ResultContractError: no ``dataset`` column, a NULL or unknown name in it, or a dataset's rows break its
                 contract (the dataset is named).
         """
-        max_rows = max_manifest_rows()
-        checked = self._check(sql)
-        result = self._run(checked, sql).limit(max_rows + 1).arrow()
-        if result.num_rows > max_rows:
-            raise ResultContractError(
-                f"the query returns more than {max_rows:,} rows, more samples than this machine's memory holds as a "
-                f"manifest (about {MANIFEST_BYTES_PER_ROW} bytes per sample); add a LIMIT or set "
-                f"LSQL_MAX_MANIFEST_ROWS: {sql!r}")
+        checked, result = self._capped_result(sql)
         if result.num_rows == 0:
             raise ResultContractError(f"the query returned no rows, so there is nothing to train on: {sql!r}")
         if "dataset" not in result.column_names:
@@ -247,14 +239,8 @@ class Collection(QueryFace):
         """
         from .mixture import CollectionDataset
 
-        if isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.strip().endswith(".parquet")
-                                             and " " not in sql.strip()):
-            import pyarrow.parquet as pq
-
-            if not os.path.exists(sql):
-                raise MissingFileError(f"{sql}: manifest file not found; write one with "
-                                       "pyarrow.parquet.write_table(coll.manifest(sql), path), or pass a query")
-            sql = pq.read_table(sql)
+        if is_manifest_path(sql):
+            sql = read_manifest_file(sql, "pyarrow.parquet.write_table(coll.manifest(sql), path)")
         if isinstance(sql, pa.Table):
             self._check_manifest_source(sql)
             manifest = sql

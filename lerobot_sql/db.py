@@ -329,6 +329,23 @@ class QueryFace:
         except duckdb.Error as e:
             raise query_error(e, sql) from e
 
+    def _capped_result(self, sql: str) -> tuple[query.CheckedQuery, pa.Table]:
+        """The checked query and its rows, for a manifest: at most ``max_manifest_rows()``, fetched as one more so
+        that a runaway query (a cross join) fails fast instead of filling RAM.
+
+        Raises:
+            ResultContractError: more rows than a manifest may have.
+        """
+        max_rows = max_manifest_rows()
+        checked = self._check(sql)
+        result = self._run(checked, sql).limit(max_rows + 1).arrow()
+        if result.num_rows > max_rows:
+            raise ResultContractError(
+                f"the query returns more than {max_rows:,} rows, more samples than this machine's memory holds as a "
+                f"manifest (about {MANIFEST_BYTES_PER_ROW} bytes per sample while it is built); check its joins (a "
+                f"missing ON gives a cross product), add a LIMIT, or set LSQL_MAX_MANIFEST_ROWS: {sql!r}")
+        return checked, result
+
     def _arrow(self, sql: str) -> pa.Table:
         return self.sql(sql).arrow()
 
@@ -404,15 +421,7 @@ class Database(QueryFace):
             DatasetFormatError: timestamps off the grid (naming the worst episodes), a missing video pointer or bad
                 clip of one of ``cameras``.
         """
-        # Fetch at most max_rows + 1 rows: a runaway query (a cross join) fails fast instead of filling RAM.
-        max_rows = max_manifest_rows()
-        checked = self._check(sql)
-        result = self._run(checked, sql).limit(max_rows + 1).arrow()
-        if result.num_rows > max_rows:
-            raise ResultContractError(
-                f"the query returns more than {max_rows:,} rows, more samples than this machine's memory holds as a "
-                f"manifest (about {MANIFEST_BYTES_PER_ROW} bytes per sample while it is built); check its joins (a "
-                f"missing ON gives a cross product), add a LIMIT, or set LSQL_MAX_MANIFEST_ROWS: {sql!r}")
+        checked, result = self._capped_result(sql)
         return self._resolve(result, sql, checked.ordered, cameras=cameras, tolerance_s=tolerance_s)
 
     def _resolve(self, result: pa.Table, sql: str, ordered: bool, con=None, *, cameras: list[str] | None = None,
@@ -524,14 +533,8 @@ class Database(QueryFace):
             manifest = self._episodes_manifest(episodes, **kw)
         elif isinstance(sql, pa.Table):
             manifest = sql
-        elif isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.strip().endswith(".parquet")
-                                               and " " not in sql.strip()):
-            import pyarrow.parquet as pq
-
-            if not os.path.exists(sql):
-                raise MissingFileError(f"{sql}: manifest file not found; write one with db.export_manifest(sql, path), "
-                                       "or pass a query instead")
-            manifest = pq.read_table(sql)
+        elif is_manifest_path(sql):
+            manifest = read_manifest_file(sql, "db.export_manifest(sql, path)")
         else:
             manifest = self.manifest(sql, **kw)
         if not isinstance(sql, str) or sql.strip().endswith(".parquet"):
@@ -722,6 +725,25 @@ class Database(QueryFace):
         i = self.layout.info
         return (f"Database({self.source.url!r}, {self.layout.version}, episodes={i.get('total_episodes')}, "
                 f"frames={i.get('total_frames')}, fps={self.fps:g}, cameras={self.layout.camera_keys})")
+
+
+def is_manifest_path(sql: Any) -> bool:
+    """True when ``dataset()``'s first argument names a saved manifest (a path, or text ending in .parquet)."""
+    return isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.strip().endswith(".parquet")
+                                            and " " not in sql.strip())
+
+
+def read_manifest_file(path: str | os.PathLike, how: str) -> pa.Table:
+    """The manifest saved at ``path`` (Parquet, schema metadata kept).
+
+    Raises:
+        MissingFileError: no such file, naming ``how`` one is written.
+    """
+    import pyarrow.parquet as pq
+
+    if not os.path.exists(path):
+        raise MissingFileError(f"{path}: manifest file not found; write one with {how}, or pass a query instead")
+    return pq.read_table(path)
 
 
 def _episode_list(episodes: Any) -> list[int]:

@@ -162,3 +162,23 @@ def renamed_copy(orig: Path, dst: Path, rename: dict) -> Path:
     if stats.exists():
         stats.write_text(json.dumps({rename.get(k, k): v for k, v in json.loads(stats.read_text()).items()}))
     return dst
+
+
+def shortened_vector_copy(orig: Path, dst: Path, feature: str, n: int) -> Path:
+    """A copy of the v3 dataset ``orig`` whose vector ``feature`` keeps only its first ``n`` elements (info.json
+    shape and names, the data files' values), as a dataset of another robot would have it."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(orig, dst)
+    info = json.loads((dst / "meta/info.json").read_text())
+    info["features"][feature]["shape"] = [n]
+    info["features"][feature]["names"] = info["features"][feature]["names"][:n]
+    (dst / "meta/info.json").write_text(json.dumps(info))
+    for f in dst.glob("data/*/*.parquet"):
+        t = pq.read_table(f)
+        col = pa.array([v[:n] for v in t[feature].to_pylist()], pa.list_(pa.float32()))
+        pq.write_table(t.set_column(t.column_names.index(feature), feature, col), f)
+    return dst

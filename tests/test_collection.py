@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from helpers import renamed_copy
+from helpers import renamed_copy, shortened_vector_copy
 
 SETS = ["small20", "multifile60", "h264_20", "v21_small20"]
 
@@ -113,16 +113,7 @@ def test_window_results_per_dataset(coll, datasets):
 
 
 def test_vectors_of_different_lengths_are_lists_in_sql(tmp_path, datasets):
-    short = tmp_path / "short_state"
-    shutil.copytree(datasets / "small20", short)
-    info = json.loads((short / "meta/info.json").read_text())
-    info["features"]["observation.state"]["shape"] = [3]
-    info["features"]["observation.state"]["names"] = info["features"]["observation.state"]["names"][:3]
-    (short / "meta/info.json").write_text(json.dumps(info))
-    for f in short.glob("data/*/*.parquet"):
-        t = pq.read_table(f)
-        col = pa.array([v[:3] for v in t["observation.state"].to_pylist()], pa.list_(pa.float32()))
-        pq.write_table(t.set_column(t.column_names.index("observation.state"), "observation.state", col), f)
+    short = shortened_vector_copy(datasets / "small20", tmp_path / "short_state", "observation.state", 3)
     c = lsql.connect_many([datasets / "small20", short])
     r = c.sql('SELECT dataset, len("observation.state") AS n FROM frames WHERE index = 7 ORDER BY dataset')
     assert r.fetchall() == [("short_state", 3), ("small20", 6)]

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import lerobot_sql as lsql
-from helpers import assert_items_equal, renamed_copy
+from helpers import assert_items_equal, renamed_copy, shortened_vector_copy
 
 SETS = ["small20", "multifile60", "h264_20", "v21_small20"]
 PICK = "frame_index % 61 = 7 AND episode_index < 6"
@@ -163,16 +163,7 @@ def test_different_fps_check_their_own_grid(tmp_path, datasets):
 
 
 def test_vectors_of_another_length_are_refused_naming_both(tmp_path, datasets):
-    short = tmp_path / "short"
-    shutil.copytree(datasets / "small20", short)
-    info = json.loads((short / "meta/info.json").read_text())
-    info["features"]["action"]["shape"] = [3]
-    info["features"]["action"]["names"] = info["features"]["action"]["names"][:3]
-    (short / "meta/info.json").write_text(json.dumps(info))
-    for f in short.glob("data/*/*.parquet"):
-        t = pq.read_table(f)
-        col = pa.array([v[:3] for v in t["action"].to_pylist()], pa.list_(pa.float32()))
-        pq.write_table(t.set_column(t.column_names.index("action"), "action", col), f)
+    short = shortened_vector_copy(datasets / "small20", tmp_path / "short", "action", 3)
     c = lsql.connect_many([datasets / "small20", short])
     sql = "SELECT dataset, index FROM frames WHERE frame_index = 3 AND episode_index = 0"
     with pytest.raises(lsql.ResultContractError, match=r"'action' differs: small20: .*\(6,\).*short: .*\(3,\)"):
