@@ -417,4 +417,13 @@ def connect_many(sources, names: list[str] | dict | None = None, **kwargs: Any) 
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ValueError(f"dataset names must be unique; repeated: {dup}")
+    seen: dict[str, str] = {}
+    for r in roots:
+        key = os.path.realpath(r) if "://" not in r and os.path.exists(r) else r.rstrip("/")
+        if key in seen:
+            # Every frame would count twice in SQL, statistics and training: an oversampled dataset is a weight
+            # (MixtureSampler) or a repeated row in SQL, not a second copy of the dataset.
+            raise ValueError(f"the same dataset is given twice ({seen[key]!r} and {r!r}); give each once (weight it "
+                             "with MixtureSampler or repeat rows in SQL to oversample)")
+        seen[key] = r
     return Collection(roots, names, **kwargs)

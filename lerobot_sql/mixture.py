@@ -46,14 +46,26 @@ def line_up(coll, manifest: pa.Table, names: list[str], features=None, rename=No
             datasets, or differs between them (a vector's dtype or shape, a camera's shape), naming datasets and keys.
         KeyError / ValueError: ``rename`` names an unknown dataset or key, or maps two keys to one name.
     """
+    if isinstance(features, str):
+        raise TypeError(f"features={features!r}: give a list of feature keys, e.g. features=[{features!r}]")
     rename = dict(rename or {})
+    # Names an item already gives a meaning: a feature renamed onto one would replace it or be replaced.
+    reserved = set(_DEFAULT) | {"task", "dataset", "dataset_index"}
     for n, mapping in rename.items():
         if n not in coll.names:
             raise KeyError(f"rename: no dataset {n!r} in the collection {coll.names}.{did_you_mean(n, coll.names)}")
         feats = coll[n].layout.features
-        for k in mapping:
+        for k, v in mapping.items():
             if k not in feats:
                 raise KeyError(f"rename[{n!r}]: dataset {n!r} has no feature {k!r}.{did_you_mean(k, feats)}")
+            if k in reserved:
+                raise ValueError(f"rename[{n!r}]: {k!r} is a default column every item has under its own name; "
+                                 "only features (cameras, vectors) are renamed")
+            if not isinstance(v, str) or not v or v in reserved or v.endswith("_is_pad") or \
+                    (v in feats and v not in mapping):
+                raise ValueError(f"rename[{n!r}]: {k!r} -> {v!r} would take a name the item already uses "
+                                 f"({'one of its features' if v in feats else 'a key every item carries'}); "
+                                 "choose another name")
         targets = list(mapping.values())
         if len(set(targets)) != len(targets):
             raise ValueError(f"rename[{n!r}] maps two keys to one name: {mapping}")

@@ -446,5 +446,22 @@ def test_collection_info_query_and_doctor(tmp_path):
     merged = ok("query", tmp_path / "merged", "SELECT source_dataset, count(*) AS n FROM episodes GROUP BY 1 ORDER BY 1",
                 "-f", "csv")
     assert merged.splitlines() == ["source_dataset,n", "multifile60,2", "small20,2"]
+    # one broken dataset in the folder stops none of the others' reports
+    bad = tmp_path / "lab" / "badjson"
+    shutil.copytree(SAMPLE, bad)
+    (bad / "meta/info.json").write_text("{")
+    rep = json.loads(run("doctor", str(tmp_path / "lab"), "--json", "--no-video").stdout)
+    assert set(rep) == {"badjson", "broken", "fine"}
+    assert rep["fine"]["ok"] and not rep["badjson"]["ok"]
+    (bad / "meta/info.json").unlink()
+    # a camera whose codec differs is left out with --features; the refusal's hint says how
+    r = run("export", f"{SAMPLE},{DATASETS / 'h264_20'}", tmp_path / "mixed", "--quiet", "--sql",
+            "SELECT dataset, episode_index FROM episodes WHERE episode_index < 1")
+    assert r.returncode == 1 and "codec" in r.stderr and "--features" in r.stderr, r.stderr
+    ok("export", f"{SAMPLE},{DATASETS / 'h264_20'}", tmp_path / "mixed", "--quiet", "--features",
+       "observation.state,action", "--sql", "SELECT dataset, episode_index FROM episodes WHERE episode_index < 1")
+    assert json.loads((tmp_path / "mixed/meta/info.json").read_text())["total_episodes"] == 2
+    r = run("query", str(SAMPLE), "SELECT 1", "--timeout", "0")
+    assert r.returncode == 2 and "positive number of seconds" in r.stderr and "Traceback" not in r.stderr
     r = run("query", str(tmp_path / "lab"), "--name", "episodes_by_task", "-p", "text=x")
     assert r.returncode == 2 and "named queries" in r.stderr, (r.returncode, r.stderr)

@@ -251,3 +251,16 @@ def test_real_datasets_in_one_collection():
         item = ds[i]
         own = c[item["dataset"]].dataset(f"SELECT {int(item['index'])} AS index", delta_timestamps={"action": [0.0, 1 / 30]})
         assert_items_equal({k: v for k, v in item.items() if k not in ("dataset", "dataset_index")}, own[0])
+
+
+def test_video_files_spans_every_dataset(coll, datasets):
+    got = dict(coll.sql("SELECT dataset, count(*) FROM video_files GROUP BY 1").fetchall())
+    for name in SETS:  # was: only the first dataset's files, under no dataset column
+        assert got[name] == lsql.connect(datasets / name).sql("SELECT count(*) FROM video_files").fetchall()[0][0]
+    assert coll.sql("SELECT count(*) FROM video_files WHERE dataset = 'h264_20' AND codec = 'h264'").fetchall()[0][0] \
+        == got["h264_20"]
+
+
+def test_the_same_dataset_twice_is_refused(datasets, tmp_path):
+    with pytest.raises(ValueError, match="twice"):
+        lsql.connect_many([datasets / "small20", datasets / "h264_20", str(datasets / "small20") + "/"])

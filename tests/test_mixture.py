@@ -170,3 +170,21 @@ def test_vectors_of_another_length_are_refused_naming_both(tmp_path, datasets):
         c.dataset(sql)
     ds = c.dataset(sql, features=["observation.state", "observation.images.front"])
     assert {ds[i]["dataset"] for i in range(len(ds))} == {"small20", "short"} and "action" not in ds[0]
+
+
+def test_rename_never_takes_a_name_the_item_already_uses(coll):
+    sql = "SELECT dataset, episode_index FROM episodes WHERE episode_index < 1"
+    for target in ("task", "dataset", "timestamp", "observation.state_is_pad", "observation.state"):
+        with pytest.raises(ValueError, match="already uses"):
+            coll.dataset(sql, rename={"small20": {"action": target}})
+    with pytest.raises(ValueError, match="default column"):
+        coll.dataset(sql, rename={"small20": {"index": "idx"}})
+    with pytest.raises(TypeError, match=r"features=\['action'\]"):
+        coll.dataset(sql, features="action")
+    # a swap within one dataset is a rename, not a clash
+    ds = coll.dataset(sql, rename={n: {"observation.state": "action", "action": "observation.state"} for n in SETS},
+                      features=["action", "observation.state"])
+    own = lsql.connect(coll["small20"].source.root).dataset("SELECT index FROM frames WHERE episode_index = 0 "
+                                                            "ORDER BY index")
+    i = next(j for j in range(len(ds)) if ds.dataset_index[j] == 0)
+    assert torch.equal(ds[i]["action"], own[int(ds.local[i])]["observation.state"])

@@ -339,5 +339,5 @@ class Connection:
 # (no rows, the real columns) so that the checks know their columns before they are built.
 LAZY_VIEWS = {
     "video_frames": lambda c: c.build_video_index(progress=None),
-    "video_files": Connection._build_video_files,
+    "video_files": lambda c: c._build_video_files(),  # late-bound: a collection's connection builds its own
 }

@@ -43,12 +43,30 @@ DATASET is the root of a LeRobot v3.0 (or v2.0/v2.1) dataset (the folder holding
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------------
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (``--timeout``)."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return v
+
+
 def _param(text: str) -> tuple[str, str]:
     """``key=value`` -> (key, value). Values stay strings: the library parses them by the declared type."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
     return key.strip(), raw
+
+
+DATASET_HELP = ("dataset root (holds meta/, data/, videos/) or URL; several datasets (a collection, every view with a "
+                "dataset column): a comma-separated list a,b,c, a glob 'data/*', or a folder whose sub-folders (one "
+                "or two levels down) are datasets")
 
 
 def _collection_sources(text: str) -> list[str] | str | None:
@@ -241,8 +259,14 @@ def cmd_export(args) -> int:
     db = _connect(args)
     sql = _sql_from(args, db)
     try:
+        kw = {}
+        if getattr(args, "features", None):
+            if hasattr(db, "layout"):
+                raise UsageError("--features applies to an export over several datasets (DATASET a list, a glob or "
+                                 "a folder); for one dataset, select its columns by leaving cameras out in Python")
+            kw["features"] = [f.strip() for f in args.features.split(",") if f.strip()]
         report = db.export(sql, args.dest, overwrite=args.overwrite, progress=not args.quiet,
-                           tolerance_s=args.tolerance_s)
+                           tolerance_s=args.tolerance_s, **kw)
     except FileExistsError as e:  # the library speaks Python (overwrite=True); say the flag here
         raise FileExistsError(str(e).replace("overwrite=True", "--overwrite")) from e
     _print_report(report)
@@ -286,19 +310,32 @@ def cmd_doctor(args) -> int:
 
     from ..errors import DatasetFormatError
 
+    many = _collection_sources(os.fspath(args.dataset))
+    if many is not None:  # several datasets: one report each, each opened on its own (one broken one stops none)
+        import lerobot_sql as lsql
+
+        from ..collection import default_names, expand_sources
+
+        roots = expand_sources(many)
+        reports = {}
+        kw = {"cache_dir": args.cache_dir} if getattr(args, "cache_dir", None) else {}
+        for name, root in zip(default_names(roots), roots):
+            try:
+                one = lsql.connect(root, **kw)
+            except DatasetFormatError as e:
+                reports[name] = doctor.refused_report(root, e, tolerance_s=args.tolerance_s)
+            else:
+                reports[name] = doctor.run(one, tolerance_s=args.tolerance_s, check_video=not args.no_video)
+        if args.json:
+            print(json.dumps({n: json.loads(r.to_json()) for n, r in reports.items()}, indent=2))
+        else:
+            print("\n\n".join(f"== {n}\n{r.to_text()}" for n, r in reports.items()))
+        return 0 if all(r.ok for r in reports.values()) else 1
     try:
         db = _connect(args)
     except DatasetFormatError as e:  # info.json refused at connect: a failed check with the key, not a traceback
         report = doctor.refused_report(args.dataset, e, tolerance_s=args.tolerance_s)
     else:
-        if not hasattr(db, "layout"):  # a collection: one report per dataset
-            reports = {n: doctor.run(db[n], tolerance_s=args.tolerance_s, check_video=not args.no_video)
-                       for n in db.names}
-            if args.json:
-                print(json.dumps({n: json.loads(r.to_json()) for n, r in reports.items()}, indent=2))
-            else:
-                print("\n\n".join(f"== {n}\n{r.to_text()}" for n, r in reports.items()))
-            return 0 if all(r.ok for r in reports.values()) else 1
         report = doctor.run(db, tolerance_s=args.tolerance_s, check_video=not args.no_video)
     print(report.to_json() if args.json else report.to_text())
     return 0 if report.ok else 1
@@ -365,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_, parents=[common], formatter_class=fmt,
                             epilog="examples:\n" + "\n".join("  " + e for e in examples))
         if dataset:
-            sp.add_argument("dataset", metavar="DATASET", help="dataset root (holds meta/, data/, videos/) or URL")
+            sp.add_argument("dataset", metavar="DATASET", help=DATASET_HELP)
         sp.set_defaults(func=func)
         return sp
 
@@ -399,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
             'echo "SELECT count(*) FROM frames" | lerobot-sql query sample/small20 -',
             "lerobot-sql query --list",
             "lerobot-sql query sample/small20 --name NAME -p key=value -f json"]))
-    sp.add_argument("dataset", nargs="?", metavar="DATASET", help="dataset root (holds meta/, data/, videos/) or URL")
+    sp.add_argument("dataset", nargs="?", metavar="DATASET", help=DATASET_HELP)
     query_source(sp, positional=True)
     sp.add_argument("--list", action="store_true", help="list the named queries and their parameters")
     sp.add_argument("--format", "-f", choices=["table", "csv", "json", "parquet"],
@@ -409,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout (required for parquet "
                                                            "on a terminal)")
     sp.add_argument("--max-rows", type=int, default=40, help="rows shown by the table format (0 = all; default 40)")
-    sp.add_argument("--timeout", type=float, metavar="SECONDS",
+    sp.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                     help="stop the query after this many seconds (exit 1); Ctrl-C stops it at any time (exit 130)")
     sp.set_defaults(func=cmd_query)
 
@@ -426,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tolerance-s", type=float, default=1e-4,
                     help="how far a data timestamp may be from its video frame, in seconds (default 1e-4)")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    sp.add_argument("--features", metavar="KEYS",
+                    help="over several datasets: the feature keys to write, comma-separated (e.g. leave out a camera "
+                         "whose codec differs between them)")
 
     sp = add("prefetch", "download (into the cache) the files a query needs from a remote dataset",
              ["lerobot-sql prefetch hf://datasets/ORG/NAME",

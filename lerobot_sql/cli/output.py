@@ -334,6 +334,10 @@ def error_hint(e: BaseException) -> str | None:
         return "--overwrite replaces only an empty folder or an earlier lerobot-sql export; choose a new destination"
     if isinstance(e, ResultContractError) and "no rows" in str(e):
         return "the query selected nothing: check its WHERE clause, e.g. with `lerobot-sql query DATASET \"SELECT ...\"`"
+    if isinstance(e, ResultContractError) and ("collection" in str(e) or "do not line up" in str(e)
+                                                or "differs (" in str(e)):
+        return ("over several datasets a query returns `dataset` with `index`, or `episode_index[, start_s, end_s]`; "
+                "keys line up with --features (export) or rename=/features= (Python); README: Many datasets")
     if isinstance(e, TrainSetupError) and "not installed" in str(e):
         return "run lerobot-sql train with the Python that has lerobot (0.4.x-0.6.x), e.g. your training environment"
     if isinstance(e, QueryError) and not isinstance(e, ResultContractError):
