@@ -18,8 +18,10 @@ import json
 import math
 import operator
 import os
+import socket
 import tempfile
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -132,6 +134,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     the pieces it uses). Errors in those files therefore surface from ``__getitem__``, not from the constructor; a
     missing local mp4 is still warned about at construction.
 
+    DataLoader workers of any start method (``fork``, ``spawn``, ``forkserver``) share one copy of the per-sample
+    arrays: they live in a named Arrow file under ``<cache>/manifests`` that the dataset maps, and the pickled
+    dataset (what spawned workers receive) carries only its name (kilobytes, whatever the number of samples). The
+    file is deleted when this dataset (and any deep copy of it) is collected, on :meth:`close`, or at exit, and
+    only by the process that built it.
+
     Raises (from ``__getitem__``):
         FrameNotFoundError: no video frame within ``tolerance_s`` of the wanted time.
         MissingFileError: a video file the frame needs does not exist (the message names it and ``cameras=[...]``).
@@ -198,8 +206,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     # ---- main process -------------------------------------------------------------------------------------
     def _prepare(self, m: pa.Table) -> None:
         """Resolve every sample to (row-group slot, offset) from the data files' footers, and group each camera's
-        samples by mp4; then keep all per-sample arrays in one memory-mapped Arrow file, so forked workers share them
-        instead of copying. Nothing is built or decoded here (see ``_Worker``)."""
+        samples by mp4; then keep all per-sample arrays in one named, memory-mapped Arrow file (``_SampleFile``), so
+        forked workers share its pages and spawned/forkserver workers map the same file by name instead of
+        unpickling copies. Nothing is built or decoded here (see ``_Worker``)."""
         n = m.num_rows
         self._files, file_codes = _codes(m["data_file"])
         self._infos = [tabular.data_file_info(self._src, f) for f in self._files]
@@ -247,13 +256,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if missing:
             warnings.warn(f"{len(missing)} video file(s) are missing, e.g. {missing[0]}; items needing them will raise "
                           "MissingFileError (pass cameras=[...] to leave those cameras out)", stacklevel=4)
-        self.manifest, derived = _map_table(m, cols, self._cache_dir)
-        self._c = {c: derived[c].to_numpy() for c in derived.column_names}
-        for c in ("index", "episode_index", "timestamp", "ep_from_index", "ep_to_index", "ep_data_row0",
-                  "task_index") + tuple(f"{k}/from_timestamp" for k in self._video_keys):
-            self._c[c] = self.manifest[c].chunk(0).to_numpy() if self.manifest[c].num_chunks == 1 else \
-                self.manifest[c].to_numpy()
+        self._map = _map_table(m, cols, self._cache_dir)
+        self._manifest_cols, self._derived_cols = list(m.column_names), list(cols)
         self._n = n
+        self._attach(self._map.read())
         # Columns and their kinds from the first data file's schema: the columns of its row-group cache files.
         schema = self._infos[0].schema
         self._columns = [c for c in schema.names if c not in self._skip_columns]
@@ -261,6 +267,18 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                         "num" if tabular.is_numeric(schema.field(c), self._layout) else "other")
                        for c in self._columns if c not in self._delta]
         self._image_hw = {k: _declared_hw(self._layout.features[k]) for k in self._layout.image_keys}
+
+    def _attach(self, mapped: pa.Table) -> None:
+        """Take the per-sample arrays from the mapped per-sample file (``_SampleFile.read``): the manifest, the
+        derived columns, the extras. Zero-copy views of the mapping, in the building process and in every process
+        that unpickles the dataset alike."""
+        self.manifest = mapped.select(self._manifest_cols)
+        derived = mapped.select(self._derived_cols)
+        self._c = {c: derived[c].to_numpy() for c in derived.column_names}
+        for c in ("index", "episode_index", "timestamp", "ep_from_index", "ep_to_index", "ep_data_row0",
+                  "task_index") + tuple(f"{k}/from_timestamp" for k in self._video_keys):
+            self._c[c] = self.manifest[c].chunk(0).to_numpy() if self.manifest[c].num_chunks == 1 else \
+                self.manifest[c].to_numpy()
         # Each extra keeps its Arrow dtype (float64 stays float64, int64 int64): a float32 tensor would round
         # 123456789 to 123456792 and a Unix time to 1.7e9. A number column with NULLs is float64 with NaN already
         # (plan._plain_numbers); here such a column (a manifest written elsewhere) is made so too.
@@ -348,10 +366,24 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_worker"] = None  # maps, indexes and decoders are re-opened in the receiving process
+        # The per-sample arrays (~350 bytes a sample) travel as the name of their file: a spawned or forkserver
+        # worker maps the pages a forked one shares, instead of unpickling a private copy (3.5 GB at 10M samples).
+        for k in ("manifest", "_c", "_extra_cols"):
+            state.pop(k, None)
         # The statistics function holds the Database (DuckDB does not pickle, nor cross a fork): a copy keeps the
         # numbers if they were computed, else says where to compute them (SelectionMetadata.__getstate__).
         state["_stats_fn"] = _meta.stats_unavailable if self._stats_fn is not None else None
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._attach(self._map.read())
+
+    def close(self) -> None:
+        """Delete the per-sample file now (it is otherwise deleted when the last dataset sharing it is collected,
+        or at exit). This process keeps reading items (its mapping stays valid); DataLoader workers started
+        afterwards with ``spawn``/``forkserver`` cannot map it and raise CacheError, forked ones are unaffected."""
+        self._map.close()
 
     # ---- what lerobot's training code reads besides items (lerobot_sql.meta) ------------------------------
     @property
@@ -981,12 +1013,16 @@ def _groups(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return order, starts
 
 
-def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Path) -> tuple[pa.Table, pa.Table]:
-    """Write the manifest and the derived per-sample arrays to one Arrow IPC file, memory-map it, unlink it.
+def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Path) -> "_SampleFile":
+    """Write the manifest and the derived per-sample arrays to one named Arrow IPC file (``_SampleFile``).
 
-    The mapping outlives the name (POSIX), so nothing is left in the cache, while the pages are file-backed: a forked
-    DataLoader worker shares them through the page cache, and its private memory does not grow with the manifest.
-    Where unlinking a mapped file is refused (Windows), the file stays in ``<cache>/manifests`` until the next run.
+    The file lives in ``<cache>/manifests`` (or the system temp folder when the cache is read-only) while the
+    dataset that wrote it lives: its pages are file-backed, so forked DataLoader workers share them through the
+    page cache, and spawned/forkserver workers, which get the dataset pickled, map the same file by name. Before
+    writing, files left by processes of this host that no longer run (killed before cleanup) are removed.
+
+    Raises:
+        CacheError: neither the cache folder nor the temp folder can hold the file.
     """
     d = cache_dir / "manifests"
     full = manifest.combine_chunks()
@@ -994,23 +1030,115 @@ def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Pa
         full = full.append_column(name, pa.array(arr))
     try:
         d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, suffix=".arrow")
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=_map_prefix(), suffix=".arrow")
     except OSError:
-        # A read-only cache with complete entries stays usable: this map is transient (unlinked below).
+        # A read-only cache with complete entries stays usable: this file is transient.
+        d = Path(tempfile.gettempdir())
         try:
-            fd, tmp = tempfile.mkstemp(suffix=".lsql-manifest.arrow")
+            fd, tmp = tempfile.mkstemp(dir=d, prefix=_map_prefix(), suffix=".arrow")
         except OSError as e:
-            raise CacheError(f"{d}: cannot write the manifest map ({e}); the cache folder is full or not writable, "
-                             "set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable folder") from e
+            raise CacheError(f"{cache_dir / 'manifests'}: cannot write the per-sample file ({e}); the cache folder "
+                             "is full or not writable, set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a "
+                             "writable folder") from e
     os.close(fd)
+    _sweep_maps(d, keep=tmp)
     try:
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, full.schema) as w:
             w.write_table(full)
-        mapped = pa.ipc.open_file(pa.memory_map(tmp, "r")).read_all()
     except OSError as e:
-        raise CacheError(f"{d}: cannot write the manifest map ({e}); the cache folder is full or not writable, set "
-                         "LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable folder with room") from e
-    finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-    return mapped.select(manifest.column_names), mapped.select(list(derived))
+        raise CacheError(f"{d}: cannot write the per-sample file ({e}); the cache folder is full or not writable, "
+                         "set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable folder with room") from e
+    return _SampleFile(tmp, owner=True)
+
+
+_MAP_TAG = "lsql-samples"
+_MAPS: "weakref.WeakValueDictionary[str, _SampleFile]" = weakref.WeakValueDictionary()  # this process's own files
+
+
+def _map_prefix() -> str:
+    """``lsql-samples-<host>-<pid>-``: who wrote the file, so a later run can tell a leftover from a live file."""
+    host = "".join(ch if ch.isalnum() else "_" for ch in socket.gethostname())[:40] or "host"
+    return f"{_MAP_TAG}-{host}-{os.getpid()}-"
+
+
+def _sweep_maps(d: Path, keep: str) -> None:
+    """Remove per-sample files in ``d`` written on this host by processes that have exited (a crash or kill skips
+    the finalizer; on Windows the finalizer cannot delete a file still mapped). Files of other hosts sharing the
+    cache folder are left alone: their writer's pid means nothing here."""
+    host_prefix = _map_prefix().rsplit("-", 2)[0] + "-"
+    with contextlib.suppress(OSError):
+        for name in os.listdir(d):
+            if not (name.startswith(host_prefix) and name.endswith(".arrow")) or str(d / name) == keep:
+                continue
+            pid = name[len(host_prefix):].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(d / name)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists (another user's), or cannot tell: keep its file
+    return True
+
+
+def _remove_map(path: str, pid: int) -> None:
+    # Only the writing process deletes: a forked worker inherits this finalizer with the dataset, and must never
+    # take the file from under the parent and its other workers.
+    if os.getpid() == pid:
+        with contextlib.suppress(OSError):  # Windows refuses while mapped: the next run's sweep removes it
+            os.unlink(path)
+
+
+class _SampleFile:
+    """The per-sample file of a dataset (manifest + derived arrays, Arrow IPC), shared by name.
+
+    The writing process owns it: a finalizer deletes it when the last object holding it there is collected,
+    on ``close()``, or at interpreter exit, never in another process (forked children inherit the finalizer but
+    fail its pid check; spawned ones only ever receive the name). It pickles as its path: unpickled in the owner
+    process (``copy.deepcopy``, ``pickle`` round trips) it is the owner's object, so the file lives while any copy
+    does; elsewhere a non-owning handle. Several datasets and processes never share a file (each name is unique).
+    """
+
+    def __init__(self, path: str, owner: bool):
+        self.path = path
+        self._fin = weakref.finalize(self, _remove_map, path, os.getpid()) if owner else None
+        if owner:
+            _MAPS[path] = self
+
+    def read(self) -> pa.Table:
+        """The file's table, memory-mapped (zero-copy).
+
+        Raises:
+            CacheError: the file is gone: its owner dataset was closed or collected (or its cache folder was
+                cleaned) before this copy of the dataset was unpickled.
+        """
+        try:
+            return pa.ipc.open_file(pa.memory_map(self.path, "r")).read_all()
+        except FileNotFoundError as e:
+            raise CacheError(f"{self.path}: the dataset's per-sample file is gone; a pickled dataset (a spawned "
+                             "DataLoader worker's copy) maps the file of the dataset it was pickled from, which "
+                             "must stay alive (not closed, not collected, its cache folder not cleaned) while "
+                             "copies start. Build the dataset again (db.dataset(...))") from e
+        except OSError as e:
+            raise CacheError(f"{self.path}: cannot map the dataset's per-sample file ({e})") from e
+
+    def close(self) -> None:
+        if self._fin is not None:
+            self._fin()
+
+    def __reduce__(self):
+        return (_attach_map, (self.path,))
+
+
+def _attach_map(path: str) -> _SampleFile:
+    own = _MAPS.get(path)
+    return own if own is not None else _SampleFile(path, owner=False)
