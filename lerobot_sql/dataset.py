@@ -27,13 +27,16 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from ._readers import deltas as _frames
 from ._readers import decode, locate, tabular, video_index
+from ._storage.pieces import merge_ranges
 from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError, UnsupportedFeatureError
 from ._format.files import DatasetFiles
 from . import meta as _meta
+from . import pipeline as _pipe
 from ._plan.manifest import Meta
 
 
@@ -72,6 +75,7 @@ class _Worker:
         n = len(ds._video_keys)
         # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
         self.pool = concurrent.futures.ThreadPoolExecutor(n - 1) if ds._use_parallel() and n > 1 else None
+        self.packets: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}  # mp4 -> (byte_offset, byte_size)
 
     def view(self, ds: "LeRobotSQLDataset", slot: int) -> tabular.RowGroupView:
         v = self.views[slot]
@@ -199,6 +203,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._extras = list(self._meta.extras)
         self._prepare(manifest)
         self._worker: _Worker | None = None
+        self._pipeline: _pipe.Pipeline | None = None
         self._stats_fn = stats  # ds.meta.stats: called once, on first use (db.dataset passes the Database's)
         self._owner_pid = os.getpid()  # only this process may call it: DuckDB does not survive a fork
         self._meta_obj: _meta.SelectionMetadata | None = None
@@ -697,6 +702,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         ii = self._batch_indices(indices)
         b = len(ii)
         w = self._w()
+        if self._pipeline is not None and b:  # this worker's next batches, fetched while it reads this one
+            self._pipeline.after_batch(ii, self._n, lambda jj: self._byte_ranges(w, jj), self._src)
         c = self._c
         tensors: dict[str, torch.Tensor] = {}  # key -> (B, *item shape)
         lists: dict[str, list] = {}  # key -> per-item values, collated by default_collate
@@ -837,6 +844,94 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         for k, v in batch.items():
             (tensors if isinstance(v, torch.Tensor) else lists)[k] = v
         return _Batch(list(batch), tensors, lists, b)
+
+    # ---- remote pipelining (lerobot_sql.pipeline) ---------------------------------------------------------
+    def pipeline(self, sampler, *, batches: int = 4, max_bytes: int | None = None) -> "LeRobotSQLDataset":
+        """Fetch ahead, in each DataLoader worker, the remote bytes of the worker's next ``batches`` batches.
+
+        ``sampler`` is the one the DataLoader draws from (``DataLoader(ds, sampler=sampler, batch_size=B, ...)``;
+        this package's samplers, a list of indices, or any sampler whose order is the same in a worker's copy).
+        On ``__getitems__`` of batch ``j`` a worker submits to two background threads the byte ranges of batches
+        ``j + W .. j + batches*W`` (its own, under torch's round robin; ``W`` = ``num_workers``, 1 without
+        workers): data row groups not cached yet, video packets from each frame's keyframe, container heads.
+        ``max_bytes`` bounds the bytes a worker holds fetched ahead and unread (default ``min(128 MiB,
+        cache_size / (4 * W))``). Why this design and what disables it: :mod:`lerobot_sql.pipeline`.
+
+        Items never change (the bytes go through the same pinned piece cache). Local datasets: a no-op. With
+        ``spawn`` workers the sampler is pickled with the dataset. Returns the dataset (for chaining); call again
+        to replace the sampler, ``ds.pipeline(None)`` to switch it off.
+
+        Raises:
+            ValueError: ``batches < 1`` or ``max_bytes <= 0``. TypeError: ``sampler`` is not iterable.
+        """
+        self._pipeline = None if sampler is None else _pipe.Pipeline(sampler, batches, max_bytes)
+        return self
+
+    def _byte_ranges(self, w: _Worker, jj: np.ndarray) -> dict[str, list[tuple[int, int]]]:
+        """``{file: merged [start, end) ranges}`` the items ``jj`` read and this process has not built from yet:
+        the row groups (windows' too) whose cache files do not exist, and per camera and mp4 the packets from each
+        frame's keyframe run to a few packets past it (plus PyAV's read block), with the container head. The
+        rule of :func:`lerobot_sql.prefetch.needed_ranges`, per batch. A file that fails to open is left out (the
+        item's own read raises)."""
+        c, out = self._c, {}
+        fi, slot = c["_file"][jj], c["_slot"][jj].astype(np.int64)
+        idx, ep_from, ep_to = c["index"][jj].astype(np.int64), c["ep_from_index"][jj], c["ep_to_index"][jj]
+        offs = np.concatenate([v for v in self._delta.values()]) if self._delta else np.zeros(1, np.int64)
+        q_lo = np.clip(idx + offs.min(), ep_from, ep_to - 1)
+        q_hi = np.clip(idx + offs.max(), ep_from, ep_to - 1)
+        for f in np.unique(fi):
+            m = fi == f
+            info = self._infos[int(f)]
+            base = int(self._rg_base[int(f)])
+            rgs = set((slot[m] - base).tolist())
+            if self._delta:  # windows reach rows of neighbouring row groups
+                row0 = c["ep_data_row0"][jj][m]
+                rgs.update(info.row_groups(row0 + (q_lo[m] - ep_from[m]), row0 + (q_hi[m] - ep_from[m]) + 1).tolist())
+            todo = [rg for rg in sorted(rgs) if w.views[base + rg] is None and not
+                    tabular.row_group_path(self._src, info, rg, self._cache_dir, self._layout).exists()]
+            if todo:
+                out[info.rel] = tabular.row_group_ranges(info.metadata, todo)
+        fps = float(self._layout.fps)
+        for k in self._video_keys:
+            codes = c[f"_vfile/{k}"][jj]
+            dk = self._delta.get(k, np.zeros(1, np.int64))
+            for code in np.unique(codes):
+                rel = self._video_files[k][int(code)]
+                try:
+                    vf = self._video(w, k, int(code))
+                    packets = self._packets(w, rel, vf.index)
+                except (LeRobotSQLError, OSError):
+                    continue
+                if packets is None:
+                    continue
+                sel = jj[codes == code]
+                if k in self._delta:  # the clamped neighbours' times (data timestamps are on the fps grid)
+                    q = np.clip(c["index"][sel][:, None] + dk[None, :], c["ep_from_index"][sel][:, None],
+                                c["ep_to_index"][sel][:, None] - 1)
+                    t = locate.time_in_file(c[f"{k}/from_timestamp"][sel][:, None], c["timestamp"][sel][:, None]) \
+                        + (q - c["index"][sel][:, None]) / fps
+                    rows = locate.nearest(vf.index.pts_s, t.ravel())[0]
+                else:
+                    rows = vf.rows[c[f"_vpos/{k}"][sel]]
+                    rows = rows[rows >= 0]
+                start, size = packets
+                ranges = locate.packet_ranges(np.unique(rows), vf.index.key_row, start, size,
+                                              readahead=locate.AVIO_BUFFER)
+                ranges.append((0, int(start.min()) + locate.AVIO_BUFFER))  # opening reads the head (moov)
+                out.setdefault(rel, []).extend(ranges)
+        return {rel: merge_ranges(r) for rel, r in out.items()}
+
+    def _packets(self, w: _Worker, rel: str, index: video_index.FrameIndex):
+        """(byte_offset, byte_size) int64 (n,) of mp4 ``rel``'s packets in ``index``'s row order (from the Parquet
+        form of its index, built once per cache), or None when unknown (a packet without a position)."""
+        if rel not in w.packets:
+            t = pq.read_table(video_index.ensure_index(self._src, rel, self._cache_dir),
+                              columns=["pts", "byte_offset", "byte_size"])
+            start, size = t["byte_offset"].to_numpy(), t["byte_size"].to_numpy()
+            ok = len(start) == len(index.pts) and bool((t["pts"].to_numpy() == index.pts).all()) and \
+                len(start) and start.min() >= 0
+            w.packets[rel] = (start, size) if ok else None
+        return w.packets[rel]
 
     def _decode_batch(self, w: _Worker, key: str, codes: np.ndarray, files: dict, rows: np.ndarray) -> torch.Tensor:
         """Camera ``key``'s frames for a batch: one ``decode_chw`` per mp4 (``codes[j]`` the file of item j,
