@@ -26,6 +26,9 @@ and the readers find the bytes there. The bytes fetched ahead are bounded per wo
 consumed plus its own would pass the bound, so the cache's LRU never evicts prefetched pieces before they are read
 (nor pieces in use) unless the cache is smaller than ``4 W max_bytes``. A background failure is not raised: the
 batch's own read then fetches (and raises) as without the pipeline. Local datasets: nothing to do (a no-op).
+The bytes fetched beyond what the read batches need: the last ``k`` batches a worker fetched ahead when iteration
+stops early (a loop that breaks mid-epoch); over a whole epoch there are none (tests/test_pipeline.py: 1.06x of the
+run without pipelining over a 24-batch epoch, 1.17x when the same 24 batches end a longer epoch early).
 """
 
 from __future__ import annotations
@@ -140,8 +143,8 @@ class _Here:
             fut = self.pool.submit(self._job, t, self.order[t:t + b].copy(), ranges, src)
             with self.lock:
                 self.futures.add(fut)
+                self.counts["submitted"] += 1
             fut.add_done_callback(self._done)
-            self.counts["submitted"] += 1
 
     def _done(self, fut) -> None:
         with self.lock:
@@ -172,4 +175,5 @@ class _Here:
             with self.lock:
                 self.counts["bytes"] += got
         except Exception:  # noqa: BLE001 - best effort: the batch's own read fetches and raises properly
-            self.counts["failed"] += 1
+            with self.lock:
+                self.counts["failed"] += 1

@@ -51,13 +51,14 @@ def test_workers_pipelined_equal_unpipelined_within_the_bytes(served, datasets):
     runs = {}
     for mode in ("plain", "pipelined"):
         _db, ds = _remote(srv, tmp, mode)
-        sampler = EpisodeAwareSampler(ds, block_size=4, seed=5)
+        # 384 items of 13,024 in EpisodeAwareSampler's order: a whole (short) epoch, scattered over the files. An
+        # epoch cut short would leave the last k*W batches fetched ahead and never read (up to k*W/24 more bytes).
+        sampler = EpisodeAwareSampler(ds, block_size=4, seed=5).order()[:384].tolist()
         if mode == "pipelined":
             ds.pipeline(sampler, batches=3)
         sent = srv.bytes_sent()
-        dl = DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2, multiprocessing_context="fork")
-        got = [b for _, b in zip(range(24), dl)]  # 384 items of 13,024: steady state, scattered over the files
-        runs[mode] = (got, srv.bytes_sent() - sent, sampler.order()[:384])
+        got = list(DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2, multiprocessing_context="fork"))
+        runs[mode] = (got, srv.bytes_sent() - sent, np.array(sampler))
     (plain, b_plain, order), (piped, b_piped, order2) = runs["plain"], runs["pipelined"]
     assert np.array_equal(order, order2) and len(plain) == len(piped) == 24
     for j, (a, b) in enumerate(zip(plain, piped)):
@@ -117,3 +118,18 @@ def test_pipeline_on_a_local_dataset_is_a_no_op(datasets):
     _same(torch.utils.data.default_collate(ds.__getitems__(order[:16])),
           torch.utils.data.default_collate([ds[i] for i in order[:16]]))
     assert ds._pipeline.stats() == {}
+
+
+def test_spawned_workers_get_the_sampler_and_pipeline(served, datasets):
+    """lerobot 0.6.1's start method: the sampler travels pickled with the dataset, and the items stay exact."""
+    srv, tmp = served
+    _db, ds = _remote(srv, tmp, "spawn", profile="act")
+    sampler = EpisodeAwareSampler(ds, block_size=8, seed=9)
+    ds.pipeline(sampler, batches=2)
+    order = sampler.order()[:96]
+    got = [b for _, b in zip(range(6), DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2,
+                                                  multiprocessing_context="spawn"))]
+    local = lsql.connect(datasets / "multifile60").dataset("SELECT index FROM frames ORDER BY index",
+                                                          delta_timestamps=_delta("act", []), return_uint8=True)
+    for j, b in enumerate(got):
+        _same(b, torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)].tolist())), f"{j}")
