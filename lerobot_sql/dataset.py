@@ -1114,7 +1114,7 @@ def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Pa
     The file lives in ``<cache>/manifests`` (or the system temp folder when the cache is read-only) while the
     dataset that wrote it lives: its pages are file-backed, so forked DataLoader workers share them through the
     page cache, and spawned/forkserver workers, which get the dataset pickled, map the same file by name. Before
-    writing, files left by processes of this host that no longer run (killed before cleanup) are removed.
+    writing, files whose writer is gone (killed before cleanup: its lock is free) are removed.
 
     Raises:
         CacheError: neither the cache folder nor the temp folder can hold the file.
@@ -1135,7 +1135,7 @@ def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Pa
             raise CacheError(f"{cache_dir / 'manifests'}: cannot write the per-sample file ({e}); the cache folder "
                              "is full or not writable, set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a "
                              "writable folder") from e
-    os.close(fd)
+    _hold(fd)  # before anything else: a sweeping process must see the file as live from its first moment
     _sweep_maps(d, keep=tmp)
     try:
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, full.schema) as w:
@@ -1143,9 +1143,10 @@ def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Pa
     except OSError as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+            os.close(fd)
         raise CacheError(f"{d}: cannot write the per-sample file ({e}); the cache folder is full or not writable, "
                          "set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable folder with room") from e
-    return _SampleFile(tmp, owner=True)
+    return _SampleFile(tmp, owner=True, fd=fd)
 
 
 _MAP_TAG = "lsql-samples"
@@ -1158,17 +1159,65 @@ def _map_prefix() -> str:
     return f"{_MAP_TAG}-{host}-{os.getpid()}-"
 
 
+_YOUNG_S = 60.0  # a file this new may not hold its writer's lock yet (created, not yet locked): never swept
+
+
+def _hold(fd: int) -> None:
+    """Take an exclusive ``flock`` on the per-sample file for the life of the dataset: the kernel releases it when
+    the writer exits in any way (SIGKILL included), so another process (another container sharing the cache and
+    the hostname, too) tells a live file from a leftover without trusting pids. Where ``flock`` does not exist
+    (Windows) or the filesystem refuses it, the pid rule of :func:`_sweep_maps` applies."""
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (ImportError, OSError):
+        pass
+
+
+def _leftover(path: Path, name: str, host_prefix: str) -> bool:
+    """Whether ``path`` (a per-sample file) belongs to no live process: its writer's lock is free, or (no locks
+    here) it names this host and a pid that does not run. Files younger than ``_YOUNG_S`` are never leftovers."""
+    import time
+
+    try:
+        if time.time() - path.stat().st_mtime < _YOUNG_S:
+            return False
+    except OSError:
+        return False
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY)
+    except ImportError:
+        fd = None
+    except OSError:
+        return False
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True  # nobody holds it: the writer is gone
+        except BlockingIOError:
+            return False
+        except OSError:
+            pass  # no locks on this filesystem: the pid rule below
+        finally:
+            os.close(fd)
+    if not name.startswith(host_prefix):
+        return False  # another host's pid means nothing here
+    pid = name[len(host_prefix):].split("-", 1)[0]
+    return pid.isdigit() and not _alive(int(pid))
+
+
 def _sweep_maps(d: Path, keep: str) -> None:
-    """Remove per-sample files in ``d`` written on this host by processes that have exited (a crash or kill skips
-    the finalizer; on Windows the finalizer cannot delete a file still mapped). Files of other hosts sharing the
-    cache folder are left alone: their writer's pid means nothing here."""
+    """Remove per-sample files in ``d`` whose writer has exited (a crash or kill skips the finalizer; on Windows
+    the finalizer cannot delete a file still mapped): see :func:`_leftover`."""
     host_prefix = _map_prefix().rsplit("-", 2)[0] + "-"
     with contextlib.suppress(OSError):
         for name in os.listdir(d):
-            if not (name.startswith(host_prefix) and name.endswith(".arrow")) or str(d / name) == keep:
+            if not (name.startswith(_MAP_TAG + "-") and name.endswith(".arrow")) or str(d / name) == keep:
                 continue
-            pid = name[len(host_prefix):].split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if _leftover(d / name, name, host_prefix):
                 with contextlib.suppress(OSError):
                     os.unlink(d / name)
 
@@ -1185,27 +1234,31 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _remove_map(path: str, pid: int) -> None:
+def _remove_map(path: str, pid: int, fd: int | None) -> None:
     # Only the writing process deletes: a forked worker inherits this finalizer with the dataset, and must never
     # take the file from under the parent and its other workers.
     if os.getpid() == pid:
         with contextlib.suppress(OSError):  # Windows refuses while mapped: the next run's sweep removes it
             os.unlink(path)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # releases the lock
 
 
 class _SampleFile:
     """The per-sample file of a dataset (manifest + derived arrays, Arrow IPC), shared by name.
 
-    The writing process owns it: a finalizer deletes it when the last object holding it there is collected,
+    The writing process owns it and holds an exclusive ``flock`` on it while it lives (so other processes can tell
+    a leftover: :func:`_leftover`): a finalizer deletes it when the last object holding it there is collected,
     on ``close()``, or at interpreter exit, never in another process (forked children inherit the finalizer but
     fail its pid check; spawned ones only ever receive the name). It pickles as its path: unpickled in the owner
     process (``copy.deepcopy``, ``pickle`` round trips) it is the owner's object, so the file lives while any copy
     does; elsewhere a non-owning handle. Several datasets and processes never share a file (each name is unique).
     """
 
-    def __init__(self, path: str, owner: bool):
+    def __init__(self, path: str, owner: bool, fd: int | None = None):
         self.path = path
-        self._fin = weakref.finalize(self, _remove_map, path, os.getpid()) if owner else None
+        self._fin = weakref.finalize(self, _remove_map, path, os.getpid(), fd) if owner else None
         if owner:
             _MAPS[path] = self
 

@@ -115,31 +115,41 @@ def test_file_gone_after_close_and_collection_and_never_deleted_by_a_child(datas
     assert not p2.exists() and _maps(tmp_path) == []
 
 
+def _age(*paths: Path) -> None:
+    for p in paths:  # older than the sweep's grace for files not yet locked by their writer
+        os.utime(p, (p.stat().st_atime, p.stat().st_mtime - 3600))
+
+
 def test_leftovers_of_dead_processes_are_swept(datasets, tmp_path):
+    """A live dataset's file is held by its writer's flock (released by the kernel however the writer ends); the
+    next dataset built removes files nobody holds, and never a file just created or still held."""
+    import fcntl
+
     db = lsql.connect(datasets / "small20", cache_dir=tmp_path)
     ds = db.dataset("SELECT index FROM frames WHERE episode_index = 0", cameras=[])
     folder = Path(ds._map.path).parent
-    from lerobot_sql.dataset import _map_prefix
-
-    host_prefix = _map_prefix().rsplit("-", 2)[0]
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
-    stale = folder / f"{host_prefix}-{dead}-abc.arrow"  # a writer killed before its finalizer ran
-    live = folder / f"{host_prefix}-{os.getppid()}-abc.arrow"  # a live process's file
-    foreign = folder / "lsql-samples-otherhost-1-abc.arrow"  # another host sharing the cache folder
-    for p in (stale, live, foreign):
+    stale = folder / "lsql-samples-otherhost-1-abc.arrow"  # a writer killed before its finalizer ran
+    held = folder / "lsql-samples-otherhost-2-abc.arrow"  # another container's live file (lock held)
+    young = folder / "lsql-samples-otherhost-3-abc.arrow"  # just created, not yet locked by its writer
+    for p in (stale, held, young):
         p.write_bytes(b"x")
-    ds2 = db.dataset("SELECT index FROM frames WHERE episode_index = 1", cameras=[])
-    assert not stale.exists() and live.exists() and foreign.exists()
-    assert Path(ds._map.path).exists() and Path(ds2._map.path).exists()
-    for p in (live, foreign):
+    _age(stale, held, Path(ds._map.path))
+    fd = os.open(held, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        ds2 = db.dataset("SELECT index FROM frames WHERE episode_index = 1", cameras=[])
+        assert not stale.exists() and held.exists() and young.exists()
+        assert Path(ds._map.path).exists() and Path(ds2._map.path).exists()  # ds's file is old but held
+    finally:
+        os.close(fd)
+    for p in (held, young):
         p.unlink()
 
 
 def test_no_file_left_after_a_run_with_spawned_workers(datasets, tmp_path):
     """A whole program: datasets built, a spawned DataLoader run, the program exits without closing anything;
-    the cache's manifests folder is empty afterwards (exit-time cleanup), and a SIGKILLed run's file is swept
-    by the next."""
+    the cache's manifests folder is empty afterwards (exit-time cleanup), and a SIGKILLed run's files (their
+    locks released by the kernel) are swept by the next dataset."""
     script = textwrap.dedent(f"""
         import sys, lerobot_sql as lsql
         from torch.utils.data import DataLoader
@@ -160,5 +170,6 @@ def test_no_file_left_after_a_run_with_spawned_workers(datasets, tmp_path):
     assert _maps(tmp_path) == []
     r = subprocess.run([sys.executable, "-c", script, "kill"], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == -9 and len(_maps(tmp_path)) == 2  # killed: no cleanup ran
+    _age(*_maps(tmp_path))
     lsql.connect(datasets / "small20", cache_dir=tmp_path).dataset("SELECT index FROM frames LIMIT 1", cameras=[])
     assert _maps(tmp_path) == []  # the next dataset swept the dead run's files (its own is gone: collected)
