@@ -15,17 +15,23 @@ Public surface::
     db.stats(sql)                                 # lerobot's stats dict for exactly the selected frames
     ds.meta, ds.num_frames, ds.meta.stats         # what lerobot's training code reads (lerobot_sql.meta)
 
+    coll = lsql.connect_many(["site_a", "site_b"])  # Collection: every view spans both, with a dataset column
+    coll.sql("SELECT dataset, count(*) FROM episodes GROUP BY dataset")
+    ds = coll.dataset("SELECT dataset, episode_index FROM episodes WHERE duration_s > 10")  # items carry dataset
+
 Training with lerobot's own script on a query: ``lerobot-sql train DATASET --sql "SELECT ..." -- <lerobot-train
 arguments>`` (:mod:`lerobot_sql.train`; lerobot is not imported by ``import lerobot_sql``).
 
 Samplers: :class:`EpisodeAwareSampler` (shuffled blocks of consecutive frames, per-epoch seeds, resume, rank
-shards) and :class:`EpisodeShardedSampler` (whole episodes per rank). Manifest sharding for many processes and the
-Ray Data hand-off: :mod:`lerobot_sql.shard`, :mod:`lerobot_sql.ray_data`. CLI: ``lerobot-sql --help``.
+shards), :class:`EpisodeShardedSampler` (whole episodes per rank) and :class:`MixtureSampler` (datasets of a
+collection in given proportions: ``MixtureSampler(ds, {"site_a": 0.7, "site_b": 0.3})`` or ``alpha=0.5``).
+Manifest sharding for many processes and the Ray Data hand-off: :mod:`lerobot_sql.shard`, :mod:`lerobot_sql.ray_data`. CLI: ``lerobot-sql --help``.
 
 Errors all derive from :class:`LeRobotSQLError` (see :mod:`lerobot_sql.errors`).
 """
 
 from ._version import __version__
+from .collection import Collection, connect_many
 from .db import Database, connect
 from .errors import (
     CacheError,
@@ -34,6 +40,7 @@ from .errors import (
     DestinationExistsError,
     FileChangedError,
     FrameNotFoundError,
+    IncompatibleDatasetsError,
     LeRobotSQLError,
     MissingFileError,
     QueryError,
@@ -53,7 +60,11 @@ def __getattr__(name: str):
         from .dataset import LeRobotSQLDataset
 
         return LeRobotSQLDataset
-    if name in ("EpisodeAwareSampler", "EpisodeShardedSampler"):
+    if name == "CollectionDataset":
+        from .mixture import CollectionDataset
+
+        return CollectionDataset
+    if name in ("EpisodeAwareSampler", "EpisodeShardedSampler", "MixtureSampler"):
         from . import samplers
 
         return getattr(samplers, name)
@@ -67,9 +78,13 @@ def __dir__():
 __all__ = [
     "connect",
     "Database",
+    "connect_many",
+    "Collection",
     "LeRobotSQLDataset",
+    "CollectionDataset",
     "EpisodeAwareSampler",
     "EpisodeShardedSampler",
+    "MixtureSampler",
     "LeRobotSQLError",
     "DatasetFormatError",
     "UnsupportedVersionError",
@@ -77,6 +92,7 @@ __all__ = [
     "QueryError",
     "ResultContractError",
     "FrameNotFoundError",
+    "IncompatibleDatasetsError",
     "VideoDecodeError",
     "RemoteIOError",
     "FileChangedError",

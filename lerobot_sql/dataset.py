@@ -33,7 +33,7 @@ import torch
 from ._readers import deltas as _frames
 from ._readers import decode, locate, tabular, video_index
 from ._storage.pieces import merge_ranges
-from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError, UnsupportedFeatureError
+from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
 from ._format.files import DatasetFiles
 from . import meta as _meta
 from . import pipeline as _pipe
@@ -71,7 +71,7 @@ class _Worker:
         self.indexes: dict[str, video_index.FrameIndex] = {}
         self.videos: dict[tuple[str, int], _VideoFile] = {}
         self.decoders = decode.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads,
-                                          pins=ds._video_pins, declared=ds._video_declared)
+                                          pins=ds._video_pins, declared=ds._video_declared, gray=ds._gray_files)
         n = len(ds._video_keys)
         # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
         self.pool = concurrent.futures.ThreadPoolExecutor(n - 1) if ds._use_parallel() and n > 1 else None
@@ -117,6 +117,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         ``return_uint8=True``; (T, C, H, W) for a camera in ``delta_timestamps`` with T > 1. Video frames are read
         from ``videos/<video_key>/...mp4`` at ``from_timestamp + timestamp`` seconds; images stored in Parquet are
         decoded from their PNG bytes;
+      * each depth map (a camera with ``info.is_depth_map``, ``ds.meta.depth_keys``), as lerobot 0.6.1 returns
+        it: float32 (1, H, W) ((T, 1, H, W) with deltas), in millimetres (whole mm, as lerobot rounds them), or
+        metres with ``depth_output_unit="m"``; ``return_uint8`` and ``image_transforms`` leave depth maps alone.
+        A depth video's 12-bit ``gray12le`` codes are dequantized with its ``video.depth_min`` / ``depth_max`` /
+        ``shift`` / ``use_log`` (torch ops in lerobot's order, bit for bit); a depth image in Parquet (16-bit or
+        float TIFF) is its values as float32, converted from its ``info.depth_unit`` to the output unit;
       * ``<key>_is_pad``: bool (T,) per ``delta_timestamps`` key, True where the offset left the episode;
       * ``task``: the task text (meta/tasks.parquet) of the frame's ``task_index``;
       * the query's extra columns under their own names: numbers as 0-d tensors of the column's Arrow dtype
@@ -159,7 +165,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                  tolerance_s: float = 1e-4, return_uint8: bool = False,
                  image_transforms: Callable | None = None, cameras: list[str] | None = None,
                  decoder_threads: int = 1, parallel_cameras: bool | str = "auto", max_open_decoders: int = 16,
-                 seek_reach: int = 2, stats: Callable[[], dict] | None = None):
+                 seek_reach: int = 2, stats: Callable[[], dict] | None = None, depth_output_unit: str = "mm"):
         # The task texts are read here, in the main process, before any worker starts (once per DatasetFiles).
         layout = files.layout
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir
@@ -189,13 +195,17 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if dropped:
             raise ValueError(f"delta_timestamps names cameras {dropped} that cameras={list(cameras)} leaves out; "
                              "add them to cameras or drop them from delta_timestamps")
-        depth = [k for k in cameras if layout.features[k].is_depth_map]
-        if depth:
-            # A depth stream (12-bit gray, dequantized by lerobot 0.6) decoded as RGB would be a wrong value.
-            raise UnsupportedFeatureError(
-                f"camera(s) {depth} are depth maps (info.is_depth_map); lerobot_sql does not decode depth yet and "
-                f"will not return them as RGB. Leave them out: cameras={[c for c in cameras if c not in depth]}")
+        if depth_output_unit not in ("mm", "m"):
+            raise ValueError(f"depth_output_unit must be 'mm' or 'm' (lerobot 0.6's choices), not "
+                             f"{depth_output_unit!r}")
+        self.depth_output_unit = depth_output_unit
+        # depth video key -> its quantizer; depth image key -> the unit it was recorded in (None: returned as is)
+        self._depth_video = {k: layout.features[k].depth_quantization for k in cameras
+                             if layout.features[k].is_depth_map and layout.features[k].is_video}
+        self._depth_image = {k: _depth_unit(layout.features[k]) for k in cameras
+                             if layout.features[k].is_depth_map and layout.features[k].is_image}
         self._video_keys = [k for k in layout.video_keys if k in cameras]
+        self._depth_keys = set(self._depth_video) | set(self._depth_image)
         self._skip_columns = {k for k in layout.image_keys if k not in cameras}
         self.delta_timestamps = delta_timestamps
         self._delta = _frames.delta_indices(delta_timestamps, layout.fps, self.tolerance_s, layout.features)
@@ -258,6 +268,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 if local is not None and pin is None:
                     missing.append(local)
         self._clips = {k: v for k, v in self._meta.clips.items() if k in self._video_keys}
+        self._gray_files = frozenset(rel for k in self._depth_video for rel in self._video_files[k])
         if missing:
             warnings.warn(f"{len(missing)} video file(s) are missing, e.g. {missing[0]}; items needing them will raise "
                           "MissingFileError (pass cameras=[...] to leave those cameras out)", stacklevel=4)
@@ -409,7 +420,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             self._meta_obj = _meta.SelectionMetadata(
                 self._layout, _meta.episodes_table(source_eps, ep, fr), self._tasks, total_frames=self._n,
                 task_indices=self._c["task_index"], repo_id=self.repo_id, root=self.root, stats_fn=self._stats_fn,
-                cameras=self.camera_keys, owner_pid=self._owner_pid)
+                cameras=self.camera_keys, owner_pid=self._owner_pid, depth_output_unit=self.depth_output_unit)
         return self._meta_obj
 
     @property
@@ -523,7 +534,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         """Decode one ``image`` cell (lerobot's ``{bytes, path}`` struct of PNG/TIFF bytes) of sample ``i``.
 
         Returns lerobot's tensor (``ToTensor``): float32 (C, H, W) in [0, 1], uint8 with ``return_uint8``;
-        16-bit images as their integer values, (1, H, W).
+        16-bit images as their integer values, (1, H, W); a depth map (``info.is_depth_map``) as lerobot 0.6:
+        float32 (1, H, W) of its values (uint16 mm or float m TIFF), converted from ``info.depth_unit`` to
+        ``depth_output_unit`` (x1000 or /1000).
 
         Raises:
             DatasetFormatError: the cell has no bytes (only a path, which is never opened: it is dataset text),
@@ -554,6 +567,16 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if arr.ndim == 2:
             arr = arr[:, :, None]
         arr = np.ascontiguousarray(arr.transpose(2, 0, 1))
+        if column in self._depth_image:
+            # lerobot 0.6 (pil_to_chw_tensor): a 16-bit depth image as float32 values, a float TIFF as it is (ToTensor
+            # keeps mode F); then from its recorded unit to the output unit, with the same torch op
+            if arr.dtype == np.uint16 or not arr.flags.writeable:  # PIL's float array is read-only: copy it
+                arr = arr.astype(np.float32 if arr.dtype == np.uint16 else arr.dtype)
+            t = torch.from_numpy(arr)
+            unit = self._depth_image[column]
+            if unit is not None and unit != self.depth_output_unit:
+                t = t * _MM_PER_METRE if unit == "m" else t / _MM_PER_METRE
+            return t
         if arr.dtype == np.uint8 and not self.return_uint8:
             arr = _to_unit_float(arr)
         return torch.from_numpy(arr)
@@ -590,11 +613,14 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                          episode_index=ep, video_key=key)
         return index, np.array([r])
 
-    def _decode(self, w: _Worker, index: video_index.FrameIndex, rows: np.ndarray) -> torch.Tensor:
+    def _decode(self, w: _Worker, key: str, index: video_index.FrameIndex, rows: np.ndarray) -> torch.Tensor:
         arr = w.decoders.decode_chw(index, rows)
-        if not self.return_uint8:
-            arr = _to_unit_float(arr)
-        t = torch.from_numpy(arr)
+        if key in self._depth_video:  # 12-bit codes (n, 1, H, W): lerobot's float32 copy, then its in-place ops
+            t = _dequantize_(torch.from_numpy(arr.astype(np.float32)), self._depth_video[key], self.depth_output_unit)
+        else:
+            if not self.return_uint8:
+                arr = _to_unit_float(arr)
+            t = torch.from_numpy(arr)
         return t[0] if len(rows) == 1 else t
 
     def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
@@ -620,7 +646,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         targets = [self._video_rows(w, k, i, fi, idx, ep_from, ep_to, row0, pads) for k in self._video_keys]
         futures = []
         if w.pool is not None:
-            futures = [w.pool.submit(self._decode, w, index, rows) for index, rows in targets[:-1]]
+            futures = [w.pool.submit(self._decode, w, k, index, rows)
+                       for k, (index, rows) in zip(self._video_keys, targets[:-1])]
         try:
             item: dict[str, Any] = {}
             view = w.view(self, int(c["_slot"][i]))
@@ -645,13 +672,13 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             item.update(sorted(pads.items(), key=lambda kv: self._pad_order(kv[0])))
             frames = {}
             if futures:
-                frames[self._video_keys[-1]] = self._decode(w, *targets[-1])
+                frames[self._video_keys[-1]] = self._decode(w, self._video_keys[-1], *targets[-1])
                 for k, f in zip(self._video_keys, futures):
                     frames[k] = f.result()
                 futures = []
             else:
                 for k, (index, rows) in zip(self._video_keys, targets):
-                    frames[k] = self._decode(w, index, rows)
+                    frames[k] = self._decode(w, k, index, rows)
         finally:
             for f in futures:  # an error above: let helper threads finish with their decoders before leaving
                 f.cancel() or f.exception()
@@ -659,7 +686,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             item = {**{k: frames[k] for k in self._video_keys}, **item}
         if self.image_transforms is not None:
             for k in self._layout.camera_keys:
-                if k in item:
+                if k in item and k not in self._depth_keys:  # as lerobot 0.6: transforms never see depth maps
                     item[k] = self.image_transforms(item[k])
         item["task"] = self._tasks.get(int(c["task_index"][i]))
         for e, arr, numeric, ltype in self._extra_cols:
@@ -675,14 +702,14 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             self._video_keys.index(base)
 
     # ---- batched fetch (DataLoader) ------------------------------------------------------------------------
-    def __getitems__(self, indices) -> "_Batch":
+    def __getitems__(self, indices) -> "Batch":
         """The items ``[self[i] for i in indices]``, built together: what torch's DataLoader calls with a batch.
 
-        Returns a :class:`_Batch`: a sequence of ``len(indices)`` item dicts (item ``j`` equals ``self[indices[j]]``
+        Returns a :class:`Batch`: a sequence of ``len(indices)`` item dicts (item ``j`` equals ``self[indices[j]]``
         bit for bit: same keys in the same order, dtypes, shapes; tensors are views into the batch's tensors) that
         also holds the collated batch. torch's fetcher hands the returned value to ``collate_fn``; torch's
         ``default_collate`` cannot be given a ready dict (it indexes ``batch[0]`` and stacks), so this module
-        registers its item type in ``default_collate_fn_map``: ``default_collate`` on a ``_Batch`` returns the
+        registers its item type in ``default_collate_fn_map``: ``default_collate`` on a ``Batch`` returns the
         prepared batch directly (``{key: (B, *item shape) tensor | collated list}``), which equals
         ``default_collate([self[i] for i in indices])`` key by key, bit for bit. A plain
         ``DataLoader(ds, batch_size=B)`` therefore stays correct and skips the per-item stack; any other
@@ -709,7 +736,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         lists: dict[str, list] = {}  # key -> per-item values, collated by default_collate
         order: list[str] = []
         if b == 0:
-            return _Batch(order, tensors, lists, 0)
+            return Batch(order, tensors, lists, 0)
         fi, idx = c["_file"][ii].astype(np.int64), c["index"][ii].astype(np.int64)
         ep_from, ep_to, row0 = (c["ep_from_index"][ii].astype(np.int64), c["ep_to_index"][ii].astype(np.int64),
                                 c["ep_data_row0"][ii].astype(np.int64))
@@ -829,7 +856,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         batch = {**{k: frames[k] for k in self._video_keys}, **item_cols}
         if self.image_transforms is not None:
             # per item, item-major and in camera order, as __getitem__ calls it (a random transform draws the same)
-            cams = [k for k in self._layout.camera_keys if k in batch]
+            cams = [k for k in self._layout.camera_keys if k in batch and k not in self._depth_keys]
             per = {k: [] for k in cams}
             for j in range(b):
                 for k in cams:
@@ -843,7 +870,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             batch[e] = [_extra_value(v, ltype) for v in arr.take(pa.array(ii)).to_pylist()]
         for k, v in batch.items():
             (tensors if isinstance(v, torch.Tensor) else lists)[k] = v
-        return _Batch(list(batch), tensors, lists, b)
+        return Batch(list(batch), tensors, lists, b)
 
     # ---- remote pipelining (lerobot_sql.pipeline) ---------------------------------------------------------
     def pipeline(self, sampler, *, batches: int = 4, max_bytes: int | None = None) -> "LeRobotSQLDataset":
@@ -936,20 +963,26 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def _decode_batch(self, w: _Worker, key: str, codes: np.ndarray, files: dict, rows: np.ndarray) -> torch.Tensor:
         """Camera ``key``'s frames for a batch: one ``decode_chw`` per mp4 (``codes[j]`` the file of item j,
         ``rows`` (B, T) its video rows), written into one (B, T, 3, H, W) batch tensor (uint8, or float32 in
-        [0, 1]); (B, 3, H, W) unless ``key`` is a delta key with T > 1, as ``__getitem__``'s shapes."""
+        [0, 1]; a depth map's (B, T, 1, H, W) float32, dequantized in place over the whole batch, element for
+        element what ``__getitem__`` computes); (B, 3, H, W) unless ``key`` is a delta key with T > 1, as
+        ``__getitem__``'s shapes."""
         b, t = rows.shape
+        depth = self._depth_video.get(key)
         out = na = None
         for code in sorted(files):
             m = np.flatnonzero(codes == code)
             arr = w.decoders.decode_chw(files[code].index, rows[m].reshape(-1))
             if out is None:
-                out = _batch_tensor((b, t, *arr.shape[1:]), torch.uint8 if self.return_uint8 else torch.float32)
+                out = _batch_tensor((b, t, *arr.shape[1:]),
+                                    torch.uint8 if self.return_uint8 and depth is None else torch.float32)
                 na = out.numpy()
             arr = arr.reshape(len(m), t, *arr.shape[1:])
-            if self.return_uint8:
-                na[m] = arr
+            if self.return_uint8 or depth is not None:
+                na[m] = arr  # depth: uint16 codes into float32, exact (lerobot's .to(torch.float32))
             else:
                 na[m] = _to_unit_float(arr)
+        if depth is not None:
+            _dequantize_(out, depth, self.depth_output_unit)
         return out if (key in self._delta and t > 1) else out[:, 0]
 
     def _batch_indices(self, indices) -> np.ndarray:
@@ -971,14 +1004,14 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 
 
 
-class _Item(dict):
-    """One item of a :class:`_Batch`: a plain dict of the item's values (its type tells ``default_collate`` that
+class BatchItem(dict):
+    """One item of a :class:`Batch`: a plain dict of the item's values (its type tells ``default_collate`` that
     the batch it came from is already collated)."""
 
     __slots__ = ()
 
 
-class _Batch(collections.abc.Sequence):
+class Batch(collections.abc.Sequence):
     """What ``LeRobotSQLDataset.__getitems__`` returns: B items, and their collated batch.
 
     ``batch[j]`` is item j as a dict (tensors are views of the batch tensors), so any ``collate_fn`` that takes a
@@ -998,7 +1031,7 @@ class _Batch(collections.abc.Sequence):
         j = operator.index(j)
         if not -self._n <= j < self._n:
             raise IndexError(f"item {j} out of range for a batch of {self._n}")
-        return _Item((k, self.tensors[k][j] if k in self.tensors else self.lists[k][j]) for k in self.keys)
+        return BatchItem((k, self.tensors[k][j] if k in self.tensors else self.lists[k][j]) for k in self.keys)
 
     def collated(self, collate_fn_map) -> dict[str, Any]:
         """``default_collate`` of the items: the batch tensors as they are, the other keys collated by torch."""
@@ -1009,12 +1042,12 @@ class _Batch(collections.abc.Sequence):
 
 
 def _collate_batch(batch, *, collate_fn_map=None):
-    """``default_collate``'s rule for :class:`_Item`: a whole ``_Batch`` (torch's fetcher passes what
+    """``default_collate``'s rule for :class:`BatchItem`: a whole ``Batch`` (torch's fetcher passes what
     ``__getitems__`` returned) is already collated; anything else (a list of items taken out of batches, or a
     caller's own collate map) goes through torch's generic dict rule."""
     from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
-    if isinstance(batch, _Batch) and collate_fn_map is default_collate_fn_map:
+    if isinstance(batch, Batch) and collate_fn_map is default_collate_fn_map:
         return batch.collated(collate_fn_map)
     return collate([dict(x) for x in batch], collate_fn_map=collate_fn_map)
 
@@ -1026,7 +1059,7 @@ def _register_collate() -> None:
         from torch.utils.data._utils.collate import default_collate_fn_map
     except ImportError:
         return
-    default_collate_fn_map.setdefault(_Item, _collate_batch)
+    default_collate_fn_map.setdefault(BatchItem, _collate_batch)
 
 
 _register_collate()
@@ -1091,6 +1124,51 @@ def _declared_hw(feature) -> set[tuple[int, int]] | None:
     if chw:
         return {(shape[1], shape[2])}
     return {(shape[0], shape[1])}
+
+
+_MM_PER_METRE = 1000.0  # lerobot.datasets.depth_utils.MM_PER_METRE
+_DEPTH_QMAX = 4095      # lerobot.configs.video.DEPTH_QMAX: 12-bit codes
+
+
+def _depth_unit(feature) -> str | None:
+    """The recorded unit of depth image ``feature`` ("mm" / "m"), or None (lerobot returns the values as they are,
+    and warns; so does this, once per dataset).
+
+    Raises:
+        DatasetFormatError: ``info.depth_unit`` is something else (lerobot would divide it by 1000 as if mm).
+    """
+    unit = feature.depth_unit
+    if unit is None:
+        warnings.warn(f"depth map {feature.name!r} has no info.depth_unit in meta/info.json: its values are returned "
+                      "as stored, not converted to depth_output_unit (as lerobot 0.6 does); set depth_unit to "
+                      "'mm' or 'm' to convert them", stacklevel=4)
+    elif unit not in ("mm", "m"):
+        raise DatasetFormatError(f"depth map {feature.name!r}: info.depth_unit is {unit!r}; lerobot 0.6 knows 'mm' "
+                                 "and 'm' only. Fix it in meta/info.json")
+    return unit
+
+
+def _dequantize_(buf: torch.Tensor, q: dict, unit: str) -> torch.Tensor:
+    """lerobot 0.6.1's ``dequantize_depth`` (its torch path, which its reader takes), in place on ``buf``: float32
+    12-bit codes, any shape, become depth in ``unit`` ("mm": whole millimetres, float32; "m": metres).
+
+    Op for op as lerobot (``mul_(scale).add_(offset)``, ``exp_().sub_(shift)`` with ``use_log``, ``clamp_(min,
+    max)``, then for mm ``mul_(1000).round_().clamp_(0, 65535)``), with the scale and offset computed in Python
+    floats as there: the same torch kernels give the same float32 bits (numpy's scalar promotion and its exp are
+    other code, never checked equal). Checked against lerobot's items: tests/test_dataset.py."""
+    lo, hi, shift = float(q["depth_min"]), float(q["depth_max"]), float(q["shift"])
+    if q["use_log"]:
+        log_min, log_max = math.log(lo + shift), math.log(hi + shift)
+        scale, offset = (log_max - log_min) / _DEPTH_QMAX, log_min
+    else:
+        scale, offset = (hi - lo) / _DEPTH_QMAX, lo
+    buf.mul_(scale).add_(offset)
+    if q["use_log"]:
+        buf.exp_().sub_(shift)
+    buf.clamp_(lo, hi)
+    if unit == "m":
+        return buf
+    return buf.mul_(_MM_PER_METRE).round_().clamp_(0.0, 65535)
 
 
 def _to_unit_float(arr: np.ndarray) -> np.ndarray:

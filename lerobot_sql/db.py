@@ -22,6 +22,7 @@ from ._catalog.connection import (MANIFEST_BYTES_PER_ROW, Connection, max_manife
 from ._format.files import DatasetFiles, open_files
 from ._format.layout import Layout
 from ._format.metadata import read_pointers
+from ._plan import manifest as plan_manifest
 from ._plan import resolve as plan
 from ._query import checks as query
 from ._storage.source import Source
@@ -207,46 +208,12 @@ class Result:
         return self._call(lambda: self._rel.limit(50).df().to_html(max_rows=50))
 
 
-class Database:
-    """One dataset (its :class:`~lerobot_sql._format.files.DatasetFiles`, ``db.files``), its DuckDB connection and
-    views (:class:`lerobot_sql._catalog.connection.Connection`, made on the first query). Create it with
-    :func:`connect`.
+class QueryFace:
+    """The SQL face both a :class:`Database` and a collection (:class:`lerobot_sql.collection.Collection`) offer:
+    the checks, ``sql``, ``check``, ``views``, the lazily built video views. Needs ``_connection`` (a
+    :class:`~lerobot_sql._catalog.connection.Connection`), ``_ctx`` and ``_ctx_lock``."""
 
-    Views (full reference in README.md): ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
-    ``video_frames`` and ``video_files`` (both built on first use), ``features``, ``info``.
-
-    Threads: one Database may be used from several threads. The thread that made the DuckDB connection uses it;
-    every other thread gets its own cursor of it (``db.con`` returns the calling thread's), which shares the views,
-    the sandbox settings and the lock-down, so queries of different threads run side by side.
-    """
-
-    def __init__(self, root: str | os.PathLike, *, storage_options: dict | None = None,
-                 cache_dir: str | os.PathLike | None = None, cache_size: int | str | None = None,
-                 threads: int | None = None, memory_limit: str | None = None,
-                 temp_directory: str | os.PathLike | None = None):
-        self.files: DatasetFiles = open_files(root, storage_options=storage_options, cache_dir=cache_dir,
-                                              cache_size=cache_size)
-        self._connection = Connection(self.files, threads=threads, memory_limit=memory_limit,
-                                      temp_directory=temp_directory)
-        self._ctx_lock = threading.RLock()  # two threads' first checks build one context
-        self._pointers = None
-        self._ctx: query.Context | None = None
-        self._query_dirs: list[Path] = []
-
-    @property
-    def source(self) -> Source:
-        """Where the dataset's bytes are (``files.source``)."""
-        return self.files.source
-
-    @property
-    def layout(self) -> Layout:
-        """meta/info.json and the file lists (``files.layout``)."""
-        return self.files.layout
-
-    @property
-    def cache_dir(self) -> Path:
-        """This dataset's cache folder (``files.cache_dir``)."""
-        return self.files.cache_dir
+    _TABLE_MACROS = macros.TABLE_MACROS  # the table macros users may call in FROM, and their columns
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -256,10 +223,6 @@ class Database:
         return self._connection.cursor()
 
     # ---- SQL ------------------------------------------------------------------------------------------------
-    @property
-    def fps(self) -> float:
-        return self.layout.fps
-
     def views(self) -> list[str]:
         """Names of the user-facing views."""
         return sorted(v for v in self._context().views if not v.startswith("_"))
@@ -274,9 +237,9 @@ class Database:
         if self._ctx is None:
             views: dict[str, list[str]] = {}
             for t, c in self.con.sql("SELECT table_name, column_name FROM duckdb_columns() "
-                                     "WHERE NOT internal ORDER BY table_name, column_index").fetchall():
+                                     "WHERE NOT internal AND schema_name = 'main' ORDER BY table_name, column_index").fetchall():
                 views.setdefault(t, []).append(c)
-            self._ctx = query.Context(views, dict(macros.TABLE_MACROS), dict(macros.MACRO_READS))
+            self._ctx = query.Context(views, dict(self._TABLE_MACROS), dict(macros.MACRO_READS))
         return self._ctx
 
     def _ensure_video_frames(self) -> None:
@@ -369,6 +332,62 @@ class Database:
     def _arrow(self, sql: str) -> pa.Table:
         return self.sql(sql).arrow()
 
+
+class Database(QueryFace):
+    """One dataset (its :class:`~lerobot_sql._format.files.DatasetFiles`, ``db.files``), its DuckDB connection and
+    views (:class:`lerobot_sql._catalog.connection.Connection`, made on the first query). Create it with
+    :func:`connect`.
+
+    Views (full reference in README.md): ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
+    ``video_frames`` and ``video_files`` (both built on first use), ``features``, ``info``.
+
+    Threads: one Database may be used from several threads. The thread that made the DuckDB connection uses it;
+    every other thread gets its own cursor of it (``db.con`` returns the calling thread's), which shares the views,
+    the sandbox settings and the lock-down, so queries of different threads run side by side.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, storage_options: dict | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_size: int | str | None = None,
+                 threads: int | None = None, memory_limit: str | None = None,
+                 temp_directory: str | os.PathLike | None = None):
+        self._init(open_files(root, storage_options=storage_options, cache_dir=cache_dir, cache_size=cache_size),
+                   threads=threads, memory_limit=memory_limit, temp_directory=temp_directory)
+
+    @classmethod
+    def _of(cls, files: DatasetFiles, **settings: Any) -> "Database":
+        """A Database over already opened ``files`` (a collection's members); ``settings`` as :func:`connect`'s
+        DuckDB settings."""
+        db = cls.__new__(cls)
+        db._init(files, **settings)
+        return db
+
+    def _init(self, files: DatasetFiles, **settings: Any) -> None:
+        self.files: DatasetFiles = files
+        self._connection = Connection(self.files, **settings)
+        self._ctx_lock = threading.RLock()  # two threads' first checks build one context
+        self._pointers = None
+        self._ctx: query.Context | None = None
+        self._query_dirs: list[Path] = []
+
+    @property
+    def source(self) -> Source:
+        """Where the dataset's bytes are (``files.source``)."""
+        return self.files.source
+
+    @property
+    def layout(self) -> Layout:
+        """meta/info.json and the file lists (``files.layout``)."""
+        return self.files.layout
+
+    @property
+    def cache_dir(self) -> Path:
+        """This dataset's cache folder (``files.cache_dir``)."""
+        return self.files.cache_dir
+
+    @property
+    def fps(self) -> float:
+        return self.layout.fps
+
     # ---- datasets -------------------------------------------------------------------------------------------
     def manifest(self, sql: str) -> pa.Table:
         """The manifest of a query: one row per sample (see :mod:`lerobot_sql._plan.resolve` for columns and contract).
@@ -385,10 +404,14 @@ class Database:
                 f"the query returns more than {max_rows:,} rows, more samples than this machine's memory holds as a "
                 f"manifest (about {MANIFEST_BYTES_PER_ROW} bytes per sample while it is built); check its joins (a "
                 f"missing ON gives a cross product), add a LIMIT, or set LSQL_MAX_MANIFEST_ROWS: {sql!r}")
+        return self._resolve(result, sql, checked.ordered)
+
+    def _resolve(self, result: pa.Table, sql: str, ordered: bool, con=None) -> pa.Table:
+        """The manifest of ``result`` (the rows of user query ``sql``), resolved with ``con`` (a function returning
+        a connection whose unqualified names are this dataset's views; default: this Database's own)."""
         try:
-            return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql,
-                                       ordered=checked.ordered, src=self.source,
-                                       ptr=self._episode_pointers())
+            return plan.build_manifest(con or (lambda: self.con), self.layout, result, sql=sql, ordered=ordered,
+                                       src=self.source, ptr=self._episode_pointers())
         except duckdb.Error as e:  # the data files failed while the frames were resolved, or the result's types
             raise unreadable_error(self.source, self.layout, e, sql=sql) from e
 
@@ -432,7 +455,7 @@ class Database:
                 delta_timestamps: dict[str, list[float]] | None = None, tolerance_s: float = 1e-4,
                 return_uint8: bool = False, image_transforms: Any = None, cameras: list[str] | None = None,
                 stats: str | None = "selection", decoder_threads: int = 1, parallel_cameras: bool | str = "auto",
-                max_open_decoders: int = 16, seek_reach: int = 2):
+                max_open_decoders: int = 16, seek_reach: int = 2, depth_output_unit: str = "mm"):
         """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
 
         Args:
@@ -458,6 +481,8 @@ class Database:
             max_open_decoders: open containers per process, LRU (default 16).
             seek_reach: decode forward instead of seeking when the target's keyframe is at most this many frames
                 ahead (default 2).
+            depth_output_unit: ``"mm"`` (default) or ``"m"``: the unit of depth maps (``ds.meta.depth_keys``,
+                float32 (1, H, W)) and of their statistics, as lerobot 0.6's option of the same name.
 
         Returns:
             :class:`lerobot_sql.dataset.LeRobotSQLDataset`.
@@ -467,7 +492,7 @@ class Database:
             DatasetFormatError: a data, metadata or video file is a symlink to a file outside the dataset root and
                 outside the hub cache's ``blobs/`` folder (see :meth:`lerobot_sql._storage.source.Source.check_link`).
             ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid); both sql and episodes given;
-                ``stats`` not one of the three choices.
+                ``stats`` not one of the three choices; ``depth_output_unit`` not "mm" or "m".
             TypeError: ``episodes`` holds something other than integers.
         """
         from .dataset import LeRobotSQLDataset
@@ -493,6 +518,11 @@ class Database:
         else:
             manifest = self.manifest(sql)
         if not isinstance(sql, str) or sql.strip().endswith(".parquet"):
+            if plan_manifest.COLLECTION_KEY in (manifest.schema.metadata or {}):
+                # Its index / data_row values are each dataset's own: read through one dataset they are other frames.
+                raise ResultContractError("a manifest of a collection (Collection.manifest), given to one dataset's "
+                                          "Database: open it with the collection's dataset() (lsql.connect_many"
+                                          "(...).dataset(manifest)), or select this dataset's rows in SQL")
             self._check_manifest_source(manifest, sql)
         tasks = self.tasks()
         wanted = pc.unique(manifest["task_index"]).drop_null().to_pylist() if "task_index" in manifest.column_names \
@@ -518,7 +548,8 @@ class Database:
         return LeRobotSQLDataset(self.files, manifest, delta_timestamps=delta_timestamps, tolerance_s=tolerance_s,
                                  return_uint8=return_uint8, image_transforms=image_transforms, cameras=cameras,
                                  decoder_threads=decoder_threads, parallel_cameras=parallel_cameras,
-                                 max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn)
+                                 max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn,
+                                 depth_output_unit=depth_output_unit)
 
     def _check_manifest_source(self, manifest: pa.Table, where) -> None:
         """Refuse a manifest written from another dataset (``export_manifest`` stores its ``root``): its data_file,

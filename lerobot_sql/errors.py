@@ -32,6 +32,12 @@ class ResultContractError(QueryError):
     """A query result cannot be turned into a dataset (wrong columns, or no rows)."""
 
 
+class IncompatibleDatasetsError(ResultContractError):
+    """A selection across several datasets cannot be written as one dataset: their fps or robot_type differ, or a
+    camera's videos differ in codec, resolution or pixel format (so its packets cannot be stream-copied into one
+    track). The message names the datasets, the key and both values."""
+
+
 class FrameNotFoundError(LeRobotSQLError, LookupError):
     """No video frame lies within ``tolerance_s`` of the requested time. Never replaced by a neighbouring frame."""
 
@@ -60,7 +66,7 @@ class FileChangedError(RemoteIOError):
 
 
 class UnsupportedFeatureError(LeRobotSQLError, NotImplementedError):
-    """A feature of the dataset that lerobot_sql cannot return correctly yet (e.g. a depth-map camera): refused,
+    """A feature of the dataset that lerobot_sql cannot return correctly yet: refused,
     naming the key and how to leave it out, rather than returned as a wrong value."""
 
 

@@ -20,7 +20,9 @@ a dataset of its own:
   ``total_tasks`` counts the tasks the selection uses;
 * ``stats``: the selection's statistics (:mod:`lerobot_sql.stats`), or with ``stats="dataset"`` the source's
   ``meta/stats.json`` unchanged (what lerobot itself uses with ``episodes=[...]``); computed on first use, in the
-  main process (DuckDB), and kept, so a DataLoader started later pickles the numbers, not the query.
+  main process (DuckDB), and kept, so a DataLoader started later pickles the numbers, not the query. Depth keys'
+  entries are then rescaled from their recorded ``depth_unit`` to the dataset's ``depth_output_unit``, as lerobot
+  0.6 does (``db.stats()`` itself keeps the recorded units).
 """
 
 from __future__ import annotations
@@ -107,8 +109,10 @@ class SelectionMetadata:
 
     def __init__(self, layout: Layout, episodes: pa.Table, tasks: dict[int, str], *, total_frames: int,
                  task_indices: np.ndarray, repo_id: str, root: Path | str,
-                 stats_fn: Callable[[], dict] | None, cameras: list[str] | None = None, owner_pid: int | None = None):
+                 stats_fn: Callable[[], dict] | None, cameras: list[str] | None = None, owner_pid: int | None = None,
+                 depth_output_unit: str = "mm"):
         self._layout = layout
+        self._depth_output_unit = depth_output_unit
         self.repo_id = repo_id
         self.root = root
         self.revision = None
@@ -174,7 +178,9 @@ class SelectionMetadata:
 
     @property
     def depth_keys(self) -> list[str]:
-        """Cameras marked as depth maps (``info.is_depth_map``, or the legacy ``info.video.is_depth_map``)."""
+        """Cameras marked as depth maps (``info.is_depth_map``, or the legacy ``info["video.is_depth_map"]`` /
+        ``video_info["video.is_depth_map"]``), as lerobot 0.6's: items carry them as float32 (1, H, W) in
+        ``depth_output_unit`` (mm by default), and ``stats`` holds them in that unit."""
         return [k for k in self.camera_keys if self._layout.features[k].is_depth_map]
 
     @property
@@ -236,7 +242,9 @@ class SelectionMetadata:
                 stats_unavailable()
             st = self._stats_fn()
             # only what the items carry: cameras left out with cameras=[...] are not in features either
-            self._stats = None if st is None else {k: v for k, v in st.items() if k in self.features}
+            self._stats = None if st is None else rescale_depth_stats(
+                {k: v for k, v in st.items() if k in self.features}, self._layout, self.depth_keys,
+                self._depth_output_unit)
         return self._stats
 
     def __getstate__(self):
@@ -247,6 +255,20 @@ class SelectionMetadata:
     def __repr__(self) -> str:
         return (f"SelectionMetadata(repo_id={self.repo_id!r}, total_episodes={self.total_episodes}, "
                 f"total_frames={self.total_frames}, fps={self.fps}, features={list(self.features)})")
+
+
+def rescale_depth_stats(stats: dict, layout: Layout, depth_keys: list[str], unit: str) -> dict:
+    """Depth keys' statistics from the unit their frames were recorded in (``info.depth_unit``; lerobot computes
+    them on the raw frames) to ``unit``, as lerobot 0.6's ``LeRobotDatasetMetadata.rescale_depth_stats``: every
+    entry but ``count`` times 1000 (m -> mm) or 1/1000 (mm -> m), float64. A key without a recorded unit is left as
+    it is (lerobot warns the same)."""
+    for key in depth_keys:
+        stored = layout.features[key].depth_unit
+        if stored is None or stored == unit or key not in stats:
+            continue
+        factor = 1000.0 if stored == "m" else 1.0 / 1000.0
+        stats[key] = {s: v if s == "count" else v * factor for s, v in stats[key].items()}
+    return stats
 
 
 def stats_unavailable():

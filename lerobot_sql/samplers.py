@@ -9,8 +9,13 @@ blocks forward and its decoders rarely seek. Batches mix ``batch_size / block_si
 ``EpisodeShardedSampler`` gives each distributed rank a fixed set of whole episodes (so each rank opens only its
 own files or file regions, which matters most when streaming from remote storage) and shuffles blocks within it.
 
-Both work with any sized map-style dataset whose samples are described by ``episode_index`` and ``index``
-(a :class:`~lerobot_sql.dataset.LeRobotSQLDataset`, its ``manifest``, or arrays).
+``MixtureSampler`` draws several datasets of a collection (``coll.dataset(sql)``) in given proportions (weights,
+or ``n_i ** alpha``): exact per-epoch quotas, each dataset's blocks shuffled (a small dataset with a large weight
+repeats, reshuffled), the blocks of all datasets interleaved at random, one global order sliced per rank.
+
+All work with any sized map-style dataset whose samples are described by ``episode_index`` and ``index``
+(a :class:`~lerobot_sql.dataset.LeRobotSQLDataset`, a :class:`~lerobot_sql.mixture.CollectionDataset`, their
+``manifest``, or arrays); over a collection an episode is ``(dataset, episode_index)``.
 """
 
 from __future__ import annotations
@@ -29,8 +34,14 @@ def _columns(source) -> tuple[np.ndarray, np.ndarray]:
     """(episode_index, index) int64 arrays, one per sample, from a dataset, manifest or (episodes, index) pair."""
     m = getattr(source, "manifest", source)
     if isinstance(m, pa.Table):
-        return (m["episode_index"].to_numpy().astype(np.int64, copy=False),
-                m["index"].to_numpy().astype(np.int64, copy=False))
+        ep = m["episode_index"].to_numpy().astype(np.int64, copy=False)
+        idx = m["index"].to_numpy().astype(np.int64, copy=False)
+        if "dataset" in m.column_names:
+            # A collection: identity is (dataset, episode_index) / (dataset, index); each dataset numbers its own
+            # from 0, so the dataset's position goes into the high bits (episode and frame numbers stay < 2**40).
+            code = _groups(m)[1] << np.int64(40)
+            ep, idx = ep + code, idx + code
+        return ep, idx
     if isinstance(m, tuple) and len(m) == 2:
         ep, idx = (np.asarray(x, np.int64) for x in m)
         if ep.shape != idx.shape or ep.ndim != 1:
@@ -204,3 +215,254 @@ class EpisodeShardedSampler(_Resumable):
         if len(local) == 0:
             return local
         return local[:need] if len(local) >= need else np.resize(local, need)
+
+
+def _groups(source) -> tuple[list[str], np.ndarray]:
+    """(names, codes): the datasets of a source and each sample's position in ``names`` (int64 (N,)).
+
+    A :class:`~lerobot_sql.mixture.CollectionDataset` gives its ``names`` / ``dataset_index``; a collection
+    manifest its ``lerobot_sql.collection`` names (else the ``dataset`` column's dictionary, else its values in
+    order of first appearance); anything else is one dataset, named by its ``repo_id`` (or ``"dataset"``).
+    """
+    if hasattr(source, "dataset_index") and hasattr(source, "names"):
+        return list(source.names), np.asarray(source.dataset_index, np.int64)
+    m = getattr(source, "manifest", source)
+    if isinstance(m, pa.Table) and "dataset" in m.column_names:
+        import json
+
+        import pyarrow.compute as pc
+
+        from ._plan.manifest import COLLECTION_KEY
+
+        col = m["dataset"].combine_chunks()
+        raw = (m.schema.metadata or {}).get(COLLECTION_KEY)
+        if raw is not None:
+            names = list(json.loads(raw)["names"])
+        elif pa.types.is_dictionary(col.type):
+            names = col.dictionary.to_pylist()
+        else:
+            names = pc.unique(col).to_pylist()
+        codes = pc.index_in(col.cast(pa.string()), value_set=pa.array(names, pa.string()))
+        if codes.null_count:
+            bad = pc.filter(col.cast(pa.string()), pc.is_null(codes)).to_pylist()[:3]
+            raise ValueError(f"{codes.null_count} manifest row(s) have a dataset outside the collection's names "
+                             f"{names} (e.g. {bad}): make the manifest with Collection.manifest(sql)")
+        return names, codes.to_numpy(zero_copy_only=False).astype(np.int64)
+    n = len(_columns(source)[1])
+    return [str(getattr(source, "repo_id", None) or "dataset")], np.zeros(n, np.int64)
+
+
+def _quotas(p: np.ndarray, total: int) -> np.ndarray:
+    """int64 quotas summing to ``total``, each within 1 of ``p * total`` (largest remainder; ties to the lower
+    position, so the result is deterministic)."""
+    raw = p * total
+    q = np.floor(raw).astype(np.int64)
+    rest = total - int(q.sum())
+    if rest > 0:
+        frac = raw - q
+        q[np.argsort(-frac, kind="stable")[:rest]] += 1
+    return q
+
+
+class MixtureSampler(_Resumable):
+    """A weighted mixture of datasets: each epoch draws the datasets in the given proportions, blocks of
+    consecutive frames at a time, in a shuffled interleaving; deterministic per (seed, epoch), resumable, sharded.
+
+    How an epoch is drawn (``T`` draws in all, ``T = num_replicas * ceil(num_samples / num_replicas)``):
+
+    1. **Quotas.** Dataset ``i`` gets exactly ``quota[i]`` draws, within 1 of ``p_i * T`` (largest-remainder
+       rounding of the normalised weights ``p``), so the epoch's proportions are the weights, not a random
+       approximation of them; ``quotas`` holds them.
+    2. **Each dataset's stream.** Its samples are cut into blocks as :class:`EpisodeAwareSampler` does (runs of at
+       most ``block_size`` consecutive frames of one episode, so decoders read forward); the blocks are shuffled
+       per (seed, epoch, dataset) and the dataset's draws are the first ``quota[i]`` samples of that stream. A
+       dataset whose quota exceeds its samples (a small dataset with a large weight) starts its stream again,
+       reshuffled, as often as needed: each of its samples is drawn ``quota / n`` times per epoch on average
+       (``repeats`` holds that), never more than ``ceil(quota / n)`` times. With ``replacement=False`` that is
+       refused instead (each sample at most once per epoch). A dataset with a smaller quota than samples sees a
+       different random subset each epoch.
+    3. **Interleaving.** The blocks of all datasets are put in one uniformly random order (per (seed, epoch)), so
+       any stretch of the order (a batch, a rank's slice) holds the datasets in about the weights' proportions:
+       the count of dataset ``i`` among ``n`` consecutive draws is hypergeometric, within
+       ``4 * sqrt(block_size * n * p_i * (1 - p_i))`` of ``n * p_i`` but for a ~1e-4 chance per stretch.
+
+    Without weights and with ``alpha`` unset, the weights are proportional to the samples (``alpha=1``), and an
+    epoch of ``len(ds)`` draws on one rank is a permutation of the samples, as :class:`EpisodeAwareSampler`.
+
+    Weights from SQL, e.g. hours of each dataset's selected episodes::
+
+        w = dict(coll.sql("SELECT dataset, sum(duration_s) FROM episodes GROUP BY 1").fetchall())
+        sampler = MixtureSampler(ds, w)
+
+    (its WHERE should match the selection's: a dataset with a weight but no samples in the selection is an error).
+
+    Args:
+        source: a :class:`~lerobot_sql.mixture.CollectionDataset` (``coll.dataset(sql)``), a collection manifest
+            (``coll.manifest(sql)``), or a single dataset / its manifest / ``(episode_index, index)`` arrays (one
+            dataset, named by its ``repo_id``, else ``"dataset"``).
+        weights: dataset name -> weight (any non-negative finite numbers, normalised here; 0 excludes the
+            dataset). Every dataset with samples in the selection needs a weight. Default: from ``alpha``.
+        alpha: temperature weights ``n_i ** alpha``, ``n_i`` the dataset's samples in the selection (1:
+            proportional, 0: uniform over datasets, between: small datasets up-weighted). Exclusive with
+            ``weights``. Default 1 when ``weights`` is not given.
+        num_samples: draws per epoch over all ranks (default ``len(source)``); rounded up to a multiple of
+            ``num_replicas``.
+        block_size: samples per block (frames read forward in a row); 1 draws single frames.
+        seed: base seed; epoch ``e``'s order depends only on (seed, e) and the arguments.
+        num_replicas, rank: distributed sharding (default from ``torch.distributed`` / torchrun's $RANK and
+            $WORLD_SIZE, else 1, 0): rank ``r`` yields the ``r``-th of ``num_replicas`` equal contiguous slices
+            of the epoch's global order (disjoint draws, together the whole order).
+        replacement: allow a dataset to be drawn more often than it has samples (default True).
+
+    Attributes:
+        names: every dataset name of the source. ``weights``: name -> normalised weight (float, sums to 1; the
+        datasets with weight > 0). ``counts``: name -> samples in the selection. ``quotas``: name -> draws per epoch
+        over all ranks (int). ``repeats``: name -> ``quota / count``. ``num_samples``: ``T``, draws per epoch over
+        all ranks.
+
+    Yields:
+        sample positions (ints in ``[0, len(source))``); ``len(sampler)`` is ``T / num_replicas`` (less the resumed
+        start).
+
+    Raises:
+        KeyError: a weight names no dataset of the source (with the closest name).
+        ValueError: weights and alpha both given; a weight negative, NaN or infinite, or all zero; a dataset with
+            samples in the selection has no weight; a dataset with a weight > 0 has no samples in the selection;
+            ``replacement=False`` and a quota larger than the dataset's samples; ``num_samples`` < 1; a bad rank.
+    """
+
+    def __init__(self, source, weights=None, *, alpha: float | None = None, num_samples: int | None = None,
+                 block_size: int = 8, seed: int = 0, num_replicas: int | None = None, rank: int | None = None,
+                 replacement: bool = True):
+        from collections.abc import Mapping
+
+        from .errors import did_you_mean
+
+        ep, idx = _columns(source)
+        names, codes = _groups(source)
+        if len(codes) != len(idx):
+            raise ValueError(f"{len(codes)} dataset codes for {len(idx)} samples")
+        self.names, self.seed, self.block_size = names, int(seed), int(block_size)
+        self.replacement = bool(replacement)
+        self.num_replicas, self.rank = _dist(num_replicas, rank)
+        n = np.bincount(codes, minlength=len(names)).astype(np.int64)
+        self.counts = {nm: int(c) for nm, c in zip(names, n)}
+        if weights is not None and alpha is not None:
+            raise ValueError("pass weights or alpha, not both (alpha makes the weights n_i ** alpha)")
+        if weights is None:
+            a = 1.0 if alpha is None else float(alpha)
+            if not np.isfinite(a):
+                raise ValueError(f"alpha must be a finite number, got {alpha!r}")
+            w = np.zeros(len(names))
+            w[n > 0] = n[n > 0].astype(np.float64) ** a
+        else:
+            if not isinstance(weights, Mapping):
+                raise TypeError(f"weights must be a mapping dataset name -> weight, got {type(weights).__name__}")
+            w = np.zeros(len(names))
+            for k, v in weights.items():
+                if k not in names:
+                    raise KeyError(f"weights: no dataset {k!r} in {names}.{did_you_mean(str(k), names)}")
+                try:
+                    x = float(v)
+                except (TypeError, ValueError):
+                    raise ValueError(f"weights[{k!r}] = {v!r} is not a number") from None
+                if not np.isfinite(x) or x < 0:
+                    raise ValueError(f"weights[{k!r}] = {v!r}: weights must be finite and >= 0 (0 excludes)")
+                w[names.index(k)] = x
+            unweighted = [f"{nm} ({c} samples)" for nm, c in zip(names, n) if c and nm not in weights]
+            if unweighted:
+                raise ValueError(f"weights give no weight to {', '.join(unweighted)} of the selection: give each "
+                                 "a weight (0 excludes it) or leave it out of the query")
+            empty = [f"{nm} (weight {weights[nm]})" for nm, c, x in zip(names, n, w) if x > 0 and c == 0]
+            if empty:
+                raise ValueError(f"{', '.join(empty)}: weight > 0 but no samples in the selection (of "
+                                 f"{len(idx)} samples: {', '.join(f'{a}={b}' for a, b in self.counts.items() if b)})"
+                                 "; select some of its samples, or give it weight 0")
+        if w.sum() <= 0:
+            raise ValueError(f"every weight is 0 (or the selection is empty: {len(idx)} samples): nothing to draw")
+        p = w / w.sum()
+        total = len(idx) if num_samples is None else int(num_samples)
+        if total < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        self._per = -(-total // self.num_replicas)
+        self.num_samples = self._per * self.num_replicas
+        q = _quotas(p, self.num_samples)
+        self.weights = {nm: float(x) for nm, x in zip(names, p) if x > 0}
+        self.quotas = {nm: int(x) for nm, x in zip(names, q) if p[names.index(nm)] > 0}
+        self.repeats = {nm: self.quotas[nm] / self.counts[nm] for nm in self.quotas}
+        starved = [f"{nm} (weight {self.weights[nm]:.3g})" for nm, x in self.quotas.items() if x == 0]
+        if starved:
+            import warnings
+
+            warnings.warn(f"{', '.join(starved)}: weight > 0 but 0 of the epoch's {self.num_samples} draws "
+                          "(rounded down): raise num_samples or the weight", stacklevel=2)
+        if not self.replacement:
+            over = [f"{nm}: {self.quotas[nm]} draws > {self.counts[nm]} samples" for nm in self.quotas
+                    if self.quotas[nm] > self.counts[nm]]
+            if over:
+                raise ValueError(f"replacement=False, but the weights ask for more draws than samples ({'; '.join(over)}"
+                                 f"; {self.num_samples} draws per epoch): pass replacement=True (such a dataset "
+                                 "repeats, reshuffled), fewer num_samples, or smaller weights")
+        b = blocks(ep, idx, self.block_size)
+        starts, sizes = b[:-1], np.diff(b)
+        owner = codes[starts] if len(starts) else np.zeros(0, np.int64)  # a block never spans datasets (keys)
+        self._blocks = {int(c): (starts[owner == c], sizes[owner == c]) for c in np.flatnonzero(q > 0)}
+        self._q = q
+
+    def _stream(self, code: int) -> tuple[np.ndarray, np.ndarray]:
+        """Dataset ``code``'s draws this epoch as blocks: (starts, sizes), the first ``quota`` samples of its
+        stream of shuffled passes over its blocks (the last block cut to fit)."""
+        st, sz = self._blocks[code]
+        need = int(self._q[code])
+        passes = -(-need // int(sz.sum()))
+        rng = np.random.default_rng([self.seed, self.epoch, 1 + code])
+        # one uniformly random permutation per pass (argsort of iid uniforms), all passes at once
+        perm = np.argsort(rng.random((passes, len(st))), axis=1).ravel()
+        st, sz = st[perm], sz[perm]
+        cum = np.cumsum(sz)
+        k = int(np.searchsorted(cum, need)) + 1  # blocks needed to reach `need` samples
+        st, sz = st[:k], sz[:k].copy()
+        sz[-1] -= int(cum[k - 1]) - need
+        return st, sz
+
+    def _global(self) -> np.ndarray:
+        parts = {c: self._stream(c) for c in self._blocks}
+        label = np.concatenate([np.full(len(parts[c][0]), c, np.int64) for c in parts])
+        rng = np.random.default_rng([self.seed, self.epoch])
+        label = label[rng.permutation(len(label))]
+        # dataset c's blocks fill its slots of the interleaving in stream order: a stable sort by dataset lists
+        # the slots dataset by dataset (ascending codes, as `parts`), each dataset's in order
+        slots = np.argsort(label, kind="stable")
+        st = np.empty(len(label), np.int64)
+        sz = np.empty(len(label), np.int64)
+        st[slots] = np.concatenate([parts[c][0] for c in parts])
+        sz[slots] = np.concatenate([parts[c][1] for c in parts])
+        within = np.arange(self.num_samples) - np.repeat(np.cumsum(sz) - sz, sz)
+        return np.repeat(st, sz) + within
+
+    def _order(self) -> np.ndarray:
+        return self._global()[self.rank * self._per:(self.rank + 1) * self._per]
+
+    def _length(self) -> int:
+        return self._per
+
+    def state_dict(self, consumed: int = 0) -> dict:
+        """As :meth:`EpisodeAwareSampler.state_dict`, plus the epoch's ``quotas`` (what a resume checks: a resume
+        under other weights, num_samples or datasets would not continue the saved order)."""
+        return {**super().state_dict(consumed), "quotas": dict(self.quotas), "block_size": self.block_size,
+                "num_replicas": self.num_replicas}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict`: the rest of the saved epoch's order exactly.
+
+        Raises:
+            ValueError: the state was saved with another seed, other quotas (weights, num_samples, datasets),
+                block_size or num_replicas: this sampler's order is not the saved one.
+        """
+        for key, mine in (("quotas", self.quotas), ("block_size", self.block_size),
+                          ("num_replicas", self.num_replicas)):
+            if key in state and state[key] != mine:
+                raise ValueError(f"state was saved with {key} {state[key]}, this sampler has {mine}: its order is "
+                                 "not the saved one; build the sampler with the saved run's weights, num_samples, "
+                                 "block_size and ranks")
+        super().load_state_dict(state)

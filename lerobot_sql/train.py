@@ -100,6 +100,8 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
         transforms = ImageTransforms(tf) if getattr(tf, "enable", False) else None
         kwargs = dict(dataset_kwargs or {})
         kwargs.setdefault("return_uint8", version[:2] >= (0, 5))
+        # lerobot 0.6's factory passes cfg.dataset.depth_output_unit (0.4 has no such field: mm, its only unit)
+        kwargs.setdefault("depth_output_unit", getattr(cfg.dataset, "depth_output_unit", None) or "mm")
         ds = db.dataset(sql, delta_timestamps=delta, image_transforms=transforms,
                         tolerance_s=float(getattr(cfg, "tolerance_s", 1e-4)), stats=stats, **kwargs)
         st = ds.meta.stats  # computed here, in the main process, before lerobot starts its DataLoader workers

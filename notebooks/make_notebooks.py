@@ -104,6 +104,23 @@ computed = db.sql(\"\"\"
 stats = computed.merge(stored, on="episode_index")
 assert (stats.gripper_mean - stats.gripper_mean_stored).abs().max() < 1e-3
 stats.head(8)"""),
+    ("md", """\
+## Many datasets at once
+`lsql.connect_many` opens several datasets as one collection: every view gains a `dataset` column. Here the four
+generated sets bundled with the repository (one of them in the v2.1 layout), and the hours each holds per task."""),
+    ("code", """\
+coll = lsql.connect_many([Path("..") / "sample" / n for n in ("small20", "multifile60", "h264_20", "v21_small20")])
+per_task = coll.sql(\"\"\"
+    SELECT f.dataset, t.task, count(*) / any_value(d.fps) / 3600 AS hours
+    FROM frames f JOIN tasks t USING (dataset, task_index) JOIN datasets d USING (dataset)
+    GROUP BY ALL ORDER BY f.dataset, hours DESC
+\"\"\").df()
+table = per_task.pivot(index="dataset", columns="task", values="hours").fillna(0)
+ax = table.plot.barh(stacked=True, figsize=(7, 2.8), legend=False)
+ax.set_xlabel("hours")
+totals = coll.sql("SELECT dataset, sum(duration_s) / 3600 AS hours FROM episodes GROUP BY dataset").df()
+assert abs(totals.hours.sum() - per_task.hours.sum()) < 1e-6
+table.round(4)"""),
     ("md", "## Video frames\nThe `video_frames` view lists every frame of every mp4 (pts, keyframes), from one demux pass."),
     ("code", """\
 db.sql(\"\"\"

@@ -119,3 +119,46 @@ def decode_planar_and_packed(src, rel: str, cache_dir, rows=(3, 50, 51)):
     b = np.empty_like(a)
     f.decode_into(index, rows, b, 2)
     return a, b
+
+
+def rename_column(name: str, rename: dict) -> str:
+    """A data or meta/episodes column name with every feature name in ``rename`` replaced (the feature's own
+    column, and its ``videos/<key>/...`` and ``stats/<feature>/...`` columns)."""
+    if name in rename:
+        return rename[name]
+    for kind in ("videos/", "stats/"):
+        if name.startswith(kind):
+            feat, rest = name[len(kind):].rsplit("/", 1)
+            if feat in rename:
+                return f"{kind}{rename[feat]}/{rest}"
+    return name
+
+
+def rename_parquet_columns(path: Path, rename: dict) -> None:
+    """Rewrite the Parquet file at ``path`` with its columns renamed by :func:`rename_column`."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    meta = t.schema.metadata
+    t = t.rename_columns([rename_column(c, rename) for c in t.column_names])
+    pq.write_table(t.replace_schema_metadata(meta), path)
+
+
+def renamed_copy(orig: Path, dst: Path, rename: dict) -> Path:
+    """A copy of the v3 dataset ``orig`` with the features in ``rename`` renamed everywhere lerobot stores a
+    feature's name (info.json, data and meta/episodes columns, the videos/<key>/ folders)."""
+    import shutil
+
+    shutil.copytree(orig, dst)
+    info = json.loads((dst / "meta/info.json").read_text())
+    info["features"] = {rename.get(k, k): v for k, v in info["features"].items()}
+    (dst / "meta/info.json").write_text(json.dumps(info, indent=2))
+    for f in sorted(dst.glob("data/*/*.parquet")) + sorted(dst.glob("meta/episodes/*/*.parquet")):
+        rename_parquet_columns(f, rename)
+    for old, new in rename.items():
+        if (dst / "videos" / old).is_dir():
+            (dst / "videos" / old).rename(dst / "videos" / new)
+    stats = dst / "meta/stats.json"
+    if stats.exists():
+        stats.write_text(json.dumps({rename.get(k, k): v for k, v in json.loads(stats.read_text()).items()}))
+    return dst

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, default_collate
 
 import lerobot_sql as lsql
 
-KINDS = ["small20", "multifile60", "h264_20", "img5_extras", "v21_small20"]
+KINDS = ["small20", "multifile60", "h264_20", "img5_extras", "v21_small20", "depth4"]
 PROFILES = ["plain", "act", "diffusion"]
 FPS = 30
 
@@ -85,9 +85,11 @@ def test_batch_equals_collated_items(datasets, kind, profile, uint8):
     if profile == "act":
         assert got["action"].shape == (len(idx), 50, 6) and got["action_is_pad"].any()
     if profile == "diffusion" and cams:
-        assert got[cams[0]].shape == (len(idx), 2, 3, 96, 128) and got[f"{cams[0]}_is_pad"].any()
+        h, w, ch = ds.features[cams[0]]["shape"]
+        assert got[cams[0]].shape == (len(idx), 2, ch, h, w) and got[f"{cams[0]}_is_pad"].any()
+    depth = set(ds.meta.depth_keys)  # depth maps stay float32 with return_uint8, as lerobot 0.6's
     for k in cams:
-        assert got[k].dtype == (torch.uint8 if uint8 else torch.float32)
+        assert got[k].dtype == (torch.uint8 if uint8 and k not in depth else torch.float32)
     if kind == "multifile60":  # the batch spans several mp4s and data files
         for k in cams:
             assert len(set(ds.manifest[f"{k}/file"].to_numpy(zero_copy_only=False)[idx])) > 1
@@ -145,7 +147,7 @@ def test_extras_task_and_nulls(datasets):
     assert "observation.images.front" not in ds.__getitems__([0])[0]
 
 
-@pytest.mark.parametrize("kind", ["small20", "img5_extras"])
+@pytest.mark.parametrize("kind", ["small20", "img5_extras", "depth4"])
 def test_image_transforms_run_per_item_in_the_same_order(datasets, kind):
     """A random transform draws the same numbers in the same order: per item, cameras in order."""
     db = lsql.connect(datasets / kind)
@@ -155,7 +157,7 @@ def test_image_transforms_run_per_item_in_the_same_order(datasets, kind):
 
     ds = db.dataset("SELECT index FROM frames ORDER BY index", image_transforms=jitter,
                     delta_timestamps=_delta("diffusion", db.dataset("SELECT index FROM frames LIMIT 1").camera_keys))
-    idx = [3, 900, 3, 41]
+    idx = [3, min(900, len(ds) - 1), 3, 41]
     torch.manual_seed(0)
     ref = default_collate([ds[i] for i in idx])
     it = iter(DataLoader(ds, batch_size=len(idx), sampler=idx))  # the iterator draws its own seed first
@@ -164,6 +166,33 @@ def test_image_transforms_run_per_item_in_the_same_order(datasets, kind):
     _same(ref, got)
     torch.manual_seed(0)
     _same(ref, default_collate(ds.__getitems__(idx)))
+
+
+@pytest.mark.parametrize("mode", ["plain", "uint8", "delta", "metres"])
+def test_depth_batch_equals_lerobot_061_reference(datasets, mode):
+    """The batch path on sample/depth4 (depth video dequantized over the whole batch tensor, depth images per item):
+    every item of one batch over all reference indices (shuffled, one twice) is lerobot 0.6.1's, bit for bit, and
+    an image transform changes the RGB camera only (lerobot skips depth keys)."""
+    from helpers import assert_item_equals_reference, load_reference
+
+    ref, npz = load_reference("depth4")
+    db = lsql.connect(datasets / "depth4")
+    items = ref["items"] + ref["items"][:1]
+    order = np.random.default_rng(1).permutation(len(items))
+    items = [items[j] for j in order]
+    ds = db.dataset("SELECT index FROM frames ORDER BY index", **ref["modes"][mode])
+    batch = ds.__getitems__([it["index"] for it in items])
+    for j, it in enumerate(items):
+        assert_item_equals_reference(dict(batch[j]), it, npz, mode)
+    flip = db.dataset("SELECT index FROM frames ORDER BY index", image_transforms=lambda x: x.flip(-1),
+                      **ref["modes"][mode])
+    fb = flip.__getitems__([it["index"] for it in items])
+    for j, it in enumerate(items):
+        got = dict(fb[j])
+        for key in ref["depth_keys"]:
+            _same(got[key], batch[j][key], key)
+        _same(got["observation.images.front"], batch[j]["observation.images.front"].flip(-1))
+        _same(dict(flip[it["index"]]), got)
 
 
 def test_one_camera_and_workers(datasets):

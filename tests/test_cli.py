@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import REPO, SAMPLE
+from helpers import DATASETS, REPO, SAMPLE
 
 CLI = [sys.executable, "-m", "lerobot_sql.cli"]
 
@@ -421,3 +421,30 @@ def test_bench_passes_arguments_through():
 def test_demo_runs_on_the_sample():
     out = ok("demo")
     assert "episodes" in out
+
+
+def test_collection_info_query_and_doctor(tmp_path):
+    """DATASET as a list, a glob or a folder of datasets is a collection: info per dataset with totals, SQL with the
+    dataset column, doctor per dataset (exit 1 when one fails)."""
+    info = json.loads(ok("info", f"{SAMPLE},{DATASETS / 'h264_20'}", "--json"))
+    assert [(d["dataset"], d["episodes"], d["frames"]) for d in info["datasets"]] == \
+        [("small20", 20, 4762), ("h264_20", 20, 4307)]
+    assert info["frames"] == 4762 + 4307
+    out = ok("query", str(DATASETS / "*20"), "SELECT dataset, count(*) AS n FROM frames GROUP BY 1 ORDER BY 1",
+             "-f", "csv")
+    assert out.splitlines() == ["dataset,n", "h264_20,4307", "small20,4762", "v21_small20,4762"]
+    broken = tmp_path / "lab" / "broken"
+    shutil.copytree(SAMPLE, broken)
+    shutil.copytree(SAMPLE, tmp_path / "lab" / "fine")
+    next(iter(sorted(broken.glob("videos/*/*/*.mp4")))).unlink()
+    r = run("doctor", str(tmp_path / "lab"), "--json")
+    assert r.returncode == 1, r.stderr
+    rep = json.loads(r.stdout)
+    assert set(rep) == {"broken", "fine"}
+    ok("export", f"{SAMPLE},{DATASETS / 'multifile60'}", tmp_path / "merged", "--quiet", "--sql",
+       "SELECT dataset, episode_index FROM episodes WHERE episode_index < 2")
+    merged = ok("query", tmp_path / "merged", "SELECT source_dataset, count(*) AS n FROM episodes GROUP BY 1 ORDER BY 1",
+                "-f", "csv")
+    assert merged.splitlines() == ["source_dataset,n", "multifile60,2", "small20,2"]
+    r = run("query", str(tmp_path / "lab"), "--name", "episodes_by_task", "-p", "text=x")
+    assert r.returncode == 2 and "named queries" in r.stderr, (r.returncode, r.stderr)

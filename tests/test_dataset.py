@@ -479,3 +479,25 @@ def test_hostile_image_cells_are_format_errors(datasets, tmp_path, case):
         assert "holds no image bytes" in msg and "hostname" not in msg
     else:
         assert "not a readable image" in msg and e.value.__cause__ is not None
+
+
+DEPTH_MODES = ["plain", "uint8", "delta", "metres"]
+
+
+def _depth_options(ref: dict, mode: str) -> dict:
+    """db.dataset keywords of a depth4 reference mode: lerobot's LeRobotDataset arguments of the same names."""
+    return dict(ref["modes"][mode])
+
+
+@pytest.mark.parametrize("mode", DEPTH_MODES)
+def test_depth_items_equal_lerobot_061_reference(datasets, mode):
+    """sample/depth4 (written by lerobot 0.6.1: an HEVC gray12le depth video, 16-bit and float TIFF depth images in
+    Parquet, an RGB video) read as lerobot 0.6.1 returned it: depth maps float32 (1, H, W) in mm (metres with
+    depth_output_unit="m"), bit for bit, also with return_uint8 and with delta_timestamps on the depth keys."""
+    ref, npz = load_reference("depth4")
+    db = lsql.connect(datasets / "depth4")
+    ds = db.dataset("SELECT index FROM frames ORDER BY index", **_depth_options(ref, mode))
+    assert len(ds) == 72
+    assert ds.meta.depth_keys == ref["depth_keys"]
+    for it in ref["items"]:
+        assert_item_equals_reference(ds[it["index"]], it, npz, mode)

@@ -57,6 +57,27 @@ def test_decoder_pool_reads_exact_frames_in_any_order(tmp_path, name, rel):
     pool.close()
 
 
+def test_depth_file_decodes_to_gray12le_codes_in_any_order(datasets, tmp_path):
+    """A ``gray`` file of the pool (depth4's HEVC gray12le depth video, B-frames) gives lerobot 0.6's
+    ``to_ndarray(format="gray12le")`` codes: uint16 (n, 1, H, W), 0..4095, exact in any order (PyAV 15 and 18);
+    the same file outside ``gray`` is still RGB."""
+    rel = "videos/observation.images.depth/chunk-000/file-000.mp4"
+    src = open_source(datasets / "depth4")
+    index = video_index.FrameIndex.load(video_index.ensure_index_arrow(src, rel, tmp_path))
+    with av.open(str(datasets / "depth4" / rel)) as c:
+        truth = {f.pts: f.to_ndarray(format="gray12le") for f in c.decode(video=0)}
+    assert len(truth) == len(index.pts) == 72
+    pool = decode.DecoderPool(src, gray={rel})
+    for rows in (np.arange(72), np.random.default_rng(0).integers(0, 72, 30), np.array([71, 0, 40, 40, 39])):
+        frames = pool.decode_chw(index, rows)
+        assert frames.dtype == np.uint16 and frames.shape == (len(rows), 1, 48, 64)
+        assert frames.max() <= 4095 and frames.max() > 255  # 12-bit codes, not 8-bit luma
+        for j, r in enumerate(rows):
+            np.testing.assert_array_equal(frames[j, 0], truth[int(index.pts[r])], err_msg=f"row {r}")
+    pool.close()
+    assert decode.DecoderPool(src).decode_chw(index, np.array([3])).shape == (1, 3, 48, 64)
+
+
 def test_forward_reads_do_not_seek(datasets, tmp_path):
     src = open_source(datasets / "small20")
     rel = CASES[0][1]

@@ -331,6 +331,92 @@ def test_image_dataset_export(datasets, tmp_path):
     _compare_items(db, tmp_path / "out", frames, step=11)
 
 
+DEPTH_KEYS = ["observation.images.depth", "observation.images.depth_png", "observation.images.depth_m"]
+
+
+def test_depth_dataset_export_keeps_depth_maps_and_their_info(datasets, tmp_path):
+    """depth4 (lerobot 0.6.1): a window cut mid-GOP (its head re-encoded: HEVC gray12le lossless, as info.json's
+    encoder says) and a whole episode (remuxed). The export's depth maps are the source's, bit for bit, in mm and
+    in m; each depth feature keeps its info (is_depth_map, depth_unit, video.depth_min/max/shift/use_log); the
+    whole episode keeps lerobot's stats, the cut one's depth video stats are recomputed from the quantized frames
+    with a warning saying so."""
+    src = datasets / "depth4"
+    db = lsql.connect(src)
+    with pytest.warns(UserWarning, match=r"depth video.*observation\.images\.depth.*quantized"):
+        rep = db.export("SELECT 0 AS episode_index, 0.1 AS start_s, 0.5 AS end_s UNION ALL SELECT 2, 0, 1000",
+                        tmp_path / "out", progress=False)
+    assert rep.frames == 12 + 28 and rep.frames_reencoded > 0
+    info_src = json.loads((src / "meta" / "info.json").read_text())["features"]
+    info_out = json.loads((tmp_path / "out" / "meta" / "info.json").read_text())["features"]
+    for k in DEPTH_KEYS:
+        assert info_out[k]["info"] == info_src[k]["info"], k
+    out = lsql.connect(tmp_path / "out")
+    assert out.dataset().meta.depth_keys == DEPTH_KEYS
+    sql = ("SELECT index FROM frames WHERE (episode_index = 0 AND frame_index BETWEEN 3 AND 14) OR episode_index = 2 "
+           "ORDER BY index")
+    for unit in ("mm", "m"):
+        a, b = db.dataset(sql, depth_output_unit=unit), out.dataset(depth_output_unit=unit)
+        assert len(a) == len(b) == 40
+        for j in range(len(a)):
+            x, y = a[j], b[j]
+            for k in DEPTH_KEYS:
+                assert x[k].dtype == torch.float32 and torch.equal(x[k], y[k]), (unit, j, k)
+    e_src, e_out = _episodes(src), _episodes(tmp_path / "out")
+    for k in DEPTH_KEYS:  # the whole episode (source 2, now 1): lerobot's numbers, copied
+        for s in ("min", "max", "mean", "std", "count"):
+            np.testing.assert_array_equal(_flat(e_out[f"stats/{k}/{s}"][1]), _flat(e_src[f"stats/{k}/{s}"][2]),
+                                          err_msg=f"{k} {s}")
+    # the cut episode's depth video stats: from the dequantized frames, in mm (its depth_unit), never /255
+    mean = _flat(e_out["stats/observation.images.depth/mean"][0])[0]
+    assert 300 < mean < 9000 and _flat(e_out["stats/observation.images.depth/count"][0]).tolist() == [12]
+
+
+def test_depth_head_reencode_muxes_every_time(datasets, tmp_path):
+    """A window cut mid-GOP of the HEVC depth video re-encodes its head with libx265. On PyAV 15 that encoder at
+    times returned an unset dts (garbage), and the mux failed (PatchWelcomeError "pts/dts pair unsupported", or
+    OverflowError) in about 2 of 5 exports; the decoded frame's B type was also forced on the encoder. Six exports
+    in a row now all succeed and hold the source's 12-bit codes."""
+    db = lsql.connect(datasets / "depth4")
+    rel = "videos/observation.images.depth/chunk-000/file-000.mp4"
+    with av.open(str(datasets / "depth4" / rel)) as c:
+        want = [f.to_ndarray(format="gray12le") for f in c.decode(video=0)][3:15]
+    for k in range(6):
+        with pytest.warns(UserWarning, match="quantized"):
+            rep = db.export("SELECT 0 AS episode_index, 0.1 AS start_s, 0.5 AS end_s", tmp_path / f"out{k}",
+                            progress=False)
+        assert rep.frames == 12 and rep.frames_reencoded >= 1
+        with av.open(str(tmp_path / f"out{k}" / rel)) as c:
+            got = [f.to_ndarray(format="gray12le") for f in c.decode(video=0)]
+        assert len(got) == 12 and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_depth_image_stats_are_lerobots(datasets):
+    """A depth image's stats recomputed by export (raw TIFF values, per channel, no /255) equal the ones lerobot
+    0.6.1 wrote for the same episode (every frame sampled: episodes under 100 frames): min, max, count exactly;
+    mean, std and quantiles are float32 sums whose last bits follow the numpy version (bit-equal with lerobot
+    0.6.1's numpy 2.2, checked by hand)."""
+    import io
+
+    from PIL import Image
+
+    from lerobot_sql.export import stats as export_stats
+
+    src = datasets / "depth4"
+    d, e = _data(src), _episodes(src)
+    for key in ("observation.images.depth_png", "observation.images.depth_m"):
+        for ep in range(3):
+            cells = d[d["episode_index"] == ep][key]
+            imgs = np.stack([np.asarray(Image.open(io.BytesIO(c["bytes"])))[None] for c in cells])
+            got = export_stats.depth_stats(imgs)
+            for s, v in got.items():
+                if s in ("min", "max", "count"):
+                    np.testing.assert_array_equal(np.ravel(v), _flat(e[f"stats/{key}/{s}"][ep]),
+                                                  err_msg=f"{key} episode {ep} {s}")
+                else:  # float32 sums: bit-equal under lerobot's numpy (2.2), within float32 rounding elsewhere
+                    np.testing.assert_allclose(np.ravel(v), _flat(e[f"stats/{key}/{s}"][ep]), rtol=2e-6,
+                                               err_msg=f"{key} episode {ep} {s}")
+
+
 # ---- manifest ---------------------------------------------------------------------------------------------------
 def test_manifest_round_trip(datasets, tmp_path):
     db = lsql.connect(datasets / "multifile60")

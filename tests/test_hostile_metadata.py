@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
+from helpers import rename_parquet_columns
 
 # Quotes, backslashes, semicolons, newlines, unicode and SQL, in every name lerobot_sql pastes into SQL text.
 STATE = "obs'\"\\;\n é 状态 '); DROP VIEW frames; --"
@@ -27,25 +28,6 @@ WRIST = "cam\"; DROP TABLE tasks; --\\ ü\n'"
 RENAME = {"observation.state": STATE, "observation.images.front": FRONT, "observation.images.wrist": WRIST}
 ACTION_NAME = "grip'\"; DROP VIEW frames_ext; -- \\ \n ж"  # replaces action's last element name
 TASK_PREFIX = "'); DROP VIEW episodes; -- x' OR '1'='1 \\ \" ; \n ✓ "
-
-
-def _rename_col(name: str, rename: dict) -> str:
-    """A data or meta/episodes column name with every feature name in ``rename`` replaced."""
-    if name in rename:
-        return rename[name]
-    for kind in ("videos/", "stats/"):
-        if name.startswith(kind):
-            feat, rest = name[len(kind):].rsplit("/", 1)
-            if feat in rename:
-                return f"{kind}{rename[feat]}/{rest}"
-    return name
-
-
-def _rename_parquet(path: Path, rename: dict) -> None:
-    t = pq.read_table(path)
-    meta = t.schema.metadata
-    t = t.rename_columns([_rename_col(c, rename) for c in t.column_names])
-    pq.write_table(t.replace_schema_metadata(meta), path)
 
 
 def _hostile_copy(orig: Path, dst: Path, rename: dict = RENAME) -> Path:
@@ -57,7 +39,7 @@ def _hostile_copy(orig: Path, dst: Path, rename: dict = RENAME) -> Path:
     info["features"]["action"]["names"][-1] = ACTION_NAME
     (dst / "meta/info.json").write_text(json.dumps(info))
     for f in sorted(dst.glob("data/*/*.parquet")):
-        _rename_parquet(f, rename)
+        rename_parquet_columns(f, rename)
     legacy = info["codebase_version"].startswith("v2")
     if legacy:
         for old, new in rename.items():
@@ -83,7 +65,7 @@ def _hostile_copy(orig: Path, dst: Path, rename: dict = RENAME) -> Path:
             if (dst / "videos" / old).is_dir():
                 (dst / "videos" / old).rename(dst / "videos" / new)
         for f in sorted(dst.glob("meta/episodes/*/*.parquet")):
-            _rename_parquet(f, rename)
+            rename_parquet_columns(f, rename)
             t = pq.read_table(f)
             tasks = pa.array([[TASK_PREFIX + s for s in ts] for ts in t["tasks"].to_pylist()], pa.list_(pa.string()))
             pq.write_table(t.set_column(t.column_names.index("tasks"), "tasks", tasks), f)

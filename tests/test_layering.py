@@ -34,11 +34,11 @@ STAGE_TOP = {
     "errors": "errors", "_version": "errors",  # the leaves everyone may import
     # the torch side: after the manifest, files only
     "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter", "meta": "adapter",
-    "pipeline": "adapter",
+    "pipeline": "adapter", "mixture": "adapter",
     # features built over a Database or a manifest
     "prefetch": "feature", "doctor": "feature", "nearest": "feature", "display": "feature", "stats": "feature",
     # the facade
-    "__init__": "facade", "db": "facade",
+    "__init__": "facade", "db": "facade", "collection": "facade",
     # the one old import path kept for a release (docs/sql.md showed `from lerobot_sql import library` in 0.1)
     "library": "query",
     # the demo and the lerobot-train driver: users of the facade

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import pickle
 
+import av
 import numpy as np
 import pytest
 import torch
 
 import lerobot_sql as lsql
+from helpers import REFERENCE
 from lerobot_sql.meta import runs
 
 
@@ -135,12 +137,12 @@ def test_delta_indices_are_lerobots(sample, tmp_path):
     assert db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 0").delta_indices is None
 
 
-def test_a_depth_camera_is_refused_never_returned_as_rgb(datasets, tmp_path):
-    """lerobot 0.6 marks depth streams with info.is_depth_map and dequantizes them; decoding one as RGB would be a
-    wrong value, so it is refused naming the key, and the other cameras still read."""
+def test_a_legacy_marked_depth_camera_is_decoded_as_depth_not_rgb(datasets, tmp_path):
+    """lerobot 0.6 also takes the legacy ``info["video.is_depth_map"]`` mark: such a camera is a depth key, decoded
+    as lerobot does (``to_ndarray(format="gray12le")``, dequantized with the default quantizer as no
+    ``video.depth_*`` is recorded) to float32 (1, H, W) mm; never RGB. The other cameras still read as RGB."""
+    import math
     import shutil
-
-    from lerobot_sql.errors import UnsupportedFeatureError
 
     root = tmp_path / "ds"
     shutil.copytree(datasets / "small20", root)
@@ -148,11 +150,37 @@ def test_a_depth_camera_is_refused_never_returned_as_rgb(datasets, tmp_path):
     info["features"]["observation.images.wrist"]["info"]["video.is_depth_map"] = True
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
     db = lsql.connect(root, cache_dir=tmp_path / "c")
-    with pytest.raises(UnsupportedFeatureError, match=r"observation\.images\.wrist.*depth"):
-        db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 0")
-    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 0", cameras=["observation.images.front"])
-    assert ds[0]["observation.images.front"].shape == (3, 96, 128)
-    assert ds.meta.depth_keys == [] and "observation.images.wrist" not in ds.meta.features
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 0")
+    assert ds.meta.depth_keys == ["observation.images.wrist"]
+    item = ds[3]
+    assert item["observation.images.front"].shape == (3, 96, 128)
+    got = item["observation.images.wrist"]
+    assert got.dtype == torch.float32 and got.shape == (1, 96, 128)
+    with av.open(str(root / "videos" / "observation.images.wrist" / "chunk-000" / "file-000.mp4")) as c:
+        codes = [f.to_ndarray(format="gray12le") for _, f in zip(range(4), c.decode(video=0))][3]
+    lo, hi = math.log(0.01 + 3.5), math.log(10.0 + 3.5)  # lerobot's defaults: depth_min, depth_max, shift
+    want = torch.from_numpy(codes.astype(np.float32))[None]
+    want.mul_((hi - lo) / 4095).add_(lo).exp_().sub_(3.5).clamp_(0.01, 10.0).mul_(1000.0).round_().clamp_(0, 65535)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("unit", ["mm", "m"])
+def test_depth_stats_in_the_output_unit_as_lerobot_061(datasets, unit):
+    """lerobot 0.6 rescales a depth key's stats from its recorded ``depth_unit`` to ``depth_output_unit``
+    (``meta.rescale_depth_stats``): with stats="dataset" ours equal its ``meta.stats`` exactly (depth4's reference),
+    and the selection's statistics of every frame agree with them (aggregated from the episodes' stats)."""
+    ref = json.loads((REFERENCE / "depth4.json").read_text())
+    want = ref["depth_stats"]["plain" if unit == "mm" else "metres"]
+    db = lsql.connect(datasets / "depth4")
+    for stats in ("dataset", "selection"):
+        st = db.dataset(stats=stats, depth_output_unit=unit).meta.stats
+        for key in ref["depth_keys"]:
+            assert set(st[key]) == set(want[key]), (stats, key)
+            for s, v in want[key].items():
+                if stats == "dataset" or s in ("min", "max", "count"):
+                    np.testing.assert_array_equal(st[key][s], np.asarray(v), err_msg=f"{stats} {key} {s}")
+                else:
+                    np.testing.assert_allclose(st[key][s], np.asarray(v), rtol=1e-6, err_msg=f"{stats} {key} {s}")
 
 
 @pytest.mark.timeout(120)
@@ -189,3 +217,45 @@ def test_stats_leave_out_the_cameras_the_items_leave_out(sample, tmp_path):
     ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index < 2", cameras=["observation.images.wrist"])
     assert "observation.images.wrist" in ds.meta.stats and "observation.images.front" not in ds.meta.stats
     assert set(ds.meta.stats) <= set(ds.meta.features)
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("depth_unit", "cm", r"depth_png.*depth_unit is 'cm'"),
+    ("video.depth_min", "near", r"depth.*video\.depth_min.*not a finite number"),
+    ("video.depth_max", 0.005, r"depth.*unusable.*depth_max > depth_min"),
+    ("video.use_log", "yes", r"depth.*video\.use_log.*not a boolean"),
+])
+def test_unusable_depth_metadata_is_refused_naming_the_feature(datasets, tmp_path, field, value, error):
+    """A depth unit lerobot does not know (it would divide by 1000 as if mm), or a quantizer that is no number or
+    no range: DatasetFormatError naming the feature at dataset(), never a silently wrong depth."""
+    import shutil
+
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "depth4", root)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    key = "observation.images.depth_png" if field == "depth_unit" else "observation.images.depth"
+    info["features"][key]["info"][field] = value
+    (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
+    db = lsql.connect(root, cache_dir=tmp_path / "c")
+    with pytest.raises(DatasetFormatError, match=error):
+        db.dataset()
+    assert db.dataset(cameras=["observation.images.front"])[0]["observation.images.front"].shape == (3, 48, 64)
+
+
+def test_a_depth_image_without_a_recorded_unit_is_returned_as_stored_with_a_warning(datasets, tmp_path):
+    """lerobot 0.6 returns a depth image without info.depth_unit as stored (and warns): so does this."""
+    import shutil
+
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "depth4", root)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    del info["features"]["observation.images.depth_m"]["info"]["depth_unit"]
+    (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
+    ref, npz = json.loads((REFERENCE / "depth4.json").read_text()), np.load(REFERENCE / "depth4.npz")
+    with pytest.warns(UserWarning, match=r"depth_m.*no info\.depth_unit"):
+        ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset()
+    i = ref["items"][2]["index"]
+    got = ds[i]["observation.images.depth_m"]
+    np.testing.assert_array_equal(got.numpy(), npz[f"metres/{i}/observation.images.depth_m"])  # the stored metres

@@ -222,3 +222,38 @@ def test_resume_finds_the_saved_selection_from_lerobots_checkpoint_config(tmp_pa
     assert saved_selection([f"--output_dir={out}"]) == "SELECT episode_index FROM episodes"
     with pytest.raises(TrainSetupError, match="pass --sql"):
         saved_selection([f"--output_dir={tmp_path / 'other'}"])
+
+
+def test_the_factory_passes_lerobots_depth_output_unit_and_keeps_depth_stats(datasets, tmp_path, monkeypatch):
+    """lerobot 0.6's factory builds its dataset with ``depth_output_unit=cfg.dataset.depth_output_unit`` and puts
+    ImageNet stats on every camera but the depth keys: ours the same (the factory run against a stand-in of
+    lerobot.datasets.factory, so no lerobot is needed)."""
+    import sys
+    import types
+
+    import numpy as np
+
+    import lerobot_sql as lsql
+    from helpers import load_reference
+    from lerobot_sql.train import make_factory
+
+    fake = types.ModuleType("lerobot.datasets.factory")
+    fake.IMAGENET_STATS = {"mean": [[[0.485]], [[0.456]], [[0.406]]], "std": [[[0.229]], [[0.224]], [[0.225]]]}
+    fake.ImageTransforms = None
+    fake.resolve_delta_timestamps = lambda policy_cfg, meta: None
+    for name in ("lerobot", "lerobot.datasets"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "lerobot.datasets.factory", fake)
+    ref, npz = load_reference("depth4")
+    db = lsql.connect(datasets / "depth4", cache_dir=tmp_path / "c")
+    cfg = types.SimpleNamespace(policy=None, tolerance_s=1e-4, output_dir=None, dataset=types.SimpleNamespace(
+        episodes=None, streaming=False, image_transforms=None, use_imagenet_stats=True, depth_output_unit="m"))
+    ds = make_factory(db, "SELECT index FROM frames ORDER BY index", stats="dataset", version=(0, 6, 1))(cfg)
+    assert ds.depth_output_unit == "m" and ds.return_uint8
+    it = ref["items"][3]
+    got = ds[it["index"]]["observation.images.depth"]
+    np.testing.assert_array_equal(got.numpy(), npz[f"metres/{it['index']}/observation.images.depth"])
+    st = ds.meta.stats
+    for key in ref["depth_keys"]:  # lerobot's own depth stats, in metres, not ImageNet's
+        np.testing.assert_array_equal(st[key]["max"], np.asarray(ref["depth_stats"]["metres"][key]["max"]))
+    assert st["observation.images.front"]["mean"].shape == (3, 1, 1)

@@ -77,6 +77,43 @@ def unreadable_error(src: Source, layout: Layout, cause: BaseException, sql: str
     return parquet_error(src, bad, cause)
 
 
+def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dict[str, pa.Table],
+             prefix: str = "", table_macros: bool = True) -> tuple[list[str], list[str]]:
+    """Create one dataset's views and macros in ``con``'s current schema (Arrow registrations named with
+    ``prefix``, recorded in ``relations``); warn about missing data files and symlinks out of the root.
+
+    Returns:
+        (the folders DuckDB must be allowed to read: the root and the cache folder; the symlink targets it may
+        read), for :func:`lerobot_sql._catalog.sandbox.lock_down`.
+
+    Raises:
+        DatasetFormatError / RemoteIOError: a metadata or data file cannot be read (:func:`unreadable_error`).
+    """
+    src, layout = files.source, files.layout
+    try:
+        views.register_views(con, src, layout, relations, prefix)
+    except (duckdb.Error, pa.ArrowException, OSError) as e:
+        if isinstance(e, LeRobotSQLError):
+            raise
+        raise unreadable_error(src, layout, e) from e
+    missing = con.sql("SELECT path, count(*) FROM _episode_data_files WHERE path NOT IN "
+                      "(SELECT path FROM _data_files_listed) GROUP BY 1 ORDER BY 1").fetchall()
+    if missing:
+        warnings.warn(f"{len(missing)} data file(s) that meta/episodes points to are missing, e.g. "
+                      f"{src.path(missing[0][0])} ({missing[0][1]} episodes): the frames view and every "
+                      "query over it lack their episodes. Download data/ again; `lerobot-sql doctor` lists them "
+                      "(data_files_present)", stacklevel=6)
+    macros.register(con, layout, table_macros)  # over register_views' placeholders of video_frames / video_files
+    # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
+    # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.
+    targets, refused = src.symlink_targets()
+    if refused:
+        warnings.warn(f"{len(refused)} file(s) or folder(s) under the dataset root are symlinks to files outside it "
+                      f"(e.g. {refused[0]} -> {os.path.realpath(refused[0])}); SQL, dataset() and export refuse to "
+                      "read them. Copy the files into the dataset folder", stacklevel=6)
+    return [src.duckdb_path(""), str(files.cache_dir)], list(targets)
+
+
 class Connection:
     """The DuckDB side of one dataset: the connection (made on first :meth:`cursor`), a cursor per thread, the Arrow
     relations behind internal views, and the views built on first read.
@@ -157,45 +194,34 @@ class Connection:
 
     def _open(self) -> duckdb.DuckDBPyConnection:
         """A new DuckDB connection with the views and macros, locked down to the dataset and its cache."""
-        src, layout, cache_dir = self.files.source, self.files.layout, self.files.cache_dir
+        con = self._new_duckdb()
+        allowed, targets = populate(con, self.files, self._relations)
+        sandbox.lock_down(con, allowed, allowed_paths=targets)
+        return con
+
+    def _new_duckdb(self) -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection with our settings, the remote filesystems registered, nothing created yet."""
         threads, memory_limit, temp_directory = self._settings
         # threads: all cores (DuckDB's default); memory_limit: min(RAM/4, 4 GiB), not DuckDB's 80% of RAM, which
         # would leave nothing to DataLoader workers (see sandbox.default_config).
         config = sandbox.default_config(threads or None, memory_limit or None)
         # Spill next to our other caches, not into DuckDB's default `.tmp` in the user's working directory.
-        config["temp_directory"] = str(temp_directory or cache_dir / "duckdb_tmp")
+        config["temp_directory"] = str(temp_directory or self.files.cache_dir / "duckdb_tmp")
         con = duckdb.connect(config=config)
-        if not src.is_local:
-            con.register_filesystem(src.fs)
+        for files in self.members():
+            if not files.source.is_local:
+                con.register_filesystem(files.source.fs)
         # Views re-bind on every query; without this DuckDB re-parses every Parquet footer each time (at 100k
         # episodes: connect 10.7 s -> 1.2 s, benchmarks/README.md "Scale").
         con.execute("SET parquet_metadata_cache = true")
         # Database.check reads DuckDB's own parse tree (json_serialize_sql); the json extension must be loaded
         # before lock_down turns extension loading off.
         con.execute("LOAD json")
-        try:
-            views.register_views(con, src, layout, self._relations)
-        except (duckdb.Error, pa.ArrowException, OSError) as e:
-            if isinstance(e, LeRobotSQLError):
-                raise
-            raise unreadable_error(src, layout, e) from e
-        missing = con.sql("SELECT path, count(*) FROM _episode_data_files WHERE path NOT IN "
-                          "(SELECT path FROM _data_files_listed) GROUP BY 1 ORDER BY 1").fetchall()
-        if missing:
-            warnings.warn(f"{len(missing)} data file(s) that meta/episodes points to are missing, e.g. "
-                          f"{src.path(missing[0][0])} ({missing[0][1]} episodes): the frames view and every "
-                          "query over it lack their episodes. Download data/ again; `lerobot-sql doctor` lists them "
-                          "(data_files_present)", stacklevel=5)
-        macros.register(con, layout)  # over register_views' placeholders of video_frames / video_files
-        # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
-        # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.
-        targets, refused = src.symlink_targets()
-        if refused:
-            warnings.warn(f"{len(refused)} file(s) or folder(s) under the dataset root are symlinks to files outside it (e.g. "
-                          f"{refused[0]} -> {os.path.realpath(refused[0])}); SQL, dataset() and export refuse to "
-                          "read them. Copy the files into the dataset folder", stacklevel=5)
-        sandbox.lock_down(con, [src.duckdb_path(""), str(cache_dir)], allowed_paths=targets)
         return con
+
+    def members(self) -> list[DatasetFiles]:
+        """The datasets whose views this connection holds (one; a collection's connection holds several)."""
+        return [self.files]
 
     # ---- the views built on first read --------------------------------------------------------------------
     def ensure(self, name: str) -> None:
@@ -214,46 +240,62 @@ class Connection:
             MissingFileError: some mp4s are missing; every other file is indexed and queryable first.
             VideoDecodeError: PyAV cannot demux a file.
         """
+        try:
+            self._index_videos(self.files, "", "", progress)
+        except MissingFileError:  # the files that are there are indexed and queryable
+            self._ready["video_frames"] = True
+            raise
+        self._ready["video_frames"] = True
+
+    def _index_videos(self, files: DatasetFiles, schema: str, prefix: str, progress: bool | None) -> None:
+        """Index ``files``' mp4s and replace the ``video_frames`` placeholder in ``schema`` ("" for the current
+        one) with a view over the index files; Arrow registrations named with ``prefix``."""
         from tqdm.auto import tqdm
 
-        src, cache_dir = self.files.source, self.files.cache_dir
-        rows = self.cursor().sql("SELECT DISTINCT video_key, chunk_index, file_index, path FROM videos "
+        src, cache_dir = files.source, files.cache_dir
+        at = f"{ident(schema)}." if schema else ""
+        rows = self.cursor().sql(f"SELECT DISTINCT video_key, chunk_index, file_index, path FROM {at}videos "
                                  "ORDER BY video_key, chunk_index, file_index").fetchall()
-        files, missing = [], []
+        out, missing = [], []
         for key, chunk, file, rel in tqdm(rows, desc="video index", unit="file",
                                           disable=(len(rows) < 8) if progress is None else not progress):
             try:
-                files.append((key, chunk, file, rel, str(video_index.ensure_index(src, rel, cache_dir))))
+                out.append((key, chunk, file, rel, str(video_index.ensure_index(src, rel, cache_dir))))
             except MissingFileError as e:
                 missing.append(e)
-        m = pa.table({"video_key": [f[0] for f in files], "chunk_index": [f[1] for f in files],
-                      "file_index": [f[2] for f in files], "path": [f[3] for f in files],
-                      "_index_file": [f[4] for f in files]})
+        m = pa.table({"video_key": [f[0] for f in out], "chunk_index": [f[1] for f in out],
+                      "file_index": [f[2] for f in out], "path": [f[3] for f in out],
+                      "_index_file": [f[4] for f in out]})
         # A view over a registered Arrow table, not a DuckDB table: SQL cannot rewrite which index file a camera's
         # frames come from (see views._register_table).
+        arrow = f"_lsql_arrow_{prefix}video_files"
         with self._build_lock:
-            self.register("_lsql_arrow_video_files", m)
+            self.register(arrow, m)
             con = self.cursor()
-            con.execute("CREATE OR REPLACE VIEW _video_files AS SELECT * FROM _lsql_arrow_video_files")
-            if files:
-                lst = "[" + ", ".join(literal(f[4]) for f in files) + "]"
+            con.execute(f"CREATE OR REPLACE VIEW {at}_video_files AS SELECT * FROM {ident(arrow)}")
+            if out:
+                lst = "[" + ", ".join(literal(f[4]) for f in out) + "]"
                 con.execute(
-                    "CREATE OR REPLACE VIEW video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, v.path, "
-                    f"{', '.join('i.' + ident(f.name) for f in video_index.INDEX_SCHEMA)} "  # the placeholder's columns
-                    f"FROM read_parquet({lst}, filename=true) i JOIN _video_files v ON v._index_file = i.filename"
+                    f"CREATE OR REPLACE VIEW {at}video_frames AS SELECT v.video_key, v.chunk_index, v.file_index, "
+                    f"v.path, {', '.join('i.' + ident(f.name) for f in video_index.INDEX_SCHEMA)} "  # the placeholder's
+                    f"FROM read_parquet({lst}, filename=true) i JOIN {at}_video_files v ON v._index_file = i.filename"
                 )
-        self._ready["video_frames"] = True
         if missing:
             raise MissingFileError(f"{len(missing)} of {len(rows)} video files are missing (the other "
-                                   f"{len(files)} are indexed), e.g. {missing[0]}")
+                                   f"{len(out)} are indexed), e.g. {missing[0]}")
 
     def _build_video_files(self) -> None:
         """Fill the view ``video_files`` (one row per distinct mp4 of ``videos``: present, size_bytes, codec) by
         probing the files (see :func:`lerobot_sql._readers.video_index.probe_video_files`)."""
-        rows = self.cursor().sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
-        self.register("_lsql_arrow_video_probe", video_index.probe_video_files(self.files.source, rows))
-        self.cursor().execute("CREATE OR REPLACE VIEW video_files AS SELECT * FROM _lsql_arrow_video_probe")
+        self._probe_videos(self.files, "", "")
         self._ready["video_files"] = True
+
+    def _probe_videos(self, files: DatasetFiles, schema: str, prefix: str) -> None:
+        at = f"{ident(schema)}." if schema else ""
+        rows = self.cursor().sql(f"SELECT DISTINCT video_key, path FROM {at}videos ORDER BY video_key, path").fetchall()
+        arrow = f"_lsql_arrow_{prefix}video_probe"
+        self.register(arrow, video_index.probe_video_files(files.source, rows))
+        self.cursor().execute(f"CREATE OR REPLACE VIEW {at}video_files AS SELECT * FROM {ident(arrow)}")
 
     def close(self) -> None:
         with self._con_lock:

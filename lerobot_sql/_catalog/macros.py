@@ -140,23 +140,23 @@ WHERE CASE WHEN NOT EXISTS (SELECT 1 FROM video_frames) AND EXISTS (SELECT 1 FRO
 # Nearest = the closer of the last camera frame at or before and the first at or after (two ASOF joins).
 NEAREST_CAMERA_FRAME = """
 WITH cam AS (SELECT * FROM camera_frames WHERE video_key = vkey),
-     fr AS (SELECT index, episode_index, frame_index, timestamp::DOUBLE AS t FROM frames),
+     fr AS (SELECT @D@index, episode_index, frame_index, timestamp::DOUBLE AS t FROM frames),
      b AS (SELECT fr.*, c.frame_index AS cfi, c.timestamp AS ct FROM fr ASOF LEFT JOIN cam c
-           ON c.episode_index = fr.episode_index AND c.timestamp <= fr.t),
-     a AS (SELECT fr.index, c.frame_index AS cfi, c.timestamp AS ct FROM fr ASOF LEFT JOIN cam c
-           ON c.episode_index = fr.episode_index AND c.timestamp >= fr.t),
-     pick AS (SELECT b.index, b.episode_index, b.frame_index, b.t,
+           ON @c.D=fr.D@c.episode_index = fr.episode_index AND c.timestamp <= fr.t),
+     a AS (SELECT @fr.D@fr.index, c.frame_index AS cfi, c.timestamp AS ct FROM fr ASOF LEFT JOIN cam c
+           ON @c.D=fr.D@c.episode_index = fr.episode_index AND c.timestamp >= fr.t),
+     pick AS (SELECT @b.D@b.index, b.episode_index, b.frame_index, b.t,
                 CASE WHEN a.cfi IS NULL OR (b.cfi IS NOT NULL AND b.t - b.ct <= a.ct - b.t) THEN b.cfi ELSE a.cfi END AS cfi
-              FROM b JOIN a USING (index))
-SELECT p.index, p.episode_index, p.frame_index, p.t AS timestamp, c.video_key, c.frame_index AS camera_frame_index,
+              FROM b JOIN a USING (@D@index))
+SELECT @p.D@p.index, p.episode_index, p.frame_index, p.t AS timestamp, c.video_key, c.frame_index AS camera_frame_index,
        c.timestamp AS camera_timestamp, c.timestamp - p.t AS dt_s, c.path, c.frame, c.pts, c.pts_s
-FROM pick p JOIN cam c ON c.episode_index = p.episode_index AND c.frame_index = p.cfi
+FROM pick p JOIN cam c ON @c.D=p.D@c.episode_index = p.episode_index AND c.frame_index = p.cfi
 """
 
 FIRST_EVENT = """
-SELECT episode_index, arg_min(timestamp, frame_index)::DOUBLE AS event_s, arg_min(index, frame_index) AS index,
+SELECT @K@, arg_min(timestamp, frame_index)::DOUBLE AS event_s, arg_min(index, frame_index) AS index,
        min(frame_index) AS frame_index
-FROM frames_ext WHERE coalesce(pred, false) GROUP BY episode_index
+FROM frames_ext WHERE coalesce(pred, false) GROUP BY @K@
 """
 
 # Clipped to the episode, a window can be empty: an event on the first frame (event_s = 0) has nothing before it, so
@@ -170,9 +170,9 @@ WITH arg AS (SELECT CASE WHEN before_s IS NULL OR after_s IS NULL OR isnan(befor
                                || coalesce(before_s::VARCHAR, 'NULL') || ', ' || coalesce(after_s::VARCHAR, 'NULL')
                                || ')')
                     ELSE before_s::DOUBLE END AS b_s, after_s::DOUBLE AS a_s)
-SELECT ev.episode_index, greatest(ev.event_s - arg.b_s, 0.0) AS start_s,
+SELECT @ev.K@, greatest(ev.event_s - arg.b_s, 0.0) AS start_s,
        least(ev.event_s + arg.a_s, e.duration_s) AS end_s, ev.event_s
-FROM first_event(pred) ev JOIN episodes e USING (episode_index), arg
+FROM first_event(pred) ev JOIN episodes e USING (@K@), arg
 WHERE least(ev.event_s + arg.a_s, e.duration_s) > greatest(ev.event_s - arg.b_s, 0.0)
 """
 
@@ -180,22 +180,82 @@ WHERE least(ev.event_s + arg.a_s, e.duration_s) > greatest(ev.event_s - arg.b_s,
 # Timestamps are float32 (about 2e-7 s apart from k/fps at t = 4 s): a run of exactly min_duration_s must not be dropped
 # for that, hence the TOL_S slack rather than an exact comparison.
 SEGMENTS = f"""
-WITH hit AS (SELECT episode_index, frame_index, timestamp::DOUBLE AS t FROM frames_ext WHERE coalesce(pred, false)),
-     runs AS (SELECT *, frame_index - row_number() OVER (PARTITION BY episode_index ORDER BY frame_index) AS run
+WITH hit AS (SELECT @K@, frame_index, timestamp::DOUBLE AS t FROM frames_ext WHERE coalesce(pred, false)),
+     runs AS (SELECT *, frame_index - row_number() OVER (PARTITION BY @K@ ORDER BY frame_index) AS run
               FROM hit),
-     seg AS (SELECT episode_index, min(t) AS start_s, max(t) + 1.0 / any_value(i.fps) AS end_s, count(*) AS n_frames
-             FROM runs, info i GROUP BY episode_index, run),
+     seg AS (SELECT @runs.K@, min(t) AS start_s, max(t) + 1.0 / any_value(i.fps) AS end_s, count(*) AS n_frames
+             FROM runs @JOIN_INFO@ GROUP BY @runs.K@, run),
      arg AS (SELECT CASE WHEN min_duration_s IS NULL OR isnan(min_duration_s::DOUBLE)
                     THEN error('segments: min_duration_s must be a number of seconds, not NaN or NULL (got '
                                || coalesce(min_duration_s::VARCHAR, 'NULL') || ')')
                     ELSE min_duration_s::DOUBLE END AS min_s)
-SELECT episode_index, start_s, end_s, end_s - start_s AS duration_s, n_frames FROM seg, arg
+SELECT @K@, start_s, end_s, end_s - start_s AS duration_s, n_frames FROM seg, arg
 WHERE end_s - start_s >= arg.min_s - {TOL_S!r}
-ORDER BY episode_index, start_s
+ORDER BY @K@, start_s
 """
 
 
-def register(con, layout: Layout) -> None:
+def _keyed(template: str, collection: bool) -> str:
+    """A table macro's SQL for one dataset (episodes keyed by ``episode_index``) or for a collection (keyed by
+    ``dataset, episode_index``, frames by ``dataset, index``: each dataset numbers its own)."""
+    if not collection:
+        subs = {"@K@": "episode_index", "@ev.K@": "ev.episode_index", "@runs.K@": "episode_index",
+                "@JOIN_INFO@": ", info i", "@D@": "", "@c.D=fr.D@": "", "@c.D=p.D@": "", "@fr.D@": "", "@b.D@": "",
+                "@p.D@": ""}
+    else:
+        subs = {"@K@": "dataset, episode_index", "@ev.K@": "ev.dataset, ev.episode_index",
+                "@runs.K@": "runs.dataset, runs.episode_index", "@JOIN_INFO@": "JOIN info i USING (dataset)",
+                "@D@": "dataset, ", "@c.D=fr.D@": "c.dataset = fr.dataset AND ", "@c.D=p.D@": "c.dataset = p.dataset AND ",
+                "@fr.D@": "fr.dataset, ", "@b.D@": "b.dataset, ", "@p.D@": "p.dataset, "}
+    for k, v in subs.items():
+        template = template.replace(k, v)
+    assert "@" not in template, template
+    return template
+
+
+def _table_macros(con, collection: bool) -> None:
+    con.execute(f"CREATE OR REPLACE MACRO first_event(pred) AS TABLE {_keyed(FIRST_EVENT, collection)}")
+    con.execute(f"CREATE OR REPLACE MACRO event_windows(pred, before_s, after_s) AS TABLE "
+                f"{_keyed(EVENT_WINDOWS, collection)}")
+    con.execute(f"CREATE OR REPLACE MACRO segments(pred, min_duration_s) AS TABLE {_keyed(SEGMENTS, collection)}")
+    con.execute(f"CREATE OR REPLACE MACRO nearest_camera_frame(vkey) AS TABLE "
+                f"{_keyed(NEAREST_CAMERA_FRAME, collection)}")
+
+
+def _vector_macros(con) -> None:
+    con.execute("CREATE OR REPLACE MACRO vec_sub(a, b) AS "
+                "CASE WHEN a IS NULL OR b IS NULL THEN NULL "
+                "ELSE list_transform(list_zip(a, b), lambda p: p[1]::DOUBLE - p[2]::DOUBLE) END")
+    con.execute("CREATE OR REPLACE MACRO vec_norm(v) AS sqrt(list_sum(list_transform(v, lambda x: x::DOUBLE * x::DOUBLE)))")
+
+
+# A collection's table macros give the dataset first (its rows are keyed by dataset, episode_index).
+COLLECTION_TABLE_MACROS: dict[str, tuple[str, ...]] = {k: ("dataset",) + v for k, v in TABLE_MACROS.items()}
+
+
+def register_collection(con, layouts: list[Layout]) -> None:
+    """The macros of a collection, in the current (top-level) schema, over the collection's views: the table
+    macros keyed by ``dataset, episode_index``, ``vec_sub`` / ``vec_norm``, and ``element_index`` over every
+    dataset's ``names`` (a (feature, name) pair at different positions in two datasets has no one answer: an
+    error naming it). ``frames_ext`` and ``camera_frames`` are union views (collection.UNION_VIEWS)."""
+    _vector_macros(con)
+    pos: dict[tuple[str, str], set[int]] = {}
+    for layout in layouts:
+        for name, f in layout.features.items():
+            els = f.flat_names or [] if len(f.shape) == 1 else []
+            for i, el in enumerate(els):
+                if els.count(el) == 1:
+                    pos.setdefault((name, el), set()).add(i + 1)
+    whens = [f"WHEN {lit(n + chr(0) + e)} THEN {next(iter(p))}" for (n, e), p in pos.items() if len(p) == 1]
+    msg = lit("element_index: unknown feature/name, or one at different positions in the collection's datasets "
+              "(read it per dataset as \"feature\"[i])")
+    body = " ".join(whens) or "WHEN NULL THEN NULL"
+    con.execute(f"CREATE OR REPLACE MACRO element_index(feature, name) AS "
+                f"CASE feature || chr(0) || name {body} ELSE error({msg} || ' (got ' || feature || ', ' || name || ')') END")
+    _table_macros(con, True)
+
+
+def register(con, layout: Layout, table_macros: bool = True) -> None:
     """Register the building-block views and macros on ``con`` (after catalog.register_views).
 
     Creates the views ``frames_ext`` and ``camera_frames`` and the macros listed in the module docstring.
@@ -203,14 +263,9 @@ def register(con, layout: Layout) -> None:
     """
     frame_cols = {r[0]: r[1] for r in con.sql("DESCRIBE frames").fetchall()}
     ep_cols = {r[0] for r in con.sql("DESCRIBE episodes").fetchall()}
-    con.execute("CREATE OR REPLACE MACRO vec_sub(a, b) AS "
-                "CASE WHEN a IS NULL OR b IS NULL THEN NULL "
-                "ELSE list_transform(list_zip(a, b), lambda p: p[1]::DOUBLE - p[2]::DOUBLE) END")
-    con.execute("CREATE OR REPLACE MACRO vec_norm(v) AS sqrt(list_sum(list_transform(v, lambda x: x::DOUBLE * x::DOUBLE)))")
+    _vector_macros(con)
     con.execute(_element_index_sql(layout))
     con.execute(f"CREATE OR REPLACE VIEW frames_ext AS {_frames_ext_sql(layout, frame_cols, 'length' in ep_cols)}")
     con.execute(f"CREATE OR REPLACE VIEW camera_frames AS {CAMERA_FRAMES}")
-    con.execute(f"CREATE OR REPLACE MACRO first_event(pred) AS TABLE {FIRST_EVENT}")
-    con.execute(f"CREATE OR REPLACE MACRO event_windows(pred, before_s, after_s) AS TABLE {EVENT_WINDOWS}")
-    con.execute(f"CREATE OR REPLACE MACRO segments(pred, min_duration_s) AS TABLE {SEGMENTS}")
-    con.execute(f"CREATE OR REPLACE MACRO nearest_camera_frame(vkey) AS TABLE {NEAREST_CAMERA_FRAME}")
+    if table_macros:  # a collection's datasets need none of their own: users call the collection's
+        _table_macros(con, False)

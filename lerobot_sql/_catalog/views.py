@@ -96,14 +96,16 @@ def _empty_episodes_sql(layout: Layout) -> str:
 
 
 def _register_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table, relations: dict | None = None,
-                    select: str = "*") -> None:
-    """Make ``name`` a view over the Arrow ``table``, registered as ``_lsql_arrow_<name>``, and record the
+                    select: str = "*", prefix: str = "") -> None:
+    """Make ``name`` a view over the Arrow ``table``, registered as ``_lsql_arrow_<prefix><name>``, and record the
     registration in ``relations`` (each DuckDB cursor needs it registered again: registrations are per connection).
+    ``prefix`` keeps the registrations of a collection's datasets apart: a registration is one name per connection,
+    whatever schema the view that reads it is in.
 
     A view over an Arrow scan, never a DuckDB base table: no SQL, even sent straight to ``db.con``, can UPDATE,
     DELETE or INSERT rows that lerobot_sql reads back (a table here let one query swap v2.1 video pointers).
     """
-    arrow_name = f"_lsql_arrow_{name.strip('_')}"
+    arrow_name = f"_lsql_arrow_{prefix}{name.strip('_')}"
     con.register(arrow_name, table)
     if relations is not None:
         relations[arrow_name] = table
@@ -111,12 +113,12 @@ def _register_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table, 
 
 
 def _register_episodes(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
-                       relations: dict | None = None) -> dict[str, str]:
+                       relations: dict | None = None, prefix: str = "") -> dict[str, str]:
     """Create ``_episodes_raw`` (every meta/episodes column, stats included); return its column -> type."""
     if not layout.episode_files:
         con.execute(f"CREATE OR REPLACE VIEW _episodes_raw AS {_empty_episodes_sql(layout)}")
     elif layout.legacy:
-        _register_table(con, "_episodes_raw", v2.episodes(src, layout), relations)
+        _register_table(con, "_episodes_raw", v2.episodes(src, layout), relations, prefix=prefix)
     else:
         ep_src = f"read_parquet({_file_list(src, layout.episode_files)}, union_by_name=true)"
         ep_cols = _describe(con, f"SELECT * FROM {ep_src}")
@@ -159,6 +161,7 @@ class Build:
     layout: Layout
     relations: dict[str, pa.Table]
     episode_columns: dict[str, str]
+    prefix: str = ""  # of the Arrow registrations (see _register_table)
 
 
 def episodes(b: Build) -> None:
@@ -256,10 +259,10 @@ def frames(b: Build) -> None:
         return f"(SELECT d.*, {extra} FROM {data_src}{options}) d) AS _lsql_rows"
 
     con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {rows()}")
-    prefix = src.duckdb_path("")
+    root = src.duckdb_path("")
     con.execute(
         "CREATE OR REPLACE VIEW _frames_loc AS SELECT index, episode_index, frame_index, timestamp, task_index, "
-        f"substr({ident(fname)}, {len(prefix) + 1}) AS data_file, file_row_number AS row "
+        f"substr({ident(fname)}, {len(root) + 1}) AS data_file, file_row_number AS row "
         f"FROM {rows(f', filename={literal(fname)}, file_row_number=true')}"
     )
 
@@ -341,7 +344,7 @@ def _derived_columns(b: Build, data_cols: dict[str, str], first: str) -> dict[st
 
 def tasks(b: Build) -> None:
     """``tasks``: (task_index, task), read whole (:func:`lerobot_sql._format.metadata.read_tasks`)."""
-    _register_table(b.con, "tasks", read_tasks(b.src, b.layout), b.relations)
+    _register_table(b.con, "tasks", read_tasks(b.src, b.layout), b.relations, prefix=b.prefix)
 
 
 def data_files(b: Build) -> None:
@@ -351,9 +354,10 @@ def data_files(b: Build) -> None:
     to files that are not there."""
     con, layout, ep_cols = b.con, b.layout, b.episode_columns
     _register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(layout.data_files), pa.string())}),
-                    b.relations)
+                    b.relations, prefix=b.prefix)
     _register_table(con, "_data_files_stray",
-                    pa.table({"path": pa.array(list(layout.stray_data_files), pa.string())}), b.relations)
+                    pa.table({"path": pa.array(list(layout.stray_data_files), pa.string())}), b.relations,
+                    prefix=b.prefix)
     if all(c in ep_cols for c in ("data/chunk_index", "data/file_index")):
         values = {"chunk_index": ident("data/chunk_index"), "file_index": ident("data/file_index"),
                   "episode_chunk": ident("data/chunk_index"), "episode_index": ident("data/file_index")}
@@ -404,7 +408,8 @@ def features(b: Build) -> None:
         "width": pa.array([f.info.get("video.width") for f in fs], pa.int64()),
         "pix_fmt": pa.array([f.info.get("video.pix_fmt") for f in fs], pa.string()),
     })
-    _register_table(b.con, "features", feats, b.relations, select="* EXCLUDE (names), CAST(names AS JSON) AS names")
+    _register_table(b.con, "features", feats, b.relations, select="* EXCLUDE (names), CAST(names AS JSON) AS names",
+                    prefix=b.prefix)
 
 
 def info(b: Build) -> None:
@@ -422,7 +427,7 @@ def info(b: Build) -> None:
         "data_path": [layout.data_path],
         "video_path": pa.array([layout.video_path], pa.string()),
     })
-    _register_table(b.con, "info", table, b.relations)
+    _register_table(b.con, "info", table, b.relations, prefix=b.prefix)
 
 
 # The plain views, in the order they are created (each reads only _episodes_raw, the files and what is before it:
@@ -431,7 +436,7 @@ VIEWS = (episodes, episode_stats, tasks, frames, data_files, videos, features, i
 
 
 def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
-                   relations: dict | None = None) -> dict[str, pa.Table]:
+                   relations: dict | None = None, prefix: str = "") -> dict[str, pa.Table]:
     """Create the views of :data:`VIEWS` (``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
     ``features``, ``info`` and the private ``_frames_loc``, ``_data_files_listed``, ``_episode_data_files``) over
     ``_episodes_raw`` on ``con``, and the placeholders (no rows, the real columns) of ``video_frames`` and
@@ -442,6 +447,9 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
 
     Every view reads Parquet files or an Arrow table registered on ``con``; none is a DuckDB base table, so the
     relations lerobot_sql reads back cannot be written by SQL.
+
+    ``prefix``: of the Arrow registrations' names (a collection gives each dataset its own; the views go into
+    ``con``'s current schema).
 
     Returns:
         ``relations`` (a new dict if None), filled with the Arrow tables registered on ``con`` (name -> table):
@@ -454,7 +462,7 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
             (through :data:`ERROR_MARKER`) naming the column and a data file, and the other views stay readable.
     """
     relations = {} if relations is None else relations
-    b = Build(con, src, layout, relations, _register_episodes(con, src, layout, relations))
+    b = Build(con, src, layout, relations, _register_episodes(con, src, layout, relations, prefix), prefix)
     for view in VIEWS:
         view(b)
     con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")

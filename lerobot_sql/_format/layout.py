@@ -39,6 +39,8 @@ KNOWN_DTYPES = NUMERIC_DTYPES | {"video", "image", "string", "language"}
 # Bounds on info.json numbers: far beyond any real dataset, small enough that no count, shape or path built from
 # them overflows int64 or allocates absurd memory. A 4K RGB camera is 2160*3840*3 = 2.5e7 elements.
 MAX_FPS = 100_000.0
+# lerobot 0.6's depth quantizer defaults (lerobot.configs.video: DEFAULT_DEPTH_MIN/MAX/SHIFT/USE_LOG), metres
+DEPTH_DEFAULTS = {"depth_min": 0.01, "depth_max": 10.0, "shift": 3.5, "use_log": True}
 MAX_DIM = 1 << 20
 MAX_ELEMENTS = 1 << 30
 MAX_CHUNKS_SIZE = 1 << 31
@@ -59,7 +61,11 @@ class Feature:
         dtype: numpy dtype name, or ``video``, ``image``, ``string``, ``language``.
         shape: as in info.json; cameras are (height, width, channels).
         names: as in info.json: None, a list, a nested list or a dict.
-        info: the video ``info`` block (``video.codec``, ``video.fps`` ...) or {}.
+        info: the video ``info`` block (``video.codec``, ``video.fps`` ...) or {} (the legacy ``video_info`` block
+            when there is no ``info``).
+        own_info: the feature's ``info`` block alone ({} without one): where lerobot 0.6 reads a depth map's
+            quantization and unit from.
+        video_info: the legacy ``video_info`` block, or {}.
     """
 
     name: str
@@ -67,6 +73,8 @@ class Feature:
     shape: tuple[int, ...]
     names: Any
     info: dict
+    own_info: dict = dataclasses.field(default_factory=dict, compare=False)
+    video_info: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def is_video(self) -> bool:
@@ -74,8 +82,43 @@ class Feature:
 
     @property
     def is_depth_map(self) -> bool:
-        """lerobot 0.6's depth flag: ``info.is_depth_map``, or the legacy ``info["video.is_depth_map"]``."""
-        return bool(self.info.get("is_depth_map") or self.info.get("video.is_depth_map"))
+        """lerobot 0.6's depth flag (``LeRobotDatasetMetadata.depth_keys``): ``info.is_depth_map``, or the legacy
+        ``info["video.is_depth_map"]`` or ``video_info["video.is_depth_map"]``."""
+        return bool(self.info.get("is_depth_map") or self.info.get("video.is_depth_map")
+                    or self.video_info.get("video.is_depth_map"))
+
+    @property
+    def depth_quantization(self) -> dict[str, Any]:
+        """A depth video's quantizer as lerobot 0.6 reads it back (``DepthEncoderConfig.from_video_info(info)``):
+        ``depth_min``, ``depth_max``, ``shift`` (metres) and ``use_log`` from ``info["video.<name>"]``, each
+        missing or null one at lerobot's default (0.01, 10.0, 3.5, True).
+
+        Raises:
+            DatasetFormatError: a value is not a number (``use_log``: not a boolean), ``depth_max <= depth_min``, or
+                ``use_log`` with ``depth_min + shift <= 0`` (the log of the range would not exist).
+        """
+        out: dict[str, Any] = dict(DEPTH_DEFAULTS)
+        for k in out:
+            v = self.own_info.get(f"video.{k}")
+            if v is None:
+                continue
+            ok = isinstance(v, bool) if k == "use_log" else (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                             and math.isfinite(v))
+            if not ok:
+                raise DatasetFormatError(f"feature {self.name!r}: info['video.{k}'] is {v!r}, not a "
+                                         f"{'boolean' if k == 'use_log' else 'finite number of metres'}; fix it in "
+                                         "meta/info.json (lerobot writes the depth encoder's value there)")
+            out[k] = v
+        if not out["depth_max"] > out["depth_min"] or (out["use_log"] and out["depth_min"] + out["shift"] <= 0):
+            raise DatasetFormatError(f"feature {self.name!r}: depth quantization {out} is unusable (needs depth_max > "
+                                     "depth_min, and depth_min + shift > 0 with use_log); fix meta/info.json")
+        return out
+
+    @property
+    def depth_unit(self) -> Any:
+        """The unit a depth map was recorded in (``info.depth_unit``: lerobot writes ``"mm"`` or ``"m"``), None if
+        not recorded; any other value as found (the dataset refuses it)."""
+        return self.own_info.get("depth_unit")
 
     @property
     def is_image(self) -> bool:
@@ -332,7 +375,9 @@ def _parse_feature(name: Any, spec: Any, where: str) -> Feature:
             raise DatasetFormatError(f"{where}: camera key {name!r} is not a usable folder name (it is absolute or "
                                      "has an empty, '.' or '..' segment); rename the feature and its videos/ "
                                      "folder")
-    return Feature(name, dtype, dims, spec.get("names"), dict(info))
+    own, legacy = spec.get("info"), spec.get("video_info")
+    return Feature(name, dtype, dims, spec.get("names"), dict(info), dict(own) if isinstance(own, dict) else {},
+                   dict(legacy) if isinstance(legacy, dict) else {})
 
 
 @dataclasses.dataclass(frozen=True)

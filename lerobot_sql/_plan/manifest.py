@@ -30,7 +30,9 @@ import dataclasses
 import json
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import ResultContractError
 
@@ -113,3 +115,60 @@ def finish(table: pa.Table, *, mode: str, extras: list[str], video_keys: list[st
     if missing:
         raise ResultContractError(f"internal: the manifest lacks columns {missing} (resolver bug; please report)")
     return Meta(mode, tuple(extras), tuple(video_keys), fps, sql, clips).attach(table.select(want))
+
+
+# ---- a collection's manifest ---------------------------------------------------------------------------------------
+# One table over several datasets: a ``dataset`` column (dictionary of the collection's names) first, then each
+# dataset's own manifest columns (a camera column of another dataset is NULL there); schema metadata
+# ``lerobot_sql.collection`` (JSON): ``names``, ``roots`` (name -> URL), ``manifests`` (name -> that dataset's
+# own ``lerobot_sql.manifest`` metadata), ``sql``. ``result_row`` is the row of the whole result.
+COLLECTION_KEY = b"lerobot_sql.collection"
+
+
+def collection_manifest(parts: list[tuple[int, pa.Table]], names: list[str], roots: dict[str, str], sql: str,
+                        ordered: bool) -> pa.Table:
+    """One collection manifest from each dataset's own manifest (``(position in names, manifest)``, in names
+    order, ``result_row`` already the whole result's row); rows sorted by ``result_row`` when ``ordered``."""
+    tables, metas = [], {}
+    for code, m in parts:
+        metas[names[code]] = (m.schema.metadata or {}).get(META_KEY, b"{}").decode()
+        m = m.replace_schema_metadata(None)
+        tables.append(m.add_column(0, "dataset", pa.DictionaryArray.from_arrays(
+            pa.array(np.full(m.num_rows, code, np.int32)), pa.array(names, pa.string()))))
+    out = pa.concat_tables(tables, promote_options="default")
+    if ordered and len(tables) > 1:
+        out = out.take(pa.array(np.argsort(out["result_row"].to_numpy(), kind="stable")))
+    meta = {"names": list(names), "roots": roots, "manifests": metas, "sql": sql}
+    return out.replace_schema_metadata({COLLECTION_KEY: json.dumps(meta).encode()})
+
+
+def collection_meta(manifest: pa.Table) -> dict:
+    """The ``lerobot_sql.collection`` metadata of a collection manifest.
+
+    Raises:
+        ResultContractError: the table is not a collection manifest.
+    """
+    raw = (manifest.schema.metadata or {}).get(COLLECTION_KEY)
+    if raw is None or "dataset" not in manifest.column_names:
+        raise ResultContractError("not a collection manifest (no dataset column or no lerobot_sql.collection "
+                                  "metadata): make it with Collection.manifest(sql)")
+    return json.loads(raw)
+
+
+def dataset_codes(manifest: pa.Table, names: list[str]) -> np.ndarray:
+    """int32 (N,): each row's position in ``names``."""
+    col = manifest["dataset"].combine_chunks()
+    if pa.types.is_dictionary(col.type) and col.dictionary.to_pylist() == list(names):
+        return col.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    return pc.index_in(col.cast(pa.string()), value_set=pa.array(names, pa.string())) \
+        .to_numpy(zero_copy_only=False).astype(np.int32)
+
+
+def part_of(manifest: pa.Table, name: str, code: int, meta: dict) -> tuple[pa.Table, np.ndarray]:
+    """Dataset ``name``'s rows of a collection manifest as its own manifest (its columns, its metadata), and their
+    positions in the collection manifest."""
+    pos = np.flatnonzero(dataset_codes(manifest, meta["names"]) == code)
+    own = json.loads(meta["manifests"][name])
+    cols = columns(own.get("video_keys", ()), own.get("extras", ()))
+    sub = manifest.take(pa.array(pos)).select(cols)
+    return sub.replace_schema_metadata({META_KEY: meta["manifests"][name].encode()}), pos

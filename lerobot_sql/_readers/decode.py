@@ -1,10 +1,13 @@
-"""Decoding: a pool of reusable PyAV decoders per process, writing RGB frames straight into caller arrays.
+"""Decoding: a pool of reusable PyAV decoders per process, writing RGB frames (or a depth map's 12-bit codes) straight
+into caller arrays.
 
 ``DecoderPool`` keeps open decoders per process and reaches each target by decoding forward from where the decoder
 stands, seeking (straight to the target's keyframe) only when that keyframe lies further ahead than ``reach``. The
 rows it decodes come from a file's :class:`~lerobot_sql._readers.video_index.FrameIndex` (where a frame is:
 :mod:`lerobot_sql._readers.locate`); each file is checked against its pin and its declared frame size when it opens.
-Frames are converted by swscale to planar RGB where that was seen to equal the packed rgb24 conversion.
+Frames are converted by swscale to planar RGB where that was seen to equal the packed rgb24 conversion. The mp4s of
+a depth camera (``gray`` files of the pool) are converted to ``gray12le`` instead, as lerobot 0.6's
+``frame.to_ndarray(format="gray12le")``: uint16 codes 0..4095, dequantized by the dataset.
 """
 
 from __future__ import annotations
@@ -80,8 +83,9 @@ class _OpenFile:
     file, single-threaded (swscale's default spawns a thread pool per call, which costs more than a small frame).
     """
 
-    def __init__(self, src: Source, rel: str, threads: int, thread_type: str = "AUTO"):
+    def __init__(self, src: Source, rel: str, threads: int, thread_type: str = "AUTO", gray: bool = False):
         self.rel = rel
+        self.gray = gray  # a depth map's stream: one uint16 plane of 12-bit codes per frame, not RGB
         self.path = src.path(rel)
         self.container = open_container(src, rel)
         self.stream = self.container.streams.video[0]
@@ -115,6 +119,11 @@ class _OpenFile:
             raise VideoDecodeError(f"{self.path}: frame at pts={frame.pts} is {frame.width}x{frame.height} but the "
                                    f"stream declares {out.shape[2]}x{out.shape[1]}; frames of changing size are not "
                                    "supported")
+        if self.gray:
+            # lerobot 0.6: frame.to_ndarray(format="gray12le"), (H, W) uint16; a gray12le stream (its depth encoder's
+            # output) passes through unconverted, any other pixel format through the same swscale conversion
+            out[0] = self.reformatter.reformat(frame, format="gray12le", **_SWS_KW).to_ndarray()
+            return
         if self.planar is None:
             fmt = (frame.format.name, frame.width, frame.height, int(frame.colorspace), int(frame.color_range))
             if fmt not in _PLANAR_OK:
@@ -137,11 +146,15 @@ class _OpenFile:
     @property
     def shape(self) -> tuple[int, int, int]:
         cc = self.stream.codec_context
-        return 3, cc.height, cc.width
+        return (1 if self.gray else 3), cc.height, cc.width
+
+    @property
+    def dtype(self) -> type:
+        return np.uint16 if self.gray else np.uint8
 
     def decode_into(self, index: FrameIndex, rows: np.ndarray, out: np.ndarray, reach: int) -> None:
-        """Write the frames at index ``rows`` into ``out[j]`` ((len(rows), 3, H, W) uint8), in one forward pass
-        over the sorted rows where the keyframes allow it."""
+        """Write the frames at index ``rows`` into ``out[j]`` ((len(rows), 3, H, W) uint8; (len(rows), 1, H, W)
+        uint16 for a ``gray`` file), in one forward pass over the sorted rows where the keyframes allow it."""
         # one row (an item without delta_timestamps) is most calls: argsort's ~3 us was ~1% of an item
         order = (0,) if len(rows) == 1 else np.argsort(rows, kind="stable")
         prev_row, prev_j = -1, -1
@@ -190,14 +203,17 @@ class DecoderPool:
 
     Args:
         threads: FFmpeg decoder threads per open file; 1 suits seeking and small frames, 0 lets FFmpeg choose.
+        gray: the mp4s (paths relative to the root) of depth cameras: decoded to 12-bit gray codes, not RGB.
         reach: how many frames past the current position a target's keyframe may lie before a seek is cheaper
             than decoding forward.
     """
 
     def __init__(self, src: Source, max_open: int = 16, threads: int = 1, reach: int = 2,
                  thread_type: str = "AUTO", pins: dict[str, Stamp | None] | None = None,
-                 declared: dict[str, tuple[str, tuple[int, int]]] | None = None):
+                 declared: dict[str, tuple[str, tuple[int, int]]] | None = None,
+                 gray: frozenset[str] | set[str] = frozenset()):
         self.src, self.max_open, self.threads, self.reach = src, max_open, threads, reach
+        self.gray = frozenset(gray)
         self.pins = pins or {}
         self.declared = declared or {}  # rel -> (camera key, info.json's (height, width)): checked at each open
         self._local: dict[str, str] = {}  # rel -> OS path of pinned files (spares a join per check)
@@ -210,7 +226,7 @@ class DecoderPool:
         with self._lock:
             f = self._open.pop(rel, None)
         if f is None:
-            f = _OpenFile(self.src, rel, self.threads, self.thread_type)
+            f = _OpenFile(self.src, rel, self.threads, self.thread_type, gray=rel in self.gray)
             try:
                 check_resolution(f.path, f.shape[1:], *self.declared.get(rel, (None, None)))
             except BaseException:
@@ -248,7 +264,8 @@ class DecoderPool:
         return {int(index.pts[r]): frames[j].transpose(1, 2, 0) for j, r in enumerate(np.asarray(rows))}
 
     def decode_chw(self, index: FrameIndex, rows: np.ndarray) -> np.ndarray:
-        """RGB frames at ``rows`` of ``index``'s file: uint8 (len(rows), 3, H, W), in the order of ``rows``.
+        """RGB frames at ``rows`` of ``index``'s file: uint8 (len(rows), 3, H, W), in the order of ``rows``; for a
+        ``gray`` (depth) file the 12-bit codes lerobot 0.6 decodes, uint16 (len(rows), 1, H, W) in 0..4095.
 
         Raises:
             MissingFileError: the mp4 is gone.
@@ -272,7 +289,7 @@ class DecoderPool:
                 # the four numbers, not stamp_of: building the identity string per call cost ~1% of an item
                 if (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != pin[:4]:
                     raise changed_error(self.src, index.path, pin, stamp_of(st))
-            out = np.empty((len(rows), *f.shape), np.uint8)
+            out = np.empty((len(rows), *f.shape), f.dtype)
             f.decode_into(index, np.asarray(rows), out, self.reach)
             ok = True
             return out

@@ -17,8 +17,10 @@ of consecutive row groups, recognised from the cached footer) fetches the next r
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,12 @@ from .cache import atomic_write, parse_size
 from .pieces import PieceStore
 from .readahead import ColumnReadahead
 from ..errors import RemoteIOError
+
+# Each instance is its own protocol (``lsqlremote``, ``lsqlremote1``, ...): DuckDB routes a path to a registered
+# filesystem by its protocol alone, so one connection over several remote datasets (a collection) needs one name
+# per dataset, each pointing at that dataset's cache.
+_INSTANCES = itertools.count()
+_OWN_PROTOCOL = re.compile(r"^lsqlremote\d*://")
 
 MAX_READAHEAD = 256 << 10        # sequential readers fetch ahead up to this much (bytes). 4 MiB overshot episode
                                  # ends by MBs when decoding video (5.4x the bytes needed at 480x640) for no fewer
@@ -64,6 +72,8 @@ class RemoteCacheFS(AbstractFileSystem):
                  retries: int = 4, backoff_s: float = 0.2, offline: bool | None = None,
                  stall_s: float = transport.STALL_S, min_rate: float = transport.MIN_RATE, **kwargs: Any):
         super().__init__(**kwargs)
+        n = next(_INSTANCES)
+        self.protocol = "lsqlremote" if n == 0 else f"lsqlremote{n}"
         self.stall_s, self.min_rate = float(stall_s), float(min_rate)
         self._warned: set[str] = set()
         self.target, self.root, self.url = target, root.rstrip("/"), url
@@ -81,6 +91,13 @@ class RemoteCacheFS(AbstractFileSystem):
         self.readahead = ColumnReadahead()
 
     # ---- plumbing ---------------------------------------------------------------------------------------------
+    @classmethod
+    def _strip_protocol(cls, path):
+        """The target's path: any instance's ``lsqlremote<n>://`` prefix removed (see ``_INSTANCES``)."""
+        if isinstance(path, str):
+            path = _OWN_PROTOCOL.sub("lsqlremote://", path, count=1)
+        return super()._strip_protocol(path)
+
     def __reduce__(self):
         # The file infos go along: a DataLoader worker then reads the versions (ETags) its parent pinned, and asks
         # the server nothing before its first range read.

@@ -51,14 +51,58 @@ def _param(text: str) -> tuple[str, str]:
     return key.strip(), raw
 
 
-def _connect(args):
+def _collection_sources(text: str) -> list[str] | str | None:
+    """What DATASET names when it is a collection: a comma-separated list (``a,b,c``), a glob, or a local folder
+    of datasets; None for one dataset (an existing path is always taken as it is)."""
+    if os.path.exists(text):
+        isdir = os.path.isdir(text)
+        return text if isdir and not os.path.isfile(os.path.join(text, "meta", "info.json")) else None
+    if "," in text:
+        return [p.strip() for p in text.split(",") if p.strip()]
+    if "://" not in text and any(ch in text for ch in "*?["):
+        return text
+    return None
+
+
+def _connect(args, collection_ok: bool = True):
+    """The Database of DATASET, or the Collection when DATASET is a list, a glob or a folder of datasets."""
     import lerobot_sql as lsql
 
     kw = {"cache_dir": args.cache_dir} if getattr(args, "cache_dir", None) else {}
+    many = _collection_sources(os.fspath(args.dataset))
+    if many is not None:
+        if not collection_ok:
+            raise UsageError(f"{args.dataset} names several datasets; this command takes one dataset root")
+        if getattr(args, "query_dir", None) or getattr(args, "name", None):
+            raise UsageError("named queries (--name, --query-dir) are written for one dataset; over a collection "
+                             "give the SQL itself (every view has a dataset column)")
+        return lsql.connect_many(many, **kw)
     db = lsql.connect(args.dataset, **kw)
     for d in getattr(args, "query_dir", None) or []:
         db.add_query_dir(d)
     return db
+
+
+def _info_collection(coll, as_json: bool) -> int:
+    rows = coll.sql("SELECT d.dataset, d.codebase_version, d.robot_type, d.fps, count(e.episode_index), "
+                    "coalesce(sum(e.length), 0), d.total_tasks, d.camera_keys, d.root FROM datasets d "
+                    "LEFT JOIN episodes e USING (dataset) GROUP BY ALL").fetchall()
+    order = {n: i for i, n in enumerate(coll.names)}
+    rows.sort(key=lambda r: order[r[0]])
+    out = [{"dataset": r[0], "codebase_version": r[1], "robot_type": r[2], "fps": r[3], "episodes": r[4],
+            "frames": int(r[5]), "tasks": r[6], "duration_s": round(int(r[5]) / r[3], 3), "cameras": r[7],
+            "root": r[8]} for r in rows]
+    if as_json:
+        print(json.dumps({"datasets": out, "episodes": sum(r["episodes"] for r in out),
+                          "frames": sum(r["frames"] for r in out)}, indent=2))
+        return 0
+    w = max(len(r["dataset"]) for r in out)
+    print(f"collection   {len(out)} datasets   episodes {sum(r['episodes'] for r in out)}   frames "
+          f"{sum(r['frames'] for r in out)}   duration {sum(r['duration_s'] for r in out) / 3600:.2f} h")
+    for r in out:
+        print(f"  {r['dataset']:<{w}}  {r['codebase_version']:<5} {str(r['robot_type']):<16} {r['fps']:>5g} fps  "
+              f"{r['episodes']:>6} episodes {r['frames']:>9} frames  {len(r['cameras'])} cameras  {r['root']}")
+    return 0
 
 
 def _sql_from(args, db, *, required: bool = True, default: str | None = None) -> str | None:
@@ -83,6 +127,8 @@ def _sql_from(args, db, *, required: bool = True, default: str | None = None) ->
 # ---- subcommands ---------------------------------------------------------------------------------------------------
 def cmd_info(args) -> int:
     db = _connect(args)
+    if not hasattr(db, "layout"):  # a collection
+        return _info_collection(db, args.json)
     lay = db.layout
     ep = db.sql("SELECT count(*), sum(length), min(length), max(length) FROM episodes").fetchall()[0]
     note = ""
@@ -245,6 +291,14 @@ def cmd_doctor(args) -> int:
     except DatasetFormatError as e:  # info.json refused at connect: a failed check with the key, not a traceback
         report = doctor.refused_report(args.dataset, e, tolerance_s=args.tolerance_s)
     else:
+        if not hasattr(db, "layout"):  # a collection: one report per dataset
+            reports = {n: doctor.run(db[n], tolerance_s=args.tolerance_s, check_video=not args.no_video)
+                       for n in db.names}
+            if args.json:
+                print(json.dumps({n: json.loads(r.to_json()) for n, r in reports.items()}, indent=2))
+            else:
+                print("\n\n".join(f"== {n}\n{r.to_text()}" for n, r in reports.items()))
+            return 0 if all(r.ok for r in reports.values()) else 1
         report = doctor.run(db, tolerance_s=args.tolerance_s, check_video=not args.no_video)
     print(report.to_json() if args.json else report.to_text())
     return 0 if report.ok else 1

@@ -32,20 +32,23 @@ class DataWriter:
         self.fh = None
         self.schema: pa.Schema | None = None
         self.files = 0
-        self._cache: dict[tuple[str, int], pa.Table] = {}
-        self._pf: dict[str, tuple[pq.ParquetFile, np.ndarray, Any]] = {}
+        # keyed by (source, relative path): two datasets of a collection have files of the same name
+        self._cache: dict[tuple[tuple[int, str], int], pa.Table] = {}
+        self._pf: dict[tuple[int, str], tuple[pq.ParquetFile, np.ndarray, Any, float]] = {}
 
-    def _source_rows(self, rel: str, row0: int, n: int) -> pa.Table:
+    def _source_rows(self, source: int, rel: str, row0: int, n: int) -> pa.Table:
+        src = self.ex.sources[source].src
+        rel = (source, rel)
         if rel not in self._pf:
             if len(self._pf) >= MAX_OPEN_INPUTS:  # parts arrive in file order: the oldest is done with
                 old = next(iter(self._pf))
                 self._pf.pop(old)[2].close()
                 self._cache = {k: v for k, v in self._cache.items() if k[0] != old}
-            fh = self.ex.src.open(rel)
+            fh = src.open(rel[1])
             pf = pq.ParquetFile(fh)
             md = pf.metadata
             offs = np.concatenate([[0], np.cumsum([md.row_group(i).num_rows for i in range(md.num_row_groups)])])
-            size = self.ex.src.size(rel)
+            size = src.size(rel[1])
             self._pf[rel] = (pf, offs, fh, size / max(md.num_rows, 1))
         pf, offs, _, _ = self._pf[rel]
         first = int(np.searchsorted(offs, row0, side="right") - 1)
@@ -70,13 +73,15 @@ class DataWriter:
                 their schema cannot be cast to the first data file's.
         """
         ex = self.ex
-        t = self._source_rows(part.data_file, part.data_row, part.length)
+        s = ex.sources[part.source]
+        t = self._source_rows(part.source, part.data_file, part.data_row, part.length)
         got_fi = t["frame_index"].to_numpy()
         if t.num_rows != part.length or got_fi[0] != part.frame_start or np.any(np.diff(got_fi) != 1) or \
                 np.any(t["episode_index"].to_numpy() != part.src_episode):
-            raise DatasetFormatError(f"{part.data_file}: rows {part.data_row}..{part.data_row + part.length - 1} "
-                                     f"are not frames {part.frame_start}.. of episode {part.src_episode}; the data "
-                                     "file changed since the query ran, or is inconsistent (`lerobot-sql doctor`)")
+            raise DatasetFormatError(f"{s.src.path(part.data_file)}: rows {part.data_row}.."
+                                     f"{part.data_row + part.length - 1} are not frames {part.frame_start}.. of "
+                                     f"episode {part.src_episode}; the data file changed since the query ran, or is "
+                                     "inconsistent (`lerobot-sql doctor`)")
         n = part.length
         ts = t["timestamp"].to_numpy().astype(np.float32)
         if not part.whole:
@@ -87,19 +92,24 @@ class DataWriter:
         task = t["task_index"].to_numpy() if "task_index" in t.column_names else np.zeros(n, np.int64)
         new = {"index": np.arange(next_index, next_index + n, dtype=np.int64),
                "episode_index": np.full(n, new_ep, np.int64), "frame_index": np.arange(n, dtype=np.int64),
-               "timestamp": ts, "task_index": ex.task_map[task]}
+               "timestamp": ts, "task_index": s.task_map[task]}
         for name, values in new.items():
             if name in t.column_names:
                 i = t.schema.get_field_index(name)
                 t = t.set_column(i, t.schema.field(i), pa.array(values).cast(t.schema.field(i).type))
-        self._rotate_if_needed(n, self._pf[part.data_file][3])
+        if s.keys is not None:  # a collection's export: kept columns only, renamed
+            keep = [(c, s.out(c)) for c in t.column_names if s.out(c) is not None]
+            t = t.select([c for c, _ in keep]).rename_columns([o for _, o in keep])
+            if self.schema is not None and set(self.schema.names) <= set(t.column_names):
+                t = t.select(self.schema.names)  # the first source's column order
+        self._rotate_if_needed(n, self._pf[(part.source, part.data_file)][3])
         if self.writer is None:
             self._open(t.schema)
         try:
             t = t.cast(self.schema) if t.schema != self.schema else t
         except (pa.ArrowInvalid, ValueError) as e:
-            raise DatasetFormatError(f"{part.data_file}: its schema differs from the first data file's ({e}); "
-                                     "export one source data file layout at a time") from e
+            raise DatasetFormatError(f"{s.src.path(part.data_file)}: its schema differs from the first data file's "
+                                     f"({e}); export one source data file layout at a time") from e
         self.writer.write_table(t, row_group_size=max(n, 1))
         self.rot.used = True
         return t

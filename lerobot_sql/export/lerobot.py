@@ -1,4 +1,5 @@
-"""The LeRobot v3.0 export driver: ``export_dataset`` writes a query's frames as a new dataset.
+"""The LeRobot v3.0 export driver: ``export_dataset`` writes a query's frames as a new dataset, ``export_collection``
+a collection's selection as one.
 
 Export plan: the query is resolved to a manifest by ``db.manifest(sql)`` (:mod:`lerobot_sql._plan.manifest`; the same
 row cap, fast path and order as ``dataset()``), cut into *parts* (one output episode each: a whole source episode
@@ -20,6 +21,12 @@ The source may be v3.x or v2.0/v2.1: episode metadata and tasks are read through
 ``tasks``), which gives both versions the same columns, so a v2.x selection is written as a v3.0 dataset (info.json
 converted as lerobot 0.4.4's ``convert_dataset_v21_to_v30`` does it).
 
+Several datasets (``export_collection``, ``Collection.export``): the same driver over a collection's manifest. Each
+selected dataset is a :class:`Source` (its Database, its name, its source-key -> output-key map), each part names
+its source, and the writers read that source's files and column names; tasks are merged by text, and
+meta/episodes gains ``source_dataset`` / ``source_episode_index``. What one dataset cannot hold (two fps, two
+robot_types, a camera's videos of two codecs, resolutions or pixel formats) is refused before any write.
+
 Everything is written into a hidden sibling folder and renamed into place at the end, so the destination appears
 complete or not at all. ``meta/lerobot_sql_export.json`` marks the folder as ours and lists the files written: an
 overwrite replaces only an empty folder or such an export, and no destination may be the source, lie inside it or
@@ -34,7 +41,9 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,7 +54,8 @@ from .._format.layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
 from .._plan.manifest import Meta
 from .._readers import decode, locate, video_index
 from .._version import __version__
-from ..errors import DatasetFormatError, DestinationError, DestinationExistsError
+from ..errors import (DatasetFormatError, DestinationError, DestinationExistsError, IncompatibleDatasetsError,
+                      ResultContractError)
 from . import destination, stats
 from .data_writer import DataWriter
 from .parts import Part, Rotator, cut_parts
@@ -121,19 +131,79 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
         DatasetFormatError / VideoDecodeError / MissingFileError: the source dataset is inconsistent or unreadable.
     """
     t0 = time.perf_counter()
-    dest = destination.local_dest(dest, "export")
-    destination.refuse_source(db, dest, "export")
-    replacing = os.path.lexists(dest)
-    if replacing:
-        if not overwrite:
-            raise DestinationExistsError(f"{dest}: already exists; pass overwrite=True or choose another destination")
-        destination.check_replaceable(dest)
+    dest = _check_dest([db], dest, overwrite)
     # db.manifest, as dataset() resolves the same SQL: the row cap, the pointer fast path for whole episodes, and
     # a deterministic order for a query without ORDER BY. Each sample's result_row says which output episode
     # (window, whole episode) it belongs to.
     manifest = db.manifest(sql)
     parts = cut_parts(manifest, Meta.of(manifest).mode)
+    return _write(dest, [Source(db)], manifest, parts, tolerance_s, progress, t0)
 
+
+def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, present: list[str],
+                      keymaps: dict[str, dict[str, str]], keys: set[str], overwrite: bool = False,
+                      progress: bool = True, tolerance_s: float = 1e-4) -> ExportReport:
+    """Write a collection manifest's frames (``Collection.manifest``) as one new LeRobot v3.0 dataset at ``dest``.
+
+    ``present`` are the datasets with samples, ``keymaps`` each one's ``{source feature key: output key}`` and
+    ``keys`` the feature keys kept, as ``mixture.line_up`` checked them (``Collection.export`` passes them). Output
+    episodes follow the manifest's order, numbered 0..N-1 across datasets; each is cut as :func:`export_dataset`
+    cuts one dataset's (whole episodes, windows, runs of ``index`` rows). Tasks are merged by text (one
+    ``task_index`` per distinct text, in order of first use: datasets in ``present`` order, each in its own
+    task_index order). meta/episodes gains ``source_dataset`` (string, the name) and ``source_episode_index``
+    (int64, the episode's index in that dataset). info.json is the first dataset's, with the kept features
+    (renamed) and the new totals. Video packets are copied; a new mp4 is started where the source stream's codec
+    header (extradata) differs from the one the current file was opened with, so every file stays one stream.
+
+    Raises:
+        IncompatibleDatasetsError: the datasets' fps or robot_type differ; a kept camera is a video in one and an
+            image in another; a camera's videos differ in codec, resolution or pixel format (naming the datasets,
+            the key and both values).
+        and everything :func:`export_dataset` raises.
+    """
+    t0 = time.perf_counter()
+    dbs = [coll[n] for n in present]
+    dest = _check_dest(dbs, dest, overwrite)
+    codes_of = {n: coll.names.index(n) for n in present}
+    sources = [Source(coll[n], n, codes_of[n], {**{k: k for k in coll[n].layout.features if k not in keymaps[n]},
+                                                 **{k: v for k, v in keymaps[n].items() if v in keys}})
+               for n in present]
+    _check_compatible(sources, manifest)
+    col = manifest["dataset"].combine_chunks()
+    names = col.dictionary.to_pylist() if pa.types.is_dictionary(col.type) else None
+    if names == coll.names:
+        codes = col.indices.to_numpy(zero_copy_only=False)
+    else:
+        codes = pc.index_in(col.cast(pa.string()), value_set=pa.array(coll.names)).to_numpy(zero_copy_only=False)
+    lookup = np.full(len(coll.names), -1, np.int64)  # dataset code -> position in sources
+    lookup[[s.code for s in sources]] = np.arange(len(sources))
+    src_of_row = lookup[codes.astype(np.int64)]
+    # One query, one contract: every dataset's part of the manifest has the same mode.
+    meta = json.loads(manifest.schema.metadata[b"lerobot_sql.collection"])
+    modes = {json.loads(v).get("mode") for n, v in meta["manifests"].items() if n in present}
+    if len(modes) != 1:
+        raise ResultContractError(f"the collection manifest mixes result contracts {sorted(map(str, modes))}; "
+                                  "export one query's manifest (Collection.manifest(sql))")
+    parts = cut_parts(manifest, modes.pop(), src_of_row)
+    return _write(dest, sources, manifest, parts, tolerance_s, progress, t0, codes=src_of_row)
+
+
+def _check_dest(dbs: list, dest: str | os.PathLike, overwrite: bool) -> Path:
+    """``dest`` resolved, after the checks made before any work: not a source, not in one, not holding one, and
+    replaceable if it exists (``overwrite``)."""
+    dest = destination.local_dest(dest, "export")
+    for db in dbs:
+        destination.refuse_source(db, dest, "export")
+    if os.path.lexists(dest):
+        if not overwrite:
+            raise DestinationExistsError(f"{dest}: already exists; pass overwrite=True or choose another destination")
+        destination.check_replaceable(dest)
+    return dest
+
+
+def _write(dest: Path, sources: list["Source"], manifest: pa.Table, parts: list[Part], tolerance_s: float,
+           progress: bool, t0: float, codes: np.ndarray | None = None) -> ExportReport:
+    """Run the export into a hidden sibling of ``dest``, then rename it into place."""
     tmp = dest.parent / f".{dest.name}.lsql-export-{uuid.uuid4().hex[:8]}"
     with destination.writing(dest, tmp):
         try:
@@ -141,8 +211,8 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
         except OSError as e:
             raise DestinationError(f"{dest}: cannot create a folder in {dest.parent} ({e.strerror}); make it "
                                    "writable or choose another destination") from e
-        report = Exporter(db, manifest, parts, tmp, tolerance_s).run(progress)
-        _write_marker(tmp, db)
+        report = Exporter(sources, manifest, parts, tmp, tolerance_s, codes).run(progress)
+        _write_marker(tmp, sources)
         _swap_into_place(tmp, dest)
     report.dest = str(dest)
     report.files_written = sum(1 for p in dest.rglob("*") if p.is_file())
@@ -171,26 +241,131 @@ def _swap_into_place(tmp: Path, dest: Path) -> None:
         os.rename(tmp, dest)
 
 
-def _write_marker(root: Path, db) -> None:
-    """meta/lerobot_sql_export.json: who wrote this folder, from what, and every file it holds (name -> bytes)."""
+def _write_marker(root: Path, sources: list["Source"]) -> None:
+    """meta/lerobot_sql_export.json: who wrote this folder, from what, and every file it holds (name -> bytes).
+    ``source`` is the source's URL; a collection's export adds ``sources`` (dataset name -> URL)."""
     files = destination.our_files(root)
     marker = {"written_by": "lerobot_sql", "format": destination.MARKER_FORMAT, "version": __version__,
-              "source": db.source.url, "files": dict(sorted(files.items()))}
+              "source": sources[0].db.source.url}
+    if sources[0].name is not None:
+        marker["sources"] = {s.name: s.db.source.url for s in sources}
+    marker["files"] = dict(sorted(files.items()))
     (root / destination.MARKER).parent.mkdir(parents=True, exist_ok=True)
     (root / destination.MARKER).write_text(json.dumps(marker, indent=1, ensure_ascii=False))
 
 
-class Exporter:
-    """One export run into the folder ``root``: reads the source metadata, drives the writers part by part, and
-    writes meta/. Every file is written in place, as the whole folder is renamed into place at the end
-    (:func:`export_dataset`), so no single file needs ``atomic_write``. The writers read its attributes: ``m`` (the
-    manifest), ``src``, ``layout``, ``root``, ``fps``, ``tol``, the size limits, output path templates and
-    ``task_map``, and add to its ``frames_reencoded`` / ``frames_remuxed`` counts.
+@dataclasses.dataclass
+class Source:
+    """One dataset an export reads. A one-dataset export has one, ``name`` None and ``keys`` None (every column as
+    it is); a collection's export has one per selected dataset: ``name``, ``code`` (its code in the manifest's
+    ``dataset`` column) and ``keys``, each exported source feature key -> its output key (features not in it are
+    not written; columns that are not features keep their name).
+
+    The Exporter sets, per source: ``src_rows`` (episode_index -> its _episodes_raw row), ``stat_cols``
+    ((source feature, stat) -> column), ``task_map`` (int64, source task_index -> output task_index, -1 unused),
+    ``decoders``.
     """
 
-    def __init__(self, db, manifest: pa.Table, parts: list[Part], root: Path, tolerance_s: float):
-        self.db, self.src, self.layout = db, db.source, db.layout
+    db: Any
+    name: str | None = None
+    code: int = 0
+    keys: dict[str, str] | None = None
+
+    def __post_init__(self):
+        self.layout, self.src = self.db.layout, self.db.source
+        self.inv = {v: k for k, v in (self.keys or {}).items()}
+
+    def out(self, key: str) -> str | None:
+        """The output name of source column/feature ``key``; None if it is not exported."""
+        if self.keys is None or key not in self.layout.features:
+            return key
+        return self.keys.get(key)
+
+    def src_key(self, out_key: str) -> str:
+        """The source feature key written as ``out_key``."""
+        return out_key if self.keys is None else self.inv[out_key]
+
+    def column(self, name: str) -> str | None:
+        """The output name of meta/episodes column ``name`` (``stats/<key>/...``, ``videos/<key>/...`` renamed with
+        their feature; None for a feature not exported)."""
+        if self.keys is None:
+            return name
+        for prefix in ("stats/", "videos/"):
+            if name.startswith(prefix):
+                feat, _, rest = name[len(prefix):].rpartition("/")
+                if feat in self.layout.features:
+                    out = self.keys.get(feat)
+                    return None if out is None else f"{prefix}{out}/{rest}"
+        return name
+
+
+def _check_compatible(sources: list[Source], manifest: pa.Table) -> None:
+    """Refuse what one dataset cannot hold: several fps or robot_types, a camera that is a video in one source and
+    an image in another, or whose videos differ in codec, resolution or pixel format (probed from each source's
+    first selected mp4 of that camera: the stream is what a remux copies, whatever info.json says).
+
+    Raises:
+        IncompatibleDatasetsError: naming the datasets, the key and the values.
+    """
+    def refuse(what: str, values: dict[str, Any], fix: str) -> None:
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+            shown = ", ".join(f"{n}: {v}" for n, v in values.items())
+            raise IncompatibleDatasetsError(f"cannot export these datasets as one dataset: {what} differs ({shown});"
+                                            f" {fix}")
+
+    refuse("fps", {s.name: s.layout.fps for s in sources},
+           "a LeRobot dataset has one fps: export the datasets of each fps separately (add a WHERE dataset IN (...))")
+    refuse("robot_type", {s.name: s.layout.info.get("robot_type") for s in sources},
+           "a LeRobot dataset has one robot_type: export each robot's datasets separately")
+    first = sources[0]
+    outs = [first.out(k) for k in first.layout.features]
+    for key in [k for k in outs if k is not None]:
+        kinds = {s.name: s.layout.features[s.src_key(key)].dtype for s in sources}
+        if not any(d in ("video", "image") for d in kinds.values()):
+            continue
+        refuse(f"how camera {key!r} is stored", kinds, "pass features=[...] without it, or export the datasets of "
+               "each kind separately")
+        if kinds[first.name] != "video":
+            continue
+        sig = {}
+        for s in sources:
+            col = manifest[f"{s.src_key(key)}/file"].combine_chunks()
+            mine = np.flatnonzero(pc.equal(manifest["dataset"].cast(pa.string()), s.name)
+                                  .to_numpy(zero_copy_only=False))
+            rel = col[int(mine[0])].as_py()
+            with video_index.open_container(s.src, rel) as c:
+                cc = c.streams.video[0].codec_context
+                # the codec's name, not its decoder's (libdav1d decodes av1)
+                codec = getattr(cc.codec, "canonical_name", None) or cc.name
+                sig[s.name] = {"codec": codec, "resolution": f"{cc.width}x{cc.height}",
+                               "pix_fmt": cc.format.name if cc.format is not None else cc.pix_fmt}
+        for field in ("codec", "resolution", "pix_fmt"):
+            refuse(f"the {field} of camera {key!r}", {n: v[field] for n, v in sig.items()},
+                   "its videos cannot be stream-copied into one track: re-encode one dataset's videos to match, "
+                   "pass features=[...] without this camera, or export the datasets separately")
+
+
+class Exporter:
+    """One export run into the folder ``root``: reads the sources' metadata, drives the writers part by part, and
+    writes meta/. Every file is written in place, as the whole folder is renamed into place at the end
+    (:func:`export_dataset`), so no single file needs ``atomic_write``. The writers read its attributes: ``m`` (the
+    manifest: one dataset's, or a collection's with every source's rows), ``sources`` (a part's ``source`` indexes
+    it: that source's files, layout, task_map and key names), ``features`` (output key -> the first source's
+    Feature), ``root``, ``fps``, ``tol``, the size limits and output path templates, and add to its
+    ``frames_reencoded`` / ``frames_remuxed`` counts. Output settings (chunks_size, file sizes, path templates,
+    info.json) are the first source's.
+    """
+
+    def __init__(self, sources: list[Source], manifest: pa.Table, parts: list[Part], root: Path,
+                 tolerance_s: float, codes: np.ndarray | None = None):
+        self.sources = sources
+        first = sources[0]
+        self.db, self.src, self.layout = first.db, first.src, first.layout
         self.m, self.parts, self.root, self.tol = manifest, parts, root, tolerance_s
+        # codes: each manifest row's source (None: every row is the one source's)
+        self.codes = np.zeros(manifest.num_rows, np.int64) if codes is None else codes
+        self.features = {first.out(k): f for k, f in self.layout.features.items() if first.out(k) is not None}
+        self.video_keys = [k for k, f in self.features.items() if f.is_video]
         info = self.layout.info
         self.fps = self.layout.fps
         self.chunks_size = int(info.get("chunks_size") or 1000)
@@ -213,19 +388,33 @@ class Exporter:
         self._load_episodes()
         self._tasks()
         self.data = DataWriter(self)
-        self.videos = {k: VideoWriter(self, k) for k in self.layout.video_keys}
-        self.decoders = decode.DecoderPool(self.src, max_open=4)
+        self.videos = {k: VideoWriter(self, k) for k in self.video_keys}
+        for s in self.sources:
+            # depth mp4s decode to their 12-bit codes (gray12le), never RGB
+            depth = [k for k in s.layout.video_keys if s.layout.features[k].is_depth_map
+                     and f"{k}/file" in self.m.column_names]
+            rows = self.m.filter(pa.array(self.codes == s.code)) if depth else None
+            s.decoders = decode.DecoderPool(s.src, max_open=4, gray={
+                rel for k in depth for rel in pc.unique(rows[f"{k}/file"]).drop_null().to_pylist()})
+        self.depth_recomputed: dict[str, int] = {}  # depth video key -> output episodes whose stats were recomputed
         rows, ep_stats = [], []
         next_index = 0
         try:
             bar = tqdm(self.parts, desc="export", unit="episode", disable=not progress or len(self.parts) < 2)
             for new_ep, part in enumerate(bar):
+                s = self.sources[part.source]
                 table = self.data.write(part, new_ep, next_index)
-                row = dict(self.src_rows[part.src_episode])
+                row = {}
+                for col, v in s.src_rows[part.src_episode].items():
+                    name = s.column(col)
+                    if name is not None:
+                        row[name] = v
                 row.update({"episode_index": new_ep, "length": part.length,
                             "dataset_from_index": next_index, "dataset_to_index": next_index + part.length,
                             "data/chunk_index": self.data.rot.chunk, "data/file_index": self.data.rot.file,
                             "tasks": [self.new_tasks[t] for t in np.unique(table["task_index"].to_numpy())]})
+                if s.name is not None:  # a collection's export: where the episode comes from
+                    row.update({"source_dataset": s.name, "source_episode_index": part.src_episode})
                 for k, w in self.videos.items():
                     row.update(w.write(part))
                 part_stats = self._episode_stats(part, table)
@@ -239,7 +428,15 @@ class Exporter:
             self.data.close()
             for w in self.videos.values():
                 w.close()
-            self.decoders.close()
+            for s in self.sources:
+                if getattr(s, "decoders", None) is not None:
+                    s.decoders.close()
+        if self.depth_recomputed:
+            warnings.warn(
+                f"export: statistics of depth video(s) {self.depth_recomputed} (camera: episodes) were recomputed "
+                "from the 12-bit quantized frames, dequantized to info.depth_unit; lerobot computed the source's "
+                "from the raw frames, which the mp4 no longer holds, so min/max/mean/quantiles differ by up to one "
+                "quantization step (whole source episodes keep lerobot's numbers)", stacklevel=3)
         self._write_episodes(rows)
         self._write_stats(ep_stats)
         self._write_info(len(self.parts), next_index)
@@ -249,36 +446,56 @@ class Exporter:
 
     # ---- metadata in --------------------------------------------------------------------------------------
     def _load_episodes(self) -> None:
-        """The source episode rows and the output meta/episodes schema, from the catalog's ``_episodes_raw``.
+        """Each source's episode rows and the output meta/episodes schema, from the catalog's ``_episodes_raw``.
 
         ``_episodes_raw`` has the same columns for v3.x (meta/episodes/*.parquet) and v2.x (episodes.jsonl and
-        episodes_stats.jsonl), so export never parses the metadata files itself.
+        episodes_stats.jsonl), so export never parses the metadata files itself. The output schema is the first
+        source's (columns renamed with their features), then the columns only later sources have; a collection's
+        export adds ``source_dataset`` and ``source_episode_index``.
         """
-        ep = self.db.con.sql("SELECT * FROM _episodes_raw").to_arrow_table()
-        self.ep_schema = self._episodes_schema(ep.schema)
-        want = sorted(set(int(p.src_episode) for p in self.parts))
-        sub = ep.filter(pc.is_in(ep["episode_index"], pa.array(want, pa.int64()))).to_pylist()
-        self.src_rows = {int(r["episode_index"]): r for r in sub}
-        missing = set(want) - set(self.src_rows)
-        if missing:
-            where = self.layout.episode_files[0] if self.layout.episode_files else "meta/episodes"
-            raise DatasetFormatError(f"{self.src.path(where)}: no row for episode(s) {sorted(missing)[:5]}; run "
-                                     "`lerobot-sql doctor`")
+        fields: dict[str, pa.Field] = {}
+        meta = None
+        for si, s in enumerate(self.sources):
+            ep = s.db.con.sql("SELECT * FROM _episodes_raw").to_arrow_table()
+            schema = self._episodes_schema(s, ep.schema)
+            meta = meta if si else schema.metadata
+            for fld in schema:
+                name = s.column(fld.name)
+                if name is not None and name not in fields:
+                    fields[name] = fld.with_name(name)
+            want = sorted(set(int(p.src_episode) for p in self.parts if p.source == si))
+            sub = ep.filter(pc.is_in(ep["episode_index"], pa.array(want, pa.int64()))).to_pylist()
+            s.src_rows = {int(r["episode_index"]): r for r in sub}
+            missing = set(want) - set(s.src_rows)
+            if missing:
+                where = s.layout.episode_files[0] if s.layout.episode_files else "meta/episodes"
+                raise DatasetFormatError(f"{s.src.path(where)}: no row for episode(s) {sorted(missing)[:5]}; run "
+                                         "`lerobot-sql doctor`")
+            s.stat_cols = {}
+            for name in ep.column_names:
+                if name.startswith("stats/"):
+                    feat, _, stat = name[len("stats/"):].rpartition("/")
+                    s.stat_cols[(feat, stat)] = name
+        if self.sources[0].name is not None:
+            fields["source_dataset"] = pa.field("source_dataset", pa.string())
+            fields["source_episode_index"] = pa.field("source_episode_index", pa.int64())
+        self.ep_schema = pa.schema(list(fields.values()), metadata=meta)
+        # Output stat columns, keyed by output feature.
         self.stat_cols: dict[tuple[str, str], str] = {}
-        for name in ep.column_names:
+        for name in self.ep_schema.names:
             if name.startswith("stats/"):
                 feat, _, stat = name[len("stats/"):].rpartition("/")
                 self.stat_cols[(feat, stat)] = name
         self.stat_types = {name: self.ep_schema.field(name).type for name in self.stat_cols.values()}
 
-    def _episodes_schema(self, raw: pa.Schema) -> pa.Schema:
+    def _episodes_schema(self, s: Source, raw: pa.Schema) -> pa.Schema:
         """Columns of ``_episodes_raw`` plus the meta/episodes pointers. A v3 source keeps the exact types and the
         schema metadata of its first meta/episodes file (only its footer is read); other columns (all of them for
         v2.x) get plain Arrow types (list<double>, string)."""
         ref: dict[str, pa.DataType] = {}
         meta = None
-        if not self.layout.legacy and self.layout.episode_files:
-            with self.src.open(self.layout.episode_files[0]) as f:
+        if not s.layout.legacy and s.layout.episode_files:
+            with s.src.open(s.layout.episode_files[0]) as f:
                 first = pq.read_schema(f)
             ref, meta = {fld.name: fld.type for fld in first}, first.metadata
         fields = [pa.field(fld.name, ref.get(fld.name) or _plain_type(fld.type)) for fld in raw]
@@ -286,59 +503,88 @@ class Exporter:
         return pa.schema(fields, metadata=meta)
 
     def _tasks(self) -> None:
-        used = np.unique(self.m["task_index"].to_numpy())
-        texts = dict(self.db.con.sql("SELECT task_index, task FROM tasks").fetchall())
-        absent = [int(t) for t in used if int(t) not in texts]
-        if absent:
-            raise DatasetFormatError(f"{self.src.path(self.layout.tasks_file or 'meta/tasks.parquet')}: no task_index "
-                                     f"{absent[:5]}, used by the selected frames; run `lerobot-sql doctor`")
-        self.task_map = np.full(int(used.max()) + 1, -1, np.int64)
-        self.task_map[used] = np.arange(len(used))
-        self.new_tasks = {i: texts[int(t)] for i, t in enumerate(used)}
+        """Output tasks: one task_index per distinct text, numbered in order of first use (sources in order, each
+        in its task_index order); each source's ``task_map``."""
+        task_index = self.m["task_index"].to_numpy()
+        by_text: dict[str, int] = {}
+        self.new_tasks = {}
+        for si, s in enumerate(self.sources):
+            used = np.unique(task_index[self.codes == si])
+            texts = dict(s.db.con.sql("SELECT task_index, task FROM tasks").fetchall())
+            absent = [int(t) for t in used if int(t) not in texts]
+            if absent:
+                raise DatasetFormatError(f"{s.src.path(s.layout.tasks_file or 'meta/tasks.parquet')}: no task_index "
+                                         f"{absent[:5]}, used by the selected frames; run `lerobot-sql doctor`")
+            s.task_map = np.full(int(used.max()) + 1 if len(used) else 1, -1, np.int64)
+            for t in used:
+                text = texts[int(t)]
+                if text not in by_text:
+                    by_text[text] = len(by_text)
+                    self.new_tasks[by_text[text]] = text
+                s.task_map[int(t)] = by_text[text]
+        self.task_map = self.sources[0].task_map
 
     # ---- stats --------------------------------------------------------------------------------------------
     def _episode_stats(self, part: Part, table: pa.Table) -> dict[str, dict[str, np.ndarray]]:
-        """Per-feature stats of one output episode: copied from the source for whole episodes, else recomputed."""
-        copied = self._source_stats(part.src_episode) if part.whole else {}
+        """Per-feature stats of one output episode (output keys): copied from the source for whole episodes, else
+        recomputed."""
+        s = self.sources[part.source]
+        copied = self._source_stats(s, part.src_episode) if part.whole else {}
         out: dict[str, dict[str, np.ndarray]] = {}
-        for name, feat in self.layout.features.items():
-            if feat.dtype in ("string", "language"):
+        for src_name, feat in s.layout.features.items():
+            name = s.out(src_name)
+            if name is None or feat.dtype in ("string", "language"):
                 continue
             if name in copied and name not in INDEX_COLUMNS and copied[name]:
                 out[name] = copied[name]
                 continue
             if feat.is_video:
                 if (name, "mean") in self.stat_cols or not self.stat_cols:
-                    out[name] = stats.image_stats(self._video_samples(name, part))
+                    if feat.is_depth_map:
+                        codes = self._video_samples(name, part)
+                        out[name] = stats.depth_stats(stats.dequantize_depth(codes, feat.depth_quantization,
+                                                                             feat.depth_unit or "mm"))
+                        self.depth_recomputed[name] = self.depth_recomputed.get(name, 0) + 1
+                    else:
+                        out[name] = stats.image_stats(self._video_samples(name, part))
             elif feat.is_image:
                 if name in table.column_names and ((name, "mean") in self.stat_cols or not self.stat_cols):
-                    out[name] = stats.image_stats(self._png_samples(table[name], part.length))
+                    if feat.is_depth_map:  # the raw values (lossless TIFF): lerobot's numbers
+                        out[name] = stats.depth_stats(self._png_samples(table[name], part.length, raw=True))
+                    else:
+                        out[name] = stats.image_stats(self._png_samples(table[name], part.length))
             elif name in table.column_names:
                 arr = stats.numeric(table[name])
                 out[name] = stats.feature_stats(arr.reshape(len(arr), -1), feat.shape if arr.ndim > 1 else (1,))
         return out
 
-    def _source_stats(self, episode: int) -> dict[str, dict[str, np.ndarray]]:
-        row = self.src_rows[episode]
+    def _source_stats(self, s: Source, episode: int) -> dict[str, dict[str, np.ndarray]]:
+        """The source episode's meta/episodes stats, keyed by output feature."""
+        row = s.src_rows[episode]
         out: dict[str, dict[str, np.ndarray]] = {}
-        for (feat, stat), col in self.stat_cols.items():
+        for (feat, stat), col in s.stat_cols.items():
             v = row.get(col)
-            if v is not None:
-                out.setdefault(feat, {})[stat] = np.asarray(v)
+            name = s.out(feat)
+            if v is not None and name is not None:
+                out.setdefault(name, {})[stat] = np.asarray(v)
         return out
 
     def _video_samples(self, key: str, part: Part) -> np.ndarray:
-        rel = self.m[f"{key}/file"][int(part.rows[0])].as_py()
-        index = video_index.FrameIndex.load(video_index.ensure_index(self.src, rel, self.db.cache_dir))
+        s = self.sources[part.source]
+        skey = s.src_key(key)
+        rel = self.m[f"{skey}/file"][int(part.rows[0])].as_py()
+        index = video_index.FrameIndex.load(video_index.ensure_index(s.src, rel, s.db.cache_dir))
         pick = stats.sample_indices(part.length)
         rows_m = part.rows[pick]
-        times = locate.time_in_file(self.m[f"{key}/from_timestamp"].to_numpy()[rows_m],
+        times = locate.time_in_file(self.m[f"{skey}/from_timestamp"].to_numpy()[rows_m],
                                     self.m["timestamp"].to_numpy()[rows_m])
-        r = index.locate(times, self.tol, episode_index=part.src_episode, video_key=key)
-        frames = self.decoders.decode(index, r)
+        r = index.locate(times, self.tol, episode_index=part.src_episode, video_key=skey)
+        frames = s.decoders.decode(index, r)
         return np.stack([stats.downsample(frames[int(index.pts[x])].transpose(2, 0, 1)) for x in r])
 
-    def _png_samples(self, column: pa.ChunkedArray, n: int) -> np.ndarray:
+    def _png_samples(self, column: pa.ChunkedArray, n: int, raw: bool = False) -> np.ndarray:
+        """lerobot's sampled frames of an image column, (k, C, H, W): RGB uint8, or with ``raw`` (depth maps) the
+        image's own values and dtype (lerobot's load_image_as_numpy keeps a TIFF's uint16 / float32)."""
         import io
 
         from PIL import Image
@@ -346,7 +592,9 @@ class Exporter:
         imgs = []
         for i in stats.sample_indices(n):
             v = column[int(i)].as_py()
-            a = np.asarray(Image.open(io.BytesIO(v["bytes"] if isinstance(v, dict) else v)).convert("RGB"))
+            img = Image.open(io.BytesIO(v["bytes"] if isinstance(v, dict) else v))
+            a = np.asarray(img) if raw else np.asarray(img.convert("RGB"))
+            a = a[:, :, None] if a.ndim == 2 else a
             imgs.append(stats.downsample(a.transpose(2, 0, 1)))
         return np.stack(imgs)
 
@@ -370,7 +618,7 @@ class Exporter:
             rot.advance()
 
     def _write_stats(self, ep_stats: list[dict]) -> None:
-        feats = [f for f in self.layout.features if any(f in s for s in ep_stats)]
+        feats = [f for f in self.features if any(f in s for s in ep_stats)]
         agg = {}
         for f in feats:
             lst = [s[f] for s in ep_stats if f in s and {"mean", "std", "count", "min", "max"} <= set(s[f])]
@@ -383,6 +631,9 @@ class Exporter:
         import pandas as pd
 
         info = json.loads(json.dumps(self.layout.info))
+        first = self.sources[0]
+        if first.keys is not None:  # a collection's export: the kept features, renamed, in the first's order
+            info["features"] = {first.out(k): v for k, v in info["features"].items() if first.out(k) is not None}
         if self.layout.legacy:
             _v2_info_to_v3(info)
         info.update(total_episodes=episodes, total_frames=frames, total_tasks=len(self.new_tasks),

@@ -28,6 +28,8 @@ class Part:
             timestamps kept.
         data_file, data_row: where its first frame's row is in the source (relative path, row in that file).
         rows: int64 (length,), the manifest rows of this part, in frame order.
+        source: which of the export's sources the part comes from (its position in ``Exporter.sources``; 0 for a
+            one-dataset export).
     """
 
     src_episode: int
@@ -37,12 +39,14 @@ class Part:
     data_file: str
     data_row: int
     rows: np.ndarray
+    source: int = 0
 
 
-def cut_parts(m: pa.Table, mode: str) -> list[Part]:
+def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None) -> list[Part]:
     """Cut the manifest ``m`` into output episodes, in manifest order: a new part wherever the episode changes,
     the frame or data row does not follow on, or (``mode`` "episode"/"window", from the manifest's metadata) the
-    ``result_row`` changes."""
+    ``result_row`` changes; with ``sources`` (int (N,), each row's source, for a collection's manifest) also
+    wherever the source changes, since two datasets' episodes may share an episode_index."""
     ep = m["episode_index"].to_numpy()
     fi = m["frame_index"].to_numpy()
     row = m["data_row"].to_numpy()
@@ -54,6 +58,8 @@ def cut_parts(m: pa.Table, mode: str) -> list[Part]:
         if mode != "index":
             pid = m["result_row"].to_numpy()
             same &= pid[1:] == pid[:-1]
+        if sources is not None:
+            same &= sources[1:] == sources[:-1]
         brk[1:] = ~same
     starts = np.flatnonzero(brk)
     ends = np.append(starts[1:], len(ep))
@@ -61,7 +67,7 @@ def cut_parts(m: pa.Table, mode: str) -> list[Part]:
     for s, e in zip(starts, ends):
         n = int(e - s)
         out.append(Part(int(ep[s]), int(fi[s]), n, bool(fi[s] == 0 and n == ep_len[s]), files[s], int(row[s]),
-                        np.arange(s, e)))
+                        np.arange(s, e), int(sources[s]) if sources is not None else 0))
     return out
 
 

@@ -113,6 +113,45 @@ def image_stats(imgs: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
+def depth_stats(imgs: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-channel stats of (N, C, H, W) depth frames in their own unit (lerobot 0.6 does not divide depth by 255),
+    shaped (C, 1, 1), count = N frames: lerobot 0.6.1's get_feature_stats over axis (0, 2, 3), every pixel a
+    sample, computed as its RunningQuantileStats does for one batch: in float32 at least (uint16 promoted), so
+    min, max, mean and std are its numbers; the histogram quantiles q01..q99 are its algorithm on float32 bin
+    edges."""
+    n, c = imgs.shape[:2]
+    x = imgs.transpose(0, 2, 3, 1).reshape(-1, c)
+    x = x.astype(np.result_type(x.dtype, np.float32), copy=False)
+    if len(x) < 2:
+        st = {"min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0)}
+        st.update({qkey(q): st["mean"].copy() for q in QUANTILES})
+    else:
+        mn, mx, mean = x.min(0), x.max(0), np.mean(x, axis=0)
+        st = {"min": mn, "max": mx, "mean": mean, "std": np.sqrt(np.maximum(0, np.mean(x ** 2, axis=0) - mean ** 2))}
+        qs = np.empty((len(QUANTILES), c))
+        eps = x.dtype.type(1e-10)
+        for d in range(c):
+            edges = np.linspace(mn[d] - eps, mx[d] + eps, 5001, dtype=x.dtype)
+            qs[:, d] = _hist_quantiles(np.histogram(x[:, d], bins=edges)[0], edges, len(x))
+        st.update({qkey(q): qs[qi] for qi, q in enumerate(QUANTILES)})
+    out = {k: np.asarray(v, np.float64).reshape(c, 1, 1) for k, v in st.items()}
+    out["count"] = np.array([n], np.int64)
+    return out
+
+
+def dequantize_depth(codes: np.ndarray, q: dict, unit: str) -> np.ndarray:
+    """12-bit depth codes back to depth in ``unit`` ("mm": whole mm, "m"), float64, lerobot 0.6's formula
+    (``dequantize_depth``); for export statistics only: the dataset's items use lerobot's own float32 torch ops."""
+    lo, hi, shift = float(q["depth_min"]), float(q["depth_max"]), float(q["shift"])
+    if q["use_log"]:
+        a, b = np.log(lo + shift), np.log(hi + shift)
+        d = np.exp(codes.astype(np.float64) * ((b - a) / 4095) + a) - shift
+    else:
+        d = codes.astype(np.float64) * ((hi - lo) / 4095) + lo
+    d = np.clip(d, lo, hi)
+    return d if unit == "m" else np.clip(np.rint(d * 1000.0), 0, 65535)
+
+
 def to_py(value: np.ndarray, typ: pa.DataType) -> Any:
     """A numpy stat as the nested Python value of Arrow type ``typ`` (list<double>, list<list<list<double>>> ...)."""
     if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):

@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import av
+from av.video.frame import PictureType
 import numpy as np
 import pyarrow.parquet as pq
 
@@ -42,24 +43,28 @@ class VideoWriter:
         self.bytes = 0
         self.last_dts: int | None = None
         self.files = 0
-        self.inputs: dict[str, Any] = {}
-        self.indexes: dict[str, tuple[video_index.FrameIndex, np.ndarray]] = {}
-        self.feat_info = ex.layout.features[key].info
+        # keyed by (source, relative path): two datasets of a collection have files of the same name
+        self.inputs: dict[tuple[int, str], Any] = {}
+        self.indexes: dict[tuple[int, str], tuple[video_index.FrameIndex, np.ndarray]] = {}
+        self.feat_info = ex.features[key].info
+        self.extradata: bytes | None = None  # the codec header of the file being written
 
-    def _index(self, rel: str) -> tuple[video_index.FrameIndex, np.ndarray]:
-        if rel not in self.indexes:
-            p = video_index.ensure_index(self.ex.src, rel, self.ex.db.cache_dir)
-            self.indexes[rel] = (video_index.FrameIndex.load(p), pq.read_table(p, columns=["byte_size"])["byte_size"]
-                                 .to_numpy())
-        return self.indexes[rel]
+    def _index(self, source: int, rel: str) -> tuple[video_index.FrameIndex, np.ndarray]:
+        s = self.ex.sources[source]
+        if (source, rel) not in self.indexes:
+            p = video_index.ensure_index(s.src, rel, s.db.cache_dir)
+            self.indexes[(source, rel)] = (video_index.FrameIndex.load(p),
+                                           pq.read_table(p, columns=["byte_size"])["byte_size"].to_numpy())
+        return self.indexes[(source, rel)]
 
-    def _input(self, rel: str):
+    def _input(self, source: int, rel: str):
+        src, rel = self.ex.sources[source].src, (source, rel)
         if rel not in self.inputs:
             if len(self.inputs) >= MAX_OPEN_INPUTS:
                 old = next(iter(self.inputs))
                 self.inputs.pop(old).close()
                 self.indexes.pop(old, None)
-            self.inputs[rel] = video_index.open_container(self.ex.src, rel)
+            self.inputs[rel] = video_index.open_container(src, rel[1])
         return self.inputs[rel]
 
     def write(self, part: Part) -> dict[str, Any]:
@@ -73,20 +78,24 @@ class VideoWriter:
             VideoDecodeError: the source cannot be demuxed/decoded, or no encoder for a cut exists in this PyAV.
         """
         ex, key = self.ex, self.key
+        skey = ex.sources[part.source].src_key(key)  # the camera's name in the part's source
         i0 = int(part.rows[0])
-        rel = ex.m[f"{key}/file"][i0].as_py()
-        from_src = float(ex.m[f"{key}/from_timestamp"][i0].as_py())
-        index, sizes = self._index(rel)
+        rel = ex.m[f"{skey}/file"][i0].as_py()
+        from_src = float(ex.m[f"{skey}/from_timestamp"][i0].as_py())
+        index, sizes = self._index(part.source, rel)
         ts = ex.m["timestamp"].to_numpy()[part.rows].astype(np.float64)
-        rows = index.locate(locate.time_in_file(from_src, ts), ex.tol, episode_index=part.src_episode, video_key=key)
+        rows = index.locate(locate.time_in_file(from_src, ts), ex.tol, episode_index=part.src_episode, video_key=skey)
         if np.any(np.diff(rows) != 1):
             raise DatasetFormatError(f"{rel}: frames of episode {part.src_episode} ({key}) are not consecutive in "
                                      "the video; the timestamps disagree with the video (`lerobot-sql doctor`)")
         ra, rb = int(rows[0]), int(rows[-1])
         est = int(sizes[ra:rb + 1].sum())
-        inp = self._input(rel)
+        inp = self._input(part.source, rel)
         in_stream = inp.streams.video[0]
-        if self.out is not None and self.rot.used and self.bytes + est >= ex.video_limit:
+        # A file is one stream with one codec header: another source's header (a collection's export) starts a new
+        # file, as copied packets are decoded with the header of the file they are in.
+        other_header = self.out is not None and bytes(in_stream.codec_context.extradata or b"") != self.extradata
+        if self.out is not None and self.rot.used and (self.bytes + est >= ex.video_limit or other_header):
             self._close_file()
             self.rot.advance()
         if self.out is None:
@@ -135,6 +144,7 @@ class VideoWriter:
         self.stream.time_base = in_stream.time_base
         self.out.start_encoding()
         self.tb = Fraction(self.stream.time_base)
+        self.extradata = bytes(in_stream.codec_context.extradata or b"")
         self.t_pts, self.bytes, self.last_dts = 0, 0, None
         self.files += 1
 
@@ -207,6 +217,10 @@ class VideoWriter:
         for j, fr in enumerate(frames):
             f = fr.reformat(format=cc.pix_fmt) if fr.format.name != cc.pix_fmt else fr
             f.pts, f.time_base = j, enc_tb
+            # A decoded frame keeps its picture type (B, P), and libx265 obeys it as a forced type: a lone B frame
+            # opening a GOP ("frame type 5 at 0") came out with unusable pts/dts on PyAV 15 (intermittently
+            # PatchWelcomeError / OverflowError at mux). The encoder chooses: keyframe first, as the GOP needs.
+            f.pict_type = PictureType.NONE
             packets += cc.encode(f)
         packets += cc.encode(None)
         frame_dur = int(round(enc_tb / self.tb))
@@ -215,7 +229,11 @@ class VideoWriter:
         for pkt in packets:
             j = int(pkt.pts)
             p = out_pts(src_pts[j]) if 0 <= j < len(src_pts) else base + int(round(j * enc_tb / self.tb))
-            d = None if pkt.dts is None else base + int(round(int(pkt.dts) * enc_tb / self.tb))
+            # libx265 under PyAV 15 at times hands back an unset dts (garbage, e.g. -3.9e16): a dts is at most the
+            # packet's pts and at most the reorder delay before the GOP, anything else is taken as absent (_mux then
+            # derives it from the pts, monotonic)
+            dts_ok = pkt.dts is not None and -len(frames) - 16 <= int(pkt.dts) <= j
+            d = base + int(round(int(pkt.dts) * enc_tb / self.tb)) if dts_ok else None
             if cc.name in ("libx264", "libx265"):
                 pkt = av.Packet(annexb_to_length_prefixed(bytes(pkt)))
                 pkt.is_keyframe = j == 0

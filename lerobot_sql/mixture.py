@@ -1,0 +1,231 @@
+"""One training set over several datasets: :class:`CollectionDataset`, what ``Collection.dataset(sql)`` returns.
+
+Each selected dataset gets its own :class:`~lerobot_sql.dataset.LeRobotSQLDataset` over its part of the
+collection's manifest (so an item is exactly that dataset's item), and the collection dataset maps its sample ``i``
+to (dataset, position): ``dataset_index[i]`` and ``local[i]``, two int arrays built once in the main process. Keys
+are renamed per dataset (``rename=``) and kept per ``features=``; items gain ``dataset`` (the name) and
+``dataset_index``. Workers never touch DuckDB: the parts are plain datasets and pickle as they do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from ._plan.manifest import collection_meta, part_of
+from .dataset import Batch, LeRobotSQLDataset
+from .errors import ResultContractError, did_you_mean
+
+# Keys every item has that are not features: kept whatever ``features`` says.
+_DEFAULT = ("index", "episode_index", "frame_index", "timestamp", "task_index")
+
+
+def _item_spec(layout, key: str) -> tuple:
+    """What an item holds under feature ``key``: (kind, dtype, shape); cameras (C, H, W)."""
+    f = layout.features[key]
+    if f.is_video or f.is_image:
+        return ("camera", f.shape)
+    return ("vector", f.dtype, tuple(f.shape))
+
+
+def line_up(coll, manifest: pa.Table, names: list[str], features=None, rename=None,
+            why: str = "so they cannot be batched together"
+            ) -> tuple[list[str], dict[str, dict[str, str]], set[str]]:
+    """The item keys of a collection manifest's datasets, checked to line up: ``(present, keymaps, keys)``, the
+    datasets with samples (in ``names`` order), per dataset ``{source feature key: item key}`` (``rename``
+    applied; the keys every item has are left out), and the feature keys kept (``features``, or every key).
+    ``why`` ends the first sentence of the refusal (what the mismatch prevents).
+    ``CollectionDataset.build`` and ``Collection.export`` share this one rule.
+
+    Raises:
+        ResultContractError: ``features`` names keys no selected dataset has; a kept key is missing in some
+            datasets, or differs between them (a vector's dtype or shape, a camera's shape), naming datasets and keys.
+        KeyError / ValueError: ``rename`` names an unknown dataset or key, or maps two keys to one name.
+    """
+    rename = dict(rename or {})
+    for n, mapping in rename.items():
+        if n not in coll.names:
+            raise KeyError(f"rename: no dataset {n!r} in the collection {coll.names}.{did_you_mean(n, coll.names)}")
+        feats = coll[n].layout.features
+        for k in mapping:
+            if k not in feats:
+                raise KeyError(f"rename[{n!r}]: dataset {n!r} has no feature {k!r}.{did_you_mean(k, feats)}")
+        targets = list(mapping.values())
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"rename[{n!r}] maps two keys to one name: {mapping}")
+    present = [n for n in names if n in set(pc.unique(manifest["dataset"].cast(pa.string())).to_pylist())]
+    # Item keys per dataset: source feature key -> item key.
+    keymaps = {}
+    specs: dict[str, dict[str, tuple]] = {}
+    for n in present:
+        lay = coll[n].layout
+        m = {k: rename.get(n, {}).get(k, k) for k in lay.features if k not in _DEFAULT}
+        inv = [v for v in m.values()]
+        dup = sorted({v for v in inv if inv.count(v) > 1})
+        if dup:
+            raise ValueError(f"rename[{n!r}]: {dup} would name two features of {n!r}")
+        keymaps[n] = m
+        specs[n] = {m[k]: _item_spec(lay, k) for k in m}
+    wanted = set(features) if features is not None else None
+    if wanted is not None:
+        known = set().union(*[set(s) for s in specs.values()])
+        unknown = sorted(wanted - known - set(_DEFAULT))
+        if unknown:
+            raise ResultContractError(f"features={unknown}: no selected dataset has them (after rename); keys: "
+                                      f"{sorted(known)}.{did_you_mean(unknown[0], known)}")
+    keys = wanted - set(_DEFAULT) if wanted is not None else set().union(*[set(s) for s in specs.values()])
+    problems = []
+    for k in sorted(keys):
+        have = {n: specs[n].get(k) for n in present}
+        missing = [n for n, v in have.items() if v is None]
+        if missing:
+            problems.append(f"{k!r} is missing in {missing} (present in "
+                            f"{[n for n, v in have.items() if v is not None]})")
+            continue
+        if len(set(have.values())) > 1:
+            problems.append(f"{k!r} differs: " + ", ".join(f"{n}: {v}" for n, v in have.items()))
+    if problems:
+        raise ResultContractError(
+            f"the selected datasets' items do not line up, {why}: "
+            + "; ".join(problems[:6]) + ". Pass features=[...] with the keys to keep, rename={dataset: "
+            "{its key: common key}} to line names up, or select fewer datasets")
+    return present, keymaps, keys
+
+
+class CollectionDataset(torch.utils.data.Dataset):
+    """A torch Dataset over a query's samples across a collection (see the module docstring).
+
+    Item ``i``: the item of dataset ``names[dataset_index[i]]`` for its sample, keys renamed, plus ``dataset``
+    (str) and ``dataset_index`` (int64 0-d tensor). ``__getitems__`` fetches a batch per dataset (each part's
+    batched fetch) and returns what ``default_collate`` of the items would give.
+
+    Attributes:
+        names: every dataset name of the collection (``dataset_index`` values index it).
+        parts: name -> the :class:`~lerobot_sql.dataset.LeRobotSQLDataset` of that dataset's samples.
+        dataset_index: int32 (N,), each sample's dataset; ``local``: int64 (N,), its position in its part.
+        manifest: the collection manifest (``dataset`` column first).
+    """
+
+    def __init__(self, names: list[str], parts: dict[str, LeRobotSQLDataset], dataset_index: np.ndarray,
+                 local: np.ndarray, keymaps: dict[str, dict[str, str]], drop: dict[str, set[str]],
+                 manifest: pa.Table):
+        self.names, self.parts = list(names), parts
+        self.dataset_index, self.local = dataset_index, local
+        self._keymaps, self._drop = keymaps, drop
+        self._by_code = [parts.get(n) for n in names]
+        self.manifest = manifest
+
+    @classmethod
+    def build(cls, coll, manifest: pa.Table, *, features=None, rename=None, options: dict | None = None
+              ) -> "CollectionDataset":
+        """The dataset of collection ``coll``'s ``manifest`` (see ``Collection.dataset`` for the arguments)."""
+        meta = collection_meta(manifest)
+        names = meta["names"]
+        options = dict(options or {})
+        present, keymaps, keys = line_up(coll, manifest, names, features, rename)
+        drop = {n: {k for k in keymaps[n].values() if k not in keys} for n in present}
+        delta = options.pop("delta_timestamps", None) or {}
+        unknown = sorted(set(delta) - keys)
+        if unknown:
+            raise ValueError(f"delta_timestamps keys {unknown} are not item keys of this selection: "
+                             f"{sorted(keys)}.{did_you_mean(unknown[0], keys)}")
+        cameras_opt = options.pop("cameras", None)
+        parts = {}
+        idx = np.empty(manifest.num_rows, np.int32)
+        local = np.empty(manifest.num_rows, np.int64)
+        for n in present:
+            code = names.index(n)
+            sub, pos = part_of(manifest, n, code, meta)
+            inv = {v: k for k, v in keymaps[n].items()}
+            lay = coll[n].layout
+            cams = [k for k in lay.camera_keys if keymaps[n][k] in keys]
+            if cameras_opt is not None:
+                cams = [k for k in cams if keymaps[n][k] in set(cameras_opt)]
+            part_delta = {inv[k]: v for k, v in delta.items()}
+            try:
+                parts[n] = coll[n].dataset(sub, delta_timestamps=part_delta or None, cameras=cams, **options)
+            except (ValueError, ResultContractError) as e:
+                raise type(e)(f"dataset {n!r}: {e}") from e
+            idx[pos] = code
+            local[pos] = np.arange(len(pos))
+        return cls(names, parts, idx, local, keymaps, drop, manifest)
+
+    def __len__(self) -> int:
+        return len(self.local)
+
+    def _finish(self, name: str, code: int, item: dict) -> dict:
+        m, drop = self._keymaps[name], self._drop[name]
+        out = {}
+        for k, v in item.items():
+            base, pad = (k[: -len("_is_pad")], "_is_pad") if k.endswith("_is_pad") and k[: -len("_is_pad")] in m \
+                else (k, "")
+            new = m.get(base, base)
+            if new in drop:
+                continue
+            out[new + pad] = v
+        out["dataset"] = name
+        out["dataset_index"] = torch.tensor(code, dtype=torch.int64)
+        return out
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import operator
+
+        i = operator.index(i)
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"item {i} out of range for a dataset of {n} samples")
+        code = int(self.dataset_index[i])
+        name = self.names[code]
+        return self._finish(name, code, self._by_code[code][int(self.local[i])])
+
+    def __getitems__(self, indices) -> Batch:
+        """A batch: per dataset, that part's batched fetch; returns what ``default_collate`` of the items gives
+        (see :meth:`lerobot_sql.dataset.LeRobotSQLDataset.__getitems__`)."""
+        idx = np.asarray(indices, np.int64)
+        codes = self.dataset_index[idx]
+        groups = []
+        for code in np.unique(codes):
+            where = np.flatnonzero(codes == code)
+            name = self.names[int(code)]
+            b = self._by_code[int(code)].__getitems__(self.local[idx[where]].tolist())
+            groups.append((int(code), name, where, b))
+        order = np.concatenate([g[2] for g in groups])
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        first = self._finish(groups[0][1], groups[0][0], dict(groups[0][3][0])) if len(idx) else {}
+        keys = list(first)
+        tensors, lists = {}, {}
+        for key in keys:
+            if key in ("dataset", "dataset_index"):
+                continue
+            per = []
+            for code, name, where, b in groups:
+                src = self._source_key(name, key)
+                per.append(b.tensors[src] if src in b.tensors else b.lists[src])
+            if all(isinstance(p, torch.Tensor) for p in per):
+                t = per[0] if len(per) == 1 else torch.cat(per)
+                tensors[key] = t if len(per) == 1 else t[torch.from_numpy(inverse)]
+            else:
+                flat = [x for p in per for x in (p.tolist() if isinstance(p, torch.Tensor) else p)]
+                lists[key] = [flat[j] for j in inverse] if len(per) > 1 else flat
+        lists["dataset"] = [self.names[int(c)] for c in codes]
+        tensors["dataset_index"] = torch.from_numpy(codes.astype(np.int64))
+        return Batch(keys, tensors, lists, len(idx))
+
+    def _source_key(self, name: str, key: str) -> str:
+        inv = {v: k for k, v in self._keymaps[name].items()}
+        if key.endswith("_is_pad") and key[: -len("_is_pad")] in inv:
+            return inv[key[: -len("_is_pad")]] + "_is_pad"
+        return inv.get(key, key)
+
+    def __repr__(self) -> str:
+        counts = np.bincount(self.dataset_index, minlength=len(self.names))
+        return (f"CollectionDataset(samples={len(self)}, "
+                + ", ".join(f"{n}={int(c)}" for n, c in zip(self.names, counts) if c) + ")")
+
+
+__all__ = ["CollectionDataset"]

@@ -1,0 +1,181 @@
+"""One training set over many datasets (lerobot_sql.mixture.CollectionDataset): each item equals its own dataset's
+item for that frame, with ``dataset`` / ``dataset_index`` added; keys line up by ``rename=`` / ``features=``;
+datasets whose items do not line up are refused, naming datasets and keys; each dataset checks delta_timestamps
+on its own fps grid."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch.utils.data import DataLoader, default_collate
+
+import lerobot_sql as lsql
+from helpers import assert_items_equal, renamed_copy
+
+SETS = ["small20", "multifile60", "h264_20", "v21_small20"]
+PICK = "frame_index % 61 = 7 AND episode_index < 6"
+
+
+@pytest.fixture(scope="module")
+def coll(datasets):
+    return lsql.connect_many([datasets / n for n in SETS])
+
+
+def _own(item: dict) -> dict:
+    return {k: v for k, v in item.items() if k not in ("dataset", "dataset_index")}
+
+
+def _by_index(ds) -> dict:
+    return {int(ds[j]["index"]): j for j in range(len(ds))}
+
+
+def test_items_equal_each_datasets_own_items(coll, datasets, framecode):
+    dt = {"action": [0.0, 1 / 30, 2 / 30], "observation.images.front": [-1 / 30, 0.0]}
+    ds = coll.dataset(f"SELECT dataset, index FROM frames WHERE {PICK} ORDER BY index, dataset", delta_timestamps=dt)
+    own = {n: lsql.connect(datasets / n).dataset(f"SELECT index FROM frames WHERE {PICK} ORDER BY index",
+                                                 delta_timestamps=dt) for n in SETS}
+    pos = {n: _by_index(d) for n, d in own.items()}
+    assert len(ds) == sum(len(d) for d in own.values()) > 40
+    seen = {n: 0 for n in SETS}
+    for i in range(len(ds)):
+        item = ds[i]
+        name = item["dataset"]
+        assert item["dataset_index"].dtype == torch.int64 and int(item["dataset_index"]) == SETS.index(name)
+        ref = own[name][pos[name][int(item["index"])]]
+        assert_items_equal(_own(item), ref)
+        seen[name] += 1
+    assert seen == {n: len(d) for n, d in own.items()}
+    # and the frames are the right ones (the generated sets encode frame identity in their pixels and state)
+    for i in range(0, len(ds), 7):
+        item = ds[i]
+        ep, fi = int(item["episode_index"]), int(item["frame_index"])
+        assert framecode.verify_frame(item["observation.images.front"][1].permute(1, 2, 0).numpy(), ep, fi,
+                                      "observation.images.front")["ok"], (item["dataset"], ep, fi)
+        np.testing.assert_allclose(item["observation.state"].numpy(), framecode.expected_state(ep, fi), rtol=1e-6)
+
+
+def test_getitems_equals_default_collate_of_items(coll):
+    dt = {"observation.state": [-1 / 30, 0.0], "action": [0.0, 1 / 30]}
+    ds = coll.dataset(f"SELECT dataset, index, frame_index * 2 AS twice FROM frames WHERE {PICK}",
+                      delta_timestamps=dt, return_uint8=True)
+    rng = np.random.default_rng(0)
+    for idx in (rng.choice(len(ds), 9, replace=False).tolist(), [0, 1, 2], [len(ds) - 1, 0]):
+        batch = default_collate(ds.__getitems__(idx))
+        ref = default_collate([ds[i] for i in idx])
+        assert set(batch) == set(ref)
+        for k in ref:
+            if isinstance(ref[k], torch.Tensor):
+                assert batch[k].dtype == ref[k].dtype and torch.equal(batch[k], ref[k]), k
+            else:
+                assert batch[k] == ref[k], k
+
+
+def test_dataloader_workers_give_the_same_batches(coll):
+    ds = coll.dataset("SELECT dataset, episode_index, 0.0 AS start_s, 0.3 AS end_s FROM episodes "
+                      "WHERE episode_index < 2", return_uint8=True)
+    ref = [default_collate([ds[i] for i in range(b, min(b + 8, len(ds)))]) for b in range(0, len(ds), 8)]
+    got = list(DataLoader(ds, batch_size=8, num_workers=2))
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert a["dataset"] == b["dataset"]
+        for k in ("observation.images.wrist", "action", "index", "dataset_index"):
+            assert torch.equal(a[k], b[k]), k
+
+
+def test_samplers_keep_episodes_of_different_datasets_apart(coll):
+    ds = coll.dataset("SELECT dataset, episode_index FROM episodes WHERE episode_index < 2")
+    s = lsql.EpisodeShardedSampler(ds, num_replicas=2, rank=0, seed=1)
+    t = lsql.EpisodeShardedSampler(ds, num_replicas=2, rank=1, seed=1)
+    a, b = list(s), list(t)
+    assert set(a) | set(b) == set(range(len(ds)))  # the shorter shard repeats its own start
+    assert set(s.positions.tolist()).isdisjoint(t.positions.tolist())
+    key = lambda i: (ds.names[ds.dataset_index[i]], int(ds.manifest["episode_index"][i].as_py()))  # noqa: E731
+    assert not {key(i) for i in a} & {key(i) for i in b}  # (dataset, episode) is the unit, not episode_index
+    assert len({key(i) for i in a} | {key(i) for i in b}) == 8
+
+
+@pytest.fixture(scope="module")
+def top20(tmp_path_factory, datasets):
+    return renamed_copy(datasets / "small20", tmp_path_factory.mktemp("ren") / "top20",
+                        {"observation.images.front": "observation.images.top"})
+
+
+def test_keys_that_do_not_line_up_are_refused_then_renamed(datasets, top20):
+    c = lsql.connect_many([datasets / "small20", top20])
+    sql = "SELECT dataset, index FROM frames WHERE frame_index = 3 AND episode_index < 3"
+    with pytest.raises(lsql.ResultContractError, match=r"observation.images.top.*missing in \['small20'\]"):
+        c.dataset(sql)
+    ds = c.dataset(sql, rename={"top20": {"observation.images.top": "observation.images.front"}},
+                   delta_timestamps={"observation.images.front": [-1 / 30, 0.0]})
+    own = lsql.connect(datasets / "small20").dataset("SELECT index FROM frames WHERE frame_index = 3 AND "
+                                                     "episode_index < 3 ORDER BY index",
+                                                     delta_timestamps={"observation.images.front": [-1 / 30, 0.0]})
+    by_name = {}
+    for i in range(len(ds)):
+        by_name.setdefault(ds[i]["dataset"], []).append(_own(ds[i]))
+    for name in ("small20", "top20"):  # the renamed copy's frames are small20's frames, key for key
+        assert len(by_name[name]) == len(own) == 3
+        for a, b in zip(by_name[name], [own[j] for j in range(len(own))]):
+            assert_items_equal(a, b)
+    tab = c.dataset(sql, features=["observation.state", "action"])
+    assert "observation.images.wrist" not in tab[0] and tab[0]["action"].shape == (6,)
+    with pytest.raises(KeyError, match="observation.images.top"):
+        c.dataset(sql, rename={"top20": {"observation.images.topp": "x"}})
+
+
+def _fps15_copy(orig, dst):
+    """small20 relabelled as 15 fps (info.json and the data timestamps, frame_index / 15), without its cameras."""
+    shutil.copytree(orig, dst, ignore=shutil.ignore_patterns("videos"))
+    info = json.loads((dst / "meta/info.json").read_text())
+    info["fps"] = 15
+    info["features"] = {k: f for k, f in info["features"].items() if f["dtype"] != "video"}
+    for f in dst.glob("meta/episodes/*/*.parquet"):
+        t = pq.read_table(f)
+        pq.write_table(t.select([c for c in t.column_names if not c.startswith("videos/")]), f)
+    (dst / "meta/info.json").write_text(json.dumps(info))
+    for f in dst.glob("data/*/*.parquet"):
+        t = pq.read_table(f)
+        ts = pa.array((t["frame_index"].to_numpy() / np.float32(15)).astype(np.float32))
+        pq.write_table(t.set_column(t.column_names.index("timestamp"), "timestamp", ts), f)
+    return dst
+
+
+def test_different_fps_check_their_own_grid(tmp_path, datasets):
+    slow = _fps15_copy(datasets / "small20", tmp_path / "slow15")
+    c = lsql.connect_many([datasets / "small20", slow])
+    sql = "SELECT dataset, index FROM frames WHERE frame_index = 10 AND episode_index = 2"
+    ds = c.dataset(sql, features=["observation.state", "action"], delta_timestamps={"action": [0.0, 2 / 30]})
+    by = {ds[i]["dataset"]: ds[i] for i in range(len(ds))}
+    # 2/30 s is 2 frames at 30 fps and 1 frame at 15 fps: each dataset finds its own neighbour
+    state = pq.read_table(sorted((datasets / "small20").glob("data/*/*.parquet"))[0], columns=["index", "action"])
+    actions = {i: a for i, a in zip(state["index"].to_pylist(), state["action"].to_pylist())}
+    i0 = int(by["small20"]["index"])
+    np.testing.assert_array_equal(by["small20"]["action"].numpy(), np.float32([actions[i0], actions[i0 + 2]]))
+    np.testing.assert_array_equal(by["slow15"]["action"].numpy(), np.float32([actions[i0], actions[i0 + 1]]))
+    with pytest.raises(ValueError, match="slow15"):  # 1/30 s is off the 15 fps grid
+        c.dataset(sql, features=["observation.state", "action"], delta_timestamps={"action": [0.0, 1 / 30]})
+
+
+def test_vectors_of_another_length_are_refused_naming_both(tmp_path, datasets):
+    short = tmp_path / "short"
+    shutil.copytree(datasets / "small20", short)
+    info = json.loads((short / "meta/info.json").read_text())
+    info["features"]["action"]["shape"] = [3]
+    info["features"]["action"]["names"] = info["features"]["action"]["names"][:3]
+    (short / "meta/info.json").write_text(json.dumps(info))
+    for f in short.glob("data/*/*.parquet"):
+        t = pq.read_table(f)
+        col = pa.array([v[:3] for v in t["action"].to_pylist()], pa.list_(pa.float32()))
+        pq.write_table(t.set_column(t.column_names.index("action"), "action", col), f)
+    c = lsql.connect_many([datasets / "small20", short])
+    sql = "SELECT dataset, index FROM frames WHERE frame_index = 3 AND episode_index = 0"
+    with pytest.raises(lsql.ResultContractError, match=r"'action' differs: small20: .*\(6,\).*short: .*\(3,\)"):
+        c.dataset(sql)
+    ds = c.dataset(sql, features=["observation.state", "observation.images.front"])
+    assert {ds[i]["dataset"] for i in range(len(ds))} == {"small20", "short"} and "action" not in ds[0]
