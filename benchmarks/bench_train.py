@@ -3,6 +3,19 @@
 
     python -m benchmarks.bench_train [--dataset small20] [--rounds 5] [--items 1536] [--batch 32] [--workers 2]
                                      [--uint8] [--json OUT]
+    python -m benchmarks.bench_train --remote [--mbit 100] [--latency-ms 20] [--order blocks|random] [--block 32]
+                                     [--k 4] [--rounds 3] ...
+
+``--remote``: the dataset folder is served by tests/http_range_server.py (one token bucket of ``--mbit`` for all
+connections, ``--latency-ms`` before every answer). Per profile, the same items in the same order through a
+DataLoader (the list of indices as sampler): the local dataset (warm), then the remote one with a fresh cache
+(nothing warm: every batch's bytes cross the link) without and with ``ds.pipeline(indices, batches=k)``. items/s
+after the first batch; bytes = what the server sent over the whole run (metadata, footers and moov boxes
+included) per item, against what the items need (meta/ + ``prefetch.needed_ranges`` of their manifest rows). Best
+of ``--rounds`` (items/s: max; bytes and CPU: min). "all cached": the pipelined remote dataset read once more,
+everything in its cache (pieces, row groups, indexes): the remote read path without the network. Workers' CPU per
+item (utime + stime, /proc) is the figure other jobs on shared cores disturb least. "link-bound items/s" = link rate / needed bytes per item: the most
+the link allows, so a profile "fits the link" when it is above the local items/s.
 
 Profiles (``delta_timestamps`` at the dataset's fps): plain (no windows); ACT (action chunk of 50: ``[0..49]``);
 diffusion (state and every camera at ``[-1, 0]``, action ``[-1..14]``). For every profile the same shuffled
@@ -93,6 +106,78 @@ def loader(torch, ds, indices: list[int], batch: int, workers: int) -> dict:
     return {"items_per_s": items / (t1 - t0), "cpu_ms_per_item": 1000 * (c1 - c0) / items}
 
 
+def _remote(a, torch, lsql, root: Path) -> int:
+    """``--remote``: steady state over a throttled loopback HTTP link, nothing warm (a fresh cache per run)."""
+    import tempfile
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from http_range_server import RangeServer
+
+    from lerobot_sql import prefetch as pf
+    from lerobot_sql.samplers import EpisodeAwareSampler
+
+    sql = "SELECT index FROM frames ORDER BY index"
+    db = lsql.connect(root)
+    base = db.dataset(sql)
+    n, cams = len(base), base.camera_keys
+    if a.order == "random":
+        order = np.random.default_rng(a.seed).permutation(n)
+    else:  # blocks of consecutive frames of one episode, shuffled (what a training run on video would use)
+        order = EpisodeAwareSampler(base, block_size=a.block, seed=a.seed).order()
+    indices = [int(i) for i in order[:a.items]]
+    meta = sum(p.stat().st_size for p in (root / "meta").rglob("*") if p.is_file())
+    load0 = os.getloadavg()
+    rows = []
+    with RangeServer(root.parent, rate_bps=a.mbit * 1e6, latency_s=a.latency_ms / 1000) as srv:
+        for prof, dt in profiles(base.fps, cams).items():
+            local = db.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
+            loader(torch, local, indices, a.batch, a.workers)  # warm
+            need = pf.needed_ranges(db, local.manifest.take(indices), dt)
+            needed = meta + sum(b - x for rs in need.values() for x, b in rs)
+            res = {"local": [], "off": [], "on": [], "warm": [], "bytes_off": [], "bytes_on": [], "cpu_local": [],
+                   "cpu_off": [], "cpu_on": []}
+            for _ in range(a.rounds):
+                m = loader(torch, local, indices, a.batch, a.workers)
+                res["local"].append(m["items_per_s"])
+                res["cpu_local"].append(m["cpu_ms_per_item"])
+                for mode in ("off", "on"):
+                    rdb = lsql.connect(f"{srv.url}/{root.name}", cache_dir=tempfile.mkdtemp(prefix="lsql_bt_"))
+                    sent = srv.bytes_sent()
+                    ds = rdb.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
+                    if mode == "on":
+                        ds.pipeline(indices, batches=a.k)
+                    m = loader(torch, ds, indices, a.batch, a.workers)
+                    res[mode].append(m["items_per_s"])
+                    res[f"cpu_{mode}"].append(m["cpu_ms_per_item"])
+                    res[f"bytes_{mode}"].append(srv.bytes_sent() - sent)
+                # the same remote dataset again, everything cached (pieces, row groups, indexes): the read path's
+                # own ceiling, without the network
+                res["warm"].append(loader(torch, ds, indices, a.batch, a.workers)["items_per_s"])
+            rows.append((prof, {k: max(v) if not k.startswith(("bytes", "cpu")) else min(v) for k, v in res.items()},
+                         needed, res))
+            print(f"  {prof}: {res}", file=sys.stderr, flush=True)
+    load1 = os.getloadavg()
+    print(f"\n{root.name}: {n} frames, cameras {cams}, {len(indices)} items in {a.order} order"
+          f"{f' (blocks of {a.block})' if a.order == 'blocks' else ''}, batch {a.batch}, {a.workers} workers (fork), "
+          f"{'uint8' if a.uint8 else 'float32'}; link {a.mbit:g} Mbit/s + {a.latency_ms:g} ms per answer; fresh "
+          f"cache per remote run; best of {a.rounds}; pipeline batches={a.k}; load average {load0[0]:.2f} before, "
+          f"{load1[0]:.2f} after; {common.cpu_info()}")
+    print("\n| profile | local items/s | remote items/s | remote + pipeline items/s | pipeline / local | "
+          "remote, all cached, items/s | workers' CPU ms/item: local / remote / pipeline | needed KB/item | "
+          "fetched KB/item, off / pipeline | fetched / needed, off / pipeline | link-bound items/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for prof, m, needed, _res in rows:
+        ni = len(indices)
+        print(f"| {prof} | {m['local']:,.0f} | {m['off']:,.0f} | {m['on']:,.0f} | {m['on'] / m['local']:.2f}x | "
+              f"{m['warm']:,.0f} | {m['cpu_local']:.2f} / {m['cpu_off']:.2f} / {m['cpu_on']:.2f} | "
+              f"{needed / ni / 1e3:.1f} | {m['bytes_off'] / ni / 1e3:.1f} / {m['bytes_on'] / ni / 1e3:.1f} | "
+              f"{m['bytes_off'] / needed:.2f} / {m['bytes_on'] / needed:.2f} | {a.mbit * 1e6 / 8 / (needed / ni):,.0f} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "load": [load0, load1],
+                                            "rows": [(p, r, nd) for p, _m, nd, r in rows]}, indent=1))
+    return 0
+
+
 def run(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="small20")
@@ -103,6 +188,14 @@ def run(argv=None) -> int:
     ap.add_argument("--uint8", action="store_true", help="return_uint8=True")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")
+    ap.add_argument("--remote", action="store_true",
+                    help="steady state over a throttled loopback HTTP link: local vs remote vs remote + pipeline")
+    ap.add_argument("--mbit", type=float, default=100)
+    ap.add_argument("--latency-ms", type=float, default=20)
+    ap.add_argument("--order", choices=["random", "blocks"], default="blocks",
+                    help="--remote: item order (blocks: EpisodeAwareSampler's shuffled blocks of --block frames)")
+    ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--k", type=int, default=4, help="--remote: batches fetched ahead per worker")
     a = ap.parse_args(argv)
     import torch
 
@@ -112,6 +205,8 @@ def run(argv=None) -> int:
     torch.set_num_threads(1)
 
     root = _find(a.dataset)
+    if a.remote:
+        return _remote(a, torch, lsql, root.resolve())
     db = lsql.connect(root)
     base = db.dataset("SELECT index FROM frames ORDER BY index")
     n, cams = len(base), base.camera_keys

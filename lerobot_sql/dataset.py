@@ -18,20 +18,25 @@ import json
 import math
 import operator
 import os
+import socket
 import tempfile
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from ._readers import deltas as _frames
 from ._readers import decode, locate, tabular, video_index
+from ._storage.pieces import merge_ranges
 from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
 from ._format.files import DatasetFiles
 from . import meta as _meta
+from . import pipeline as _pipe
 from ._plan.manifest import Meta
 
 
@@ -70,6 +75,7 @@ class _Worker:
         n = len(ds._video_keys)
         # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
         self.pool = concurrent.futures.ThreadPoolExecutor(n - 1) if ds._use_parallel() and n > 1 else None
+        self.packets: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}  # mp4 -> (byte_offset, byte_size)
 
     def view(self, ds: "LeRobotSQLDataset", slot: int) -> tabular.RowGroupView:
         v = self.views[slot]
@@ -137,6 +143,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     built when an item first needs it, in the process reading it (so a remote dataset's first batch waits only for
     the pieces it uses). Errors in those files therefore surface from ``__getitem__``, not from the constructor; a
     missing local mp4 is still warned about at construction.
+
+    DataLoader workers of any start method (``fork``, ``spawn``, ``forkserver``) share one copy of the per-sample
+    arrays: they live in a named Arrow file under ``<cache>/manifests`` that the dataset maps, and the pickled
+    dataset (what spawned workers receive) carries only its name (kilobytes, whatever the number of samples). The
+    file is deleted when this dataset (and any deep copy of it) is collected, on :meth:`close`, or at exit, and
+    only by the process that built it.
 
     Raises (from ``__getitem__``):
         FrameNotFoundError: no video frame within ``tolerance_s`` of the wanted time.
@@ -206,6 +218,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._extras = list(self._meta.extras)
         self._prepare(manifest)
         self._worker: _Worker | None = None
+        self._pipeline: _pipe.Pipeline | None = None
         self._stats_fn = stats  # ds.meta.stats: called once, on first use (db.dataset passes the Database's)
         self._owner_pid = os.getpid()  # only this process may call it: DuckDB does not survive a fork
         self._meta_obj: _meta.SelectionMetadata | None = None
@@ -213,8 +226,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     # ---- main process -------------------------------------------------------------------------------------
     def _prepare(self, m: pa.Table) -> None:
         """Resolve every sample to (row-group slot, offset) from the data files' footers, and group each camera's
-        samples by mp4; then keep all per-sample arrays in one memory-mapped Arrow file, so forked workers share them
-        instead of copying. Nothing is built or decoded here (see ``_Worker``)."""
+        samples by mp4; then keep all per-sample arrays in one named, memory-mapped Arrow file (``_SampleFile``), so
+        forked workers share its pages and spawned/forkserver workers map the same file by name instead of
+        unpickling copies. Nothing is built or decoded here (see ``_Worker``)."""
         n = m.num_rows
         self._files, file_codes = _codes(m["data_file"])
         self._infos = [tabular.data_file_info(self._src, f) for f in self._files]
@@ -263,13 +277,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if missing:
             warnings.warn(f"{len(missing)} video file(s) are missing, e.g. {missing[0]}; items needing them will raise "
                           "MissingFileError (pass cameras=[...] to leave those cameras out)", stacklevel=4)
-        self.manifest, derived = _map_table(m, cols, self._cache_dir)
-        self._c = {c: derived[c].to_numpy() for c in derived.column_names}
-        for c in ("index", "episode_index", "timestamp", "ep_from_index", "ep_to_index", "ep_data_row0",
-                  "task_index") + tuple(f"{k}/from_timestamp" for k in self._video_keys):
-            self._c[c] = self.manifest[c].chunk(0).to_numpy() if self.manifest[c].num_chunks == 1 else \
-                self.manifest[c].to_numpy()
+        self._map = _map_table(m, cols, self._cache_dir)
+        self._manifest_cols, self._derived_cols = list(m.column_names), list(cols)
         self._n = n
+        self._attach(self._map.read())
         # Columns and their kinds from the first data file's schema: the columns of its row-group cache files.
         schema = self._infos[0].schema
         self._columns = [c for c in schema.names if c not in self._skip_columns]
@@ -277,6 +288,18 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                         "num" if tabular.is_numeric(schema.field(c), self._layout) else "other")
                        for c in self._columns if c not in self._delta]
         self._image_hw = {k: _declared_hw(self._layout.features[k]) for k in self._layout.image_keys}
+
+    def _attach(self, mapped: pa.Table) -> None:
+        """Take the per-sample arrays from the mapped per-sample file (``_SampleFile.read``): the manifest, the
+        derived columns, the extras. Zero-copy views of the mapping, in the building process and in every process
+        that unpickles the dataset alike."""
+        self.manifest = mapped.select(self._manifest_cols)
+        derived = mapped.select(self._derived_cols)
+        self._c = {c: derived[c].to_numpy() for c in derived.column_names}
+        for c in ("index", "episode_index", "timestamp", "ep_from_index", "ep_to_index", "ep_data_row0",
+                  "task_index") + tuple(f"{k}/from_timestamp" for k in self._video_keys):
+            self._c[c] = self.manifest[c].chunk(0).to_numpy() if self.manifest[c].num_chunks == 1 else \
+                self.manifest[c].to_numpy()
         # Each extra keeps its Arrow dtype (float64 stays float64, int64 int64): a float32 tensor would round
         # 123456789 to 123456792 and a Unix time to 1.7e9. A number column with NULLs is float64 with NaN already
         # (plan._plain_numbers); here such a column (a manifest written elsewhere) is made so too.
@@ -364,10 +387,24 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_worker"] = None  # maps, indexes and decoders are re-opened in the receiving process
+        # The per-sample arrays (~350 bytes a sample) travel as the name of their file: a spawned or forkserver
+        # worker maps the pages a forked one shares, instead of unpickling a private copy (3.5 GB at 10M samples).
+        for k in ("manifest", "_c", "_extra_cols"):
+            state.pop(k, None)
         # The statistics function holds the Database (DuckDB does not pickle, nor cross a fork): a copy keeps the
         # numbers if they were computed, else says where to compute them (SelectionMetadata.__getstate__).
         state["_stats_fn"] = _meta.stats_unavailable if self._stats_fn is not None else None
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._attach(self._map.read())
+
+    def close(self) -> None:
+        """Delete the per-sample file now (it is otherwise deleted when the last dataset sharing it is collected,
+        or at exit). This process keeps reading items (its mapping stays valid); DataLoader workers started
+        afterwards with ``spawn``/``forkserver`` cannot map it and raise CacheError, forked ones are unaffected."""
+        self._map.close()
 
     # ---- what lerobot's training code reads besides items (lerobot_sql.meta) ------------------------------
     @property
@@ -697,6 +734,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         ii = self._batch_indices(indices)
         b = len(ii)
         w = self._w()
+        if self._pipeline is not None and b:  # this worker's next batches, fetched while it reads this one
+            self._pipeline.after_batch(ii, self._n, lambda jj: self._byte_ranges(w, jj), self._src)
         c = self._c
         tensors: dict[str, torch.Tensor] = {}  # key -> (B, *item shape)
         lists: dict[str, list] = {}  # key -> per-item values, collated by default_collate
@@ -837,6 +876,94 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         for k, v in batch.items():
             (tensors if isinstance(v, torch.Tensor) else lists)[k] = v
         return Batch(list(batch), tensors, lists, b)
+
+    # ---- remote pipelining (lerobot_sql.pipeline) ---------------------------------------------------------
+    def pipeline(self, sampler, *, batches: int = 4, max_bytes: int | None = None) -> "LeRobotSQLDataset":
+        """Fetch ahead, in each DataLoader worker, the remote bytes of the worker's next ``batches`` batches.
+
+        ``sampler`` is the one the DataLoader draws from (``DataLoader(ds, sampler=sampler, batch_size=B, ...)``;
+        this package's samplers, a list of indices, or any sampler whose order is the same in a worker's copy).
+        On ``__getitems__`` of batch ``j`` a worker submits to two background threads the byte ranges of batches
+        ``j + W .. j + batches*W`` (its own, under torch's round robin; ``W`` = ``num_workers``, 1 without
+        workers): data row groups not cached yet, video packets from each frame's keyframe, container heads.
+        ``max_bytes`` bounds the bytes a worker holds fetched ahead and unread (default ``min(128 MiB,
+        cache_size / (4 * W))``). Why this design and what disables it: :mod:`lerobot_sql.pipeline`.
+
+        Items never change (the bytes go through the same pinned piece cache). Local datasets: a no-op. With
+        ``spawn`` workers the sampler is pickled with the dataset. Returns the dataset (for chaining); call again
+        to replace the sampler, ``ds.pipeline(None)`` to switch it off.
+
+        Raises:
+            ValueError: ``batches < 1`` or ``max_bytes <= 0``. TypeError: ``sampler`` is not iterable.
+        """
+        self._pipeline = None if sampler is None else _pipe.Pipeline(sampler, batches, max_bytes)
+        return self
+
+    def _byte_ranges(self, w: _Worker, jj: np.ndarray) -> dict[str, list[tuple[int, int]]]:
+        """``{file: merged [start, end) ranges}`` the items ``jj`` read and this process has not built from yet:
+        the row groups (windows' too) whose cache files do not exist, and per camera and mp4 the packets from each
+        frame's keyframe run to a few packets past it (plus PyAV's read block), with the container head. The
+        rule of :func:`lerobot_sql.prefetch.needed_ranges`, per batch. A file that fails to open is left out (the
+        item's own read raises)."""
+        c, out = self._c, {}
+        fi, slot = c["_file"][jj], c["_slot"][jj].astype(np.int64)
+        idx, ep_from, ep_to = c["index"][jj].astype(np.int64), c["ep_from_index"][jj], c["ep_to_index"][jj]
+        offs = np.concatenate([v for v in self._delta.values()]) if self._delta else np.zeros(1, np.int64)
+        q_lo = np.clip(idx + offs.min(), ep_from, ep_to - 1)
+        q_hi = np.clip(idx + offs.max(), ep_from, ep_to - 1)
+        for f in np.unique(fi):
+            m = fi == f
+            info = self._infos[int(f)]
+            base = int(self._rg_base[int(f)])
+            rgs = set((slot[m] - base).tolist())
+            if self._delta:  # windows reach rows of neighbouring row groups
+                row0 = c["ep_data_row0"][jj][m]
+                rgs.update(info.row_groups(row0 + (q_lo[m] - ep_from[m]), row0 + (q_hi[m] - ep_from[m]) + 1).tolist())
+            todo = [rg for rg in sorted(rgs) if w.views[base + rg] is None and not
+                    tabular.row_group_path(self._src, info, rg, self._cache_dir, self._layout).exists()]
+            if todo:
+                out[info.rel] = tabular.row_group_ranges(info.metadata, todo)
+        fps = float(self._layout.fps)
+        for k in self._video_keys:
+            codes = c[f"_vfile/{k}"][jj]
+            dk = self._delta.get(k, np.zeros(1, np.int64))
+            for code in np.unique(codes):
+                rel = self._video_files[k][int(code)]
+                try:
+                    vf = self._video(w, k, int(code))
+                    packets = self._packets(w, rel, vf.index)
+                except (LeRobotSQLError, OSError):
+                    continue
+                if packets is None:
+                    continue
+                sel = jj[codes == code]
+                if k in self._delta:  # the clamped neighbours' times (data timestamps are on the fps grid)
+                    q = np.clip(c["index"][sel][:, None] + dk[None, :], c["ep_from_index"][sel][:, None],
+                                c["ep_to_index"][sel][:, None] - 1)
+                    t = locate.time_in_file(c[f"{k}/from_timestamp"][sel][:, None], c["timestamp"][sel][:, None]) \
+                        + (q - c["index"][sel][:, None]) / fps
+                    rows = locate.nearest(vf.index.pts_s, t.ravel())[0]
+                else:
+                    rows = vf.rows[c[f"_vpos/{k}"][sel]]
+                    rows = rows[rows >= 0]
+                start, size = packets
+                ranges = locate.packet_ranges(np.unique(rows), vf.index.key_row, start, size,
+                                              readahead=locate.AVIO_BUFFER)
+                ranges.append((0, int(start.min()) + locate.AVIO_BUFFER))  # opening reads the head (moov)
+                out.setdefault(rel, []).extend(ranges)
+        return {rel: merge_ranges(r) for rel, r in out.items()}
+
+    def _packets(self, w: _Worker, rel: str, index: video_index.FrameIndex):
+        """(byte_offset, byte_size) int64 (n,) of mp4 ``rel``'s packets in ``index``'s row order (from the Parquet
+        form of its index, built once per cache), or None when unknown (a packet without a position)."""
+        if rel not in w.packets:
+            t = pq.read_table(video_index.ensure_index(self._src, rel, self._cache_dir),
+                              columns=["pts", "byte_offset", "byte_size"])
+            start, size = t["byte_offset"].to_numpy(), t["byte_size"].to_numpy()
+            ok = len(start) == len(index.pts) and bool((t["pts"].to_numpy() == index.pts).all()) and \
+                len(start) and start.min() >= 0
+            w.packets[rel] = (start, size) if ok else None
+        return w.packets[rel]
 
     def _decode_batch(self, w: _Worker, key: str, codes: np.ndarray, files: dict, rows: np.ndarray) -> torch.Tensor:
         """Camera ``key``'s frames for a batch: one ``decode_chw`` per mp4 (``codes[j]`` the file of item j,
@@ -1064,12 +1191,16 @@ def _groups(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return order, starts
 
 
-def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Path) -> tuple[pa.Table, pa.Table]:
-    """Write the manifest and the derived per-sample arrays to one Arrow IPC file, memory-map it, unlink it.
+def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Path) -> "_SampleFile":
+    """Write the manifest and the derived per-sample arrays to one named Arrow IPC file (``_SampleFile``).
 
-    The mapping outlives the name (POSIX), so nothing is left in the cache, while the pages are file-backed: a forked
-    DataLoader worker shares them through the page cache, and its private memory does not grow with the manifest.
-    Where unlinking a mapped file is refused (Windows), the file stays in ``<cache>/manifests`` until the next run.
+    The file lives in ``<cache>/manifests`` (or the system temp folder when the cache is read-only) while the
+    dataset that wrote it lives: its pages are file-backed, so forked DataLoader workers share them through the
+    page cache, and spawned/forkserver workers, which get the dataset pickled, map the same file by name. Before
+    writing, files whose writer is gone (killed before cleanup: its lock is free) are removed.
+
+    Raises:
+        CacheError: neither the cache folder nor the temp folder can hold the file.
     """
     d = cache_dir / "manifests"
     full = manifest.combine_chunks()
@@ -1077,23 +1208,168 @@ def _map_table(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Pa
         full = full.append_column(name, pa.array(arr))
     try:
         d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, suffix=".arrow")
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=_map_prefix(), suffix=".arrow")
     except OSError:
-        # A read-only cache with complete entries stays usable: this map is transient (unlinked below).
+        # A read-only cache with complete entries stays usable: this file is transient.
+        d = Path(tempfile.gettempdir())
         try:
-            fd, tmp = tempfile.mkstemp(suffix=".lsql-manifest.arrow")
+            fd, tmp = tempfile.mkstemp(dir=d, prefix=_map_prefix(), suffix=".arrow")
         except OSError as e:
-            raise CacheError(f"{d}: cannot write the manifest map ({e}); the cache folder is full or not writable, "
-                             "set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable folder") from e
-    os.close(fd)
+            raise CacheError(f"{cache_dir / 'manifests'}: cannot write the per-sample file ({e}); the cache folder "
+                             "is full or not writable, set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a "
+                             "writable folder") from e
+    _hold(fd)  # before anything else: a sweeping process must see the file as live from its first moment
+    _sweep_maps(d, keep=tmp)
     try:
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, full.schema) as w:
             w.write_table(full)
-        mapped = pa.ipc.open_file(pa.memory_map(tmp, "r")).read_all()
     except OSError as e:
-        raise CacheError(f"{d}: cannot write the manifest map ({e}); the cache folder is full or not writable, set "
-                         "LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable folder with room") from e
-    finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-    return mapped.select(manifest.column_names), mapped.select(list(derived))
+            os.close(fd)
+        raise CacheError(f"{d}: cannot write the per-sample file ({e}); the cache folder is full or not writable, "
+                         "set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable folder with room") from e
+    return _SampleFile(tmp, owner=True, fd=fd)
+
+
+_MAP_TAG = "lsql-samples"
+_MAPS: "weakref.WeakValueDictionary[str, _SampleFile]" = weakref.WeakValueDictionary()  # this process's own files
+
+
+def _map_prefix() -> str:
+    """``lsql-samples-<host>-<pid>-``: who wrote the file, so a later run can tell a leftover from a live file."""
+    host = "".join(ch if ch.isalnum() else "_" for ch in socket.gethostname())[:40] or "host"
+    return f"{_MAP_TAG}-{host}-{os.getpid()}-"
+
+
+_YOUNG_S = 60.0  # a file this new may not hold its writer's lock yet (created, not yet locked): never swept
+
+
+def _hold(fd: int) -> None:
+    """Take an exclusive ``flock`` on the per-sample file for the life of the dataset: the kernel releases it when
+    the writer exits in any way (SIGKILL included), so another process (another container sharing the cache and
+    the hostname, too) tells a live file from a leftover without trusting pids. Where ``flock`` does not exist
+    (Windows) or the filesystem refuses it, the pid rule of :func:`_sweep_maps` applies."""
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (ImportError, OSError):
+        pass
+
+
+def _leftover(path: Path, name: str, host_prefix: str) -> bool:
+    """Whether ``path`` (a per-sample file) belongs to no live process: its writer's lock is free, or (no locks
+    here) it names this host and a pid that does not run. Files younger than ``_YOUNG_S`` are never leftovers."""
+    import time
+
+    try:
+        if time.time() - path.stat().st_mtime < _YOUNG_S:
+            return False
+    except OSError:
+        return False
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY)
+    except ImportError:
+        fd = None
+    except OSError:
+        return False
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True  # nobody holds it: the writer is gone
+        except BlockingIOError:
+            return False
+        except OSError:
+            pass  # no locks on this filesystem: the pid rule below
+        finally:
+            os.close(fd)
+    if not name.startswith(host_prefix):
+        return False  # another host's pid means nothing here
+    pid = name[len(host_prefix):].split("-", 1)[0]
+    return pid.isdigit() and not _alive(int(pid))
+
+
+def _sweep_maps(d: Path, keep: str) -> None:
+    """Remove per-sample files in ``d`` whose writer has exited (a crash or kill skips the finalizer; on Windows
+    the finalizer cannot delete a file still mapped): see :func:`_leftover`."""
+    host_prefix = _map_prefix().rsplit("-", 2)[0] + "-"
+    with contextlib.suppress(OSError):
+        for name in os.listdir(d):
+            if not (name.startswith(_MAP_TAG + "-") and name.endswith(".arrow")) or str(d / name) == keep:
+                continue
+            if _leftover(d / name, name, host_prefix):
+                with contextlib.suppress(OSError):
+                    os.unlink(d / name)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists (another user's), or cannot tell: keep its file
+    return True
+
+
+def _remove_map(path: str, pid: int, fd: int | None) -> None:
+    # Only the writing process deletes: a forked worker inherits this finalizer with the dataset, and must never
+    # take the file from under the parent and its other workers.
+    if os.getpid() == pid:
+        with contextlib.suppress(OSError):  # Windows refuses while mapped: the next run's sweep removes it
+            os.unlink(path)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # releases the lock
+
+
+class _SampleFile:
+    """The per-sample file of a dataset (manifest + derived arrays, Arrow IPC), shared by name.
+
+    The writing process owns it and holds an exclusive ``flock`` on it while it lives (so other processes can tell
+    a leftover: :func:`_leftover`): a finalizer deletes it when the last object holding it there is collected,
+    on ``close()``, or at interpreter exit, never in another process (forked children inherit the finalizer but
+    fail its pid check; spawned ones only ever receive the name). It pickles as its path: unpickled in the owner
+    process (``copy.deepcopy``, ``pickle`` round trips) it is the owner's object, so the file lives while any copy
+    does; elsewhere a non-owning handle. Several datasets and processes never share a file (each name is unique).
+    """
+
+    def __init__(self, path: str, owner: bool, fd: int | None = None):
+        self.path = path
+        self._fin = weakref.finalize(self, _remove_map, path, os.getpid(), fd) if owner else None
+        if owner:
+            _MAPS[path] = self
+
+    def read(self) -> pa.Table:
+        """The file's table, memory-mapped (zero-copy).
+
+        Raises:
+            CacheError: the file is gone: its owner dataset was closed or collected (or its cache folder was
+                cleaned) before this copy of the dataset was unpickled.
+        """
+        try:
+            return pa.ipc.open_file(pa.memory_map(self.path, "r")).read_all()
+        except FileNotFoundError as e:
+            raise CacheError(f"{self.path}: the dataset's per-sample file is gone; a pickled dataset (a spawned "
+                             "DataLoader worker's copy) maps the file of the dataset it was pickled from, which "
+                             "must stay alive (not closed, not collected, its cache folder not cleaned) while "
+                             "copies start. Build the dataset again (db.dataset(...))") from e
+        except OSError as e:
+            raise CacheError(f"{self.path}: cannot map the dataset's per-sample file ({e})") from e
+
+    def close(self) -> None:
+        if self._fin is not None:
+            self._fin()
+
+    def __reduce__(self):
+        return (_attach_map, (self.path,))
+
+
+def _attach_map(path: str) -> _SampleFile:
+    own = _MAPS.get(path)
+    return own if own is not None else _SampleFile(path, owner=False)

@@ -24,7 +24,7 @@ from ._readers import locate, tabular, video_index
 from ._storage.pieces import merge_ranges
 from ._readers.tabular import row_group_ranges
 
-AVIO_BUFFER = 32 << 10  # PyAV reads files in blocks of this size: a decode reads up to one block past its packet
+AVIO_BUFFER = locate.AVIO_BUFFER  # PyAV reads files in blocks of this size (kept here: tests and users read it)
 
 
 @dataclasses.dataclass

@@ -110,9 +110,12 @@ class _Resumable(torch.utils.data.Sampler):
     def _order(self) -> np.ndarray:
         raise NotImplementedError
 
+    def order(self) -> np.ndarray:
+        """The positions ``iter(self)`` yields now, as one int64 array (``ds.pipeline`` reads it in each worker)."""
+        return self._order()[self.start:]
+
     def __iter__(self) -> Iterator[int]:
-        order = self._order()
-        return iter(order[self.start:].tolist())
+        return iter(self.order().tolist())
 
     def __len__(self) -> int:
         return max(0, self._length() - self.start)

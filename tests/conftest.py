@@ -61,6 +61,24 @@ def _cache_dir(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_leftover_sample_files(tmp_path_factory):
+    """After the session: every per-sample file this process wrote (any cache folder under the session's temp
+    root, or the system temp folder) belongs to a dataset still alive (deleted at exit); any other is a leak."""
+    yield
+    import gc
+    import tempfile
+
+    from lerobot_sql.dataset import _MAPS, _map_prefix
+
+    gc.collect()
+    mine = _map_prefix()
+    roots = [tmp_path_factory.getbasetemp(), Path(tempfile.gettempdir())]
+    found = {str(p) for r in roots for p in r.glob(f"**/{mine}*.arrow")} if roots[0].exists() else set()
+    leaked = sorted(found - set(_MAPS.keys()))
+    assert not leaked, f"per-sample files left without a live dataset: {leaked[:5]}"
+
+
 @pytest.fixture(scope="session")
 def framecode():
     """tests/data/framecode.py: which frame an image is, and the exact state/action of every synthetic frame."""

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import DatasetFormatError, FrameNotFoundError
 
 DECODER_DELAY = 4  # packets a decoder may read past a frame before it outputs that frame
+AVIO_BUFFER = 32 << 10  # PyAV reads files in blocks of this size: a decode reads up to one block past its packet
 
 
 def time_in_file(from_timestamp, timestamp) -> np.ndarray:

@@ -52,4 +52,4 @@ def test_soak_20k_items_flat_memory(sample, tmp_path, framecode):
     assert checked >= 35
     assert end < 1.10 * base, f"RSS grew from {base / 2**20:.0f} MiB to {end / 2**20:.0f} MiB over 20k items"
     assert ds._w().decoders.stats()["open_files"] <= 1  # the decoder pool keeps its bound
-    assert _files(tmp_path / "c") == files  # no cache growth after warm-up (manifest maps are unlinked)
+    assert _files(tmp_path / "c") == files  # no cache growth after warm-up (the per-sample file exists from the start)

@@ -1,0 +1,182 @@
+"""Remote pipelining: each DataLoader worker fetches the bytes of its own next batches in background threads.
+
+Set with :meth:`lerobot_sql.dataset.LeRobotSQLDataset.pipeline` (``ds.pipeline(sampler, batches=k)``). On a remote
+dataset a worker that reads batch ``j`` otherwise waits on the network for every row group and GOP the batch needs
+that is not cached yet. With a pipeline, when ``__getitems__`` is called with batch ``j`` the worker submits, to two
+background threads, the byte ranges (data row groups whose cache files do not exist yet, video packets from each
+frame's keyframe to the frame, container heads) of the batches it will be handed next, ``j + W, j + 2W, ...
+j + kW`` (``W`` workers), so that they are in the piece cache when it gets there.
+
+How a worker knows its next indices. torch's DataLoader gives batch ``j`` to worker ``j % W`` (round robin), and
+a batch is the slice ``[j*B, (j+1)*B)`` of the sampler's order; ``__getitems__`` sees only the indices of one
+batch. The dataset is handed a reference to the sampler (pickled with the dataset to spawned workers, inherited by
+forked ones), and each worker computes the sampler's order itself, once (``sampler.order()`` when the sampler has
+it, as this package's samplers do, else ``list(iter(sampler))``). It finds the batch's position in that order by
+its first index and checks the whole batch matches there; then the next batches are known. This needs no channel
+from the main process and no change to how users build the DataLoader, and it is safe by construction: a sampler
+whose order differs in the worker (torch's ``RandomSampler`` without a seeded generator, a persistent worker whose
+sampler was ``set_epoch``-ed after it started, another sampler than the one given) makes the check fail, and the
+worker then prefetches nothing for that batch (no wrong bytes fetched; a count says so). Alternatives rejected: the
+sampler publishing its order into shared memory needs a handle with a lifetime of its own and a hook in every
+sampler; prefetching "the next k batches" of every worker would fetch each batch W times over the link's budget.
+
+Results never change: prefetching only fills the piece cache (pinned to the file versions the dataset opened),
+and the readers find the bytes there. The bytes fetched ahead are bounded per worker by ``max_bytes`` (default
+``min(128 MiB, cache_size / (4 W))``): a batch is skipped when the bytes already fetched ahead and not yet
+consumed plus its own would pass the bound, so the cache's LRU never evicts prefetched pieces before they are read
+(nor pieces in use) unless the cache is smaller than ``4 W max_bytes``. A background failure is not raised: the
+batch's own read then fetches (and raises) as without the pipeline. Local datasets: nothing to do (a no-op).
+The bytes fetched beyond what the read batches need: the last ``k`` batches a worker fetched ahead when iteration
+stops early (a loop that breaks mid-epoch); over a whole epoch there are none (tests/test_pipeline.py: 1.06x of the
+run without pipelining over a 24-batch epoch, 1.17x when the same 24 batches end a longer epoch early).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from typing import Callable
+
+import numpy as np
+import torch
+
+DEFAULT_MAX_BYTES = 128 << 20
+THREADS = 2  # background jobs per worker: one batch's ranges computed while another's are fetched
+FETCHERS = 4  # files of one job fetched at once
+
+
+class Pipeline:
+    """The settings of ``ds.pipeline`` and, per process, the prefetch state (``_Here``, rebuilt after a fork and
+    never pickled)."""
+
+    def __init__(self, sampler, batches: int = 4, max_bytes: int | None = None):
+        if batches < 1:
+            raise ValueError(f"batches must be >= 1 (batches fetched ahead per worker), got {batches}")
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        if not hasattr(sampler, "__iter__"):
+            raise TypeError(f"sampler must be the DataLoader's sampler (an iterable of indices), not "
+                            f"{type(sampler).__name__}")
+        self.sampler, self.batches, self.max_bytes = sampler, int(batches), max_bytes
+        self._here: _Here | None = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_here"] = None
+        return state
+
+    def here(self, n: int, cache_size: int | None) -> "_Here":
+        h = self._here
+        if h is None or h.pid != os.getpid():
+            info = torch.utils.data.get_worker_info()
+            workers = info.num_workers if info is not None else 1
+            budget = self.max_bytes
+            if budget is None:
+                budget = DEFAULT_MAX_BYTES if cache_size is None else min(DEFAULT_MAX_BYTES,
+                                                                          cache_size // (4 * workers))
+            h = self._here = _Here(self.sampler, n, workers, max(1, int(budget)))
+        return h
+
+    def after_batch(self, ii: np.ndarray, n: int, ranges: Callable[[np.ndarray], dict], src) -> None:
+        """Called by ``__getitems__`` with batch ``ii`` (positions in [0, n)): submit the prefetch of this
+        worker's next batches. ``ranges(positions)`` gives ``{file: [(start, end), ...]}`` the items read."""
+        if src.is_local or not len(ii):
+            return
+        cache_size = getattr(src.fs, "cache_size", None)
+        self.here(n, cache_size).after_batch(ii, self.batches, ranges, src)
+
+    def stats(self) -> dict[str, int]:
+        """Counters of this process: ``batches`` seen, ``unmatched`` (not found in the sampler's order: nothing
+        prefetched), ``submitted``, ``over_budget`` (skipped), ``late`` (read before its prefetch started),
+        ``failed``, ``bytes`` fetched ahead."""
+        return dict(self._here.counts) if self._here is not None and self._here.pid == os.getpid() else {}
+
+    def wait(self) -> None:
+        """Block until this process's submitted prefetches are done (tests, benchmarks)."""
+        h = self._here
+        if h is not None and h.pid == os.getpid():
+            with h.lock:
+                futs = list(h.futures)
+            concurrent.futures.wait(futs)
+
+
+class _Here:
+    """One process's view: the sampler's order, where each index first occurs, the jobs in flight."""
+
+    def __init__(self, sampler, n: int, workers: int, max_bytes: int):
+        self.pid = os.getpid()
+        self.workers, self.max_bytes = workers, max_bytes
+        order = sampler.order() if callable(getattr(sampler, "order", None)) else \
+            np.fromiter((int(i) for i in sampler), np.int64)
+        self.order = np.asarray(order, np.int64) % max(n, 1)
+        first = np.full(n, -1, np.int64)
+        pos = np.arange(len(self.order), dtype=np.int64)
+        first[self.order[::-1]] = pos[::-1]  # the first occurrence wins
+        self.first = first
+        self.lock = threading.Lock()
+        self.ahead: dict[int, int] = {}  # batch start in the order -> bytes fetched ahead for it (0: not yet)
+        self.futures: set[concurrent.futures.Future] = set()
+        self.pool = concurrent.futures.ThreadPoolExecutor(THREADS, thread_name_prefix="lsql-pipeline")
+        self.fetchers = concurrent.futures.ThreadPoolExecutor(FETCHERS, thread_name_prefix="lsql-pipeline-fetch")
+        self.counts = {"batches": 0, "unmatched": 0, "submitted": 0, "over_budget": 0, "late": 0, "failed": 0,
+                       "bytes": 0}
+
+    def position(self, ii: np.ndarray) -> int | None:
+        p = int(self.first[ii[0]])
+        if p < 0 or p + len(ii) > len(self.order) or not np.array_equal(self.order[p:p + len(ii)], ii):
+            return None
+        return p
+
+    def after_batch(self, ii: np.ndarray, k: int, ranges, src) -> None:
+        self.counts["batches"] += 1
+        p = self.position(ii)
+        if p is None:
+            self.counts["unmatched"] += 1
+            return
+        b, step = len(ii), self.workers * len(ii)
+        with self.lock:
+            for t in [t for t in self.ahead if t <= p]:  # read now (or passed): no longer held ahead
+                del self.ahead[t]
+            new = [t for t in (p + m * step for m in range(1, k + 1)) if t < len(self.order) and t not in self.ahead]
+            for t in new:
+                self.ahead[t] = 0
+        for t in new:
+            fut = self.pool.submit(self._job, t, self.order[t:t + b].copy(), ranges, src)
+            with self.lock:
+                self.futures.add(fut)
+                self.counts["submitted"] += 1
+            fut.add_done_callback(self._done)
+
+    def _done(self, fut) -> None:
+        with self.lock:
+            self.futures.discard(fut)
+
+    def _job(self, t: int, jj: np.ndarray, ranges, src) -> None:
+        try:
+            with self.lock:
+                if t not in self.ahead:  # its batch was read before the job started
+                    self.counts["late"] += 1
+                    return
+            need = ranges(jj)
+            missing = {rel: src.missing(rel, rs) for rel, rs in need.items()}
+            nbytes = sum(b - a for rs in missing.values() for a, b in rs)
+            with self.lock:
+                if t not in self.ahead:
+                    self.counts["late"] += 1
+                    return
+                if sum(self.ahead.values()) + nbytes > self.max_bytes:
+                    del self.ahead[t]
+                    self.counts["over_budget"] += 1
+                    return
+                self.ahead[t] = nbytes
+            # the batch's files at once (a row-group file and a few mp4s: one round trip for all, not one each);
+            # a pool apart from the jobs' own, so a job never waits on a thread it occupies
+            todo = [(rel, rs) for rel, rs in missing.items() if rs]
+            got = sum(self.fetchers.map(lambda j: src.fetch(*j), todo)) if len(todo) > 1 else \
+                sum(src.fetch(*j) for j in todo)
+            with self.lock:
+                self.counts["bytes"] += got
+        except Exception:  # noqa: BLE001 - best effort: the batch's own read fetches and raises properly
+            with self.lock:
+                self.counts["failed"] += 1

@@ -1,0 +1,135 @@
+"""Remote pipelining (issue 18): with ``ds.pipeline(sampler, batches=k)`` each DataLoader worker fetches its next
+batches' bytes in background threads. Over the loopback HTTP server: items identical to the local dataset's and
+to a run without pipelining, bytes fetched within 1.2x of that run, and the next batch read from the cache."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import lerobot_sql as lsql
+from lerobot_sql.samplers import EpisodeAwareSampler
+
+from http_range_server import RangeServer
+from test_batch import _delta, _same
+
+FPS = 30
+
+
+@pytest.fixture
+def served(datasets, tmp_path, monkeypatch):
+    """A copy of multifile60 (3 data files, 12 mp4s) served over loopback HTTP; each test its own cache."""
+    shutil.copytree(datasets / "multifile60", tmp_path / "srv" / "multifile60")
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("LSQL_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with RangeServer(tmp_path / "srv") as srv:
+        yield srv, tmp_path
+
+
+def _remote(srv, tmp_path, name: str, profile: str = "diffusion"):
+    db = lsql.connect(f"{srv.url}/multifile60", cache_dir=tmp_path / name)
+    cams = db.layout.video_keys
+    return db, db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta(profile, cams),
+                          return_uint8=True)
+
+
+def _media_requests(srv, since: int) -> list:
+    return [e for e in srv.log[since:] if e[0].split("/", 2)[1] in ("data", "videos")]
+
+
+def test_workers_pipelined_equal_unpipelined_within_the_bytes(served, datasets):
+    srv, tmp = served
+    local = lsql.connect(datasets / "multifile60").dataset(
+        "SELECT index FROM frames ORDER BY index", delta_timestamps=_delta("diffusion", ["observation.images.front",
+                                                                                       "observation.images.wrist"]),
+        return_uint8=True)
+    runs = {}
+    for mode in ("plain", "pipelined"):
+        _db, ds = _remote(srv, tmp, mode)
+        # 384 items of 13,024 in EpisodeAwareSampler's order: a whole (short) epoch, scattered over the files. An
+        # epoch cut short would leave the last k*W batches fetched ahead and never read (up to k*W/24 more bytes).
+        sampler = EpisodeAwareSampler(ds, block_size=4, seed=5).order()[:384].tolist()
+        if mode == "pipelined":
+            ds.pipeline(sampler, batches=3)
+        sent = srv.bytes_sent()
+        got = list(DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2, multiprocessing_context="fork"))
+        runs[mode] = (got, srv.bytes_sent() - sent, np.array(sampler))
+    (plain, b_plain, order), (piped, b_piped, order2) = runs["plain"], runs["pipelined"]
+    assert np.array_equal(order, order2) and len(plain) == len(piped) == 24
+    for j, (a, b) in enumerate(zip(plain, piped)):
+        _same(b, a, f"batch {j}")
+        if j % 6 == 0:  # and both are the local dataset's items
+            _same(b, torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)].tolist())),
+                  f"batch {j} vs local")
+    assert b_piped <= 1.2 * b_plain, (b_piped, b_plain)
+
+
+def test_the_next_batch_is_read_from_the_cache(served, datasets):
+    """In one process (W = 1): after batch 0 and its prefetch, batch 1 costs no request for data or video."""
+    srv, tmp = served
+    _db, ds = _remote(srv, tmp, "one")
+    order = [int(i) for i in np.random.default_rng(2).permutation(len(ds))[:64]]
+    ds.pipeline(order, batches=2)
+    first = ds.__getitems__(order[:16])
+    ds._pipeline.wait()
+    st = ds._pipeline.stats()
+    assert st["submitted"] == 2 and st["bytes"] > 0 and st["failed"] == st["unmatched"] == 0, st
+    ds.pipeline(None)  # so that reading batch 1 submits nothing further: every request now is the batch's own
+    mark = len(srv.log)
+    second = ds.__getitems__(order[16:32])
+    assert _media_requests(srv, mark) == []
+    local = lsql.connect(datasets / "multifile60").dataset(
+        "SELECT index FROM frames ORDER BY index", delta_timestamps=_delta("diffusion", ds._video_keys),
+        return_uint8=True)
+    _same(torch.utils.data.default_collate(second), torch.utils.data.default_collate(local.__getitems__(order[16:32])))
+    _same(torch.utils.data.default_collate(first), torch.utils.data.default_collate(local.__getitems__(order[:16])))
+
+
+def test_a_sampler_that_disagrees_or_a_small_budget_fetches_nothing_ahead(served):
+    srv, tmp = served
+    _db, ds = _remote(srv, tmp, "off", profile="plain")
+    order = [int(i) for i in np.random.default_rng(4).permutation(len(ds))[:48]]
+    ds.pipeline(order[::-1], batches=2)  # not the order the batches come in
+    for j in range(0, 48, 16):
+        ds.__getitems__(order[j:j + 16])
+    ds._pipeline.wait()
+    st = ds._pipeline.stats()
+    assert st["unmatched"] == st["batches"] == 3 and st["submitted"] == st["bytes"] == 0, st
+    _db, ds = _remote(srv, tmp, "tiny", profile="plain")
+    ds.pipeline(order, batches=2, max_bytes=1000)
+    ds.__getitems__(order[:16])
+    ds._pipeline.wait()
+    st = ds._pipeline.stats()
+    assert st["submitted"] == 2 and st["over_budget"] == 2 and st["bytes"] == 0, st
+    with pytest.raises(ValueError, match="batches"):
+        ds.pipeline(order, batches=0)
+    assert ds.pipeline(None)._pipeline is None
+
+
+def test_pipeline_on_a_local_dataset_is_a_no_op(datasets):
+    ds = lsql.connect(datasets / "small20").dataset("SELECT index FROM frames ORDER BY index", cameras=[])
+    order = list(range(64))
+    ds.pipeline(order)
+    _same(torch.utils.data.default_collate(ds.__getitems__(order[:16])),
+          torch.utils.data.default_collate([ds[i] for i in order[:16]]))
+    assert ds._pipeline.stats() == {}
+
+
+def test_spawned_workers_get_the_sampler_and_pipeline(served, datasets):
+    """lerobot 0.6.1's start method: the sampler travels pickled with the dataset, and the items stay exact."""
+    srv, tmp = served
+    _db, ds = _remote(srv, tmp, "spawn", profile="act")
+    sampler = EpisodeAwareSampler(ds, block_size=8, seed=9)
+    ds.pipeline(sampler, batches=2)
+    order = sampler.order()[:96]
+    got = [b for _, b in zip(range(6), DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2,
+                                                  multiprocessing_context="spawn"))]
+    local = lsql.connect(datasets / "multifile60").dataset("SELECT index FROM frames ORDER BY index",
+                                                          delta_timestamps=_delta("act", []), return_uint8=True)
+    for j, b in enumerate(got):
+        _same(b, torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)].tolist())), f"{j}")
