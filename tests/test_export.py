@@ -751,3 +751,25 @@ def test_cli_overwrite_refusals_say_what_to_do(datasets, tmp_path):
         hint = [line for line in r.stderr.splitlines() if line.startswith("hint:")]
         assert len(hint) == 1 and "pass --overwrite" not in hint[0], r.stderr
     assert _snapshot(tmp_path) == before
+
+
+def test_sigterm_during_export_leaves_no_staging_folder(tmp_path, datasets):
+    """timeout / kill / Slurm / docker stop send SIGTERM: the export stops (exit 143) and removes its staging
+    folder, as Ctrl-C does (before: the half-written .<dest>.lsql-export-* folder stayed for good)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    dest = tmp_path / "out" / "killed"
+    p = subprocess.Popen([sys.executable, "-m", "lerobot_sql.cli", "export", str(datasets / "multifile60"), str(dest),
+                          "--quiet", "--sql", "SELECT episode_index, 0.5 AS start_s, 3.0 AS end_s FROM episodes"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "out").glob(".killed.lsql-export-*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list((tmp_path / "out").glob(".killed.lsql-export-*")), "the export never started writing"
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=120)
+    assert p.returncode == 143
+    assert not list((tmp_path / "out").glob(".killed.lsql-export-*")) and not dest.exists()

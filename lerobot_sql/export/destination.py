@@ -14,6 +14,8 @@ import errno
 import json
 import os
 import shutil
+import signal
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -150,6 +152,15 @@ def writing(dest: Path, tmp: Path | None = None) -> Iterator[None]:
     """
     created = _make_parents(dest.parent, dest)
     ok = False
+    old_term = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        # SIGTERM (timeout, kill, Slurm, docker stop) would end the process without running the cleanup below and
+        # leave the half-written staging folder behind for good: while writing, it exits through Python instead
+        # (SystemExit 143, the shell's code for a SIGTERM), so the finally clause removes it.
+        def _term(signum, frame):
+            raise SystemExit(128 + signal.SIGTERM)
+
+        old_term = signal.signal(signal.SIGTERM, _term)
     try:
         yield
         ok = True
@@ -166,3 +177,5 @@ def writing(dest: Path, tmp: Path | None = None) -> Iterator[None]:
                 tmp.unlink()
         if not ok:
             _remove_dirs(created)
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
