@@ -465,3 +465,10 @@ def test_collection_info_query_and_doctor(tmp_path):
     assert r.returncode == 2 and "positive number of seconds" in r.stderr and "Traceback" not in r.stderr
     r = run("query", str(tmp_path / "lab"), "--name", "episodes_by_task", "-p", "text=x")
     assert r.returncode == 2 and "named queries" in r.stderr, (r.returncode, r.stderr)
+
+
+def test_timeout_bounds_writing_the_rows_too():
+    """--timeout covers the whole command: a runaway cross join (22.7M rows) whose query is done in a second used to
+    spend minutes writing JSON Lines."""
+    r = run("query", SAMPLE, "SELECT a.index, b.index FROM frames a, frames b", "--timeout", "1", "-f", "json")
+    assert_error(r, "timeout of 1 s", "--timeout")

@@ -236,7 +236,7 @@ def cmd_query(args) -> int:
         rel = run_sql(db, None, dict(args.param or []), name=args.name, timeout=args.timeout)
     else:
         rel = run_sql(db, _sql_from(args, db), timeout=args.timeout)
-    write_result(rel, format_of(args.format, args.output), args.output, args.max_rows)
+    write_result(rel, format_of(args.format, args.output), args.output, args.max_rows, timeout=args.timeout)
     return 0
 
 

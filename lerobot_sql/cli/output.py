@@ -219,7 +219,17 @@ def _float32_shortest(table):
     return table
 
 
-def write_result(rel, fmt: str, output: str | None, max_rows: int) -> None:
+def write_result(rel, fmt: str, output: str | None, max_rows: int, timeout: float | None = None) -> None:
+    """Write the result ``rel`` as ``fmt`` to ``output`` (stdout for None or ``-``). ``timeout``: seconds the
+    whole command may take, the query and the writing (JSON Lines are written row by row in Python: 22M rows of a
+    runaway cross join took minutes after the query itself was done).
+
+    Raises:
+        QueryError: the timeout passed while rows were written (``.interrupted = "timeout"``).
+    """
+    import time
+
+    deadline = None if timeout is None else time.monotonic() + timeout
     if fmt == "table":
         if output not in (None, "-"):
             with _out(output) as f, contextlib.redirect_stdout(f):
@@ -229,8 +239,14 @@ def write_result(rel, fmt: str, output: str | None, max_rows: int) -> None:
     elif fmt == "json":  # JSON Lines: one object per row, streams into jq / pandas.read_json(lines=True)
         table = _float32_shortest(materialize(rel, "json"))
         with _out(output) as f:
-            for row in table.to_pylist():
-                f.write(json.dumps(jsonable(row), ensure_ascii=False) + "\n")
+            for batch in table.to_batches(max_chunksize=4096):
+                if deadline is not None and time.monotonic() > deadline:
+                    err = QueryError(f"the command was stopped at its timeout of {timeout:g} s while writing the "
+                                     f"result ({table.num_rows:,} rows; --timeout)")
+                    err.interrupted = "timeout"
+                    raise err
+                for row in batch.to_pylist():
+                    f.write(json.dumps(jsonable(row), ensure_ascii=False) + "\n")
     elif fmt == "csv":
         import duckdb
 
@@ -338,6 +354,8 @@ def error_hint(e: BaseException) -> str | None:
                                                 or "differs (" in str(e)):
         return ("over several datasets a query returns `dataset` with `index`, or `episode_index[, start_s, end_s]`; "
                 "keys line up with --features (export) or rename=/features= (Python); README: Many datasets")
+    if getattr(e, "interrupted", None) == "timeout":
+        return "give --timeout more seconds, or narrow the query (WHERE, LIMIT, an aggregate)"
     if isinstance(e, TrainSetupError) and "not installed" in str(e):
         return "run lerobot-sql train with the Python that has lerobot (0.4.x-0.6.x), e.g. your training environment"
     if isinstance(e, QueryError) and not isinstance(e, ResultContractError):
