@@ -228,26 +228,18 @@ def _groups(source) -> tuple[list[str], np.ndarray]:
         return list(source.names), np.asarray(source.dataset_index, np.int64)
     m = getattr(source, "manifest", source)
     if isinstance(m, pa.Table) and "dataset" in m.column_names:
-        import json
-
         import pyarrow.compute as pc
 
-        from ._plan.manifest import COLLECTION_KEY
+        from ._plan.manifest import COLLECTION_KEY, collection_meta, dataset_codes
 
         col = m["dataset"].combine_chunks()
-        raw = (m.schema.metadata or {}).get(COLLECTION_KEY)
-        if raw is not None:
-            names = list(json.loads(raw)["names"])
+        if COLLECTION_KEY in (m.schema.metadata or {}):
+            names = list(collection_meta(m)["names"])
         elif pa.types.is_dictionary(col.type):
             names = col.dictionary.to_pylist()
         else:
             names = pc.unique(col).to_pylist()
-        codes = pc.index_in(col.cast(pa.string()), value_set=pa.array(names, pa.string()))
-        if codes.null_count:
-            bad = pc.filter(col.cast(pa.string()), pc.is_null(codes)).to_pylist()[:3]
-            raise ValueError(f"{codes.null_count} manifest row(s) have a dataset outside the collection's names "
-                             f"{names} (e.g. {bad}): make the manifest with Collection.manifest(sql)")
-        return names, codes.to_numpy(zero_copy_only=False).astype(np.int64)
+        return names, dataset_codes(m, names).astype(np.int64)
     n = len(_columns(source)[1])
     return [str(getattr(source, "repo_id", None) or "dataset")], np.zeros(n, np.int64)
 

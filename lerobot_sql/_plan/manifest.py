@@ -163,18 +163,31 @@ def collection_meta(manifest: pa.Table) -> dict:
 
 
 def dataset_codes(manifest: pa.Table, names: list[str]) -> np.ndarray:
-    """int32 (N,): each row's position in ``names``."""
+    """int32 (N,): each row's position in ``names`` (the ``dataset`` column's dictionary indices when its
+    dictionary is ``names``).
+
+    Raises:
+        ResultContractError: a row's dataset is NULL or not in ``names``.
+    """
     col = manifest["dataset"].combine_chunks()
-    if pa.types.is_dictionary(col.type) and col.dictionary.to_pylist() == list(names):
+    if pa.types.is_dictionary(col.type) and col.dictionary.to_pylist() == list(names) and not col.null_count:
         return col.indices.to_numpy(zero_copy_only=False).astype(np.int32)
-    return pc.index_in(col.cast(pa.string()), value_set=pa.array(names, pa.string())) \
-        .to_numpy(zero_copy_only=False).astype(np.int32)
+    codes = pc.index_in(col.cast(pa.string()), value_set=pa.array(names, pa.string()))
+    if codes.null_count:
+        bad = pc.filter(col.cast(pa.string()), pc.is_null(codes)).to_pylist()[:3]
+        raise ResultContractError(f"{codes.null_count} manifest row(s) have a dataset outside the collection's "
+                                  f"names {list(names)} (e.g. {bad}): make the manifest with Collection.manifest(sql)")
+    return codes.to_numpy(zero_copy_only=False).astype(np.int32)
 
 
-def part_of(manifest: pa.Table, name: str, code: int, meta: dict) -> tuple[pa.Table, np.ndarray]:
+def part_of(manifest: pa.Table, name: str, code: int, meta: dict, codes: np.ndarray | None = None
+            ) -> tuple[pa.Table, np.ndarray]:
     """Dataset ``name``'s rows of a collection manifest as its own manifest (its columns, its metadata), and their
-    positions in the collection manifest."""
-    pos = np.flatnonzero(dataset_codes(manifest, meta["names"]) == code)
+    positions in the collection manifest. ``codes``: :func:`dataset_codes` of the manifest, when the caller splits
+    it into every part (computed here otherwise)."""
+    if codes is None:
+        codes = dataset_codes(manifest, meta["names"])
+    pos = np.flatnonzero(codes == code)
     own = json.loads(meta["manifests"][name])
     cols = columns(own.get("video_keys", ()), own.get("extras", ()))
     sub = manifest.take(pa.array(pos)).select(cols)

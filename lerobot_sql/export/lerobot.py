@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._format.layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
-from .._plan.manifest import Meta
+from .._plan.manifest import Meta, collection_meta, dataset_codes
 from .._readers import decode, locate, video_index
 from .._version import __version__
 from ..errors import (DatasetFormatError, DestinationError, DestinationExistsError, IncompatibleDatasetsError,
@@ -168,18 +168,13 @@ def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, pres
     sources = [Source(coll[n], n, codes_of[n], {**{k: k for k in coll[n].layout.features if k not in keymaps[n]},
                                                  **{k: v for k, v in keymaps[n].items() if v in keys}})
                for n in present]
-    _check_compatible(sources, manifest)
-    col = manifest["dataset"].combine_chunks()
-    names = col.dictionary.to_pylist() if pa.types.is_dictionary(col.type) else None
-    if names == coll.names:
-        codes = col.indices.to_numpy(zero_copy_only=False)
-    else:
-        codes = pc.index_in(col.cast(pa.string()), value_set=pa.array(coll.names)).to_numpy(zero_copy_only=False)
+    codes = dataset_codes(manifest, coll.names)
     lookup = np.full(len(coll.names), -1, np.int64)  # dataset code -> position in sources
     lookup[[s.code for s in sources]] = np.arange(len(sources))
     src_of_row = lookup[codes.astype(np.int64)]
+    _check_compatible(sources, manifest, src_of_row)
     # One query, one contract: every dataset's part of the manifest has the same mode.
-    meta = json.loads(manifest.schema.metadata[b"lerobot_sql.collection"])
+    meta = collection_meta(manifest)
     modes = {json.loads(v).get("mode") for n, v in meta["manifests"].items() if n in present}
     if len(modes) != 1:
         raise ResultContractError(f"the collection manifest mixes result contracts {sorted(map(str, modes))}; "
@@ -299,10 +294,11 @@ class Source:
         return name
 
 
-def _check_compatible(sources: list[Source], manifest: pa.Table) -> None:
+def _check_compatible(sources: list[Source], manifest: pa.Table, src_of_row: np.ndarray) -> None:
     """Refuse what one dataset cannot hold: several fps or robot_types, a camera that is a video in one source and
     an image in another, or whose videos differ in codec, resolution or pixel format (probed from each source's
     first selected mp4 of that camera: the stream is what a remux copies, whatever info.json says).
+    ``src_of_row``: each manifest row's position in ``sources``.
 
     Raises:
         IncompatibleDatasetsError: naming the datasets, the key and the values.
@@ -328,11 +324,8 @@ def _check_compatible(sources: list[Source], manifest: pa.Table) -> None:
         if kinds[first.name] != "video":
             continue
         sig = {}
-        for s in sources:
-            col = manifest[f"{s.src_key(key)}/file"].combine_chunks()
-            mine = np.flatnonzero(pc.equal(manifest["dataset"].cast(pa.string()), s.name)
-                                  .to_numpy(zero_copy_only=False))
-            rel = col[int(mine[0])].as_py()
+        for si, s in enumerate(sources):
+            rel = manifest[f"{s.src_key(key)}/file"][int(np.flatnonzero(src_of_row == si)[0])].as_py()
             with video_index.open_container(s.src, rel) as c:
                 cc = c.streams.video[0].codec_context
                 # the codec's name, not its decoder's (libdav1d decodes av1)
