@@ -258,3 +258,25 @@ def test_a_new_codec_header_starts_a_new_video_file(datasets, tmp_path):
     b = coll.dataset(sql, return_uint8=True)
     assert _same_items(a, b, extras=("o",)) == 2 * rep.frames
     assert doctor.run(out).ok
+
+
+def test_depth_maps_of_a_later_dataset_stay_depth(datasets, tmp_path):
+    """A collection whose depth dataset is not the first (small20 has no samples in the selection): a cut depth
+    episode's stats are recomputed from its frames decoded as 12-bit codes, as the one-dataset export does. The
+    export chose the decoders' depth files by comparing each row's position among the selected datasets with the
+    dataset's position in the collection, which differ here: the depth mp4 was decoded as RGB (found in review)."""
+    import pyarrow.parquet as pq
+
+    window = "0 AS episode_index, 0.1 AS start_s, 0.5 AS end_s"
+    coll = lsql.connect_many([datasets / "small20", datasets / "depth4"])
+    with pytest.warns(UserWarning, match="depth video"):
+        coll.export(f"SELECT 'depth4' AS dataset, {window}", tmp_path / "coll", progress=False)
+    with pytest.warns(UserWarning, match="depth video"):
+        lsql.connect(datasets / "depth4").export(f"SELECT {window}", tmp_path / "one", progress=False)
+
+    def depth_stats(root):
+        t = pq.read_table(sorted((root / "meta" / "episodes").rglob("*.parquet"))[0])
+        return {c: t[c].to_pylist() for c in t.column_names if c.startswith("stats/observation.images.depth/")}
+
+    got, want = depth_stats(tmp_path / "coll"), depth_stats(tmp_path / "one")
+    assert want and got == want

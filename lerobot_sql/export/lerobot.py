@@ -382,11 +382,12 @@ class Exporter:
         self._tasks()
         self.data = DataWriter(self)
         self.videos = {k: VideoWriter(self, k) for k in self.video_keys}
-        for s in self.sources:
-            # depth mp4s decode to their 12-bit codes (gray12le), never RGB
+        for si, s in enumerate(self.sources):
+            # depth mp4s decode to their 12-bit codes (gray12le), never RGB; self.codes holds each row's position
+            # in self.sources (not the dataset's code in the collection, s.code)
             depth = [k for k in s.layout.video_keys if s.layout.features[k].is_depth_map
                      and f"{k}/file" in self.m.column_names]
-            rows = self.m.filter(pa.array(self.codes == s.code)) if depth else None
+            rows = self.m.filter(pa.array(self.codes == si)) if depth else None
             s.decoders = decode.DecoderPool(s.src, max_open=4, gray={
                 rel for k in depth for rel in pc.unique(rows[f"{k}/file"]).drop_null().to_pylist()})
         self.depth_recomputed: dict[str, int] = {}  # depth video key -> output episodes whose stats were recomputed
