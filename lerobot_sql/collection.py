@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import glob
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +118,7 @@ class Collection(QueryFace):
             except LeRobotSQLError as e:
                 raise type(e)(f"dataset {name!r} ({root}): {e}") from e
             self.members[name] = Database._of(files, **settings)
-        self._connection = CollectionConnection(self.names, [m.files for m in self.members.values()], **settings)
-        self._ctx = None
-        self._ctx_lock = threading.RLock()  # two threads' first checks build one context
+        self._init_queries(CollectionConnection(self.names, [m.files for m in self.members.values()], **settings))
 
     def __getitem__(self, name: str) -> Database:
         """The dataset ``name``'s own Database.
@@ -239,14 +236,18 @@ class Collection(QueryFace):
         """
         from .mixture import CollectionDataset
 
+        return CollectionDataset.build(self, self._manifest_of(sql), features=features, rename=rename,
+                                       options=options)
+
+    def _manifest_of(self, sql: str | os.PathLike | pa.Table) -> pa.Table:
+        """The collection manifest ``sql`` stands for: a saved one (Parquet path) or a table, checked to be of this
+        collection (:meth:`_check_manifest_source`), else the manifest of the query."""
         if is_manifest_path(sql):
             sql = read_manifest_file(sql, "pyarrow.parquet.write_table(coll.manifest(sql), path)")
         if isinstance(sql, pa.Table):
             self._check_manifest_source(sql)
-            manifest = sql
-        else:
-            manifest = self.manifest(sql)
-        return CollectionDataset.build(self, manifest, features=features, rename=rename, options=options)
+            return sql
+        return self.manifest(sql)
 
     def _check_manifest_source(self, manifest: pa.Table) -> None:
         """Refuse a collection manifest made over other datasets (names or roots differ): its index values are those
@@ -277,7 +278,8 @@ class Collection(QueryFace):
         count-weighted means of each dataset's quantiles (an estimate, as lerobot's).
 
         Args:
-            sql: a collection query (``dataset`` plus a contract) or a collection manifest; None: every episode.
+            sql: a collection query (``dataset`` plus a contract) or a collection manifest (table or saved Parquet
+                file); None: every episode.
             per_dataset: return ``{dataset: its stats}`` instead of the combined statistics.
             rename: as :meth:`dataset`, so that differently named features combine.
 
@@ -290,18 +292,17 @@ class Collection(QueryFace):
 
         from . import stats as _stats
 
-        manifest = sql if isinstance(sql, pa.Table) else \
-            self.manifest(sql if sql is not None else "SELECT dataset, episode_index FROM episodes")
+        manifest = self._manifest_of(sql if sql is not None else "SELECT dataset, episode_index FROM episodes")
         meta = _manifest.collection_meta(manifest)
+        codes = _manifest.dataset_codes(manifest, meta["names"])
         per: dict[str, dict] = {}
         for code, name in enumerate(meta["names"]):
-            part, pos = _manifest.part_of(manifest, name, code, meta)
+            part, pos = _manifest.part_of(manifest, name, code, meta, codes)
             if not len(pos):
                 continue
             cur = self._connection.source_cursor(code)
             try:
-                has_q = bool(cur.sql("SELECT 1 FROM episode_stats WHERE stat = 'q01' LIMIT 1").fetchall())
-                got = _stats.selection_stats(cur, self.members[name].layout, part, quantiles=has_q)
+                got = self.members[name]._selection_stats(part, con=cur)
             finally:
                 cur.close()
             m = (rename or {}).get(name, {})
@@ -320,7 +321,7 @@ class Collection(QueryFace):
             out[k] = _stats.aggregate(list(have.values())) if len(have) > 1 else next(iter(have.values()))
         return out
 
-    def export(self, sql: str | pa.Table, dest: str | os.PathLike, *, features: list[str] | None = None,
+    def export(self, sql: str | os.PathLike | pa.Table, dest: str | os.PathLike, *, features: list[str] | None = None,
                rename: dict[str, dict[str, str]] | None = None, **kwargs: Any):
         """Write a query's frames across the collection as one new LeRobot v3.0 dataset at ``dest`` (a local
         folder); lerobot's ``aggregate_datasets``, from a query.
@@ -336,7 +337,7 @@ class Collection(QueryFace):
         selected dataset's.
 
         Args:
-            sql: the query, or a manifest from :meth:`manifest`.
+            sql: the query, or a manifest from :meth:`manifest` (table or saved Parquet file).
             features, rename: as :meth:`dataset`: which feature keys to write (after ``rename``; default every
                 feature, which the selected datasets must then all have alike) and per dataset
                 ``{its key: output key}``.
@@ -354,14 +355,10 @@ class Collection(QueryFace):
             and what :meth:`Database.export` raises (destination, source files).
         """
         from . import export
-        from .mixture import collection_meta, line_up
+        from .mixture import line_up
 
-        manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql)
-        names = collection_meta(manifest)["names"]
-        if names != self.names:
-            raise ResultContractError(f"a manifest of the collection {names}, exported through the collection "
-                                      f"{self.names}: export it through its own collection")
-        present, keymaps, keys = line_up(self, manifest, names, features, rename,
+        manifest = self._manifest_of(sql)
+        present, keymaps, keys = line_up(self, manifest, self.names, features, rename,
                                          why="so they cannot be written as one dataset")
         for n in present:
             self.members[n]._check_links()

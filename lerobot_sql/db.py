@@ -215,6 +215,11 @@ class QueryFace:
 
     _TABLE_MACROS = macros.TABLE_MACROS  # the table macros users may call in FROM, and their columns
 
+    def _init_queries(self, connection: Connection) -> None:
+        self._connection = connection
+        self._ctx: query.Context | None = None
+        self._ctx_lock = threading.RLock()  # two threads' first checks build one context
+
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
         """The calling thread's DuckDB connection (or cursor) with the views, created on first use: opening a
@@ -380,10 +385,8 @@ class Database(QueryFace):
 
     def _init(self, files: DatasetFiles, **settings: Any) -> None:
         self.files: DatasetFiles = files
-        self._connection = Connection(self.files, **settings)
-        self._ctx_lock = threading.RLock()  # two threads' first checks build one context
+        self._init_queries(Connection(self.files, **settings))
         self._pointers = None
-        self._ctx: query.Context | None = None
         self._query_dirs: list[Path] = []
 
     @property
@@ -666,8 +669,17 @@ class Database(QueryFace):
                 raw = json.load(f)
             return stats.from_json(raw, self.source.path("meta/stats.json"))
         manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql)
-        has_q = bool(self.con.sql("SELECT 1 FROM episode_stats WHERE stat = 'q01' LIMIT 1").fetchall())
-        return stats.selection_stats(self.con, self.layout, manifest, quantiles=has_q)
+        return self._selection_stats(manifest)
+
+    def _selection_stats(self, manifest: pa.Table, con: duckdb.DuckDBPyConnection | None = None) -> dict:
+        """:func:`lerobot_sql.stats.selection_stats` of this dataset's ``manifest``, quantiles when the source's
+        statistics have them; ``con``: a connection whose unqualified names are this dataset's views (default its
+        own)."""
+        from . import stats
+
+        con = con or self.con
+        has_q = bool(con.sql("SELECT 1 FROM episode_stats WHERE stat = 'q01' LIMIT 1").fetchall())
+        return stats.selection_stats(con, self.layout, manifest, quantiles=has_q)
 
     @property
     def query_dirs(self) -> list[Path]:

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from ._plan.manifest import collection_meta, part_of
+from ._plan.manifest import collection_meta, dataset_codes, part_of
 from .dataset import Batch, LeRobotSQLDataset
 from .errors import ResultContractError, did_you_mean
 
@@ -128,6 +128,8 @@ class CollectionDataset(torch.utils.data.Dataset):
         self.names, self.parts = list(names), parts
         self.dataset_index, self.local = dataset_index, local
         self._keymaps, self._drop = keymaps, drop
+        # item key -> source key per dataset, for the batch path (built once, not per batch and key)
+        self._inverse = {n: {v: k for k, v in m.items()} for n, m in keymaps.items()}
         self._by_code = [parts.get(n) for n in names]
         self.manifest = manifest
 
@@ -146,12 +148,13 @@ class CollectionDataset(torch.utils.data.Dataset):
             raise ValueError(f"delta_timestamps keys {unknown} are not item keys of this selection: "
                              f"{sorted(keys)}.{did_you_mean(unknown[0], keys)}")
         cameras_opt = options.pop("cameras", None)
+        codes = dataset_codes(manifest, names)
         parts = {}
         idx = np.empty(manifest.num_rows, np.int32)
         local = np.empty(manifest.num_rows, np.int64)
         for n in present:
             code = names.index(n)
-            sub, pos = part_of(manifest, n, code, meta)
+            sub, pos = part_of(manifest, n, code, meta, codes)
             inv = {v: k for k, v in keymaps[n].items()}
             lay = coll[n].layout
             cams = [k for k in lay.camera_keys if keymaps[n][k] in keys]
@@ -229,7 +232,7 @@ class CollectionDataset(torch.utils.data.Dataset):
         return Batch(keys, tensors, lists, len(idx))
 
     def _source_key(self, name: str, key: str) -> str:
-        inv = {v: k for k, v in self._keymaps[name].items()}
+        inv = self._inverse[name]
         if key.endswith("_is_pad") and key[: -len("_is_pad")] in inv:
             return inv[key[: -len("_is_pad")]] + "_is_pad"
         return inv.get(key, key)
