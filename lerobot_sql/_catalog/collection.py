@@ -23,13 +23,13 @@ from ..errors import DatasetFormatError
 from .._format.files import DatasetFiles
 from .._format.layout import sql_key
 from .._query.sqltext import ident, literal
-from . import macros, sandbox
+from . import macros, sandbox, views
 from .connection import LAZY_VIEWS, Connection, populate
 
 # The views that span the collection (each dataset's view of that name, tagged with ``dataset``).
 UNION_VIEWS = ("episodes", "episode_stats", "frames", "frames_ext", "tasks", "videos", "features", "info",
                "video_frames", "video_files", "camera_frames")
-# Views built on first read: the union re-binds on every query, so it reads each dataset's view as it is then.
+# A one-dimensional array or list type as DuckDB spells it (FLOAT[6], DOUBLE[]): its element type.
 _ONE_DIM = re.compile(r"^(?P<base>[A-Z][A-Z0-9_ ]*?)(\[\d*\])$")
 
 
@@ -74,7 +74,7 @@ class CollectionConnection(Connection):
             allowed += dirs
             targets += links
         con.execute("SET schema = 'main'")
-        _register_table(con, "datasets", datasets_table(self.names, self._members), self._relations)
+        views.register_table(con, "datasets", datasets_table(self.names, self._members), self._relations)
         # Every dataset view's columns in one catalog query (a DESCRIBE per view binds it: 1,100 binds at 100 datasets).
         columns: dict[tuple[str, str], dict[str, str]] = {}
         for schema, table, col, typ in con.sql(
@@ -129,13 +129,6 @@ class CollectionConnection(Connection):
             if files.layout.video_keys:
                 self._probe_videos(files, schema_of(i), prefix_of(i))
         self._ready["video_files"] = True
-
-
-def _register_table(con, name: str, table: pa.Table, relations: dict) -> None:
-    arrow = f"_lsql_arrow_{name}"
-    con.register(arrow, table)
-    relations[arrow] = table
-    con.execute(f"CREATE OR REPLACE VIEW {ident(name)} AS SELECT * FROM {ident(arrow)}")
 
 
 def datasets_table(names: list[str], members: list[DatasetFiles]) -> pa.Table:

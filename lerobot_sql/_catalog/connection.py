@@ -296,7 +296,7 @@ class Connection:
                       "file_index": [f[2] for f in out], "path": [f[3] for f in out],
                       "_index_file": [f[4] for f in out]})
         # A view over a registered Arrow table, not a DuckDB table: SQL cannot rewrite which index file a camera's
-        # frames come from (see views._register_table).
+        # frames come from (see views.register_table).
         arrow = f"_lsql_arrow_{prefix}video_files"
         with self._build_lock:
             self.register(arrow, m)

@@ -14,7 +14,7 @@ a query cannot write files). Remote roots are fsspec filesystems registered on t
 ``enable_external_access=false`` does not cut off; allowed_directories names their URL prefix too.
 
 Since issue 14 the first wall also walks DuckDB's own parse tree (``query.duckdb_facts``), and nothing lerobot_sql
-reads back is a DuckDB base table (views over Parquet or registered Arrow tables, ``catalog._register_table``), so
+reads back is a DuckDB base table (views over Parquet or registered Arrow tables, ``views.register_table``), so
 no SQL on the connection, first wall or not, can UPDATE, DELETE or INSERT the metadata behind ``dataset()``. Each
 thread other than the connection's owner uses a cursor of it (``Database.con``); the settings here are the
 database's, so they hold for every cursor (``tests/test_security.py::test_one_database_from_four_threads``).

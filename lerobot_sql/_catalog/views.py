@@ -95,7 +95,7 @@ def _empty_episodes_sql(layout: Layout) -> str:
     return f"SELECT {', '.join(cols)} WHERE false"
 
 
-def _register_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table, relations: dict | None = None,
+def register_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table, relations: dict | None = None,
                     select: str = "*", prefix: str = "") -> None:
     """Make ``name`` a view over the Arrow ``table``, registered as ``_lsql_arrow_<prefix><name>``, and record the
     registration in ``relations`` (each DuckDB cursor needs it registered again: registrations are per connection).
@@ -118,7 +118,7 @@ def _register_episodes(con: duckdb.DuckDBPyConnection, src: Source, layout: Layo
     if not layout.episode_files:
         con.execute(f"CREATE OR REPLACE VIEW _episodes_raw AS {_empty_episodes_sql(layout)}")
     elif layout.legacy:
-        _register_table(con, "_episodes_raw", v2.episodes(src, layout), relations, prefix=prefix)
+        register_table(con, "_episodes_raw", v2.episodes(src, layout), relations, prefix=prefix)
     else:
         ep_src = f"read_parquet({_file_list(src, layout.episode_files)}, union_by_name=true)"
         ep_cols = _describe(con, f"SELECT * FROM {ep_src}")
@@ -161,7 +161,7 @@ class Build:
     layout: Layout
     relations: dict[str, pa.Table]
     episode_columns: dict[str, str]
-    prefix: str = ""  # of the Arrow registrations (see _register_table)
+    prefix: str = ""  # of the Arrow registrations (see register_table)
 
 
 def episodes(b: Build) -> None:
@@ -344,7 +344,7 @@ def _derived_columns(b: Build, data_cols: dict[str, str], first: str) -> dict[st
 
 def tasks(b: Build) -> None:
     """``tasks``: (task_index, task), read whole (:func:`lerobot_sql._format.metadata.read_tasks`)."""
-    _register_table(b.con, "tasks", read_tasks(b.src, b.layout), b.relations, prefix=b.prefix)
+    register_table(b.con, "tasks", read_tasks(b.src, b.layout), b.relations, prefix=b.prefix)
 
 
 def data_files(b: Build) -> None:
@@ -353,9 +353,9 @@ def data_files(b: Build) -> None:
     points each episode to): doctor's data_files_present, and the warning a connection gives when episodes point
     to files that are not there."""
     con, layout, ep_cols = b.con, b.layout, b.episode_columns
-    _register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(layout.data_files), pa.string())}),
+    register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(layout.data_files), pa.string())}),
                     b.relations, prefix=b.prefix)
-    _register_table(con, "_data_files_stray",
+    register_table(con, "_data_files_stray",
                     pa.table({"path": pa.array(list(layout.stray_data_files), pa.string())}), b.relations,
                     prefix=b.prefix)
     if all(c in ep_cols for c in ("data/chunk_index", "data/file_index")):
@@ -408,7 +408,7 @@ def features(b: Build) -> None:
         "width": pa.array([f.info.get("video.width") for f in fs], pa.int64()),
         "pix_fmt": pa.array([f.info.get("video.pix_fmt") for f in fs], pa.string()),
     })
-    _register_table(b.con, "features", feats, b.relations, select="* EXCLUDE (names), CAST(names AS JSON) AS names",
+    register_table(b.con, "features", feats, b.relations, select="* EXCLUDE (names), CAST(names AS JSON) AS names",
                     prefix=b.prefix)
 
 
@@ -427,7 +427,7 @@ def info(b: Build) -> None:
         "data_path": [layout.data_path],
         "video_path": pa.array([layout.video_path], pa.string()),
     })
-    _register_table(b.con, "info", table, b.relations, prefix=b.prefix)
+    register_table(b.con, "info", table, b.relations, prefix=b.prefix)
 
 
 # The plain views, in the order they are created (each reads only _episodes_raw, the files and what is before it:
