@@ -66,14 +66,7 @@ def test_getitems_equals_default_collate_of_items(coll):
                       delta_timestamps=dt, return_uint8=True)
     rng = np.random.default_rng(0)
     for idx in (rng.choice(len(ds), 9, replace=False).tolist(), [0, 1, 2], [len(ds) - 1, 0]):
-        batch = default_collate(ds.__getitems__(idx))
-        ref = default_collate([ds[i] for i in idx])
-        assert set(batch) == set(ref)
-        for k in ref:
-            if isinstance(ref[k], torch.Tensor):
-                assert batch[k].dtype == ref[k].dtype and torch.equal(batch[k], ref[k]), k
-            else:
-                assert batch[k] == ref[k], k
+        assert_items_equal(default_collate(ds.__getitems__(idx)), default_collate([ds[i] for i in idx]))
 
 
 def test_dataloader_workers_give_the_same_batches(coll):

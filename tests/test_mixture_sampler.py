@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import lerobot_sql as lsql
+from helpers import assert_items_equal
 from lerobot_sql.samplers import MixtureSampler, blocks
 
 SETS = ["small20", "multifile60", "h264_20", "v21_small20"]
@@ -245,9 +246,4 @@ def test_dataloader_with_two_workers_gives_the_in_process_batches(ds):
     assert sum((b["dataset"] for b in batches), []) == _names_of(ds, order).tolist()
     in_process = [default_collate([ds[i] for i in order[k:k + 16]]) for k in range(0, 96, 16)]
     for b, ref in zip(batches, in_process):
-        assert set(b) == set(ref)
-        for k in b:
-            if isinstance(b[k], torch.Tensor):
-                assert b[k].dtype == ref[k].dtype and torch.equal(b[k], ref[k]), k
-            else:
-                assert b[k] == ref[k], k
+        assert_items_equal(b, ref)
