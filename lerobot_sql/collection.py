@@ -30,7 +30,8 @@ from ._storage import cache
 from .db import Database, QueryFace, is_manifest_path, read_manifest_file
 from .errors import LeRobotSQLError, MissingFileError, ResultContractError, did_you_mean
 
-def _is_dataset(path: str) -> bool:
+def is_dataset_root(path: str) -> bool:
+    """True when the local folder ``path`` is a dataset root (holds meta/info.json)."""
     return os.path.isfile(os.path.join(path, "meta", "info.json"))
 
 
@@ -48,11 +49,11 @@ def expand_sources(sources) -> list[str]:
     for item in items:
         s = os.fspath(item)
         if "://" not in s and any(ch in s for ch in "*?["):
-            hits = [h for h in sorted(glob.glob(s)) if _is_dataset(h)]
+            hits = [h for h in sorted(glob.glob(s)) if is_dataset_root(h)]
             if not hits:
                 raise MissingFileError(f"{s}: the glob matches no dataset folder (one holding meta/info.json)")
             out += hits
-        elif "://" not in s and os.path.isdir(s) and not _is_dataset(s):
+        elif "://" not in s and os.path.isdir(s) and not is_dataset_root(s):
             hits = sorted({os.path.dirname(os.path.dirname(p)) for p in
                            glob.glob(os.path.join(glob.escape(s), "*", "meta", "info.json")) +
                            glob.glob(os.path.join(glob.escape(s), "*", "*", "meta", "info.json"))})

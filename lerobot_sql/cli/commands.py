@@ -72,9 +72,10 @@ DATASET_HELP = ("dataset root (holds meta/, data/, videos/) or URL; several data
 def _collection_sources(text: str) -> list[str] | str | None:
     """What DATASET names when it is a collection: a comma-separated list (``a,b,c``), a glob, or a local folder
     of datasets; None for one dataset (an existing path is always taken as it is)."""
+    from ..collection import is_dataset_root
+
     if os.path.exists(text):
-        isdir = os.path.isdir(text)
-        return text if isdir and not os.path.isfile(os.path.join(text, "meta", "info.json")) else None
+        return text if os.path.isdir(text) and not is_dataset_root(text) else None
     if "," in text:
         return [p.strip() for p in text.split(",") if p.strip()]
     if "://" not in text and any(ch in text for ch in "*?["):
