@@ -231,6 +231,11 @@ def test_a_collection_manifest_is_read_only_by_its_own_collection(coll, datasets
     other = lsql.connect_many([datasets / n for n in reversed(SETS)])
     with pytest.raises(lsql.ResultContractError, match="same datasets"):
         other.dataset(m)
+    with pytest.raises(lsql.ResultContractError, match="same datasets"):
+        other.stats(m)  # before the review: computed over the other collection's frames
+    with pytest.raises(lsql.ResultContractError, match="same datasets"):
+        other.export(path, tmp_path / "never")
+    assert not (tmp_path / "never").exists()
 
 
 def test_real_datasets_in_one_collection():
