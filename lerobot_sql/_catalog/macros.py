@@ -108,15 +108,23 @@ def _frames_ext_sql(layout: Layout, frame_cols: dict[str, str], has_length: bool
             "WINDOW w AS (PARTITION BY f.episode_index ORDER BY f.frame_index), ep AS (PARTITION BY f.episode_index)")
 
 
-def _element_index_sql(layout: Layout) -> str:
-    whens = []
-    for name, f in layout.features.items():
-        els = f.flat_names or [] if len(f.shape) == 1 else []
-        for i, el in enumerate(els):
-            if els.count(el) == 1:  # a name listed twice has no one position: it is unknown, not the first
-                whens.append(f"WHEN {lit(name + chr(0) + el)} THEN {i + 1}")
-    known = {name: f.flat_names for name, f in layout.features.items() if len(f.shape) == 1 and f.flat_names}
-    msg = lit("element_index: unknown feature/name; valid: " + json.dumps(known)[:2000])
+def _element_index_sql(layouts: list[Layout]) -> str:
+    """The ``element_index(feature, name)`` macro over one dataset's ``names`` (a collection: every dataset's; a
+    (feature, name) pair at different positions in two datasets has no one answer and is unknown)."""
+    pos: dict[tuple[str, str], set[int]] = {}
+    for layout in layouts:
+        for name, f in layout.features.items():
+            els = f.flat_names or [] if len(f.shape) == 1 else []
+            for i, el in enumerate(els):
+                if els.count(el) == 1:  # a name listed twice has no one position: it is unknown, not the first
+                    pos.setdefault((name, el), set()).add(i + 1)
+    whens = [f"WHEN {lit(n + chr(0) + e)} THEN {next(iter(p))}" for (n, e), p in pos.items() if len(p) == 1]
+    if len(layouts) == 1:
+        known = {name: f.flat_names for name, f in layouts[0].features.items() if len(f.shape) == 1 and f.flat_names}
+        msg = lit("element_index: unknown feature/name; valid: " + json.dumps(known)[:2000])
+    else:
+        msg = lit("element_index: unknown feature/name, or one at different positions in the collection's datasets "
+                  "(read it per dataset as \"feature\"[i])")
     body = " ".join(whens) or "WHEN NULL THEN NULL"
     return (f"CREATE OR REPLACE MACRO element_index(feature, name) AS "
             f"CASE feature || chr(0) || name {body} ELSE error({msg} || ' (got ' || feature || ', ' || name || ')') END")
@@ -239,19 +247,7 @@ def register_collection(con, layouts: list[Layout]) -> None:
     dataset's ``names`` (a (feature, name) pair at different positions in two datasets has no one answer: an
     error naming it). ``frames_ext`` and ``camera_frames`` are union views (collection.UNION_VIEWS)."""
     _vector_macros(con)
-    pos: dict[tuple[str, str], set[int]] = {}
-    for layout in layouts:
-        for name, f in layout.features.items():
-            els = f.flat_names or [] if len(f.shape) == 1 else []
-            for i, el in enumerate(els):
-                if els.count(el) == 1:
-                    pos.setdefault((name, el), set()).add(i + 1)
-    whens = [f"WHEN {lit(n + chr(0) + e)} THEN {next(iter(p))}" for (n, e), p in pos.items() if len(p) == 1]
-    msg = lit("element_index: unknown feature/name, or one at different positions in the collection's datasets "
-              "(read it per dataset as \"feature\"[i])")
-    body = " ".join(whens) or "WHEN NULL THEN NULL"
-    con.execute(f"CREATE OR REPLACE MACRO element_index(feature, name) AS "
-                f"CASE feature || chr(0) || name {body} ELSE error({msg} || ' (got ' || feature || ', ' || name || ')') END")
+    con.execute(_element_index_sql(layouts))
     _table_macros(con, True)
 
 
@@ -264,7 +260,7 @@ def register(con, layout: Layout, table_macros: bool = True) -> None:
     frame_cols = {r[0]: r[1] for r in con.sql("DESCRIBE frames").fetchall()}
     ep_cols = {r[0] for r in con.sql("DESCRIBE episodes").fetchall()}
     _vector_macros(con)
-    con.execute(_element_index_sql(layout))
+    con.execute(_element_index_sql([layout]))
     con.execute(f"CREATE OR REPLACE VIEW frames_ext AS {_frames_ext_sql(layout, frame_cols, 'length' in ep_cols)}")
     con.execute(f"CREATE OR REPLACE VIEW camera_frames AS {CAMERA_FRAMES}")
     if table_macros:  # a collection's datasets need none of their own: users call the collection's
