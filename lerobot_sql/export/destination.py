@@ -158,13 +158,25 @@ def writing(dest: Path, tmp: Path | None = None) -> Iterator[None]:
         # leave the half-written staging folder behind for good: while writing, it exits through Python instead
         # (SystemExit 143, the shell's code for a SIGTERM), so the finally clause removes it.
         def _term(signum, frame):
+            terminated.append(signum)
             raise SystemExit(128 + signal.SIGTERM)
 
         old_term = signal.signal(signal.SIGTERM, _term)
+    terminated: list[int] = []
     try:
         yield
         ok = True
-    except OSError as e:
+    except BaseException as e:
+        if terminated and not isinstance(e, SystemExit):
+            # The SystemExit was raised inside a library call that reports it its own way (DuckDB's "Query
+            # interrupted"): the export still ends as the SIGTERM asked, not as that library's error.
+            raise SystemExit(128 + signal.SIGTERM) from e
+        if not isinstance(e, OSError):
+            raise
+        err = _write_error(e, dest)
+        if err is None:
+            raise
+        raise err from e
         err = _write_error(e, dest)
         if err is None:
             raise
