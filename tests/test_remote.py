@@ -439,3 +439,21 @@ def test_storage_failure_under_sql_is_a_remote_error_not_a_query_error(datasets)
         sel = want.filter(pc.equal(want["episode_index"], 13))["action"].to_pylist()
         assert db.sql(sql).fetchall()[0][0] == pytest.approx(  # DuckDB lists are 1-based
             sum(float(a[1]) for a in sel), rel=1e-9)
+
+
+def test_forked_worker_reads_after_the_parent_read_over_the_network(http, datasets):
+    """A DataLoader worker forked after the parent fetched over HTTP reads on its own (fsspec < 2024.3 left the
+    parent's IO loop in the child, whose thread is gone: the worker's first read waited forever). ``timeout``
+    turns a hang into a failure here instead of the suite's 300 s limit."""
+    from torch.utils.data import DataLoader
+
+    db = lsql.connect(f"{http.url}/small20")
+    ds = db.dataset(EPISODE_SQL)
+    parent = ds[0]  # the parent reads over the network first: fsspec's IO loop runs in this process
+    idx = [0, 5, len(ds) - 1]
+    got = list(DataLoader(ds, batch_size=None, sampler=idx, num_workers=1, multiprocessing_context="fork",
+                          timeout=60))
+    local = lsql.connect(datasets / "small20").dataset(EPISODE_SQL)
+    assert_items_equal(parent, local[0])
+    for i, item in zip(idx, got):
+        assert_items_equal(item, local[i])

@@ -512,22 +512,40 @@ def test_ctrl_c_interrupts_db_sql(world, tmp_path):
 
 @pytest.mark.timeout(240)  # a loaded 2-core box starts interpreters slowly
 def test_cli_query_ctrl_c_and_timeout(world, tmp_path):
+    import os
+    import resource
     import subprocess
     import sys
     import time
 
     root, _, _ = world
     cli = [sys.executable, "-m", "lerobot_sql.cli"]
-    t0 = time.monotonic()
+
+    def children_cpu() -> float:
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return ru.ru_utime + ru.ru_stime
+
+    t0, c0 = time.monotonic(), children_cpu()
     r = subprocess.run([*cli, "query", str(root), RUNAWAY, "--timeout", "1"], capture_output=True, text=True,
                        timeout=150)
+    startup_cpu = children_cpu() - c0  # interpreter start, imports, connect, and 1 s of the query
     assert r.returncode == 1 and "timeout" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert time.monotonic() - t0 < 90
     # Ctrl-C: a shell pipeline would print the result; here the query never ends, so wait for the process to settle
     p = subprocess.Popen([*cli, "query", str(root), RUNAWAY], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     try:
-        time.sleep(6)  # interpreter start, connect, the query running
+        # Wait until the query runs, by CPU time (a fixed sleep lost the race under load: the signal landed during
+        # the imports, before the CLI's handler): once the process has used 1 s more CPU than the whole first run
+        # up to its timeout, it is inside the query.
+        tick = os.sysconf("SC_CLK_TCK")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None:
+            with open(f"/proc/{p.pid}/stat") as f:
+                utime, stime = (int(v) for v in f.read().rsplit(")", 1)[1].split()[11:13])
+            if (utime + stime) / tick > startup_cpu + 1:
+                break
+            time.sleep(0.2)
         import signal
 
         t1 = time.monotonic()

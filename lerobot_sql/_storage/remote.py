@@ -34,6 +34,22 @@ from .pieces import PieceStore
 from .readahead import ColumnReadahead
 from ..errors import RemoteIOError
 
+
+def _reset_fsspec_loop() -> None:
+    """In a forked child: forget fsspec's IO loop, whose thread stayed in the parent.
+
+    fsspec before 2024.3 does not do this itself (no ``register_at_fork``), and ``sync()`` on the parent's loop
+    object then waits forever for a thread that does not exist in the child: a DataLoader worker over a remote
+    dataset hung on its first read whenever the parent had read over the network before forking (the floor leg,
+    fsspec 2024.2). Newer fsspec resets the same two globals itself; doing it twice is harmless.
+    """
+    import fsspec.asyn
+
+    fsspec.asyn.reset_lock()
+
+
+os.register_at_fork(after_in_child=_reset_fsspec_loop)
+
 # Each instance is its own protocol (``lsqlremote``, ``lsqlremote1``, ...): DuckDB routes a path to a registered
 # filesystem by its protocol alone, so one connection over several remote datasets (a collection) needs one name
 # per dataset, each pointing at that dataset's cache.
