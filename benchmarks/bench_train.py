@@ -1,34 +1,47 @@
 #!/usr/bin/env python
-"""Training-loader benchmark (issue 18, batched fetch): DataLoader items/s with ``__getitems__`` on and off.
+"""Training-loader benchmark (issue 18): lerobot_sql's DataLoader against lerobot 0.4.4 and 0.6.1 and the PyAV limit.
 
-    python -m benchmarks.bench_train [--dataset small20] [--rounds 5] [--items 1536] [--batch 32] [--workers 2]
-                                     [--uint8] [--json OUT]
-    python -m benchmarks.bench_train --remote [--mbit 100] [--latency-ms 20] [--order blocks|random] [--block 32]
-                                     [--k 4] [--rounds 3] ...
+    python -m benchmarks.bench_train [--dataset small20] [--quick] [--rounds 5] [--items 1536] [--batch 32]
+                                     [--workers 2] [--uint8] [--peer-python PATH] [--peer06-python PATH] [--no-peer]
+                                     [--json OUT]
+    python -m benchmarks.bench_train --remote [--mbit 100|1000] [--latency-ms 20] [--order blocks|random]
+                                     [--block 32] [--k 4] [--rounds 3] ...
+
+Profiles (``delta_timestamps`` at the dataset's fps, the same dicts on every side): plain (no windows); ACT (action
+chunk of 50: ``[0..49]``); diffusion (state and every camera at ``[-1, 0]``, action ``[-1..14]``). Every reader gets
+the same shuffled indices through the same DataLoader (``num_workers`` forked workers, ``batch_size``, default
+collate, the list of indices as sampler; ``common.train_loader``): items/s after the first batch (worker start-up
+excluded) and the workers' CPU ms per item (utime + stime from /proc over the same span, which other jobs on shared
+cores disturb least).
+
+Local run (default), in this order:
+  * cold: per profile, the first epoch of a dataset opened on an empty cache dir (row groups and video indexes are
+    built during it), as a whole-epoch figure (items / time from ``iter()`` to the last batch);
+  * lerobot_sql, warm (one untimed pass first): per round and profile, one dataset object read with
+    ``__getitems__`` (the batched fetch) and with it hidden (``ds.__getitems__ = None``: ``ds[i]`` per item +
+    ``default_collate``), alternating which goes first; then one process (no workers, one torch thread as in a
+    worker) reading the first 8 batches (``--quick``: 2) with and without ``__getitems__``; then the decode limit:
+    one process decoding the same items' camera frames (the profile's camera window, clamped to the episode) with
+    PyAV alone (``run.DecodeLimit``: rgb24 ndarrays, no tensors), times the number of workers;
+  * lerobot 0.4.4 (``--peer-python``, ``$LSQL_PEER_PYTHON``, default /work/peer/bin/python) and lerobot 0.6.1
+    (``--peer06-python``, ``$LSQL_PEER06_PYTHON``, default /work/peer06/bin/python when present), each in a clean
+    process of its own (``peer_lerobot.py`` train mode: torchcodec decoders fail in workers forked from a process
+    that already decoded), offline with a throwaway HF_HOME: one ``LeRobotDataset`` per profile, then ``rounds + 1``
+    passes, the first being "cold" (the first DataLoader pass after the open). A missing interpreter skips its
+    column with a note. ``--uint8`` passes ``return_uint8=True`` to lerobot_sql and 0.6.1 (what lerobot-train does
+    there); 0.4.4 has no such argument and stays float32 (the table says so).
+Tables: medians over rounds; the on/off table; the comparison table (ratios ours / lerobot 0.4.4, ours / lerobot
+0.6.1, ours / (W x 1 process ours), ours / limit); the cold-vs-steady table (whole-epoch figures on both sides).
 
 ``--remote``: the dataset folder is served by tests/http_range_server.py (one token bucket of ``--mbit`` for all
-connections, ``--latency-ms`` before every answer). Per profile, the same items in the same order through a
-DataLoader (the list of indices as sampler): the local dataset (warm), then the remote one with a fresh cache
-(nothing warm: every batch's bytes cross the link) without and with ``ds.pipeline(indices, batches=k)``. items/s
-after the first batch; bytes = what the server sent over the whole run (metadata, footers and moov boxes
-included) per item, against what the items need (meta/ + ``prefetch.needed_ranges`` of their manifest rows). Best
-of ``--rounds`` (items/s: max; bytes and CPU: min). "all cached": the pipelined remote dataset read once more,
-everything in its cache (pieces, row groups, indexes): the remote read path without the network. Workers' CPU per
-item (utime + stime, /proc) is the figure other jobs on shared cores disturb least. "link-bound items/s" = link rate / needed bytes per item: the most
-the link allows, so a profile "fits the link" when it is above the local items/s.
-
-Profiles (``delta_timestamps`` at the dataset's fps): plain (no windows); ACT (action chunk of 50: ``[0..49]``);
-diffusion (state and every camera at ``[-1, 0]``, action ``[-1..14]``). For every profile the same shuffled
-indices are read by a DataLoader (``num_workers`` forked workers, ``batch_size``, default collate) over one dataset
-object twice: with ``__getitems__`` (the batched fetch: torch's fetcher calls it with the batch) and with it hidden
-(``ds.__getitems__ = None``: the fetcher then calls ``ds[i]`` per item and ``default_collate`` stacks). items/s is
-counted after each loader's first batch (worker start-up excluded). Caches are warm: one untimed pass over the
-indices first builds the row-group cache files and video indexes and fills the page cache. The machine is shared:
-rounds interleave on/off and the profiles, and the table gives medians over rounds (and the spread), with the
-load average before and after, and the workers' CPU time per item (utime + stime from /proc over the same span),
-which the other jobs disturb least. Also per profile: one process (no workers) reading the same items, ``ds[i]`` +
-``default_collate`` per batch and ``__getitems__`` per batch, with one torch thread as in a worker, to give the
-ceiling ``workers x single-process items/s``.
+connections, 100 or 1000 Mbit/s, ``--latency-ms`` before every answer). Per profile, the same items in the same order
+through a DataLoader: the local dataset (warm), then the remote one with a fresh cache (nothing warm: every batch's
+bytes cross the link) without and with ``ds.pipeline(indices, batches=k)``. items/s after the first batch; bytes =
+what the server sent over the whole run (metadata, footers and moov boxes included) per item, against what the items
+need (meta/ + ``prefetch.needed_ranges`` of their manifest rows). Best of ``--rounds`` (items/s: max; bytes and CPU:
+min). "all cached": the pipelined remote dataset read once more, everything in its cache (pieces, row groups,
+indexes): the remote read path without the network. "link-bound items/s" = link rate / needed bytes per item: the
+most the link allows, so a profile "fits the link" when it is above the local items/s.
 """
 
 from __future__ import annotations
@@ -306,9 +319,9 @@ def _local(a, torch, lsql, root: Path) -> int:
               f"{m['cpu_on']:.2f} / {_fmt(steady('0.4.4', p, 'cpu_ms_per_item'), '.2f')} / "
               f"{_fmt(steady('0.6.1', p, 'cpu_ms_per_item'), '.2f')} | {_ratio(m['on'], v04)} | "
               f"{_ratio(m['on'], v06)} | {_ratio(m['on'], W * m['single'])} | {_ratio(m['on'], lim)} |")
-    print("\nCold first epoch vs steady state, whole epoch (items / time from iter() to the last batch: worker start-up "
-          "and first batch included; first batch in seconds in brackets). lerobot_sql cold = an empty cache dir "
-          "(row groups and video indexes built during the epoch); lerobot cold = its first DataLoader pass after "
+    print("\nCold first epoch vs steady state, whole epoch (items / time from iter() to the last batch: worker "
+          "start-up and first batch included; first batch in seconds in brackets). lerobot_sql cold = an empty cache "
+          "dir (row groups and video indexes built during the epoch); lerobot cold = its first DataLoader pass after "
           "LeRobotDataset() in a fresh process; OS page cache not dropped on either side.\n")
     print("| profile | lerobot_sql cold | lerobot_sql steady | cold / steady | lerobot 0.4.4 first pass | "
           "lerobot 0.4.4 steady | cold / steady | lerobot 0.6.1 first pass | lerobot 0.6.1 steady | cold / steady | "
@@ -329,9 +342,9 @@ def _local(a, torch, lsql, root: Path) -> int:
     print()
     for slot in ("0.4.4", "0.6.1"):
         r = peers.get(slot)
-        info = (f"lerobot {r['version']}, torch {r['torch']}, {r['backend']} backend, "
-                f"{'uint8' if a.uint8 and slot == '0.6.1' else 'float32'} frames, open {r['open_s']:.2f} s"
-                if r else "no figures")
+        dtypes = sorted({str(c.get("frame_dtype")).replace("torch.", "") for c in r["cold"].values()}) if r else []
+        info = (f"lerobot {r['version']}, torch {r['torch']}, {r['backend']} backend, frames {', '.join(dtypes)}, "
+                f"open of the {len(r['cold'])} LeRobotDatasets {r['open_s']:.2f} s" if r else "no figures")
         print(f"lerobot {slot} column: {info}{'; ' + notes[slot] if slot in notes else ''}")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "load": [load0, load1, load2], "rounds": res,

@@ -127,13 +127,17 @@ def train_loader(torch, ds, indices: list[int], batch: int, workers: int) -> dic
     utime + stime over the same span: what other jobs on shared cores disturb least, so the steadier figure on a
     loaded machine), ``first_batch_s`` (from ``iter()``: fork, worker start-up, first batch) and
     ``epoch_items_per_s`` (every item over the whole pass, start-up and first batch included: the figure a cold
-    first epoch is compared on).
+    first epoch is compared on), ``frame_dtype`` (of the first batch's image tensors, None without cameras).
     """
     dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=workers, sampler=indices,
                                      multiprocessing_context="fork")
     t_start = time.perf_counter()
     it = iter(dl)
-    first = len(next(it)["index"])
+    b0 = next(it)
+    first = len(b0["index"])
+    # the frames' dtype as delivered (float32, or uint8 with return_uint8): shows that a reader did what was asked
+    dtype = next((str(v.dtype) for v in b0.values() if getattr(v, "ndim", 0) >= 4), None)
+    del b0
     pids = [w.pid for w in getattr(it, "_workers", [])]
     c0 = sum(cpu_s(p) for p in pids)
     t0 = time.perf_counter()
@@ -147,7 +151,8 @@ def train_loader(torch, ds, indices: list[int], batch: int, workers: int) -> dic
     nan = float("nan")
     return {"items_per_s": items / (t1 - t0) if items else nan,
             "cpu_ms_per_item": 1000 * (c1 - c0) / items if items else nan,
-            "first_batch_s": t0 - t_start, "epoch_items_per_s": (items + first) / (t1 - t_start)}
+            "first_batch_s": t0 - t_start, "epoch_items_per_s": (items + first) / (t1 - t_start),
+            "frame_dtype": dtype}
 
 
 def run_peer(python: str, script: Path, plan: dict, timeout: float, hf_home: str | None = None) -> dict:
