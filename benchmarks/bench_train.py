@@ -251,6 +251,9 @@ def _local(a, torch, lsql, root: Path) -> int:
     sets = {p: db.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8) for p, dt in profs.items()}
     for ds in sets.values():  # warm: cache files, indexes, page cache
         common.train_loader(torch, ds, a.indices, a.batch, a.workers)
+        # and this process's own first reads (it opens its files and decoders lazily), so that the 1-process figure
+        # of the first round does not pay them
+        _single(torch, ds, sub[:a.batch], a.batch, True)
     keys = ("on", "off", "single", "single_off", "cpu_on", "cpu_off", "epoch_on", "first_on", "limit")
     res: dict[str, dict[str, list[float]]] = {p: {k: [] for k in keys} for p in sets}
     for r in range(a.rounds):
