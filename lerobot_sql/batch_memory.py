@@ -220,7 +220,7 @@ class SharedBatch(dict):
 
 
 class _Mapping:
-    """The main process's mapping of one worker's ring (kept while any tensor of it is alive)."""
+    """The main process's mapping of one worker's ring."""
 
     def __init__(self, fd: int):
         size = os.fstat(fd).st_size
@@ -229,8 +229,20 @@ class _Mapping:
         self.base = np.frombuffer(self.mm, np.uint8, size - HEADER, HEADER)
 
 
-_MAPPINGS: "weakref.WeakValueDictionary[tuple, _Mapping]" = weakref.WeakValueDictionary()
+# Kept while the worker lives (not only while a batch of it is alive: the next batch then needs no new mmap and
+# no page-table faults in this process); rings of workers that exited are dropped when a new ring arrives.
+_MAPPINGS: dict[tuple, _Mapping] = {}
 _MAP_LOCK = threading.Lock()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _rebuild(pid: int, dupfd, s: int, slot_bytes: int, entries: dict) -> dict:
@@ -242,6 +254,8 @@ def _rebuild(pid: int, dupfd, s: int, slot_bytes: int, entries: dict) -> dict:
         with _MAP_LOCK:
             mapping = _MAPPINGS.get(key)
             if mapping is None:
+                for k in [k for k in _MAPPINGS if not _alive(k[0])]:
+                    del _MAPPINGS[k]  # its batches still alive keep their mapping through their countdown
                 mapping = _MAPPINGS[key] = _Mapping(fd)
     finally:
         os.close(fd)

@@ -984,17 +984,29 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         ``__getitem__``'s shapes."""
         b, t = rows.shape
         depth = self._depth_video.get(key)
+        direct = self.return_uint8 and depth is None
         out = na = None
+        if len(files) == 1 and direct:  # one mp4 for the whole batch (and no conversion): decode into the batch
+            made = []
+
+            def alloc(shape, dtype):
+                made.append(_batch_tensor((b, t, *shape[1:]), torch.uint8, mem))
+                return made[0].numpy().reshape(shape)
+
+            w.decoders.decode_chw(files[next(iter(files))].index, rows.reshape(-1), alloc=alloc)
+            out = made[0]
+            return out if (key in self._delta and t > 1) else out[:, 0]
         for code in sorted(files):
             m = np.flatnonzero(codes == code)
             arr = w.decoders.decode_chw(files[code].index, rows[m].reshape(-1))
             if out is None:
-                out = _batch_tensor((b, t, *arr.shape[1:]),
-                                    torch.uint8 if self.return_uint8 and depth is None else torch.float32, mem)
+                out = _batch_tensor((b, t, *arr.shape[1:]), torch.uint8 if direct else torch.float32, mem)
                 na = out.numpy()
             arr = arr.reshape(len(m), t, *arr.shape[1:])
-            if self.return_uint8 or depth is not None:
+            if direct or depth is not None:
                 na[m] = arr  # depth: uint16 codes into float32, exact (lerobot's .to(torch.float32))
+            elif len(m) == b:  # the whole batch from this mp4: convert straight into the batch tensor
+                np.true_divide(arr, np.float32(255), out=na, dtype=np.float32)  # = _to_unit_float, no temporary
             else:
                 na[m] = _to_unit_float(arr)
         if depth is not None:

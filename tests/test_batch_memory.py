@@ -145,3 +145,17 @@ def test_switched_off(sets, monkeypatch):
     idx = _order(ds, 96)
     for j, batch in enumerate(_loader(ds, idx, workers=1)):
         _same(batch, _reference(ds, idx, j), f"batch {j}")
+
+
+def test_rings_of_exited_workers_are_unmapped(sets):
+    """Non-persistent workers: each epoch's workers make new rings; the main process drops the old ones' mappings
+    (else every epoch would keep SLOTS batches of memory per worker)."""
+    ds = sets[("plain", True)]
+    idx = _order(ds, 128)
+    for epoch in range(4):
+        for batch in _loader(ds, idx):
+            pass
+        del batch
+    # the last epoch's two rings stay until a new ring arrives; none of the three epochs before
+    dead = [k for k in batch_memory._MAPPINGS if not batch_memory._alive(k[0])]
+    assert len(dead) <= 2, dead
