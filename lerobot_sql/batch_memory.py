@@ -202,7 +202,12 @@ class SharedBatch(dict):
 
     __slots__ = ("_slot", "__weakref__")
 
-    def __reduce__(self):
+    def __reduce_ex__(self, protocol):
+        # Slot references only on the way to the main process: a DataLoader worker's queue pickles in its feeder
+        # thread. Anything else (copy.deepcopy, torch.save, a queue of the user's own) gets a plain dict, so a copy
+        # is a copy and a file holds the values, never a file descriptor of this worker.
+        if threading.current_thread().name != "QueueFeederThread":
+            return dict, (dict(self),)
         from multiprocessing.reduction import DupFd
 
         slot = self._slot
@@ -215,6 +220,8 @@ class SharedBatch(dict):
                 entries[k] = ("slot", v.data_ptr() - lo, tuple(v.shape), str(_np_dtype(v.dtype)))
             else:
                 entries[k] = ("value", v)
+        if not any(e[0] == "slot" for e in entries.values()):  # e.g. torch moved them to its own shared memory
+            return dict, (dict(self),)
         r.main[slot.s] = 1  # before the bytes leave: the main process clears it when its tensors are gone
         return _rebuild, (r.pid, DupFd(r.fd), slot.s, r.slot_bytes, entries)
 

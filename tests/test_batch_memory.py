@@ -4,8 +4,10 @@ leaves its worker freed by the worker, and the switch."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import pickle
+import threading
 from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
@@ -97,6 +99,14 @@ def test_other_collate_fn_copies_and_the_worker_frees_the_slot(sets):
     assert j == 19
 
 
+def _in_feeder_thread(fn):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()), name="QueueFeederThread")
+    t.start()
+    t.join()
+    return out[0]
+
+
 def test_the_slot_protocol_in_one_process(sets, monkeypatch):
     """The state machine without a DataLoader: claim, pickle (the main byte set), unpickle, free on the last
     tensor's death, reuse; a batch never pickled is freed by the worker's countdown; a full ring falls back."""
@@ -113,7 +123,12 @@ def test_the_slot_protocol_in_one_process(sets, monkeypatch):
     sent = default_collate(ds.__getitems__(idx[:32]))
     ring = batch_memory._RING
     assert isinstance(sent, batch_memory.SharedBatch) and ring.worker[0] == 1 and ring.main[0] == 0
-    data = ForkingPickler.dumps(sent)
+    # a copy or a pickle outside a queue's feeder thread is a plain dict of values, and leaves the slot alone
+    dup = copy.deepcopy(sent)
+    assert type(dup) is dict and ring.main[0] == 0
+    dup["observation.images.front"].zero_()
+    _same(dict(sent), first, "the original after its deep copy was changed")
+    data = _in_feeder_thread(lambda: ForkingPickler.dumps(sent))  # as a DataLoader worker's queue pickles
     assert ring.main[0] == 1
     del sent
     gc.collect()
@@ -131,6 +146,16 @@ def test_the_slot_protocol_in_one_process(sets, monkeypatch):
     b = default_collate(ds.__getitems__(idx[32:]))
     assert ring.worker[0] == 1
     del b
+    gc.collect()
+    assert ring.worker[0] == 0
+    # pickled by a queue of the user's own (not a DataLoader's feeder thread): torch's own reduction (it moves
+    # the tensors to its shared memory, as for any tensor), never the slot
+    c = default_collate(ds.__getitems__(idx[:32]))
+    assert isinstance(c, batch_memory.SharedBatch)
+    back = pickle.loads(ForkingPickler.dumps(c))
+    assert type(back) is dict and ring.main[0] == 0
+    _same(back, first, "pickled outside a feeder")
+    del c, back
     gc.collect()
     assert ring.worker[0] == 0
     held = [default_collate(ds.__getitems__(idx[:32])) for _ in range(batch_memory.SLOTS + 2)]
