@@ -954,13 +954,17 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         return {rel: merge_ranges(r) for rel, r in out.items()}
 
     def _packets(self, w: _Worker, rel: str, index: video_index.FrameIndex):
-        """(byte_offset, byte_size) int64 (n,) of mp4 ``rel``'s packets in ``index``'s row order (from the Parquet
-        form of its index, built once per cache), or None when unknown (a packet without a position)."""
+        """(byte_offset, byte_size) int64 (n,) of mp4 ``rel``'s packets in ``index``'s row order (from its mapped
+        Arrow form, or the Parquet form for an Arrow form cached without them), or None when unknown (a packet
+        without a position)."""
         if rel not in w.packets:
-            t = pq.read_table(video_index.ensure_index(self._src, rel, self._cache_dir),
-                              columns=["pts", "byte_offset", "byte_size"])
-            start, size = t["byte_offset"].to_numpy(), t["byte_size"].to_numpy()
-            ok = len(start) == len(index.pts) and bool((t["pts"].to_numpy() == index.pts).all()) and \
+            if index.byte_offset is not None:  # in the mapped Arrow form: no second demux for the Parquet form
+                start, size, pts = index.byte_offset, index.byte_size, index.pts
+            else:  # an Arrow form cached before it carried them
+                t = pq.read_table(video_index.ensure_index(self._src, rel, self._cache_dir),
+                                  columns=["pts", "byte_offset", "byte_size"])
+                start, size, pts = t["byte_offset"].to_numpy(), t["byte_size"].to_numpy(), t["pts"].to_numpy()
+            ok = len(start) == len(index.pts) and bool((pts == index.pts).all()) and \
                 len(start) and start.min() >= 0
             w.packets[rel] = (start, size) if ok else None
         return w.packets[rel]

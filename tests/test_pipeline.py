@@ -133,3 +133,28 @@ def test_spawned_workers_get_the_sampler_and_pipeline(served, datasets):
                                                           delta_timestamps=_delta("act", []), return_uint8=True)
     for j, b in enumerate(got):
         _same(b, torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)].tolist())), f"{j}")
+
+
+def test_each_mp4_is_demuxed_once_with_the_pipeline(served, datasets, monkeypatch):
+    """The pipeline plans GOP fetches from the packets' byte ranges: it takes them from the mapped Arrow index the
+    reader builds, not from a Parquet form demuxed a second time (half the CPU of a cold epoch's index builds)."""
+    from lerobot_sql._readers import video_index
+
+    srv, tmp = served
+    demuxed: list[str] = []
+    real = video_index._demux_index
+    monkeypatch.setattr(video_index, "_demux_index", lambda src, rel: demuxed.append(rel) or real(src, rel))
+    _db, ds = _remote(srv, tmp, "once")
+    order = [int(i) for i in EpisodeAwareSampler(ds, block_size=8, seed=3).order()[:96]]
+    ds.pipeline(order, batches=2)
+    got = [ds.__getitems__(order[j:j + 16]) for j in range(0, 96, 16)]
+    ds._pipeline.wait()
+    st = ds._pipeline.stats()
+    assert st["submitted"] > 0 and st["bytes"] > 0 and st["failed"] == 0, st
+    assert demuxed and len(demuxed) == len(set(demuxed)), sorted(demuxed)
+    local = lsql.connect(datasets / "multifile60").dataset(
+        "SELECT index FROM frames ORDER BY index", delta_timestamps=_delta("diffusion", ds._video_keys),
+        return_uint8=True)
+    for j, b in enumerate(got):
+        _same(torch.utils.data.default_collate(b),
+              torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)])), f"batch {j}")
