@@ -19,9 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from filelock import FileLock
-
-from .cache import atomic_write, key
+from .cache import atomic_write, file_lock, key
 
 REGION = 4 << 20                 # unit of locking; largest piece (bytes)
 MERGE_GAP = 16 << 10             # ranges closer than this are fetched as one (fewer requests for a few KiB more)
@@ -111,7 +109,7 @@ class PieceStore:
         return gaps(pieces, start, end)
 
     def _region_lock(self, fdir: Path, r: int) -> threading.Lock:
-        """Threads of this process queue on a plain lock (FileLock would make them poll every 50 ms)."""
+        """Threads of this process queue on a plain lock first: one descriptor's flock per region and process."""
         with self._lock:
             return self._region_locks.setdefault((str(fdir), r), threading.Lock())
 
@@ -130,7 +128,7 @@ class PieceStore:
         with contextlib.ExitStack() as stack:
             for r in regions:
                 stack.enter_context(self._region_lock(fdir, r))
-                stack.enter_context(FileLock(str(fdir / f"r{r:07d}.lock")))
+                stack.enter_context(file_lock(str(fdir / f"r{r:07d}.lock")))
             pieces = self.scan(fdir)  # re-read: another worker may have fetched them
             want: set[tuple[int, int]] = set()
             for a, b in ranges:

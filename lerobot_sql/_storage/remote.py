@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
-from filelock import FileLock
 
 from . import transport
-from .cache import atomic_write, parse_size
+from .cache import atomic_write, file_lock, parse_size
 from .pieces import PieceStore
 from .readahead import ColumnReadahead
 from ..errors import RemoteIOError
@@ -167,7 +166,7 @@ class RemoteCacheFS(AbstractFileSystem):
 
     def _save_store(self, section: str, key: str, value: Any) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self._store_path()) + ".lock"):
+        with file_lock(str(self._store_path()) + ".lock"):
             store = self._load_store()
             store.setdefault(section, {})[key] = value
             atomic_write(self._store_path(), json.dumps(store).encode())
