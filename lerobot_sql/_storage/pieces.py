@@ -67,6 +67,13 @@ def _piece(fdir: Path, a: int, b: int) -> Path:
     return fdir / f"{a:012d}-{b:012d}.piece"
 
 
+def _mtime(d: str) -> int | None:
+    try:
+        return os.stat(d).st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
 class PieceStore:
     """The pieces under ``dir`` (one folder per remote file version), bounded by ``cache_size`` bytes.
 
@@ -77,6 +84,7 @@ class PieceStore:
     def __init__(self, dir: str | os.PathLike, cache_size: int):
         self.dir, self.cache_size = Path(dir), int(cache_size)
         self._pieces: dict[str, list[tuple[int, int]]] = {}
+        self._listed: dict[str, int | None] = {}  # folder -> its mtime (ns) when last listed (None: absent)
         self._total: int | None = None
         self.after_fork()
 
@@ -91,22 +99,35 @@ class PieceStore:
 
     def scan(self, fdir: Path) -> list[tuple[int, int]]:
         """The pieces of ``fdir`` on disk now, sorted (remembered for :meth:`missing`)."""
+        d = str(fdir)
+        mtime = _mtime(d)  # before listing: a piece renamed in after it changes the folder's mtime again
         out = []
         with contextlib.suppress(FileNotFoundError):
-            for name in os.listdir(fdir):
+            for name in os.listdir(d):
                 if name.endswith(".piece"):
                     a, b = name[:-6].split("-")
                     out.append((int(a), int(b)))
         out.sort()
-        self._pieces[str(fdir)] = out
+        self._pieces[d] = out
+        self._listed[d] = mtime
         return out
 
     def missing(self, fdir: Path, start: int, end: int) -> list[tuple[int, int]]:
-        """Byte ranges of ``[start, end)`` not in ``fdir`` (as this process last saw it, re-read on a gap)."""
-        pieces = self._pieces.get(str(fdir))
-        if pieces is None or gaps(pieces, start, end):
-            pieces = self.scan(fdir)
-        return gaps(pieces, start, end)
+        """Byte ranges of ``[start, end)`` not in ``fdir`` (as this process last saw it, re-read on a gap when the
+        folder changed since).
+
+        A gap is re-checked with one stat of the folder, not a listing of it: a pipeline asks about every range
+        of its next batches, most of them not fetched yet. A piece another process renamed in within the same
+        mtime tick can be missed; the caller then fetches through :meth:`fill`, which lists the folder again under
+        the region lock and fetches nothing that is there.
+        """
+        d = str(fdir)
+        pieces = self._pieces.get(d)
+        if pieces is not None:
+            out = gaps(pieces, start, end)
+            if not out or _mtime(d) == self._listed.get(d, -1):
+                return out
+        return gaps(self.scan(fdir), start, end)
 
     def _region_lock(self, fdir: Path, r: int) -> threading.Lock:
         """Threads of this process queue on a plain lock first: one descriptor's flock per region and process."""
@@ -175,20 +196,23 @@ class PieceStore:
         """
         out = bytearray()
         pos = start
-        for a, b in self._pieces.get(str(fdir), []):
+        d = str(fdir)
+        for a, b in self._pieces.get(d, []):
             if b <= pos or a > pos:
                 if a > pos:
                     break
                 continue
-            p = _piece(fdir, a, b)
+            p = f"{d}/{a:012d}-{b:012d}.piece"
             n = min(b, end) - pos
-            with open(p, "rb") as f:
-                f.seek(pos - a)
-                chunk = f.read(n)
-            if len(chunk) != n:
-                raise FileNotFoundError(p)
-            with contextlib.suppress(OSError):
-                os.utime(p)  # LRU: the mtime of a piece is its last read
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # no Python file object per piece read
+            try:
+                chunk = os.pread(fd, n, pos - a)
+                if len(chunk) != n:
+                    raise FileNotFoundError(p)
+                with contextlib.suppress(OSError):
+                    os.utime(fd if os.utime in os.supports_fd else p)  # LRU: the mtime of a piece is its last read
+            finally:
+                os.close(fd)
             out += chunk
             pos += n
             if pos >= end:

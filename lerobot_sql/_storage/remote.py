@@ -102,6 +102,7 @@ class RemoteCacheFS(AbstractFileSystem):
         self._lock = threading.RLock()
         self._stats = {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
         self._infos: dict[str, dict] = {}
+        self._dirs: dict[str, Path] = {}  # path -> its piece folder (the version in _infos, fixed for the session)
         self.pieces = PieceStore(self.dir, self.cache_size)
         self.readahead = ColumnReadahead()
 
@@ -193,6 +194,9 @@ class RemoteCacheFS(AbstractFileSystem):
         return stored
 
     def info(self, path, **kwargs):
+        known = self._infos.get(path)  # most callers pass the stripped path: spare the protocol regex per read
+        if known is not None:
+            return known
         path = self._strip_protocol(path)
         if path in self._infos:
             return self._infos[path]
@@ -252,7 +256,10 @@ class RemoteCacheFS(AbstractFileSystem):
 
     # ---- bytes through the piece store ------------------------------------------------------------------------
     def _file_dir(self, path: str) -> Path:
-        return self.pieces.folder(path, self.info(path)["identity"])
+        d = self._dirs.get(path)
+        if d is None:  # a hash and a Path per call otherwise, several per read
+            d = self._dirs[path] = self.pieces.folder(path, self.info(path)["identity"])
+        return d
 
     def _whole(self, path: str) -> bool:
         rel = self._rel(path)
