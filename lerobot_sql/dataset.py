@@ -949,7 +949,11 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 start, size = packets
                 ranges = locate.packet_ranges(np.unique(rows), vf.index.key_row, start, size,
                                               readahead=locate.AVIO_BUFFER)
-                ranges.append((0, int(start.min()) + locate.AVIO_BUFFER))  # opening reads the head (moov)
+                # Opening reads the head (ftyp, moov) in PyAV's blocks from offset 0: up to the end of the block
+                # the first packet starts in. Not first packet + a block: that passed what building the index
+                # fetched (moov + one block) by the free and mdat headers, a 16-byte request per mp4.
+                blk = locate.AVIO_BUFFER
+                ranges.append((0, -(-(int(start.min()) + 1) // blk) * blk))
                 out.setdefault(rel, []).extend(ranges)
         return {rel: merge_ranges(r) for rel, r in out.items()}
 
