@@ -1,34 +1,47 @@
 #!/usr/bin/env python
-"""Training-loader benchmark (issue 18, batched fetch): DataLoader items/s with ``__getitems__`` on and off.
+"""Training-loader benchmark (issue 18): lerobot_sql's DataLoader against lerobot 0.4.4 and 0.6.1 and the PyAV limit.
 
-    python -m benchmarks.bench_train [--dataset small20] [--rounds 5] [--items 1536] [--batch 32] [--workers 2]
-                                     [--uint8] [--json OUT]
-    python -m benchmarks.bench_train --remote [--mbit 100] [--latency-ms 20] [--order blocks|random] [--block 32]
-                                     [--k 4] [--rounds 3] ...
+    python -m benchmarks.bench_train [--dataset small20] [--quick] [--rounds 5] [--items 1536] [--batch 32]
+                                     [--workers 2] [--uint8] [--peer-python PATH] [--peer06-python PATH] [--no-peer]
+                                     [--json OUT]
+    python -m benchmarks.bench_train --remote [--mbit 100|1000] [--latency-ms 20] [--order blocks|random]
+                                     [--block 32] [--k 4] [--rounds 3] ...
+
+Profiles (``delta_timestamps`` at the dataset's fps, the same dicts on every side): plain (no windows); ACT (action
+chunk of 50: ``[0..49]``); diffusion (state and every camera at ``[-1, 0]``, action ``[-1..14]``). Every reader gets
+the same shuffled indices through the same DataLoader (``num_workers`` forked workers, ``batch_size``, default
+collate, the list of indices as sampler; ``common.train_loader``): items/s after the first batch (worker start-up
+excluded) and the workers' CPU ms per item (utime + stime from /proc over the same span, which other jobs on shared
+cores disturb least).
+
+Local run (default), in this order:
+  * cold: per profile, the first epoch of a dataset opened on an empty cache dir (row groups and video indexes are
+    built during it), as a whole-epoch figure (items / time from ``iter()`` to the last batch);
+  * lerobot_sql, warm (one untimed pass first): per round and profile, one dataset object read with
+    ``__getitems__`` (the batched fetch) and with it hidden (``ds.__getitems__ = None``: ``ds[i]`` per item +
+    ``default_collate``), alternating which goes first; then one process (no workers, one torch thread as in a
+    worker) reading the first 8 batches (``--quick``: 2) with and without ``__getitems__``; then the decode limit:
+    one process decoding the same items' camera frames (the profile's camera window, clamped to the episode) with
+    PyAV alone (``run.DecodeLimit``: rgb24 ndarrays, no tensors), times the number of workers;
+  * lerobot 0.4.4 (``--peer-python``, ``$LSQL_PEER_PYTHON``, default /work/peer/bin/python) and lerobot 0.6.1
+    (``--peer06-python``, ``$LSQL_PEER06_PYTHON``, default /work/peer06/bin/python when present), each in a clean
+    process of its own (``peer_lerobot.py`` train mode: torchcodec decoders fail in workers forked from a process
+    that already decoded), offline with a throwaway HF_HOME: one ``LeRobotDataset`` per profile, then ``rounds + 1``
+    passes, the first being "cold" (the first DataLoader pass after the open). A missing interpreter skips its
+    column with a note. ``--uint8`` passes ``return_uint8=True`` to lerobot_sql and 0.6.1 (what lerobot-train does
+    there); 0.4.4 has no such argument and stays float32 (the table says so).
+Tables: medians over rounds; the on/off table; the comparison table (ratios ours / lerobot 0.4.4, ours / lerobot
+0.6.1, ours / (W x 1 process ours), ours / limit); the cold-vs-steady table (whole-epoch figures on both sides).
 
 ``--remote``: the dataset folder is served by tests/http_range_server.py (one token bucket of ``--mbit`` for all
-connections, ``--latency-ms`` before every answer). Per profile, the same items in the same order through a
-DataLoader (the list of indices as sampler): the local dataset (warm), then the remote one with a fresh cache
-(nothing warm: every batch's bytes cross the link) without and with ``ds.pipeline(indices, batches=k)``. items/s
-after the first batch; bytes = what the server sent over the whole run (metadata, footers and moov boxes
-included) per item, against what the items need (meta/ + ``prefetch.needed_ranges`` of their manifest rows). Best
-of ``--rounds`` (items/s: max; bytes and CPU: min). "all cached": the pipelined remote dataset read once more,
-everything in its cache (pieces, row groups, indexes): the remote read path without the network. Workers' CPU per
-item (utime + stime, /proc) is the figure other jobs on shared cores disturb least. "link-bound items/s" = link rate / needed bytes per item: the most
-the link allows, so a profile "fits the link" when it is above the local items/s.
-
-Profiles (``delta_timestamps`` at the dataset's fps): plain (no windows); ACT (action chunk of 50: ``[0..49]``);
-diffusion (state and every camera at ``[-1, 0]``, action ``[-1..14]``). For every profile the same shuffled
-indices are read by a DataLoader (``num_workers`` forked workers, ``batch_size``, default collate) over one dataset
-object twice: with ``__getitems__`` (the batched fetch: torch's fetcher calls it with the batch) and with it hidden
-(``ds.__getitems__ = None``: the fetcher then calls ``ds[i]`` per item and ``default_collate`` stacks). items/s is
-counted after each loader's first batch (worker start-up excluded). Caches are warm: one untimed pass over the
-indices first builds the row-group cache files and video indexes and fills the page cache. The machine is shared:
-rounds interleave on/off and the profiles, and the table gives medians over rounds (and the spread), with the
-load average before and after, and the workers' CPU time per item (utime + stime from /proc over the same span),
-which the other jobs disturb least. Also per profile: one process (no workers) reading the same items, ``ds[i]`` +
-``default_collate`` per batch and ``__getitems__`` per batch, with one torch thread as in a worker, to give the
-ceiling ``workers x single-process items/s``.
+connections, 100 or 1000 Mbit/s, ``--latency-ms`` before every answer). Per profile, the same items in the same order
+through a DataLoader: the local dataset (warm), then the remote one with a fresh cache (nothing warm: every batch's
+bytes cross the link) without and with ``ds.pipeline(indices, batches=k)``. items/s after the first batch; bytes =
+what the server sent over the whole run (metadata, footers and moov boxes included) per item, against what the items
+need (meta/ + ``prefetch.needed_ranges`` of their manifest rows). Best of ``--rounds`` (items/s: max; bytes and CPU:
+min). "all cached": the pipelined remote dataset read once more, everything in its cache (pieces, row groups,
+indexes): the remote read path without the network. "link-bound items/s" = link rate / needed bytes per item: the
+most the link allows, so a profile "fits the link" when it is above the local items/s.
 """
 
 from __future__ import annotations
@@ -36,8 +49,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,6 +65,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import common  # noqa: E402
+from run import DecodeLimit  # noqa: E402  (the frame-access benchmark's PyAV-alone reader)
+
+DEFAULT_PEER = "/work/peer/bin/python"
+DEFAULT_PEER06 = "/work/peer06/bin/python"
 
 
 def _find(name: str) -> Path:
@@ -76,39 +95,8 @@ def _single(torch, ds, indices: list[int], batch: int, batched: bool) -> float:
     return len(indices) / (time.perf_counter() - t0)
 
 
-def _cpu_s(pid: int) -> float:
-    """utime + stime of process ``pid`` in seconds (/proc/<pid>/stat), 0.0 where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def loader(torch, ds, indices: list[int], batch: int, workers: int) -> dict:
-    """items/s after the first batch, and the workers' CPU ms per item over the same span: CPU time is what
-    other jobs on shared cores disturb least, so it is the steadier figure on a loaded machine."""
-    dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=workers, sampler=indices,
-                                     multiprocessing_context="fork")
-    it = iter(dl)
-    next(it)
-    pids = [w.pid for w in getattr(it, "_workers", [])]
-    c0 = sum(_cpu_s(p) for p in pids)
-    t0 = time.perf_counter()
-    items = 0
-    for b in range(1, len(dl)):
-        items += len(next(it)["index"])
-        if b == len(dl) - 1:
-            c1 = sum(_cpu_s(p) for p in pids)
-    t1 = time.perf_counter()
-    del it
-    return {"items_per_s": items / (t1 - t0), "cpu_ms_per_item": 1000 * (c1 - c0) / items}
-
-
 def _remote(a, torch, lsql, root: Path) -> int:
     """``--remote``: steady state over a throttled loopback HTTP link, nothing warm (a fresh cache per run)."""
-    import tempfile
 
     sys.path.insert(0, str(REPO / "tests"))
     from http_range_server import RangeServer
@@ -131,13 +119,13 @@ def _remote(a, torch, lsql, root: Path) -> int:
     with RangeServer(root.parent, rate_bps=a.mbit * 1e6, latency_s=a.latency_ms / 1000) as srv:
         for prof, dt in profiles(base.fps, cams).items():
             local = db.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
-            loader(torch, local, indices, a.batch, a.workers)  # warm
+            common.train_loader(torch, local, indices, a.batch, a.workers)  # warm
             need = pf.needed_ranges(db, local.manifest.take(indices), dt)
             needed = meta + sum(b - x for rs in need.values() for x, b in rs)
             res = {"local": [], "off": [], "on": [], "warm": [], "bytes_off": [], "bytes_on": [], "cpu_local": [],
                    "cpu_off": [], "cpu_on": []}
             for _ in range(a.rounds):
-                m = loader(torch, local, indices, a.batch, a.workers)
+                m = common.train_loader(torch, local, indices, a.batch, a.workers)
                 res["local"].append(m["items_per_s"])
                 res["cpu_local"].append(m["cpu_ms_per_item"])
                 for mode in ("off", "on"):
@@ -146,13 +134,13 @@ def _remote(a, torch, lsql, root: Path) -> int:
                     ds = rdb.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
                     if mode == "on":
                         ds.pipeline(indices, batches=a.k)
-                    m = loader(torch, ds, indices, a.batch, a.workers)
+                    m = common.train_loader(torch, ds, indices, a.batch, a.workers)
                     res[mode].append(m["items_per_s"])
                     res[f"cpu_{mode}"].append(m["cpu_ms_per_item"])
                     res[f"bytes_{mode}"].append(srv.bytes_sent() - sent)
                 # the same remote dataset again, everything cached (pieces, row groups, indexes): the read path's
                 # own ceiling, without the network
-                res["warm"].append(loader(torch, ds, indices, a.batch, a.workers)["items_per_s"])
+                res["warm"].append(common.train_loader(torch, ds, indices, a.batch, a.workers)["items_per_s"])
             rows.append((prof, {k: max(v) if not k.startswith(("bytes", "cpu")) else min(v) for k, v in res.items()},
                          needed, res))
             print(f"  {prof}: {res}", file=sys.stderr, flush=True)
@@ -178,25 +166,235 @@ def _remote(a, torch, lsql, root: Path) -> int:
     return 0
 
 
+def _cam_offsets(dt: dict | None, cams: list[str], fps: float) -> tuple[int, ...] | None:
+    """The profile's camera window in frames (every camera gets the same one in these profiles), None without one."""
+    wins = {tuple(round(d * fps) for d in dt[k]) for k in cams if dt and k in dt}
+    if len(wins) > 1:
+        raise SystemExit(f"cameras with different windows {wins}: the decode limit takes one window for all")
+    return wins.pop() if wins else None
+
+
+def _limit(limit, indices: list[int], offsets) -> float:
+    """items/s of one process decoding each item's camera frames with PyAV alone (run.DecodeLimit), one warm-up."""
+    get = limit.item if offsets is None else (lambda i: limit.window_item(i, offsets))
+    get(indices[0])
+    t0 = time.perf_counter()
+    for i in indices:
+        get(i)
+    return len(indices) / (time.perf_counter() - t0)
+
+
+def _cold(torch, lsql, root: Path, sql: str, dt, a) -> dict:
+    """The first epoch over an empty lerobot_sql cache (a fresh cache dir: row-group cache files and video indexes
+    are built during it); the OS page cache is not dropped (the files may be in memory)."""
+    cache = tempfile.mkdtemp(prefix="lsql_bt_cold_")
+    try:
+        t0 = time.perf_counter()
+        db = lsql.connect(root, cache_dir=cache)
+        ds = db.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
+        open_s = time.perf_counter() - t0
+        m = common.train_loader(torch, ds, a.indices, a.batch, a.workers)
+        db.close()
+        return {**m, "open_s": open_s}
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _peers(a, root: Path, profs: dict) -> tuple[dict, dict]:
+    """lerobot 0.4.4 and 0.6.1 through peer_lerobot.py's train mode, each in a clean process of its own (torchcodec
+    decoders fail in workers forked from a process that already decoded). Returns ({slot: result}, {slot: note})."""
+    out, notes = {}, {}
+    for slot, py, flag, uint8_ok in (("0.4.4", a.peer_python, "--peer-python / $LSQL_PEER_PYTHON", False),
+                                     ("0.6.1", a.peer06_python, "--peer06-python / $LSQL_PEER06_PYTHON", True)):
+        if a.no_peer:
+            notes[slot] = "skipped (--no-peer)"
+            continue
+        if not py or not Path(py).exists():
+            notes[slot] = f"skipped: {py or DEFAULT_PEER06} not found (set {flag})"
+            continue
+        print(f"[{root.name}] lerobot {slot} ({py}) ...", file=sys.stderr, flush=True)
+        plan = {"only": "train", "root": str(root.resolve()), "indices": a.indices, "profiles": profs,
+                "batch": a.batch, "workers": a.workers, "rounds": a.rounds, "return_uint8": bool(a.uint8 and uint8_ok)}
+        r = common.run_peer(py, HERE / "peer_lerobot.py", plan, a.peer_timeout)
+        if "error" in r:
+            notes[slot] = f"failed: {r['error']}"
+            continue
+        out[slot] = r
+        if r.get("version") != slot:
+            notes[slot] = f"{py} has lerobot {r.get('version')}, not {slot}"
+        elif a.uint8 and not uint8_ok:
+            notes[slot] = "float32 frames: lerobot 0.4.4 has no return_uint8"
+    return out, notes
+
+
+def _fmt(x, spec=",.0f") -> str:
+    return "-" if x is None or x != x else format(x, spec)
+
+
+def _ratio(x, y) -> str:
+    return "-" if x is None or y is None or not y or x != x or y != y else f"{x / y:.2f}x"
+
+
+def _local(a, torch, lsql, root: Path) -> int:
+    sql = "SELECT index FROM frames ORDER BY index"
+    db = lsql.connect(root)
+    base = db.dataset(sql)
+    n, cams, fps = len(base), base.camera_keys, base.fps
+    a.indices = [int(i) for i in np.random.default_rng(a.seed).permutation(n)[:a.items]]
+    sub = a.indices[:a.batch * (2 if a.quick else 8)]  # the 1-process and decode-limit items
+    profs = profiles(fps, cams)
+    load0 = os.getloadavg()
+    cold = {}
+    for p, dt in profs.items():
+        print(f"[{root.name}] lerobot_sql cold {p} ...", file=sys.stderr, flush=True)
+        cold[p] = _cold(torch, lsql, root, sql, dt, a)
+    sets = {p: db.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8) for p, dt in profs.items()}
+    for ds in sets.values():  # warm: cache files, indexes, page cache
+        common.train_loader(torch, ds, a.indices, a.batch, a.workers)
+        # and this process's own first reads (it opens its files and decoders lazily), so that the 1-process figure
+        # of the first round does not pay them
+        _single(torch, ds, sub[:a.batch], a.batch, True)
+    keys = ("on", "off", "single", "single_off", "cpu_on", "cpu_off", "epoch_on", "first_on", "limit")
+    res: dict[str, dict[str, list[float]]] = {p: {k: [] for k in keys} for p in sets}
+    for r in range(a.rounds):
+        print(f"[{root.name}] lerobot_sql round {r + 1}/{a.rounds} ...", file=sys.stderr, flush=True)
+        for p, ds in sets.items():
+            for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                if mode == "off":
+                    ds.__getitems__ = None  # the fetcher's per-item path: [ds[i] for i in batch] + default_collate
+                try:
+                    m = common.train_loader(torch, ds, a.indices, a.batch, a.workers)
+                    res[p][mode].append(m["items_per_s"])
+                    res[p][f"cpu_{mode}"].append(m["cpu_ms_per_item"])
+                    if mode == "on":
+                        res[p]["epoch_on"].append(m["epoch_items_per_s"])
+                        res[p]["first_on"].append(m["first_batch_s"])
+                finally:
+                    ds.__dict__.pop("__getitems__", None)
+            res[p]["single"].append(_single(torch, ds, sub, a.batch, True))
+            res[p]["single_off"].append(_single(torch, ds, sub, a.batch, False))
+        # PyAV alone; its containers are opened after this round's forks and closed before the next round's
+        limit = DecodeLimit(db, sets["plain"])
+        try:
+            for p, dt in profs.items():
+                res[p]["limit"].append(_limit(limit, sub, _cam_offsets(dt, cams, fps)))
+        finally:
+            limit.close()
+    load1 = os.getloadavg()
+    peers, notes = _peers(a, root, profs)
+    load2 = os.getloadavg()
+    med = {p: {m: statistics.median(v) for m, v in d.items()} for p, d in res.items()}
+    W = a.workers
+    print(f"\n{root.name}: {n} frames, cameras {cams} at {_res(root)}, {len(a.indices)} shuffled items, batch "
+          f"{a.batch}, {W} workers (fork), {'uint8' if a.uint8 else 'float32'} frames, median of {a.rounds} rounds"
+          f"{' (--quick)' if a.quick else ''}; load average {load0[0]:.2f} before, {load1[0]:.2f} after lerobot_sql, "
+          f"{load2[0]:.2f} after lerobot; {common.cpu_info()}, torch {torch.__version__}")
+    print("\n| profile | __getitems__ on, items/s | off (per item + default_collate), items/s | on / off "
+          "(median of per-round ratios) | workers' CPU per item, on / off (ms) | CPU off / on | 1 process, on / off, "
+          f"items/s | on / ({W} x 1 process on) | rounds on (min-max) | rounds off (min-max) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    for p, m in med.items():
+        on, off = res[p]["on"], res[p]["off"]
+        paired = statistics.median(x / y for x, y in zip(on, off))
+        print(f"| {p} | {m['on']:,.0f} | {m['off']:,.0f} | {paired:.2f}x | {m['cpu_on']:.2f} / {m['cpu_off']:.2f} | "
+              f"{m['cpu_off'] / m['cpu_on']:.2f}x | {m['single']:,.0f} / {m['single_off']:,.0f} | "
+              f"{m['on'] / (W * m['single']):.2f} | {min(on):,.0f}-{max(on):,.0f} | "
+              f"{min(off):,.0f}-{max(off):,.0f} |")
+
+    def steady(slot, p, key):
+        r = peers.get(slot)
+        return statistics.median(x[key] for x in r["steady"][p]) if r and r["steady"][p] else None
+
+    def cold_of(slot, p, key):
+        r = peers.get(slot)
+        return r["cold"][p][key] if r else None
+
+    l04 = "lerobot 0.4.4" + (" (float32: no return_uint8)" if a.uint8 else "")
+    print(f"\nAgainst lerobot and the decode limit (same indices, same delta_timestamps, same DataLoader; lerobot_sql "
+          f"= __getitems__ on):\n\n| profile | lerobot_sql items/s | {l04} items/s | lerobot 0.6.1 items/s | "
+          f"limit (PyAV x {W}) items/s | {W} x 1 process ours, items/s | workers' CPU ms/item: ours / 0.4.4 / 0.6.1 | "
+          f"ours / lerobot 0.4.4 | ours / lerobot 0.6.1 | ours / ({W} x 1 process ours) | ours / limit |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for p, m in med.items():
+        v04, v06 = steady("0.4.4", p, "items_per_s"), steady("0.6.1", p, "items_per_s")
+        lim = W * m["limit"]
+        print(f"| {p} | {m['on']:,.0f} | {_fmt(v04)} | {_fmt(v06)} | {lim:,.0f} | {W * m['single']:,.0f} | "
+              f"{m['cpu_on']:.2f} / {_fmt(steady('0.4.4', p, 'cpu_ms_per_item'), '.2f')} / "
+              f"{_fmt(steady('0.6.1', p, 'cpu_ms_per_item'), '.2f')} | {_ratio(m['on'], v04)} | "
+              f"{_ratio(m['on'], v06)} | {_ratio(m['on'], W * m['single'])} | {_ratio(m['on'], lim)} |")
+    print("\nCold first epoch vs steady state, whole epoch (items / time from iter() to the last batch: worker "
+          "start-up and first batch included; first batch in seconds in brackets). lerobot_sql cold = an empty cache "
+          "dir (row groups and video indexes built during the epoch); lerobot cold = its first DataLoader pass after "
+          "LeRobotDataset() in a fresh process; OS page cache not dropped on either side.\n")
+    print("| profile | lerobot_sql cold | lerobot_sql steady | cold / steady | lerobot 0.4.4 first pass | "
+          "lerobot 0.4.4 steady | cold / steady | lerobot 0.6.1 first pass | lerobot 0.6.1 steady | cold / steady | "
+          "ours / lerobot 0.4.4, cold | ours / lerobot 0.6.1, cold |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for p, m in med.items():
+        c = cold[p]
+        cells = [f"{c['epoch_items_per_s']:,.0f} ({c['first_batch_s']:.2f} s)",
+                 f"{m['epoch_on']:,.0f} ({m['first_on']:.2f} s)", _ratio(c["epoch_items_per_s"], m["epoch_on"])]
+        for slot in ("0.4.4", "0.6.1"):
+            ce, cf = cold_of(slot, p, "epoch_items_per_s"), cold_of(slot, p, "first_batch_s")
+            se, sf = steady(slot, p, "epoch_items_per_s"), steady(slot, p, "first_batch_s")
+            cells += [f"{_fmt(ce)} ({_fmt(cf, '.2f')} s)" if ce else "-",
+                      f"{_fmt(se)} ({_fmt(sf, '.2f')} s)" if se else "-", _ratio(ce, se)]
+        cells += [_ratio(c["epoch_items_per_s"], cold_of("0.4.4", p, "epoch_items_per_s")),
+                  _ratio(c["epoch_items_per_s"], cold_of("0.6.1", p, "epoch_items_per_s"))]
+        print(f"| {p} | " + " | ".join(cells) + " |")
+    print()
+    for slot in ("0.4.4", "0.6.1"):
+        r = peers.get(slot)
+        dtypes = sorted({str(c.get("frame_dtype")).replace("torch.", "") for c in r["cold"].values()}) if r else []
+        info = (f"lerobot {r['version']}, torch {r['torch']}, {r['backend']} backend, frames {', '.join(dtypes)}, "
+                f"open of the {len(r['cold'])} LeRobotDatasets {r['open_s']:.2f} s" if r else "no figures")
+        print(f"lerobot {slot} column: {info}{'; ' + notes[slot] if slot in notes else ''}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "load": [load0, load1, load2], "rounds": res,
+                                            "cold": cold, "lerobot": peers, "notes": notes}, indent=1))
+    return 0
+
+
+def _res(root: Path) -> str:
+    meta = json.loads((root / "meta" / "info.json").read_text())
+    return ",".join(sorted({"x".join(map(str, f["shape"][:2])) for f in meta["features"].values()
+                            if f["dtype"] == "video"})) or "-"
+
+
 def run(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dataset", default="small20")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--items", type=int, default=1536)
+    ap.add_argument("--dataset", default="small20", help="a path, or a name under sample/ or $LSQL_BENCH_DATA")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 256 items, 1 round, 64 items for the 1-process and limit figures")
+    ap.add_argument("--rounds", type=int, default=None, help="default 5 (--quick: 1)")
+    ap.add_argument("--items", type=int, default=None, help="shuffled items per pass, default 1536 (--quick: 256)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--uint8", action="store_true", help="return_uint8=True")
+    ap.add_argument("--uint8", action="store_true",
+                    help="return_uint8=True (lerobot_sql and lerobot 0.6.1; lerobot 0.4.4 stays float32)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")
+    ap.add_argument("--peer-python", default=os.environ.get("LSQL_PEER_PYTHON") or DEFAULT_PEER,
+                    help="interpreter with lerobot 0.4.4 (default $LSQL_PEER_PYTHON or /work/peer/bin/python)")
+    ap.add_argument("--peer06-python",
+                    default=os.environ.get("LSQL_PEER06_PYTHON") or (DEFAULT_PEER06 if Path(DEFAULT_PEER06).exists()
+                                                                     else ""),
+                    help="interpreter with lerobot 0.6.1 (default $LSQL_PEER06_PYTHON, or /work/peer06/bin/python "
+                         "when present; skipped with a note when absent)")
+    ap.add_argument("--no-peer", action="store_true", help="skip both lerobot columns")
+    ap.add_argument("--peer-timeout", type=float, default=3600, help="seconds per lerobot process")
     ap.add_argument("--remote", action="store_true",
                     help="steady state over a throttled loopback HTTP link: local vs remote vs remote + pipeline")
-    ap.add_argument("--mbit", type=float, default=100)
+    ap.add_argument("--mbit", type=float, default=100,
+                    help="--remote: link rate in Mbit/s, 100 (default) or 1000 (the issue's two links)")
     ap.add_argument("--latency-ms", type=float, default=20)
     ap.add_argument("--order", choices=["random", "blocks"], default="blocks",
                     help="--remote: item order (blocks: EpisodeAwareSampler's shuffled blocks of --block frames)")
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--k", type=int, default=4, help="--remote: batches fetched ahead per worker")
     a = ap.parse_args(argv)
+    a.rounds = a.rounds or (1 if a.quick else 5)
+    a.items = a.items or (256 if a.quick else 1536)
     import torch
 
     import lerobot_sql as lsql
@@ -207,48 +405,7 @@ def run(argv=None) -> int:
     root = _find(a.dataset)
     if a.remote:
         return _remote(a, torch, lsql, root.resolve())
-    db = lsql.connect(root)
-    base = db.dataset("SELECT index FROM frames ORDER BY index")
-    n, cams = len(base), base.camera_keys
-    indices = [int(i) for i in np.random.default_rng(a.seed).permutation(n)[:a.items]]
-    sets = {p: db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=dt, return_uint8=a.uint8)
-            for p, dt in profiles(base.fps, cams).items()}
-    load0 = os.getloadavg()
-    for ds in sets.values():  # warm: cache files, indexes, page cache
-        loader(torch, ds, indices, a.batch, a.workers)
-    res: dict[str, dict[str, list[float]]] = {p: {"on": [], "off": [], "single": [], "single_off": [], "cpu_on": [], "cpu_off": []} for p in sets}
-    for r in range(a.rounds):
-        for p, ds in sets.items():
-            for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
-                if mode == "off":
-                    ds.__getitems__ = None  # the fetcher's per-item path: [ds[i] for i in batch] + default_collate
-                try:
-                    m = loader(torch, ds, indices, a.batch, a.workers)
-                    res[p][mode].append(m["items_per_s"])
-                    res[p][f"cpu_{mode}"].append(m["cpu_ms_per_item"])
-                finally:
-                    ds.__dict__.pop("__getitems__", None)
-            res[p]["single"].append(_single(torch, ds, indices[:a.batch * 8], a.batch, True))
-            res[p]["single_off"].append(_single(torch, ds, indices[:a.batch * 8], a.batch, False))
-    load1 = os.getloadavg()
-    med = {p: {m: statistics.median(v) for m, v in d.items()} for p, d in res.items()}
-    print(f"\n{root.name}: {n} frames, cameras {cams}, {len(indices)} shuffled items, batch {a.batch}, "
-          f"{a.workers} workers (fork), {'uint8' if a.uint8 else 'float32'} frames, median of {a.rounds} rounds; "
-          f"load average {load0[0]:.2f} before, {load1[0]:.2f} after; {common.cpu_info()}, torch {torch.__version__}")
-    print("\n| profile | __getitems__ on, items/s | off (per item + default_collate), items/s | on / off "
-          "(median of per-round ratios) | workers' CPU per item, on / off (ms) | CPU off / on | 1 process, on / off, "
-          f"items/s | on / ({a.workers} x 1 process on) | rounds on (min-max) | rounds off (min-max) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
-    for p, m in med.items():
-        on, off = res[p]["on"], res[p]["off"]
-        paired = statistics.median(x / y for x, y in zip(on, off))
-        print(f"| {p} | {m['on']:,.0f} | {m['off']:,.0f} | {paired:.2f}x | {m['cpu_on']:.2f} / {m['cpu_off']:.2f} | "
-              f"{m['cpu_off'] / m['cpu_on']:.2f}x | {m['single']:,.0f} / {m['single_off']:,.0f} | "
-              f"{m['on'] / (a.workers * m['single']):.2f} | {min(on):,.0f}-{max(on):,.0f} | "
-              f"{min(off):,.0f}-{max(off):,.0f} |")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "load": [load0, load1], "rounds": res}, indent=1))
-    return 0
+    return _local(a, torch, lsql, root)
 
 
 if __name__ == "__main__":

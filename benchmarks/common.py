@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -104,6 +107,75 @@ def time_dataloader(torch, dataset, indices: list[int], batch_size: int = 32, nu
             "worker_peak_rss_mb": max((m.get("VmHWM", 0) for m in mem), default=None),
             "worker_uss_mb": max((m.get("USS", 0) for m in mem), default=None),
             "worker_pss_mb": max((m.get("Pss", 0) for m in mem), default=None)}
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of process ``pid`` in seconds (/proc/<pid>/stat), 0.0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def train_loader(torch, ds, indices: list[int], batch: int, workers: int) -> dict:
+    """One pass of a training DataLoader (``workers`` forked workers, ``batch``, default collate, ``indices`` as
+    sampler) over ``ds``: a lerobot_sql dataset or a ``LeRobotDataset``, whose batches both carry ``index``.
+
+    Returns ``items_per_s`` (after the first batch: worker start-up excluded), ``cpu_ms_per_item`` (the workers'
+    utime + stime over the same span: what other jobs on shared cores disturb least, so the steadier figure on a
+    loaded machine), ``first_batch_s`` (from ``iter()``: fork, worker start-up, first batch) and
+    ``epoch_items_per_s`` (every item over the whole pass, start-up and first batch included: the figure a cold
+    first epoch is compared on), ``frame_dtype`` (of the first batch's image tensors, None without cameras).
+    """
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=workers, sampler=indices,
+                                     multiprocessing_context="fork")
+    t_start = time.perf_counter()
+    it = iter(dl)
+    b0 = next(it)
+    first = len(b0["index"])
+    # the frames' dtype as delivered (float32, or uint8 with return_uint8): shows that a reader did what was asked
+    dtype = next((str(v.dtype) for v in b0.values() if getattr(v, "ndim", 0) >= 4), None)
+    del b0
+    pids = [w.pid for w in getattr(it, "_workers", [])]
+    c0 = sum(cpu_s(p) for p in pids)
+    t0 = time.perf_counter()
+    items, c1 = 0, c0
+    for b in range(1, len(dl)):
+        items += len(next(it)["index"])
+        if b == len(dl) - 1:  # before the workers exit (their /proc entries go with them)
+            c1 = sum(cpu_s(p) for p in pids)
+    t1 = time.perf_counter()
+    del it
+    nan = float("nan")
+    return {"items_per_s": items / (t1 - t0) if items else nan,
+            "cpu_ms_per_item": 1000 * (c1 - c0) / items if items else nan,
+            "first_batch_s": t0 - t_start, "epoch_items_per_s": (items + first) / (t1 - t_start),
+            "frame_dtype": dtype}
+
+
+def run_peer(python: str, script: Path, plan: dict, timeout: float, hf_home: str | None = None) -> dict:
+    """Run ``script PLAN.json`` in another interpreter (lerobot's venv), offline, with ``hf_home`` as HF_HOME (a
+    throwaway one when None), and return the dict of its last ``BENCH_JSON`` line, or ``{"error": reason}`` (time-out,
+    or the last line of its stderr)."""
+    with tempfile.TemporaryDirectory(prefix="lsql_bench_peer_") as tmp:
+        pf = Path(tmp) / "plan.json"
+        pf.write_text(json.dumps(plan))
+        env = {**os.environ, "HF_HOME": hf_home or str(Path(tmp) / "hf"), "HF_HUB_OFFLINE": "1",
+               "HF_DATASETS_OFFLINE": "1"}
+        try:
+            p = subprocess.run([python, str(script), str(pf)], capture_output=True, text=True, env=env,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:g}s"}
+    out = None
+    for line in p.stdout.splitlines():
+        if line.startswith("BENCH_JSON "):
+            out = json.loads(line[len("BENCH_JSON "):])
+    if out is None:
+        return {"error": (p.stderr.strip().splitlines() or [f"no output (exit {p.returncode})"])[-1][:300]}
+    return out
 
 
 def emit(obj: dict) -> None:

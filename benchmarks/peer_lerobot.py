@@ -5,6 +5,12 @@
 
 PLAN.json (written by ``benchmarks/run.py``): root, indices per mode, delta_timestamps, rounds. Runs offline with
 the HF home given in the environment; prints one ``BENCH_JSON {...}`` line.
+
+With ``"only": "train"`` (written by ``benchmarks/bench_train.py``): root, indices, profiles (name ->
+delta_timestamps or null), batch, workers, rounds, return_uint8; one ``LeRobotDataset`` per profile, then
+``rounds + 1`` DataLoader passes over the indices per profile (``common.train_loader``, profiles interleaved within a
+round): pass 0 is the first pass after the open ("cold"), the others are steady state. Works with lerobot 0.4.4 and
+0.6.1 (``return_uint8`` is passed only when true: 0.4.4 has no such argument).
 """
 
 from __future__ import annotations
@@ -24,8 +30,39 @@ import torch  # noqa: E402
 from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: E402
 
 
+def _backend(ds) -> str:
+    return str(getattr(ds, "video_backend", None) or getattr(ds, "_video_backend", "?"))  # 0.6.1: private
+
+
+def train(p: dict) -> dict:
+    """The training-loader passes of ``bench_train`` (see the module docstring); nothing is read in this process
+    before the forks, so lerobot's decoders work in every pass's workers."""
+    import lerobot
+
+    kw = {"return_uint8": True} if p.get("return_uint8") else {}
+    t = time.perf_counter()
+    sets = {name: LeRobotDataset("peer/bench", root=p["root"], delta_timestamps=dt, **kw)
+            for name, dt in p["profiles"].items()}
+    out = {"reader": "lerobot", "version": getattr(lerobot, "__version__", "?"), "torch": torch.__version__,
+           "open_s": time.perf_counter() - t, "backend": _backend(next(iter(sets.values()))),
+           "cold": {}, "steady": {name: [] for name in sets}}
+    for r in range(p["rounds"] + 1):
+        for name, ds in sets.items():
+            m = common.train_loader(torch, ds, p["indices"], p["batch"], p["workers"])
+            if r == 0:
+                out["cold"][name] = m
+            else:
+                out["steady"][name].append(m)
+            print(f"  lerobot {out['version']} {name} pass {r}: {m['items_per_s']:.0f} items/s", file=sys.stderr,
+                  flush=True)
+    return out
+
+
 def main() -> None:
     p = json.loads(Path(sys.argv[1]).read_text())
+    if p.get("only") == "train":
+        common.emit(train(p))
+        return
     root, rounds, repo = p["root"], p["rounds"], "peer/bench"
     out = {"reader": "lerobot"}
     if p.get("only") == "dataloader":

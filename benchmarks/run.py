@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -157,13 +156,25 @@ class DecodeLimit:
         return [self._frame(*self._rows(k, i)) for k in self.keys]
 
     def delta_item(self, i: int):
-        prev = i - 1 if i > 0 and self.ep[i - 1] == self.ep[i] else i  # [-1/fps, 0], clamped to the episode
+        return self.window_item(i, (-1, 0))  # every camera at [-1/fps, 0]
+
+    def window_item(self, i: int, offsets) -> list:
+        """Every camera's frames at ``i + o`` for each offset ``o`` (frames), clamped to ``i``'s episode as lerobot
+        pads (the edge frame repeats); a repeated frame is decoded once."""
+        if not hasattr(self, "_lo"):  # first/last position of each position's episode (the manifest is in order)
+            cut = np.flatnonzero(np.diff(self.ep)) + 1
+            starts, ends = np.r_[0, cut], np.r_[cut, len(self.ep)]
+            run = np.repeat(np.arange(len(starts)), ends - starts)
+            self._lo, self._hi = starts[run], ends[run] - 1
+        lo, hi = int(self._lo[i]), int(self._hi[i])
         out = []
         for k in self.keys:
-            rel, index, r0 = self._rows(k, prev)
-            _, _, r1 = self._rows(k, i)
-            out.append(self._frame(rel, index, r0))
-            out.append(out[-1] if r1 == r0 else self._frame(rel, index, r1))
+            done: dict[int, object] = {}
+            for o in offsets:
+                j = min(max(i + o, lo), hi)
+                if j not in done:
+                    done[j] = self._frame(*self._rows(k, j))
+                out.append(done[j])
         return out
 
     def close(self):
@@ -173,28 +184,15 @@ class DecodeLimit:
 
 # ---- lerobot (peer interpreter) ------------------------------------------------------------------------------
 def bench_peer(peer: str, root: Path, plan: dict, rounds: int, timeout: int) -> dict:
+    script = HERE / "peer_lerobot.py"
     with tempfile.TemporaryDirectory(prefix="lsql_bench_peer_") as tmp:
-        pf = Path(tmp) / "plan.json"
-        pf.write_text(json.dumps({**plan, "root": str(root), "rounds": rounds}))
-        env = {**os.environ, "HF_HOME": str(Path(tmp) / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-        try:
-            p = subprocess.run([peer, str(HERE / "peer_lerobot.py"), str(pf)], capture_output=True, text=True,
-                               env=env, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout}s"}
-        out = None
-        for line in p.stdout.splitlines():
-            if line.startswith("BENCH_JSON "):
-                out = json.loads(line[len("BENCH_JSON "):])
-        if out is None:
-            return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:200]}
-        if plan.get("dataloader"):  # a second, clean process (see peer_lerobot.py)
-            pf.write_text(json.dumps({**plan, "root": str(root), "rounds": rounds, "only": "dataloader"}))
-            q = subprocess.run([peer, str(HERE / "peer_lerobot.py"), str(pf)], capture_output=True, text=True,
-                               env=env, timeout=timeout)
-            for line in q.stdout.splitlines():
-                if line.startswith("BENCH_JSON "):
-                    out.update(json.loads(line[len("BENCH_JSON "):]))
+        hf = str(Path(tmp) / "hf")  # one HF_HOME for both processes: the first open is the cold one
+        out = common.run_peer(peer, script, {**plan, "root": str(root), "rounds": rounds}, timeout, hf)
+        if "error" not in out and plan.get("dataloader"):  # a second, clean process (see peer_lerobot.py)
+            q = common.run_peer(peer, script, {**plan, "root": str(root), "rounds": rounds, "only": "dataloader"},
+                                timeout, hf)
+            if "error" not in q:
+                out.update(q)
         return out
 
 

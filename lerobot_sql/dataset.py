@@ -36,6 +36,7 @@ from ._storage.pieces import merge_ranges
 from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
 from ._format.files import DatasetFiles
 from . import meta as _meta
+from . import batch_memory as _batch_memory
 from . import pipeline as _pipe
 from ._plan.manifest import Meta
 
@@ -732,6 +733,14 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         indices, FrameNotFoundError, MissingFileError, DatasetFormatError, VideoDecodeError, CacheError).
         """
         ii = self._batch_indices(indices)
+        mem = _batch_memory.begin()  # this worker's recycled shared memory for the batch tensors (None elsewhere)
+        try:
+            return self._getitems(ii, mem)
+        finally:
+            if mem is not None:
+                mem.close()
+
+    def _getitems(self, ii: np.ndarray, mem) -> "Batch":
         b = len(ii)
         w = self._w()
         if self._pipeline is not None and b:  # this worker's next batches, fetched while it reads this one
@@ -741,7 +750,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         lists: dict[str, list] = {}  # key -> per-item values, collated by default_collate
         order: list[str] = []
         if b == 0:
-            return Batch(order, tensors, lists, 0)
+            return Batch(order, tensors, lists, 0, mem)
         fi, idx = c["_file"][ii].astype(np.int64), c["index"][ii].astype(np.int64)
         ep_from, ep_to, row0 = (c["ep_from_index"][ii].astype(np.int64), c["ep_to_index"][ii].astype(np.int64),
                                 c["ep_data_row0"][ii].astype(np.int64))
@@ -811,10 +820,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         # in helper threads where __getitem__ would use them (PyAV releases the GIL)
         futures = []
         if w.pool is not None and len(targets) > 1:
-            futures = [w.pool.submit(self._decode_batch, w, *tg) for tg in targets[:-1]]
+            futures = [w.pool.submit(self._decode_batch, w, *tg, mem) for tg in targets[:-1]]
         try:
             for tg in targets[len(futures):]:  # all cameras, or the last one beside the helpers
-                frames[tg[0]] = self._decode_batch(w, *tg)
+                frames[tg[0]] = self._decode_batch(w, *tg, mem)
             for tg, f in zip(targets, futures):
                 frames[tg[0]] = f.result()
             futures = []
@@ -829,7 +838,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 q, pad, o, inside = window(col)
                 first = w.view(self, int(slot[0])).column(col)
                 if isinstance(first, np.ndarray):  # numbers: what __getitem__'s _tensor turns into one tensor
-                    out_t = _batch_tensor((b, *o.shape[1:], *first.shape[1:]), _np_torch(first.dtype))
+                    out_t = _batch_tensor((b, *o.shape[1:], *first.shape[1:]), _np_torch(first.dtype), mem)
                     neighbours(col, col, out_t.numpy())
                     item_cols[col] = out_t
                 else:
@@ -846,7 +855,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         for col, kind in self._plain:
             if kind == "num":
                 first = w.view(self, int(slot[0])).column(col)
-                out_t = _batch_tensor((b, *first.shape[1:]), _np_torch(first.dtype))
+                out_t = _batch_tensor((b, *first.shape[1:]), _np_torch(first.dtype), mem)
                 gather(col, off, np.arange(b), out_t.numpy())
                 item_cols[col] = out_t
             elif kind == "image":
@@ -857,7 +866,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if self._delta:
             item_cols = {col: item_cols[col] for col in self._columns}
         for k in sorted(pads, key=self._pad_order):
-            item_cols[k] = torch.from_numpy(np.ascontiguousarray(pads[k]))
+            item_cols[k] = _batch_tensor(pads[k].shape, torch.bool, mem)
+            item_cols[k].numpy()[...] = pads[k]
         batch = {**{k: frames[k] for k in self._video_keys}, **item_cols}
         if self.image_transforms is not None:
             # per item, item-major and in camera order, as __getitem__ calls it (a random transform draws the same)
@@ -875,7 +885,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             batch[e] = [_extra_value(v, ltype) for v in arr.take(pa.array(ii)).to_pylist()]
         for k, v in batch.items():
             (tensors if isinstance(v, torch.Tensor) else lists)[k] = v
-        return Batch(list(batch), tensors, lists, b)
+        return Batch(list(batch), tensors, lists, b, mem)
 
     # ---- remote pipelining (lerobot_sql.pipeline) ---------------------------------------------------------
     def pipeline(self, sampler, *, batches: int = 4, max_bytes: int | None = None) -> "LeRobotSQLDataset":
@@ -973,7 +983,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             w.packets[rel] = (start, size) if ok else None
         return w.packets[rel]
 
-    def _decode_batch(self, w: _Worker, key: str, codes: np.ndarray, files: dict, rows: np.ndarray) -> torch.Tensor:
+    def _decode_batch(self, w: _Worker, key: str, codes: np.ndarray, files: dict, rows: np.ndarray,
+                      mem=None) -> torch.Tensor:
         """Camera ``key``'s frames for a batch: one ``decode_chw`` per mp4 (``codes[j]`` the file of item j,
         ``rows`` (B, T) its video rows), written into one (B, T, 3, H, W) batch tensor (uint8, or float32 in
         [0, 1]; a depth map's (B, T, 1, H, W) float32, dequantized in place over the whole batch, element for
@@ -981,17 +992,29 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         ``__getitem__``'s shapes."""
         b, t = rows.shape
         depth = self._depth_video.get(key)
+        direct = self.return_uint8 and depth is None
         out = na = None
+        if len(files) == 1 and direct:  # one mp4 for the whole batch (and no conversion): decode into the batch
+            made = []
+
+            def alloc(shape, dtype):
+                made.append(_batch_tensor((b, t, *shape[1:]), torch.uint8, mem))
+                return made[0].numpy().reshape(shape)
+
+            w.decoders.decode_chw(files[next(iter(files))].index, rows.reshape(-1), alloc=alloc)
+            out = made[0]
+            return out if (key in self._delta and t > 1) else out[:, 0]
         for code in sorted(files):
             m = np.flatnonzero(codes == code)
             arr = w.decoders.decode_chw(files[code].index, rows[m].reshape(-1))
             if out is None:
-                out = _batch_tensor((b, t, *arr.shape[1:]),
-                                    torch.uint8 if self.return_uint8 and depth is None else torch.float32)
+                out = _batch_tensor((b, t, *arr.shape[1:]), torch.uint8 if direct else torch.float32, mem)
                 na = out.numpy()
             arr = arr.reshape(len(m), t, *arr.shape[1:])
-            if self.return_uint8 or depth is not None:
+            if direct or depth is not None:
                 na[m] = arr  # depth: uint16 codes into float32, exact (lerobot's .to(torch.float32))
+            elif len(m) == b:  # the whole batch from this mp4: convert straight into the batch tensor
+                np.true_divide(arr, np.float32(255), out=na, dtype=np.float32)  # = _to_unit_float, no temporary
             else:
                 na[m] = _to_unit_float(arr)
         if depth is not None:
@@ -1032,8 +1055,10 @@ class Batch(collections.abc.Sequence):
     ``_collate_batch``).
     """
 
-    def __init__(self, keys: list[str], tensors: dict[str, torch.Tensor], lists: dict[str, list], n: int):
+    def __init__(self, keys: list[str], tensors: dict[str, torch.Tensor], lists: dict[str, list], n: int,
+                 memory=None):
         self.keys, self.tensors, self.lists, self._n = keys, tensors, lists, n
+        self._memory = memory  # the worker's batch slot (lerobot_sql.batch_memory), None elsewhere
 
     def __len__(self) -> int:
         return self._n
@@ -1050,8 +1075,9 @@ class Batch(collections.abc.Sequence):
         """``default_collate`` of the items: the batch tensors as they are, the other keys collated by torch."""
         from torch.utils.data._utils.collate import collate
 
-        return {k: self.tensors[k] if k in self.tensors else collate(self.lists[k], collate_fn_map=collate_fn_map)
-                for k in self.keys}
+        out = {k: self.tensors[k] if k in self.tensors else collate(self.lists[k], collate_fn_map=collate_fn_map)
+               for k in self.keys}
+        return out if self._memory is None else self._memory.wrap(out)
 
 
 def _collate_batch(batch, *, collate_fn_map=None):
@@ -1082,16 +1108,12 @@ def _np_torch(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
 
 
-def _batch_tensor(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised batch tensor; in a DataLoader worker in shared memory, as ``default_collate`` allocates
-    its stacks (the batch then crosses to the main process without a copy)."""
-    if torch.utils.data.get_worker_info() is not None:
-        try:
-            numel = int(np.prod(shape))
-            storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel)
-            return torch.empty(0, dtype=dtype).new(storage).view(shape)
-        except (AttributeError, RuntimeError, TypeError):  # a torch without these internals: a private tensor
-            pass
+def _batch_tensor(shape: tuple, dtype: torch.dtype, mem=None) -> torch.Tensor:
+    """An uninitialised batch tensor; in a DataLoader worker in shared memory (``mem``: the worker's recycled batch
+    slot, :mod:`lerobot_sql.batch_memory`; else new shared memory, as ``default_collate`` allocates its stacks),
+    so the batch crosses to the main process without a copy."""
+    if mem is not None:
+        return mem.tensor(tuple(shape), dtype)
     return torch.empty(shape, dtype=dtype)
 
 

@@ -9,6 +9,7 @@ are renamed per dataset (``rename=``) and kept per ``features=``; items gain ``d
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from . import batch_memory
 from ._plan.manifest import collection_meta, dataset_codes, part_of
 from .dataset import Batch, LeRobotSQLDataset
 from .errors import ResultContractError, did_you_mean
@@ -201,12 +203,22 @@ class CollectionDataset(torch.utils.data.Dataset):
         """A batch: per dataset, that part's batched fetch; returns what ``default_collate`` of the items gives
         (see :meth:`lerobot_sql.dataset.LeRobotSQLDataset.__getitems__`)."""
         idx = np.asarray(indices, np.int64)
+        mem = batch_memory.begin()  # the combined batch's tensors: the worker's recycled shared memory
+        try:
+            return self._getitems(idx, mem)
+        finally:
+            if mem is not None:
+                mem.close()
+
+    def _getitems(self, idx: np.ndarray, mem) -> Batch:
         codes = self.dataset_index[idx]
         groups = []
         for code in np.unique(codes):
             where = np.flatnonzero(codes == code)
             name = self.names[int(code)]
-            b = self._by_code[int(code)].__getitems__(self.local[idx[where]].tolist())
+            ds = self._by_code[int(code)]
+            # each part in private memory: only the combined batch crosses to the main process
+            b = ds._getitems(ds._batch_indices(self.local[idx[where]].tolist()), None)
             groups.append((int(code), name, where, b))
         order = np.concatenate([g[2] for g in groups])
         inverse = np.empty_like(order)
@@ -222,14 +234,22 @@ class CollectionDataset(torch.utils.data.Dataset):
                 src = self._source_key(name, key)
                 per.append(b.tensors[src] if src in b.tensors else b.lists[src])
             if all(isinstance(p, torch.Tensor) for p in per):
-                t = per[0] if len(per) == 1 else torch.cat(per)
-                tensors[key] = t if len(per) == 1 else t[torch.from_numpy(inverse)]
+                if mem is None:
+                    t = per[0] if len(per) == 1 else torch.cat(per)
+                    tensors[key] = t if len(per) == 1 else t[torch.from_numpy(inverse)]
+                else:  # rows scattered straight into the batch slot
+                    dtype = functools.reduce(torch.promote_types, [p.dtype for p in per])  # as torch.cat
+                    out = mem.tensor((len(idx), *per[0].shape[1:]), dtype)
+                    for (_, _, where, _), p in zip(groups, per):
+                        out[torch.from_numpy(where)] = p
+                    tensors[key] = out
             else:
                 flat = [x for p in per for x in (p.tolist() if isinstance(p, torch.Tensor) else p)]
                 lists[key] = [flat[j] for j in inverse] if len(per) > 1 else flat
         lists["dataset"] = [self.names[int(c)] for c in codes]
-        tensors["dataset_index"] = torch.from_numpy(codes.astype(np.int64))
-        return Batch(keys, tensors, lists, len(idx))
+        tensors["dataset_index"] = torch.from_numpy(codes.astype(np.int64)) if mem is None else \
+            mem.tensor((len(idx),), torch.int64).copy_(torch.from_numpy(codes.astype(np.int64)))
+        return Batch(keys, tensors, lists, len(idx), mem)
 
     def _source_key(self, name: str, key: str) -> str:
         inv = self._inverse[name]

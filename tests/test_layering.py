@@ -34,7 +34,7 @@ STAGE_TOP = {
     "errors": "errors", "_version": "errors",  # the leaves everyone may import
     # the torch side: after the manifest, files only
     "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter", "meta": "adapter",
-    "pipeline": "adapter", "mixture": "adapter",
+    "pipeline": "adapter", "mixture": "adapter", "batch_memory": "adapter",
     # features built over a Database or a manifest
     "prefetch": "feature", "doctor": "feature", "nearest": "feature", "display": "feature", "stats": "feature",
     # the facade

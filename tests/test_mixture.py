@@ -81,6 +81,23 @@ def test_dataloader_workers_give_the_same_batches(coll):
             assert torch.equal(a[k], b[k]), k
 
 
+
+def test_dataloader_workers_shuffled_mixed_batches_equal_items(coll):
+    """Shuffled: every batch mixes datasets; float frames and windows; the combined batch is built in the
+    workers' recycled batch memory, streamed one batch at a time: all keys equal default_collate of the items."""
+    dt = {"observation.state": [-1 / 30, 0.0], "action": [0.0, 1 / 30]}
+    ds = coll.dataset(f"SELECT dataset, index FROM frames WHERE {PICK}", delta_timestamps=dt)
+    order = np.random.default_rng(4).permutation(len(ds))[:96].tolist()
+    n = 0
+    for j, batch in enumerate(DataLoader(ds, batch_size=16, sampler=order, num_workers=2,
+                                         multiprocessing_context="fork")):
+        idx = order[16 * j:16 * (j + 1)]
+        assert len(set(batch["dataset"])) > 1
+        assert_items_equal(batch, default_collate([ds[i] for i in idx]))
+        n += len(idx)
+        del batch
+    assert n == 96
+
 def test_samplers_keep_episodes_of_different_datasets_apart(coll):
     ds = coll.dataset("SELECT dataset, episode_index FROM episodes WHERE episode_index < 2")
     s = lsql.EpisodeShardedSampler(ds, num_replicas=2, rank=0, seed=1)

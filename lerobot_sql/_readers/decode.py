@@ -263,9 +263,11 @@ class DecoderPool:
         frames = self.decode_chw(index, rows)
         return {int(index.pts[r]): frames[j].transpose(1, 2, 0) for j, r in enumerate(np.asarray(rows))}
 
-    def decode_chw(self, index: FrameIndex, rows: np.ndarray) -> np.ndarray:
+    def decode_chw(self, index: FrameIndex, rows: np.ndarray, alloc=None) -> np.ndarray:
         """RGB frames at ``rows`` of ``index``'s file: uint8 (len(rows), 3, H, W), in the order of ``rows``; for a
         ``gray`` (depth) file the 12-bit codes lerobot 0.6 decodes, uint16 (len(rows), 1, H, W) in 0..4095.
+        ``alloc(shape, dtype)``: returns the array to write into (e.g. a view of a batch tensor), called once the
+        file's frame shape is known; default ``np.empty``.
 
         Raises:
             MissingFileError: the mp4 is gone.
@@ -289,7 +291,7 @@ class DecoderPool:
                 # the four numbers, not stamp_of: building the identity string per call cost ~1% of an item
                 if (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != pin[:4]:
                     raise changed_error(self.src, index.path, pin, stamp_of(st))
-            out = np.empty((len(rows), *f.shape), f.dtype)
+            out = (alloc or np.empty)((len(rows), *f.shape), f.dtype)
             f.decode_into(index, np.asarray(rows), out, self.reach)
             ok = True
             return out
