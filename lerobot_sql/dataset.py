@@ -959,18 +959,26 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 start, size = packets
                 ranges = locate.packet_ranges(np.unique(rows), vf.index.key_row, start, size,
                                               readahead=locate.AVIO_BUFFER)
-                ranges.append((0, int(start.min()) + locate.AVIO_BUFFER))  # opening reads the head (moov)
+                # Opening reads the head (ftyp, moov) in PyAV's blocks from offset 0: up to the end of the block
+                # the first packet starts in. Not first packet + a block: that passed what building the index
+                # fetched (moov + one block) by the free and mdat headers, a 16-byte request per mp4.
+                blk = locate.AVIO_BUFFER
+                ranges.append((0, -(-(int(start.min()) + 1) // blk) * blk))
                 out.setdefault(rel, []).extend(ranges)
         return {rel: merge_ranges(r) for rel, r in out.items()}
 
     def _packets(self, w: _Worker, rel: str, index: video_index.FrameIndex):
-        """(byte_offset, byte_size) int64 (n,) of mp4 ``rel``'s packets in ``index``'s row order (from the Parquet
-        form of its index, built once per cache), or None when unknown (a packet without a position)."""
+        """(byte_offset, byte_size) int64 (n,) of mp4 ``rel``'s packets in ``index``'s row order (from its mapped
+        Arrow form, or the Parquet form for an Arrow form cached without them), or None when unknown (a packet
+        without a position)."""
         if rel not in w.packets:
-            t = pq.read_table(video_index.ensure_index(self._src, rel, self._cache_dir),
-                              columns=["pts", "byte_offset", "byte_size"])
-            start, size = t["byte_offset"].to_numpy(), t["byte_size"].to_numpy()
-            ok = len(start) == len(index.pts) and bool((t["pts"].to_numpy() == index.pts).all()) and \
+            if index.byte_offset is not None:  # in the mapped Arrow form: no second demux for the Parquet form
+                start, size, pts = index.byte_offset, index.byte_size, index.pts
+            else:  # an Arrow form cached before it carried them
+                t = pq.read_table(video_index.ensure_index(self._src, rel, self._cache_dir),
+                                  columns=["pts", "byte_offset", "byte_size"])
+                start, size, pts = t["byte_offset"].to_numpy(), t["byte_size"].to_numpy(), t["pts"].to_numpy()
+            ok = len(start) == len(index.pts) and bool((pts == index.pts).all()) and \
                 len(start) and start.min() >= 0
             w.packets[rel] = (start, size) if ok else None
         return w.packets[rel]

@@ -133,3 +133,51 @@ def test_spawned_workers_get_the_sampler_and_pipeline(served, datasets):
                                                           delta_timestamps=_delta("act", []), return_uint8=True)
     for j, b in enumerate(got):
         _same(b, torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)].tolist())), f"{j}")
+
+
+def test_each_mp4_is_demuxed_once_with_the_pipeline(served, datasets, monkeypatch):
+    """The pipeline plans GOP fetches from the packets' byte ranges: it takes them from the mapped Arrow index the
+    reader builds, not from a Parquet form demuxed a second time (half the CPU of a cold epoch's index builds)."""
+    from lerobot_sql._readers import video_index
+
+    srv, tmp = served
+    demuxed: list[str] = []
+    real = video_index._demux_index
+    monkeypatch.setattr(video_index, "_demux_index", lambda src, rel: demuxed.append(rel) or real(src, rel))
+    _db, ds = _remote(srv, tmp, "once")
+    order = [int(i) for i in EpisodeAwareSampler(ds, block_size=8, seed=3).order()[:96]]
+    ds.pipeline(order, batches=2)
+    got = [ds.__getitems__(order[j:j + 16]) for j in range(0, 96, 16)]
+    ds._pipeline.wait()
+    st = ds._pipeline.stats()
+    assert st["submitted"] > 0 and st["bytes"] > 0 and st["failed"] == 0, st
+    assert demuxed and len(demuxed) == len(set(demuxed)), sorted(demuxed)
+    local = lsql.connect(datasets / "multifile60").dataset(
+        "SELECT index FROM frames ORDER BY index", delta_timestamps=_delta("diffusion", ds._video_keys),
+        return_uint8=True)
+    for j, b in enumerate(got):
+        _same(torch.utils.data.default_collate(b),
+              torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)])), f"batch {j}")
+
+
+def test_prefetched_heads_leave_no_sliver_for_a_request_of_its_own(served, datasets):
+    """A batch's mp4 head range ends where PyAV's first read block does (what the index build fetched with the
+    moov), not a block past the first packet: that passed it by the free and mdat box headers, and each mp4 cost
+    a 16-byte request (a round trip and ~0.5 ms of CPU) of its own."""
+    srv, tmp = served
+    _db, ds = _remote(srv, tmp, "heads", profile="plain")
+    order = [int(i) for i in EpisodeAwareSampler(ds, block_size=16, seed=1).order()[:128]]
+    ds.pipeline(order, batches=3)
+    mark = len(srv.log)
+    got = []
+    for j in range(0, 128, 16):
+        got.append(ds.__getitems__(order[j:j + 16]))
+        ds._pipeline.wait()
+    video = [e for e in _media_requests(srv, mark) if e[0].split("/", 2)[1] == "videos"]
+    assert video and min(b - a for _, a, b, _ in video) >= 64, sorted(video, key=lambda e: e[2] - e[1])[:3]
+    local = lsql.connect(datasets / "multifile60").dataset("SELECT index FROM frames ORDER BY index",
+                                                          delta_timestamps=_delta("plain", ds._video_keys),
+                                                          return_uint8=True)
+    for j, b in enumerate(got):
+        _same(torch.utils.data.default_collate(b),
+              torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)])), f"batch {j}")

@@ -289,12 +289,16 @@ def ensure_index_arrow(src: Source, rel: str, cache_dir: Path, pin: Stamp | None
         # The Parquet form serves the SQL view `video_frames` and is written only when a query needs it; reading
         # frames needs only this file, straight from the demux (writing Parquet cost 30 ms per 46k-frame mp4).
         ok = parquet.exists() and cache.check_once(parquet) is None  # a damaged Parquet form is not copied
-        t = pq.read_table(parquet, columns=["pts", "pts_s", "is_keyframe", "keyframe_pts"]) if ok \
-            else _demux_index(src, rel)
+        t = pq.read_table(parquet, columns=["pts", "pts_s", "is_keyframe", "keyframe_pts", "byte_offset",
+                                            "byte_size"]) if ok else _demux_index(src, rel)
         pts = t["pts"].to_numpy()
         key_row = locate.key_rows(pts, t["keyframe_pts"].to_numpy(), t["is_keyframe"].to_numpy(zero_copy_only=False))
-        out = pa.table({"pts": pts, "pts_s": t["pts_s"].to_numpy(), "key_row": key_row},
-                       schema=pa.schema([("pts", pa.int64()), ("pts_s", pa.float64()), ("key_row", pa.int64())],
+        # The packets' byte ranges too: a remote pipeline plans its fetches from them, and without them here it
+        # built the Parquet form as well, a second demux of every mp4 (its moov read again through Python).
+        out = pa.table({"pts": pts, "pts_s": t["pts_s"].to_numpy(), "key_row": key_row,
+                        "byte_offset": t["byte_offset"].to_numpy(), "byte_size": t["byte_size"].to_numpy()},
+                       schema=pa.schema([("pts", pa.int64()), ("pts_s", pa.float64()), ("key_row", pa.int64()),
+                                         ("byte_offset", pa.int64()), ("byte_size", pa.int64())],
                                         metadata=t.schema.metadata))
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, out.schema) as w:
             w.write_table(out)
@@ -355,6 +359,8 @@ class FrameIndex:
         pts: presentation time of each frame, time-base units.
         pts_s: the same in seconds.
         key_row: row of the keyframe decoding must start from to reach each frame.
+        byte_offset, byte_size: each frame's packet in the mp4 (int64 (n,), bytes; offset -1 when the demuxer
+            gave none), None for an Arrow form written before it carried them.
     """
 
     path: str
@@ -362,6 +368,8 @@ class FrameIndex:
     pts: np.ndarray
     pts_s: np.ndarray
     key_row: np.ndarray
+    byte_offset: np.ndarray | None = None
+    byte_size: np.ndarray | None = None
 
     @property
     def keyframe_pts(self) -> np.ndarray:
@@ -379,8 +387,9 @@ class FrameIndex:
                                 t["is_keyframe"].to_numpy(zero_copy_only=False))
         meta = t.schema.metadata
         num, den = meta[b"time_base"].decode().split("/")
+        packets = [t[c].to_numpy() if c in t.column_names else None for c in ("byte_offset", "byte_size")]
         return cls(meta[b"path"].decode(), Fraction(int(num), int(den)), t["pts"].to_numpy(),
-                   t["pts_s"].to_numpy(), key_row)
+                   t["pts_s"].to_numpy(), key_row, *packets)
 
     def locate(self, times_s: np.ndarray, tolerance_s: float, *, episode_index: int, video_key: str) -> np.ndarray:
         """Index rows (positions in ``pts``) of the frames presented at ``times_s`` (seconds in the file).

@@ -14,14 +14,13 @@ Knows files and byte ranges only: what to fetch comes from the caller (:mod:`ler
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from filelock import FileLock
-
-from .cache import atomic_write, key
+from .cache import atomic_write, file_lock, key
 
 REGION = 4 << 20                 # unit of locking; largest piece (bytes)
 MERGE_GAP = 16 << 10             # ranges closer than this are fetched as one (fewer requests for a few KiB more)
@@ -69,6 +68,36 @@ def _piece(fdir: Path, a: int, b: int) -> Path:
     return fdir / f"{a:012d}-{b:012d}.piece"
 
 
+_TMP = itertools.count()
+
+
+def _write_piece(path: str, data: bytes) -> None:
+    """:func:`atomic_write` for a piece, by descriptor: a cold epoch writes hundreds of small pieces, and mkstemp,
+    a Python file object and Path objects cost ~3x the write itself. The temporary name is unique per process
+    and thread (``<piece>.<pid>-<thread>-<n>.tmp``, mode 0600), never listed as a piece, removed on failure."""
+    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{next(_TMP)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _mtime(d: str) -> int | None:
+    try:
+        return os.stat(d).st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
 class PieceStore:
     """The pieces under ``dir`` (one folder per remote file version), bounded by ``cache_size`` bytes.
 
@@ -79,6 +108,7 @@ class PieceStore:
     def __init__(self, dir: str | os.PathLike, cache_size: int):
         self.dir, self.cache_size = Path(dir), int(cache_size)
         self._pieces: dict[str, list[tuple[int, int]]] = {}
+        self._listed: dict[str, int | None] = {}  # folder -> its mtime (ns) when last listed (None: absent)
         self._total: int | None = None
         self.after_fork()
 
@@ -93,25 +123,38 @@ class PieceStore:
 
     def scan(self, fdir: Path) -> list[tuple[int, int]]:
         """The pieces of ``fdir`` on disk now, sorted (remembered for :meth:`missing`)."""
+        d = str(fdir)
+        mtime = _mtime(d)  # before listing: a piece renamed in after it changes the folder's mtime again
         out = []
         with contextlib.suppress(FileNotFoundError):
-            for name in os.listdir(fdir):
+            for name in os.listdir(d):
                 if name.endswith(".piece"):
                     a, b = name[:-6].split("-")
                     out.append((int(a), int(b)))
         out.sort()
-        self._pieces[str(fdir)] = out
+        self._pieces[d] = out
+        self._listed[d] = mtime
         return out
 
     def missing(self, fdir: Path, start: int, end: int) -> list[tuple[int, int]]:
-        """Byte ranges of ``[start, end)`` not in ``fdir`` (as this process last saw it, re-read on a gap)."""
-        pieces = self._pieces.get(str(fdir))
-        if pieces is None or gaps(pieces, start, end):
-            pieces = self.scan(fdir)
-        return gaps(pieces, start, end)
+        """Byte ranges of ``[start, end)`` not in ``fdir`` (as this process last saw it, re-read on a gap when the
+        folder changed since).
+
+        A gap is re-checked with one stat of the folder, not a listing of it: a pipeline asks about every range
+        of its next batches, most of them not fetched yet. A piece another process renamed in within the same
+        mtime tick can be missed; the caller then fetches through :meth:`fill`, which lists the folder again under
+        the region lock and fetches nothing that is there.
+        """
+        d = str(fdir)
+        pieces = self._pieces.get(d)
+        if pieces is not None:
+            out = gaps(pieces, start, end)
+            if not out or _mtime(d) == self._listed.get(d, -1):
+                return out
+        return gaps(self.scan(fdir), start, end)
 
     def _region_lock(self, fdir: Path, r: int) -> threading.Lock:
-        """Threads of this process queue on a plain lock (FileLock would make them poll every 50 ms)."""
+        """Threads of this process queue on a plain lock first: one descriptor's flock per region and process."""
         with self._lock:
             return self._region_locks.setdefault((str(fdir), r), threading.Lock())
 
@@ -130,7 +173,7 @@ class PieceStore:
         with contextlib.ExitStack() as stack:
             for r in regions:
                 stack.enter_context(self._region_lock(fdir, r))
-                stack.enter_context(FileLock(str(fdir / f"r{r:07d}.lock")))
+                stack.enter_context(file_lock(str(fdir / f"r{r:07d}.lock")))
             pieces = self.scan(fdir)  # re-read: another worker may have fetched them
             want: set[tuple[int, int]] = set()
             for a, b in ranges:
@@ -153,7 +196,7 @@ class PieceStore:
 
     def write(self, fdir: Path, a: int, b: int, data: bytes) -> None:
         """Store bytes ``[a, b)`` as one piece (temporary name, then renamed into place)."""
-        atomic_write(_piece(fdir, a, b), data)
+        _write_piece(str(_piece(fdir, a, b)), data)
         with self._lock:
             self._pieces[str(fdir)] = sorted(self._pieces.get(str(fdir), []) + [(a, b)])
             if self._total is not None:
@@ -177,20 +220,23 @@ class PieceStore:
         """
         out = bytearray()
         pos = start
-        for a, b in self._pieces.get(str(fdir), []):
+        d = str(fdir)
+        for a, b in self._pieces.get(d, []):
             if b <= pos or a > pos:
                 if a > pos:
                     break
                 continue
-            p = _piece(fdir, a, b)
+            p = f"{d}/{a:012d}-{b:012d}.piece"
             n = min(b, end) - pos
-            with open(p, "rb") as f:
-                f.seek(pos - a)
-                chunk = f.read(n)
-            if len(chunk) != n:
-                raise FileNotFoundError(p)
-            with contextlib.suppress(OSError):
-                os.utime(p)  # LRU: the mtime of a piece is its last read
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # no Python file object per piece read
+            try:
+                chunk = os.pread(fd, n, pos - a)
+                if len(chunk) != n:
+                    raise FileNotFoundError(p)
+                with contextlib.suppress(OSError):
+                    os.utime(fd if os.utime in os.supports_fd else p)  # LRU: the mtime of a piece is its last read
+            finally:
+                os.close(fd)
             out += chunk
             pos += n
             if pos >= end:

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
-from filelock import FileLock
 
 from . import transport
-from .cache import atomic_write, parse_size
+from .cache import atomic_write, file_lock, parse_size
 from .pieces import PieceStore
 from .readahead import ColumnReadahead
 from ..errors import RemoteIOError
@@ -103,6 +102,7 @@ class RemoteCacheFS(AbstractFileSystem):
         self._lock = threading.RLock()
         self._stats = {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
         self._infos: dict[str, dict] = {}
+        self._dirs: dict[str, Path] = {}  # path -> its piece folder (the version in _infos, fixed for the session)
         self.pieces = PieceStore(self.dir, self.cache_size)
         self.readahead = ColumnReadahead()
 
@@ -167,7 +167,7 @@ class RemoteCacheFS(AbstractFileSystem):
 
     def _save_store(self, section: str, key: str, value: Any) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self._store_path()) + ".lock"):
+        with file_lock(str(self._store_path()) + ".lock"):
             store = self._load_store()
             store.setdefault(section, {})[key] = value
             atomic_write(self._store_path(), json.dumps(store).encode())
@@ -194,6 +194,9 @@ class RemoteCacheFS(AbstractFileSystem):
         return stored
 
     def info(self, path, **kwargs):
+        known = self._infos.get(path)  # most callers pass the stripped path: spare the protocol regex per read
+        if known is not None:
+            return known
         path = self._strip_protocol(path)
         if path in self._infos:
             return self._infos[path]
@@ -253,7 +256,10 @@ class RemoteCacheFS(AbstractFileSystem):
 
     # ---- bytes through the piece store ------------------------------------------------------------------------
     def _file_dir(self, path: str) -> Path:
-        return self.pieces.folder(path, self.info(path)["identity"])
+        d = self._dirs.get(path)
+        if d is None:  # a hash and a Path per call otherwise, several per read
+            d = self._dirs[path] = self.pieces.folder(path, self.info(path)["identity"])
+        return d
 
     def _whole(self, path: str) -> bool:
         rel = self._rel(path)
