@@ -42,6 +42,13 @@ need (meta/ + ``prefetch.needed_ranges`` of their manifest rows). Best of ``--ro
 min). "all cached": the pipelined remote dataset read once more, everything in its cache (pieces, row groups,
 indexes): the remote read path without the network. "link-bound items/s" = link rate / needed bytes per item: the
 most the link allows, so a profile "fits the link" when it is above the local items/s.
+Then lerobot's real remote story on the same server and link (its Hub API face, tests/http_range_server.py's
+HubServer): per round, profile and lerobot version (0.4.4, and 0.6.1 when its interpreter exists), a clean process
+with a fresh HF_HOME and ``HF_ENDPOINT`` at the server runs ``LeRobotDataset("local/<name>")``, which asks for the
+refs (the v3.0 tag), downloads every file (snapshot_download), then reads locally; then two DataLoader passes over
+the same indices. Second table: per reader, the first batch from nothing (open, lerobot's download included, + fork
++ first batch), the first epoch from nothing, items/s after the first batch (ours: that remote pass; lerobot: its
+second pass, on local files), and everything the server sent per item. ``--no-peer`` skips lerobot.
 """
 
 from __future__ import annotations
@@ -99,7 +106,7 @@ def _remote(a, torch, lsql, root: Path) -> int:
     """``--remote``: steady state over a throttled loopback HTTP link, nothing warm (a fresh cache per run)."""
 
     sys.path.insert(0, str(REPO / "tests"))
-    from http_range_server import RangeServer
+    from http_range_server import HubServer  # the range server plus a Hub API face for lerobot, one throttle
 
     from lerobot_sql import prefetch as pf
     from lerobot_sql.samplers import EpisodeAwareSampler
@@ -116,40 +123,55 @@ def _remote(a, torch, lsql, root: Path) -> int:
     meta = sum(p.stat().st_size for p in (root / "meta").rglob("*") if p.is_file())
     load0 = os.getloadavg()
     rows = []
-    with RangeServer(root.parent, rate_bps=a.mbit * 1e6, latency_s=a.latency_ms / 1000) as srv:
-        for prof, dt in profiles(base.fps, cams).items():
+    profs = profiles(base.fps, cams)
+    with HubServer(root.parent, rate_bps=a.mbit * 1e6, latency_s=a.latency_ms / 1000) as srv:
+        for prof, dt in profs.items():
             local = db.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
             common.train_loader(torch, local, indices, a.batch, a.workers)  # warm
             need = pf.needed_ranges(db, local.manifest.take(indices), dt)
             needed = meta + sum(b - x for rs in need.values() for x, b in rs)
             res = {"local": [], "off": [], "on": [], "warm": [], "bytes_off": [], "bytes_on": [], "cpu_local": [],
-                   "cpu_off": [], "cpu_on": []}
+                   "cpu_off": [], "cpu_on": [], "first_off": [], "first_on": [], "epoch_off": [], "epoch_on": [],
+                   "open_off": [], "open_on": []}
             for _ in range(a.rounds):
                 m = common.train_loader(torch, local, indices, a.batch, a.workers)
                 res["local"].append(m["items_per_s"])
                 res["cpu_local"].append(m["cpu_ms_per_item"])
                 for mode in ("off", "on"):
-                    rdb = lsql.connect(f"{srv.url}/{root.name}", cache_dir=tempfile.mkdtemp(prefix="lsql_bt_"))
                     sent = srv.bytes_sent()
+                    t_open = time.perf_counter()
+                    rdb = lsql.connect(f"{srv.url}/{root.name}", cache_dir=tempfile.mkdtemp(prefix="lsql_bt_"))
                     ds = rdb.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
                     if mode == "on":
                         ds.pipeline(indices, batches=a.k)
+                    open_s = time.perf_counter() - t_open
                     m = common.train_loader(torch, ds, indices, a.batch, a.workers)
                     res[mode].append(m["items_per_s"])
                     res[f"cpu_{mode}"].append(m["cpu_ms_per_item"])
                     res[f"bytes_{mode}"].append(srv.bytes_sent() - sent)
+                    # from nothing: open (connect, dataset, pipeline plan) + fork + first batch; and the whole pass
+                    res[f"open_{mode}"].append(open_s)
+                    res[f"first_{mode}"].append(open_s + m["first_batch_s"])
+                    res[f"epoch_{mode}"].append(open_s + len(indices) / m["epoch_items_per_s"])
                 # the same remote dataset again, everything cached (pieces, row groups, indexes): the read path's
                 # own ceiling, without the network
                 res["warm"].append(common.train_loader(torch, ds, indices, a.batch, a.workers)["items_per_s"])
-            rows.append((prof, {k: max(v) if not k.startswith(("bytes", "cpu")) else min(v) for k, v in res.items()},
-                         needed, res))
+            rows.append((prof, {k: max(v) if not k.startswith(("bytes", "cpu", "first", "epoch", "open")) else min(v)
+                                for k, v in res.items()}, needed, res))
             print(f"  {prof}: {res}", file=sys.stderr, flush=True)
+        load_mid = os.getloadavg()
+        hub, notes = _hub_peers(a, srv, root, profs, indices)
+        # an endpoint a lerobot / huggingface_hub version calls and the Hub face lacks (the agent-harness registry
+        # is optional telemetry: huggingface_hub goes on without it)
+        missed = sorted({f"{m} {u.split('?')[0]}" for m, u in srv.missed if "agent-harnesses" not in u})
+        if missed:
+            notes["Hub face"] = f"answered 404 to {missed[:5]}"
     load1 = os.getloadavg()
     print(f"\n{root.name}: {n} frames, cameras {cams}, {len(indices)} items in {a.order} order"
           f"{f' (blocks of {a.block})' if a.order == 'blocks' else ''}, batch {a.batch}, {a.workers} workers (fork), "
           f"{'uint8' if a.uint8 else 'float32'}; link {a.mbit:g} Mbit/s + {a.latency_ms:g} ms per answer; fresh "
           f"cache per remote run; best of {a.rounds}; pipeline batches={a.k}; load average {load0[0]:.2f} before, "
-          f"{load1[0]:.2f} after; {common.cpu_info()}")
+          f"{load_mid[0]:.2f} after lerobot_sql, {load1[0]:.2f} after lerobot; {common.cpu_info()}")
     print("\n| profile | local items/s | remote items/s | remote + pipeline items/s | pipeline / local | "
           "remote, all cached, items/s | workers' CPU ms/item: local / remote / pipeline | needed KB/item | "
           "fetched KB/item, off / pipeline | fetched / needed, off / pipeline | link-bound items/s |")
@@ -160,10 +182,85 @@ def _remote(a, torch, lsql, root: Path) -> int:
               f"{m['warm']:,.0f} | {m['cpu_local']:.2f} / {m['cpu_off']:.2f} / {m['cpu_on']:.2f} | "
               f"{needed / ni / 1e3:.1f} | {m['bytes_off'] / ni / 1e3:.1f} / {m['bytes_on'] / ni / 1e3:.1f} | "
               f"{m['bytes_off'] / needed:.2f} / {m['bytes_on'] / needed:.2f} | {a.mbit * 1e6 / 8 / (needed / ni):,.0f} |")
+    _hub_table(a, rows, hub, notes, len(indices))
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "load": [load0, load1],
-                                            "rows": [(p, r, nd) for p, _m, nd, r in rows]}, indent=1))
+        Path(a.json).write_text(json.dumps({"args": vars(a), "load": [load0, load_mid, load1],
+                                            "rows": [(p, r, nd) for p, _m, nd, r in rows], "lerobot_hub": hub,
+                                            "lerobot_notes": notes}, indent=1))
     return 0
+
+
+def _hub_peers(a, srv, root: Path, profs: dict, indices: list[int]) -> tuple[dict, dict]:
+    """lerobot's remote path over the same link: per round, profile and lerobot version, a clean process
+    (peer_lerobot.py hub mode) with a fresh HF_HOME runs ``LeRobotDataset("local/<name>")`` against the server's Hub
+    face (refs, repo info, tree, then every file into the HF cache), then two DataLoader passes over the same indices.
+    Returns ({slot: {profile: {metric: [per round]}}}, {slot: note}); bytes = what the server sent during the
+    process (API answers included)."""
+    out, notes = {}, {}
+    for slot, py, flag, uint8_ok in (("0.4.4", a.peer_python, "--peer-python / $LSQL_PEER_PYTHON", False),
+                                     ("0.6.1", a.peer06_python, "--peer06-python / $LSQL_PEER06_PYTHON", True)):
+        if a.no_peer:
+            notes[slot] = "skipped (--no-peer)"
+            continue
+        if not py or not Path(py).exists():
+            notes[slot] = f"skipped: {py or DEFAULT_PEER06} not found (set {flag})"
+            continue
+        res = {p: {k: [] for k in ("open", "first", "epoch", "steady", "first_pass", "bytes")} for p in profs}
+        for r in range(a.rounds):
+            for prof, dt in profs.items():
+                print(f"[{root.name}] lerobot {slot} from the Hub face, {prof}, round {r + 1}/{a.rounds} ...",
+                      file=sys.stderr, flush=True)
+                plan = {"only": "hub", "repo_id": f"local/{root.name}", "profile": prof, "delta_timestamps": dt,
+                        "indices": indices, "batch": a.batch, "workers": a.workers, "passes": 2,
+                        "return_uint8": bool(a.uint8 and uint8_ok)}
+                sent = srv.bytes_sent()
+                m = common.run_peer(py, HERE / "peer_lerobot.py", plan, a.peer_timeout, endpoint=srv.url)
+                if "error" in m:
+                    notes[slot] = f"failed: {m['error']}"
+                    break
+                p0, p1 = m["passes"][0], m["passes"][1]
+                res[prof]["bytes"].append(srv.bytes_sent() - sent)
+                res[prof]["open"].append(m["open_s"])
+                res[prof]["first"].append(m["open_s"] + p0["first_batch_s"])
+                res[prof]["epoch"].append(m["open_s"] + len(indices) / p0["epoch_items_per_s"])
+                res[prof]["first_pass"].append(p0["items_per_s"])
+                res[prof]["steady"].append(p1["items_per_s"])
+                if m.get("version") != slot:
+                    notes[slot] = f"{py} has lerobot {m.get('version')}, not {slot}"
+            if slot in notes and notes[slot].startswith("failed"):
+                break
+        if all(v["steady"] for v in res.values()):
+            out[slot] = res
+        if a.uint8 and not uint8_ok:
+            notes.setdefault(slot, "float32 frames: lerobot 0.4.4 has no return_uint8")
+    return out, notes
+
+
+def _hub_table(a, rows, hub: dict, notes: dict, ni: int) -> None:
+    """The remote comparison table: lerobot_sql streaming against lerobot's download-then-local, from nothing."""
+    print(f"\nFrom nothing over the same link ({a.mbit:g} Mbit/s + {a.latency_ms:g} ms): lerobot_sql streams (fresh "
+          "cache, reads only what the items need); lerobot downloads the whole dataset first (LeRobotDataset(repo_id) "
+          "with a fresh HF_HOME against the server's Hub API face: refs, repo info, tree, snapshot_download of every "
+          "file), then reads locally. First batch = open (lerobot: download included) + fork + first batch; epoch = "
+          f"the same through the last of {ni} items (the open alone is in --json); items/s after the first batch (lerobot_sql: that same pass, "
+          "remote; lerobot: a second pass, local files); KB sent/item = all the server sent for the run / items. "
+          f"Best of {a.rounds} (times: min, items/s: max).")
+    print("\n| profile | reader | first batch from nothing, s | epoch from nothing, s | items/s | KB sent/item | "
+          "pipeline items/s / this | this first batch / pipeline's |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for prof, m, _needed, _res in rows:
+        lines = [("lerobot_sql remote", m["first_off"], m["epoch_off"], m["off"], m["bytes_off"]),
+                 ("lerobot_sql remote + pipeline", m["first_on"], m["epoch_on"], m["on"], m["bytes_on"])]
+        for slot in ("0.4.4", "0.6.1"):
+            if slot in hub:
+                h = hub[slot][prof]
+                lines.append((f"lerobot {slot}, download then local", min(h["first"]), min(h["epoch"]),
+                              max(h["steady"]), min(h["bytes"])))
+        for name, first, epoch, ips, sent in lines:
+            print(f"| {prof} | {name} | {first:.2f} | {epoch:.2f} | {ips:,.0f} | {sent / ni / 1e3:,.1f} | "
+                  f"{_ratio(m['on'], ips)} | {_ratio(first, m['first_on'])} |")
+    for slot, note in notes.items():
+        print(f"{'lerobot ' if slot[0].isdigit() else ''}{slot}: {note}")
 
 
 def _cam_offsets(dt: dict | None, cams: list[str], fps: float) -> tuple[int, ...] | None:
@@ -381,7 +478,7 @@ def run(argv=None) -> int:
                                                                      else ""),
                     help="interpreter with lerobot 0.6.1 (default $LSQL_PEER06_PYTHON, or /work/peer06/bin/python "
                          "when present; skipped with a note when absent)")
-    ap.add_argument("--no-peer", action="store_true", help="skip both lerobot columns")
+    ap.add_argument("--no-peer", action="store_true", help="skip both lerobot columns (local and --remote)")
     ap.add_argument("--peer-timeout", type=float, default=3600, help="seconds per lerobot process")
     ap.add_argument("--remote", action="store_true",
                     help="steady state over a throttled loopback HTTP link: local vs remote vs remote + pipeline")

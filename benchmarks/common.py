@@ -155,18 +155,27 @@ def train_loader(torch, ds, indices: list[int], batch: int, workers: int) -> dic
             "frame_dtype": dtype}
 
 
-def run_peer(python: str, script: Path, plan: dict, timeout: float, hf_home: str | None = None) -> dict:
+def run_peer(python: str, script: Path, plan: dict, timeout: float, hf_home: str | None = None,
+             endpoint: str | None = None) -> dict:
     """Run ``script PLAN.json`` in another interpreter (lerobot's venv), offline, with ``hf_home`` as HF_HOME (a
     throwaway one when None), and return the dict of its last ``BENCH_JSON`` line, or ``{"error": reason}`` (time-out,
-    or the last line of its stderr)."""
+    or the last line of its stderr).
+
+    With ``endpoint`` (a Hub API URL, e.g. tests/http_range_server.py's HubServer) it runs online instead:
+    HF_ENDPOINT=endpoint, HF_HUB_OFFLINE and HF_DATASETS_OFFLINE unset, LSQL_PEER_ONLINE=1 (peer_lerobot.py then
+    leaves them unset), progress bars off, the throwaway folder as working directory."""
     with tempfile.TemporaryDirectory(prefix="lsql_bench_peer_") as tmp:
         pf = Path(tmp) / "plan.json"
         pf.write_text(json.dumps(plan))
         env = {**os.environ, "HF_HOME": hf_home or str(Path(tmp) / "hf"), "HF_HUB_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1"}
+        if endpoint:
+            for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+                env.pop(k)
+            env.update(HF_ENDPOINT=endpoint, LSQL_PEER_ONLINE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
         try:
             p = subprocess.run([python, str(script), str(pf)], capture_output=True, text=True, env=env,
-                               timeout=timeout)
+                               timeout=timeout, cwd=tmp if endpoint else None)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout:g}s"}
     out = None

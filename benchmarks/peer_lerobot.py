@@ -11,6 +11,13 @@ delta_timestamps or null), batch, workers, rounds, return_uint8; one ``LeRobotDa
 ``rounds + 1`` DataLoader passes over the indices per profile (``common.train_loader``, profiles interleaved within a
 round): pass 0 is the first pass after the open ("cold"), the others are steady state. Works with lerobot 0.4.4 and
 0.6.1 (``return_uint8`` is passed only when true: 0.4.4 has no such argument).
+
+With ``"only": "hub"`` (``bench_train --remote``; run online: ``common.run_peer(endpoint=...)``, ``HF_ENDPOINT``
+at tests/http_range_server.py's HubServer and a fresh HF_HOME): repo_id, profile, delta_timestamps, indices, batch,
+workers, return_uint8, passes. ``LeRobotDataset(repo_id)`` with no local copy, as a user training from the Hub gets
+it: lerobot asks the Hub for the repo's refs (the codebase-version tag), snapshot_download fetches every file into
+the HF cache, then it reads locally. Times ``open_s`` (that open, download included), then ``passes`` DataLoader
+passes over the indices (the first one's ``first_batch_s`` completes the time to the first batch from nothing).
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+if os.environ.get("LSQL_PEER_ONLINE") != "1":  # hub mode downloads from HF_ENDPOINT; every other mode is offline
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
@@ -58,8 +66,28 @@ def train(p: dict) -> dict:
     return out
 
 
+def hub(p: dict) -> dict:
+    """``bench_train --remote``'s lerobot side (see the module docstring): download-then-local from nothing."""
+    import lerobot
+
+    kw = {"return_uint8": True} if p.get("return_uint8") else {}
+    t = time.perf_counter()
+    ds = LeRobotDataset(p["repo_id"], delta_timestamps=p["delta_timestamps"], **kw)
+    out = {"reader": "lerobot", "version": getattr(lerobot, "__version__", "?"), "open_s": time.perf_counter() - t,
+           "root": str(ds.root), "backend": _backend(ds), "passes": []}
+    for r in range(p["passes"]):
+        m = common.train_loader(torch, ds, p["indices"], p["batch"], p["workers"])
+        out["passes"].append(m)
+        print(f"  lerobot {out['version']} hub {p['profile']} pass {r}: {m['items_per_s']:.0f} items/s "
+              f"(open {out['open_s']:.2f} s)", file=sys.stderr, flush=True)
+    return out
+
+
 def main() -> None:
     p = json.loads(Path(sys.argv[1]).read_text())
+    if p.get("only") == "hub":
+        common.emit(hub(p))
+        return
     if p.get("only") == "train":
         common.emit(train(p))
         return

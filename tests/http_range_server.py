@@ -3,16 +3,22 @@
 Fault injection (``server.faults``) and a throttle (``server.rate_bps``, ``server.latency_s``) are attributes of the
 running server; ``server.log`` records every GET as (path, start, end, bytes sent) (a 412 as (path, 0, 0, 0)).
 Conditional GETs (``If-Match``, ``If-Unmodified-Since``) are honoured.
+
+``HubServer`` (at the end) is the same server with a minimal Hugging Face Hub API face in front of the same folder,
+for lerobot's ``LeRobotDataset(repo_id)`` with ``HF_ENDPOINT`` pointing at it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import email.utils
+import hashlib
+import json
 import os
 import socket
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -46,6 +52,10 @@ class _Handler(BaseHTTPRequestHandler):
         st = p.stat()
         return f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
 
+    def _extra_headers(self, p: Path) -> dict:
+        """Headers a subclass adds to every file answer (none here)."""
+        return {}
+
     def _precondition_failed(self, p: Path) -> bool:
         """Answer 412 when ``If-Match`` names no current ETag or the file was modified after ``If-Unmodified-Since``
         (RFC 9110 13.1.1, 13.1.4), as S3, nginx and CDNs do."""
@@ -74,7 +84,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("ETag", self._etag(p))
         self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
         self.send_header("Content-Type", "application/octet-stream")
-        for k, v in (extra or {}).items():
+        for k, v in {**self._extra_headers(p), **(extra or {})}.items():
             self.send_header(k, v)
         self.end_headers()
 
@@ -144,9 +154,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 class RangeServer(ThreadingHTTPServer):
     daemon_threads = True
+    handler_class: type = _Handler
 
     def __init__(self, root: str | os.PathLike, rate_bps: float = 0, latency_s: float = 0):
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(("127.0.0.1", 0), self.handler_class)
         self.root = Path(root)
         self.faults: dict = {}
         self.rate_bps, self.latency_s = rate_bps, latency_s
@@ -179,3 +190,159 @@ class RangeServer(ThreadingHTTPServer):
     def __exit__(self, *exc) -> None:
         self.shutdown()
         self.server_close()
+
+
+# --- A minimal Hugging Face Hub API face on the same server -----------------------------------------------------------
+#
+# Enough of the Hub for huggingface_hub's snapshot_download / hf_hub_download (2.4 under lerobot 0.4.4, 1.33 under
+# lerobot 0.6.1) and lerobot's codebase-version check, with HF_ENDPOINT pointing here. Each folder under the root
+# that holds meta/info.json is a dataset repo "<any namespace>/<folder name>" with one commit: branch "main" and the
+# tag of its info.json codebase_version ("v3.0"). Endpoints, every one paced and delayed like the file answers:
+#   GET  /api/datasets/{repo}[/revision/{rev}]   repo info: id, sha, siblings
+#   GET  /api/datasets/{repo}/refs                 branches and tags
+#   GET  /api/datasets/{repo}/tree/{rev}[/{path}]  folder listing (?recursive=true: every file and folder below)
+#   HEAD/GET /datasets/{repo}/resolve/{rev}/{path} the file, with ETag (the blob id), X-Repo-Commit, Range
+# JSON answers are logged as ("api:<url path>", 0, n, n), so bytes_sent() counts them too.
+
+
+class _HubHandler(_Handler):
+
+    def _repo(self, parts: list[str]) -> Path | None:
+        """The repo folder named by ``parts[0:2]`` ("namespace/name"), None when there is none."""
+        if len(parts) < 2:
+            return None
+        d = (self.server.root / parts[1]).resolve()
+        if d.parent != self.server.root.resolve() or not (d / "meta" / "info.json").is_file():
+            return None
+        return d
+
+    @staticmethod
+    def _files(repo: Path) -> list[Path]:
+        return sorted(p for p in repo.rglob("*") if p.is_file())
+
+    @staticmethod
+    def _etag(p: Path) -> str:
+        # a git-blob-like id of the file's state (40 hex, so huggingface_hub takes it for a blob id, not an LFS
+        # sha256 it would check the content against); it changes when the file does, as If-Match needs
+        st = p.stat()
+        return '"' + hashlib.sha1(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest() + '"'
+
+    def _sha(self, repo: Path) -> str:
+        """The repo's one commit: a hash of every file's path, size and mtime (a new commit when a file changes)."""
+        h = hashlib.sha1()
+        for p in self._files(repo):
+            st = p.stat()
+            h.update(f"{p.relative_to(repo)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        return h.hexdigest()
+
+    def _tag(self, repo: Path) -> str:
+        return json.loads((repo / "meta" / "info.json").read_text()).get("codebase_version", "v3.0")
+
+    def _resolves(self, repo: Path, rev: str) -> bool:
+        return rev in ("main", self._tag(repo), self._sha(repo))
+
+    def _parts(self) -> tuple[list[str], dict]:
+        u = urllib.parse.urlsplit(self.path)
+        parts = [urllib.parse.unquote(x) for x in u.path.split("/") if x]
+        return parts, urllib.parse.parse_qs(u.query)
+
+    def _file(self) -> Path | None:
+        parts, _ = self._parts()
+        if len(parts) >= 6 and parts[0] == "datasets" and parts[3] == "resolve":
+            repo = self._repo(parts[1:3])
+            if repo is None or not self._resolves(repo, parts[4]):
+                return None
+            p = (repo / "/".join(parts[5:])).resolve()
+            return p if str(p).startswith(str(repo) + os.sep) and p.is_file() else None
+        return super()._file()  # the plain file face stays
+
+    def _extra_headers(self, p: Path) -> dict:
+        parts, _ = self._parts()
+        if parts[:1] == ["datasets"]:
+            repo = self._repo(parts[1:3])
+            if repo is not None:
+                return {"X-Repo-Commit": self._sha(repo)}
+        return {}
+
+    def send_error(self, code, message=None, explain=None):
+        if code == 404:
+            with self.server.lock:
+                self.server.missed.append((self.command, self.path))
+        super().send_error(code, message, explain)
+
+    def _send_json(self, status: int, obj, error_code: str | None = None) -> None:
+        if status == 404:
+            with self.server.lock:
+                self.server.missed.append((self.command, self.path))
+        body = json.dumps(obj).encode()
+        self._wait()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if error_code:  # huggingface_hub maps these to RepositoryNotFoundError, RevisionNotFoundError, ...
+            self.send_header("X-Error-Code", error_code)
+        self.end_headers()
+        self.server.pace(len(body))
+        self.wfile.write(body)
+        with self.server.lock:
+            self.server.log.append(("api:" + urllib.parse.urlsplit(self.path).path, 0, len(body), len(body)))
+
+    def _api(self, parts: list[str], query: dict) -> None:
+        repo = self._repo(parts[2:4])
+        if repo is None:
+            self._send_json(404, {"error": "Repository not found"}, "RepoNotFound")
+            return
+        rest, sha, name = parts[4:], self._sha(repo), f"{parts[2]}/{parts[3]}"
+        if rest[:1] == ["refs"]:
+            target = {"targetCommit": sha}
+            self._send_json(200, {"branches": [{"name": "main", "ref": "refs/heads/main", **target}],
+                                  "tags": [{"name": self._tag(repo), "ref": f"refs/tags/{self._tag(repo)}", **target}],
+                                  "converts": []})
+            return
+        if rest and rest[0] in ("revision", "tree") and (len(rest) < 2 or not self._resolves(repo, rest[1])):
+            self._send_json(404, {"error": "Invalid rev id"}, "RevisionNotFound")
+            return
+        if not rest or rest[0] == "revision":
+            files = self._files(repo)
+            self._send_json(200, {"id": name, "sha": sha, "private": False, "gated": False, "disabled": False,
+                                  "tags": [], "siblings": [{"rfilename": str(p.relative_to(repo))} for p in files],
+                                  "usedStorage": sum(p.stat().st_size for p in files)})
+            return
+        if rest[0] == "tree":
+            base = (repo / "/".join(rest[2:])).resolve()
+            if not base.is_dir() or not (base == repo or str(base).startswith(str(repo) + os.sep)):
+                self._send_json(404, {"error": "Entry not found"}, "EntryNotFound")
+                return
+            recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
+            entries = []
+            for p in sorted(base.rglob("*") if recursive else base.iterdir()):
+                rel = str(p.relative_to(repo))
+                if p.is_dir():
+                    entries.append({"type": "directory", "oid": hashlib.sha1(rel.encode()).hexdigest(), "size": 0,
+                                    "path": rel})
+                elif p.is_file():
+                    entries.append({"type": "file", "oid": self._etag(p).strip('"'), "size": p.stat().st_size,
+                                    "path": rel})
+            self._send_json(200, entries)
+            return
+        self._send_json(404, {"error": f"not served here: {self.path}"})
+
+    def do_GET(self):
+        parts, query = self._parts()
+        if parts[:2] == ["api", "datasets"]:
+            self._api(parts, query)
+            return
+        super().do_GET()
+
+
+class HubServer(RangeServer):
+    """``RangeServer`` plus the Hub API face above: ``HF_ENDPOINT=server.url`` and ``LeRobotDataset("x/<folder>")``
+    downloads ``root/<folder>`` through huggingface_hub, over the same throttle, latency and log. ``server.log`` also
+    records every GET answer to a ``/api/`` URL; ``server.missed`` every request answered 404 (method, path), which
+    shows an endpoint a newer huggingface_hub calls and this face lacks."""
+
+    handler_class = _HubHandler
+
+    def __init__(self, root: str | os.PathLike, rate_bps: float = 0, latency_s: float = 0):
+        super().__init__(root, rate_bps, latency_s)
+        self.missed: list[tuple[str, str]] = []
