@@ -51,7 +51,16 @@ MAX_SLOT_BYTES = 1 << 30  # a batch above 1 GiB keeps torch's allocation (the ri
 
 
 def enabled() -> bool:
-    return hasattr(os, "memfd_create") and os.environ.get("LSQL_BATCH_MEMORY", "1") not in ("0", "false", "no")
+    """Whether workers reuse batch memory: Linux (``os.memfd_create``) and ``LSQL_BATCH_MEMORY`` not off.
+
+    Raises:
+        ValueError: ``LSQL_BATCH_MEMORY`` is set to something other than 1/true/yes/on or 0/false/no/off.
+    """
+    v = os.environ.get("LSQL_BATCH_MEMORY", "1").strip().lower()
+    if v not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError(f"LSQL_BATCH_MEMORY={os.environ['LSQL_BATCH_MEMORY']!r}: use 1 (reuse workers' batch "
+                         "memory, the default) or 0 (new shared memory per batch, as torch's collate)")
+    return hasattr(os, "memfd_create") and v in ("1", "true", "yes", "on")
 
 
 def _np_dtype(dtype: torch.dtype) -> np.dtype | None:

@@ -7,7 +7,6 @@ item (DataLoader workers included), and each process opens its own memory maps a
 
 from __future__ import annotations
 
-import collections.abc
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -179,7 +178,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             # there, and here it would serve the frames whose float pts happen to equal the time and fail the rest.
             raise ValueError(f"tolerance_s must be a finite number of seconds > 0 (lerobot's default: 1e-4), not "
                              f"{tolerance_s!r}")
-        self.return_uint8 = return_uint8
+        if not isinstance(return_uint8, (bool, np.bool_)):  # "yes" or 0 would silently pick a frame dtype
+            raise TypeError(f"return_uint8 must be True or False, got {return_uint8!r}")
+        self.return_uint8 = bool(return_uint8)
         self.image_transforms = image_transforms
         if parallel_cameras not in (True, False, "auto"):
             raise ValueError(f"parallel_cameras must be True, False or 'auto', not {parallel_cameras!r}")
@@ -1047,29 +1048,22 @@ class BatchItem(dict):
     __slots__ = ()
 
 
-class Batch(collections.abc.Sequence):
-    """What ``LeRobotSQLDataset.__getitems__`` returns: B items, and their collated batch.
+class Batch(list):
+    """What ``LeRobotSQLDataset.__getitems__`` returns: a list of B items (what torch documents ``__getitems__``
+    to return and a ``collate_fn`` to receive), that also holds their collated batch.
 
-    ``batch[j]`` is item j as a dict (tensors are views of the batch tensors), so any ``collate_fn`` that takes a
-    list of items works on it; ``default_collate(batch)`` returns the collated dict without re-stacking (see
-    ``_collate_batch``).
+    ``batch[j]`` is item j as a dict (its tensors are views of the batch tensors: keeping one item keeps the
+    batch's memory alive, and ``torch.save`` of a view writes the whole batch tensor; ``.clone()`` what you keep).
+    ``default_collate(batch)`` returns the collated dict without re-stacking (see ``_collate_batch``).
     """
 
     def __init__(self, keys: list[str], tensors: dict[str, torch.Tensor], lists: dict[str, list], n: int,
                  memory=None):
-        self.keys, self.tensors, self.lists, self._n = keys, tensors, lists, n
+        # unbind: one call per key for all B views (indexing per item cost ~2x as much)
+        per = {k: tensors[k].unbind(0) if k in tensors else lists[k] for k in keys}
+        super().__init__(BatchItem((k, per[k][j]) for k in keys) for j in range(n))
+        self.keys, self.tensors, self.lists = keys, tensors, lists
         self._memory = memory  # the worker's batch slot (lerobot_sql.batch_memory), None elsewhere
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, j):
-        if isinstance(j, slice):
-            return [self[x] for x in range(*j.indices(self._n))]
-        j = operator.index(j)
-        if not -self._n <= j < self._n:
-            raise IndexError(f"item {j} out of range for a batch of {self._n}")
-        return BatchItem((k, self.tensors[k][j] if k in self.tensors else self.lists[k][j]) for k in self.keys)
 
     def collated(self, collate_fn_map) -> dict[str, Any]:
         """``default_collate`` of the items: the batch tensors as they are, the other keys collated by torch."""

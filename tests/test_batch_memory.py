@@ -184,3 +184,12 @@ def test_rings_of_exited_workers_are_unmapped(sets):
     # the last epoch's two rings stay until a new ring arrives; none of the three epochs before
     dead = [k for k in batch_memory._MAPPINGS if not batch_memory._alive(k[0])]
     assert len(dead) <= 2, dead
+
+
+def test_a_bad_switch_value_is_refused(monkeypatch, sets):
+    monkeypatch.setenv("LSQL_BATCH_MEMORY", "maybe")
+    with pytest.raises(ValueError, match="LSQL_BATCH_MEMORY='maybe'"):
+        batch_memory.enabled()
+    monkeypatch.setenv("LSQL_BATCH_MEMORY", "off")
+    assert not batch_memory.enabled()
+

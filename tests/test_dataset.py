@@ -501,3 +501,8 @@ def test_depth_items_equal_lerobot_061_reference(datasets, mode):
     assert ds.meta.depth_keys == ref["depth_keys"]
     for it in ref["items"]:
         assert_item_equals_reference(ds[it["index"]], it, npz, mode)
+
+
+def test_return_uint8_must_be_a_bool(datasets):
+    with pytest.raises(TypeError, match="return_uint8 must be True or False"):
+        lsql.connect(datasets / "small20").dataset(return_uint8="yes")
