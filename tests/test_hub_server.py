@@ -17,6 +17,8 @@ import pytest
 from http_range_server import HubServer, RangeServer
 
 hf = pytest.importorskip("huggingface_hub")
+# huggingface_hub.utils has the error classes from 0.24 (our floor) to 2.x; .errors only from 0.25
+import huggingface_hub.utils as hf_errors  # noqa: E402
 PEER_PYTHON = os.environ.get("LSQL_PEER_PYTHON", "/work/peer/bin/python")
 
 
@@ -53,11 +55,11 @@ def test_snapshot_download_gets_every_file_once_with_the_version_tag(served, tmp
 def test_hub_errors_and_ranges(served):
     with HubServer(served) as srv:
         api = hf.HfApi(endpoint=srv.url, token=False)
-        with pytest.raises(hf.errors.RepositoryNotFoundError):
+        with pytest.raises(hf_errors.RepositoryNotFoundError):
             api.dataset_info("local/nope")
-        with pytest.raises(hf.errors.RevisionNotFoundError):
+        with pytest.raises(hf_errors.RevisionNotFoundError):
             api.dataset_info("local/mf", revision="v2.1")
-        with pytest.raises(hf.errors.EntryNotFoundError):
+        with pytest.raises(hf_errors.EntryNotFoundError):
             hf.hf_hub_download("local/mf", "meta/missing.json", repo_type="dataset", endpoint=srv.url, token=False,
                                cache_dir=str(served.parent / "hfc"))
         # resolve honours Range and sends the commit, as the Hub does; the plain file face is still there
@@ -89,7 +91,7 @@ def test_hub_answers_pay_the_throttle(served, tmp_path):
 def test_range_server_has_no_hub_face(served):
     with RangeServer(served) as srv:
         api = hf.HfApi(endpoint=srv.url, token=False)
-        with pytest.raises(hf.errors.HfHubHTTPError):
+        with pytest.raises(hf_errors.HfHubHTTPError):
             api.dataset_info("local/mf")
 
 
