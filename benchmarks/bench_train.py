@@ -190,6 +190,18 @@ def _remote(a, torch, lsql, root: Path) -> int:
     return 0
 
 
+def _peer_interpreters(a, notes: dict):
+    """(slot, interpreter, whether it takes return_uint8) of each lerobot to run; a skipped one gets a note."""
+    for slot, py, flag, uint8_ok in (("0.4.4", a.peer_python, "--peer-python / $LSQL_PEER_PYTHON", False),
+                                     ("0.6.1", a.peer06_python, "--peer06-python / $LSQL_PEER06_PYTHON", True)):
+        if a.no_peer:
+            notes[slot] = "skipped (--no-peer)"
+        elif not py or not Path(py).exists():
+            notes[slot] = f"skipped: {py or DEFAULT_PEER06} not found (set {flag})"
+        else:
+            yield slot, py, uint8_ok
+
+
 def _hub_peers(a, srv, root: Path, profs: dict, indices: list[int]) -> tuple[dict, dict]:
     """lerobot's remote path over the same link: per round, profile and lerobot version, a clean process
     (peer_lerobot.py hub mode) with a fresh HF_HOME runs ``LeRobotDataset("local/<name>")`` against the server's Hub
@@ -197,14 +209,7 @@ def _hub_peers(a, srv, root: Path, profs: dict, indices: list[int]) -> tuple[dic
     Returns ({slot: {profile: {metric: [per round]}}}, {slot: note}); bytes = what the server sent during the
     process (API answers included)."""
     out, notes = {}, {}
-    for slot, py, flag, uint8_ok in (("0.4.4", a.peer_python, "--peer-python / $LSQL_PEER_PYTHON", False),
-                                     ("0.6.1", a.peer06_python, "--peer06-python / $LSQL_PEER06_PYTHON", True)):
-        if a.no_peer:
-            notes[slot] = "skipped (--no-peer)"
-            continue
-        if not py or not Path(py).exists():
-            notes[slot] = f"skipped: {py or DEFAULT_PEER06} not found (set {flag})"
-            continue
+    for slot, py, uint8_ok in _peer_interpreters(a, notes):
         res = {p: {k: [] for k in ("open", "first", "epoch", "steady", "first_pass", "bytes")} for p in profs}
         for r in range(a.rounds):
             for prof, dt in profs.items():
@@ -301,14 +306,7 @@ def _peers(a, root: Path, profs: dict) -> tuple[dict, dict]:
     """lerobot 0.4.4 and 0.6.1 through peer_lerobot.py's train mode, each in a clean process of its own (torchcodec
     decoders fail in workers forked from a process that already decoded). Returns ({slot: result}, {slot: note})."""
     out, notes = {}, {}
-    for slot, py, flag, uint8_ok in (("0.4.4", a.peer_python, "--peer-python / $LSQL_PEER_PYTHON", False),
-                                     ("0.6.1", a.peer06_python, "--peer06-python / $LSQL_PEER06_PYTHON", True)):
-        if a.no_peer:
-            notes[slot] = "skipped (--no-peer)"
-            continue
-        if not py or not Path(py).exists():
-            notes[slot] = f"skipped: {py or DEFAULT_PEER06} not found (set {flag})"
-            continue
+    for slot, py, uint8_ok in _peer_interpreters(a, notes):
         print(f"[{root.name}] lerobot {slot} ({py}) ...", file=sys.stderr, flush=True)
         plan = {"only": "train", "root": str(root.resolve()), "indices": a.indices, "profiles": profs,
                 "batch": a.batch, "workers": a.workers, "rounds": a.rounds, "return_uint8": bool(a.uint8 and uint8_ok)}
