@@ -139,8 +139,8 @@ class Slot:
     memory after that (or for the whole batch when there is no ring or no free slot). ``close()`` when the batch
     is complete or abandoned (the slot is not freed before, even if early tensors are gone)."""
 
-    def __init__(self):
-        self.ring = _ring()
+    def __init__(self, reuse: bool = True):
+        self.ring = _ring() if reuse else None
         self.s = self.ring.claim() if self.ring is not None else None
         self.used = self.needed = 0
         self.array = None
@@ -189,10 +189,11 @@ class Slot:
 
 
 def begin() -> Slot | None:
-    """The memory for the next batch of this DataLoader worker, or None outside a worker (or switched off)."""
-    if torch.utils.data.get_worker_info() is None or not enabled():
+    """The memory for the next batch of this DataLoader worker, or None outside a worker. Switched off (or without
+    ``memfd_create``) a worker's slot has no ring: every tensor gets torch's new shared memory, as before."""
+    if torch.utils.data.get_worker_info() is None:
         return None
-    return Slot()
+    return Slot(reuse=enabled())
 
 
 def _torch_shared(shape: tuple, dtype: torch.dtype) -> torch.Tensor:

@@ -166,6 +166,14 @@ def test_the_slot_protocol_in_one_process(sets, monkeypatch):
 
 def test_switched_off(sets, monkeypatch):
     monkeypatch.setenv("LSQL_BATCH_MEMORY", "0")
+    # inside a worker the batch tensors still go to torch's shared memory (no copy on the way to the main process)
+    class Info:
+        num_workers, id, seed = 1, 0, 0
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.utils.data, "get_worker_info", lambda: Info())
+        b = default_collate(sets[("plain", False)].__getitems__([0, 5, 9]))
+    assert type(b) is dict and all(v.is_shared() for v in b.values() if isinstance(v, torch.Tensor))
     ds = sets[("plain", False)]
     idx = _order(ds, 96)
     for j, batch in enumerate(_loader(ds, idx, workers=1)):
