@@ -14,7 +14,6 @@ Knows files and byte ranges only: what to fetch comes from the caller (:mod:`ler
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import threading
 from pathlib import Path
@@ -66,29 +65,6 @@ def _disjoint(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _piece(fdir: Path, a: int, b: int) -> Path:
     return fdir / f"{a:012d}-{b:012d}.piece"
-
-
-_TMP = itertools.count()
-
-
-def _write_piece(path: str, data: bytes) -> None:
-    """:func:`atomic_write` for a piece, by descriptor: a cold epoch writes hundreds of small pieces, and mkstemp,
-    a Python file object and Path objects cost ~3x the write itself. The temporary name is unique per process
-    and thread (``<piece>.<pid>-<thread>-<n>.tmp``, mode 0600), never listed as a piece, removed on failure."""
-    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{next(_TMP)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _mtime(d: str) -> int | None:
@@ -196,7 +172,7 @@ class PieceStore:
 
     def write(self, fdir: Path, a: int, b: int, data: bytes) -> None:
         """Store bytes ``[a, b)`` as one piece (temporary name, then renamed into place)."""
-        _write_piece(str(_piece(fdir, a, b)), data)
+        atomic_write(_piece(fdir, a, b), data)
         with self._lock:
             self._pieces[str(fdir)] = sorted(self._pieces.get(str(fdir), []) + [(a, b)])
             if self._total is not None:
