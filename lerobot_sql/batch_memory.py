@@ -153,12 +153,14 @@ class Slot:
 
     def tensor(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor of ``shape``/``dtype``, in the slot when it fits, else in new shared memory."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
         np_dtype = _np_dtype(dtype)
+        if np_dtype is None:  # a dtype numpy lacks (bfloat16): torch's memory
+            return _torch_shared(shape, dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
         with self.lock:
             at = -(-self.used // ALIGN) * ALIGN
             self.needed = -(-self.needed // ALIGN) * ALIGN + nbytes
-            fits = self.array is not None and not self.closed and np_dtype is not None and nbytes and \
+            fits = self.array is not None and not self.closed and nbytes and \
                 at + nbytes <= len(self.array)
             if fits:
                 self.used = at + nbytes
