@@ -2,8 +2,17 @@
 consecutive row groups of a remote Parquet file.
 
 DuckDB reads each column chunk of a scan with its own request; without this a count over a 200-row-group file costs
-200 sequential round trips. The scan is recognised from the file's footer, and only when the footer is already
-cached (it is never fetched for this). Knows Parquet's footer layout, not datasets.
+200 sequential round trips. Two rules, both from the file's footer and only once the footer is cached (it is never
+fetched for this):
+
+* small columns whole: the first read of a column whose chunks over the whole file total at most ``SMALL_COLUMN``
+  bytes (``index``, ``frame_index``, ``timestamp``, ``episode_index``: a few KB per row group) fetches every small
+  column of every row group at once, in parallel. Opening a dataset scans exactly these columns several times (the
+  query, the manifest's joins, the episode checks); one request per row group and column made a remote open
+  ~180 sequential round trips on a 57-row-group file (3.5 s at 20 ms).
+* a scan of larger columns (the same columns of consecutive row groups) fetches the next row groups' chunks ahead.
+
+Knows Parquet's footer layout, not datasets.
 """
 
 from __future__ import annotations
@@ -13,6 +22,9 @@ import threading
 from typing import Callable
 
 COLUMN_READAHEAD = 4 << 20       # bytes a Parquet column scan fetches ahead per request (see ColumnReadahead.ranges)
+SMALL_COLUMN = 256 << 10         # a column whose chunks total at most this over a file is fetched whole, with the
+                                 # file's other small columns, at its first read: what a query pruning row groups
+                                 # fetches beyond its own chunks is bounded by this per column and file
 
 # cached(start, end) -> the bytes [start, end) of the file when they are all in the cache, else None
 Cached = Callable[[int, int], "bytes | None"]
@@ -48,7 +60,7 @@ class ColumnReadahead:
         try:
             md = pq.read_metadata(io.BytesIO(b"PAR1" + footer))
         except Exception:  # noqa: BLE001 - not our business to judge the file here; just no column readahead
-            self._pq[path] = {"by_start": {}, "chunks": []}
+            self._pq[path] = {"by_start": {}, "chunks": [], "small": frozenset(), "small_done": True}
             return self._pq[path]
         chunks = []
         for i in range(md.num_row_groups):
@@ -64,15 +76,21 @@ class ColumnReadahead:
         for i, row in enumerate(chunks):
             for j, (a, _b) in enumerate(row):
                 by_start.setdefault(a, (i, j))
-        self._pq[path] = {"by_start": by_start, "chunks": chunks}
+        totals = [sum(row[j][1] - row[j][0] for row in chunks) for j in range(len(chunks[0]))] if chunks else []
+        small = frozenset(j for j, t in enumerate(totals) if t <= SMALL_COLUMN)
+        self._pq[path] = {"by_start": by_start, "chunks": chunks, "small": small, "small_done": False}
         return self._pq[path]
 
     def ranges(self, path: str, start: int, end: int, size: int, cached: Cached) -> list[tuple[int, int]]:
-        """Ranges worth fetching with a Parquet read ``[start, end)`` of ``path`` (``size`` bytes): when it is the
-        column chunks ``cols`` of row group ``rg`` and the same columns of ``rg - 1`` or ``rg - 2`` were read just
-        before (a scan), the same columns of the next ``k`` row groups (``k`` doubling 2, 4 ... 64 while the scan
-        goes on, at most ``COLUMN_READAHEAD`` bytes). A query that skips row groups (a filter the statistics prune)
-        never looks like a scan, so it fetches nothing extra."""
+        """Ranges worth fetching with a Parquet read ``[start, end)`` of ``path`` (``size`` bytes) that is the column
+        chunks ``cols`` of row group ``rg``:
+
+        * every ``cols`` small (see ``SMALL_COLUMN``) and this file's small columns not fetched yet by this rule:
+          the small columns' chunks of every row group (adjacent chunks as one range), once per file;
+        * else, when the same columns of ``rg - 1`` or ``rg - 2`` were read just before (a scan): the same columns
+          of the next ``k`` row groups (``k`` doubling 2, 4 ... 64 while the scan goes on, at most
+          ``COLUMN_READAHEAD`` bytes). A query that skips row groups (a filter the statistics prune) never looks
+          like a scan, so it fetches nothing extra of the larger columns."""
         if not path.endswith(".parquet"):
             return []
         pq_ = self.chunks(path, size, cached)
@@ -82,6 +100,21 @@ class ColumnReadahead:
         rg, first = hit
         row = pq_["chunks"][rg]
         cols = tuple(j for j in range(first, len(row)) if row[j][0] >= start and row[j][1] <= end) or (first,)
+        small = pq_["small"]
+        if not pq_["small_done"] and all(j in small for j in cols):
+            with self._lock:
+                if pq_["small_done"]:  # another reader thread got here first: in flight or cached
+                    return []
+                pq_["small_done"] = True
+            out: list[list[int]] = []
+            for r in pq_["chunks"]:
+                for j in sorted(small):
+                    a, b = r[j]
+                    if out and out[-1][1] == a:  # adjacent chunks (timestamp, frame_index, ...): one range
+                        out[-1][1] = b
+                    else:
+                        out.append([a, b])
+            return [(a, b) for a, b in out]
         key = (path, cols)
         with self._lock:
             hi, k = self._scans.get(key, (-10, 0))
