@@ -60,7 +60,7 @@ class ColumnReadahead:
         try:
             md = pq.read_metadata(io.BytesIO(b"PAR1" + footer))
         except Exception:  # noqa: BLE001 - not our business to judge the file here; just no column readahead
-            self._pq[path] = {"by_start": {}, "chunks": [], "small": frozenset(), "small_done": True}
+            self._pq[path] = {"by_start": {}, "chunks": [], "small": frozenset(), "small_ranges": []}
             return self._pq[path]
         chunks = []
         for i in range(md.num_row_groups):
@@ -78,15 +78,24 @@ class ColumnReadahead:
                 by_start.setdefault(a, (i, j))
         totals = [sum(row[j][1] - row[j][0] for row in chunks) for j in range(len(chunks[0]))] if chunks else []
         small = frozenset(j for j, t in enumerate(totals) if t <= SMALL_COLUMN)
-        self._pq[path] = {"by_start": by_start, "chunks": chunks, "small": small, "small_done": False}
+        union: list[list[int]] = []
+        for row in chunks:
+            for j in sorted(small):
+                a, b = row[j]
+                if union and union[-1][1] == a:  # adjacent chunks (timestamp, frame_index, ...): one range
+                    union[-1][1] = b
+                else:
+                    union.append([a, b])
+        self._pq[path] = {"by_start": by_start, "chunks": chunks, "small": small,
+                          "small_ranges": [(a, b) for a, b in union]}
         return self._pq[path]
 
     def ranges(self, path: str, start: int, end: int, size: int, cached: Cached) -> list[tuple[int, int]]:
         """Ranges worth fetching with a Parquet read ``[start, end)`` of ``path`` (``size`` bytes) that is the column
         chunks ``cols`` of row group ``rg``:
 
-        * every ``cols`` small (see ``SMALL_COLUMN``) and this file's small columns not fetched yet by this rule:
-          the small columns' chunks of every row group (adjacent chunks as one range), once per file;
+        * every ``cols`` small (see ``SMALL_COLUMN``): the small columns' chunks of every row group (adjacent
+          chunks as one range; the caller fetches what of them is missing, so once per file while cached);
         * else, when the same columns of ``rg - 1`` or ``rg - 2`` were read just before (a scan): the same columns
           of the next ``k`` row groups (``k`` doubling 2, 4 ... 64 while the scan goes on, at most
           ``COLUMN_READAHEAD`` bytes). A query that skips row groups (a filter the statistics prune) never looks
@@ -100,21 +109,11 @@ class ColumnReadahead:
         rg, first = hit
         row = pq_["chunks"][rg]
         cols = tuple(j for j in range(first, len(row)) if row[j][0] >= start and row[j][1] <= end) or (first,)
-        small = pq_["small"]
-        if not pq_["small_done"] and all(j in small for j in cols):
-            with self._lock:
-                if pq_["small_done"]:  # another reader thread got here first: in flight or cached
-                    return []
-                pq_["small_done"] = True
-            out: list[list[int]] = []
-            for r in pq_["chunks"]:
-                for j in sorted(small):
-                    a, b = r[j]
-                    if out and out[-1][1] == a:  # adjacent chunks (timestamp, frame_index, ...): one range
-                        out[-1][1] = b
-                    else:
-                        out.append([a, b])
-            return [(a, b) for a, b in out]
+        if all(j in pq_["small"] for j in cols):
+            # Every reader missing a small chunk gets the whole union, not only the first: DuckDB's threads miss
+            # at once, and the piece store's region locks then let one of them fetch it while the others wait and
+            # find it cached (a reader told "in flight" fetched its own chunk before the union's fetch began).
+            return pq_["small_ranges"]
         key = (path, cols)
         with self._lock:
             hi, k = self._scans.get(key, (-10, 0))
