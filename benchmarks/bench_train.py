@@ -5,7 +5,7 @@
                                      [--workers 2] [--uint8] [--peer-python PATH] [--peer06-python PATH] [--no-peer]
                                      [--json OUT]
     python -m benchmarks.bench_train --remote [--mbit 100|1000] [--latency-ms 20] [--order blocks|random]
-                                     [--block 32] [--k 4] [--rounds 3] ...
+                                     [--block 32] [--k 4] [--rounds 3] [--no-pin] ...
 
 Profiles (``delta_timestamps`` at the dataset's fps, the same dicts on every side): plain (no windows); ACT (action
 chunk of 50: ``[0..49]``); diffusion (state and every camera at ``[-1, 0]``, action ``[-1..14]``). Every reader gets
@@ -42,6 +42,11 @@ need (meta/ + ``prefetch.needed_ranges`` of their manifest rows). Best of ``--ro
 min). "all cached": the pipelined remote dataset read once more, everything in its cache (pieces, row groups,
 indexes): the remote read path without the network. "link-bound items/s" = link rate / needed bytes per item: the
 most the link allows, so a profile "fits the link" when it is above the local items/s.
+``--pin`` (the default with >= 2 CPUs; ``--no-pin`` to switch off): the server runs in a process of its own
+(``benchmarks/link_server.py``) pinned to the last CPU, and this process, its DataLoader workers and lerobot's
+processes to the others, local and remote runs alike. Without it the server's Python threads and token bucket share
+the benchmark's process (its GIL) and the workers' cores, and the remote columns pay for the server's CPU, which no
+real remote (the Hub, S3) takes from the training machine. On a 2-CPU machine the benchmark then has one CPU.
 Then lerobot's real remote story on the same server and link (its Hub API face, tests/http_range_server.py's
 HubServer): per round, profile and lerobot version (0.4.4, and 0.6.1 when its interpreter exists), a clean process
 with a fresh HF_HOME and ``HF_ENDPOINT`` at the server runs ``LeRobotDataset("local/<name>")``, which asks for the
@@ -108,6 +113,8 @@ def _remote(a, torch, lsql, root: Path) -> int:
     sys.path.insert(0, str(REPO / "tests"))
     from http_range_server import HubServer  # the range server plus a Hub API face for lerobot, one throttle
 
+    from benchmarks.link_server import LinkProcess, pin_process
+
     from lerobot_sql import prefetch as pf
     from lerobot_sql.samplers import EpisodeAwareSampler
 
@@ -124,7 +131,19 @@ def _remote(a, torch, lsql, root: Path) -> int:
     load0 = os.getloadavg()
     rows = []
     profs = profiles(base.fps, cams)
-    with HubServer(root.parent, rate_bps=a.mbit * 1e6, latency_s=a.latency_ms / 1000) as srv:
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = a.pin if a.pin is not None else len(cpus) >= 2
+    if pin and len(cpus) < 2:
+        raise SystemExit("--pin needs at least 2 CPUs (the server gets one, the benchmark the others)")
+    if pin:  # the server on the last CPU, this process (its threads, workers, lerobot's processes) on the others
+        server_cpu, ours = cpus[-1], set(cpus[:-1])
+        pin_process(ours)
+        where = f"server pinned to CPU {server_cpu}, benchmark and workers to CPUs {sorted(ours)}"
+        link = LinkProcess(root.parent, a.mbit * 1e6, a.latency_ms / 1000, cpu=server_cpu)
+    else:
+        where = f"server in the benchmark's process, all on CPUs {cpus}"
+        link = HubServer(root.parent, rate_bps=a.mbit * 1e6, latency_s=a.latency_ms / 1000)
+    with link as srv:
         for prof, dt in profs.items():
             local = db.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
             common.train_loader(torch, local, indices, a.batch, a.workers)  # warm
@@ -171,7 +190,7 @@ def _remote(a, torch, lsql, root: Path) -> int:
           f"{f' (blocks of {a.block})' if a.order == 'blocks' else ''}, batch {a.batch}, {a.workers} workers (fork), "
           f"{'uint8' if a.uint8 else 'float32'}; link {a.mbit:g} Mbit/s + {a.latency_ms:g} ms per answer; fresh "
           f"cache per remote run; best of {a.rounds}; pipeline batches={a.k}; load average {load0[0]:.2f} before, "
-          f"{load_mid[0]:.2f} after lerobot_sql, {load1[0]:.2f} after lerobot; {common.cpu_info()}")
+          f"{load_mid[0]:.2f} after lerobot_sql, {load1[0]:.2f} after lerobot; {common.cpu_info()}; {where}")
     print("\n| profile | local items/s | remote items/s | remote + pipeline items/s | pipeline / local | "
           "remote, all cached, items/s | workers' CPU ms/item: local / remote / pipeline | needed KB/item | "
           "fetched KB/item, off / pipeline | fetched / needed, off / pipeline | link-bound items/s |")
@@ -184,7 +203,7 @@ def _remote(a, torch, lsql, root: Path) -> int:
               f"{m['bytes_off'] / needed:.2f} / {m['bytes_on'] / needed:.2f} | {a.mbit * 1e6 / 8 / (needed / ni):,.0f} |")
     _hub_table(a, rows, hub, notes, len(indices))
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "load": [load0, load_mid, load1],
+        Path(a.json).write_text(json.dumps({"args": vars(a), "cpus": where, "load": [load0, load_mid, load1],
                                             "rows": [(p, r, nd) for p, _m, nd, r in rows], "lerobot_hub": hub,
                                             "lerobot_notes": notes}, indent=1))
     return 0
@@ -487,6 +506,11 @@ def run(argv=None) -> int:
                     help="--remote: item order (blocks: EpisodeAwareSampler's shuffled blocks of --block frames)")
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--k", type=int, default=4, help="--remote: batches fetched ahead per worker")
+    ap.add_argument("--pin", dest="pin", action="store_true", default=None,
+                    help="--remote: the server in a process of its own on the last CPU, everything else on the "
+                         "others (default when there are >= 2 CPUs)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="--remote: the server's threads in the benchmark's process, on every CPU")
     a = ap.parse_args(argv)
     a.rounds = a.rounds or (1 if a.quick else 5)
     a.items = a.items or (256 if a.quick else 1536)
