@@ -42,6 +42,28 @@ def _media_requests(srv, since: int) -> list:
     return [e for e in srv.log[since:] if e[0].split("/", 2)[1] in ("data", "videos")]
 
 
+def _read_pipelined(srv, ds, order: list[int], batches: int, b: int = 16) -> tuple[list, list]:
+    """Batches of ``b`` of ``order`` read in one process, each after the previous one's prefetch finished: the
+    batches, and the video requests the server saw meanwhile."""
+    ds.pipeline(order, batches=batches)
+    mark = len(srv.log)
+    got = []
+    for j in range(0, len(order), b):
+        got.append(ds.__getitems__(order[j:j + b]))
+        ds._pipeline.wait()
+    return got, [e for e in _media_requests(srv, mark) if e[0].split("/", 2)[1] == "videos"]
+
+
+def _same_as_local(datasets, ds, got: list, order: list[int], every: int = 1, b: int = 16) -> None:
+    """Every ``every``-th batch of ``got`` (batches of ``b`` of ``order``) equals the local dataset's."""
+    local = lsql.connect(datasets / "multifile60").dataset("SELECT index FROM frames ORDER BY index",
+                                                          delta_timestamps=_delta("plain", ds._video_keys),
+                                                          return_uint8=True)
+    for j in range(0, len(got), every):
+        _same(torch.utils.data.default_collate(got[j]),
+              torch.utils.data.default_collate(local.__getitems__(order[b * j:b * (j + 1)])), f"batch {j}")
+
+
 def test_workers_pipelined_equal_unpipelined_within_the_bytes(served, datasets):
     srv, tmp = served
     local = lsql.connect(datasets / "multifile60").dataset(
@@ -167,20 +189,9 @@ def test_prefetched_heads_leave_no_sliver_for_a_request_of_its_own(served, datas
     srv, tmp = served
     _db, ds = _remote(srv, tmp, "heads", profile="plain")
     order = [int(i) for i in EpisodeAwareSampler(ds, block_size=16, seed=1).order()[:128]]
-    ds.pipeline(order, batches=3)
-    mark = len(srv.log)
-    got = []
-    for j in range(0, 128, 16):
-        got.append(ds.__getitems__(order[j:j + 16]))
-        ds._pipeline.wait()
-    video = [e for e in _media_requests(srv, mark) if e[0].split("/", 2)[1] == "videos"]
+    got, video = _read_pipelined(srv, ds, order, batches=3)
     assert video and min(b - a for _, a, b, _ in video) >= 64, sorted(video, key=lambda e: e[2] - e[1])[:3]
-    local = lsql.connect(datasets / "multifile60").dataset("SELECT index FROM frames ORDER BY index",
-                                                          delta_timestamps=_delta("plain", ds._video_keys),
-                                                          return_uint8=True)
-    for j, b in enumerate(got):
-        _same(torch.utils.data.default_collate(b),
-              torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)])), f"batch {j}")
+    _same_as_local(datasets, ds, got, order)
 
 
 def test_a_block_a_batch_boundary_cuts_is_fetched_by_one_job(served, datasets):
@@ -191,14 +202,9 @@ def test_a_block_a_batch_boundary_cuts_is_fetched_by_one_job(served, datasets):
     srv, tmp = served
     _db, ds = _remote(srv, tmp, "cut", profile="plain")
     order = [int(i) for i in EpisodeAwareSampler(ds, block_size=24, seed=3).order()[:320]]
-    ds.pipeline(order, batches=2)
-    mark = len(srv.log)
-    got = []
-    for j in range(0, len(order), 16):
-        got.append(ds.__getitems__(order[j:j + 16]))
-        ds._pipeline.wait()
+    got, video = _read_pipelined(srv, ds, order, batches=2)
     # (the container heads, fetched with the moov box when the index was built, are not the batches' ranges)
-    video = [e for e in _media_requests(srv, mark) if e[0].split("/", 2)[1] == "videos" and e[1] >= 64 << 10]
+    video = [e for e in video if e[1] >= 64 << 10]
     ends: dict[str, set] = {}
     extensions = 0
     for path, a, b, _ in video:
@@ -206,9 +212,4 @@ def test_a_block_a_batch_boundary_cuts_is_fetched_by_one_job(served, datasets):
         ends.setdefault(path, set()).add(b)
     assert video and extensions <= len(video) // 10, (extensions, len(video))
     assert ds._pipeline.stats()["failed"] == 0
-    local = lsql.connect(datasets / "multifile60").dataset("SELECT index FROM frames ORDER BY index",
-                                                          delta_timestamps=_delta("plain", ds._video_keys),
-                                                          return_uint8=True)
-    for j in range(0, len(got), 5):
-        _same(torch.utils.data.default_collate(got[j]),
-              torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)])), f"batch {j}")
+    _same_as_local(datasets, ds, got, order, every=5)
