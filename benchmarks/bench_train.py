@@ -122,6 +122,8 @@ def _remote(a, torch, lsql, root: Path) -> int:
     db = lsql.connect(root)
     base = db.dataset(sql)
     n, cams = len(base), base.camera_keys
+    if a.items > n:  # the order would be cut short silently, and every figure is per item of a.items
+        raise SystemExit(f"--items {a.items}: {root.name} has {n} frames")
     if a.order == "random":
         order = np.random.default_rng(a.seed).permutation(n)
     else:  # blocks of consecutive frames of one episode, shuffled (what a training run on video would use)

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,11 +42,23 @@ def main(argv: list[str] | None = None) -> int:
         print(srv.url, flush=True)
         for line in sys.stdin:
             if line.strip() == "stats":
-                with srv.lock:
-                    out = {"requests": len(srv.log), "bytes_sent": sum(e[3] for e in srv.log),
-                           "missed": list(srv.missed)}
-                print(json.dumps(out), flush=True)
+                print(json.dumps(_settled(srv)), flush=True)
     return 0
+
+
+def _settled(srv) -> dict:
+    """The log's counts once it has not grown for 50 ms (at most 2 s): a client has an answer's last byte a moment
+    before the server's thread logs it, and asked right after a run, the count would miss that answer."""
+    n, t_end = -1, time.monotonic() + 2
+    while time.monotonic() < t_end:
+        with srv.lock:
+            m = len(srv.log)
+        if m == n:
+            break
+        n = m
+        time.sleep(0.05)
+    with srv.lock:
+        return {"requests": len(srv.log), "bytes_sent": sum(e[3] for e in srv.log), "missed": list(srv.missed)}
 
 
 class LinkProcess:
