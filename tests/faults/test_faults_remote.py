@@ -115,9 +115,15 @@ def _cause_chain(e: BaseException):
 
 def test_file_changed_during_a_run_never_mixes_versions(damaged, monkeypatch, tmp_path):
     """Range GETs carry If-Match with the ETag first seen: after the server's file changes, the next range read gets
-    412 and raises FileChangedError (a RemoteIOError) naming the URL; the cache holds only bytes of the first version."""
+    412 and raises FileChangedError (a RemoteIOError) naming the URL; the cache holds only bytes of the first version.
+
+    Small columns are off here: this data file's columns are all under ``SMALL_COLUMN``, so the first read would
+    fetch every row group's chunks at once and no later read would reach the server (the run then reads the first
+    version throughout, which is also never mixed)."""
+    from lerobot_sql._storage import readahead
     from lerobot_sql.errors import FileChangedError
 
+    monkeypatch.setattr(readahead, "SMALL_COLUMN", 0)
     root = damaged()
     monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
     _bump_state(root, 0.0)  # several row groups, so later episodes are fetched by later range reads
