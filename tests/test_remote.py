@@ -576,7 +576,7 @@ def test_asking_about_unfetched_ranges_does_not_relist_the_piece_folder(tmp_path
     monkeypatch.setattr(P.os, "listdir", lambda d: listed.append(d) or real(d))
     for _ in range(50):
         assert mine.missing(fdir, 0, 8192) == [(4096, 8192)]
-    assert len(listed) <= 1, len(listed)  # 50 listings before
+    assert listed == [], len(listed)  # 50 listings before; 1 while this process's own write changed the mtime
     # the other process fetches bytes this one asked about: fill lists the folder under the region lock and
     # fetches nothing that is there, whatever missing() said
     assert other.fill(fdir, [(4096, 8192)], got) == 4096
@@ -586,3 +586,39 @@ def test_asking_about_unfetched_ranges_does_not_relist_the_piece_folder(tmp_path
     assert other.fill(fdir, [(8192, 12288)], got) == 4096
     assert mine.missing(fdir, 0, 12288) == []  # the folder changed: listed again
     assert mine.assemble(fdir, "videos/a.mp4", 100, 12000) == data[100:12000]
+
+
+def test_own_piece_writes_keep_the_listing_current_and_a_listing_tracks_other_processes(tmp_path, monkeypatch):
+    """A folder holds one piece per GOP run fetched (hundreds after a long epoch): this process's own writes do not
+    make the next ``missing`` list the folder again (each did before), and a listing that does happen, after another
+    process wrote or evicted pieces, gives exactly the pieces on disk (it parses only the names it has not seen)."""
+    import time
+
+    from lerobot_sql._storage import pieces as P
+
+    data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    got = lambda gs: [(data[x:y], None) for x, y in gs]  # noqa: E731
+    mine, other = P.PieceStore(tmp_path / "c", 1 << 30), P.PieceStore(tmp_path / "c", 1 << 30)  # two processes
+    fdir = mine.folder("videos/a.mp4", "1048576-etag")
+    listed: list[str] = []
+    real = os.listdir
+    monkeypatch.setattr(P.os, "listdir", lambda d: listed.append(d) or real(d))
+    relisted = 0
+    for i in range(40):
+        a = i * 16384
+        assert mine.fill(fdir, [(a, a + 4096)], got) == 4096
+        n = len(listed)
+        assert mine.missing(fdir, a, a + 8192) == [(a + 4096, a + 8192)]
+        relisted += len(listed) - n
+    assert relisted == 0, relisted  # 40 before: one listing per own write
+    # another process writes three pieces and evicts two of this one's
+    time.sleep(0.05)  # a later mtime tick of the folder
+    for a in (4096, 20480, 36864):
+        assert other.fill(fdir, [(a, a + 4096)], got) == 4096
+    for a in (0, 16384):
+        os.unlink(os.path.join(str(fdir), f"{a:012d}-{a + 4096:012d}.piece"))
+    on_disk = sorted(tuple(int(x) for x in n[:-6].split("-")) for n in real(str(fdir)) if n.endswith(".piece"))
+    assert len(on_disk) == 41
+    assert mine.missing(fdir, 0, 8192) == [(0, 4096)]  # the folder changed: listed again, both changes seen
+    assert mine.scan(fdir) == on_disk
+    assert mine.assemble(fdir, "videos/a.mp4", 32768, 32768 + 8192) == data[32768:32768 + 8192]
