@@ -906,8 +906,16 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 
         Raises:
             ValueError: ``batches < 1`` or ``max_bytes <= 0``. TypeError: ``sampler`` is not iterable.
+
+        On a remote dataset it also pins, in one parallel round of requests, the version of every mp4 the query's
+        cameras read (their size and ETag; the data files are pinned by the open): the workers inherit those
+        pins, so all of them read the same version of a file, and none asks the server for them first.
         """
         self._pipeline = None if sampler is None else _pipe.Pipeline(sampler, batches, max_bytes)
+        if self._pipeline is not None:
+            # the mp4s' versions pinned here, in one parallel round: the workers inherit them instead of each
+            # asking for every file on its first read (a round trip each, per worker and epoch)
+            self._src.describe(sorted({rel for names in self._video_files.values() for rel in names}))
         return self
 
     def _byte_ranges(self, w: _Worker, jj: np.ndarray) -> dict[str, list[tuple[int, int]]]:

@@ -107,6 +107,8 @@ class _Handler(BaseHTTPRequestHandler):
         if p is None:
             self.send_error(404)
             return
+        with self.server.lock:
+            self.server.heads.append(str(p.relative_to(self.server.root)))
         if self._fault():
             return
         self._headers(p, 200, p.stat().st_size)
@@ -162,6 +164,7 @@ class RangeServer(ThreadingHTTPServer):
         self.faults: dict = {}
         self.rate_bps, self.latency_s = rate_bps, latency_s
         self.log: list[tuple[str, int, int, int]] = []
+        self.heads: list[str] = []  # the files asked for by HEAD (what an fsspec info() sends first)
         self.lock = threading.Lock()
         self._free_at = 0.0
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)

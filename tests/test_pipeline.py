@@ -213,3 +213,28 @@ def test_a_block_a_batch_boundary_cuts_is_fetched_by_one_job(served, datasets):
     assert video and extensions <= len(video) // 10, (extensions, len(video))
     assert ds._pipeline.stats()["failed"] == 0
     _same_as_local(datasets, ds, got, order, every=5)
+
+
+def test_pipeline_pins_the_mp4s_in_the_parent_and_workers_ask_for_none(served, datasets):
+    """``ds.pipeline()`` asks for the query's mp4s' infos (size, ETag) in the parent, one HEAD each in one parallel
+    round; forked workers inherit those pins: they send no HEAD (before, each worker asked for every mp4 on its
+    first read of it, one round trip each, every epoch) and all read the versions the parent pinned."""
+    srv, tmp = served
+    _db, ds = _remote(srv, tmp, "pins", "plain")
+    order = EpisodeAwareSampler(ds, block_size=8, seed=1).order()[:128].tolist()
+    mp4s = sorted({rel for names in ds._video_files.values() for rel in names})
+    assert len(mp4s) == 11  # 6 front, 5 wrist
+    h0 = len(srv.heads)
+    ds.pipeline(order, batches=2)
+    assert sorted(srv.heads[h0:]) == [f"multifile60/{r}" for r in mp4s]
+    pins = {r: ds._src.fs.info(ds._src.path(r))["identity"] for r in mp4s}
+    h1 = len(srv.heads)
+    got = list(DataLoader(ds, batch_size=16, sampler=order, num_workers=2, multiprocessing_context="fork"))
+    assert srv.heads[h1:] == []
+    local = lsql.connect(datasets / "multifile60").dataset("SELECT index FROM frames ORDER BY index",
+                                                          delta_timestamps=_delta("plain", ds._video_keys),
+                                                          return_uint8=True)
+    for j in range(0, len(got), 2):
+        _same(got[j], torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)])), f"batch {j}")
+    ds.pipeline(order, batches=2)  # known already: nothing asked again
+    assert len(srv.heads) == h1 and {r: ds._src.fs.info(ds._src.path(r))["identity"] for r in mp4s} == pins

@@ -622,3 +622,30 @@ def test_own_piece_writes_keep_the_listing_current_and_a_listing_tracks_other_pr
     assert mine.missing(fdir, 0, 8192) == [(0, 4096)]  # the folder changed: listed again, both changes seen
     assert mine.scan(fdir) == on_disk
     assert mine.assemble(fdir, "videos/a.mp4", 32768, 32768 + 8192) == data[32768:32768 + 8192]
+
+
+def test_describe_many_pins_files_in_one_round_and_leaves_failures_to_the_first_read(blob_server, tmp_path):
+    """``describe_many`` (what ``ds.pipeline`` calls for the query's mp4s): the files not known yet, one HEAD each,
+    all at once; the pins are the ones the later reads use (a change after it is a 412, not the new bytes); a missing
+    file is not an error there but at its first read, named; offline nothing is asked."""
+    srv, data = blob_server
+    for i in range(5):
+        (srv.root / f"b{i}.bin").write_bytes(data[i::7][:100_000])
+    fs, url = _blob_fs(srv, tmp_path)
+    urls = [f"{srv.url}/b{i}.bin" for i in range(5)] + [url, f"{srv.url}/gone.bin"]
+    assert fs.describe_many(urls) == 6
+    assert sorted(srv.heads) == sorted([f"b{i}.bin" for i in range(5)] + ["blob.bin"])  # (a 404 is not logged)
+    assert fs.describe_many(urls[:6]) == 0 and len(srv.heads) == 6  # known: nothing asked again
+    assert fs.info(urls[2])["size"] == 100_000 and len(srv.heads) == 6
+    path = srv.root / "b2.bin"
+    st = path.stat()
+    path.write_bytes(bytes(255 - x for x in data[2::7][:100_000]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new ETag after the pin
+    with pytest.raises(RemoteIOError, match=r"b2\.bin: the file changed on the server during this run"):
+        fs.read_range(urls[2], 0, 1000)
+    with pytest.raises(FileNotFoundError):
+        fs.read_range(urls[6], 0, 10)
+    off, _ = _blob_fs(srv, tmp_path / "off")
+    off.offline = True  # as LSQL_OFFLINE / HF_HUB_OFFLINE, or after the network went away mid-session
+    n = len(srv.heads)
+    assert off.describe_many(urls) == 0 and len(srv.heads) == n

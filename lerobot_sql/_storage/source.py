@@ -192,6 +192,16 @@ class Source:
             return 0
         return self.fs.ensure_ranges(self.path(rel), sorted(ranges))
 
+    def describe(self, rels) -> int:
+        """Pin the version (size, ETag or equivalent) of each remote file ``rels`` names that this process has not
+        read yet, in one parallel round, so that DataLoader workers forked or pickled from here read those versions
+        and ask the server nothing first (:meth:`RemoteCacheFS.describe_many`). Returns how many were described;
+        0 for local roots, offline sessions and files already known. A file that fails is left for its first read
+        to raise."""
+        if not isinstance(self.fs, RemoteCacheFS):
+            return 0
+        return self.fs.describe_many([self.path(r) for r in rels])
+
     def missing(self, rel: str, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """The byte ranges of ``ranges`` (``[start, end)`` each) of ``rel`` that are not in the cache yet, in the
         order asked; ``[]`` for local files (and filesystems without a cache)."""
