@@ -506,3 +506,18 @@ def test_depth_items_equal_lerobot_061_reference(datasets, mode):
 def test_return_uint8_must_be_a_bool(datasets):
     with pytest.raises(TypeError, match="return_uint8 must be True or False"):
         lsql.connect(datasets / "small20").dataset(return_uint8="yes")
+
+
+@pytest.mark.parametrize("how", ["episodes query", "episodes=", "index query"])
+def test_an_unknown_camera_is_named_with_the_valid_ones_on_every_path(datasets, how):
+    """A camera key that is not one (misspelt, or the short name): the same error whichever way the items are
+    chosen (the whole-episode path met it as a bare KeyError in the clip check before)."""
+    db = lsql.connect(datasets / "small20")
+    kw = {"episodes query": dict(sql="SELECT episode_index FROM episodes WHERE episode_index = 0"),
+          "episodes=": dict(episodes=[0]),
+          "index query": dict(sql="SELECT index FROM frames WHERE episode_index = 0")}[how]
+    for bad in (["observation.images.top"], "front"):
+        with pytest.raises(ValueError, match=r"cameras \['(observation\.images\.top|front)'\] are not camera "
+                                             r"features; valid: \['observation\.images\.front', "
+                                             r"'observation\.images\.wrist'\]"):
+            db.dataset(cameras=bad, **kw)
