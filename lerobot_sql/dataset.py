@@ -190,9 +190,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             cameras = layout.camera_keys
         elif isinstance(cameras, str):
             cameras = [cameras]
-        unknown = [c for c in cameras if c not in layout.camera_keys]
-        if unknown:
-            raise ValueError(f"cameras {unknown} are not camera features; valid: {layout.camera_keys}")
+        layout.check_cameras(cameras)
         dropped = [k for k in (delta_timestamps or {}) if k in layout.camera_keys and k not in cameras]
         if dropped:
             raise ValueError(f"delta_timestamps names cameras {dropped} that cameras={list(cameras)} leaves out; "

@@ -532,9 +532,8 @@ class Database(QueryFace):
         # within tolerance_s (cameras=[] needs no video metadata at all).
         kw = {"cameras": None if cameras is None else [cameras] if isinstance(cameras, str) else list(cameras),
               "tolerance_s": tolerance_s}
-        unknown = [c for c in kw["cameras"] or [] if c not in self.layout.camera_keys]
-        if unknown:  # before the manifest: its episode path would meet the name as a bare KeyError
-            raise ValueError(f"cameras {unknown} are not camera features; valid: {self.layout.camera_keys}")
+        # before the manifest: its whole-episode path would meet a bad key as a bare KeyError
+        self.layout.check_cameras(kw["cameras"] or [])
         if sql is None:
             manifest = self._episodes_manifest(episodes, **kw)
         elif isinstance(sql, pa.Table):

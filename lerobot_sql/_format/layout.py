@@ -204,6 +204,12 @@ class Layout:
     def camera_keys(self) -> list[str]:
         return [k for k, f in self.features.items() if f.is_camera]
 
+    def check_cameras(self, cameras: list[str]) -> None:
+        """Raise ValueError naming the keys of ``cameras`` that are not camera features, and the valid ones."""
+        unknown = [c for c in cameras if c not in self.camera_keys]
+        if unknown:
+            raise ValueError(f"cameras {unknown} are not camera features; valid: {self.camera_keys}")
+
     def video_file(self, video_key: str, chunk_index: int, file_index: int) -> str:
         """Relative mp4 path of camera ``video_key``; for v2, chunk_index is episode_chunk, file_index episode_index."""
         tmpl = self.video_path or (V2_VIDEO_PATH if self.legacy else DEFAULT_VIDEO_PATH)

@@ -199,11 +199,10 @@ class PieceStore:
         a read wanting it then goes to :meth:`fill`, which lists the folder under the region lock and fetches
         nothing that is there.
         """
-        d = str(fdir)
+        d, name = str(fdir), _name(a, b)
         before = _mtime(d)  # before the temporary file: creating it changes the mtime too
-        atomic_write(_piece(fdir, a, b), data)
+        atomic_write(f"{d}/{name}", data)
         after = _mtime(d)
-        name = _name(a, b)
         with self._lock:
             names = self._names.setdefault(d, {})
             if name not in names:

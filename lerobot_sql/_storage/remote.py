@@ -205,12 +205,8 @@ class RemoteCacheFS(AbstractFileSystem):
         if path in self._infos:
             return self._infos[path]
 
-        def fetch():
-            return transport.describe(self._fs(), path, url=self._url(path), stall_s=self.stall_s,
-                                      min_rate=self.min_rate)
-
         try:
-            info = self._meta_op("info", path, fetch)
+            info = self._meta_op("info", path, lambda: self._describe(path))
         except FileNotFoundError:
             if not self.offline:
                 with contextlib.suppress(OSError):
@@ -218,6 +214,11 @@ class RemoteCacheFS(AbstractFileSystem):
             raise
         self._infos[path] = info
         return info
+
+    def _describe(self, path: str) -> dict:
+        """One remote ``info`` of ``path`` as the cache keeps it (:func:`transport.describe`), no retries."""
+        return transport.describe(self._fs(), path, url=self._url(path), stall_s=self.stall_s,
+                                  min_rate=self.min_rate)
 
     def describe_many(self, paths) -> int:
         """Ask for the infos (size, version pin) of the ``paths`` not known yet, in parallel (one round trip for up to
@@ -234,8 +235,7 @@ class RemoteCacheFS(AbstractFileSystem):
             return 0
 
         def one(path: str) -> dict:
-            return self._call(f"{self._url(path)}: info", lambda: transport.describe(
-                self._fs(), path, url=self._url(path), stall_s=self.stall_s, min_rate=self.min_rate))
+            return self._call(f"{self._url(path)}: info", self._describe, path)
 
         got = {p: v for p, (v, err) in zip(todo, transport.fetch_each(one, todo)) if err is None}
         if got:
