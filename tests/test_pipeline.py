@@ -210,7 +210,9 @@ def test_a_block_a_batch_boundary_cuts_is_fetched_by_one_job(served, datasets):
     for path, a, b, _ in video:
         extensions += a in ends.get(path, ())
         ends.setdefault(path, set()).add(b)
-    assert video and extensions <= len(video) // 10, (extensions, len(video))
+    # Without the union 18-20 of ~47 requests extend an earlier one; with it 1-3 of 26-28, which of the two jobs'
+    # fills takes a region's lock first being up to thread timing (3 of 28 on a loaded machine): at most 1 in 7.
+    assert video and 7 * extensions <= len(video), (extensions, len(video))
     assert ds._pipeline.stats()["failed"] == 0
     _same_as_local(datasets, ds, got, order, every=5)
 
