@@ -59,6 +59,26 @@ def test_packet_ranges_start_at_the_keyframe_run():
     assert got == [(600_000, 1_401_000 + 7), (1_800_000, 2_301_000 + 7)]
 
 
+def test_packet_ranges_vectorised_equal_the_rule_row_by_row():
+    """Short spans are planned in one vectorised pass, long ones row by row: both give, for every row, the earliest
+    packet from its keyframe run to the row and the end of the last packet up to ``delay`` past it."""
+    rng = np.random.default_rng(5)
+    for gop in (1, 2, 7, 90):  # 90: spans past the vectorised bound
+        n = 400
+        key_row = (np.arange(n) // gop) * gop
+        size = rng.integers(50, 5000, n)
+        order = np.arange(n)
+        for g in range(0, n, gop):  # packets stored in decode order: B-frames' bytes after later frames' ones
+            order[g + 1:g + gop] = rng.permutation(order[g + 1:g + gop])
+        offset = np.empty(n, np.int64)
+        offset[order] = np.concatenate([[0], np.cumsum(size[order])[:-1]])
+        rows = np.unique(rng.integers(0, n, 120))
+        want = [(int(offset[key_row[r]:r + 1].min()), int((offset + size)[key_row[r]:min(r + 4, n - 1) + 1].max()) + 9)
+                for r in rows]
+        assert locate.packet_ranges(rows, key_row, offset, size, readahead=9, delay=4) == want, gop
+    assert locate.packet_ranges([], key_row, offset, size) == []
+
+
 def test_prefetch_plans_from_the_keyframe_the_decoder_seeks_to(datasets, tmp_path, monkeypatch):
     """B-frames whose recorded keyframe is presented after them: prefetch used its own copy of the keyframe rule
     (without the presentation-order correction) and planned from a later keyframe than the decoder reads (here: an

@@ -27,10 +27,16 @@ MERGE_GAP = 16 << 10             # ranges closer than this are fetched as one (f
 
 
 def gaps(pieces: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
-    """The parts of ``[lo, hi)`` that the sorted ``pieces`` (``[start, end)`` each) do not cover."""
+    """The parts of ``[lo, hi)`` that the sorted ``pieces`` (``[start, end)`` each) do not cover.
+
+    Pieces never cross a region boundary, so none that starts before ``lo``'s region reaches it: the walk starts
+    there (a bisection), not at the folder's first piece (hundreds after an epoch, ~40 us per call)."""
     out, pos = [], lo
-    for a, b in pieces:
-        if b <= pos or a >= hi:
+    for i in range(bisect.bisect_left(pieces, (lo - lo % REGION, -1)), len(pieces)):
+        a, b = pieces[i]
+        if a >= hi:
+            break
+        if b <= pos:
             continue
         if a > pos:
             out.append((pos, a))
@@ -170,7 +176,13 @@ class PieceStore:
             for r in regions:
                 stack.enter_context(self._region_lock(fdir, r))
                 stack.enter_context(file_lock(str(fdir / f"r{r:07d}.lock")))
-            pieces = self.scan(fdir)  # re-read: another worker may have fetched them
+            # Another process may have fetched them since this one looked: listed again when the folder changed
+            # since (a listing of hundreds of pieces is ~0.2 ms, most of a request's own CPU). A piece renamed in
+            # within the same mtime tick as this process's last look is fetched again: bytes, never wrong data.
+            d = str(fdir)
+            pieces = self._pieces.get(d)
+            if pieces is None or _mtime(d) != self._listed.get(d, -1):
+                pieces = self.scan(fdir)
             want: set[tuple[int, int]] = set()
             for a, b in ranges:
                 for r in range(a // REGION, (b - 1) // REGION + 1):  # pieces never cross a region boundary
