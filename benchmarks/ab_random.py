@@ -1,12 +1,15 @@
-"""A/B timing of the frame path: random items of one dataset, two checkouts of lerobot_sql, interleaved.
+"""A/B timing of the frame path and the open: one dataset, two checkouts of lerobot_sql, interleaved.
 
     python -m benchmarks.ab_random --base /work/main --branch . [--dataset ../shared/datasets/small20]
-           [--rounds 6] [--items 2000]
+           [--rounds 6] [--items 2000] [--what items|open]
 
-Each round runs one fresh interpreter per checkout (alternating which goes first), which opens the dataset with a
-warm cache, reads every planned item once (decoders open, maps made, entries checked), then times the same random
-items (mean ms per item, best of 3 passes). Prints each round and the median per checkout: on shared cores only
-the interleaved comparison means anything.
+Each round runs one fresh interpreter per checkout (alternating which goes first). ``items`` (default): it opens
+the dataset with a warm cache, reads every planned item once (decoders open, maps made, entries checked), then
+times the same random items (mean ms per item, best of 3 passes). ``open``: ``lsql.connect(root).dataset()`` for
+all frames (what ``LeRobotDataset(repo_id)`` does) on an empty cache dir (cold), then again on the same cache
+(warm), 5 times each in the child, best of each; the figure compared is the warm open, the cold one is printed
+beside it. Prints each round and the median per checkout: on shared cores only the interleaved comparison means
+anything.
 """
 
 from __future__ import annotations
@@ -37,6 +40,23 @@ for _ in range(3):
 print(json.dumps({"file": lsql.__file__, "ms": best * 1e3}))
 """
 
+CHILD_OPEN = r"""
+import json, os, shutil, sys, time
+import lerobot_sql as lsql
+root, cache = sys.argv[1], sys.argv[2]
+cold = warm = 1e9
+for k in range(5):
+    c = f"{cache}-{k}"
+    shutil.rmtree(c, ignore_errors=True)
+    t = time.perf_counter()
+    lsql.connect(root, cache_dir=c).dataset()
+    cold = min(cold, time.perf_counter() - t)
+    t = time.perf_counter()
+    lsql.connect(root, cache_dir=c).dataset()
+    warm = min(warm, time.perf_counter() - t)
+print(json.dumps({"file": lsql.__file__, "ms": warm * 1e3, "cold_ms": cold * 1e3}))
+"""
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
@@ -45,6 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1] / "sample/small20"))
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--items", type=int, default=2000)
+    ap.add_argument("--what", choices=("items", "open"), default="items")
     a = ap.parse_args(argv)
     a.dataset = str(Path(a.dataset).resolve())  # each child runs in its checkout, so a relative path would move
     res = {"base": [], "branch": []}
@@ -53,13 +74,17 @@ def main(argv=None) -> int:
             order = ["base", "branch"] if r % 2 == 0 else ["branch", "base"]
             for name in order:
                 repo = str(Path(getattr(a, name)).resolve())
-                out = subprocess.run([sys.executable, "-c", CHILD, a.dataset, f"{tmp}/{name}", str(a.items)],
+                child = [CHILD, a.dataset, f"{tmp}/{name}", str(a.items)] if a.what == "items" else \
+                    [CHILD_OPEN, a.dataset, f"{tmp}/{name}-open"]
+                out = subprocess.run([sys.executable, "-c", *child],
                                      env={"PYTHONPATH": repo, "PATH": "/usr/bin:/bin"}, capture_output=True,
                                      text=True, check=True, cwd=repo)
                 got = json.loads(out.stdout.strip().splitlines()[-1])
                 assert got["file"].startswith(repo), got
                 res[name].append(got["ms"])
-                print(f"round {r} {name:6s} {got['ms']:.4f} ms/item", flush=True)
+                cold = f" (cold {got['cold_ms']:.2f} ms)" if "cold_ms" in got else ""
+                print(f"round {r} {name:6s} {got['ms']:.4f} ms{'/item' if a.what == 'items' else ' warm open'}{cold}",
+                      flush=True)
     mb, mr = statistics.median(res["base"]), statistics.median(res["branch"])
     print(f"median base {mb:.4f} ms, branch {mr:.4f} ms: branch/base = {mr / mb:.3f}")
     return 0

@@ -773,3 +773,26 @@ def test_sigterm_during_export_leaves_no_staging_folder(tmp_path, datasets):
     p.communicate(timeout=120)
     assert p.returncode == 143
     assert not list((tmp_path / "out").glob(".killed.lsql-export-*")) and not dest.exists()
+
+
+def test_a_selection_that_cuts_episodes_into_runs_warns_with_the_counts(datasets, tmp_path):
+    """``index`` rows export each run of consecutive frames as an episode; a stride (``index % 10 = 0``), which a
+    user may take for a lower frame rate, wrote one-frame episodes without a word. It now warns, with the counts and
+    the way to keep episodes whole; the dataset written is the same (51 one-frame episodes), and a selection that
+    keeps every episode in one run does not warn."""
+    import warnings
+
+    db = lsql.connect(datasets / "small20", cache_dir=tmp_path / "c")
+    with pytest.warns(UserWarning, match=r"2 source episode\(s\) are not consecutive, so they are written as 51 "
+                                         r"episodes.*51 of a single frame.*does not lower the frame rate") as rec:
+        r = db.export("SELECT index FROM frames WHERE index % 10 = 0 AND episode_index < 2", tmp_path / "strided",
+                      progress=False)
+    assert rec[0].filename == __file__  # pointed at the caller's line
+    n = db.sql("SELECT count(*) FROM frames WHERE index % 10 = 0 AND episode_index < 2").fetchall()[0][0]
+    assert r.episodes == r.frames == n == 51
+    assert (_episodes(tmp_path / "strided")["length"] == 1).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = db.export("SELECT index FROM frames WHERE episode_index < 2 AND frame_index < 50", tmp_path / "heads",
+                      progress=False)
+    assert r.episodes == 2 and r.frames == 100

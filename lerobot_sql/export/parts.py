@@ -10,6 +10,7 @@ hold a :class:`Rotator` that says which ``chunk-XXX/file-YYY`` they write.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -63,12 +64,35 @@ def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None) -> list
         brk[1:] = ~same
     starts = np.flatnonzero(brk)
     ends = np.append(starts[1:], len(ep))
+    if mode == "index":
+        _warn_split(ep[starts], ends - starts, sources[starts] if sources is not None else None)
     out = []
     for s, e in zip(starts, ends):
         n = int(e - s)
         out.append(Part(int(ep[s]), int(fi[s]), n, bool(fi[s] == 0 and n == ep_len[s]), files[s], int(row[s]),
                         np.arange(s, e), int(sources[s]) if sources is not None else 0))
     return out
+
+
+def _warn_split(eps: np.ndarray, lengths: np.ndarray, srcs: np.ndarray | None) -> None:
+    """Warn when ``index`` rows cut a source episode into several output episodes (one per run of consecutive
+    frames): legitimate (dropping idle frames), but a strided selection (``index % 10 = 0``) silently became one
+    episode per frame before, which a user who meant a lower frame rate would not notice until training."""
+    key = eps.astype(np.int64) if srcs is None else eps.astype(np.int64) * (1 << 20) + srcs.astype(np.int64)
+    uniq, counts = np.unique(key, return_counts=True)
+    split = uniq[counts > 1]
+    if not len(split):
+        return
+    first = int(np.flatnonzero(key == split[0])[0])
+    runs = lengths[key == split[0]].tolist()
+    single = int((lengths == 1).sum())
+    shown = ", ".join(map(str, runs[:6])) + (", ..." if len(runs) > 6 else "")
+    warnings.warn(
+        f"export: the selected frames of {len(split)} source episode(s) are not consecutive, so they are written as "
+        f"{int(counts[counts > 1].sum())} episodes, one per run of consecutive frames ({len(lengths)} episodes in "
+        f"all, {single} of a single frame); e.g. episode {int(eps[first])} becomes runs of {shown} frames. A stride "
+        "(WHERE index % k = 0) does not lower the frame rate: it writes one-frame episodes. To keep episodes whole, "
+        "select whole episodes (SELECT episode_index ...), timestamp windows, or consecutive frames", stacklevel=5)
 
 
 class Rotator:
