@@ -181,6 +181,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if not isinstance(return_uint8, (bool, np.bool_)):  # "yes" or 0 would silently pick a frame dtype
             raise TypeError(f"return_uint8 must be True or False, got {return_uint8!r}")
         self.return_uint8 = bool(return_uint8)
+        if image_transforms is not None and not callable(image_transforms):  # else a TypeError at the first item
+            raise TypeError(f"image_transforms must be a callable taking and returning a (C, H, W) frame tensor "
+                            f"(e.g. a torchvision.transforms.v2 transform), or None; got {image_transforms!r}")
         self.image_transforms = image_transforms
         if parallel_cameras not in (True, False, "auto"):
             raise ValueError(f"parallel_cameras must be True, False or 'auto', not {parallel_cameras!r}")

@@ -22,6 +22,8 @@ def test_offsets_off_the_grid_or_unknown_keys_are_refused():
         frames.delta_indices({"action": [0, 0.02]}, 30, 1e-4, FEATURES)
     with pytest.raises(ValueError, match="not a feature"):
         frames.delta_indices({"nope": [0]}, 30, 1e-4, FEATURES)
+    with pytest.raises(ValueError, match=r"'actoin' is not a feature of this dataset\. Did you mean 'action'\? Valid"):
+        frames.delta_indices({"actoin": [0]}, 30, 1e-4, FEATURES)
     with pytest.raises(ValueError, match="non-empty"):
         frames.delta_indices({"action": []}, 30, 1e-4, FEATURES)
     # within tolerance of the grid is accepted (float noise in user-written offsets)

@@ -242,3 +242,12 @@ def test_whole_number_keys_of_other_integer_types_are_still_accepted(sample):
     assert len(db.dataset("SELECT 3::HUGEINT AS episode_index", cameras=[])) == 390
     assert int(db.dataset("SELECT sum(2) AS index", cameras=[])[0]["index"]) == 2
     assert len(db.dataset("SELECT 3::UTINYINT AS episode_index, 0.5 AS start_s, 1::INT AS end_s", cameras=[])) == 15
+
+
+def test_image_transforms_that_is_not_callable_is_refused_at_the_open(sample):
+    """``image_transforms="resize"`` was accepted and failed at the first item as ``'str' object is not callable``,
+    far from the call that set it (in a DataLoader worker, after the fork)."""
+    db = lsql.connect(sample)
+    with pytest.raises(TypeError, match=r"image_transforms must be a callable .*got 'resize'"):
+        db.dataset(episodes=[0], image_transforms="resize")
+    assert db.dataset(episodes=[0], image_transforms=lambda x: x + 0)[0]["observation.images.front"].shape[0] == 3

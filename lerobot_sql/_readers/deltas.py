@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import did_you_mean
+
 MAX_OFFSET_FRAMES = 2**31 - 1  # a delta_timestamps offset beyond this many frames is a mistake (years of recording)
 
 
@@ -32,8 +34,8 @@ def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float, t
     out = {}
     for key, deltas in delta_timestamps.items():
         if key not in features:
-            raise ValueError(f"delta_timestamps key {key!r} is not a feature of this dataset; "
-                             f"valid keys: {sorted(features)}")
+            raise ValueError(f"delta_timestamps key {key!r} is not a feature of this dataset."
+                             f"{did_you_mean(str(key), features)} Valid keys: {sorted(features)}")
         try:
             d = np.asarray(list(deltas), np.float64)
         except (TypeError, ValueError):
