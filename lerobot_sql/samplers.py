@@ -103,6 +103,16 @@ class _Resumable(torch.utils.data.Sampler):
         return {"seed": self.seed, "epoch": self.epoch, "start": self.start + int(consumed)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict` (``epoch``, ``start``, ``seed``).
+
+        Raises:
+            ValueError: ``state`` has no ``epoch`` (not a state_dict of this package's samplers), or was saved
+                with another seed.
+        """
+        if not isinstance(state, dict) or "epoch" not in state:
+            has = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a sampler state_dict (it needs 'epoch'; got {has}): pass what "
+                             "sampler.state_dict() returned")
         if state.get("seed", self.seed) != self.seed:
             raise ValueError(f"state was saved with seed {state['seed']}, this sampler has seed {self.seed}")
         self.set_epoch(state["epoch"], state.get("start", 0))

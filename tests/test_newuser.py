@@ -216,6 +216,14 @@ def test_a_mistyped_path_is_not_a_raw_network_traceback(monkeypatch, tmp_path):
     _hub_down(monkeypatch, _not_found())
     with pytest.raises(lsql.MissingFileError, match=r"no local folder sample/smal20 .*Repository Not Found"):
         lsql.connect("sample/smal20")
+    # a folder spelt nearly so exists: named, segment by segment (a misspelt path reads as org/name)
+    (tmp_path / "sample" / "small20").mkdir(parents=True)
+    for typo in ("sample/smal20", "sampel/small20"):
+        with pytest.raises(lsql.MissingFileError, match=rf"no local folder {typo} \(resolved to .*\) \(did you "
+                                                        r"mean 'sample/small20'\?\); as a Hub repo id"):
+            lsql.connect(typo)
+    with pytest.raises(lsql.MissingFileError, match=r"no local folder qqq/zzz \(resolved to [^(]*\); as a Hub"):
+        lsql.connect("qqq/zzz")
 
 
 def test_hf_url_offline_is_a_remote_io_error(monkeypatch):

@@ -65,6 +65,10 @@ def test_resume_from_a_position(ds):
     assert list(r) == full[100:] and len(r) == len(full) - 100
     with pytest.raises(ValueError, match="seed"):
         r.load_state_dict({"seed": 4, "epoch": 2, "start": 0})
+    # not a state_dict at all (a bare KeyError 'epoch' before)
+    for bad in ({}, {"seed": 3}, [2, 100]):
+        with pytest.raises(ValueError, match=r"not a sampler state_dict \(it needs 'epoch'"):
+            r.load_state_dict(bad)
 
 
 def test_no_shuffle_is_identity(ds):

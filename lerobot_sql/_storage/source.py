@@ -407,6 +407,30 @@ def _hub_root(root: str, storage_options: dict) -> tuple[str, str] | None:
     return path, f"hf://{path}"
 
 
+def _near_folder(local: str) -> str:
+    """`` (did you mean 'sample/small20'?)`` when a folder spelt nearly like ``local`` exists, one segment at a time
+    from the first that is missing: a misspelt local path reads as an ``org/name`` repo id."""
+    from ..errors import did_you_mean
+
+    parts = local.replace("\\", "/").split("/")
+    base = ""
+    for i, seg in enumerate(parts):
+        cand = os.path.join(base, seg) if base else seg
+        if os.path.isdir(cand):
+            base = cand
+            continue
+        try:
+            names = [n for n in os.listdir(base or ".") if os.path.isdir(os.path.join(base or ".", n))]
+        except OSError:
+            return ""
+        hint = did_you_mean(seg, names)
+        if not hint:
+            return ""
+        fixed = hint.split("'")[1]
+        return f" (did you mean {'/'.join([*parts[:i], fixed, *parts[i + 1:]])!r}?)"
+    return ""
+
+
 def _hub_error(repo_id: str, cause: BaseException | None, local: str | None) -> LeRobotSQLError:
     """The typed error for a Hub repo that cannot be resolved: MissingFileError when the Hub says there is no such
     repo (or we are offline with nothing cached), RemoteIOError when it cannot be reached. With ``local`` (the root
@@ -423,7 +447,7 @@ def _hub_error(repo_id: str, cause: BaseException | None, local: str | None) -> 
         why = f"{type(cause).__name__}: {first}"
         cls = MissingFileError if isinstance(cause, RepositoryNotFoundError) else RemoteIOError
     if local is not None:
-        return cls(f"no local folder {local} (resolved to {os.path.abspath(local)}); as a Hub repo id "
+        return cls(f"no local folder {local} (resolved to {os.path.abspath(local)}){_near_folder(local)}; as a Hub repo id "
                    f"hf://datasets/{repo_id}: {why}. Check the path (a dataset root holds meta/info.json), or the "
                    "repo id and the network")
     fix = ("check the repo id on https://huggingface.co/datasets" if cls is MissingFileError and cause is not None
