@@ -142,3 +142,15 @@ def test_row_counts_beyond_bigint_are_a_readable_error(db, sql, clause):
 def test_parse_errors_show_where(db, sql, where):
     with pytest.raises(QueryError, match=re.escape(f"cannot parse the SQL at {where}")):
         db.sql(sql)
+
+
+def test_unknown_column_that_another_view_has_names_that_view(db):
+    """frames_ext's per-element and derived columns queried FROM frames: the error says where they live."""
+    elem = db.sql('SELECT * FROM frames_ext LIMIT 0').columns
+    derived = next(c for c in elem if c not in db.sql("SELECT * FROM frames LIMIT 0").columns)
+    with pytest.raises(QueryError, match=rf"unknown column '{re.escape(derived)}'\. It is a column of frames_ext: "
+                                         r"query FROM frames_ext\."):
+        db.sql(f'SELECT "{derived}" FROM frames')
+    with pytest.raises(QueryError, match=r"unknown column 'frame_idx'\. Did you mean 'frame_index'") as e:
+        db.sql("SELECT frame_idx FROM frames")  # no view has it: the did-you-mean hint as before
+    assert "It is a column of" not in str(e.value)
