@@ -186,11 +186,46 @@ class VideoWriter:
             raise VideoDecodeError(f"{index.path}: expected {rb - ra + 1} packets between pts {lo} and {hi}, found "
                                    f"{len(pkts)}; the file may be corrupt")
         end = 0
+        if self.last_dts is not None and pkts:  # another part precedes this one in the file
+            pkts[0] = self._new_sequence(pkts[0])
         for pkt in pkts:
             p, d = out_pts(pkt.pts), None if pkt.dts is None else out_pts(pkt.dts)
             end = max(end, out_pts(pkt.pts + int(pkt.duration or frame_dur)))
             self._mux(pkt, p, d)
         return True, end
+
+    def _new_sequence(self, pkt):
+        """``pkt`` (the first packet of a copied run that follows another part in the file) as a splice point.
+
+        lerobot's libx265 depth streams are open-GOP: their keyframes are CRA pictures, which do not restart the
+        picture order count (POC) the way an IDR does. Copied after another part (other frames, their own POCs), a
+        CRA keeps counting from the part before, and the decoder outputs frames by POC across the seam: out of
+        order, frames held back to the end of the file (found by a new-user export of depth4, all three episodes
+        cut). HEVC's splice picture is BLA (broken link access): the same slice syntax as a CRA, but the POC restarts
+        and the frames before it are output first. So the run's CRA slices are relabelled BLA_W_LP (nal_unit_type
+        21 -> 16); its own leading pictures, which a BLA drops, are not copied anyway (their pts precede the cut).
+        Other codecs: unchanged (AV1 key frames and libx264's IDRs already restart).
+        """
+        if self.stream.codec_context.name != "hevc":
+            return pkt
+        ed, data = self.extradata, bytearray(bytes(pkt))
+        if len(ed) < 23 or ed[0] != 1:  # not hvcC (Annex B start codes in the mp4): left as it is
+            return pkt
+        size, i, changed = (ed[21] & 3) + 1, 0, False  # hvcC: each NAL unit prefixed by its length
+        while i + size < len(data):
+            n = int.from_bytes(data[i:i + size], "big")
+            h = i + size
+            if (data[h] >> 1) & 0x3F == 21:  # CRA_NUT
+                data[h] = (16 << 1) | (data[h] & 0x81)  # BLA_W_LP, keeping the forbidden bit and the layer id's top bit
+                changed = True
+            i = h + n
+        if not changed:
+            return pkt
+        out = av.Packet(bytes(data))
+        out.pts, out.dts, out.time_base = pkt.pts, pkt.dts, pkt.time_base
+        out.duration = pkt.duration
+        out.is_keyframe = True
+        return out
 
     def _encode(self, inp, in_stream, index: video_index.FrameIndex, ra: int, rb: int, out_pts) -> int:
         """Decode frames ra..rb and encode them as a new GOP with info.json's encoder settings."""
