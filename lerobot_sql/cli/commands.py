@@ -69,6 +69,10 @@ DATASET_HELP = ("dataset root (holds meta/, data/, videos/) or URL; several data
                 "or two levels down) are datasets")
 
 
+ONE_DATASET_HELP = ("dataset root (holds meta/, data/, videos/) or URL; one dataset (for several, run the command "
+                    "once per dataset)")
+
+
 def _collection_sources(text: str) -> list[str] | str | None:
     """What DATASET names when it is a collection: a comma-separated list (``a,b,c``), a glob, or a local folder
     of datasets; None for one dataset (an existing path is always taken as it is)."""
@@ -264,7 +268,8 @@ def cmd_export(args) -> int:
         if getattr(args, "features", None):
             if hasattr(db, "layout"):
                 raise UsageError("--features applies to an export over several datasets (DATASET a list, a glob or "
-                                 "a folder); for one dataset, select its columns by leaving cameras out in Python")
+                                 "a folder); for one dataset, give it as a one-dataset list ('ROOT,') or, in Python, "
+                                 "lsql.connect_many([root]).export(sql, dest, features=[...])")
             kw["features"] = [f.strip() for f in args.features.split(",") if f.strip()]
         report = db.export(sql, args.dest, overwrite=args.overwrite, progress=not args.quiet,
                            tolerance_s=args.tolerance_s, **kw)
@@ -277,7 +282,7 @@ def cmd_export(args) -> int:
 def cmd_prefetch(args) -> int:
     from .. import prefetch
 
-    db = _connect(args)
+    db = _connect(args, collection_ok=False)
     sql = _sql_from(args, db, default="SELECT episode_index FROM episodes")
     kw: dict[str, Any] = {"cameras": args.camera, "workers": args.workers}
     if args.delta_timestamps:
@@ -297,12 +302,14 @@ def cmd_index(args) -> int:
         return 0
     # One demux pass per mp4 (packets only, no decoding); results are cached and reused by db.dataset().
     db.build_video_index(progress=not args.quiet)
-    rel = db.sql("SELECT video_key, count(DISTINCT path) AS files, count(*) AS frames, "
+    files = "count(DISTINCT (dataset, path))" if not hasattr(db, "layout") else "count(DISTINCT path)"  # a collection
+    rel = db.sql(f"SELECT video_key, {files} AS files, count(*) AS frames, "
                  "count(*) FILTER (WHERE is_keyframe) AS keyframes, "
                  "round(count(*) / greatest(count(*) FILTER (WHERE is_keyframe), 1), 2) AS mean_gop "
                  "FROM video_frames GROUP BY video_key ORDER BY video_key")
     print_table(rel, 0)
-    print(f"index cached under {db.cache_dir}; the video_frames view now lists every frame")
+    where = db.cache_dir if hasattr(db, "cache_dir") else "each dataset's cache"
+    print(f"index cached under {where}; the video_frames view now lists every frame")
     return 0
 
 
@@ -370,6 +377,11 @@ def cmd_shell(args) -> int:
 def cmd_train(args) -> int:
     from .. import train
 
+    if _collection_sources(os.fspath(args.dataset)) is not None:
+        raise UsageError(f"{args.dataset} names several datasets; lerobot-sql train takes one dataset root (training "
+                         "over a collection is not supported yet: export the collection's query to one dataset with "
+                         "`lerobot-sql export`, then train on that)")
+
     sql = args.sql
     if sql == "-":
         sql = sys.stdin.read()
@@ -399,11 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
                                             "or ~/.cache/lerobot_sql)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def add(name, help_, examples, func, dataset=True):
+    def add(name, help_, examples, func, dataset=True, one=False):
         sp = sub.add_parser(name, help=help_, description=help_, parents=[common], formatter_class=fmt,
                             epilog="examples:\n" + "\n".join("  " + e for e in examples))
         if dataset:
-            sp.add_argument("dataset", metavar="DATASET", help=DATASET_HELP)
+            sp.add_argument("dataset", metavar="DATASET", help=ONE_DATASET_HELP if one else DATASET_HELP)
         sp.set_defaults(func=func)
         return sp
 
@@ -471,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("prefetch", "download (into the cache) the files a query needs from a remote dataset",
              ["lerobot-sql prefetch hf://datasets/ORG/NAME",
               'lerobot-sql prefetch hf://datasets/ORG/NAME --sql "SELECT episode_index FROM episodes LIMIT 5"'],
-             cmd_prefetch)
+             cmd_prefetch, one=True)
     query_source(sp, positional=False)
     sp.add_argument("--delta-timestamps", metavar="JSON",
                     help='the delta_timestamps you will train with, e.g. \'{"action": [0, 0.0333]}\'')
@@ -510,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
              ['lerobot-sql train sample/small20 --sql "SELECT episode_index FROM episodes WHERE length > 200" -- '
               "--policy.type=act --policy.device=cpu --steps=1000 --output_dir=outputs/act_long",
               "lerobot-sql train hf://datasets/ORG/NAME --name split -p subset=train -- --policy.type=diffusion"],
-             cmd_train)
+             cmd_train, one=True)
     query_source(sp, positional=False)
     sp.add_argument("--stats", choices=["selection", "dataset"], default="selection",
                     help="normalization statistics: of the selected frames (default) or the source's "
