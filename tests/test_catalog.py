@@ -107,3 +107,26 @@ def test_a_stats_column_that_is_not_numbers_is_left_out_with_a_warning(datasets,
         db = lsql.connect(root)
         got = db.sql("SELECT feature, stat, count(*) FROM episode_stats GROUP BY ALL ORDER BY ALL").fetchall()
     assert got == want and len(want) > 10
+
+
+def test_info_json_and_data_columns_that_disagree_warn(datasets, tmp_path):
+    """A feature info.json declares but the data files lack, and a vector column the data hold but info.json does
+    not declare: each a warning naming the column and the fix (both went through in silence: items without the
+    key, an untyped float[] column, an export writing it without a feature entry)."""
+    import warnings
+
+    src = tmp_path / "src"
+    shutil.copytree(datasets / "small20", src)
+    info = json.loads((src / "meta/info.json").read_text())
+    info["features"]["observation.extra"] = {"dtype": "float32", "shape": [2], "names": None}
+    del info["features"]["action"]
+    (src / "meta/info.json").write_text(json.dumps(info))
+    db = lsql.connect(src, cache_dir=tmp_path / "cache")
+    with pytest.warns(UserWarning) as rec:
+        db.sql("SELECT count(*) FROM frames").fetchall()
+    msgs = [str(w.message) for w in rec]
+    assert any("declares feature(s) ['observation.extra']" in m and "no column" in m for m in msgs), msgs
+    assert any("data column(s) ['action']" in m and "declares no feature" in m for m in msgs), msgs
+    with warnings.catch_warnings():  # the sample as written: neither
+        warnings.simplefilter("error")
+        lsql.connect(datasets / "small20", cache_dir=tmp_path / "c2").sql("SELECT count(*) FROM frames").fetchall()

@@ -316,6 +316,27 @@ def test_destination_is_atomic(datasets, tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_export_refuses_data_that_disagrees_with_info_json(datasets, tmp_path):
+    """info.json says observation.state has shape [7], the data hold 6 values a row: dataset() refuses (naming the
+    file and the column), and so does export now; before, it wrote a new dataset with the same wrong shape."""
+    import shutil
+
+    from lerobot_sql.errors import DatasetFormatError
+
+    src = tmp_path / "src"
+    shutil.copytree(datasets / "small20", src)
+    info = json.loads((src / "meta/info.json").read_text())
+    assert info["features"]["observation.state"]["shape"] == [6]
+    info["features"]["observation.state"]["shape"] = [7]
+    (src / "meta/info.json").write_text(json.dumps(info))
+    db = lsql.connect(src, cache_dir=tmp_path / "cache")
+    with pytest.raises(DatasetFormatError, match=r"file-000\.parquet: column 'observation.state' holds .* shape \[7\]"):
+        db.dataset()[0]
+    with pytest.raises(DatasetFormatError, match=r"file-000\.parquet: column 'observation.state' holds .* shape \[7\]"):
+        db.export("SELECT episode_index FROM episodes WHERE episode_index < 2", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_image_dataset_export(datasets, tmp_path):
     """img5_extras: images stored in Parquet travel with their rows; a cut episode gets image stats recomputed."""
     src = datasets / "img5_extras"

@@ -211,6 +211,24 @@ def episode_stats(b: Build) -> None:
                       "(restore meta/episodes from the dataset's source to have them back)", stacklevel=4)
 
 
+def _warn_features_vs_columns(layout: Layout, data_cols: dict[str, str], first: str) -> None:
+    """Warn when info.json and the data files disagree on which features exist: a declared (non-video) feature with
+    no data column gives items without that key, and a list column info.json does not declare is read untyped
+    (and an export would write it without a feature entry). Both are fixed in meta/info.json."""
+    import warnings
+
+    absent = [k for k, f in layout.features.items() if not f.is_video and k not in data_cols]
+    if absent:
+        warnings.warn(f"{first}: meta/info.json declares feature(s) {absent} that the data files have no column for; "
+                      "items and queries will not have them. Remove them from meta/info.json's features, or restore "
+                      "the data files", stacklevel=6)
+    undeclared = [c for c, t in data_cols.items() if c not in layout.features and t.endswith("]")]
+    if undeclared:
+        warnings.warn(f"{first}: data column(s) {undeclared} hold vectors but meta/info.json declares no feature for "
+                      "them (dtype, shape, names): they are read as untyped lists. Add them to meta/info.json's "
+                      "features", stacklevel=6)
+
+
 def frames(b: Build) -> None:
     """``frames`` (every data-file column; fixed-length vectors as DuckDB arrays, images as their path) and the
     private ``_frames_loc`` (frame -> data file and row)."""
@@ -225,6 +243,7 @@ def frames(b: Build) -> None:
     data_cols = _describe(con, f"SELECT * FROM {data_src})")
     first = src.path(layout.data_files[0])
     derived = _derived_columns(b, data_cols, first)
+    _warn_features_vs_columns(layout, data_cols, first)
     sel = []
     for c, typ in data_cols.items():
         feat = layout.features.get(c)

@@ -119,6 +119,39 @@ def is_numeric(field: pa.Field, layout: Layout) -> bool:
             or pa.types.is_boolean(t))
 
 
+def _flat_values(col, name: str, feat, where: str):
+    """A list column's values flattened, checked against the feature's shape in info.json (``n`` values per row).
+
+    Raises:
+        DatasetFormatError: the column holds another number of values per row than the shape says.
+    """
+    n = int(np.prod(feat.shape))
+    flat = col
+    while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
+        flat = pc.list_flatten(flat)
+    if len(flat) != n * len(col):
+        raise DatasetFormatError(f"{where}: column {name!r} holds {len(flat)} values for {len(col)} rows, "
+                                 f"but info.json gives shape {list(feat.shape)}; fix the feature's "
+                                 "shape in meta/info.json (or rewrite the data files to that shape)")
+    return flat
+
+
+def check_shapes(table: pa.Table, layout: Layout, where: str) -> None:
+    """Check every numeric list column of ``table`` (rows of data file ``where``) against its shape in info.json,
+    as the readers do (export copies rows without normalising them, and must not write a dataset whose info.json
+    disagrees with its data).
+
+    Raises:
+        DatasetFormatError: naming the file, the column and the shape.
+    """
+    for name in table.column_names:
+        feat = layout.features.get(name)
+        col = table[name]
+        if feat is not None and feat.dtype in _NUMERIC and (
+                pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type)):
+            _flat_values(col.combine_chunks(), name, feat, where)
+
+
 def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
     cols = {}
     for name in table.column_names:
@@ -128,14 +161,7 @@ def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
             n = int(np.prod(feat.shape))
             typ = pa.from_numpy_dtype(np.dtype(feat.dtype))
             if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
-                flat = col
-                while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or \
-                        pa.types.is_fixed_size_list(flat.type):
-                    flat = pc.list_flatten(flat)
-                if len(flat) != n * len(col):
-                    raise DatasetFormatError(f"{where}: column {name!r} holds {len(flat)} values for {len(col)} rows, "
-                                             f"but info.json gives shape {list(feat.shape)}; fix the feature's "
-                                             "shape in meta/info.json (or rewrite the data files to that shape)")
+                flat = _flat_values(col, name, feat, where)
                 col = pa.FixedSizeListArray.from_arrays(flat.cast(typ), n)
             else:
                 col = col.cast(typ)

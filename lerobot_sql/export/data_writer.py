@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._readers.tabular import check_shapes
 from ..errors import DatasetFormatError
 from .parts import MAX_OPEN_INPUTS, Part, Rotator
 
@@ -59,7 +60,9 @@ class DataWriter:
             if key not in self._cache:
                 if len(self._cache) > 8:
                     self._cache.pop(next(iter(self._cache)))
-                self._cache[key] = pf.read_row_group(rg)
+                t = pf.read_row_group(rg)
+                check_shapes(t, self.ex.sources[source].layout, src.path(rel[1]))  # as dataset() would refuse
+                self._cache[key] = t
             parts.append(self._cache[key])
         t = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         return t.slice(row0 - int(offs[first]), n)
