@@ -38,6 +38,11 @@ def episodes_meta(datasets):
     ("SELECT * FROM \"/tmp/x.parquet\"", "file paths in FROM"),
     ("SELECT * FROM episode", "unknown view 'episode'. Did you mean 'episodes'"),
     ("SELECT * FROM frame_ext", "Did you mean 'frames_ext'"),
+    # named by their own keyword (sqlglot parses CHECKPOINT as a column and cannot parse EXPORT DATABASE)
+    ("CHECKPOINT", "only queries .* not CHECKPOINT;"),
+    ("EXPORT DATABASE '/tmp/lsql_x'", "only queries .* not EXPORT;"),
+    ("/* c */ IMPORT DATABASE '/tmp/lsql_x'", "only queries .* not IMPORT;"),
+    ("LOAD httpfs", "only queries .* not LOAD;"),
 ])
 def test_rejected(db, sql, match):
     with pytest.raises(QueryError, match=match):
@@ -154,3 +159,11 @@ def test_unknown_column_that_another_view_has_names_that_view(db):
     with pytest.raises(QueryError, match=r"unknown column 'frame_idx'\. Did you mean 'frame_index'") as e:
         db.sql("SELECT frame_idx FROM frames")  # no view has it: the did-you-mean hint as before
     assert "It is a column of" not in str(e.value)
+
+
+def test_sqlglot_does_not_print_to_stderr(db, capfd):
+    """sqlglot's "contains unsupported syntax. Falling back to parsing as a 'Command'" reached the user's stderr
+    beside the refusal."""
+    with pytest.raises(QueryError, match="not LOAD"):
+        db.sql("LOAD httpfs")
+    assert capfd.readouterr().err == ""

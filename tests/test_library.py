@@ -209,6 +209,9 @@ def test_parameter_errors(small):
         db.query("window_after_event", predicate="true) UNION SELECT (1")
     with pytest.raises(QueryError, match="no subqueries"):
         db.query("window_after_event", predicate="index IN (SELECT 1)")
+    with pytest.raises(QueryError, match=r"one SQL expression.*column 18: GT is incomplete") as e:
+        db.query("window_after_event", predicate="action[1] >")
+    assert "\x1b" not in str(e.value)  # sqlglot's terminal colour codes stayed in the message
     # a quote in a string parameter stays inside the literal
     assert db.query("episodes_by_task", text="x' OR true OR '").fetchall() == []
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import re
 import sys
 import threading
@@ -155,11 +156,41 @@ def check_size(sql: str) -> None:
                          "and pass it to db.dataset() as a manifest")
 
 
+class _Quiet(logging.Filter):
+    """Drops sqlglot's own log records while it parses user SQL: its "contains unsupported syntax. Falling back to
+    parsing as a 'Command'" warning reached the user's stderr (Python's last-resort handler) beside our refusal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+_QUIET = _Quiet()
+
+# The first keyword of a statement that is not a query, for the refusal's wording: sqlglot names some by their
+# node (CHECKPOINT parses as a COLUMN, LOAD as a COMMAND) and cannot parse others (EXPORT DATABASE)
+_NOT_QUERY = re.compile(r"\s*(ALTER|ANALYZE|ATTACH|BEGIN|CALL|CHECKPOINT|COMMENT|COMMIT|COPY|CREATE|DEALLOCATE|"
+                        r"DELETE|DETACH|DROP|EXECUTE|EXPORT|FORCE|IMPORT|INSERT|INSTALL|LOAD|MERGE|PRAGMA|PREPARE|"
+                        r"RESET|ROLLBACK|SET|TRUNCATE|UPDATE|UPSERT|USE|VACUUM)\b", re.IGNORECASE)
+
+
+def _not_a_query(sql: str) -> str | None:
+    m = _NOT_QUERY.match(re.sub(r"^(\s*(--[^\n]*\n|/\*.*?\*/))*", "", sql, flags=re.DOTALL))
+    return m.group(1).upper() if m else None
+
+
 def _parse(sql: str) -> exp.Expression:
+    log = logging.getLogger("sqlglot")
+    log.addFilter(_QUIET)
     try:
         trees = [t for t in sqlglot.parse(sql, read="duckdb") if t is not None]
     except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
+        kind = _not_a_query(sql)
+        if kind is not None:
+            raise QueryError(f"only queries (SELECT / WITH ... SELECT) are allowed here, not {kind}; lerobot_sql "
+                             "views are read-only") from e
         raise QueryError(_parse_error(e, sql)) from e
+    finally:
+        log.removeFilter(_QUIET)
     if len(trees) != 1:
         raise QueryError(f"expected exactly one SQL statement, found {len(trees)}; run statements one at a time")
     return trees[0]
@@ -175,7 +206,8 @@ def _only_queries(tree: exp.Expression, ctx: Context) -> None:
                          "db.sql('SELECT * FROM frames LIMIT 0').columns (or .types); statistics: a SELECT such as "
                          "SELECT min(length), max(length), avg(length) FROM episodes")
     if not isinstance(tree, exp.Query):
-        raise QueryError(f"only queries (SELECT / WITH ... SELECT) are allowed here, not {tree.key.upper()}; "
+        kind = _not_a_query(tree.sql("duckdb"))
+        raise QueryError(f"only queries (SELECT / WITH ... SELECT) are allowed here, not {kind or tree.key.upper()}; "
                          "lerobot_sql views are read-only")
     # A query can hold a statement: WITH x AS (DELETE ... RETURNING *) SELECT ... deletes in DuckDB. Any node that
     # writes, defines or configures, at any depth (CTE, subquery, LATERAL, set operation), is refused.
