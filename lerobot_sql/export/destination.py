@@ -13,9 +13,13 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import threading
+import uuid
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -138,6 +142,52 @@ def _write_error(e: OSError, dest: Path) -> DestinationError | None:
     return None
 
 
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:24] or "host"
+
+
+def staging_path(dest: Path) -> Path:
+    """The hidden sibling an export of ``dest`` is written into before its rename: ``.<name>.lsql-export-<host>-
+    <pid>-<random>``, so a later export can tell a staging folder whose writer is gone (``remove_stale_staging``)."""
+    return dest.parent / f".{dest.name}.lsql-export-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def remove_stale_staging(dest: Path) -> list[Path]:
+    """Remove the staging folders of earlier exports of ``dest`` whose process is gone (killed with SIGKILL or the
+    machine lost power: no cleanup ran), with a warning naming each; returns them.
+
+    Only folders of exactly :func:`staging_path`'s form, written by a process of this host (same host name) that
+    no longer exists, are removed: another host's, or a live process's (an export running now), are left alone.
+    """
+    pattern = re.compile(rf"^\.{re.escape(dest.name)}\.lsql-export-{re.escape(_host())}-(\d+)-[0-9a-f]{{8}}$")
+    removed = []
+    try:
+        siblings = list(os.scandir(dest.parent))
+    except OSError:  # no parent yet, or not listable: nothing of ours there
+        return removed
+    for entry in siblings:
+        m = pattern.match(entry.name)
+        if not m or not entry.is_dir(follow_symlinks=False) or _alive(int(m.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+        warnings.warn(f"{entry.path}: removed the staging folder of an earlier export of {dest} whose process "
+                      f"({m.group(1)}) ended without cleaning up (killed?)", stacklevel=4)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if os.name == "nt":  # os.kill(pid, 0) terminates the process there: never judged gone
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):  # another user's process: alive
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def writing(dest: Path, tmp: Path | None = None) -> Iterator[None]:
     """The error handling around writing ``dest`` (export_dataset and export_manifest alike).
@@ -173,10 +223,6 @@ def writing(dest: Path, tmp: Path | None = None) -> Iterator[None]:
             raise SystemExit(128 + signal.SIGTERM) from e
         if not isinstance(e, OSError):
             raise
-        err = _write_error(e, dest)
-        if err is None:
-            raise
-        raise err from e
         err = _write_error(e, dest)
         if err is None:
             raise

@@ -199,7 +199,8 @@ def _check_dest(dbs: list, dest: str | os.PathLike, overwrite: bool) -> Path:
 def _write(dest: Path, sources: list["Source"], manifest: pa.Table, parts: list[Part], tolerance_s: float,
            progress: bool, t0: float, codes: np.ndarray | None = None) -> ExportReport:
     """Run the export into a hidden sibling of ``dest``, then rename it into place."""
-    tmp = dest.parent / f".{dest.name}.lsql-export-{uuid.uuid4().hex[:8]}"
+    destination.remove_stale_staging(dest)
+    tmp = destination.staging_path(dest)
     with destination.writing(dest, tmp):
         try:
             tmp.mkdir()
