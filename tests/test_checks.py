@@ -167,3 +167,14 @@ def test_sqlglot_does_not_print_to_stderr(db, capfd):
     with pytest.raises(QueryError, match="not LOAD"):
         db.sql("LOAD httpfs")
     assert capfd.readouterr().err == ""
+
+
+def test_element_zero_is_refused_with_the_1_based_rule(db):
+    """DuckDB lists are 1-based: "action"[0] was NULL on every row, in silence."""
+    with pytest.raises(QueryError, match=r'"action"\[0\]: DuckDB lists and arrays are 1-based.*"action"\[1\]'):
+        db.sql('SELECT "action"[0] FROM frames')
+    with pytest.raises(QueryError, match="1-based"):
+        db.sql('SELECT index FROM frames WHERE "observation.state"[ 0 ] > 0')
+    first = db.sql('SELECT "action"[1], "action"[-1], "action"[1:2] FROM frames ORDER BY index LIMIT 1').fetchall()[0]
+    row = db.sql('SELECT "action" FROM frames ORDER BY index LIMIT 1').fetchall()[0][0]
+    assert first[0] == pytest.approx(row[0]) and first[1] == pytest.approx(row[-1]) and len(first[2]) == 2

@@ -389,8 +389,21 @@ def _known_columns(tree: exp.Expression, ctx: Context) -> None:
                          '(e.g. "observation.state").')
 
 
+def _no_zero_index(tree: exp.Expression, ctx: Context) -> None:
+    """``x[0]``: DuckDB lists and arrays are 1-based, so element 0 is always NULL, in silence (a user coming from
+    numpy reads ``"action"[0]`` as the first joint). Read from the written SQL: sqlglot stores the index shifted to
+    0-based."""
+    for b in tree.find_all(exp.Bracket):
+        text = b.sql("duckdb")
+        if re.search(r"\[\s*0\s*\]$", text):
+            first = re.sub(r"\[\s*0\s*\]$", "[1]", text)
+            raise QueryError(f"{text}: DuckDB lists and arrays are 1-based, so element 0 is always NULL; the first "
+                             f"element is {first} (the last is [-1]; frames_ext also has each element as its own "
+                             "named column)")
+
+
 CHECKS = (_only_queries, _no_files_or_table_functions, _known_views, _dotted_features, _known_columns,
-          _row_counts_fit)
+          _no_zero_index, _row_counts_fit)
 
 
 @dataclasses.dataclass(frozen=True)
