@@ -203,3 +203,8 @@ def test_repeated_episode_rows_are_warned_about(datasets):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # distinct rows: no warning
         db.dataset("SELECT DISTINCT episode_index FROM frames WHERE episode_index IN (1, 2)", cameras=[])
+        db.dataset("SELECT index FROM frames WHERE index % 3 = 0 ORDER BY index DESC", cameras=[])  # unordered, unique
+    # index rows too (a join that fans out repeats frames the same way); served as asked
+    with pytest.warns(UserWarning, match=r"1 frame\(s\) come more than once .*index 5 2 times.*SELECT DISTINCT index"):
+        ds = db.dataset("SELECT 5 AS index UNION ALL SELECT 5", cameras=[])
+    assert len(ds) == 2 and ds[0]["index"] == ds[1]["index"] == 5

@@ -20,6 +20,7 @@ import warnings
 from typing import Callable
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -231,15 +232,20 @@ def _warn_repeated_rows(result: pa.Table, mode: str, sql: str) -> None:
     """Warn when the same episode (or the same window) comes more than once: each row gives its frames again, which
     is a training set with repeats, and more often a query over ``frames`` missing a DISTINCT (one row per frame:
     an episode of 158 frames came 158 times, 24,964 samples without a word)."""
-    keys = ["episode_index"] if mode == "episode" else ["episode_index", "start_s", "end_s"]
+    keys = {"episode": ["episode_index"], "index": ["index"]}.get(mode, ["episode_index", "start_s", "end_s"])
+    if mode == "index":  # frames: millions of rows, mostly in order. A strictly rising column has no repeats
+        idx = result["index"].to_numpy(zero_copy_only=False)
+        if len(idx) < 2 or bool(np.all(idx[1:] > idx[:-1])) or pc.count_distinct(result["index"]).as_py() == len(idx):
+            return
     counts = result.group_by(keys).aggregate([([], "count_all")])
     rep = counts.filter(pc.greater(counts["count_all"], 1))
     if rep.num_rows:
         top = rep.sort_by([("count_all", "descending")]).slice(0, 1).to_pylist()[0]
-        what = (f"episode {top['episode_index']}" if mode == "episode" else
-                f"window (episode {top['episode_index']}, {top['start_s']} .. {top['end_s']} s)")
-        warnings.warn(f"{rep.num_rows} {mode}(s) come more than once in the result ({what} {top['count_all']} times); "
-                      f"each row gives its frames again. If you meant each once, SELECT DISTINCT {', '.join(keys)} "
+        what = (f"episode {top['episode_index']}" if mode == "episode" else f"index {top['index']}" if mode == "index"
+                else f"window (episode {top['episode_index']}, {top['start_s']} .. {top['end_s']} s)")
+        noun = "frame" if mode == "index" else mode
+        warnings.warn(f"{rep.num_rows} {noun}(s) come more than once in the result ({what} {top['count_all']} times); "
+                      f"{'each row is one more sample of its frame' if mode == 'index' else 'each row gives its frames again'}. If you meant each once, SELECT DISTINCT {', '.join(keys)} "
                       f"(a query over frames returns one row per frame): {sql!r:.200}", stacklevel=4)
 
 
@@ -343,13 +349,12 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         DatasetFormatError: an episode's frames are not contiguous in one data file.
     """
     if result.num_rows == 0:
-        raise ResultContractError(f"the query returned no rows, so there is nothing to train on: {sql!r}")
+        raise ResultContractError(f"the query returned no rows, so there is nothing to train on or export: {sql!r}")
     mode = result_mode(result.column_names)
     result = _check_contract_types(result, mode, sql)
     if mode == "window":
         _check_window_bounds(result, sql)
-    if mode in ("episode", "window"):
-        _warn_repeated_rows(result, mode, sql)
+    _warn_repeated_rows(result, mode, sql)
     video_cols = _manifest.video_columns(layout.video_keys)
     reserved = set(CORE) | set(LOCATION) | set(video_cols)
     contract = {"index": ("index",), "window": ("episode_index", "start_s", "end_s"),
