@@ -292,6 +292,9 @@ class VideoWriter:
         for k, v in (info.get("video.extra_options") or {}).items():
             opts.setdefault(str(k), str(v))
         os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its config banner per encoder otherwise
+        if name == "libx265" and "log-level" not in opts.get("x265-params", ""):
+            # x265 prints ~10 "x265 [info]" lines per encoder (one per cut window) to stderr otherwise
+            opts["x265-params"] = ":".join(filter(None, [opts.get("x265-params", ""), "log-level=error"]))
         try:
             cc = av.CodecContext.create(name, "w")
         except (av.error.FFmpegError, ValueError) as e:
