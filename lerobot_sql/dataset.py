@@ -1074,6 +1074,13 @@ class Batch(list):
         self.keys, self.tensors, self.lists = keys, tensors, lists
         self._memory = memory  # the worker's batch slot (lerobot_sql.batch_memory), None elsewhere
 
+    def __reduce__(self):
+        # Pickled when a collate_fn returns the items as they are (``collate_fn=lambda items: items``) from a worker:
+        # a plain list of the item dicts, which torch sends as it sends any list of tensors. The batch's own
+        # attributes (the worker's memory slot, its lock) cannot cross processes: pickling failed in the worker's
+        # queue thread and the DataLoader waited forever (a new user's finding).
+        return list, (list(self),)
+
     def collated(self, collate_fn_map) -> dict[str, Any]:
         """``default_collate`` of the items: the batch tensors as they are, the other keys collated by torch."""
         from torch.utils.data._utils.collate import collate

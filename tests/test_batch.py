@@ -288,3 +288,40 @@ def test_batch_frames_and_windows_are_the_right_ones(datasets, framecode):
             for t, g in enumerate(fr):
                 img = got[k][j, t].permute(1, 2, 0).numpy()
                 assert framecode.verify_frame(img, ep, int(g), k)["ok"], (k, ep, f, t)
+
+
+@pytest.mark.parametrize("memory", ["1", "0"])
+def test_a_collate_fn_that_returns_the_items_as_they_are(datasets, monkeypatch, memory):
+    """``collate_fn=lambda items: items`` in a worker: the Batch (holding the worker's memory slot and its lock)
+    could not be pickled, the worker's queue thread printed the TypeError and the DataLoader waited forever
+    (with or without LSQL_BATCH_MEMORY). Now it arrives as a list of item dicts equal to ``ds[i]``."""
+    monkeypatch.setenv("LSQL_BATCH_MEMORY", memory)
+    ds = lsql.connect(datasets / "small20").dataset(episodes=[0])
+    dl = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=lambda items: items, timeout=120)
+    got = [b for _, b in zip(range(6), dl)]
+    assert len(got) == 6
+    for j, b in enumerate(got):
+        assert type(b) is list and len(b) == 4
+        for k, item in enumerate(b):
+            ref = ds[4 * j + k]
+            assert item.keys() == ref.keys()
+            for key, v in ref.items():
+                assert torch.equal(item[key], v) if isinstance(v, torch.Tensor) else item[key] == v, (j, k, key)
+
+
+def test_extras_a_dataloader_cannot_batch_are_refused_at_the_query(datasets):
+    """``SELECT * FROM episodes`` brings ``tasks`` (one or two task texts per episode): ds[i] served it, and the
+    first DataLoader batch mixing lengths failed inside torch's collate ("each element in list of batch should be
+    of equal size"). A ragged list of numbers likewise. Both are refused when the dataset is built, naming the
+    column; fixed-length lists still pass."""
+    from lerobot_sql.errors import ResultContractError
+
+    db = lsql.connect(datasets / "small20")
+    assert db.sql("SELECT min(len(tasks)), max(len(tasks)) FROM episodes").fetchall() == [(1, 2)]
+    with pytest.raises(ResultContractError, match=r"'tasks' holds lists of text.*tasks\[1\] AS tasks_first"):
+        db.dataset("SELECT * FROM episodes", cameras=[])
+    with pytest.raises(ResultContractError, match=r"'vl' holds lists of 0 to 2 values"):
+        db.dataset("SELECT index, range(frame_index % 3) AS vl FROM frames", cameras=[])
+    ds = db.dataset("SELECT index, [index, 2 * index] AS pair FROM frames WHERE episode_index = 0", cameras=[])
+    b = default_collate([ds[i] for i in range(4)])
+    assert b["pair"].tolist() == [[i, 2 * i] for i in range(4)]

@@ -249,6 +249,36 @@ def _warn_repeated_rows(result: pa.Table, mode: str, sql: str) -> None:
                       f"(a query over frames returns one row per frame): {sql!r:.200}", stacklevel=4)
 
 
+def _check_stackable(result: pa.Table, extras: list[str], sql: str) -> None:
+    """Refuse an extra column a DataLoader cannot batch: lists of text, or lists whose length varies from row to row
+    (``SELECT * FROM episodes`` brings ``tasks``, one or more task texts per episode). ``ds[i]`` would serve them,
+    but torch's ``default_collate`` stops the first batch that mixes lengths with "each element in list of batch
+    should be of equal size", far from the query that caused it.
+
+    Raises:
+        ResultContractError: naming the column, what it holds and how to select a value that stacks.
+    """
+    for c in extras:
+        t = result.schema.field(c).type
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+            continue
+        inner = t.value_type
+        if pa.types.is_string(inner) or pa.types.is_large_string(inner):
+            raise ResultContractError(
+                f"result column {c!r} holds lists of text, which a DataLoader cannot batch; select one text per row "
+                f"(e.g. `{c}[1] AS {c}_first` or `array_to_string({c}, '; ') AS {c}_text`), or leave it out "
+                f"(`SELECT episode_index FROM episodes ...` selects the episodes): {sql!r:.200}")
+        if pa.types.is_fixed_size_list(t):
+            continue
+        n = pc.list_value_length(result[c])
+        lo, hi = pc.min(n).as_py(), pc.max(n).as_py()
+        if lo is not None and lo != hi:
+            raise ResultContractError(
+                f"result column {c!r} holds lists of {lo} to {hi} values, which a DataLoader cannot stack into a "
+                f"batch (every item needs the same length); pad or cut them to one length in SQL, or leave the "
+                f"column out: {sql!r:.200}")
+
+
 def _check_window_bounds(result: pa.Table, sql: str) -> None:
     """Refuse NaN or NULL ``start_s``/``end_s``: DuckDB orders NaN above every number, so ``timestamp < NaN`` holds
     and a NaN end would silently select the rest of the episode (a NaN start selects nothing). Infinite bounds keep
@@ -365,6 +395,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     if clash:
         raise ResultContractError(f"result columns {clash} clash with the manifest's or the item's own keys; alias "
                                   f"them (e.g. `... AS my_{clash[0].replace('/', '_')}`) in: {sql!r}")
+    _check_stackable(result, extras, sql)
     # Columns named like a frame column are the frame's own values (SELECT * FROM frames): they are not carried as
     # extras, so they must equal what the item will hold, never silently differ from it.
     shadow = [c for c in result.column_names if c not in contract and (c in layout.features or c in CORE)]
