@@ -81,14 +81,31 @@ class _Resumable(torch.utils.data.Sampler):
     seed: int
     epoch: int = 0
     start: int = 0
+    _done: bool = False  # a pass over the order ran to its end: the next one starts at 0 (see __iter__)
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Use the order of ``epoch``, skipping its first ``start`` samples (for resuming mid-epoch: pass the number
         of samples this rank already consumed, e.g. ``steps * batch_size``; the DataLoader's prefetching means the
-        sampler itself runs ahead of what was trained on)."""
+        sampler itself runs ahead of what was trained on). ``start`` applies to the next pass only: a pass that
+        runs to its end makes the one after it whole again (a training loop that cycles the DataLoader without
+        calling ``set_epoch`` would otherwise drop the first ``start`` samples of every later pass).
+
+        Raises:
+            ValueError: ``start`` is negative or beyond this rank's samples of the epoch.
+        """
         if start < 0:
             raise ValueError(f"start must be >= 0, got {start}")
-        self.epoch, self.start = int(epoch), int(start)
+        if start > self._length():
+            raise ValueError(f"start {start} is beyond the {self._length()} samples of an epoch of this sampler "
+                             "(this rank); a state saved for another dataset, ranks or block_size?")
+        self.epoch, self.start, self._done = int(epoch), int(start), False
+
+    def _fingerprint(self) -> dict:
+        """What decides the order besides (seed, epoch): a resume under other values would not continue it."""
+        # checked in this order: the most specific cause first ("samples" per rank follows from the others too)
+        return {"sampler": type(self).__name__,
+                **{k: getattr(self, k) for k in ("num_replicas", "block_size", "shuffle", "drop_last")
+                   if hasattr(self, k)}, "samples": int(self._length())}
 
     def state_dict(self, consumed: int = 0) -> dict:
         """What to save in a checkpoint: seed, epoch and the position to resume from.
@@ -100,7 +117,12 @@ class _Resumable(torch.utils.data.Sampler):
         """
         if consumed < 0:
             raise ValueError(f"consumed must be >= 0, got {consumed}")
-        return {"seed": self.seed, "epoch": self.epoch, "start": self.start + int(consumed)}
+        start = self.start + int(consumed)
+        if start > self._length():
+            raise ValueError(f"consumed {consumed} (from position {self.start}) is beyond the {self._length()} "
+                             "samples of this epoch for this rank: count only this epoch's samples (steps of this "
+                             "epoch x batch_size)")
+        return {"seed": self.seed, "epoch": self.epoch, "start": start, **self._fingerprint()}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from :meth:`state_dict` (``epoch``, ``start``, ``seed``).
@@ -115,6 +137,11 @@ class _Resumable(torch.utils.data.Sampler):
                              "sampler.state_dict() returned")
         if state.get("seed", self.seed) != self.seed:
             raise ValueError(f"state was saved with seed {state['seed']}, this sampler has seed {self.seed}")
+        for key, mine in self._fingerprint().items():  # states saved before these keys existed carry none
+            if key in state and state[key] != mine:
+                raise ValueError(f"state was saved with {key} {state[key]!r}, this sampler has {mine!r}: its order "
+                                 "is not the saved one; build the sampler as the saved run did (same dataset, "
+                                 "block_size, shuffle, ranks, drop_last)")
         self.set_epoch(state["epoch"], state.get("start", 0))
 
     def _order(self) -> np.ndarray:
@@ -125,7 +152,13 @@ class _Resumable(torch.utils.data.Sampler):
         return self._order()[self.start:]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.order().tolist())
+        if self._done:  # the resumed (or any) pass ran to its end: this one is the whole epoch again
+            self.start, self._done = 0, False
+        return self._run(self.order().tolist())
+
+    def _run(self, order: list[int]) -> Iterator[int]:
+        yield from order
+        self._done = True
 
     def __len__(self) -> int:
         return max(0, self._length() - self.start)

@@ -139,7 +139,8 @@ def test_checkpoint_with_consumed_samples_resumes_exactly(ds):
     full = list(s)
     s.set_epoch(1, start=40)
     state = s.state_dict(consumed=64)
-    assert state == {"seed": 5, "epoch": 1, "start": 104}
+    assert {k: state[k] for k in ("seed", "epoch", "start")} == {"seed": 5, "epoch": 1, "start": 104}
+    assert state["sampler"] == "EpisodeAwareSampler" and state["samples"] == len(ds) and state["block_size"] == 8
     r = EpisodeAwareSampler(ds, seed=5)
     r.load_state_dict(state)
     assert full[:40] + full[40:104] + list(r) == full
@@ -164,3 +165,36 @@ def test_torchrun_environment_shards_before_the_process_group_exists(ds, monkeyp
     monkeypatch.setenv("RANK", "2")
     with pytest.raises(ValueError, match="rank 2"):
         cls(ds)
+
+
+def test_a_resume_under_another_sampler_setup_is_refused(ds):
+    """A state saved under other ranks, block_size, sampler class or dataset was accepted and silently skipped or
+    repeated samples (a new user's finding); so was a position beyond the epoch."""
+    st = EpisodeAwareSampler(ds, num_replicas=2, rank=0).state_dict(consumed=64)
+    with pytest.raises(ValueError, match="num_replicas 2, this sampler has 4"):
+        EpisodeAwareSampler(ds, num_replicas=4, rank=0).load_state_dict(st)
+    with pytest.raises(ValueError, match="block_size 8, this sampler has 4"):
+        EpisodeAwareSampler(ds, block_size=4).load_state_dict(EpisodeAwareSampler(ds).state_dict(consumed=8))
+    with pytest.raises(ValueError, match="sampler 'EpisodeAwareSampler', this sampler has 'EpisodeShardedSampler'"):
+        EpisodeShardedSampler(ds).load_state_dict(EpisodeAwareSampler(ds).state_dict(consumed=10))
+    small = EpisodeAwareSampler((np.zeros(50, np.int64), np.arange(50)))
+    with pytest.raises(ValueError, match=rf"samples {len(ds)}, this sampler has 50"):
+        small.load_state_dict(EpisodeAwareSampler(ds).state_dict(consumed=20))
+    with pytest.raises(ValueError, match="beyond"):
+        EpisodeAwareSampler(ds).state_dict(consumed=len(ds) + 1)
+    with pytest.raises(ValueError, match="beyond"):
+        small.load_state_dict({"seed": 0, "epoch": 0, "start": 51})  # an older state without the fingerprint
+    old = EpisodeAwareSampler(ds)
+    old.load_state_dict({"seed": 0, "epoch": 2, "start": 5})  # states saved before the fingerprint still load
+    assert len(old) == len(ds) - 5
+
+
+def test_a_resumed_pass_is_followed_by_whole_passes(ds):
+    """After load_state_dict the offset applied to every later pass until set_epoch: a loop cycling the DataLoader
+    without set_epoch (as lerobot's does) dropped the first `start` samples of each epoch."""
+    s = EpisodeAwareSampler(ds, seed=3)
+    s.set_epoch(0)
+    full = list(s)
+    s.load_state_dict(s.state_dict(consumed=100))
+    assert list(s) == full[100:]
+    assert list(s) == full and len(s) == len(full)
