@@ -97,7 +97,7 @@ def rewrite_lambdas(sql: str) -> str:
     return sql
 
 
-def _parse_error(e: Exception, sql: str) -> str:
+def parse_error(e: Exception, sql: str) -> str:
     """sqlglot's parse error as 'at line L, column C: <what>: <context with the spot marked >>> <<<>'."""
     errors = getattr(e, "errors", None)
     if not errors:  # a TokenError (an unclosed quote or comment) has no position
@@ -188,7 +188,7 @@ def _parse(sql: str) -> exp.Expression:
         if kind is not None:
             raise QueryError(f"only queries (SELECT / WITH ... SELECT) are allowed here, not {kind}; lerobot_sql "
                              "views are read-only") from e
-        raise QueryError(_parse_error(e, sql)) from e
+        raise QueryError(parse_error(e, sql)) from e
     finally:
         log.removeFilter(_QUIET)
     if len(trees) != 1:

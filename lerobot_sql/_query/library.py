@@ -213,7 +213,7 @@ def _coerce(qname: str, pname: str, ptype: str, value: Any) -> Any:
 
 
 def _check_expr(qname: str, pname: str, value: str) -> None:
-    from .checks import _parse_error, rewrite_lambdas
+    from .checks import parse_error, rewrite_lambdas
 
     sql = f"SELECT {rewrite_lambdas(value)}"
     try:
@@ -221,7 +221,7 @@ def _check_expr(qname: str, pname: str, value: str) -> None:
     except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
         # the checks' wording (spot marked >>> <<<), not sqlglot's own message with its terminal colour codes
         raise QueryError(f"query {qname!r}: parameter {pname!r} must be one SQL expression, e.g. "
-                         f"\"observation.state.gripper.pos\" < 20; {value!r}: {_parse_error(e, sql)}") from e
+                         f"\"observation.state.gripper.pos\" < 20; {value!r}: {parse_error(e, sql)}") from e
     sel = trees[0] if len(trees) == 1 else None
     if not isinstance(sel, exp.Select) or len(sel.expressions) != 1 or sel.args.get("from_") or \
             any(True for _ in sel.expressions[0].find_all(exp.Query)):
