@@ -313,12 +313,12 @@ def test_extras_a_dataloader_cannot_batch_are_refused_at_the_query(datasets):
     """``SELECT * FROM episodes`` brings ``tasks`` (one or two task texts per episode): ds[i] served it, and the
     first DataLoader batch mixing lengths failed inside torch's collate ("each element in list of batch should be
     of equal size"). A ragged list of numbers likewise. Both are refused when the dataset is built, naming the
-    column; fixed-length lists still pass."""
+    column; lists of one length still pass (of text too: test_extras_task_and_nulls)."""
     from lerobot_sql.errors import ResultContractError
 
     db = lsql.connect(datasets / "small20")
     assert db.sql("SELECT min(len(tasks)), max(len(tasks)) FROM episodes").fetchall() == [(1, 2)]
-    with pytest.raises(ResultContractError, match=r"'tasks' holds lists of text.*tasks\[1\] AS tasks_first"):
+    with pytest.raises(ResultContractError, match=r"'tasks' holds lists of 1 to 2 texts.*tasks\[1\] AS tasks_first"):
         db.dataset("SELECT * FROM episodes", cameras=[])
     with pytest.raises(ResultContractError, match=r"'vl' holds lists of 0 to 2 values"):
         db.dataset("SELECT index, range(frame_index % 3) AS vl FROM frames", cameras=[])

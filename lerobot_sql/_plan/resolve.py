@@ -250,10 +250,11 @@ def _warn_repeated_rows(result: pa.Table, mode: str, sql: str) -> None:
 
 
 def _check_stackable(result: pa.Table, extras: list[str], sql: str) -> None:
-    """Refuse an extra column a DataLoader cannot batch: lists of text, or lists whose length varies from row to row
-    (``SELECT * FROM episodes`` brings ``tasks``, one or more task texts per episode). ``ds[i]`` would serve them,
-    but torch's ``default_collate`` stops the first batch that mixes lengths with "each element in list of batch
-    should be of equal size", far from the query that caused it.
+    """Refuse an extra column a DataLoader cannot batch: lists whose length varies from row to row (``SELECT * FROM
+    episodes`` brings ``tasks``, one or two task texts per episode). ``ds[i]`` would serve them, but torch's
+    ``default_collate`` stops the first batch that mixes lengths with "each element in list of batch should be of
+    equal size", far from the query that caused it. Lists of one length pass (of text too: collated as torch does,
+    one tuple per position).
 
     Raises:
         ResultContractError: naming the column, what it holds and how to select a value that stacks.
@@ -262,21 +263,22 @@ def _check_stackable(result: pa.Table, extras: list[str], sql: str) -> None:
         t = result.schema.field(c).type
         if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
             continue
-        inner = t.value_type
-        if pa.types.is_string(inner) or pa.types.is_large_string(inner):
-            raise ResultContractError(
-                f"result column {c!r} holds lists of text, which a DataLoader cannot batch; select one text per row "
-                f"(e.g. `{c}[1] AS {c}_first` or `array_to_string({c}, '; ') AS {c}_text`), or leave it out "
-                f"(`SELECT episode_index FROM episodes ...` selects the episodes): {sql!r:.200}")
         if pa.types.is_fixed_size_list(t):
             continue
         n = pc.list_value_length(result[c])
         lo, hi = pc.min(n).as_py(), pc.max(n).as_py()
-        if lo is not None and lo != hi:
+        if lo is None or lo == hi:
+            continue
+        if pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type):
             raise ResultContractError(
-                f"result column {c!r} holds lists of {lo} to {hi} values, which a DataLoader cannot stack into a "
-                f"batch (every item needs the same length); pad or cut them to one length in SQL, or leave the "
-                f"column out: {sql!r:.200}")
+                f"result column {c!r} holds lists of {lo} to {hi} texts, which a DataLoader cannot batch (every item "
+                f"needs the same length); select one text per row (e.g. `{c}[1] AS {c}_first` or "
+                f"`array_to_string({c}, '; ') AS {c}_text`), or leave it out (`SELECT episode_index FROM episodes "
+                f"...` selects the episodes): {sql!r:.200}")
+        raise ResultContractError(
+            f"result column {c!r} holds lists of {lo} to {hi} values, which a DataLoader cannot stack into a "
+            f"batch (every item needs the same length); pad or cut them to one length in SQL, or leave the "
+            f"column out: {sql!r:.200}")
 
 
 def _check_window_bounds(result: pa.Table, sql: str) -> None:
