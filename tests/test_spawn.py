@@ -55,7 +55,9 @@ def test_spawned_workers_equal_forked_and_in_process(datasets, tmp_path, frameco
     path = Path(ds._map.path)
 
     def batches(ctx):
-        dl = DataLoader(ds, batch_size=8, sampler=idx, num_workers=2, multiprocessing_context=ctx)
+        # timeout: a worker that never answers fails the test instead of holding the suite (one run of the whole
+        # suite, on two loaded cores, waited here forever once; not seen again)
+        dl = DataLoader(ds, batch_size=8, sampler=idx, num_workers=2, multiprocessing_context=ctx, timeout=300)
         return list(dl)
 
     spawned, forked = batches(context), batches("fork")
@@ -156,7 +158,7 @@ def test_no_file_left_after_a_run_with_spawned_workers(datasets, tmp_path):
         db = lsql.connect({str(datasets / 'small20')!r}, cache_dir={str(tmp_path)!r})
         keep = [db.dataset("SELECT index FROM frames WHERE episode_index < 3", cameras=[]) for _ in range(2)]
         n = sum(len(b["index"]) for b in DataLoader(keep[0], batch_size=16, num_workers=2,
-                                                     multiprocessing_context="spawn"))
+                                                     multiprocessing_context="spawn", timeout=300))
         print(n, len(keep[1]))
         if sys.argv[1] == "kill":
             import os, signal
