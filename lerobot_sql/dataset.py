@@ -914,10 +914,29 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         """
         self._pipeline = None if sampler is None else _pipe.Pipeline(sampler, batches, max_bytes)
         if self._pipeline is not None:
+            self._warn_outside(sampler)
             # the mp4s' versions pinned here, in one parallel round: the workers inherit them instead of each
             # asking for every file on its first read (a round trip each, per worker and epoch)
             self._src.describe(sorted({rel for names in self._video_files.values() for rel in names}))
         return self
+
+    def _warn_outside(self, sampler) -> None:
+        """Warn when the pipeline's sampler names positions this dataset does not have (the sampler of another,
+        larger dataset, say): the fetch ahead skips them, so it is silently useless, and the DataLoader raises
+        IndexError when it reaches one. Only for orders known here (a list, an array, a range, ``.order()``)."""
+        order = sampler.order() if hasattr(sampler, "order") else \
+            sampler if isinstance(sampler, (list, tuple, range, np.ndarray)) else None
+        if order is None or len(order) == 0:
+            return
+        a = np.asarray(order)
+        if a.dtype.kind not in "iu":
+            return
+        bad = (a < -len(self)) | (a >= len(self))
+        if bad.any():
+            warnings.warn(f"pipeline: {int(bad.sum())} of {len(a)} sampler positions are outside this dataset's "
+                          f"{len(self)} samples (e.g. {int(a[bad][0])}): is it the sampler of another dataset? The "
+                          "fetch ahead skips them and the DataLoader raises IndexError at them; build the sampler "
+                          "on this dataset", stacklevel=3)
 
     def _byte_ranges(self, w: _Worker, jj: np.ndarray) -> dict[str, list[tuple[int, int]]]:
         """``{file: merged [start, end) ranges}`` the items ``jj`` read and this process has not built from yet:

@@ -5,8 +5,10 @@ to a run without pipelining, bytes fetched within 1.2x of that run, and the next
 from __future__ import annotations
 
 import shutil
+import warnings
 
 import numpy as np
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -140,6 +142,23 @@ def test_pipeline_on_a_local_dataset_is_a_no_op(datasets):
     _same(torch.utils.data.default_collate(ds.__getitems__(order[:16])),
           torch.utils.data.default_collate([ds[i] for i in order[:16]]))
     assert ds._pipeline.stats() == {}
+
+
+def test_a_sampler_of_another_dataset_is_warned_about(datasets):
+    """ds.pipeline([10**9, 5, -3]) or a sampler built on a larger dataset was taken in silence: the fetch ahead
+    skipped every position it could not serve. Positions this dataset has, negative ones included, say nothing."""
+    db = lsql.connect(datasets / "small20")
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index < 2", cameras=[])
+    with pytest.warns(UserWarning, match=rf"1 of 3 sampler positions are outside this dataset's {len(ds)} samples "
+                                         r"\(e.g. 1000000000\)"):
+        ds.pipeline([10**9, 5, -3])
+    big = lsql.EpisodeAwareSampler(db.dataset(cameras=[]), seed=0)
+    with pytest.warns(UserWarning, match="sampler of another dataset"):
+        ds.pipeline(big)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds.pipeline(lsql.EpisodeAwareSampler(ds, seed=0))
+        ds.pipeline(list(range(len(ds))))
 
 
 def test_spawned_workers_get_the_sampler_and_pipeline(served, datasets):
