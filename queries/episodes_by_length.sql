@@ -1,7 +1,7 @@
 -- Episodes whose length, in frames, lies in a range (both bounds inclusive).
 --
 -- params:
---   min_length (int, default 0): shortest episode kept, frames
+--   min_length (int, default 0, >= 0): shortest episode kept, frames
 --   max_length (int, default 9223372036854775807): longest episode kept, frames
 -- returns: episode_index BIGINT, one row per matching episode, ascending.
 SELECT episode_index

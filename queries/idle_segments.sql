@@ -3,9 +3,9 @@
 -- An episode's first frame has no velocity and is never idle.
 --
 -- params:
---   max_speed (float, default 1.0): speed threshold, feature units per second (degrees/s for SO-101 joints)
---   min_duration_s (float, default 0.5): shortest segment kept, seconds
---   feature (feature, default observation.state): a numeric vector feature of frames
+--   max_speed (float, default 1.0, >= 0): speed threshold, feature units per second (degrees/s for SO-101 joints)
+--   min_duration_s (float, default 0.5, >= 0): shortest segment kept, seconds
+--   feature (vector, default observation.state): a numeric vector feature of frames
 -- returns: episode_index BIGINT, start_s DOUBLE, end_s DOUBLE (half-open, seconds from the episode start; end_s is
 --   the last idle frame's timestamp + 1/fps), n_frames BIGINT.
 WITH v AS (

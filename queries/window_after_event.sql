@@ -3,7 +3,7 @@
 --
 -- params:
 --   predicate (expr): a condition over the columns of frames_ext, e.g. "observation.state.gripper.pos" < 20
---   seconds (float, default 2.0): window length, seconds
+--   seconds (float, default 2.0, > 0): window length, seconds
 -- returns: episode_index BIGINT, start_s DOUBLE, end_s DOUBLE (half-open [start_s, end_s), seconds from the episode
 --   start; start_s = the event's timestamp), event_s DOUBLE.
 SELECT episode_index, start_s, end_s, event_s

@@ -216,6 +216,30 @@ def test_parameter_errors(small):
     assert db.query("episodes_by_task", text="x' OR true OR '").fetchall() == []
 
 
+def test_parameter_bounds_and_vectors(small, tmp_path):
+    db, _, _ = small
+    # a negative window length gave windows ending before they start ((0, 12.6, 11.6) for last_seconds)
+    with pytest.raises(QueryError, match=r"'seconds' \(float\) must be > 0, got -1"):
+        db.query("last_seconds", seconds=-1)
+    with pytest.raises(QueryError, match=r"'seconds' \(float\) must be > 0"):
+        db.named_query_sql("window_before_event", predicate="true", seconds=0)
+    with pytest.raises(QueryError, match=r"'min_length' \(int\) must be >= 0"):
+        db.query("episodes_by_length", min_length=-3)
+    assert "seconds (float, default 1.0, > 0)" in library.load("last_seconds").signature()
+    # a scalar or unknown column as idle_segments' vector feature: refused by name, not DuckDB's
+    # "Binder Error: Parameter type needs to be List"
+    for col in ("timestamp", "task_index", "observation.images.front"):
+        with pytest.raises(QueryError, match=r"'feature' \(vector\) must be a numeric vector feature of frames.*"
+                                             r"Valid: \['action', 'observation.state'\]"):
+            db.query("idle_segments", feature=col)
+    assert db.query("idle_segments", feature="action").fetchall() == \
+        db.sql(db.named_query_sql("idle_segments", feature="action")).fetchall()
+    # a bound on a text parameter is a header error naming the file
+    (tmp_path / "bad.sql").write_text("-- x\n--\n-- params:\n--   t (str, default a, > 0): text\nSELECT $t\n")
+    with pytest.raises(QueryError, match=r"bad.sql: parameter 't' \(str\) has a bound"):
+        library.load("bad", [tmp_path])
+
+
 def test_user_query_folder(small, tmp_path):
     db, eps, _ = small
     (tmp_path / "long_eps.sql").write_text(

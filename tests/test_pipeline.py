@@ -8,7 +8,6 @@ import shutil
 import warnings
 
 import numpy as np
-
 import pytest
 import torch
 from torch.utils.data import DataLoader

@@ -10,7 +10,7 @@ File format: a header of ``--`` comment lines, then one SELECT::
     --
     -- params:
     --   text (str): the substring to look for, e.g. cube
-    --   min_length (int, default 0): shortest episode kept, in frames
+    --   min_length (int, default 0, >= 0): shortest episode kept, in frames
     -- returns: episode_index BIGINT, one row per episode
     SELECT episode_index FROM episodes WHERE ...  $text ... $min_length
 
@@ -20,8 +20,14 @@ File format: a header of ``--`` comment lines, then one SELECT::
   ``str``             a quoted string literal;
   ``bool``            true / false (also from the strings true/false/1/0/yes/no);
   ``feature``         a quoted identifier (a column such as ``observation.state``);
+  ``vector``          a ``feature`` that must be a numeric list column of ``frames`` (``observation.state``,
+                      ``action``): checked against the dataset by ``db.named_query`` before the SQL runs;
   ``expr``            one SQL expression (a predicate over ``frames_ext``), parenthesised; no statements or
                       subqueries. The rendered SQL still goes through every query check.
+
+A number may carry a bound after its type and default, ``(float, default 1.0, > 0)`` (``>``, ``>=``, ``<``,
+``<=``): a value outside it is refused naming the parameter, as a value of the wrong type is (a negative window
+length would otherwise give windows whose end is before their start).
 """
 
 from __future__ import annotations
@@ -42,24 +48,30 @@ from ..errors import QueryError, did_you_mean
 # folder lerobot_sql/_queries (package-dir "lerobot_sql._queries" = "queries").
 _PKG = Path(__file__).resolve().parents[1]  # lerobot_sql/ (this module is lerobot_sql/_query/library.py)
 BUNDLED = next((p for p in (_PKG.parent / "queries", _PKG / "_queries") if p.is_dir()), _PKG.parent / "queries")
-TYPES = ("int", "float", "str", "bool", "feature", "expr")
-_PARAM_LINE = re.compile(r"^\s*(\w+)\s*\(\s*(\w+)\s*(?:,\s*default\s*=?\s*(.*?))?\s*\)\s*:\s*(.*)$")
+TYPES = ("int", "float", "str", "bool", "feature", "vector", "expr")
+_PARAM_LINE = re.compile(r"^\s*(\w+)\s*\(\s*(\w+)\s*(?:,\s*default\s*=?\s*(.*?))?"
+                         r"(?:\s*,\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf)))?\s*\)\s*:\s*(.*)$")
+_BOUNDS = {">": (lambda v, b: v > b), ">=": (lambda v, b: v >= b), "<": (lambda v, b: v < b),
+           "<=": (lambda v, b: v <= b)}
 _PLACEHOLDER = re.compile(r"\$([A-Za-z_]\w*)")
 
 
 @dataclasses.dataclass(frozen=True)
 class Param:
-    """One documented parameter: ``name (type[, default VALUE]): doc``."""
+    """One documented parameter: ``name (type[, default VALUE][, OP BOUND]): doc`` (``bound``: ``(op, number)``
+    or None)."""
 
     name: str
     type: str
     default: Any
     required: bool
     doc: str
+    bound: tuple[str, float] | None = None
 
     def describe(self) -> str:
         d = "required" if self.required else f"default {self.default!r}"
-        return f"{self.name} ({self.type}, {d}): {self.doc}"
+        b = f", {self.bound[0]} {self.bound[1]:g}" if self.bound else ""
+        return f"{self.name} ({self.type}, {d}{b}): {self.doc}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,12 +117,16 @@ def _parse_file(name: str, path: Path) -> NamedQuery:
         elif section == "params":
             m = _PARAM_LINE.match(s)
             if m:
-                pname, ptype, default, doc = m.groups()
+                pname, ptype, default, op, limit, doc = m.groups()
                 if ptype not in TYPES:
                     raise QueryError(f"{path}: parameter {pname!r} has type {ptype!r}; use one of {list(TYPES)}")
-                params.append(Param(pname, ptype, None if default is None else _coerce(name, pname, ptype,
-                                                                                       _unquote(default)),
-                                    default is None, doc))
+                if op and ptype not in ("int", "float"):
+                    raise QueryError(f"{path}: parameter {pname!r} ({ptype}) has a bound ({op} {limit}); only int "
+                                     "and float parameters take one")
+                bound = (op, float(limit)) if op else None
+                params.append(Param(pname, ptype, None if default is None else
+                                    _coerce(name, pname, ptype, _unquote(default), bound),
+                                    default is None, doc, bound))
             elif s and params:  # continuation of the previous parameter's doc
                 p = params[-1]
                 params[-1] = dataclasses.replace(p, doc=f"{p.doc} {s}")
@@ -168,11 +184,18 @@ _TRUE = {"true", "1", "yes", "on", "t", "y"}
 _FALSE = {"false", "0", "no", "off", "f", "n"}
 
 
-def _coerce(qname: str, pname: str, ptype: str, value: Any) -> Any:
-    """The Python value of a parameter, checked against its type (strings from the CLI are parsed)."""
+def _coerce(qname: str, pname: str, ptype: str, value: Any, bound: tuple[str, float] | None = None) -> Any:
+    """The Python value of a parameter, checked against its type and bound (strings from the CLI are parsed)."""
     def bad(why: str) -> QueryError:
         return QueryError(f"query {qname!r}: parameter {pname!r} ({ptype}) {why}, got {value!r}")
 
+    v = _coerce_type(ptype, value, bad)
+    if bound is not None and not _BOUNDS[bound[0]](v, bound[1]):
+        raise bad(f"must be {bound[0]} {bound[1]:g}")
+    return v
+
+
+def _coerce_type(ptype: str, value: Any, bad) -> Any:
     if ptype == "int":
         if isinstance(value, bool):
             raise bad("must be an integer")
@@ -199,20 +222,20 @@ def _coerce(qname: str, pname: str, ptype: str, value: Any) -> Any:
         if str(value).strip().lower() in _TRUE | _FALSE:
             return str(value).strip().lower() in _TRUE
         raise bad("must be true or false")
-    if ptype in ("str", "feature", "expr"):
+    if ptype in ("str", "feature", "vector", "expr"):
         if not isinstance(value, str):
             if ptype == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 return str(value)
             raise bad("must be a string")
-        if ptype == "feature" and not value:
+        if ptype in ("feature", "vector") and not value:
             raise bad("must name a column")
         if ptype == "expr":
-            _check_expr(qname, pname, value)
+            _check_expr(value, bad)
         return value
     raise bad(f"has unknown type; use one of {list(TYPES)}")
 
 
-def _check_expr(qname: str, pname: str, value: str) -> None:
+def _check_expr(value: str, bad) -> None:
     from .checks import parse_error, rewrite_lambdas
 
     sql = f"SELECT {rewrite_lambdas(value)}"
@@ -220,13 +243,12 @@ def _check_expr(qname: str, pname: str, value: str) -> None:
         trees = sqlglot.parse(sql, read="duckdb")
     except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
         # the checks' wording (spot marked >>> <<<), not sqlglot's own message with its terminal colour codes
-        raise QueryError(f"query {qname!r}: parameter {pname!r} must be one SQL expression, e.g. "
-                         f"\"observation.state.gripper.pos\" < 20; {value!r}: {parse_error(e, sql)}") from e
+        raise bad(f"must be one SQL expression, e.g. \"observation.state.gripper.pos\" < 20; "
+                  f"{parse_error(e, sql)}") from e
     sel = trees[0] if len(trees) == 1 else None
     if not isinstance(sel, exp.Select) or len(sel.expressions) != 1 or sel.args.get("from_") or \
             any(True for _ in sel.expressions[0].find_all(exp.Query)):
-        raise QueryError(f"query {qname!r}: parameter {pname!r} must be one SQL expression (no subqueries, "
-                         f"no statements), got {value!r}")
+        raise bad("must be one SQL expression (no subqueries, no statements)")
 
 
 def _render_value(ptype: str, v: Any) -> str:
@@ -240,17 +262,21 @@ def _render_value(ptype: str, v: Any) -> str:
         return "true" if v else "false"
     if ptype == "str":
         return sqltext.literal(v)
-    if ptype == "feature":
+    if ptype in ("feature", "vector"):
         return sqltext.ident(v)
     return f"({v})"  # expr, checked by _check_expr
 
 
-def render(name: str, params: dict, extra_dirs=None) -> str:
+def render(name: str, params: dict, extra_dirs=None, vectors: dict[str, str] | None = None) -> str:
     """The SQL text of named query ``name`` with ``params`` substituted as literals of their declared types.
 
+    ``vectors``: the numeric list columns of ``frames`` (name -> DuckDB type) a ``vector`` parameter must name;
+    None (no dataset at hand) leaves that check to the SQL.
+
     Raises:
-        QueryError: unknown query; a missing, unknown or ill-typed parameter (the message names the query and
-            lists its documented parameters).
+        QueryError: unknown query; a missing, unknown, ill-typed or out-of-bound parameter, or a ``vector``
+            parameter that is not one of ``vectors`` (the message names the query and lists its documented
+            parameters, or the valid columns).
     """
     nq = load(name, extra_dirs)
     declared = {p.name: p for p in nq.params}
@@ -263,7 +289,10 @@ def render(name: str, params: dict, extra_dirs=None) -> str:
         raise QueryError(f"query {name!r} needs parameter(s) {missing}. Parameters: {nq.signature()}")
     values = {}
     for p in nq.params:
-        v = _coerce(name, p.name, p.type, params[p.name]) if p.name in params else p.default
+        v = _coerce(name, p.name, p.type, params[p.name], p.bound) if p.name in params else p.default
+        if p.type == "vector" and vectors is not None and v not in vectors:
+            raise QueryError(f"query {name!r}: parameter {p.name!r} (vector) must be a numeric vector feature of "
+                             f"frames, got {v!r}.{did_you_mean(str(v), sorted(vectors))} Valid: {sorted(vectors)}")
         values[p.name] = _render_value(p.type, v)
 
     def sub(m: re.Match) -> str:

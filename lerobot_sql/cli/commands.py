@@ -141,6 +141,8 @@ def _sql_from(args, db, *, required: bool = True, default: str | None = None) ->
     if name:
         from .._query import library
 
+        if hasattr(db, "named_query_sql"):  # one dataset: its vector parameters are checked against it
+            return db.named_query_sql(name, **dict(args.param or []))
         return library.render(name, dict(args.param or []), extra_dirs=db.query_dirs)
     if not sql and required and default is None:
         raise UsageError("no query: give SQL (or - to read it from stdin) or --name NAME")

@@ -34,7 +34,8 @@ def run_sql(db, sql: str, params: dict | None = None, name: str | None = None, t
         if name:
             from .._query import library
 
-            sql = library.render(name, params or {}, extra_dirs=db.query_dirs)
+            sql = db.named_query_sql(name, **(params or {})) if hasattr(db, "named_query_sql") else \
+                library.render(name, params or {}, extra_dirs=db.query_dirs)
         return db.sql(sql, timeout=timeout)
     except duckdb.Error as e:
         raise QueryError(f"{type(e).__name__}: {e}") from e
