@@ -128,8 +128,8 @@ class Result:
     """
 
     def __init__(self, rel: duckdb.DuckDBPyRelation, sql: str, con: duckdb.DuckDBPyConnection | None = None,
-                 timeout: float | None = None):
-        self._rel, self._sql, self._con, self._timeout = rel, sql, con, timeout
+                 timeout: float | None = None, layouts: list = ()):
+        self._rel, self._sql, self._con, self._timeout, self._layouts = rel, sql, con, timeout, layouts
 
     def _call(self, fn, *args, **kwargs):
         if self._con is None:
@@ -146,8 +146,9 @@ class Result:
                     raise guard.error(self._sql) from e
                 if not isinstance(e, duckdb.Error):
                     raise
-                raise query_error(e, self._sql) from e
-        return Result(out, self._sql, self._con, self._timeout) if isinstance(out, duckdb.DuckDBPyRelation) else out
+                raise query_error(e, self._sql, self._layouts) from e
+        return Result(out, self._sql, self._con, self._timeout, self._layouts) \
+            if isinstance(out, duckdb.DuckDBPyRelation) else out
 
     def arrow(self) -> pa.Table:
         """All rows as a pyarrow Table."""
@@ -334,9 +335,9 @@ class QueryFace:
         """``checked`` (from :meth:`_check` of user SQL ``sql``, which errors name) as a lazy :class:`Result`."""
         con = self.con
         try:
-            return Result(con.sql(checked.sql), sql, con, timeout)
+            return Result(con.sql(checked.sql), sql, con, timeout, self._connection.layouts())
         except duckdb.Error as e:
-            raise query_error(e, sql) from e
+            raise query_error(e, sql, self._connection.layouts()) from e
 
     def _capped_result(self, sql: str) -> tuple[query.CheckedQuery, pa.Table]:
         """The checked query and its rows, for a manifest: at most ``max_manifest_rows()``, fetched as one more so

@@ -109,6 +109,32 @@ def test_a_stats_column_that_is_not_numbers_is_left_out_with_a_warning(datasets,
     assert got == want and len(want) > 10
 
 
+def test_declared_shape_mismatch_in_sql_names_info_json(datasets, tmp_path):
+    """info.json declares observation.state as 7 values where the data holds 6: a query reading it raised DuckDB's
+    "Cannot cast list with length 6 to array with length 7" as a QueryError (nothing about info.json), and
+    dataset(sql) called it a problem of the query's result types. Now a DatasetFormatError naming the dataset, the
+    column, both sizes and the fix; a cast the user writes over another list column keeps DuckDB's own error."""
+    from lerobot_sql.errors import DatasetFormatError, QueryError
+
+    src = tmp_path / "src"
+    shutil.copytree(datasets / "small20", src)
+    info = json.loads((src / "meta/info.json").read_text())
+    info["features"]["observation.state"]["shape"] = [7]
+    (src / "meta/info.json").write_text(json.dumps(info))
+    db = lsql.connect(src, cache_dir=tmp_path / "cache")
+    want = (r"the data files hold column 'observation.state' as lists of 6 values, but meta/info.json gives it "
+            r"shape \[7\]; fix the feature's shape in meta/info.json")
+    for sql in ('SELECT "observation.state" FROM frames', 'SELECT "observation.state.speed" FROM frames_ext'):
+        with pytest.raises(DatasetFormatError, match=want):
+            db.sql(sql).fetchall()
+    with pytest.raises(DatasetFormatError, match=want):
+        db.dataset("SELECT * FROM frames WHERE episode_index = 1")
+    assert db.sql("SELECT count(*) FROM frames").fetchall() == [(info["total_frames"],)]  # other columns read
+    with pytest.raises(QueryError, match="Cannot cast") as e:  # the user's own cast: not info.json's
+        db.sql("SELECT value::FLOAT[99] FROM episode_stats").fetchall()
+    assert not isinstance(e.value, DatasetFormatError)
+
+
 def test_info_json_and_data_columns_that_disagree_warn(datasets, tmp_path):
     """A feature info.json declares but the data files lack, and a vector column the data hold but info.json does
     not declare: each a warning naming the column and the fix (both went through in silence: items without the

@@ -159,6 +159,10 @@ def test_unknown_column_that_another_view_has_names_that_view(db):
     with pytest.raises(QueryError, match=r"unknown column 'frame_idx'\. Did you mean 'frame_index'") as e:
         db.sql("SELECT frame_idx FROM frames")  # no view has it: the did-you-mean hint as before
     assert "It is a column of" not in str(e.value)
+    # a column only a private view has: never offered (FROM _episodes_raw is refused)
+    with pytest.raises(QueryError, match=r"unknown column 'stats/action/min'") as e:
+        db.sql('SELECT "stats/action/min" FROM episodes')
+    assert "It is a column of" not in str(e.value) and "_episodes_raw" not in str(e.value)
 
 
 def test_sqlglot_does_not_print_to_stderr(db, capfd):

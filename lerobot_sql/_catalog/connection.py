@@ -8,6 +8,7 @@ info.json), and opens the connection when a query first needs it: a whole-episod
 from __future__ import annotations
 
 import os
+import re
 import threading
 import warnings
 import weakref
@@ -40,13 +41,28 @@ def max_manifest_rows() -> int:
     return MAX_RESULT_ROWS if total is None else min(MAX_RESULT_ROWS, total // 2 // MANIFEST_BYTES_PER_ROW)
 
 
-def query_error(e: BaseException, sql: str) -> LeRobotSQLError:
+# DuckDB's error when the frames view casts a data file's list to info.json's fixed-size array (views.register)
+_CAST_LENGTH = re.compile(r"Cannot cast list with length (\d+) to array with length (\d+) when casting from source "
+                          r"column (.+)$", re.M)
+
+
+def query_error(e: BaseException, sql: str, layouts: list[tuple[str, Layout]] = ()) -> LeRobotSQLError:
     """The error for a DuckDB failure: a :class:`RemoteIOError` when the storage under a remote view failed (DuckDB
     reports our fsspec layer's exception as text, traceback included), a :class:`DatasetFormatError` when a view
-    raised for a column the data lacks (``views.ERROR_MARKER``), else a :class:`QueryError` naming the SQL."""
+    raised for a column the data lacks (``views.ERROR_MARKER``) or, for a vector feature of one of ``layouts``
+    (``(dataset root, layout)`` pairs), holds lists of another length than info.json's shape, else a :class:`QueryError` naming the SQL."""
     text = str(e)
     if views.ERROR_MARKER in text:  # a view's error() for a column the data lacks (views._derived_columns)
         return DatasetFormatError(text[text.rindex(views.ERROR_MARKER) + len(views.ERROR_MARKER):].strip())
+    m = _CAST_LENGTH.search(text) if isinstance(e, duckdb.ConversionException) else None
+    if m:
+        held, want, col = int(m[1]), int(m[2]), m[3].strip()
+        roots = [root for root, lay in layouts if col in lay.features and tuple(lay.features[col].shape) == (want,)]
+        if roots:  # the frames view's cast of a feature, not a cast the user wrote over another column
+            return DatasetFormatError(
+                f"{', '.join(roots)}: the data files hold column {col!r} as lists of {held} values, but "
+                f"meta/info.json gives it shape [{want}]; fix the feature's shape in meta/info.json (or rewrite the "
+                f"data files to that shape; `lerobot-sql doctor` names the files) (while running: {sql})")
     for cls in (FileChangedError, RemoteIOError):
         marker = f"{cls.__name__}: "
         if marker in text:
@@ -61,7 +77,7 @@ def unreadable_error(src: Source, layout: Layout, cause: BaseException, sql: str
     a dead server: in ``cause`` or while the footers are checked) is a RemoteIOError instead, not a corrupt file.
     With the user's ``sql`` (the failure came while its result was resolved): a DuckDB Binder/Conversion error while
     every footer parses is the result's types, not the files: a ResultContractError naming the query."""
-    remote = query_error(cause, "opening the dataset's tables")
+    remote = query_error(cause, sql or "opening the dataset's tables", [(src.url, layout)])
     if isinstance(remote, (RemoteIOError, DatasetFormatError)):  # DatasetFormatError: a missing column, named
         return remote
     try:
@@ -251,6 +267,10 @@ class Connection:
     def members(self) -> list[DatasetFiles]:
         """The datasets whose views this connection holds (one; a collection's connection holds several)."""
         return [self.files]
+
+    def layouts(self) -> list[tuple[str, Layout]]:
+        """``(root URL, layout)`` of each member: what :func:`query_error` names a dataset's shape errors by."""
+        return [(f.source.url, f.layout) for f in self.members()]
 
     # ---- the views built on first read --------------------------------------------------------------------
     def ensure(self, name: str) -> None:

@@ -380,8 +380,9 @@ def _known_columns(tree: exp.Expression, ctx: Context) -> None:
             continue
         listing = "; ".join(f"{v}: {cols}" for v, cols in referenced.items())
         # a column of another view (frames_ext's per-element and derived columns, episodes' length...): say which
-        elsewhere = sorted(v for v, cols in lower_views.items()
-                           if v not in referenced and name.lower() in {c.lower() for c in cols})
+        # (public views only: a query cannot read the private ones)
+        elsewhere = sorted(v for v, cols in lower_views.items() if v not in referenced and not v.startswith("_")
+                           and name.lower() in {c.lower() for c in cols})
         where = f" It is a column of {', '.join(elsewhere)}: query FROM {elsewhere[0]}." if elsewhere else \
             _did_you_mean(name, list(available.values()))
         raise QueryError(f"unknown column {name!r}.{where} "
