@@ -28,7 +28,7 @@ from ._format.files import open_files
 from ._plan import manifest as _manifest
 from ._storage import cache
 from .db import Database, QueryFace, is_manifest_path, read_manifest_file
-from .errors import LeRobotSQLError, MissingFileError, ResultContractError, did_you_mean
+from .errors import LeRobotSQLError, MissingFileError, ResultContractError, did_you_mean, warn
 
 def is_dataset_root(path: str) -> bool:
     """True when the local folder ``path`` is a dataset root (holds meta/info.json)."""
@@ -289,7 +289,6 @@ class Collection(QueryFace):
             Features whose shapes differ between datasets (a 6- and a 14-dim state) are not combined: they are
             left out with a warning naming the datasets (``per_dataset=True`` has them).
         """
-        import warnings
 
         from . import stats as _stats
 
@@ -316,8 +315,8 @@ class Collection(QueryFace):
             have = {n: s[k] for n, s in per.items() if k in s}
             shapes = {n: np.shape(v["mean"]) for n, v in have.items()}
             if len(set(shapes.values())) > 1:
-                warnings.warn(f"stats: {k!r} has different shapes across datasets ({shapes}); it is left out of "
-                              "the combined statistics (stats(..., per_dataset=True) has each)", stacklevel=2)
+                warn(f"stats: {k!r} has different shapes across datasets ({shapes}); it is left out of "
+                     "the combined statistics (stats(..., per_dataset=True) has each)")
                 continue
             out[k] = _stats.aggregate(list(have.values())) if len(have) > 1 else next(iter(have.values()))
         return out

@@ -19,7 +19,6 @@ import operator
 import os
 import socket
 import tempfile
-import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Callable
@@ -32,7 +31,7 @@ import torch
 from ._readers import deltas as _frames
 from ._readers import decode, locate, tabular, video_index
 from ._storage.pieces import merge_ranges
-from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError
+from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError, warn
 from ._format.files import DatasetFiles
 from . import meta as _meta
 from . import batch_memory as _batch_memory
@@ -278,8 +277,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._clips = {k: v for k, v in self._meta.clips.items() if k in self._video_keys}
         self._gray_files = frozenset(rel for k in self._depth_video for rel in self._video_files[k])
         if missing:
-            warnings.warn(f"{len(missing)} video file(s) are missing, e.g. {missing[0]}; items needing them will raise "
-                          "MissingFileError (pass cameras=[...] to leave those cameras out)", stacklevel=4)
+            warn(f"{len(missing)} video file(s) are missing, e.g. {missing[0]}; items needing them will raise "
+                 "MissingFileError (pass cameras=[...] to leave those cameras out)")
         self._map = _map_table(m, cols, self._cache_dir)
         self._manifest_cols, self._derived_cols = list(m.column_names), list(cols)
         self._n = n
@@ -933,10 +932,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             return
         bad = (a < -len(self)) | (a >= len(self))
         if bad.any():
-            warnings.warn(f"pipeline: {int(bad.sum())} of {len(a)} sampler positions are outside this dataset's "
-                          f"{len(self)} samples (e.g. {int(a[bad][0])}): is it the sampler of another dataset? The "
-                          "fetch ahead skips them and the DataLoader raises IndexError at them; build the sampler "
-                          "on this dataset", stacklevel=3)
+            warn(f"pipeline: {int(bad.sum())} of {len(a)} sampler positions are outside this dataset's "
+                 f"{len(self)} samples (e.g. {int(a[bad][0])}): is it the sampler of another dataset? The "
+                 "fetch ahead skips them and the DataLoader raises IndexError at them; build the sampler "
+                 "on this dataset")
 
     def _byte_ranges(self, w: _Worker, jj: np.ndarray) -> dict[str, list[tuple[int, int]]]:
         """``{file: merged [start, end) ranges}`` the items ``jj`` read and this process has not built from yet:
@@ -1203,9 +1202,9 @@ def _depth_unit(feature) -> str | None:
     """
     unit = feature.depth_unit
     if unit is None:
-        warnings.warn(f"depth map {feature.name!r} has no info.depth_unit in meta/info.json: its values are returned "
-                      "as stored, not converted to depth_output_unit (as lerobot 0.6 does); set depth_unit to "
-                      "'mm' or 'm' to convert them", stacklevel=4)
+        warn(f"depth map {feature.name!r} has no info.depth_unit in meta/info.json: its values are returned "
+             "as stored, not converted to depth_output_unit (as lerobot 0.6 does); set depth_unit to "
+             "'mm' or 'm' to convert them")
     elif unit not in ("mm", "m"):
         raise DatasetFormatError(f"depth map {feature.name!r}: info.depth_unit is {unit!r}; lerobot 0.6 knows 'mm' "
                                  "and 'm' only. Fix it in meta/info.json")

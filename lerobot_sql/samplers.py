@@ -28,6 +28,7 @@ import torch
 
 from ._plan.partition import largest_first
 from .shard import rank_and_world
+from .errors import warn
 
 
 def _columns(source) -> tuple[np.ndarray, np.ndarray]:
@@ -427,10 +428,9 @@ class MixtureSampler(_Resumable):
         self.repeats = {nm: self.quotas[nm] / self.counts[nm] for nm in self.quotas}
         starved = [f"{nm} (weight {self.weights[nm]:.3g})" for nm, x in self.quotas.items() if x == 0]
         if starved:
-            import warnings
 
-            warnings.warn(f"{', '.join(starved)}: weight > 0 but 0 of the epoch's {self.num_samples} draws "
-                          "(rounded down): raise num_samples or the weight", stacklevel=2)
+            warn(f"{', '.join(starved)}: weight > 0 but 0 of the epoch's {self.num_samples} draws "
+                 "(rounded down): raise num_samples or the weight")
         if not self.replacement:
             over = [f"{nm}: {self.quotas[nm]} draws > {self.counts[nm]} samples" for nm in self.quotas
                     if self.quotas[nm] > self.counts[nm]]

@@ -14,12 +14,11 @@ each dataset numbers its own from 0.
 from __future__ import annotations
 
 import re
-import warnings
 
 import duckdb
 import pyarrow as pa
 
-from ..errors import DatasetFormatError
+from ..errors import DatasetFormatError, warn
 from .._format.files import DatasetFiles
 from .._format.layout import sql_key
 from .._query.sqltext import ident, literal
@@ -219,7 +218,7 @@ def union_sql(con: duckdb.DuckDBPyConnection, view: str, names: list[str],
     except duckdb.Error:
         pass
     text = {c: "VARCHAR" for c, per in by_col.items() if len(set(per.values())) > 1 and c not in casts}
-    warnings.warn(f"collection view {view!r}: column(s) {sorted(text)[:5]} have types DuckDB cannot combine "
-                  f"({ {c: by_col[c] for c in sorted(text)[:3]} }); they are read as text (VARCHAR) across the "
-                  "collection: compare them per dataset (WHERE dataset = ...) or rename them to line up", stacklevel=5)
+    warn(f"collection view {view!r}: column(s) {sorted(text)[:5]} have types DuckDB cannot combine "
+         f"({ {c: by_col[c] for c in sorted(text)[:3]} }); they are read as text (VARCHAR) across the "
+         "collection: compare them per dataset (WHERE dataset = ...) or rename them to line up")
     return body(text)

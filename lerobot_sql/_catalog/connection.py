@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 import re
 import threading
-import warnings
 import weakref
 
 import duckdb
 import pyarrow as pa
 
 from ..errors import (DatasetFormatError, FileChangedError, LeRobotSQLError, MissingFileError, QueryError,
-                      RemoteIOError, ResultContractError)
+                      RemoteIOError, ResultContractError, warn)
 from .._format.files import DatasetFiles
 from .._format.layout import Layout
 from .._format.metadata import corrupt_parquet_files, unreadable_error as parquet_error
@@ -147,15 +146,15 @@ def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dic
     missing = con.sql("SELECT path, count(*) FROM _episode_data_files WHERE path NOT IN "
                       "(SELECT path FROM _data_files_listed) GROUP BY 1 ORDER BY 1").fetchall()
     if missing:
-        warnings.warn(_missing_data_files_warning(con, src, missing), stacklevel=6)
+        warn(_missing_data_files_warning(con, src, missing))
     macros.register(con, layout, table_macros)  # over register_views' placeholders of video_frames / video_files
     # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
     # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.
     targets, refused = src.symlink_targets()
     if refused:
-        warnings.warn(f"{len(refused)} file(s) or folder(s) under the dataset root are symlinks to files outside it "
-                      f"(e.g. {refused[0]} -> {os.path.realpath(refused[0])}); SQL, dataset() and export refuse to "
-                      "read them. Copy the files into the dataset folder", stacklevel=6)
+        warn(f"{len(refused)} file(s) or folder(s) under the dataset root are symlinks to files outside it "
+             f"(e.g. {refused[0]} -> {os.path.realpath(refused[0])}); SQL, dataset() and export refuse to "
+             "read them. Copy the files into the dataset folder")
     return [src.duckdb_path(""), str(files.cache_dir)], list(targets)
 
 

@@ -31,10 +31,10 @@ that ``Database.dataset()`` accepts.
 from __future__ import annotations
 
 import json
-import warnings
 
 from .._format.layout import Layout, sql_key
 from .._query.sqltext import ident as q, literal as lit, number
+from ..errors import warn
 
 # Half-open windows are compared against float32 timestamps: this slack (seconds) matches plan.build_manifest.
 TOL_S = 1e-4
@@ -99,10 +99,9 @@ def _frames_ext_sql(layout: Layout, frame_cols: dict[str, str], has_length: bool
             taken.add(key)
             sel.append(f"{expr} AS {q(name)}")
     if dropped:
-        warnings.warn(f"frames_ext: {len(dropped)} column name(s) have more than one meaning in SQL (which ignores "
-                      f"letter case) and were left out: {'; '.join(dropped[:5])}. Read an element as "
-                      "\"feature\"[i] (element_index(feature, name) gives i), or fix 'names' in meta/info.json",
-                      stacklevel=3)
+        warn(f"frames_ext: {len(dropped)} column name(s) have more than one meaning in SQL (which ignores "
+             f"letter case) and were left out: {'; '.join(dropped[:5])}. Read an element as "
+             "\"feature\"[i] (element_index(feature, name) gives i), or fix 'names' in meta/info.json")
     join = "JOIN episodes e USING (episode_index)" if has_length else ""
     return (f"SELECT {', '.join(sel)} FROM frames f {join} "
             "WINDOW w AS (PARTITION BY f.episode_index ORDER BY f.frame_index), ep AS (PARTITION BY f.episode_index)")

@@ -14,12 +14,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import warnings
 
 import duckdb
 import pyarrow as pa
 
-from ..errors import DatasetFormatError
+from ..errors import DatasetFormatError, warn
 from .._readers import video_index
 from .._format import v2
 from .._format.layout import Layout, check_stored_type, parse_template, sql_key
@@ -206,27 +205,26 @@ def episode_stats(b: Build) -> None:
                 "NULL::DOUBLE[] AS value WHERE false")
     b.con.execute(f"CREATE OR REPLACE VIEW episode_stats AS {body}")
     if skipped:
-        warnings.warn(f"meta/episodes: {len(skipped)} stats column(s) are not numbers and are left out of "
-                      f"episode_stats: {', '.join(skipped[:5])}; they stay in the meta/episodes files "
-                      "(restore meta/episodes from the dataset's source to have them back)", stacklevel=4)
+        warn(f"meta/episodes: {len(skipped)} stats column(s) are not numbers and are left out of "
+             f"episode_stats: {', '.join(skipped[:5])}; they stay in the meta/episodes files "
+             "(restore meta/episodes from the dataset's source to have them back)")
 
 
 def _warn_features_vs_columns(layout: Layout, data_cols: dict[str, str], first: str) -> None:
     """Warn when info.json and the data files disagree on which features exist: a declared (non-video) feature with
     no data column gives items without that key, and a list column info.json does not declare is read untyped
     (and an export would write it without a feature entry). Both are fixed in meta/info.json."""
-    import warnings
 
     absent = [k for k, f in layout.features.items() if not f.is_video and k not in data_cols]
     if absent:
-        warnings.warn(f"{first}: meta/info.json declares feature(s) {absent} that the data files have no column for; "
-                      "items and queries will not have them. Remove them from meta/info.json's features, or restore "
-                      "the data files", stacklevel=6)
+        warn(f"{first}: meta/info.json declares feature(s) {absent} that the data files have no column for; "
+             "items and queries will not have them. Remove them from meta/info.json's features, or restore "
+             "the data files")
     undeclared = [c for c, t in data_cols.items() if c not in layout.features and t.endswith("]")]
     if undeclared:
-        warnings.warn(f"{first}: data column(s) {undeclared} hold vectors but meta/info.json declares no feature for "
-                      "them (dtype, shape, names): they are read as untyped lists. Add them to meta/info.json's "
-                      "features", stacklevel=6)
+        warn(f"{first}: data column(s) {undeclared} hold vectors but meta/info.json declares no feature for "
+             "them (dtype, shape, names): they are read as untyped lists. Add them to meta/info.json's "
+             "features")
 
 
 def frames(b: Build) -> None:
@@ -357,7 +355,7 @@ def _derived_columns(b: Build, data_cols: dict[str, str], first: str) -> dict[st
                                 f"data files with a {c!r} column", typ)
             notes.append(f"{why}: queries and items that read it raise; the other views and columns work")
     for n in notes:
-        warnings.warn(n, stacklevel=6)
+        warn(n)
     return out
 
 

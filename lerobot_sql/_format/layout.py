@@ -13,11 +13,10 @@ import json
 import math
 import re
 import string
-import warnings
 from typing import Any
 
 from . import listing
-from ..errors import DatasetFormatError, MissingFileError, UnsupportedVersionError
+from ..errors import DatasetFormatError, MissingFileError, UnsupportedVersionError, warn
 from .._storage.source import Source, confine
 
 DEFAULT_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -535,7 +534,7 @@ def load_layout(src: Source) -> Layout:
     if video_path is not None and has_video:
         video_path = _find_video_dir(src, video_path, notes, VIDEO_FIELDS_V2 if legacy else VIDEO_FIELDS_V3, where)
     for n in notes:
-        warnings.warn(n, stacklevel=4)  # the caller of lerobot_sql.connect()
+        warn(n)  # the caller of lerobot_sql.connect()
     return Layout(
         version=version,
         fps=float(fps),

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import warnings
 from typing import TYPE_CHECKING
 
-from ..errors import DatasetFormatError
+from ..errors import DatasetFormatError, warn
 
 if TYPE_CHECKING:
     from .._storage.source import Source
@@ -88,12 +87,12 @@ def list_files(src: Source, info: CheckedInfo) -> list[str]:
         found = next(((c, fi) for c, fi in nxt if src.exists(_episodes_file(c, fi))), None)
         if found is None:
             if total and seen < total:
-                warnings.warn(
-                    f"{src.path('meta/episodes')}: the meta/episodes files followed from chunk-000/file-000 hold "
-                    f"{seen} episodes but info.json's total_episodes is {total}; neither "
-                    f"{_episodes_file(*nxt[0])} nor {_episodes_file(*nxt[1])} exists, and plain HTTP cannot list "
-                    f"the folder to find the other {total - seen}: they are not read. Fix total_episodes in "
-                    "meta/info.json, or restore the missing meta/episodes files", stacklevel=6)
+                warn(
+           f"{src.path('meta/episodes')}: the meta/episodes files followed from chunk-000/file-000 hold "
+           f"{seen} episodes but info.json's total_episodes is {total}; neither "
+           f"{_episodes_file(*nxt[0])} nor {_episodes_file(*nxt[1])} exists, and plain HTTP cannot list "
+           f"the folder to find the other {total - seen}: they are not read. Fix total_episodes in "
+           "meta/info.json, or restore the missing meta/episodes files")
             break
         chunk, file = found
     return sorted(files)

@@ -10,12 +10,11 @@ them against each mp4's real frames (:func:`lerobot_sql._readers.locate.check_cl
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pyarrow as pa
 
-from ..errors import DatasetFormatError
+from ..errors import DatasetFormatError, warn
 from .._format.layout import Layout
 
 
@@ -144,10 +143,9 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
     if long_clips:
         long_clips.sort()
         e, k, frames, n_, p = long_clips[0]
-        warnings.warn(
-            f"meta/episodes: episode {e}, camera {k!r}: its video clip in {p} lasts {frames:.2f} frames but the "
-            f"episode has {n_} frames in data/ ({len(long_clips)} such clip(s) among the selected episodes); the first "
-            f"{n_} frames from from_timestamp are read, as lerobot reads them (checked not to run into the next clip), "
-            "and the rest of the clip is left unused. If the data lost rows instead, run `lerobot-sql doctor`",
-            stacklevel=5)
+        warn(
+   f"meta/episodes: episode {e}, camera {k!r}: its video clip in {p} lasts {frames:.2f} frames but the "
+   f"episode has {n_} frames in data/ ({len(long_clips)} such clip(s) among the selected episodes); the first "
+   f"{n_} frames from from_timestamp are read, as lerobot reads them (checked not to run into the next clip), "
+   "and the rest of the clip is left unused. If the data lost rows instead, run `lerobot-sql doctor`")
     return out

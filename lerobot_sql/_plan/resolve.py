@@ -16,7 +16,6 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import warnings
 from typing import Callable
 
 import duckdb
@@ -28,7 +27,7 @@ from . import manifest as _manifest
 from . import episodes as pointers
 from .clips import check_clips, duplicate_episode_error, grid_limit, timestamp_error
 from .._query.sqltext import ident as q, literal, number
-from ..errors import DatasetFormatError, MissingFileError, ResultContractError, did_you_mean as _did_you_mean
+from ..errors import DatasetFormatError, MissingFileError, ResultContractError, did_you_mean as _did_you_mean, warn
 from .._format.layout import Layout
 from .._storage.source import Source
 
@@ -211,7 +210,6 @@ def _warn_rows_unlike_metadata(con: duckdb.DuckDBPyConnection) -> None:
         "WHERE e.length IS NOT NULL AND coalesce(g.n, 0) <> e.length ORDER BY s.episode_index").fetchall()
     if not rows:
         return
-    import warnings
 
     def one(ep, length, n, path, present):
         where = f" ({path} {'holds no rows of it' if n == 0 else f'holds {n:,}'})" if path and present else \
@@ -221,11 +219,11 @@ def _warn_rows_unlike_metadata(con: duckdb.DuckDBPyConnection) -> None:
     said = sum(r[1] for r in rows)
     got = sum(r[2] for r in rows)
     who = "this selected episode has" if len(rows) == 1 else f"these {len(rows)} selected episodes have"
-    warnings.warn(
+    warn(
         f"{'; '.join(one(*r) for r in rows[:5])}{'; ...' if len(rows) > 5 else ''}: {who} other row counts in data/ "
         f"than meta/episodes says, and only the rows that exist are served ({got:,} frames of {said:,}). "
         "`lerobot-sql doctor` checks the data files against meta/episodes; download the data file again, or leave "
-        "the episode out of the query", stacklevel=5)
+        "the episode out of the query")
 
 
 def _warn_repeated_rows(result: pa.Table, mode: str, sql: str) -> None:
@@ -244,9 +242,9 @@ def _warn_repeated_rows(result: pa.Table, mode: str, sql: str) -> None:
         what = (f"episode {top['episode_index']}" if mode == "episode" else f"index {top['index']}" if mode == "index"
                 else f"window (episode {top['episode_index']}, {top['start_s']} .. {top['end_s']} s)")
         noun = "frame" if mode == "index" else mode
-        warnings.warn(f"{rep.num_rows} {noun}(s) come more than once in the result ({what} {top['count_all']} times); "
-                      f"{'each row is one more sample of its frame' if mode == 'index' else 'each row gives its frames again'}. If you meant each once, SELECT DISTINCT {', '.join(keys)} "
-                      f"(a query over frames returns one row per frame): {sql!r:.200}", stacklevel=4)
+        warn(f"{rep.num_rows} {noun}(s) come more than once in the result ({what} {top['count_all']} times); "
+             f"{'each row is one more sample of its frame' if mode == 'index' else 'each row gives its frames again'}. If you meant each once, SELECT DISTINCT {', '.join(keys)} "
+             f"(a query over frames returns one row per frame): {sql!r:.200}")
 
 
 def _check_stackable(result: pa.Table, extras: list[str], sql: str) -> None:

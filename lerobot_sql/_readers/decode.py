@@ -20,7 +20,7 @@ import av
 from av.video.reformatter import VideoReformatter
 import numpy as np
 
-from ..errors import DatasetFormatError, VideoDecodeError
+from ..errors import DatasetFormatError, VideoDecodeError, warn
 from .._storage.source import Source
 from .video_index import FrameIndex, Stamp, changed_error, open_container, stamp_of
 
@@ -68,10 +68,9 @@ def check_resolution(path: str, hw: tuple[int, int], camera: str | None, declare
             "size, or leave the camera out (cameras=[...])")
     if declared and (h, w) != tuple(declared) and (path, (h, w)) not in _WARNED:
         _WARNED.add((path, (h, w)))
-        import warnings
 
-        warnings.warn(f"{path}: video frames{said} are {h}x{w} (HxW) but {want}; serving the file's own size "
-                      "(as lerobot does), so items of this camera differ in shape across files", stacklevel=5)
+        warn(f"{path}: video frames{said} are {h}x{w} (HxW) but {want}; serving the file's own size "
+             "(as lerobot does), so items of this camera differ in shape across files")
 
 
 class _OpenFile:

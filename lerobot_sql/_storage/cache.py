@@ -20,7 +20,6 @@ import os
 import tempfile
 import threading
 import uuid
-import warnings
 import zlib
 from pathlib import Path
 from typing import Callable, Iterator
@@ -32,7 +31,7 @@ try:
 except ImportError:  # Windows: filelock's own lock
     fcntl = None
 
-from ..errors import CacheError, LeRobotSQLError
+from ..errors import CacheError, LeRobotSQLError, warn
 
 
 @contextlib.contextmanager
@@ -134,7 +133,7 @@ def check_once(path: Path) -> str | None:
 def discard(path: Path, why: str) -> None:
     """Remove a damaged entry (and its sidecar) so the caller builds it again, with a :class:`CacheWarning` naming
     it. Under the entry's lock, and only if it is still bad: another process may have rebuilt it meanwhile."""
-    warnings.warn(f"{path}: cache entry {why}; rebuilding it", CacheWarning, stacklevel=3)
+    warn(f"{path}: cache entry {why}; rebuilding it", CacheWarning)
     try:
         with file_lock(str(path) + ".lock"):
             if check(path) is None:

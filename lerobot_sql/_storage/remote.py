@@ -31,7 +31,7 @@ from . import transport
 from .cache import atomic_write, file_lock, parse_size
 from .pieces import PieceStore
 from .readahead import ColumnReadahead
-from ..errors import RemoteIOError
+from ..errors import RemoteIOError, warn
 
 
 def _reset_fsspec_loop() -> None:
@@ -348,10 +348,9 @@ class RemoteCacheFS(AbstractFileSystem):
         if whole:  # the server ignores Range: keep the whole file, so no later read (or retry) fetches it again
             if url not in self._warned:
                 self._warned.add(url)
-                import warnings
 
-                warnings.warn(f"{url}: the server ignores Range requests (it answered 200 with the whole file); "
-                              f"fetched the whole file ({len(data)} bytes) once into the cache", stacklevel=2)
+                warn(f"{url}: the server ignores Range requests (it answered 200 with the whole file); "
+                     f"fetched the whole file ({len(data)} bytes) once into the cache")
             self.pieces.store_whole(self._file_dir(path), data)
             data = data[a:b]
         self._count(bytes_fetched=len(data))

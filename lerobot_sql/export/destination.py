@@ -19,11 +19,10 @@ import signal
 import socket
 import threading
 import uuid
-import warnings
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import DestinationError, DestinationExistsError, LeRobotSQLError
+from ..errors import DestinationError, DestinationExistsError, LeRobotSQLError, warn
 
 MARKER = "meta/lerobot_sql_export.json"
 MARKER_FORMAT = 1
@@ -171,8 +170,8 @@ def remove_stale_staging(dest: Path) -> list[Path]:
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(Path(entry.path))
-        warnings.warn(f"{entry.path}: removed the staging folder of an earlier export of {dest} whose process "
-                      f"({m.group(1)}) ended without cleaning up (killed?)", stacklevel=4)
+        warn(f"{entry.path}: removed the staging folder of an earlier export of {dest} whose process "
+             f"({m.group(1)}) ended without cleaning up (killed?)")
     return removed
 
 

@@ -41,7 +41,6 @@ import os
 import shutil
 import time
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,7 @@ from .._plan.manifest import Meta, collection_meta, dataset_codes
 from .._readers import decode, locate, video_index
 from .._version import __version__
 from ..errors import (DatasetFormatError, DestinationError, DestinationExistsError, IncompatibleDatasetsError,
-                      ResultContractError)
+                      ResultContractError, warn)
 from . import destination, stats
 from .data_writer import DataWriter
 from .parts import Part, Rotator, cut_parts
@@ -427,11 +426,11 @@ class Exporter:
                 if getattr(s, "decoders", None) is not None:
                     s.decoders.close()
         if self.depth_recomputed:
-            warnings.warn(
-                f"export: statistics of depth video(s) {self.depth_recomputed} (camera: episodes) were recomputed "
-                "from the 12-bit quantized frames, dequantized to info.depth_unit; lerobot computed the source's "
-                "from the raw frames, which the mp4 no longer holds, so min/max/mean/quantiles differ by up to one "
-                "quantization step (whole source episodes keep lerobot's numbers)", stacklevel=3)
+            warn(
+       f"export: statistics of depth video(s) {self.depth_recomputed} (camera: episodes) were recomputed "
+       "from the 12-bit quantized frames, dequantized to info.depth_unit; lerobot computed the source's "
+       "from the raw frames, which the mp4 no longer holds, so min/max/mean/quantiles differ by up to one "
+       "quantization step (whole source episodes keep lerobot's numbers)")
         self._write_episodes(rows)
         self._write_stats(ep_stats)
         self._write_info(len(self.parts), next_index)

@@ -10,10 +10,10 @@ hold a :class:`Rotator` that says which ``chunk-XXX/file-YYY`` they write.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import numpy as np
 import pyarrow as pa
+from ..errors import warn
 
 # Source files a writer keeps open per stream (v2.x has one data file and one mp4 per episode); parts arrive in file
 # order, so the oldest open file is the one done with.
@@ -87,12 +87,12 @@ def _warn_split(eps: np.ndarray, lengths: np.ndarray, srcs: np.ndarray | None) -
     runs = lengths[key == split[0]].tolist()
     single = int((lengths == 1).sum())
     shown = ", ".join(map(str, runs[:6])) + (", ..." if len(runs) > 6 else "")
-    warnings.warn(
+    warn(
         f"export: the selected frames of {len(split)} source episode(s) are not consecutive, so they are written as "
         f"{int(counts[counts > 1].sum())} episodes, one per run of consecutive frames ({len(lengths)} episodes in "
         f"all, {single} of a single frame); e.g. episode {int(eps[first])} becomes runs of {shown} frames. A stride "
         "(WHERE index % k = 0) does not lower the frame rate: it writes one-frame episodes. To keep episodes whole, "
-        "select whole episodes (SELECT episode_index ...), timestamp windows, or consecutive frames", stacklevel=5)
+        "select whole episodes (SELECT episode_index ...), timestamp windows, or consecutive frames")
 
 
 class Rotator:

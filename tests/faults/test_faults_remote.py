@@ -263,8 +263,9 @@ def test_a_server_ignoring_range_is_fetched_whole_once_with_a_warning(liar):
     fs.info(url)
     srv.faults["no_range"] = True
     n = len(srv.log)
-    with pytest.warns(UserWarning, match=r"blob\.bin: the server ignores Range"):
+    with pytest.warns(UserWarning, match=r"blob\.bin: the server ignores Range") as rec:
         assert fs.read_range(url, 1000, 5000) == data[1000:5000]
+    assert [w.filename for w in rec] == [__file__]  # the caller's line, not remote.py's
     assert fs.read_range(url, 5_000_000, 5_100_000) == data[5_000_000:5_100_000]  # another region: cached already
     assert fs.read_range(url, 0, len(data)) == data
     assert [e[3] for e in srv.log[n:]] == [len(data)]  # one whole-file GET, never one per try or per read

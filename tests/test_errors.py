@@ -1,0 +1,47 @@
+"""errors.warn: every warning lerobot_sql gives is attributed to the user's line that called the public function
+(its file and line in the warning), whatever path inside the package it came by. Fixed stacklevels pointed into
+lerobot_sql (remote.py, views.py) or into the standard library for some call paths."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+
+import pytest
+
+import lerobot_sql as lsql
+from lerobot_sql.errors import warn
+
+
+def _caught(fn) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        fn()
+    return [w for w in rec if issubclass(w.category, UserWarning)]
+
+
+def test_a_warning_names_the_callers_line(datasets, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(datasets / "small20", src)
+    info = json.loads((src / "meta/info.json").read_text())
+    info["features"]["observation.extra"] = {"dtype": "float32", "shape": [2], "names": None}
+    (src / "meta/info.json").write_text(json.dumps(info))
+    db = lsql.connect(src, cache_dir=tmp_path / "cache")
+    # built on the first query, five calls deep inside the package (views -> connection -> db)
+    rec = _caught(lambda: db.sql("SELECT count(*) FROM frames").fetchall())
+    assert [w.filename for w in rec if "observation.extra" in str(w.message)] == [__file__]
+    # a repeated frame in a training-set query: through dataset() -> plan.resolve
+    db2 = lsql.connect(datasets / "small20", cache_dir=tmp_path / "c2")
+    rec = _caught(lambda: db2.dataset("SELECT index FROM frames WHERE index < 3 UNION ALL SELECT 1", cameras=[]))
+    hits = [w for w in rec if "more than once" in str(w.message)]
+    assert hits and {w.filename for w in hits} == {__file__}
+
+
+def test_warn_itself():
+    def inner():
+        warn("from inside")  # this test module is outside the package: the warning is this line's
+
+    with pytest.warns(UserWarning, match="from inside") as rec:
+        inner()
+    assert rec[0].filename == __file__ and rec[0].lineno == inner.__code__.co_firstlineno + 1
