@@ -135,6 +135,24 @@ def test_declared_shape_mismatch_in_sql_names_info_json(datasets, tmp_path):
     assert not isinstance(e.value, DatasetFormatError)
 
 
+def test_info_json_totals_that_disagree_with_meta_episodes_warn(datasets, tmp_path):
+    """info.json's total_episodes / total_frames above what meta/episodes lists (a partial meta/ download, a
+    converter that left info.json behind) went through in silence; lerobot trusts those totals. Now a warning
+    naming the file and both counts; the counts the views give are meta/episodes' own."""
+    src = tmp_path / "src"
+    shutil.copytree(datasets / "small20", src)
+    info = json.loads((src / "meta/info.json").read_text())
+    eps, frames = info["total_episodes"], info["total_frames"]
+    info.update(total_episodes=eps + 1, total_frames=frames + 100)
+    (src / "meta/info.json").write_text(json.dumps(info))
+    db = lsql.connect(src, cache_dir=tmp_path / "cache")
+    with pytest.warns(UserWarning, match=rf"meta/info.json: total_episodes is {eps + 1} but meta/episodes lists "
+                                         rf"{eps} episode\(s\); total_frames is {frames + 100} but meta/episodes' "
+                                         rf"lengths sum to {frames}\. .*fix the totals"):
+        got = db.sql("SELECT count(*), sum(length) FROM episodes").fetchall()
+    assert got == [(eps, frames)]
+
+
 def test_info_json_and_data_columns_that_disagree_warn(datasets, tmp_path):
     """A feature info.json declares but the data files lack, and a vector column the data hold but info.json does
     not declare: each a warning naming the column and the fix (both went through in silence: items without the
