@@ -16,8 +16,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from ._catalog.connection import query_error
 from ._query import library
-from .errors import LeRobotSQLError
+from .errors import DatasetFormatError, LeRobotSQLError
 
 SAMPLE_ROWS = 5
 
@@ -201,6 +202,9 @@ def _could_not_run(e: Exception, spec: Spec) -> str:
         return (f"the check could not run: the dataset has no column {m.group(1)!r}{where}, which it reads (a "
                 "converter that did not write it): add the column to the data files (lerobot writes it), or read "
                 "what does not need it; re-downloading will not help")
+    if isinstance(e, DatasetFormatError) and "cannot be read as Parquet" in str(e):
+        return ("the check could not run: a data file it reads is damaged (data_files_decode names every one); "
+                "re-download it from the dataset's source, then run doctor again")
     return f"the check could not run on this dataset's metadata; {spec.hint}"
 
 
@@ -325,6 +329,8 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
                     checks.append(Check(spec.name, False, len(bad), bad[:SAMPLE_ROWS], spec.hint, spec.severity,
                                         nq.description))
                     continue
+            if isinstance(e, duckdb.Error):  # as db.sql words it: a damaged data file is named as such
+                e = query_error(e, sql)
             checks.append(Check(spec.name, False, 1, [{"error": f"{type(e).__name__}: {e}"}], _could_not_run(e, spec),
                                 spec.severity, nq.description))
             continue

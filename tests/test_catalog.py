@@ -135,6 +135,48 @@ def test_declared_shape_mismatch_in_sql_names_info_json(datasets, tmp_path):
     assert not isinstance(e.value, DatasetFormatError)
 
 
+@pytest.mark.parametrize("damaged", [0, 1])
+def test_a_damaged_data_file_leaves_the_metadata_views_readable(datasets, tmp_path, damaged):
+    """One truncated data file (a partial download) made every view fail at the first query, episodes and tasks
+    too. Now connect warns naming it; the metadata views read; every query over frames raises naming the file
+    (never the other files' rows alone: no frame silently missing); items of the intact file's episodes read."""
+    import numpy as np
+
+    from lerobot_sql.errors import DatasetFormatError
+
+    src = tmp_path / "src"
+    shutil.copytree(datasets / "multifile60", src, ignore=shutil.ignore_patterns("videos"))
+    rel = f"data/chunk-000/file-{damaged:03d}.parquet"
+    assert sorted(p.name for p in (src / "data/chunk-000").iterdir()) == ["file-000.parquet", "file-001.parquet"]
+    intact = lsql.connect(src, cache_dir=tmp_path / "c0")
+    eps, frames, stats = intact.sql("SELECT count(*), sum(length) FROM episodes").fetchall()[0] + \
+        intact.sql("SELECT count(*) FROM episode_stats").fetchall()[0]
+    kept = [e for (e,) in intact.sql(f'SELECT episode_index FROM episodes WHERE "data/file_index" != {damaged} '
+                                     "ORDER BY 1").fetchall()]
+    lost = intact.sql(f'SELECT min(episode_index) FROM episodes WHERE "data/file_index" = {damaged}').fetchall()[0][0]
+    want = intact.dataset(episodes=kept[:2], cameras=[])
+    (src / rel).write_bytes((src / rel).read_bytes()[:-100])
+
+    db = lsql.connect(src, cache_dir=tmp_path / "c1")
+    with pytest.warns(UserWarning, match=rf"1 of 2 data file\(s\) cannot be read as Parquet .*{rel}: every query "
+                                         r"over frames raises"):
+        assert db.sql("SELECT count(*), sum(length) FROM episodes").fetchall() == [(eps, frames)]
+    assert db.sql("SELECT count(*) FROM episode_stats").fetchall() == [(stats,)]
+    assert db.sql("SELECT count(*) FROM tasks").fetchall() == intact.sql("SELECT count(*) FROM tasks").fetchall()
+    for sql in ("SELECT count(*) FROM frames", f"SELECT count(*) FROM frames WHERE episode_index = {kept[0]}",
+                f"SELECT count(*) FROM frames WHERE episode_index = {lost}",
+                f"SELECT * FROM frames_ext WHERE episode_index = {kept[0]}"):
+        with pytest.raises(DatasetFormatError, match=rf"{rel}: cannot be read as Parquet .*Re-download"):
+            db.sql(sql).fetchall()
+    got = db.dataset(f"SELECT episode_index FROM episodes WHERE episode_index IN ({kept[0]}, {kept[1]})", cameras=[])
+    assert len(got) == len(want)
+    for i in (0, len(want) - 1):
+        for k, v in want[i].items():
+            assert np.array_equal(np.asarray(got[i][k]), np.asarray(v)), k
+    with pytest.raises(DatasetFormatError, match=rf"{rel}: cannot be read as Parquet"):
+        db.dataset(episodes=[lost], cameras=[])[0]
+
+
 def test_info_json_totals_that_disagree_with_meta_episodes_warn(datasets, tmp_path):
     """info.json's total_episodes / total_frames above what meta/episodes lists (a partial meta/ download, a
     converter that left info.json behind) went through in silence; lerobot trusts those totals. Now a warning

@@ -560,3 +560,24 @@ def test_stray_parquet_in_data_is_not_read_and_doctor_names_it(datasets, tmp_pat
     assert not c.ok and c.severity == "warning" and c.sample == [{"path": stray}]
     assert report.ok, report.to_text()  # the dataset itself reads: a warning, not a failure
     assert stray in report.to_text()
+
+
+def test_a_damaged_data_file_is_named_and_the_other_checks_still_run(datasets, tmp_path):
+    """One truncated data file of two: doctor stopped at "metadata_readable" (no other check ran). Now
+    data_files_decode names the file (its footer: row_group None); the checks that read frames say they could not
+    run because of it (not "re-download" of the metadata); the metadata and video checks run and pass."""
+    root = _copy(datasets, tmp_path, "multifile60")
+    rel = "data/chunk-000/file-001.parquet"
+    (root / rel).write_bytes((root / rel).read_bytes()[:-100])
+    report = _run(root)
+    assert not report.ok
+    c = report["data_files_decode"]
+    assert [(r["path"], r["row_group"]) for r in c.sample] == [(rel, None)]
+    frames_checks = {"index_contiguous", "frame_index_contiguous", "episode_ranges", "tasks_exist"}
+    assert frames_checks <= _failed(report)
+    for name in frames_checks:
+        assert f"{rel}: cannot be read as Parquet" in report[name].sample[0]["error"]
+        assert "a data file it reads is damaged" in report[name].hint
+    for name in ("episode_index_contiguous", "stats_present", "video_files_present", "video_codec",
+                 "video_segments"):
+        assert report[name].ok and not report[name].skipped, name

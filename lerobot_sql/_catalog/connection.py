@@ -19,7 +19,7 @@ from ..errors import (DatasetFormatError, FileChangedError, LeRobotSQLError, Mis
                       RemoteIOError, ResultContractError, warn)
 from .._format.files import DatasetFiles
 from .._format.layout import Layout
-from .._format.metadata import corrupt_parquet_files, unreadable_error as parquet_error
+from .._format.metadata import corrupt_parquet_files, damaged_parquet_error, unreadable_error as parquet_error
 from .._readers import video_index
 from .._query.sqltext import ident, literal
 from .._storage.source import Source
@@ -40,6 +40,8 @@ def max_manifest_rows() -> int:
     return MAX_RESULT_ROWS if total is None else min(MAX_RESULT_ROWS, total // 2 // MANIFEST_BYTES_PER_ROW)
 
 
+# DuckDB's error when a query opens a Parquet file whose footer does not parse
+_DAMAGED = re.compile(r"((?:No magic bytes found at end of file|Invalid Input Error)[^\n']*?) ?'([^'\n]+\.parquet)'")
 # DuckDB's error when the frames view casts a data file's list to info.json's fixed-size array (views.register)
 _CAST_LENGTH = re.compile(r"Cannot cast list with length (\d+) to array with length (\d+) when casting from source "
                           r"column (.+)$", re.M)
@@ -53,6 +55,9 @@ def query_error(e: BaseException, sql: str, layouts: list[tuple[str, Layout]] = 
     text = str(e)
     if views.ERROR_MARKER in text:  # a view's error() for a column the data lacks (views._derived_columns)
         return DatasetFormatError(text[text.rindex(views.ERROR_MARKER) + len(views.ERROR_MARKER):].strip())
+    m = _DAMAGED.search(text) if isinstance(e, (duckdb.InvalidInputException, duckdb.IOException)) else None
+    if m:  # a data file a query opened is damaged (views.frames made the view over it: a partial download)
+        return damaged_parquet_error(m[2], f"{type(e).__name__}: {m[1].strip()}")
     m = _CAST_LENGTH.search(text) if isinstance(e, duckdb.ConversionException) else None
     if m:
         held, want, col = int(m[1]), int(m[2]), m[3].strip()

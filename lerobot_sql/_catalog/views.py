@@ -22,7 +22,7 @@ from ..errors import DatasetFormatError, warn
 from .._readers import video_index
 from .._format import v2
 from .._format.layout import Layout, check_stored_type, parse_template, sql_key
-from .._format.metadata import read_tasks
+from .._format.metadata import corrupt_parquet_files, read_tasks
 from .._storage.source import Source
 from .._query.sqltext import ident, literal, number
 
@@ -238,7 +238,27 @@ def frames(b: Build) -> None:
                     "NULL::VARCHAR AS data_file, NULL::BIGINT AS row WHERE false")
         return
     data_src = f"read_parquet({_file_list(src, layout.data_files)}, union_by_name=true"
-    data_cols = _describe(con, f"SELECT * FROM {data_src})")
+    try:
+        data_cols = _describe(con, f"SELECT * FROM {data_src})")
+    except duckdb.Error:
+        # A damaged data file (a partial download): union_by_name reads every footer here, so one bad file
+        # would fail every view, the metadata ones too. The frames view is then made over all the files
+        # without union_by_name (DuckDB takes the schema from the first, a readable one, and opens the others
+        # when a query runs): every query reading frames raises naming the damaged file (query_error), none
+        # reads the other files' rows alone (no frame is silently missing), and episodes, tasks, ... stay
+        # readable. No damaged file found (or all of them): the original error stands.
+        damaged = set(corrupt_parquet_files(src, layout))
+        good = [f for f in layout.data_files if src.path(f) not in damaged]
+        if not good or len(good) == len(layout.data_files):
+            raise
+        data_cols = _describe(con, f"SELECT * FROM read_parquet({_file_list(src, good)}, union_by_name=true)")
+        order = good[:1] + [f for f in layout.data_files if f != good[0]]
+        data_src = f"read_parquet({_file_list(src, order)}"
+        bad = sorted(damaged & {src.path(f) for f in layout.data_files})
+        warn(f"{len(bad)} of {len(layout.data_files)} data file(s) cannot be read as Parquet (truncated or "
+             f"corrupt), e.g. {bad[0]}: every query over frames raises until it is re-downloaded from the "
+             "dataset's source; the metadata views (episodes, episode_stats, tasks, videos, ...) read as usual, "
+             "and so do items of the episodes in the other files (`lerobot-sql doctor` checks every file)")
     first = src.path(layout.data_files[0])
     derived = _derived_columns(b, data_cols, first)
     _warn_features_vs_columns(layout, data_cols, first)

@@ -208,6 +208,10 @@ def unreadable_error(src: Source, bad: list[str], cause: BaseException) -> Datas
     """The error for Parquet files that could not be read (``cause``): naming ``bad`` (from
     :func:`corrupt_parquet_files`), else every data file, and the fix."""
     where = ", ".join(bad[:3]) if bad else f"one of the data files under {src.path('data')}"
-    return DatasetFormatError(f"{where}: cannot be read as Parquet ({type(cause).__name__}: {cause}); the file is "
-                              "truncated or corrupt. Re-download it from the dataset's source (`lerobot-sql doctor` "
-                              "checks every file)")
+    return damaged_parquet_error(where, f"{type(cause).__name__}: {cause}")
+
+
+def damaged_parquet_error(where: str, why: str) -> DatasetFormatError:
+    """The one wording of "this Parquet file is damaged": ``where`` (the file(s)), ``why`` (the reader's message)."""
+    return DatasetFormatError(f"{where}: cannot be read as Parquet ({why}); the file is truncated or corrupt. "
+                              "Re-download it from the dataset's source (`lerobot-sql doctor` checks every file)")
