@@ -97,29 +97,6 @@ def unreadable_error(src: Source, layout: Layout, cause: BaseException, sql: str
     return parquet_error(src, bad, cause)
 
 
-def _totals_warning(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout) -> str | None:
-    """info.json's ``total_episodes`` / ``total_frames`` against what meta/episodes lists (its rows and their
-    ``length``): a partial download of meta/ or a converter that did not update info.json. Metadata only (the
-    episodes view is in memory); the data files' own row counts are doctor's ``episode_ranges`` check."""
-    cols = {r[0] for r in con.sql("DESCRIBE episodes").fetchall()}
-    n, frames = con.sql("SELECT count(DISTINCT episode_index), " +
-                        ("sum(length)" if "length" in cols else "NULL") + " FROM episodes").fetchall()[0]
-    want_eps, want_frames = layout.info.get("total_episodes"), layout.info.get("total_frames")
-    if not n:  # no episode metadata at all: the listing warned already (a metadata-only copy)
-        return None
-    off = []
-    if isinstance(want_eps, int) and want_eps != n:
-        off.append(f"total_episodes is {want_eps} but meta/episodes lists {n} episode(s)")
-    if isinstance(want_frames, int) and frames is not None and want_frames != int(frames):
-        off.append(f"total_frames is {want_frames} but meta/episodes' lengths sum to {int(frames)}")
-    if not off:
-        return None
-    return (f"{src.path('meta/info.json')}: {'; '.join(off)}. Queries and training sets read what meta/episodes and "
-            "the data files hold; lerobot's LeRobotDataset trusts info.json's totals. A partial download of meta/ "
-            "or a converter that left info.json behind: re-download meta/ from the dataset's source, or fix the "
-            "totals in meta/info.json (`lerobot-sql doctor` checks the data files too)")
-
-
 def _missing_data_files_warning(con: duckdb.DuckDBPyConnection, src, missing: list[tuple]) -> str:
     """The warning for data files meta/episodes points to that do not exist, worded by what is wrong: a stale
     pointer whose episode's rows are in another data file (frames and dataset() find them by episode_index), or an
@@ -175,9 +152,6 @@ def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dic
                       "(SELECT path FROM _data_files_listed) GROUP BY 1 ORDER BY 1").fetchall()
     if missing:
         warn(_missing_data_files_warning(con, src, missing))
-    totals = _totals_warning(con, src, layout)
-    if totals:
-        warn(totals)
     macros.register(con, layout, table_macros)  # over register_views' placeholders of video_frames / video_files
     # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
     # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.

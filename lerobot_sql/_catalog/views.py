@@ -472,6 +472,27 @@ def info(b: Build) -> None:
 VIEWS = (episodes, episode_stats, tasks, frames, data_files, videos, features, info)
 
 
+def _warn_totals(b: Build) -> None:
+    """info.json's ``total_episodes`` / ``total_frames`` against what meta/episodes lists (its rows and their
+    ``length``): a partial download of meta/ or a converter that did not update info.json. Metadata only, two
+    columns of meta/episodes (~5 ms); the data files' own row counts are doctor's ``episode_ranges`` check."""
+    length = "sum(length)" if "length" in b.episode_columns else "NULL"
+    n, frames = b.con.sql(f"SELECT count(DISTINCT episode_index), {length} FROM _episodes_raw").fetchall()[0]
+    if not n:  # no episode metadata at all: the listing warned already (a metadata-only copy)
+        return
+    want_eps, want_frames = b.layout.info.get("total_episodes"), b.layout.info.get("total_frames")
+    off = []
+    if isinstance(want_eps, int) and want_eps != n:
+        off.append(f"total_episodes is {want_eps} but meta/episodes lists {n} episode(s)")
+    if isinstance(want_frames, int) and frames is not None and want_frames != int(frames):
+        off.append(f"total_frames is {want_frames} but meta/episodes' lengths sum to {int(frames)}")
+    if off:
+        warn(f"{b.src.path('meta/info.json')}: {'; '.join(off)}. Queries and training sets read what meta/episodes "
+             "and the data files hold; lerobot's LeRobotDataset trusts info.json's totals. A partial download of "
+             "meta/ or a converter that left info.json behind: re-download meta/ from the dataset's source, or fix "
+             "the totals in meta/info.json (`lerobot-sql doctor` checks the data files too)")
+
+
 def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
                    relations: dict | None = None, prefix: str = "") -> dict[str, pa.Table]:
     """Create the views of :data:`VIEWS` (``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
@@ -502,6 +523,7 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
     b = Build(con, src, layout, relations, _register_episodes(con, src, layout, relations, prefix), prefix)
     for view in VIEWS:
         view(b)
+    _warn_totals(b)
     con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
     con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
     return relations
