@@ -8,19 +8,24 @@ rows it decodes come from a file's :class:`~lerobot_sql._readers.video_index.Fra
 Frames are converted by swscale to planar RGB where that was seen to equal the packed rgb24 conversion. The mp4s of
 a depth camera (``gray`` files of the pool) are converted to ``gray12le`` instead, as lerobot 0.6's
 ``frame.to_ndarray(format="gray12le")``: uint16 codes 0..4095, dequantized by the dataset.
+
+``decode_every_frame`` is the other use of an open file: one forward pass over all of it, keeping only what the
+decoder outputs (``lerobot-sql doctor --decode``).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import threading
+from fractions import Fraction
 
 import av
 from av.video.reformatter import VideoReformatter
 import numpy as np
 
-from ..errors import DatasetFormatError, VideoDecodeError, warn
+from ..errors import DatasetFormatError, LeRobotSQLError, VideoDecodeError, warn
 from .._storage.source import Source
 from .video_index import FrameIndex, Stamp, changed_error, open_container, stamp_of
 
@@ -306,3 +311,103 @@ class DecoderPool:
             for f in self._open.values():
                 self._retire(f)
             self._open.clear()
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodedStream:
+    """What FFmpeg outputs when one mp4 is decoded front to back (:func:`decode_every_frame`).
+
+    Attributes:
+        path: the mp4, relative to the dataset root.
+        time_base: seconds per pts unit (None when the file did not open).
+        pts: int64 (n,): each output frame's pts, time-base units, in the order the decoder output them (a sound
+            file: its index's pts, increasing); frames without a pts are left out and counted in ``no_pts``.
+        no_pts: frames output without a pts.
+        corrupt_pts: int64: pts of the frames FFmpeg output but flagged corrupt (concealed decode errors).
+        discarded_pts: int64: pts of the packets the container marks to be dropped after decoding (an edit list
+            starting the stream after them, as a stream-copied cut writes): the decoder outputs no frame for them.
+        n_errors: packets (or demux / flush steps) that raised.
+        error: the first of those errors, ``"ClassName: message"``, or None.
+        error_pts: pts of the packet whose decoding raised first (None: it was not a packet's, e.g. the open, the
+            demuxer or the final flush, or no error).
+        frames_before_error: frames output before the first error (None without one).
+    """
+
+    path: str
+    time_base: Fraction | None
+    pts: np.ndarray
+    no_pts: int = 0
+    corrupt_pts: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, np.int64))
+    discarded_pts: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, np.int64))
+    n_errors: int = 0
+    error: str | None = None
+    error_pts: int | None = None
+    frames_before_error: int | None = None
+
+
+def decode_every_frame(src: Source, rel: str, threads: int = 0) -> DecodedStream:
+    """Decode every frame of video ``rel`` in one forward pass and record what the decoder outputs (nothing is
+    converted or kept but the pts): what ``lerobot-sql doctor --decode`` compares with the file's index.
+
+    The container is opened and threaded as the readers' decoders are (:class:`_OpenFile`). Packets are fed one by
+    one, so a packet that fails to decode is counted and the pass goes on to the next one (the frames it held show
+    as missing); a demuxer error (a file cut short) ends the pass, and the decoder is drained.
+
+    Args:
+        src: the dataset's source. rel: the mp4, relative to the root (a remote file is read whole).
+        threads: FFmpeg decoder threads (0: FFmpeg picks, about one per core; a forward pass over a whole file can
+            use frame threads, which the readers' seeks cannot). The output order does not depend on it.
+
+    Returns:
+        :class:`DecodedStream`; a file that cannot be opened is one with no frames and the open's error. Never
+        raises for a damaged file.
+    """
+    try:
+        f = _OpenFile(src, rel, threads)
+    except (LeRobotSQLError, OSError) as e:
+        return DecodedStream(rel, None, np.empty(0, np.int64), n_errors=1, error=f"{type(e).__name__}: {e}",
+                             frames_before_error=0)
+    pts: list[int] = []
+    corrupt: list[int] = []
+    discarded: list[int] = []
+    no_pts = n_errors = 0
+    first: tuple | None = None  # (error text, packet pts, frames output before it)
+
+    def take(frames) -> None:
+        nonlocal no_pts
+        for fr in frames:
+            if fr.pts is None:
+                no_pts += 1
+                continue
+            pts.append(fr.pts)
+            if getattr(fr, "is_corrupt", False):  # PyAV 15 has it too; getattr in case a build lacks it
+                corrupt.append(fr.pts)
+
+    try:
+        cc = f.stream.codec_context
+        packets = f.container.demux(f.stream)
+        while True:
+            try:
+                pkt = next(packets)
+            except StopIteration:  # the demuxer's last packet (no data) has flushed the decoder
+                break
+            except (av.error.FFmpegError, OSError) as e:  # cut short, or a remote read failed: drain what is held
+                n_errors += 1
+                first = first or (f"{type(e).__name__}: {e} (while demuxing)", None, len(pts))
+                try:
+                    take(cc.decode(None))
+                except (av.error.FFmpegError, OSError):
+                    pass
+                break
+            if pkt.is_discard and pkt.pts is not None:
+                discarded.append(pkt.pts)
+            try:
+                take(cc.decode(pkt))
+            except (av.error.FFmpegError, OSError) as e:
+                n_errors += 1
+                first = first or (f"{type(e).__name__}: {e}", pkt.pts, len(pts))
+        tb = f.stream.time_base
+    finally:
+        f.close()
+    return DecodedStream(rel, tb, np.asarray(pts, np.int64), no_pts, np.asarray(corrupt, np.int64),
+                         np.asarray(discarded, np.int64), n_errors, *(first or (None, None, None)))
