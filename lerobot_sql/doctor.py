@@ -5,6 +5,10 @@ the check passed. Every check also runs alone, ``db.named_query("doctor/<check>"
 the Database builds on first use, ``video_files`` (file existence, size and stream codec, probed by
 :func:`lerobot_sql._readers.video_index.probe_video_files`) and ``video_frames`` (the video index, by demuxing).
 ``run`` builds the video index only when every video file is present.
+
+One check is computed in Python alone, as no view can hold it: ``video_files_decode`` (:data:`DECODE`, opt-in with
+``run(db, decode=True)``, ``lerobot-sql doctor --decode``) decodes every frame of every mp4 and compares what the
+decoder outputs with the file's index. It is reported like the others, and as skipped ("not run") when off.
 """
 
 from __future__ import annotations
@@ -83,6 +87,26 @@ CHECKS: tuple[Spec, ...] = (
          "from_timestamp from the video, or pass a larger tolerance_s if the drift is known and harmless",
          needs="index", params=("tolerance_s",)),
 )
+
+# The check no SQL can make: FFmpeg decodes every frame (a full decode of every mp4, minutes for a large dataset, so
+# opt-in). It is not a named query: there is no view of decoded frames (see _undecodable_videos).
+DECODE = Spec("video_files_decode", "the named mp4 does not decode the way its index (its demuxed packets) says: "
+              "items reading the listed episodes raise (\"decoding skipped pts=...\") or miss frames. Re-encode the "
+              "file or re-export it from its source", needs="index")
+DECODE_DESCRIPTION = ("every mp4 decodes front to back with its frames' pts strictly increasing, exactly the pts of "
+                      "its demuxed packets (none missing, none extra) and no decode error (run with decode=True, "
+                      "CLI --decode)")
+DECODE_OFF = ("not run: decoding every frame is opt-in, pass decode=True (CLI: --decode); the mp4s' packets were "
+              "checked, not their decoded frames")
+# Hints added to DECODE's by what was found (the likely cause, named per kind of failure).
+_OPEN_GOP = ("frames out of order in an HEVC / H.264 file made by concatenating or stream-copying parts are the usual "
+             "sign of an open-GOP keyframe after a cut (an HEVC CRA, an H.264 recovery-point I frame) that keeps the "
+             "picture order of the part before it: re-encode from the cut (closed GOPs, e.g. x265 'no-open-gop=1'), "
+             "or relabel the CRA as a BLA (lerobot_sql's export does)")
+_CUT = ("a decode error followed by the file's last frames missing (video_files_complete fails too): the file is cut "
+        "short, re-download it")
+_DAMAGED = ("decode errors inside the file: its packets' bytes are damaged (bit rot, a bad copy), re-download it; if "
+            "the source's copy fails too, re-encode the episodes from the original recording")
 
 
 @dataclasses.dataclass
@@ -264,13 +288,19 @@ def refused_report(dataset: str, error: Exception, tolerance_s: float = 1e-4) ->
         "meta/info.json passes validation (types, ranges, path templates)")])
 
 
-def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
+def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool = False,
+        progress: bool | None = None) -> Report:
     """Run every check on ``db`` (a :class:`lerobot_sql.Database`) and return the :class:`Report`.
 
     Args:
         tolerance_s: seconds allowed between a frame's expected time and the real pts, and for clip bounds.
         check_video: also build the video index (demux every mp4 once, cached), check every frame's pts and the
             codec labels. With False only the files' existence and the clip metadata are checked for videos.
+        decode: also decode every frame of every mp4 the episodes point to (``video_files_decode``: FFmpeg's output
+            order, the decoded pts against the index, decode errors). Costs a full decode of the dataset's videos
+            (sample/multifile60, 26k small frames in 11 mp4s: about 2 s on 2 cores); needs ``check_video``. Off:
+            the check is reported as skipped ("not run").
+        progress: a progress bar over the mp4s being decoded (None: only for 8 files or more).
 
     A check whose query fails (e.g. a column missing from meta/episodes) is reported as failed with DuckDB's
     message; nothing is raised for a broken dataset.
@@ -341,6 +371,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True) -> Report:
                 hint = _frame_pts_hint(failing, hint)
         checks.append(Check(spec.name, result.num_rows == 0, result.num_rows,
                             result.slice(0, SAMPLE_ROWS).to_pylist(), hint, spec.severity, nq.description))
+    checks.append(_decode_check(db, decode, check_video, n_files, n_missing, index_ready, progress))
     return Report(db.source.url, db.layout.version, float(tolerance_s), checks)
 
 
@@ -358,3 +389,174 @@ def _frame_pts_hint(failing: dict[str, set], hint: str) -> str:
             "the data files (see frame_index_contiguous): frames are looked up at from_timestamp + timestamp, so "
             "fix the timestamp column (or info.json's fps) first, or pass a tolerance_s as large as the drift if the "
             f"timestamps are wall-clock{rest}")
+
+
+def _decode_check(db, decode: bool, check_video: bool, n_files: int, n_missing: int, index_ready: str | None,
+                  progress: bool | None) -> Check:
+    """The :data:`DECODE` check: skipped (with why) unless ``decode`` and the video index is there, else one
+    violation row per mp4 that does not decode as indexed (:func:`_undecodable_videos`)."""
+    spec, skipped = DECODE, None
+    if not n_files:
+        skipped = ("no video features" if not db.layout.video_keys else
+                   "meta/episodes points to no mp4 (see video_pointers_present)")
+    elif not decode:
+        skipped = DECODE_OFF
+    elif not check_video:
+        skipped = "video checks disabled (decoding compares with the video index, which they build)"
+    elif n_missing:
+        skipped = f"{n_missing} video file(s) missing"
+    elif index_ready:
+        skipped = index_ready
+    if skipped:
+        return Check(spec.name, True, 0, [], spec.hint, spec.severity, DECODE_DESCRIPTION, skipped)
+    try:
+        bad = _undecodable_videos(db, progress)
+    except (duckdb.Error, LeRobotSQLError) as e:  # the videos / episodes views cannot be read: as a query check
+        return Check(spec.name, False, 1, [{"error": f"{type(e).__name__}: {e}"}], _could_not_run(e, spec),
+                     spec.severity, DECODE_DESCRIPTION)
+    hint = spec.hint
+    if any(r["n_out_of_order"] and r["codec"] in ("hevc", "h264") for r in bad):
+        hint += "; " + _OPEN_GOP
+    # an error, then the file's last frames never decoded (the first offending is frame n - n_missing)
+    cut = [bool(r["error"] and r["n_missing"] and r["frames_decoded"]
+                and r["frame"] == r["frames_in_index"] - r["n_missing"]) for r in bad]
+    if any(cut):
+        hint += "; " + _CUT
+    if any(r["error"] and not c for r, c in zip(bad, cut)):
+        hint += "; " + _DAMAGED
+    return Check(spec.name, not bad, len(bad), bad[:SAMPLE_ROWS], hint, spec.severity, DECODE_DESCRIPTION)
+
+
+def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]]:
+    """Decode every readable mp4 of the ``videos`` view (:func:`lerobot_sql._readers.decode.decode_every_frame`) and
+    compare each with its video index (the pts of its demuxed packets, the ``video_frames`` view's rows).
+
+    Returns:
+        One dict per mp4 that fails, ordered by video_key and path: ``video_key``, ``path`` (relative to the root),
+        ``codec``, ``problem`` (what was found, in words), ``frame`` / ``pts`` / ``pts_s`` (the first offending
+        frame in presentation order: its ordinal in the file as ``video_frames.frame``, its pts in stream time-base
+        units and in seconds), ``episodes`` (the episodes whose clip, from_timestamp up to the later of to_timestamp
+        and from_timestamp + length / fps, holds an offending frame), ``frames_in_index``, ``frames_decoded``,
+        ``n_out_of_order`` (frames output with a pts not above every pts output before them), ``n_missing`` (index
+        pts never output), ``n_extra`` (output pts not in the index), ``error`` (the first decode error, None).
+
+    Raises:
+        LeRobotSQLError / duckdb.Error: the views cannot be read. A file that does not decode is a row, not an error.
+    """
+    import numpy as np
+    import pyarrow.parquet as pq
+    from tqdm.auto import tqdm
+
+    from ._readers import decode, video_index
+
+    def rows(sql: str) -> list[tuple]:
+        return db.con.sql(db.check(sql)).fetchall()
+
+    fps = float(rows("SELECT fps FROM info")[0][0])
+    files = rows("SELECT video_key, path, codec FROM video_files WHERE present AND codec IS NOT NULL "
+                 "ORDER BY video_key, path")
+    clips: dict[tuple[str, str], list[tuple]] = {}
+    for key, rel, ep, lo, hi, n in rows(
+            "SELECT v.video_key, v.path, v.episode_index, v.from_timestamp, v.to_timestamp, e.length "
+            "FROM videos v JOIN episodes e USING (episode_index) WHERE v.from_timestamp IS NOT NULL "
+            "ORDER BY v.episode_index"):
+        # A clip ends at to_timestamp (lerobot: from + length / fps) or, where the writer stored its last frame's
+        # time (from + (length - 1) / fps), one frame later; frames are placed half a frame either side.
+        ends = [x for x in (hi, None if n is None else lo + n / fps) if x is not None]
+        end = max(ends) if ends else lo + 1 / fps
+        clips.setdefault((key, rel), []).append((ep, lo - 0.5 / fps, end - 0.5 / fps))
+    out = []
+    for key, rel, codec in tqdm(files, desc="decode videos", unit="file",
+                                disable=(len(files) < 8) if progress is None else not progress):
+        index = pq.read_table(video_index.ensure_index(db.source, rel, db.cache_dir), columns=["pts"])
+        want = np.sort(index["pts"].to_numpy())  # the index is in presentation order; sorted once more for safety
+        got = decode.decode_every_frame(db.source, rel)
+        row = _compare_decode(want, got, clips.get((key, rel), []))
+        if row is not None:
+            out.append({"video_key": key, "path": rel, "codec": codec, **row})
+    return out
+
+
+def _compare_decode(want, got, clips: list[tuple]) -> dict[str, Any] | None:
+    """The violation row (without video_key, path, codec) of one mp4, or None when it decoded as indexed.
+
+    Args:
+        want: the index's pts, sorted (int64 numpy array). got: the file's
+            :class:`~lerobot_sql._readers.decode.DecodedStream`.
+        clips: (episode_index, first second, end second) of the file's episodes, each widened by half a frame.
+    """
+    import numpy as np
+
+    tb = float(got.time_base) if got.time_base is not None else None
+    d = got.pts
+    bad = np.zeros(len(want), bool)  # index frames (presentation order) that did not come out as indexed
+    outside: list[int] = []          # offending pts that are no index frame (extra ones)
+    parts: list[str] = []
+
+    def at(p) -> int:  # ordinal of pts p (or of the first frame after it) in presentation order
+        return int(np.searchsorted(want, p))
+
+    def sec(p) -> str:
+        return f"{p * tb:.3f} s" if tb else "? s"
+
+    n_late = 0
+    if len(d) > 1:
+        runmax = np.maximum.accumulate(d)
+        late = np.flatnonzero(d[1:] <= runmax[:-1]) + 1  # output positions whose pts is not above all before it
+        n_late = len(late)
+        if n_late:
+            # A late frame at pts p output after one at runmax: every frame presented from p to runmax is out of
+            # order (reached by decoding forward, the later one comes first: "decoding skipped").
+            for j in late:
+                bad[at(d[j]):np.searchsorted(want, runmax[j - 1], side="right")] = True
+            k = int(late[0])
+            rng = np.flatnonzero(bad)
+            parts.append(f"not in pts order from decoded frame {k} (pts {int(d[k])}, {sec(d[k])}, after pts "
+                         f"{int(runmax[k - 1])}): {n_late} frame(s) late, {len(rng)} of frames {rng[0]}..{rng[-1]} "
+                         "out of order")
+            uniq, counts = np.unique(d, return_counts=True)
+            if (counts > 1).any():
+                parts.append(f"{int((counts > 1).sum())} pts output more than once (first pts "
+                             f"{int(uniq[counts > 1][0])})")
+    # Frames the container tells the decoder to drop (an edit list's lead-in) are indexed but never output, as meant.
+    missing = np.setdiff1d(np.setdiff1d(want, d), got.discarded_pts)
+    extra = np.setdiff1d(d, want)
+    if len(missing):
+        bad[np.searchsorted(want, missing)] = True
+        parts.append(f"{len(missing)} indexed frame(s) never decoded (first: frame {at(missing[0])}, pts "
+                     f"{int(missing[0])}, {sec(missing[0])})")
+    if len(extra):
+        outside += [int(p) for p in extra]
+        parts.append(f"{len(extra)} decoded pts not in the index (first pts {int(extra[0])}, {sec(extra[0])})")
+    if got.no_pts:
+        parts.append(f"{got.no_pts} frame(s) decoded without a pts")
+    if len(got.corrupt_pts):
+        in_index = np.isin(got.corrupt_pts, want)
+        bad[np.searchsorted(want, got.corrupt_pts[in_index])] = True
+        parts.append(f"{len(got.corrupt_pts)} frame(s) flagged corrupt by the decoder (first pts "
+                     f"{int(got.corrupt_pts[0])})")
+    if got.error:
+        if got.error_pts is not None:
+            if got.error_pts in want:
+                bad[at(got.error_pts)] = True
+            else:
+                outside.append(int(got.error_pts))
+        where = f" (packet pts {got.error_pts})" if got.error_pts is not None else ""
+        parts.append(f"{got.n_errors} decode error(s), the first after {got.frames_before_error} frame(s) "
+                     f"output{where}")
+    if not parts:
+        return None
+    firsts = ([int(want[np.argmax(bad)])] if bad.any() else []) + outside
+    first = min(firsts) if firsts else None
+    if tb is None or first is None:  # it did not open (or nothing pins a frame): every episode of the file
+        eps = sorted({ep for ep, _, _ in clips})
+    else:
+        want_s, out_s = want * tb, [p * tb for p in outside]
+        eps = sorted(ep for ep, lo, hi in clips
+                     if bad[np.searchsorted(want_s, lo):np.searchsorted(want_s, hi)].any()
+                     or any(lo <= t < hi for t in out_s))
+    return {"frame": None if first is None else at(first),
+            "pts": first, "pts_s": None if first is None or tb is None else first * tb,
+            "episodes": eps, "problem": "; ".join(parts), "frames_in_index": len(want),
+            "frames_decoded": len(d) + got.no_pts, "n_out_of_order": n_late, "n_missing": len(missing),
+            "n_extra": len(extra), "error": got.error}

@@ -581,3 +581,135 @@ def test_a_damaged_data_file_is_named_and_the_other_checks_still_run(datasets, t
     for name in ("episode_index_contiguous", "stats_present", "video_files_present", "video_codec",
                  "video_segments"):
         assert report[name].ok and not report[name].skipped, name
+
+
+# ---- decode=True: every frame of every mp4 decoded (video_files_decode) -------------------------------------------
+DEPTH_MP4 = "videos/observation.images.depth/chunk-000/file-000.mp4"
+FRONT_MP4 = "videos/observation.images.front/chunk-000/file-000.mp4"
+
+
+def _export_depth4_cut_mid_gop(datasets, out):
+    """depth4 with every episode cut mid-GOP (frames 3..14 of each) into one mp4 per camera: test_export's
+    test_depth_windows_cut_in_every_episode_decode_in_order's export (the HEVC depth runs are copied, their CRA
+    keyframes follow another part's frames)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # depth4's float depth is quantized
+        rep = lsql.connect(datasets / "depth4").export(
+            "SELECT episode_index, 0.1 AS start_s, 0.5 AS end_s FROM episodes", out, progress=False)
+    assert rep.episodes == 3 and rep.frames == 36 and rep.frames_remuxed > 0
+    return out
+
+
+def test_decode_finds_the_out_of_order_hevc_export_the_packet_checks_pass(datasets, tmp_path, monkeypatch):
+    """The export bug before the BLA fix (video_writer._new_sequence the identity): from the seam before the third
+    part on, FFmpeg output the depth mp4's frames out of pts order and held two back, while every packet check
+    passed. decode=True names the file, the first offending frame (22, pts 11264 = 22/30 s in 1/15360 units: the
+    second part's last frames come out after the third part's first) and the episodes of those frames (1 and 2);
+    decode=False still passes and says the check did not run."""
+    from lerobot_sql.export import video_writer
+
+    monkeypatch.setattr(video_writer.VideoWriter, "_new_sequence", lambda self, pkt: pkt)
+    out = _export_depth4_cut_mid_gop(datasets, tmp_path / "out")
+
+    quick = _run(out)
+    assert quick.ok and not _failed(quick), quick.to_text()
+    c = quick["video_files_decode"]
+    assert c.ok and c.skipped == doctor.DECODE_OFF and c.skipped.startswith("not run")
+    assert "SKIP video_files_decode (not run: decoding every frame is opt-in" in quick.to_text()
+
+    report = _run(out, decode=True)
+    assert not report.ok and _failed(report) == {"video_files_decode"}, report.to_text()
+    c = report["video_files_decode"]
+    assert c.severity == "error" and not c.skipped and c.n_violations == 1  # the AV1 camera's mp4 decodes in order
+    r = c.sample[0]
+    assert (r["video_key"], r["path"], r["codec"]) == ("observation.images.depth", DEPTH_MP4, "hevc")
+    assert (r["frame"], r["pts"], r["episodes"], r["frames_in_index"]) == (22, 11264, [1, 2], 36)
+    assert r["pts_s"] == pytest.approx(22 / 30)
+    assert r["n_out_of_order"] > 0 and r["n_extra"] == 0 and r["error"] is None
+    assert r["frames_decoded"] + r["n_missing"] == 36
+    assert "not in pts order from decoded frame" in r["problem"]
+    assert "open-GOP keyframe" in c.hint and "Re-encode the file or re-export it" in c.hint
+    text = report.to_text()
+    assert "FAIL video_files_decode: 1 violation(s)" in text and DEPTH_MP4 in text and "episodes=[1, 2]" in text
+
+
+def test_decode_passes_the_same_export_with_the_bla_fix(datasets, tmp_path):
+    out = _export_depth4_cut_mid_gop(datasets, tmp_path / "out")
+    report = _run(out, decode=True)
+    c = report["video_files_decode"]
+    assert report.ok and not c.skipped and c.ok and c.n_violations == 0, report.to_text()
+
+
+@pytest.mark.parametrize("name", ["small20", "multifile60", "h264_20", "depth4"])
+def test_shipped_samples_decode_as_indexed(name):
+    report = _run(data_root(name), decode=True)
+    c = report["video_files_decode"]
+    assert report.ok and not _failed(report) and not c.skipped and c.ok, report.to_text()
+    assert c.description.startswith("every mp4 decodes front to back")
+
+
+def test_decode_of_a_truncated_mp4_is_reported_not_raised(datasets, tmp_path):
+    """A file cut at 60 %: decoding stops with an error at the packet the cut goes through; the frames from there on
+    are missing, and every episode with frames from there on is named."""
+    root = _copy(datasets, tmp_path, "small20")
+    size = (root / FRONT_MP4).stat().st_size
+    with open(root / FRONT_MP4, "r+b") as f:
+        f.truncate(int(size * 0.6))
+    report = _run(root, decode=True)
+    assert _failed(report) == {"video_files_complete", "video_files_decode"}, report.to_text()
+    past_end = report["video_files_complete"].sample[0]["frames_past_end"]
+    c = report["video_files_decode"]
+    assert c.n_violations == 1
+    r = c.sample[0]
+    n = int(pq.read_metadata(root / DATA).num_rows)
+    assert (r["video_key"], r["path"], r["codec"], r["frames_in_index"]) == ("observation.images.front", FRONT_MP4,
+                                                                            "av1", n)
+    # the frames that never decoded are the file's last ones, at least those whose bytes are past the end
+    assert r["n_missing"] >= past_end and r["frame"] == n - r["n_missing"] and r["frames_decoded"] == r["frame"]
+    assert r["pts_s"] == pytest.approx(r["frame"] / 30) and r["pts"] == r["frame"] * 512
+    first, counts = _first_frames(root)
+    assert r["episodes"] == [e for e in range(len(counts)) if first[e] + counts[e] > r["frame"]]
+    assert r["error"] and "decode error" in r["problem"] and "cut short" in c.hint
+
+
+def test_decode_error_inside_an_mp4_names_the_frame_and_its_episode(datasets, tmp_path):
+    """Garbage over the packet of frame 1000 (episode 3 of small20's front camera): the packets decode around it,
+    the frames it and its dependants held are missing, and only episode 3 is named."""
+    root = _copy(datasets, tmp_path, "small20")
+    db = lsql.connect(root)
+    off, pts = db.sql(f"SELECT byte_offset, pts FROM video_frames WHERE path = '{FRONT_MP4}' AND frame = 1000"
+                      ).fetchall()[0]
+    with open(root / FRONT_MP4, "r+b") as f:
+        f.seek(off + 2)
+        f.write(bytes(range(256)) * 2)
+    report = _run(root, decode=True)
+    assert _failed(report) == {"video_files_decode"}, report.to_text()
+    r = report["video_files_decode"].sample[0]
+    first, counts = _first_frames(root)
+    ep = int(np.searchsorted(first, 1000, side="right") - 1)
+    assert (r["path"], r["frame"], r["pts"], r["episodes"]) == (FRONT_MP4, 1000, pts, [ep])
+    assert r["error"] and r["n_missing"] > 0 and r["n_out_of_order"] == 0
+    assert "damaged" in report["video_files_decode"].hint and "cut short" not in report["video_files_decode"].hint
+
+
+def test_decode_comparison_counts_repeats_extras_and_drops(datasets):
+    """_compare_decode on decoder outputs no sample file gives: a pts output twice, one not in the index, and the
+    lead-in frames an edit list tells the decoder to drop (a stream-copied cut), which are not missing."""
+    from fractions import Fraction
+
+    from lerobot_sql._readers.decode import DecodedStream
+
+    want = np.arange(-2, 10, dtype=np.int64) * 512  # frames 0, 1 are an edit list's lead-in (negative pts)
+    clips = [(0, -0.5 / 30, 5.5 / 30), (1, 5.5 / 30, 9.5 / 30)]
+    tb = Fraction(1, 15360)
+    drop = np.array([-1024, -512], np.int64)
+    clean = DecodedStream("v.mp4", tb, want[2:], discarded_pts=drop)
+    assert doctor._compare_decode(want, clean, clips) is None
+    got = DecodedStream("v.mp4", tb, np.array([0, 512, 1024, 1024, 1536, 2048, 2560, 3072, 3300, 3584, 4096, 4608]),
+                        discarded_pts=drop)
+    r = doctor._compare_decode(want, got, clips)
+    assert (r["frame"], r["pts"], r["episodes"]) == (4, 1024, [0, 1])
+    assert (r["n_out_of_order"], r["n_missing"], r["n_extra"], r["frames_decoded"]) == (1, 0, 1, 12)
+    assert "1 pts output more than once (first pts 1024)" in r["problem"]
+    assert "1 decoded pts not in the index (first pts 3300" in r["problem"]
+    assert doctor._compare_decode(want, DecodedStream("v.mp4", tb, want[2:]), clips)["n_missing"] == 2  # no drop
