@@ -362,6 +362,8 @@ def test_prefetch_runs_on_a_local_dataset():
 def test_doctor_ok_on_sample_and_exit_1_on_a_missing_video(tmp_path):
     report = json.loads(ok("doctor", SAMPLE, "--json"))
     assert report["ok"] is True
+    decode = {c["name"]: c for c in report["checks"]}["video_files_decode"]  # opt-in: said not to have run
+    assert decode["ok"] and decode["skipped"].startswith("not run") and "--decode" in decode["skipped"]
     broken = tmp_path / "broken"
     shutil.copytree(SAMPLE, broken)
     victim = next((broken / "videos").rglob("*.mp4"))
@@ -369,6 +371,20 @@ def test_doctor_ok_on_sample_and_exit_1_on_a_missing_video(tmp_path):
     r = run("doctor", broken)
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert victim.name in r.stdout
+
+
+def test_doctor_decode_flag_decodes_every_mp4(tmp_path):
+    """--decode runs video_files_decode; an mp4 cut short then fails it (exit 1), naming the file."""
+    out = ok("doctor", SAMPLE, "--decode")
+    assert "ok   video_files_decode" in out and "SKIP" not in out
+    broken = tmp_path / "broken"
+    shutil.copytree(SAMPLE, broken)
+    rel = "videos/observation.images.wrist/chunk-000/file-000.mp4"
+    os.truncate(broken / rel, (broken / rel).stat().st_size // 2)
+    r = run("doctor", broken, "--json", "--decode")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    c = {c["name"]: c for c in json.loads(r.stdout)["checks"]}["video_files_decode"]
+    assert not c["ok"] and [row["path"] for row in c["sample"]] == [rel]
 
 
 # ---- shell ---------------------------------------------------------------------------------------------------------

@@ -335,7 +335,8 @@ def cmd_doctor(args) -> int:
             except DatasetFormatError as e:
                 reports[name] = doctor.refused_report(root, e, tolerance_s=args.tolerance_s)
             else:
-                reports[name] = doctor.run(one, tolerance_s=args.tolerance_s, check_video=not args.no_video)
+                reports[name] = doctor.run(one, tolerance_s=args.tolerance_s, check_video=not args.no_video,
+                                           decode=args.decode)
         if args.json:
             print(json.dumps({n: json.loads(r.to_json()) for n, r in reports.items()}, indent=2))
         else:
@@ -346,7 +347,7 @@ def cmd_doctor(args) -> int:
     except DatasetFormatError as e:  # info.json refused at connect: a failed check with the key, not a traceback
         report = doctor.refused_report(args.dataset, e, tolerance_s=args.tolerance_s)
     else:
-        report = doctor.run(db, tolerance_s=args.tolerance_s, check_video=not args.no_video)
+        report = doctor.run(db, tolerance_s=args.tolerance_s, check_video=not args.no_video, decode=args.decode)
     print(report.to_json() if args.json else report.to_text())
     return 0 if report.ok else 1
 
@@ -498,12 +499,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     sp = add("doctor", "check a dataset: metadata vs files, timestamps, video frames; exit 1 on problems",
-             ["lerobot-sql doctor sample/small20", "lerobot-sql doctor sample/small20 --json --no-video"],
+             ["lerobot-sql doctor sample/small20", "lerobot-sql doctor sample/small20 --json --no-video",
+              "lerobot-sql doctor sample/small20 --decode"],
              cmd_doctor)
     sp.add_argument("--json", action="store_true", help="print the report as JSON")
     sp.add_argument("--tolerance-s", type=float, default=1e-4,
                     help="allowed timestamp error in seconds (default 1e-4, as lerobot)")
     sp.add_argument("--no-video", action="store_true", help="skip the video checks (faster)")
+    sp.add_argument("--decode", action="store_true",
+                    help="also decode every frame of every mp4 (check video_files_decode: frames come out in pts "
+                         "order, none missing or extra, no decode error); slow, a full decode of the videos; "
+                         "without it that check is reported as not run")
 
     sp = add("shell", "interactive SQL prompt with the views registered (.help inside)",
              ["lerobot-sql shell sample/small20", "echo 'SELECT count(*) FROM frames;' | lerobot-sql shell sample/small20",
