@@ -103,8 +103,8 @@ _OPEN_GOP = ("frames out of order in an HEVC / H.264 file made by concatenating 
              "sign of an open-GOP keyframe after a cut (an HEVC CRA, an H.264 recovery-point I frame) that keeps the "
              "picture order of the part before it: re-encode from the cut (closed GOPs, e.g. x265 'no-open-gop=1'), "
              "or relabel the CRA as a BLA (lerobot_sql's export does)")
-_CUT = ("a decode error followed by the file's last frames missing (video_files_complete fails too): the file is cut "
-        "short, re-download it")
+_CUT = ("the file's last frames never decode (video_files_complete fails too when its bytes end before its last "
+        "packet): the file is cut short, re-download it")
 _DAMAGED = ("decode errors inside the file: its packets' bytes are damaged (bit rot, a bad copy), re-download it; if "
             "the source's copy fails too, re-encode the episodes from the original recording")
 
@@ -417,9 +417,10 @@ def _decode_check(db, decode: bool, check_video: bool, n_files: int, n_missing: 
     hint = spec.hint
     if any(r["n_out_of_order"] and r["codec"] in ("hevc", "h264") for r in bad):
         hint += "; " + _OPEN_GOP
-    # an error, then the file's last frames never decoded (the first offending is frame n - n_missing)
-    cut = [bool(r["error"] and r["n_missing"] and r["frames_decoded"]
-                and r["frame"] == r["frames_in_index"] - r["n_missing"]) for r in bad]
+    # the file's last frames never decoded (the first offending is frame n - n_missing), with or without an error:
+    # dav1d refuses the packet a cut goes through, FFmpeg's H.264 decoder takes it silently
+    cut = [bool(r["n_missing"] and r["frames_decoded"] and r["frame"] == r["frames_in_index"] - r["n_missing"])
+           for r in bad]
     if any(cut):
         hint += "; " + _CUT
     if any(r["error"] and not c for r, c in zip(bad, cut)):

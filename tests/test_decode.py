@@ -180,3 +180,27 @@ def test_an_mp4_far_larger_than_declared_is_refused_as_a_decode_bomb(wrist_320x2
     with pytest.raises(lsql.DatasetFormatError, match="refused as a decode bomb"):
         decode.check_resolution("x.mp4", (240, 320), "cam", None)
     decode.check_resolution("x.mp4", (240, 300), "cam", (240, 300))  # within both bounds: no error
+
+
+@pytest.mark.parametrize("name,rel", CASES[:2])
+def test_decode_every_frame_outputs_the_index_pts_in_order_and_never_raises(name, rel, tmp_path):
+    """The doctor's full pass: a sound file (AV1; H.264 with B-frames, reordered) gives exactly its index's pts in
+    increasing order; the same file cut in half gives its first frames without raising (dav1d refuses the packet
+    the cut goes through, an error; FFmpeg's H.264 decoder takes it silently); a file that is gone is a result with
+    the open's error."""
+    src = open_source(data_root(name))
+    want = video_index.FrameIndex.load(video_index.ensure_index(src, rel, tmp_path / "cache")).pts
+    got = decode.decode_every_frame(src, rel)
+    assert got.pts.tolist() == want.tolist() and got.error is None and got.n_errors == 0 and not got.no_pts
+    assert got.time_base == video_index.FrameIndex.load(video_index.ensure_index(src, rel, tmp_path / "cache")).time_base
+    cut = tmp_path / "cut"
+    shutil.copytree(data_root(name), cut)
+    os.truncate(cut / rel, (cut / rel).stat().st_size // 2)
+    short = decode.decode_every_frame(open_source(cut), rel)
+    assert 0 < len(short.pts) < len(want) and set(short.pts.tolist()) <= set(want.tolist())
+    if name == "small20":
+        assert short.error.startswith("InvalidDataError") and short.n_errors == 1
+        assert short.error_pts in want and short.frames_before_error == len(short.pts)
+    (cut / rel).unlink()
+    gone = decode.decode_every_frame(open_source(cut), rel)
+    assert len(gone.pts) == 0 and gone.time_base is None and gone.error.startswith("MissingFileError")
