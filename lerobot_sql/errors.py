@@ -117,19 +117,22 @@ def did_you_mean(name: str, candidates) -> str:
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """``warnings.warn`` attributed to the first caller outside this package: the user's line that called the
-    public function, however deep inside lerobot_sql (DuckDB callbacks, readers, storage) the warning arises. A
-    fixed ``stacklevel`` is right for one call path only. (Python 3.12's ``skip_file_prefixes``, for 3.10+;
-    frames of importlib's bootstrap are skipped as ``warnings`` itself skips them when it counts.) A warning from
-    a thread or worker with no caller outside the package points at that thread's entry."""
+    """``warnings.warn`` attributed to the line that called into lerobot_sql: the caller of the outermost frame of
+    this package on the stack, however deep inside it (DuckDB callbacks, pyarrow writers calling our generators,
+    readers, storage) the warning arises. A fixed ``stacklevel`` is right for one call path only, and "the first
+    frame outside the package" is a library's when the package is called back through one (pyarrow's writer).
+    Frames of importlib's bootstrap are skipped as ``warnings`` itself skips them when it counts. A warning from a
+    thread or worker entered by the package (no caller outside) points at that thread's entry."""
     import sys
     import warnings
 
     here = __file__.rsplit("/", 1)[0].rsplit("\\", 1)[0] + ("/" if "/" in __file__ else "\\")
-    f, level = sys._getframe(0), 1
-    while f is not None and f.f_code.co_filename.startswith(here):
+    f, level, outermost = sys._getframe(0), 1, 1
+    while f is not None:
+        if f.f_code.co_filename.startswith(here):
+            outermost = level
         f = f.f_back
         while f is not None and "importlib" in f.f_code.co_filename and "_bootstrap" in f.f_code.co_filename:
             f = f.f_back
         level += 1
-    warnings.warn(message, category, stacklevel=level)
+    warnings.warn(message, category, stacklevel=outermost + 1)
