@@ -123,10 +123,11 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     frame outside the package" is a library's when the package is called back through one (pyarrow's writer).
     Frames of importlib's bootstrap are skipped as ``warnings`` itself skips them when it counts. A warning from a
     thread or worker entered by the package (no caller outside) points at that thread's entry."""
+    import os
     import sys
     import warnings
 
-    here = __file__.rsplit("/", 1)[0].rsplit("\\", 1)[0] + ("/" if "/" in __file__ else "\\")
+    here = os.path.join(os.path.dirname(__file__), "")  # the package folder, with its trailing separator
     f, level, outermost = sys._getframe(0), 1, 1
     while f is not None:
         if f.f_code.co_filename.startswith(here):

@@ -88,11 +88,11 @@ def list_files(src: Source, info: CheckedInfo) -> list[str]:
         if found is None:
             if total and seen < total:
                 warn(
-           f"{src.path('meta/episodes')}: the meta/episodes files followed from chunk-000/file-000 hold "
-           f"{seen} episodes but info.json's total_episodes is {total}; neither "
-           f"{_episodes_file(*nxt[0])} nor {_episodes_file(*nxt[1])} exists, and plain HTTP cannot list "
-           f"the folder to find the other {total - seen}: they are not read. Fix total_episodes in "
-           "meta/info.json, or restore the missing meta/episodes files")
+                    f"{src.path('meta/episodes')}: the meta/episodes files followed from chunk-000/file-000 hold "
+                    f"{seen} episodes but info.json's total_episodes is {total}; neither "
+                    f"{_episodes_file(*nxt[0])} nor {_episodes_file(*nxt[1])} exists, and plain HTTP cannot list "
+                    f"the folder to find the other {total - seen}: they are not read. Fix total_episodes in "
+                    "meta/info.json, or restore the missing meta/episodes files")
             break
         chunk, file = found
     return sorted(files)

@@ -144,8 +144,8 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
         long_clips.sort()
         e, k, frames, n_, p = long_clips[0]
         warn(
-   f"meta/episodes: episode {e}, camera {k!r}: its video clip in {p} lasts {frames:.2f} frames but the "
-   f"episode has {n_} frames in data/ ({len(long_clips)} such clip(s) among the selected episodes); the first "
-   f"{n_} frames from from_timestamp are read, as lerobot reads them (checked not to run into the next clip), "
-   "and the rest of the clip is left unused. If the data lost rows instead, run `lerobot-sql doctor`")
+            f"meta/episodes: episode {e}, camera {k!r}: its video clip in {p} lasts {frames:.2f} frames but the "
+            f"episode has {n_} frames in data/ ({len(long_clips)} such clip(s) among the selected episodes); the first "
+            f"{n_} frames from from_timestamp are read, as lerobot reads them (checked not to run into the next clip), "
+            "and the rest of the clip is left unused. If the data lost rows instead, run `lerobot-sql doctor`")
     return out

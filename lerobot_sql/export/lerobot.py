@@ -427,10 +427,10 @@ class Exporter:
                     s.decoders.close()
         if self.depth_recomputed:
             warn(
-       f"export: statistics of depth video(s) {self.depth_recomputed} (camera: episodes) were recomputed "
-       "from the 12-bit quantized frames, dequantized to info.depth_unit; lerobot computed the source's "
-       "from the raw frames, which the mp4 no longer holds, so min/max/mean/quantiles differ by up to one "
-       "quantization step (whole source episodes keep lerobot's numbers)")
+                f"export: statistics of depth video(s) {self.depth_recomputed} (camera: episodes) were recomputed "
+                "from the 12-bit quantized frames, dequantized to info.depth_unit; lerobot computed the source's "
+                "from the raw frames, which the mp4 no longer holds, so min/max/mean/quantiles differ by up to one "
+                "quantization step (whole source episodes keep lerobot's numbers)")
         self._write_episodes(rows)
         self._write_stats(ep_stats)
         self._write_info(len(self.parts), next_index)
