@@ -7,7 +7,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import signal
 import threading
 from pathlib import Path
@@ -28,9 +27,6 @@ from ._plan import resolve as plan
 from ._query import checks as query
 from ._storage.source import Source
 from .errors import DatasetFormatError, MissingFileError, QueryError, ResultContractError
-
-# A numeric 1-D list column as DESCRIBE names its type (FLOAT[6], DOUBLE[], BIGINT[3] ...).
-_NUMERIC_LIST = re.compile(r"(U?(TINYINT|SMALLINT|INTEGER|BIGINT)|HUGEINT|FLOAT|DOUBLE|REAL|DECIMAL\(\d+,\d+\))\[\d*\]")
 
 class _Interruptible:
     """While a query runs: ``timeout`` seconds on a timer, and on the main thread Ctrl-C (SIGINT), each call
@@ -646,11 +642,11 @@ class Database(QueryFace):
         return library.render(name, params, extra_dirs=self._query_dirs, vectors=self._vector_columns())
 
     def _vector_columns(self) -> dict[str, str]:
-        """The numeric 1-D list columns of ``frames`` (name -> DuckDB type): what a ``vector`` parameter of a named
-        query may name (idle_segments' ``feature``), so that a scalar or text column is refused by name before the
+        """The numeric vector features of ``frames`` (name -> DuckDB type; :func:`macros.vector_features`, the ones
+        frames_ext differentiates): what a ``vector`` parameter of a named query may name (idle_segments' ``feature``), so that a scalar or text column is refused by name before the
         SQL runs, not by DuckDB's "Parameter type needs to be List"."""
-        rows = self.con.sql("DESCRIBE frames").fetchall()
-        return {r[0]: r[1] for r in rows if _NUMERIC_LIST.fullmatch(str(r[1]))}
+        frame_cols = {r[0]: r[1] for r in self.con.sql("DESCRIBE frames").fetchall()}
+        return {name: frame_cols[name] for name, _n, _names in macros.vector_features(self.layout, frame_cols)}
 
     def stats(self, sql: str | pa.Table | None = None, *, episodes: list[int] | None = None
               ) -> dict[str, dict[str, Any]]:

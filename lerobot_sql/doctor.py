@@ -326,19 +326,11 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
     failing: dict[str, set] = {}  # check -> episodes it found bad (for hints that name the real cause)
     for spec in CHECKS:
         nq = library.load(f"doctor/{spec.name}")
-        skipped = None
-        if spec.needs and not n_files:
-            skipped = ("no video features" if not db.layout.video_keys else
-                       "meta/episodes points to no mp4 (see video_pointers_present)")
-        elif spec.needs == "index" and not check_video:
+        skipped = _video_skip(db, spec, check_video, n_files, n_missing, index_ready)
+        if skipped is None and spec.name == "video_codec" and not check_video:
             skipped = "video checks disabled"
-        elif spec.name == "video_codec" and not check_video:
-            skipped = "video checks disabled"
-        elif spec.needs == "index" and n_missing:
-            skipped = f"{n_missing} video file(s) missing"
-        elif spec.needs == "index" and index_ready:
-            skipped = index_ready
-        elif spec.name == "stats_present" and db.layout.legacy and not db.layout.episode_stats_file:
+        elif skipped is None and spec.name == "stats_present" and db.layout.legacy and \
+                not db.layout.episode_stats_file:
             skipped = "v2.0 keeps no per-episode statistics (meta/stats.json only)"
         if skipped:
             checks.append(Check(spec.name, True, 0, [], spec.hint, spec.severity, nq.description, skipped))
@@ -391,22 +383,29 @@ def _frame_pts_hint(failing: dict[str, set], hint: str) -> str:
             f"timestamps are wall-clock{rest}")
 
 
+def _video_skip(db, spec: Spec, check_video: bool, n_files: int, n_missing: int, index_ready: str | None
+                ) -> str | None:
+    """Why a check that needs the videos (``spec.needs``) cannot run, or None: no mp4 at all; for the video index,
+    video checks disabled, files missing, or the index that could not be built."""
+    if spec.needs and not n_files:
+        return ("no video features" if not db.layout.video_keys else
+                "meta/episodes points to no mp4 (see video_pointers_present)")
+    if spec.needs == "index" and not check_video:
+        return "video checks disabled"
+    if spec.needs == "index" and n_missing:
+        return f"{n_missing} video file(s) missing"
+    if spec.needs == "index" and index_ready:
+        return index_ready
+    return None
+
+
 def _decode_check(db, decode: bool, check_video: bool, n_files: int, n_missing: int, index_ready: str | None,
                   progress: bool | None) -> Check:
     """The :data:`DECODE` check: skipped (with why) unless ``decode`` and the video index is there, else one
     violation row per mp4 that does not decode as indexed (:func:`_undecodable_videos`)."""
-    spec, skipped = DECODE, None
-    if not n_files:
-        skipped = ("no video features" if not db.layout.video_keys else
-                   "meta/episodes points to no mp4 (see video_pointers_present)")
-    elif not decode:
-        skipped = DECODE_OFF
-    elif not check_video:
-        skipped = "video checks disabled (decoding compares with the video index, which they build)"
-    elif n_missing:
-        skipped = f"{n_missing} video file(s) missing"
-    elif index_ready:
-        skipped = index_ready
+    spec = DECODE
+    skipped = DECODE_OFF if n_files and not decode else \
+        _video_skip(db, spec, check_video, n_files, n_missing, index_ready)
     if skipped:
         return Check(spec.name, True, 0, [], spec.hint, spec.severity, DECODE_DESCRIPTION, skipped)
     try:

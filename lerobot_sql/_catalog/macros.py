@@ -55,7 +55,7 @@ MACRO_READS = {"first_event": "frames_ext", "event_windows": "frames_ext", "segm
                "nearest_camera_frame": "frames"}
 
 
-def _vector_features(layout: Layout, frame_cols: dict[str, str]):
+def vector_features(layout: Layout, frame_cols: dict[str, str]):
     """(feature, length, element names or None) for 1-D vector features stored as lists/arrays in ``frames``."""
     for name, f in layout.features.items():
         typ = frame_cols.get(name, "")
@@ -70,7 +70,7 @@ def _frames_ext_sql(layout: Layout, frame_cols: dict[str, str], has_length: bool
     ``"F"[i]``; ``element_index`` names its position); each left-out name is warned about, naming both claims."""
     real = {sql_key(c): c for c in frame_cols}
     cand: list[tuple[str, str, str]] = []  # (expression, column name, what claims it)
-    vecs = list(_vector_features(layout, frame_cols))
+    vecs = list(vector_features(layout, frame_cols))
     for feat, _n, names in vecs:
         for i, el in enumerate(names or []):
             cand.append((f"f.{q(feat)}[{i + 1}]", f"{feat}.{el}", f"element {i + 1} of {feat!r}"))

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .output import UsageError, error_hint, format_of, one_line, print_table, run_sql, views_and_columns, write_result
+from .output import (UsageError, error_hint, format_of, named_sql, one_line, print_table, run_sql, views_and_columns,
+                     write_result)
 from ..errors import LeRobotSQLError, MissingFileError, QueryError, did_you_mean
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: lerobot_sql/cli/commands.py -> ../../..
@@ -139,11 +140,7 @@ def _sql_from(args, db, *, required: bool = True, default: str | None = None) ->
     if getattr(args, "param", None) and not name:
         raise UsageError("--param only applies to a named query (--name NAME)")
     if name:
-        from .._query import library
-
-        if hasattr(db, "named_query_sql"):  # one dataset: its vector parameters are checked against it
-            return db.named_query_sql(name, **dict(args.param or []))
-        return library.render(name, dict(args.param or []), extra_dirs=db.query_dirs)
+        return named_sql(db, name, dict(args.param or []))
     if not sql and required and default is None:
         raise UsageError("no query: give SQL (or - to read it from stdin) or --name NAME")
     return sql or default

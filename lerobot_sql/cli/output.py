@@ -27,15 +27,22 @@ class UsageError(Exception):
 
 
 
+def named_sql(db, name: str, params: dict | None) -> str:
+    """Named query ``name`` rendered for ``db``: through ``db.named_query_sql`` for one dataset (its ``vector``
+    parameters checked against its frames), through the library for a collection."""
+    if hasattr(db, "named_query_sql"):
+        return db.named_query_sql(name, **(params or {}))
+    from .._query import library
+
+    return library.render(name, params or {}, extra_dirs=db.query_dirs)
+
+
 def run_sql(db, sql: str, params: dict | None = None, name: str | None = None, timeout: float | None = None):
     import duckdb
 
     try:
         if name:
-            from .._query import library
-
-            sql = db.named_query_sql(name, **(params or {})) if hasattr(db, "named_query_sql") else \
-                library.render(name, params or {}, extra_dirs=db.query_dirs)
+            sql = named_sql(db, name, params)
         return db.sql(sql, timeout=timeout)
     except duckdb.Error as e:
         raise QueryError(f"{type(e).__name__}: {e}") from e
