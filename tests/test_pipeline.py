@@ -258,3 +258,75 @@ def test_pipeline_pins_the_mp4s_in_the_parent_and_workers_ask_for_none(served, d
         _same(got[j], torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)])), f"batch {j}")
     ds.pipeline(order, batches=2)  # known already: nothing asked again
     assert len(srv.heads) == h1 and {r: ds._src.fs.info(ds._src.path(r))["identity"] for r in mp4s} == pins
+
+
+class _Src:
+    """What ``_Here.widen`` asks of a source: the cached ranges are ``cached``."""
+
+    def __init__(self, cached):
+        self.cached = cached
+
+    def missing(self, rel, ranges):
+        from lerobot_sql._storage.pieces import gaps
+        return [g for a, b in ranges for g in gaps(sorted(self.cached.get(rel, [])), a, b)]
+
+
+def test_widen_grows_a_request_to_its_block_over_needed_uncached_bytes_only(monkeypatch):
+    from lerobot_sql import pipeline as pipe
+    monkeypatch.setattr(pipe, "WIDEN", 4096)
+    h = pipe._Here(list(range(4)), 4, 1, 1 << 20)
+    h.need = {"v.mp4": [(0, 100), (200, 5000), (9000, 9100)], "d.parquet": [(0, 10)]}
+    src = _Src({"v.mp4": [(1000, 1500)]})
+    got = h.widen({"v.mp4": [(250, 300)], "d.parquet": [], "other.mp4": [(5, 9)]}, src)
+    # block [0, 4096): the needed bytes in it, less the cached piece; nothing of [4096, 5000) (the next block),
+    # nothing of the gap [100, 200) no batch needs; files the epoch plan does not name are left as they are
+    assert got == {"v.mp4": [(0, 100), (200, 1000), (1500, 4096)], "d.parquet": [], "other.mp4": [(5, 9)]}
+    assert h.counts["widened"] == 1
+    # a range across a block boundary takes both blocks
+    assert h.widen({"v.mp4": [(4000, 4200)]}, _Src({})) == {"v.mp4": [(0, 100), (200, 5000)]}
+    h.need = None  # no plan (yet, or too large for the cache): the batch's own ranges
+    assert h.widen({"v.mp4": [(250, 300)]}, src) == {"v.mp4": [(250, 300)]}
+
+
+def _dense_run(srv, tmp, name: str, cache_size=None):
+    """The first 4 episodes in EpisodeAwareSampler's order, all their frames (a whole epoch of that query), read
+    pipelined in one process: (batches, video requests, media bytes sent, pipeline stats, the order)."""
+    db = lsql.connect(f"{srv.url}/multifile60", cache_dir=tmp / name, cache_size=cache_size)
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index < 4 ORDER BY index",
+                    delta_timestamps=_delta("plain", db.layout.video_keys), return_uint8=True)
+    order = [int(i) for i in EpisodeAwareSampler(ds, block_size=16, seed=2).order()]
+    mark = len(srv.log)
+    got, video = _read_pipelined(srv, ds, order, batches=2)
+    sent = sum(e[3] for e in _media_requests(srv, mark))
+    return got, video, sent, ds._pipeline.stats(), order
+
+
+def test_a_dense_epoch_is_fetched_in_blocks_not_a_request_per_gop_run(served, datasets, monkeypatch):
+    """Every GOP of a whole epoch is read sometime in it; a request per batch and GOP run (~10-30 KB at 96x128,
+    each ~1 ms of a worker's CPU) made the HTTP client a worker's largest cost. Jobs now widen their requests to
+    the aligned block over bytes the epoch needs: far fewer requests, the same bytes, the same items."""
+    from lerobot_sql import pipeline as pipe
+    srv, tmp = served
+    got, video, sent, st, order = _dense_run(srv, tmp, "wide")
+    monkeypatch.setattr(pipe, "WIDEN", 0)
+    got0, video0, sent0, st0, order0 = _dense_run(srv, tmp, "narrow")
+    assert order == order0 and len(got) == len(got0) > 40
+    assert st["widened"] > 0 and st0["widened"] == 0 and st["failed"] == st0["failed"] == 0, (st, st0)
+    assert 2 * len(video) <= len(video0), (len(video), len(video0))
+    assert sent <= 1.05 * sent0, (sent, sent0)
+    for j in range(0, len(got), 7):
+        _same(torch.utils.data.default_collate(got[j]), torch.utils.data.default_collate(got0[j]), f"batch {j}")
+    local = lsql.connect(datasets / "multifile60").dataset(
+        "SELECT index FROM frames WHERE episode_index < 4 ORDER BY index",
+        delta_timestamps=_delta("plain", ["observation.images.front", "observation.images.wrist"]), return_uint8=True)
+    for j in range(0, len(got), 9):
+        _same(torch.utils.data.default_collate(got[j]),
+              torch.utils.data.default_collate(local.__getitems__(order[16 * j:16 * (j + 1)])), f"batch {j} vs local")
+
+
+def test_no_widening_when_the_epoch_would_not_fit_a_quarter_of_the_cache(served):
+    """Bytes fetched for later batches must still be cached when those come: with a cache under 4x the epoch's
+    bytes the LRU could evict them first (and they would be fetched twice), so jobs keep to their own ranges."""
+    srv, tmp = served
+    _got, video, _sent, st, _order = _dense_run(srv, tmp, "small", cache_size=2 << 20)
+    assert video and st["widened"] == 0 and st["bytes"] > 0 and st["failed"] == 0, st
