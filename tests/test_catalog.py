@@ -135,12 +135,19 @@ def test_declared_shape_mismatch_in_sql_names_info_json(datasets, tmp_path):
     assert not isinstance(e.value, DatasetFormatError)
 
 
+@pytest.mark.parametrize("where", ["local", "http"])
 @pytest.mark.parametrize("damaged", [0, 1])
-def test_a_damaged_data_file_leaves_the_metadata_views_readable(datasets, tmp_path, damaged):
+def test_a_damaged_data_file_leaves_the_metadata_views_readable(datasets, tmp_path, damaged, where, monkeypatch,
+                                                                request):
     """One truncated data file (a partial download) made every view fail at the first query, episodes and tasks
     too. Now connect warns naming it; the metadata views read; every query over frames raises naming the file
-    (never the other files' rows alone: no frame silently missing); items of the intact file's episodes read."""
+    (never the other files' rows alone: no frame silently missing); items of the intact file's episodes read.
+    The same over HTTP (the file damaged on the server): DuckDB reads it through the piece cache."""
+    import contextlib
+
     import numpy as np
+
+    from http_range_server import RangeServer
 
     from lerobot_sql.errors import DatasetFormatError
 
@@ -157,7 +164,12 @@ def test_a_damaged_data_file_leaves_the_metadata_views_readable(datasets, tmp_pa
     want = intact.dataset(episodes=kept[:2], cameras=[])
     (src / rel).write_bytes((src / rel).read_bytes()[:-100])
 
-    db = lsql.connect(src, cache_dir=tmp_path / "c1")
+    stack = contextlib.ExitStack()
+    request.addfinalizer(stack.close)
+    if where == "http":
+        monkeypatch.delenv("LSQL_OFFLINE", raising=False)
+        srv = stack.enter_context(RangeServer(tmp_path))
+    db = lsql.connect(src if where == "local" else f"{srv.url}/src", cache_dir=tmp_path / "c1")
     with pytest.warns(UserWarning, match=rf"1 of 2 data file\(s\) cannot be read as Parquet .*{rel}: every query "
                                          r"over frames raises"):
         assert db.sql("SELECT count(*), sum(length) FROM episodes").fetchall() == [(eps, frames)]
