@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import gc
 import io
-import json
 import math
 import operator
 import os

@@ -70,7 +70,6 @@ def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
         need[str(rel)] = row_group_ranges(md, rgs) + [(size - tail, size)]
     keys = [k for k in db.layout.video_keys if cameras is None or k in cameras]
     ts = manifest["timestamp"].to_numpy().astype(np.float64)
-    fps = db.layout.fps
     # Build the video indexes of all the files first, several at once: each costs a moov fetch (round trips) and
     # a demux (CPU), and the files are independent.
     rels = sorted({str(r) for k in keys for r in manifest[f"{k}/file"].to_pylist() if r is not None})

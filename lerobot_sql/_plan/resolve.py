@@ -14,7 +14,6 @@ each sample came from); both this module's DuckDB join and the pointer path end 
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from typing import Callable
 
