@@ -26,7 +26,8 @@ one request for them, not a second one for the few KB past the first (3.5 reques
 over a multifile60 epoch in EpisodeAwareSampler's order; each costs ~1 ms of a worker's CPU and a round trip).
 
 A job also widens its requests (``_Here.widen``): each grows to the ``WIDEN``-aligned block around it over bytes the
-rest of the epoch needs (the whole order's ranges, planned once per process) and no one has fetched. At 96x128 a GOP
+rest of the epoch needs (the whole order's ranges, planned once by ``ds.pipeline()`` in the main process, which
+opens the video indexes they need four at once; the workers inherit the plan) and no one has fetched. At 96x128 a GOP
 run is 10-30 KB and each request ~1 ms of a worker's CPU in the HTTP client (measured: 0.6-1.0 ms per ranged GET
 through fsspec's aiohttp session on this machine, nearly independent of the size up to ~40 KB), so over a dense
 epoch the requests, not the bytes, were the remote read's largest cost: 476 requests over a multifile60 epoch
@@ -76,6 +77,10 @@ class Pipeline:
             raise TypeError(f"sampler must be the DataLoader's sampler (an iterable of indices), not "
                             f"{type(sampler).__name__}")
         self.sampler, self.batches, self.max_bytes = sampler, int(batches), max_bytes
+        # {file: [start, end) ranges} the whole epoch reads, set by the dataset (LeRobotSQLDataset.pipeline) in the
+        # main process, so that the workers inherit it (or get it pickled) instead of each building it: None = no
+        # widening (local, too large for the cache, or not planned)
+        self.need: dict[str, list[tuple[int, int]]] | None = None
         self._here: _Here | None = None
 
     def __getstate__(self):
@@ -92,7 +97,7 @@ class Pipeline:
             if budget is None:
                 budget = DEFAULT_MAX_BYTES if cache_size is None else min(DEFAULT_MAX_BYTES,
                                                                           cache_size // (4 * workers))
-            h = self._here = _Here(self.sampler, n, workers, max(1, int(budget)))
+            h = self._here = _Here(self.sampler, n, workers, max(1, int(budget)), self.need)
         return h
 
     def after_batch(self, ii: np.ndarray, n: int, ranges: Callable[[np.ndarray], dict], src) -> None:
@@ -111,25 +116,38 @@ class Pipeline:
         return dict(self._here.counts) if self._here is not None and self._here.pid == os.getpid() else {}
 
     def wait(self) -> None:
-        """Block until this process's epoch plan and submitted prefetches are done (tests, benchmarks)."""
+        """Block until this process's submitted prefetches are done (tests, benchmarks)."""
         h = self._here
         if h is not None and h.pid == os.getpid():
-            if h.planning is not None:
-                h.planning.result()
             with h.lock:
                 futs = list(h.futures)
             concurrent.futures.wait(futs)
 
 
+def order_of(sampler, n: int) -> np.ndarray:
+    """The positions (int64, in ``[0, n)``) ``sampler`` yields in one epoch: ``sampler.order()`` when it has it
+    (this package's samplers: no iteration), else its iteration."""
+    order = sampler.order() if callable(getattr(sampler, "order", None)) else \
+        np.fromiter((int(i) for i in sampler), np.int64)
+    return np.asarray(order, np.int64) % max(n, 1)
+
+
+def fits_cache(need: dict[str, list[tuple[int, int]]], cache_size: int | None) -> dict | None:
+    """``need`` (the epoch's ranges per file) when widening over it is safe, else None: its bytes must be at most a
+    quarter of the cache, or widened requests could be evicted before their batches come (and fetched twice)."""
+    total = sum(b - a for rs in need.values() for a, b in rs)
+    if not WIDEN or (cache_size is not None and total > cache_size // 4):
+        return None
+    return {rel: rs for rel, rs in need.items() if rs}
+
+
 class _Here:
     """One process's view: the sampler's order, where each index first occurs, the jobs in flight."""
 
-    def __init__(self, sampler, n: int, workers: int, max_bytes: int):
+    def __init__(self, sampler, n: int, workers: int, max_bytes: int, need: dict | None = None):
         self.pid = os.getpid()
         self.workers, self.max_bytes = workers, max_bytes
-        order = sampler.order() if callable(getattr(sampler, "order", None)) else \
-            np.fromiter((int(i) for i in sampler), np.int64)
-        self.order = np.asarray(order, np.int64) % max(n, 1)
+        self.order = order_of(sampler, n)
         first = np.full(n, -1, np.int64)
         pos = np.arange(len(self.order), dtype=np.int64)
         first[self.order[::-1]] = pos[::-1]  # the first occurrence wins
@@ -141,8 +159,7 @@ class _Here:
         self.fetchers = concurrent.futures.ThreadPoolExecutor(FETCHERS, thread_name_prefix="lsql-pipeline-fetch")
         self.counts = {"batches": 0, "unmatched": 0, "submitted": 0, "over_budget": 0, "late": 0, "failed": 0,
                        "bytes": 0, "widened": 0}
-        self.need: dict[str, list[tuple[int, int]]] | None = None  # the epoch's byte ranges per file (_plan_epoch)
-        self.planning: concurrent.futures.Future | None = None
+        self.need = need  # the epoch's byte ranges per file (Pipeline.need), or None: no widening
 
     def position(self, ii: np.ndarray) -> int | None:
         p = int(self.first[ii[0]])
@@ -178,8 +195,6 @@ class _Here:
             self.counts["unmatched"] += 1
             return
         b, step = len(ii), self.workers * len(ii)
-        if self.planning is None and WIDEN:
-            self.planning = self.fetchers.submit(self._plan_epoch, ranges, src)
         with self.lock:
             for t in [t for t in self.ahead if t <= p]:  # read now (or passed): no longer held ahead
                 del self.ahead[t]
@@ -192,19 +207,6 @@ class _Here:
                 self.futures.add(fut)
                 self.counts["submitted"] += 1
             fut.add_done_callback(self._done)
-
-    def _plan_epoch(self, ranges, src) -> None:
-        """The byte ranges the whole order reads (``self.need``), computed once per process in the background
-        (the jobs wait for it: 20-40 ms over a 13,024-frame epoch, plus opening the video indexes not open yet). Left unset when they would take more than a
-        quarter of the cache (widened requests could then be evicted before their batches come, and fetched twice)."""
-        try:
-            need = ranges(np.unique(self.order))
-        except Exception:  # noqa: BLE001 - best effort: jobs then fetch their own ranges only
-            return
-        total = sum(b - a for rs in need.values() for a, b in rs)
-        cache_size = getattr(src.fs, "cache_size", None)
-        if cache_size is None or total <= cache_size // 4:
-            self.need = {rel: rs for rel, rs in need.items() if rs}
 
     def widen(self, missing: dict[str, list[tuple[int, int]]], src) -> dict[str, list[tuple[int, int]]]:
         """Each missing range grown to the ``WIDEN``-aligned block around it, but only over bytes the epoch's
@@ -250,8 +252,6 @@ class _Here:
                     self.counts["late"] += 1
                     return
             need = ranges(np.concatenate([jj, self.straddling(t, len(jj))]))
-            if self.planning is not None:  # the first jobs wait for the epoch plan (~20-100 ms, once per process)
-                self.planning.result()
             missing = self.widen({rel: src.missing(rel, rs) for rel, rs in need.items()}, src)
             nbytes = sum(b - a for rs in missing.values() for a, b in rs)
             with self.lock:
