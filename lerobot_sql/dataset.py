@@ -917,23 +917,25 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             # asking for every file on its first read (a round trip each, per worker and epoch)
             self._src.describe(sorted({rel for names in self._video_files.values() for rel in names}))
             if not self._src.is_local:
-                self._pipeline.need = self._epoch_need(sampler)
+                self._pipeline.need, self._pipeline.need_of = self._epoch_need(sampler)
         return self
 
-    def _epoch_need(self, sampler) -> dict[str, list[tuple[int, int]]] | None:
+    def _epoch_need(self, sampler) -> tuple[dict[str, list[tuple[int, int]]] | None, str | None]:
         """The byte ranges the sampler's whole epoch reads (:meth:`_byte_ranges` of its positions), for the
-        pipeline's widened requests (:func:`lerobot_sql.pipeline.fits_cache` decides); None when it cannot be
-        planned (a sampler that fails to iterate, a file that fails to open: the items' reads raise).
+        pipeline's widened requests (:func:`lerobot_sql.pipeline.fits_cache` decides), and the key of the positions
+        (:func:`lerobot_sql.pipeline.positions_key`); ``(None, None)`` when it cannot be planned (a sampler that
+        fails to iterate: the DataLoader's own iteration raises, named there).
 
         Built in the main process, once: the workers inherit it. The video indexes it needs are opened first, four
         at once (a remote one is a moov fetch each, and the workers would otherwise each build or load it on
         first use): ~40 ms of CPU for a 13,024-frame epoch besides."""
         if not _pipe.WIDEN:
-            return None
+            return None, None
         try:
-            pos = np.unique(_pipe.order_of(sampler, self._n))
+            order = _pipe.order_of(sampler, self._n)
         except Exception:  # noqa: BLE001 - the sampler's own iteration raises in the DataLoader, named there
-            return None
+            return None, None
+        pos = np.unique(order)
         w = self._w()
 
         def open_one(kc) -> None:
@@ -943,7 +945,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         todo = [(k, int(code)) for k in self._video_keys for code in np.unique(self._c[f"_vfile/{k}"][pos])]
         with concurrent.futures.ThreadPoolExecutor(max(1, min(4, len(todo)))) as pool:
             list(pool.map(open_one, todo))
-        return _pipe.fits_cache(self._byte_ranges(w, pos), getattr(self._src.fs, "cache_size", None))
+        return (_pipe.fits_cache(self._byte_ranges(w, pos), getattr(self._src.fs, "cache_size", None)),
+                _pipe.positions_key(order))
 
     def _warn_outside(self, sampler) -> None:
         """Warn when the pipeline's sampler names positions this dataset does not have (the sampler of another,

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import hashlib
 import os
 import threading
 from typing import Callable
@@ -81,6 +82,7 @@ class Pipeline:
         # main process, so that the workers inherit it (or get it pickled) instead of each building it: None = no
         # widening (local, too large for the cache, or not planned)
         self.need: dict[str, list[tuple[int, int]]] | None = None
+        self.need_of: str | None = None  # positions_key() of the positions it was planned for
         self._here: _Here | None = None
 
     def __getstate__(self):
@@ -97,7 +99,12 @@ class Pipeline:
             if budget is None:
                 budget = DEFAULT_MAX_BYTES if cache_size is None else min(DEFAULT_MAX_BYTES,
                                                                           cache_size // (4 * workers))
-            h = self._here = _Here(self.sampler, n, workers, max(1, int(budget)), self.need)
+            h = self._here = _Here(self.sampler, n, workers, max(1, int(budget)))
+            # The plan holds for the positions it was made for: a sampler whose next epoch draws another set (a
+            # rank's share of a reshuffled order after set_epoch) widens over bytes this rank may not read; then
+            # none (ds.pipeline(sampler) again plans the new set). A reshuffle of the same set keeps it.
+            if self.need is not None and positions_key(h.order) == self.need_of:
+                h.need = self.need
         return h
 
     def after_batch(self, ii: np.ndarray, n: int, ranges: Callable[[np.ndarray], dict], src) -> None:
@@ -132,6 +139,11 @@ def order_of(sampler, n: int) -> np.ndarray:
     return np.asarray(order, np.int64) % max(n, 1)
 
 
+def positions_key(order: np.ndarray) -> str:
+    """A digest of the set of positions in ``order`` (not their order): what an epoch plan was made for."""
+    return hashlib.blake2b(np.unique(order).tobytes(), digest_size=16).hexdigest()
+
+
 def fits_cache(need: dict[str, list[tuple[int, int]]], cache_size: int | None) -> dict | None:
     """``need`` (the epoch's ranges per file) when widening over it is safe, else None: its bytes must be at most a
     quarter of the cache, or widened requests could be evicted before their batches come (and fetched twice)."""
@@ -144,7 +156,7 @@ def fits_cache(need: dict[str, list[tuple[int, int]]], cache_size: int | None) -
 class _Here:
     """One process's view: the sampler's order, where each index first occurs, the jobs in flight."""
 
-    def __init__(self, sampler, n: int, workers: int, max_bytes: int, need: dict | None = None):
+    def __init__(self, sampler, n: int, workers: int, max_bytes: int):
         self.pid = os.getpid()
         self.workers, self.max_bytes = workers, max_bytes
         self.order = order_of(sampler, n)
@@ -159,7 +171,7 @@ class _Here:
         self.fetchers = concurrent.futures.ThreadPoolExecutor(FETCHERS, thread_name_prefix="lsql-pipeline-fetch")
         self.counts = {"batches": 0, "unmatched": 0, "submitted": 0, "over_budget": 0, "late": 0, "failed": 0,
                        "bytes": 0, "widened": 0}
-        self.need = need  # the epoch's byte ranges per file (Pipeline.need), or None: no widening
+        self.need: dict | None = None  # the epoch's byte ranges per file (Pipeline.need), or None: no widening
 
     def position(self, ii: np.ndarray) -> int | None:
         p = int(self.first[ii[0]])

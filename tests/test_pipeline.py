@@ -330,3 +330,36 @@ def test_no_widening_when_the_epoch_would_not_fit_a_quarter_of_the_cache(served)
     srv, tmp = served
     _got, video, _sent, st, _order = _dense_run(srv, tmp, "small", cache_size=2 << 20)
     assert video and st["widened"] == 0 and st["bytes"] > 0 and st["failed"] == 0, st
+
+
+def test_the_epoch_plan_is_dropped_when_the_sampler_draws_another_set(served):
+    """The plan is made for the positions the sampler yields at ``ds.pipeline()``. A next epoch that reshuffles the
+    same set keeps it; one that draws another set (a rank's share after set_epoch) must not widen over bytes of
+    positions it no longer reads: it fetches its own ranges only, until ``ds.pipeline(sampler)`` plans again."""
+    srv, tmp = served
+    db = lsql.connect(f"{srv.url}/multifile60", cache_dir=tmp / "sets")
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index < 4 ORDER BY index",
+                    delta_timestamps=_delta("plain", db.layout.video_keys), return_uint8=True)
+    half = len(ds) // 2
+
+    class Halves:  # epoch 0: the first half of the positions, epoch 1: the second, epoch 2: the first reversed
+        epoch = 0
+
+        def order(self):
+            a = np.arange(half) if self.epoch != 1 else np.arange(half, len(ds))
+            return a[::-1].copy() if self.epoch == 2 else a
+
+        def __iter__(self):
+            return iter(self.order().tolist())
+
+    s = Halves()
+    for epoch, widens in ((1, False), (2, True)):
+        ds.pipeline(s, batches=2)  # planned for epoch 0's set
+        s.epoch = epoch
+        order = s.order().tolist()
+        for j in range(0, 64, 16):
+            ds.__getitems__(order[j:j + 16])
+            ds._pipeline.wait()
+        st = ds._pipeline.stats()
+        assert st["submitted"] > 0 and st["failed"] == 0 and (st["widened"] > 0) == widens, (epoch, st)
+        s.epoch = 0
