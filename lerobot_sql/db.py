@@ -245,7 +245,14 @@ class QueryFace:
             for t, c in self.con.sql("SELECT table_name, column_name FROM duckdb_columns() "
                                      "WHERE NOT internal AND schema_name = 'main' ORDER BY table_name, column_index").fetchall():
                 views.setdefault(t, []).append(c)
-            self._ctx = query.Context(views, dict(self._TABLE_MACROS), dict(macros.MACRO_READS))
+            # DuckDB's own list of the functions that take a lambda, and at which argument: where a 1.x `x -> e`
+            # is a lambda to rewrite (query.rewrite_lambdas); every other `->` is JSON extraction
+            lambda_args: dict[str, set[int]] = {}
+            for name, types in self.con.sql("SELECT function_name, parameter_types FROM duckdb_functions() "
+                                            "WHERE list_contains(parameter_types, 'LAMBDA')").fetchall():
+                lambda_args.setdefault(name.lower(), set()).update(i for i, t in enumerate(types) if t == "LAMBDA")
+            self._ctx = query.Context(views, dict(self._TABLE_MACROS), dict(macros.MACRO_READS),
+                                      {n: frozenset(p) for n, p in lambda_args.items()})
         return self._ctx
 
     def _ensure_video_frames(self) -> None:
