@@ -669,6 +669,8 @@ class Database(QueryFace):
 
         Raises:
             MissingFileError: no ``sql`` and the dataset has no meta/stats.json.
+            DatasetFormatError: no ``sql`` and meta/stats.json is not valid JSON, or a statistic is not numbers or
+                its size does not fit the feature's info.json shape (naming the file, feature and statistic).
             ValueError: the selection is empty.
             QueryError, ResultContractError: as :meth:`manifest`.
         """
@@ -683,8 +685,8 @@ class Database(QueryFace):
                 raise MissingFileError(f"{self.source.path('meta/stats.json')}: this dataset has no meta/stats.json; "
                                        "db.stats('SELECT episode_index FROM episodes') computes them from the data")
             with self.source.open("meta/stats.json") as f:
-                raw = json.load(f)
-            return stats.from_json(raw, self.source.path("meta/stats.json"))
+                text = f.read()
+            return stats.from_json(text, self.source.path("meta/stats.json"), self.layout)
         manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql)
         return self._selection_stats(manifest)
 
