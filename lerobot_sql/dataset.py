@@ -412,10 +412,13 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def meta(self) -> "_meta.SelectionMetadata":
         """What ``LeRobotDatasetMetadata`` answers, for this dataset's selection (:mod:`lerobot_sql.meta`):
         ``info``, ``features``, ``fps``, ``camera_keys``, ``episodes`` (one row per run, positions in this dataset),
-        ``tasks``, ``stats``, totals. Built on first use from meta/episodes (pyarrow, no DuckDB).
+        ``tasks``, ``stats``, totals. Built on first use from meta/episodes (pyarrow, no DuckDB) and the headers of
+        the selection's mp4s (no decoding): a camera whose files all hold another frame size than info.json's gets
+        the files' size in ``features`` / ``shapes``, the size of its items, with a warning.
 
         Raises:
-            DatasetFormatError: meta/episodes cannot be read.
+            DatasetFormatError: meta/episodes cannot be read; an mp4's frames are a decode bomb (a side over 8192,
+                or 64 x info.json's pixel count).
         """
         if self._meta_obj is None:
             from ._format.metadata import read_episodes
@@ -426,12 +429,53 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             self._meta_obj = _meta.SelectionMetadata(
                 self._layout, _meta.episodes_table(source_eps, ep, fr), self._tasks, total_frames=self._n,
                 task_indices=self._c["task_index"], repo_id=self.repo_id, root=self.root, stats_fn=self._stats_fn,
-                cameras=self.camera_keys, owner_pid=self._owner_pid, depth_output_unit=self.depth_output_unit)
+                cameras=self.camera_keys, owner_pid=self._owner_pid, depth_output_unit=self.depth_output_unit,
+                served=self._served_frame_sizes())
         return self._meta_obj
+
+    def _served_frame_sizes(self) -> dict[str, tuple[tuple[int, ...], tuple[int, int]]]:
+        """Video cameras whose mp4s in this selection all hold frames of one size other than info.json's: camera
+        -> (its info.json shape with that size put in, (height, width)). Items carry each file's own size (as
+        lerobot's decoder), so this is what ``meta.features`` / ``meta.shapes`` must say for a policy built from
+        them to take the items.
+
+        Reads each mp4's header (no decoding; a remote file's boxes only, as its index build does), and warns of a
+        file whose size differs from info.json's, as the decoder would (once per file and process). A camera whose
+        files differ among themselves keeps info.json's shape (no one shape is right; the warnings name the files).
+        Missing or unreadable files are left to their items, which raise naming them.
+
+        Raises:
+            DatasetFormatError: a file's frames are a decode bomb (:func:`decode.check_resolution`).
+        """
+        out = {}
+        for k in self._video_keys:
+            axes, declared = _hw_axes(self._layout.features[k]), self._video_declared
+            if axes is None:
+                continue
+            sizes = set()
+            for rel in self._video_files[k]:
+                if self._video_pins.get(rel) is None and self._src.local_path(rel) is not None:
+                    continue  # missing: its items raise MissingFileError
+                try:
+                    with video_index.open_container(self._src, rel, demux_only=True) as c:
+                        cc = c.streams.video[0].codec_context
+                        hw = (int(cc.height), int(cc.width))
+                except (LeRobotSQLError, IndexError):
+                    continue  # unreadable or no video stream: its items raise naming the file
+                decode.check_resolution(self._src.path(rel), hw, k, declared.get(rel, (None, None))[1])
+                sizes.add(hw)
+            if len(sizes) == 1:
+                (hw,) = sizes
+                shape = list(int(x) for x in self._layout.features[k].shape)
+                if (shape[axes[0]], shape[axes[1]]) != hw:
+                    shape[axes[0]], shape[axes[1]] = hw
+                    out[k] = (tuple(shape), hw)
+        return out
 
     @property
     def features(self) -> dict[str, dict]:
-        """info.json's ``features`` for what the items carry (cameras left out with ``cameras=`` are not here)."""
+        """info.json's ``features`` for what the items carry (cameras left out with ``cameras=`` are not here; a
+        camera's shape is its files' frame size when they all disagree with info.json: see :attr:`meta`)."""
         return self.meta.features
 
     @property
@@ -1202,20 +1246,27 @@ def _codes(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
     return enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False).astype(np.int32)
 
 
-def _declared_hw(feature) -> set[tuple[int, int]] | None:
-    """The (height, width) a camera feature's info.json shape allows: [H, W, C] (lerobot's), or [C, H, W] when its
-    names start with a channel, or, without names, when only the first side looks like a channel count (older
-    writers); [H, W] as is; None when the shape says nothing usable (then no check)."""
+def _hw_axes(feature) -> tuple[int, int] | None:
+    """The axes of height and width in a camera feature's info.json shape: [H, W, C] (lerobot's) -> (0, 1), or
+    [C, H, W] when its names start with a channel, or, without names, when only the first side looks like a channel
+    count (older writers) -> (1, 2); [H, W] -> (0, 1); None when the shape says nothing usable."""
     shape = [int(x) for x in feature.shape if isinstance(x, (int, np.integer))]
-    if len(shape) == 2:
-        return {(shape[0], shape[1])}
-    if len(shape) != 3:
+    if len(shape) != len(feature.shape) or len(shape) not in (2, 3):
         return None
+    if len(shape) == 2:
+        return 0, 1
     names = feature.names if isinstance(feature.names, list) else []
     chw = str(names[0]).startswith("channel") if names else shape[0] in (1, 3, 4) and shape[2] not in (1, 3, 4)
-    if chw:
-        return {(shape[1], shape[2])}
-    return {(shape[0], shape[1])}
+    return (1, 2) if chw else (0, 1)
+
+
+def _declared_hw(feature) -> set[tuple[int, int]] | None:
+    """The (height, width) a camera feature's info.json shape allows (axes: :func:`_hw_axes`); None when the shape
+    says nothing usable (then no check)."""
+    axes = _hw_axes(feature)
+    if axes is None:
+        return None
+    return {(int(feature.shape[axes[0]]), int(feature.shape[axes[1]]))}
 
 
 _MM_PER_METRE = 1000.0  # lerobot.datasets.depth_utils.MM_PER_METRE

@@ -245,7 +245,14 @@ class QueryFace:
             for t, c in self.con.sql("SELECT table_name, column_name FROM duckdb_columns() "
                                      "WHERE NOT internal AND schema_name = 'main' ORDER BY table_name, column_index").fetchall():
                 views.setdefault(t, []).append(c)
-            self._ctx = query.Context(views, dict(self._TABLE_MACROS), dict(macros.MACRO_READS))
+            # DuckDB's own list of the functions that take a lambda, and at which argument: where a 1.x `x -> e`
+            # is a lambda to rewrite (query.rewrite_lambdas); every other `->` is JSON extraction
+            lambda_args: dict[str, set[int]] = {}
+            for name, types in self.con.sql("SELECT function_name, parameter_types FROM duckdb_functions() "
+                                            "WHERE list_contains(parameter_types, 'LAMBDA')").fetchall():
+                lambda_args.setdefault(name.lower(), set()).update(i for i, t in enumerate(types) if t == "LAMBDA")
+            self._ctx = query.Context(views, dict(self._TABLE_MACROS), dict(macros.MACRO_READS),
+                                      {n: frozenset(p) for n, p in lambda_args.items()})
         return self._ctx
 
     def _ensure_video_frames(self) -> None:
@@ -662,6 +669,8 @@ class Database(QueryFace):
 
         Raises:
             MissingFileError: no ``sql`` and the dataset has no meta/stats.json.
+            DatasetFormatError: no ``sql`` and meta/stats.json is not valid JSON, or a statistic is not numbers or
+                its size does not fit the feature's info.json shape (naming the file, feature and statistic).
             ValueError: the selection is empty.
             QueryError, ResultContractError: as :meth:`manifest`.
         """
@@ -676,8 +685,8 @@ class Database(QueryFace):
                 raise MissingFileError(f"{self.source.path('meta/stats.json')}: this dataset has no meta/stats.json; "
                                        "db.stats('SELECT episode_index FROM episodes') computes them from the data")
             with self.source.open("meta/stats.json") as f:
-                raw = json.load(f)
-            return stats.from_json(raw, self.source.path("meta/stats.json"))
+                text = f.read()
+            return stats.from_json(text, self.source.path("meta/stats.json"), self.layout)
         manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql)
         return self._selection_stats(manifest)
 

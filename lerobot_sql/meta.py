@@ -7,7 +7,9 @@ episode_indices_to_use=dataset.episodes, ...)``. :class:`SelectionMetadata` desc
 a dataset of its own:
 
 * ``info``, ``features``, ``fps``, ``robot_type``, key lists, ``names``, ``shapes`` come from the source's
-  ``meta/info.json`` (``info``'s totals and ``splits`` are the selection's);
+  ``meta/info.json`` (``info``'s totals and ``splits`` are the selection's), except a video camera whose mp4s all
+  hold frames of another size than info.json declares: its ``shape`` (and ``info.video.height/width``) are the
+  files' size, the size its items have (the dataset warns of the difference);
 * ``episodes`` has one row per **run**: a stretch of consecutive samples of the dataset that are consecutive
   frames of one episode (a whole-episode selection: one run per episode; two windows of one episode: two runs),
   with the source's ``meta/episodes`` columns of that episode (no ``stats/...`` columns, as lerobot loads them),
@@ -110,7 +112,7 @@ class SelectionMetadata:
     def __init__(self, layout: Layout, episodes: pa.Table, tasks: dict[int, str], *, total_frames: int,
                  task_indices: np.ndarray, repo_id: str, root: Path | str,
                  stats_fn: Callable[[], dict] | None, cameras: list[str] | None = None, owner_pid: int | None = None,
-                 depth_output_unit: str = "mm"):
+                 depth_output_unit: str = "mm", served: dict[str, tuple[tuple[int, ...], tuple[int, int]]] | None = None):
         self._layout = layout
         self._depth_output_unit = depth_output_unit
         self.repo_id = repo_id
@@ -133,6 +135,14 @@ class SelectionMetadata:
         for f in info["features"].values():  # lerobot's load_info makes every shape a tuple
             if isinstance(f, dict) and isinstance(f.get("shape"), list):
                 f["shape"] = tuple(f["shape"])
+        # a camera whose mp4s all hold another frame size than info.json's: the items have the files' size, and a
+        # policy built from these features must take the items (the dataset warned of the difference)
+        for k, (shape, (h, w)) in (served or {}).items():
+            if k in info["features"]:
+                info["features"][k]["shape"] = tuple(shape)
+                vinfo = info["features"][k].get("info")
+                if isinstance(vinfo, dict) and "video.height" in vinfo and "video.width" in vinfo:
+                    vinfo["video.height"], vinfo["video.width"] = h, w
         info["total_episodes"] = self._total_episodes
         info["total_frames"] = self._total_frames
         info["total_tasks"] = self._total_tasks
@@ -189,6 +199,8 @@ class SelectionMetadata:
 
     @property
     def shapes(self) -> dict[str, tuple]:
+        """Feature -> its shape as info.json writes it (cameras (H, W, C)), with a camera's H and W the size its
+        items have when all its mp4s disagree with info.json alike (see the module docstring)."""
         return {k: tuple(f["shape"]) for k, f in self.features.items()}
 
     @property

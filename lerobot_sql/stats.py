@@ -27,6 +27,7 @@ without them gets min/max/mean/std/count only.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import TYPE_CHECKING
 
@@ -55,19 +56,72 @@ def numeric_features(layout: Layout) -> list[str]:
     return [k for k, f in layout.features.items() if f.dtype in NUMERIC_DTYPES]
 
 
-def from_json(raw: dict, where: str) -> dict[str, dict[str, np.ndarray]]:
-    """``meta/stats.json`` as lerobot loads it (``cast_stats_to_numpy``: every value through ``np.array``).
+_RECOMPUTE = ("recompute it: ds.meta.stats with stats='selection' (the default) and db.stats(sql) compute statistics "
+              "from the data, and lerobot's compute_stats rewrites the file; or re-download it")
+
+
+def from_json(text: str | bytes, where: str, layout: Layout) -> dict[str, dict[str, np.ndarray]]:
+    """``meta/stats.json`` (its text) as lerobot loads it (``cast_stats_to_numpy``: every value through
+    ``np.array``), checked against info.json's features.
+
+    Each statistic of a numeric feature must hold one number per element of the feature's shape (``(6,)`` for a
+    6-vector, ``(1,)`` for a scalar), a camera's one per channel (``(3, 1, 1)``), ``count`` one. A statistic of
+    another size is refused, not warned of: no normalization is right with it (a 2-value mean of a 6-vector either
+    broadcasts against the wrong elements or fails mid-training). Entries of features info.json does not declare,
+    or without numbers (``string``), are kept unchecked (``ds.meta.stats`` leaves out what the items do not carry).
 
     Raises:
-        DatasetFormatError: the file is not ``{feature: {stat: number or nested list}}``, naming ``where``.
+        DatasetFormatError: naming ``where`` (and the feature and statistic): not valid JSON (with line and column),
+            not ``{feature: {stat: number or nested list}}``, a statistic that is not numbers, or whose number of
+            values does not fit the feature's shape; each with the fix (recompute the statistics).
     """
-    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
-        raise DatasetFormatError(f"{where}: not a JSON object of {{feature: {{stat: values}}}}; re-download it or "
-                                 "recompute it (db.stats(sql) computes statistics from the data)")
     try:
-        return {k: {s: np.array(v) for s, v in st.items()} for k, st in raw.items()}
-    except (TypeError, ValueError) as e:
-        raise DatasetFormatError(f"{where}: a statistic is not a number or a regular nested list ({e})") from e
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        near = e.doc[max(0, e.pos - 40):e.pos + 20]
+        raise DatasetFormatError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}, near "
+                                 f"{near!r}); {_RECOMPUTE}") from e
+    except UnicodeDecodeError as e:
+        raise DatasetFormatError(f"{where}: not UTF-8 text ({e}); {_RECOMPUTE}") from e
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        raise DatasetFormatError(f"{where}: not a JSON object of {{feature: {{stat: values}}}}; {_RECOMPUTE}")
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for key, st in raw.items():
+        out[key] = {}
+        for stat, v in st.items():
+            try:
+                arr = np.array(v)
+            except (TypeError, ValueError) as e:
+                raise DatasetFormatError(f"{where}: {key!r} {stat!r} is not a number or a regular nested list "
+                                         f"({e}); {_RECOMPUTE}") from e
+            if arr.dtype.kind not in "biuf":
+                raise DatasetFormatError(f"{where}: {key!r} {stat!r} is {v!r:.60}, not numbers; {_RECOMPUTE}")
+            sizes = _stat_sizes(layout, key, stat)
+            if sizes is not None and arr.size not in sizes:
+                want = " or ".join(str(n) for n in sorted(sizes))
+                raise DatasetFormatError(
+                    f"{where}: {key!r} {stat!r} has {arr.size} value(s) (shape {list(arr.shape)}) but the feature's "
+                    f"shape {list(layout.features[key].shape)} in meta/info.json needs {want}; the statistics are "
+                    f"of another feature layout (an edited info.json, or stats.json of another dataset): {_RECOMPUTE}")
+            out[key][stat] = arr
+    return out
+
+
+def _stat_sizes(layout: Layout, key: str, stat: str) -> set[int] | None:
+    """How many values statistic ``stat`` of feature ``key`` may hold (None: not checked)."""
+    f = layout.features.get(key)
+    if f is None or not f.shape or not all(isinstance(x, (int, np.integer)) for x in f.shape):
+        return None
+    if stat == "count":
+        return {1}
+    if f.dtype in ("video", "image"):
+        # one per channel: lerobot's (H, W, C), or (C, H, W) as some writers declare it
+        if len(f.shape) != 3:
+            return None
+        return {int(c) for c in (f.shape[-1], f.shape[0]) if c in (1, 3, 4)} or {int(f.shape[-1])}
+    if f.dtype in NUMERIC_DTYPES:
+        return {int(np.prod(f.shape))}
+    return None
 
 
 def selection_stats(con: "duckdb.DuckDBPyConnection", layout: Layout, manifest: pa.Table, *,

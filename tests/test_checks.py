@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pyarrow.parquet as pq
@@ -94,11 +95,45 @@ def test_lambda_1x_syntax_is_rewritten_and_runs(db, episodes_meta):
     assert two == [([11, 22],)]
 
 
-def test_lambda_rewrite_leaves_strings_and_json_alone():
-    assert rewrite_lambdas("SELECT 'a, b -> c' AS s") == "SELECT 'a, b -> c' AS s"
-    assert rewrite_lambdas("SELECT j -> '$.a' FROM t") == "SELECT j -> '$.a' FROM t"
-    assert rewrite_lambdas("SELECT list_filter(x, t -> t > 1)") == "SELECT list_filter(x, lambda t: t > 1)"
-    assert rewrite_lambdas("SELECT f(x, (a, b) -> a + b)") == "SELECT f(x, lambda a, b: a + b)"
+def test_lambda_rewrite_leaves_strings_and_json_alone(db):
+    lambdas = db._context().lambda_args  # DuckDB's own list of the functions taking a lambda
+    assert rewrite_lambdas("SELECT 'a, b -> c' AS s", lambdas) == "SELECT 'a, b -> c' AS s"
+    assert rewrite_lambdas("SELECT j -> '$.a' FROM t", lambdas) == "SELECT j -> '$.a' FROM t"
+    assert rewrite_lambdas("SELECT list_filter(x, t -> t > 1)", lambdas) == "SELECT list_filter(x, lambda t: t > 1)"
+    assert rewrite_lambdas("SELECT list_reduce(x, (a, b) -> a + b)", lambdas) == \
+        "SELECT list_reduce(x, lambda a, b: a + b)"
+    # JSON extraction after a comma, or as an argument of a function that takes no lambda: kept
+    for sql in ("SELECT name, names -> '$[0]' FROM t", "SELECT a, names -> 0 FROM t", "SELECT upper(j -> 'a')",
+                "SELECT list_transform(j -> '$.l', lambda x: x)", "SELECT [1, j -> 0]", "SELECT {'a': 1, 'b': j -> 0}"):
+        assert rewrite_lambdas(sql, lambdas) == sql
+    assert rewrite_lambdas("SELECT invoke(x -> x + 1, 2), list_transform([[1]], l -> list_filter(l, y -> y > 0))",
+                           lambdas) == \
+        "SELECT invoke(lambda x: x + 1, 2), list_transform([[1]], lambda l: list_filter(l, lambda y: y > 0))"
+
+
+def test_json_arrow_on_features_names_is_json_extraction(db, datasets):
+    # features.names is JSON: `->` extracts, also after a comma in the SELECT list (it was rewritten to a lambda)
+    info = json.loads((datasets / "small20" / "meta" / "info.json").read_text())
+    names = {k: f.get("names") for k, f in info["features"].items()}
+    got = db.sql("SELECT name, names -> '$[0]' AS j, names -> 0 AS k, names ->> 0 AS s FROM features").fetchall()
+    assert {r[0] for r in got} == set(names)
+    for name, j, k, s in got:
+        first = names[name][0] if isinstance(names[name], list) and names[name] else None
+        want = None if first is None or isinstance(first, list) else first
+        assert (json.loads(j) if j is not None else None) == want, name
+        assert k == j and s == want, name
+    assert any(j is not None for _, j, _, _ in got)
+
+
+def test_lambda_and_json_arrow_in_one_query(db, episodes_meta):
+    got = db.sql("SELECT e.episode_index, list_transform(e.tasks, t -> upper(t)) AS up, f.names ->> 0 AS first "
+                 "FROM episodes e, features f WHERE f.name = 'action' ORDER BY 1").fetchall()
+    want_first = db.sql("SELECT json_extract_string(names, '$[0]') FROM features WHERE name = 'action'").fetchall()[0][0]
+    assert want_first and [(g[0], g[1], g[2]) for g in got] == \
+        [(r["episode_index"], [t.upper() for t in r["tasks"]], want_first) for r in episodes_meta]
+    two = db.sql("SELECT list_transform([10, 20], (x, i) -> x + i), names -> '$[0]' FROM features "
+                 "WHERE name = 'action'").fetchall()
+    assert two == [([11, 22], json.dumps(want_first))]
 
 
 def test_query_entry_points_check(db):

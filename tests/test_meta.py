@@ -259,3 +259,26 @@ def test_a_depth_image_without_a_recorded_unit_is_returned_as_stored_with_a_warn
     i = ref["items"][2]["index"]
     got = ds[i]["observation.images.depth_m"]
     np.testing.assert_array_equal(got.numpy(), npz[f"metres/{i}/observation.images.depth_m"])  # the stored metres
+
+
+def test_meta_shapes_are_the_items_when_the_mp4s_disagree_with_info_json(sample, tmp_path):
+    """info.json declares the front camera 64x64 but its mp4s are 96x128: items are the files' size (as lerobot's),
+    and so are meta.shapes / ds.features (a policy built from ds.meta must take the items), with the warning."""
+    import shutil
+
+    root = tmp_path / "ds"
+    shutil.copytree(sample, root)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    info["features"]["observation.images.front"]["shape"] = [64, 64, 3]
+    (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
+    ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset("SELECT episode_index FROM episodes WHERE "
+                                                              "episode_index < 2")
+    with pytest.warns(UserWarning, match=r"96x128 \(HxW\) but info.json declares 64x64 \(HxW\)"):
+        meta, item = ds.meta, ds[0]
+    for key in ("observation.images.front", "observation.images.wrist"):
+        c, h, w = item[key].shape
+        assert meta.shapes[key] == ds.features[key]["shape"] == (h, w, c), key
+        assert meta.features[key]["info"]["video.height"] == h and meta.features[key]["info"]["video.width"] == w
+    assert tuple(item["observation.images.front"].shape) == (3, 96, 128)
+    # the rest is info.json's
+    assert meta.shapes["action"] == tuple(info["features"]["action"]["shape"])

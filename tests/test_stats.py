@@ -134,3 +134,47 @@ def test_an_empty_selection_is_an_error(sample, tmp_path):
     db = lsql.connect(sample, cache_dir=tmp_path)
     with pytest.raises(ValueError, match="no rows"):
         db.stats("SELECT index FROM frames WHERE index < 0")
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"action": {"mean": "oops"}', r"not valid JSON \(line 1, column 28: Expecting ',' delimiter"),
+    ('{"action": {"mean": "oops"}}', r"'action' 'mean' is 'oops', not numbers"),
+    ('{"action": {"mean": [1, 2]}}', r"'action' 'mean' has 2 value\(s\) \(shape \[2\]\) but the feature's shape "
+                                     r"\[6\] in meta/info.json needs 6"),
+    ('{"action": {"count": [5, 5]}}', r"'action' 'count' has 2 value\(s\).* needs 1"),
+    ('{"observation.images.front": {"std": [[[0.1]], [[0.2]]]}}', r"'observation.images.front' 'std' has 2 "
+                                                                 r"value\(s\) \(shape \[2, 1, 1\]\).* needs 3"),
+    ('[1, 2]', r"not a JSON object of \{feature: \{stat: values\}\}"),
+])
+def test_a_broken_stats_json_is_a_format_error_naming_the_file_feature_and_stat(sample, tmp_path, text, match):
+    """ds.meta.stats with stats='dataset' (and db.stats()) read meta/stats.json: a file that is no JSON, a statistic
+    that is no numbers, or one whose size does not fit the feature's info.json shape is a DatasetFormatError naming
+    the file, the feature and the statistic, with the fix; never a bare JSONDecodeError or numbers passed on."""
+    import shutil
+
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = tmp_path / "ds"
+    shutil.copytree(sample, root)
+    (root / "meta" / "stats.json").write_text(text)
+    db = lsql.connect(root, cache_dir=tmp_path / "c")
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index < 2", stats="dataset", cameras=[])
+    for read in (lambda: ds.meta.stats, db.stats):
+        with pytest.raises(DatasetFormatError, match=match) as e:
+            read()
+        assert "meta/stats.json" in str(e.value) and "recompute" in str(e.value)
+    # the statistics of the selection (the default) do not read the file
+    assert db.dataset("SELECT episode_index FROM episodes WHERE episode_index < 2",
+                      cameras=[]).meta.stats["action"]["mean"].shape == (6,)
+
+
+@pytest.mark.parametrize("name", ["small20", "depth4", "img5_extras", "multifile60", "h264_20"])
+def test_every_bundled_stats_json_passes_the_shape_check(datasets, tmp_path, name):
+    """The check refuses only what cannot fit: every bundled dataset's stats.json (vectors, scalars, RGB and depth
+    cameras) loads unchanged."""
+    st = lsql.connect(datasets / name, cache_dir=tmp_path).stats()
+    ref = json.loads((datasets / name / "meta" / "stats.json").read_text())
+    assert set(st) == set(ref)
+    for key, stats in ref.items():
+        for s, v in stats.items():
+            np.testing.assert_array_equal(st[key][s], np.asarray(v))

@@ -14,6 +14,7 @@ import logging
 import re
 import sys
 import threading
+from typing import Mapping
 
 import sqlglot
 from sqlglot import exp
@@ -32,6 +33,9 @@ class Context:
             in FROM (the Database passes :data:`lerobot_sql._catalog.macros.TABLE_MACROS`).
         macro_reads: table macro name -> the view its expression arguments are evaluated over
             (:data:`lerobot_sql._catalog.macros.MACRO_READS`).
+        lambda_args: function name (lower case) -> the argument positions DuckDB takes a lambda at (the Database
+            reads them from ``duckdb_functions()``): where a 1.x ``x -> expr`` is a lambda (:func:`rewrite_lambdas`);
+            every other ``->`` is JSON extraction.
 
     The checks take the macros as data, so that this module (SQL text only) never imports the catalog.
     """
@@ -39,6 +43,7 @@ class Context:
     views: dict[str, list[str]]
     table_macros: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     macro_reads: dict[str, str] = dataclasses.field(default_factory=dict)
+    lambda_args: dict[str, frozenset[int]] = dataclasses.field(default_factory=dict)
 
     def public_views(self) -> list[str]:
         return sorted(v for v in self.views if not v.startswith("_"))
@@ -52,18 +57,48 @@ VIDEO_INDEX_NAMES = frozenset({"video_frames", "camera_frames", "nearest_camera_
 
 
 # ---- 1.x list lambdas ---------------------------------------------------------------------------------------------
-def rewrite_lambdas(sql: str) -> str:
+def rewrite_lambdas(sql: str, lambda_args: Mapping[str, frozenset[int]]) -> str:
     """Rewrite DuckDB 1.x list lambdas ``x -> expr`` / ``(x, i) -> expr`` (rejected by DuckDB 2.x) to the 2.x form
-    ``lambda x: expr`` / ``lambda x, i: expr``.
+    ``lambda x: expr`` / ``lambda x, i: expr``, exactly where DuckDB 1.x read ``->`` as a lambda: an argument of a
+    function that takes one, at a position where it takes one.
 
-    Works on sqlglot tokens, so arrows inside string literals and comments are left alone; a ``->`` counts as a
-    lambda only when bare parameter names directly follow ``(`` or ``,`` (a function-argument position). JSON
-    ``col -> '$.a'`` in a SELECT list is not in such a position and is kept.
+    Args:
+        sql: the user's SQL.
+        lambda_args: function name (lower case) -> the 0-based argument positions DuckDB types ``LAMBDA`` (from
+            ``duckdb_functions()``: ``list_transform`` {1}, ``invoke`` {0}, ...; :attr:`Context.lambda_args`).
+
+    Works on sqlglot tokens, so arrows inside string literals and comments are left alone. Every other ``->`` is
+    DuckDB's JSON extraction and is kept: ``names -> '$[0]'`` in a SELECT list, ``upper(j -> 'a')``, or an arrow in
+    a lambda function's list argument (``list_transform(j -> '$.l', lambda x: x)``).
     """
     try:
         toks = sqlglot.tokenize(sql, read="duckdb")
     except sqlglot.errors.TokenError:
         return sql  # _parse reports the real problem
+    # For each token, the call it is an argument of: (function name, argument position), or None outside a call.
+    # Brackets and braces nest like parentheses so that the commas of a list or struct literal are not argument
+    # separators.
+    opens = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE}
+    closes = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE}
+    stack: list[list] = []  # [function name or None, argument position]
+    enclosing: list[tuple[str, int] | None] = []
+    for i, t in enumerate(toks):
+        top = stack[-1] if stack else None
+        enclosing.append((top[0], top[1]) if top and top[0] is not None else None)
+        if t.token_type in opens:
+            fn = toks[i - 1].text.lower() if t.token_type == TokenType.L_PAREN and i > 0 else None
+            stack.append([fn, 0])
+        elif t.token_type in closes and stack:
+            stack.pop()
+        elif t.token_type == TokenType.COMMA and top is not None:
+            top[1] += 1
+
+    def lambda_position(k: int) -> bool:  # token k starts an argument that DuckDB reads as a lambda
+        if k - 1 < 0 or toks[k - 1].token_type not in (TokenType.L_PAREN, TokenType.COMMA):
+            return False
+        call = enclosing[k]
+        return call is not None and call[1] in lambda_args.get(call[0], ())
+
     edits: list[tuple[int, int, str]] = []
     for i, t in enumerate(toks):
         if t.token_type != TokenType.ARROW:
@@ -78,15 +113,12 @@ def rewrite_lambdas(sql: str) -> str:
                 else:
                     k -= 1
                     break
-            if not names or k < 0 or toks[k].token_type != TokenType.L_PAREN:
-                continue
-            # the '(' of the parameter list must itself sit in an argument position
-            if k - 1 < 0 or toks[k - 1].token_type not in (TokenType.L_PAREN, TokenType.COMMA):
+            if not names or k < 0 or toks[k].token_type != TokenType.L_PAREN or not lambda_position(k):
                 continue
             start = toks[k].start
             params = ", ".join(reversed(names))
         elif j >= 0 and toks[j].token_type == TokenType.VAR:
-            if j - 1 < 0 or toks[j - 1].token_type not in (TokenType.L_PAREN, TokenType.COMMA):
+            if not lambda_position(j):
                 continue
             start, params = toks[j].start, toks[j].text
         else:
@@ -443,7 +475,7 @@ def check_sql(sql: str, ctx: Context) -> CheckedQuery:
             names and the fix.
     """
     check_size(sql)
-    sql = rewrite_lambdas(sql)
+    sql = rewrite_lambdas(sql, ctx.lambda_args)
     with _deep_recursion():
         try:
             tree = _parse(sql)

@@ -236,9 +236,11 @@ def _coerce_type(ptype: str, value: Any, bad) -> Any:
 
 
 def _check_expr(value: str, bad) -> None:
-    from .checks import parse_error, rewrite_lambdas
+    from .checks import parse_error
 
-    sql = f"SELECT {rewrite_lambdas(value)}"
+    # sqlglot reads 1.x lambdas (`x -> e`) as well as 2.x ones; the query the expression is rendered into is
+    # rewritten for DuckDB by check_sql when it runs
+    sql = f"SELECT {value}"
     try:
         trees = sqlglot.parse(sql, read="duckdb")
     except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
