@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import functools
 import signal
 import threading
 from pathlib import Path
@@ -209,6 +210,24 @@ class Result:
         return self._call(lambda: self._rel.limit(50).df().to_html(max_rows=50))
 
 
+_LAMBDA_ARGS: dict[str, frozenset[int]] | None = None
+
+
+def _lambda_args(con: duckdb.DuckDBPyConnection) -> dict[str, frozenset[int]]:
+    """DuckDB's own list of the functions that take a lambda, and at which argument positions: where a 1.x
+    ``x -> e`` is a lambda to rewrite (query.rewrite_lambdas); every other ``->`` is JSON extraction. Read once per
+    process (~25 ms: the same for every connection of this DuckDB build; users cannot define functions), and only
+    when a query has a ``->``."""
+    global _LAMBDA_ARGS
+    if _LAMBDA_ARGS is None:
+        args: dict[str, set[int]] = {}
+        for name, types in con.sql("SELECT function_name, parameter_types FROM duckdb_functions() "
+                                   "WHERE list_contains(parameter_types, 'LAMBDA')").fetchall():
+            args.setdefault(name.lower(), set()).update(i for i, t in enumerate(types) if t == "LAMBDA")
+        _LAMBDA_ARGS = {n: frozenset(p) for n, p in args.items()}
+    return _LAMBDA_ARGS
+
+
 class QueryFace:
     """The SQL face both a :class:`Database` and a collection (:class:`lerobot_sql.collection.Collection`) offer:
     the checks, ``sql``, ``check``, ``views``, the lazily built video views. Needs ``_connection`` (a
@@ -245,14 +264,8 @@ class QueryFace:
             for t, c in self.con.sql("SELECT table_name, column_name FROM duckdb_columns() "
                                      "WHERE NOT internal AND schema_name = 'main' ORDER BY table_name, column_index").fetchall():
                 views.setdefault(t, []).append(c)
-            # DuckDB's own list of the functions that take a lambda, and at which argument: where a 1.x `x -> e`
-            # is a lambda to rewrite (query.rewrite_lambdas); every other `->` is JSON extraction
-            lambda_args: dict[str, set[int]] = {}
-            for name, types in self.con.sql("SELECT function_name, parameter_types FROM duckdb_functions() "
-                                            "WHERE list_contains(parameter_types, 'LAMBDA')").fetchall():
-                lambda_args.setdefault(name.lower(), set()).update(i for i, t in enumerate(types) if t == "LAMBDA")
             self._ctx = query.Context(views, dict(self._TABLE_MACROS), dict(macros.MACRO_READS),
-                                      {n: frozenset(p) for n, p in lambda_args.items()})
+                                      functools.partial(_lambda_args, self.con))
         return self._ctx
 
     def _ensure_video_frames(self) -> None:

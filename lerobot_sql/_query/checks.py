@@ -14,7 +14,7 @@ import logging
 import re
 import sys
 import threading
-from typing import Mapping
+from typing import Callable, Mapping
 
 import sqlglot
 from sqlglot import exp
@@ -33,9 +33,10 @@ class Context:
             in FROM (the Database passes :data:`lerobot_sql._catalog.macros.TABLE_MACROS`).
         macro_reads: table macro name -> the view its expression arguments are evaluated over
             (:data:`lerobot_sql._catalog.macros.MACRO_READS`).
-        lambda_args: function name (lower case) -> the argument positions DuckDB takes a lambda at (the Database
-            reads them from ``duckdb_functions()``): where a 1.x ``x -> expr`` is a lambda (:func:`rewrite_lambdas`);
-            every other ``->`` is JSON extraction.
+        lambda_args: a function giving, per function name (lower case), the argument positions DuckDB takes a
+            lambda at (the Database reads them from ``duckdb_functions()``, once per process, and only for a query
+            with a ``->``): where a 1.x ``x -> expr`` is a lambda (:func:`rewrite_lambdas`); every other ``->`` is
+            JSON extraction.
 
     The checks take the macros as data, so that this module (SQL text only) never imports the catalog.
     """
@@ -43,7 +44,7 @@ class Context:
     views: dict[str, list[str]]
     table_macros: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     macro_reads: dict[str, str] = dataclasses.field(default_factory=dict)
-    lambda_args: dict[str, frozenset[int]] = dataclasses.field(default_factory=dict)
+    lambda_args: Callable[[], Mapping[str, frozenset[int]]] = dict
 
     def public_views(self) -> list[str]:
         return sorted(v for v in self.views if not v.startswith("_"))
@@ -57,7 +58,8 @@ VIDEO_INDEX_NAMES = frozenset({"video_frames", "camera_frames", "nearest_camera_
 
 
 # ---- 1.x list lambdas ---------------------------------------------------------------------------------------------
-def rewrite_lambdas(sql: str, lambda_args: Mapping[str, frozenset[int]]) -> str:
+def rewrite_lambdas(sql: str, lambda_args: Mapping[str, frozenset[int]] | Callable[[], Mapping[str, frozenset[int]]]
+                    ) -> str:
     """Rewrite DuckDB 1.x list lambdas ``x -> expr`` / ``(x, i) -> expr`` (rejected by DuckDB 2.x) to the 2.x form
     ``lambda x: expr`` / ``lambda x, i: expr``, exactly where DuckDB 1.x read ``->`` as a lambda: an argument of a
     function that takes one, at a position where it takes one.
@@ -65,7 +67,8 @@ def rewrite_lambdas(sql: str, lambda_args: Mapping[str, frozenset[int]]) -> str:
     Args:
         sql: the user's SQL.
         lambda_args: function name (lower case) -> the 0-based argument positions DuckDB types ``LAMBDA`` (from
-            ``duckdb_functions()``: ``list_transform`` {1}, ``invoke`` {0}, ...; :attr:`Context.lambda_args`).
+            ``duckdb_functions()``: ``list_transform`` {1}, ``invoke`` {0}, ...; :attr:`Context.lambda_args`), or a
+            function giving it, called only when the SQL has a ``->``.
 
     Works on sqlglot tokens, so arrows inside string literals and comments are left alone. Every other ``->`` is
     DuckDB's JSON extraction and is kept: ``names -> '$[0]'`` in a SELECT list, ``upper(j -> 'a')``, or an arrow in
@@ -75,6 +78,10 @@ def rewrite_lambdas(sql: str, lambda_args: Mapping[str, frozenset[int]]) -> str:
         toks = sqlglot.tokenize(sql, read="duckdb")
     except sqlglot.errors.TokenError:
         return sql  # _parse reports the real problem
+    if not any(t.token_type == TokenType.ARROW for t in toks):
+        return sql
+    if callable(lambda_args):
+        lambda_args = lambda_args()
     # For each token, the call it is an argument of: (function name, argument position), or None outside a call.
     # Brackets and braces nest like parentheses so that the commas of a list or struct literal are not argument
     # separators.
