@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
-import functools
 import signal
 import threading
 from pathlib import Path
