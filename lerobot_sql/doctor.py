@@ -43,6 +43,9 @@ CHECKS: tuple[Spec, ...] = (
     Spec("index_contiguous", "rewrite the data files' `index` as 0..n-1 (lerobot's writer does), or fix total_frames"),
     Spec("frame_index_contiguous", "frame_index must restart at 0 in each episode and timestamp equal "
          "frame_index / fps; rewrite the episode's rows", params=("tolerance_s",)),
+    Spec("data_rows_in_index_order", "rewrite the named data files with their rows sorted by `index`, as lerobot "
+         "writes them (e.g. pq.write_table(pq.read_table(path).sort_by('index'), path)): neighbours "
+         "(delta_timestamps) and exports read rows by position, so dataset() refuses these episodes"),
     Spec("episode_ranges", "recompute length, dataset_from_index and dataset_to_index from the data files; "
          "lerobot_sql reads rows by episode_index, but lerobot trusts these ranges"),
     Spec("data_file_pointers", "rewrite data/chunk_index and data/file_index in meta/episodes from the file holding "

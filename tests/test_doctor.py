@@ -57,7 +57,8 @@ def test_clean_datasets_pass(name):
     assert report.ok and not _failed(report), report.to_text()
     ran = {c.name for c in report.checks if not c.skipped}
     assert {"episode_index_contiguous", "index_contiguous", "episode_ranges", "data_file_pointers", "tasks_exist",
-            "stats_present", "frame_index_contiguous", "data_files_present", "data_files_decode"} <= ran
+            "stats_present", "frame_index_contiguous", "data_files_present", "data_files_decode",
+            "data_rows_in_index_order"} <= ran
     if name != "img5_extras":
         assert {"video_files_present", "video_segments", "video_segment_frames", "video_frame_pts",
                 "video_files_complete"} <= ran
@@ -117,6 +118,45 @@ def test_frame_index_wrong(datasets, tmp_path):
     c = _run(root, check_video=False)["frame_index_contiguous"]
     assert not c.ok and c.n_violations == 1
     assert (c.sample[0]["index"], c.sample[0]["frame_index"], c.sample[0]["expected_frame_index"]) == (100, 5, 100)
+
+
+@pytest.mark.parametrize("how", ["swap", "all"])
+def test_rows_out_of_index_order_are_named(datasets, tmp_path, how):
+    """Two adjacent rows of episode 3 swapped (frames 10 and 11), or every row of the file shuffled (each row keeps
+    its index, frame_index, timestamp): dataset() refuses the episode (neighbours are read by position), its error
+    sends the user here, and doctor passed both. Now data_rows_in_index_order names the file, the rows and their
+    episodes, and is the only check that fails."""
+    root = _copy(datasets, tmp_path, "small20")
+    rng = np.random.default_rng(0)
+
+    def reorder(t):
+        ep = t["episode_index"].to_numpy()
+        perm = np.arange(t.num_rows)
+        if how == "swap":
+            j = int(np.flatnonzero(ep == 3)[10])
+            perm[j], perm[j + 1] = perm[j + 1], perm[j]
+        else:
+            perm = rng.permutation(t.num_rows)
+        return t.take(pa.array(perm))
+
+    _edit_parquet(root / DATA, reorder)
+    report = _run(root)
+    assert not report.ok and _failed(report) == {"data_rows_in_index_order"}, report.to_text()
+    c = report["data_rows_in_index_order"]
+    idx = pq.read_table(root / DATA, columns=["index"])["index"].to_numpy()
+    later = np.flatnonzero(idx[1:] <= idx[:-1]) + 1  # rows whose index is not above the row before
+    assert c.n_violations == len(later)
+    assert [r["row"] for r in c.sample] == later[:doctor.SAMPLE_ROWS].tolist()
+    assert all(r["data_file"] == DATA for r in c.sample)
+    assert [(r["index"], r["previous_index"]) for r in c.sample] == \
+        [(int(idx[r]), int(idx[r - 1])) for r in later[:doctor.SAMPLE_ROWS]]
+    if how == "swap":
+        lo = pq.read_table(root / EPISODES, columns=["dataset_from_index"])[0][3].as_py()
+        assert c.sample == [{"data_file": DATA, "row": lo + 11, "index": lo + 10, "previous_index": lo + 11,
+                             "episode_index": 3, "previous_episode_index": 3,
+                             "problem": f"row {lo + 11} holds index {lo + 10} (episode 3) after index {lo + 11} "
+                                        "(episode 3) in the row before"}]
+    assert "sorted by `index`" in c.hint and "FAIL data_rows_in_index_order" in report.to_text()
 
 
 def test_scrambled_index_ranges(datasets, tmp_path):
