@@ -291,6 +291,29 @@ def refused_report(dataset: str, error: Exception, tolerance_s: float = 1e-4) ->
         "meta/info.json passes validation (types, ranges, path templates)")])
 
 
+def _no_data_file_reads(db, error: Exception, tolerance_s: float) -> Report | None:
+    """The report when the views cannot be built because no data file reads (a one-file dataset whose file is
+    truncated): ``data_files_decode`` names every damaged file (pyarrow, no view needed) and every other check is
+    reported as not run, saying why. None when ``error`` is not about a damaged data file (the caller reports
+    ``metadata_readable``). With one readable data file the views are built and every check runs."""
+    if not isinstance(error, DatasetFormatError) or "cannot be read as Parquet" not in str(error):
+        return None
+    bad = _undecodable(db)
+    if not any(str(db.source.path(r["path"])) in str(error) for r in bad):
+        return None  # the file named is a metadata file
+    why = "not run: no data file can be read (see data_files_decode), so no view of the dataset can be built"
+    checks = []
+    for spec in CHECKS:
+        nq = library.load(f"doctor/{spec.name}")
+        if spec.name == "data_files_decode":
+            checks.append(Check(spec.name, False, len(bad), bad[:SAMPLE_ROWS], spec.hint, spec.severity,
+                                nq.description))
+        else:
+            checks.append(Check(spec.name, True, 0, [], spec.hint, spec.severity, nq.description, why))
+    checks.append(Check(DECODE.name, True, 0, [], DECODE.hint, DECODE.severity, DECODE_DESCRIPTION, why))
+    return Report(db.source.url, db.layout.version, float(tolerance_s), checks)
+
+
 def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool = False,
         progress: bool | None = None) -> Report:
     """Run every check on ``db`` (a :class:`lerobot_sql.Database`) and return the :class:`Report`.
@@ -312,6 +335,9 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
     try:  # the views read meta/episodes, tasks and every data footer: an unreadable one stops every check
         db.con
     except LeRobotSQLError as e:
+        damaged = _no_data_file_reads(db, e, tolerance_s)
+        if damaged is not None:
+            return damaged
         return Report(db.source.url, db.layout.version, float(tolerance_s), [Check(
             "metadata_readable", False, 1, [{"error": f"{type(e).__name__}: {e}"}],
             "re-download the named file; no other check can run until the metadata and data footers read",

@@ -623,6 +623,31 @@ def test_a_damaged_data_file_is_named_and_the_other_checks_still_run(datasets, t
         assert report[name].ok and not report[name].skipped, name
 
 
+@pytest.mark.parametrize("name", ["small20", "multifile60"])
+def test_every_data_file_damaged_is_named_by_data_files_decode(datasets, tmp_path, name):
+    """Every data file truncated (small20 has one): no view can be built, and doctor reported only
+    metadata_readable ("re-download the named file; no other check can run"), unlike the two-file case. Now
+    data_files_decode names each file (its footer: row_group None) and every other check is reported as not run,
+    saying why; a truncated metadata file still gives metadata_readable."""
+    root = _copy(datasets, tmp_path, name)
+    files = sorted(p.relative_to(root).as_posix() for p in (root / "data").rglob("*.parquet"))
+    for rel in files:
+        (root / rel).write_bytes((root / rel).read_bytes()[:-100])
+    report = _run(root)
+    assert not report.ok and _failed(report) == {"data_files_decode"}, report.to_text()
+    c = report["data_files_decode"]
+    assert [(r["path"], r["row_group"]) for r in c.sample] == [(rel, None) for rel in files]
+    assert [s.name for s in doctor.CHECKS] + [doctor.DECODE.name] == [c.name for c in report.checks]
+    for check in report.checks:
+        if check.name != "data_files_decode":
+            assert check.skipped and "no data file can be read (see data_files_decode)" in check.skipped, check.name
+    text = report.to_text()
+    assert "FAIL data_files_decode: " in text and files[0] in text
+    meta = _copy(datasets, tmp_path / "meta", name)
+    (meta / EPISODES).write_bytes((meta / EPISODES).read_bytes()[:-100])
+    assert _failed(_run(meta)) == {"metadata_readable"}
+
+
 # ---- decode=True: every frame of every mp4 decoded (video_files_decode) -------------------------------------------
 DEPTH_MP4 = "videos/observation.images.depth/chunk-000/file-000.mp4"
 FRONT_MP4 = "videos/observation.images.front/chunk-000/file-000.mp4"
