@@ -56,7 +56,10 @@ CHECKS: tuple[Spec, ...] = (
          "are the dataset's own): they are not read as frames, but tools that read data/ whole take them in",
          severity="warning"),
     Spec("data_files_decode", "re-download the named data files: a page does not decode (damaged or partial copy)"),
-    Spec("tasks_exist", "add the missing tasks to meta/tasks.parquet (tasks.jsonl for v2.x) or fix task_index"),
+    Spec("tasks_exist", "add the missing tasks to meta/tasks.parquet (tasks.jsonl for v2.x) or fix task_index; "
+         "for the count row, fix total_tasks in info.json"),
+    Spec("feature_names", "give the feature one name per element in meta/info.json's 'names' (or null): frames_ext "
+         "names no element of it, and tools that label elements by these names mislabel them", severity="warning"),
     Spec("stats_present", "recompute per-episode statistics (lerobot's compute_episode_stats); normalisation needs "
          "them"),
     Spec("video_pointers_present", "restore the videos/<key>/chunk_index, file_index, from_timestamp and "

@@ -58,7 +58,7 @@ def test_clean_datasets_pass(name):
     ran = {c.name for c in report.checks if not c.skipped}
     assert {"episode_index_contiguous", "index_contiguous", "episode_ranges", "data_file_pointers", "tasks_exist",
             "stats_present", "frame_index_contiguous", "data_files_present", "data_files_decode",
-            "data_rows_in_index_order"} <= ran
+            "data_rows_in_index_order", "feature_names"} <= ran
     if name != "img5_extras":
         assert {"video_files_present", "video_segments", "video_segment_frames", "video_frame_pts",
                 "video_files_complete"} <= ran
@@ -213,6 +213,38 @@ def test_missing_task(datasets, tmp_path):
     by_source = {r["source"]: r for r in c.sample}
     assert by_source["frames"]["task_index"] == lost["task_index"] and by_source["frames"]["n_frames"] == n_frames
     assert by_source["episodes"]["task"] == lost["__index_level_0__"]
+
+
+def test_total_tasks_and_feature_names_that_disagree_are_named(datasets, tmp_path):
+    """info.json total_tasks 3 for 7 tasks, and observation.state's names listing 2 names for shape [6]: doctor
+    passed both (wrong total_frames / total_episodes were caught). Now tasks_exist fails with the count row, and
+    feature_names (a warning: items are unaffected, frames_ext names no element) names the feature and both sizes;
+    names in a one-key dict or a nested list, one per element, pass."""
+    root = _copy(datasets, tmp_path, "small20")
+    info = json.loads((root / "meta/info.json").read_text())
+    n_tasks = pq.read_metadata(root / "meta/tasks.parquet").num_rows
+    assert info["total_tasks"] == n_tasks == 7
+    six = info["features"]["action"]["names"]
+    info["total_tasks"] = 3
+    info["features"]["observation.state"]["names"] = ["a", "b"]
+    info["features"]["action"]["names"] = {"motors": six}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    report = _run(root)
+    assert not report.ok and _failed(report) == {"tasks_exist", "feature_names"}, report.to_text()
+    assert report["tasks_exist"].sample == [{"source": "info", "task_index": None, "task": None, "n_frames": None,
+                                             "first_episode": None,
+                                             "problem": "info.json total_tasks is 3 but the tasks table has 7 tasks"}]
+    assert "total_tasks" in report["tasks_exist"].hint
+    c = report["feature_names"]
+    assert c.severity == "warning" and c.n_violations == 1
+    row = c.sample[0]
+    assert (row["name"], row["shape"], row["n_names"]) == ("observation.state", [6], 2)
+    assert row["problem"] == "names lists 2 name(s) for 6 elements"
+    info["features"]["observation.state"]["names"] = [six]
+    info["total_tasks"] = 7
+    (root / "meta/info.json").write_text(json.dumps(info))
+    report = _run(root)
+    assert report.ok and not _failed(report), report.to_text()
 
 
 def test_missing_stats(datasets, tmp_path):
