@@ -43,6 +43,9 @@ CHECKS: tuple[Spec, ...] = (
     Spec("index_contiguous", "rewrite the data files' `index` as 0..n-1 (lerobot's writer does), or fix total_frames"),
     Spec("frame_index_contiguous", "frame_index must restart at 0 in each episode and timestamp equal "
          "frame_index / fps; rewrite the episode's rows", params=("tolerance_s",)),
+    Spec("data_rows_in_index_order", "rewrite the named data files with their rows sorted by `index`, as lerobot "
+         "writes them (e.g. pq.write_table(pq.read_table(path).sort_by('index'), path)): neighbours "
+         "(delta_timestamps) and exports read rows by position, so dataset() refuses these episodes"),
     Spec("episode_ranges", "recompute length, dataset_from_index and dataset_to_index from the data files; "
          "lerobot_sql reads rows by episode_index, but lerobot trusts these ranges"),
     Spec("data_file_pointers", "rewrite data/chunk_index and data/file_index in meta/episodes from the file holding "
@@ -53,7 +56,10 @@ CHECKS: tuple[Spec, ...] = (
          "are the dataset's own): they are not read as frames, but tools that read data/ whole take them in",
          severity="warning"),
     Spec("data_files_decode", "re-download the named data files: a page does not decode (damaged or partial copy)"),
-    Spec("tasks_exist", "add the missing tasks to meta/tasks.parquet (tasks.jsonl for v2.x) or fix task_index"),
+    Spec("tasks_exist", "add the missing tasks to meta/tasks.parquet (tasks.jsonl for v2.x) or fix task_index; "
+         "for the count row, fix total_tasks in info.json"),
+    Spec("feature_names", "give the feature one name per element in meta/info.json's 'names' (or null): frames_ext "
+         "names no element of it, and tools that label elements by these names mislabel them", severity="warning"),
     Spec("stats_present", "recompute per-episode statistics (lerobot's compute_episode_stats); normalisation needs "
          "them"),
     Spec("video_pointers_present", "restore the videos/<key>/chunk_index, file_index, from_timestamp and "
@@ -288,6 +294,29 @@ def refused_report(dataset: str, error: Exception, tolerance_s: float = 1e-4) ->
         "meta/info.json passes validation (types, ranges, path templates)")])
 
 
+def _no_data_file_reads(db, error: Exception, tolerance_s: float) -> Report | None:
+    """The report when the views cannot be built because no data file reads (a one-file dataset whose file is
+    truncated): ``data_files_decode`` names every damaged file (pyarrow, no view needed) and every other check is
+    reported as not run, saying why. None when ``error`` is not about a damaged data file (the caller reports
+    ``metadata_readable``). With one readable data file the views are built and every check runs."""
+    if not isinstance(error, DatasetFormatError) or "cannot be read as Parquet" not in str(error):
+        return None
+    bad = _undecodable(db)
+    if not any(str(db.source.path(r["path"])) in str(error) for r in bad):
+        return None  # the file named is a metadata file
+    why = "not run: no data file can be read (see data_files_decode), so no view of the dataset can be built"
+    checks = []
+    for spec in CHECKS:
+        nq = library.load(f"doctor/{spec.name}")
+        if spec.name == "data_files_decode":
+            checks.append(Check(spec.name, False, len(bad), bad[:SAMPLE_ROWS], spec.hint, spec.severity,
+                                nq.description))
+        else:
+            checks.append(Check(spec.name, True, 0, [], spec.hint, spec.severity, nq.description, why))
+    checks.append(Check(DECODE.name, True, 0, [], DECODE.hint, DECODE.severity, DECODE_DESCRIPTION, why))
+    return Report(db.source.url, db.layout.version, float(tolerance_s), checks)
+
+
 def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool = False,
         progress: bool | None = None) -> Report:
     """Run every check on ``db`` (a :class:`lerobot_sql.Database`) and return the :class:`Report`.
@@ -309,6 +338,9 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
     try:  # the views read meta/episodes, tasks and every data footer: an unreadable one stops every check
         db.con
     except LeRobotSQLError as e:
+        damaged = _no_data_file_reads(db, e, tolerance_s)
+        if damaged is not None:
+            return damaged
         return Report(db.source.url, db.layout.version, float(tolerance_s), [Check(
             "metadata_readable", False, 1, [{"error": f"{type(e).__name__}: {e}"}],
             "re-download the named file; no other check can run until the metadata and data footers read",

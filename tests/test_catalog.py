@@ -228,3 +228,30 @@ def test_info_json_and_data_columns_that_disagree_warn(datasets, tmp_path):
     with warnings.catch_warnings():  # the sample as written: neither
         warnings.simplefilter("error")
         lsql.connect(datasets / "small20", cache_dir=tmp_path / "c2").sql("SELECT count(*) FROM frames").fetchall()
+
+
+def test_frames_ext_says_why_a_features_names_give_no_columns_once(datasets, tmp_path):
+    """observation.state's names listing 2 names for shape [6]: frames_ext left its named columns out without a
+    word; action's names all 'j' (6 times): the warning said "'action.j' is claimed by ..." six times. Now one
+    warning names the feature and both sizes, and the clash is said once, listing the six elements; the elements
+    read as "F"[i], equal to the data file's values."""
+    src = tmp_path / "src"
+    shutil.copytree(datasets / "small20", src, ignore=shutil.ignore_patterns("videos"))
+    info = json.loads((src / "meta/info.json").read_text())
+    info["features"]["observation.state"]["names"] = ["a", "b"]
+    info["features"]["action"]["names"] = ["j"] * 6
+    (src / "meta/info.json").write_text(json.dumps(info))
+    db = lsql.connect(src, cache_dir=tmp_path / "cache")
+    with pytest.warns(UserWarning) as rec:
+        cols = db.sql("SELECT * FROM frames_ext LIMIT 0").columns
+    msgs = [str(w.message) for w in rec if "frames_ext" in str(w.message)]
+    assert len(msgs) == 2, msgs
+    assert "'observation.state' lists 2 name(s) for its 6 elements (shape [6])" in msgs[0]
+    assert "feature_names" in msgs[0] and "no named element columns" in msgs[0]
+    assert msgs[1].count("claimed by") == 1 and "1 column name(s)" in msgs[1]
+    assert "'action.j' is claimed by elements 1, 2, 3, 4, 5, 6 of 'action'." in msgs[1]
+    assert not [c for c in cols if c.startswith(("observation.state.", "action.")) and
+                not c.endswith((".delta", ".velocity", ".speed"))]
+    got = db.sql('SELECT "observation.state"[6], action[1] FROM frames ORDER BY index LIMIT 1').fetchall()[0]
+    t = pq.read_table(datasets / "small20" / "data/chunk-000/file-000.parquet").slice(0, 1)
+    assert got == pytest.approx((t["observation.state"][0].as_py()[5], t["action"][0].as_py()[0]))

@@ -57,7 +57,8 @@ def test_clean_datasets_pass(name):
     assert report.ok and not _failed(report), report.to_text()
     ran = {c.name for c in report.checks if not c.skipped}
     assert {"episode_index_contiguous", "index_contiguous", "episode_ranges", "data_file_pointers", "tasks_exist",
-            "stats_present", "frame_index_contiguous", "data_files_present", "data_files_decode"} <= ran
+            "stats_present", "frame_index_contiguous", "data_files_present", "data_files_decode",
+            "data_rows_in_index_order", "feature_names"} <= ran
     if name != "img5_extras":
         assert {"video_files_present", "video_segments", "video_segment_frames", "video_frame_pts",
                 "video_files_complete"} <= ran
@@ -119,6 +120,45 @@ def test_frame_index_wrong(datasets, tmp_path):
     assert (c.sample[0]["index"], c.sample[0]["frame_index"], c.sample[0]["expected_frame_index"]) == (100, 5, 100)
 
 
+@pytest.mark.parametrize("how", ["swap", "all"])
+def test_rows_out_of_index_order_are_named(datasets, tmp_path, how):
+    """Two adjacent rows of episode 3 swapped (frames 10 and 11), or every row of the file shuffled (each row keeps
+    its index, frame_index, timestamp): dataset() refuses the episode (neighbours are read by position), its error
+    sends the user here, and doctor passed both. Now data_rows_in_index_order names the file, the rows and their
+    episodes, and is the only check that fails."""
+    root = _copy(datasets, tmp_path, "small20")
+    rng = np.random.default_rng(0)
+
+    def reorder(t):
+        ep = t["episode_index"].to_numpy()
+        perm = np.arange(t.num_rows)
+        if how == "swap":
+            j = int(np.flatnonzero(ep == 3)[10])
+            perm[j], perm[j + 1] = perm[j + 1], perm[j]
+        else:
+            perm = rng.permutation(t.num_rows)
+        return t.take(pa.array(perm))
+
+    _edit_parquet(root / DATA, reorder)
+    report = _run(root)
+    assert not report.ok and _failed(report) == {"data_rows_in_index_order"}, report.to_text()
+    c = report["data_rows_in_index_order"]
+    idx = pq.read_table(root / DATA, columns=["index"])["index"].to_numpy()
+    later = np.flatnonzero(idx[1:] <= idx[:-1]) + 1  # rows whose index is not above the row before
+    assert c.n_violations == len(later)
+    assert [r["row"] for r in c.sample] == later[:doctor.SAMPLE_ROWS].tolist()
+    assert all(r["data_file"] == DATA for r in c.sample)
+    assert [(r["index"], r["previous_index"]) for r in c.sample] == \
+        [(int(idx[r]), int(idx[r - 1])) for r in later[:doctor.SAMPLE_ROWS]]
+    if how == "swap":
+        lo = pq.read_table(root / EPISODES, columns=["dataset_from_index"])[0][3].as_py()
+        assert c.sample == [{"data_file": DATA, "row": lo + 11, "index": lo + 10, "previous_index": lo + 11,
+                             "episode_index": 3, "previous_episode_index": 3,
+                             "problem": f"row {lo + 11} holds index {lo + 10} (episode 3) after index {lo + 11} "
+                                        "(episode 3) in the row before"}]
+    assert "sorted by `index`" in c.hint and "FAIL data_rows_in_index_order" in report.to_text()
+
+
 def test_scrambled_index_ranges(datasets, tmp_path):
     """Issue #1919: dataset_from_index/_to_index of two episodes swapped."""
     root = _copy(datasets, tmp_path, "small20")
@@ -173,6 +213,38 @@ def test_missing_task(datasets, tmp_path):
     by_source = {r["source"]: r for r in c.sample}
     assert by_source["frames"]["task_index"] == lost["task_index"] and by_source["frames"]["n_frames"] == n_frames
     assert by_source["episodes"]["task"] == lost["__index_level_0__"]
+
+
+def test_total_tasks_and_feature_names_that_disagree_are_named(datasets, tmp_path):
+    """info.json total_tasks 3 for 7 tasks, and observation.state's names listing 2 names for shape [6]: doctor
+    passed both (wrong total_frames / total_episodes were caught). Now tasks_exist fails with the count row, and
+    feature_names (a warning: items are unaffected, frames_ext names no element) names the feature and both sizes;
+    names in a one-key dict or a nested list, one per element, pass."""
+    root = _copy(datasets, tmp_path, "small20")
+    info = json.loads((root / "meta/info.json").read_text())
+    n_tasks = pq.read_metadata(root / "meta/tasks.parquet").num_rows
+    assert info["total_tasks"] == n_tasks == 7
+    six = info["features"]["action"]["names"]
+    info["total_tasks"] = 3
+    info["features"]["observation.state"]["names"] = ["a", "b"]
+    info["features"]["action"]["names"] = {"motors": six}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    report = _run(root)
+    assert not report.ok and _failed(report) == {"tasks_exist", "feature_names"}, report.to_text()
+    assert report["tasks_exist"].sample == [{"source": "info", "task_index": None, "task": None, "n_frames": None,
+                                             "first_episode": None,
+                                             "problem": "info.json total_tasks is 3 but the tasks table has 7 tasks"}]
+    assert "total_tasks" in report["tasks_exist"].hint
+    c = report["feature_names"]
+    assert c.severity == "warning" and c.n_violations == 1
+    row = c.sample[0]
+    assert (row["name"], row["shape"], row["n_names"]) == ("observation.state", [6], 2)
+    assert row["problem"] == "names lists 2 name(s) for 6 elements"
+    info["features"]["observation.state"]["names"] = [six]
+    info["total_tasks"] = 7
+    (root / "meta/info.json").write_text(json.dumps(info))
+    report = _run(root)
+    assert report.ok and not _failed(report), report.to_text()
 
 
 def test_missing_stats(datasets, tmp_path):
@@ -581,6 +653,31 @@ def test_a_damaged_data_file_is_named_and_the_other_checks_still_run(datasets, t
     for name in ("episode_index_contiguous", "stats_present", "video_files_present", "video_codec",
                  "video_segments"):
         assert report[name].ok and not report[name].skipped, name
+
+
+@pytest.mark.parametrize("name", ["small20", "multifile60"])
+def test_every_data_file_damaged_is_named_by_data_files_decode(datasets, tmp_path, name):
+    """Every data file truncated (small20 has one): no view can be built, and doctor reported only
+    metadata_readable ("re-download the named file; no other check can run"), unlike the two-file case. Now
+    data_files_decode names each file (its footer: row_group None) and every other check is reported as not run,
+    saying why; a truncated metadata file still gives metadata_readable."""
+    root = _copy(datasets, tmp_path, name)
+    files = sorted(p.relative_to(root).as_posix() for p in (root / "data").rglob("*.parquet"))
+    for rel in files:
+        (root / rel).write_bytes((root / rel).read_bytes()[:-100])
+    report = _run(root)
+    assert not report.ok and _failed(report) == {"data_files_decode"}, report.to_text()
+    c = report["data_files_decode"]
+    assert [(r["path"], r["row_group"]) for r in c.sample] == [(rel, None) for rel in files]
+    assert [s.name for s in doctor.CHECKS] + [doctor.DECODE.name] == [c.name for c in report.checks]
+    for check in report.checks:
+        if check.name != "data_files_decode":
+            assert check.skipped and "no data file can be read (see data_files_decode)" in check.skipped, check.name
+    text = report.to_text()
+    assert "FAIL data_files_decode: " in text and files[0] in text
+    meta = _copy(datasets, tmp_path / "meta", name)
+    (meta / EPISODES).write_bytes((meta / EPISODES).read_bytes()[:-100])
+    assert _failed(_run(meta)) == {"metadata_readable"}
 
 
 # ---- decode=True: every frame of every mp4 decoded (video_files_decode) -------------------------------------------

@@ -338,8 +338,9 @@ def test_element_names_never_take_another_columns_meaning(datasets, tmp_path):
     names = {"observation.state": ["delta", "velocity", "A", "a", "x", "x"],
              "action": ["Speed", "b", "c", "d", "e", "f"]}
     _edit_info(root, lambda j: [j["features"][k].__setitem__("names", v) for k, v in names.items()])
-    with pytest.warns(UserWarning, match=r"frames_ext: 7 column name\(s\) .*'observation.state.A' is claimed by "
-                                         r"element 3 of 'observation.state' and element 4"):
+    with pytest.warns(UserWarning, match=r"frames_ext: 5 column name\(s\) .*'observation.state.A' is claimed by "
+                                         r"elements 3, 4 of 'observation.state'; 'observation.state.x' is claimed "
+                                         r"by elements 5, 6 of 'observation.state'"):
         db = lsql.connect(root)
         cols = db.sql("SELECT * FROM frames_ext LIMIT 0").columns
     state = [c for c in cols if c.startswith("observation.state.")]

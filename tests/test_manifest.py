@@ -147,3 +147,68 @@ def test_export_resolves_its_sql_through_db_manifest(datasets, tmp_path, monkeyp
     assert report.episodes == 2 and report.frames == m.num_rows
     out = lsql.connect(tmp_path / "two")
     assert out.sql("SELECT length FROM episodes ORDER BY episode_index").fetchall() == [(n0,), (m.num_rows - n0,)]
+
+
+DATA = "data/chunk-000/file-000.parquet"
+
+
+def _reordered_copy(datasets, tmp_path, how: str):
+    """small20 with the rows of its data file reordered (each row keeps its own index, frame_index, timestamp):
+    ``swap`` two adjacent rows of episode 3 (its frames 10 and 11), ``episode`` every episode's rows shuffled in
+    place, ``all`` every row of the file shuffled."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    root = tmp_path / how
+    shutil.copytree(datasets / "small20", root)
+    t = pq.read_table(root / DATA)
+    ep = t["episode_index"].to_numpy()
+    perm = np.arange(t.num_rows)
+    rng = np.random.default_rng(0)
+    if how == "swap":
+        j = int(np.flatnonzero(ep == 3)[10])
+        perm[j], perm[j + 1] = perm[j + 1], perm[j]
+    elif how == "episode":
+        for e in np.unique(ep):
+            r = np.flatnonzero(ep == e)
+            perm[r] = rng.permutation(r)
+    else:
+        perm = rng.permutation(t.num_rows)
+    pq.write_table(t.take(pa.array(perm)).replace_schema_metadata(t.schema.metadata), root / DATA)
+    return root
+
+
+@pytest.mark.parametrize("how", ["swap", "episode", "all"])
+def test_rows_out_of_index_order_are_refused_naming_file_row_and_index(datasets, tmp_path, how):
+    """Rows of an episode out of `index` order in its data file: neighbours are read by position, so frame 10's
+    delta_timestamps stack of action[:, 0] was [39.529, 39.346, 39.696] (source [39.147, 39.346, 39.529]), and an
+    export of the episode wrote 390 one-frame episodes. Now every road to a manifest over episode 3 refuses it,
+    naming the episode, the file, the first misplaced row and the index it should hold; the intact episodes of the
+    swapped copy still give the source's items, stacks included."""
+    root = _reordered_copy(datasets, tmp_path, how)
+    db = lsql.connect(root)
+    lo = db.sql("SELECT dataset_from_index FROM episodes WHERE episode_index = 3").fetchall()[0][0]
+    first = {"swap": rf"row {lo + 10} holds index {lo + 11}, where rows in `index` order would hold index {lo + 10}",
+             "episode": r"row \d+ holds index \d+, where", "all": r"row \d+ holds index \d+, where"}[how]
+    want = rf"episode 3: its 390 frames \(index {lo}\.\.{lo + 389}\) .* in `index` order in {DATA}: {first}.*sort"
+    delta = {"action": [-1 / 30, 0, 1 / 30]}
+    for kw in (dict(episodes=[3], delta_timestamps=delta), dict(episodes=[3], cameras=[])):
+        with pytest.raises(lsql.DatasetFormatError, match=want):
+            db.dataset(**kw)
+    for sql in ("SELECT index FROM frames WHERE episode_index = 3",
+                "SELECT episode_index, 0.0 AS start_s, 1.0 AS end_s FROM episodes WHERE episode_index = 3"):
+        with pytest.raises(lsql.DatasetFormatError, match=want):
+            db.dataset(sql, cameras=[])
+    with pytest.raises(lsql.DatasetFormatError, match=want):
+        db.export("SELECT episode_index FROM episodes WHERE episode_index = 3", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+    if how == "swap":  # the other episodes' rows are in order: exact, neighbours included
+        from helpers import assert_items_equal
+
+        got = db.dataset(episodes=[2, 4], delta_timestamps=delta)
+        ref = lsql.connect(datasets / "small20").dataset(episodes=[2, 4], delta_timestamps=delta)
+        assert len(got) == len(ref) == db.sql("SELECT sum(length) FROM episodes WHERE episode_index IN (2, 4)"
+                                              ).fetchall()[0][0]
+        for i in (0, 10, len(ref) - 1):
+            assert_items_equal(got[i], ref[i])

@@ -74,6 +74,14 @@ def _frames_ext_sql(layout: Layout, frame_cols: dict[str, str], has_length: bool
     for feat, _n, names in vecs:
         for i, el in enumerate(names or []):
             cand.append((f"f.{q(feat)}[{i + 1}]", f"{feat}.{el}", f"element {i + 1} of {feat!r}"))
+    # names that are not one per element name no element: said, not silently left out
+    miscount = [(feat, len(layout.features[feat].listed_names), n) for feat, n, names in vecs
+                if names is None and layout.features[feat].listed_names is not None]
+    if miscount:
+        said = "; ".join(f"{f!r} lists {k} name(s) for its {n} elements (shape [{n}])" for f, k, n in miscount)
+        warn(f"frames_ext: {said} in meta/info.json, so it gets no named element columns; read its elements as "
+             "\"feature\"[i], or fix 'names' in meta/info.json to one name per element (`lerobot-sql doctor`: "
+             "feature_names)")
     fps = number(layout.fps)
     length = "e.length" if has_length else "count(*) OVER ep"
     derived = [(length, "length"), (f"{length} / {fps}", "duration_s"),
@@ -89,12 +97,15 @@ def _frames_ext_sql(layout: Layout, frame_cols: dict[str, str], has_length: bool
     for _e, name, who in cand:
         claims.setdefault(sql_key(name), []).append(who)
     sel, taken, dropped = ["f.*"], set(real), []
+    claimed = set()  # names already said to be claimed twice: said once, listing every claim
     for expr, name, who in cand:
         key = sql_key(name)
         if key in real:
             dropped.append(f"{name!r} ({who}) is the real column {real[key]!r}")
         elif who != "a derived column" and len(claims[key]) > 1:
-            dropped.append(f"{name!r} is claimed by {' and '.join(dict.fromkeys(claims[key]))}")
+            if key not in claimed:
+                claimed.add(key)
+                dropped.append(f"{name!r} is claimed by {_claimants(claims[key])}")
         elif key not in taken:
             taken.add(key)
             sel.append(f"{expr} AS {q(name)}")
@@ -105,6 +116,20 @@ def _frames_ext_sql(layout: Layout, frame_cols: dict[str, str], has_length: bool
     join = "JOIN episodes e USING (episode_index)" if has_length else ""
     return (f"SELECT {', '.join(sel)} FROM frames f {join} "
             "WINDOW w AS (PARTITION BY f.episode_index ORDER BY f.frame_index), ep AS (PARTITION BY f.episode_index)")
+
+
+def _claimants(who: list[str]) -> str:
+    """``element 1 of 'a' and element 2 of 'a' and a derived column`` said as ``elements 1, 2 of 'a' and a derived
+    column`` (a name listed six times is one claim of six elements, not six sentences)."""
+    groups: dict[str, list[str]] = {}
+    for w in dict.fromkeys(who):
+        head, sep, feat = w.partition(" of ")
+        if w.startswith("element ") and sep:
+            groups.setdefault(feat, []).append(head.split(" ", 1)[1])
+        else:
+            groups.setdefault(w, [])
+    return " and ".join(f"element{'s' if len(ix) > 1 else ''} {', '.join(ix)} of {g}" if ix else g
+                        for g, ix in groups.items())
 
 
 def _element_index_sql(layouts: list[Layout]) -> str:

@@ -128,16 +128,23 @@ class Feature:
         return self.dtype in ("video", "image")
 
     @property
-    def flat_names(self) -> list[str] | None:
-        """One name per vector element, from a list, a nested list or a one-key dict; None if absent or mismatched."""
+    def listed_names(self) -> list[str] | None:
+        """The names as listed, from a list, a nested list or a one-key dict, however many; None if absent or not
+        a list of strings."""
         n = self.names
         if isinstance(n, dict) and len(n) == 1:
             n = next(iter(n.values()))
         while isinstance(n, list) and len(n) == 1 and isinstance(n[0], list):
             n = n[0]
-        if isinstance(n, list) and all(isinstance(x, str) for x in n) and len(n) == _prod(self.shape):
+        if isinstance(n, list) and all(isinstance(x, str) for x in n):
             return list(n)
         return None
+
+    @property
+    def flat_names(self) -> list[str] | None:
+        """One name per vector element (:attr:`listed_names`); None if absent or not one per element."""
+        n = self.listed_names
+        return n if n is not None and len(n) == _prod(self.shape) else None
 
 
 def _prod(shape) -> int:

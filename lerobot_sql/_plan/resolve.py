@@ -375,7 +375,8 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
 
     Raises:
         ResultContractError: the result is empty, has the wrong columns, or names frames that do not exist.
-        DatasetFormatError: an episode's frames are not contiguous in one data file.
+        DatasetFormatError: an episode's frames are not in one data file, not one run of ``index``, or not one
+            block of rows in ``index`` order (named by file, row and index: neighbours are read by position).
     """
     if result.num_rows == 0:
         raise ResultContractError(f"the query returned no rows, so there is nothing to train on or export: {sql!r}")
@@ -452,18 +453,16 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         ext = con.sql(
             "SELECT episode_index, min(index) AS ep_from_index, max(index) + 1 AS ep_to_index, count(*) AS n, "
             "min(row) AS ep_data_row0, max(row) - min(row) + 1 AS nrows, count(DISTINCT data_file) AS nfiles, "
+            # Neighbours (delta_timestamps) and export runs are read by position, row0 + (index - ep_from): exact
+            # only if row - index is the same for every frame of the episode (its rows in `index` order).
+            "min(row - index) = max(row - index) AS in_order, "
             f"max(abs(timestamp - frame_index / {number(float(layout.fps))})) AS ts_err "
             "FROM _frames_loc WHERE episode_index IN (SELECT DISTINCT episode_index FROM _lsql_sel) GROUP BY 1"
         ).to_arrow_table()
         bad = [r for r in ext.to_pylist() if r["nfiles"] != 1 or r["n"] != r["ep_to_index"] - r["ep_from_index"]
-               or r["n"] != r["nrows"]]
+               or r["n"] != r["nrows"] or not r["in_order"]]
         if bad:
-            b = bad[0]
-            raise DatasetFormatError(
-                f"episode {b['episode_index']}: its {b['n']} frames are not one contiguous run of `index` in one data "
-                f"file (index {b['ep_from_index']}..{b['ep_to_index'] - 1}, {b['nfiles']} file(s)); the data files "
-                "are inconsistent, run `lerobot-sql doctor`"
-            )
+            raise _episode_rows_error(con, bad[0])
         con.register("_lsql_ext", ext)
         clips = _check_pointers(con, layout, ext, cameras, tolerance_s)
         vsel, vjoin = [], []
@@ -490,6 +489,47 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
             raise stale
         raise ResultContractError(f"the query's {mode} selection matched no frames: {sql!r}")
     return _finish(manifest, clips, mode, extras, layout, sql, cameras)
+
+
+def _episode_rows_error(con: duckdb.DuckDBPyConnection, b: dict) -> DatasetFormatError:
+    """The error for an episode whose rows cannot be located by position (``b``: its row of the join's per-episode
+    extent): spread over data files, a gap in its ``index`` values, or rows not one block in ``index`` order in its
+    file (other episodes' rows between them, or shuffled). Reading by each frame's real row is not done: neighbours
+    and export runs are read by position, as lerobot reads them, so such a file gives wrong neighbours there too.
+    Error path only: reads the episode's rows to name the first misplaced one."""
+    ep, n, lo, hi = b["episode_index"], b["n"], b["ep_from_index"], b["ep_to_index"]
+    head = f"episode {ep}: its {n:,} frames"
+    if b["nfiles"] != 1:
+        files = [r[0] for r in con.execute("SELECT DISTINCT data_file FROM _frames_loc WHERE episode_index = ? "
+                                           "ORDER BY 1 LIMIT 3", [ep]).fetchall()]
+        return DatasetFormatError(
+            f"{head} are spread over {b['nfiles']} data files (e.g. {', '.join(files)}); lerobot writes an episode "
+            "into one file: rewrite the data files so each episode's rows are in one (`lerobot-sql doctor`: "
+            "data_file_pointers lists them)")
+    if n != hi - lo:
+        return DatasetFormatError(
+            f"{head} are not one contiguous run of `index` (index {lo}..{hi - 1} holds {hi - lo:,} values); fix the "
+            "data files' `index` to 0..total_frames-1 in order (`lerobot-sql doctor`: episode_ranges and "
+            "index_contiguous list them)")
+    row0 = b["ep_data_row0"]
+    # The first row of the episode's span (rows row0 .. row0 + nrows - 1 of its file) not holding the index that
+    # position gives: another episode's row in between, or a frame out of index order.
+    first = con.execute(
+        "SELECT data_file, row, index, episode_index FROM _frames_loc WHERE data_file = "
+        "(SELECT min(data_file) FROM _frames_loc WHERE episode_index = ?) AND row BETWEEN ? AND ? "
+        "AND (episode_index IS DISTINCT FROM ? OR index IS DISTINCT FROM ? + (row - ?)) ORDER BY row LIMIT 1",
+        [ep, row0, row0 + b["nrows"] - 1, ep, lo, row0]).fetchone()
+    where = ""
+    if first:
+        f, row, idx, other = first
+        what = f"index {idx}" + ("" if other == ep else f" of episode {other}")
+        where = (f" in {f}: row {row} holds {what}, where rows in `index` order would hold index "
+                 f"{lo + row - row0} (the episode spans rows {row0}..{row0 + b['nrows'] - 1})")
+    return DatasetFormatError(
+        f"{head} (index {lo}..{hi - 1}) are not one run of rows in `index` order{where}; their neighbours "
+        "(delta_timestamps) and exported runs are read by position, so they would be other frames. Rewrite the "
+        "file with its rows sorted by `index`, as lerobot writes it (e.g. `pq.write_table(pq.read_table(path)"
+        ".sort_by('index'), path)`); `lerobot-sql doctor` (data_rows_in_index_order) lists every such row")
 
 
 def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layout: Layout, sql: str,
