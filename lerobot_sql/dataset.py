@@ -439,8 +439,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         lerobot's decoder), so this is what ``meta.features`` / ``meta.shapes`` must say for a policy built from
         them to take the items.
 
-        Reads each mp4's header (no decoding; a remote file's boxes only, as its index build does), and warns of a
-        file whose size differs from info.json's, as the decoder would (once per file and process). A camera whose
+        Reads mp4 headers (no decoding; a remote file's boxes only, as its index build does): a camera's first
+        readable file, and all of them only when it differs from info.json; warns of a file whose size differs from
+        info.json's, as the decoder would (once per file and process). A camera whose
         files differ among themselves keeps info.json's shape (no one shape is right; the warnings name the files).
         Missing or unreadable files are left to their items, which raise naming them.
 
@@ -453,6 +454,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             if axes is None:
                 continue
             sizes = set()
+            shape = list(int(x) for x in self._layout.features[k].shape)
             for rel in self._video_files[k]:
                 if self._video_pins.get(rel) is None and self._src.local_path(rel) is not None:
                     continue  # missing: its items raise MissingFileError
@@ -464,9 +466,13 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                     continue  # unreadable or no video stream: its items raise naming the file
                 decode.check_resolution(self._src.path(rel), hw, k, declared.get(rel, (None, None))[1])
                 sizes.add(hw)
+                # The first readable file agreeing with info.json settles it: the rest are not opened (a remote
+                # camera of hundreds of mp4s would cost a header fetch each at ds.meta; a file that disagrees
+                # among agreeing ones is warned of by its decoder, and meta keeps info.json's shape, as below).
+                if len(sizes) == 1 and hw == (shape[axes[0]], shape[axes[1]]):
+                    break
             if len(sizes) == 1:
                 (hw,) = sizes
-                shape = list(int(x) for x in self._layout.features[k].shape)
                 if (shape[axes[0]], shape[axes[1]]) != hw:
                     shape[axes[0]], shape[axes[1]] = hw
                     out[k] = (tuple(shape), hw)
