@@ -94,8 +94,9 @@ DECODE = Spec("video_files_decode", "the named mp4 does not decode the way its i
               "items reading the listed episodes raise (\"decoding skipped pts=...\") or miss frames. Re-encode the "
               "file or re-export it from its source", needs="index")
 DECODE_DESCRIPTION = ("every mp4 decodes front to back with its frames' pts strictly increasing, exactly the pts of "
-                      "its demuxed packets (none missing, none extra) and no decode error (run with decode=True, "
-                      "CLI --decode)")
+                      "its demuxed packets (none missing, none extra) and no decode error, and a seek to each of up "
+                      "to 64 keyframes per file (as the readers seek) decodes that keyframe first (run with "
+                      "decode=True, CLI --decode)")
 DECODE_OFF = ("not run: decoding every frame is opt-in, pass decode=True (CLI: --decode); the mp4s' packets were "
               "checked, not their decoded frames")
 # Hints added to DECODE's by what was found (the likely cause, named per kind of failure).
@@ -105,6 +106,10 @@ _OPEN_GOP = ("frames out of order in an HEVC / H.264 file made by concatenating 
              "or relabel the CRA as a BLA (lerobot_sql's export does)")
 _CUT = ("the file's last frames never decode (video_files_complete fails too when its bytes end before its last "
         "packet): the file is cut short, re-download it")
+_SEEK = ("a seek to a keyframe decodes another frame first while a front-to-back decode is right: FFmpeg seeks an mp4 "
+         "by its sample table (the dts), and these dts disagree with the pts (lerobot_sql's export of windows cut "
+         "mid-GOP wrote such files before the dts fix), so items read at random raise \"decoding skipped\": "
+         "re-export from the source with this version, or re-encode the file")
 _DAMAGED = ("decode errors inside the file: its packets' bytes are damaged (bit rot, a bad copy), re-download it; if "
             "the source's copy fails too, re-encode the episodes from the original recording")
 
@@ -298,7 +303,8 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
             codec labels. With False only the files' existence and the clip metadata are checked for videos.
         decode: also decode every frame of every mp4 the episodes point to (``video_files_decode``: FFmpeg's output
             order, the decoded pts against the index, decode errors). Costs a full decode of the dataset's videos
-            (sample/multifile60, 26k small frames in 11 mp4s: about 2 s on 2 cores); needs ``check_video``. Off:
+            (sample/multifile60, 26k small frames in 11 mp4s: about 2 s on 2 cores) and a seek to each of up to 64
+            keyframes per mp4 (there 704 seeks, about 0.2 s); needs ``check_video``. Off:
             the check is reported as skipped ("not run").
         progress: a progress bar over the mp4s being decoded (None: only for 8 files or more).
 
@@ -422,6 +428,8 @@ def _decode_check(db, decode: bool, check_video: bool, n_files: int, n_missing: 
            for r in bad]
     if any(cut):
         hint += "; " + _CUT
+    if any(r["n_bad_seeks"] for r in bad):
+        hint += "; " + _SEEK
     if any(r["error"] and not c for r, c in zip(bad, cut)):
         hint += "; " + _DAMAGED
     return Check(spec.name, not bad, len(bad), bad[:SAMPLE_ROWS], hint, spec.severity, DECODE_DESCRIPTION)
@@ -429,7 +437,10 @@ def _decode_check(db, decode: bool, check_video: bool, n_files: int, n_missing: 
 
 def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]]:
     """Decode every readable mp4 of the ``videos`` view (:func:`lerobot_sql._readers.decode.decode_every_frame`) and
-    compare each with its video index (the pts of its demuxed packets, the ``video_frames`` view's rows).
+    compare each with its video index (the pts of its demuxed packets, the ``video_frames`` view's rows); then seek
+    to up to :data:`~lerobot_sql._readers.decode.SEEK_PROBES` of its keyframes as the readers do
+    (:func:`~lerobot_sql._readers.decode.probe_seeks`; on sample/multifile60, 11 mp4s: 704 seeks, about 0.2 s on top
+    of the decode's 2 s).
 
     Returns:
         One dict per mp4 that fails, ordered by video_key and path: ``video_key``, ``path`` (relative to the root),
@@ -438,7 +449,8 @@ def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]
         units and in seconds), ``episodes`` (the episodes whose clip, from_timestamp up to the later of to_timestamp
         and from_timestamp + length / fps, holds an offending frame), ``frames_in_index``, ``frames_decoded``,
         ``n_out_of_order`` (frames output with a pts not above every pts output before them), ``n_missing`` (index
-        pts never output), ``n_extra`` (output pts not in the index), ``error`` (the first decode error, None).
+        pts never output), ``n_extra`` (output pts not in the index), ``n_bad_seeks`` (keyframes that decode in the
+        forward pass but a seek to which decodes another frame first), ``error`` (the first decode error, None).
 
     Raises:
         LeRobotSQLError / duckdb.Error: the views cannot be read. A file that does not decode is a row, not an error.
@@ -468,22 +480,26 @@ def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]
     out = []
     for key, rel, codec in tqdm(files, desc="decode videos", unit="file",
                                 disable=(len(files) < 8) if progress is None else not progress):
-        index = pq.read_table(video_index.ensure_index(db.source, rel, db.cache_dir), columns=["pts"])
-        want = np.sort(index["pts"].to_numpy())  # the index is in presentation order; sorted once more for safety
+        path = video_index.ensure_index(db.source, rel, db.cache_dir)
+        want = np.sort(pq.read_table(path, columns=["pts"])["pts"].to_numpy())  # presentation order, sorted again
         got = decode.decode_every_frame(db.source, rel)
-        row = _compare_decode(want, got, clips.get((key, rel), []))
+        seeks = decode.probe_seeks(db.source, rel, video_index.FrameIndex.load(path)) if got.time_base else None
+        row = _compare_decode(want, got, clips.get((key, rel), []), seeks)
         if row is not None:
             out.append({"video_key": key, "path": rel, "codec": codec, **row})
     return out
 
 
-def _compare_decode(want, got, clips: list[tuple]) -> dict[str, Any] | None:
+def _compare_decode(want, got, clips: list[tuple], seeks: tuple[int, list[tuple]] | None = None
+                    ) -> dict[str, Any] | None:
     """The violation row (without video_key, path, codec) of one mp4, or None when it decoded as indexed.
 
     Args:
         want: the index's pts, sorted (int64 numpy array). got: the file's
             :class:`~lerobot_sql._readers.decode.DecodedStream`.
         clips: (episode_index, first second, end second) of the file's episodes, each widened by half a frame.
+        seeks: :func:`~lerobot_sql._readers.decode.probe_seeks`'s (keyframes probed, failures), or None (not run).
+            A failed seek to a keyframe the forward pass did not output is left to that finding (missing frames).
     """
     import numpy as np
 
@@ -544,6 +560,16 @@ def _compare_decode(want, got, clips: list[tuple]) -> dict[str, Any] | None:
         where = f" (packet pts {got.error_pts})" if got.error_pts is not None else ""
         parts.append(f"{got.n_errors} decode error(s), the first after {got.frames_before_error} frame(s) "
                      f"output{where}")
+    n_probed, failed = seeks or (0, [])
+    decoded = set(d.tolist())
+    failed = [f for f in failed if f[0] in decoded]
+    if failed:
+        asked = np.array([a for a, _, _ in failed], np.int64)
+        bad[np.searchsorted(want, asked[np.isin(asked, want)])] = True
+        a, g, err = failed[0]
+        landed = f"pts {g} ({sec(g)}) decoded first" if g is not None else (err or "nothing decoded after it")
+        parts.append(f"{len(failed)} of {n_probed} seeks to a keyframe decoded another frame first (first: keyframe "
+                     f"pts {a} ({sec(a)}), {landed}): items read at random raise")
     if not parts:
         return None
     firsts = ([int(want[np.argmax(bad)])] if bad.any() else []) + outside
@@ -559,4 +585,4 @@ def _compare_decode(want, got, clips: list[tuple]) -> dict[str, Any] | None:
             "pts": first, "pts_s": None if first is None or tb is None else first * tb,
             "episodes": eps, "problem": "; ".join(parts), "frames_in_index": len(want),
             "frames_decoded": len(d) + got.no_pts, "n_out_of_order": n_late, "n_missing": len(missing),
-            "n_extra": len(extra), "error": got.error}
+            "n_extra": len(extra), "n_bad_seeks": len(failed), "error": got.error}

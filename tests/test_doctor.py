@@ -640,6 +640,60 @@ def test_decode_passes_the_same_export_with_the_bla_fix(datasets, tmp_path):
     assert report.ok and not c.skipped and c.ok and c.n_violations == 0, report.to_text()
 
 
+def _rewrite_dts(path, dts_of) -> list[tuple[int, int]]:
+    """Remux the mp4 ``path`` in place, each packet's bytes and pts kept and its dts ``dts_of(dts, previous dts)``;
+    returns the new (pts, dts) in decode order."""
+    import av
+
+    tmp = path.with_name("rewrite.mp4")
+    out_pkts, last = [], None
+    with av.open(str(path)) as inp, av.open(str(tmp), "w", format="mp4", options={"movflags": "faststart"}) as out:
+        s = inp.streams.video[0]
+        o = out.add_stream_from_template(s, opaque=True)
+        o.time_base = s.time_base
+        out.start_encoding()
+        for pkt in inp.demux(s):
+            if pkt.pts is None:
+                continue
+            last = min(dts_of(pkt.dts, last), pkt.pts)
+            pkt.dts, pkt.stream = last, o
+            out_pkts.append((pkt.pts, last))
+            out.mux(pkt)
+    tmp.replace(path)
+    return out_pkts
+
+
+def test_decode_finds_an_mp4_that_decodes_in_order_but_not_after_a_seek(datasets, tmp_path):
+    """depth4's episode 0 cut at frame 3 (mid-GOP) as export wrote it before the dts fix (rebuilt here from today's
+    export: the same packets and pts, the old dts): the re-encoded head's dts 0, 1, 2, then the copied packets'
+    512, 1024, ... It decodes front to back exactly as indexed, but FFmpeg seeks by dts, so a seek to the keyframe
+    at pts 512 decodes pts 1536 first and items read at random raise "decoding skipped"; doctor --decode passed it.
+    Now video_files_decode names the file, the first keyframe a seek misses (frame 1, pts 512) and episode 0."""
+    from lerobot_sql.errors import VideoDecodeError
+
+    out = tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # depth4's float depth is quantized
+        lsql.connect(datasets / "depth4").export(
+            "SELECT 0 AS episode_index, 0.1 AS start_s, 0.5 AS end_s", out, progress=False)
+    pkts = _rewrite_dts(out / DEPTH_MP4, lambda dts, last: max(dts - 512, 0 if last is None else last + 1))
+    assert [d for _, d in pkts[:5]] == [0, 1, 2, 512, 1024]  # the file the old writer wrote
+    with pytest.raises(VideoDecodeError, match="decoding skipped pts=512 .got 1536"):
+        lsql.connect(out).dataset()[1]
+
+    report = _run(out, decode=True)
+    assert _failed(report) == {"video_files_decode"}, report.to_text()
+    c = report["video_files_decode"]
+    assert c.n_violations == 1  # the AV1 camera's mp4 seeks right
+    r = c.sample[0]
+    assert (r["video_key"], r["path"], r["codec"]) == ("observation.images.depth", DEPTH_MP4, "hevc")
+    assert (r["frame"], r["pts"], r["episodes"], r["frames_in_index"], r["frames_decoded"]) == (1, 512, [0], 12, 12)
+    assert r["n_out_of_order"] == r["n_missing"] == r["n_extra"] == 0 and r["error"] is None
+    assert r["n_bad_seeks"] > 0 and "seeks to a keyframe decoded another frame first" in r["problem"]
+    assert "keyframe pts 512 (0.033 s), pts 1536 (0.100 s) decoded first" in r["problem"]
+    assert doctor._SEEK in c.hint
+
+
 @pytest.mark.parametrize("name", ["small20", "multifile60", "h264_20", "depth4"])
 def test_shipped_samples_decode_as_indexed(name):
     report = _run(data_root(name), decode=True)
