@@ -6,9 +6,10 @@ the Database builds on first use, ``video_files`` (file existence, size and stre
 :func:`lerobot_sql._readers.video_index.probe_video_files`) and ``video_frames`` (the video index, by demuxing).
 ``run`` builds the video index only when every video file is present.
 
-One check is computed in Python alone, as no view can hold it: ``video_files_decode`` (:data:`DECODE`, opt-in with
-``run(db, decode=True)``, ``lerobot-sql doctor --decode``) decodes every frame of every mp4 and compares what the
-decoder outputs with the file's index. It is reported like the others, and as skipped ("not run") when off.
+Two checks are computed in Python alone, as no view can hold them, both opt-in with ``run(db, decode=True)``
+(``lerobot-sql doctor --decode``): ``video_files_decode`` (:data:`DECODE`) decodes every frame of every mp4 and
+compares what the decoder outputs with the file's index; ``data_images_decode`` (:data:`IMAGE_DECODE`) decodes every
+image stored in the data files. They are reported like the others, and as skipped ("not run") when off.
 """
 
 from __future__ import annotations
@@ -99,6 +100,16 @@ DECODE_DESCRIPTION = ("every mp4 decodes front to back with its frames' pts stri
                       "decode=True, CLI --decode)")
 DECODE_OFF = ("not run: decoding every frame is opt-in, pass decode=True (CLI: --decode); the mp4s' packets were "
               "checked, not their decoded frames")
+# The images stored in the data files (dtype image: PNG/TIFF bytes per cell), decoded with PIL as the items decode
+# them; opt-in with DECODE (a full decode of every image).
+IMAGE_DECODE = Spec("data_images_decode", "the named image cells do not decode (a cut or damaged PNG/TIFF, or a cell "
+                    "holding no bytes): items reading those rows raise DatasetFormatError. Re-download the data file "
+                    "if its source's copy is intact, else re-encode those frames' images from the recording (or "
+                    "drop the rows)")
+IMAGE_DECODE_DESCRIPTION = ("every cell of every image feature (dtype image) in the data files holds image bytes PIL "
+                            "decodes whole, as the items read them (run with decode=True, CLI --decode)")
+IMAGE_DECODE_OFF = ("not run: decoding every image is opt-in, pass decode=True (CLI: --decode); the data files' pages "
+                    "were checked, not the images in them")
 # Hints added to DECODE's by what was found (the likely cause, named per kind of failure).
 _OPEN_GOP = ("frames out of order in an HEVC / H.264 file made by concatenating or stream-copying parts are the usual "
              "sign of an open-GOP keyframe after a cut (an HEVC CRA, an H.264 recovery-point I frame) that keeps the "
@@ -304,8 +315,9 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
         decode: also decode every frame of every mp4 the episodes point to (``video_files_decode``: FFmpeg's output
             order, the decoded pts against the index, decode errors). Costs a full decode of the dataset's videos
             (sample/multifile60, 26k small frames in 11 mp4s: about 2 s on 2 cores) and a seek to each of up to 64
-            keyframes per mp4 (there 704 seeks, about 0.2 s); needs ``check_video``. Off:
-            the check is reported as skipped ("not run").
+            keyframes per mp4 (there 704 seeks, about 0.2 s); needs ``check_video``. Also decode every image
+            stored in the data files (``data_images_decode``). Off: both checks are reported as skipped ("not
+            run").
         progress: a progress bar over the mp4s being decoded (None: only for 8 files or more).
 
     A check whose query fails (e.g. a column missing from meta/episodes) is reported as failed with DuckDB's
@@ -370,6 +382,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
         checks.append(Check(spec.name, result.num_rows == 0, result.num_rows,
                             result.slice(0, SAMPLE_ROWS).to_pylist(), hint, spec.severity, nq.description))
     checks.append(_decode_check(db, decode, check_video, n_files, n_missing, index_ready, progress))
+    checks.append(_image_decode_check(db, decode))
     return Report(db.source.url, db.layout.version, float(tolerance_s), checks)
 
 
@@ -433,6 +446,68 @@ def _decode_check(db, decode: bool, check_video: bool, n_files: int, n_missing: 
     if any(r["error"] and not c for r, c in zip(bad, cut)):
         hint += "; " + _DAMAGED
     return Check(spec.name, not bad, len(bad), bad[:SAMPLE_ROWS], hint, spec.severity, DECODE_DESCRIPTION)
+
+
+def _image_decode_check(db, decode: bool) -> Check:
+    """The :data:`IMAGE_DECODE` check: skipped without image features or unless ``decode``, else one violation row
+    per image cell that does not decode (:func:`_undecodable_images`)."""
+    spec = IMAGE_DECODE
+    skipped = "no image features" if not db.layout.image_keys else None if decode else IMAGE_DECODE_OFF
+    if skipped:
+        return Check(spec.name, True, 0, [], spec.hint, spec.severity, IMAGE_DECODE_DESCRIPTION, skipped)
+    bad = _undecodable_images(db)
+    return Check(spec.name, not bad, len(bad), bad[:SAMPLE_ROWS], spec.hint, spec.severity, IMAGE_DECODE_DESCRIPTION)
+
+
+def _undecodable_images(db, batch_rows: int = 64) -> list[dict[str, Any]]:
+    """Decode every cell of every image feature in the data files with PIL (``Image.open`` then ``load``: the whole
+    image, as an item's ``np.asarray`` does).
+
+    Returns:
+        One dict per cell that fails, in file and row order: ``path`` (the data file, relative to the root),
+        ``row`` (in the file), ``episode_index``, ``index`` (None where the file lacks the column), ``column``,
+        ``error`` (what is wrong, the items' wording: "holds no image bytes", "is not a readable image (OSError:
+        image file is truncated)"). A data file that does not read is left to ``data_files_decode``.
+    """
+    import io
+
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    out = []
+    for rel in db.layout.data_files:
+        try:
+            with db.source.open(rel) as fh:
+                pf = pq.ParquetFile(fh)
+                names = pf.schema_arrow.names
+                cols = [k for k in db.layout.image_keys if k in names]
+                if not cols:
+                    continue
+                ids = [c for c in ("episode_index", "index") if c in names]
+                row0 = 0
+                # a few rows at a time: images can be large, and only one batch's bytes are held
+                for batch in pf.iter_batches(batch_size=batch_rows, columns=ids + cols):
+                    where = {c: batch.column(c).to_pylist() for c in ids}
+                    for c in cols:
+                        arr = batch.column(c)
+                        data = arr.field("bytes") if pa.types.is_struct(arr.type) else arr
+                        for j, v in enumerate(data.to_pylist()):
+                            if not isinstance(v, bytes):  # only a path (never opened: dataset text), or null
+                                what = "holds no image bytes"
+                            else:
+                                try:
+                                    with Image.open(io.BytesIO(v)) as img:
+                                        img.load()
+                                    continue
+                                except Exception as e:  # PIL: UnidentifiedImageError, truncated (OSError), bombs
+                                    what = f"is not a readable image ({type(e).__name__}: {e})"
+                            out.append({"path": rel, "row": row0 + j,
+                                        **{k: where[k][j] if k in where else None for k in ("episode_index", "index")},
+                                        "column": c, "error": what})
+                    row0 += batch.num_rows
+        except (pa.ArrowException, OSError):
+            continue
+    return out
 
 
 def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]]:

@@ -640,6 +640,48 @@ def test_decode_passes_the_same_export_with_the_bla_fix(datasets, tmp_path):
     assert report.ok and not c.skipped and c.ok and c.n_violations == 0, report.to_text()
 
 
+def test_decode_names_every_image_cell_that_does_not_decode(datasets, tmp_path):
+    """img5_extras (images in Parquet) with the front PNG of episode 1, frame 57 cut to 50 bytes and the wrist cell
+    of episode 3, frame 0 left with only a path: --decode passed it (only mp4s were decoded) while those items
+    raise. Now data_images_decode names the data file, row, episode, index and column of both, in the items'
+    words; without decode=True it says it did not run, and the intact dataset passes it."""
+    from lerobot_sql.errors import DatasetFormatError
+
+    clean = _run(data_root("img5_extras"), decode=True)["data_images_decode"]
+    assert clean.ok and not clean.skipped and clean.n_violations == 0
+    root = _copy(datasets, tmp_path, "img5_extras")
+    t = pq.read_table(root / DATA)
+    ep, fi, idx = (t[c].to_numpy() for c in ("episode_index", "frame_index", "index"))
+    cut, pathless = int(np.flatnonzero((ep == 1) & (fi == 57))[0]), int(np.flatnonzero((ep == 3) & (fi == 0))[0])
+
+    def damage(table):
+        table = _set(table, "observation.images.front",
+                     lambda v: [dict(x, bytes=x["bytes"][:50]) if i == cut else x for i, x in enumerate(v)])
+        return _set(table, "observation.images.wrist",
+                    lambda v: [dict(x, bytes=None, path="frame_000000.png") if i == pathless else x
+                               for i, x in enumerate(v)])
+
+    _edit_parquet(root / DATA, damage)
+    quick = _run(root)
+    assert quick.ok and quick["data_images_decode"].skipped == doctor.IMAGE_DECODE_OFF
+
+    report = _run(root, decode=True)
+    assert _failed(report) == {"data_images_decode"}, report.to_text()
+    c = report["data_images_decode"]
+    assert c.severity == "error" and c.n_violations == 2
+    assert c.sample == [
+        {"path": DATA, "row": cut, "episode_index": 1, "index": int(idx[cut]), "column": "observation.images.front",
+         "error": "is not a readable image (OSError: image file is truncated)"},
+        {"path": DATA, "row": pathless, "episode_index": 3, "index": int(idx[pathless]),
+         "column": "observation.images.wrist", "error": "holds no image bytes"}]
+    ds = lsql.connect(root).dataset()
+    for row in c.sample:  # the items of those rows raise, naming the same column and index
+        with pytest.raises(DatasetFormatError, match=f"column '{row['column']}' .*index {row['index']}\\) "
+                           + row["error"].split(" (")[0]):
+            ds[row["index"]]
+    assert "FAIL data_images_decode: 2 violation(s)" in report.to_text()
+
+
 def _rewrite_dts(path, dts_of) -> list[tuple[int, int]]:
     """Remux the mp4 ``path`` in place, each packet's bytes and pts kept and its dts ``dts_of(dts, previous dts)``;
     returns the new (pts, dts) in decode order."""
