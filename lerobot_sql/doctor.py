@@ -68,6 +68,11 @@ CHECKS: tuple[Spec, ...] = (
          needs="index"),
     Spec("video_codec", "info.json mislabels the stream's codec; decoding follows the file, so this only misleads "
          "tools that trust info.json", severity="warning", needs="videos"),
+    Spec("video_resolution", "the mp4's frames are not the size info.json declares for the camera (its shape, "
+         "video.height / video.width): a warning, not a failure, because the readers serve each file's own size as "
+         "lerobot does (the items are the right frames), but models and batches built from info.json's shape get "
+         "another size. Fix the camera's shape and video.height / video.width in meta/info.json to the file's size, "
+         "or re-encode the mp4 at the declared size", severity="warning", needs="videos"),
     Spec("video_segments", "fix videos/<key>/from_timestamp and to_timestamp in meta/episodes: clips must last "
          "length / fps and chain within a file", params=("tolerance_s",)),
     Spec("video_segments_end_convention", "to_timestamp marks the clip's last frame ((length - 1) / fps after "
@@ -84,6 +89,10 @@ CHECKS: tuple[Spec, ...] = (
          "pts), so fix 'fps' in info.json if the data's timestamps follow the video, or re-encode the video at the "
          "dataset's fps; frames whose time has no video frame are listed by video_frame_pts", severity="warning",
          needs="index"),
+    Spec("video_info_fps", "the camera's info.video.fps in meta/info.json is not its mp4's frame rate: fix "
+         "video.fps to the stream's rate. A warning: the readers look frames up by time at info.json's top-level "
+         "fps (video_stream_rate checks that one) and never read video.fps, so only tools that trust it are misled",
+         severity="warning", needs="index"),
     Spec("video_frame_pts", "from_timestamp drifts from the file's real pts (lerobot issue #3177): recompute "
          "from_timestamp from the video, or pass a larger tolerance_s if the drift is known and harmless",
          needs="index", params=("tolerance_s",)),
@@ -345,7 +354,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
     for spec in CHECKS:
         nq = library.load(f"doctor/{spec.name}")
         skipped = _video_skip(db, spec, check_video, n_files, n_missing, index_ready)
-        if skipped is None and spec.name == "video_codec" and not check_video:
+        if skipped is None and spec.name in ("video_codec", "video_resolution") and not check_video:
             skipped = "video checks disabled"
         elif skipped is None and spec.name == "stats_present" and db.layout.legacy and \
                 not db.layout.episode_stats_file:

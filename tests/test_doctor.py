@@ -432,6 +432,43 @@ def test_video_stream_rate_other_than_info_fps_is_named(datasets, tmp_path):
     assert _run(datasets / "small20")["video_stream_rate"].ok
 
 
+def test_camera_video_fps_and_resolution_other_than_the_file_are_named(datasets, tmp_path):
+    """small20 with the front camera's info.video.fps 15 (its stream: 30 fps) and the wrist camera's shape [64, 64,
+    3] (its mp4: 96x128): doctor said OK while dataset() warned and served the file's size. Now two warnings, each
+    naming the camera, the file and both values; the report still passes (the items are the files' frames); the
+    resolution warning also for video.height / video.width that disagree, and for a [C, H, W] shape named so."""
+    root = _copy(datasets, tmp_path, "small20")
+    path = root / "meta/info.json"
+    info = json.loads(path.read_text())
+    info["features"]["observation.images.front"]["info"]["video.fps"] = 15
+    info["features"]["observation.images.wrist"]["shape"] = [64, 64, 3]
+    path.write_text(json.dumps(info, indent=4))
+    front, wrist = (f"videos/observation.images.{k}/chunk-000/file-000.mp4" for k in ("front", "wrist"))
+    report = _run(root)
+    assert report.ok and _failed(report) == {"video_info_fps", "video_resolution"}, report.to_text()
+    fps, res = report["video_info_fps"], report["video_resolution"]
+    assert fps.severity == res.severity == "warning"
+    assert [(r["video_key"], r["path"], r["info_video_fps"], r["stream_fps"]) for r in fps.sample] == [
+        ("observation.images.front", front, 15.0, 30.0)]
+    assert res.sample == [{"video_key": "observation.images.wrist", "path": wrist, "declared_shape": [64, 64, 3],
+                           "info_height": 96, "info_width": 128, "file_height": 96, "file_width": 128}]
+    with pytest.warns(UserWarning, match=r"video frames of camera 'observation.images.wrist' are 96x128 .* 64x64"):
+        item = lsql.connect(root).dataset(cameras=["observation.images.wrist"])[0]
+    assert tuple(item["observation.images.wrist"].shape) == (3, 96, 128)  # what the warning is about
+    text = report.to_text()
+    assert "WARN video_info_fps" in text and "WARN video_resolution" in text and "stream_fps=30.0" in text
+
+    info["features"]["observation.images.front"]["info"]["video.fps"] = 30
+    info["features"]["observation.images.wrist"].update(shape=[3, 96, 128], names=["channels", "height", "width"])
+    info["features"]["observation.images.wrist"]["info"]["video.width"] = 64
+    path.write_text(json.dumps(info, indent=4))
+    report = _run(root)
+    assert _failed(report) == {"video_resolution"}, report.to_text()
+    assert [(r["declared_shape"], r["info_width"], r["file_width"]) for r in report["video_resolution"].sample] == [
+        ([3, 96, 128], 64, 128)]
+    assert _run(datasets / "small20")["video_resolution"].ok
+
+
 def test_missing_clip_timestamps_fail_the_report(datasets, tmp_path):
     """meta/episodes without the videos/*/from_timestamp and to_timestamp columns (the mp4s all there): a failure
     naming each camera and its episodes, and the video checks say why they skip (not 'no video files referenced')."""
