@@ -304,6 +304,23 @@ def test_mid_gop_exports_read_at_random(datasets, tmp_path, name, windows):
                 assert a[k].shape == b[k].shape and (a[k].float() - b[k].float()).abs().mean() < 8, (j, k)
 
 
+def test_reorder_depth_of_the_sample_streams(datasets):
+    """The dts lag the writer gives a file: lerobot's libx265 depth stream (I P B P B: decode order 0, 2, 1, 4, 3)
+    holds one frame back, the AV1 and the sample's H.264 streams none (their pts come in decode order)."""
+    from lerobot_sql._readers import video_index
+
+    assert video_writer.reorder_depth([0, 1024, 512, 2048, 1536]) == 1
+    assert video_writer.reorder_depth([0, 512, 1024]) == video_writer.reorder_depth([7]) == 0
+    assert video_writer.reorder_depth([0, 3, 1, 2]) == 1  # dts 0, 1, 2 after the first: each at most its pts
+    assert video_writer.reorder_depth([0, 4, 2, 1, 3]) == 2  # a B-pyramid: frame 1 decodes fourth
+    for name, key, depth in [("depth4", "observation.images.depth", 1), ("small20", "observation.images.front", 0),
+                             ("h264_20", "observation.images.front", 0)]:
+        db = lsql.connect(datasets / name)
+        rel = f"videos/{key}/chunk-000/file-000.mp4"
+        index = video_index.FrameIndex.load(video_index.ensure_index(db.source, rel, db.cache_dir))
+        assert video_writer.file_reorder_depth(index) == depth, name
+
+
 def test_multifile_source_and_rotation(datasets, tmp_path):
     """multifile60: episodes from several data and video files; 1 MB size limits rotate the output files too."""
     src = datasets / "multifile60"
