@@ -6,9 +6,10 @@ the Database builds on first use, ``video_files`` (file existence, size and stre
 :func:`lerobot_sql._readers.video_index.probe_video_files`) and ``video_frames`` (the video index, by demuxing).
 ``run`` builds the video index only when every video file is present.
 
-One check is computed in Python alone, as no view can hold it: ``video_files_decode`` (:data:`DECODE`, opt-in with
-``run(db, decode=True)``, ``lerobot-sql doctor --decode``) decodes every frame of every mp4 and compares what the
-decoder outputs with the file's index. It is reported like the others, and as skipped ("not run") when off.
+Two checks are computed in Python alone, as no view can hold them, both opt-in with ``run(db, decode=True)``
+(``lerobot-sql doctor --decode``): ``video_files_decode`` (:data:`DECODE`) decodes every frame of every mp4 and
+compares what the decoder outputs with the file's index; ``data_images_decode`` (:data:`IMAGE_DECODE`) decodes every
+image stored in the data files. They are reported like the others, and as skipped ("not run") when off.
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ CHECKS: tuple[Spec, ...] = (
          needs="index"),
     Spec("video_codec", "info.json mislabels the stream's codec; decoding follows the file, so this only misleads "
          "tools that trust info.json", severity="warning", needs="videos"),
+    Spec("video_resolution", "the mp4's frames are not the size info.json declares for the camera (its shape, "
+         "video.height / video.width): a warning, not a failure, because the readers serve each file's own size as "
+         "lerobot does (the items are the right frames), but models and batches built from info.json's shape get "
+         "another size. Fix the camera's shape and video.height / video.width in meta/info.json to the file's size, "
+         "or re-encode the mp4 at the declared size", severity="warning", needs="videos"),
     Spec("video_segments", "fix videos/<key>/from_timestamp and to_timestamp in meta/episodes: clips must last "
          "length / fps and chain within a file", params=("tolerance_s",)),
     Spec("video_segments_end_convention", "to_timestamp marks the clip's last frame ((length - 1) / fps after "
@@ -89,6 +95,10 @@ CHECKS: tuple[Spec, ...] = (
          "pts), so fix 'fps' in info.json if the data's timestamps follow the video, or re-encode the video at the "
          "dataset's fps; frames whose time has no video frame are listed by video_frame_pts", severity="warning",
          needs="index"),
+    Spec("video_info_fps", "the camera's info.video.fps in meta/info.json is not its mp4's frame rate: fix "
+         "video.fps to the stream's rate. A warning: the readers look frames up by time at info.json's top-level "
+         "fps (video_stream_rate checks that one) and never read video.fps, so only tools that trust it are misled",
+         severity="warning", needs="index"),
     Spec("video_frame_pts", "from_timestamp drifts from the file's real pts (lerobot issue #3177): recompute "
          "from_timestamp from the video, or pass a larger tolerance_s if the drift is known and harmless",
          needs="index", params=("tolerance_s",)),
@@ -100,10 +110,21 @@ DECODE = Spec("video_files_decode", "the named mp4 does not decode the way its i
               "items reading the listed episodes raise (\"decoding skipped pts=...\") or miss frames. Re-encode the "
               "file or re-export it from its source", needs="index")
 DECODE_DESCRIPTION = ("every mp4 decodes front to back with its frames' pts strictly increasing, exactly the pts of "
-                      "its demuxed packets (none missing, none extra) and no decode error (run with decode=True, "
-                      "CLI --decode)")
+                      "its demuxed packets (none missing, none extra) and no decode error, and a seek to each of up "
+                      "to 64 keyframes per file (as the readers seek) decodes that keyframe first (run with "
+                      "decode=True, CLI --decode)")
 DECODE_OFF = ("not run: decoding every frame is opt-in, pass decode=True (CLI: --decode); the mp4s' packets were "
               "checked, not their decoded frames")
+# The images stored in the data files (dtype image: PNG/TIFF bytes per cell), decoded with PIL as the items decode
+# them; opt-in with DECODE (a full decode of every image).
+IMAGE_DECODE = Spec("data_images_decode", "the named image cells do not decode (a cut or damaged PNG/TIFF, or a cell "
+                    "holding no bytes): items reading those rows raise DatasetFormatError. Re-download the data file "
+                    "if its source's copy is intact, else re-encode those frames' images from the recording (or "
+                    "drop the rows)")
+IMAGE_DECODE_DESCRIPTION = ("every cell of every image feature (dtype image) in the data files holds image bytes PIL "
+                            "decodes whole, as the items read them (run with decode=True, CLI --decode)")
+IMAGE_DECODE_OFF = ("not run: decoding every image is opt-in, pass decode=True (CLI: --decode); the data files' pages "
+                    "were checked, not the images in them")
 # Hints added to DECODE's by what was found (the likely cause, named per kind of failure).
 _OPEN_GOP = ("frames out of order in an HEVC / H.264 file made by concatenating or stream-copying parts are the usual "
              "sign of an open-GOP keyframe after a cut (an HEVC CRA, an H.264 recovery-point I frame) that keeps the "
@@ -111,6 +132,10 @@ _OPEN_GOP = ("frames out of order in an HEVC / H.264 file made by concatenating 
              "or relabel the CRA as a BLA (lerobot_sql's export does)")
 _CUT = ("the file's last frames never decode (video_files_complete fails too when its bytes end before its last "
         "packet): the file is cut short, re-download it")
+_SEEK = ("a seek to a keyframe decodes another frame first while a front-to-back decode is right: FFmpeg seeks an mp4 "
+         "by its sample table (the dts), and these dts disagree with the pts (lerobot_sql's export of windows cut "
+         "mid-GOP wrote such files before the dts fix), so items read at random raise \"decoding skipped\": "
+         "re-export from the source with this version, or re-encode the file")
 _DAMAGED = ("decode errors inside the file: its packets' bytes are damaged (bit rot, a bad copy), re-download it; if "
             "the source's copy fails too, re-encode the episodes from the original recording")
 
@@ -327,8 +352,10 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
             codec labels. With False only the files' existence and the clip metadata are checked for videos.
         decode: also decode every frame of every mp4 the episodes point to (``video_files_decode``: FFmpeg's output
             order, the decoded pts against the index, decode errors). Costs a full decode of the dataset's videos
-            (sample/multifile60, 26k small frames in 11 mp4s: about 2 s on 2 cores); needs ``check_video``. Off:
-            the check is reported as skipped ("not run").
+            (sample/multifile60, 26k small frames in 11 mp4s: about 2 s on 2 cores) and a seek to each of up to 64
+            keyframes per mp4 (there 704 seeks, about 0.2 s); needs ``check_video``. Also decode every image
+            stored in the data files (``data_images_decode``). Off: both checks are reported as skipped ("not
+            run").
         progress: a progress bar over the mp4s being decoded (None: only for 8 files or more).
 
     A check whose query fails (e.g. a column missing from meta/episodes) is reported as failed with DuckDB's
@@ -359,7 +386,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
     for spec in CHECKS:
         nq = library.load(f"doctor/{spec.name}")
         skipped = _video_skip(db, spec, check_video, n_files, n_missing, index_ready)
-        if skipped is None and spec.name == "video_codec" and not check_video:
+        if skipped is None and spec.name in ("video_codec", "video_resolution") and not check_video:
             skipped = "video checks disabled"
         elif skipped is None and spec.name == "stats_present" and db.layout.legacy and \
                 not db.layout.episode_stats_file:
@@ -396,6 +423,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
         checks.append(Check(spec.name, result.num_rows == 0, result.num_rows,
                             result.slice(0, SAMPLE_ROWS).to_pylist(), hint, spec.severity, nq.description))
     checks.append(_decode_check(db, decode, check_video, n_files, n_missing, index_ready, progress))
+    checks.append(_image_decode_check(db, decode))
     return Report(db.source.url, db.layout.version, float(tolerance_s), checks)
 
 
@@ -454,14 +482,81 @@ def _decode_check(db, decode: bool, check_video: bool, n_files: int, n_missing: 
            for r in bad]
     if any(cut):
         hint += "; " + _CUT
+    if any(r["n_bad_seeks"] for r in bad):
+        hint += "; " + _SEEK
     if any(r["error"] and not c for r, c in zip(bad, cut)):
         hint += "; " + _DAMAGED
     return Check(spec.name, not bad, len(bad), bad[:SAMPLE_ROWS], hint, spec.severity, DECODE_DESCRIPTION)
 
 
+def _image_decode_check(db, decode: bool) -> Check:
+    """The :data:`IMAGE_DECODE` check: skipped without image features or unless ``decode``, else one violation row
+    per image cell that does not decode (:func:`_undecodable_images`)."""
+    spec = IMAGE_DECODE
+    skipped = "no image features" if not db.layout.image_keys else None if decode else IMAGE_DECODE_OFF
+    if skipped:
+        return Check(spec.name, True, 0, [], spec.hint, spec.severity, IMAGE_DECODE_DESCRIPTION, skipped)
+    bad = _undecodable_images(db)
+    return Check(spec.name, not bad, len(bad), bad[:SAMPLE_ROWS], spec.hint, spec.severity, IMAGE_DECODE_DESCRIPTION)
+
+
+def _undecodable_images(db, batch_rows: int = 64) -> list[dict[str, Any]]:
+    """Decode every cell of every image feature in the data files with PIL (``Image.open`` then ``load``: the whole
+    image, as an item's ``np.asarray`` does).
+
+    Returns:
+        One dict per cell that fails, in file and row order: ``path`` (the data file, relative to the root),
+        ``row`` (in the file), ``episode_index``, ``index`` (None where the file lacks the column), ``column``,
+        ``error`` (what is wrong, the items' wording: "holds no image bytes", "is not a readable image (OSError:
+        image file is truncated)"). A data file that does not read is left to ``data_files_decode``.
+    """
+    import io
+
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    out = []
+    for rel in db.layout.data_files:
+        try:
+            with db.source.open(rel) as fh:
+                pf = pq.ParquetFile(fh)
+                names = pf.schema_arrow.names
+                cols = [k for k in db.layout.image_keys if k in names]
+                if not cols:
+                    continue
+                ids = [c for c in ("episode_index", "index") if c in names]
+                row0 = 0
+                # a few rows at a time: images can be large, and only one batch's bytes are held
+                for batch in pf.iter_batches(batch_size=batch_rows, columns=ids + cols):
+                    where = {c: batch.column(c).to_pylist() for c in ids}
+                    for c in cols:
+                        arr = batch.column(c)
+                        data = arr.field("bytes") if pa.types.is_struct(arr.type) else arr
+                        for j, v in enumerate(data.to_pylist()):
+                            if not isinstance(v, bytes):  # only a path (never opened: dataset text), or null
+                                what = "holds no image bytes"
+                            else:
+                                try:
+                                    with Image.open(io.BytesIO(v)) as img:
+                                        img.load()
+                                    continue
+                                except Exception as e:  # PIL: UnidentifiedImageError, truncated (OSError), bombs
+                                    what = f"is not a readable image ({type(e).__name__}: {e})"
+                            out.append({"path": rel, "row": row0 + j,
+                                        **{k: where[k][j] if k in where else None for k in ("episode_index", "index")},
+                                        "column": c, "error": what})
+                    row0 += batch.num_rows
+        except (pa.ArrowException, OSError):
+            continue
+    return out
+
+
 def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]]:
     """Decode every readable mp4 of the ``videos`` view (:func:`lerobot_sql._readers.decode.decode_every_frame`) and
-    compare each with its video index (the pts of its demuxed packets, the ``video_frames`` view's rows).
+    compare each with its video index (the pts of its demuxed packets, the ``video_frames`` view's rows); then seek
+    to up to :data:`~lerobot_sql._readers.decode.SEEK_PROBES` of its keyframes as the readers do
+    (:func:`~lerobot_sql._readers.decode.probe_seeks`; on sample/multifile60, 11 mp4s: 704 seeks, about 0.2 s on top
+    of the decode's 2 s).
 
     Returns:
         One dict per mp4 that fails, ordered by video_key and path: ``video_key``, ``path`` (relative to the root),
@@ -470,7 +565,8 @@ def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]
         units and in seconds), ``episodes`` (the episodes whose clip, from_timestamp up to the later of to_timestamp
         and from_timestamp + length / fps, holds an offending frame), ``frames_in_index``, ``frames_decoded``,
         ``n_out_of_order`` (frames output with a pts not above every pts output before them), ``n_missing`` (index
-        pts never output), ``n_extra`` (output pts not in the index), ``error`` (the first decode error, None).
+        pts never output), ``n_extra`` (output pts not in the index), ``n_bad_seeks`` (keyframes that decode in the
+        forward pass but a seek to which decodes another frame first), ``error`` (the first decode error, None).
 
     Raises:
         LeRobotSQLError / duckdb.Error: the views cannot be read. A file that does not decode is a row, not an error.
@@ -500,22 +596,26 @@ def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]
     out = []
     for key, rel, codec in tqdm(files, desc="decode videos", unit="file",
                                 disable=(len(files) < 8) if progress is None else not progress):
-        index = pq.read_table(video_index.ensure_index(db.source, rel, db.cache_dir), columns=["pts"])
-        want = np.sort(index["pts"].to_numpy())  # the index is in presentation order; sorted once more for safety
+        path = video_index.ensure_index(db.source, rel, db.cache_dir)
+        want = np.sort(pq.read_table(path, columns=["pts"])["pts"].to_numpy())  # presentation order, sorted again
         got = decode.decode_every_frame(db.source, rel)
-        row = _compare_decode(want, got, clips.get((key, rel), []))
+        seeks = decode.probe_seeks(db.source, rel, video_index.FrameIndex.load(path)) if got.time_base else None
+        row = _compare_decode(want, got, clips.get((key, rel), []), seeks)
         if row is not None:
             out.append({"video_key": key, "path": rel, "codec": codec, **row})
     return out
 
 
-def _compare_decode(want, got, clips: list[tuple]) -> dict[str, Any] | None:
+def _compare_decode(want, got, clips: list[tuple], seeks: tuple[int, list[tuple]] | None = None
+                    ) -> dict[str, Any] | None:
     """The violation row (without video_key, path, codec) of one mp4, or None when it decoded as indexed.
 
     Args:
         want: the index's pts, sorted (int64 numpy array). got: the file's
             :class:`~lerobot_sql._readers.decode.DecodedStream`.
         clips: (episode_index, first second, end second) of the file's episodes, each widened by half a frame.
+        seeks: :func:`~lerobot_sql._readers.decode.probe_seeks`'s (keyframes probed, failures), or None (not run).
+            A failed seek to a keyframe the forward pass did not output is left to that finding (missing frames).
     """
     import numpy as np
 
@@ -576,6 +676,16 @@ def _compare_decode(want, got, clips: list[tuple]) -> dict[str, Any] | None:
         where = f" (packet pts {got.error_pts})" if got.error_pts is not None else ""
         parts.append(f"{got.n_errors} decode error(s), the first after {got.frames_before_error} frame(s) "
                      f"output{where}")
+    n_probed, failed = seeks or (0, [])
+    decoded = set(d.tolist())
+    failed = [f for f in failed if f[0] in decoded]
+    if failed:
+        asked = np.array([a for a, _, _ in failed], np.int64)
+        bad[np.searchsorted(want, asked[np.isin(asked, want)])] = True
+        a, g, err = failed[0]
+        landed = f"pts {g} ({sec(g)}) decoded first" if g is not None else (err or "nothing decoded after it")
+        parts.append(f"{len(failed)} of {n_probed} seeks to a keyframe decoded another frame first (first: keyframe "
+                     f"pts {a} ({sec(a)}), {landed}): items read at random raise")
     if not parts:
         return None
     firsts = ([int(want[np.argmax(bad)])] if bad.any() else []) + outside
@@ -591,4 +701,4 @@ def _compare_decode(want, got, clips: list[tuple]) -> dict[str, Any] | None:
             "pts": first, "pts_s": None if first is None or tb is None else first * tb,
             "episodes": eps, "problem": "; ".join(parts), "frames_in_index": len(want),
             "frames_decoded": len(d) + got.no_pts, "n_out_of_order": n_late, "n_missing": len(missing),
-            "n_extra": len(extra), "error": got.error}
+            "n_extra": len(extra), "n_bad_seeks": len(failed), "error": got.error}

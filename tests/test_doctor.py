@@ -504,6 +504,43 @@ def test_video_stream_rate_other_than_info_fps_is_named(datasets, tmp_path):
     assert _run(datasets / "small20")["video_stream_rate"].ok
 
 
+def test_camera_video_fps_and_resolution_other_than_the_file_are_named(datasets, tmp_path):
+    """small20 with the front camera's info.video.fps 15 (its stream: 30 fps) and the wrist camera's shape [64, 64,
+    3] (its mp4: 96x128): doctor said OK while dataset() warned and served the file's size. Now two warnings, each
+    naming the camera, the file and both values; the report still passes (the items are the files' frames); the
+    resolution warning also for video.height / video.width that disagree, and for a [C, H, W] shape named so."""
+    root = _copy(datasets, tmp_path, "small20")
+    path = root / "meta/info.json"
+    info = json.loads(path.read_text())
+    info["features"]["observation.images.front"]["info"]["video.fps"] = 15
+    info["features"]["observation.images.wrist"]["shape"] = [64, 64, 3]
+    path.write_text(json.dumps(info, indent=4))
+    front, wrist = (f"videos/observation.images.{k}/chunk-000/file-000.mp4" for k in ("front", "wrist"))
+    report = _run(root)
+    assert report.ok and _failed(report) == {"video_info_fps", "video_resolution"}, report.to_text()
+    fps, res = report["video_info_fps"], report["video_resolution"]
+    assert fps.severity == res.severity == "warning"
+    assert [(r["video_key"], r["path"], r["info_video_fps"], r["stream_fps"]) for r in fps.sample] == [
+        ("observation.images.front", front, 15.0, 30.0)]
+    assert res.sample == [{"video_key": "observation.images.wrist", "path": wrist, "declared_shape": [64, 64, 3],
+                           "info_height": 96, "info_width": 128, "file_height": 96, "file_width": 128}]
+    with pytest.warns(UserWarning, match=r"video frames of camera 'observation.images.wrist' are 96x128 .* 64x64"):
+        item = lsql.connect(root).dataset(cameras=["observation.images.wrist"])[0]
+    assert tuple(item["observation.images.wrist"].shape) == (3, 96, 128)  # what the warning is about
+    text = report.to_text()
+    assert "WARN video_info_fps" in text and "WARN video_resolution" in text and "stream_fps=30.0" in text
+
+    info["features"]["observation.images.front"]["info"]["video.fps"] = 30
+    info["features"]["observation.images.wrist"].update(shape=[3, 96, 128], names=["channels", "height", "width"])
+    info["features"]["observation.images.wrist"]["info"]["video.width"] = 64
+    path.write_text(json.dumps(info, indent=4))
+    report = _run(root)
+    assert _failed(report) == {"video_resolution"}, report.to_text()
+    assert [(r["declared_shape"], r["info_width"], r["file_width"]) for r in report["video_resolution"].sample] == [
+        ([3, 96, 128], 64, 128)]
+    assert _run(datasets / "small20")["video_resolution"].ok
+
+
 def test_missing_clip_timestamps_fail_the_report(datasets, tmp_path):
     """meta/episodes without the videos/*/from_timestamp and to_timestamp columns (the mp4s all there): a failure
     naming each camera and its episodes, and the video checks say why they skip (not 'no video files referenced')."""
@@ -735,6 +772,102 @@ def test_decode_passes_the_same_export_with_the_bla_fix(datasets, tmp_path):
     report = _run(out, decode=True)
     c = report["video_files_decode"]
     assert report.ok and not c.skipped and c.ok and c.n_violations == 0, report.to_text()
+
+
+def test_decode_names_every_image_cell_that_does_not_decode(datasets, tmp_path):
+    """img5_extras (images in Parquet) with the front PNG of episode 1, frame 57 cut to 50 bytes and the wrist cell
+    of episode 3, frame 0 left with only a path: --decode passed it (only mp4s were decoded) while those items
+    raise. Now data_images_decode names the data file, row, episode, index and column of both, in the items'
+    words; without decode=True it says it did not run, and the intact dataset passes it."""
+    from lerobot_sql.errors import DatasetFormatError
+
+    clean = _run(data_root("img5_extras"), decode=True)["data_images_decode"]
+    assert clean.ok and not clean.skipped and clean.n_violations == 0
+    root = _copy(datasets, tmp_path, "img5_extras")
+    t = pq.read_table(root / DATA)
+    ep, fi, idx = (t[c].to_numpy() for c in ("episode_index", "frame_index", "index"))
+    cut, pathless = int(np.flatnonzero((ep == 1) & (fi == 57))[0]), int(np.flatnonzero((ep == 3) & (fi == 0))[0])
+
+    def damage(table):
+        table = _set(table, "observation.images.front",
+                     lambda v: [dict(x, bytes=x["bytes"][:50]) if i == cut else x for i, x in enumerate(v)])
+        return _set(table, "observation.images.wrist",
+                    lambda v: [dict(x, bytes=None, path="frame_000000.png") if i == pathless else x
+                               for i, x in enumerate(v)])
+
+    _edit_parquet(root / DATA, damage)
+    quick = _run(root)
+    assert quick.ok and quick["data_images_decode"].skipped == doctor.IMAGE_DECODE_OFF
+
+    report = _run(root, decode=True)
+    assert _failed(report) == {"data_images_decode"}, report.to_text()
+    c = report["data_images_decode"]
+    assert c.severity == "error" and c.n_violations == 2
+    assert c.sample == [
+        {"path": DATA, "row": cut, "episode_index": 1, "index": int(idx[cut]), "column": "observation.images.front",
+         "error": "is not a readable image (OSError: image file is truncated)"},
+        {"path": DATA, "row": pathless, "episode_index": 3, "index": int(idx[pathless]),
+         "column": "observation.images.wrist", "error": "holds no image bytes"}]
+    ds = lsql.connect(root).dataset()
+    for row in c.sample:  # the items of those rows raise, naming the same column and index
+        with pytest.raises(DatasetFormatError, match=f"column '{row['column']}' .*index {row['index']}\\) "
+                           + row["error"].split(" (")[0]):
+            ds[row["index"]]
+    assert "FAIL data_images_decode: 2 violation(s)" in report.to_text()
+
+
+def _rewrite_dts(path, dts_of) -> list[tuple[int, int]]:
+    """Remux the mp4 ``path`` in place, each packet's bytes and pts kept and its dts ``dts_of(dts, previous dts)``;
+    returns the new (pts, dts) in decode order."""
+    import av
+
+    tmp = path.with_name("rewrite.mp4")
+    out_pkts, last = [], None
+    with av.open(str(path)) as inp, av.open(str(tmp), "w", format="mp4", options={"movflags": "faststart"}) as out:
+        s = inp.streams.video[0]
+        o = out.add_stream_from_template(s, opaque=True)
+        o.time_base = s.time_base
+        out.start_encoding()
+        for pkt in inp.demux(s):
+            if pkt.pts is None:
+                continue
+            last = min(dts_of(pkt.dts, last), pkt.pts)
+            pkt.dts, pkt.stream = last, o
+            out_pkts.append((pkt.pts, last))
+            out.mux(pkt)
+    tmp.replace(path)
+    return out_pkts
+
+
+def test_decode_finds_an_mp4_that_decodes_in_order_but_not_after_a_seek(datasets, tmp_path):
+    """depth4's episode 0 cut at frame 3 (mid-GOP) as export wrote it before the dts fix (rebuilt here from today's
+    export: the same packets and pts, the old dts): the re-encoded head's dts 0, 1, 2, then the copied packets'
+    512, 1024, ... It decodes front to back exactly as indexed, but FFmpeg seeks by dts, so a seek to the keyframe
+    at pts 512 decodes pts 1536 first and items read at random raise "decoding skipped"; doctor --decode passed it.
+    Now video_files_decode names the file, the first keyframe a seek misses (frame 1, pts 512) and episode 0."""
+    from lerobot_sql.errors import VideoDecodeError
+
+    out = tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # depth4's float depth is quantized
+        lsql.connect(datasets / "depth4").export(
+            "SELECT 0 AS episode_index, 0.1 AS start_s, 0.5 AS end_s", out, progress=False)
+    pkts = _rewrite_dts(out / DEPTH_MP4, lambda dts, last: max(dts - 512, 0 if last is None else last + 1))
+    assert [d for _, d in pkts[:5]] == [0, 1, 2, 512, 1024]  # the file the old writer wrote
+    with pytest.raises(VideoDecodeError, match="decoding skipped pts=512 .got 1536"):
+        lsql.connect(out).dataset()[1]
+
+    report = _run(out, decode=True)
+    assert _failed(report) == {"video_files_decode"}, report.to_text()
+    c = report["video_files_decode"]
+    assert c.n_violations == 1  # the AV1 camera's mp4 seeks right
+    r = c.sample[0]
+    assert (r["video_key"], r["path"], r["codec"]) == ("observation.images.depth", DEPTH_MP4, "hevc")
+    assert (r["frame"], r["pts"], r["episodes"], r["frames_in_index"], r["frames_decoded"]) == (1, 512, [0], 12, 12)
+    assert r["n_out_of_order"] == r["n_missing"] == r["n_extra"] == 0 and r["error"] is None
+    assert r["n_bad_seeks"] > 0 and "seeks to a keyframe decoded another frame first" in r["problem"]
+    assert "keyframe pts 512 (0.033 s), pts 1536 (0.100 s) decoded first" in r["problem"]
+    assert doctor._SEEK in c.hint
 
 
 @pytest.mark.parametrize("name", ["small20", "multifile60", "h264_20", "depth4"])

@@ -10,7 +10,8 @@ a depth camera (``gray`` files of the pool) are converted to ``gray12le`` instea
 ``frame.to_ndarray(format="gray12le")``: uint16 codes 0..4095, dequantized by the dataset.
 
 ``decode_every_frame`` is the other use of an open file: one forward pass over all of it, keeping only what the
-decoder outputs (``lerobot-sql doctor --decode``).
+decoder outputs (``lerobot-sql doctor --decode``); ``probe_seeks`` the third: seeks to keyframes, as the readers
+seek, checking each lands where it was asked.
 """
 
 from __future__ import annotations
@@ -411,3 +412,51 @@ def decode_every_frame(src: Source, rel: str, threads: int = 0) -> DecodedStream
         f.close()
     return DecodedStream(rel, tb, np.asarray(pts, np.int64), no_pts, np.asarray(corrupt, np.int64),
                          np.asarray(discarded, np.int64), n_errors, *(first or (None, None, None)))
+
+
+# Keyframes a seek probe tries per file (evenly spread, first and last included): bounded, as each is a seek and a
+# flush plus the frames up to the keyframe.
+SEEK_PROBES = 64
+
+
+def probe_seeks(src: Source, rel: str, index: FrameIndex, limit: int = SEEK_PROBES) -> tuple[int, list[tuple]]:
+    """Seek to keyframes of video ``rel`` the way the readers do (:meth:`_OpenFile._seek`: to the keyframe's pts,
+    backward, single-threaded) and check that the first frame decoded at or after it is that keyframe. An mp4 can
+    decode right front to back and still fail here: FFmpeg seeks by the sample table (the dts), so dts that
+    disagree with the pts land a seek on a later keyframe, and every item reached through that seek raises
+    "decoding skipped".
+
+    Args:
+        src: the dataset's source. rel: the mp4, relative to the root. index: its :class:`FrameIndex`.
+        limit: at most this many keyframes, evenly spread over the file (first and last included).
+
+    Returns:
+        (keyframes probed, failures): each failure ``(asked, got, error)``: the keyframe's pts (time-base units),
+        the pts of the first frame decoded at or after it (None: none before the stream ended or an error) and the
+        error text (None). Never raises for a damaged file: one that does not open gives ``(0, [])`` (the forward
+        decode reports it).
+    """
+    keys = np.unique(index.key_row)
+    if len(keys) > limit:
+        keys = keys[np.unique(np.linspace(0, len(keys) - 1, limit).round().astype(np.int64))]
+    try:
+        f = _OpenFile(src, rel, threads=1)
+    except (LeRobotSQLError, OSError, av.error.FFmpegError):
+        return 0, []
+    bad = []
+    try:
+        for kr in keys:
+            want, got, err = int(index.pts[kr]), None, None
+            try:
+                f._seek(index, int(kr))
+                for frame in f.frames:
+                    if frame.pts is not None and frame.pts >= want:
+                        got = int(frame.pts)
+                        break
+            except (av.error.FFmpegError, OSError) as e:
+                err = f"{type(e).__name__}: {e}"
+            if got != want:
+                bad.append((want, got, err))
+    finally:
+        f.close()
+    return len(keys), bad

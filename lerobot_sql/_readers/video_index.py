@@ -45,6 +45,8 @@ PROBE_SCHEMA = pa.schema([
     ("present", pa.bool_()),
     ("size_bytes", pa.int64()),     # NULL when missing
     ("codec", pa.string()),         # FFmpeg canonical name; NULL when missing or unreadable
+    ("height", pa.int64()),         # the stream's frame size, pixels (its header); NULL as codec
+    ("width", pa.int64()),
 ])
 
 
@@ -306,21 +308,22 @@ def ensure_index_arrow(src: Source, rel: str, cache_dir: Path, pin: Stamp | None
     return cache.ensure(path, write)
 
 
-def _stream_codec(src: Source, rel: str) -> str | None:
-    """FFmpeg's canonical codec name (``av1``, ``h264``, ``mpeg4`` ...) of the file's first video stream; None if
-    PyAV cannot open it (the video index checks then report the file). Remote files are opened payload-free (only
-    the container's boxes are fetched)."""
+def _stream_probe(src: Source, rel: str) -> tuple[str | None, int | None, int | None]:
+    """FFmpeg's canonical codec name (``av1``, ``h264``, ``mpeg4`` ...) and the frame height and width (pixels) of
+    the file's first video stream, from its header; Nones if PyAV cannot open it (the video index checks then report
+    the file). Remote files are opened payload-free (only the container's boxes are fetched)."""
     local = src.local_path(rel)
     try:
         with (av.open(local) if local is not None else av.open(src.open_demux(rel))) as container:
-            return container.streams.video[0].codec_context.codec.canonical_name
+            cc = container.streams.video[0].codec_context
+            return cc.codec.canonical_name, (int(cc.height) or None), (int(cc.width) or None)
     except (av.error.FFmpegError, IndexError, LeRobotSQLError, OSError):
-        return None
+        return None, None, None
 
 
 def probe_video_files(src: Source, files: list[tuple[str, str]]) -> pa.Table:
     """The rows of the view ``video_files``: for each (video_key, path) of the ``videos`` view, whether the file
-    exists, its size and its stream's codec.
+    exists, its size, its stream's codec and frame size.
 
     Args:
         src: the dataset's :class:`lerobot_sql._storage.source.Source`.
@@ -328,14 +331,15 @@ def probe_video_files(src: Source, files: list[tuple[str, str]]) -> pa.Table:
 
     Returns:
         Arrow table ``video_key`` string, ``path`` string, ``present`` bool, ``size_bytes`` int64 (NULL when
-        missing), ``codec`` string (FFmpeg canonical name, NULL when missing or unreadable).
+        missing), ``codec`` string (FFmpeg canonical name, NULL when missing or unreadable), ``height``, ``width``
+        int64 (pixels, from the stream's header; NULL as codec).
 
     Raises:
         RemoteIOError: a remote file's existence could not be asked (network down, never seen offline).
     """
     from tqdm.auto import tqdm
 
-    keys, paths, present, sizes, codecs = [], [], [], [], []
+    keys, paths, present, sizes, probes = [], [], [], [], []
     for key, rel in tqdm(files, desc="probe videos", unit="file", disable=len(files) < 64):
         try:  # Source.size, not Source.exists: on HTTP the latter trusts the metadata's file list
             size = src.size(rel)
@@ -345,8 +349,9 @@ def probe_video_files(src: Source, files: list[tuple[str, str]]) -> pa.Table:
         paths.append(rel)
         present.append(size is not None)
         sizes.append(size)
-        codecs.append(_stream_codec(src, rel) if size is not None else None)
-    return pa.table([keys, paths, present, sizes, codecs], schema=PROBE_SCHEMA)
+        probes.append(_stream_probe(src, rel) if size is not None else (None, None, None))
+    codecs, heights, widths = zip(*probes) if probes else ((), (), ())
+    return pa.table([keys, paths, present, sizes, list(codecs), list(heights), list(widths)], schema=PROBE_SCHEMA)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """The video writer of an export: videos/<video_key>/chunk-*/file-*.mp4, one writer per camera.
 
 Each part's frames are located in the source mp4 (:mod:`lerobot_sql._readers.locate`, within ``tolerance_s``).
-From the part's first keyframe on, packets are copied as they are (PyAV remux, no decode), with pts/dts shifted to
+From the part's first keyframe on, packets are copied as they are (PyAV remux, no decode), with pts shifted to
 where the episode starts in the new file. Frames before it (a window cut mid-GOP), and a run whose decode order
 crosses the cut (B-frames), are decoded and re-encoded as a new GOP with the encoder settings of info.json
 (``ENCODERS`` maps its decoder name to lerobot's encoder; lerobot's defaults where info.json has none). H.264/H.265
-encoder output is Annex B and is rewritten length-prefixed, as an mp4 track holds it. Files rotate by
-``video_files_size_in_mb`` (estimated from the source packets' sizes).
+encoder output is Annex B and is rewritten length-prefixed, as an mp4 track holds it. Copied and re-encoded packets
+alike get their dts from the file's frame grid, a fixed reorder lag behind (:meth:`VideoWriter._mux_run`). Files
+rotate by ``video_files_size_in_mb`` (estimated from the source packets' sizes).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class VideoWriter:
         self.t_pts = 0          # where the next episode starts, output time-base units
         self.bytes = 0
         self.last_dts: int | None = None
+        self.lag = 0            # the file's dts lag, frames (see _mux_run)
+        self.n_muxed = 0        # packets muxed into the file
+        self.shown: list[int] = []  # the file's pts so far, in presentation order
         self.files = 0
         # keyed by (source, relative path): two datasets of a collection have files of the same name
         self.inputs: dict[tuple[int, str], Any] = {}
@@ -92,15 +96,37 @@ class VideoWriter:
         est = int(sizes[ra:rb + 1].sum())
         inp = self._input(part.source, rel)
         in_stream = inp.streams.video[0]
+        in_tb = Fraction(index.time_base)
+        src_fd = Fraction(1) / Fraction(self.ex.fps) / in_tb  # one frame, source time-base units
+        # The part's packets, in decode order, with their source pts and end (source time base), gathered before
+        # anything is muxed: the file's dts lag must cover their reordering (_mux_run), or a new file starts.
+        is_key = index.keyframe_pts == index.pts
+        keys = np.flatnonzero(is_key[ra:rb + 1]) + ra
+        rk = int(keys[0]) if len(keys) else rb + 1
+        head, copied = [], []
+        if rk > ra:
+            head = self._encode(inp, in_stream, index, ra, rk - 1, src_fd)
+            ex.frames_reencoded += rk - ra
+        if rk <= rb:
+            copied = self._remux(inp, in_stream, index, rk, rb, src_fd)
+            if copied is None:  # frames reordered across the cut (B-frames): re-encode that part instead
+                head += self._encode(inp, in_stream, index, rk, rb, src_fd)
+                ex.frames_reencoded += rb - rk + 1
+                copied = []
+            else:
+                ex.frames_remuxed += rb - rk + 1
+        lag = reorder_depth([p for _, p, _ in head + copied])
         # A file is one stream with one codec header: another source's header (a collection's export) starts a new
-        # file, as copied packets are decoded with the header of the file they are in.
+        # file, as copied packets are decoded with the header of the file they are in. So does a part reordered
+        # deeper than the file's dts lag (its dts would not fit between the parts before and after).
         other_header = self.out is not None and bytes(in_stream.codec_context.extradata or b"") != self.extradata
-        if self.out is not None and self.rot.used and (self.bytes + est >= ex.video_limit or other_header):
+        deeper = self.out is not None and lag > self.lag
+        if self.out is not None and self.rot.used and (self.bytes + est >= ex.video_limit or other_header or deeper):
             self._close_file()
             self.rot.advance()
         if self.out is None:
-            self._open(in_stream)
-        in_tb = Fraction(index.time_base)
+            # The lag is the source file's (every part of it then fits), or this part's if deeper.
+            self._open(in_stream, max(lag, file_reorder_depth(index)))
         # A whole episode keeps its timestamps, so its first frame sits at from_timestamp + timestamp[0] (0 for
         # lerobot-written data); a cut one restarts at 0.
         lead = float(ts[0]) if part.whole else 0.0
@@ -114,20 +140,11 @@ class VideoWriter:
                 return start_pts + src_pts - base
             return start_pts + int(round((src_pts - base) * ratio))
 
-        is_key = index.keyframe_pts == index.pts
-        keys = np.flatnonzero(is_key[ra:rb + 1]) + ra
-        rk = int(keys[0]) if len(keys) else rb + 1
-        end_pts = None
-        if rk > ra:
-            end_pts = self._encode(inp, in_stream, index, ra, rk - 1, out_pts)
-            ex.frames_reencoded += rk - ra
-        if rk <= rb:
-            ok, end_pts = self._remux(inp, in_stream, index, rk, rb, out_pts)
-            if not ok:  # frames reordered across the cut (B-frames): re-encode that part instead
-                end_pts = self._encode(inp, in_stream, index, rk, rb, out_pts)
-                ex.frames_reencoded += rb - rk + 1
-            else:
-                ex.frames_remuxed += rb - rk + 1
+        if copied and (self.n_muxed or head):  # another part, or this part's head, precedes the copied run
+            copied[0] = (self._new_sequence(copied[0][0]), copied[0][1], copied[0][2])
+        run = [(pkt, out_pts(p), out_pts(e)) for pkt, p, e in head + copied]
+        self._mux_run(run)
+        end_pts = max(e for _, _, e in run)
         self.bytes += est
         self.rot.used = True
         self.t_pts = max(end_pts, start_pts)
@@ -135,7 +152,7 @@ class VideoWriter:
         return {p + "chunk_index": self.rot.chunk, p + "file_index": self.rot.file, p + "from_timestamp": from_ts,
                 p + "to_timestamp": float(self.t_pts * self.tb)}
 
-    def _open(self, in_stream) -> None:
+    def _open(self, in_stream, lag: int) -> None:
         rel = self.ex.video_path.format(video_key=self.key, chunk_index=self.rot.chunk, file_index=self.rot.file)
         path = self.ex.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,23 +163,41 @@ class VideoWriter:
         self.tb = Fraction(self.stream.time_base)
         self.extradata = bytes(in_stream.codec_context.extradata or b"")
         self.t_pts, self.bytes, self.last_dts = 0, 0, None
+        self.lag, self.n_muxed, self.shown = lag, 0, []
         self.files += 1
 
-    def _mux(self, pkt, pts: int, dts: int | None) -> None:
-        dts = pts if dts is None else dts
-        if self.last_dts is not None and dts <= self.last_dts:
-            dts = self.last_dts + 1
-        dts = min(dts, pts)
-        pkt.stream = self.stream
-        pkt.time_base = self.stream.time_base
-        pkt.pts, pkt.dts = pts, dts
-        self.out.mux(pkt)
-        self.last_dts = dts
+    def _mux_run(self, run: list[tuple[Any, int, int]]) -> None:
+        """Mux ``run`` (packet, pts, end; output time base, decode order), the packets of one part.
 
-    def _remux(self, inp, in_stream, index: video_index.FrameIndex, ra: int, rb: int, out_pts) -> tuple[bool, int]:
-        """Copy the packets of frames ra..rb (ra is a keyframe). False if decode order crosses the cut."""
+        Every packet's dts is the pts of the frame presented ``self.lag`` frames before it in the file (the first
+        ones: that many frame durations before the file's first pts), as an encoder with that reorder delay writes
+        it. So the dts sit on the frame grid, strictly increasing, at most the packet's pts (the lag is at least the
+        run's :func:`reorder_depth`), consistently across re-encoded and copied runs: the mp4's sample table, by
+        which FFmpeg seeks, is then the source's. (Encoder dts and the copied packets' own dts, each with its own
+        delay, put side by side, left a seek to a pts landing a GOP late: "decoding skipped".)
+        """
+        frame_dur = Fraction(1) / Fraction(self.ex.fps) / self.tb
+        self.shown += sorted(p for _, p, _ in run)
+        for pkt, pts, _ in run:
+            k = self.n_muxed - self.lag
+            dts = self.shown[k] if k >= 0 else self.shown[0] + int(round(k * frame_dur))
+            if (self.last_dts is not None and dts <= self.last_dts) or dts > pts:
+                raise VideoDecodeError(f"camera {self.key!r}: packet pts {pts} would get dts {dts} (previous dts "
+                                       f"{self.last_dts}, lag {self.lag} frames); the parts overlap in time, a bug "
+                                       "of the export: please report it")
+            pkt.stream = self.stream
+            pkt.time_base = self.stream.time_base
+            pkt.pts, pkt.dts = pts, dts
+            self.out.mux(pkt)
+            self.last_dts = dts
+            self.n_muxed += 1
+
+    def _remux(self, inp, in_stream, index: video_index.FrameIndex, ra: int, rb: int, src_fd: Fraction
+               ) -> list[tuple[Any, int, int]] | None:
+        """The packets of frames ra..rb (ra is a keyframe) as they are: (packet, pts, end), source time base, decode
+        order. None if decode order crosses the cut."""
         lo, hi = int(index.pts[ra]), int(index.pts[rb])
-        frame_dur = int(round(Fraction(1) / Fraction(self.ex.fps) / Fraction(index.time_base)))
+        frame_dur = int(round(src_fd))
         try:
             inp.seek(lo, stream=in_stream, backward=True, any_frame=False)
             pkts, seen_after = [], False
@@ -177,7 +212,7 @@ class VideoWriter:
                 if pkt.pts < lo:
                     continue
                 if seen_after:
-                    return False, 0
+                    return None
                 pkts.append(pkt)
         except av.error.FFmpegError as e:
             raise VideoDecodeError(f"{index.path}: demuxing failed near pts={lo} ({e}); the file may be corrupt") \
@@ -185,14 +220,7 @@ class VideoWriter:
         if len(pkts) != rb - ra + 1:
             raise VideoDecodeError(f"{index.path}: expected {rb - ra + 1} packets between pts {lo} and {hi}, found "
                                    f"{len(pkts)}; the file may be corrupt")
-        end = 0
-        if self.last_dts is not None and pkts:  # another part precedes this one in the file
-            pkts[0] = self._new_sequence(pkts[0])
-        for pkt in pkts:
-            p, d = out_pts(pkt.pts), None if pkt.dts is None else out_pts(pkt.dts)
-            end = max(end, out_pts(pkt.pts + int(pkt.duration or frame_dur)))
-            self._mux(pkt, p, d)
-        return True, end
+        return [(pkt, int(pkt.pts), int(pkt.pts) + int(pkt.duration or frame_dur)) for pkt in pkts]
 
     def _new_sequence(self, pkt):
         """``pkt`` (the first packet of a copied run that follows another part in the file) as a splice point.
@@ -227,8 +255,10 @@ class VideoWriter:
         out.is_keyframe = True
         return out
 
-    def _encode(self, inp, in_stream, index: video_index.FrameIndex, ra: int, rb: int, out_pts) -> int:
-        """Decode frames ra..rb and encode them as a new GOP with info.json's encoder settings."""
+    def _encode(self, inp, in_stream, index: video_index.FrameIndex, ra: int, rb: int, src_fd: Fraction
+                ) -> list[tuple[Any, int, int]]:
+        """Decode frames ra..rb and encode them as a new GOP with info.json's encoder settings: (packet, pts, end),
+        source time base, decode order."""
         lo, hi = int(index.pts[ra]), int(index.pts[rb])
         frames = []
         try:
@@ -245,7 +275,7 @@ class VideoWriter:
             raise VideoDecodeError(f"{index.path}: decoded {len(frames)} frames between pts {lo} and {hi}, expected "
                                    f"{rb - ra + 1}; the file may be corrupt")
         src_pts = [int(f.pts) for f in frames]
-        cc = self._encoder(frames[0])
+        cc = self._encoder(frames[0], in_stream)
         enc_tb = Fraction(1, int(round(self.ex.fps))) if float(self.ex.fps).is_integer() else \
             Fraction(self.ex.fps).limit_denominator(1001) ** -1
         packets = []
@@ -258,27 +288,25 @@ class VideoWriter:
             f.pict_type = PictureType.NONE
             packets += cc.encode(f)
         packets += cc.encode(None)
-        frame_dur = int(round(enc_tb / self.tb))
-        end = 0
-        base = out_pts(src_pts[0])
+        out = []
         for pkt in packets:
+            # Only the encoder's pts (frame j) is used: the dts come from the file's lag (_mux_run). libx265 under
+            # PyAV 15 at times hands back an unset dts (garbage, e.g. -3.9e16) anyway.
             j = int(pkt.pts)
-            p = out_pts(src_pts[j]) if 0 <= j < len(src_pts) else base + int(round(j * enc_tb / self.tb))
-            # libx265 under PyAV 15 at times hands back an unset dts (garbage, e.g. -3.9e16): a dts is at most the
-            # packet's pts and at most the reorder delay before the GOP, anything else is taken as absent (_mux then
-            # derives it from the pts, monotonic)
-            dts_ok = pkt.dts is not None and -len(frames) - 16 <= int(pkt.dts) <= j
-            d = base + int(round(int(pkt.dts) * enc_tb / self.tb)) if dts_ok else None
+            p = src_pts[j] if 0 <= j < len(src_pts) else src_pts[0] + int(round(j * src_fd))
             if cc.name in ("libx264", "libx265"):
                 pkt = av.Packet(annexb_to_length_prefixed(bytes(pkt)))
                 pkt.is_keyframe = j == 0
-            self._mux(pkt, p, d)
-            end = max(end, p + frame_dur)
-        return end
+            out.append((pkt, p, p + int(round(src_fd))))
+        if len(out) != len(frames):
+            raise VideoDecodeError(f"camera {self.key!r}: the {cc.name} encoder returned {len(out)} packets for "
+                                   f"{len(frames)} frames ({index.path}, pts {lo}..{hi}); re-encoding this cut "
+                                   "failed, cut windows on keyframes (even frame_index) instead")
+        return out
 
-    def _encoder(self, frame):
+    def _encoder(self, frame, in_stream):
         info = self.feat_info
-        codec = info.get("video.codec") or self.stream.codec_context.name
+        codec = info.get("video.codec") or in_stream.codec_context.name
         name = ENCODERS.get(codec, codec)
         opts = {"g": str(info.get("video.g") or 2), "crf": str(info.get("video.crf") or 30)}
         preset = info.get("video.preset")
@@ -318,6 +346,25 @@ class VideoWriter:
         for c in self.inputs.values():
             c.close()
         self.inputs.clear()
+
+
+def reorder_depth(pts) -> int:
+    """How many frames a decoder holds back for ``pts`` (one run's packets in decode order, unique): the largest
+    k - rank(pts[k]) over packet k, where rank is the position in presentation order; 0 without reordering (AV1),
+    1 for I P B P B (lerobot's libx265 with g=2)."""
+    pts = np.asarray(pts, np.int64)
+    if len(pts) < 2:
+        return 0
+    return max(0, int((np.arange(len(pts)) - np.argsort(np.argsort(pts, kind="stable"), kind="stable")).max()))
+
+
+def file_reorder_depth(index: video_index.FrameIndex) -> int:
+    """:func:`reorder_depth` of a whole source mp4, from its index: decode order is the packets' byte order. 0 when
+    the index has no byte offsets (a remote file's demuxer may give none): the parts then set the lag alone."""
+    off = index.byte_offset
+    if off is None or len(off) < 2 or (off < 0).any():
+        return 0
+    return reorder_depth(index.pts[np.argsort(off, kind="stable")])
 
 
 def annexb_to_length_prefixed(data: bytes) -> bytes:
