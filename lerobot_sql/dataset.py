@@ -103,6 +103,39 @@ class _Worker:
         return index
 
 
+# The decoder knobs' ranges. FFmpeg takes any thread count and fails only at the first decoder open, with an
+# error ("Cannot allocate memory") that reads as a damaged file; a pool of 0 decoders fails at its first eviction.
+DECODER_THREADS_MAX = 64
+_DECODER_OPTIONS = {"decoder_threads": (0, DECODER_THREADS_MAX, "FFmpeg threads per open file; 0 lets FFmpeg "
+                                        "choose, 1 (default) suits seeking"),
+                    "max_open_decoders": (1, None, "open mp4s kept per process (default 16)"),
+                    "seek_reach": (0, None, "frames a keyframe may lie ahead before a seek is used (default 2)")}
+
+
+def check_decoder_options(decoder_threads: Any, max_open_decoders: Any, seek_reach: Any) -> tuple[int, int, int]:
+    """``(decoder_threads, max_open_decoders, seek_reach)`` as ints, checked: ``decoder_threads`` in
+    0..``DECODER_THREADS_MAX``, ``max_open_decoders`` >= 1, ``seek_reach`` >= 0 (Python or numpy integers).
+
+    Raises:
+        TypeError: a value is not an integer (a bool, float or string), naming the argument and the value.
+        ValueError: a value is out of its range, naming the argument, the value and the range.
+    """
+    out = []
+    for name, value in zip(_DECODER_OPTIONS, (decoder_threads, max_open_decoders, seek_reach)):
+        lo, hi, what = _DECODER_OPTIONS[name]
+        allowed = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
+        try:
+            if isinstance(value, (bool, np.bool_)):  # True is 1 to operator.index
+                raise TypeError
+            v = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name}={value!r} ({type(value).__name__}): give {allowed} ({what})") from None
+        if v < lo or (hi is not None and v > hi):
+            raise ValueError(f"{name}={v}: give {allowed} ({what})")
+        out.append(int(v))
+    return out[0], out[1], out[2]
+
+
 class LeRobotSQLDataset(torch.utils.data.Dataset):
     """Map-style dataset over the frames a query selected; ``len`` = number of manifest rows.
 
@@ -185,8 +218,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self.image_transforms = image_transforms
         if parallel_cameras not in (True, False, "auto"):
             raise ValueError(f"parallel_cameras must be True, False or 'auto', not {parallel_cameras!r}")
-        self._decoder_threads, self._parallel_cameras = int(decoder_threads), parallel_cameras
-        self._max_open_decoders, self._seek_reach = int(max_open_decoders), int(seek_reach)
+        self._decoder_threads, self._max_open_decoders, self._seek_reach = check_decoder_options(
+            decoder_threads, max_open_decoders, seek_reach)
+        self._parallel_cameras = parallel_cameras
         if cameras is None:
             cameras = layout.camera_keys
         elif isinstance(cameras, str):
