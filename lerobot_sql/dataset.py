@@ -157,8 +157,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
       * ``<key>_is_pad``: bool (T,) per ``delta_timestamps`` key, True where the offset left the episode;
       * ``task``: the task text (meta/tasks.parquet) of the frame's ``task_index``;
       * the query's extra columns under their own names: numbers as 0-d tensors of the column's Arrow dtype
-        (int64 stays int64, float64 float64; DECIMAL and NULL-holding numbers float64 with NaN), lists of
-        numbers 1-D tensors of their element dtype, text as str (NULL: None).
+        (int64 stays int64, float64 float64, HUGEINT int64; DECIMAL and NULL-holding numbers float64 with NaN),
+        lists of numbers 1-D tensors of their element dtype, text as str (NULL: None); ``db.dataset`` refuses
+        other types (dates, structs, bytes).
 
     Speed knobs (results never change): ``decoder_threads`` (FFmpeg threads per open file, default 1: best for
     seeking on few cores), ``parallel_cameras`` (decode an item's cameras in concurrent threads; ``"auto"`` does so

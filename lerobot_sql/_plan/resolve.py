@@ -246,6 +246,73 @@ def _warn_repeated_rows(result: pa.Table, mode: str, sql: str) -> None:
              f"(a query over frames returns one row per frame): {sql!r:.200}")
 
 
+# What an item can carry of an extra column (README, "Adapter contract"): numbers, lists of numbers, text.
+_EXTRA_TYPES = "numbers (integers, floats, booleans, DECIMAL), lists of numbers, text (VARCHAR) and lists of text"
+# DuckDB types that Arrow hands over as something an item cannot carry, the SQL that makes them one that it can.
+_EXTRA_CASTS = (
+    (pa.types.is_date, "DATE", "`epoch({c})` (seconds) or `CAST({c} AS VARCHAR)`"),
+    (pa.types.is_timestamp, "TIMESTAMP", "`epoch({c})` (seconds) or `CAST({c} AS VARCHAR)`"),
+    (pa.types.is_time, "TIME", "`epoch({c})` (seconds) or `CAST({c} AS VARCHAR)`"),
+    (pa.types.is_interval, "INTERVAL", "`epoch({c})` (seconds) or `CAST({c} AS VARCHAR)`"),
+    (pa.types.is_struct, "STRUCT", "one field per column (`{c}.field AS field`) or `CAST({c} AS VARCHAR)`"),
+    (pa.types.is_map, "MAP", "one value per column (`{c}['key'] AS key`) or `CAST({c} AS VARCHAR)`"),
+    (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t),
+     "BLOB/BIT", "`CAST({c} AS VARCHAR)` or `octet_length({c})`"),
+    (pa.types.is_union, "UNION", "`CAST({c} AS VARCHAR)` or one member per column"),
+)
+
+
+def _extra_type_ok(t: pa.DataType, in_list: bool = False) -> bool:
+    if not in_list and (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+        return _extra_type_ok(t.value_type, True)
+    if pa.types.is_dictionary(t):  # DuckDB's ENUM: its text
+        return pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type)
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t)
+            or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t))
+
+
+def _check_extra_types(result: pa.Table, extras: list[str], sql: str) -> pa.Table:
+    """Refuse an extra column of a type an item cannot carry (``_EXTRA_TYPES``): a DATE, TIMESTAMP, STRUCT, MAP,
+    BLOB, nested list ... would reach items as ``datetime.date``, dict or bytes and fail only in the DataLoader
+    (torch's ``default_collate``: "found <class 'datetime.date'>"), far from the query.
+
+    Returns:
+        ``result``, with HUGEINT columns (DuckDB's ``sum()`` of integers; Arrow's ``decimal128(38, 0)``) as int64,
+        so that they stay exact integers (as float64 they lose digits past 2**53).
+
+    Raises:
+        ResultContractError: naming the column, its type and the cast that fixes it; also a HUGEINT column
+            holding values beyond int64 (they would be rounded).
+    """
+    for c in extras:
+        col = result[c]
+        t = col.type
+        if not _extra_type_ok(t):
+            inner = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) or \
+                pa.types.is_fixed_size_list(t) else t
+            nested = pa.types.is_list(inner) or pa.types.is_large_list(inner) or pa.types.is_fixed_size_list(inner)
+            name, fix = next(((n, f) for is_t, n, f in _EXTRA_CASTS if is_t(inner)),
+                             ("nested LIST", "`flatten({c})` or one element per column (`{c}[1] AS first`)")
+                             if nested else ("this type", "`CAST({c} AS VARCHAR)`"))
+            what = "lists of lists" if nested else f"lists of {name}" if inner is not t else f"{name} values"
+            if inner is not t and not nested:
+                fix = "`CAST({c} AS VARCHAR[])` or one element per column (`{c}[1] AS first`)"
+            raise ResultContractError(
+                f"result column {c!r} holds {what} (Arrow {t}), which is not a type items carry ({_EXTRA_TYPES}; "
+                f"dates, dicts or bytes in items fail only later, in the DataLoader's collate). Convert it in the "
+                f"query, e.g. {fix.format(c=q(c))}, aliased (`... AS {q(c)}`), or leave it out: {sql!r:.200}")
+        if pa.types.is_decimal(t) and t.scale == 0 and t.precision == 38:  # HUGEINT (or a DECIMAL(38, 0))
+            try:
+                col = col.cast(pa.int64())  # checked: a value beyond int64 raises instead of rounding
+            except pa.ArrowInvalid as e:
+                raise ResultContractError(
+                    f"result column {c!r} (HUGEINT) holds values beyond int64, which an item cannot carry exactly; "
+                    f"cast it in the query (`CAST({q(c)} AS DOUBLE)` to accept rounding, or compute a smaller "
+                    f"number): {sql!r:.200}") from e
+            result = result.set_column(result.schema.get_field_index(c), c, col)
+    return result
+
+
 def _check_stackable(result: pa.Table, extras: list[str], sql: str) -> None:
     """Refuse an extra column a DataLoader cannot batch: lists whose length varies from row to row (``SELECT * FROM
     episodes`` brings ``tasks``, one or two task texts per episode). ``ds[i]`` would serve them, but torch's
@@ -394,6 +461,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     if clash:
         raise ResultContractError(f"result columns {clash} clash with the manifest's or the item's own keys; alias "
                                   f"them (e.g. `... AS my_{clash[0].replace('/', '_')}`) in: {sql!r}")
+    result = _check_extra_types(result, extras, sql)
     _check_stackable(result, extras, sql)
     # Columns named like a frame column are the frame's own values (SELECT * FROM frames): they are not carried as
     # extras, so they must equal what the item will hold, never silently differ from it.
