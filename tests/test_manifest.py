@@ -190,3 +190,36 @@ def test_a_hugeint_extra_is_an_exact_int64(datasets, mode):
                     cameras=[])
     lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
     assert {int(ds[i]["episode_index"]): int(ds[i]["n"]) for i in range(len(ds))} == {e: lengths[e] for e in range(3)}
+
+
+@pytest.mark.parametrize("how", ["dataset()", "episodes=", "episode query", "window query", "open window query",
+                                 "index query", "collection"])
+def test_manifest_cap_counts_samples_not_rows(datasets, monkeypatch, how):
+    """LSQL_MAX_MANIFEST_ROWS bounds the samples of every result mode, before the manifest is built. Before, it bounded
+    result rows only: with 10, db.dataset() built all 4,762 samples of small20, and with 100 the 20 episode rows
+    of `SELECT episode_index FROM episodes` (4,762 samples) passed."""
+    db = lsql.connect(datasets / "small20")
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    total = db.layout.info["total_frames"]
+    build, n = {
+        "dataset()": (lambda: db.dataset(cameras=[]), total),
+        "episodes=": (lambda: db.dataset(episodes=[3, 1], cameras=[]), lengths[1] + lengths[3]),
+        "episode query": (lambda: db.dataset("SELECT episode_index FROM episodes", cameras=[]), total),
+        # frames 15..44 of each episode: 30 each
+        "window query": (lambda: db.dataset("SELECT episode_index, 0.5 AS start_s, 1.5 AS end_s FROM episodes",
+                                            cameras=[]), 30 * len(lengths)),
+        "open window query": (lambda: db.dataset("SELECT episode_index, 1.0 AS start_s, 'inf'::DOUBLE AS end_s "
+                                                 "FROM episodes", cameras=[]), total - 30 * len(lengths)),
+        "index query": (lambda: db.dataset("SELECT index FROM frames WHERE index % 2 = 0", cameras=[]),
+                        (total + 1) // 2),
+        "collection": (lambda: lsql.connect_many({"a": datasets / "small20"}).dataset(
+            "SELECT dataset, episode_index FROM episodes", cameras=[]), total),
+    }[how]
+    monkeypatch.setenv("LSQL_MAX_MANIFEST_ROWS", str(n))
+    assert len(build()) == n
+    monkeypatch.setenv("LSQL_MAX_MANIFEST_ROWS", str(n - 1))
+    with pytest.raises(lsql.ResultContractError, match=rf"more than {n - 1:,}|more than the {n - 1:,}"):
+        build()
+    monkeypatch.setenv("LSQL_MAX_MANIFEST_ROWS", "10")
+    with pytest.raises(lsql.ResultContractError, match="more than"):
+        build()

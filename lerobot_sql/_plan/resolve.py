@@ -25,9 +25,11 @@ import pyarrow.compute as pc
 from . import manifest as _manifest
 from . import episodes as pointers
 from .clips import check_clips, duplicate_episode_error, grid_limit, timestamp_error
+from .._catalog.connection import MANIFEST_BYTES_PER_ROW, max_manifest_rows
 from .._query.sqltext import ident as q, literal, number
 from ..errors import DatasetFormatError, MissingFileError, ResultContractError, did_you_mean as _did_you_mean, warn
 from .._format.layout import Layout
+from .._format.metadata import read_pointers
 from .._storage.source import Source
 
 CORE, LOCATION = _manifest.CORE, _manifest.LOCATION
@@ -313,6 +315,61 @@ def _check_extra_types(result: pa.Table, extras: list[str], sql: str) -> pa.Tabl
     return result
 
 
+def _check_sample_count(result: pa.Table, mode: str, layout: Layout, ptr: pa.Table | None, con, sql: str,
+                        window_tolerance_s: float) -> None:
+    """Refuse an episode or window result whose samples (not rows: 20 episode rows may be 4,762 frames) exceed
+    :func:`lerobot_sql._catalog.connection.max_manifest_rows`, before the manifest is built. Counted from the
+    episodes' lengths in meta/episodes (``ptr``'s ``dataset_to_index - dataset_from_index``, else the ``episodes``
+    view through ``con``): a window ``[start_s, end_s)`` holds the frames ``k`` of the fps grid with
+    ``start_s <= k / fps < end_s`` (within ``window_tolerance_s``, as the join selects them), clipped to the
+    episode; an episode's length to info.json's ``total_frames``. ``index`` results are capped where their rows are fetched (one row, one sample).
+
+    Raises:
+        ResultContractError: naming the count, the bound and the fixes.
+    """
+    if mode == "index":
+        return
+    cap = max_manifest_rows()
+    if result.num_rows > cap:  # a cheap bound first: every row is at least one sample
+        total = None
+    else:
+        if ptr is not None and not (ptr["dataset_from_index"].null_count or ptr["dataset_to_index"].null_count):
+            eps = ptr["episode_index"].to_numpy()
+            lens = ptr["dataset_to_index"].to_numpy() - ptr["dataset_from_index"].to_numpy()
+        else:
+            t = (con if isinstance(con, duckdb.DuckDBPyConnection) else con()).sql(
+                "SELECT episode_index, length FROM episodes WHERE episode_index IS NOT NULL AND length IS NOT NULL"
+            ).to_arrow_table()
+            eps, lens = t["episode_index"].to_numpy(), t["length"].to_numpy()
+        order = np.argsort(eps, kind="stable")
+        eps, lens = eps[order], lens[order].astype(np.int64)
+        # Crafted pointers may claim 10**10 frames or a negative count (the join then reads the real rows): no
+        # episode holds more frames than the dataset.
+        most = layout.info.get("total_frames")
+        lens = np.clip(lens, 0, most if isinstance(most, int) and not isinstance(most, bool) and most >= 0 else None)
+        want = result["episode_index"].to_numpy(zero_copy_only=False).astype(np.int64)
+        # an episode missing from meta/episodes counts 0 here: resolving it raises naming it
+        length = np.zeros(len(want), np.int64)
+        if len(eps):
+            at = np.minimum(np.searchsorted(eps, want), len(eps) - 1)
+            length = np.where(eps[at] == want, lens[at], 0)
+        if mode == "window":
+            fps, tol = float(layout.fps), float(window_tolerance_s)
+            with np.errstate(invalid="ignore", over="ignore"):
+                bound = [np.clip(np.ceil((result[c].cast(pa.float64()).to_numpy(zero_copy_only=False) - tol) * fps),
+                                 0, length) for c in ("start_s", "end_s")]
+            length = np.maximum(bound[1] - bound[0], 0)
+        total = int(np.sum(length))
+        if total <= cap:
+            return
+    what = f"more than {cap:,}" if total is None else f"{total:,}"
+    raise ResultContractError(
+        f"the query's {result.num_rows:,} {mode} rows select {what} samples, more than the {cap:,} this machine's "
+        f"memory holds as a manifest (about {MANIFEST_BYTES_PER_ROW} bytes per sample while it is built); select "
+        f"fewer or shorter {'windows' if mode == 'window' else 'episodes'} (a LIMIT, a WHERE), or set "
+        f"LSQL_MAX_MANIFEST_ROWS: {sql!r:.200}")
+
+
 def _check_stackable(result: pa.Table, extras: list[str], sql: str) -> None:
     """Refuse an extra column a DataLoader cannot batch: lists whose length varies from row to row (``SELECT * FROM
     episodes`` brings ``tasks``, one or two task texts per episode). ``ds[i]`` would serve them, but torch's
@@ -450,6 +507,9 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     result = _check_contract_types(result, mode, sql)
     if mode == "window":
         _check_window_bounds(result, sql)
+    if ptr is None and src is not None and mode != "index":  # read once, for the count and the pointer path
+        ptr = read_pointers(src, layout)
+    _check_sample_count(result, mode, layout, ptr, con, sql, window_tolerance_s)
     _warn_repeated_rows(result, mode, sql)
     video_cols = _manifest.video_columns(layout.video_keys)
     reserved = set(CORE) | set(LOCATION) | set(video_cols)
