@@ -667,12 +667,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
         if isinstance(i, slice):  # as lerobot 0.6's LeRobotDataset: a list of the items, in the slice's order
             return [self[j] for j in range(*i.indices(len(self)))]
-        try:
-            i = operator.index(i)  # ints, numpy ints, 0-d int tensors; a float (1.0) or "1" is a mistake
-        except TypeError:
-            raise TypeError(f"dataset indices must be integers or slices (as LeRobotDataset), not "
-                            f"{type(i).__name__} {i!r}; for several samples use ds[a:b], [ds[j] for j in ...] or a "
-                            "DataLoader") from None
+        i = item_index(i)
         n = self._n
         if not -n <= i < n:
             raise IndexError(f"item {i} out of range for a dataset of {n} samples")
@@ -1113,7 +1108,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def _batch_indices(self, indices) -> np.ndarray:
         """``indices`` as int64 positions in [0, n), checked as ``__getitem__`` checks one index."""
         try:
-            ii = np.fromiter((operator.index(i) for i in indices), np.int64)
+            ii = np.fromiter((item_index(i) for i in indices), np.int64)
         except TypeError:
             ii = None
         n = self._n
@@ -1204,6 +1199,29 @@ def _batch_tensor(shape: tuple, dtype: torch.dtype, mem=None) -> torch.Tensor:
     if mem is not None:
         return mem.tensor(tuple(shape), dtype)
     return torch.empty(shape, dtype=dtype)
+
+
+def item_index(i: Any) -> int:
+    """``ds[i]``'s ``i`` as an int: a Python or numpy integer, or a 0-d integer tensor / array.
+
+    Raises:
+        TypeError: anything else, naming it: a float (1.0) or "1" is a mistake; a bool (True is 1 to Python) or a
+            one-element array / tensor (``torch.tensor([3])`` converts to 3) would silently pick a sample.
+    """
+    array = isinstance(i, (torch.Tensor, np.ndarray))
+    if isinstance(i, (bool, np.bool_)) or (array and (i.ndim != 0 or i.dtype in (torch.bool, np.bool_))):
+        i_ok = None
+    else:
+        try:
+            i_ok = operator.index(i)
+        except TypeError:
+            i_ok = None
+    if i_ok is None:
+        shape = f" of shape {tuple(i.shape)}" if array else ""
+        raise TypeError(f"dataset indices must be integers (Python, numpy, or a 0-d integer tensor) or slices (as "
+                        f"LeRobotDataset), not {type(i).__name__}{shape} {i!r:.80}; for several samples use ds[a:b], "
+                        "[ds[j] for j in ...] or a DataLoader")
+    return i_ok
 
 
 def _extra_value(v, ltype: torch.dtype | None):

@@ -554,3 +554,20 @@ def test_decoder_options_at_their_bounds_give_the_same_items(datasets):
         assert len(ds) == len(want) == 23
         for i in range(len(ds)):
             assert_items_equal(ds[i], want[i])
+
+
+def test_only_integers_and_slices_index_a_dataset(datasets):
+    """As the README says: ints, numpy integers and 0-d integer tensors. Before, ds[torch.tensor([3])] and ds[True]
+    (item 1) were served while ds[np.array([3])] was a TypeError."""
+    db = lsql.connect(datasets / "small20")
+    ds = db.dataset("SELECT index FROM frames WHERE index % 10 = 0 ORDER BY index", cameras=[])
+    for i in (3, np.int64(3), np.int32(3), torch.tensor(3), np.array(3), torch.tensor(3, dtype=torch.uint8)):
+        assert int(ds[i]["index"]) == 30
+    assert int(ds[-1]["index"]) == 10 * (len(ds) - 1) and len(ds) == (db.layout.info["total_frames"] + 9) // 10
+    for bad, shape in ((np.array([3]), r" of shape \(1,\)"), (torch.tensor([3]), r" of shape \(1,\)"),
+                       (True, ""), (np.True_, ""), (torch.tensor(True), r" of shape \(\)"), (1.0, ""), ("1", "")):
+        with pytest.raises(TypeError, match=rf"dataset indices must be integers .* not {type(bad).__name__}{shape}"):
+            ds[bad]
+    with pytest.raises(TypeError, match="not bool"):
+        ds.__getitems__([1, True])  # the DataLoader's batched fetch checks the same
+    assert [int(it["index"]) for it in ds[1:3]] == [10, 20]
