@@ -816,7 +816,9 @@ def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
             ``<cache_dir>/duckdb_tmp``).
 
     Raises:
-        MissingFileError: no meta/info.json (or no data / episode files) under ``root``.
+        TypeError: ``root`` is not a path or a string (``None``).
+        MissingFileError: no meta/info.json (or no data / episode files) under ``root``; ``root`` is a URL of a
+            protocol no fsspec filesystem knows (``foo://x``).
         UnsupportedVersionError: the dataset is not format v3.x.
         DatasetFormatError: info.json is malformed. Malformed metadata files (meta/episodes, tasks, data footers)
             raise DatasetFormatError on first use, naming the file.
