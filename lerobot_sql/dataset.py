@@ -103,6 +103,39 @@ class _Worker:
         return index
 
 
+# The decoder knobs' ranges. FFmpeg takes any thread count and fails only at the first decoder open, with an
+# error ("Cannot allocate memory") that reads as a damaged file; a pool of 0 decoders fails at its first eviction.
+DECODER_THREADS_MAX = 64
+_DECODER_OPTIONS = {"decoder_threads": (0, DECODER_THREADS_MAX, "FFmpeg threads per open file; 0 lets FFmpeg "
+                                        "choose, 1 (default) suits seeking"),
+                    "max_open_decoders": (1, None, "open mp4s kept per process (default 16)"),
+                    "seek_reach": (0, None, "frames a keyframe may lie ahead before a seek is used (default 2)")}
+
+
+def check_decoder_options(decoder_threads: Any, max_open_decoders: Any, seek_reach: Any) -> tuple[int, int, int]:
+    """``(decoder_threads, max_open_decoders, seek_reach)`` as ints, checked: ``decoder_threads`` in
+    0..``DECODER_THREADS_MAX``, ``max_open_decoders`` >= 1, ``seek_reach`` >= 0 (Python or numpy integers).
+
+    Raises:
+        TypeError: a value is not an integer (a bool, float or string), naming the argument and the value.
+        ValueError: a value is out of its range, naming the argument, the value and the range.
+    """
+    out = []
+    for name, value in zip(_DECODER_OPTIONS, (decoder_threads, max_open_decoders, seek_reach)):
+        lo, hi, what = _DECODER_OPTIONS[name]
+        allowed = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
+        try:
+            if isinstance(value, (bool, np.bool_)):  # True is 1 to operator.index
+                raise TypeError
+            v = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name}={value!r} ({type(value).__name__}): give {allowed} ({what})") from None
+        if v < lo or (hi is not None and v > hi):
+            raise ValueError(f"{name}={v}: give {allowed} ({what})")
+        out.append(int(v))
+    return out[0], out[1], out[2]
+
+
 class LeRobotSQLDataset(torch.utils.data.Dataset):
     """Map-style dataset over the frames a query selected; ``len`` = number of manifest rows.
 
@@ -124,8 +157,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
       * ``<key>_is_pad``: bool (T,) per ``delta_timestamps`` key, True where the offset left the episode;
       * ``task``: the task text (meta/tasks.parquet) of the frame's ``task_index``;
       * the query's extra columns under their own names: numbers as 0-d tensors of the column's Arrow dtype
-        (int64 stays int64, float64 float64; DECIMAL and NULL-holding numbers float64 with NaN), lists of
-        numbers 1-D tensors of their element dtype, text as str (NULL: None).
+        (int64 stays int64, float64 float64, HUGEINT int64; DECIMAL and NULL-holding numbers float64 with NaN),
+        lists of numbers 1-D tensors of their element dtype, text as str (NULL: None); ``db.dataset`` refuses
+        other types (dates, structs, bytes).
 
     Speed knobs (results never change): ``decoder_threads`` (FFmpeg threads per open file, default 1: best for
     seeking on few cores), ``parallel_cameras`` (decode an item's cameras in concurrent threads; ``"auto"`` does so
@@ -185,8 +219,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self.image_transforms = image_transforms
         if parallel_cameras not in (True, False, "auto"):
             raise ValueError(f"parallel_cameras must be True, False or 'auto', not {parallel_cameras!r}")
-        self._decoder_threads, self._parallel_cameras = int(decoder_threads), parallel_cameras
-        self._max_open_decoders, self._seek_reach = int(max_open_decoders), int(seek_reach)
+        self._decoder_threads, self._max_open_decoders, self._seek_reach = check_decoder_options(
+            decoder_threads, max_open_decoders, seek_reach)
+        self._parallel_cameras = parallel_cameras
         if cameras is None:
             cameras = layout.camera_keys
         elif isinstance(cameras, str):
@@ -682,12 +717,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
         if isinstance(i, slice):  # as lerobot 0.6's LeRobotDataset: a list of the items, in the slice's order
             return [self[j] for j in range(*i.indices(len(self)))]
-        try:
-            i = operator.index(i)  # ints, numpy ints, 0-d int tensors; a float (1.0) or "1" is a mistake
-        except TypeError:
-            raise TypeError(f"dataset indices must be integers or slices (as LeRobotDataset), not "
-                            f"{type(i).__name__} {i!r}; for several samples use ds[a:b], [ds[j] for j in ...] or a "
-                            "DataLoader") from None
+        i = item_index(i)
         n = self._n
         if not -n <= i < n:
             raise IndexError(f"item {i} out of range for a dataset of {n} samples")
@@ -1131,7 +1161,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def _batch_indices(self, indices) -> np.ndarray:
         """``indices`` as int64 positions in [0, n), checked as ``__getitem__`` checks one index."""
         try:
-            ii = np.fromiter((operator.index(i) for i in indices), np.int64)
+            ii = np.fromiter((item_index(i) for i in indices), np.int64)
         except TypeError:
             ii = None
         n = self._n
@@ -1222,6 +1252,29 @@ def _batch_tensor(shape: tuple, dtype: torch.dtype, mem=None) -> torch.Tensor:
     if mem is not None:
         return mem.tensor(tuple(shape), dtype)
     return torch.empty(shape, dtype=dtype)
+
+
+def item_index(i: Any) -> int:
+    """``ds[i]``'s ``i`` as an int: a Python or numpy integer, or a 0-d integer tensor / array.
+
+    Raises:
+        TypeError: anything else, naming it: a float (1.0) or "1" is a mistake; a bool (True is 1 to Python) or a
+            one-element array / tensor (``torch.tensor([3])`` converts to 3) would silently pick a sample.
+    """
+    array = isinstance(i, (torch.Tensor, np.ndarray))
+    if isinstance(i, (bool, np.bool_)) or (array and (i.ndim != 0 or i.dtype in (torch.bool, np.bool_))):
+        i_ok = None
+    else:
+        try:
+            i_ok = operator.index(i)
+        except TypeError:
+            i_ok = None
+    if i_ok is None:
+        shape = f" of shape {tuple(i.shape)}" if array else ""
+        raise TypeError(f"dataset indices must be integers (Python, numpy, or a 0-d integer tensor) or slices (as "
+                        f"LeRobotDataset), not {type(i).__name__}{shape} {i!r:.80}; for several samples use ds[a:b], "
+                        "[ds[j] for j in ...] or a DataLoader")
+    return i_ok
 
 
 def _extra_value(v, ltype: torch.dtype | None):

@@ -521,12 +521,12 @@ class Database(QueryFace):
             stats: what ``ds.meta.stats`` holds: ``"selection"`` (default: statistics of exactly the selected
                 frames, :meth:`stats`), ``"dataset"`` (the source's meta/stats.json unchanged, what lerobot uses
                 with ``episodes=[...]``; None when the file is missing) or None (no statistics).
-            decoder_threads: FFmpeg threads per open file (default 1).
+            decoder_threads: FFmpeg threads per open file (default 1; 0 lets FFmpeg choose; at most 64).
             parallel_cameras: True, False or ``"auto"``: decode an item's cameras in threads for frames of
                 320x240 and more, outside DataLoader workers.
-            max_open_decoders: open containers per process, LRU (default 16).
+            max_open_decoders: open containers per process, LRU (default 16; at least 1).
             seek_reach: decode forward instead of seeking when the target's keyframe is at most this many frames
-                ahead (default 2).
+                ahead (default 2; at least 0).
             depth_output_unit: ``"mm"`` (default) or ``"m"``: the unit of depth maps (``ds.meta.depth_keys``,
                 float32 (1, H, W)) and of their statistics, as lerobot 0.6's option of the same name.
 
@@ -538,11 +538,15 @@ class Database(QueryFace):
             DatasetFormatError: a data, metadata or video file is a symlink to a file outside the dataset root and
                 outside the hub cache's ``blobs/`` folder (see :meth:`lerobot_sql._storage.source.Source.check_link`).
             ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid); both sql and episodes given;
-                ``stats`` not one of the three choices; ``depth_output_unit`` not "mm" or "m".
-            TypeError: ``episodes`` holds something other than integers.
+                ``stats`` not one of the three choices; ``depth_output_unit`` not "mm" or "m";
+                ``decoder_threads``, ``max_open_decoders`` or ``seek_reach`` out of range.
+            TypeError: ``episodes`` holds something other than integers; ``decoder_threads``,
+                ``max_open_decoders`` or ``seek_reach`` is not an integer.
         """
-        from .dataset import LeRobotSQLDataset
+        from .dataset import LeRobotSQLDataset, check_decoder_options
 
+        # before the manifest is built (seconds on a large query), not after it
+        check_decoder_options(decoder_threads, max_open_decoders, seek_reach)
         if stats not in ("selection", "dataset", None):
             raise ValueError(f"stats must be 'selection' (statistics of the selected frames), 'dataset' (the "
                              f"source's meta/stats.json) or None, not {stats!r}")
@@ -834,7 +838,9 @@ def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
             ``<cache_dir>/duckdb_tmp``).
 
     Raises:
-        MissingFileError: no meta/info.json (or no data / episode files) under ``root``.
+        TypeError: ``root`` is not a path or a string (``None``).
+        MissingFileError: no meta/info.json (or no data / episode files) under ``root``; ``root`` is a URL of a
+            protocol no fsspec filesystem knows (``foo://x``).
         UnsupportedVersionError: the dataset is not format v3.x.
         DatasetFormatError: info.json is malformed. Malformed metadata files (meta/episodes, tasks, data footers)
             raise DatasetFormatError on first use, naming the file.

@@ -19,7 +19,7 @@ import torch
 
 from . import batch_memory
 from ._plan.manifest import collection_meta, dataset_codes, part_of
-from .dataset import Batch, LeRobotSQLDataset
+from .dataset import Batch, LeRobotSQLDataset, item_index
 from .errors import ResultContractError, did_you_mean
 
 # Keys every item has that are not features: kept whatever ``features`` says.
@@ -189,9 +189,7 @@ class CollectionDataset(torch.utils.data.Dataset):
         return out
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        import operator
-
-        i = operator.index(i)
+        i = item_index(i)  # as a dataset's own: a bool or a one-element tensor is a TypeError
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"item {i} out of range for a dataset of {n} samples")

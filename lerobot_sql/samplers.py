@@ -115,7 +115,20 @@ class _Resumable(torch.utils.data.Sampler):
             consumed: samples of this epoch trained on since iteration (re)started, e.g. ``steps * batch_size``.
                 The sampler cannot count them itself: a DataLoader prefetches, so the sampler runs ahead of
                 training, and counting what it yielded would skip the prefetched samples on resume.
+
+        Raises:
+            TypeError: ``consumed`` is not an integer (1.5 would resume at 1; a bool is refused too).
+            ValueError: ``consumed`` is negative or past the end of this rank's epoch.
         """
+        import operator
+
+        try:
+            if isinstance(consumed, (bool, np.bool_)):
+                raise TypeError
+            consumed = operator.index(consumed)  # ints, numpy ints, 0-d int tensors
+        except TypeError:
+            raise TypeError(f"consumed must be an integer number of samples (e.g. steps * batch_size), got "
+                            f"{type(consumed).__name__} {consumed!r:.80}") from None
         if consumed < 0:
             raise ValueError(f"consumed must be >= 0, got {consumed}")
         start = self.start + int(consumed)

@@ -255,3 +255,39 @@ def test_frames_ext_says_why_a_features_names_give_no_columns_once(datasets, tmp
     got = db.sql('SELECT "observation.state"[6], action[1] FROM frames ORDER BY index LIMIT 1').fetchall()[0]
     t = pq.read_table(datasets / "small20" / "data/chunk-000/file-000.parquet").slice(0, 1)
     assert got == pytest.approx((t["observation.state"][0].as_py()[5], t["action"][0].as_py()[0]))
+
+
+@pytest.mark.parametrize("sql, msg", [
+    ("SELECT * FROM nearest_camera_frame('nosuch')", r"nearest_camera_frame: 'nosuch' is not a camera \(video_key\) "
+                                                     r"of videos; valid: observation\.images\.front, "
+                                                     r"observation\.images\.wrist"),
+    ("SELECT * FROM nearest_camera_frame('front')", r"'front' is not a camera"),
+    ("SELECT * FROM first_event(frame_index)", r"first_event / event_windows: pred must be a true/false condition "
+                                               r"over frames_ext .* not a value of type BIGINT"),
+    ("SELECT * FROM first_event('yes')", r"not a value of type VARCHAR"),
+    ("SELECT * FROM event_windows(frame_index, 1, 1)", r"pred must be a true/false condition"),
+    ("SELECT * FROM segments(\"observation.state\"[1], 0.5)", r"segments: pred must be a true/false condition .* "
+                                                            r"type FLOAT"),
+    ("SELECT * FROM event_windows(frame_index >= 30, 0, -2)", r"event_windows: before_s and after_s must be seconds "
+                                                              r">= 0, not both 0 \(got 0, -2\)"),
+    ("SELECT * FROM event_windows(frame_index >= 30, -0.5, 1)", r"must be seconds >= 0, not both 0 \(got -0\.5, 1\)"),
+    ("SELECT * FROM event_windows(frame_index >= 30, 0, 0)", r"not both 0 \(got 0, 0\)"),
+])
+def test_table_macros_refuse_arguments_that_select_nothing(datasets, sql, msg):
+    """Before, each of these returned no rows (or, for a number as the predicate, took it for true), with no error."""
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(lsql.QueryError, match=msg):
+        db.sql(sql).fetchall()
+
+
+def test_table_macros_with_good_arguments_answer_from_the_data(datasets):
+    db = lsql.connect(datasets / "small20")
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    total = db.layout.info["total_frames"]
+    assert db.sql("SELECT count(*) FROM nearest_camera_frame('observation.images.front')").fetchall() == [(total,)]
+    got = db.sql("SELECT episode_index, frame_index FROM first_event(frame_index >= 30) ORDER BY 1").fetchall()
+    assert got == [(e, 30) for e, n in sorted(lengths.items()) if n > 30]
+    got = db.sql("SELECT episode_index, start_s, end_s FROM event_windows(frame_index >= 30, 0, 1) ORDER BY 1")
+    assert [(e, round(s, 6), round(t, 6)) for e, s, t in got.fetchall()] == \
+        [(e, 1.0, round(min(2.0, n / 30), 6)) for e, n in sorted(lengths.items()) if n > 30]
+    assert db.sql("SELECT count(*) FROM first_event(NULL)").fetchall() == [(0,)]  # NULL: never true, as before

@@ -3,6 +3,7 @@ and PyAV reading the sample's files directly, not from lerobot_sql."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -87,6 +88,9 @@ def test_console_script_is_installed():
     ["query", "SAMPLE", "SELECT 1", "--param", "a=1"],      # --param without --name
     ["query", "SAMPLE", "--param", "novalue"],              # not key=value
     ["export", "SAMPLE", "/tmp/x"],                         # no --sql / --name
+    ["query", "SAMPLE", "SELECT 1", "--max-rows", "-1"],    # a negative row count (was accepted)
+    ["shell", "SAMPLE", "--max-rows", "-5"],
+    ["export", "SAMPLE", "/tmp/x", "--name", "last_seconds", "-p", "seconds=-1"],  # a bad --param (was exit 1)
 ])
 def test_usage_errors_exit_2(args):
     r = run(*[str(SAMPLE) if a == "SAMPLE" else a for a in args])
@@ -251,8 +255,6 @@ QUOTING = "quote"
 
 
 @pytest.mark.parametrize("args, error, hint", [
-    (["--name", "nope"], "no named query 'nope'", "lerobot-sql query --list"),
-    (["--name", "split", "-p", "bogus=1"], "no parameter", "lerobot-sql query --list"),
     (["DELETE FROM episodes"], "only queries", "read-only"),
     (["SELEC 1"], "line 1, column 7", "where the error points"),
     (["SELECT * FROM frames WHERE"], "WHERE is incomplete: SELECT * FROM frames >>>WHERE<<<", "where the error points"),
@@ -292,8 +294,39 @@ def test_named_query_from_a_user_folder(tmp_path, episodes):
     got = [json.loads(ln)["episode_index"] for ln in out.splitlines()]
     lengths = dict(zip(episodes["episode_index"].to_pylist(), episodes["length"].to_pylist()))
     assert got == sorted(e for e, n in lengths.items() if n > 300) and got
-    assert_error(run("query", SAMPLE, "--query-dir", tmp_path, "--name", "longer_thn", "-p", "min_length=1"),
-                 "longer_than")
+    r = run("query", SAMPLE, "--query-dir", tmp_path, "--name", "longer_thn", "-p", "min_length=1")
+    assert r.returncode == 2 and "usage:" in r.stderr and "longer_than" in r.stderr, (r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--name", "nope"], "no named query 'nope'"),
+    (["--name", "split", "-p", "bogus=1"], "no parameter"),
+    (["--name", "episodes_by_length"], None),  # the parameters' defaults: a valid run, for contrast
+    (["--name", "episodes_by_length", "-p", "min_length=x"], "parameter 'min_length' (int) must be an integer"),
+    (["--name", "episodes_by_length", "-p", "min_length=-1"], "parameter 'min_length' (int) must be >= 0"),
+    (["--name", "episodes_by_length", "-p", "min_length=99999999999999999999999"], "must fit in a 64-bit integer"),
+    (["--name", "last_seconds", "-p", "seconds=0"], "parameter 'seconds' (float) must be > 0"),
+    (["--name", "idle_segments", "-p", "feature=timestamp"], "must be a numeric vector feature"),
+])
+def test_a_bad_named_query_or_parameter_is_a_usage_error(args, error):
+    """Exit 2 (the documented usage-error code) with the usage line, the error and the --list hint; before, exit 1."""
+    r = run("query", SAMPLE, *args, "-f", "json")
+    if error is None:
+        assert r.returncode == 0 and len(r.stdout.splitlines()) == 20, r.stderr  # small20's 20 episodes
+        return
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert "usage: lerobot-sql query" in r.stderr and "Traceback" not in r.stderr
+    assert lines[-2].startswith("lerobot-sql query: error: ") and error in lines[-2], r.stderr
+    assert lines[-1].startswith("hint: ") and "lerobot-sql query --list" in lines[-1], r.stderr
+
+
+def test_query_list_shows_the_parameter_bounds():
+    """The bounds the library enforces (`min_length` >= 0, `seconds` > 0) are listed with the parameters."""
+    out = ok("query", "--list")
+    assert "-p min_length=INT  (default 0, >= 0)" in out
+    assert "-p seconds=FLOAT  (default 1.0, > 0)" in out
+    assert "-p max_length=INT  (default 9223372036854775807)" in out  # no bound, none shown
 
 
 # ---- export --------------------------------------------------------------------------------------------------------
@@ -509,3 +542,24 @@ def test_timeout_bounds_writing_the_rows_too():
     spend minutes writing JSON Lines."""
     r = run("query", SAMPLE, "SELECT a.index, b.index FROM frames a, frames b", "--timeout", "1", "-f", "json")
     assert_error(r, "timeout of 1 s", "--timeout")
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+@pytest.mark.parametrize("out", [[], ["-o", "-"]])
+def test_parquet_to_a_terminal_is_refused(tmp_path, out):
+    """Binary Parquet is never written to a terminal: a usage error naming --output (a redirect or -o FILE works)."""
+    primary, secondary = os.openpty()
+    try:
+        r = subprocess.run([*CLI, "query", str(SAMPLE), "SELECT 1 AS a", "-f", "parquet", *out], stdout=secondary,
+                           stderr=subprocess.PIPE, text=True, timeout=240, cwd=REPO)
+        os.close(secondary)
+        written = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(primary, 4096):
+                written += chunk
+    finally:
+        os.close(primary)
+    assert r.returncode == 2 and "--format parquet needs --output FILE.parquet" in r.stderr, r.stderr
+    assert b"PAR1" not in written
+    ok("query", SAMPLE, "SELECT 1 AS a", "-f", "parquet", "-o", tmp_path / "a.parquet")
+    assert pq.read_table(tmp_path / "a.parquet").to_pylist() == [{"a": 1}]

@@ -521,3 +521,53 @@ def test_an_unknown_camera_is_named_with_the_valid_ones_on_every_path(datasets, 
                                              r"features; valid: \['observation\.images\.front', "
                                              r"'observation\.images\.wrist'\]"):
             db.dataset(cameras=bad, **kw)
+
+
+@pytest.mark.parametrize("name, bad, err, msg", [
+    ("decoder_threads", -1, ValueError, r"decoder_threads=-1: give an integer from 0 to 64"),
+    ("decoder_threads", 65, ValueError, r"decoder_threads=65: give an integer from 0 to 64"),
+    ("decoder_threads", "x", TypeError, r"decoder_threads='x' \(str\): give an integer from 0 to 64"),
+    ("decoder_threads", 1.5, TypeError, r"decoder_threads=1.5 \(float\)"),
+    ("decoder_threads", True, TypeError, r"decoder_threads=True \(bool\)"),
+    ("max_open_decoders", -1, ValueError, r"max_open_decoders=-1: give an integer >= 1"),
+    ("max_open_decoders", 0, ValueError, r"max_open_decoders=0: give an integer >= 1"),
+    ("seek_reach", -1, ValueError, r"seek_reach=-1: give an integer >= 0"),
+    ("seek_reach", None, TypeError, r"seek_reach=None \(NoneType\)"),
+])
+def test_decoder_options_out_of_range_are_refused_naming_them(datasets, name, bad, err, msg):
+    """Before: decoder_threads=-1 raised VideoDecodeError blaming a healthy mp4 ("the file may be corrupt"),
+    max_open_decoders=-1 a bare KeyError at the first eviction, 'x' a bare int() error, seek_reach=-1 passed."""
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(err, match=msg):
+        db.dataset("SELECT index FROM frames WHERE index < 3", **{name: bad})
+    with pytest.raises(err, match=msg):  # the same from the constructor (collections, shards, Ray build it)
+        lsql.LeRobotSQLDataset(db.files, db.manifest("SELECT index FROM frames WHERE index < 3"), **{name: bad})
+
+
+def test_decoder_options_at_their_bounds_give_the_same_items(datasets):
+    db = lsql.connect(datasets / "small20")
+    sql = "SELECT index FROM frames WHERE episode_index = 1 AND frame_index % 7 = 0 ORDER BY index DESC"
+    want = db.dataset(sql)
+    for kw in (dict(decoder_threads=0), dict(decoder_threads=np.int64(64)), dict(max_open_decoders=1),
+               dict(seek_reach=0)):
+        ds = db.dataset(sql, **kw)
+        assert len(ds) == len(want) == 23
+        for i in range(len(ds)):
+            assert_items_equal(ds[i], want[i])
+
+
+def test_only_integers_and_slices_index_a_dataset(datasets):
+    """As the README says: ints, numpy integers and 0-d integer tensors. Before, ds[torch.tensor([3])] and ds[True]
+    (item 1) were served while ds[np.array([3])] was a TypeError."""
+    db = lsql.connect(datasets / "small20")
+    ds = db.dataset("SELECT index FROM frames WHERE index % 10 = 0 ORDER BY index", cameras=[])
+    for i in (3, np.int64(3), np.int32(3), torch.tensor(3), np.array(3), torch.tensor(3, dtype=torch.uint8)):
+        assert int(ds[i]["index"]) == 30
+    assert int(ds[-1]["index"]) == 10 * (len(ds) - 1) and len(ds) == (db.layout.info["total_frames"] + 9) // 10
+    for bad, shape in ((np.array([3]), r" of shape \(1,\)"), (torch.tensor([3]), r" of shape \(1,\)"),
+                       (True, ""), (np.True_, ""), (torch.tensor(True), r" of shape \(\)"), (1.0, ""), ("1", "")):
+        with pytest.raises(TypeError, match=rf"dataset indices must be integers .* not {type(bad).__name__}{shape}"):
+            ds[bad]
+    with pytest.raises(TypeError, match="not bool"):
+        ds.__getitems__([1, True])  # the DataLoader's batched fetch checks the same
+    assert [int(it["index"]) for it in ds[1:3]] == [10, 20]

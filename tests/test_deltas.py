@@ -39,3 +39,16 @@ def test_query_indices_clamp_to_the_episode_and_mark_padding():
             t = index + o
             assert p == (t < ep_from or t >= ep_to)
             assert qi == min(max(t, ep_from), ep_to - 1)
+
+
+@pytest.mark.parametrize("bad, shown", [(["0.1"], r"'0\.1' \(str\)"), ([True], r"True \(bool\)"),
+                                        ([0.0, np.True_], r"(np\.)?True_? \(bool_?\)"), ([None], r"None \(NoneType\)")])
+def test_offsets_that_are_not_numbers_are_refused_naming_key_and_value(bad, shown):
+    """numpy read "0.1" as 0.1 and True as 1.0 (one frame ahead): accepted before."""
+    with pytest.raises(ValueError, match=rf"delta_timestamps\['action'\] holds {shown}, not a number of seconds"):
+        frames.delta_indices({"action": bad}, 30, 1e-4, FEATURES)
+    with pytest.raises(ValueError, match=r"delta_timestamps\['action'\] must be a list of offsets in seconds.*'0\.1'"):
+        frames.delta_indices({"action": "0.1"}, 30, 1e-4, FEATURES)  # not its characters
+    # numbers of any kind are numbers
+    assert frames.delta_indices({"action": [np.float32(0), 1, 2 / 30]}, 30, 1e-4, FEATURES)["action"].tolist() == \
+        [0, 30, 2]

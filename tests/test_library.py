@@ -252,3 +252,16 @@ def test_user_query_folder(small, tmp_path):
         assert _eps(db.query("long_eps")) == want
     finally:
         db._query_dirs.remove(tmp_path)
+
+
+def test_int_parameters_must_fit_bigint(small):
+    """min_length=10**23 was accepted and matched nothing (BIGINT `length` against a HUGEINT/DOUBLE literal)."""
+    db, eps, _ = small
+    for big in (10 ** 23, "99999999999999999999999", -(2 ** 63) - 1):
+        with pytest.raises(QueryError, match=r"'min_length' \(int\) must fit in a 64-bit integer "
+                                             r"\(-9223372036854775808 \.\. 9223372036854775807\)") as e:
+            db.query("episodes_by_length", min_length=big)
+        assert e.value.usage  # the caller's mistake: the CLI exits 2
+    # the int64 bounds themselves are values
+    assert _eps(db.query("episodes_by_length", max_length=2 ** 63 - 1)) == list(eps)
+    assert _eps(db.query("episodes_by_length", min_length=2 ** 63 - 1)) == []

@@ -212,3 +212,79 @@ def test_rows_out_of_index_order_are_refused_naming_file_row_and_index(datasets,
                                               ).fetchall()[0][0]
         for i in (0, 10, len(ref) - 1):
             assert_items_equal(got[i], ref[i])
+
+
+_MODE_SQL = {"index": "SELECT index, {e} AS d FROM frames WHERE index < 3",
+             "window": "SELECT episode_index, 0.0 AS start_s, 0.1 AS end_s, {e} AS d FROM episodes WHERE episode_index < 2",
+             "episode": "SELECT episode_index, {e} AS d FROM episodes WHERE episode_index < 2"}
+
+
+@pytest.mark.parametrize("mode", sorted(_MODE_SQL))
+@pytest.mark.parametrize("expr, what", [
+    ("DATE '2020-01-01'", r"DATE values \(Arrow date32\[day\]\).*`epoch\(\"d\"\)`"),
+    ("TIMESTAMP '2020-01-01 10:00'", r"TIMESTAMP values"),
+    ("INTERVAL 1 DAY", r"INTERVAL values"),
+    ("{'a': 1}", r"STRUCT values \(Arrow struct<a: int32>\)"),
+    ("MAP {'a': 1}", r"MAP values"),
+    ("'x'::BLOB", r"BLOB/BIT values \(Arrow binary\).*`CAST\(\"d\" AS VARCHAR\)`"),
+    ("[[1, 2], [3, 4]]", r"lists of lists.*`flatten\(\"d\"\)`"),
+    ("[DATE '2020-01-01']", r"lists of DATE.*`CAST\(\"d\" AS VARCHAR\[\]\)`"),
+    ("170141183460469231731687303715884105727::HUGEINT", r"\(HUGEINT\) holds values beyond int64"),
+])
+def test_extra_columns_of_types_items_cannot_carry_are_refused(datasets, mode, expr, what):
+    """Before: a DATE reached items as datetime.date (torch's default_collate failed on it in the DataLoader), a
+    STRUCT as a dict, a BLOB as bytes, and a HUGEINT was rounded to float64 without a word."""
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(lsql.ResultContractError, match=r"result column 'd' .*" + what):
+        db.dataset(_MODE_SQL[mode].format(e=expr), cameras=[])
+
+
+@pytest.mark.parametrize("mode", sorted(_MODE_SQL))
+def test_a_hugeint_extra_is_an_exact_int64(datasets, mode):
+    """DuckDB's sum() of integers is a HUGEINT (Arrow decimal128(38, 0)): as float64, 2**53 + 1 became 2**53."""
+    import torch
+
+    db = lsql.connect(datasets / "small20")
+    big = 2 ** 53 + 1
+    ds = db.dataset(_MODE_SQL[mode].format(e=f"{big}::HUGEINT"), cameras=[])
+    assert ds[0]["d"].dtype == torch.int64 and int(ds[0]["d"]) == big
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=2)))
+    assert batch["d"].tolist() == [big, big]
+    # the common case: a per-episode sum over frames, exact and equal to meta/episodes' length
+    ds = db.dataset("SELECT episode_index, sum(1::BIGINT) AS n FROM frames WHERE episode_index < 3 GROUP BY 1",
+                    cameras=[])
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    assert {int(ds[i]["episode_index"]): int(ds[i]["n"]) for i in range(len(ds))} == {e: lengths[e] for e in range(3)}
+
+
+@pytest.mark.parametrize("how", ["dataset()", "episodes=", "episode query", "window query", "open window query",
+                                 "index query", "collection"])
+def test_manifest_cap_counts_samples_not_rows(datasets, monkeypatch, how):
+    """LSQL_MAX_MANIFEST_ROWS bounds the samples of every result mode, before the manifest is built. Before, it bounded
+    result rows only: with 10, db.dataset() built all 4,762 samples of small20, and with 100 the 20 episode rows
+    of `SELECT episode_index FROM episodes` (4,762 samples) passed."""
+    db = lsql.connect(datasets / "small20")
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    total = db.layout.info["total_frames"]
+    build, n = {
+        "dataset()": (lambda: db.dataset(cameras=[]), total),
+        "episodes=": (lambda: db.dataset(episodes=[3, 1], cameras=[]), lengths[1] + lengths[3]),
+        "episode query": (lambda: db.dataset("SELECT episode_index FROM episodes", cameras=[]), total),
+        # frames 15..44 of each episode: 30 each
+        "window query": (lambda: db.dataset("SELECT episode_index, 0.5 AS start_s, 1.5 AS end_s FROM episodes",
+                                            cameras=[]), 30 * len(lengths)),
+        "open window query": (lambda: db.dataset("SELECT episode_index, 1.0 AS start_s, 'inf'::DOUBLE AS end_s "
+                                                 "FROM episodes", cameras=[]), total - 30 * len(lengths)),
+        "index query": (lambda: db.dataset("SELECT index FROM frames WHERE index % 2 = 0", cameras=[]),
+                        (total + 1) // 2),
+        "collection": (lambda: lsql.connect_many({"a": datasets / "small20"}).dataset(
+            "SELECT dataset, episode_index FROM episodes", cameras=[]), total),
+    }[how]
+    monkeypatch.setenv("LSQL_MAX_MANIFEST_ROWS", str(n))
+    assert len(build()) == n
+    monkeypatch.setenv("LSQL_MAX_MANIFEST_ROWS", str(n - 1))
+    with pytest.raises(lsql.ResultContractError, match=rf"more than {n - 1:,}|more than the {n - 1:,}"):
+        build()
+    monkeypatch.setenv("LSQL_MAX_MANIFEST_ROWS", "10")
+    with pytest.raises(lsql.ResultContractError, match="more than"):
+        build()

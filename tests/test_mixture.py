@@ -198,3 +198,11 @@ def test_rename_never_takes_a_name_the_item_already_uses(coll):
                                                             "ORDER BY index")
     i = next(j for j in range(len(ds)) if ds.dataset_index[j] == 0)
     assert torch.equal(ds[i]["action"], own[int(ds.local[i])]["observation.state"])
+
+
+def test_a_collection_dataset_takes_the_same_indices(coll):
+    ds = coll.dataset(f"SELECT dataset, index FROM frames WHERE {PICK}", cameras=[])
+    assert int(ds[np.int64(2)]["index"]) == int(ds[torch.tensor(2)]["index"]) == int(ds[2]["index"])
+    for bad in (True, torch.tensor([2]), np.array([2]), 2.0):
+        with pytest.raises(TypeError, match="dataset indices must be integers"):
+            ds[bad]

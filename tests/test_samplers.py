@@ -198,3 +198,13 @@ def test_a_resumed_pass_is_followed_by_whole_passes(ds):
     s.load_state_dict(s.state_dict(consumed=100))
     assert list(s) == full[100:]
     assert list(s) == full and len(s) == len(full)
+
+
+@pytest.mark.parametrize("bad", [1.5, 64.0, "64", True, None])
+def test_consumed_must_be_an_integer(ds, bad):
+    """consumed=1.5 resumed at position 1 without a word (int() truncated it)."""
+    s = EpisodeAwareSampler(ds, seed=5)
+    with pytest.raises(TypeError, match=rf"consumed must be an integer number of samples .*got {type(bad).__name__}"):
+        s.state_dict(consumed=bad)
+    # integers of any kind resume at the same place
+    assert s.state_dict(consumed=np.int64(3))["start"] == s.state_dict(consumed=torch.tensor(3))["start"] == 3

@@ -160,3 +160,23 @@ def test_payload_free_view_indexes_like_a_full_demux(datasets, tmp_path, name):
         assert _packets(src.open_demux(rel), use_index_keys=True) == expected
         size = (datasets / name / rel).stat().st_size
         assert src.fs.io_stats()["bytes_fetched"] < 0.1 * size  # the moov box and little else
+
+
+def test_a_root_that_is_no_path_or_url_is_named(datasets):
+    """connect(None) raised os.fspath's bare TypeError, connect("foo://x") fsspec's "Protocol not known: foo"."""
+    import lerobot_sql as lsql
+    from lerobot_sql.errors import MissingFileError
+
+    for bad in (None, 3, b"/x", ["a"]):
+        with pytest.raises(TypeError, match=rf"root must be a dataset root: a folder path, a URL .*got "
+                                            rf"{type(bad).__name__}"):
+            lsql.connect(bad)
+    for url, proto in (("foo://x", "foo"), ("s4://bucket/ds", "s4"), ("simplecachex::s3://b/ds", "simplecachex")):
+        with pytest.raises(MissingFileError, match=rf"root '{url}': no filesystem for the protocol '{proto}'\..* Give "
+                                                   r"a local folder, hf://datasets/ORG/NAME .*s3://, gs://"):
+            lsql.connect(url)
+    with pytest.raises(MissingFileError, match="Did you mean 'simplecache'"):
+        lsql.connect("simplecachex::s3://b/ds")
+    # what worked still works: a path object, and file:// URLs of a local folder
+    assert open_source(datasets / "small20").root == os.path.abspath(datasets / "small20")
+    assert lsql.connect(f"file://{datasets / 'small20'}").layout.info["total_frames"] == 4762

@@ -183,12 +183,20 @@ WITH cam AS (SELECT * FROM camera_frames WHERE video_key = vkey),
 SELECT @p.D@p.index, p.episode_index, p.frame_index, p.t AS timestamp, c.video_key, c.frame_index AS camera_frame_index,
        c.timestamp AS camera_timestamp, c.timestamp - p.t AS dt_s, c.path, c.frame, c.pts, c.pts_s
 FROM pick p JOIN cam c ON @c.D=p.D@c.episode_index = p.episode_index AND c.frame_index = p.cfi
+UNION ALL
+-- Loud, not empty, for a key that is no camera (a typo, or the short name 'front'), as camera_frames does.
+SELECT @NULL.D@NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE CASE WHEN NOT EXISTS (SELECT 1 FROM videos WHERE video_key = vkey)
+           THEN error('nearest_camera_frame: ' || coalesce('''' || vkey::VARCHAR || '''', 'NULL')
+                      || ' is not a camera (video_key) of videos; valid: '
+                      || coalesce((SELECT string_agg(DISTINCT video_key, ', ' ORDER BY video_key) FROM videos),
+                                  'none, the dataset has no videos')) ELSE false END
 """
 
 FIRST_EVENT = """
 SELECT @K@, arg_min(timestamp, frame_index)::DOUBLE AS event_s, arg_min(index, frame_index) AS index,
        min(frame_index) AS frame_index
-FROM frames_ext WHERE coalesce(pred, false) GROUP BY @K@
+FROM frames_ext WHERE @PRED@ GROUP BY @K@
 """
 
 # Clipped to the episode, a window can be empty: an event on the first frame (event_s = 0) has nothing before it, so
@@ -201,6 +209,11 @@ WITH arg AS (SELECT CASE WHEN before_s IS NULL OR after_s IS NULL OR isnan(befor
                     THEN error('event_windows: before_s and after_s must be numbers of seconds, not NaN or NULL (got '
                                || coalesce(before_s::VARCHAR, 'NULL') || ', ' || coalesce(after_s::VARCHAR, 'NULL')
                                || ')')
+                    -- a negative bound, or both 0, gives windows that end before they start: no rows, silently
+                    WHEN before_s::DOUBLE < 0 OR after_s::DOUBLE < 0 OR before_s::DOUBLE + after_s::DOUBLE <= 0
+                    THEN error('event_windows: before_s and after_s must be seconds >= 0, not both 0 (got '
+                               || before_s::VARCHAR || ', ' || after_s::VARCHAR || '): the window is [event_s - '
+                               || 'before_s, event_s + after_s)')
                     ELSE before_s::DOUBLE END AS b_s, after_s::DOUBLE AS a_s)
 SELECT @ev.K@, greatest(ev.event_s - arg.b_s, 0.0) AS start_s,
        least(ev.event_s + arg.a_s, e.duration_s) AS end_s, ev.event_s
@@ -212,7 +225,7 @@ WHERE least(ev.event_s + arg.a_s, e.duration_s) > greatest(ev.event_s - arg.b_s,
 # Timestamps are float32 (about 2e-7 s apart from k/fps at t = 4 s): a run of exactly min_duration_s must not be dropped
 # for that, hence the TOL_S slack rather than an exact comparison.
 SEGMENTS = f"""
-WITH hit AS (SELECT @K@, frame_index, timestamp::DOUBLE AS t FROM frames_ext WHERE coalesce(pred, false)),
+WITH hit AS (SELECT @K@, frame_index, timestamp::DOUBLE AS t FROM frames_ext WHERE @PRED@),
      runs AS (SELECT *, frame_index - row_number() OVER (PARTITION BY @K@ ORDER BY frame_index) AS run
               FROM hit),
      seg AS (SELECT @runs.K@, min(t) AS start_s, max(t) + 1.0 / any_value(i.fps) AS end_s, count(*) AS n_frames
@@ -227,18 +240,26 @@ ORDER BY @K@, start_s
 """
 
 
+# The predicate of first_event / segments (and so event_windows): a condition, not a number or text that DuckDB
+# would cast to one (first_event(frame_index) took every frame but the first as the event).
+def _pred(macro: str) -> str:
+    return (f"CASE WHEN typeof(pred) NOT IN ('BOOLEAN', '\"NULL\"') THEN error('{macro}: pred must be a true/false "
+            "condition over frames_ext (e.g. \"observation.state.gripper.pos\" < 20), not a value of type ' || "
+            "typeof(pred)) ELSE coalesce(pred::BOOLEAN, false) END")
+
+
 def _keyed(template: str, collection: bool) -> str:
     """A table macro's SQL for one dataset (episodes keyed by ``episode_index``) or for a collection (keyed by
     ``dataset, episode_index``, frames by ``dataset, index``: each dataset numbers its own)."""
     if not collection:
         subs = {"@K@": "episode_index", "@ev.K@": "ev.episode_index", "@runs.K@": "episode_index",
                 "@JOIN_INFO@": ", info i", "@D@": "", "@c.D=fr.D@": "", "@c.D=p.D@": "", "@fr.D@": "", "@b.D@": "",
-                "@p.D@": ""}
+                "@p.D@": "", "@NULL.D@": ""}
     else:
         subs = {"@K@": "dataset, episode_index", "@ev.K@": "ev.dataset, ev.episode_index",
                 "@runs.K@": "runs.dataset, runs.episode_index", "@JOIN_INFO@": "JOIN info i USING (dataset)",
                 "@D@": "dataset, ", "@c.D=fr.D@": "c.dataset = fr.dataset AND ", "@c.D=p.D@": "c.dataset = p.dataset AND ",
-                "@fr.D@": "fr.dataset, ", "@b.D@": "b.dataset, ", "@p.D@": "p.dataset, "}
+                "@fr.D@": "fr.dataset, ", "@b.D@": "b.dataset, ", "@p.D@": "p.dataset, ", "@NULL.D@": "NULL, "}
     for k, v in subs.items():
         template = template.replace(k, v)
     assert "@" not in template, template
@@ -246,10 +267,12 @@ def _keyed(template: str, collection: bool) -> str:
 
 
 def _table_macros(con, collection: bool) -> None:
-    con.execute(f"CREATE OR REPLACE MACRO first_event(pred) AS TABLE {_keyed(FIRST_EVENT, collection)}")
+    first_event = FIRST_EVENT.replace("@PRED@", _pred("first_event / event_windows"))
+    con.execute(f"CREATE OR REPLACE MACRO first_event(pred) AS TABLE {_keyed(first_event, collection)}")
     con.execute(f"CREATE OR REPLACE MACRO event_windows(pred, before_s, after_s) AS TABLE "
                 f"{_keyed(EVENT_WINDOWS, collection)}")
-    con.execute(f"CREATE OR REPLACE MACRO segments(pred, min_duration_s) AS TABLE {_keyed(SEGMENTS, collection)}")
+    segments = SEGMENTS.replace("@PRED@", _pred("segments"))
+    con.execute(f"CREATE OR REPLACE MACRO segments(pred, min_duration_s) AS TABLE {_keyed(segments, collection)}")
     con.execute(f"CREATE OR REPLACE MACRO nearest_camera_frame(vkey) AS TABLE "
                 f"{_keyed(NEAREST_CAMERA_FRAME, collection)}")
 

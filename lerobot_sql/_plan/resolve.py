@@ -25,9 +25,11 @@ import pyarrow.compute as pc
 from . import manifest as _manifest
 from . import episodes as pointers
 from .clips import check_clips, duplicate_episode_error, grid_limit, timestamp_error
+from .._catalog.connection import MANIFEST_BYTES_PER_ROW, max_manifest_rows
 from .._query.sqltext import ident as q, literal, number
 from ..errors import DatasetFormatError, MissingFileError, ResultContractError, did_you_mean as _did_you_mean, warn
 from .._format.layout import Layout
+from .._format.metadata import read_pointers
 from .._storage.source import Source
 
 CORE, LOCATION = _manifest.CORE, _manifest.LOCATION
@@ -246,6 +248,128 @@ def _warn_repeated_rows(result: pa.Table, mode: str, sql: str) -> None:
              f"(a query over frames returns one row per frame): {sql!r:.200}")
 
 
+# What an item can carry of an extra column (README, "Adapter contract"): numbers, lists of numbers, text.
+_EXTRA_TYPES = "numbers (integers, floats, booleans, DECIMAL), lists of numbers, text (VARCHAR) and lists of text"
+# DuckDB types that Arrow hands over as something an item cannot carry, the SQL that makes them one that it can.
+_EXTRA_CASTS = (
+    (pa.types.is_date, "DATE", "`epoch({c})` (seconds) or `CAST({c} AS VARCHAR)`"),
+    (pa.types.is_timestamp, "TIMESTAMP", "`epoch({c})` (seconds) or `CAST({c} AS VARCHAR)`"),
+    (pa.types.is_time, "TIME", "`epoch({c})` (seconds) or `CAST({c} AS VARCHAR)`"),
+    (pa.types.is_interval, "INTERVAL", "`epoch({c})` (seconds) or `CAST({c} AS VARCHAR)`"),
+    (pa.types.is_struct, "STRUCT", "one field per column (`{c}.field AS field`) or `CAST({c} AS VARCHAR)`"),
+    (pa.types.is_map, "MAP", "one value per column (`{c}['key'] AS key`) or `CAST({c} AS VARCHAR)`"),
+    (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t),
+     "BLOB/BIT", "`CAST({c} AS VARCHAR)` or `octet_length({c})`"),
+    (pa.types.is_union, "UNION", "`CAST({c} AS VARCHAR)` or one member per column"),
+)
+
+
+def _extra_type_ok(t: pa.DataType, in_list: bool = False) -> bool:
+    if not in_list and (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+        return _extra_type_ok(t.value_type, True)
+    if pa.types.is_dictionary(t):  # DuckDB's ENUM: its text
+        return pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type)
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t)
+            or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t))
+
+
+def _check_extra_types(result: pa.Table, extras: list[str], sql: str) -> pa.Table:
+    """Refuse an extra column of a type an item cannot carry (``_EXTRA_TYPES``): a DATE, TIMESTAMP, STRUCT, MAP,
+    BLOB, nested list ... would reach items as ``datetime.date``, dict or bytes and fail only in the DataLoader
+    (torch's ``default_collate``: "found <class 'datetime.date'>"), far from the query.
+
+    Returns:
+        ``result``, with HUGEINT columns (DuckDB's ``sum()`` of integers; Arrow's ``decimal128(38, 0)``) as int64,
+        so that they stay exact integers (as float64 they lose digits past 2**53).
+
+    Raises:
+        ResultContractError: naming the column, its type and the cast that fixes it; also a HUGEINT column
+            holding values beyond int64 (they would be rounded).
+    """
+    for c in extras:
+        col = result[c]
+        t = col.type
+        if not _extra_type_ok(t):
+            inner = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) or \
+                pa.types.is_fixed_size_list(t) else t
+            nested = pa.types.is_list(inner) or pa.types.is_large_list(inner) or pa.types.is_fixed_size_list(inner)
+            name, fix = next(((n, f) for is_t, n, f in _EXTRA_CASTS if is_t(inner)),
+                             ("nested LIST", "`flatten({c})` or one element per column (`{c}[1] AS first`)")
+                             if nested else ("this type", "`CAST({c} AS VARCHAR)`"))
+            what = "lists of lists" if nested else f"lists of {name}" if inner is not t else f"{name} values"
+            if inner is not t and not nested:
+                fix = "`CAST({c} AS VARCHAR[])` or one element per column (`{c}[1] AS first`)"
+            raise ResultContractError(
+                f"result column {c!r} holds {what} (Arrow {t}), which is not a type items carry ({_EXTRA_TYPES}; "
+                f"dates, dicts or bytes in items fail only later, in the DataLoader's collate). Convert it in the "
+                f"query, e.g. {fix.format(c=q(c))}, aliased (`... AS {q(c)}`), or leave it out: {sql!r:.200}")
+        if pa.types.is_decimal(t) and t.scale == 0 and t.precision == 38:  # HUGEINT (or a DECIMAL(38, 0))
+            try:
+                col = col.cast(pa.int64())  # checked: a value beyond int64 raises instead of rounding
+            except pa.ArrowInvalid as e:
+                raise ResultContractError(
+                    f"result column {c!r} (HUGEINT) holds values beyond int64, which an item cannot carry exactly; "
+                    f"cast it in the query (`CAST({q(c)} AS DOUBLE)` to accept rounding, or compute a smaller "
+                    f"number): {sql!r:.200}") from e
+            result = result.set_column(result.schema.get_field_index(c), c, col)
+    return result
+
+
+def _check_sample_count(result: pa.Table, mode: str, layout: Layout, ptr: pa.Table | None, con, sql: str,
+                        window_tolerance_s: float) -> None:
+    """Refuse an episode or window result whose samples (not rows: 20 episode rows may be 4,762 frames) exceed
+    :func:`lerobot_sql._catalog.connection.max_manifest_rows`, before the manifest is built. Counted from the
+    episodes' lengths in meta/episodes (``ptr``'s ``dataset_to_index - dataset_from_index``, else the ``episodes``
+    view through ``con``): a window ``[start_s, end_s)`` holds the frames ``k`` of the fps grid with
+    ``start_s <= k / fps < end_s`` (within ``window_tolerance_s``, as the join selects them), clipped to the
+    episode; an episode's length to info.json's ``total_frames``. ``index`` results are capped where their rows are fetched (one row, one sample).
+
+    Raises:
+        ResultContractError: naming the count, the bound and the fixes.
+    """
+    if mode == "index":
+        return
+    cap = max_manifest_rows()
+    if result.num_rows > cap:  # a cheap bound first: every row is at least one sample
+        total = None
+    else:
+        if ptr is not None and not (ptr["dataset_from_index"].null_count or ptr["dataset_to_index"].null_count):
+            eps = ptr["episode_index"].to_numpy()
+            lens = ptr["dataset_to_index"].to_numpy() - ptr["dataset_from_index"].to_numpy()
+        else:
+            t = (con if isinstance(con, duckdb.DuckDBPyConnection) else con()).sql(
+                "SELECT episode_index, length FROM episodes WHERE episode_index IS NOT NULL AND length IS NOT NULL"
+            ).to_arrow_table()
+            eps, lens = t["episode_index"].to_numpy(), t["length"].to_numpy()
+        order = np.argsort(eps, kind="stable")
+        eps, lens = eps[order], lens[order].astype(np.int64)
+        # Crafted pointers may claim 10**10 frames or a negative count (the join then reads the real rows): no
+        # episode holds more frames than the dataset.
+        most = layout.info.get("total_frames")
+        lens = np.clip(lens, 0, most if isinstance(most, int) and not isinstance(most, bool) and most >= 0 else None)
+        want = result["episode_index"].to_numpy(zero_copy_only=False).astype(np.int64)
+        # an episode missing from meta/episodes counts 0 here: resolving it raises naming it
+        length = np.zeros(len(want), np.int64)
+        if len(eps):
+            at = np.minimum(np.searchsorted(eps, want), len(eps) - 1)
+            length = np.where(eps[at] == want, lens[at], 0)
+        if mode == "window":
+            fps, tol = float(layout.fps), float(window_tolerance_s)
+            with np.errstate(invalid="ignore", over="ignore"):
+                bound = [np.clip(np.ceil((result[c].cast(pa.float64()).to_numpy(zero_copy_only=False) - tol) * fps),
+                                 0, length) for c in ("start_s", "end_s")]
+            length = np.maximum(bound[1] - bound[0], 0)
+        total = int(np.sum(length))
+        if total <= cap:
+            return
+    what = f"more than {cap:,}" if total is None else f"{total:,}"
+    raise ResultContractError(
+        f"the query's {result.num_rows:,} {mode} rows select {what} samples, more than the {cap:,} this machine's "
+        f"memory holds as a manifest (about {MANIFEST_BYTES_PER_ROW} bytes per sample while it is built); select "
+        f"fewer or shorter {'windows' if mode == 'window' else 'episodes'} (a LIMIT, a WHERE), or set "
+        f"LSQL_MAX_MANIFEST_ROWS: {sql!r:.200}")
+
+
 def _check_stackable(result: pa.Table, extras: list[str], sql: str) -> None:
     """Refuse an extra column a DataLoader cannot batch: lists whose length varies from row to row (``SELECT * FROM
     episodes`` brings ``tasks``, one or two task texts per episode). ``ds[i]`` would serve them, but torch's
@@ -384,6 +508,9 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     result = _check_contract_types(result, mode, sql)
     if mode == "window":
         _check_window_bounds(result, sql)
+    if ptr is None and src is not None and mode != "index":  # read once, for the count and the pointer path
+        ptr = read_pointers(src, layout)
+    _check_sample_count(result, mode, layout, ptr, con, sql, window_tolerance_s)
     _warn_repeated_rows(result, mode, sql)
     video_cols = _manifest.video_columns(layout.video_keys)
     reserved = set(CORE) | set(LOCATION) | set(video_cols)
@@ -395,6 +522,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     if clash:
         raise ResultContractError(f"result columns {clash} clash with the manifest's or the item's own keys; alias "
                                   f"them (e.g. `... AS my_{clash[0].replace('/', '_')}`) in: {sql!r}")
+    result = _check_extra_types(result, extras, sql)
     _check_stackable(result, extras, sql)
     # Columns named like a frame column are the frame's own values (SELECT * FROM frames): they are not carried as
     # extras, so they must equal what the item will hold, never silently differ from it.

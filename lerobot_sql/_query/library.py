@@ -124,9 +124,12 @@ def _parse_file(name: str, path: Path) -> NamedQuery:
                     raise QueryError(f"{path}: parameter {pname!r} ({ptype}) has a bound ({op} {limit}); only int "
                                      "and float parameters take one")
                 bound = (op, float(limit)) if op else None
-                params.append(Param(pname, ptype, None if default is None else
-                                    _coerce(name, pname, ptype, _unquote(default), bound),
-                                    default is None, doc, bound))
+                try:
+                    value = None if default is None else _coerce(name, pname, ptype, _unquote(default), bound)
+                except QueryError as e:
+                    e.usage = False  # a bad default is the file's mistake, not the caller's
+                    raise
+                params.append(Param(pname, ptype, value, default is None, doc, bound))
             elif s and params:  # continuation of the previous parameter's doc
                 p = params[-1]
                 params[-1] = dataclasses.replace(p, doc=f"{p.doc} {s}")
@@ -165,8 +168,8 @@ def load(name: str, extra_dirs=None) -> NamedQuery:
             if p.is_file():
                 return _parse_file(name, p)
     names = sorted(_all_files(extra_dirs))
-    raise QueryError(f"no named query {name!r}.{did_you_mean(name or '', names)} Available: {names} (folders searched: "
-                     f"{[str(d) for d in _dirs(extra_dirs)]})")
+    raise _caller_error(f"no named query {name!r}.{did_you_mean(name or '', names)} Available: {names} (folders "
+                        f"searched: {[str(d) for d in _dirs(extra_dirs)]})")
 
 
 def list_queries(extra_dirs=None) -> list[dict]:
@@ -180,6 +183,15 @@ def list_queries(extra_dirs=None) -> list[dict]:
     return out
 
 
+def _caller_error(message: str) -> QueryError:
+    """A QueryError that the caller's name or parameters caused (not the query file): marked ``.usage = True``,
+    which the CLI reports as a usage error (exit 2)."""
+    err = QueryError(message)
+    err.usage = True
+    return err
+
+
+_INT64 = (-(2 ** 63), 2 ** 63 - 1)  # what DuckDB's BIGINT holds: a larger literal becomes a HUGEINT or DOUBLE
 _TRUE = {"true", "1", "yes", "on", "t", "y"}
 _FALSE = {"false", "0", "no", "off", "f", "n"}
 
@@ -187,9 +199,12 @@ _FALSE = {"false", "0", "no", "off", "f", "n"}
 def _coerce(qname: str, pname: str, ptype: str, value: Any, bound: tuple[str, float] | None = None) -> Any:
     """The Python value of a parameter, checked against its type and bound (strings from the CLI are parsed)."""
     def bad(why: str) -> QueryError:
-        return QueryError(f"query {qname!r}: parameter {pname!r} ({ptype}) {why}, got {value!r}")
+        return _caller_error(f"query {qname!r}: parameter {pname!r} ({ptype}) {why}, got {value!r}")
 
     v = _coerce_type(ptype, value, bad)
+    if ptype == "int" and not _INT64[0] <= v <= _INT64[1]:
+        # compared with BIGINT columns, a 10**23 matched nothing without a word
+        raise bad(f"must fit in a 64-bit integer ({_INT64[0]} .. {_INT64[1]})")
     if bound is not None and not _BOUNDS[bound[0]](v, bound[1]):
         raise bad(f"must be {bound[0]} {bound[1]:g}")
     return v
@@ -276,24 +291,24 @@ def render(name: str, params: dict, extra_dirs=None, vectors: dict[str, str] | N
     None (no dataset at hand) leaves that check to the SQL.
 
     Raises:
-        QueryError: unknown query; a missing, unknown, ill-typed or out-of-bound parameter, or a ``vector``
-            parameter that is not one of ``vectors`` (the message names the query and lists its documented
-            parameters, or the valid columns).
+        QueryError: unknown query; a missing, unknown, ill-typed or out-of-bound parameter (an ``int`` outside
+            int64 too), or a ``vector`` parameter that is not one of ``vectors`` (the message names the query and
+            lists its documented parameters, or the valid columns); these carry ``.usage = True``.
     """
     nq = load(name, extra_dirs)
     declared = {p.name: p for p in nq.params}
     params = dict(params or {})
     unknown = sorted(set(params) - set(declared))
     if unknown:
-        raise QueryError(f"query {name!r} has no parameter(s) {unknown}. Parameters: {nq.signature()}")
+        raise _caller_error(f"query {name!r} has no parameter(s) {unknown}. Parameters: {nq.signature()}")
     missing = [p.name for p in nq.params if p.required and p.name not in params]
     if missing:
-        raise QueryError(f"query {name!r} needs parameter(s) {missing}. Parameters: {nq.signature()}")
+        raise _caller_error(f"query {name!r} needs parameter(s) {missing}. Parameters: {nq.signature()}")
     values = {}
     for p in nq.params:
         v = _coerce(name, p.name, p.type, params[p.name], p.bound) if p.name in params else p.default
         if p.type == "vector" and vectors is not None and v not in vectors:
-            raise QueryError(f"query {name!r}: parameter {p.name!r} (vector) must be a numeric vector feature of "
+            raise _caller_error(f"query {name!r}: parameter {p.name!r} (vector) must be a numeric vector feature of "
                              f"frames, got {v!r}.{did_you_mean(str(v), sorted(vectors))} Valid: {sorted(vectors)}")
         values[p.name] = _render_value(p.type, v)
 

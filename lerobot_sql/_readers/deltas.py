@@ -26,8 +26,9 @@ def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float, t
         key -> int64 array of frame offsets, same order as given.
 
     Raises:
-        ValueError: a key is not a feature, a list is empty, an offset is NaN, infinite or beyond 2**31 frames, or
-            an offset is not a multiple of 1/fps within tolerance_s (the offenders are listed, with the key).
+        ValueError: a key is not a feature, a list is empty, an offset is not a number (a string such as "0.1", a
+            bool), NaN, infinite or beyond 2**31 frames, or an offset is not a multiple of 1/fps within tolerance_s
+            (the offenders are listed, with the key).
     """
     if not delta_timestamps:
         return {}
@@ -37,8 +38,18 @@ def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float, t
             raise ValueError(f"delta_timestamps key {key!r} is not a feature of this dataset."
                              f"{did_you_mean(str(key), features)} Valid keys: {sorted(features)}")
         try:
-            d = np.asarray(list(deltas), np.float64)
-        except (TypeError, ValueError):
+            if isinstance(deltas, (str, bytes)):  # list("0.1") would be its characters
+                raise TypeError
+            values = list(deltas)
+            # numpy reads "0.1" as 0.1 and True as 1.0: a quoted or boolean offset is a mistake, not a number
+            wrong = [v for v in values if v is None or isinstance(v, (bool, np.bool_, str, bytes))]
+            if wrong:
+                raise ValueError(f"delta_timestamps[{key!r}] holds {wrong[0]!r} ({type(wrong[0]).__name__}), not a "
+                                 f"number of seconds; give numbers, e.g. [-1 / {fps:g}, 0.0]")
+            d = np.asarray(values, np.float64)
+        except (TypeError, ValueError) as e:
+            if str(e).startswith("delta_timestamps["):
+                raise
             raise ValueError(f"delta_timestamps[{key!r}] must be a list of offsets in seconds, e.g. "
                              f"[-1 / {fps:g}, 0.0]; got {deltas!r}") from None
         if d.ndim != 1 or len(d) == 0:

@@ -503,6 +503,27 @@ def _default_http_options(fs_protocol: str, storage_options: dict) -> dict:
     return storage_options
 
 
+def _check_protocol(root: str) -> None:
+    """Refuse a URL whose protocol no fsspec filesystem knows (fsspec says only ``Protocol not known: foo``).
+    A known protocol whose package is missing (``gs`` without gcsfs) keeps fsspec's ImportError, which names it."""
+    from ..errors import did_you_mean
+
+    proto = fsspec.core.split_protocol(root)[0]
+    if not proto:
+        return
+    proto = proto.split("::")[0]  # chained URLs (simplecache::s3://...): the outer filesystem first
+    try:
+        fsspec.get_filesystem_class(proto)
+    except ValueError:
+        known = sorted(set(fsspec.available_protocols()) | set(fsspec.registry))
+        raise MissingFileError(
+            f"root {root!r}: no filesystem for the protocol {proto!r}.{did_you_mean(proto, known)} Give a local folder, "
+            f"hf://datasets/ORG/NAME (the Hugging Face Hub), s3://, gs://, az://, http(s):// or another fsspec "
+            f"protocol ({len(known)} known: fsspec.available_protocols())") from None
+    except ImportError:
+        return  # fsspec's message names the package to install
+
+
 def open_source(root: str | os.PathLike, storage_options: dict | None = None, *, cache_dir: str | os.PathLike | None = None,
                 cache_size: int | str | None = None) -> Source:
     """Resolve a user-given root (local path, fsspec URL or Hub repo id) to a :class:`Source`.
@@ -516,11 +537,19 @@ def open_source(root: str | os.PathLike, storage_options: dict | None = None, *,
         cache_size: bound on the remote-bytes cache (bytes or ``"20GB"``; default 50 GiB), LRU eviction.
 
     Raises:
+        TypeError: ``root`` is not a string or path (``None``, a list ...).
+        MissingFileError: ``root`` is a URL of a protocol no fsspec filesystem handles (``foo://x``), naming it,
+            the closest known one and the usual ones.
         UnsupportedVersionError: a Hub repo with only non-v3 version refs.
     """
+    if not isinstance(root, (str, os.PathLike)) or isinstance(os.fspath(root), bytes):
+        raise TypeError(f"root must be a dataset root: a folder path, a URL (hf://datasets/ORG/NAME, s3://bucket/path, "
+                        f"https://host/path) or a Hub repo id ORG/NAME; got {type(root).__name__} {root!r:.80}")
     root = os.fspath(root)
     options = dict(storage_options or {})
     hub = _hub_root(root, options)
+    if hub is None:
+        _check_protocol(root)
     if hub is not None:
         from huggingface_hub import HfFileSystem
 

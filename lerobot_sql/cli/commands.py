@@ -1,7 +1,8 @@
 """``lerobot-sql``: the command line. Each subcommand is a small ``cmd_<name>(args) -> int`` function.
 
 Exit codes: 0 success, 1 failure (a :class:`LeRobotSQLError`, an I/O error, ``doctor`` finding problems),
-2 usage error (argparse), 130 interrupted. Errors print as ``error: <message>`` plus a ``hint:`` line on stderr;
+2 usage error (argparse, options that do not fit together, an unknown ``--name`` or a bad ``--param``), 130
+interrupted. Errors print as ``error: <message>`` plus a ``hint:`` line on stderr;
 set ``LSQL_DEBUG=1`` for the traceback. The interactive prompt lives in :mod:`lerobot_sql.cli.shell`; what both print
 (result writers, error and hint lines) in :mod:`lerobot_sql.cli.output`.
 
@@ -54,6 +55,17 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not math.isfinite(v) or v <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return v
+
+
+def _rows(text: str) -> int:
+    """A row count >= 0 (``--max-rows``; 0 = all)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of rows (0 = all), got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of rows >= 0 (0 = all), got {text!r}")
     return v
 
 
@@ -227,6 +239,8 @@ def cmd_query(args) -> int:
                 print(textwrap.fill(desc + ".", width, initial_indent="    ", subsequent_indent="    "))
             for prm in e.get("params") or []:
                 need = "required" if prm.get("required") else f"default {prm.get('default')!r}"
+                if prm.get("bound"):  # enforced by the library: shown so a refused value is no surprise
+                    need += f", {prm['bound'][0]} {prm['bound'][1]:g}"
                 print(textwrap.fill(f"-p {prm['name']}={str(prm.get('type', '')).upper()}  ({need}) "
                                     f"{prm.get('doc') or ''}".rstrip(), width, initial_indent="    ",
                                     subsequent_indent="        "))
@@ -458,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "the shortest decimal that reads back to the same value (float32: 25.24413)")
     sp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout (required for parquet "
                                                            "on a terminal)")
-    sp.add_argument("--max-rows", type=int, default=40, help="rows shown by the table format (0 = all; default 40)")
+    sp.add_argument("--max-rows", type=_rows, default=40, help="rows shown by the table format (0 = all; default 40)")
     sp.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                     help="stop the query after this many seconds (exit 1); Ctrl-C stops it at any time (exit 130)")
     sp.set_defaults(func=cmd_query)
@@ -514,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.epilog += ("\n\nexit status: piped input (a script) runs every statement, printing each error in order with "
                   "the\nresults, and exits 1 if any statement or dot command failed, else 0 (.quit ends the script "
                   "early\nand keeps that status). An interactive session exits 0.")
-    sp.add_argument("--max-rows", type=int, default=40, help="rows shown per result (0 = all; default 40)")
+    sp.add_argument("--max-rows", type=_rows, default=40, help="rows shown per result (0 = all; default 40)")
 
     sp = add("bench", "run the benchmarks (needs a source checkout: git clone, then pip install -e .)",
              ["lerobot-sql bench", "lerobot-sql bench --full", "lerobot-sql bench -- --help"], cmd_bench,
@@ -567,6 +581,9 @@ def main(argv: list[str] | None = None) -> int:
                     if a.prog.endswith(" " + args.command)), parser)
         sub.print_usage(sys.stderr)
         print(f"{sub.prog}: error: {e}", file=sys.stderr)
+        hint = error_hint(e.__cause__) if e.__cause__ is not None else None  # a library error made a usage error
+        if hint:
+            print(f"hint: {hint}", file=sys.stderr)
         return 2
     except (LeRobotSQLError, OSError) as e:
         if getattr(e, "interrupted", None) == "sigint":  # Ctrl-C stopped DuckDB (db.Result): as KeyboardInterrupt

@@ -30,11 +30,16 @@ class UsageError(Exception):
 def named_sql(db, name: str, params: dict | None) -> str:
     """Named query ``name`` rendered for ``db``: through ``db.named_query_sql`` for one dataset (its ``vector``
     parameters checked against its frames), through the library for a collection."""
-    if hasattr(db, "named_query_sql"):
-        return db.named_query_sql(name, **(params or {}))
     from .._query import library
 
-    return library.render(name, params or {}, extra_dirs=db.query_dirs)
+    try:
+        if hasattr(db, "named_query_sql"):
+            return db.named_query_sql(name, **(params or {}))
+        return library.render(name, params or {}, extra_dirs=db.query_dirs)
+    except QueryError as e:
+        if getattr(e, "usage", False):  # a misspelt name, a bad --param: the command line's mistake (exit 2)
+            raise UsageError(str(e)) from e
+        raise
 
 
 def run_sql(db, sql: str, params: dict | None = None, name: str | None = None, timeout: float | None = None):
