@@ -125,6 +125,14 @@ IMAGE_DECODE_DESCRIPTION = ("every cell of every image feature (dtype image) in 
                             "decodes whole, as the items read them (run with decode=True, CLI --decode)")
 IMAGE_DECODE_OFF = ("not run: decoding every image is opt-in, pass decode=True (CLI: --decode); the data files' pages "
                     "were checked, not the images in them")
+# meta/stats.json, as db.stats() and ds.meta.stats (stats="dataset") read it: JSON, numbers, one value per element.
+STATS_JSON = Spec("stats_json_valid", "where the statistics have the data's sizes and info.json's shape is the wrong "
+                  "one (data_files_decode then names it), fix the shape in meta/info.json; otherwise recompute "
+                  "meta/stats.json (lerobot's aggregate_stats over the per-episode statistics; here db.stats('SELECT "
+                  "episode_index FROM episodes') computes them from the data) or take the source's copy again: "
+                  "normalisation (ds.meta.stats with stats='dataset') reads it")
+STATS_JSON_DESCRIPTION = ("meta/stats.json parses as JSON, every statistic is numbers, and each has one value per "
+                          "element of its feature's info.json shape (one per channel for a camera)")
 # Hints added to DECODE's by what was found (the likely cause, named per kind of failure).
 _OPEN_GOP = ("frames out of order in an HEVC / H.264 file made by concatenating or stream-copying parts are the usual "
              "sign of an open-GOP keyframe after a cut (an HEVC CRA, an H.264 recovery-point I frame) that keeps the "
@@ -424,6 +432,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
                             result.slice(0, SAMPLE_ROWS).to_pylist(), hint, spec.severity, nq.description))
     checks.append(_decode_check(db, decode, check_video, n_files, n_missing, index_ready, progress))
     checks.append(_image_decode_check(db, decode))
+    checks.append(_stats_json_check(db))
     return Report(db.source.url, db.layout.version, float(tolerance_s), checks)
 
 
@@ -487,6 +496,20 @@ def _decode_check(db, decode: bool, check_video: bool, n_files: int, n_missing: 
     if any(r["error"] and not c for r, c in zip(bad, cut)):
         hint += "; " + _DAMAGED
     return Check(spec.name, not bad, len(bad), bad[:SAMPLE_ROWS], hint, spec.severity, DECODE_DESCRIPTION)
+
+
+def _stats_json_check(db) -> Check:
+    """The :data:`STATS_JSON` check: skipped without meta/stats.json (stats_present checks the per-episode ones),
+    else meta/stats.json read as :meth:`lerobot_sql.Database.stats` reads it; its DatasetFormatError (the file,
+    the feature, the statistic) is the one violation row."""
+    spec = STATS_JSON
+    if not db.source.exists("meta/stats.json"):
+        return Check(spec.name, True, 0, [], spec.hint, spec.severity, STATS_JSON_DESCRIPTION, "no meta/stats.json")
+    try:
+        db.stats()
+    except DatasetFormatError as e:
+        return Check(spec.name, False, 1, [{"error": str(e)}], spec.hint, spec.severity, STATS_JSON_DESCRIPTION)
+    return Check(spec.name, True, 0, [], spec.hint, spec.severity, STATS_JSON_DESCRIPTION)
 
 
 def _image_decode_check(db, decode: bool) -> Check:

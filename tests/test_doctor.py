@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 
@@ -591,6 +592,10 @@ def test_declared_shape_mismatch_is_named_not_a_redownload(datasets, tmp_path):
     c = report["data_files_decode"]
     assert c.sample == [{"path": DATA, "column": "observation.state", "declared_shape": [7], "values_per_row": 6}]
     assert "shape" in c.hint and "info.json" in c.hint
+    # meta/stats.json's 6 values and the 6 names no longer fit the declared 7 either: named (the stats with the
+    # shape as the first suspect)
+    assert _failed(report) == {"data_files_decode", "stats_json_valid", "feature_names"}, report.to_text()
+    assert "fix the shape in meta/info.json" in report["stats_json_valid"].hint
 
 
 def test_missing_column_hint_says_which_and_not_redownload(datasets, tmp_path):
@@ -945,3 +950,23 @@ def test_decode_comparison_counts_repeats_extras_and_drops(datasets):
     assert "1 pts output more than once (first pts 1024)" in r["problem"]
     assert "1 decoded pts not in the index (first pts 3300" in r["problem"]
     assert doctor._compare_decode(want, DecodedStream("v.mp4", tb, want[2:]), clips)["n_missing"] == 2  # no drop
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"action": {"mean": "oops"}', r"not valid JSON"),
+    ('{"action": {"mean": [1, 2], "std": [1, 1, 1, 1, 1, 1]}}', r"'action'.*'mean'"),
+])
+def test_a_broken_stats_json_fails_stats_json_valid(datasets, tmp_path, text, match):
+    """meta/stats.json that does not parse, or a statistic whose size does not fit its feature: ds.meta.stats
+    (stats="dataset") and db.stats() raise naming it, and doctor passed it. Now stats_json_valid fails with that
+    error; the sample as written passes it, and a dataset without the file skips it."""
+    root = _copy(datasets, tmp_path, "small20")
+    report = _run(root)
+    assert report["stats_json_valid"].ok and not report["stats_json_valid"].skipped, report.to_text()
+    (root / "meta/stats.json").write_text(text)
+    report = _run(root)
+    c = report["stats_json_valid"]
+    assert not report.ok and _failed(report) == {"stats_json_valid"} and c.n_violations == 1, report.to_text()
+    assert re.search(match, c.sample[0]["error"]) and "meta/stats.json" in c.sample[0]["error"], c.sample
+    (root / "meta/stats.json").unlink()
+    assert _run(root)["stats_json_valid"].skipped == "no meta/stats.json"
