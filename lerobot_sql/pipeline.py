@@ -236,11 +236,11 @@ class _Here:
             if not rs or not nd:
                 out[rel] = rs
                 continue
-            starts = [a for a, _ in nd]
             grown = list(rs)
             for a, b in rs:
                 lo, hi = a - a % WIDEN, -(-b // WIDEN) * WIDEN
-                i = max(0, bisect.bisect_right(starts, lo) - 1)
+                # the last needed range starting at or before lo (nd is sorted by start, tuples compare by it first)
+                i = max(0, bisect.bisect_right(nd, (lo, float("inf"))) - 1)
                 while i < len(nd) and nd[i][0] < hi:
                     x, y = max(nd[i][0], lo), min(nd[i][1], hi)
                     if x < y:

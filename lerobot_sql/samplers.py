@@ -20,6 +20,7 @@ All work with any sized map-style dataset whose samples are described by ``episo
 
 from __future__ import annotations
 
+import operator
 from typing import Iterator
 
 import numpy as np
@@ -120,8 +121,6 @@ class _Resumable(torch.utils.data.Sampler):
             TypeError: ``consumed`` is not an integer (1.5 would resume at 1; a bool is refused too).
             ValueError: ``consumed`` is negative or past the end of this rank's epoch.
         """
-        import operator
-
         try:
             if isinstance(consumed, (bool, np.bool_)):
                 raise TypeError

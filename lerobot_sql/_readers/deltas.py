@@ -43,15 +43,13 @@ def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float, t
             values = list(deltas)
             # numpy reads "0.1" as 0.1 and True as 1.0: a quoted or boolean offset is a mistake, not a number
             wrong = [v for v in values if v is None or isinstance(v, (bool, np.bool_, str, bytes))]
-            if wrong:
-                raise ValueError(f"delta_timestamps[{key!r}] holds {wrong[0]!r} ({type(wrong[0]).__name__}), not a "
-                                 f"number of seconds; give numbers, e.g. [-1 / {fps:g}, 0.0]")
-            d = np.asarray(values, np.float64)
-        except (TypeError, ValueError) as e:
-            if str(e).startswith("delta_timestamps["):
-                raise
+            d = None if wrong else np.asarray(values, np.float64)
+        except (TypeError, ValueError):
             raise ValueError(f"delta_timestamps[{key!r}] must be a list of offsets in seconds, e.g. "
                              f"[-1 / {fps:g}, 0.0]; got {deltas!r}") from None
+        if wrong:
+            raise ValueError(f"delta_timestamps[{key!r}] holds {wrong[0]!r} ({type(wrong[0]).__name__}), not a "
+                             f"number of seconds; give numbers, e.g. [-1 / {fps:g}, 0.0]")
         if d.ndim != 1 or len(d) == 0:
             raise ValueError(f"delta_timestamps[{key!r}] must be a non-empty list of seconds")
         # NaN passes the grid test below (every comparison with NaN is False) and NaN, inf or 1e30 seconds cast to
