@@ -162,7 +162,7 @@ def test_file_changed_during_a_run_never_mixes_versions(damaged, monkeypatch, tm
 class _LyingHandler(_Handler):
     """Adds faults: ``drip`` (the body one byte every ``drip_s``), ``long_length`` (Content-Length 1000 bytes more
     than the body, the connection kept open), ``no_range`` (Range ignored: 200 and the whole file), ``no_tags`` (no
-    ETag, no Last-Modified)."""
+    ETag, no Last-Modified), ``mute_s`` (a GET waits this long before its headers)."""
 
     def _headers(self, p, status, length, extra=None):
         f = self.server.faults
@@ -183,6 +183,8 @@ class _LyingHandler(_Handler):
     def do_GET(self):
         f = self.server.faults
         self._whole = False
+        if f.get("mute_s"):
+            time.sleep(f["mute_s"])
         if not (f.get("drip") or f.get("no_range")):
             return super().do_GET()
         p = self._file()
@@ -240,6 +242,21 @@ def test_a_dripping_server_gives_a_remote_error_not_a_hang(liar, drip_s):
         fs.read_range(url, 1000, 5000)
     assert time.monotonic() - t0 < 8
     assert fs.missing(url, 1000, 5000) == [(1000, 5000)]
+    srv.faults.clear()
+    assert fs.read_range(url, 1000, 5000) == data[1000:5000]
+
+
+@pytest.mark.timeout(30)
+def test_a_server_that_never_answers_gives_a_remote_error_after_one_retry(liar):
+    """No headers within stall_s: Stalled, retried once (not `retries` times at the session's 60 s sock_read)."""
+    srv, fs, url, data = liar
+    fs.info(url)
+    fs.stall_s = 0.5
+    srv.faults["mute_s"] = 3.0
+    t0 = time.monotonic()
+    with pytest.raises(RemoteIOError, match=r"bytes 1000-5000.*failed after 2 attempt.*no answer .* within 0.5 s"):
+        fs.read_range(url, 1000, 5000)
+    assert time.monotonic() - t0 < 2.5
     srv.faults.clear()
     assert fs.read_range(url, 1000, 5000) == data[1000:5000]
 
