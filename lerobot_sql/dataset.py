@@ -14,7 +14,6 @@ import functools
 import gc
 import io
 import math
-import operator
 import os
 import socket
 import tempfile
@@ -30,7 +29,7 @@ import torch
 from ._readers import deltas as _frames
 from ._readers import decode, locate, tabular, video_index
 from ._storage.pieces import merge_ranges
-from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError, warn
+from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError, as_int, warn
 from ._format.files import DatasetFiles
 from . import meta as _meta
 from . import batch_memory as _batch_memory
@@ -124,12 +123,9 @@ def check_decoder_options(decoder_threads: Any, max_open_decoders: Any, seek_rea
     for name, value in zip(_DECODER_OPTIONS, (decoder_threads, max_open_decoders, seek_reach)):
         lo, hi, what = _DECODER_OPTIONS[name]
         allowed = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
-        try:
-            if isinstance(value, (bool, np.bool_)):  # True is 1 to operator.index
-                raise TypeError
-            v = operator.index(value)
-        except TypeError:
-            raise TypeError(f"{name}={value!r} ({type(value).__name__}): give {allowed} ({what})") from None
+        v = as_int(value)
+        if v is None:
+            raise TypeError(f"{name}={value!r} ({type(value).__name__}): give {allowed} ({what})")
         if v < lo or (hi is not None and v > hi):
             raise ValueError(f"{name}={v}: give {allowed} ({what})")
         out.append(int(v))
@@ -1261,16 +1257,9 @@ def item_index(i: Any) -> int:
         TypeError: anything else, naming it: a float (1.0) or "1" is a mistake; a bool (True is 1 to Python) or a
             one-element array / tensor (``torch.tensor([3])`` converts to 3) would silently pick a sample.
     """
-    array = isinstance(i, (torch.Tensor, np.ndarray))
-    if isinstance(i, (bool, np.bool_)) or (array and (i.ndim != 0 or i.dtype in (torch.bool, np.bool_))):
-        i_ok = None
-    else:
-        try:
-            i_ok = operator.index(i)
-        except TypeError:
-            i_ok = None
+    i_ok = as_int(i)
     if i_ok is None:
-        shape = f" of shape {tuple(i.shape)}" if array else ""
+        shape = f" of shape {tuple(i.shape)}" if isinstance(i, (torch.Tensor, np.ndarray)) else ""
         raise TypeError(f"dataset indices must be integers (Python, numpy, or a 0-d integer tensor) or slices (as "
                         f"LeRobotDataset), not {type(i).__name__}{shape} {i!r:.80}; for several samples use ds[a:b], "
                         "[ds[j] for j in ...] or a DataLoader")

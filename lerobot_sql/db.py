@@ -27,7 +27,7 @@ from ._plan import manifest as plan_manifest
 from ._plan import resolve as plan
 from ._query import checks as query
 from ._storage.source import Source
-from .errors import DatasetFormatError, MissingFileError, QueryError, ResultContractError
+from .errors import DatasetFormatError, MissingFileError, QueryError, ResultContractError, as_int
 
 class _Interruptible:
     """While a query runs: ``timeout`` seconds on a timer, and on the main thread Ctrl-C (SIGINT), each call
@@ -178,16 +178,13 @@ class Result:
         Raises:
             TypeError: ``n`` or ``offset`` is not an integer (DuckDB's relation would take SQL text here).
         """
-        import operator
-
-        try:
-            n, offset = operator.index(n), operator.index(offset)
-        except TypeError:
+        k, skip = as_int(n), as_int(offset)
+        if k is None or skip is None:  # a bool too: True is 1 to operator.index
             raise TypeError(f"limit({n!r}, {offset!r}): give integers; for other row selections put LIMIT / "
-                            "OFFSET / WHERE in the query passed to db.sql") from None
-        if isinstance(n, bool) or isinstance(offset, bool) or n < 0 or offset < 0:
+                            "OFFSET / WHERE in the query passed to db.sql")
+        if k < 0 or skip < 0:
             raise TypeError(f"limit({n!r}, {offset!r}): give non-negative integers")
-        return self._call(self._rel.limit, n, offset)
+        return self._call(self._rel.limit, k, skip)
 
     def __len__(self) -> int:
         return self._call(len, self._rel)
@@ -802,18 +799,14 @@ def _episode_list(episodes: Any) -> list[int]:
         TypeError: a value is not an integer (a float, bool or string would silently pick another episode).
         ResultContractError: the list is empty.
     """
-    import operator
-
     items = [episodes] if not hasattr(episodes, "__iter__") or isinstance(episodes, (str, bytes)) else list(episodes)
     out = set()
     for e in items:
-        if isinstance(e, (bool, str, bytes)) or type(e).__name__ == "bool_":
-            raise TypeError(f"episodes holds {e!r}; pass episode_index integers, e.g. episodes=[0, 3, 17]")
-        try:
-            out.add(operator.index(e))
-        except TypeError:
+        v = as_int(e)
+        if v is None:
             raise TypeError(f"episodes holds {e!r} ({type(e).__name__}); pass episode_index integers, e.g. "
-                            "episodes=[0, 3, 17]") from None
+                            "episodes=[0, 3, 17]")
+        out.add(v)
     if not out:
         raise ResultContractError("episodes=[] selects nothing; pass episode_index values, or None for all")
     return sorted(out)

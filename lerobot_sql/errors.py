@@ -7,6 +7,9 @@ library exception (DuckDB, PyAV, pyarrow, fsspec) is chained as ``__cause__``.
 
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 
 class LeRobotSQLError(Exception):
     """Root of all lerobot_sql errors."""
@@ -104,6 +107,20 @@ __all__ = [
     "DestinationExistsError",
     "DestinationError",
 ]
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` as a Python int when it is an integer (a Python or numpy integer, a 0-d integer array or tensor:
+    what ``operator.index`` takes), else None. Bools are None too: ``True`` is 1 to ``operator.index``, so a flag
+    passed by mistake would silently count as 1; so are one-element arrays and tensors (``torch.tensor([3])`` is 3
+    to it). The one test behind every "must be an integer" check: each caller raises its own TypeError."""
+    if isinstance(value, bool) or getattr(value, "ndim", 0) != 0 or str(getattr(value, "dtype", "")) in (
+            "bool", "torch.bool"):
+        return None
+    try:
+        return int(operator.index(value))
+    except TypeError:
+        return None
 
 
 def did_you_mean(name: str, candidates) -> str:

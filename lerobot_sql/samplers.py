@@ -20,7 +20,6 @@ All work with any sized map-style dataset whose samples are described by ``episo
 
 from __future__ import annotations
 
-import operator
 from typing import Iterator
 
 import numpy as np
@@ -29,7 +28,7 @@ import torch
 
 from ._plan.partition import largest_first
 from .shard import rank_and_world
-from .errors import warn
+from .errors import as_int, warn
 
 
 def _columns(source) -> tuple[np.ndarray, np.ndarray]:
@@ -121,13 +120,11 @@ class _Resumable(torch.utils.data.Sampler):
             TypeError: ``consumed`` is not an integer (1.5 would resume at 1; a bool is refused too).
             ValueError: ``consumed`` is negative or past the end of this rank's epoch.
         """
-        try:
-            if isinstance(consumed, (bool, np.bool_)):
-                raise TypeError
-            consumed = operator.index(consumed)  # ints, numpy ints, 0-d int tensors
-        except TypeError:
+        n = as_int(consumed)  # ints, numpy ints, 0-d int tensors
+        if n is None:
             raise TypeError(f"consumed must be an integer number of samples (e.g. steps * batch_size), got "
-                            f"{type(consumed).__name__} {consumed!r:.80}") from None
+                            f"{type(consumed).__name__} {consumed!r:.80}")
+        consumed = n
         if consumed < 0:
             raise ValueError(f"consumed must be >= 0, got {consumed}")
         start = self.start + int(consumed)

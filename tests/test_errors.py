@@ -66,3 +66,18 @@ def test_a_warning_raised_in_a_callback_through_a_library_names_the_callers_line
 def _line_of(text: str) -> int:
     with open(__file__) as f:
         return next(i for i, line in enumerate(f, 1) if text in line and "_line_of" not in line)
+
+
+def test_as_int_takes_integers_and_refuses_bools_floats_and_one_element_arrays():
+    """The one test behind every "must be an integer" check (decoder options, ds[i], a sampler's consumed,
+    limit(), episodes=[...])."""
+    import numpy as np
+    import torch
+
+    from lerobot_sql.errors import as_int
+
+    for v, want in [(3, 3), (np.int64(3), 3), (np.uint8(3), 3), (np.array(3), 3), (torch.tensor(3), 3), (-1, -1)]:
+        assert as_int(v) == want and type(as_int(v)) is int
+    for v in [True, False, np.bool_(True), torch.tensor(True), np.array(True), 1.0, np.float32(1), "1", None,
+              np.array([3]), torch.tensor([3]), [3], torch.tensor(1.0)]:
+        assert as_int(v) is None, v

@@ -731,6 +731,10 @@ def test_result_reading_methods_still_work(db):
     assert r.to_arrow_table().column("length").to_pylist() == [row[1] for row in r.fetchall()]
     with pytest.raises(TypeError, match="integers"):
         r.limit("1 UNION SELECT 1")
+    for bad in [(True,), (2, False), (np.int64(2), np.bool_(True))]:  # True was taken as 1 (operator.index)
+        with pytest.raises(TypeError, match="integers"):
+            r.limit(*bad)
+    assert r.limit(np.int64(1), np.int32(19)).fetchall()[0][0] == 19
 
 
 @pytest.mark.parametrize("setting", ["allowed_directories", "temp_directory", "secret_directory", "home_directory",
