@@ -988,28 +988,35 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         """
         self._pipeline = None if sampler is None else _pipe.Pipeline(sampler, batches, max_bytes)
         if self._pipeline is not None:
-            self._warn_outside(sampler)
+            # The order, once: checked here, planned over on a remote dataset (the only case that iterates a
+            # sampler without an order of its own). A sampler that fails to iterate: the DataLoader's own
+            # iteration raises, named there.
+            try:
+                order = _pipe.sampler_order(sampler, iterate=not self._src.is_local and bool(_pipe.WIDEN))
+            except Exception:  # noqa: BLE001
+                order = None
+            self._warn_outside(order)
             # the mp4s' versions pinned here, in one parallel round: the workers inherit them instead of each
             # asking for every file on its first read (a round trip each, per worker and epoch)
             self._src.describe(sorted({rel for names in self._video_files.values() for rel in names}))
             if not self._src.is_local:
-                self._pipeline.need, self._pipeline.need_of = self._epoch_need(sampler)
+                self._pipeline.need, self._pipeline.need_of = self._epoch_need(order)
         return self
 
-    def _epoch_need(self, sampler) -> tuple[dict[str, list[tuple[int, int]]] | None, str | None]:
+    def _epoch_need(self, order: np.ndarray | None) -> tuple[dict[str, list[tuple[int, int]]] | None, str | None]:
         """The byte ranges the sampler's whole epoch reads (:meth:`_byte_ranges` of its positions), for the
         pipeline's widened requests (:func:`lerobot_sql.pipeline.fits_cache` decides), and the key of the positions
-        (:func:`lerobot_sql.pipeline.positions_key`); ``(None, None)`` when it cannot be planned (a sampler that
-        fails to iterate: the DataLoader's own iteration raises, named there).
+        (:func:`lerobot_sql.pipeline.positions_key`), for the sampler's ``order`` (:func:`lerobot_sql.pipeline.sampler_order`);
+        ``(None, None)`` without one, or with widening off.
 
         Built in the main process, once: the workers inherit it. The video indexes it needs are opened first, four
         at once (a remote one is a moov fetch each, and the workers would otherwise each build or load it on
         first use): ~40 ms of CPU for a 13,024-frame epoch besides."""
-        if not _pipe.WIDEN:
+        if not _pipe.WIDEN or order is None:
             return None, None
         try:
-            order = _pipe.order_of(sampler, self._n)
-        except Exception:  # noqa: BLE001 - the sampler's own iteration raises in the DataLoader, named there
+            order = _pipe.wrap(order, self._n)
+        except (TypeError, ValueError):  # positions that are not integers: the DataLoader raises at them
             return None, None
         pos = np.unique(order)
         w = self._w()
@@ -1024,15 +1031,13 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         return (_pipe.fits_cache(self._byte_ranges(w, pos), getattr(self._src.fs, "cache_size", None)),
                 _pipe.positions_key(order))
 
-    def _warn_outside(self, sampler) -> None:
-        """Warn when the pipeline's sampler names positions this dataset does not have (the sampler of another,
-        larger dataset, say): the fetch ahead skips them, so it is silently useless, and the DataLoader raises
-        IndexError when it reaches one. Only for orders known here (a list, an array, a range, ``.order()``)."""
-        order = sampler.order() if hasattr(sampler, "order") else \
-            sampler if isinstance(sampler, (list, tuple, range, np.ndarray)) else None
+    def _warn_outside(self, order: np.ndarray | None) -> None:
+        """Warn when the pipeline's sampler's ``order`` names positions this dataset does not have (the sampler of
+        another, larger dataset, say): the fetch ahead skips them, so it is silently useless, and the DataLoader
+        raises IndexError when it reaches one. Nothing for an order not known here (None)."""
         if order is None or len(order) == 0:
             return
-        a = np.asarray(order)
+        a = order
         if a.dtype.kind not in "iu":
             return
         bad = (a < -len(self)) | (a >= len(self))

@@ -131,11 +131,24 @@ class Pipeline:
             concurrent.futures.wait(futs)
 
 
+def sampler_order(sampler, *, iterate: bool = True) -> np.ndarray | None:
+    """The positions ``sampler`` yields in one epoch, as it gives them (not wrapped into ``[0, n)``):
+    ``sampler.order()`` when it has it (this package's samplers: no iteration), a list, tuple, range or array as it
+    is, else its iteration, or None when ``iterate`` is False. Its own errors propagate."""
+    if callable(getattr(sampler, "order", None)):
+        return np.asarray(sampler.order())
+    if isinstance(sampler, (list, tuple, range, np.ndarray)):
+        return np.asarray(sampler)
+    return np.asarray([int(i) for i in sampler], np.int64) if iterate else None
+
+
 def order_of(sampler, n: int) -> np.ndarray:
-    """The positions (int64, in ``[0, n)``) ``sampler`` yields in one epoch: ``sampler.order()`` when it has it
-    (this package's samplers: no iteration), else its iteration."""
-    order = sampler.order() if callable(getattr(sampler, "order", None)) else \
-        np.fromiter((int(i) for i in sampler), np.int64)
+    """The positions (int64, in ``[0, n)``) ``sampler`` yields in one epoch (:func:`sampler_order`)."""
+    return wrap(sampler_order(sampler), n)
+
+
+def wrap(order: np.ndarray, n: int) -> np.ndarray:
+    """Positions as int64 in ``[0, n)`` (negative ones count from the end, as in ``ds[i]``)."""
     return np.asarray(order, np.int64) % max(n, 1)
 
 
