@@ -193,13 +193,16 @@ def _remote(a, torch, lsql, root: Path) -> int:
           f"{'uint8' if a.uint8 else 'float32'}; link {a.mbit:g} Mbit/s + {a.latency_ms:g} ms per answer; fresh "
           f"cache per remote run; best of {a.rounds}; pipeline batches={a.k}; load average {load0[0]:.2f} before, "
           f"{load_mid[0]:.2f} after lerobot_sql, {load1[0]:.2f} after lerobot; {common.cpu_info()}; {where}")
-    print("\n| profile | local items/s | remote items/s | remote + pipeline items/s | pipeline / local | "
+    print("\n| profile | local items/s | remote items/s | remote + pipeline items/s | pipeline / local "
+          "(best / median of rounds) | "
           "remote, all cached, items/s | workers' CPU ms/item: local / remote / pipeline | needed KB/item | "
           "fetched KB/item, off / pipeline | fetched / needed, off / pipeline | link-bound items/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for prof, m, needed, _res in rows:
         ni = len(indices)
-        print(f"| {prof} | {m['local']:,.0f} | {m['off']:,.0f} | {m['on']:,.0f} | {m['on'] / m['local']:.2f}x | "
+        paired = statistics.median(on / lo for on, lo in zip(_res["on"], _res["local"]))
+        print(f"| {prof} | {m['local']:,.0f} | {m['off']:,.0f} | {m['on']:,.0f} | {m['on'] / m['local']:.2f}x / "
+              f"{paired:.2f}x | "
               f"{m['warm']:,.0f} | {m['cpu_local']:.2f} / {m['cpu_off']:.2f} / {m['cpu_on']:.2f} | "
               f"{needed / ni / 1e3:.1f} | {m['bytes_off'] / ni / 1e3:.1f} / {m['bytes_on'] / ni / 1e3:.1f} | "
               f"{m['bytes_off'] / needed:.2f} / {m['bytes_on'] / needed:.2f} | {a.mbit * 1e6 / 8 / (needed / ni):,.0f} |")
