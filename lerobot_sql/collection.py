@@ -193,7 +193,7 @@ class Collection(QueryFace):
                 return cursor[0]
 
             try:
-                m = member._resolve(rest.take(pa.array(pos)), sql, ordered, con=con)
+                m = member._resolve(rest.take(pa.array(pos)), sql, ordered, con=con, before=sum(len(q) for _, q in parts))
             except ResultContractError as e:
                 raise type(e)(f"dataset {name!r}: {e}") from e
             finally:

@@ -446,14 +446,15 @@ class Database(QueryFace):
         return self._resolve(result, sql, checked.ordered, cameras=cameras, tolerance_s=tolerance_s)
 
     def _resolve(self, result: pa.Table, sql: str, ordered: bool, con=None, *, cameras: list[str] | None = None,
-                 tolerance_s: float | None = None) -> pa.Table:
+                 tolerance_s: float | None = None, before: int = 0) -> pa.Table:
         """The manifest of ``result`` (the rows of user query ``sql``), resolved with ``con`` (a function returning
         a connection whose unqualified names are this dataset's views; default: this Database's own); ``cameras``,
-        ``tolerance_s`` as :meth:`manifest` takes them."""
+        ``tolerance_s`` as :meth:`manifest` takes them; ``before``: a collection's samples resolved before these
+        (the manifest bound is on the whole)."""
         try:
             return plan.build_manifest(con or (lambda: self.con), self.layout, result, sql=sql, ordered=ordered,
                                        src=self.source, ptr=self._episode_pointers(), cameras=cameras,
-                                       tolerance_s=tolerance_s)
+                                       tolerance_s=tolerance_s, before=before)
         except duckdb.Error as e:  # the data files failed while the frames were resolved, or the result's types
             raise unreadable_error(self.source, self.layout, e, sql=sql) from e
 

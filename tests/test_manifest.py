@@ -258,14 +258,16 @@ def test_a_hugeint_extra_is_an_exact_int64(datasets, mode):
 
 
 @pytest.mark.parametrize("how", ["dataset()", "episodes=", "episode query", "window query", "open window query",
-                                 "index query", "collection"])
+                                 "index query", "collection", "collection of two"])
 def test_manifest_cap_counts_samples_not_rows(datasets, monkeypatch, how):
     """LSQL_MAX_MANIFEST_ROWS bounds the samples of every result mode, before the manifest is built. Before, it bounded
     result rows only: with 10, db.dataset() built all 4,762 samples of small20, and with 100 the 20 episode rows
-    of `SELECT episode_index FROM episodes` (4,762 samples) passed."""
+    of `SELECT episode_index FROM episodes` (4,762 samples) passed. Over a collection it bounds the whole manifest:
+    it was checked per dataset, so two datasets built twice the bound."""
     db = lsql.connect(datasets / "small20")
     lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
     total = db.layout.info["total_frames"]
+    h264_total = lsql.connect(datasets / "h264_20").layout.info["total_frames"]
     build, n = {
         "dataset()": (lambda: db.dataset(cameras=[]), total),
         "episodes=": (lambda: db.dataset(episodes=[3, 1], cameras=[]), lengths[1] + lengths[3]),
@@ -279,6 +281,8 @@ def test_manifest_cap_counts_samples_not_rows(datasets, monkeypatch, how):
                         (total + 1) // 2),
         "collection": (lambda: lsql.connect_many({"a": datasets / "small20"}).dataset(
             "SELECT dataset, episode_index FROM episodes", cameras=[]), total),
+        "collection of two": (lambda: lsql.connect_many({"a": datasets / "small20", "b": datasets / "h264_20"}).dataset(
+            "SELECT dataset, episode_index FROM episodes", cameras=[]), total + h264_total),
     }[how]
     monkeypatch.setenv("LSQL_MAX_MANIFEST_ROWS", str(n))
     assert len(build()) == n

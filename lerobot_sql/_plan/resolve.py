@@ -316,20 +316,25 @@ def _check_extra_types(result: pa.Table, extras: list[str], sql: str) -> pa.Tabl
 
 
 def _check_sample_count(result: pa.Table, mode: str, layout: Layout, ptr: pa.Table | None, con, sql: str,
-                        window_tolerance_s: float) -> None:
+                        window_tolerance_s: float, before: int = 0) -> int:
     """Refuse an episode or window result whose samples (not rows: 20 episode rows may be 4,762 frames) exceed
     :func:`lerobot_sql._catalog.connection.max_manifest_rows`, before the manifest is built. Counted from the
     episodes' lengths in meta/episodes (``ptr``'s ``dataset_to_index - dataset_from_index``, else the ``episodes``
     view through ``con``): a window ``[start_s, end_s)`` holds the frames ``k`` of the fps grid with
     ``start_s <= k / fps < end_s`` (within ``window_tolerance_s``, as the join selects them), clipped to the
     episode; an episode's length to info.json's ``total_frames``. ``index`` results are capped where their rows are fetched (one row, one sample).
+    ``before``: the samples other datasets of a collection already resolved for the same query (the bound is on the
+    whole manifest).
+
+    Returns:
+        The samples counted (an ``index`` result's rows).
 
     Raises:
         ResultContractError: naming the count, the bound and the fixes.
     """
     if mode == "index":
-        return
-    cap = max_manifest_rows()
+        return result.num_rows
+    cap = max_manifest_rows() - before
     if result.num_rows > cap:  # a cheap bound first: every row is at least one sample
         total = None
     else:
@@ -361,11 +366,12 @@ def _check_sample_count(result: pa.Table, mode: str, layout: Layout, ptr: pa.Tab
             length = np.maximum(bound[1] - bound[0], 0)
         total = int(np.sum(length))
         if total <= cap:
-            return
+            return total
     what = f"more than {cap:,}" if total is None else f"{total:,}"
+    others = f" (besides the {before:,} samples of the collection's other datasets)" if before else ""
     raise ResultContractError(
-        f"the query's {result.num_rows:,} {mode} rows select {what} samples, more than the {cap:,} this machine's "
-        f"memory holds as a manifest (about {MANIFEST_BYTES_PER_ROW} bytes per sample while it is built); select "
+        f"the query's {result.num_rows:,} {mode} rows select {what} samples{others}, more than the {cap + before:,} "
+        f"this machine's memory holds as a manifest (about {MANIFEST_BYTES_PER_ROW} bytes per sample while it is built); select "
         f"fewer or shorter {'windows' if mode == 'window' else 'episodes'} (a LIMIT, a WHERE), or set "
         f"LSQL_MAX_MANIFEST_ROWS: {sql!r:.200}")
 
@@ -481,7 +487,7 @@ def _plain_numbers(t: pa.Table) -> pa.Table:
 def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPyConnection], layout: Layout,
                    result: pa.Table, *, sql: str, window_tolerance_s: float = 1e-4, ordered: bool = True,
                    src: Source | None = None, ptr: pa.Table | None = None, cameras: list[str] | None = None,
-                   tolerance_s: float | None = None) -> pa.Table:
+                   tolerance_s: float | None = None, before: int = 0) -> pa.Table:
     """Resolve ``result`` (the rows of user query ``sql``) to a manifest, in the main process.
 
     Samples follow the result's row order when ``ordered`` (the query has an ORDER BY). Without one, DuckDB's row
@@ -496,6 +502,8 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     ``cameras`` (default every video key): the cameras whose video pointers and clips are checked and recorded in the
     metadata (``cameras=[]``: tabular reads, no video metadata needed; the other cameras' columns may be null).
     ``tolerance_s``: timestamps may stray from ``frame_index / fps`` by this much when it is more than half a frame.
+    ``before``: samples of a collection's other datasets in the same manifest (the ``LSQL_MAX_MANIFEST_ROWS``
+    bound is on the whole).
 
     Raises:
         ResultContractError: the result is empty, has the wrong columns, or names frames that do not exist.
@@ -510,7 +518,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         _check_window_bounds(result, sql)
     if ptr is None and src is not None and mode != "index":  # read once, for the count and the pointer path
         ptr = read_pointers(src, layout)
-    _check_sample_count(result, mode, layout, ptr, con, sql, window_tolerance_s)
+    _check_sample_count(result, mode, layout, ptr, con, sql, window_tolerance_s, before)
     _warn_repeated_rows(result, mode, sql)
     video_cols = _manifest.video_columns(layout.video_keys)
     reserved = set(CORE) | set(LOCATION) | set(video_cols)
