@@ -787,6 +787,7 @@ def read_manifest_file(path: str | os.PathLike, how: str) -> pa.Table:
     """
     import pyarrow.parquet as pq
 
+    path = os.path.expanduser(os.fspath(path))  # as export_manifest writes "~/m.parquet"
     if not os.path.exists(path):
         raise MissingFileError(f"{path}: manifest file not found; write one with {how}, or pass a query instead")
     return pq.read_table(path)

@@ -59,6 +59,10 @@ CHECKS: tuple[Spec, ...] = (
     Spec("data_files_decode", "re-download the named data files: a page does not decode (damaged or partial copy)"),
     Spec("tasks_exist", "add the missing tasks to meta/tasks.parquet (tasks.jsonl for v2.x) or fix task_index; "
          "for the count row, fix total_tasks in info.json"),
+    Spec("episode_tasks", "rewrite the episode's `tasks` in meta/episodes (meta/episodes.jsonl for v2.x) as the "
+         "distinct task texts of its frames, or fix the frames' task_index: a warning, as the items carry the frames' "
+         "own task, but selections by task (list_contains(tasks, ...), episodes_by_task) read meta/episodes and pick "
+         "the wrong episodes", severity="warning"),
     Spec("feature_names", "give the feature one name per element in meta/info.json's 'names' (or null): frames_ext "
          "names no element of it, and tools that label elements by these names mislabel them", severity="warning"),
     Spec("stats_present", "recompute per-episode statistics (lerobot's compute_episode_stats); normalisation needs "

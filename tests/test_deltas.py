@@ -52,3 +52,12 @@ def test_offsets_that_are_not_numbers_are_refused_naming_key_and_value(bad, show
     # numbers of any kind are numbers
     assert frames.delta_indices({"action": [np.float32(0), 1, 2 / 30]}, 30, 1e-4, FEATURES)["action"].tolist() == \
         [0, 30, 2]
+
+
+@pytest.mark.parametrize("bad", [[0, 1 / 30], [("action", [0])], "action", 0.1])
+def test_delta_timestamps_that_is_no_mapping_is_a_type_error_naming_the_form(bad):
+    """`delta_timestamps=[0, 1 / 30]` (the offsets without their key) raised a bare AttributeError ("'list' object
+    has no attribute 'items'"); a string or a number too."""
+    with pytest.raises(TypeError, match=r"delta_timestamps must be a dict \{feature key: \[seconds\]\}.*got "):
+        frames.delta_indices(bad, 30, 1e-4, FEATURES)
+    assert frames.delta_indices(None, 30, 1e-4, FEATURES) == {} == frames.delta_indices({}, 30, 1e-4, FEATURES)

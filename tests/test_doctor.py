@@ -216,6 +216,31 @@ def test_missing_task(datasets, tmp_path):
     assert by_source["episodes"]["task"] == lost["__index_level_0__"]
 
 
+@pytest.mark.parametrize("name", ["small20", "v21_small20"])
+def test_episode_tasks_that_contradict_the_frames_are_named(datasets, tmp_path, name):
+    """meta/episodes said episode 0's task was 'Fold the towel in half.' while its frames carry 'Put the marker back
+    in the cup.': doctor said OK, and `list_contains(tasks, ...)` (episodes_by_task) picked episode 0 for the towel
+    task, whose items all say the marker task. Now episode_tasks names the episode and both lists (a warning, as
+    feature_names: the items are right, the selections by task are not)."""
+    root = _copy(datasets, tmp_path, name)
+    towel, marker = "Fold the towel in half.", "Put the marker back in the cup."
+    if name == "small20":
+        _edit_parquet(root / EPISODES, lambda t: _set(t, "tasks", lambda v: [[towel]] + v[1:]))
+    else:
+        lines = (root / "meta/episodes.jsonl").read_text().splitlines()
+        first = json.loads(lines[0])
+        assert first["tasks"] == [marker]
+        first["tasks"] = [towel]
+        (root / "meta/episodes.jsonl").write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
+    report = _run(root)
+    c = report["episode_tasks"]
+    assert not c.ok and c.severity == "warning" and c.n_violations == 1, report.to_text()
+    assert c.sample == [{"episode_index": 0, "listed": [towel], "used": [marker],
+                         "problem": f'meta/episodes lists ["{towel}"] but its frames carry ["{marker}"]'}]
+    assert _failed(report) == {"episode_tasks"} and report.ok, report.to_text()
+    assert report["tasks_exist"].ok  # the text exists in the tasks table: that check cannot see it
+
+
 def test_total_tasks_and_feature_names_that_disagree_are_named(datasets, tmp_path):
     """info.json total_tasks 3 for 7 tasks, and observation.state's names listing 2 names for shape [6]: doctor
     passed both (wrong total_frames / total_episodes were caught). Now tasks_exist fails with the count row, and

@@ -189,6 +189,26 @@ def test_an_empty_window_among_others_is_refused_naming_the_row(datasets):
     assert len(ok) == 60  # 30 frames of each
 
 
+def test_a_window_of_an_episode_not_in_meta_episodes_is_refused_naming_it(datasets):
+    """A window row naming an episode the dataset does not have (77 of 0..19) vanished without a word when other
+    rows matched, while an `episode_index` or `index` row naming a missing frame raises."""
+    db = lsql.connect(datasets / "small20")
+    sql = "SELECT * FROM (VALUES (0, 0.0, 1.0), (77, 0.0, 1.0)) t(episode_index, start_s, end_s)"
+    with pytest.raises(lsql.ResultContractError, match=r"episodes \[77\] are not in meta/episodes \(it holds 20 "
+                                                      r"episodes, 0..19\)"):
+        db.dataset(sql, cameras=[])
+    with pytest.raises(lsql.ResultContractError, match=r"episodes \[77\] are not in meta/episodes"):
+        db.manifest(sql)
+    coll = lsql.connect_many([datasets / "small20", datasets / "h264_20"])
+    with pytest.raises(lsql.ResultContractError, match=r"h264_20.*episodes \[99\] are not in meta/episodes"):
+        coll.dataset("SELECT * FROM (VALUES ('small20', 1, 0.0, 1.0), ('h264_20', 2, 0.0, 1.0), "
+                     "('h264_20', 99, 0.0, 1.0)) t(dataset, episode_index, start_s, end_s)", cameras=[])
+    # windows of real episodes that select nothing (past the end) among others are still served as before
+    ok = db.dataset("SELECT * FROM (VALUES (0, 0.0, 1.0), (1, 500.0, 501.0)) t(episode_index, start_s, end_s)",
+                    cameras=[])
+    assert len(ok) == 30
+
+
 def test_repeated_episode_rows_are_warned_about(datasets):
     """`SELECT episode_index FROM frames WHERE ...` is one row per frame: each row gave the whole episode again
     (158 x 158 samples) without a word."""

@@ -798,6 +798,25 @@ def test_bad_destinations_are_typed_and_leave_nothing(datasets, tmp_path, what):
     assert _snapshot(tmp_path) == before and not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.parametrize("what", ["export", "export_manifest"])
+def test_a_destination_under_the_home_tilde_goes_home(datasets, tmp_path, monkeypatch, what):
+    """`db.export(sql, "~/out")` wrote `./~/out` under the working folder (a folder named `~`, the `rm -rf ~` trap),
+    while `lsql.connect("~/...")` expands `~`: the destination is expanded the same way."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    db = lsql.connect(datasets / "small20")
+    if what == "export":
+        report = db.export("SELECT 1 AS episode_index", "~/out", progress=False)
+        assert lsql.connect("~/out").sql("SELECT count(*) FROM episodes").fetchall() == [(1,)]
+    else:
+        report = db.export_manifest("SELECT 1 AS episode_index", "~/m.parquet")
+        assert len(db.dataset("~/m.parquet")) == 158
+    assert not (work / "~").exists() and list(work.iterdir()) == []
+    assert str(getattr(report, "dest", None) or report.path).startswith(str(home))
+
+
 def _tmpfs(path: Path, size: str) -> Path:
     path.mkdir()
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)

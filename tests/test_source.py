@@ -180,3 +180,37 @@ def test_a_root_that_is_no_path_or_url_is_named(datasets):
     # what worked still works: a path object, and file:// URLs of a local folder
     assert open_source(datasets / "small20").root == os.path.abspath(datasets / "small20")
     assert lsql.connect(f"file://{datasets / 'small20'}").layout.info["total_frames"] == 4762
+
+
+@pytest.mark.parametrize("folder", ["a*", "q?m", "br[x]", "br["])
+def test_a_root_whose_path_holds_glob_characters_is_read_literally(datasets, tmp_path, folder):
+    """The root is a folder name, not a pattern: listing its files and reading them (DuckDB globs the paths it is
+    given) must neither miss them (``br[x]`` matched ``brx``: an empty dataset) nor take a sibling's (``a*``
+    matched ``ab``: its files, and DuckDB counted both datasets' rows)."""
+    import shutil
+    import warnings
+
+    import torch
+
+    import lerobot_sql as lsql
+
+    root = tmp_path / folder / "ds"
+    shutil.copytree(datasets / "small20", root)
+    sibling = tmp_path / (folder.replace("*", "b").replace("?", "x").replace("[x]", "x").replace("[", "x")) / "ds"
+    shutil.copytree(datasets / "h264_20", sibling)
+    src = open_source(str(root))
+    assert src.glob("data/*/*.parquet") == ["data/chunk-000/file-000.parquet"]
+    assert src.glob("meta/episodes/*/*.parquet") == ["meta/episodes/chunk-000/file-000.parquet"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "metadata-only copy" warning
+        db = lsql.connect(str(root))
+        assert db.sql("SELECT count(*), count(DISTINCT episode_index) FROM frames").fetchall() == [(4762, 20)]
+        assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]
+        assert db.sql("SELECT count(*) FROM video_frames").fetchall()[0][0] == 2 * 4762
+        ds = db.dataset(episodes=[1])
+        ref = lsql.connect(str(datasets / "small20")).dataset(episodes=[1])
+        assert len(ds) == len(ref) == 158
+        a, b = ds[5], ref[5]
+        assert set(a) == set(b)
+        for k, v in b.items():
+            assert (torch.equal(a[k], v) if isinstance(v, torch.Tensor) else a[k] == v), k

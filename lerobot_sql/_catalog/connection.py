@@ -22,7 +22,7 @@ from .._format.layout import Layout
 from .._format.metadata import corrupt_parquet_files, damaged_parquet_error, unreadable_error as parquet_error
 from .._readers import video_index
 from .._query.sqltext import ident, literal
-from .._storage.source import Source
+from .._storage.source import Source, glob_escape
 from . import macros, sandbox, views
 
 # Most rows a query given to dataset()/manifest() may return (samples; duplicates allowed for oversampling).
@@ -160,7 +160,11 @@ def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dic
         warn(f"{len(refused)} file(s) or folder(s) under the dataset root are symlinks to files outside it "
              f"(e.g. {refused[0]} -> {os.path.realpath(refused[0])}); SQL, dataset() and export refuse to "
              "read them. Copy the files into the dataset folder")
-    return [src.duckdb_path(""), str(files.cache_dir)], list(targets)
+    root = src.duckdb_path("")
+    # The data files are given to DuckDB with glob characters bracketed (views._file_list), and DuckDB checks that
+    # spelling against allowed_directories: a root named ``a*`` is allowed as ``a[*]`` too.
+    escaped = [glob_escape(root)] if src.is_local and glob_escape(root) != root else []
+    return [root, *escaped, str(files.cache_dir)], list(targets)
 
 
 class Connection:

@@ -23,7 +23,7 @@ from .._readers import video_index
 from .._format import v2
 from .._format.layout import Layout, check_stored_type, parse_template, sql_key
 from .._format.metadata import corrupt_parquet_files, read_tasks
-from .._storage.source import Source
+from .._storage.source import Source, glob_escape
 from .._query.sqltext import ident, literal, number
 
 DUCKDB_TYPES = {
@@ -54,7 +54,10 @@ _STATS_TYPES = {"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT"
 
 
 def _file_list(src: Source, files) -> str:
-    return "[" + ", ".join(literal(src.duckdb_path(f)) for f in files) + "]"
+    # DuckDB expands glob characters in the paths it reads: a local root named ``a*`` would also read a sibling
+    # ``ab``'s files. The ``filename`` column still gives the real path.
+    esc = glob_escape if src.is_local else (lambda p: p)
+    return "[" + ", ".join(literal(esc(src.duckdb_path(f))) for f in files) + "]"
 
 
 def template_to_printf(template: str, values: dict[str, str]) -> tuple[str, list[str]]:

@@ -196,6 +196,20 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
     return check_clips(layout, videos, dict(n), ext["episode_index"].to_numpy(), keys=keys)
 
 
+def _refuse_unknown_episodes(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """Refuse result rows (``_lsql_result``) naming an episode that has no frames selected (``_lsql_sel``) and is not
+    in meta/episodes: a window of episode 77 in a dataset of 0..19 would otherwise vanish among the other rows
+    (an ``episode_index`` row raises the same in the pointer path, an ``index`` row naming no frame too)."""
+    unknown = [r[0] for r in con.sql(
+        "SELECT DISTINCT episode_index FROM _lsql_result WHERE episode_index NOT IN (SELECT episode_index FROM "
+        "_lsql_sel) AND episode_index NOT IN (SELECT episode_index FROM episodes WHERE episode_index IS NOT NULL) "
+        "ORDER BY 1 LIMIT 5").fetchall()]
+    if unknown:
+        n, lo, hi = con.sql("SELECT count(*), min(episode_index), max(episode_index) FROM episodes").fetchall()[0]
+        raise ResultContractError(f"episodes {unknown} are not in meta/episodes (it holds {n} episodes, "
+                                  f"{lo}..{hi}): {sql!r}")
+
+
 def _warn_rows_unlike_metadata(con: duckdb.DuckDBPyConnection) -> None:
     """Warn, naming each episode and both counts, when a selected episode's rows in data/ are not as many as
     meta/episodes' ``length`` says (an episode whose rows were left out of its data file, or its data file missing):
@@ -578,6 +592,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         con.execute(f"CREATE OR REPLACE TEMP TABLE _lsql_sel AS SELECT r._ord, f.*{extra_sel} FROM _lsql_result r "
                     f"{join} ORDER BY r._ord, f.frame_index")
         if mode != "index":
+            _refuse_unknown_episodes(con, sql)
             _warn_rows_unlike_metadata(con)
         if mode == "index":
             n = con.sql("SELECT count(*) FROM _lsql_sel").fetchall()[0][0]

@@ -5,6 +5,8 @@ Mirrors lerobot 0.4.4 (``check_delta_timestamps``, ``get_delta_indices``, ``_get
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from ..errors import did_you_mean
@@ -26,12 +28,17 @@ def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float, t
         key -> int64 array of frame offsets, same order as given.
 
     Raises:
+        TypeError: ``delta_timestamps`` is not a mapping (a bare list of offsets).
         ValueError: a key is not a feature, a list is empty, an offset is not a number (a string such as "0.1", a
             bool), NaN, infinite or beyond 2**31 frames, or an offset is not a multiple of 1/fps within tolerance_s
             (the offenders are listed, with the key).
     """
-    if not delta_timestamps:
+    if delta_timestamps is None:
         return {}
+    if not isinstance(delta_timestamps, Mapping):  # a bare list of offsets raised AttributeError on .items()
+        raise TypeError(f"delta_timestamps must be a dict {{feature key: [seconds]}}, e.g. "
+                        f"{{'action': [i / 30 for i in range(10)]}}; got {type(delta_timestamps).__name__} "
+                        f"{delta_timestamps!r:.80}")
     out = {}
     for key, deltas in delta_timestamps.items():
         if key not in features:

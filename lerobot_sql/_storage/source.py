@@ -27,6 +27,14 @@ from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError, Remo
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./%-]+)?$")
 _VERSION_REF = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
 CODEBASE_VERSION = (3, 0)
+_GLOB_CHARS = re.compile(r"([*?[])")
+
+
+def glob_escape(path: str) -> str:
+    """``path`` with its glob characters (``*``, ``?``, ``[``) bracketed, so fsspec's glob and DuckDB's file
+    expansion read it as the literal name: a root folder named ``a*`` or ``run[1]`` is a folder, not a pattern
+    (unescaped, ``a*`` took a sibling ``ab``'s files and ``run[1]`` matched nothing)."""
+    return _GLOB_CHARS.sub(r"[\1]", path)
 
 
 def confine(rel: str, origin: str | None = None) -> str:
@@ -114,7 +122,7 @@ class Source:
         if self.is_http:
             return sorted(f for f in self.listed_files() if fnmatch.fnmatchcase(f, pattern))
         base = self.root.rstrip("/") + "/"
-        hits = self.fs.glob(self.path(pattern))
+        hits = self.fs.glob(glob_escape(base) + confine(pattern).lstrip("/"))
         return sorted(h[len(base):] if h.startswith(base) else h.split(base, 1)[-1] for h in hits)
 
     @property

@@ -37,8 +37,10 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 def local_dest(dest: str | os.PathLike, what: str) -> Path:
-    """``dest`` as an absolute local path; symlinks are resolved, a dangling one is refused."""
-    if "://" in os.fspath(dest):
+    """``dest`` as an absolute local path; ``~`` is expanded (as ``connect`` does), symlinks are resolved, a
+    dangling one is refused."""
+    dest = os.path.expanduser(os.fspath(dest))  # else "~/out" became ./~/out under the working folder
+    if "://" in dest:
         raise DestinationError(f"{os.fspath(dest)}: {what} writes to a local path; write locally and upload the "
                                "result afterwards")
     p = Path(os.path.abspath(os.fspath(dest)))
