@@ -239,6 +239,27 @@ def test_extra_columns_of_types_items_cannot_carry_are_refused(datasets, mode, e
         db.dataset(_MODE_SQL[mode].format(e=expr), cameras=[])
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT index, CASE WHEN index = 1 THEN NULL ELSE [1.0, 2.0] END AS d FROM frames WHERE index < 3",
+    "SELECT episode_index, 0.0 AS start_s, 0.1 AS end_s, CASE WHEN episode_index = 1 THEN NULL ELSE ['a'] END AS d "
+    "FROM episodes WHERE episode_index < 2",
+    "SELECT episode_index, CASE WHEN episode_index = 1 THEN NULL ELSE [1, 2] END AS d FROM episodes "
+    "WHERE episode_index < 2",
+])
+def test_a_list_extra_holding_null_is_refused_naming_the_column(datasets, sql):
+    """`SELECT * FROM frames_ext` brings "observation.state.delta", NULL on each episode's first frame: the item
+    held None and torch's default_collate failed in the DataLoader ("found <class 'NoneType'>"), far from the
+    query (a NULL number becomes NaN; a list has no such value)."""
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(lsql.ResultContractError, match=r"result column 'd' is NULL in 1 row\(s\) \(e\.g\. row \d+\) "
+                                                      r"where other rows hold lists.*coalesce.*IS NOT NULL"):
+        db.dataset(sql, cameras=[])
+    with pytest.raises(lsql.ResultContractError, match=r"'observation\.state\.delta' is NULL in 1 row\(s\)"):
+        db.dataset("SELECT * FROM frames_ext WHERE episode_index = 1 AND frame_index < 3", cameras=[])
+    ds = db.dataset("SELECT * FROM frames_ext WHERE episode_index = 1 AND frame_index BETWEEN 1 AND 3", cameras=[])
+    assert ds[0]["observation.state.delta"].shape == (6,)
+
+
 @pytest.mark.parametrize("mode", sorted(_MODE_SQL))
 def test_a_hugeint_extra_is_an_exact_int64(datasets, mode):
     """DuckDB's sum() of integers is a HUGEINT (Arrow decimal128(38, 0)): as float64, 2**53 + 1 became 2**53."""

@@ -397,6 +397,9 @@ def _check_stackable(result: pa.Table, extras: list[str], sql: str) -> None:
     equal size", far from the query that caused it. Lists of one length pass (of text too: collated as torch does,
     one tuple per position).
 
+    A NULL list (``frames_ext``'s ``"<F>.delta"`` on an episode's first frame) is refused too: the item would
+    hold None, which ``default_collate`` refuses ("found <class 'NoneType'>").
+
     Raises:
         ResultContractError: naming the column, what it holds and how to select a value that stacks.
     """
@@ -404,6 +407,15 @@ def _check_stackable(result: pa.Table, extras: list[str], sql: str) -> None:
         t = result.schema.field(c).type
         if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
             continue
+        if result[c].null_count:  # a NULL list reaches the item as None (a NULL number becomes NaN)
+            nulls = pc.is_null(result[c])
+            first = pc.index(nulls, True).as_py()
+            raise ResultContractError(
+                f"result column {c!r} is NULL in {result[c].null_count} row(s) (e.g. row {first}) where other rows "
+                f"hold lists: the item would hold None, which a DataLoader cannot batch (torch's default_collate "
+                f"refuses it); give those rows a list in SQL (`coalesce({q(c)}, [...]) AS {q(c)}`), filter them "
+                f"(`WHERE {q(c)} IS NOT NULL`; frames_ext's delta and velocity columns are NULL on each episode's "
+                f"first frame), or leave the column out: {sql!r:.200}")
         if pa.types.is_fixed_size_list(t):
             continue
         n = pc.list_value_length(result[c])
