@@ -140,7 +140,7 @@ class Collection(QueryFace):
         return iter(self.names)
 
     # ---- query -> manifest ------------------------------------------------------------------------------------
-    def manifest(self, sql: str) -> pa.Table:
+    def manifest(self, sql: str, *, extras: bool = True) -> pa.Table:
         """The manifest of a query over the collection: one row per sample, a ``dataset`` column (dictionary of the
         names) first, then each dataset's own manifest columns (:mod:`lerobot_sql._plan.manifest`; a camera
         column of another dataset is NULL). Each dataset's rows are resolved by that dataset alone.
@@ -148,7 +148,8 @@ class Collection(QueryFace):
         The result must hold ``dataset`` and one of the contracts of :meth:`Database.dataset` (``index`` rows,
         ``episode_index, start_s, end_s`` windows, ``episode_index`` rows), each per dataset. Samples follow the
         result's order with ORDER BY; without one, datasets come in :attr:`names` order, each in its own
-        deterministic order. ``result_row`` is the row of the whole result.
+        deterministic order. ``result_row`` is the row of the whole result. ``extras=False``: as
+        :meth:`Database.manifest` (what :meth:`export` resolves).
 
         Raises:
             ResultContractError: no ``dataset`` column, a NULL or unknown name in it, or a dataset's rows break its
@@ -162,9 +163,9 @@ class Collection(QueryFace):
                 "a query over a collection must return the dataset column beside the frames it selects (identity "
                 "is (dataset, index) and (dataset, episode_index): each dataset numbers its own), e.g. SELECT "
                 f"dataset, index FROM frames WHERE ...; got columns {result.column_names}: {sql!r}")
-        return self._resolve(result, sql, checked.ordered)
+        return self._resolve(result, sql, checked.ordered, extras)
 
-    def _resolve(self, result: pa.Table, sql: str, ordered: bool) -> pa.Table:
+    def _resolve(self, result: pa.Table, sql: str, ordered: bool, extras: bool = True) -> pa.Table:
         col = result["dataset"]
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
                 or pa.types.is_dictionary(col.type)):
@@ -193,7 +194,8 @@ class Collection(QueryFace):
                 return cursor[0]
 
             try:
-                m = member._resolve(rest.take(pa.array(pos)), sql, ordered, con=con, before=sum(len(q) for _, q in parts))
+                m = member._resolve(rest.take(pa.array(pos)), sql, ordered, con=con, before=sum(len(q) for _, q in parts),
+                                    extras=extras)
             except ResultContractError as e:
                 raise type(e)(f"dataset {name!r}: {e}") from e
             finally:
@@ -240,15 +242,16 @@ class Collection(QueryFace):
         return CollectionDataset.build(self, self._manifest_of(sql), features=features, rename=rename,
                                        options=options)
 
-    def _manifest_of(self, sql: str | os.PathLike | pa.Table) -> pa.Table:
+    def _manifest_of(self, sql: str | os.PathLike | pa.Table, extras: bool = True) -> pa.Table:
         """The collection manifest ``sql`` stands for: a saved one (Parquet path) or a table, checked to be of this
-        collection (:meth:`_check_manifest_source`), else the manifest of the query."""
+        collection (:meth:`_check_manifest_source`), else the manifest of the query (``extras`` as
+        :meth:`manifest`)."""
         if is_manifest_path(sql):
             sql = read_manifest_file(sql, "pyarrow.parquet.write_table(coll.manifest(sql), path)")
         if isinstance(sql, pa.Table):
             self._check_manifest_source(sql)
             return sql
-        return self.manifest(sql)
+        return self.manifest(sql, extras=extras)
 
     def _check_manifest_source(self, manifest: pa.Table) -> None:
         """Refuse a collection manifest made over other datasets (names or roots differ): its index values are those
@@ -357,7 +360,7 @@ class Collection(QueryFace):
         from . import export
         from .mixture import line_up
 
-        manifest = self._manifest_of(sql)
+        manifest = self._manifest_of(sql, extras=False)  # extras are not written
         present, keymaps, keys = line_up(self, manifest, self.names, features, rename,
                                          why="so they cannot be written as one dataset")
         for n in present:

@@ -427,7 +427,8 @@ class Database(QueryFace):
         return self.layout.fps
 
     # ---- datasets -------------------------------------------------------------------------------------------
-    def manifest(self, sql: str, *, cameras: list[str] | None = None, tolerance_s: float | None = None) -> pa.Table:
+    def manifest(self, sql: str, *, cameras: list[str] | None = None, tolerance_s: float | None = None,
+                 extras: bool = True) -> pa.Table:
         """The manifest of a query: one row per sample (see :mod:`lerobot_sql._plan.resolve` for columns and contract).
 
         Args:
@@ -436,6 +437,8 @@ class Database(QueryFace):
                 for a camera it was not resolved for).
             tolerance_s: seconds the data's ``timestamp`` may stray from ``frame_index / fps`` when more than half a
                 frame (wall-clock timestamps, which lerobot reads with its ``tolerance_s``); default half a frame.
+            extras: False leaves the query's extra columns out of the manifest, and so out of the checks that they
+                suit a DataLoader (what :meth:`export` resolves: it writes none of them).
 
         Raises:
             ResultContractError: the result is empty or has none of the accepted column sets.
@@ -443,18 +446,18 @@ class Database(QueryFace):
                 clip of one of ``cameras``.
         """
         checked, result = self._capped_result(sql)
-        return self._resolve(result, sql, checked.ordered, cameras=cameras, tolerance_s=tolerance_s)
+        return self._resolve(result, sql, checked.ordered, cameras=cameras, tolerance_s=tolerance_s, extras=extras)
 
     def _resolve(self, result: pa.Table, sql: str, ordered: bool, con=None, *, cameras: list[str] | None = None,
-                 tolerance_s: float | None = None, before: int = 0) -> pa.Table:
+                 tolerance_s: float | None = None, before: int = 0, extras: bool = True) -> pa.Table:
         """The manifest of ``result`` (the rows of user query ``sql``), resolved with ``con`` (a function returning
         a connection whose unqualified names are this dataset's views; default: this Database's own); ``cameras``,
-        ``tolerance_s`` as :meth:`manifest` takes them; ``before``: a collection's samples resolved before these
-        (the manifest bound is on the whole)."""
+        ``tolerance_s``, ``extras`` as :meth:`manifest` takes them; ``before``: a collection's samples resolved
+        before these (the manifest bound is on the whole)."""
         try:
             return plan.build_manifest(con or (lambda: self.con), self.layout, result, sql=sql, ordered=ordered,
                                        src=self.source, ptr=self._episode_pointers(), cameras=cameras,
-                                       tolerance_s=tolerance_s, before=before)
+                                       tolerance_s=tolerance_s, before=before, extras=extras)
         except duckdb.Error as e:  # the data files failed while the frames were resolved, or the result's types
             raise unreadable_error(self.source, self.layout, e, sql=sql) from e
 

@@ -280,3 +280,17 @@ def test_depth_maps_of_a_later_dataset_stay_depth(datasets, tmp_path):
 
     got, want = depth_stats(tmp_path / "coll"), depth_stats(tmp_path / "one")
     assert want and got == want
+
+
+def test_extras_a_dataloader_could_not_batch_do_not_stop_an_export(datasets, tmp_path):
+    """A collection export writes no extra columns either: `tasks` (1 or 2 texts per episode) raised dataset()'s
+    "a DataLoader cannot batch" error."""
+    coll = lsql.connect_many({"a": datasets / "small20"})
+    sql = "SELECT dataset, episode_index, tasks FROM episodes WHERE episode_index < 3"
+    report = coll.export(sql, tmp_path / "out", progress=False)
+    lengths = lsql.connect(datasets / "small20").sql(
+        "SELECT length FROM episodes WHERE episode_index < 3 ORDER BY episode_index").fetchall()
+    assert lsql.connect(tmp_path / "out").sql("SELECT length FROM episodes ORDER BY episode_index").fetchall() == lengths
+    assert report.episodes == 3
+    with pytest.raises(lsql.ResultContractError, match="DataLoader"):
+        coll.dataset(sql, cameras=[])

@@ -916,3 +916,23 @@ def test_a_selection_that_cuts_episodes_into_runs_warns_with_the_counts(datasets
         r = db.export("SELECT index FROM frames WHERE episode_index < 2 AND frame_index < 50", tmp_path / "heads",
                       progress=False)
     assert r.episodes == 2 and r.frames == 100
+
+
+@pytest.mark.parametrize("sql,episodes", [
+    ("SELECT * FROM episodes WHERE episode_index < 2", [0, 1]),                      # tasks: 1 or 2 texts per row
+    ("SELECT * FROM frames_ext WHERE episode_index = 1", [1]),                      # .delta NULL on frame 0
+    ("SELECT index, current_date AS d, [1, 2] AS v FROM frames WHERE episode_index = 3", [3]),
+])
+def test_export_takes_extras_a_dataloader_could_not_batch(datasets, tmp_path, sql, episodes):
+    """Export writes none of the query's extra columns, so it does not refuse them for what a DataLoader cannot
+    batch: `SELECT * FROM episodes` (ragged `tasks`) and `SELECT * FROM frames_ext` (a NULL delta on each episode's
+    first frame) raised dataset()'s ResultContractError ("which a DataLoader cannot batch"). dataset() still
+    refuses them."""
+    db = lsql.connect(datasets / "small20")
+    lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+    report = db.export(sql, tmp_path / "out", progress=False)
+    out = lsql.connect(tmp_path / "out")
+    assert out.sql("SELECT length FROM episodes ORDER BY episode_index").fetchall() == [(lengths[e],) for e in episodes]
+    assert report.frames == sum(lengths[e] for e in episodes)
+    with pytest.raises(lsql.ResultContractError, match="DataLoader|an item cannot carry"):
+        db.dataset(sql, cameras=[])

@@ -513,7 +513,7 @@ def _plain_numbers(t: pa.Table) -> pa.Table:
 def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPyConnection], layout: Layout,
                    result: pa.Table, *, sql: str, window_tolerance_s: float = 1e-4, ordered: bool = True,
                    src: Source | None = None, ptr: pa.Table | None = None, cameras: list[str] | None = None,
-                   tolerance_s: float | None = None, before: int = 0) -> pa.Table:
+                   tolerance_s: float | None = None, before: int = 0, extras: bool = True) -> pa.Table:
     """Resolve ``result`` (the rows of user query ``sql``) to a manifest, in the main process.
 
     Samples follow the result's row order when ``ordered`` (the query has an ORDER BY). Without one, DuckDB's row
@@ -529,7 +529,8 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     metadata (``cameras=[]``: tabular reads, no video metadata needed; the other cameras' columns may be null).
     ``tolerance_s``: timestamps may stray from ``frame_index / fps`` by this much when it is more than half a frame.
     ``before``: samples of a collection's other datasets in the same manifest (the ``LSQL_MAX_MANIFEST_ROWS``
-    bound is on the whole).
+    bound is on the whole). ``extras=False`` leaves the query's extra columns out, unchecked (an export writes
+    none: a list of text, a NULL list or a DATE there need not suit a DataLoader).
 
     Raises:
         ResultContractError: the result is empty, has the wrong columns, or names frames that do not exist.
@@ -550,7 +551,10 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     reserved = set(CORE) | set(LOCATION) | set(video_cols)
     contract = {"index": ("index",), "window": ("episode_index", "start_s", "end_s"),
                 "episode": ("episode_index",)}[mode]
+    keep_extras = extras
     extras = [c for c in result.column_names if c not in contract and c not in layout.features and c not in reserved]
+    if not keep_extras:
+        result, extras = result.drop_columns(extras), []
     clash = [c for c in result.column_names if c not in contract and c in set(LOCATION) | set(video_cols)]
     clash += [c for c in extras if c == "task" or c.endswith("_is_pad")]
     if clash:

@@ -134,7 +134,7 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
     # db.manifest, as dataset() resolves the same SQL: the row cap, the pointer fast path for whole episodes, and
     # a deterministic order for a query without ORDER BY. Each sample's result_row says which output episode
     # (window, whole episode) it belongs to.
-    manifest = db.manifest(sql)
+    manifest = db.manifest(sql, extras=False)  # not written: a list of text or a NULL list there is no error
     parts = cut_parts(manifest, Meta.of(manifest).mode)
     return _write(dest, [Source(db)], manifest, parts, tolerance_s, progress, t0)
 
