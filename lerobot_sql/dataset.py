@@ -1035,15 +1035,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         """Warn when the pipeline's sampler's ``order`` names positions this dataset does not have (the sampler of
         another, larger dataset, say): the fetch ahead skips them, so it is silently useless, and the DataLoader
         raises IndexError when it reaches one. Nothing for an order not known here (None)."""
-        if order is None or len(order) == 0:
+        if order is None or len(order) == 0 or order.dtype.kind not in "iu":
             return
-        a = order
-        if a.dtype.kind not in "iu":
-            return
-        bad = (a < -len(self)) | (a >= len(self))
+        bad = (order < -len(self)) | (order >= len(self))
         if bad.any():
-            warn(f"pipeline: {int(bad.sum())} of {len(a)} sampler positions are outside this dataset's "
-                 f"{len(self)} samples (e.g. {int(a[bad][0])}): is it the sampler of another dataset? The "
+            warn(f"pipeline: {int(bad.sum())} of {len(order)} sampler positions are outside this dataset's "
+                 f"{len(self)} samples (e.g. {int(order[bad][0])}): is it the sampler of another dataset? The "
                  "fetch ahead skips them and the DataLoader raises IndexError at them; build the sampler "
                  "on this dataset")
 

@@ -457,7 +457,7 @@ class Database(QueryFace):
         try:
             return plan.build_manifest(con or (lambda: self.con), self.layout, result, sql=sql, ordered=ordered,
                                        src=self.source, ptr=self._episode_pointers(), cameras=cameras,
-                                       tolerance_s=tolerance_s, before=before, extras=extras)
+                                       tolerance_s=tolerance_s, before=before, keep_extras=extras)
         except duckdb.Error as e:  # the data files failed while the frames were resolved, or the result's types
             raise unreadable_error(self.source, self.layout, e, sql=sql) from e
 

@@ -163,8 +163,8 @@ def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dic
     root = src.duckdb_path("")
     # The data files are given to DuckDB with glob characters bracketed (views._file_list), and DuckDB checks that
     # spelling against allowed_directories: a root named ``a*`` is allowed as ``a[*]`` too.
-    escaped = [glob_escape(root)] if src.is_local and glob_escape(root) != root else []
-    return [root, *escaped, str(files.cache_dir)], list(targets)
+    escaped = glob_escape(root) if src.is_local else root
+    return [root, *([escaped] if escaped != root else []), str(files.cache_dir)], list(targets)
 
 
 class Connection:

@@ -330,7 +330,7 @@ def _check_extra_types(result: pa.Table, extras: list[str], sql: str) -> pa.Tabl
 
 
 def _check_sample_count(result: pa.Table, mode: str, layout: Layout, ptr: pa.Table | None, con, sql: str,
-                        window_tolerance_s: float, before: int = 0) -> int:
+                        window_tolerance_s: float, before: int = 0) -> None:
     """Refuse an episode or window result whose samples (not rows: 20 episode rows may be 4,762 frames) exceed
     :func:`lerobot_sql._catalog.connection.max_manifest_rows`, before the manifest is built. Counted from the
     episodes' lengths in meta/episodes (``ptr``'s ``dataset_to_index - dataset_from_index``, else the ``episodes``
@@ -340,14 +340,11 @@ def _check_sample_count(result: pa.Table, mode: str, layout: Layout, ptr: pa.Tab
     ``before``: the samples other datasets of a collection already resolved for the same query (the bound is on the
     whole manifest).
 
-    Returns:
-        The samples counted (an ``index`` result's rows).
-
     Raises:
         ResultContractError: naming the count, the bound and the fixes.
     """
     if mode == "index":
-        return result.num_rows
+        return
     cap = max_manifest_rows() - before
     if result.num_rows > cap:  # a cheap bound first: every row is at least one sample
         total = None
@@ -380,7 +377,7 @@ def _check_sample_count(result: pa.Table, mode: str, layout: Layout, ptr: pa.Tab
             length = np.maximum(bound[1] - bound[0], 0)
         total = int(np.sum(length))
         if total <= cap:
-            return total
+            return
     what = f"more than {cap:,}" if total is None else f"{total:,}"
     others = f" (besides the {before:,} samples of the collection's other datasets)" if before else ""
     raise ResultContractError(
@@ -513,7 +510,7 @@ def _plain_numbers(t: pa.Table) -> pa.Table:
 def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPyConnection], layout: Layout,
                    result: pa.Table, *, sql: str, window_tolerance_s: float = 1e-4, ordered: bool = True,
                    src: Source | None = None, ptr: pa.Table | None = None, cameras: list[str] | None = None,
-                   tolerance_s: float | None = None, before: int = 0, extras: bool = True) -> pa.Table:
+                   tolerance_s: float | None = None, before: int = 0, keep_extras: bool = True) -> pa.Table:
     """Resolve ``result`` (the rows of user query ``sql``) to a manifest, in the main process.
 
     Samples follow the result's row order when ``ordered`` (the query has an ORDER BY). Without one, DuckDB's row
@@ -529,7 +526,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     metadata (``cameras=[]``: tabular reads, no video metadata needed; the other cameras' columns may be null).
     ``tolerance_s``: timestamps may stray from ``frame_index / fps`` by this much when it is more than half a frame.
     ``before``: samples of a collection's other datasets in the same manifest (the ``LSQL_MAX_MANIFEST_ROWS``
-    bound is on the whole). ``extras=False`` leaves the query's extra columns out, unchecked (an export writes
+    bound is on the whole). ``keep_extras=False`` leaves the query's extra columns out, unchecked (an export writes
     none: a list of text, a NULL list or a DATE there need not suit a DataLoader).
 
     Raises:
@@ -551,7 +548,6 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     reserved = set(CORE) | set(LOCATION) | set(video_cols)
     contract = {"index": ("index",), "window": ("episode_index", "start_s", "end_s"),
                 "episode": ("episode_index",)}[mode]
-    keep_extras = extras
     extras = [c for c in result.column_names if c not in contract and c not in layout.features and c not in reserved]
     if not keep_extras:
         result, extras = result.drop_columns(extras), []
