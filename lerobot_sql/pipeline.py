@@ -62,7 +62,6 @@ from ._storage.pieces import merge_ranges
 DEFAULT_MAX_BYTES = 128 << 20
 WIDEN = 256 << 10  # a job's request grows to the aligned block of this size around it, over bytes the epoch needs
 THREADS = 2  # background jobs per worker: one batch's ranges computed while another's are fetched
-FETCHERS = 4  # files of one job fetched at once
 
 
 class Pipeline:
@@ -181,7 +180,6 @@ class _Here:
         self.ahead: dict[int, int] = {}  # batch start in the order -> bytes fetched ahead for it (0: not yet)
         self.futures: set[concurrent.futures.Future] = set()
         self.pool = concurrent.futures.ThreadPoolExecutor(THREADS, thread_name_prefix="lsql-pipeline")
-        self.fetchers = concurrent.futures.ThreadPoolExecutor(FETCHERS, thread_name_prefix="lsql-pipeline-fetch")
         self.counts = {"batches": 0, "unmatched": 0, "submitted": 0, "over_budget": 0, "late": 0, "failed": 0,
                        "bytes": 0, "widened": 0}
         self.need: dict | None = None  # the epoch's byte ranges per file (Pipeline.need), or None: no widening
@@ -288,11 +286,9 @@ class _Here:
                     self.counts["over_budget"] += 1
                     return
                 self.ahead[t] = nbytes
-            # the batch's files at once (a row-group file and a few mp4s: one round trip for all, not one each);
-            # a pool apart from the jobs' own, so a job never waits on a thread it occupies
-            todo = [(rel, rs) for rel, rs in missing.items() if rs]
-            got = sum(self.fetchers.map(lambda j: src.fetch(*j), todo)) if len(todo) > 1 else \
-                sum(src.fetch(*j) for j in todo)
+            # the batch's files at once (a row-group file and a few mp4s: one round trip for all, not one each, and
+            # one round on fsspec's loop for all the requests, not a thread each)
+            got = src.fetch_many([(rel, rs) for rel, rs in missing.items() if rs])
             with self.lock:
                 self.counts["bytes"] += got
         except Exception:  # noqa: BLE001 - best effort: the batch's own read fetches and raises properly

@@ -16,6 +16,7 @@ import lerobot_sql as lsql
 from lerobot_sql.errors import RemoteIOError
 from lerobot_sql.prefetch import prefetch
 from lerobot_sql._storage.readahead import SMALL_COLUMN
+from lerobot_sql._storage import transport
 from lerobot_sql._storage.source import open_source
 
 from helpers import assert_items_equal
@@ -153,23 +154,24 @@ def test_server_faults_retry_then_clear_error(blob_server, tmp_path, fault):
     assert fs.read_range(url, 6_000_000, 6_100_000) == data[6_000_000:6_100_000]
 
 
-def test_interrupted_download_resumes(blob_server, tmp_path):
+def test_interrupted_download_resumes(blob_server, tmp_path, monkeypatch):
     srv, data = blob_server
     fs, url = _blob_fs(srv, tmp_path)
     fs.read_range(url, 0, 100)  # learn the size, then fail the download of the third region
     calls = []
-    orig = fs._get
+    orig = transport.http_get_async
 
-    def flaky(path, a, b):
+    async def flaky(fs_, path, a, b, *args, **kw):  # both the first round (on the loop) and the retries (threads)
         calls.append((a, b))
         if a >= 8 << 20:
             raise ConnectionResetError("peer went away")
-        return orig(path, a, b)
+        return await orig(fs_, path, a, b, *args, **kw)
 
-    fs._get = flaky
-    with pytest.raises(RemoteIOError):
+    monkeypatch.setattr(transport, "http_get_async", flaky)
+    with pytest.raises(RemoteIOError, match=r"bytes 8388608-.*ConnectionResetError: peer went away"):
         fs.ensure(url, 100, len(data))
-    fs._get = orig
+    assert calls.count(calls[-1]) == fs.retries + 1  # the failing region: its first try, then `retries` more
+    monkeypatch.setattr(transport, "http_get_async", orig)
     srv.log.clear()
     assert fs.read_range(url, 0, len(data)) == data
     assert [(a, b) for _, a, b, _ in srv.log] == [(8 << 20, len(data))]  # only the missing region again
@@ -273,6 +275,58 @@ def test_http_range_reads_pinned_to_first_etag(blob_server, tmp_path):
     assert fs.read_range(url, 0, 1000) == data[:1000]  # what was cached stays the first version
     fresh, _ = _blob_fs(srv, tmp_path)  # a new session sees the new ETag: a new cache key, the new bytes
     assert fresh.read_range(url, 4_000_000, 4_100_000) == new[4_000_000:4_100_000]
+
+
+def test_ranges_of_several_files_are_fetched_in_one_round_on_the_loop(blob_server, tmp_path, monkeypatch):
+    """A pipelined batch's missing ranges (several gaps of a row-group file and its mp4s) go out as one round of
+    requests on fsspec's IO loop, not a thread and a loop hop each: one GET per gap, the right bytes in each piece,
+    each request counted once, and no thread fetch at all while nothing fails."""
+    srv, data = blob_server
+    other = bytes(reversed(data[:3 << 20]))
+    (srv.root / "other.bin").write_bytes(other)
+    fs, url = _blob_fs(srv, tmp_path)
+    url2 = f"{srv.url}/other.bin"
+    fs.info(url), fs.info(url2)
+    srv.log.clear()
+    before = fs.io_stats()
+
+    def no_threads(fn, spans):
+        raise AssertionError(f"fetched in threads: {spans}")
+
+    monkeypatch.setattr(transport, "fetch_each", no_threads)
+    want = [(url, [(0, 1000), (5_000_000, 5_001_000)]), (url2, [(10, 2000), (3_000_000, 3_100_000)])]
+    assert fs.ensure_many(want) == 1000 + 1000 + 1990 + 100_000
+    assert sorted((p, a, b) for p, a, b, _ in srv.log) == [
+        ("blob.bin", 0, 1000), ("blob.bin", 5_000_000, 5_001_000), ("other.bin", 10, 2000),
+        ("other.bin", 3_000_000, 3_100_000)]
+    after = fs.io_stats()
+    assert (after["requests"] - before["requests"], after["bytes_fetched"] - before["bytes_fetched"]) == (4, 103_990)
+    assert fs.read_range(url, 5_000_000, 5_001_000) == data[5_000_000:5_001_000]
+    assert fs.read_range(url2, 3_000_000, 3_100_000) == other[3_000_000:3_100_000]
+    assert fs.ensure_many(want) == 0 and len(srv.log) == 4  # all cached now: nothing asked
+
+
+def test_a_file_changed_under_a_round_of_requests_raises_file_changed_without_retries(blob_server, tmp_path):
+    """The 412 of a request made in a round on the loop is the same FileChangedError as a single read's, raised
+    without a retry; the other file's bytes of the round are kept, the changed file's new bytes are not."""
+    from lerobot_sql.errors import FileChangedError
+
+    srv, data = blob_server
+    (srv.root / "other.bin").write_bytes(data[:1 << 20])
+    fs, url = _blob_fs(srv, tmp_path)
+    url2 = f"{srv.url}/other.bin"
+    fs.info(url), fs.info(url2)
+    path = srv.root / "blob.bin"
+    st = path.stat()
+    path.write_bytes(bytes(255 - x for x in data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new ETag (size-mtime)
+    srv.log.clear()
+    with pytest.raises(FileChangedError, match=r"blob\.bin: the file changed on the server during this run.*"
+                                               r"bytes 4000000-4100000"):
+        fs.ensure_many([(url, [(4_000_000, 4_100_000)]), (url2, [(0, 5000)])])
+    assert sorted((p, a, b, sent) for p, a, b, sent in srv.log) == [("blob.bin", 0, 0, 0), ("other.bin", 0, 5000, 5000)]
+    assert fs.missing(url, 4_000_000, 4_100_000) == [(4_000_000, 4_100_000)]
+    assert fs.missing(url2, 0, 5000) == []
 
 
 def test_s3_range_reads_pinned_to_first_etag(s3, tmp_path):

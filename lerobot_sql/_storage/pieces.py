@@ -164,36 +164,52 @@ class PieceStore:
              fetch_all: Callable[[list[tuple[int, int]]], list[tuple[Any, Any]]]) -> int:
         """Fetch and store what of ``ranges`` is missing from ``fdir``; returns the bytes fetched.
 
-        Under the locks of every region the ranges touch (taken in ascending order, as every caller takes them: no
-        two callers can deadlock), the gaps are computed again (another worker may have fetched them), split at
-        region boundaries, and handed to ``fetch_all(gaps)``, which returns ``(data, None)`` or
-        ``(None, exception)`` per gap. The pieces that arrived are stored, the cache is evicted down to its bound,
-        then the first failure is raised (nothing partial is left in the cache).
+        :meth:`fill_many` for one folder: ``fetch_all(gaps)`` gets its ``[start, end)`` gaps and returns
+        ``(data, None)`` or ``(None, exception)`` per gap."""
+        return self.fill_many([(fdir, ranges)], lambda gaps: fetch_all([(a, b) for _, a, b in gaps]))
+
+    def fill_many(self, jobs: list[tuple[Path, list[tuple[int, int]]]],
+                  fetch_all: Callable[[list[tuple[int, int, int]]], list[tuple[Any, Any]]]) -> int:
+        """Fetch and store what of each job's ``(fdir, ranges)`` is missing, in one call of ``fetch_all`` (one
+        network round for every gap of every file); returns the bytes fetched.
+
+        Under the locks of every region the ranges touch (taken in one global order, folder then region, as every
+        caller takes them: no two callers can deadlock), the gaps are computed again (another worker may have
+        fetched them), split at region boundaries, and handed to ``fetch_all(gaps)`` as ``(job, start, end)``
+        (``job``: the index in ``jobs``), which returns ``(data, None)`` or ``(None, exception)`` per gap. The
+        pieces that arrived are stored, the cache is evicted down to its bound, then the first failure is raised
+        (nothing partial is left in the cache).
         """
-        os.makedirs(fdir, exist_ok=True)
-        regions = sorted({r for a, b in ranges for r in range(a // REGION, (b - 1) // REGION + 1)})
+        for fdir, _ in jobs:
+            os.makedirs(fdir, exist_ok=True)
+        locks = sorted({(str(fdir), r) for fdir, ranges in jobs for a, b in ranges
+                        for r in range(a // REGION, (b - 1) // REGION + 1)})
         with contextlib.ExitStack() as stack:
-            for r in regions:
-                stack.enter_context(self._region_lock(fdir, r))
-                stack.enter_context(file_lock(str(fdir / f"r{r:07d}.lock")))
-            # Another process may have fetched them since this one looked: listed again when the folder changed
-            # since (a listing of hundreds of pieces is ~0.2 ms, most of a request's own CPU). A piece renamed in
-            # within the same mtime tick as this process's last look is fetched again: bytes, never wrong data.
-            d = str(fdir)
-            pieces = self._pieces.get(d)
-            if pieces is None or _mtime(d) != self._listed.get(d, -1):
-                pieces = self.scan(fdir)
-            want: set[tuple[int, int]] = set()
-            for a, b in ranges:
-                for r in range(a // REGION, (b - 1) // REGION + 1):  # pieces never cross a region boundary
-                    want.update(gaps(pieces, max(a, r * REGION), min(b, (r + 1) * REGION)))
-            todo = _disjoint(sorted(want))
+            for d, r in locks:
+                stack.enter_context(self._region_lock(Path(d), r))
+                stack.enter_context(file_lock(f"{d}/r{r:07d}.lock"))
+            todo: list[tuple[int, int, int]] = []
+            for j, (fdir, ranges) in enumerate(jobs):
+                # Another process may have fetched them since this one looked: listed again when the folder
+                # changed since (a listing of hundreds of pieces is ~0.2 ms, most of a request's own CPU). A piece
+                # renamed in within the same mtime tick as this process's last look is fetched again: bytes, never
+                # wrong data.
+                d = str(fdir)
+                pieces = self._pieces.get(d)
+                if pieces is None or _mtime(d) != self._listed.get(d, -1):
+                    pieces = self.scan(fdir)
+                want: set[tuple[int, int]] = set()
+                for a, b in ranges:
+                    for r in range(a // REGION, (b - 1) // REGION + 1):  # pieces never cross a region boundary
+                        want.update(gaps(pieces, max(a, r * REGION), min(b, (r + 1) * REGION)))
+                todo.extend((j, a, b) for a, b in _disjoint(sorted(want)))
             written: set[str] = set()
             fetched, error = 0, None
-            for (a, b), (data, err) in zip(todo, fetch_all(todo)):
+            for (j, a, b), (data, err) in zip(todo, fetch_all(todo) if todo else []):
                 if err is not None:
                     error = error or err
                     continue
+                fdir = jobs[j][0]
                 self.write(fdir, a, b, data)
                 written.add(_piece(fdir, a, b))
                 fetched += len(data)

@@ -9,7 +9,7 @@ Files under ``meta/`` are fetched whole, and the answers of ``info``/``glob`` ar
 a dataset's metadata has been read it opens offline (``LSQL_OFFLINE=1``/``HF_HUB_OFFLINE=1``, or automatically
 after the network failed).
 
-Missing pieces of one read are fetched in parallel (``ensure_ranges``), and a Parquet column scan (the same columns
+Missing pieces of one read, or of a pipelined batch's files, are fetched at once (``ensure_many``), and a Parquet column scan (the same columns
 of consecutive row groups, recognised from the cached footer) fetches the next row groups' chunks ahead
 (:mod:`lerobot_sql._storage.readahead`).
 """
@@ -150,10 +150,11 @@ class RemoteCacheFS(AbstractFileSystem):
         base = self.root + "/"
         return path[len(base):] if path.startswith(base) else None
 
-    def _call(self, what: str, fn, *args: Any):
-        """``fn(*args)`` with retries (:func:`lerobot_sql._storage.transport.call`), counted as requests."""
+    def _call(self, what: str, fn, *args: Any, failed: BaseException | None = None):
+        """``fn(*args)`` with retries (:func:`lerobot_sql._storage.transport.call`), counted as requests;
+        ``failed``: the error of a first try already made and counted."""
         return transport.call(what, fn, *args, retries=self.retries, backoff_s=self.backoff_s,
-                              on_attempt=lambda: self._count(requests=1))
+                              on_attempt=lambda: self._count(requests=1), failed=failed)
 
     # ---- metadata (persisted for offline use) ---------------------------------------------------------------
     def _store_path(self) -> Path:
@@ -308,30 +309,71 @@ class RemoteCacheFS(AbstractFileSystem):
         return self.ensure_ranges(path, [(start, end)])
 
     def ensure_ranges(self, path: str, ranges: list[tuple[int, int]]) -> int:
-        """Fetch whatever of ``ranges`` (``[start, end)`` byte ranges) is not cached yet, the missing pieces in
-        parallel (one request per gap, at most ``transport.FETCH_THREADS`` at once); returns the bytes fetched.
+        """Fetch whatever of ``ranges`` (``[start, end)`` byte ranges) of ``path`` is not cached yet
+        (:meth:`ensure_many` of one file); returns the bytes fetched."""
+        return self.ensure_many([(path, ranges)])
+
+    def ensure_many(self, jobs: list[tuple[str, list[tuple[int, int]]]]) -> int:
+        """Fetch whatever of each ``(path, ranges)`` is not cached yet, every missing piece of every file in one
+        round (:meth:`_fetch_gaps`: one request per gap, at most ``transport.FETCH_THREADS`` at once); returns the
+        bytes fetched.
 
         Raises:
             RemoteIOError: the remote failed after retries (the pieces that did arrive are kept; nothing partial).
+            FileChangedError: a file changed on the server since this session first read it.
         """
-        path = self._strip_protocol(path)
-        size = self.info(path)["size"]
-        if self._whole(path):
-            ranges = [(0, size)]
-        ranges = [(max(0, a), min(b, size)) for a, b in ranges if min(b, size) > max(0, a)]
-        ranges = [(a, b) for a, b in ranges if self.missing(path, a, b)]
-        if not ranges:
+        want: dict[str, list[tuple[int, int]]] = {}
+        for path, ranges in jobs:
+            path = self._strip_protocol(path)
+            size = self.info(path)["size"]
+            if self._whole(path):
+                ranges = [(0, size)]
+            ranges = [(max(0, a), min(b, size)) for a, b in ranges if min(b, size) > max(0, a)]
+            want.setdefault(path, []).extend((a, b) for a, b in ranges if self.missing(path, a, b))
+        todo = [(path, rs) for path, rs in want.items() if rs]
+        if not todo:
             return 0
+        return self.pieces.fill_many([(self._file_dir(path), rs) for path, rs in todo],
+                                     lambda gaps: self._fetch_gaps([(todo[j][0], a, b) for j, a, b in gaps]))
 
-        def fetch_all(gaps: list[tuple[int, int]]):
-            if gaps and self.offline:
-                a, b = gaps[0]
-                raise RemoteIOError(f"{self._url(path)}: bytes {a}-{b} are not cached and the session is "
-                                    "offline; reconnect with the network, or prefetch before going offline")
-            fetch = lambda g: self._call(f"{self._url(path)}: bytes {g[0]}-{g[1]}", self._get, path, *g)  # noqa: E731
-            return transport.fetch_each(fetch, gaps)
+    def _fetch_gaps(self, spans: list[tuple[str, int, int]]) -> list[tuple[Any, Any]]:
+        """Bytes ``[a, b)`` of each ``(path, a, b)``: ``(data, None)`` or ``(None, exception)`` per span, in order.
 
-        return self.pieces.fill(self._file_dir(path), ranges, fetch_all)
+        Several spans over HTTP(S) are first tried in one round on fsspec's IO loop
+        (:func:`lerobot_sql._storage.transport.pinned_get_many`); a span whose try failed is then retried by
+        itself (:meth:`_call` with ``failed=``, in threads), so retries, their count and the errors raised are
+        those of a single read. Other protocols: one thread per span (:func:`transport.fetch_each`).
+        """
+        if self.offline:
+            path, a, b = spans[0]
+            raise RemoteIOError(f"{self._url(path)}: bytes {a}-{b} are not cached and the session is "
+                                "offline; reconnect with the network, or prefetch before going offline")
+
+        def what(path: str, a: int, b: int) -> str:
+            return f"{self._url(path)}: bytes {a}-{b}"
+
+        first = None
+        if len(spans) > 1:
+            first = transport.pinned_get_many(self._fs(), [(p, a, b, self.info(p), self._url(p)) for p, a, b in spans],
+                                              stall_s=self.stall_s, min_rate=self.min_rate)
+        if first is None:
+            return transport.fetch_each(lambda span: self._call(what(*span), self._get, *span), spans)
+        out: list[tuple[Any, Any]] = []
+        for (path, a, b), (got, err) in zip(spans, first):
+            self._count(requests=1)
+            if err is None:
+                try:
+                    out.append((self._accept(path, a, b, *got), None))
+                    continue
+                except Exception as e:  # noqa: BLE001 - a short answer (Truncated): retried as in _call
+                    err = e
+            out.append((None, err))
+        again = [i for i, (_, err) in enumerate(out) if err is not None]
+        redo = transport.fetch_each(lambda i: self._call(what(*spans[i]), self._get, *spans[i], failed=out[i][1]),
+                                    again) if again else []
+        for i, r in zip(again, redo):
+            out[i] = r
+        return out
 
     def _get(self, path: str, a: int, b: int) -> bytes:
         """Bytes [a, b) of the version of ``path`` this session first saw (its ``info``), pinned by the protocol's
@@ -342,10 +384,18 @@ class RemoteCacheFS(AbstractFileSystem):
             transport.Truncated: fewer bytes than asked for (retried by the caller).
         """
         fs, pin = self._fs(), self.info(path)
-        url = self._url(path)
-        data, whole = transport.pinned_get(fs, path, a, b, pin, url=url, stall_s=self.stall_s,
+        data, whole = transport.pinned_get(fs, path, a, b, pin, url=self._url(path), stall_s=self.stall_s,
                                            min_rate=self.min_rate)
+        return self._accept(path, a, b, data, whole)
+
+    def _accept(self, path: str, a: int, b: int, data: bytes, whole: bool) -> bytes:
+        """The bytes [a, b) of an answer (``whole``: the server sent the whole file, which is then kept), counted.
+
+        Raises:
+            transport.Truncated: fewer bytes than asked for (retried by the caller).
+        """
         if whole:  # the server ignores Range: keep the whole file, so no later read (or retry) fetches it again
+            url = self._url(path)
             if url not in self._warned:
                 self._warned.add(url)
 

@@ -196,9 +196,19 @@ class Source:
         Raises:
             RemoteIOError: the remote failed after retries (the ranges that did arrive stay cached).
         """
-        if not isinstance(self.fs, RemoteCacheFS) or not ranges:
+        return self.fetch_many([(rel, ranges)])
+
+    def fetch_many(self, jobs: list[tuple[str, list[tuple[int, int]]]]) -> int:
+        """:meth:`fetch` of several files, ``(rel, ranges)`` each, in one round: every missing range of every file
+        requested at once (a pipelined batch's row-group file and mp4s). Returns the bytes fetched.
+
+        Raises:
+            RemoteIOError: the remote failed after retries (the ranges that did arrive stay cached).
+        """
+        if not isinstance(self.fs, RemoteCacheFS):
             return 0
-        return self.fs.ensure_ranges(self.path(rel), sorted(ranges))
+        jobs = [(self.path(rel), sorted(rs)) for rel, rs in jobs if rs]
+        return self.fs.ensure_many(jobs) if jobs else 0
 
     def describe(self, rels) -> int:
         """Pin the version (size, ETag or equivalent) of each remote file ``rels`` names that this process has not
