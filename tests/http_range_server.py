@@ -29,6 +29,27 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):  # keep test output clean
         pass
 
+    # Requests being answered are counted (from the parsed request line to the end of the answer, not while a
+    # keep-alive connection idles), so that ``server.log`` can wait for them: a client holds an answer's last byte a
+    # moment before the server's thread logs it, and a test reading the log right after a read could miss it.
+    def parse_request(self):
+        ok = super().parse_request()
+        if ok:
+            with self.server.answering:
+                self.server.busy += 1
+            self._counted = True
+        return ok
+
+    def handle_one_request(self):
+        self._counted = False
+        try:
+            super().handle_one_request()
+        finally:
+            if self._counted:
+                with self.server.answering:
+                    self.server.busy -= 1
+                    self.server.answering.notify_all()
+
     def setup(self):
         super().setup()
         # As real servers do: without it, Nagle's algorithm holds the body behind the headers until the client's
@@ -69,7 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
                 failed = int(p.stat().st_mtime) > email.utils.parsedate_to_datetime(ius).timestamp()
         if failed:
             with self.server.lock:  # logged before answering: a test may look as soon as its client has the 412
-                self.server.log.append((str(p.relative_to(self.server.root)), 0, 0, 0))
+                self.server._log.append((str(p.relative_to(self.server.root)), 0, 0, 0))
             self._wait()
             self.send_response(412)
             self.send_header("Content-Length", "0")
@@ -149,7 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
                     break
                 sent += len(chunk)
         with self.server.lock:
-            self.server.log.append((str(p.relative_to(self.server.root)), start, end, sent))
+            self.server._log.append((str(p.relative_to(self.server.root)), start, end, sent))
         if truncate:
             self.close_connection = True
 
@@ -163,7 +184,9 @@ class RangeServer(ThreadingHTTPServer):
         self.root = Path(root)
         self.faults: dict = {}
         self.rate_bps, self.latency_s = rate_bps, latency_s
-        self.log: list[tuple[str, int, int, int]] = []
+        self._log: list[tuple[str, int, int, int]] = []
+        self.busy = 0  # requests being answered (_Handler.parse_request to the end of the answer)
+        self.answering = threading.Condition()
         self.heads: list[str] = []  # the files asked for by HEAD (what an fsspec info() sends first)
         self.lock = threading.Lock()
         self._free_at = 0.0
@@ -182,9 +205,22 @@ class RangeServer(ThreadingHTTPServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
+    @property
+    def log(self) -> list[tuple[str, int, int, int]]:
+        """Every GET as (path, start, end, bytes sent), once the requests being answered are done (at most 5 s)."""
+        self.settle()
+        return self._log
+
+    def settle(self, timeout_s: float = 5.0) -> None:
+        """Wait until no request is being answered (at most ``timeout_s``): then every answer a client has
+        received is in the log."""
+        with self.answering:
+            self.answering.wait_for(lambda: self.busy == 0, timeout=timeout_s)
+
     def bytes_sent(self) -> int:
+        self.settle()
         with self.lock:
-            return sum(e[3] for e in self.log)
+            return sum(e[3] for e in self._log)
 
     def __enter__(self) -> "RangeServer":
         self.thread.start()
@@ -288,7 +324,7 @@ class _HubHandler(_Handler):
         self.server.pace(len(body))
         self.wfile.write(body)
         with self.server.lock:
-            self.server.log.append(("api:" + urllib.parse.urlsplit(self.path).path, 0, len(body), len(body)))
+            self.server._log.append(("api:" + urllib.parse.urlsplit(self.path).path, 0, len(body), len(body)))
 
     def _api(self, parts: list[str], query: dict) -> None:
         repo = self._repo(parts[2:4])

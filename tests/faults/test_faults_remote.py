@@ -208,7 +208,7 @@ class _LyingHandler(_Handler):
         except (BrokenPipeError, ConnectionResetError):
             pass
         with self.server.lock:
-            self.server.log.append((str(p.relative_to(self.server.root)), start, end, len(body)))
+            self.server._log.append((str(p.relative_to(self.server.root)), start, end, len(body)))
 
 
 class LyingServer(RangeServer):
