@@ -14,6 +14,7 @@ import functools
 import gc
 import io
 import math
+import numbers
 import os
 import socket
 import tempfile
@@ -199,6 +200,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir
         # info.json's own value, as lerobot's ds.fps (an int in lerobot-written data); layout.fps is its float
         self.fps = layout.info.get("fps", layout.fps)
+        if isinstance(tolerance_s, (bool, str, bytes)) or not isinstance(tolerance_s, numbers.Real):
+            # float('1') and float(True) would pass: a typo'd config value must not become a tolerance silently
+            raise TypeError(f"tolerance_s must be a number of seconds (lerobot's default: 1e-4), not "
+                            f"{type(tolerance_s).__name__} {tolerance_s!r}")
         self.tolerance_s = float(tolerance_s)
         if not (math.isfinite(self.tolerance_s) and self.tolerance_s > 0):
             # A negative or NaN tolerance matches no frame (every item would raise), an infinite one any frame. 0 as

@@ -571,3 +571,10 @@ def test_only_integers_and_slices_index_a_dataset(datasets):
     with pytest.raises(TypeError, match="not bool"):
         ds.__getitems__([1, True])  # the DataLoader's batched fetch checks the same
     assert [int(it["index"]) for it in ds[1:3]] == [10, 20]
+
+
+@pytest.mark.parametrize("bad", ["1", True, b"1", None])
+def test_tolerance_s_that_is_not_a_number_is_refused(datasets, bad):
+    """float('1') and float(True) used to pass: a string or bool tolerance was taken as 1 s silently."""
+    with pytest.raises(TypeError, match="tolerance_s must be a number of seconds"):
+        lsql.connect(datasets / "small20").dataset(episodes=[1], tolerance_s=bad)
