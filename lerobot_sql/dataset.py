@@ -200,7 +200,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir
         # info.json's own value, as lerobot's ds.fps (an int in lerobot-written data); layout.fps is its float
         self.fps = layout.info.get("fps", layout.fps)
-        if isinstance(tolerance_s, (bool, str, bytes)) or not isinstance(tolerance_s, numbers.Real):
+        if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, numbers.Real):
             # float('1') and float(True) would pass: a typo'd config value must not become a tolerance silently
             raise TypeError(f"tolerance_s must be a number of seconds (lerobot's default: 1e-4), not "
                             f"{type(tolerance_s).__name__} {tolerance_s!r}")

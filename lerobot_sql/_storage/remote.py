@@ -9,9 +9,9 @@ Files under ``meta/`` are fetched whole, and the answers of ``info``/``glob`` ar
 a dataset's metadata has been read it opens offline (``LSQL_OFFLINE=1``/``HF_HUB_OFFLINE=1``, or automatically
 after the network failed).
 
-Missing pieces of one read, or of a pipelined batch's files, are fetched at once (``ensure_many``), and a Parquet column scan (the same columns
-of consecutive row groups, recognised from the cached footer) fetches the next row groups' chunks ahead
-(:mod:`lerobot_sql._storage.readahead`).
+Missing pieces of one read, or of a pipelined batch's files, are fetched at once (``ensure_many``), and a Parquet
+column scan (the same columns of consecutive row groups, recognised from the cached footer) fetches the next row
+groups' chunks ahead (:mod:`lerobot_sql._storage.readahead`).
 """
 
 from __future__ import annotations
