@@ -244,7 +244,7 @@ def _undecodable(db) -> list[dict[str, Any]]:
                 pf = pq.ParquetFile(f)
                 for rg in range(pf.num_row_groups):
                     try:
-                        pf.read_row_group(rg)
+                        pf.read_row_group(rg, use_threads=False)  # one thread: see Source.open
                     except (pa.ArrowException, OSError) as e:
                         bad.append({"path": rel, "row_group": rg, "error": f"{type(e).__name__}: {e}"})
                         break
@@ -291,7 +291,7 @@ def _shape_mismatches(db) -> list[dict[str, Any]]:
                 cols = [c for c in pf.schema_arrow.names if c in feats]
                 if not cols or not pf.metadata.num_rows:
                     continue
-                first = pf.read_row_group(0, columns=cols).slice(0, 1)
+                first = pf.read_row_group(0, columns=cols, use_threads=False).slice(0, 1)
         except (pa.ArrowException, OSError):
             continue
         for c in cols:
@@ -554,7 +554,7 @@ def _undecodable_images(db, batch_rows: int = 64) -> list[dict[str, Any]]:
                 ids = [c for c in ("episode_index", "index") if c in names]
                 row0 = 0
                 # a few rows at a time: images can be large, and only one batch's bytes are held
-                for batch in pf.iter_batches(batch_size=batch_rows, columns=ids + cols):
+                for batch in pf.iter_batches(batch_size=batch_rows, columns=ids + cols, use_threads=False):
                     where = {c: batch.column(c).to_pylist() for c in ids}
                     for c in cols:
                         arr = batch.column(c)

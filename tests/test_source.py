@@ -214,3 +214,36 @@ def test_a_root_whose_path_holds_glob_characters_is_read_literally(datasets, tmp
         assert set(a) == set(b)
         for k, v in b.items():
             assert (torch.equal(a[k], v) if isinstance(v, torch.Tensor) else a[k] == v), k
+
+
+def test_parquet_read_through_a_dataset_file_object_never_decodes_on_arrows_thread_pool(datasets, tmp_path,
+                                                                                        monkeypatch):
+    """A threaded decode of Parquet read through a Python file object can drop its last Python-owned buffer in an
+    Arrow pool thread after the read returned; at interpreter exit that aborted the process (SIGABRT, 2 of 30 runs
+    of an export script under load). Every read the connection, planning, export and doctor make is one-threaded."""
+    import pyarrow.parquet as pq
+
+    import lerobot_sql as lsql
+    from lerobot_sql import doctor
+
+    threaded = []
+    for name in ("read", "read_row_group", "read_row_groups", "iter_batches"):
+        orig = getattr(pq.ParquetFile, name)
+
+        def spy(self, *a, _orig=orig, _name=name, **k):
+            if k.get("use_threads", True):
+                threaded.append(_name)
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(pq.ParquetFile, name, spy)
+
+    calls = 0
+    for name in ("small20", "multifile60", "img5_extras"):
+        db = lsql.connect(datasets / name, cache_dir=tmp_path / "cache")
+        ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index IN (0, 1)")
+        assert len(ds) == db.sql("SELECT sum(length) FROM episodes WHERE episode_index IN (0, 1)").fetchall()[0][0]
+        rep = db.export("SELECT episode_index FROM episodes WHERE episode_index = 1", tmp_path / f"out_{name}",
+                        progress=False)
+        assert rep.episodes == 1
+        assert doctor.run(db, decode=True).ok
+        calls += 1
+    assert calls == 3 and threaded == []

@@ -66,7 +66,7 @@ def list_files(src: Source, info: CheckedInfo) -> list[str]:
             pf = pq.ParquetFile(f)
             cols = [c for c in pf.schema_arrow.names if c in ("episode_index", "data/chunk_index",
                                                               "data/file_index") or c.startswith("videos/")]
-            t = pf.read(columns=cols).to_pydict()
+            t = pf.read(columns=cols, use_threads=False).to_pydict()  # one thread: see Source.open
         seen += len(t.get("episode_index", []))
         for c, fi in zip(t.get("data/chunk_index", []), t.get("data/file_index", [])):
             files.add(data_tmpl.format(chunk_index=int(c), file_index=int(fi)))

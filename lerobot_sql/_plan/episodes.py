@@ -120,7 +120,8 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
             with src.open(rel) as fh:
                 pf = pq.ParquetFile(fh, metadata=md)
                 whole = len(rgs) == md.num_row_groups  # (one read is faster than 200 row-group reads)
-                t = pf.read(columns=cols) if whole else pf.read_row_groups(rgs.tolist(), columns=cols)
+                t = (pf.read(columns=cols, use_threads=False) if whole  # one thread: see Source.open
+                     else pf.read_row_groups(rgs.tolist(), columns=cols, use_threads=False))
         # table position of file row r: r - offsets[rg] + (rows of the earlier row groups read)
         sizes = offsets[rgs + 1] - offsets[rgs]
         base = np.concatenate([[0], np.cumsum(sizes)])[:-1]

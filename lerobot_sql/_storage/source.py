@@ -153,7 +153,12 @@ class Source:
 
     def open(self, rel: str, mode: str = "rb"):
         """Open ``rel``; a missing file raises :class:`MissingFileError` naming it, a symlink leaving the dataset
-        :class:`DatasetFormatError` (see :meth:`check_link`)."""
+        :class:`DatasetFormatError` (see :meth:`check_link`).
+
+        Parquet read through this (Python) file object is read with ``use_threads=False``: Arrow wraps each chunk
+        read in a buffer that holds a Python object, and a decode on Arrow's thread pool may drop the last one in a
+        pool thread after the read has returned. If the interpreter is exiting by then, that thread is killed inside
+        a C++ destructor and the process aborts ("terminate called without an active exception", SIGABRT)."""
         self.check_link(rel)
         try:
             return self.fs.open(self.path(rel), mode)

@@ -60,7 +60,7 @@ class DataWriter:
             if key not in self._cache:
                 if len(self._cache) > 8:
                     self._cache.pop(next(iter(self._cache)))
-                t = pf.read_row_group(rg)
+                t = pf.read_row_group(rg, use_threads=False)  # one thread: see Source.open
                 check_shapes(t, self.ex.sources[source].layout, src.path(rel[1]))  # as dataset() would refuse
                 self._cache[key] = t
             parts.append(self._cache[key])
