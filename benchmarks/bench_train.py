@@ -154,6 +154,7 @@ def _remote(a, torch, lsql, root: Path) -> int:
             res = {"local": [], "off": [], "on": [], "warm": [], "bytes_off": [], "bytes_on": [], "cpu_local": [],
                    "cpu_off": [], "cpu_on": [], "first_off": [], "first_on": [], "epoch_off": [], "epoch_on": [],
                    "open_off": [], "open_on": []}
+            caches: list[str] = []
             for _ in range(a.rounds):
                 m = common.train_loader(torch, local, indices, a.batch, a.workers)
                 res["local"].append(m["items_per_s"])
@@ -161,7 +162,8 @@ def _remote(a, torch, lsql, root: Path) -> int:
                 for mode in ("off", "on"):
                     sent = srv.bytes_sent()
                     t_open = time.perf_counter()
-                    rdb = lsql.connect(f"{srv.url}/{root.name}", cache_dir=tempfile.mkdtemp(prefix="lsql_bt_"))
+                    caches.append(tempfile.mkdtemp(prefix="lsql_bt_"))  # warm nothing: a fresh cache each pass
+                    rdb = lsql.connect(f"{srv.url}/{root.name}", cache_dir=caches[-1])
                     ds = rdb.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
                     if mode == "on":
                         ds.pipeline(indices, batches=a.k)
@@ -177,6 +179,10 @@ def _remote(a, torch, lsql, root: Path) -> int:
                 # the same remote dataset again, everything cached (pieces, row groups, indexes): the read path's
                 # own ceiling, without the network
                 res["warm"].append(common.train_loader(torch, ds, indices, a.batch, a.workers)["items_per_s"])
+                del ds, rdb
+                for c in caches:  # 12 MB a pass at 96x128: runs of the bench left gigabytes in /tmp
+                    shutil.rmtree(c, ignore_errors=True)
+                caches.clear()
             rows.append((prof, {k: max(v) if not k.startswith(("bytes", "cpu", "first", "epoch", "open")) else min(v)
                                 for k, v in res.items()}, needed, res))
             print(f"  {prof}: {res}", file=sys.stderr, flush=True)

@@ -14,7 +14,6 @@ import functools
 import gc
 import io
 import math
-import numbers
 import os
 import socket
 import tempfile
@@ -200,17 +199,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir
         # info.json's own value, as lerobot's ds.fps (an int in lerobot-written data); layout.fps is its float
         self.fps = layout.info.get("fps", layout.fps)
-        if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, numbers.Real):
-            # float('1') and float(True) would pass: a typo'd config value must not become a tolerance silently
-            raise TypeError(f"tolerance_s must be a number of seconds (lerobot's default: 1e-4), not "
-                            f"{type(tolerance_s).__name__} {tolerance_s!r}")
-        self.tolerance_s = float(tolerance_s)
-        if not (math.isfinite(self.tolerance_s) and self.tolerance_s > 0):
-            # A negative or NaN tolerance matches no frame (every item would raise), an infinite one any frame. 0 as
-            # well: lerobot keeps a frame only if |ts - pts| < tolerance_s (strictly), so 0 fails every video item
-            # there, and here it would serve the frames whose float pts happen to equal the time and fail the rest.
-            raise ValueError(f"tolerance_s must be a finite number of seconds > 0 (lerobot's default: 1e-4), not "
-                             f"{tolerance_s!r}")
+        self.tolerance_s = locate.check_tolerance(tolerance_s)
         if not isinstance(return_uint8, (bool, np.bool_)):  # "yes" or 0 would silently pick a frame dtype
             raise TypeError(f"return_uint8 must be True or False, got {return_uint8!r}")
         self.return_uint8 = bool(return_uint8)

@@ -27,7 +27,7 @@ from ._plan import manifest as plan_manifest
 from ._plan import resolve as plan
 from ._query import checks as query
 from ._storage.source import Source
-from .errors import DatasetFormatError, MissingFileError, QueryError, ResultContractError, as_int
+from .errors import DatasetFormatError, MissingFileError, QueryError, ResultContractError, as_int, as_real
 
 class _Interruptible:
     """While a query runs: ``timeout`` seconds on a timer, and on the main thread Ctrl-C (SIGINT), each call
@@ -104,10 +104,10 @@ class _Interruptible:
 def _check_timeout(timeout: float | None) -> float | None:
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
-            or timeout <= 0:
+    v = as_real(timeout)
+    if v is None or not math.isfinite(v) or v <= 0:
         raise ValueError(f"timeout={timeout!r}: give a positive number of seconds, or None for no limit")
-    return float(timeout)
+    return v
 
 
 class Result:
@@ -564,6 +564,7 @@ class Database(QueryFace):
             manifest = self._episodes_manifest(episodes, **kw)
         elif isinstance(sql, pa.Table):
             manifest = sql
+            plan_manifest.check_columns(manifest, "the table passed to dataset()")
         elif is_manifest_path(sql):
             manifest = read_manifest_file(sql, "db.export_manifest(sql, path)")
         else:
@@ -705,6 +706,8 @@ class Database(QueryFace):
             with self.source.open("meta/stats.json") as f:
                 text = f.read()
             return stats.from_json(text, self.source.path("meta/stats.json"), self.layout)
+        if isinstance(sql, pa.Table):
+            plan_manifest.check_columns(sql, "the table passed to stats()")
         manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql)
         return self._selection_stats(manifest)
 
@@ -793,7 +796,9 @@ def read_manifest_file(path: str | os.PathLike, how: str) -> pa.Table:
     path = os.path.expanduser(os.fspath(path))  # as export_manifest writes "~/m.parquet"
     if not os.path.exists(path):
         raise MissingFileError(f"{path}: manifest file not found; write one with {how}, or pass a query instead")
-    return pq.read_table(path)
+    table = pq.read_table(path)
+    plan_manifest.check_columns(table, path)
+    return table
 
 
 def _episode_list(episodes: Any) -> list[int]:

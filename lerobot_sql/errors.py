@@ -7,6 +7,7 @@ library exception (DuckDB, PyAV, pyarrow, fsspec) is chained as ``__cause__``.
 
 from __future__ import annotations
 
+import numbers
 import operator
 from typing import Any
 
@@ -121,6 +122,17 @@ def as_int(value: Any) -> int | None:
         return int(operator.index(value))
     except TypeError:
         return None
+
+
+def as_real(value: Any) -> float | None:
+    """``value`` as a Python float when it is a real number (``numbers.Real``: a Python or numpy int or float), else
+    None. Bools are None: ``float(True)`` is 1.0, so a flag passed by mistake would count as 1; strings are None
+    too (``float('1')`` would take them from a config file unchecked). NaN and infinities are returned as they are:
+    each caller checks the range it needs. The one test behind every "must be a number" check, as :func:`as_int`
+    is for integers."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
 
 
 def did_you_mean(name: str, candidates) -> str:

@@ -936,3 +936,19 @@ def test_export_takes_extras_a_dataloader_could_not_batch(datasets, tmp_path, sq
     assert report.frames == sum(lengths[e] for e in episodes)
     with pytest.raises(lsql.ResultContractError, match="DataLoader|an item cannot carry"):
         db.dataset(sql, cameras=[])
+
+
+@pytest.mark.parametrize("bad, error", [("1", TypeError), (True, TypeError), (None, TypeError), (0, ValueError),
+                                        (float("nan"), ValueError), (-1e-4, ValueError)])
+def test_a_tolerance_that_is_no_positive_number_is_refused_before_anything_is_written(datasets, tmp_path, bad, error):
+    """export(tolerance_s='1') used to fail deep in the first video part with numpy's UFuncTypeError (new-user
+    trial); now the same check as dataset()'s, before the query runs."""
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(error, match="tolerance_s must be a"):
+        db.export("SELECT episode_index FROM episodes WHERE episode_index = 1", tmp_path / "out", tolerance_s=bad,
+                  progress=False)
+    assert not (tmp_path / "out").exists()
+    rep = db.export("SELECT episode_index FROM episodes WHERE episode_index = 1", tmp_path / "out",
+                    tolerance_s=np.float32(1e-3), progress=False)  # a numpy real is a number
+    assert rep.episodes == 1 and rep.frames == db.sql("SELECT length FROM episodes WHERE episode_index = 1"
+                                                      ).fetchall()[0][0]

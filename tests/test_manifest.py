@@ -313,3 +313,24 @@ def test_manifest_cap_counts_samples_not_rows(datasets, monkeypatch, how):
     monkeypatch.setenv("LSQL_MAX_MANIFEST_ROWS", "10")
     with pytest.raises(lsql.ResultContractError, match="more than"):
         build()
+
+
+@pytest.mark.parametrize("how", ["table", "path", "stats"])
+def test_a_table_that_is_no_manifest_is_refused_naming_its_missing_columns(datasets, tmp_path, how):
+    """A query result (or any other Parquet file) passed where a manifest goes met a bare KeyError 'data_file'
+    (new-user trial)."""
+    import pyarrow.parquet as pq
+
+    db = lsql.connect(datasets / "small20")
+    t = db.sql("SELECT episode_index, length FROM episodes").arrow()
+    pq.write_table(t, tmp_path / "episodes.parquet")
+    arg = tmp_path / "episodes.parquet" if how == "path" else t
+    with pytest.raises(lsql.ResultContractError, match=r"is not a manifest: it lacks the columns \['index', "
+                                                        r"'frame_index'.*'data_file'.*episodes=") as e:
+        db.stats(arg) if how == "stats" else db.dataset(arg)
+    if how == "path":
+        assert str(tmp_path / "episodes.parquet") in str(e.value)
+    # a real manifest, saved and read back, still loads: the check refuses only what lacks the columns
+    db.export_manifest("SELECT episode_index FROM episodes WHERE episode_index = 2", tmp_path / "m.parquet")
+    assert len(db.dataset(tmp_path / "m.parquet")) == db.sql(
+        "SELECT length FROM episodes WHERE episode_index = 2").fetchall()[0][0]

@@ -89,6 +89,24 @@ def test_misnamed_window_columns_do_not_select_whole_episodes(sample, sql, hint)
     assert hint in str(ei.value) and "seconds" in str(ei.value)
 
 
+def test_window_bounds_beside_index_warn_that_each_row_is_one_sample(sample):
+    """`SELECT *, t AS start_s, t + 1 AS end_s` over a view with `index` silently became one sample per row, the
+    bounds kept as extras (new-user trial): the documented order (index first) stays, with a warning."""
+    db = lsql.connect(sample)
+    sql = ("SELECT index, episode_index, timestamp AS start_s, timestamp + 1.0 AS end_s FROM frames "
+           "WHERE episode_index = 0 AND frame_index IN (0, 30)")
+    with pytest.warns(UserWarning, match=r"has `index`, so it is read as one sample per row.*start_s and end_s "
+                                         r"are kept as extra columns.*EXCLUDE \(index\)"):
+        ds = db.dataset(sql, cameras=[])
+    assert len(ds) == 2 and ds[1]["end_s"].item() == pytest.approx(2.0)
+    with warnings.catch_warnings():  # the same rows with the bounds under other names: no warning
+        warnings.simplefilter("error")
+        assert len(db.dataset(sql.replace("AS start_s", "AS t0").replace("AS end_s", "AS t1"), cameras=[])) == 2
+        # and without index they are the windows: 1 s of 30 fps from each start
+        assert len(db.dataset("SELECT episode_index, timestamp AS start_s, timestamp + 1.0 AS end_s FROM frames "
+                              "WHERE episode_index = 0 AND frame_index IN (0, 30)", cameras=[])) == 60
+
+
 def test_extra_columns_that_only_resemble_bounds_are_kept(sample):
     """The near-miss check must not refuse ordinary extras (`state`, `stage`, `length`)."""
     db = lsql.connect(sample)
@@ -259,3 +277,23 @@ def test_image_transforms_that_is_not_callable_is_refused_at_the_open(sample):
     with pytest.raises(TypeError, match=r"image_transforms must be a callable .*got 'resize'"):
         db.dataset(episodes=[0], image_transforms="resize")
     assert db.dataset(episodes=[0], image_transforms=lambda x: x + 0)[0]["observation.images.front"].shape[0] == 3
+
+
+@pytest.mark.parametrize("sql", [None, "SELECT index FROM frames LIMIT 3",
+                                 "SELECT episode_index, 0.0 AS start_s, 1.0 AS end_s FROM episodes"])
+def test_no_frames_because_the_data_files_are_missing_says_so(sample, tmp_path, sql):
+    """A copy without data/: the error quoted only the (internal) SQL; the cause was in warnings given at connect
+    (new-user trial)."""
+    import shutil
+
+    shutil.copytree(sample, tmp_path / "d", ignore=shutil.ignore_patterns("data"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the connect-time warnings, tested elsewhere
+        db = lsql.connect(tmp_path / "d")
+        with pytest.raises(lsql.ResultContractError, match=r"1 data file\(s\) that meta/episodes points to are "
+                                                           r"missing, e.g. .*data/chunk-000/file-000.parquet.*"
+                                                           r"download data/ again"):
+            db.dataset(sql)
+    with pytest.raises(lsql.ResultContractError) as e:  # with the data there, an empty result has no such note
+        lsql.connect(sample).dataset("SELECT index FROM frames WHERE index < 0")
+    assert "missing" not in str(e.value)

@@ -16,7 +16,7 @@ import string
 from typing import Any
 
 from . import listing
-from ..errors import DatasetFormatError, MissingFileError, UnsupportedVersionError, warn
+from ..errors import DatasetFormatError, MissingFileError, UnsupportedVersionError, as_real, warn
 from .._storage.source import Source, confine
 
 DEFAULT_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -447,8 +447,7 @@ def check_info(info: Any, where: str) -> CheckedInfo:
         legacy = major == 2
         stage = "fps"
         fps = info.get("fps")
-        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) \
-                or not 0 < fps <= MAX_FPS:
+        if as_real(fps) is None or not math.isfinite(fps) or not 0 < fps <= MAX_FPS:
             raise DatasetFormatError(f"{where}: 'fps' must be a positive finite number (at most {MAX_FPS:g}), found "
                                      f"{fps!r}; set it to the recording rate (e.g. 30) in meta/info.json")
         stage = "features"

@@ -109,6 +109,27 @@ class Meta:
         return table.replace_schema_metadata({META_KEY: json.dumps(d).encode()})
 
 
+def check_columns(table: pa.Table, where: str) -> None:
+    """Refuse a table given as a manifest that lacks a sample's location columns (``CORE`` and ``LOCATION``): a
+    query result or any other Parquet file passed where a manifest goes (``dataset(table)``, ``dataset(path)``)
+    met a bare ``KeyError: 'data_file'`` deep in the reader.
+
+    Raises:
+        ResultContractError: naming ``where``, the missing columns and how a manifest is made.
+    """
+    missing = [c for c in (*CORE, *LOCATION) if c not in table.column_names]
+    if not missing:
+        return
+    have = table.column_names
+    hint = (" It has episode_index: to train on those episodes pass the query that selected them "
+            "(db.dataset(sql)), or db.dataset(episodes=table['episode_index'].to_pylist())."
+            if "episode_index" in have else "")
+    raise ResultContractError(
+        f"{where} is not a manifest: it lacks the columns {missing} that say where each sample's frame is (it has "
+        f"{have[:8]}{' ...' if len(have) > 8 else ''}). A manifest is what db.manifest(sql) returns or "
+        f"db.export_manifest(sql, path) saves.{hint}")
+
+
 def finish(table: pa.Table, *, mode: str, extras: list[str], video_keys: list[str], fps: float, sql: str,
            clips: dict, cameras: list[str] | None = None) -> pa.Table:
     """A resolver's last step: the columns in their documented order, and the metadata attached.

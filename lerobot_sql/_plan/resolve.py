@@ -56,8 +56,18 @@ def result_mode(columns: list[str]) -> str:
             ``episode_index`` and only one of ``start_s``/``end_s``, or with columns named like window bounds
             (``start``/``end``, ``t0``/``t1``, ``start_sec``, ...): read as whole episodes, it would silently train
             on every frame of them.
+
+    Warns:
+        UserWarning: the result has ``index`` and ``start_s``/``end_s`` too (``SELECT *, t AS start_s, ...`` over a
+            view with ``index``): it is one sample per row, the bounds are extras, not the windows they look like.
     """
     if "index" in columns:
+        bounds = [c for c in ("start_s", "end_s") if c in columns]
+        if bounds:
+            warn(f"the result has `index`, so it is read as one sample per row (`index` is checked first), and "
+                 f"{' and '.join(bounds)} are kept as extra columns, not window bounds. For the frames of each "
+                 "window, leave `index` out (SELECT * EXCLUDE (index) ...); for one sample per row, alias "
+                 f"{' and '.join(bounds)} to other names to keep them as extras without this warning")
         return "index"
     if "episode_index" in columns and "start_s" in columns and "end_s" in columns:
         return "window"
@@ -535,7 +545,8 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
             block of rows in ``index`` order (named by file, row and index: neighbours are read by position).
     """
     if result.num_rows == 0:
-        raise ResultContractError(f"the query returned no rows, so there is nothing to train on or export: {sql!r}")
+        raise ResultContractError(f"the query returned no rows, so there is nothing to train on or export"
+                                  f"{_missing_data_note(con, src)}: {sql!r}")
     mode = result_mode(result.column_names)
     result = _check_contract_types(result, mode, sql)
     if mode == "window":
@@ -650,8 +661,26 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     if manifest.num_rows == 0:
         if stale is not None:
             raise stale
-        raise ResultContractError(f"the query's {mode} selection matched no frames: {sql!r}")
+        raise ResultContractError(f"the query's {mode} selection matched no frames{_missing_data_note(con, src)}: "
+                                  f"{sql!r}")
     return _finish(manifest, clips, mode, extras, layout, sql, cameras)
+
+
+def _missing_data_note(con, src: Source | None) -> str:
+    """For an error that no frame was found: ``" (N data files ... are missing, e.g. <path>...)"`` when data files
+    meta/episodes points to do not exist (a metadata-only copy, a partial download), else ``""``; the cause was
+    otherwise only in the warnings the connection gave long before. Error path only."""
+    try:
+        c = con if isinstance(con, duckdb.DuckDBPyConnection) else con()
+        gone = [r[0] for r in c.sql("SELECT DISTINCT path FROM _episode_data_files WHERE path NOT IN "
+                                    "(SELECT path FROM _data_files_listed) ORDER BY 1").fetchall()]
+    except Exception:  # noqa: BLE001 - a note for an error being raised; without the views, no note
+        return ""
+    if not gone:
+        return ""
+    where = src.path(gone[0]) if src is not None else gone[0]
+    return (f" ({len(gone)} data file(s) that meta/episodes points to are missing, e.g. {where}: their episodes "
+            "have no frames to read; download data/ again, `lerobot-sql doctor` lists them: data_files_present)")
 
 
 def _episode_rows_error(con: duckdb.DuckDBPyConnection, b: dict) -> DatasetFormatError:

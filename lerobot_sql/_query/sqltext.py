@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+from ..errors import as_real
+
 
 def ident(name: str) -> str:
     """``name`` as one quoted DuckDB identifier (feature names contain dots, slashes, quotes...).
@@ -54,9 +56,9 @@ def number(value: float | int) -> str:
     Raises:
         ValueError: NaN or infinite; TypeError: not a real number (bools included).
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    v = as_real(value)
+    if v is None:
         raise TypeError(f"SQL number must be an int or float, got {type(value).__name__}: {value!r}")
-    v = float(value)
     if not math.isfinite(v):
         raise ValueError(f"SQL number must be finite, got {value!r}")
     return repr(v)

@@ -17,10 +17,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DatasetFormatError, FrameNotFoundError
+from ..errors import DatasetFormatError, FrameNotFoundError, as_real
 
 DECODER_DELAY = 4  # packets a decoder may read past a frame before it outputs that frame
 AVIO_BUFFER = 32 << 10  # PyAV reads files in blocks of this size: a decode reads up to one block past its packet
+
+
+def check_tolerance(tolerance_s) -> float:
+    """``tolerance_s`` (seconds a frame's pts may be from the time asked for; lerobot's default 1e-4) as a float.
+
+    Raises:
+        TypeError: not a real number: a string or a bool (``float('1')`` and ``float(True)`` would pass, and a
+            typo'd config value must not become a tolerance silently).
+        ValueError: not finite or not > 0. A negative or NaN tolerance matches no frame (every item would raise),
+            an infinite one any frame. 0 as well: lerobot keeps a frame only if |ts - pts| < tolerance_s
+            (strictly), so 0 fails every video item there, and here it would serve the frames whose float pts
+            happen to equal the time and fail the rest.
+    """
+    v = as_real(tolerance_s)
+    if v is None:
+        raise TypeError(f"tolerance_s must be a number of seconds (lerobot's default: 1e-4), not "
+                        f"{type(tolerance_s).__name__} {tolerance_s!r}")
+    if not (np.isfinite(v) and v > 0):
+        raise ValueError(f"tolerance_s must be a finite number of seconds > 0 (lerobot's default: 1e-4), not "
+                         f"{tolerance_s!r}")
+    return v
 
 
 def time_in_file(from_timestamp, timestamp) -> np.ndarray:

@@ -128,8 +128,10 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
             a file; the disk is full or read-only (nothing is left at ``dest``).
         FrameNotFoundError: a selected frame has no video frame within ``tolerance_s``.
         DatasetFormatError / VideoDecodeError / MissingFileError: the source dataset is inconsistent or unreadable.
+        TypeError / ValueError: ``tolerance_s`` is not a number, or not a finite number > 0.
     """
     t0 = time.perf_counter()
+    tolerance_s = locate.check_tolerance(tolerance_s)  # before the query runs, not deep in the first video part
     dest = _check_dest([db], dest, overwrite)
     # db.manifest, as dataset() resolves the same SQL: the row cap, the pointer fast path for whole episodes, and
     # a deterministic order for a query without ORDER BY. Each sample's result_row says which output episode
@@ -161,6 +163,7 @@ def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, pres
         and everything :func:`export_dataset` raises.
     """
     t0 = time.perf_counter()
+    tolerance_s = locate.check_tolerance(tolerance_s)
     dbs = [coll[n] for n in present]
     dest = _check_dest(dbs, dest, overwrite)
     codes_of = {n: coll.names.index(n) for n in present}
