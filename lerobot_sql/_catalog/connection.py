@@ -97,11 +97,19 @@ def unreadable_error(src: Source, layout: Layout, cause: BaseException, sql: str
     return parquet_error(src, bad, cause)
 
 
-def _missing_data_files_warning(con: duckdb.DuckDBPyConnection, src, missing: list[tuple]) -> str:
+def missing_data_files(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The data files (relative paths, sorted) that meta/episodes points to and that are not under data/, from the
+    views of the dataset ``con``'s current schema holds: the connect-time warning and the "no frames" errors of
+    :mod:`lerobot_sql._plan.resolve` both ask here."""
+    return [r[0] for r in con.sql("SELECT DISTINCT path FROM _episode_data_files WHERE path NOT IN "
+                                  "(SELECT path FROM _data_files_listed) ORDER BY 1").fetchall()]
+
+
+def _missing_data_files_warning(con: duckdb.DuckDBPyConnection, src, missing: list[str]) -> str:
     """The warning for data files meta/episodes points to that do not exist, worded by what is wrong: a stale
     pointer whose episode's rows are in another data file (frames and dataset() find them by episode_index), or an
     episode with no rows anywhere (every query lacks it). Error path only: scans the data's episode_index."""
-    head = f"{len(missing)} data file(s) that meta/episodes points to are missing, e.g. {src.path(missing[0][0])}"
+    head = f"{len(missing)} data file(s) that meta/episodes points to are missing, e.g. {src.path(missing[0])}"
     try:
         rows = con.sql(
             "WITH gone AS (SELECT episode_index, path FROM _episode_data_files WHERE path NOT IN "
@@ -148,8 +156,7 @@ def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dic
         if isinstance(e, LeRobotSQLError):
             raise
         raise unreadable_error(src, layout, e) from e
-    missing = con.sql("SELECT path, count(*) FROM _episode_data_files WHERE path NOT IN "
-                      "(SELECT path FROM _data_files_listed) GROUP BY 1 ORDER BY 1").fetchall()
+    missing = missing_data_files(con)
     if missing:
         warn(_missing_data_files_warning(con, src, missing))
     macros.register(con, layout, table_macros)  # over register_views' placeholders of video_frames / video_files

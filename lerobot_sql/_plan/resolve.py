@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from . import manifest as _manifest
 from . import episodes as pointers
 from .clips import check_clips, duplicate_episode_error, grid_limit, timestamp_error
-from .._catalog.connection import MANIFEST_BYTES_PER_ROW, max_manifest_rows
+from .._catalog.connection import MANIFEST_BYTES_PER_ROW, max_manifest_rows, missing_data_files
 from .._query.sqltext import ident as q, literal, number
 from ..errors import DatasetFormatError, MissingFileError, ResultContractError, did_you_mean as _did_you_mean, warn
 from .._format.layout import Layout
@@ -62,12 +62,12 @@ def result_mode(columns: list[str]) -> str:
             view with ``index``): it is one sample per row, the bounds are extras, not the windows they look like.
     """
     if "index" in columns:
-        bounds = [c for c in ("start_s", "end_s") if c in columns]
+        bounds = " and ".join(c for c in ("start_s", "end_s") if c in columns)
         if bounds:
             warn(f"the result has `index`, so it is read as one sample per row (`index` is checked first), and "
-                 f"{' and '.join(bounds)} are kept as extra columns, not window bounds. For the frames of each "
-                 "window, leave `index` out (SELECT * EXCLUDE (index) ...); for one sample per row, alias "
-                 f"{' and '.join(bounds)} to other names to keep them as extras without this warning")
+                 f"{bounds} are kept as extra columns, not window bounds. For the frames of each window, leave "
+                 f"`index` out (SELECT * EXCLUDE (index) ...); for one sample per row, alias {bounds} to other names "
+                 "to keep them as extras without this warning")
         return "index"
     if "episode_index" in columns and "start_s" in columns and "end_s" in columns:
         return "window"
@@ -671,9 +671,7 @@ def _missing_data_note(con, src: Source | None) -> str:
     meta/episodes points to do not exist (a metadata-only copy, a partial download), else ``""``; the cause was
     otherwise only in the warnings the connection gave long before. Error path only."""
     try:
-        c = con if isinstance(con, duckdb.DuckDBPyConnection) else con()
-        gone = [r[0] for r in c.sql("SELECT DISTINCT path FROM _episode_data_files WHERE path NOT IN "
-                                    "(SELECT path FROM _data_files_listed) ORDER BY 1").fetchall()]
+        gone = missing_data_files(con if isinstance(con, duckdb.DuckDBPyConnection) else con())
     except Exception:  # noqa: BLE001 - a note for an error being raised; without the views, no note
         return ""
     if not gone:
