@@ -1058,8 +1058,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             if self._delta:  # windows reach rows of neighbouring row groups
                 row0 = c["ep_data_row0"][jj][m]
                 rgs.update(info.row_groups(row0 + (q_lo[m] - ep_from[m]), row0 + (q_hi[m] - ep_from[m]) + 1).tolist())
+            folder = tabular.row_group_folder(self._src, info, self._cache_dir, self._layout)
             todo = [rg for rg in sorted(rgs) if w.views[base + rg] is None and not
-                    tabular.row_group_path(self._src, info, rg, self._cache_dir, self._layout).exists()]
+                    tabular.row_group_path(self._src, info, rg, self._cache_dir, self._layout, folder).exists()]
             if todo:
                 out[info.rel] = tabular.row_group_ranges(info.metadata, todo)
         fps = float(self._layout.fps)

@@ -327,7 +327,8 @@ class QueryFace:
         """Run a read-only query over the views.
 
         Args:
-            sql: one SELECT (or WITH ... SELECT) over the views, at most ``query.MAX_SQL_CHARS`` characters.
+            sql: one SELECT (or WITH ... SELECT) over the views, at most 1,000,000 characters (a longer selection
+                belongs in a table: ``db.dataset(pyarrow_table)`` or a join).
             timeout: seconds each run of the result (``.fetchall()``, ``.arrow()``, ``.df()`` ...) may take
                 before DuckDB is interrupted; None: no limit. Ctrl-C interrupts a run on the main thread either way.
 

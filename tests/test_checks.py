@@ -184,6 +184,20 @@ def test_parse_errors_show_where(db, sql, where):
         db.sql(sql)
 
 
+@pytest.mark.parametrize("sql, says", [
+    ("SELEC", "'SELEC' is not a SQL statement; a query starts with SELECT or WITH"),  # was "... not COLUMN"
+    ("episodes", "'episodes' is not a SQL statement"),
+    ("SELEC * FROM episodes", "(the SQL starts with 'SELEC': a query starts with SELECT or WITH. Did you mean 'SELECT'?)"),
+    ("WTH a AS (SELECT 1) SELECT * FROM a", "Did you mean 'WITH'?"),
+])
+def test_a_misspelt_first_keyword_is_named(db, sql, says):
+    """sqlglot reads a misspelt SELECT as a column ("not COLUMN") or a product ("MUL is incomplete"): the error
+    names the first word instead."""
+    with pytest.raises(QueryError, match=re.escape(says)):
+        db.sql(sql)
+    assert db.sql("SELECT count(*) FROM episodes").fetchall()[0][0] == 20  # a real query still runs
+
+
 def test_unknown_column_that_another_view_has_names_that_view(db):
     """frames_ext's per-element and derived columns queried FROM frames: the error says where they live."""
     elem = db.sql('SELECT * FROM frames_ext LIMIT 0').columns
@@ -217,3 +231,10 @@ def test_element_zero_is_refused_with_the_1_based_rule(db):
     first = db.sql('SELECT "action"[1], "action"[-1], "action"[1:2] FROM frames ORDER BY index LIMIT 1').fetchall()[0]
     row = db.sql('SELECT "action" FROM frames ORDER BY index LIMIT 1').fetchall()[0][0]
     assert first[0] == pytest.approx(row[0]) and first[1] == pytest.approx(row[-1]) and len(first[2]) == 2
+
+
+def test_the_documented_sql_length_limit_is_the_enforced_one():
+    """help(db.sql) gives the limit as a number (it named the private constant before): the two must not drift."""
+    from lerobot_sql._query.checks import MAX_SQL_CHARS
+    from lerobot_sql.db import Database
+    assert f"{MAX_SQL_CHARS:,} characters" in Database.sql.__doc__

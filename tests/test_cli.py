@@ -321,6 +321,16 @@ def test_a_bad_named_query_or_parameter_is_a_usage_error(args, error):
     assert lines[-1].startswith("hint: ") and "lerobot-sql query --list" in lines[-1], r.stderr
 
 
+@pytest.mark.parametrize("command, spelling", [("query", "give SQL (or - to read"),
+                                               ("export", "give --sql SQL (or --sql - to read")])
+def test_no_query_names_the_commands_own_spelling(tmp_path, command, spelling):
+    """query takes the SQL as an argument, export as --sql: the error spoke of positional SQL for both, and
+    ``lerobot-sql export DATASET DEST "SELECT ..."`` is refused by argparse."""
+    r = run(command, SAMPLE, *([str(tmp_path / "out")] if command == "export" else []))
+    assert r.returncode == 2 and f"no query: {spelling}" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_query_list_shows_the_parameter_bounds():
     """The bounds the library enforces (`min_length` >= 0, `seconds` > 0) are listed with the parameters."""
     out = ok("query", "--list")

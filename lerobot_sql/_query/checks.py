@@ -149,7 +149,17 @@ def parse_error(e: Exception, sql: str) -> str:
         desc = f"{m.group(1).upper()} is incomplete"
     before, spot, after = err.get("start_context") or "", err.get("highlight") or "", err.get("end_context") or ""
     where = f"{before[-40:]}>>>{spot}<<<{after[:40]}".replace("\n", " ")
-    return f"cannot parse the SQL at line {err.get('line')}, column {err.get('col')}: {desc}: {where}"
+    return f"cannot parse the SQL at line {err.get('line')}, column {err.get('col')}: {desc}: {where}{_first_word_hint(sql)}"
+
+
+def _first_word_hint(sql: str) -> str:
+    """A hint when the SQL does not start like a query: sqlglot reads a misspelt ``SELEC * FROM t`` as the product
+    ``SELEC * FROM`` and says "MUL is incomplete", which points nowhere near the typo."""
+    m = re.match(r"\s*([A-Za-z_]+)", re.sub(r"^(\s*(--[^\n]*\n|/\*.*?\*/))*", "", sql, flags=re.DOTALL))
+    if m is None or m.group(1).upper() in ("SELECT", "WITH", "FROM", "VALUES", "TABLE") or _not_a_query(sql):
+        return ""
+    return (f" (the SQL starts with {m.group(1)!r}: a query starts with SELECT or WITH."
+            f"{_did_you_mean(m.group(1), ['SELECT', 'WITH'])})")
 
 
 # Longest user SQL accepted, in characters. The checks are linear in the text, but sqlglot parses about 0.5 MB/s and
@@ -246,6 +256,12 @@ def _only_queries(tree: exp.Expression, ctx: Context) -> None:
                          "SELECT min(length), max(length), avg(length) FROM episodes")
     if not isinstance(tree, exp.Query):
         kind = _not_a_query(tree.sql("duckdb"))
+        if kind is None and not isinstance(tree, _STATEMENT_NODES):
+            # a bare word or expression (a misspelt SELECT parses as a column): "not COLUMN" told the user nothing
+            text = tree.sql("duckdb")
+            text = text if len(text) <= 60 else text[:57] + "..."
+            raise QueryError(f"{text!r} is not a SQL statement; a query starts with "
+                             "SELECT or WITH, e.g. SELECT * FROM episodes LIMIT 5")
         raise QueryError(f"only queries (SELECT / WITH ... SELECT) are allowed here, not {kind or tree.key.upper()}; "
                          "lerobot_sql views are read-only")
     # A query can hold a statement: WITH x AS (DELETE ... RETURNING *) SELECT ... deletes in DuckDB. Any node that

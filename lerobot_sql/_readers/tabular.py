@@ -178,11 +178,17 @@ def features_key(layout: Layout) -> str:
     return cache.key(json.dumps(sig))
 
 
-def row_group_path(src: Source, info: DataFileInfo, rg: int, cache_dir: Path, layout: Layout) -> Path:
-    """Where the Arrow IPC cache file of row group ``rg`` of a data file lives (it may not exist yet): keyed by the
-    file's identity and :func:`features_key`."""
-    return cache_dir / "tabular" / cache.key(src.url, info.rel, info.identity, features_key(layout),
-                                             CACHE_VERSION) / f"rg-{rg:05d}.arrow"
+def row_group_folder(src: Source, info: DataFileInfo, cache_dir: Path, layout: Layout) -> Path:
+    """The folder of a data file's row-group cache files: keyed by the file's identity and :func:`features_key`
+    (two hashes: a caller asking for many row groups computes it once)."""
+    return cache_dir / "tabular" / cache.key(src.url, info.rel, info.identity, features_key(layout), CACHE_VERSION)
+
+
+def row_group_path(src: Source, info: DataFileInfo, rg: int, cache_dir: Path, layout: Layout,
+                   folder: Path | None = None) -> Path:
+    """Where the Arrow IPC cache file of row group ``rg`` of a data file lives (it may not exist yet), in
+    :func:`row_group_folder` (``folder``, when the caller has it)."""
+    return (folder or row_group_folder(src, info, cache_dir, layout)) / f"rg-{rg:05d}.arrow"
 
 
 def ensure_row_group(src: Source, info: DataFileInfo, rg: int, layout: Layout, cache_dir: Path) -> Path:
@@ -202,7 +208,8 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
             ``info`` was read (its row groups may have moved; a remote source pins the version it first saw).
         CacheError: an entry cannot be written, or is damaged again right after its rebuild.
     """
-    paths = [row_group_path(src, info, rg, cache_dir, layout) for rg in rgs]
+    folder = row_group_folder(src, info, cache_dir, layout)
+    paths = [row_group_path(src, info, rg, cache_dir, layout, folder) for rg in rgs]
     missing, healed = [], []
     for rg, p in zip(rgs, paths):
         if not p.exists():
@@ -221,7 +228,6 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
             raise DatasetFormatError(f"{src.path(info.rel)}: the file changed after the dataset was opened "
                                      f"(size-mtime-inode-ctime {info.identity} then, {now} now); open the dataset "
                                      "again (db.dataset(...)) to read the new version")
-    folder = paths[0].parent
     try:
         # Readers build entries as their items need them, DataLoader workers concurrently: cache.build_once takes one
         # lock per row group (so they build different row groups, or fetch them remotely, at once) and publishes

@@ -148,13 +148,14 @@ def _sql_from(args, db, *, required: bool = True, default: str | None = None) ->
         sql = sys.stdin.read()
     name = getattr(args, "name", None)
     if sql and name:
-        raise UsageError("give either SQL or --name, not both")
+        raise UsageError(f"give either {getattr(args, 'sql_spelling', 'SQL')} or --name, not both")
     if getattr(args, "param", None) and not name:
         raise UsageError("--param only applies to a named query (--name NAME)")
     if name:
         return named_sql(db, name, dict(args.param or []))
     if not sql and required and default is None:
-        raise UsageError("no query: give SQL (or - to read it from stdin) or --name NAME")
+        how = getattr(args, "sql_spelling", "SQL")
+        raise UsageError(f"no query: give {how} (or {how.replace('SQL', '-')} to read it from stdin) or --name NAME")
     return sql or default
 
 
@@ -250,7 +251,7 @@ def cmd_query(args) -> int:
     db = _connect(args)
     if args.name:
         if args.sql:
-            raise UsageError("give either SQL or --name, not both")
+            raise UsageError(f"give either {getattr(args, 'sql_spelling', 'SQL')} or --name, not both")
         rel = run_sql(db, None, dict(args.param or []), name=args.name, timeout=args.timeout)
     else:
         rel = run_sql(db, _sql_from(args, db), timeout=args.timeout)
@@ -438,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("sql", nargs="?", metavar="SQL", help="a SELECT over the views; - reads it from stdin")
         else:
             sp.add_argument("--sql", help="a SELECT over the views; - reads it from stdin")
+        sp.set_defaults(sql_spelling="SQL" if positional else "--sql SQL")  # for _sql_from's "no query" error
         sp.add_argument("--name", help="a named query from the library (see `lerobot-sql query --list`)")
         sp.add_argument("--param", "-p", action="append", type=_param, metavar="KEY=VALUE",
                         help="a parameter of the named query (repeatable)")
