@@ -845,7 +845,8 @@ def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
         TypeError: ``root`` is not a path or a string (``None``).
         MissingFileError: no meta/info.json (or no data / episode files) under ``root``; ``root`` is a URL of a
             protocol no fsspec filesystem knows (``foo://x``).
-        UnsupportedVersionError: the dataset is not format v3.x.
+        UnsupportedVersionError: the dataset's codebase_version is not v2.0, v2.1 or v3.x (v2.x datasets are read
+            as they are, without conversion).
         DatasetFormatError: info.json is malformed. Malformed metadata files (meta/episodes, tasks, data footers)
             raise DatasetFormatError on first use, naming the file.
     """

@@ -712,6 +712,25 @@ def test_overwrite_never_touches_the_source_or_its_parent(src_in_parent, tmp_pat
     assert db.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
 
 
+def test_an_empty_folder_is_written_into_without_overwrite(datasets, tmp_path):
+    """`mkdir out && export ... out` is how a job's output folder is often made: an empty folder holds nothing to
+    lose, so it needs no overwrite=True (it did); a folder with anything in it (a hidden file too) still does."""
+    db = lsql.connect(datasets / "small20")
+    out = tmp_path / "out"
+    out.mkdir()
+    rep = db.export("SELECT 2 AS episode_index", out, progress=False)
+    assert rep.episodes == 1 and lsql.connect(out).sql("SELECT count(*) FROM frames").fetchall() == db.sql(
+        "SELECT length FROM episodes WHERE episode_index = 2").fetchall()
+    for dest, name in ((out, None), (tmp_path / "dot", ".keep")):
+        if name:
+            dest.mkdir()
+            (dest / name).write_text("")
+        with pytest.raises(lsql.DestinationExistsError, match="already exists; pass overwrite=True"):
+            db.export("SELECT 3 AS episode_index", dest, progress=False)
+    assert (tmp_path / "dot" / ".keep").exists() and not (tmp_path / "dot" / "meta").exists()
+    assert _data(out)["episode_index"].unique().tolist() == [0]  # still the first export
+
+
 def test_overwrite_replaces_only_an_unchanged_export_of_ours(datasets, tmp_path):
     import shutil
 

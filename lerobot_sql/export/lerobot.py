@@ -110,10 +110,10 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
     anything else.
 
     Args:
-        overwrite: replace an existing ``dest`` (only once the new dataset is complete), and only if it is an empty
-            folder or a dataset this function exported, holding only the files it wrote. Any other folder (the
-            source, one that holds it, a dataset written by another tool, a folder with files of the user's) is
-            refused.
+        overwrite: replace an existing ``dest`` (only once the new dataset is complete), and only if it is a
+            dataset this function exported, holding only the files it wrote. Any other folder (the source, one that
+            holds it, a dataset written by another tool, a folder with files of the user's) is refused. An empty
+            folder is written into either way.
         progress: show a tqdm bar.
         tolerance_s: how far a data timestamp may be from its video frame's pts (as in dataset()).
 
@@ -122,8 +122,8 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
 
     Raises:
         QueryError / ResultContractError: the SQL or its result is unusable.
-        DestinationExistsError (a FileExistsError): ``dest`` exists and ``overwrite`` is False, or it is not an empty
-            folder or an unchanged export of ours.
+        DestinationExistsError (a FileExistsError): ``dest`` exists, is not an empty folder and ``overwrite`` is
+            False, or it is not an empty folder or an unchanged export of ours.
         DestinationError (an OSError): ``dest`` is the source, inside it or holds it; a dangling symlink; a parent is
             a file; the disk is full or read-only (nothing is left at ``dest``).
         FrameNotFoundError: a selected frame has no video frame within ``tolerance_s``.
@@ -192,10 +192,19 @@ def _check_dest(dbs: list, dest: str | os.PathLike, overwrite: bool) -> Path:
     for db in dbs:
         destination.refuse_source(db, dest, "export")
     if os.path.lexists(dest):
-        if not overwrite:
+        # An empty folder (made beforehand, as users do for a job's output) holds nothing to lose: written into
+        # without overwrite=True; anything else needs it, and then check_replaceable's rules.
+        if not overwrite and not _empty_folder(dest):
             raise DestinationExistsError(f"{dest}: already exists; pass overwrite=True or choose another destination")
         destination.check_replaceable(dest)
     return dest
+
+
+def _empty_folder(path: Path) -> bool:
+    if not path.is_dir():
+        return False
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
 
 
 def _write(dest: Path, sources: list["Source"], manifest: pa.Table, parts: list[Part], tolerance_s: float,
