@@ -9,6 +9,7 @@ bytes per row).
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -133,14 +134,20 @@ class DataWriter:
         self.files += 1
 
     def _close_file(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.fh.close()
-            self.writer = self.fh = None
+        # Forgotten before closing, and the file closed even if the footer write fails (a full disk): a writer left
+        # open was closed by the garbage collector later, after the staging folder was gone (ResourceWarning).
+        writer, fh, self.writer, self.fh = self.writer, self.fh, None, None
+        if writer is not None:
+            with ExitStack() as stack:
+                stack.callback(fh.close)
+                writer.close()
 
     def close(self) -> None:
-        self._close_file()
-        for _, _, fh, _ in self._pf.values():
-            fh.close()
-        self._pf.clear()
+        """Close the file being written and every source file; each is closed even if one before it fails (the
+        first error is raised after)."""
+        with ExitStack() as stack:
+            for _, _, fh, _ in self._pf.values():
+                stack.callback(fh.close)
+            self._pf.clear()
+            self._close_file()
 

@@ -35,6 +35,7 @@ hold it (symlinks resolved; :mod:`.destination`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -431,12 +432,15 @@ class Exporter:
                 ep_stats.append(part_stats)
                 next_index += part.length
         finally:
-            self.data.close()
-            for w in self.videos.values():
-                w.close()
-            for s in self.sources:
-                if getattr(s, "decoders", None) is not None:
-                    s.decoders.close()
+            # Every writer and reader is closed even if one fails (a full disk fails the data footer first): one
+            # left open was closed by the garbage collector after the staging folder was removed.
+            with contextlib.ExitStack() as stack:
+                for s in self.sources:
+                    if getattr(s, "decoders", None) is not None:
+                        stack.callback(s.decoders.close)
+                for w in self.videos.values():
+                    stack.callback(w.close)
+                stack.callback(self.data.close)
         if self.depth_recomputed:
             warn(
                 f"export: statistics of depth video(s) {self.depth_recomputed} (camera: episodes) were recomputed "

@@ -13,6 +13,7 @@ rotate by ``video_files_size_in_mb`` (estimated from the source packets' sizes).
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -337,15 +338,19 @@ class VideoWriter:
         return cc
 
     def _close_file(self) -> None:
-        if self.out is not None:
-            self.out.close()
-            self.out = self.stream = None
+        # Forgotten before closing: a container left set after a failed close (a full disk) would be closed again by
+        # the garbage collector, after the staging folder is gone ("No such file or directory" from __dealloc__).
+        out, self.out, self.stream = self.out, None, None
+        if out is not None:
+            out.close()
 
     def close(self) -> None:
-        self._close_file()
-        for c in self.inputs.values():
-            c.close()
-        self.inputs.clear()
+        """Close the mp4 being written and every source container; each is closed even if one before it fails."""
+        with ExitStack() as stack:
+            for c in self.inputs.values():
+                stack.callback(c.close)
+            self.inputs.clear()
+            self._close_file()
 
 
 def reorder_depth(pts) -> int:
