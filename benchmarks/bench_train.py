@@ -5,7 +5,7 @@
                                      [--workers 2] [--uint8] [--peer-python PATH] [--peer06-python PATH] [--no-peer]
                                      [--json OUT]
     python -m benchmarks.bench_train --remote [--mbit 100|1000] [--latency-ms 20] [--order blocks|random]
-                                     [--block 32] [--k 4] [--rounds 3] [--no-pin] ...
+                                     [--block 32] [--k 8] [--rounds 3] [--no-pin] ...
 
 Profiles (``delta_timestamps`` at the dataset's fps, the same dicts on every side): plain (no windows); ACT (action
 chunk of 50: ``[0..49]``); diffusion (state and every camera at ``[-1, 0]``, action ``[-1..14]``). Every reader gets
@@ -516,7 +516,7 @@ def run(argv=None) -> int:
     ap.add_argument("--order", choices=["random", "blocks"], default="blocks",
                     help="--remote: item order (blocks: EpisodeAwareSampler's shuffled blocks of --block frames)")
     ap.add_argument("--block", type=int, default=32)
-    ap.add_argument("--k", type=int, default=4, help="--remote: batches fetched ahead per worker")
+    ap.add_argument("--k", type=int, default=8, help="--remote: batches fetched ahead per worker")
     ap.add_argument("--pin", dest="pin", action="store_true", default=None,
                     help="--remote: the server in a process of its own on the last CPU, everything else on the "
                          "others (default when there are >= 2 CPUs)")

@@ -958,7 +958,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         return Batch(list(batch), tensors, lists, b, mem)
 
     # ---- remote pipelining (lerobot_sql.pipeline) ---------------------------------------------------------
-    def pipeline(self, sampler, *, batches: int = 4, max_bytes: int | None = None) -> "LeRobotSQLDataset":
+    def pipeline(self, sampler, *, batches: int = 8, max_bytes: int | None = None) -> "LeRobotSQLDataset":
         """Fetch ahead, in each DataLoader worker, the remote bytes of the worker's next ``batches`` batches.
 
         ``sampler`` is the one the DataLoader draws from (``DataLoader(ds, sampler=sampler, batch_size=B, ...)``;

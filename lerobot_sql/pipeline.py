@@ -31,7 +31,8 @@ opens the video indexes they need four at once; the workers inherit the plan) an
 run is 10-30 KB and each request ~1 ms of a worker's CPU in the HTTP client (measured: 0.6-1.0 ms per ranged GET
 through fsspec's aiohttp session on this machine, nearly independent of the size up to ~40 KB), so over a dense
 epoch the requests, not the bytes, were the remote read's largest cost: 476 requests over a multifile60 epoch
-(13,024 items) became 160, same bytes. The bytes stay what the epoch reads, so widening is off when they pass a
+(13,024 items) became 160 with 256 KiB blocks, same bytes. 1 MiB blocks and 8 batches ahead (the defaults) cut a 4096-item pass's requests from ~130 to ~105 and the workers' CPU per remote item by a fifth to a
+third (benchmarks/README.md, "Remote steady state"); 16 batches ahead was slower (more bytes held, later first use). The bytes stay what the epoch reads, so widening is off when they pass a
 quarter of the cache (the LRU could evict them before their batch comes).
 
 Results never change: prefetching only fills the piece cache (pinned to the file versions the dataset opened),
@@ -60,7 +61,7 @@ import torch
 from ._storage.pieces import merge_ranges
 
 DEFAULT_MAX_BYTES = 128 << 20
-WIDEN = 256 << 10  # a job's request grows to the aligned block of this size around it, over bytes the epoch needs
+WIDEN = 1 << 20  # a job's request grows to the aligned block of this size around it, over bytes the epoch needs
 THREADS = 2  # background jobs per worker: one batch's ranges computed while another's are fetched
 
 
@@ -68,7 +69,7 @@ class Pipeline:
     """The settings of ``ds.pipeline`` and, per process, the prefetch state (``_Here``, rebuilt after a fork and
     never pickled)."""
 
-    def __init__(self, sampler, batches: int = 4, max_bytes: int | None = None):
+    def __init__(self, sampler, batches: int = 8, max_bytes: int | None = None):
         if batches < 1:
             raise ValueError(f"batches must be >= 1 (batches fetched ahead per worker), got {batches}")
         if max_bytes is not None and max_bytes <= 0:
