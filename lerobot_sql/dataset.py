@@ -73,6 +73,8 @@ class _Worker:
         # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
         self.pool = concurrent.futures.ThreadPoolExecutor(n - 1) if ds._use_parallel() and n > 1 else None
         self.packets: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}  # mp4 -> (byte_offset, byte_size)
+        self.spans: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}  # mp4 -> every row's packet range
+        self.rg_folders: dict[int, Path] = {}  # data file -> its row-group cache folder (two hashes to compute)
 
     def view(self, ds: "LeRobotSQLDataset", slot: int) -> tabular.RowGroupView:
         v = self.views[slot]
@@ -1058,7 +1060,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             if self._delta:  # windows reach rows of neighbouring row groups
                 row0 = c["ep_data_row0"][jj][m]
                 rgs.update(info.row_groups(row0 + (q_lo[m] - ep_from[m]), row0 + (q_hi[m] - ep_from[m]) + 1).tolist())
-            folder = tabular.row_group_folder(self._src, info, self._cache_dir, self._layout)
+            folder = w.rg_folders.get(int(f))
+            if folder is None:
+                folder = w.rg_folders[int(f)] = tabular.row_group_folder(self._src, info, self._cache_dir,
+                                                                         self._layout)
             todo = [rg for rg in sorted(rgs) if w.views[base + rg] is None and not
                     tabular.row_group_path(self._src, info, rg, self._cache_dir, self._layout, folder).exists()]
             if todo:
@@ -1087,8 +1092,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                     rows = vf.rows[c[f"_vpos/{k}"][sel]]
                     rows = rows[rows >= 0]
                 start, size = packets
-                ranges = locate.packet_ranges(np.unique(rows), vf.index.key_row, start, size,
-                                              readahead=locate.AVIO_BUFFER)
+                rows = np.unique(rows)
+                spans = self._spans(w, rel, vf.index, packets)
+                if spans is not None:  # a gather from the file's table, built once per process
+                    ranges = list(zip(spans[0][rows].tolist(), spans[1][rows].tolist()))
+                else:
+                    ranges = locate.packet_ranges(rows, vf.index.key_row, start, size, readahead=locate.AVIO_BUFFER)
                 # Opening reads the head (ftyp, moov) in PyAV's blocks from offset 0: up to the end of the block
                 # the first packet starts in. Not first packet + a block: that passed what building the index
                 # fetched (moov + one block) by the free and mdat headers, a 16-byte request per mp4.
@@ -1096,6 +1105,13 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 ranges.append((0, -(-(int(start.min()) + 1) // blk) * blk))
                 out.setdefault(rel, []).extend(ranges)
         return {rel: merge_ranges(r) for rel, r in out.items()}
+
+    def _spans(self, w: _Worker, rel: str, index: video_index.FrameIndex, packets) -> tuple | None:
+        """:func:`lerobot_sql._readers.locate.packet_spans` of mp4 ``rel`` (every row's packet range, the
+        demuxer's block included), once per process; None for a file with long keyframe runs."""
+        if rel not in w.spans:
+            w.spans[rel] = locate.packet_spans(index.key_row, *packets, readahead=locate.AVIO_BUFFER)
+        return w.spans[rel]
 
     def _packets(self, w: _Worker, rel: str, index: video_index.FrameIndex):
         """(byte_offset, byte_size) int64 (n,) of mp4 ``rel``'s packets in ``index``'s row order (from its mapped

@@ -79,6 +79,26 @@ def test_packet_ranges_vectorised_equal_the_rule_row_by_row():
     assert locate.packet_ranges([], key_row, offset, size) == []
 
 
+def test_packet_spans_are_packet_ranges_of_every_row():
+    """The per-file table the pipeline's planner gathers from gives, row for row, what packet_ranges gives; a file
+    whose keyframe runs pass the vectorised bound has no table (None: the planner asks packet_ranges per batch)."""
+    rng = np.random.default_rng(9)
+    for gop in (1, 3, 30):
+        n = 20_000  # past one 8192-row chunk
+        key_row = (np.arange(n) // gop) * gop
+        size = rng.integers(50, 5000, n)
+        offset = np.concatenate([[0], np.cumsum(size)[:-1]])
+        starts, ends = locate.packet_spans(key_row, offset, size, readahead=11)
+        assert starts.dtype == ends.dtype == np.int64 and len(starts) == n
+        rows = np.arange(n)
+        assert list(zip(starts.tolist(), ends.tolist())) == locate.packet_ranges(rows, key_row, offset, size,
+                                                                                 readahead=11), gop
+    key_row = (np.arange(500) // 100) * 100
+    assert locate.packet_spans(key_row, np.arange(500) * 10, np.full(500, 10)) is None
+    assert [len(a) for a in locate.packet_spans(np.zeros(0, np.int64), np.zeros(0, np.int64),
+                                                np.zeros(0, np.int64))] == [0, 0]
+
+
 def test_prefetch_plans_from_the_keyframe_the_decoder_seeks_to(datasets, tmp_path, monkeypatch):
     """B-frames whose recorded keyframe is presented after them: prefetch used its own copy of the keyframe rule
     (without the presentation-order correction) and planned from a later keyframe than the decoder reads (here: an

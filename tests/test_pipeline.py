@@ -363,3 +363,22 @@ def test_the_epoch_plan_is_dropped_when_the_sampler_draws_another_set(served):
         st = ds._pipeline.stats()
         assert st["submitted"] > 0 and st["failed"] == 0 and (st["widened"] > 0) == widens, (epoch, st)
         s.epoch = 0
+
+
+@pytest.mark.parametrize("profile", ["plain", "diffusion"])
+def test_a_batch_plan_from_the_packet_table_equals_the_rule_per_batch(datasets, tmp_path, monkeypatch, profile):
+    """A job plans its batch by gathering rows from each mp4's packet table (locate.packet_spans, built once per
+    process); the ranges are those locate.packet_ranges gives the same batch (the table off), file for file, with
+    the row groups and container heads alike."""
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    ds = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta(profile, db.layout.video_keys))
+    order = EpisodeAwareSampler(ds, block_size=16, seed=3).order()
+    batches = [np.asarray(order[j:j + 24], np.int64) for j in range(0, 480, 24)]
+    with_table = [ds._byte_ranges(ds._w(), jj) for jj in batches]
+    assert all(ds._w().spans.values()), "multifile60's GOPs are short: every mp4 has a table"
+    monkeypatch.setattr("lerobot_sql._readers.locate.packet_spans", lambda *a, **k: None)
+    ds2 = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta(profile, db.layout.video_keys))
+    without = [ds2._byte_ranges(ds2._w(), jj) for jj in batches]
+    assert not any(ds2._w().spans.values())
+    assert with_table == without
+    assert all(any(rel.endswith(".mp4") for rel in plan) for plan in with_table)

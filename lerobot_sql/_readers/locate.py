@@ -5,7 +5,7 @@ timestamp`` seconds (:func:`time_in_file`: where the episode starts in that file
 episode). The frame shown there is the one whose pts is nearest to that time, and only within ``tolerance_s``
 (:func:`nearest`, :func:`locate`, :func:`rows_within`; a neighbouring frame is never returned instead). Decoding it must start at its
 keyframe row (:func:`key_rows`, corrected for reordered frames), and a reader fetches the packets from that keyframe
-up to a few packets past the frame (:func:`packet_ranges`). An episode's clip must match the mp4's real frames
+up to a few packets past the frame (:func:`packet_ranges`, :func:`packet_spans`). An episode's clip must match the mp4's real frames
 (:func:`check_clips`), which per-frame lookups cannot tell. The dataset, ``prefetch`` and ``export`` all ask here;
 the arrays come from a file's index (:class:`lerobot_sql._readers.video_index.FrameIndex`, built by demuxing).
 
@@ -113,27 +113,60 @@ def packet_ranges(rows, key_row: np.ndarray, byte_offset: np.ndarray, byte_size:
                   readahead: int = 0, delay: int = DECODER_DELAY) -> list[tuple[int, int]]:
     """Byte ranges [start, end) a decoder reads to output the frames at ``rows``: from the earliest packet of the
     frame's keyframe run up to ``delay`` packets past the frame, plus ``readahead`` bytes (a demuxer reads in
-    blocks). Rows are presentation order; packets of reordered frames are found among the rows between.
-
-    Vectorised over the rows when the spans (keyframe run + delay) are short, as lerobot's GOPs are: a pipeline
-    plans each batch's ~64 rows, and one numpy slice and reduction per row was ~0.5 ms of its CPU per batch.
-    Long spans (a file with few keyframes) go row by row, so the work stays the rows' spans, not rows x span."""
+    blocks). Rows are presentation order; packets of reordered frames are found among the rows between. One range
+    per row, in the order given (:func:`packet_spans` is the rule, for all rows of a file at once)."""
     rows = np.asarray(rows, np.int64).ravel()
     if not len(rows):
         return []
+    starts, ends = _spans(rows, key_row, byte_offset, byte_size, readahead, delay)
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+SPAN_VECTOR = 64  # keyframe run + delay (packets) up to which the spans are one (rows, span) numpy pass
+
+
+def packet_spans(key_row: np.ndarray, byte_offset: np.ndarray, byte_size: np.ndarray, *, readahead: int = 0,
+                 delay: int = DECODER_DELAY) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`packet_ranges` of every row of a file, as two int64 (n,) arrays ``(start, end)``, or None when a
+    keyframe run is longer than ``SPAN_VECTOR`` packets (then the table would cost rows x span: ask
+    :func:`packet_ranges` for the rows needed instead).
+
+    Built once per mp4 and process by the pipeline's planner, so that each batch's plan is a gather of its rows
+    (per batch, the numpy passes of :func:`packet_ranges` over ~64 rows were ~0.1 ms each, 4-8 per batch)."""
+    n = len(byte_offset)
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    key_row = np.asarray(key_row, np.int64)
+    rows = np.arange(n, dtype=np.int64)
+    if int((np.minimum(rows + delay, n - 1) - key_row).max()) + 1 > SPAN_VECTOR:
+        return None
+    starts, ends = np.empty(n, np.int64), np.empty(n, np.int64)
+    for a in range(0, n, 8192):  # chunks: the (rows, span) temporaries stay a few MB
+        starts[a:a + 8192], ends[a:a + 8192] = _spans(rows[a:a + 8192], key_row, byte_offset, byte_size,
+                                                      readahead, delay)
+    return starts, ends
+
+
+def _spans(rows: np.ndarray, key_row: np.ndarray, byte_offset: np.ndarray, byte_size: np.ndarray, readahead: int,
+           delay: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rule of :func:`packet_ranges` for ``rows`` (int64, non-empty), as ``(start, end)`` int64 arrays.
+
+    Vectorised over the rows when the spans (keyframe run + delay) are short, as lerobot's GOPs are. Long spans
+    (a file with few keyframes) go row by row, so the work stays the rows' spans, not rows x span."""
     last = len(byte_offset) - 1
     end = byte_offset + byte_size
     lo = np.asarray(key_row, np.int64)[rows]
     hi = np.minimum(rows + delay, last)
     span = int((hi - lo).max()) + 1
-    if span > 64:
-        return [(int(byte_offset[a:r + 1].min()), int(end[a:h + 1].max()) + readahead)
-                for a, r, h in zip(lo.tolist(), rows.tolist(), hi.tolist())]
+    if span > SPAN_VECTOR:
+        pairs = [(int(byte_offset[a:r + 1].min()), int(end[a:h + 1].max()) + readahead)
+                 for a, r, h in zip(lo.tolist(), rows.tolist(), hi.tolist())]
+        return np.array([a for a, _ in pairs], np.int64), np.array([b for _, b in pairs], np.int64)
     k = lo[:, None] + np.arange(span)  # (rows, span): each row's packets, clipped below to stay in the file
     kk = np.minimum(k, last)
     starts = np.where(k <= rows[:, None], byte_offset[kk], np.iinfo(np.int64).max).min(axis=1)
     ends = np.where(k <= hi[:, None], end[kk], np.iinfo(np.int64).min).max(axis=1) + readahead
-    return list(zip(starts.tolist(), ends.tolist()))
+    return starts.astype(np.int64), ends.astype(np.int64)
 
 
 def check_clips(pts_s: np.ndarray, clips: dict | None, rel: str, *, fps: float, where: str, video_key: str) -> None:
