@@ -250,6 +250,9 @@ class Collection(QueryFace):
             sql = read_manifest_file(sql, "pyarrow.parquet.write_table(coll.manifest(sql), path)")
         if isinstance(sql, pa.Table):
             self._check_manifest_source(sql)
+            # a manifest with its location columns dropped (m.select([...]) keeps the metadata) met a bare
+            # KeyError deep in the reader
+            _manifest.check_columns(sql, "the table passed to the collection")
             return sql
         return self.manifest(sql, extras=extras)
 

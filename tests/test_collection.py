@@ -238,6 +238,15 @@ def test_a_collection_manifest_is_read_only_by_its_own_collection(coll, datasets
     assert not (tmp_path / "never").exists()
 
 
+def test_a_collection_manifest_without_its_location_columns_is_named_not_a_key_error(coll):
+    """m.select([...]) keeps the collection metadata and drops where each frame is: a KeyError ('Field
+    "episode_index" does not exist') deep in the reader before; now the table is named with what it lacks."""
+    m = coll.manifest("SELECT dataset, index FROM frames WHERE frame_index = 2 AND episode_index < 2")
+    for use in (coll.dataset, coll.stats):
+        with pytest.raises(lsql.ResultContractError, match=r"not a manifest.*'episode_index'.*'data_file'"):
+            use(m.select(["dataset", "index"]))
+
+
 def test_real_datasets_in_one_collection():
     """Second tier: the real G1 set in both layouts and a real so101 recording; SQL counts per dataset equal each
     dataset's own totals, items equal each dataset's own items, and the keys that do not line up are named."""
