@@ -402,8 +402,10 @@ class RemoteCacheFS(AbstractFileSystem):
                 warn(f"{url}: the server ignores Range requests (it answered 200 with the whole file); "
                      f"fetched the whole file ({len(data)} bytes) once into the cache")
             self.pieces.store_whole(self._file_dir(path), data)
+            self._count(bytes_fetched=len(data))  # all of it crossed the link, not only [a, b)
             data = data[a:b]
-        self._count(bytes_fetched=len(data))
+        else:
+            self._count(bytes_fetched=len(data))
         if len(data) != b - a:
             raise transport.Truncated(f"got {len(data)} of {b - a} bytes")
         return data

@@ -286,6 +286,7 @@ def test_a_server_ignoring_range_is_fetched_whole_once_with_a_warning(liar):
     assert fs.read_range(url, 5_000_000, 5_100_000) == data[5_000_000:5_100_000]  # another region: cached already
     assert fs.read_range(url, 0, len(data)) == data
     assert [e[3] for e in srv.log[n:]] == [len(data)]  # one whole-file GET, never one per try or per read
+    assert fs.io_stats()["bytes_fetched"] == len(data)  # counted whole: it crossed the link (was 4000)
 
 
 @pytest.mark.timeout(30)
