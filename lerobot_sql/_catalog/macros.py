@@ -11,7 +11,7 @@ Views
                      (L2 norm of the velocity).
   ``camera_frames``  one row per decoded camera frame, from the video index's actual pts: ``episode_index,
                      video_key, frame_index`` (0-based within the episode's segment of the mp4), ``timestamp``
-                     (seconds from the episode start: pts_s - videos.from_timestamp), ``path, frame, pts, pts_s,
+                     (seconds from the episode start: pts_s - videos.from_timestamp, to the nanosecond), ``path, frame, pts, pts_s,
                      is_keyframe``.
 
 Scalar macros
@@ -154,10 +154,12 @@ def _element_index_sql(layouts: list[Layout]) -> str:
             f"CASE feature || chr(0) || name {body} ELSE error({msg} || ' (got ' || feature || ', ' || name || ')') END")
 
 
+# timestamp rounded to the nanosecond: the float64 difference left residues (-1.4e-14 s at an episode's first
+# frame in a later file segment) that broke `timestamp = 0` and joins on frame times; a time base is coarser than 1 ns.
 CAMERA_FRAMES = f"""
 SELECT v.episode_index, v.video_key,
        (row_number() OVER (PARTITION BY v.episode_index, v.video_key ORDER BY i.pts) - 1)::BIGINT AS frame_index,
-       i.pts_s - v.from_timestamp AS timestamp, i.path, i.frame, i.pts, i.pts_s, i.is_keyframe
+       round(i.pts_s - v.from_timestamp, 9) AS timestamp, i.path, i.frame, i.pts, i.pts_s, i.is_keyframe
 FROM videos v JOIN video_frames i
   ON i.video_key = v.video_key AND i.path = v.path
  AND i.pts_s >= v.from_timestamp - {TOL_S!r} AND i.pts_s < v.to_timestamp - {TOL_S!r}
