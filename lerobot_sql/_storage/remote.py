@@ -396,11 +396,12 @@ class RemoteCacheFS(AbstractFileSystem):
         """
         if whole:  # the server ignores Range: keep the whole file, so no later read (or retry) fetches it again
             url = self._url(path)
-            if url not in self._warned:
+            if not self._warned:  # once per dataset: the server, not the file, ignores Range
                 self._warned.add(url)
 
                 warn(f"{url}: the server ignores Range requests (it answered 200 with the whole file); "
-                     f"fetched the whole file ({len(data)} bytes) once into the cache")
+                     f"fetched the whole file ({len(data)} bytes) once into the cache, as every file of this "
+                     "dataset it serves will be (said once)")
             self.pieces.store_whole(self._file_dir(path), data)
             self._count(bytes_fetched=len(data))  # all of it crossed the link, not only [a, b)
             data = data[a:b]

@@ -9,6 +9,7 @@ import os
 import socket
 import struct
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -275,7 +276,7 @@ def test_a_content_length_longer_than_the_body_fails_at_once(liar):
 
 
 @pytest.mark.timeout(30)
-def test_a_server_ignoring_range_is_fetched_whole_once_with_a_warning(liar):
+def test_a_server_ignoring_range_is_fetched_whole_once_with_a_warning(liar, tmp_path):
     srv, fs, url, data = liar
     fs.info(url)
     srv.faults["no_range"] = True
@@ -287,6 +288,12 @@ def test_a_server_ignoring_range_is_fetched_whole_once_with_a_warning(liar):
     assert fs.read_range(url, 0, len(data)) == data
     assert [e[3] for e in srv.log[n:]] == [len(data)]  # one whole-file GET, never one per try or per read
     assert fs.io_stats()["bytes_fetched"] == len(data)  # counted whole: it crossed the link (was 4000)
+    other = tmp_path / "srv" / "blob2.bin"  # a second file of the same server: fetched whole too, not warned again
+    other.write_bytes(data[:1 << 20])
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        assert fs.read_range(f"{srv.url}/blob2.bin", 10, 20) == data[10:20]
+    assert [str(w.message) for w in again] == []
 
 
 @pytest.mark.timeout(30)
