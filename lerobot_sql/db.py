@@ -830,7 +830,10 @@ def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
     ``connect(root).dataset()`` / ``.dataset(episodes=[...])`` need no DuckDB at all.
 
     Args:
-        root: the dataset root (the folder holding meta/, data/, videos/), a local path or an fsspec URL.
+        root: the dataset root (the folder holding meta/, data/, videos/): a local path, an fsspec URL
+            (``https://``, ``s3://``, ...), or a Hugging Face Hub dataset (``hf://datasets/ORG/NAME[@REVISION]``;
+            a bare ``ORG/NAME`` is one when no local folder of that name exists, so such a path, mistyped, is also
+            looked up on the Hub: the error then gives both readings).
         storage_options: passed to fsspec for remote roots.
         cache_dir: where the video index, tabular and remote-bytes caches go (default ``$LSQL_CACHE_DIR`` or
             ``~/.cache/lerobot_sql``, one folder per dataset).
@@ -844,7 +847,9 @@ def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
     Raises:
         TypeError: ``root`` is not a path or a string (``None``).
         MissingFileError: no meta/info.json (or no data / episode files) under ``root``; ``root`` is a URL of a
-            protocol no fsspec filesystem knows (``foo://x``).
+            protocol no fsspec filesystem knows (``foo://x``); a bare ``ORG/NAME`` that is neither a local folder nor
+            a Hub dataset (also when the Hub cannot be reached and ``ORG`` is a local folder: ``sample/nope``).
+        RemoteIOError: a remote root, or the Hub for a bare ``ORG/NAME``, cannot be reached (after retries).
         UnsupportedVersionError: the dataset's codebase_version is not v2.0, v2.1 or v3.x (v2.x datasets are read
             as they are, without conversion).
         DatasetFormatError: info.json is malformed. Malformed metadata files (meta/episodes, tasks, data footers)

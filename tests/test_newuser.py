@@ -236,6 +236,14 @@ def test_a_mistyped_path_is_not_a_raw_network_traceback(monkeypatch, tmp_path):
         lsql.connect("sample/smal20")
     # a folder spelt nearly so exists: named, segment by segment (a misspelt path reads as org/name)
     (tmp_path / "sample" / "small20").mkdir(parents=True)
+    _hub_down(monkeypatch, ConnectionError("[Errno -3] Temporary failure in name resolution"))
+    # beside a local folder `sample`, the missing file is the error even when the Hub cannot be asked (it was a
+    # RemoteIOError, which `except FileNotFoundError` missed)
+    with pytest.raises(lsql.MissingFileError, match=r"no local folder sample/nope \(resolved to .*name resolution"):
+        lsql.connect("sample/nope")
+    with pytest.raises(lsql.RemoteIOError, match=r"no local folder qqq/zzz"):  # no folder qqq: the Hub reading
+        lsql.connect("qqq/zzz")
+    _hub_down(monkeypatch, _not_found())
     for typo in ("sample/smal20", "sampel/small20"):
         with pytest.raises(lsql.MissingFileError, match=rf"no local folder {typo} \(resolved to .*\) \(did you "
                                                         r"mean 'sample/small20'\?\); as a Hub repo id"):

@@ -457,7 +457,8 @@ def _near_folder(local: str) -> str:
 def _hub_error(repo_id: str, cause: BaseException | None, local: str | None) -> LeRobotSQLError:
     """The typed error for a Hub repo that cannot be resolved: MissingFileError when the Hub says there is no such
     repo (or we are offline with nothing cached), RemoteIOError when it cannot be reached. With ``local`` (the root
-    was a bare ``org/name``), the message starts with the local reading: no folder of that name."""
+    was a bare ``org/name``), the message starts with the local reading: no folder of that name; and when its first
+    segment is a local folder, the error is MissingFileError whatever the Hub said."""
     try:
         from huggingface_hub.errors import RepositoryNotFoundError
     except ImportError:  # huggingface_hub 0.24 (our floor) has it only in huggingface_hub.utils
@@ -469,6 +470,10 @@ def _hub_error(repo_id: str, cause: BaseException | None, local: str | None) -> 
         first = (str(cause).splitlines() or [""])[0]
         why = f"{type(cause).__name__}: {first}"
         cls = MissingFileError if isinstance(cause, RepositoryNotFoundError) else RemoteIOError
+    if local is not None and os.path.isdir(local.replace("\\", "/").split("/")[0]):
+        # `sample/nope` beside a folder `sample`: a mistyped path is the likelier reading, so the error is the
+        # missing file's (an `except FileNotFoundError` catches it) even when the Hub could not be asked
+        cls = MissingFileError
     if local is not None:
         return cls(f"no local folder {local} (resolved to {os.path.abspath(local)}){_near_folder(local)}; as a Hub repo id "
                    f"hf://datasets/{repo_id}: {why}. Check the path (a dataset root holds meta/info.json), or the "
