@@ -182,6 +182,19 @@ def test_query_csv_equals_parquet(episodes):
     assert [int(r["length"]) for r in rows] == episodes["length"].to_numpy()[order].tolist()
 
 
+def test_csv_writes_nested_text_as_json_and_numeric_lists_as_they_are(episodes):
+    """The tasks list came out as DuckDB's text ([Open the top drawer., Pick up ...]): a task holding ", " could not
+    be split back. Nested columns holding text are JSON now; numeric lists keep their short form, also JSON."""
+    out = ok("query", SAMPLE, "SELECT episode_index, tasks, [1.5, 2.25]::FLOAT[] AS v, {'a': 'x, y'} AS st, "
+             "'plain, text' AS s FROM episodes ORDER BY episode_index", "-f", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    want = dict(zip(episodes["episode_index"].to_pylist(), episodes["tasks"].to_pylist()))
+    assert {int(r["episode_index"]): json.loads(r["tasks"]) for r in rows} == want
+    assert any(len(t) == 2 for t in want.values())
+    assert {r["v"] for r in rows} == {"[1.5, 2.25]"} and {r["st"] for r in rows} == {'{"a":"x, y"}'}
+    assert {r["s"] for r in rows} == {"plain, text"}  # a plain string column stays plain
+
+
 def test_query_json_lines_from_stdin(episodes):
     out = ok("query", SAMPLE, "-", "--format", "json",
              stdin="SELECT episode_index, tasks FROM episodes ORDER BY episode_index")
