@@ -304,3 +304,5 @@ def test_camera_frames_timestamps_are_the_frame_times_without_float_residue(data
         "count(*) FILTER (WHERE frame_index = 0 AND timestamp <> 0) FROM camera_frames").fetchall()[0]
     want = db.sql("SELECT sum(length) * 2 FROM episodes").fetchall()[0][0]  # two cameras
     assert (n, off_grid, first_not_zero) == (want, 0, 0)
+    ts = np.array([r[0] for r in db.sql("SELECT timestamp FROM camera_frames").fetchall()])
+    assert not np.signbit(ts).any()  # rounding -1.4e-14 gave -0.0, printed as such by db.nearest and the CLI

@@ -156,10 +156,11 @@ def _element_index_sql(layouts: list[Layout]) -> str:
 
 # timestamp rounded to the nanosecond: the float64 difference left residues (-1.4e-14 s at an episode's first
 # frame in a later file segment) that broke `timestamp = 0` and joins on frame times; a time base is coarser than 1 ns.
+# `+ 0.0`: a residue rounded to -0.0 would print as -0.0 (and db.nearest's dt_s with it); -0.0 + 0.0 is +0.0.
 CAMERA_FRAMES = f"""
 SELECT v.episode_index, v.video_key,
        (row_number() OVER (PARTITION BY v.episode_index, v.video_key ORDER BY i.pts) - 1)::BIGINT AS frame_index,
-       round(i.pts_s - v.from_timestamp, 9) AS timestamp, i.path, i.frame, i.pts, i.pts_s, i.is_keyframe
+       round(i.pts_s - v.from_timestamp, 9) + 0.0 AS timestamp, i.path, i.frame, i.pts, i.pts_s, i.is_keyframe
 FROM videos v JOIN video_frames i
   ON i.video_key = v.video_key AND i.path = v.path
  AND i.pts_s >= v.from_timestamp - {TOL_S!r} AND i.pts_s < v.to_timestamp - {TOL_S!r}
