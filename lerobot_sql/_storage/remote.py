@@ -91,6 +91,7 @@ class RemoteCacheFS(AbstractFileSystem):
         self.protocol = "lsqlremote" if n == 0 else f"lsqlremote{n}"
         self.stall_s, self.min_rate = float(stall_s), float(min_rate)
         self._warned: set[str] = set()
+        self._ignores_range = False  # the server answered a Range request with the whole file (200)
         self.target, self.root, self.url = target, root.rstrip("/"), url
         self.dir = Path(cache_dir) / "remote"
         self.cache_size = parse_size(cache_size)
@@ -117,8 +118,11 @@ class RemoteCacheFS(AbstractFileSystem):
     def __reduce__(self):
         # The file infos go along: a DataLoader worker then reads the versions (ETags) its parent pinned, and asks
         # the server nothing before its first range read.
+        # So does what the server was found to do: a spawned worker asks a server that ignores Range for whole
+        # files at once, and does not warn again.
         return (_rebuild, (self.target, self.root, self.url, str(self.dir.parent), self.cache_size, self.retries,
-                           self.backoff_s, self.offline, dict(self._infos), self.stall_s, self.min_rate))
+                           self.backoff_s, self.offline, dict(self._infos), self.stall_s, self.min_rate,
+                           self._ignores_range, sorted(self._warned)))
 
     def _fs(self):
         """The target, re-created after a fork (async fsspec filesystems refuse to run in a forked child)."""
@@ -326,7 +330,9 @@ class RemoteCacheFS(AbstractFileSystem):
         for path, ranges in jobs:
             path = self._strip_protocol(path)
             size = self.info(path)["size"]
-            if self._whole(path):
+            # A server that ignored Range once answers every range with the whole file: ask for it once, not once
+            # per range of a round (each would bring the whole file); files over WHOLE_MAX still raise per range.
+            if self._whole(path) or (self._ignores_range and size <= transport.WHOLE_MAX):
                 ranges = [(0, size)]
             ranges = [(max(0, a), min(b, size)) for a, b in ranges if min(b, size) > max(0, a)]
             want.setdefault(path, []).extend((a, b) for a, b in ranges if self.missing(path, a, b))
@@ -395,6 +401,7 @@ class RemoteCacheFS(AbstractFileSystem):
             transport.Truncated: fewer bytes than asked for (retried by the caller).
         """
         if whole:  # the server ignores Range: keep the whole file, so no later read (or retry) fetches it again
+            self._ignores_range = True
             url = self._url(path)
             if not self._warned:  # once per dataset: the server, not the file, ignores Range
                 self._warned.add(url)
@@ -453,10 +460,12 @@ class RemoteCacheFS(AbstractFileSystem):
 
 
 def _rebuild(target, root, url, cache_dir, cache_size, retries, backoff_s, offline, infos=None,
-             stall_s=transport.STALL_S, min_rate=transport.MIN_RATE):
+             stall_s=transport.STALL_S, min_rate=transport.MIN_RATE, ignores_range=False, warned=()):
     fs = RemoteCacheFS(target, root, url, cache_dir, cache_size, retries=retries, backoff_s=backoff_s, offline=offline,
                        stall_s=stall_s, min_rate=min_rate)
     fs._infos.update(infos or {})
+    fs._ignores_range = bool(ignores_range)
+    fs._warned.update(warned)
     return fs
 
 

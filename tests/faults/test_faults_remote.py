@@ -290,10 +290,22 @@ def test_a_server_ignoring_range_is_fetched_whole_once_with_a_warning(liar, tmp_
     assert fs.io_stats()["bytes_fetched"] == len(data)  # counted whole: it crossed the link (was 4000)
     other = tmp_path / "srv" / "blob2.bin"  # a second file of the same server: fetched whole too, not warned again
     other.write_bytes(data[:1 << 20])
+    n = len(srv.log)
     with warnings.catch_warnings(record=True) as again:
         warnings.simplefilter("always")
-        assert fs.read_range(f"{srv.url}/blob2.bin", 10, 20) == data[10:20]
+        fs.ensure_ranges(f"{srv.url}/blob2.bin", [(10, 20), (300_000, 300_010), (900_000, 900_010)])
+        assert fs.read_range(f"{srv.url}/blob2.bin", 300_000, 300_010) == data[300_000:300_010]
     assert [str(w.message) for w in again] == []
+    # three ranges in one round: one whole-file GET, not three (each would have brought the whole file)
+    assert [e[3] for e in srv.log[n:]] == [1 << 20]
+    import pickle  # a spawned worker's copy knows it too: a third file whole at once, no warning again
+
+    (tmp_path / "srv" / "blob3.bin").write_bytes(data[:1 << 19])
+    child, n = pickle.loads(pickle.dumps(fs)), len(srv.log)
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        child.ensure_ranges(f"{srv.url}/blob3.bin", [(10, 20), (300_000, 300_010)])
+    assert [str(w.message) for w in again] == [] and [e[3] for e in srv.log[n:]] == [1 << 19]
 
 
 @pytest.mark.timeout(30)
