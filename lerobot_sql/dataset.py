@@ -1071,8 +1071,15 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         fps = float(self._layout.fps)
         for k in self._video_keys:
             codes = c[f"_vfile/{k}"][jj]
-            dk = self._delta.get(k, np.zeros(1, np.int64))
-            for code in np.unique(codes):
+            # the batch's frame times (a window's clamped neighbours too) once per camera, not per mp4
+            if k in self._delta:  # data timestamps are on the fps grid
+                q = np.clip(idx[:, None] + self._delta[k][None, :], ep_from[:, None], ep_to[:, None] - 1)
+                t_all = locate.time_in_file(c[f"{k}/from_timestamp"][jj][:, None], c["timestamp"][jj][:, None]) \
+                    + (q - idx[:, None]) / fps
+            else:
+                vpos = c[f"_vpos/{k}"][jj]
+            uniq = np.unique(codes)
+            for code in uniq:
                 rel = self._video_files[k][int(code)]
                 try:
                     vf = self._video(w, k, int(code))
@@ -1081,15 +1088,11 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                     continue
                 if packets is None:
                     continue
-                sel = jj[codes == code]
-                if k in self._delta:  # the clamped neighbours' times (data timestamps are on the fps grid)
-                    q = np.clip(c["index"][sel][:, None] + dk[None, :], c["ep_from_index"][sel][:, None],
-                                c["ep_to_index"][sel][:, None] - 1)
-                    t = locate.time_in_file(c[f"{k}/from_timestamp"][sel][:, None], c["timestamp"][sel][:, None]) \
-                        + (q - c["index"][sel][:, None]) / fps
-                    rows = locate.nearest(vf.index.pts_s, t.ravel())[0]
+                m = codes == code if len(uniq) > 1 else slice(None)
+                if k in self._delta:
+                    rows = locate.nearest(vf.index.pts_s, t_all[m].ravel())[0]
                 else:
-                    rows = vf.rows[c[f"_vpos/{k}"][sel]]
+                    rows = vf.rows[vpos[m]]
                     rows = rows[rows >= 0]
                 start, size = packets
                 rows = np.unique(rows)
