@@ -70,6 +70,24 @@ def _disjoint(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
+def _bridge(spans: list[tuple[int, int]], pieces: list[tuple[int, int]], gap: int = MERGE_GAP) -> list[tuple[int, int]]:
+    """Sorted disjoint gaps to fetch, with two that are less than ``gap`` apart within one region, with only cached
+    bytes (``pieces``) between them, fetched as one span: those few cached bytes come again (a new piece
+    overlapping the old ones; readers take either). Bytes no one asked for are never bridged.
+
+    Why: a data file's pieces are scattered small column chunks DuckDB read for the query (the ``index`` column
+    of every row group), so the bytes a pipelined epoch needs around them were one request per gap: 54 of ~105
+    requests per 4,096 multifile60 items, for 0.77 MB, each ~1 ms of a worker's CPU."""
+    out: list[list[int]] = []
+    for a, b in spans:
+        if out and a - out[-1][1] < gap and a // REGION == (b - 1) // REGION == out[-1][0] // REGION \
+                and not gaps(pieces, out[-1][1], a):
+            out[-1][1] = b
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
 def _name(a: int, b: int) -> str:
     return f"{a:012d}-{b:012d}.piece"
 
@@ -202,7 +220,7 @@ class PieceStore:
                 for a, b in ranges:
                     for r in range(a // REGION, (b - 1) // REGION + 1):  # pieces never cross a region boundary
                         want.update(gaps(pieces, max(a, r * REGION), min(b, (r + 1) * REGION)))
-                todo.extend((j, a, b) for a, b in _disjoint(sorted(want)))
+                todo.extend((j, a, b) for a, b in _bridge(_disjoint(sorted(want)), pieces))
             written: set[str] = set()
             fetched, error = 0, None
             for (j, a, b), (data, err) in zip(todo, fetch_all(todo) if todo else []):
