@@ -33,7 +33,10 @@ through fsspec's aiohttp session on this machine, nearly independent of the size
 epoch the requests, not the bytes, were the remote read's largest cost: 476 requests over a multifile60 epoch
 (13,024 items) became 160 with 256 KiB blocks, same bytes. 1 MiB blocks and 8 batches ahead (the defaults) cut a 4096-item pass's requests from ~130 to ~105 and the workers' CPU per remote item by a fifth to a
 third (benchmarks/README.md, "Remote steady state"); 16 batches ahead was slower (more bytes held, later first use). The bytes stay what the epoch reads, so widening is off when they pass a
-quarter of the cache (the LRU could evict them before their batch comes).
+quarter of the cache (the LRU could evict them before their batch comes). A widened request is cut only where the
+epoch needs nothing or bytes are cached; cached bytes shorter than ``pieces.MERGE_GAP`` between two gaps are fetched
+again rather than cutting it (``pieces._bridge``: DuckDB's small column chunks of a data file otherwise split its
+widened request into one per row group).
 
 Results never change: prefetching only fills the piece cache (pinned to the file versions the dataset opened),
 and the readers find the bytes there. The bytes fetched ahead are bounded per worker by ``max_bytes`` (default
