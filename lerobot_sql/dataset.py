@@ -1078,8 +1078,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                     + (q - idx[:, None]) / fps
             else:
                 vpos = c[f"_vpos/{k}"][jj]
-            uniq = np.unique(codes)
-            for code in uniq:
+            for code in np.unique(codes):
                 rel = self._video_files[k][int(code)]
                 try:
                     vf = self._video(w, k, int(code))
@@ -1088,7 +1087,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                     continue
                 if packets is None:
                     continue
-                m = codes == code if len(uniq) > 1 else slice(None)
+                m = codes == code
                 if k in self._delta:
                     rows = locate.nearest(vf.index.pts_s, t_all[m].ravel())[0]
                 else:

@@ -90,8 +90,7 @@ class RemoteCacheFS(AbstractFileSystem):
         n = next(_INSTANCES)
         self.protocol = "lsqlremote" if n == 0 else f"lsqlremote{n}"
         self.stall_s, self.min_rate = float(stall_s), float(min_rate)
-        self._warned: set[str] = set()
-        self._ignores_range = False  # the server answered a Range request with the whole file (200)
+        self._ignores_range = False  # the server answered a Range request with the whole file (200): warned once
         self.target, self.root, self.url = target, root.rstrip("/"), url
         self.dir = Path(cache_dir) / "remote"
         self.cache_size = parse_size(cache_size)
@@ -122,7 +121,7 @@ class RemoteCacheFS(AbstractFileSystem):
         # files at once, and does not warn again.
         return (_rebuild, (self.target, self.root, self.url, str(self.dir.parent), self.cache_size, self.retries,
                            self.backoff_s, self.offline, dict(self._infos), self.stall_s, self.min_rate,
-                           self._ignores_range, sorted(self._warned)))
+                           self._ignores_range))
 
     def _fs(self):
         """The target, re-created after a fork (async fsspec filesystems refuse to run in a forked child)."""
@@ -400,20 +399,16 @@ class RemoteCacheFS(AbstractFileSystem):
         Raises:
             transport.Truncated: fewer bytes than asked for (retried by the caller).
         """
+        self._count(bytes_fetched=len(data))  # a whole file: all of it crossed the link, not only [a, b)
         if whole:  # the server ignores Range: keep the whole file, so no later read (or retry) fetches it again
-            self._ignores_range = True
-            url = self._url(path)
-            if not self._warned:  # once per dataset: the server, not the file, ignores Range
-                self._warned.add(url)
+            if not self._ignores_range:  # once per dataset: the server, not the file, ignores Range
+                self._ignores_range = True
 
-                warn(f"{url}: the server ignores Range requests (it answered 200 with the whole file); "
+                warn(f"{self._url(path)}: the server ignores Range requests (it answered 200 with the whole file); "
                      f"fetched the whole file ({len(data)} bytes) once into the cache, as every file of this "
                      "dataset it serves will be (said once)")
             self.pieces.store_whole(self._file_dir(path), data)
-            self._count(bytes_fetched=len(data))  # all of it crossed the link, not only [a, b)
             data = data[a:b]
-        else:
-            self._count(bytes_fetched=len(data))
         if len(data) != b - a:
             raise transport.Truncated(f"got {len(data)} of {b - a} bytes")
         return data
@@ -460,12 +455,11 @@ class RemoteCacheFS(AbstractFileSystem):
 
 
 def _rebuild(target, root, url, cache_dir, cache_size, retries, backoff_s, offline, infos=None,
-             stall_s=transport.STALL_S, min_rate=transport.MIN_RATE, ignores_range=False, warned=()):
+             stall_s=transport.STALL_S, min_rate=transport.MIN_RATE, ignores_range=False):
     fs = RemoteCacheFS(target, root, url, cache_dir, cache_size, retries=retries, backoff_s=backoff_s, offline=offline,
                        stall_s=stall_s, min_rate=min_rate)
     fs._infos.update(infos or {})
     fs._ignores_range = bool(ignores_range)
-    fs._warned.update(warned)
     return fs
 
 

@@ -266,6 +266,8 @@ def write_result(rel, fmt: str, output: str | None, max_rows: int, timeout: floa
         # DuckDB writes lists and structs as readable text ([1.0, 2.0]) and floats in their shortest form. The
         # dataset's connection is locked down (no file writes: lerobot_sql.sandbox), so the result is handed as Arrow
         # to a private in-memory connection that writes the file; stdout goes through a temp file.
+        import pyarrow as pa
+
         from .._query.sqltext import ident
 
         table = materialize(rel, "csv")
@@ -276,7 +278,7 @@ def write_result(rel, fmt: str, output: str | None, max_rows: int, timeout: floa
                 # Nested columns holding text (the tasks list, structs) as JSON: DuckDB's own text form
                 # ([Open the drawer., Pick, then place]) cannot be split back when a task has ", " in it. Numeric
                 # lists keep DuckDB's form ([0.1, 0.2], shortest floats: also valid JSON).
-                texty = [f.name for f in table.schema if _is_nested(f.type) and _nested_text(f.type)]
+                texty = [f.name for f in table.schema if pa.types.is_nested(f.type) and _holds_text(f.type)]
                 if texty:
                     out = out.select(", ".join(f"to_json({ident(c)}) AS {ident(c)}" if c in texty else ident(c)
                                                for c in table.column_names))
@@ -297,25 +299,19 @@ def write_result(rel, fmt: str, output: str | None, max_rows: int, timeout: floa
     sys.stdout.flush()
 
 
-def _nested_text(t) -> bool:
-    """A list, struct or map type with a string (or binary) anywhere inside."""
+def _holds_text(t) -> bool:
+    """A string or binary type, or a list, struct or map type with one anywhere inside."""
     import pyarrow as pa
 
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return True
     if pa.types.is_struct(t):
-        return any(_nested_text(t.field(i).type) for i in range(t.num_fields))
+        return any(_holds_text(t.field(i).type) for i in range(t.num_fields))
     if pa.types.is_map(t):
-        return _nested_text(t.key_type) or _nested_text(t.item_type)
+        return _holds_text(t.key_type) or _holds_text(t.item_type)
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return _nested_text(t.value_type)
+        return _holds_text(t.value_type)
     return False
-
-
-def _is_nested(t) -> bool:
-    import pyarrow as pa
-
-    return pa.types.is_nested(t)
 
 
 def views_and_columns(db) -> dict[str, list[tuple[str, str]]]:
