@@ -996,24 +996,26 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             # asking for every file on its first read (a round trip each, per worker and epoch)
             self._src.describe(sorted({rel for names in self._video_files.values() for rel in names}))
             if not self._src.is_local:
-                self._pipeline.need, self._pipeline.need_of = self._epoch_need(order)
+                self._pipeline.need, self._pipeline.blocks, self._pipeline.need_of = self._epoch_need(order)
         return self
 
-    def _epoch_need(self, order: np.ndarray | None) -> tuple[dict[str, list[tuple[int, int]]] | None, str | None]:
+    def _epoch_need(self, order: np.ndarray | None) -> tuple[dict[str, list[tuple[int, int]]] | None, tuple | None,
+                                                            str | None]:
         """The byte ranges the sampler's whole epoch reads (:meth:`_byte_ranges` of its positions), for the
-        pipeline's widened requests (:func:`lerobot_sql.pipeline.fits_cache` decides), and the key of the positions
-        (:func:`lerobot_sql.pipeline.positions_key`), for the sampler's ``order`` (:func:`lerobot_sql.pipeline.sampler_order`);
-        ``(None, None)`` without one, or with widening off.
+        pipeline's widened requests (:func:`lerobot_sql.pipeline.fits_cache` decides); the blocks each of its
+        positions reads (``(positions, *``:meth:`_item_blocks` ``)``, :attr:`lerobot_sql.pipeline.Pipeline.blocks`);
+        and the key of the positions (:func:`lerobot_sql.pipeline.positions_key`), for the sampler's ``order``
+        (:func:`lerobot_sql.pipeline.sampler_order`); ``(None, None, None)`` without one, or with widening off.
 
         Built in the main process, once: the workers inherit it. The video indexes it needs are opened first, four
         at once (a remote one is a moov fetch each, and the workers would otherwise each build or load it on
         first use): ~40 ms of CPU for a 13,024-frame epoch besides."""
         if not _pipe.WIDEN or order is None:
-            return None, None
+            return None, None, None
         try:
             order = _pipe.wrap(order, self._n)
         except (TypeError, ValueError):  # positions that are not integers: the DataLoader raises at them
-            return None, None
+            return None, None, None
         pos = np.unique(order)
         w = self._w()
 
@@ -1024,8 +1026,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         todo = [(k, int(code)) for k in self._video_keys for code in np.unique(self._c[f"_vfile/{k}"][pos])]
         with concurrent.futures.ThreadPoolExecutor(max(1, min(4, len(todo)))) as pool:
             list(pool.map(open_one, todo))
-        return (_pipe.fits_cache(self._byte_ranges(w, pos), getattr(self._src.fs, "cache_size", None)),
-                _pipe.positions_key(order))
+        need = _pipe.fits_cache(self._byte_ranges(w, pos), getattr(self._src.fs, "cache_size", None))
+        blocks = None if need is None else (pos, *self._item_blocks(w, pos))
+        return need, blocks, _pipe.positions_key(order)
 
     def _warn_outside(self, order: np.ndarray | None) -> None:
         """Warn when the pipeline's sampler's ``order`` names positions this dataset does not have (the sampler of
@@ -1046,20 +1049,11 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         frame's keyframe run to a few packets past it (plus PyAV's read block), with the container head. The
         rule of :func:`lerobot_sql.prefetch.needed_ranges`, per batch. A file that fails to open is left out (the
         item's own read raises)."""
-        c, out = self._c, {}
-        fi, slot = c["_file"][jj], c["_slot"][jj].astype(np.int64)
-        idx, ep_from, ep_to = c["index"][jj].astype(np.int64), c["ep_from_index"][jj], c["ep_to_index"][jj]
-        offs = np.concatenate([v for v in self._delta.values()]) if self._delta else np.zeros(1, np.int64)
-        q_lo = np.clip(idx + offs.min(), ep_from, ep_to - 1)
-        q_hi = np.clip(idx + offs.max(), ep_from, ep_to - 1)
-        for f in np.unique(fi):
-            m = fi == f
-            info = self._infos[int(f)]
-            base = int(self._rg_base[int(f)])
-            rgs = set((slot[m] - base).tolist())
-            if self._delta:  # windows reach rows of neighbouring row groups
-                row0 = c["ep_data_row0"][jj][m]
-                rgs.update(info.row_groups(row0 + (q_lo[m] - ep_from[m]), row0 + (q_hi[m] - ep_from[m]) + 1).tolist())
+        out = {}
+        for f, info, base, _m, own, window in self._data_rows(jj):
+            rgs = set(own.tolist())
+            if window is not None:
+                rgs.update(info.row_groups(window[0], window[1] + 1).tolist())
             folder = w.rg_folders.get(int(f))
             if folder is None:
                 folder = w.rg_folders[int(f)] = tabular.row_group_folder(self._src, info, self._cache_dir,
@@ -1068,10 +1062,59 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                     tabular.row_group_path(self._src, info, rg, self._cache_dir, self._layout, folder).exists()]
             if todo:
                 out[info.rel] = tabular.row_group_ranges(info.metadata, todo)
+        for rel, vf, packets, _m, rows in self._camera_rows(w, jj):
+            start, size = packets
+            rows = np.unique(rows[rows >= 0])
+            spans = self._spans(w, rel, vf.index, packets)
+            if spans is not None:  # a gather from the file's table, built once per process
+                ranges = list(zip(spans[0][rows].tolist(), spans[1][rows].tolist()))
+            else:
+                ranges = locate.packet_ranges(rows, vf.index.key_row, start, size, readahead=locate.AVIO_BUFFER)
+            ranges.append((0, self._head_end(start)))
+            out.setdefault(rel, []).extend(ranges)
+        return {rel: merge_ranges(r) for rel, r in out.items()}
+
+    @staticmethod
+    def _head_end(start: np.ndarray) -> int:
+        """Where an mp4's head read ends: opening reads the head (ftyp, moov) in PyAV's blocks from offset 0, up to
+        the end of the block the first packet starts in. Not first packet + a block: that passed what building the
+        index fetched (moov + one block) by the free and mdat headers, a 16-byte request per mp4."""
+        blk = locate.AVIO_BUFFER
+        return -(-(int(start.min()) + 1) // blk) * blk
+
+    def _data_rows(self, jj: np.ndarray):
+        """Per data file, the items of ``jj`` in it: yields ``(f, info, base, m, own, window)``, ``m`` a bool mask
+        over ``jj``, ``own`` int64 the row group (in the file) of each item's row, ``window`` None or ``(lo,
+        hi)`` int64 the file rows of the first and last row its ``delta_timestamps`` windows reach (clamped to the
+        episode, as ``__getitems__`` reads them)."""
+        c = self._c
+        fi, slot = c["_file"][jj], c["_slot"][jj].astype(np.int64)
+        idx, ep_from, ep_to = c["index"][jj].astype(np.int64), c["ep_from_index"][jj], c["ep_to_index"][jj]
+        if self._delta:  # windows reach rows of neighbouring row groups
+            offs = np.concatenate(list(self._delta.values()))
+            q_lo = np.clip(idx + offs.min(), ep_from, ep_to - 1)
+            q_hi = np.clip(idx + offs.max(), ep_from, ep_to - 1)
+        for f in np.unique(fi):
+            m = fi == f
+            base = int(self._rg_base[int(f)])
+            window = None
+            if self._delta:
+                row0 = c["ep_data_row0"][jj][m]
+                window = (row0 + (q_lo[m] - ep_from[m]), row0 + (q_hi[m] - ep_from[m]))
+            yield int(f), self._infos[int(f)], base, m, slot[m] - base, window
+
+    def _camera_rows(self, w: _Worker, jj: np.ndarray):
+        """Per camera and mp4, the items of ``jj`` that read it: yields ``(rel, video file, packets, m, rows)``,
+        ``m`` a bool mask over ``jj``, ``rows`` int64 (m.sum(), T) the video rows each item decodes (T = 1, or the
+        window's length for a ``delta_timestamps`` camera; -1: none). The frame rule of ``__getitems__`` (a
+        window's neighbours clamped to the episode, then the nearest row). A file whose index fails to open, or
+        whose packets' positions are unknown, is left out (the item's own read raises)."""
+        c = self._c
+        idx, ep_from, ep_to = c["index"][jj].astype(np.int64), c["ep_from_index"][jj], c["ep_to_index"][jj]
         fps = float(self._layout.fps)
         for k in self._video_keys:
             codes = c[f"_vfile/{k}"][jj]
-            # the batch's frame times (a window's clamped neighbours too) once per camera, not per mp4
+            # the items' frame times (a window's clamped neighbours too) once per camera, not per mp4
             if k in self._delta:  # data timestamps are on the fps grid
                 q = np.clip(idx[:, None] + self._delta[k][None, :], ep_from[:, None], ep_to[:, None] - 1)
                 t_all = locate.time_in_file(c[f"{k}/from_timestamp"][jj][:, None], c["timestamp"][jj][:, None]) \
@@ -1089,24 +1132,70 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                     continue
                 m = codes == code
                 if k in self._delta:
-                    rows = locate.nearest(vf.index.pts_s, t_all[m].ravel())[0]
+                    rows = locate.nearest(vf.index.pts_s, t_all[m].ravel())[0].reshape(int(m.sum()), -1)
                 else:
-                    rows = vf.rows[vpos[m]]
-                    rows = rows[rows >= 0]
-                start, size = packets
-                rows = np.unique(rows)
-                spans = self._spans(w, rel, vf.index, packets)
-                if spans is not None:  # a gather from the file's table, built once per process
-                    ranges = list(zip(spans[0][rows].tolist(), spans[1][rows].tolist()))
-                else:
-                    ranges = locate.packet_ranges(rows, vf.index.key_row, start, size, readahead=locate.AVIO_BUFFER)
-                # Opening reads the head (ftyp, moov) in PyAV's blocks from offset 0: up to the end of the block
-                # the first packet starts in. Not first packet + a block: that passed what building the index
-                # fetched (moov + one block) by the free and mdat headers, a 16-byte request per mp4.
-                blk = locate.AVIO_BUFFER
-                ranges.append((0, -(-(int(start.min()) + 1) // blk) * blk))
-                out.setdefault(rel, []).extend(ranges)
-        return {rel: merge_ranges(r) for rel, r in out.items()}
+                    rows = vf.rows[vpos[m]][:, None]
+                yield rel, vf, packets, m, rows
+
+    def _item_blocks(self, w: _Worker, jj: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """Which ``pipeline.WIDEN``-aligned blocks of which files each item of ``jj`` reads: ``(files, offsets,
+        keys)``, item ``i``'s blocks ``keys[offsets[i]:offsets[i + 1]]`` (sorted, unique; ``file << 32 | block``,
+        ``file`` an index into ``files``). For the pipeline's jobs (:meth:`lerobot_sql.pipeline._Here.block_job`):
+        planned for the whole epoch at once in the main process (numpy passes over every item, ~20x cheaper per
+        item than a plan per batch), so that a job only gathers its items' blocks.
+
+        An item's extent per file covers what it reads: its row groups (a window's too) from the first one's first
+        column chunk to the last one's end; per mp4 the packets of its rows' spans (:func:`locate.packet_spans`)
+        and the container head. The blocks are only where to look: what is fetched is the epoch's need within them
+        (so a coarse extent fetches nothing extra)."""
+        files: dict[str, int] = {}
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+
+        def add(rel: str, items: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+            keep = b > a
+            items, a, b = items[keep], a[keep], b[keep]
+            if not len(items):
+                return
+            fid = files.setdefault(rel, len(files))
+            lo, hi = a // _pipe.WIDEN, (b - 1) // _pipe.WIDEN
+            cnt = hi - lo + 1
+            first = np.repeat(np.cumsum(cnt) - cnt, cnt)
+            blk = np.repeat(lo, cnt) + (np.arange(int(cnt.sum()), dtype=np.int64) - first)
+            parts.append((np.repeat(items, cnt), (np.int64(fid) << 32) | blk))
+
+        for _f, info, _base, m, own, window in self._data_rows(jj):
+            ext = np.asarray(tabular.row_group_ranges(info.metadata, range(len(info.rg_offsets) - 1)), np.int64)
+            lo = hi = own
+            if window is not None:
+                lo, hi = np.minimum(own, info.locate(window[0])[0]), np.maximum(own, info.locate(window[1])[0])
+            add(info.rel, np.flatnonzero(m), ext[lo, 0], ext[hi, 1])
+        for rel, vf, packets, m, rows in self._camera_rows(w, jj):
+            items = np.flatnonzero(m)
+            ok = rows >= 0
+            r = np.where(ok, rows, 0)
+            spans = self._spans(w, rel, vf.index, packets)
+            if spans is not None:
+                a, b = spans[0][r], spans[1][r]
+            else:  # long keyframe runs: the rule row by row (once per epoch, in the main process)
+                pr = np.asarray(locate.packet_ranges(r.ravel(), vf.index.key_row, *packets,
+                                                     readahead=locate.AVIO_BUFFER), np.int64).reshape(*r.shape, 2)
+                a, b = pr[..., 0], pr[..., 1]
+            big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+            add(rel, items, np.where(ok, a, big).min(axis=1), np.where(ok, b, small).max(axis=1))
+            add(rel, items, np.zeros(len(items), np.int64), np.full(len(items), self._head_end(packets[0])))
+        n = len(jj)
+        if not parts:
+            return list(files), np.zeros(n + 1, np.int64), np.zeros(0, np.int64)
+        item = np.concatenate([p[0] for p in parts])
+        key = np.concatenate([p[1] for p in parts])
+        o = np.lexsort((key, item))
+        item, key = item[o], key[o]
+        keep = np.ones(len(key), bool)
+        keep[1:] = (item[1:] != item[:-1]) | (key[1:] != key[:-1])
+        item, key = item[keep], key[keep]
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(item, minlength=n), out=offsets[1:])
+        return list(files), offsets, key
 
     def _spans(self, w: _Worker, rel: str, index: video_index.FrameIndex, packets) -> tuple | None:
         """:func:`lerobot_sql._readers.locate.packet_spans` of mp4 ``rel`` (every row's packet range, the

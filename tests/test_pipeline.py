@@ -382,3 +382,56 @@ def test_a_batch_plan_from_the_packet_table_equals_the_rule_per_batch(datasets, 
     assert not any(ds2._w().spans.values())
     assert with_table == without
     assert all(any(rel.endswith(".mp4") for rel in plan) for plan in with_table)
+
+
+@pytest.mark.parametrize("profile", ["plain", "diffusion"])
+def test_the_epoch_block_table_covers_every_batch_plan(datasets, tmp_path, profile):
+    """With the epoch planned, a job gathers its items' blocks from the table the main process built
+    (``_item_blocks``) instead of planning its batch: every byte any batch's own plan names (row groups, a
+    window's neighbours, GOP runs, container heads) lies in a block the table gives that batch's items, so no
+    batch waits on bytes the table missed."""
+    from lerobot_sql import pipeline as pipe
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    ds = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta(profile, db.layout.video_keys))
+    order = EpisodeAwareSampler(ds, block_size=16, seed=3).order()
+    pos = np.unique(order)
+    files, off, keys = ds._item_blocks(ds._w(), pos)
+    assert len(keys) >= 2 * len(pos) and (np.diff(off) > 0).all()  # every item reads its data and its mp4s
+    fid = {f: i for i, f in enumerate(files)}
+    checked = 0
+    for j in range(0, len(order), 32):
+        r = np.searchsorted(pos, order[j:j + 32])
+        have = set(np.concatenate([keys[off[i]:off[i + 1]] for i in r]).tolist())
+        for rel, rs in ds._byte_ranges(ds._w(), np.asarray(order[j:j + 32])).items():
+            for a, b in rs:
+                for blk in range(a // pipe.WIDEN, (b - 1) // pipe.WIDEN + 1):
+                    assert (fid[rel] << 32 | blk) in have, (j, rel, a, b)
+                    checked += 1
+    assert checked > len(order) // 32 * 3
+
+
+def test_a_job_whose_blocks_are_fetched_asks_the_cache_nothing(monkeypatch):
+    """Once a block was fetched (or found cached) by this process, a later job whose items read only fetched
+    blocks makes no cache lookup and no request; a block not done yet gets the epoch's need within it."""
+    from lerobot_sql import pipeline as pipe
+    monkeypatch.setattr(pipe, "WIDEN", 4096)
+    h = pipe._Here(list(range(4)), 4, 1, 1 << 20)
+    h.need = {"v.mp4": [(0, 100), (200, 5000)], "d.parquet": [(0, 10)]}
+    # positions 0..3: 0 and 1 read v.mp4's block 0 and d.parquet's block 0, 2 and 3 v.mp4's block 1
+    pos, off = np.arange(4), np.array([0, 2, 4, 5, 6])
+    keys = np.array([0 << 32 | 0, 1 << 32 | 0, 0 << 32 | 0, 1 << 32 | 0, 0 << 32 | 1, 0 << 32 | 1])
+    h.blocks = (pos, ["v.mp4", "d.parquet"], off, keys)
+    asked = []
+
+    class Src(_Src):
+        def missing(self, rel, ranges):
+            asked.append(rel)
+            return super().missing(rel, ranges)
+
+    src = Src({"v.mp4": [(1000, 1500)]})
+    got, new = h.block_missing(np.array([0, 1]), src)
+    assert got == {"v.mp4": [(0, 100), (200, 1000), (1500, 4096)], "d.parquet": [(0, 10)]} and len(new) == 2
+    h.done.update(new)
+    asked.clear()
+    assert h.block_missing(np.array([1, 0]), src) == ({}, []) and asked == []
+    assert h.block_missing(np.array([1, 2]), src) == ({"v.mp4": [(4096, 5000)]}, [0 << 32 | 1])
