@@ -145,13 +145,35 @@ def _remote(a, torch, lsql, root: Path) -> int:
     else:
         where = f"server in the benchmark's process, all on CPUs {cpus}"
         link = HubServer(root.parent, rate_bps=a.mbit * 1e6, latency_s=a.latency_ms / 1000)
+    def remote_pass(mode: str, dt, res: dict, caches: list[str]):
+        """One pass over the remote dataset from a fresh cache, pipelined (``on``) or not (``off``): its figures
+        into ``res``; returns the dataset (its cache filled)."""
+        sent = srv.bytes_sent()
+        t_open = time.perf_counter()
+        caches.append(tempfile.mkdtemp(prefix="lsql_bt_"))  # warm nothing: a fresh cache each pass
+        rdb = lsql.connect(f"{srv.url}/{root.name}", cache_dir=caches[-1])
+        ds = rdb.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
+        if mode == "on":
+            ds.pipeline(indices, batches=a.k)
+        open_s = time.perf_counter() - t_open
+        m = common.train_loader(torch, ds, indices, a.batch, a.workers)
+        res[mode].append(m["items_per_s"])
+        res[f"cpu_{mode}"].append(m["cpu_ms_per_item"])
+        res[f"bytes_{mode}"].append(srv.bytes_sent() - sent)
+        # from nothing: open (connect, dataset, pipeline plan) + fork + first batch; and the whole pass
+        res[f"open_{mode}"].append(open_s)
+        res[f"first_{mode}"].append(open_s + m["first_batch_s"])
+        res[f"epoch_{mode}"].append(open_s + len(indices) / m["epoch_items_per_s"])
+        return ds
+
     with link as srv:
         for prof, dt in profs.items():
             local = db.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
             common.train_loader(torch, local, indices, a.batch, a.workers)  # warm
             need = pf.needed_ranges(db, local.manifest.take(indices), dt)
             needed = meta + sum(b - x for rs in need.values() for x, b in rs)
-            res = {"local": [], "off": [], "on": [], "warm": [], "bytes_off": [], "bytes_on": [], "cpu_local": [],
+            res = {"local": [], "local_after": [], "off": [], "on": [], "warm": [], "bytes_off": [], "bytes_on": [],
+                   "cpu_local": [],
                    "cpu_off": [], "cpu_on": [], "first_off": [], "first_on": [], "epoch_off": [], "epoch_on": [],
                    "open_off": [], "open_on": []}
             caches: list[str] = []
@@ -159,27 +181,15 @@ def _remote(a, torch, lsql, root: Path) -> int:
                 m = common.train_loader(torch, local, indices, a.batch, a.workers)
                 res["local"].append(m["items_per_s"])
                 res["cpu_local"].append(m["cpu_ms_per_item"])
-                for mode in ("off", "on"):
-                    sent = srv.bytes_sent()
-                    t_open = time.perf_counter()
-                    caches.append(tempfile.mkdtemp(prefix="lsql_bt_"))  # warm nothing: a fresh cache each pass
-                    rdb = lsql.connect(f"{srv.url}/{root.name}", cache_dir=caches[-1])
-                    ds = rdb.dataset(sql, delta_timestamps=dt, return_uint8=a.uint8)
-                    if mode == "on":
-                        ds.pipeline(indices, batches=a.k)
-                    open_s = time.perf_counter() - t_open
-                    m = common.train_loader(torch, ds, indices, a.batch, a.workers)
-                    res[mode].append(m["items_per_s"])
-                    res[f"cpu_{mode}"].append(m["cpu_ms_per_item"])
-                    res[f"bytes_{mode}"].append(srv.bytes_sent() - sent)
-                    # from nothing: open (connect, dataset, pipeline plan) + fork + first batch; and the whole pass
-                    res[f"open_{mode}"].append(open_s)
-                    res[f"first_{mode}"].append(open_s + m["first_batch_s"])
-                    res[f"epoch_{mode}"].append(open_s + len(indices) / m["epoch_items_per_s"])
+                # the pipelined pass between two local ones (its ratio is over their mean: the machine's speed
+                # drifts by up to a third within a minute here, so a local pass further away pairs worse)
+                ds = remote_pass("on", dt, res, caches)
+                res["local_after"].append(common.train_loader(torch, local, indices, a.batch, a.workers)["items_per_s"])
                 # the same remote dataset again, everything cached (pieces, row groups, indexes): the read path's
                 # own ceiling, without the network
                 res["warm"].append(common.train_loader(torch, ds, indices, a.batch, a.workers)["items_per_s"])
-                del ds, rdb
+                del ds
+                remote_pass("off", dt, res, caches)
                 for c in caches:  # 12 MB a pass at 96x128: runs of the bench left gigabytes in /tmp
                     shutil.rmtree(c, ignore_errors=True)
                 caches.clear()
@@ -200,13 +210,14 @@ def _remote(a, torch, lsql, root: Path) -> int:
           f"cache per remote run; best of {a.rounds}; pipeline batches={a.k}; load average {load0[0]:.2f} before, "
           f"{load_mid[0]:.2f} after lerobot_sql, {load1[0]:.2f} after lerobot; {common.cpu_info()}; {where}")
     print("\n| profile | local items/s | remote items/s | remote + pipeline items/s | pipeline / local "
-          "(best / median of rounds) | "
+          "(best / median of rounds, each over the mean of the local passes before and after it) | "
           "remote, all cached, items/s | workers' CPU ms/item: local / remote / pipeline | needed KB/item | "
           "fetched KB/item, off / pipeline | fetched / needed, off / pipeline | link-bound items/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for prof, m, needed, _res in rows:
         ni = len(indices)
-        paired = statistics.median(on / lo for on, lo in zip(_res["on"], _res["local"]))
+        paired = statistics.median(on / ((lo + lo2) / 2) for on, lo, lo2 in zip(_res["on"], _res["local"],
+                                                                                  _res["local_after"]))
         print(f"| {prof} | {m['local']:,.0f} | {m['off']:,.0f} | {m['on']:,.0f} | {m['on'] / m['local']:.2f}x / "
               f"{paired:.2f}x | "
               f"{m['warm']:,.0f} | {m['cpu_local']:.2f} / {m['cpu_off']:.2f} / {m['cpu_on']:.2f} | "
