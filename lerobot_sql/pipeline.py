@@ -132,7 +132,7 @@ class Pipeline:
         """Counters of this process: ``batches`` seen, ``unmatched`` (not found in the sampler's order: nothing
         prefetched), ``submitted``, ``over_budget`` (skipped), ``late`` (read before its prefetch started),
         ``failed``, ``bytes`` fetched ahead, ``widened`` (files whose request grew over bytes later batches need,
-        see :meth:`_Here.widen`)."""
+        see :meth:`_Here.widen`; with the epoch's block table, files a job fetched blocks of)."""
         return dict(self._here.counts) if self._here is not None and self._here.pid == os.getpid() else {}
 
     def wait(self) -> None:
