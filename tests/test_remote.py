@@ -740,3 +740,19 @@ def test_describe_many_pins_files_in_one_round_and_leaves_failures_to_the_first_
     off.offline = True  # as LSQL_OFFLINE / HF_HUB_OFFLINE, or after the network went away mid-session
     n = len(srv.heads)
     assert off.describe_many(urls) == 0 and len(srv.heads) == n
+
+
+@pytest.mark.parametrize("kind", ["cannot be made", "a file"])
+def test_an_unwritable_cache_folder_is_a_cache_error_not_a_missing_dataset(http, tmp_path, kind):
+    """A remote dataset whose cache folder cannot be created (under /proc) or is a regular file raised
+    MissingFileError ("meta/info.json: not found. Is ... the root of a LeRobot dataset?") or a bare
+    NotADirectoryError, sending the user after the URL; it is a CacheError naming the cache folder, as locally."""
+    from lerobot_sql.errors import CacheError, MissingFileError
+    if kind == "a file":
+        cache = tmp_path / "afile"
+        cache.write_text("x")
+    else:
+        cache = Path("/proc/lsql-no-such-folder")
+    with pytest.raises(CacheError, match="cannot write the remote dataset's cache") as e:
+        lsql.connect(f"{http.url}/small20", cache_dir=cache).dataset()
+    assert not isinstance(e.value, MissingFileError) and str(cache) in str(e.value)

@@ -31,7 +31,7 @@ from . import transport
 from .cache import atomic_write, file_lock, parse_size
 from .pieces import PieceStore
 from .readahead import ColumnReadahead
-from ..errors import RemoteIOError, warn
+from ..errors import CacheError, RemoteIOError, warn
 
 
 def _reset_fsspec_loop() -> None:
@@ -173,12 +173,22 @@ class RemoteCacheFS(AbstractFileSystem):
         self._save_many(section, {key: value})
 
     def _save_many(self, section: str, items: dict[str, Any]) -> None:
-        """One rewrite of the store for many entries (it holds every info: a rewrite per file would be quadratic)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with file_lock(str(self._store_path()) + ".lock"):
-            store = self._load_store()
-            store.setdefault(section, {}).update(items)
-            atomic_write(self._store_path(), json.dumps(store).encode())
+        """One rewrite of the store for many entries (it holds every info: a rewrite per file would be quadratic).
+
+        Raises:
+            CacheError: the cache folder cannot be created or written (not a FileNotFoundError: a folder that
+                cannot be made is not a dataset file that is missing)."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with file_lock(str(self._store_path()) + ".lock"):
+                store = self._load_store()
+                store.setdefault(section, {}).update(items)
+                atomic_write(self._store_path(), json.dumps(store).encode())
+        except CacheError:
+            raise
+        except OSError as e:
+            raise CacheError(f"{self.dir}: cannot write the remote dataset's cache ({e}). Set LSQL_CACHE_DIR (or "
+                             "connect(..., cache_dir=...)) to a writable folder") from e
 
     def _meta_op(self, section: str, key: str, fn):
         """Run a listing/info call online, remember its answer on disk; offline (or if it fails), use that answer."""
