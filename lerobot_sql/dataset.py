@@ -1140,7 +1140,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def _item_blocks(self, w: _Worker, jj: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
         """Which ``pipeline.WIDEN``-aligned blocks of which files each item of ``jj`` reads: ``(files, offsets,
         keys)``, item ``i``'s blocks ``keys[offsets[i]:offsets[i + 1]]`` (sorted, unique; ``file << 32 | block``,
-        ``file`` an index into ``files``). For the pipeline's jobs (:meth:`lerobot_sql.pipeline._Here.block_job`):
+        ``file`` an index into ``files``). For the pipeline's jobs (:meth:`lerobot_sql.pipeline._Here.block_missing`):
         planned for the whole epoch at once in the main process (numpy passes over every item, ~20x cheaper per
         item than a plan per batch), so that a job only gathers its items' blocks.
 

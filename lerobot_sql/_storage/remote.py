@@ -184,9 +184,7 @@ class RemoteCacheFS(AbstractFileSystem):
                 store = self._load_store()
                 store.setdefault(section, {}).update(items)
                 atomic_write(self._store_path(), json.dumps(store).encode())
-        except CacheError:
-            raise
-        except OSError as e:
+        except OSError as e:  # nothing in the block raises our own errors: every OSError is the folder's
             raise CacheError(f"{self.dir}: cannot write the remote dataset's cache ({e}). Set LSQL_CACHE_DIR (or "
                              "connect(..., cache_dir=...)) to a writable folder") from e
 
