@@ -1,6 +1,6 @@
 """A/B timing of the frame path and the open: one dataset, two checkouts of lerobot_sql, interleaved.
 
-    python -m benchmarks.ab_random --base /work/main --branch . [--dataset ../shared/datasets/small20]
+    python -m benchmarks.ab_random --base <another checkout> --branch . [--dataset sample/small20]
            [--rounds 6] [--items 2000] [--what items|open]
 
 Each round runs one fresh interpreter per checkout (alternating which goes first). ``items`` (default): it opens

@@ -16,7 +16,8 @@ the same files.
 
 Each size is measured in a fresh process with an empty lerobot_sql cache, so peak RSS and cache build are its own.
 Row groups scanned come from DuckDB's JSON profile (``total_row_groups_scanned`` / ``total_row_groups_to_scan``).
-``run`` writes benchmarks/scale.json and benchmarks/scale.png and prints the README table.
+``run`` writes benchmarks/scale.json and benchmarks/scale.png and prints the table; ``python -m benchmarks.readme``
+then puts it into benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -349,59 +350,8 @@ def measure(root: Path, episodes: int, *, full_dataset: bool, spill: bool) -> di
 
 
 # ---- report -------------------------------------------------------------------------------------------------------
-def _mb(b: float) -> str:
-    if b < 1e6:
-        return f"{b / 1e3:,.0f} kB"
-    return f"{b / 1e6:,.0f} MB" if b < 1e9 else f"{b / 1e9:,.2f} GB"
-
-
-def table(results: list[dict]) -> str:
-    cols = [f"{r['episodes']:,} eps / {r['frames'] / 1e6:.1f}M frames" for r in results]
-    rows: list[tuple[str, list[str]]] = []
-
-    def q(name: str, label: str) -> None:
-        rows.append((label, [f"{r[name]['s']:.3f} s ({r[name]['row_groups_scanned']:,}/"
-                             f"{r[name]['row_groups_total']:,} RG, {_mb(r[name]['bytes_scanned'])})"
-                             for r in results]))
-
-    rows.append(("data files / Parquet size", [f"{r['data_files']} / {_mb(r['parquet_bytes'])}" for r in results]))
-    rows.append(("connect", [f"{r['steps']['connect']['s']:.3f} s" for r in results]))
-    rows.append(("connect, `parquet_metadata_cache` on", [f"{r['steps']['connect_metadata_cache']['s']:.3f} s"
-                                                          for r in results]))
-    q("q_episodes", "episode query (`length >= 390`)")
-    q("q_frames_10ep", "frame query, 10 episodes (`episode_index BETWEEN`)")
-    q("q_frames_tail", "frame query, `frame_index >= 390` (stats prune short episodes)")
-    q("q_frames_scan", "frame query, value predicate (full scan)")
-    rows.append(("same 4 queries, `parquet_metadata_cache` on", [
-        " / ".join(f"{r[k]['s_metadata_cache']:.3f}" for k in ("q_episodes", "q_frames_10ep", "q_frames_tail",
-                                                              "q_frames_scan")) + " s" for r in results]))
-    rows.append(("manifest, 100 episodes", [f"{r['steps']['manifest_fixed']['s']:.3f} s "
-                                            f"({r['manifest_fixed_rows']:,} rows; join reads "
-                                            f"{r['manifest_fixed_scan']['row_groups_scanned']:,}/"
-                                            f"{r['manifest_fixed_scan']['row_groups_total']:,} RG)"
-                                            for r in results]))
-    rows.append(("dataset() on it: Arrow cache build", [f"{r['steps']['dataset_fixed']['s']:.3f} s, "
-                                                       f"{_mb(r['cache_fixed_bytes'])}" for r in results]))
-    rows.append(("first item (`ds[0]`)", [f"{r['steps']['first_item']['s'] * 1e3:.1f} ms" for r in results]))
-    rows.append(("2,000 random items", [f"{r['steps']['items_2000_random']['s']:.2f} s" for r in results]))
-    rows.append(("manifest, every frame", [f"{r['steps']['manifest_full']['s']:.2f} s ({_mb(r['manifest_full_bytes'])}"
-                                           f" in memory)" for r in results]))
-    rows.append(("export_manifest, every frame", [f"{r['steps']['export_manifest_full']['s']:.2f} s "
-                                                  f"({_mb(r['manifest_parquet_bytes'])})" for r in results]))
-    rows.append(("shard_manifest, every frame, 8 ranks", [f"{r['steps']['shard_full_8']['s']:.2f} s"
-                                                          for r in results]))
-    if all("dataset_full" in r["steps"] for r in results):
-        rows.append(("dataset() on every frame: Arrow cache build", [
-            f"{r['steps']['dataset_full']['s']:.1f} s, {_mb(r['cache_full_bytes'])}" for r in results]))
-        rows.append(("first item of it", [f"{r['steps']['first_item_full']['s'] * 1e3:.1f} ms" for r in results]))
-    if all("spill_sort_1GB" in r for r in results):
-        rows.append(("sort of every frame, memory_limit=1GB", [
-            f"{r['steps']['spill_sort_1GB']['s']:.1f} s, spilled {_mb(r['spill_sort_1GB']['bytes_spilled'] or 0)}"
-            for r in results]))
-    rows.append(("peak RSS (whole run)", [_mb(r["peak_rss"]) for r in results]))
-    out = ["| measure | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
-    out += [f"| {label} | " + " | ".join(vals) + " |" for label, vals in rows]
-    return "\n".join(out)
+# The table is the one benchmarks/README.md shows, written by `python -m benchmarks.readme` from scale.json.
+from benchmarks.readme import scale_table as table  # noqa: E402
 
 
 def plot(results: list[dict], path: Path) -> None:

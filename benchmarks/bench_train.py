@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training-loader benchmark (issue 18): lerobot_sql's DataLoader against lerobot 0.4.4 and 0.6.1 and the PyAV limit.
+"""Training-loader benchmark: lerobot_sql's DataLoader against lerobot 0.4.4 and 0.6.1 and the PyAV limit.
 
     python -m benchmarks.bench_train [--dataset small20] [--quick] [--rounds 5] [--items 1536] [--batch 32]
                                      [--workers 2] [--uint8] [--peer-python PATH] [--peer06-python PATH] [--no-peer]
@@ -522,7 +522,7 @@ def run(argv=None) -> int:
     ap.add_argument("--remote", action="store_true",
                     help="steady state over a throttled loopback HTTP link: local vs remote vs remote + pipeline")
     ap.add_argument("--mbit", type=float, default=100,
-                    help="--remote: link rate in Mbit/s, 100 (default) or 1000 (the issue's two links)")
+                    help="--remote: link rate in Mbit/s, 100 (default) or 1000 (the two links its targets are set for)")
     ap.add_argument("--latency-ms", type=float, default=20)
     ap.add_argument("--order", choices=["random", "blocks"], default="blocks",
                     help="--remote: item order (blocks: EpisodeAwareSampler's shuffled blocks of --block frames)")

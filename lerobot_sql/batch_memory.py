@@ -1,11 +1,11 @@
 """Batch memory of DataLoader workers: shared-memory slots reused from batch to batch.
 
 A DataLoader worker hands each batch to the main process in shared memory. torch's ``default_collate`` (and this
-package's ``__getitems__`` until now) allocates new shared memory for every tensor of every batch
+package's ``__getitems__`` with ``LSQL_BATCH_MEMORY=0``) allocates new shared memory for every tensor of every batch
 (``_new_shared``: a new shm file, then one page fault per 4 KiB page as it is written, and again in the main
 process as it is read). Measured on the benchmark machine: writing 4.7 MB into new shared memory costs ~10 ms,
 into memory already mapped ~0.5 ms; for a batch of 32 float frames of two 96x128 cameras that was ~0.3 ms of the
-worker's ~0.85 ms per item (benchmarks/README.md, "Training loader").
+worker's ~0.85 ms per item (benchmarks/HISTORY.md, "Training loader").
 
 Here each worker process keeps one *ring*: a ``memfd`` of ``SLOTS`` slots, each as large as the worker's first
 batch, mapped once by the worker and once by the main process. A batch's tensors are carved out of one free slot

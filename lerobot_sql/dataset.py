@@ -1305,7 +1305,7 @@ class Batch(list):
         # Pickled when a collate_fn returns the items as they are (``collate_fn=lambda items: items``) from a worker:
         # a plain list of the item dicts, which torch sends as it sends any list of tensors. The batch's own
         # attributes (the worker's memory slot, its lock) cannot cross processes: pickling failed in the worker's
-        # queue thread and the DataLoader waited forever (a new user's finding).
+        # queue thread and the DataLoader would wait forever.
         return list, (list(self),)
 
     def collated(self, collate_fn_map) -> dict[str, Any]:

@@ -379,7 +379,7 @@ class Database(QueryFace):
     views (:class:`lerobot_sql._catalog.connection.Connection`, made on the first query). Create it with
     :func:`connect`.
 
-    Views (full reference in README.md): ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
+    Views (full reference in docs/sql.md): ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
     ``video_frames`` and ``video_files`` (both built on first use), ``features``, ``info``.
 
     Threads: one Database may be used from several threads. The thread that made the DuckDB connection uses it;
@@ -508,7 +508,7 @@ class Database(QueryFace):
 
         Args:
             sql: a query over the views whose result is ``index`` rows, ``(episode_index, start_s, end_s)``
-                windows or ``episode_index`` rows (see README, "Adapter contract"); or a manifest (an Arrow
+                windows or ``episode_index`` rows (see docs/training.md, "Adapter contract"); or a manifest (an Arrow
                 table from :meth:`manifest`, or the path of a Parquet file written by :meth:`export_manifest`);
                 or None: every frame of ``episodes`` (as ``LeRobotDataset(repo_id, episodes=...)``), of all
                 episodes when that is None too. Whole episodes are resolved from meta/episodes without DuckDB.

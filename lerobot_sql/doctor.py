@@ -1,4 +1,5 @@
-"""``lerobot-sql doctor``: the format's invariants (spec section 8) run as SQL over the views, with a report.
+"""``lerobot-sql doctor``: the format's invariants (what meta/ promises about data/ and videos/) run as SQL over the
+views, with a report.
 
 Each check is one named query in ``queries/doctor/<check>.sql`` that returns one row per violation; no rows means
 the check passed. Every check also runs alone, ``db.named_query("doctor/<check>")``: what SQL cannot do comes from views

@@ -32,7 +32,7 @@ run is 10-30 KB and each request ~1 ms of a worker's CPU in the HTTP client (mea
 through fsspec's aiohttp session on this machine, nearly independent of the size up to ~40 KB), so over a dense
 epoch the requests, not the bytes, were the remote read's largest cost: 476 requests over a multifile60 epoch
 (13,024 items) became 160 with 256 KiB blocks, same bytes. 1 MiB blocks and 8 batches ahead (the defaults) cut a 4096-item pass's requests from ~130 to ~105 and the workers' CPU per remote item by a fifth to a
-third (benchmarks/README.md, "Remote steady state"); 16 batches ahead was slower (more bytes held, later first use). The bytes stay what the epoch reads, so widening is off when they pass a
+third (benchmarks/HISTORY.md, "Remote steady state"); 16 batches ahead was slower (more bytes held, later first use). The bytes stay what the epoch reads, so widening is off when they pass a
 quarter of the cache (the LRU could evict them before their batch comes). A widened request is cut only where the
 epoch needs nothing or bytes are cached; cached bytes shorter than ``pieces.MERGE_GAP`` between two gaps are fetched
 again rather than cutting it (``pieces._bridge``: DuckDB's small column chunks of a data file otherwise split its

@@ -33,7 +33,7 @@ from typing import Any
 
 from .errors import TrainSetupError
 
-SUPPORTED = ((0, 4), (0, 6))  # lerobot minor versions checked (README: "Train with lerobot")
+SUPPORTED = ((0, 4), (0, 6))  # lerobot minor versions checked (docs/training.md: "Train with lerobot")
 # lerobot-train options a SQL selection replaces: refused from the arguments (before lerobot is imported) and again
 # from the parsed config (a --config_path file can set them too)
 NO_EPISODES = ("--dataset.episodes cannot be combined with --sql: select the episodes in the SQL (e.g. ... WHERE "

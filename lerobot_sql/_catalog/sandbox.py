@@ -13,7 +13,7 @@ a query cannot write files). Remote roots are fsspec filesystems registered on t
 (``lsqlremote://...``): DuckDB reaches them through the registered Python filesystem, which
 ``enable_external_access=false`` does not cut off; allowed_directories names their URL prefix too.
 
-Since issue 14 the first wall also walks DuckDB's own parse tree (``query.duckdb_facts``), and nothing lerobot_sql
+The first wall also walks DuckDB's own parse tree (``_query.checks.duckdb_facts``), and nothing lerobot_sql
 reads back is a DuckDB base table (views over Parquet or registered Arrow tables, ``views.register_table``), so
 no SQL on the connection, first wall or not, can UPDATE, DELETE or INSERT the metadata behind ``dataset()``. Each
 thread other than the connection's owner uses a cursor of it (``Database.con``); the settings here are the

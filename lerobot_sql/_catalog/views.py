@@ -1,7 +1,7 @@
 """The views users write SQL against: ``VIEWS``, one small function per view, run in order by ``register_views``.
 
 ``register_views`` reads only info.json and Parquet footers: every view over Parquet is lazy and re-reads its
-files when queried, so nothing is copied at connect time. The view reference lives in README.md ("Views").
+files when queried, so nothing is copied at connect time. The view reference lives in docs/sql.md ("Views").
 A new view is one function added to ``VIEWS`` (one built on first use: an entry in
 :data:`lerobot_sql._catalog.connection.LAZY_VIEWS` and its placeholder here).
 

@@ -1,7 +1,8 @@
 """The dataset's layout as meta/info.json describes it: format version, fps, features, path templates, file lists.
 
 Knows nothing of DuckDB or torch. v3.x and the legacy v2.0/v2.1 layout (one parquet and one mp4 per episode,
-JSON-lines metadata, see the format spec section 13) are both read natively; ``Layout.legacy`` tells them apart.
+JSON-lines metadata: meta/episodes.jsonl, tasks.jsonl, episodes_stats.jsonl) are both read natively;
+``Layout.legacy`` tells them apart.
 Problems that do not stop reading (no data files, a video folder that differs from ``video_path``) are
 collected in ``Layout.warnings`` and emitted once with :func:`warnings.warn`.
 """

@@ -272,7 +272,7 @@ def _warn_repeated_rows(result: pa.Table, mode: str, sql: str) -> None:
              f"(a query over frames returns one row per frame): {sql!r:.200}")
 
 
-# What an item can carry of an extra column (README, "Adapter contract"): numbers, lists of numbers, text.
+# What an item can carry of an extra column (docs/training.md, "Adapter contract"): numbers, lists of numbers, text.
 _EXTRA_TYPES = "numbers (integers, floats, booleans, DECIMAL), lists of numbers, text (VARCHAR) and lists of text"
 # DuckDB types that Arrow hands over as something an item cannot carry, the SQL that makes them one that it can.
 _EXTRA_CASTS = (

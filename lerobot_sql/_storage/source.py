@@ -372,7 +372,7 @@ def _is_local_fs(fs: Any) -> bool:
 
 
 def resolve_hub_revision(repo_id: str, api: Any = None, token: Any = None) -> str:
-    """The revision to read when the user gave none, as lerobot chooses it (spec section 12).
+    """The revision to read when the user gave none, as lerobot chooses it (the rule below).
 
     The exact ref ``v3.0`` if it exists, else the highest ref ``v3.0.x``; a repo with version refs of other majors
     only is refused; a repo with no version ref at all is read at ``main``.

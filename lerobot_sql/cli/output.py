@@ -393,7 +393,7 @@ def error_hint(e: BaseException) -> str | None:
     if isinstance(e, ResultContractError) and ("collection" in str(e) or "do not line up" in str(e)
                                                 or "differs (" in str(e)):
         return ("over several datasets a query returns `dataset` with `index`, or `episode_index[, start_s, end_s]`; "
-                "keys line up with --features (export) or rename=/features= (Python); README: Many datasets")
+                "keys line up with --features (export) or rename=/features= (Python); see docs/collections.md")
     if getattr(e, "interrupted", None) == "timeout":
         return "give --timeout more seconds, or narrow the query (WHERE, LIMIT, an aggregate)"
     if isinstance(e, TrainSetupError) and "not installed" in str(e):

@@ -229,8 +229,8 @@ class VideoWriter:
         lerobot's libx265 depth streams are open-GOP: their keyframes are CRA pictures, which do not restart the
         picture order count (POC) the way an IDR does. Copied after another part (other frames, their own POCs), a
         CRA keeps counting from the part before, and the decoder outputs frames by POC across the seam: out of
-        order, frames held back to the end of the file (found by a new-user export of depth4, all three episodes
-        cut). HEVC's splice picture is BLA (broken link access): the same slice syntax as a CRA, but the POC restarts
+        order, frames held back to the end of the file (an export of depth4 with all three episodes cut did
+        this). HEVC's splice picture is BLA (broken link access): the same slice syntax as a CRA, but the POC restarts
         and the frames before it are output first. So the run's CRA slices are relabelled BLA_W_LP (nal_unit_type
         21 -> 16); its own leading pictures, which a BLA drops, are not copied anyway (their pts precede the cut).
         Other codecs: unchanged (AV1 key frames and libx264's IDRs already restart).

@@ -1,6 +1,6 @@
 -- Doctor check: each episode's data/chunk_index and data/file_index (formatted with info.json data_path) name the
 -- file that actually holds its rows, and all its rows sit in that one file. Converters before Feb 2026 wrote
--- stale pointers on the first episode of each new data file (issue #2401); lerobot_sql finds rows by
+-- stale pointers on the first episode of each new data file (huggingface/lerobot issue #2401); lerobot_sql finds rows by
 -- episode_index, so a mismatch does not change what it reads, but other readers trust the pointer.
 --
 -- returns: one row per bad episode: episode_index BIGINT, pointed_file VARCHAR, actual_files VARCHAR[],

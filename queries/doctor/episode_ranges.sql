@@ -1,7 +1,7 @@
 -- Doctor check: each episode's metadata agrees with its rows in the data files: `length` equals the number of
 -- rows found by episode_index, [dataset_from_index, dataset_to_index) is the range of their `index`, and
 -- dataset_from_index is the sum of the lengths of the episodes before it. Catches scrambled index ranges
--- (converter issue #1919) and missing or extra rows. lerobot_sql itself locates rows by episode_index.
+-- (as some dataset converters write them) and missing or extra rows. lerobot_sql itself locates rows by episode_index.
 --
 -- returns: one row per bad episode: episode_index BIGINT, length BIGINT, rows_found BIGINT,
 --   dataset_from_index BIGINT, dataset_to_index BIGINT, first_index BIGINT, end_index BIGINT (max index + 1),

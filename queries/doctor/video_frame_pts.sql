@@ -1,6 +1,6 @@
 -- Doctor check (video index): for every frame and camera, the video holds a frame whose real pts is within the
 -- tolerance of from_timestamp + timestamp (where lerobot and lerobot_sql look). Catches from_timestamp offsets
--- that drift from the file (issue #3177), clips missing frames and wrong video pointers.
+-- that drift from the file (huggingface/lerobot issue #3177), clips missing frames and wrong video pointers.
 --
 -- params:
 --   tolerance_s (float, default 1e-4): allowed |pts - (from_timestamp + timestamp)|, seconds (lerobot's default)
