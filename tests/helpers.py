@@ -73,8 +73,32 @@ def load_reference(name: str):
     return json.loads((base / f"{name}.json").read_text()), np.load(base / f"{name}.npz")
 
 
-def assert_item_equals_reference(item: dict, ref_json_item: dict, npz, mode: str) -> None:
-    """Exact comparison of one of our items with lerobot's (keys, dtypes, shapes, values, task)."""
+def exp_bounds(root: Path, mode_options: dict) -> dict[str, float]:
+    """{feature key: absolute bound} for the values of an item that lerobot computes through a transcendental
+    function, whose last bit depends on the CPU (tests/README.md, "Exact and bounded comparisons").
+
+    Only depth videos quantized with ``use_log`` and read in metres qualify: lerobot 0.6.1 dequantizes them with
+    torch's vectorised ``exp_`` (then ``sub_(shift)``), and torch picks its SIMD kernel by CPU (AVX2, AVX-512), whose
+    results may differ in the last bit. That is at most 1 ulp of the exponential's output (at most ``depth_max +
+    shift`` metres), plus the subtraction's own rounding of at most 1 ulp of the same magnitude: the bound is 2 ulp
+    of float32(depth_max + shift) (1.9e-6 m for lerobot's defaults 10 m and 3.5). In mm the values are rounded to
+    whole millimetres, and PNG / TIFF depth images are divided by 1000 (correctly rounded everywhere): exact."""
+    if mode_options.get("depth_output_unit") != "m":
+        return {}
+    info = json.loads((Path(root) / "meta" / "info.json").read_text())
+    out = {}
+    for key, ft in info["features"].items():
+        fi = ft.get("info") or {}
+        if ft.get("dtype") == "video" and fi.get("is_depth_map") and fi.get("video.use_log", True):
+            top = float(fi.get("video.depth_max", 10.0)) + float(fi.get("video.shift", 3.5))
+            out[key] = 2 * float(np.spacing(np.float32(top)))
+    return out
+
+
+def assert_item_equals_reference(item: dict, ref_json_item: dict, npz, mode: str,
+                                 bounds: dict[str, float] | None = None) -> None:
+    """Comparison of one of our items with lerobot's (keys, dtypes, shapes, values, task): exact, except the keys
+    in ``bounds`` (``exp_bounds``: floats computed through ``exp``, within the stated absolute bound)."""
     idx = ref_json_item["index"]
     spec = ref_json_item[mode]
     prefix = f"{mode}/{idx}/"
@@ -90,7 +114,10 @@ def assert_item_equals_reference(item: dict, ref_json_item: dict, npz, mode: str
         if meta.get("stored_dtype") == "uint8":
             # lerobot computes float32(u8)/255; compare in that exact form.
             ref = ref.astype(np.float32) / np.float32(255)
-        np.testing.assert_array_equal(got, ref, err_msg=f"index {idx} {mode} {key}")
+        if bounds and key in bounds:
+            np.testing.assert_allclose(got, ref, rtol=0, atol=bounds[key], err_msg=f"index {idx} {mode} {key}")
+        else:
+            np.testing.assert_array_equal(got, ref, err_msg=f"index {idx} {mode} {key}")
 
 
 def assert_items_equal(a: dict, b: dict) -> None:
@@ -182,3 +209,74 @@ def shortened_vector_copy(orig: Path, dst: Path, feature: str, n: int) -> Path:
         col = pa.array([v[:n] for v in t[feature].to_pylist()], pa.list_(pa.float32()))
         pq.write_table(t.set_column(t.column_names.index(feature), feature, col), f)
     return dst
+
+
+# ---- the command line, in-process ------------------------------------------------------------------------------------
+class CliResult:
+    """What one ``lerobot-sql`` run gave: ``returncode``, ``stdout``, ``stderr`` (text), as subprocess.run's."""
+
+    def __init__(self, args: list[str], returncode: int, stdout: str, stderr: str):
+        self.args, self.returncode, self.stdout, self.stderr = args, returncode, stdout, stderr
+
+    def __repr__(self) -> str:
+        return f"CliResult({self.args!r}, returncode={self.returncode}, stdout={self.stdout!r}, stderr={self.stderr!r})"
+
+
+def run_cli(*args, stdin: str | None = None, cwd: Path | None = None, env: dict | None = None,
+            merge_stderr: bool = False) -> CliResult:
+    """Run ``lerobot-sql ARGS`` in this process: ``lerobot_sql.cli.main(argv)`` with stdin, stdout and stderr
+    swapped for in-memory pipes (not terminals, as for a child with captured output), ``cwd`` and ``env`` applied
+    for the call and restored after, argparse's SystemExit turned into the exit code. ``merge_stderr`` sends both
+    streams to one pipe (what a user sees with ``2>&1``). The few behaviours that need a real process (the console
+    script, ``python -m``, signals from outside, a terminal, a broken pipe) keep their subprocess tests."""
+    import io
+    import sys
+    import warnings
+
+    from lerobot_sql.cli import main
+
+    argv = [str(a) for a in args]
+    out_b, err_b = io.BytesIO(), io.BytesIO()
+    out = io.TextIOWrapper(out_b, encoding="utf-8", write_through=True)
+    err = out if merge_stderr else io.TextIOWrapper(err_b, encoding="utf-8", write_through=True)
+    inp = io.TextIOWrapper(io.BytesIO((stdin or "").encode()), encoding="utf-8")
+    saved = sys.stdin, sys.stdout, sys.stderr
+    old_cwd = os.getcwd()
+    old_env = {k: os.environ.get(k) for k in (env or {})}
+    code: int
+    try:
+        os.chdir(cwd or REPO)
+        for k, v in (env or {}).items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        sys.stdin, sys.stdout, sys.stderr = inp, out, err
+        # a fresh filter state (as a new interpreter's): main() installs its warning printer, and warnings an
+        # earlier test already showed are shown again (the filters' change resets each module's registry)
+        with warnings.catch_warnings():
+            warnings.resetwarnings()
+            warnings.simplefilter("default")
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)  # as Python's own defaults outside __main__
+            try:
+                code = main(argv)
+            except SystemExit as e:  # argparse (usage errors, --help, --version)
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+        for s in (sys.stdout, sys.stderr):
+            try:
+                s.flush()
+            except (OSError, ValueError):
+                pass
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved
+        os.chdir(old_cwd)
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    text = out_b.getvalue().decode("utf-8", "replace")
+    return CliResult(argv, int(code or 0), text, text if merge_stderr else err_b.getvalue().decode("utf-8", "replace"))

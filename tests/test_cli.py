@@ -1,5 +1,7 @@
-"""``lerobot-sql``: every subcommand run as a subprocess on the bundled sample; expected values come from pyarrow
-and PyAV reading the sample's files directly, not from lerobot_sql."""
+"""``lerobot-sql``: every subcommand on the bundled sample, run in this process through ``main(argv)`` (a child
+interpreter costs ~2 s); a handful of tests run a real process where the process is the point (the console script,
+``python -m``, stdout and stderr interleaved on one pipe, a terminal). Expected values come from pyarrow and PyAV
+reading the sample's files directly, not from lerobot_sql."""
 
 from __future__ import annotations
 
@@ -19,14 +21,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import DATASETS, REPO, SAMPLE
+from helpers import DATASETS, REPO, SAMPLE, CliResult, run_cli
 
 CLI = [sys.executable, "-m", "lerobot_sql.cli"]
 
 
-def run(*args: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *map(str, args)], input=stdin, capture_output=True, text=True, timeout=240,
-                          cwd=cwd or REPO)
+def run(*args: str, stdin: str | None = None, cwd: Path | None = None) -> CliResult:
+    """The command in this process (helpers.run_cli); the tests marked "a real process" below run a child."""
+    return run_cli(*args, stdin=stdin, cwd=cwd)
 
 
 def ok(*args: str, **kw) -> str:
@@ -35,7 +37,7 @@ def ok(*args: str, **kw) -> str:
     return r.stdout
 
 
-def assert_error(r: subprocess.CompletedProcess, *fragments: str) -> None:
+def assert_error(r: CliResult, *fragments: str) -> None:
     """Exit 1 and exactly one ``error:`` line plus one ``hint:`` line on stderr, no traceback."""
     assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "%|" not in ln]  # drop tqdm bars
@@ -486,9 +488,9 @@ def test_bench_outside_a_checkout_says_so(tmp_path):
 
 
 @pytest.mark.skipif(not (REPO / "benchmarks" / "run.py").exists(), reason="benchmarks/run.py not written yet")
-def test_bench_passes_arguments_through():
-    out = ok("bench", "--", "--help")
-    assert "usage" in out.lower()
+def test_bench_passes_arguments_through(capfd):
+    ok("bench", "--", "--help")  # the benchmark runs as a child: its help is on the real stdout
+    assert "usage" in capfd.readouterr().out.lower()
 
 
 def test_demo_runs_on_the_sample():

@@ -9,7 +9,6 @@ import json
 import re
 import sys
 
-import matplotlib
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -20,6 +19,7 @@ import lerobot_sql as lsql
 from lerobot_sql import display
 from lerobot_sql.errors import QueryError
 
+matplotlib = pytest.importorskip("matplotlib", reason="matplotlib is in the test-slow extra: pip install -e '.[test-slow]'")
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import warnings
@@ -26,6 +27,17 @@ DATA = "data/chunk-000/file-000.parquet"
 def _copy(datasets, tmp_path, name: str):
     dst = tmp_path / name
     shutil.copytree(datasets / name, dst)
+    return dst
+
+
+def _copy_files(datasets, tmp_path, name: str, *damaged: str):
+    """A copy of dataset NAME in which only the files ``damaged`` (relative paths) are real copies, safe to edit;
+    every other file is a hard link to the shipped one (never write to those)."""
+    dst = tmp_path / name
+    shutil.copytree(datasets / name, dst, copy_function=os.link)
+    for rel in damaged:
+        (dst / rel).unlink()
+        shutil.copy2(datasets / name / rel, dst / rel)
     return dst
 
 
@@ -655,24 +667,21 @@ REFUSED_INFO = [
 @pytest.mark.parametrize("change,key,message", REFUSED_INFO)
 def test_doctor_reports_a_refused_info_json_as_a_failed_check(datasets, tmp_path, change, key, message):
     """`lerobot-sql doctor` on a dataset whose info.json connect() refuses: a report with one failed check naming
-    the key, the message and the fix (before: the CLI's error line, whose hint was to run `lerobot-sql doctor`)."""
-    import subprocess
-    import sys
+    the key, the message and the fix (before: the CLI's error line, whose hint was to run `lerobot-sql doctor`).
+    The command runs in this process (helpers.run_cli)."""
+    from helpers import run_cli
 
-    from helpers import REPO
-
-    root = _copy(datasets, tmp_path, "small20")
+    root = _copy_files(datasets, tmp_path, "small20", "meta/info.json")
     info = json.loads((root / "meta/info.json").read_text())
     info.update(change)
     (root / "meta/info.json").write_text(json.dumps(info))
-    cmd = [sys.executable, "-m", "lerobot_sql.cli", "doctor", str(root)]
-    env = {**__import__("os").environ, "LSQL_CACHE_DIR": str(tmp_path / "cache")}
-    text = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    env = {"LSQL_CACHE_DIR": str(tmp_path / "cache")}
+    text = run_cli("doctor", root, env=env)
     assert text.returncode == 1 and "Traceback" not in text.stderr, text.stderr
     assert "FAIL info_json_valid: 1 violation(s)" in text.stdout
     assert f"key={key!r}" in text.stdout and f"hint: fix {key!r} in meta/info.json (" in text.stdout, text.stdout
     assert message in text.stdout.split("hint:")[1], text.stdout
-    js = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    js = run_cli("doctor", root, "--json", env=env)
     report = json.loads(js.stdout)
     assert js.returncode == 1 and report["ok"] is False and [c["name"] for c in report["checks"]] == ["info_json_valid"]
     row = report["checks"][0]["sample"][0]
@@ -900,7 +909,8 @@ def test_decode_finds_an_mp4_that_decodes_in_order_but_not_after_a_seek(datasets
     assert doctor._SEEK in c.hint
 
 
-@pytest.mark.parametrize("name", ["small20", "multifile60", "h264_20", "depth4"])
+@pytest.mark.parametrize("name", ["small20", *(pytest.param(n, marks=pytest.mark.slow) for n in (
+    "multifile60", "h264_20", "depth4"))])  # decode=True decodes every frame: small20 in the fast tier
 def test_shipped_samples_decode_as_indexed(name):
     report = _run(data_root(name), decode=True)
     c = report["video_files_decode"]

@@ -39,9 +39,11 @@ def test_stored_notebook_is_what_the_generator_writes(name):
         f"{name} differs from notebooks/make_notebooks.py: edit the generator and rerun it")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_top_to_bottom(name, tmp_path):
-    from nbclient import NotebookClient
+    NotebookClient = pytest.importorskip(
+        "nbclient", reason="nbclient, ipykernel are in the test-slow extra (pip install -e '.[test-slow]')").NotebookClient
 
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     # The kernel inherits this process's environment: the per-session LSQL_CACHE_DIR and a temp dir for exports.

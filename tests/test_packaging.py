@@ -55,6 +55,7 @@ def installed(tmp_path_factory):
     return tmp
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_module_and_the_bundled_queries(installed, sample, tmp_path):
     paths = [str(installed / "site"), *site.getsitepackages()]
     r = subprocess.run([sys.executable, "-S", "-c", CHILD, json.dumps(paths), str(sample), str(tmp_path / "c")],

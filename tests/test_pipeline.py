@@ -160,6 +160,7 @@ def test_a_sampler_of_another_dataset_is_warned_about(datasets):
         ds.pipeline(list(range(len(ds))))
 
 
+@pytest.mark.slow
 def test_spawned_workers_get_the_sampler_and_pipeline(served, datasets):
     """lerobot 0.6.1's start method: the sampler travels pickled with the dataset, and the items stay exact."""
     srv, tmp = served

@@ -125,10 +125,12 @@ def blob_server(tmp_path):
         yield srv, data
 
 
-def _blob_fs(srv, tmp_path, **kw):
+def _blob_fs(srv, tmp_path, timeout_s: float = 0.5, **kw):
+    """A remote filesystem on ``srv`` whose requests time out after ``timeout_s`` (short, for the tests of timeouts;
+    a test that counts requests passes a long one, so a busy machine's slow answer is not a retried request)."""
     import aiohttp
 
-    src = open_source(f"{srv.url}", {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=0.5)}},
+    src = open_source(f"{srv.url}", {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=timeout_s)}},
                       cache_dir=tmp_path / "c", **kw)
     src.fs.backoff_s = 0.01
     return src.fs, f"{srv.url}/blob.bin"
@@ -518,6 +520,7 @@ def test_prefetch_warms_row_groups_before_the_manifest_query(http, datasets):
     assert warm_episode_row_groups(db, "SELECT index FROM frames WHERE index < 5") == 0  # not an episode query
 
 
+@pytest.mark.usefixtures("quick_retries")
 def test_server_gone_falls_back_to_the_cache_and_5xx_is_not_missing_file(datasets, tmp_path):
     """A network failure is never reported as a missing file: an unreachable server or 503s raise RemoteIOError,
     and a dataset whose metadata was cached opens offline by itself."""
@@ -536,6 +539,7 @@ def test_server_gone_falls_back_to_the_cache_and_5xx_is_not_missing_file(dataset
         db.dataset("SELECT episode_index FROM episodes WHERE episode_index = 17")[0]
 
 
+@pytest.mark.usefixtures("quick_retries")
 def test_a_failed_remote_read_does_not_spoil_the_next_items(datasets, tmp_path):
     local = lsql.connect(datasets / "small20").dataset(episodes=[1, 8, 13])
     with RangeServer(datasets) as srv:
@@ -551,6 +555,7 @@ def test_a_failed_remote_read_does_not_spoil_the_next_items(datasets, tmp_path):
             assert_items_equal(ds[i], local[i])
 
 
+@pytest.mark.usefixtures("quick_retries")
 def test_storage_failure_under_sql_is_a_remote_error_not_a_query_error(datasets):
     with RangeServer(datasets) as srv:
         db = lsql.connect(f"{srv.url}/small20")
@@ -722,7 +727,7 @@ def test_describe_many_pins_files_in_one_round_and_leaves_failures_to_the_first_
     srv, data = blob_server
     for i in range(5):
         (srv.root / f"b{i}.bin").write_bytes(data[i::7][:100_000])
-    fs, url = _blob_fs(srv, tmp_path)
+    fs, url = _blob_fs(srv, tmp_path, timeout_s=60)
     urls = [f"{srv.url}/b{i}.bin" for i in range(5)] + [url, f"{srv.url}/gone.bin"]
     assert fs.describe_many(urls) == 6
     assert sorted(srv.heads) == sorted([f"b{i}.bin" for i in range(5)] + ["blob.bin"])  # (a 404 is not logged)

@@ -11,6 +11,7 @@ with a typed error, the secret's content never comes back, no file appears and t
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -435,6 +436,7 @@ def test_query_text_is_bounded_and_big_in_lists_are_answered(db):
     assert db.sql(big).fetchall() == [(20,)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)  # a loaded 2-core box starts interpreters slowly
 def test_timeout_interrupts_a_runaway_query_and_the_connection_survives(world, tmp_path):
     """In a child process, as a user's script runs it. Inside this pytest process, after the ~800 tests before it,
@@ -491,6 +493,7 @@ def _run_and_interrupt(args, ready: str, tmp_path):
 RUNAWAY = "SELECT sum(a.index * b.index + c.index) FROM frames a, frames b, frames c"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)  # a loaded 2-core box starts interpreters slowly
 def test_ctrl_c_interrupts_db_sql(world, tmp_path):
     import sys
@@ -510,6 +513,7 @@ def test_ctrl_c_interrupts_db_sql(world, tmp_path):
     assert secs < 60
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)  # a loaded 2-core box starts interpreters slowly
 def test_cli_query_ctrl_c_and_timeout(world, tmp_path):
     import os
@@ -575,11 +579,12 @@ MEMORY_HOGS = {
 }
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", list(MEMORY_HOGS))
-def test_memory_hogs_refused_before_they_allocate(world, tmp_path, name):
-    """Measured in a child process: the peak RSS stays near a connection's own (about 0.3 GB here), where these
-    queries reached 2-5.5 GB before, since DuckDB's memory_limit does not bound these allocations."""
+@pytest.fixture(scope="module")
+def memory_hogs(world):
+    """Every MEMORY_HOGS query run in ONE child process, in turn: {name: (what it printed, peak RSS in MB while it
+    ran)}. The peak is /proc/self/status's VmHWM, reset before each query (``5`` into /proc/self/clear_refs; where
+    that is refused the peak only grows, which is stricter). VmHWM, not getrusage's ru_maxrss: Linux keeps
+    ru_maxrss across execve, so a child of a big pytest process would report its parent's peak."""
     import subprocess
     import sys
 
@@ -587,21 +592,43 @@ def test_memory_hogs_refused_before_they_allocate(world, tmp_path, name):
     # RLIMIT_AS: before the checks refused them, these would take 2-8 GB of a shared machine; capped, an
     # unrefused hog fails with an allocation error (no "allocate" QueryError) instead. timeout=20: an unrefused
     # printf ran for minutes, and DuckDB does not interrupt inside one value.
-    script = ("import resource\n"
+    script = ("import json, resource, sys\n"
               "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
               "import lerobot_sql as lsql\n"
               f"db = lsql.connect({str(root)!r}, cache_dir={str(root.parent / 'cache')!r})\n"
-              "try:\n"
-              f"    print('result', db.sql({MEMORY_HOGS[name]!r}, timeout=20).fetchall())\n"
-              "except lsql.QueryError as e:\n"
-              "    print('QueryError:', e)\n"
-              # VmHWM, not getrusage's ru_maxrss: Linux keeps ru_maxrss across execve, so a child of a big pytest
-              # process would report its parent's peak
-              "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
-              "print('maxrss_mb', int(hwm.split()[1]) // 1024)\n")
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=110, cwd=tmp_path)
-    assert "QueryError:" in r.stdout and "allocate" in r.stdout, (r.stdout, r.stderr)
-    rss = int(r.stdout.split("maxrss_mb")[1])
+              "db.sql('SELECT 1').fetchall()\n"
+              "def hwm():\n"
+              "    return int([l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]) // 1024\n"
+              "for name, sql in json.loads(sys.argv[1]).items():\n"
+              "    try:\n"
+              "        open('/proc/self/clear_refs', 'w').write('5')\n"
+              "    except OSError:\n"
+              "        pass\n"
+              "    try:\n"
+              "        out = 'result ' + repr(db.sql(sql, timeout=20).fetchall())\n"
+              "    except lsql.QueryError as e:\n"
+              "        out = f'QueryError: {e}'\n"
+              "    except Exception as e:\n"
+              "        out = f'{type(e).__name__}: {e}'\n"
+              "    print(json.dumps([name, out, hwm()]), flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", script, json.dumps(MEMORY_HOGS)], capture_output=True, text=True,
+                       timeout=600, cwd=root.parent)
+    found = {}
+    for line in r.stdout.splitlines():
+        name, out, rss = json.loads(line)
+        found[name] = (out, rss)
+    return found, r.stderr
+
+
+@pytest.mark.parametrize("name", list(MEMORY_HOGS))
+def test_memory_hogs_refused_before_they_allocate(memory_hogs, name):
+    """Measured in a child process (one for all of them): the peak RSS stays near a connection's own (about 0.3 GB
+    here), where these queries reached 2-5.5 GB before, since DuckDB's memory_limit does not bound these
+    allocations."""
+    found, stderr = memory_hogs
+    assert name in found, f"the child did not get to {name}: {stderr[-2000:]}"
+    out, rss = found[name]
+    assert "QueryError:" in out and "allocate" in out, out
     assert rss < 1000, rss
 
 

@@ -244,6 +244,6 @@ def test_parquet_read_through_a_dataset_file_object_never_decodes_on_arrows_thre
         rep = db.export("SELECT episode_index FROM episodes WHERE episode_index = 1", tmp_path / f"out_{name}",
                         progress=False)
         assert rep.episodes == 1
-        assert doctor.run(db, decode=True).ok
+        assert doctor.run(db, decode=name == "img5_extras").ok  # decoding reads image cells from Parquet there
         calls += 1
     assert calls == 3 and threaded == []

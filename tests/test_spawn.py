@@ -45,6 +45,7 @@ def test_pickled_dataset_is_small(datasets, tmp_path):
         _same(copy[i], full[i], f"item {i}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
 def test_spawned_workers_equal_forked_and_in_process(datasets, tmp_path, framecode, context):
     db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path)
@@ -148,6 +149,7 @@ def test_leftovers_of_dead_processes_are_swept(datasets, tmp_path):
         p.unlink()
 
 
+@pytest.mark.slow
 def test_no_file_left_after_a_run_with_spawned_workers(datasets, tmp_path):
     """A whole program: datasets built, a spawned DataLoader run, the program exits without closing anything;
     the cache's manifests folder is empty afterwards (exit-time cleanup), and a SIGKILLed run's files (their

@@ -113,6 +113,7 @@ def test_g1_like_items_equal_small20_items_and_a_direct_decode(g1, mode, frameco
                 np.testing.assert_array_equal(a[WRIST][j].numpy(), _u8_to_float(truth[ep][g]), err_msg=f"{i}/{j}")
 
 
+@pytest.mark.slow  # decodes every frame
 def test_g1_like_every_joined_frame_equals_the_per_episode_decode(g1, framecode):
     """check_converted_frames.py's check, on the stand-in: every frame read through the joined files is the
     per-episode mp4's frame, bit for bit (uint8), and carries its own codeword."""

@@ -84,6 +84,7 @@ def test_videos_view_points_at_episode_mp4s(v21, datasets):
         assert t0 == 0.0 and t1 == lengths[ep] / 30
 
 
+@pytest.mark.slow  # decodes every frame
 def test_every_camera_frame_is_right_and_equals_direct_pyav(v21, datasets, framecode):
     root = datasets / "v21_small20"
     ds = v21.dataset("SELECT index FROM frames ORDER BY index", return_uint8=True)

@@ -322,6 +322,7 @@ def test_a_same_size_change_on_a_server_without_etag_is_noticed_on_reconnect(lia
     assert fs2.read_range(url, len(data) - 100, len(data)) == new[-100:]
 
 
+@pytest.mark.usefixtures("quick_retries")
 @pytest.mark.timeout(60)
 def test_storage_answering_503_at_the_first_query_is_a_remote_error(datasets, tmp_path):
     """The first query makes DuckDB's views: a 503 there was reported as "Parquet truncated or corrupt"."""
