@@ -37,6 +37,11 @@ REAL_SETS = frozenset({"g1_real_v30", "g1_real_v21", "record-test", "oc_models_m
                        "aloha_sim_transfer_cube_human_prerelease_meta_only"})
 REAL_SKIP_REASON = f"external real-data corpus not found at {REAL_DATASETS}; set LSQL_SHARED"
 
+# The lerobot peer: an interpreter with lerobot 0.4.4 for the tests that compare with lerobot live (the corpus
+# folder's tools/install_peer.sh DIR makes one; CI installs it). $LSQL_PEER_PYTHON, else a venv named peer beside
+# the checkout (as the corpus is); missing, those tests skip naming LSQL_PEER_PYTHON.
+PEER_PYTHON = os.environ.get("LSQL_PEER_PYTHON") or str(REPO.parent / "peer" / "bin" / "python")
+
 # Every set with lerobot reference items; g1_real_v30's are in the real-data corpus (second tier).
 REFERENCE_SETS = ["small20", "multifile60", "h264_20", "img5_extras", "g1_real_v30"]
 

@@ -1,4 +1,4 @@
-"""Batched fetch (issue 18): ``ds.__getitems__`` and what a DataLoader yields with it equal
+"""Batched fetch: ``ds.__getitems__`` and what a DataLoader yields with it equal
 ``default_collate([ds[i] for i in idx])`` key by key, bit for bit, for every training profile and dataset kind."""
 
 from __future__ import annotations

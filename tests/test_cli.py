@@ -141,7 +141,7 @@ def test_query_table_output(episodes):
 
 
 # Three copies of frames (3 x 4,762 rows), past DuckDB's box renderer, which fetches 10,000 rows and elided from
-# those: it showed row 10,000 as the last one and "? rows" (issue 20).
+# those: it showed row 10,000 as the last one and "? rows".
 TRIPLED = ("SELECT f.index, k.k FROM frames f, (SELECT 1 AS k UNION ALL SELECT 2 UNION ALL SELECT 3) k "
            "ORDER BY k.k, f.index")
 

@@ -345,7 +345,7 @@ def test_dataloader_workers_build_each_entry_once_and_match_one_process(datasets
     assert par_builds.count("mp4") == 2  # one per camera's mp4
 
 
-# ---- non-finite input (issue 14, Medium "Non-finite input") ------------------------------------------------------
+# ---- non-finite input ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def nan_timestamp(datasets, tmp_path_factory):
     """A copy of small20 whose episode 1, frame 10 has timestamp NaN (all else unchanged)."""

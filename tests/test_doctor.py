@@ -173,7 +173,7 @@ def test_rows_out_of_index_order_are_named(datasets, tmp_path, how):
 
 
 def test_scrambled_index_ranges(datasets, tmp_path):
-    """Issue #1919: dataset_from_index/_to_index of two episodes swapped."""
+    """lerobot issue #1919 (huggingface/lerobot): dataset_from_index/_to_index of two episodes swapped."""
     root = _copy(datasets, tmp_path, "small20")
 
     def swap(v):
@@ -194,7 +194,7 @@ def test_scrambled_index_ranges(datasets, tmp_path):
 
 
 def test_stale_data_file_pointer(datasets, tmp_path, framecode):
-    """Issue #2401: the first episode of a new data file still points at the previous file."""
+    """lerobot issue #2401 (huggingface/lerobot): the first episode of a new data file still points at the previous file."""
     root = _copy(datasets, tmp_path, "multifile60")
     ep = pq.read_table(root / EPISODES)
     first_of_file1 = min(e for e, f in zip(ep["episode_index"].to_pylist(), ep["data/file_index"].to_pylist())

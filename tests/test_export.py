@@ -24,7 +24,7 @@ from lerobot_sql import export as export_mod
 from lerobot_sql.export import data_writer, video_writer
 
 RENUMBERED = {"index", "episode_index", "frame_index", "timestamp", "task_index"}
-PEER_PYTHON = os.environ.get("LSQL_PEER_PYTHON", "/work/peer/bin/python")
+from helpers import PEER_PYTHON  # noqa: E402
 
 
 # ---- independent views of a dataset on disk ---------------------------------------------------------------------
@@ -71,7 +71,7 @@ def _expected_frames(src: Path, selection) -> list[tuple[int, int]]:
 
 
 def _check_structure(src: Path, out: Path, frames: list[tuple[int, int]], parts: list[tuple[int, int, int]]):
-    """Invariants of spec section 8, and the output frames being exactly ``frames``."""
+    """The format's invariants (what meta/ promises about data/ and videos/), and the output frames being exactly ``frames``."""
     info = json.loads((out / "meta" / "info.json").read_text())
     d, e = _data(out), _episodes(out)
     sd = _data(src).set_index(["episode_index", "frame_index"])
@@ -670,7 +670,7 @@ def test_lerobot_reads_v21_export(datasets, tmp_path):
     _peer_check(db, src, tmp_path / "out", parts, [0, 1, 26, 27, 28, n - 1], tmp_path)
 
 
-# ---- destinations: export never deletes what it did not write (issue 14, High #5) -------------------------------
+# ---- destinations: export never deletes what it did not write --------------------------------------------------
 def _snapshot(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` (relative path -> bytes), symlinks as their target text."""
     out = {}

@@ -6,7 +6,7 @@ belongs to a stage; ``ALLOWED`` says which stages (or single modules) a stage ma
 cross-module private imports that break the rules today are listed in ``KNOWN_*``: a new one fails the test, and
 so does a listed one that no longer exists, so the lists can only shrink (delete the entry with the fix).
 
-The stages follow ../shared/spec/layout-target.md §5.2, adapted to today's flat modules. A new module must be given a
+The stages are docs/architecture.md's ("Module map"), adapted to today's flat modules. A new module must be given a
 stage in ``PACKAGE_STAGE`` or ``STAGE_TOP`` (the test says so), which is the moment to decide where it belongs.
 """
 
@@ -78,7 +78,7 @@ ONLY = {"cli.shell": {"errors", "cli.output"}}
 # (`Database.doctor()`, a delegate, would be allowed again by removing the entry).
 FORBIDDEN = {("db", "doctor")}
 
-# Today's broken rules (layout-target.md §4.2): only deletions allowed here.
+# Today's broken rules: only deletions allowed here.
 KNOWN_EDGES: set[tuple[str, str]] = set()
 KNOWN_CYCLES: set[frozenset] = set()
 # (importer, module, name): a private name of one module imported by another.

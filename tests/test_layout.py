@@ -143,7 +143,7 @@ def test_broken_jsonl_names_file_and_line(datasets, tmp_path):
         lsql.connect(root).dataset()  # the whole-episode path reads the pointers without DuckDB
 
 
-# ---- Hardening round 2: info.json is validated up front, its templates never reach outside the root ----------
+# ---- info.json is validated up front, its templates never reach outside the root ----------
 
 
 def _with_info(datasets, tmp_path, **changes):

@@ -3,7 +3,7 @@
 One contract, however the manifest is made: the pointer path (whole episodes with pyarrow, no DuckDB), the DuckDB
 join (every result shape), ``db.dataset(episodes=...)``, and ``export_manifest`` -> ``db.dataset(path)`` give the same
 columns in the same order, with the same types and the same ``lerobot_sql.manifest`` metadata. This is the guard rail
-for giving the manifest a type of its own (issue 15, layout-target.md §5.3 step 2(a)).
+for any change to how the manifest is built or stored.
 """
 
 from __future__ import annotations
@@ -318,7 +318,7 @@ def test_manifest_cap_counts_samples_not_rows(datasets, monkeypatch, how):
 @pytest.mark.parametrize("how", ["table", "path", "stats"])
 def test_a_table_that_is_no_manifest_is_refused_naming_its_missing_columns(datasets, tmp_path, how):
     """A query result (or any other Parquet file) passed where a manifest goes met a bare KeyError 'data_file'
-    (new-user trial)."""
+    (found by a new user)."""
     import pyarrow.parquet as pq
 
     db = lsql.connect(datasets / "small20")

@@ -1,4 +1,4 @@
-"""What a new user hit following the README (issue 14 "errors that blame the wrong thing", issue 20's first items):
+"""What a new user hit following the README (errors that blamed the wrong thing, options that silently did nothing):
 each test fails on the code before its fix. Only the in-repo datasets (sample/, tests/data) are used."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def test_a_type_error_from_the_query_is_not_blamed_on_files(sample):
     ("SELECT episode_index, 1.0 AS start_sec, 2.0 AS end_sec FROM episodes", "start_sec"),
 ])
 def test_misnamed_window_columns_do_not_select_whole_episodes(sample, sql, hint):
-    """Each of these silently gave every frame of every episode (issue 20)."""
+    """Each of these silently gave every frame of every episode."""
     db = lsql.connect(sample)
     with pytest.raises(lsql.ResultContractError, match="start_s") as ei:
         db.dataset(sql, cameras=[])
@@ -91,7 +91,7 @@ def test_misnamed_window_columns_do_not_select_whole_episodes(sample, sql, hint)
 
 def test_window_bounds_beside_index_warn_that_each_row_is_one_sample(sample):
     """`SELECT *, t AS start_s, t + 1 AS end_s` over a view with `index` silently became one sample per row, the
-    bounds kept as extras (new-user trial): the documented order (index first) stays, with a warning."""
+    bounds kept as extras (found by a new user): the documented order (index first) stays, with a warning."""
     db = lsql.connect(sample)
     sql = ("SELECT index, episode_index, timestamp AS start_s, timestamp + 1.0 AS end_s FROM frames "
            "WHERE episode_index = 0 AND frame_index IN (0, 30)")
@@ -291,7 +291,7 @@ def test_image_transforms_that_is_not_callable_is_refused_at_the_open(sample):
                                  "SELECT episode_index, 0.0 AS start_s, 1.0 AS end_s FROM episodes"])
 def test_no_frames_because_the_data_files_are_missing_says_so(sample, tmp_path, sql):
     """A copy without data/: the error quoted only the (internal) SQL; the cause was in warnings given at connect
-    (new-user trial)."""
+    (found by a new user)."""
     import shutil
 
     shutil.copytree(sample, tmp_path / "d", ignore=shutil.ignore_patterns("data"))

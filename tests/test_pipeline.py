@@ -1,4 +1,4 @@
-"""Remote pipelining (issue 18): with ``ds.pipeline(sampler, batches=k)`` each DataLoader worker fetches its next
+"""Remote pipelining: with ``ds.pipeline(sampler, batches=k)`` each DataLoader worker fetches its next
 batches' bytes in background threads. Over the loopback HTTP server: items identical to the local dataset's and
 to a run without pipelining, bytes fetched within 1.2x of that run, and the next batch read from the cache."""
 

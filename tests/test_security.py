@@ -283,7 +283,7 @@ def test_lock_down_twice_is_a_typed_error(locked):
     assert np.isscalar(locked.sql("SELECT count(*) FROM frames").fetchall()[0][0])
 
 
-# ---- hardening round 2 (issue 14): writes anywhere in the tree, internal relations, every table-function position,
+# ---- writes anywhere in the tree, internal relations, every table-function position,
 # parser depth and size, time and memory bounds, threads ---------------------------------------------------------
 WRITING_CTES = {
     "delete_features": "WITH x AS (DELETE FROM features RETURNING *) SELECT count(*) FROM x",
@@ -567,7 +567,7 @@ MEMORY_HOGS = {
     "repeat": "SELECT length(repeat('x', 1000000000)) AS n",
     "list_repeat": "SELECT len(repeat([1], 100000000)) AS n",
     "generate_series": "SELECT len(generate_series(1, 100000000)) AS n",
-    # round 3: sizes that multiply through nesting, widths inside format strings, computed literals
+    # sizes that multiply through nesting, widths inside format strings, computed literals
     "printf_width": "SELECT length(printf('%01000000000d', 1)) AS n",
     "printf_star_width": "SELECT length(printf('%*d', 1000000000, 1)) AS n",
     "format_width": "SELECT length(format('{:>1000000000}', 'x')) AS n",
@@ -676,7 +676,7 @@ def test_one_database_from_four_threads(datasets, tmp_path):
         assert list(ex.map(attack, range(2))) == [[(False,)]] * 2
 
 
-# ---- round 3: deep SQL fails closed, CTE scope, the Result surface, settings, the timeout's second clock ----------
+# ---- deep SQL fails closed, CTE scope, the Result surface, settings, the timeout's second clock ----------
 def test_sql_too_deep_for_the_checks_is_refused_not_passed_unchecked(db):
     """At ~950 nested parentheses sqlglot's walk hit RecursionError and check_sql returned the SQL unchecked."""
     deep = "(" * 950 + "1" + ")" * 950

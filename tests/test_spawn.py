@@ -1,4 +1,4 @@
-"""Spawned and forkserver DataLoader workers map the dataset's per-sample file by name (issues 16 and 18): the
+"""Spawned and forkserver DataLoader workers map the dataset's per-sample file by name: the
 pickled dataset is bytes, not O(samples); their items equal forked and in-process ones; the file lives while the
 dataset that wrote it lives, is deleted by that process only, and leaves nothing in the cache."""
 

@@ -1,7 +1,7 @@
 """Training with lerobot's own code on a SQL selection (lerobot_sql.train, ``lerobot-sql train``), in a real lerobot.
 
-These run in the lerobot peer interpreter (``$LSQL_PEER_PYTHON``, default /work/peer/bin/python: lerobot 0.4.4 on
-Python 3.11 with CPU torch, installed by ../shared/tools/install_peer.sh plus .ci/peer_train_deps.sh), with this
+These run in the lerobot peer interpreter (``$LSQL_PEER_PYTHON``, helpers.PEER_PYTHON: lerobot 0.4.4 on
+Python 3.11 with CPU torch, installed by the corpus folder's tools/install_peer.sh plus .ci/peer_train_deps.sh), with this
 checkout on its PYTHONPATH. Without that interpreter they skip with the reason; nothing else depends on lerobot.
 
 Checked: lerobot-train's loop runs 20 steps of a small ACT on a whole-episode subset and on a windows query through
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PEER_PYTHON = os.environ.get("LSQL_PEER_PYTHON", "/work/peer/bin/python")
+from helpers import PEER_PYTHON  # noqa: E402
 CHECK = ("import duckdb, sqlglot, lerobot, importlib.metadata as m; "
          "from lerobot.scripts import lerobot_train; from lerobot.policies.act.modeling_act import ACTPolicy; "
          "print(m.version('lerobot'))")
@@ -48,7 +48,7 @@ def peer():
     v = _peer_version()
     if v is None:
         pytest.skip(f"lerobot peer interpreter {PEER_PYTHON} missing, or lerobot's training code (or duckdb/sqlglot) "
-                    "not importable in it: install it with ../shared/tools/install_peer.sh DIR && "
+                    "not importable in it: install it with tools/install_peer.sh DIR (in the corpus folder) && "
                     "bash .ci/peer_train_deps.sh DIR, then set LSQL_PEER_PYTHON=DIR/bin/python")
     return v
 

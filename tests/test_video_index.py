@@ -115,7 +115,7 @@ def test_missing_video_file_warns_then_raises_on_read(datasets, tmp_path):
     assert db.dataset("SELECT index FROM frames WHERE index < 3", cameras=["observation.images.front"])[0]
 
 
-# ---- a video file replaced while a dataset reads it (issue 14, High #4) -------------------------------------------
+# ---- a video file replaced while a dataset reads it ---------------------------------------------------------------
 FRONT = "videos/observation.images.front/chunk-000/file-000.mp4"
 WRIST = "videos/observation.images.wrist/chunk-000/file-000.mp4"
 CAMS = ("observation.images.front", "observation.images.wrist")

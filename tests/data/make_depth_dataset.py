@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Write ``sample/depth4`` with lerobot 0.6.1's own writer, then dump lerobot 0.6.1's items of it as references.
 
-    /work/peer06/bin/python tests/data/make_depth_dataset.py --root sample/depth4 --ref tests/data/reference/depth4
+    PEER06/bin/python tests/data/make_depth_dataset.py --root sample/depth4 --ref tests/data/reference/depth4
 
-Run it in a venv with lerobot 0.6.1 (``../shared/tools/install_peer_06.sh``; Python >= 3.12). Everything on disk is
+Run it in a venv with lerobot 0.6.1 (PEER06: the corpus folder's ``tools/install_peer_06.sh`` makes one; Python
+>= 3.12); ``$LSQL_SHARED/tools`` must hold ``dump_reference.py``. Everything on disk is
 lerobot's: ``LeRobotDataset.create`` -> ``add_frame`` -> ``save_episode`` -> ``finalize`` with lerobot's default
 encoders (RGB: libsvtav1 yuv420p; depth: ``DepthEncoderConfig()``, HEVC ``gray12le`` with ``x265-params
 lossless=1`` and log quantization ``depth_min=0.01``, ``depth_max=10``, ``shift=3.5`` m). Only the content is ours,
@@ -187,7 +188,8 @@ def dump(root: Path, ref: Path) -> None:
         "depth_stats": stats,
         "items": items,
     }
-    sys.path.insert(0, "/work/shared/tools")
+    shared = Path(os.environ.get("LSQL_SHARED", Path(__file__).resolve().parents[3] / "shared"))
+    sys.path.insert(0, str(shared / "tools"))  # the corpus folder's dump_reference.py: lerobot's reference format
     from dump_reference import _compact_json, save_npz  # noqa: PLC0415
 
     ref.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The on-disk cache heals itself (issue 14): a truncated, emptied, garbled or silently changed cache entry (a
+"""The on-disk cache heals itself: a truncated, emptied, garbled or silently changed cache entry (a
 row-group Arrow file, a video index in its Arrow or Parquet form) is noticed the first time a process uses it,
 rebuilt once with a CacheWarning naming it, and the items equal those of an undamaged cache. The tabular cache key
 follows info.json's feature dtypes and shapes. Matrix: docs/reliability.md."""

@@ -159,7 +159,7 @@ def test_file_changed_during_a_run_never_mixes_versions(damaged, monkeypatch, tm
         np.testing.assert_array_equal(_state(fresh.dataset(SQL.format(1), cameras=[])[0]), before + np.float32(1000.0))
 
 
-# ---- servers that lie or stall (issue 14) ---------------------------------------------------------------------
+# ---- servers that lie or stall ------------------------------------------------------------------------------
 class _LyingHandler(_Handler):
     """Adds faults: ``drip`` (the body one byte every ``drip_s``), ``long_length`` (Content-Length 1000 bytes more
     than the body, the connection kept open), ``no_range`` (Range ignored: 200 and the whole file), ``no_tags`` (no
