@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -64,9 +65,15 @@ def _run(root, **kw):
         return doctor.run(lsql.connect(root), **kw)
 
 
+@functools.lru_cache(maxsize=None)
+def _clean(name: str, decode: bool = False):
+    """The report on a shipped (or corpus) dataset as it is, made once per test run and only read by the tests."""
+    return _run(data_root(name), decode=decode)
+
+
 @pytest.mark.parametrize("name", CLEAN)
 def test_clean_datasets_pass(name):
-    report = _run(data_root(name))
+    report = _clean(name)
     assert report.ok and not _failed(report), report.to_text()
     ran = {c.name for c in report.checks if not c.skipped}
     assert {"episode_index_contiguous", "index_contiguous", "episode_ranges", "data_file_pointers", "tasks_exist",
@@ -539,7 +546,7 @@ def test_video_stream_rate_other_than_info_fps_is_named(datasets, tmp_path):
     assert not c.ok and c.severity == "warning" and not c.skipped
     assert [(r["video_key"], r["info_fps"], r["stream_fps"]) for r in c.sample] == [
         ("observation.images.front", 15.0, 30.0), ("observation.images.wrist", 15.0, 30.0)]
-    assert _run(datasets / "small20")["video_stream_rate"].ok
+    assert _clean("small20")["video_stream_rate"].ok
 
 
 def test_camera_video_fps_and_resolution_other_than_the_file_are_named(datasets, tmp_path):
@@ -576,7 +583,7 @@ def test_camera_video_fps_and_resolution_other_than_the_file_are_named(datasets,
     assert _failed(report) == {"video_resolution"}, report.to_text()
     assert [(r["declared_shape"], r["info_width"], r["file_width"]) for r in report["video_resolution"].sample] == [
         ([3, 96, 128], 64, 128)]
-    assert _run(datasets / "small20")["video_resolution"].ok
+    assert _clean("small20")["video_resolution"].ok
 
 
 def test_missing_clip_timestamps_fail_the_report(datasets, tmp_path):
@@ -612,7 +619,7 @@ def test_frame_pts_hint_names_the_timestamp_column_when_it_is_off(datasets, tmp_
     c = report["video_frame_pts"]
     assert not c.ok and {r["episode_index"] for r in c.sample} == {3}
     assert "timestamp column" in c.hint and "episodes 3" in c.hint and "drifts" not in c.hint
-    assert "drifts" in _run(datasets / "small20")["video_frame_pts"].hint  # the usual hint elsewhere
+    assert "drifts" in _clean("small20")["video_frame_pts"].hint  # the usual hint elsewhere
 
 
 def test_declared_shape_mismatch_is_named_not_a_redownload(datasets, tmp_path):
@@ -820,7 +827,7 @@ def test_decode_names_every_image_cell_that_does_not_decode(datasets, tmp_path):
     words; without decode=True it says it did not run, and the intact dataset passes it."""
     from lerobot_sql.errors import DatasetFormatError
 
-    clean = _run(data_root("img5_extras"), decode=True)["data_images_decode"]
+    clean = _clean("img5_extras", decode=True)["data_images_decode"]
     assert clean.ok and not clean.skipped and clean.n_violations == 0
     root = _copy(datasets, tmp_path, "img5_extras")
     t = pq.read_table(root / DATA)
@@ -912,7 +919,7 @@ def test_decode_finds_an_mp4_that_decodes_in_order_but_not_after_a_seek(datasets
 @pytest.mark.parametrize("name", ["small20", *(pytest.param(n, marks=pytest.mark.slow) for n in (
     "multifile60", "h264_20", "depth4"))])  # decode=True decodes every frame: small20 in the fast tier
 def test_shipped_samples_decode_as_indexed(name):
-    report = _run(data_root(name), decode=True)
+    report = _clean(name, decode=True)
     c = report["video_files_decode"]
     assert report.ok and not _failed(report) and not c.skipped and c.ok, report.to_text()
     assert c.description.startswith("every mp4 decodes front to back")
