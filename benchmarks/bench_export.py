@@ -1,13 +1,16 @@
 #!/usr/bin/env python
 """Export time: ``db.export`` against lerobot 0.4.4's ``delete_episodes`` on the same selection.
 
-    python benchmarks/bench_export.py [--root DATASET] [--drop-every 5] [--peer-python /work/peer/bin/python]
+    python benchmarks/bench_export.py [--root DATASET] [--drop-every 5] [--peer-python PATH]
 
+``--root`` defaults to syn200_96 in $LSQL_BENCH_DATA (default ../bench_data beside the checkout) when it is there,
+else multifile60 of the shared datasets ($LSQL_SHARED/datasets, default ../shared/datasets beside the checkout).
 Selection: drop every N-th episode (so every video file mixes kept and dropped episodes, the case in which lerobot
-decodes and re-encodes). lerobot runs in its own interpreter (``--peer-python``, ``$LSQL_PEER_PYTHON``), offline,
-with a throwaway HF_HOME; only the ``delete_episodes`` call is timed (opening the source dataset is reported apart).
-Ours is timed cold (empty lerobot_sql cache: the per-mp4 frame index is built by demuxing) and warm. A window export
-(every kept episode cut to [1/fps, 3 s), heads re-encoded) is timed as well. Prints a table and one JSON line.
+decodes and re-encodes). lerobot runs in its own interpreter (``--peer-python``, default ``$LSQL_PEER_PYTHON``, else
+../peer/bin/python beside the checkout), offline, with a throwaway HF_HOME; only the ``delete_episodes`` call is
+timed (opening the source dataset is reported apart). Ours is timed cold (empty lerobot_sql cache: the per-mp4 frame
+index is built by demuxing) and warm. A window export (every kept episode cut to [1/fps, 3 s), heads re-encoded) is
+timed as well. Prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
+import common  # noqa: E402
 import lerobot_sql as lsql  # noqa: E402
 
 PEER = """
@@ -43,15 +48,17 @@ print(json.dumps({"open_s": t1 - t0, "delete_s": t2 - t1, "episodes": new.meta.t
 
 
 def _default_root() -> Path:
-    big = Path("/work/bench_data/syn200_96")
-    return big if (big / "meta" / "info.json").exists() else REPO.parent / "shared" / "datasets" / "multifile60"
+    big = common.BENCH_DATA / "syn200_96"
+    return big if (big / "meta" / "info.json").exists() else common.SHARED / "datasets" / "multifile60"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", type=Path, default=_default_root())
     ap.add_argument("--drop-every", type=int, default=5)
-    ap.add_argument("--peer-python", default=os.environ.get("LSQL_PEER_PYTHON", "/work/peer/bin/python"))
+    ap.add_argument("--peer-python", default=common.PEER_PYTHON,
+                    help="interpreter with lerobot 0.4.4 (default $LSQL_PEER_PYTHON, else ../peer/bin/python beside "
+                         "the checkout)")
     ap.add_argument("--skip-lerobot", action="store_true")
     a = ap.parse_args()
 

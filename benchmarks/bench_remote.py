@@ -27,7 +27,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE))
 
+import common  # noqa: E402
 import torch  # noqa: E402
 
 import lerobot_sql as lsql  # noqa: E402
@@ -88,9 +90,10 @@ def run(srv: RangeServer, root: Path, sql: str, use_prefetch: bool, batch: int, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default = Path("/work/bench_data/syn200_96")
+    default = common.BENCH_DATA / "syn200_96"
     ap.add_argument("--root", type=Path, action="append",
-                    help="dataset folder (repeat for several; default syn200_96 or the bundled sample)")
+                    help="dataset folder (repeat for several; default syn200_96 in $LSQL_BENCH_DATA, else "
+                         "../bench_data beside the checkout, when present, or the bundled sample small20)")
     ap.add_argument("--mbit", type=float, default=100)
     ap.add_argument("--latency-ms", type=float, default=20)
     ap.add_argument("--batch", type=int, default=32)

@@ -1,10 +1,13 @@
 #!/usr/bin/env python
 """Scale: how connect, queries, manifests, the Arrow cache and the first item cost as a dataset grows.
 
-    python benchmarks/bench_scale.py run [--episodes 1000 10000 100000] [--root /work/bench_data/scale]
+    python benchmarks/bench_scale.py run [--episodes 1000 10000 100000] [--root DIR]
     python benchmarks/bench_scale.py generate --episodes 1000          # data only
     python benchmarks/bench_scale.py measure --episodes 1000           # one size, JSON on stdout
     python benchmarks/bench_scale.py plot                              # benchmarks/scale.png from scale.json
+
+``--root`` (where the datasets are generated) defaults to $LSQL_SCALE_ROOT, else scale/ in $LSQL_BENCH_DATA (default
+../bench_data beside the checkout).
 
 Data: generated tabular-only LeRobot v3.0 datasets (no cameras), written the way the recorder writes them: one data
 row group per episode (``ParquetWriter.write_table`` per episode, snappy, dictionary on), data files rotated at about
@@ -38,8 +41,11 @@ import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
-DEFAULT_ROOT = Path(os.environ.get("LSQL_SCALE_ROOT", "/work/bench_data/scale"))
+import common  # noqa: E402
+
+DEFAULT_ROOT = Path(os.environ.get("LSQL_SCALE_ROOT", common.BENCH_DATA / "scale"))
 FPS = 30
 EPISODES_PER_DATA_FILE = 5000  # about 100 MB of Parquet, lerobot's data_files_size_in_mb default
 EPISODES_PER_META_FILE = 50000

@@ -23,13 +23,14 @@ Local run (default), in this order:
     worker) reading the first 8 batches (``--quick``: 2) with and without ``__getitems__``; then the decode limit:
     one process decoding the same items' camera frames (the profile's camera window, clamped to the episode) with
     PyAV alone (``run.DecodeLimit``: rgb24 ndarrays, no tensors), times the number of workers;
-  * lerobot 0.4.4 (``--peer-python``, ``$LSQL_PEER_PYTHON``, default /work/peer/bin/python) and lerobot 0.6.1
-    (``--peer06-python``, ``$LSQL_PEER06_PYTHON``, default /work/peer06/bin/python when present), each in a clean
-    process of its own (``peer_lerobot.py`` train mode: torchcodec decoders fail in workers forked from a process
-    that already decoded), offline with a throwaway HF_HOME: one ``LeRobotDataset`` per profile, then ``rounds + 1``
-    passes, the first being "cold" (the first DataLoader pass after the open). A missing interpreter skips its
-    column with a note. ``--uint8`` passes ``return_uint8=True`` to lerobot_sql and 0.6.1 (what lerobot-train does
-    there); 0.4.4 has no such argument and stays float32 (the table says so).
+  * lerobot 0.4.4 (``--peer-python``, default ``$LSQL_PEER_PYTHON``, else ../peer/bin/python beside the checkout)
+    and lerobot 0.6.1 (``--peer06-python``, default ``$LSQL_PEER06_PYTHON``, else ../peer06/bin/python beside the
+    checkout when present), each in a clean process of its own (``peer_lerobot.py`` train mode: torchcodec decoders
+    fail in workers forked from a process that already decoded), offline with a throwaway HF_HOME: one
+    ``LeRobotDataset`` per profile, then ``rounds + 1`` passes, the first being "cold" (the first DataLoader pass
+    after the open). A missing interpreter skips its column with a note. ``--uint8`` passes ``return_uint8=True``
+    to lerobot_sql and 0.6.1 (what lerobot-train does there); 0.4.4 has no such argument and stays float32 (the
+    table says so).
 Tables: medians over rounds; the on/off table; the comparison table (ratios ours / lerobot 0.4.4, ours / lerobot
 0.6.1, ours / (W x 1 process ours), ours / limit); the cold-vs-steady table (whole-epoch figures on both sides).
 
@@ -79,12 +80,12 @@ if str(REPO) not in sys.path:
 import common  # noqa: E402
 from run import DecodeLimit  # noqa: E402  (the frame-access benchmark's PyAV-alone reader)
 
-DEFAULT_PEER = "/work/peer/bin/python"
-DEFAULT_PEER06 = "/work/peer06/bin/python"
+DEFAULT_PEER = common.PEER_PYTHON
+DEFAULT_PEER06 = common.PEER06_PYTHON
 
 
 def _find(name: str) -> Path:
-    for base in [Path(name), REPO / "sample" / name, Path(os.environ.get("LSQL_BENCH_DATA", "/work/bench_data")) / name]:
+    for base in [Path(name), REPO / "sample" / name, common.BENCH_DATA / name]:
         if (base / "meta" / "info.json").exists():
             return base
     raise SystemExit(f"dataset {name!r} not found (a path, or a name under sample/ or $LSQL_BENCH_DATA)")
@@ -510,13 +511,14 @@ def run(argv=None) -> int:
                     help="return_uint8=True (lerobot_sql and lerobot 0.6.1; lerobot 0.4.4 stays float32)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")
-    ap.add_argument("--peer-python", default=os.environ.get("LSQL_PEER_PYTHON") or DEFAULT_PEER,
-                    help="interpreter with lerobot 0.4.4 (default $LSQL_PEER_PYTHON or /work/peer/bin/python)")
+    ap.add_argument("--peer-python", default=DEFAULT_PEER,
+                    help="interpreter with lerobot 0.4.4 (default $LSQL_PEER_PYTHON, else ../peer/bin/python beside "
+                         "the checkout)")
     ap.add_argument("--peer06-python",
-                    default=os.environ.get("LSQL_PEER06_PYTHON") or (DEFAULT_PEER06 if Path(DEFAULT_PEER06).exists()
-                                                                     else ""),
-                    help="interpreter with lerobot 0.6.1 (default $LSQL_PEER06_PYTHON, or /work/peer06/bin/python "
-                         "when present; skipped with a note when absent)")
+                    default=DEFAULT_PEER06 if os.environ.get("LSQL_PEER06_PYTHON") or Path(DEFAULT_PEER06).exists()
+                    else "",
+                    help="interpreter with lerobot 0.6.1 (default $LSQL_PEER06_PYTHON, else ../peer06/bin/python "
+                         "beside the checkout when present; skipped with a note when absent)")
     ap.add_argument("--no-peer", action="store_true", help="skip both lerobot columns (local and --remote)")
     ap.add_argument("--peer-timeout", type=float, default=3600, help="seconds per lerobot process")
     ap.add_argument("--remote", action="store_true",

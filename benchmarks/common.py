@@ -1,5 +1,7 @@
 """Pieces shared by the frame-access benchmark and its lerobot peer script (standard library + numpy only, so the
-peer interpreter, which has lerobot but not lerobot_sql, can import this file by path)."""
+peer interpreter, which has lerobot but not lerobot_sql, can import this file by path), and the default locations
+every benchmark script uses for what is not in the repository (``PEER_PYTHON``, ``PEER06_PYTHON``, ``BENCH_DATA``,
+``SHARED``): an environment variable, else a folder beside the checkout."""
 
 from __future__ import annotations
 
@@ -11,6 +13,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+# Defaults for what lives outside the repository, relative to the checkout unless an environment variable is set.
+REPO = Path(__file__).resolve().parents[1]
+# lerobot 0.4.4's interpreter: $LSQL_PEER_PYTHON, else a venv named peer beside the checkout (../peer/bin/python).
+PEER_PYTHON = os.environ.get("LSQL_PEER_PYTHON") or str(REPO.parent / "peer" / "bin" / "python")
+# lerobot 0.6.1's interpreter: $LSQL_PEER06_PYTHON, else a venv named peer06 beside the checkout.
+PEER06_PYTHON = os.environ.get("LSQL_PEER06_PYTHON") or str(REPO.parent / "peer06" / "bin" / "python")
+# Generated benchmark datasets (syn200_96, syn20_480, scale/, ...): $LSQL_BENCH_DATA, else ../bench_data.
+BENCH_DATA = Path(os.environ.get("LSQL_BENCH_DATA") or REPO.parent / "bench_data")
+# The external corpus (datasets/, tools/): $LSQL_SHARED, else ../shared, as in tests/helpers.py.
+SHARED = Path(os.environ.get("LSQL_SHARED") or REPO.parent / "shared")
 
 
 def plan(n_frames: int, fps: float, cameras: list[str], n: int, n_delta: int, dl_batches: int, seed: int) -> dict:

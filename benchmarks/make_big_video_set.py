@@ -1,8 +1,12 @@
 #!/usr/bin/env python
 """Make the >= 1 GB video dataset of the remote benchmark with lerobot's own writer (run in lerobot's interpreter).
 
-    HF_HUB_OFFLINE=1 HF_HOME=$(mktemp -d) /work/peer/bin/python benchmarks/make_big_video_set.py \
-        [--source /work/bench_data/syn200_96] [--copies 30] [--dest /work/bench_data/syn_big_96]
+    HF_HUB_OFFLINE=1 HF_HOME=$(mktemp -d) ${LSQL_PEER_PYTHON:-../peer/bin/python} benchmarks/make_big_video_set.py \
+        [--source DIR] [--copies 30] [--dest DIR]
+
+Run from the checkout. lerobot's interpreter: $LSQL_PEER_PYTHON, else ../peer/bin/python beside the checkout.
+``--source`` and ``--dest`` default to syn200_96 and syn_big_96 in $LSQL_BENCH_DATA, else in ../bench_data beside the
+checkout.
 
 ``lerobot.datasets.aggregate.aggregate_datasets`` merges ``--copies`` copies of ``--source`` (each reached through
 its own symlink, as it wants one root per repo id) with lerobot's default file limits (data 100 MB, video 200 MB):
@@ -14,15 +18,20 @@ sizes, episodes per file) is what lerobot writes.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402  (standard library + numpy: importable in lerobot's interpreter)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source", type=Path, default=Path("/work/bench_data/syn200_96"))
+    ap.add_argument("--source", type=Path, default=common.BENCH_DATA / "syn200_96")
     ap.add_argument("--copies", type=int, default=30)
-    ap.add_argument("--dest", type=Path, default=Path("/work/bench_data/syn_big_96"))
+    ap.add_argument("--dest", type=Path, default=common.BENCH_DATA / "syn_big_96")
     a = ap.parse_args()
     from lerobot.datasets.aggregate import aggregate_datasets
 

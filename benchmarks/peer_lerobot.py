@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""LeRobotDataset's side of the frame-access benchmark; runs in the lerobot interpreter (``/work/peer/bin/python``).
+"""LeRobotDataset's side of the frame-access benchmark; runs in a lerobot interpreter (``--peer-python``: default
+``$LSQL_PEER_PYTHON``, else ../peer/bin/python beside the checkout; ``bench_train --peer06-python`` likewise with
+``$LSQL_PEER06_PYTHON`` and ../peer06/bin/python; see ``common.PEER_PYTHON``).
 
     python peer_lerobot.py PLAN.json
 

@@ -11,11 +11,13 @@ For every dataset, the three readers get the same item indices (``benchmarks/com
   * open time: cold (empty lerobot_sql cache / fresh HF_HOME) and warm, for every frame (``db.dataset()`` /
     ``LeRobotDataset(repo_id)``), then the first item after the cold open (lerobot_sql builds row groups and video
     indexes on first use); files are in the OS page cache either way. Ours also through SQL (``SELECT index ...``).
-LeRobotDataset runs in its own interpreter (``--peer-python``, ``$LSQL_PEER_PYTHON``, default /work/peer/bin/python;
-the column is skipped with a note when it is missing), offline with a throwaway HF_HOME. The decode limit is PyAV
-alone: one open container per file, seek to the target's keyframe only when decoding forward cannot reach it, decode
-to the target, convert to an rgb24 ndarray with a reused single-thread reformatter; cameras one after the other, no
-tensors. Datasets are looked up in $LSQL_BENCH_DATA (default /work/bench_data) and then the shared datasets.
+LeRobotDataset runs in its own interpreter (``--peer-python``, default ``$LSQL_PEER_PYTHON``, else ../peer/bin/python
+beside the checkout; the column is skipped with a note when it is missing), offline with a throwaway HF_HOME. The
+decode limit is PyAV alone: one open container per file, seek to the target's keyframe only when decoding forward
+cannot reach it, decode to the target, convert to an rgb24 ndarray with a reused single-thread reformatter; cameras
+one after the other, no tensors. Datasets are looked up in $LSQL_BENCH_DATA (default ../bench_data beside the
+checkout), in sample/, and then in the shared datasets ($LSQL_SHARED/datasets, default ../shared/datasets beside the
+checkout).
 
 ``run(argv)`` is the entry point (``lerobot-sql bench`` calls it); it prints a table and returns 0.
 """
@@ -41,10 +43,9 @@ if str(REPO) not in sys.path:
 
 import common  # noqa: E402
 
-DEFAULT_PEER = "/work/peer/bin/python"
+DEFAULT_PEER = common.PEER_PYTHON
 # sample/: the generated sets the repository ships (small20, multifile60, ...), so a fresh clone finds them.
-SEARCH = [os.environ.get("LSQL_BENCH_DATA", "/work/bench_data"), str(REPO / "sample"),
-          str(REPO.parent / "shared" / "datasets"), "/work/shared/datasets"]
+SEARCH = [str(common.BENCH_DATA), str(REPO / "sample"), str(common.SHARED / "datasets")]
 
 
 def _find(name: str) -> Path | None:
@@ -270,8 +271,9 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="more items and rounds (about 3x longer)")
     ap.add_argument("--datasets", default="small20,syn200_96,syn20_480",
                     help="comma-separated dataset names (looked up in $LSQL_BENCH_DATA, then shared) or paths")
-    ap.add_argument("--peer-python", default=os.environ.get("LSQL_PEER_PYTHON", DEFAULT_PEER),
-                    help="interpreter with lerobot 0.4.4 (default $LSQL_PEER_PYTHON or /work/peer/bin/python)")
+    ap.add_argument("--peer-python", default=DEFAULT_PEER,
+                    help="interpreter with lerobot 0.4.4 (default $LSQL_PEER_PYTHON, else ../peer/bin/python beside "
+                         "the checkout)")
     ap.add_argument("--no-peer", action="store_true", help="skip the LeRobotDataset column")
     ap.add_argument("--repeat", type=int, default=None, help="run each reader this many times, keep the best")
     ap.add_argument("--seed", type=int, default=0)
