@@ -452,10 +452,10 @@ def test_hostile_image_cells_are_format_errors(datasets, tmp_path, case):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    cell = {"wrong_size": {"bytes": _png(640, 480), "path": None},
-            "bytes_null": {"bytes": None, "path": "/etc/hostname"},
-            "not_an_image": {"bytes": b"hello, not a png", "path": None},
-            "bomb": {"bytes": _png(12000, 12000), "path": None}}[case]
+    cell = {"wrong_size": lambda: {"bytes": _png(640, 480), "path": None},  # built for its case only: the bomb
+            "bytes_null": lambda: {"bytes": None, "path": "/etc/hostname"},   # takes seconds to compress
+            "not_an_image": lambda: {"bytes": b"hello, not a png", "path": None},
+            "bomb": lambda: {"bytes": _png(12000, 12000), "path": None}}[case]()
     root = tmp_path / "img5_extras"
     shutil.copytree(datasets / "img5_extras", root)
     f = root / "data/chunk-000/file-000.parquet"
