@@ -236,6 +236,9 @@ class Collection(QueryFace):
                 in some, a vector of another length or dtype, a camera of another resolution), naming datasets and
                 keys and the fix (``features=`` / ``rename=``).
             KeyError: ``rename`` names an unknown dataset or a key the dataset does not have.
+            DatasetFormatError: a kept feature of a dataset is named ``dataset`` or ``dataset_index`` (after
+                ``rename``), the keys every item adds, naming the ``rename=`` that keeps it; or as
+                :meth:`Database.dataset` (a feature named ``task`` or ``<key>_is_pad``).
         """
         from .mixture import CollectionDataset
 

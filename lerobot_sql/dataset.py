@@ -31,6 +31,7 @@ from ._readers import decode, locate, tabular, video_index
 from ._storage.pieces import merge_ranges
 from .errors import CacheError, DatasetFormatError, LeRobotSQLError, MissingFileError, as_int, warn
 from ._format.files import DatasetFiles
+from ._format.layout import check_item_keys
 from . import meta as _meta
 from . import batch_memory as _batch_memory
 from . import pipeline as _pipe
@@ -50,7 +51,9 @@ class _VideoFile:
     the error every item reading it raises (a missing file, a clip that disagrees with the frames)."""
 
     index: video_index.FrameIndex | None = None
-    rows: np.ndarray | None = None  # int32, per sample of the file in ``_vorder`` order; -1: no frame in tolerance
+    rows: np.ndarray | None = None  # int32, per sample of the file in ``_vorder`` order; -1: no frame in tolerance,
+    # locate.OUTSIDE / OFF_GRID: the frame is outside the episode's clip / not the row's own (never served)
+    first: np.ndarray | None = None  # int32, the same order: row of the first frame of the sample's episode's clip
     error: LeRobotSQLError | None = None
 
 
@@ -144,8 +147,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         ``(T, *shape)`` stacks of the clamped neighbour frames;
       * each camera (``observation.images.<camera>``): float32 (C, H, W) in [0, 1], or uint8 with
         ``return_uint8=True``; (T, C, H, W) for a camera in ``delta_timestamps`` with T > 1. Video frames are read
-        from ``videos/<video_key>/...mp4`` at ``from_timestamp + timestamp`` seconds; images stored in Parquet are
-        decoded from their PNG bytes;
+        from ``videos/<video_key>/...mp4`` at ``from_timestamp + timestamp`` seconds (with ``align="frame_index"``:
+        the row's frame_index-th frame of its episode's clip, see ``Database.dataset``), never outside the
+        episode's clip; images stored in Parquet are decoded from their PNG bytes;
       * each depth map (a camera with ``info.is_depth_map``, ``ds.meta.depth_keys``), as lerobot 0.6.1 returns
         it: float32 (1, H, W) ((T, 1, H, W) with deltas), in millimetres (whole mm, as lerobot rounds them), or
         metres with ``depth_output_unit="m"``; ``return_uint8`` and ``image_transforms`` leave depth maps alone.
@@ -184,7 +188,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         FrameNotFoundError: no video frame within ``tolerance_s`` of the wanted time.
         MissingFileError: a video file the frame needs does not exist (the message names it and ``cameras=[...]``).
         DatasetFormatError: the mp4 holding the frame has a selected episode's clip (``from_timestamp`` and frame
-            count) that disagrees with its real frames (raised by every item reading that mp4 and camera), a data
+            count) that disagrees with its real frames (raised by every item reading that mp4 and camera); the frame
+            found lies outside the sample's episode's clip, or (``tolerance_s`` over half a frame) is not the row's
+            own frame of a clip on the fps grid, or (``align="frame_index"``) is not at ``from_timestamp +
+            frame_index / fps``: never served, the message names the mp4, camera, episode and frame_index; a data
             row group cannot be decoded or disagrees with info.json's shapes, or a data file or mp4 was replaced or
             rewritten after the dataset was opened (open it again to read the new version).
         VideoDecodeError: PyAV failed on the file.
@@ -195,13 +202,20 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                  tolerance_s: float = 1e-4, return_uint8: bool = False,
                  image_transforms: Callable | None = None, cameras: list[str] | None = None,
                  decoder_threads: int = 1, parallel_cameras: bool | str = "auto", max_open_decoders: int = 16,
-                 seek_reach: int = 2, stats: Callable[[], dict] | None = None, depth_output_unit: str = "mm"):
+                 seek_reach: int = 2, stats: Callable[[], dict] | None = None, depth_output_unit: str = "mm",
+                 align: str = "timestamp"):
         # The task texts are read here, in the main process, before any worker starts (once per DatasetFiles).
         layout = files.layout
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir
         # info.json's own value, as lerobot's ds.fps (an int in lerobot-written data); layout.fps is its float
         self.fps = layout.info.get("fps", layout.fps)
         self.tolerance_s = locate.check_tolerance(tolerance_s)
+        self.align = locate.check_align(align)
+        # By time, only a tolerance beyond half a frame lets a timestamp off the grid match another row's frame of a
+        # clip on the grid (locate.keep_own_frame); below it, the manifest's grid check already rules that out.
+        self._own_frames = self.tolerance_s > 0.5 / float(layout.fps)
+        if self.align == "frame_index":
+            _check_positions(manifest)
         if not isinstance(return_uint8, (bool, np.bool_)):  # "yes" or 0 would silently pick a frame dtype
             raise TypeError(f"return_uint8 must be True or False, got {return_uint8!r}")
         self.return_uint8 = bool(return_uint8)
@@ -237,6 +251,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._skip_columns = {k for k in layout.image_keys if k not in cameras}
         self.delta_timestamps = delta_timestamps
         self._delta = _frames.delta_indices(delta_timestamps, layout.fps, self.tolerance_s, layout.features)
+        check_item_keys(layout, cameras, self._delta, files.source.url)  # a feature named task or <key>_is_pad
         self._meta = Meta.of(manifest)  # parsed once: the extras and the clips to check
         unchecked = [k for k in self._video_keys if self._meta.cameras is not None and k not in self._meta.cameras]
         if unchecked:  # its pointers may be null and its clips were never checked
@@ -372,15 +387,29 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         except DatasetFormatError as e:
             return _VideoFile(index, error=e)
         rows = None
+        a, b = self._vstarts[key][code], self._vstarts[key][code + 1]
+        sel = self._c[f"_vorder/{key}"][a:b]
+        # Each sample's episode clip in this file: its first frame's row, then `length` frames (the rule of
+        # locate.check_clips, which has just checked the chain). int32: these arrays are private to each process (no
+        # mp4 holds 2**31 frames).
+        first = locate.clip_first_rows(index.pts_s, self._c[f"{key}/from_timestamp"][sel], self._layout.fps)
         if key not in self._delta:  # delta cameras locate each item's frames as they go
-            a, b = self._vstarts[key][code], self._vstarts[key][code + 1]
-            sel = self._c[f"_vorder/{key}"][a:b]
-            # A time with no frame within tolerance keeps -1; __getitem__ raises FrameNotFoundError for it. int32:
-            # these arrays are private to each process (no mp4 holds 2**31 frames).
-            rows = locate.rows_within(index.pts_s, locate.time_in_file(self._c[f"{key}/from_timestamp"][sel],
-                                                                       self._c["timestamp"][sel]),
-                                      self.tolerance_s).astype(np.int32)
-        return _VideoFile(index, rows)
+            from_ts = self._c[f"{key}/from_timestamp"][sel]
+            ep_from = self._c["ep_from_index"][sel]
+            length, pos = self._c["ep_to_index"][sel] - ep_from, self._c["index"][sel] - ep_from
+            if self.align == "frame_index":
+                rows = locate.rows_by_position(index.pts_s, first, pos, length, from_ts, self._layout.fps)
+            else:
+                # A time with no frame within tolerance keeps -1 (__getitem__ raises FrameNotFoundError for it), a
+                # frame outside the episode's clip OUTSIDE, another row's frame OFF_GRID (DatasetFormatError): a
+                # large tolerance_s must not reach into the neighbouring episode's or another row's frames.
+                rows = locate.rows_within(index.pts_s, locate.time_in_file(from_ts, self._c["timestamp"][sel]),
+                                          self.tolerance_s)
+                rows = locate.keep_in_clip(rows, first, length)
+                if self._own_frames:
+                    rows = locate.keep_own_frame(rows, index.pts_s, first, pos, from_ts, self._layout.fps)
+            rows = rows.astype(np.int32)
+        return _VideoFile(index, rows, first.astype(np.int32))
 
     def _check_clips(self, key: str, rel: str, index: video_index.FrameIndex) -> None:
         """The selected episodes' clips in mp4 ``rel`` against its real frames
@@ -399,10 +428,57 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         code = int(self._c[f"_vfile/{key}"][i])
         vf = self._video(self._w(), key, code)
         r = int(vf.rows[self._c[f"_vpos/{key}"][i]])
-        if r < 0:  # raises FrameNotFoundError with the full story
-            vf.index.locate(locate.time_in_file(self._c[f"{key}/from_timestamp"][i], self._c["timestamp"][i:i + 1]),
-                            self.tolerance_s, episode_index=int(self._c["episode_index"][i]), video_key=key)
+        if r < 0:
+            self._no_frame(key, i, vf)
         return self._video_files[key][code], vf.index, r
+
+    def _clip_rows(self, key: str, i: int, vf: _VideoFile, position: np.ndarray, times=None) -> np.ndarray:
+        """Rows (int64) in ``vf`` of sample ``i``'s camera ``key`` frames at ``position`` (frames from its episode's
+        start: the sample's own, or its delta_timestamps neighbours' clamped to the episode) by ``self.align``,
+        looked up by ``times`` (seconds from the episode start: their data timestamps) with align="timestamp".
+        A row < 0 has no frame that may be served (see ``_no_frame``).
+
+        Raises:
+            FrameNotFoundError: align="timestamp" and a time has no frame within ``tolerance_s``.
+        """
+        c, fps = self._c, self._layout.fps
+        first = int(vf.first[c[f"_vpos/{key}"][i]])
+        length = int(c["ep_to_index"][i] - c["ep_from_index"][i])
+        from_ts = c[f"{key}/from_timestamp"][i]
+        if self.align == "frame_index":
+            return locate.rows_by_position(vf.index.pts_s, first, position, length, from_ts, fps)
+        rows = vf.index.locate(locate.time_in_file(from_ts, times), self.tolerance_s,
+                               episode_index=int(c["episode_index"][i]), video_key=key)
+        rows = locate.keep_in_clip(rows, first, length)
+        if self._own_frames:
+            rows = locate.keep_own_frame(rows, vf.index.pts_s, first, position, from_ts, fps)
+        return rows
+
+    def _no_frame(self, key: str, i: int, vf: _VideoFile, position=None, times=None) -> None:
+        """Raise the error of sample ``i``'s camera ``key`` frame(s) in ``vf``, one of which has no row (error path
+        only): ``position`` / ``times`` as :meth:`_clip_rows` takes them (default the sample's own) are looked up again.
+
+        Raises:
+            FrameNotFoundError: a time with no frame within ``tolerance_s`` (file, camera, episode, time, nearest pts).
+            DatasetFormatError: the frame lies outside the episode's clip, or is not the row's own frame of a clip on
+                the fps grid (:func:`locate.clip_error`: file, camera, episode, frame_index, times, the fix).
+        """
+        c = self._c
+        ep_from = int(c["ep_from_index"][i])
+        position = np.atleast_1d(int(c["index"][i]) - ep_from if position is None else position)
+        times = c["timestamp"][i:i + 1] if times is None else np.atleast_1d(times)
+        rows = self._clip_rows(key, i, vf, position, times)  # raises FrameNotFoundError for a time without a frame
+        j = int(np.flatnonzero(rows < 0)[0]) if (rows < 0).any() else 0
+        from_ts = float(c[f"{key}/from_timestamp"][i])
+        where = dict(episode_index=int(c["episode_index"][i]), video_key=key, position=int(position[j]),
+                     first=int(vf.first[c[f"_vpos/{key}"][i]]), length=int(c["ep_to_index"][i]) - ep_from,
+                     from_timestamp=from_ts, fps=self._layout.fps)
+        if self.align == "frame_index":
+            raise locate.clip_error(self._src.path(vf.index.path), vf.index.pts_s, int(rows[j]), **where)
+        t = float(locate.time_in_file(from_ts, times[j:j + 1])[0])
+        found = int(locate.nearest(vf.index.pts_s, [t])[0][0])
+        raise locate.clip_error(self._src.path(vf.index.path), vf.index.pts_s, int(rows[j]), time_s=t, row=found,
+                                tolerance_s=self.tolerance_s, **where)
 
     def _use_parallel(self) -> bool:
         if self._parallel_cameras != "auto":
@@ -683,17 +759,21 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                     row0: int, pads: dict) -> tuple[video_index.FrameIndex, np.ndarray]:
         vf = self._video(w, key, int(self._c[f"_vfile/{key}"][i]))
         index = vf.index
-        from_ts = self._c[f"{key}/from_timestamp"][i]
-        ep = int(self._c["episode_index"][i])
         if key in self._delta:
-            times, pad = self._neighbours(w, i, key, "timestamp", fi, idx, ep_from, ep_to, row0)
+            target = self._delta[key] + idx
+            position = np.minimum(np.maximum(target, ep_from), ep_to - 1) - ep_from
+            if self.align == "frame_index":  # no timestamp is read
+                times, pad = None, (target < ep_from) | (target >= ep_to)
+            else:
+                times, pad = self._neighbours(w, i, key, "timestamp", fi, idx, ep_from, ep_to, row0)
             pads[f"{key}_is_pad"] = torch.from_numpy(pad)
-            return index, index.locate(locate.time_in_file(from_ts, times), self.tolerance_s, episode_index=ep,
-                                       video_key=key)
+            rows = self._clip_rows(key, i, vf, position, times)
+            if int(rows.min()) < 0:
+                self._no_frame(key, i, vf, position, times)
+            return index, rows
         r = int(vf.rows[self._c[f"_vpos/{key}"][i]])
-        if r < 0:  # raises FrameNotFoundError with the full story
-            index.locate(locate.time_in_file(from_ts, self._c["timestamp"][i:i + 1]), self.tolerance_s,
-                         episode_index=ep, video_key=key)
+        if r < 0:
+            self._no_frame(key, i, vf)
         return index, np.array([r])
 
     def _decode(self, w: _Worker, key: str, index: video_index.FrameIndex, rows: np.ndarray) -> torch.Tensor:
@@ -866,15 +946,19 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             files = {int(code): self._video(w, k, int(code)) for code in np.unique(codes)}
             if k in self._delta:
                 q, pad, o, inside = window(k)
-                # the data file's timestamp dtype, as __getitem__ reads the window's times from the row group
-                times = np.empty(q.shape, w.view(self, int(slot[0])).column("timestamp").dtype)
-                neighbours("timestamp", k, times)
+                times = None
+                if self.align != "frame_index":  # (by frame_index, no timestamp is read)
+                    # the data file's timestamp dtype, as __getitem__ reads the window's times from the row group
+                    times = np.empty(q.shape, w.view(self, int(slot[0])).column("timestamp").dtype)
+                    neighbours("timestamp", k, times)
                 rows = np.empty(q.shape, np.int64)
-                from_ts = c[f"{k}/from_timestamp"][ii]
+                position = q - ep_from[:, None]
                 for j in range(b):
-                    rows[j] = files[int(codes[j])].index.locate(
-                        locate.time_in_file(from_ts[j], times[j]), self.tolerance_s,
-                        episode_index=int(c["episode_index"][ii[j]]), video_key=k)
+                    vf = files[int(codes[j])]
+                    rows[j] = self._clip_rows(k, int(ii[j]), vf, position[j], None if times is None else times[j])
+                for j in np.flatnonzero((rows < 0).any(axis=1))[:1]:  # outside the clip, or not the row's frame
+                    self._no_frame(k, int(ii[j]), files[int(codes[j])], position[j],
+                                   None if times is None else times[j])
                 pads[f"{k}_is_pad"] = pad
             else:
                 pos = c[f"_vpos/{k}"][ii]
@@ -882,11 +966,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 for code, vf in files.items():
                     m = codes == code
                     rows[m, 0] = vf.rows[pos[m]]
-                for j in np.flatnonzero(rows[:, 0] < 0):  # raises FrameNotFoundError with the full story
-                    i = int(ii[j])
-                    files[int(codes[j])].index.locate(
-                        locate.time_in_file(c[f"{k}/from_timestamp"][i], c["timestamp"][i:i + 1]), self.tolerance_s,
-                        episode_index=int(c["episode_index"][i]), video_key=k)
+                for j in np.flatnonzero(rows[:, 0] < 0)[:1]:
+                    self._no_frame(k, int(ii[j]), files[int(codes[j])])
             targets.append((k, codes, files, rows))
         # decode per (camera, mp4), rows sorted inside decode_into: one forward pass per GOP run; the other cameras
         # in helper threads where __getitem__ would use them (PyAV releases the GIL)
@@ -1115,12 +1196,11 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         for k in self._video_keys:
             codes = c[f"_vfile/{k}"][jj]
             # the items' frame times (a window's clamped neighbours too) once per camera, not per mp4
+            vpos = c[f"_vpos/{k}"][jj]
             if k in self._delta:  # data timestamps are on the fps grid
                 q = np.clip(idx[:, None] + self._delta[k][None, :], ep_from[:, None], ep_to[:, None] - 1)
                 t_all = locate.time_in_file(c[f"{k}/from_timestamp"][jj][:, None], c["timestamp"][jj][:, None]) \
                     + (q - idx[:, None]) / fps
-            else:
-                vpos = c[f"_vpos/{k}"][jj]
             for code in np.unique(codes):
                 rel = self._video_files[k][int(code)]
                 try:
@@ -1131,7 +1211,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 if packets is None:
                     continue
                 m = codes == code
-                if k in self._delta:
+                if k in self._delta and self.align == "frame_index":  # the clip's first row plus the position
+                    rows = vf.first[vpos[m]][:, None].astype(np.int64) + (q[m] - ep_from[m][:, None])
+                    rows = np.where(rows < len(vf.index.pts_s), rows, -1)
+                elif k in self._delta:
                     rows = locate.nearest(vf.index.pts_s, t_all[m].ravel())[0].reshape(int(m.sum()), -1)
                 else:
                     rows = vf.rows[vpos[m]][:, None]
@@ -1352,6 +1435,28 @@ def _batch_tensor(shape: tuple, dtype: torch.dtype, mem=None) -> torch.Tensor:
     if mem is not None:
         return mem.tensor(tuple(shape), dtype)
     return torch.empty(shape, dtype=dtype)
+
+
+def _check_positions(manifest: pa.Table) -> None:
+    """Refuse, for ``align="frame_index"``, samples whose ``frame_index`` is not their position in the episode
+    (``index - ep_from_index``): frames are read by position, so the item's frame_index must name the frame it
+    carries. One vectorised pass over the manifest.
+
+    Raises:
+        DatasetFormatError: naming the first such episode, its index and frame_index, and the fix.
+    """
+    fi = manifest["frame_index"].to_numpy()
+    pos = manifest["index"].to_numpy() - manifest["ep_from_index"].to_numpy()
+    bad = np.flatnonzero(fi != pos)
+    if len(bad):
+        j = int(bad[0])
+        ep = manifest["episode_index"][j].as_py()
+        raise DatasetFormatError(
+            f"episode {ep}: the row with index {int(manifest['index'][j].as_py())} has frame_index {int(fi[j])}, but "
+            f"it is frame {int(pos[j])} of the episode (index - the episode's first index; {len(bad)} such rows "
+            "selected): align=\"frame_index\" reads each row's frame by its position, so the item would carry a "
+            "frame_index that is not its frame's. Fix the data files' frame_index (`lerobot-sql doctor`: "
+            "frame_index_contiguous), or read by time (align=\"timestamp\")")
 
 
 def item_index(i: Any) -> int:

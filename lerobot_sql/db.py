@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import os
 import signal
@@ -26,6 +25,7 @@ from ._format.metadata import read_pointers
 from ._plan import manifest as plan_manifest
 from ._plan import resolve as plan
 from ._query import checks as query
+from ._readers import locate
 from ._storage.source import Source
 from .errors import DatasetFormatError, MissingFileError, QueryError, ResultContractError, as_int, as_real
 
@@ -429,7 +429,7 @@ class Database(QueryFace):
 
     # ---- datasets -------------------------------------------------------------------------------------------
     def manifest(self, sql: str, *, cameras: list[str] | None = None, tolerance_s: float | None = None,
-                 extras: bool = True) -> pa.Table:
+                 extras: bool = True, align: str = "timestamp") -> pa.Table:
         """The manifest of a query: one row per sample (see :mod:`lerobot_sql._plan.resolve` for columns and contract).
 
         Args:
@@ -438,6 +438,9 @@ class Database(QueryFace):
                 for a camera it was not resolved for).
             tolerance_s: seconds the data's ``timestamp`` may stray from ``frame_index / fps`` when more than half a
                 frame (wall-clock timestamps, which lerobot reads with its ``tolerance_s``); default half a frame.
+            align: ``"timestamp"`` (default: each row's timestamp must also lie in its episode's video clip) or
+                ``"frame_index"`` (frames by position, as ``dataset(align="frame_index")`` reads them: timestamps
+                are not bounded).
             extras: False leaves the query's extra columns out of the manifest, and so out of the checks that they
                 suit a DataLoader (what :meth:`export` resolves: it writes none of them).
 
@@ -447,18 +450,20 @@ class Database(QueryFace):
                 clip of one of ``cameras``.
         """
         checked, result = self._capped_result(sql)
-        return self._resolve(result, sql, checked.ordered, cameras=cameras, tolerance_s=tolerance_s, extras=extras)
+        return self._resolve(result, sql, checked.ordered, cameras=cameras, tolerance_s=tolerance_s, extras=extras,
+                             align=locate.check_align(align))
 
     def _resolve(self, result: pa.Table, sql: str, ordered: bool, con=None, *, cameras: list[str] | None = None,
-                 tolerance_s: float | None = None, before: int = 0, extras: bool = True) -> pa.Table:
+                 tolerance_s: float | None = None, before: int = 0, extras: bool = True,
+                 align: str = "timestamp") -> pa.Table:
         """The manifest of ``result`` (the rows of user query ``sql``), resolved with ``con`` (a function returning
         a connection whose unqualified names are this dataset's views; default: this Database's own); ``cameras``,
-        ``tolerance_s``, ``extras`` as :meth:`manifest` takes them; ``before``: a collection's samples resolved
-        before these (the manifest bound is on the whole)."""
+        ``tolerance_s``, ``extras``, ``align`` as :meth:`manifest` takes them; ``before``: a collection's samples
+        resolved before these (the manifest bound is on the whole)."""
         try:
             return plan.build_manifest(con or (lambda: self.con), self.layout, result, sql=sql, ordered=ordered,
                                        src=self.source, ptr=self._episode_pointers(), cameras=cameras,
-                                       tolerance_s=tolerance_s, before=before, keep_extras=extras)
+                                       tolerance_s=tolerance_s, before=before, keep_extras=extras, align=align)
         except duckdb.Error as e:  # the data files failed while the frames were resolved, or the result's types
             raise unreadable_error(self.source, self.layout, e, sql=sql) from e
 
@@ -473,7 +478,7 @@ class Database(QueryFace):
 
     def _episodes_manifest(self, episodes, **kw) -> pa.Table:
         """The manifest of whole episodes (all when ``episodes`` is None), in the given order; ``kw``: ``cameras``,
-        ``tolerance_s`` as :meth:`manifest` takes them."""
+        ``tolerance_s``, ``align`` as :meth:`manifest` takes them."""
         ptr = self._episode_pointers()
         if episodes is None:
             if ptr is None:  # no usable pointers: let the catalog say why
@@ -503,7 +508,8 @@ class Database(QueryFace):
                 delta_timestamps: dict[str, list[float]] | None = None, tolerance_s: float = 1e-4,
                 return_uint8: bool = False, image_transforms: Any = None, cameras: list[str] | None = None,
                 stats: str | None = "selection", decoder_threads: int = 1, parallel_cameras: bool | str = "auto",
-                max_open_decoders: int = 16, seek_reach: int = 2, depth_output_unit: str = "mm"):
+                max_open_decoders: int = 16, seek_reach: int = 2, depth_output_unit: str = "mm",
+                align: str = "timestamp"):
         """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
 
         Args:
@@ -516,7 +522,17 @@ class Database(QueryFace):
                 index order, each once. A custom order or repeats: use SQL (``... ORDER BY``).
             delta_timestamps: {feature key: [offsets in seconds]}, as LeRobotDataset's.
             tolerance_s: how far a frame's timestamp may be from the wanted time, seconds (lerobot's 1e-4); a
-                finite number > 0, else ValueError.
+                finite number > 0, else ValueError. Whatever it is, a frame outside the row's episode's clip (and,
+                beyond half a frame, another row's frame of a clip on the fps grid) is never served:
+                DatasetFormatError from the item.
+            align: how each row's camera frame is found. ``"timestamp"`` (default, lerobot's rule): the frame
+                nearest to ``from_timestamp + timestamp`` within ``tolerance_s``. ``"frame_index"``: the row's
+                ``frame_index``-th frame of its episode's clip (the first frame no earlier than half a frame
+                before ``from_timestamp``, plus frame_index), ignoring the timestamps, for data whose
+                ``timestamp`` column holds wall-clock times while each clip holds exactly its episode's frames on
+                the fps grid (what the refusal of such timestamps recommends). Checked per mp4: the frame must lie
+                at ``from_timestamp + frame_index / fps`` (within a quarter frame) and inside the clip, and each
+                sample's frame_index must be its position in the episode; else DatasetFormatError.
             return_uint8: camera frames as uint8 (C, H, W) instead of float32 in [0, 1] (lerobot 0.6's option).
             image_transforms: a callable applied to each camera frame (lerobot's ``ImageTransforms``).
             cameras: subset of camera keys to return, ``[]`` for tabular-only items (default all).
@@ -538,9 +554,12 @@ class Database(QueryFace):
         Raises:
             QueryError / ResultContractError: the SQL or its result is unusable.
             DatasetFormatError: a data, metadata or video file is a symlink to a file outside the dataset root and
-                outside the hub cache's ``blobs/`` folder (see :meth:`lerobot_sql._storage.source.Source.check_link`).
+                outside the hub cache's ``blobs/`` folder (see :meth:`lerobot_sql._storage.source.Source.check_link`);
+                a feature is named ``task``, or ``<key>_is_pad`` for a ``delta_timestamps`` key (the item's own key
+                would replace it: :func:`lerobot_sql._format.layout.check_item_keys`).
             ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid); both sql and episodes given;
-                ``stats`` not one of the three choices; ``depth_output_unit`` not "mm" or "m";
+                ``stats`` not one of the three choices; ``depth_output_unit`` not "mm" or "m"; ``align`` not
+                "timestamp" or "frame_index";
                 ``decoder_threads``, ``max_open_decoders`` or ``seek_reach`` out of range.
             TypeError: ``episodes`` holds something other than integers; ``decoder_threads``,
                 ``max_open_decoders`` or ``seek_reach`` is not an integer.
@@ -549,6 +568,7 @@ class Database(QueryFace):
 
         # before the manifest is built (seconds on a large query), not after it
         check_decoder_options(decoder_threads, max_open_decoders, seek_reach)
+        locate.check_align(align)
         if stats not in ("selection", "dataset", None):
             raise ValueError(f"stats must be 'selection' (statistics of the selected frames), 'dataset' (the "
                              f"source's meta/stats.json) or None, not {stats!r}")
@@ -558,7 +578,7 @@ class Database(QueryFace):
         # The manifest checks only what these items read: the chosen cameras' pointers and clips, and timestamps
         # within tolerance_s (cameras=[] needs no video metadata at all).
         kw = {"cameras": None if cameras is None else [cameras] if isinstance(cameras, str) else list(cameras),
-              "tolerance_s": tolerance_s}
+              "tolerance_s": tolerance_s, "align": align}
         # before the manifest: its whole-episode path would meet a bad key as a bare KeyError
         self.layout.check_cameras(kw["cameras"] or [])
         if sql is None:
@@ -602,7 +622,7 @@ class Database(QueryFace):
                                  return_uint8=return_uint8, image_transforms=image_transforms, cameras=cameras,
                                  decoder_threads=decoder_threads, parallel_cameras=parallel_cameras,
                                  max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn,
-                                 depth_output_unit=depth_output_unit)
+                                 depth_output_unit=depth_output_unit, align=align)
 
     def _check_manifest_source(self, manifest: pa.Table, where) -> None:
         """Refuse a manifest written from another dataset (``export_manifest`` stores its ``root``): its data_file,
@@ -613,16 +633,14 @@ class Database(QueryFace):
         moved dataset.
 
         Raises:
-            ResultContractError: naming both roots and the fix.
+            ResultContractError: naming both roots and the fix; or naming the file, its metadata is not a JSON object
+                (invalid, nested too deeply).
         """
         from .export import dataset_identity
 
-        raw = (manifest.schema.metadata or {}).get(b"lerobot_sql.manifest")
-        try:
-            meta = json.loads(raw) if raw else {}
-        except ValueError:
-            meta = {}
-        root = meta.get("root") if isinstance(meta, dict) else None
+        name = where if isinstance(where, (str, os.PathLike)) else "the manifest table"
+        meta = plan_manifest.Meta.of(manifest, where=str(name))  # the one parser of it; a file's errors name it
+        root = meta.root
         if not isinstance(root, str) or not root:
             return  # db.manifest()'s own tables carry no root
         here = self.source.url
@@ -632,11 +650,10 @@ class Database(QueryFace):
                 return a.rstrip("/") == b.rstrip("/")
             return os.path.realpath(a) == os.path.realpath(b)
 
-        if same(root, here) or meta.get("dataset_id") == dataset_identity(self.layout):
+        if same(root, here) or meta.dataset_id == dataset_identity(self.layout):
             return
-        name = where if isinstance(where, (str, os.PathLike)) else "the manifest table"
         why = ("its info.json differs from this one (version, total_episodes, total_frames, fps or features)"
-               if meta.get("dataset_id") else "it records no dataset identity to compare")
+               if meta.dataset_id else "it records no dataset identity to compare")
         raise ResultContractError(
             f"{name}: a manifest of the dataset at {root}, opened through the dataset at {here}; {why}, so its "
             f"data_file/data_row/index values would give this dataset's other frames. Open it through its own "

@@ -74,7 +74,10 @@ CHECKS: tuple[Spec, ...] = (
     Spec("video_files_present", "download the missing mp4s (e.g. huggingface_hub.snapshot_download with "
          "allow_patterns='videos/*'); frames of those cameras cannot be read", needs="videos"),
     Spec("video_files_readable", "re-download the named mp4s (an empty or unreadable file: the frames of that camera "
-         "cannot be read, and the video index checks below cannot run on it)", needs="videos"),
+         "cannot be read, and the video index checks below cannot run on it); a file of several video streams: "
+         "lerobot writes one video stream per camera file and the readers refuse the others, so keep the camera's "
+         "own stream N in a copy (ffmpeg -i FILE -map 0:v:N -map 0:a? -c copy fixed.mp4) and put it in place of the "
+         "file", needs="videos"),
     Spec("video_files_complete", "re-download the truncated mp4s: frames past the cut cannot be decoded",
          needs="index"),
     Spec("video_codec", "info.json mislabels the stream's codec; decoding follows the file, so this only misleads "
@@ -105,7 +108,8 @@ CHECKS: tuple[Spec, ...] = (
          "fps (video_stream_rate checks that one) and never read video.fps, so only tools that trust it are misled",
          severity="warning", needs="index"),
     Spec("video_frame_pts", "from_timestamp drifts from the file's real pts (lerobot issue #3177): recompute "
-         "from_timestamp from the video, or pass a larger tolerance_s if the drift is known and harmless",
+         "from_timestamp from the video, or pass a larger tolerance_s if the drift is known, harmless and under half "
+         "a frame (1 / (2 fps) s; a larger one would pick a neighbouring frame)",
          needs="index", params=("tolerance_s",)),
 )
 
@@ -432,7 +436,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
         if "episode_index" in result.column_names and result.num_rows:
             failing[spec.name] = set(result["episode_index"].to_pylist())
             if spec.name == "video_frame_pts":
-                hint = _frame_pts_hint(failing, hint)
+                hint = _frame_pts_hint(failing, hint, lambda eps: _clips_on_grid(db, eps))
         checks.append(Check(spec.name, result.num_rows == 0, result.num_rows,
                             result.slice(0, SAMPLE_ROWS).to_pylist(), hint, spec.severity, nq.description))
     checks.append(_decode_check(db, decode, check_video, n_files, n_missing, index_ready, progress))
@@ -441,20 +445,56 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
     return Report(db.source.url, db.layout.version, float(tolerance_s), checks)
 
 
-def _frame_pts_hint(failing: dict[str, set], hint: str) -> str:
+def _frame_pts_hint(failing: dict[str, set], hint: str, on_grid=None) -> str:
     """video_frame_pts's hint, naming the real cause where the data's own timestamps are off the fps grid
     (frame_index_contiguous failed for those episodes): the lookups follow the timestamp column, so from_timestamp
-    is not the thing to fix there."""
+    is not the thing to fix there. For wall-clock timestamps, ``on_grid(episodes)`` (:func:`_clips_on_grid`) tells
+    the advice: clips holding exactly their frames on the fps grid are read by position (``align="frame_index"``;
+    a tolerance as large as the drift would pick another row's frame), other clips with a tolerance_s."""
     off = failing.get("video_frame_pts", set()) & failing.get("frame_index_contiguous", set())
     if not off:
         return hint
     n = len(failing["video_frame_pts"])
     eps = ", ".join(map(str, sorted(off)[:5])) + (", ..." if len(off) > 5 else "")
     rest = "" if len(off) == n else f"; for the other {n - len(off)} episode(s): {hint}"
+    grid = on_grid(sorted(off)) if on_grid is not None else set()
+    if grid >= off:
+        wall = ("if they are wall-clock times, read the frames by their position: these episodes' clips hold exactly "
+                "their frames on the fps grid, so dataset(..., align=\"frame_index\") gives each row its own frame "
+                "(a tolerance_s as large as the drift would pick the frame nearest each wall-clock time: another "
+                "row's)")
+    else:
+        wall = ("if they are wall-clock times and the videos' frames follow the same clock (these clips do not hold "
+                "exactly their frames on the fps grid), pass a tolerance_s as large as the drift (frames outside an "
+                "episode's clip are never served)")
     return (f"{len(off)} of these {n} episode(s) (episodes {eps}) have timestamps that are not frame_index / fps in "
             "the data files (see frame_index_contiguous): frames are looked up at from_timestamp + timestamp, so "
-            "fix the timestamp column (or info.json's fps) first, or pass a tolerance_s as large as the drift if the "
-            f"timestamps are wall-clock{rest}")
+            f"fix the timestamp column (or info.json's fps) first; {wall}{rest}")
+
+
+def _clips_on_grid(db, episodes) -> set[int]:
+    """Of ``episodes``, those whose clip in every camera's mp4 holds exactly its frames in data/ on the fps grid: from
+    the clip's first frame (the first no earlier than half a frame before from_timestamp), ``length`` frames each
+    within a quarter frame of ``from_timestamp + k / fps`` (:data:`lerobot_sql._readers.locate.GRID_FRAMES`), as
+    ``dataset(align="frame_index")`` requires. Reads the video index (``video_frames``); error path only."""
+    from ._readers.locate import GRID_FRAMES
+
+    eps = ", ".join(str(int(e)) for e in episodes)
+    if not eps:
+        return set()
+    rows = db.con.sql(db.check(
+        f"WITH n AS (SELECT episode_index, count(*) AS length FROM frames WHERE episode_index IN ({eps}) GROUP BY 1), "
+        "c AS (SELECT v.video_key, v.path, v.episode_index, v.from_timestamp, n.length FROM videos v JOIN n "
+        "USING (episode_index)), "
+        "a AS (SELECT c.video_key, c.path, c.episode_index, c.from_timestamp, c.length, min(vf.frame) AS first "
+        "FROM c JOIN video_frames vf ON vf.video_key = c.video_key AND vf.path = c.path "
+        "AND vf.pts_s >= c.from_timestamp - 0.5 / (SELECT fps FROM info) GROUP BY ALL) "
+        "SELECT a.episode_index, bool_and(a.n_grid = a.length) AS ok FROM (SELECT a.*, count(vf.frame) AS n_grid "
+        "FROM a LEFT JOIN video_frames vf ON vf.video_key = a.video_key AND vf.path = a.path "
+        "AND vf.frame BETWEEN a.first AND a.first + a.length - 1 "
+        "AND abs(vf.pts_s - (a.from_timestamp + (vf.frame - a.first) / (SELECT fps FROM info))) "
+        f"<= {GRID_FRAMES} / (SELECT fps FROM info) GROUP BY ALL) a GROUP BY 1")).fetchall()
+    return {int(e) for e, ok in rows if ok}
 
 
 def _video_skip(db, spec: Spec, check_video: bool, n_files: int, n_missing: int, index_ready: str | None

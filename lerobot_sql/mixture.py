@@ -10,6 +10,7 @@ are renamed per dataset (``rename=``) and kept per ``features=``; items gain ``d
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import numpy as np
@@ -20,10 +21,13 @@ import torch
 from . import batch_memory
 from ._plan.manifest import collection_meta, dataset_codes, part_of
 from .dataset import Batch, LeRobotSQLDataset, item_index
-from .errors import ResultContractError, did_you_mean
+from .errors import DatasetFormatError, ResultContractError, did_you_mean
 
 # Keys every item has that are not features: kept whatever ``features`` says.
 _DEFAULT = ("index", "episode_index", "frame_index", "timestamp", "task_index")
+# Keys a collection item adds to its dataset's item (CollectionDataset._finish): a feature or query column of one of
+# these names would be written over in every item and batch.
+ADDED = ("dataset", "dataset_index")
 
 
 def _item_spec(layout, key: str) -> tuple:
@@ -35,15 +39,17 @@ def _item_spec(layout, key: str) -> tuple:
 
 
 def line_up(coll, manifest: pa.Table, names: list[str], features=None, rename=None,
-            why: str = "so they cannot be batched together"
+            why: str = "so they cannot be batched together", added: tuple[str, ...] = ()
             ) -> tuple[list[str], dict[str, dict[str, str]], set[str]]:
     """The item keys of a collection manifest's datasets, checked to line up: ``(present, keymaps, keys)``, the
     datasets with samples (in ``names`` order), per dataset ``{source feature key: item key}`` (``rename``
     applied; the keys every item has are left out), and the feature keys kept (``features``, or every key).
-    ``why`` ends the first sentence of the refusal (what the mismatch prevents).
+    ``why`` ends the first sentence of the refusal (what the mismatch prevents); ``added``: the keys the caller's
+    items add (:data:`ADDED` for ``coll.dataset()``), which no kept feature may be named.
     ``CollectionDataset.build`` and ``Collection.export`` share this one rule.
 
     Raises:
+        DatasetFormatError: a kept feature (after ``rename``) is named like a key of ``added`` (:func:`check_added`).
         ResultContractError: ``features`` names keys no selected dataset has; a kept key is missing in some
             datasets, or differs between them (a vector's dtype or shape, a camera's shape), naming datasets and keys.
         KeyError / ValueError: ``rename`` names an unknown dataset or key, or maps two keys to one name.
@@ -60,14 +66,16 @@ def line_up(coll, manifest: pa.Table, names: list[str], features=None, rename=No
         for k, v in mapping.items():
             if k not in feats:
                 raise KeyError(f"rename[{n!r}]: dataset {n!r} has no feature {k!r}.{did_you_mean(k, feats)}")
-            if k in reserved:
+            if k in _DEFAULT:  # a feature named like an added key (dataset_index) is renamed: that is its fix
                 raise ValueError(f"rename[{n!r}]: {k!r} is a default column every item has under its own name; "
                                  "only features (cameras, vectors) are renamed")
+            # v's padding key too (delta_timestamps on it): a feature of that name would be written over
+            pad_taken = isinstance(v, str) and f"{v}_is_pad" in feats and f"{v}_is_pad" not in mapping
             if not isinstance(v, str) or not v or v in reserved or v.endswith("_is_pad") or \
-                    (v in feats and v not in mapping):
+                    (v in feats and v not in mapping) or pad_taken:
                 raise ValueError(f"rename[{n!r}]: {k!r} -> {v!r} would take a name the item already uses "
-                                 f"({'one of its features' if v in feats else 'a key every item carries'}); "
-                                 "choose another name")
+                                 f"({'one of its features' if v in feats or pad_taken else 'a key every item carries'}"
+                                 f"{f': {v}_is_pad, its padding key' if pad_taken else ''}); choose another name")
         targets = list(mapping.values())
         if len(set(targets)) != len(targets):
             raise ValueError(f"rename[{n!r}] maps two keys to one name: {mapping}")
@@ -92,6 +100,7 @@ def line_up(coll, manifest: pa.Table, names: list[str], features=None, rename=No
             raise ResultContractError(f"features={unknown}: no selected dataset has them (after rename); keys: "
                                       f"{sorted(known)}.{did_you_mean(unknown[0], known)}")
     keys = wanted - set(_DEFAULT) if wanted is not None else set().union(*[set(s) for s in specs.values()])
+    check_added(coll, present, keymaps, keys, added)  # before the line-up problems: the clash is the cause
     problems = []
     for k in sorted(keys):
         have = {n: specs[n].get(k) for n in present}
@@ -108,6 +117,34 @@ def line_up(coll, manifest: pa.Table, names: list[str], features=None, rename=No
             + "; ".join(problems[:6]) + ". Pass features=[...] with the keys to keep, rename={dataset: "
             "{its key: common key}} to line names up, or select fewer datasets")
     return present, keymaps, keys
+
+
+def check_added(coll, present: list[str], keymaps: dict[str, dict[str, str]], keys: set[str],
+                added: tuple[str, ...]) -> None:
+    """Refuse a kept feature whose item key (after ``rename``) is one of ``added``, the keys the collection's items
+    add: written over in every item and batch (a dataset's own ``dataset_index`` 6-vector came back as tensor(0)).
+
+    Raises:
+        DatasetFormatError: naming each such dataset and feature, and the ``rename=`` that keeps it under another
+            name (one name for all of them, so that they still line up).
+    """
+    hits = [(n, src, item) for n in present for src, item in keymaps[n].items() if item in added and item in keys]
+    if not hits:
+        return
+    taken = {k for n in present for k in keymaps[n].values()}
+    fix = {}
+    for n, src, item in hits:
+        new = f"source.{item}"
+        while new in taken:  # a name no selected dataset's item uses yet
+            new = f"source.{new}"
+        fix.setdefault(n, {})[src] = new
+    which = "; ".join(f"dataset {n!r} ({coll[n].source.url}) has a feature {src!r}" +
+                      (f" renamed to {item!r}" if src != item else "") for n, src, item in hits)
+    meaning = "the dataset's name" if hits[0][2] == "dataset" else "the dataset's position in coll.names"
+    raise DatasetFormatError(
+        f"{which}: every collection item adds its own {hits[0][2]!r} ({meaning}), which would replace the "
+        f"feature's values in every item and batch. Keep the feature under another name, e.g. rename={fix!r}, or "
+        "leave it out with features=[...]")
 
 
 class CollectionDataset(torch.utils.data.Dataset):
@@ -142,7 +179,13 @@ class CollectionDataset(torch.utils.data.Dataset):
         meta = collection_meta(manifest)
         names = meta["names"]
         options = dict(options or {})
-        present, keymaps, keys = line_up(coll, manifest, names, features, rename)
+        present, keymaps, keys = line_up(coll, manifest, names, features, rename, added=ADDED)
+        for n in present:  # a query column under an added key would be replaced as a feature would
+            taken = [c for c in json.loads(meta["manifests"][n]).get("extras", ()) if c in ADDED]
+            if taken:
+                raise ResultContractError(f"dataset {n!r}: result column {taken[0]!r} has the name of a key every "
+                                          f"collection item adds, which would replace it; alias it (e.g. `... AS "
+                                          f"my_{taken[0]}`) in: {meta.get('sql')!r}")
         drop = {n: {k for k in keymaps[n].values() if k not in keys} for n in present}
         delta = options.pop("delta_timestamps", None) or {}
         unknown = sorted(set(delta) - keys)
@@ -178,8 +221,10 @@ class CollectionDataset(torch.utils.data.Dataset):
         m, drop = self._keymaps[name], self._drop[name]
         out = {}
         for k, v in item.items():
-            base, pad = (k[: -len("_is_pad")], "_is_pad") if k.endswith("_is_pad") and k[: -len("_is_pad")] in m \
-                else (k, "")
+            # a padding key follows its feature's rename; a feature named like one (no deltas on its key: the part
+            # refuses both at once, layout.check_item_keys) follows its own
+            base, pad = (k[: -len("_is_pad")], "_is_pad") if k.endswith("_is_pad") and k not in m and \
+                k[: -len("_is_pad")] in m else (k, "")
             new = m.get(base, base)
             if new in drop:
                 continue
@@ -251,7 +296,7 @@ class CollectionDataset(torch.utils.data.Dataset):
 
     def _source_key(self, name: str, key: str) -> str:
         inv = self._inverse[name]
-        if key.endswith("_is_pad") and key[: -len("_is_pad")] in inv:
+        if key not in inv and key.endswith("_is_pad") and key[: -len("_is_pad")] in inv:
             return inv[key[: -len("_is_pad")]] + "_is_pad"
         return inv.get(key, key)
 

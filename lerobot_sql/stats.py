@@ -27,13 +27,13 @@ without them gets min/max/mean/std/count only.
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
+from ._format.jsontext import load_json
 from ._format.layout import Layout
 from ._query.sqltext import ident, literal
 from .errors import DatasetFormatError
@@ -71,18 +71,12 @@ def from_json(text: str | bytes, where: str, layout: Layout) -> dict[str, dict[s
     or without numbers (``string``), are kept unchecked (``ds.meta.stats`` leaves out what the items do not carry).
 
     Raises:
-        DatasetFormatError: naming ``where`` (and the feature and statistic): not valid JSON (with line and column),
-            not ``{feature: {stat: number or nested list}}``, a statistic that is not numbers, or whose number of
-            values does not fit the feature's shape; each with the fix (recompute the statistics).
+        DatasetFormatError: naming ``where`` (and the feature and statistic): not valid JSON (with line and column)
+            or nested too deeply to parse, not ``{feature: {stat: number or nested list}}``, a statistic that is not
+            numbers, or whose number of values does not fit the feature's shape; each with the fix (recompute the
+            statistics).
     """
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        near = e.doc[max(0, e.pos - 40):e.pos + 20]
-        raise DatasetFormatError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}, near "
-                                 f"{near!r}); {_RECOMPUTE}") from e
-    except UnicodeDecodeError as e:
-        raise DatasetFormatError(f"{where}: not UTF-8 text ({e}); {_RECOMPUTE}") from e
+    raw = load_json(text, where, _RECOMPUTE)
     if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
         raise DatasetFormatError(f"{where}: not a JSON object of {{feature: {{stat: values}}}}; {_RECOMPUTE}")
     out: dict[str, dict[str, np.ndarray]] = {}

@@ -8,7 +8,8 @@ is replaced for the run; everything else (config parsing, policy, processors, sa
 logging) is lerobot's. The replacement does what lerobot's factory does around the dataset:
 
 * ``delta_timestamps`` from the policy config, through lerobot's own ``resolve_delta_timestamps``;
-* ``image_transforms`` from ``--dataset.image_transforms.*``, ``tolerance_s`` from ``--tolerance_s``;
+* ``image_transforms`` from ``--dataset.image_transforms.*``, ``tolerance_s`` from ``--tolerance_s``; ``align``
+  (how camera frames are found; ``lerobot-sql train --align frame_index``) from ``dataset_kwargs``;
 * ``return_uint8=True`` on lerobot >= 0.5 (its factory always passes it; its train loop scales uint8 frames);
 * ImageNet mean/std for the cameras when ``--dataset.use_imagenet_stats`` (lerobot's default);
 * statistics: the selection's (``stats="selection"``, the default) or the source's ``meta/stats.json``
@@ -117,7 +118,8 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
         if out:  # what --resume needs to rebuild the same dataset (lerobot reloads only its own config)
             Path(out).mkdir(parents=True, exist_ok=True)
             (Path(out) / "lerobot_sql_train.json").write_text(json.dumps(
-                {"root": db.source.url, "sql": sql if isinstance(sql, str) else None, "stats": stats}, indent=2))
+                {"root": db.source.url, "sql": sql if isinstance(sql, str) else None, "stats": stats,
+                 "align": ds.align}, indent=2))
         factory.dataset = ds
         return ds
 

@@ -16,6 +16,7 @@ Two tiers of test data (tests/README.md):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -213,6 +214,79 @@ def shortened_vector_copy(orig: Path, dst: Path, feature: str, n: int) -> Path:
         t = pq.read_table(f)
         col = pa.array([v[:n] for v in t[feature].to_pylist()], pa.list_(pa.float32()))
         pq.write_table(t.set_column(t.column_names.index(feature), feature, col), f)
+    return dst
+
+
+def extra_feature_copy(orig: Path, dst: Path, name: str, dtype: str = "float32") -> Path:
+    """A copy of the v3 dataset ``orig`` (small20-like: a float32 (6,) ``observation.state``) with one more feature,
+    ``name`` of shape [6], declared in info.json and stored in the data files: ``observation.state * 2 + 1`` as
+    ``dtype`` (``bool``: ``observation.state > 0``), so that its values are told apart from every other key's."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(orig, dst)
+    info = json.loads((dst / "meta/info.json").read_text())
+    info["features"][name] = {"dtype": dtype, "shape": [6], "names": None}
+    (dst / "meta/info.json").write_text(json.dumps(info, indent=2))
+    for f in dst.glob("data/*/*.parquet"):
+        t = pq.read_table(f)
+        state = t["observation.state"].combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        values = state > 0 if dtype == "bool" else (state * 2 + 1).astype(dtype)
+        col = pa.FixedSizeListArray.from_arrays(pa.array(values), 6)
+        pq.write_table(t.append_column(name, col), f)
+    return dst
+
+
+def feature_values(root: Path, name: str, index: int) -> np.ndarray:
+    """The values of feature ``name`` at frame ``index`` in the data files of ``root``, read with pyarrow alone."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    for f in sorted(Path(root).glob("data/*/*.parquet")):
+        t = pq.read_table(f, columns=["index", name])
+        hit = t.filter(pc.equal(t["index"], index))
+        if hit.num_rows:
+            return np.asarray(hit[name][0].as_py())
+    raise KeyError(index)
+
+FRONT_MP4 = "videos/observation.images.front/chunk-000/file-000.mp4"
+WRIST_MP4 = "videos/observation.images.wrist/chunk-000/file-000.mp4"
+
+
+def muxed_copy(orig: Path, dst: Path, streams: list[str], audio: bool = False) -> Path:
+    """A writable copy of small20-like ``orig`` whose front camera's mp4 holds the video streams of ``streams``
+    (relative mp4 paths of ``orig``), stream-copied in that order (no re-encode), and with ``audio`` a second of
+    silent AAC after them. ``streams=[WRIST_MP4, FRONT_MP4]``: the wrist camera muxed as stream 0, the front as
+    stream 1, as a recorder muxing all cameras into one file writes it."""
+    import shutil
+
+    import av
+
+    shutil.copytree(orig, dst)
+    for p in dst.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    out_path = dst / FRONT_MP4
+    out_path.unlink()
+    with contextlib.ExitStack() as stack:
+        inputs = [stack.enter_context(av.open(str(orig / rel))) for rel in streams]
+        out = stack.enter_context(av.open(str(out_path), "w", format="mp4"))
+        # opaque: the packets are copied, so no encoder is needed (AV1's decoder name, libdav1d, has none)
+        pairs = [(c, c.streams.video[0], out.add_stream_from_template(c.streams.video[0], opaque=True))
+                 for c in inputs]
+        sound = out.add_stream("aac", rate=16000) if audio else None
+        for c, s_in, s_out in pairs:
+            for pkt in c.demux(s_in):
+                if pkt.dts is None:  # the demuxer's final empty packet
+                    continue
+                pkt.stream = s_out
+                out.mux(pkt)
+        if sound is not None:
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 16000), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, 0
+            for pkt in [*sound.encode(frame), *sound.encode(None)]:
+                out.mux(pkt)
     return dst
 
 

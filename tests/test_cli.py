@@ -482,6 +482,42 @@ def test_shell_errors_in_order_and_exit_status():
     assert "exit status" in help_text and "exits 1 if any statement or dot command failed" in help_text
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("script, name, value", [
+    ("SELECT E'it\\'s; fine' AS a;\n", "a", "it's; fine"),  # a backslash escape in an E'' string
+    ("SELECT 1 /* ; */ AS b;\n", "b", "1"),                 # a ';' in a block comment
+    ("SELECT $$ ; $$ AS c;\n", "c", ";"),                    # a ';' in a dollar-quoted string (the cell: ' ; ')
+    ("SELECT 'x;' -- ;\n AS d;\n", "d", "x;"),              # a ';' in a line comment, the statement on two lines
+])
+def test_shell_splits_statements_where_sql_ends_them(script, name, value):
+    """The shell's splitter, by hand, took the ';' inside E'it\\'s; fine', /* ; */ and $$ ; $$ for statement ends
+    (and ran the halves as broken statements); sqlglot's DuckDB tokenizer now finds them: one result each."""
+    r = run("shell", SAMPLE, stdin=script + "SELECT 2 AS after;\n")
+    assert (r.returncode, r.stderr) == (0, ""), r
+    assert r.stdout.count("┌") == 2  # exactly two results: the statement and the one after it
+    cells = box_cells(r.stdout)
+    assert cells[0] == [name] and cells[2] == [value] and cells[3:] == [["after"], ["int32"], ["2"]], cells
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("tail, what", [
+    ("SELECT 'unterminated\n", "a string literal"),
+    ("SELECT E'it\\'s\n", "a string literal"),
+    ("SELECT 1 /* open\n", "a /* comment"),
+    ("SELECT $$ open;\n", "a $$ string"),
+    ('SELECT 1 AS "open\n', "a quoted identifier"),
+])
+def test_shell_input_ending_inside_a_quote_is_one_error(tail, what):
+    """Piped input ending inside a quote made the shell loop forever at EOF; now the statements before it run and
+    the unfinished one is one `error:` line naming what is open and where it starts, exit status 1."""
+    r = run("shell", SAMPLE, stdin="SELECT 5 AS before;\n" + tail)
+    assert r.returncode == 1, r
+    assert box_cells(r.stdout) == [["before"], ["int32"], ["5"]]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert what in errors[0] and "line 2" in errors[0] and "input ended" in errors[0], errors
+
+
 # ---- bench / demo --------------------------------------------------------------------------------------------------
 def test_bench_outside_a_checkout_says_so(tmp_path):
     assert_error(run("bench", "--repo", tmp_path), "source checkout")
@@ -588,3 +624,71 @@ def test_parquet_to_a_terminal_is_refused(tmp_path, out):
     assert b"PAR1" not in written
     ok("query", SAMPLE, "SELECT 1 AS a", "-f", "parquet", "-o", tmp_path / "a.parquet")
     assert pq.read_table(tmp_path / "a.parquet").to_pylist() == [{"a": 1}]
+
+
+# ---- -o FILE: where the result may be written ----------------------------------------------------------------------
+def _read_result(path: Path, fmt: str) -> dict[int, int]:
+    """episode_index -> length from a result file of `SELECT episode_index, length FROM episodes`."""
+    if fmt == "csv":
+        return {int(r["episode_index"]): int(r["length"]) for r in csv.DictReader(path.open())}
+    if fmt == "json":
+        return {r["episode_index"]: r["length"] for r in map(json.loads, path.read_text().splitlines())}
+    t = pq.read_table(path)
+    return dict(zip(t["episode_index"].to_pylist(), t["length"].to_pylist()))
+
+
+@pytest.mark.parametrize("target", ["meta/info.json", "data/chunk-000/file-000.parquet"])
+def test_output_inside_the_source_is_refused(tmp_path, target):
+    """`query ... -o <root>/meta/info.json` (or a data Parquet file) overwrote it and broke the dataset; now the
+    rule of export_manifest: exit 1 naming the file and the source, the file unchanged byte for byte, with or
+    without --overwrite, for one dataset and for a collection holding it."""
+    root = tmp_path / "ds"
+    shutil.copytree(SAMPLE, root)
+    path = root / target
+    before = path.read_bytes()
+    for dataset in (root, f"{root},{DATASETS / 'multifile60'}"):
+        for extra in ([], ["--overwrite"]):
+            r = run("query", dataset, "SELECT 1 AS x", "-f", "json", "-o", path, *extra)
+            assert_error(r, str(path), "inside the source dataset", "outside")
+            assert path.read_bytes() == before
+    assert ok("query", root, "SELECT count(*) AS n FROM frames", "-f", "csv").splitlines() == ["n", "4762"]
+    assert not [p for p in root.rglob(".lsql-tmp-*")]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
+def test_output_over_an_existing_file_needs_overwrite(tmp_path, episodes, fmt):
+    """`-o FILE` replaced any existing file; now it is refused unless --overwrite (exit 1, the file named, the hint
+    says --overwrite), and with --overwrite the file holds the new result."""
+    path = tmp_path / f"out.{fmt}"
+    path.write_bytes(b"the user's file\n")
+    sql = "SELECT episode_index, length FROM episodes ORDER BY episode_index"
+    r = run("query", SAMPLE, sql, "-o", path)
+    assert_error(r, str(path), "exists", "--overwrite")
+    assert "overwrite=True" not in r.stderr and path.read_bytes() == b"the user's file\n"
+    ok("query", SAMPLE, sql, "-o", path, "--overwrite")
+    assert _read_result(path, fmt) == dict(zip(episodes["episode_index"].to_pylist(), episodes["length"].to_pylist()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "parquet", "table"])
+def test_a_query_failing_at_run_time_leaves_the_old_file(tmp_path, fmt):
+    """A query that fails while it runs (a cast) truncated the old file (table: it was opened before the query ran);
+    now the result goes to a temporary name that is renamed only on success: the old file stays byte for byte and no
+    temporary file is left."""
+    path = tmp_path / f"out.{'txt' if fmt == 'table' else fmt}"
+    path.write_bytes(b"the old result\n")
+    r = run("query", SAMPLE, "SELECT index, CASE WHEN index < 3000 THEN index ELSE 'a'::INT END AS x FROM frames",
+            "-o", path, "--overwrite", "-f", fmt)
+    assert_error(r, "Conversion")
+    assert path.read_bytes() == b"the old result\n" and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_timeout_while_writing_leaves_the_old_file(tmp_path):
+    """--timeout stopping a runaway while its JSON Lines were written left a partial file in place of the old one
+    (the writing takes minutes, the cross join a second); now the old file stays and no temporary file is left."""
+    path = tmp_path / "out.json"
+    path.write_bytes(b"the old result\n")
+    r = run("query", SAMPLE, "SELECT a.index, b.index FROM frames a, frames b", "--timeout", "1", "-o", path,
+            "--overwrite")
+    assert_error(r, "timeout of 1 s", "--timeout")
+    assert path.read_bytes() == b"the old result\n" and [p.name for p in tmp_path.iterdir()] == [path.name]

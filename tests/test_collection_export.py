@@ -294,3 +294,33 @@ def test_extras_a_dataloader_could_not_batch_do_not_stop_an_export(datasets, tmp
     assert report.episodes == 3
     with pytest.raises(lsql.ResultContractError, match="DataLoader"):
         coll.dataset(sql, cameras=[])
+
+
+def test_a_collection_export_never_replaces_one_that_finished_meanwhile(datasets, tmp_path, monkeypatch):
+    """Two collection exports to one destination with overwrite=False: the one that finishes second raised nothing
+    and replaced the other's export. Now DestinationExistsError; the first one's export stays intact, the second's
+    staging folder is removed."""
+    from lerobot_sql.export import destination
+    from lerobot_sql.export import lerobot as export_lerobot
+
+    coll = lsql.connect_many({"a": datasets / "small20", "b": datasets / "multifile60"})
+    dest = tmp_path / "out"
+    real, done = export_lerobot._write_marker, []
+
+    def rival_finishes_first(*a, **k):  # after the staging folder is complete, before it is moved into place
+        real(*a, **k)
+        if not done:
+            done.append(1)
+            coll.export("SELECT dataset, episode_index FROM episodes WHERE dataset = 'b' AND episode_index = 4",
+                        dest, progress=False)
+
+    monkeypatch.setattr(export_lerobot, "_write_marker", rival_finishes_first)
+    with pytest.raises(lsql.DestinationExistsError) as e:
+        coll.export("SELECT dataset, episode_index FROM episodes WHERE dataset = 'a' AND episode_index < 2", dest,
+                    progress=False)
+    assert str(dest) in str(e.value) and "overwrite=True" in str(e.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    destination.check_replaceable(dest)  # the rival's files, as its marker lists them
+    eps = _episodes(dest)
+    assert eps["source_dataset"].tolist() == ["b"] and eps["source_episode_index"].tolist() == [4]
+    coll.close()

@@ -581,3 +581,57 @@ def test_tolerance_s_that_is_not_a_number_is_refused(datasets, bad):
     """float('1') and float(True) used to pass: a string or bool tolerance was taken as 1 s silently."""
     with pytest.raises(TypeError, match="tolerance_s must be a number of seconds"):
         lsql.connect(datasets / "small20").dataset(episodes=[1], tolerance_s=bad)
+
+
+def test_features_named_like_the_items_own_keys_are_refused(datasets, tmp_path):
+    """An item carries ``task`` (the task text) and ``<key>_is_pad`` per delta_timestamps key on top of the
+    features; lerobot 0.4.4's ``__getitem__`` writes them over a feature of that name without a word
+    (``item = {**item, **padding}``; ``item["task"] = ...``), and so did we. Refused at db.dataset(), naming the
+    dataset, the feature and the way out; a ``_is_pad`` feature whose key has no delta_timestamps is the item's."""
+    from helpers import extra_feature_copy, feature_values
+    from lerobot_sql.errors import DatasetFormatError
+
+    sql = "SELECT index FROM frames WHERE episode_index = 2 AND frame_index < 3 ORDER BY index"
+    root = extra_feature_copy(datasets / "small20", tmp_path / "t", "task")
+    with pytest.raises(DatasetFormatError) as e:
+        lsql.connect(root).dataset(sql, cameras=[])
+    msg = str(e.value)
+    assert str(root) in msg and "feature 'task'" in msg and "task text" in msg
+    assert "rename={'d': {'task': 'task_feature'}}" in msg  # the copy with the feature renamed (tested below)
+
+    root = extra_feature_copy(datasets / "small20", tmp_path / "p", "observation.state_is_pad", dtype="bool")
+    db = lsql.connect(root)
+    dt = {"observation.state": [-1 / 30, 0.0]}
+    with pytest.raises(DatasetFormatError) as e:
+        db.dataset(sql, cameras=[], delta_timestamps=dt)
+    msg = str(e.value)
+    assert str(root) in msg and "feature 'observation.state_is_pad'" in msg and "delta_timestamps" in msg
+    assert "'observation.state'" in msg and "rename=" in msg
+    # deltas on another key: the feature is the item's own, the padding key is action's
+    ds = db.dataset(sql, cameras=[], delta_timestamps={"action": [0.0, 1 / 30]})
+    for i in range(3):
+        item = ds[i]
+        want = feature_values(root, "observation.state_is_pad", int(item["index"]))
+        assert item["observation.state_is_pad"].dtype == torch.bool and want.any() and not want.all()
+        np.testing.assert_array_equal(item["observation.state_is_pad"].numpy(), want)
+        assert item["action_is_pad"].tolist() == [False, False]
+
+
+def test_the_rename_the_refusal_of_a_task_feature_names_makes_a_readable_copy(datasets, tmp_path):
+    """The way out the refusal of a feature named ``task`` gives: a copy written by a one-dataset collection's
+    export with the feature renamed; its items carry the feature's vector under the new name, the text as task."""
+    from helpers import extra_feature_copy, feature_values
+
+    root = extra_feature_copy(datasets / "small20", tmp_path / "t", "task")
+    lsql.connect_many({"d": root}).export("SELECT 'd' AS dataset, episode_index FROM episodes WHERE "
+                                          "episode_index IN (2, 3)", tmp_path / "fixed",
+                                          rename={"d": {"task": "task_feature"}}, progress=False)
+    fixed = lsql.connect(tmp_path / "fixed")
+    ds = fixed.dataset("SELECT index FROM frames WHERE episode_index = 0 AND frame_index < 3 ORDER BY index")
+    src = lsql.connect(datasets / "small20").dataset(
+        "SELECT index FROM frames WHERE episode_index = 2 AND frame_index < 3 ORDER BY index")
+    for i in range(3):
+        item, ref = ds[i], src[i]
+        assert item["task"] == ref["task"] and isinstance(item["task"], str)
+        np.testing.assert_array_equal(item["task_feature"].numpy(), feature_values(root, "task", int(ref["index"])))
+        assert torch.equal(item["observation.images.front"], ref["observation.images.front"])

@@ -204,3 +204,20 @@ def test_decode_every_frame_outputs_the_index_pts_in_order_and_never_raises(name
     (cut / rel).unlink()
     gone = decode.decode_every_frame(open_source(cut), rel)
     assert len(gone.pts) == 0 and gone.time_base is None and gone.error.startswith("MissingFileError")
+
+
+def test_the_decoder_refuses_a_file_of_two_video_streams_even_through_an_older_index(datasets, tmp_path):
+    """The decoder checks the file it opens, not only the index: an index entry cached before the rule (here the
+    front file's own index, as it stood before the wrist stream was muxed in front of it) would otherwise decode
+    stream 0, the wrist camera, as front frames."""
+    import dataclasses
+
+    from helpers import FRONT_MP4, WRIST_MP4, muxed_copy
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = muxed_copy(datasets / "small20", tmp_path / "two", [WRIST_MP4, FRONT_MP4])
+    index = video_index.FrameIndex.load(video_index.ensure_index_arrow(open_source(datasets / "small20"), FRONT_MP4,
+                                                                       tmp_path / "c"))
+    index = dataclasses.replace(index, path=FRONT_MP4)
+    with pytest.raises(DatasetFormatError, match=rf"{FRONT_MP4}: holds 2 video streams.*-map 0:v:N"):
+        decode.DecoderPool(open_source(root)).decode_chw(index, np.array([0, 5]))

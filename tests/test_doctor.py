@@ -535,6 +535,28 @@ def test_empty_or_unreadable_mp4_fails_the_report(datasets, tmp_path, damage):
     assert "PROBLEMS" in report.to_text() and rel in report.to_text()
 
 
+def test_an_mp4_with_two_video_streams_fails_the_report_naming_it(datasets, tmp_path):
+    """The wrist camera muxed into the front camera's file as stream 0: readers took stream 0, so every front item
+    was a wrist picture while doctor said OK. Now video_files_readable fails naming the file and the stream count,
+    the video index checks are skipped saying why, and `lerobot-sql doctor` exits 1 (run in this process)."""
+    from helpers import FRONT_MP4, WRIST_MP4, muxed_copy, run_cli
+
+    root = muxed_copy(datasets / "small20", tmp_path / "two", [WRIST_MP4, FRONT_MP4])
+    out = run_cli("doctor", root, "--json", env={"LSQL_CACHE_DIR": str(tmp_path / "cache")})
+    report = json.loads(out.stdout)
+    assert out.returncode == 1 and report["ok"] is False, out.stdout
+    checks = {c["name"]: c for c in report["checks"]}
+    assert {n for n, c in checks.items() if not c["ok"]} == {"video_files_readable"}
+    c = checks["video_files_readable"]
+    assert c["n_violations"] == 1 and "one video stream" in c["hint"]
+    r = c["sample"][0]
+    assert (r["video_key"], r["path"], r["n_episodes"]) == ("observation.images.front", FRONT_MP4, 20)
+    assert r["problem"].startswith("holds 2 video streams") and "-map 0:v:N" in r["problem"]
+    # the index refuses the file: its checks are skipped saying why
+    skipped = checks["video_frame_pts"]["skipped"]
+    assert "2 video streams" in skipped and FRONT_MP4 in skipped
+
+
 def test_video_stream_rate_other_than_info_fps_is_named(datasets, tmp_path):
     """A 30 fps stream behind an info.json that says 15 fps: a warning naming each mp4 and both rates."""
     root = _copy(datasets, tmp_path, "small20")
@@ -620,6 +642,34 @@ def test_frame_pts_hint_names_the_timestamp_column_when_it_is_off(datasets, tmp_
     assert not c.ok and {r["episode_index"] for r in c.sample} == {3}
     assert "timestamp column" in c.hint and "episodes 3" in c.hint and "drifts" not in c.hint
     assert "drifts" in _clean("small20")["video_frame_pts"].hint  # the usual hint elsewhere
+
+
+def test_wall_clock_timestamps_over_grid_clips_get_the_frame_index_advice(datasets, tmp_path):
+    """Timestamps of a clock running at 0.9x (drift up to 1.3 s) over videos whose clips hold exactly their
+    episodes' frames on the fps grid: the video_frame_pts hint names the timestamp column and recommends
+    align="frame_index", not a tolerance_s as large as the drift (which picks the frame nearest each wall-clock
+    time: another row's). Where the clips are off the grid (the videos' frames follow the same clock), the tolerance
+    stays the advice, with its condition."""
+    root = _copy_files(datasets, tmp_path, "small20", DATA)
+
+    def f(t):
+        fi = np.asarray(t["frame_index"].to_pylist())
+        return _set(t, "timestamp", lambda v: (fi / 30 * 0.9).tolist())
+
+    _edit_parquet(root / DATA, f)
+    report = _run(root)
+    assert not report["frame_index_contiguous"].ok
+    c = report["video_frame_pts"]
+    assert not c.ok
+    assert "timestamp column" in c.hint and 'align="frame_index"' in c.hint, c.hint
+    assert "as large as the drift if" not in c.hint and "another row's" in c.hint
+    # the rule itself: on grid for every episode here, off grid for a clip stretched to the same 0.9x clock
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        db = lsql.connect(root)
+    assert doctor._clips_on_grid(db, [3, 4]) == {3, 4}
+    hint = doctor._frame_pts_hint({"video_frame_pts": {3}, "frame_index_contiguous": {3}}, "h", lambda eps: set())
+    assert "tolerance_s as large as the drift" in hint and "follow the same clock" in hint and "align" not in hint
 
 
 def test_declared_shape_mismatch_is_named_not_a_redownload(datasets, tmp_path):

@@ -983,3 +983,145 @@ def test_a_tolerance_that_is_no_positive_number_is_refused_before_anything_is_wr
                     tolerance_s=np.float32(1e-3), progress=False)  # a numpy real is a number
     assert rep.episodes == 1 and rep.frames == db.sql("SELECT length FROM episodes WHERE episode_index = 1"
                                                       ).fetchall()[0][0]
+
+
+# ---- two exports to one destination ---------------------------------------------------------------------------------
+@pytest.fixture(params=["native", "fallback"])
+def no_replace_move(request, monkeypatch):
+    """Each race test runs with the system's no-replace rename (renameat2 / renamex_np) and with the fallback used
+    where the system or the filesystem has none (a hard link for a file, a plain rename for a folder)."""
+    from lerobot_sql.export import destination
+
+    if request.param == "fallback":
+        monkeypatch.setattr(destination, "_native_rename_noreplace", lambda src, dest: False)
+    return request.param
+
+
+def _race_after_staging(monkeypatch, module, name, rival):
+    """Wrap ``module.name`` (a step that runs after the export's files are written, before they are moved into
+    place) so that its first call runs ``rival()`` when it returns: another export finishing at the destination
+    meanwhile, deterministically, in this process."""
+    real = getattr(module, name)
+    state = {"done": False}
+
+    def hooked(*a, **k):
+        out = real(*a, **k)
+        if not state["done"]:
+            state["done"] = True
+            rival()
+        return out
+
+    monkeypatch.setattr(module, name, hooked)
+
+
+@pytest.mark.parametrize("start", ["absent", "empty folder"])
+def test_an_export_never_replaces_one_that_finished_meanwhile(datasets, tmp_path, monkeypatch, no_replace_move,
+                                                              start):
+    """Two exports to one destination with overwrite=False: the later rename replaced the other's finished export
+    (both succeeded). Now the one that finishes second raises DestinationExistsError naming the destination, the
+    first one's export stays as it wrote it, and the loser's staging folder is removed."""
+    from lerobot_sql.export import lerobot as export_lerobot
+
+    db = lsql.connect(datasets / "small20")
+    dest = tmp_path / "out"
+    if start == "empty folder":
+        dest.mkdir()
+    _race_after_staging(monkeypatch, export_lerobot, "_write_marker",
+                        lambda: db.export("SELECT 3 AS episode_index", dest, progress=False))
+    with pytest.raises(lsql.DestinationExistsError) as e:
+        db.export("SELECT 2 AS episode_index", dest, progress=False)
+    assert str(dest) in str(e.value) and "overwrite=True" in str(e.value) and "while this export" in str(e.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the loser's staging folder is gone
+    export_mod.destination.check_replaceable(dest)  # the winner's files, exactly as its marker lists them
+    want = _data(datasets / "small20").query("episode_index == 3")["observation.state"]
+    assert np.array_equal(np.stack(_data(dest)["observation.state"]), np.stack(want))
+
+
+def test_export_manifest_never_replaces_one_written_meanwhile(datasets, tmp_path, monkeypatch, no_replace_move):
+    """export_manifest renamed its temporary file over a manifest another process wrote meanwhile (os.replace):
+    with overwrite=False, DestinationExistsError, the other manifest kept byte for byte, no temporary file left."""
+    db = lsql.connect(datasets / "small20")
+    path = tmp_path / "m.parquet"
+    _race_after_staging(monkeypatch, pq, "write_table",
+                        lambda: db.export_manifest("SELECT 2 AS episode_index", path))
+    with pytest.raises(lsql.DestinationExistsError) as e:
+        db.export_manifest("SELECT 1 AS episode_index", path)
+    assert str(path) in str(e.value) and "overwrite=True" in str(e.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["m.parquet"]
+    assert pq.read_table(path)["episode_index"].to_pylist() == [2] * 277
+
+
+def test_an_overwrite_keeps_an_export_that_lands_between_its_two_renames(datasets, tmp_path, monkeypatch):
+    """overwrite=True renames the previous export aside, then the new one in: another export landing in between
+    made the second rename fail with a bare OSError (ENOTEMPTY) and the rename back fail too. Now
+    DestinationExistsError naming where the previous export was kept; the other export stays intact."""
+    from lerobot_sql.export import destination
+
+    db = lsql.connect(datasets / "small20")
+    dest = tmp_path / "out"
+    db.export("SELECT 1 AS episode_index", dest, progress=False)
+    real, done = destination.rename_no_replace, []
+
+    def rival_lands_first(src, to):
+        if not done:
+            done.append(1)
+            db.export("SELECT 3 AS episode_index", dest, progress=False)
+        return real(src, to)
+
+    monkeypatch.setattr(destination, "rename_no_replace", rival_lands_first)
+    with pytest.raises(lsql.DestinationExistsError) as e:
+        db.export("SELECT 2 AS episode_index", dest, progress=False, overwrite=True)
+    old = [p for p in tmp_path.iterdir() if p.name != "out"]
+    assert len(old) == 1 and ".out.lsql-old-" in old[0].name and str(old[0]) in str(e.value)
+    destination.check_replaceable(dest)
+    destination.check_replaceable(old[0])
+    assert _data(dest)["index"].size == 390 and _data(old[0])["index"].size == 158  # episodes 3 and 1
+
+
+def _export_at_the_barrier(root, sql, dest, barrier, results):
+    """A child of test_two_processes_exporting_to_one_destination: export ``sql`` to ``dest``, waiting at
+    ``barrier`` after its files are written, so both children move into place at the same moment."""
+    from lerobot_sql.export import lerobot as export_lerobot
+
+    real = export_lerobot._write_marker
+
+    def wait_then_write(*a, **k):
+        real(*a, **k)
+        barrier.wait(timeout=120)
+
+    export_lerobot._write_marker = wait_then_write
+    try:
+        lsql.connect(root).export(sql, dest, progress=False)
+        results.put((sql, "ok"))
+    except lsql.DestinationExistsError as e:
+        results.put((sql, f"exists: {e}"))
+    except BaseException as e:  # reported, not lost in the child
+        results.put((sql, f"{type(e).__name__}: {e}"))
+
+
+@pytest.mark.slow
+def test_two_processes_exporting_to_one_destination(datasets, tmp_path):
+    """Two real (spawned) processes export other selections to one destination and rename at the same moment (a
+    barrier after staging): exactly one wins, the other gets DestinationExistsError; the winner's export is intact
+    and no staging folder is left."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # a forked child of a process that has decoded video can crash (SIGSEGV)
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    dest = tmp_path / "out"
+    sqls = ["SELECT 2 AS episode_index", "SELECT 3 AS episode_index"]
+    procs = [ctx.Process(target=_export_at_the_barrier, args=(datasets / "small20", s, dest, barrier, results))
+             for s in sqls]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+    assert [p.exitcode for p in procs] == [0, 0]
+    got = dict(results.get(timeout=10) for _ in procs)
+    winners = [s for s, r in got.items() if r == "ok"]
+    assert len(winners) == 1 and got[next(s for s in sqls if s not in winners)].startswith("exists: "), got
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    export_mod.destination.check_replaceable(dest)
+    episode = int(winners[0].split()[1])
+    want = _data(datasets / "small20").query(f"episode_index == {episode}")["observation.state"]
+    assert np.array_equal(np.stack(_data(dest)["observation.state"]), np.stack(want))

@@ -375,3 +375,124 @@ def test_a_folder_symlinked_out_of_the_root_is_warned_about_at_connect(datasets,
     assert db.source.symlink_targets() == ([], [str(root / "meta/extra")])
     with pytest.raises(Exception, match="Permission Error"):
         db.con.sql(f"SELECT content FROM read_text('{root}/meta/extra/secret.txt')").fetchall()
+
+
+# ---- JSON nested 100,000 deep: a DatasetFormatError naming the file, never a bare RecursionError ------------------
+DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON; Python's parser gives up past ~1,000 levels (RecursionError)
+
+
+def _deep_value_in(text: str) -> str:
+    """The JSON object ``text`` with one more key whose value is :data:`DEEP`."""
+    return text.rstrip().removesuffix("}") + ', "deep": ' + DEEP + "}"
+
+
+def _too_deep(e: Exception, *needles: str) -> None:
+    msg = str(e)
+    assert "nested too deeply" in msg and not isinstance(e, RecursionError), msg
+    for n in needles:
+        assert n in msg, (n, msg)
+
+
+@pytest.mark.parametrize("how", ["whole", "value"])
+def test_deep_info_json_is_a_format_error_at_connect(datasets, tmp_path, how):
+    """100,000-deep JSON in meta/info.json (the whole file, or one value of a valid object) raised a bare
+    RecursionError from connect(); now a DatasetFormatError naming the file and the fix, at connect()."""
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    info = root / "meta/info.json"
+    info.write_text(DEEP if how == "whole" else _deep_value_in(info.read_text()))
+    with pytest.raises(lsql.DatasetFormatError) as e:
+        lsql.connect(root)
+    _too_deep(e.value, str(info), "restore it from the dataset's source")
+
+
+@pytest.mark.parametrize("how", ["whole", "value"])
+def test_deep_stats_json_is_a_format_error_at_stats(datasets, tmp_path, how):
+    """The same in meta/stats.json: connect() does not read it; db.stats() and ds.meta.stats (stats="dataset") raise
+    the DatasetFormatError naming the file, and doctor reports it as the stats_json_valid violation."""
+    from lerobot_sql import doctor
+
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    stats = root / "meta/stats.json"
+    stats.write_text(DEEP if how == "whole" else _deep_value_in(stats.read_text()))
+    db = lsql.connect(root)
+    with pytest.raises(lsql.DatasetFormatError) as e:
+        db.stats()
+    _too_deep(e.value, str(stats), "compute_stats")
+    ds = db.dataset(episodes=[0], stats="dataset")
+    with pytest.raises(lsql.DatasetFormatError) as e:
+        ds.meta.stats
+    _too_deep(e.value, str(stats))
+    check = {c.name: c for c in doctor.run(db, check_video=False).checks}["stats_json_valid"]
+    assert not check.ok and "nested too deeply" in check.sample[0]["error"]
+
+
+@pytest.mark.parametrize("rel, reads", [
+    ("meta/episodes.jsonl", "SELECT count(*) FROM episodes"),
+    ("meta/tasks.jsonl", "SELECT count(*) FROM tasks"),
+    ("meta/episodes_stats.jsonl", "SELECT count(*) FROM episode_stats"),
+])
+def test_deep_jsonl_line_is_a_format_error_naming_file_and_line(datasets, tmp_path, rel, reads):
+    """A 100,000-deep value on line 3 of a v2.1 JSON-lines file: a DatasetFormatError naming the file and line, at
+    the first query that reads it (connect() reads info.json only) and at dataset(), which reads the metadata
+    without DuckDB."""
+    root = tmp_path / "v21"
+    shutil.copytree(datasets / "v21_small20", root)
+    path = root / rel
+    lines = path.read_text().splitlines()
+    lines[2] = _deep_value_in(lines[2])
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(lsql.DatasetFormatError) as e:
+        lsql.connect(root).sql(reads).fetchall()
+    _too_deep(e.value, f"{path}:3", "restore it from the dataset's source")
+    with pytest.raises(lsql.DatasetFormatError) as e:
+        lsql.connect(root).dataset()
+    _too_deep(e.value, f"{path}:3")
+
+
+def test_deep_pandas_metadata_of_tasks_parquet_is_a_format_error(datasets, tmp_path):
+    """meta/tasks.parquet keeps the task text as a pandas index, found through its pandas schema metadata (JSON):
+    100,000 deep there is a DatasetFormatError naming the file, at the first query (which reads the tasks)."""
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    path = root / "meta/tasks.parquet"
+    t = pq.read_table(path)
+    pq.write_table(t.replace_schema_metadata({b"pandas": DEEP.encode()}), path)
+    with pytest.raises(lsql.DatasetFormatError) as e:
+        lsql.connect(root).sql("SELECT count(*) FROM tasks").fetchall()
+    _too_deep(e.value, str(path), "pandas metadata", "restore the file from the dataset's source")
+
+
+def test_deep_episodes_jsonl_of_an_http_root_is_a_format_error_at_connect(datasets, tmp_path):
+    """Over HTTP (no directory listing) connect() reads meta/episodes.jsonl to list the files: the deep line is
+    a DatasetFormatError naming its URL and line there."""
+    from http_range_server import RangeServer
+
+    root = tmp_path / "served" / "v21"
+    shutil.copytree(datasets / "v21_small20", root)
+    path = root / "meta/episodes.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = _deep_value_in(lines[2])
+    path.write_text("\n".join(lines) + "\n")
+    with RangeServer(tmp_path / "served") as srv:
+        with pytest.raises(lsql.DatasetFormatError) as e:
+            lsql.connect(f"{srv.url}/v21", cache_dir=tmp_path / "cache")
+    _too_deep(e.value, "meta/episodes.jsonl:3")
+
+
+def test_deep_manifest_metadata_is_a_contract_error_naming_the_file(datasets, tmp_path):
+    """A manifest file whose lerobot_sql.manifest (or lerobot_sql.collection) metadata is 100,000 deep: the
+    ResultContractError a malformed one gets, naming the file and the fix (write it again), not a RecursionError."""
+    db = lsql.connect(datasets / "small20")
+    m = db.manifest("SELECT episode_index FROM episodes WHERE episode_index = 1")
+    path = tmp_path / "m.parquet"
+    pq.write_table(m.replace_schema_metadata({b"lerobot_sql.manifest": DEEP.encode()}), path)
+    with pytest.raises(lsql.ResultContractError) as e:
+        db.dataset(str(path))
+    _too_deep(e.value, "export_manifest")
+    coll = lsql.connect_many([datasets / "small20", datasets / "multifile60"])
+    cm = coll.manifest("SELECT dataset, episode_index FROM episodes WHERE episode_index = 1")
+    with pytest.raises(lsql.ResultContractError) as e:
+        coll.dataset(cm.replace_schema_metadata({b"lerobot_sql.collection": DEEP.encode()}))
+    _too_deep(e.value, "Collection.manifest")

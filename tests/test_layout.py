@@ -126,7 +126,7 @@ def test_refusals(datasets, tmp_path):
     with pytest.raises(lsql.DatasetFormatError, match="features"):
         lsql.connect(root)
     (root / "meta/info.json").write_text("{not json")
-    with pytest.raises(lsql.DatasetFormatError, match="invalid JSON"):
+    with pytest.raises(lsql.DatasetFormatError, match="not valid JSON"):
         lsql.connect(root)
 
 

@@ -128,3 +128,79 @@ def test_dataset_raises_frame_not_found_for_drifted_timestamps(datasets):
         ds[0]
     ok = db.dataset(m, cameras=["observation.images.front"])  # the other camera still reads
     assert ok[0]["observation.images.front"].shape == (3, 96, 128)
+
+
+def test_rows_outside_their_clip_are_marked_never_served():
+    """The clip guard: a clip's frames are its first row (the first frame no earlier than half a frame before
+    from_timestamp) and the length - 1 after it; a row found by time outside them is OUTSIDE, as is a position
+    outside the clip or past the file (frame-index alignment)."""
+    pts_s = np.arange(10) / FPS
+    first = locate.clip_first_rows(pts_s, [0.0, 4 / FPS + 0.4 / FPS, 4 / FPS - 0.4 / FPS], FPS)
+    assert first.tolist() == [0, 4, 4]
+    rows = locate.rows_within(pts_s, 4 / FPS + np.array([-1, 0, 2, 3, 7]) / FPS, 1.0)  # 1 s: any frame matches
+    assert rows.tolist() == [3, 4, 6, 7, 9]
+    got = locate.keep_in_clip(rows, np.full(5, 4), np.full(5, 3))
+    assert got.tolist() == [locate.OUTSIDE, 4, 6, locate.OUTSIDE, locate.OUTSIDE]
+    assert locate.keep_in_clip(np.array([-1, 5]), np.array([4, 4]), np.array([3, 3])).tolist() == [-1, 5]
+    # frame-index alignment: the clip of 3 frames from row 4 (from_timestamp 4 / FPS)
+    pos = np.array([-1, 0, 2, 3])
+    assert locate.rows_by_position(pts_s, 4, pos, 3, 4 / FPS, FPS).tolist() == [locate.OUTSIDE, 4, 6, locate.OUTSIDE]
+    assert locate.rows_by_position(pts_s, 8, np.array([1, 2]), 3, 8 / FPS, FPS).tolist() == [9, locate.OUTSIDE]
+    # a clip whose frames are not at from_timestamp + k / fps (a 15 fps stream behind 30 fps): off the grid
+    slow = np.arange(10) / 15
+    assert locate.rows_by_position(slow, 0, np.array([0, 1, 2]), 3, 0.0, FPS).tolist() == [0, locate.OFF_GRID,
+                                                                                           locate.OFF_GRID]
+    # found by time: a frame other than the row's own on a grid clip is OFF_GRID; off-grid clips are left alone
+    found = np.array([4, 6, -1, 5])
+    assert locate.keep_own_frame(found, pts_s, 4, np.array([0, 1, 1, 1]), 4 / FPS, FPS).tolist() == \
+        [4, locate.OFF_GRID, -1, 5]
+    assert locate.keep_own_frame(np.array([0, 2]), slow, 0, np.array([0, 1]), 0.0, FPS).tolist() == [0, 2]
+    assert locate.check_align("frame_index") == "frame_index"
+    with pytest.raises(ValueError, match="'timestamp'.*'frame_index'"):
+        locate.check_align("frames")
+
+
+
+def test_a_frame_outside_the_episode_clip_is_never_served_whatever_the_tolerance(datasets, framecode, tmp_path):
+    """A time just before episode 5's clip (its first sample at -1/fps: the frame there is episode 4's last) in a
+    manifest handed to dataset(), read with tolerance_s=1.0 (any frame within a second would do): the item raises
+    DatasetFormatError naming the mp4, camera and episode, in ds[i] and in batches, instead of serving episode 4's
+    frame. The same for a delta_timestamps camera whose neighbour row (the data file rewritten after the manifest was
+    made) sits outside the clip. The other samples are their own frames."""
+    import shutil
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    key = "observation.images.front"
+    m = db.manifest("SELECT index FROM frames WHERE episode_index = 5 AND frame_index < 3 ORDER BY index")
+    col = m.column_names.index("timestamp")
+    ts = m["timestamp"].to_numpy().copy()
+    ts[0] = np.float32(-1 / 30)
+    bad = m.set_column(col, "timestamp", pa.array(ts, pa.float32()))
+    ds = db.dataset(bad, tolerance_s=1.0, return_uint8=True)
+    for read in (lambda: ds[0], lambda: ds.__getitems__([1, 0])):
+        with pytest.raises(lsql.DatasetFormatError) as e:
+            read()
+        msg = str(e.value)
+        for needle in ("file-000.mp4", repr(key), "episode 5", "clip is frames",
+                       "never served", "align=\"frame_index\""):
+            assert needle in msg, (needle, msg)
+    for j in (1, 2):
+        assert framecode.verify_frame(ds[j][key], 5, j, key)["ok"]
+    # a delta camera: episode 5's first row in the data file moves to -1/fps after the manifest was made
+    delta = {key: [-1 / 30, 0.0]}
+    m2 = db.manifest("SELECT index FROM frames WHERE episode_index = 5 AND frame_index IN (1, 2) ORDER BY index")
+    data = root / "data/chunk-000/file-000.parquet"
+    t = pq.read_table(data)
+    r = int(np.flatnonzero(t["episode_index"].to_numpy() == 5)[0])
+    ts = t["timestamp"].to_numpy().copy()
+    ts[r] = np.float32(-1 / 30)
+    pq.write_table(t.set_column(t.column_names.index("timestamp"), "timestamp", pa.array(ts, pa.float32())), data)
+    ds = lsql.connect(root, cache_dir=tmp_path / "cache").dataset(m2, tolerance_s=1.0, delta_timestamps=delta,
+                                                                  return_uint8=True)
+    for read in (lambda: ds[0], lambda: ds.__getitems__([0])):
+        with pytest.raises(lsql.DatasetFormatError, match="episode 5.*never served"):
+            read()
+    item = ds[1]  # frame 2: its neighbours are frames 1 and 2, inside the clip
+    assert [framecode.verify_frame(item[key][k], 5, f, key)["ok"] for k, f in enumerate((1, 2))] == [True, True]

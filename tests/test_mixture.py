@@ -206,3 +206,69 @@ def test_a_collection_dataset_takes_the_same_indices(coll):
     for bad in (True, torch.tensor([2]), np.array([2]), 2.0):
         with pytest.raises(TypeError, match="dataset indices must be integers"):
             ds[bad]
+
+
+def test_a_feature_named_like_a_key_the_collection_adds_is_refused_then_renamed(datasets, tmp_path):
+    """A dataset's own float32 (6,) feature ``dataset_index`` came back as tensor(0) / tensor(1) (the collection's
+    key) in items and batches. Refused at coll.dataset(), naming the dataset, the key and the rename= that keeps
+    it; that rename gives the source's vector under the new key, and the collection's dataset_index beside it."""
+    from helpers import extra_feature_copy, feature_values
+    from lerobot_sql.errors import DatasetFormatError
+
+    arm = extra_feature_copy(datasets / "small20", tmp_path / "arm", "dataset_index")
+    coll = lsql.connect_many({"small20": datasets / "small20", "arm": arm})
+    sql = "SELECT dataset, index FROM frames WHERE episode_index = 3 AND frame_index < 3 ORDER BY dataset, index"
+    sql_arm = sql.replace("WHERE", "WHERE dataset = 'arm' AND")
+    fix = "rename={'arm': {'dataset_index': 'source.dataset_index'}}"
+    for query, kw in ((sql_arm, {}), (sql, {"features": ["action", "dataset_index"]})):
+        with pytest.raises(DatasetFormatError) as e:
+            coll.dataset(query, cameras=[], **kw)
+        msg = str(e.value)
+        assert "dataset 'arm'" in msg and "feature 'dataset_index'" in msg and str(arm) in msg and fix in msg
+    # dropped by features=, the feature cannot clash
+    both = coll.dataset(sql, cameras=[], features=["action"])
+    assert sorted(int(both[i]["dataset_index"]) for i in range(len(both))) == [0, 0, 0, 1, 1, 1]
+    # the fix the message names, exactly
+    ds = coll.dataset(sql_arm, cameras=[], rename=eval(fix.split("=", 1)[1]))
+    assert len(ds) == 3
+    for i in range(3):
+        item = ds[i]
+        assert item["dataset"] == "arm" and item["dataset_index"].dtype == torch.int64
+        assert int(item["dataset_index"]) == 1
+        want = feature_values(arm, "dataset_index", int(item["index"]))
+        assert item["source.dataset_index"].dtype == torch.float32
+        np.testing.assert_array_equal(item["source.dataset_index"].numpy(), want)
+        assert not np.array_equal(want, np.full(6, 1, np.float32))
+    batch = next(iter(DataLoader(ds, batch_size=3)))
+    assert batch["dataset_index"].tolist() == [1, 1, 1] and batch["source.dataset_index"].shape == (3, 6)
+    np.testing.assert_array_equal(batch["source.dataset_index"][2].numpy(),
+                                  feature_values(arm, "dataset_index", int(batch["index"][2])))
+    # a query column of that name is replaced the same way: refused, naming the alias fix
+    with pytest.raises(lsql.ResultContractError, match=r"'dataset_index'.*alias"):
+        coll.dataset("SELECT dataset, index, 7 AS dataset_index FROM frames WHERE index < 2", cameras=[],
+                     features=["action"])
+
+
+def test_a_feature_named_like_a_padding_key_keeps_its_own_rename(datasets, tmp_path):
+    """A dataset's own bool (6,) feature ``action_is_pad`` (no delta_timestamps on action, so no padding key takes
+    its name) was taken for action's padding key by the collection's renaming: ``rename={'arm': {'action_is_pad':
+    ...}}`` was ignored and renaming ``action`` renamed it too, in items and batches."""
+    from helpers import extra_feature_copy, feature_values
+
+    arm = extra_feature_copy(datasets / "small20", tmp_path / "arm", "action_is_pad", dtype="bool")
+    coll = lsql.connect_many({"arm": arm})
+    sql = "SELECT dataset, index FROM frames WHERE episode_index = 3 AND frame_index < 3 ORDER BY index"
+    for rename, key in (({"action_is_pad": "action_flags"}, "action_flags"), ({"action": "act"}, "action_is_pad")):
+        ds = coll.dataset(sql, cameras=[], rename={"arm": rename})
+        item = ds[1]
+        assert key in item and "act_is_pad" not in item and (key == "action_is_pad" or "action_is_pad" not in item)
+        want = feature_values(arm, "action_is_pad", int(item["index"]))
+        assert item[key].dtype == torch.bool and want.any() and not want.all()
+        np.testing.assert_array_equal(item[key].numpy(), want)
+        batch = next(iter(DataLoader(ds, batch_size=3)))
+        assert set(batch) == set(item)
+        np.testing.assert_array_equal(batch[key][1].numpy(), want)
+    # a rename whose padding key would be that feature's name: refused as any rename onto a name in use
+    with pytest.raises(ValueError, match=r"'observation.state' -> 'action'.*already uses"):
+        coll.dataset(sql, cameras=[], rename={"arm": {"observation.state": "action", "action": "observation.state"}},
+                     delta_timestamps={"action": [0.0, 1 / 30]})

@@ -799,3 +799,78 @@ def test_timeout_fires_without_the_timer_thread(world, tmp_path):
               "print(db.sql('SELECT count(*) FROM episodes', timeout=30).fetchall(), flush=True)\n")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert r.returncode == 0 and "QueryError: timeout" in r.stdout and "[(20,)]" in r.stdout, (r.stdout, r.stderr)
+
+
+
+# ---- DuckDB's progress bar never reaches stdout ------------------------------------------------------------------
+def _bar_on(con) -> None:
+    """Turn ``con``'s progress bar on and draw it at once. DuckDB's Python client turns it on by itself in an
+    interactive session (``python -c``, code piped to ``python -``, a REPL, a notebook: ``__main__`` without
+    ``__file__``) and draws it for queries running over ``progress_bar_time`` (2 s); ``SET progress_bar_time = 0``
+    turns it on too (DuckDB's ProgressBarTimeSetting), so a 1 ms query shows it."""
+    con.execute("SET progress_bar_time = 0")
+
+
+@pytest.fixture
+def bar_on(monkeypatch):
+    """Every locked connection made from here on gets its progress bar on (:func:`_bar_on`) just before
+    ``lock_down``: connect's, connect_many's, the CLI's, the shell's. Returns the connections."""
+    made = []
+    real = connection.sandbox.lock_down
+
+    def lock_down(con, *args, **kwargs):
+        _bar_on(con)
+        made.append(con)
+        return real(con, *args, **kwargs)
+
+    monkeypatch.setattr(connection.sandbox, "lock_down", lock_down)
+    return made
+
+
+def test_no_progress_bar_on_stdout(datasets, tmp_path, capfd, bar_on):
+    """DuckDB drew its progress bar on fd 1 in interactive sessions, so a script printing JSON or ``query -f csv >
+    out.csv`` run from one got an unparsable first line, and the locked connection refused to turn it off. Every
+    connection we make turns it off before the lock (``sandbox.connect``)."""
+    from helpers import run_cli
+
+    small = datasets / "small20"
+    with lsql.connect(small, cache_dir=tmp_path / "one") as db:
+        assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]
+        assert db.con.sql("SELECT count(*) FROM range(1000)").fetchall() == [(1000,)]  # the raw connection too
+        assert db.con.sql("SELECT value FROM duckdb_settings() WHERE name = 'enable_progress_bar_print'"
+                          ).fetchall() == [("false",)]
+    with lsql.connect_many([small, datasets / "multifile60"], cache_dir=tmp_path / "many") as coll:
+        got = coll.sql("SELECT dataset, count(*) FROM episodes GROUP BY ALL ORDER BY 1").fetchall()
+        assert got == [("multifile60", 60), ("small20", 20)]
+    r = run_cli("query", small, "SELECT count(*) AS n FROM episodes", "-f", "csv")
+    assert (r.returncode, r.stdout) == (0, "n\n20\n"), r
+    r = run_cli("shell", small, stdin="SELECT count(*) AS n FROM episodes;\n")
+    assert r.returncode == 0 and "│ 20 │" in " ".join(r.stdout.split(" ")).replace("  ", " ").replace("  ", " "), r
+    assert len(bar_on) == 4  # every connection above had the bar on
+    out = capfd.readouterr().out  # fd 1 itself: DuckDB writes the bar there, past sys.stdout
+    assert "▕" not in out and out == ""
+
+
+def test_cli_result_writers_keep_the_progress_bar_off(tmp_path, capfd, monkeypatch):
+    """The CLI's private connections (the box table and the CSV writer: DuckDB draws and writes those) come from
+    sandbox.connect too: with the bar turned on after it, a CSV on stdout still starts with its header."""
+    from helpers import SAMPLE, run_cli
+
+    from lerobot_sql._catalog import sandbox
+
+    made = []
+    real = sandbox.connect
+
+    def connect(*args, **kwargs):
+        con = real(*args, **kwargs)
+        _bar_on(con)
+        made.append(con)
+        return con
+
+    monkeypatch.setattr(sandbox, "connect", connect)
+    r = run_cli("query", SAMPLE, "SELECT episode_index FROM episodes ORDER BY 1 LIMIT 2", "-f", "csv")
+    assert (r.returncode, r.stdout) == (0, "episode_index\n0\n1\n"), r
+    r = run_cli("query", SAMPLE, "SELECT count(*) AS n FROM episodes")
+    assert r.returncode == 0 and r.stdout.startswith("┌") and "20" in r.stdout, r
+    assert len(made) == 4  # two locked connections, the CSV writer, the box table
+    assert capfd.readouterr().out == ""

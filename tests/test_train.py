@@ -258,3 +258,62 @@ def test_the_factory_passes_lerobots_depth_output_unit_and_keeps_depth_stats(dat
     for key in ref["depth_keys"]:  # lerobot's own depth stats, in metres, not ImageNet's
         np.testing.assert_array_equal(st[key]["max"], np.asarray(ref["depth_stats"]["metres"][key]["max"]))
     assert st["observation.images.front"]["mean"].shape == (3, 1, 1)
+
+
+def test_train_takes_align_frame_index_to_the_dataset(datasets, tmp_path, monkeypatch):
+    """`lerobot-sql train --align frame_index` (for wall-clock timestamps over clips on the fps grid) reaches
+    db.dataset through the factory's dataset_kwargs; the factory (against a stand-in of lerobot.datasets.factory)
+    then builds the dataset by frame index, whose items are their own frames (framecode), and records it for the
+    run; the default stays lerobot's rule by time."""
+    import importlib.util
+    import shutil
+    import sys
+    import types
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import lerobot_sql as lsql
+    from helpers import FRAMECODE, run_cli
+    from lerobot_sql import train
+    from lerobot_sql.train import make_factory
+
+    seen = {}
+    monkeypatch.setattr(train, "run", lambda root, sql, args, **kw: seen.update(kw) or 0)
+    sql = "SELECT episode_index FROM episodes WHERE episode_index = 3"
+    assert run_cli("train", datasets / "small20", "--sql", sql, "--align", "frame_index", "--",
+                   "--policy.type=act").returncode == 0
+    assert seen["dataset_kwargs"] == {"align": "frame_index"}
+    assert run_cli("train", datasets / "small20", "--sql", sql, "--", "--policy.type=act").returncode == 0
+    assert not seen["dataset_kwargs"]
+    # the factory: a copy of small20 whose timestamps run at 0.9x real time (wall-clock)
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    data = root / "data/chunk-000/file-000.parquet"
+    t = pq.read_table(data)
+    ts = (t["frame_index"].to_numpy() / 30 * 0.9).astype(np.float32)
+    pq.write_table(t.set_column(t.column_names.index("timestamp"), "timestamp", pa.array(ts)), data)
+    fake = types.ModuleType("lerobot.datasets.factory")
+    fake.IMAGENET_STATS = {"mean": [[[0.485]], [[0.456]], [[0.406]]], "std": [[[0.229]], [[0.224]], [[0.225]]]}
+    fake.ImageTransforms = None
+    fake.resolve_delta_timestamps = lambda policy_cfg, meta: None
+    for name in ("lerobot", "lerobot.datasets"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "lerobot.datasets.factory", fake)
+    cfg = types.SimpleNamespace(policy=None, tolerance_s=1e-4, output_dir=str(tmp_path / "run"),
+                                dataset=types.SimpleNamespace(episodes=None, streaming=False, image_transforms=None,
+                                                              use_imagenet_stats=False))
+    db = lsql.connect(root, cache_dir=tmp_path / "c")
+    with pytest.raises(lsql.DatasetFormatError, match='align="frame_index"'):
+        make_factory(db, sql, stats=None, version=(0, 6, 1))(cfg)
+    ds = make_factory(db, sql, stats=None, version=(0, 6, 1), dataset_kwargs={"align": "frame_index"})(cfg)
+    assert ds.align == "frame_index"
+    spec = importlib.util.spec_from_file_location("framecode", FRAMECODE)
+    fc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fc)
+    for i in (0, len(ds) // 2, len(ds) - 1):
+        item = ds[i]
+        assert fc.verify_frame(item["observation.images.front"], 3, int(item["frame_index"]),
+                               "observation.images.front")["ok"]
+    assert json.loads((tmp_path / "run" / "lerobot_sql_train.json").read_text())["align"] == "frame_index"

@@ -216,3 +216,69 @@ def test_index_cache_sees_a_replacement_that_kept_size_and_mtime(datasets, tmp_p
     assert video_index.index_path(src, rel, tmp_path / "cache", pin) == p2  # the pinned key is Source.identity's
     assert p2.with_suffix(".arrow") == video_index.ensure_index_arrow(src, rel, tmp_path / "cache", pin).with_suffix(".arrow")
 
+
+
+# ---- an mp4 holding more than one video stream -------------------------------------------------------------------
+def test_an_mp4_with_two_video_streams_is_refused_naming_the_file(datasets, tmp_path, framecode):
+    """The wrist camera muxed as stream 0 of the front camera's file, the front as stream 1: every reader took
+    stream 0, so each front item was a wrist picture. Refused once per file where the file is opened (index,
+    decoder, export), and ``video_files`` shows the count."""
+    from helpers import FRONT_MP4, WRIST_MP4, muxed_copy
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = muxed_copy(datasets / "small20", tmp_path / "two", [WRIST_MP4, FRONT_MP4])
+    db = lsql.connect(root, cache_dir=tmp_path / "c")
+    assert db.sql("SELECT video_key, video_streams FROM video_files ORDER BY video_key").fetchall() == [
+        ("observation.images.front", 2), ("observation.images.wrist", 1)]
+    what = (rf"{root}/{FRONT_MP4}: holds 2 video streams.*one video stream per camera file.*"
+            r"ffmpeg -i .*file-000\.mp4 -map 0:v:N -map 0:a\? -c copy")
+    ds = db.dataset(SQL_SWAP, return_uint8=True)
+    for i in (0, 1):  # every item reading that camera, not only the first
+        with pytest.raises(DatasetFormatError, match=what):
+            ds[i]
+    with pytest.raises(DatasetFormatError, match=what):  # the index refuses it (its SQL view too)
+        video_index.ensure_index(open_source(root), FRONT_MP4, tmp_path / "c2")
+    # the other camera, alone, is exact
+    ds = db.dataset(SQL_SWAP, return_uint8=True, cameras=["observation.images.wrist"])
+    for i in (0, 17):
+        item = ds[i]
+        ep, f = int(item["episode_index"]), int(item["frame_index"])
+        assert framecode.verify_frame(item["observation.images.wrist"].numpy().transpose(1, 2, 0), ep, f,
+                                      "observation.images.wrist")["ok"]
+    # an export stream-copies packets: it refuses too, and writes nothing
+    with pytest.raises(DatasetFormatError, match=what):
+        db.export("SELECT episode_index FROM episodes WHERE episode_index < 2", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # runs the ffmpeg command line in a child process
+def test_the_fix_the_refusal_names_gives_the_right_frames(datasets, tmp_path, framecode):
+    """The ffmpeg command of the message, with N = 1 (the front stream), makes a file the readers take."""
+    import subprocess
+
+    from helpers import FRONT_MP4, WRIST_MP4, muxed_copy
+
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("no ffmpeg command on this machine")
+    root = muxed_copy(datasets / "small20", tmp_path / "two", [WRIST_MP4, FRONT_MP4])
+    fixed = tmp_path / "front.mp4"
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(root / FRONT_MP4), "-map", "0:v:1", "-map", "0:a?", "-c",
+                    "copy", str(fixed)], check=True, timeout=60)
+    os.replace(fixed, root / FRONT_MP4)
+    ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(SQL_SWAP, return_uint8=True)
+    for i in (0, 39):
+        _assert_right_frames(framecode, ds[i])
+
+
+def test_an_audio_stream_beside_the_video_stream_is_read(datasets, tmp_path, framecode):
+    """lerobot's files may carry audio (``has_audio``): one video stream plus audio is a normal file."""
+    from helpers import FRONT_MP4, muxed_copy
+
+    root = muxed_copy(datasets / "small20", tmp_path / "audio", [FRONT_MP4], audio=True)
+    with av.open(str(root / FRONT_MP4)) as c:
+        assert [s.type for s in c.streams] == ["video", "audio"]
+    db = lsql.connect(root, cache_dir=tmp_path / "c")
+    assert db.sql("SELECT video_streams FROM video_files ORDER BY video_key").fetchall() == [(1,), (1,)]
+    ds = db.dataset(SQL_SWAP, return_uint8=True)
+    for i in (0, 21, 39):
+        _assert_right_frames(framecode, ds[i])

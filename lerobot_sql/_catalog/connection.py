@@ -267,7 +267,7 @@ class Connection:
         config = sandbox.default_config(threads or None, memory_limit or None)
         # Spill next to our other caches, not into DuckDB's default `.tmp` in the user's working directory.
         config["temp_directory"] = str(temp_directory or self.files.cache_dir / "duckdb_tmp")
-        con = duckdb.connect(config=config)
+        con = sandbox.connect(config)  # progress bar off: it would be drawn on stdout
         for files in self.members():
             if not files.source.is_local:
                 con.register_filesystem(files.source.fs)

@@ -61,6 +61,26 @@ def default_config(threads: int | None = None, memory_limit: str | None = None) 
     return {"threads": int(threads), "memory_limit": str(memory_limit)}
 
 
+def connect(config: dict[str, str | int] | None = None) -> duckdb.DuckDBPyConnection:
+    """``duckdb.connect(config=config)`` with DuckDB's progress bar off for the life of the connection.
+
+    DuckDB's Python client turns the bar on by itself in an interactive session (``python -c``, code piped to
+    ``python -``, a REPL, a notebook) and draws it on fd 1, past ``sys.stdout``, for any query running over 2 s: a
+    script printing JSON, or ``lerobot-sql query -f csv > out.csv`` run from one, would get it as its first line.
+    Both settings are per connection (``config`` refuses them), so they are set here, before :func:`lock_down`
+    freezes them; ``enable_progress_bar_print = false`` is the one that holds, since ``SET progress_bar_time``
+    turns ``enable_progress_bar`` back on. Cursors of the connection start with the bar off (DuckDB's default:
+    the client turns it on only for the connection it opens) and the lock keeps it off.
+
+    Raises:
+        duckdb.Error: DuckDB refused ``config``.
+    """
+    con = duckdb.connect(config=config or {})
+    con.execute("SET enable_progress_bar = false")
+    con.execute("SET enable_progress_bar_print = false")
+    return con
+
+
 def _dir(path: str) -> str:
     """A directory entry for allowed_directories: local paths absolute and ending in '/', URLs kept as given."""
     p = str(path)

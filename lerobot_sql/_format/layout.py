@@ -10,13 +10,13 @@ collected in ``Layout.warnings`` and emitted once with :func:`warnings.warn`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 import string
 from typing import Any
 
 from . import listing
+from .jsontext import load_json
 from ..errors import DatasetFormatError, MissingFileError, UnsupportedVersionError, as_real, warn
 from .._storage.source import Source, confine
 
@@ -246,6 +246,39 @@ def check_stored_type(feature: Feature | None, stored_is_float: bool, where: str
         raise DatasetFormatError(f"{where}: column {feature.name!r} is stored as floating point, but meta/info.json "
                                  f"declares dtype {feature.dtype!r}; converting would truncate the values. Fix the "
                                  "feature's dtype in meta/info.json (e.g. 'float32')")
+
+
+def check_item_keys(layout: Layout, cameras, delta_keys, where: str) -> None:
+    """Refuse a feature whose item key one of the item's own keys would take: ``task`` (the frame's task text) and
+    ``<key>_is_pad`` for a ``delta_timestamps`` key (that key's padding). lerobot 0.4.4's ``__getitem__`` writes them
+    over the feature without a word (``item = {**item, **padding}``, then ``item["task"] = ...``), so the feature's
+    values are lost; lerobot's writer never makes a ``task`` feature (its ``validate_frame`` takes ``task`` as the
+    frame's text). Refused rather than served either way; checked once, when a dataset is built.
+
+    Args:
+        layout: the dataset's. cameras: the camera keys its items carry (a camera left out is no item key).
+        delta_keys: the ``delta_timestamps`` keys. where: the dataset's root (URL or path), for the message.
+
+    Raises:
+        DatasetFormatError: naming the dataset, the feature and the way out (a copy with the feature renamed,
+            written by a one-dataset collection's export; or the key out of ``delta_timestamps``).
+    """
+    carried = {k for k, f in layout.features.items() if not f.is_camera or k in cameras}
+    clashes = [("task", "task_feature", "the frame's task text (meta/tasks)", "")] if "task" in carried else []
+    for k in delta_keys:
+        if f"{k}_is_pad" in carried:
+            clashes.append((f"{k}_is_pad", f"{k}_pad_feature", f"the padding of delta_timestamps key {k!r}",
+                            f"drop {k!r} from delta_timestamps, or "))
+    if not clashes:
+        return
+    key, new, what, other = clashes[0]
+    export = (f"lerobot_sql.connect_many({{'d': {where!r}}}).export(\"SELECT 'd' AS dataset, episode_index FROM "
+              f"episodes\", DEST, rename={{'d': {{{key!r}: {new!r}}}}})")
+    camera = " (or leave the camera out: cameras=[...])" if layout.features[key].is_camera else ""
+    raise DatasetFormatError(
+        f"{where}: feature {key!r} (meta/info.json) has the name of the key every item carries {what} under, which "
+        f"would replace the feature's values in every item and batch without a word (lerobot's __getitem__ does). "
+        f"Refused: {other}read a copy with the feature renamed, e.g. {export}{camera}")
 
 
 def parse_version(v: Any) -> tuple[int, int]:
@@ -504,11 +537,9 @@ def load_layout(src: Source) -> Layout:
         raise MissingFileError(
             f"{where}: not found. Is {src.url!r} the root of a LeRobot dataset (the folder holding meta/, data/, videos/)?"
         )
-    try:
-        with src.open("meta/info.json") as f:
-            info = json.loads(f.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DatasetFormatError(f"{where}: invalid JSON ({e}); restore the file from the dataset's source") from e
+    with src.open("meta/info.json") as f:
+        info = load_json(f.read(), where, "restore it from the dataset's source (or write it again with lerobot's "
+                         "writer)")
     v = check_info(info, where)
     if src.is_http:  # no directory listing: every exists/glob below answers from the files the metadata names
         src.set_listing(listing.list_files(src, v))

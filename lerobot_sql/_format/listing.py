@@ -9,10 +9,10 @@ list is made here, beside the layout.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 from typing import TYPE_CHECKING
 
 from ..errors import DatasetFormatError, warn
+from .jsontext import load_json
 
 if TYPE_CHECKING:
     from .._storage.source import Source
@@ -114,10 +114,11 @@ def _v2_files(src: Source, info: CheckedInfo) -> set[str]:
             if not line.strip():
                 continue
             try:
-                ep = json.loads(line)["episode_index"]
+                ep = load_json(line, f"{where}:{n}", "restore it from the dataset's source (lerobot v2.x writes one "
+                               "JSON object per line)")["episode_index"]
                 if isinstance(ep, bool) or not isinstance(ep, int) or ep < 0:
                     raise TypeError(ep)
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+            except (KeyError, TypeError) as e:
                 raise DatasetFormatError(f"{where}:{n}: expected a JSON object with an integer episode_index "
                                          f"({type(e).__name__}: {e}); restore the file") from e
             eps.append(ep)

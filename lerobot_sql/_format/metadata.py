@@ -11,7 +11,6 @@ parsed by one rule and its errors name the file the same way. v2.x JSON lines ar
 from __future__ import annotations
 
 import contextlib
-import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,6 +18,7 @@ import pyarrow.parquet as pq
 from ..errors import DatasetFormatError, LeRobotSQLError, RemoteIOError
 from .._storage.source import Source
 from . import v2
+from .jsontext import load_json
 from .layout import Layout, V2_TASKS
 
 POINTERS = ("episode_index", "dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index")
@@ -55,8 +55,10 @@ def _tasks_text_column(src: Source) -> tuple[str | None, str]:
     idx_col = "task_index" if "task_index" in names else (ints[0] if len(ints) == 1 else None)
     text = "task" if "task" in names else None
     if text is None and schema.metadata and b"pandas" in schema.metadata:
-        meta = json.loads(schema.metadata[b"pandas"])
-        cols = [c for c in meta.get("index_columns", []) if isinstance(c, str) and c in strings]
+        meta = load_json(schema.metadata[b"pandas"], f"{src.path('meta/tasks.parquet')} (its pandas metadata)",
+                         "restore the file from the dataset's source (or write it again with lerobot's writer)")
+        index = meta.get("index_columns") if isinstance(meta, dict) else None
+        cols = [c for c in index if isinstance(c, str) and c in strings] if isinstance(index, list) else []
         text = cols[0] if cols else None
     if text is None and "__index_level_0__" in strings:
         text = "__index_level_0__"

@@ -9,30 +9,32 @@ templates. The catalog's views and the episode pointers both read v2 through her
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 
 from ..errors import DatasetFormatError
 from .._storage.source import Source
+from .jsontext import load_json
 from .layout import Layout, V2_TASKS
+
+# The fix for a line that is not JSON: lerobot v2.x writes one JSON object per line.
+RESTORE_JSONL = "restore it from the dataset's source (lerobot v2.x writes one JSON object per line)"
 
 
 def read_jsonl(src: Source, rel: str) -> list[dict]:
     """The objects of a JSON-lines file (blank lines skipped).
 
     Raises:
-        DatasetFormatError: a line is not a JSON object; names the file and line.
+        DatasetFormatError: a line is not a JSON object (not valid JSON, nested too deeply to parse, or another
+            value); names the file and line.
     """
     out = []
     with src.open(rel) as f:
-        for n, line in enumerate(f.read().decode("utf-8").splitlines(), 1):
+        # Lines of bytes, each parsed (and decoded) on its own: a byte that is not UTF-8 is named with its line,
+        # and only \n / \r end a line (str.splitlines would also cut a task text at U+2028).
+        for n, line in enumerate(f.read().splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetFormatError(f"{src.path(rel)}:{n}: invalid JSON ({e}); restore the file") from e
+            obj = load_json(line, f"{src.path(rel)}:{n}", RESTORE_JSONL)
             if not isinstance(obj, dict):
                 raise DatasetFormatError(f"{src.path(rel)}:{n}: expected a JSON object per line")
             out.append(obj)

@@ -26,10 +26,16 @@ def duplicate_episode_error(episode_index: int, rows: int) -> DatasetFormatError
 
 def timestamp_error(episode_index: int, err: float, fps: float, *, data_file: str | None = None,
                     frame_index: int | None = None, others: list[tuple[int, float]] = (), n_off: int = 1,
-                    limit: float | None = None) -> DatasetFormatError:
+                    limit: float | None = None, frames: str = "tabular") -> DatasetFormatError:
     """The error for an episode whose ``timestamp`` column strays from ``frame_index / fps`` by ``err`` seconds
     (``err`` NaN or infinite: a timestamp that is not a finite number); ``others``: the next worst (episode, err),
-    ``n_off`` episodes in all beyond ``limit`` seconds (the grid check's bound, :func:`grid_limit`)."""
+    ``n_off`` episodes in all beyond ``limit`` seconds (the grid check's bound, :func:`grid_limit`).
+
+    ``frames`` (:func:`frames_kind`) decides the advice for wall-clock timestamps: ``"tabular"`` (no camera read:
+    ``tolerance_s``, which only lets the items carry them), ``"grid"`` (the cameras' clips hold exactly the episodes'
+    frames, one every 1/fps: ``align="frame_index"``, since a tolerance_s would pick the frame nearest each
+    wall-clock time, another row's), ``"other"`` (clips of another length: a tolerance_s, right only where the video's
+    frames follow the same clock)."""
     if not math.isfinite(err):
         where = f" in {data_file}" if data_file else ""
         at = f" (frame_index {frame_index})" if frame_index is not None else ""
@@ -38,17 +44,87 @@ def timestamp_error(episode_index: int, err: float, fps: float, *, data_file: st
                                   "(`lerobot-sql doctor` checks timestamps)")
     also = "".join(f", episode {e} by {x:.4f} s" for e, x in others)
     count = f"; {n_off} selected episodes in all are off by more than {limit:.6g} s" if n_off > 1 and limit else ""
+    tol = f"tolerance_s={math.ceil(err * 1000) / 1000:g}"
+    if frames == "grid":
+        advice = ("If they are wall-clock times: the cameras' clips in meta/episodes hold exactly these episodes' "
+                  "frames, one every 1/fps, so read each row's frame by its position in its clip, "
+                  "dataset(..., align=\"frame_index\") (checked against each mp4's real frames; "
+                  "export(..., align=\"frame_index\") writes a copy with timestamp = frame_index / fps); a "
+                  "tolerance_s would pick the frame nearest each wall-clock time, another row's")
+    elif frames == "other":
+        advice = (f"If they are wall-clock times and the videos' frames follow the same clock (their clips in "
+                  f"meta/episodes are not length / fps long), pass {tol} or more (dataset(..., tolerance_s=...); "
+                  "frames outside an episode's clip are never served)")
+    else:
+        advice = (f"If they are wall-clock times (lerobot reads them with tolerance_s), pass {tol} or more "
+                  "(dataset(..., tolerance_s=...))")
     return DatasetFormatError(
         f"episode {episode_index}: timestamps differ from frame_index / fps by up to {err:.4f} s{also}{count}, with "
-        f"fps={fps:g} from meta/info.json. If they are wall-clock times (lerobot reads them with tolerance_s), pass "
-        f"tolerance_s={math.ceil(err * 1000) / 1000:g} or more (dataset(..., tolerance_s=...)); else fix 'fps' in "
-        "info.json or the data files' timestamp column (run `lerobot-sql doctor`)")
+        f"fps={fps:g} from meta/info.json. {advice}; else fix 'fps' in info.json or the data files' timestamp column "
+        "(run `lerobot-sql doctor`)")
 
 
-def grid_limit(fps: float, tolerance_s: float | None) -> float:
+def frames_kind(clips: list[tuple[np.ndarray, np.ndarray, np.ndarray]], fps: float) -> str:
+    """For :func:`timestamp_error`: ``"tabular"`` when ``clips`` is empty (no camera read), ``"grid"`` when every
+    clip (per camera, ``(from_timestamp, to_timestamp, length)`` arrays over the episodes, ``length`` their frames in
+    data/) lasts exactly its episode's frames at fps (``length / fps``, or ``(length - 1) / fps`` as some writers
+    store to_timestamp, within half a frame), else ``"other"``. Error path only."""
+    if not clips:
+        return "tabular"
+    for frm, to, n in clips:
+        d = (np.asarray(to, np.float64) - np.asarray(frm, np.float64)) * float(fps)
+        n = np.asarray(n, np.float64)
+        if not ((np.abs(d - n) <= 0.5) | (np.abs(d - (n - 1)) <= 0.5)).all():
+            return "other"
+    return "grid"
+
+
+def grid_limit(fps: float, tolerance_s: float | None, align: str = "timestamp") -> float:
     """Seconds a timestamp may stray from ``frame_index / fps``: half a frame (a timestamp then still names its own
-    frame), or ``tolerance_s`` if larger (the caller accepts timestamps that far off, as lerobot does)."""
+    frame), or ``tolerance_s`` if larger (the caller accepts timestamps that far off, as lerobot does); no bound
+    with ``align="frame_index"``, which locates no frame by its timestamp (a NaN is still refused)."""
+    if align == "frame_index":
+        return math.inf
     return max(0.5 / float(fps), float(tolerance_s or 0.0))
+
+
+def outside_clip(timestamp, length, fps: float) -> np.ndarray:
+    """Which rows (bool, the shape of ``timestamp``) lie outside their episode's clip: a time (seconds from the
+    clip's start, float) whose nearest frame on the fps grid is not one of the episode's ``length`` frames, i.e. not
+    in ``(-0.5 / fps, (length - 0.5) / fps]`` (a tie goes to the earlier frame, as
+    :func:`lerobot_sql._readers.locate.nearest` breaks it). Such a row (frame_index -1 at -1/fps, or frame_index == length) is on the grid and leaves the row
+    count unchanged, but its frame is the neighbouring clip's, whatever tolerance_s is. NaN counts as outside."""
+    ts = np.asarray(timestamp, np.float64)
+    half = 0.5 / float(fps)
+    return ~((ts > -half) & (ts <= (np.asarray(length, np.float64) - 0.5) / float(fps)))
+
+
+def outside_clip_error(clips: dict[str, dict[str, list]], episode_index: int, frame_index: int, timestamp: float,
+                       length: int, fps: float, data_file: str | None = None) -> DatasetFormatError:
+    """The error for a data row of ``episode_index`` whose ``timestamp`` lies outside the episode's clip
+    (:func:`outside_clip`); ``clips``: :func:`check_clips`'s result, whose first camera holding the episode is named
+    with its mp4 and ``from_timestamp``."""
+    cam = next((k for k, c in clips.items() if episode_index in c["episode_index"]), None)
+    where = ""
+    if cam is not None:
+        c = clips[cam]
+        j = c["episode_index"].index(episode_index)
+        where = f" in {c['path'][j]} (from_timestamp={c['from_timestamp'][j]:.6f} s)"
+    side = "before its first frame" if timestamp < 0 else "after its last frame"
+    in_file = f" of {data_file}" if data_file else ""
+    if frame_index is not None and 0 <= frame_index < length:  # the row is the episode's; its time is not
+        fix = ("If the timestamps are wall-clock times (off frame_index / fps) over clips holding exactly the "
+               "episode's frames, read each row's frame by its position: dataset(..., align=\"frame_index\"); else "
+               "fix the data file's timestamp column (timestamp = frame_index / fps; `lerobot-sql doctor`: "
+               "frame_index_contiguous)")
+    else:
+        fix = ("Fix the row in the data file (frame_index = index - the episode's first index, timestamp = "
+               "frame_index / fps); `lerobot-sql doctor` lists such rows (frame_index_contiguous)")
+    return DatasetFormatError(
+        f"episode {episode_index}, camera {cam!r}: the row{in_file} with frame_index {frame_index} has timestamp "
+        f"{timestamp:.6f} s, outside the episode's clip{where} ({side}: its {length} frames are at timestamps "
+        f"{0:.6f}..{(length - 1) / float(fps):.6f} s, fps={float(fps):g}); the frame at that time is another "
+        f"episode's or none, whatever tolerance_s is, so it is never served. {fix}")
 
 
 def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, int],

@@ -24,19 +24,23 @@ from ..errors import ResultContractError
 from .._format.layout import Layout, check_stored_type
 from .._format.metadata import parquet_read_errors, read_pointers, video_clips
 from .._storage.source import Source
-from .clips import check_clips, duplicate_episode_error, grid_limit, timestamp_error
+from .clips import (check_clips, duplicate_episode_error, frames_kind, grid_limit, outside_clip, outside_clip_error,
+                    timestamp_error)
 
 FRAME_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 
 
 def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list[str], *, sql: str,
                      ptr: pa.Table | None = None, cameras: list[str] | None = None,
-                     tolerance_s: float | None = None) -> tuple[pa.Table, dict[str, dict[str, list]]] | None:
+                     tolerance_s: float | None = None,
+                     align: str = "timestamp") -> tuple[pa.Table, dict[str, dict[str, list]]] | None:
     """The manifest (same columns, order and types as :func:`lerobot_sql._plan.resolve.build_manifest`'s, which adds the
     metadata) of ``result``'s ``episode_index`` rows, in row order, each episode's frames by ``frame_index``;
     ``extras`` columns of ``result`` repeat over their episode's frames. ``cameras`` (default every video key): the
     cameras whose clips are checked and returned (the others' columns may be null); ``tolerance_s``: timestamps may
-    stray from ``frame_index / fps`` by this much when it is more than half a frame (:func:`grid_limit`).
+    stray from ``frame_index / fps`` by this much when it is more than half a frame (:func:`grid_limit`);
+    ``align="frame_index"``: frames are read by position, so timestamps are neither bounded nor checked against the
+    clips (a NaN is still refused).
 
     Returns:
         (the manifest, the checked clips from :func:`check_clips`), or None when the data files are not laid out as
@@ -159,19 +163,31 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     ts = ft["timestamp"].to_numpy().astype(np.float64)
     fi = ft["frame_index"].to_numpy()
     err = np.abs(ts - fi / float(layout.fps))
-    limit = grid_limit(layout.fps, tolerance_s)
+    limit = grid_limit(layout.fps, tolerance_s, align)
     bad = np.flatnonzero(~(err <= limit))  # written so that a NaN timestamp is off the grid too
+    clips = video_clips(layout, ptr)
     if len(bad):
-        raise _grid_error(all_ep[prow[bad]], err[bad], fi[bad], lambda j: files[sample_code[bad[j]]], layout, limit)
+        rows = np.unique(prow[bad])  # error path: do the cameras' clips hold exactly these episodes' frames?
+        kind = frames_kind([(clips[k]["from_timestamp"].to_numpy(zero_copy_only=False)[rows],
+                             clips[k]["to_timestamp"].to_numpy(zero_copy_only=False)[rows], (hi - lo)[rows])
+                            for k in (layout.video_keys if cameras is None else cameras) if k in clips], layout.fps)
+        raise _grid_error(all_ep[prow[bad]], err[bad], fi[bad], lambda j: files[sample_code[bad[j]]], layout, limit,
+                          kind)
 
     length = {int(all_ep[r]): int(hi[r] - lo[r]) for r in range(len(all_ep))}
-    clips = video_clips(layout, ptr)
     touched = {}
     for k, t in clips.items():
         paths = t["path"].to_pylist()
         sel_paths = {paths[r] for r in uniq_rows} - {None}  # no pointer: plan refuses those samples
         touched[k] = t.filter(pa.array([p in sel_paths for p in paths]))
     checked = check_clips(layout, touched, length, all_ep[uniq_rows], keys=cameras)
+    if checked and align != "frame_index":  # a camera reads frames at from_timestamp + timestamp: every row must
+        # name one of its clip's frames
+        out = np.flatnonzero(outside_clip(ts, (hi - lo)[prow], layout.fps))
+        if len(out):
+            j = int(out[np.argmin(all_ep[prow[out]])])
+            raise outside_clip_error(checked, int(all_ep[prow[j]]), int(fi[j]), float(ts[j]),
+                                     int((hi - lo)[prow[j]]), layout.fps, files[sample_code[j]])
 
     cols: dict[str, pa.Array] = {
         "index": pa.array(index, pa.int64()),
@@ -194,9 +210,11 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     return pa.table(cols), checked
 
 
-def _grid_error(ep: np.ndarray, err: np.ndarray, fi: np.ndarray, file_of, layout: Layout, limit: float):
+def _grid_error(ep: np.ndarray, err: np.ndarray, fi: np.ndarray, file_of, layout: Layout, limit: float,
+                frames: str = "tabular"):
     """The timestamp error for the off-grid frames (episode, |error|, frame_index per frame; ``file_of(j)``: frame
-    j's data file): a NaN first, else the worst episodes by their largest error."""
+    j's data file): a NaN first, else the worst episodes by their largest error; ``frames``: see
+    :func:`lerobot_sql._plan.clips.timestamp_error`."""
     nan = np.flatnonzero(~np.isfinite(err))
     if len(nan):
         j = int(nan[0])
@@ -207,5 +225,5 @@ def _grid_error(ep: np.ndarray, err: np.ndarray, fi: np.ndarray, file_of, layout
     np.maximum.at(worst, inv, err)
     order = np.argsort(-worst, kind="stable")
     top = [(int(uniq[i]), float(worst[i])) for i in order[:4]]
-    return timestamp_error(*top[0], float(layout.fps), others=top[1:], n_off=len(uniq), limit=limit)
+    return timestamp_error(*top[0], float(layout.fps), others=top[1:], n_off=len(uniq), limit=limit, frames=frames)
 

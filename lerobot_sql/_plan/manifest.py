@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._format.jsontext import load_json
 from ..errors import ResultContractError
 
 META_KEY = b"lerobot_sql.manifest"
@@ -73,19 +74,18 @@ class Meta:
         :class:`Meta` (no extras, no clips to check).
 
         Raises:
-            ResultContractError: the metadata is there but is not a JSON object.
+            ResultContractError: the metadata is there but is not a JSON object (invalid, nested too deeply, or
+                another value), naming ``where``.
         """
         schema = table_or_schema.schema if isinstance(table_or_schema, pa.Table) else table_or_schema
         raw = (schema.metadata or {}).get(META_KEY)
         if raw is None:
             return cls()
-        try:
-            d = json.loads(raw)
-            if not isinstance(d, dict):
-                raise TypeError(f"a JSON {type(d).__name__}")
-        except (ValueError, TypeError) as e:
-            raise ResultContractError(f"{where}: its lerobot_sql.manifest metadata is not a JSON object ({e}); "
-                                      "write the manifest again with db.export_manifest") from e
+        fix = "write the manifest again with db.export_manifest"
+        d = load_json(raw, f"{where}: its lerobot_sql.manifest metadata", fix, error=ResultContractError)
+        if not isinstance(d, dict):
+            raise ResultContractError(f"{where}: its lerobot_sql.manifest metadata is not a JSON object (a JSON "
+                                      f"{type(d).__name__}); {fix}")
         return cls(mode=d.get("mode"), extras=tuple(d.get("extras") or ()),
                    video_keys=tuple(d.get("video_keys") or ()), fps=d.get("fps"), sql=d.get("sql"),
                    clips=d.get("clips") or {}, root=d.get("root"), dataset_id=d.get("dataset_id"),
@@ -174,13 +174,26 @@ def collection_meta(manifest: pa.Table) -> dict:
     """The ``lerobot_sql.collection`` metadata of a collection manifest.
 
     Raises:
-        ResultContractError: the table is not a collection manifest.
+        ResultContractError: the table is not a collection manifest, or its metadata (or a dataset's manifest
+            metadata inside it, which :func:`part_of` and the callers parse again) is not JSON objects.
     """
     raw = (manifest.schema.metadata or {}).get(COLLECTION_KEY)
     if raw is None or "dataset" not in manifest.column_names:
         raise ResultContractError("not a collection manifest (no dataset column or no lerobot_sql.collection "
                                   "metadata): make it with Collection.manifest(sql)")
-    return json.loads(raw)
+    fix = "make it again with Collection.manifest(sql)"
+    meta = load_json(raw, "the collection manifest: its lerobot_sql.collection metadata", fix,
+                     error=ResultContractError)
+    parts = meta.get("manifests") if isinstance(meta, dict) else None
+    if not isinstance(parts, dict) or not all(isinstance(v, str) for v in parts.values()):
+        raise ResultContractError("the collection manifest: its lerobot_sql.collection metadata is not a JSON object "
+                                  f"with a manifest per dataset; {fix}")
+    for name, text in parts.items():  # once here, so the later json.loads of each (part_of, ...) cannot fail
+        if not isinstance(load_json(text, f"the collection manifest: the metadata of dataset {name!r}", fix,
+                                    error=ResultContractError), dict):
+            raise ResultContractError(f"the collection manifest: the metadata of dataset {name!r} is not a JSON "
+                                      f"object; {fix}")
+    return meta
 
 
 def dataset_codes(manifest: pa.Table, names: list[str]) -> np.ndarray:

@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 
 from . import manifest as _manifest
 from . import episodes as pointers
-from .clips import check_clips, duplicate_episode_error, grid_limit, timestamp_error
+from .clips import (check_clips, duplicate_episode_error, frames_kind, grid_limit, outside_clip, outside_clip_error,
+                    timestamp_error)
 from .._catalog.connection import MANIFEST_BYTES_PER_ROW, max_manifest_rows, missing_data_files
 from .._query.sqltext import ident as q, literal, number
 from ..errors import DatasetFormatError, MissingFileError, ResultContractError, did_you_mean as _did_you_mean, warn
@@ -154,14 +155,16 @@ def _check_contract_types(result: pa.Table, mode: str, sql: str) -> pa.Table:
 
 
 def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Table, cameras: list[str] | None = None,
-                    tolerance_s: float | None = None) -> dict[str, dict[str, list]]:
+                    tolerance_s: float | None = None, align: str = "timestamp") -> dict[str, dict[str, list]]:
     """Refuse metadata that would otherwise give a neighbouring frame without any error (selected episodes only).
 
     Checks: one meta/episodes row per episode; ``timestamp`` within half a frame of ``frame_index / fps`` (a wrong
     fps in info.json), or within ``tolerance_s`` if larger (:func:`lerobot_sql._plan.clips.grid_limit`); per camera
     of ``cameras`` (default all), a clip that starts at or after 0, lasts the episode's frame count within one frame
     (writers that store ``to_timestamp = (length - 1) / fps`` pass) and does not overlap another clip of its file by
-    half a frame or more. ``lerobot-sql doctor`` checks the same and more, strictly, over every episode.
+    half a frame or more; and, when a camera is read by time, every row's timestamp within its episode's clip
+    (:func:`lerobot_sql._plan.clips.outside_clip`). ``align="frame_index"`` (frames by position) bounds no
+    timestamp. ``lerobot-sql doctor`` checks the same and more, strictly, over every episode.
 
     A start shifted by one frame alone, or the last clip of a file shifted, passes these metadata checks; the dataset
     catches them against the real frames of each mp4 (``LeRobotSQLDataset._check_clips``) from what this returns.
@@ -179,7 +182,8 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
     if dup:
         raise duplicate_episode_error(*dup[0])
     # `not <=` so that NaN (DuckDB's max() of a column holding a NaN timestamp) is off the grid too.
-    limit = grid_limit(fps, tolerance_s)
+    limit = grid_limit(fps, tolerance_s, align)
+    keys = layout.video_keys if cameras is None else [k for k in layout.video_keys if k in cameras]
     off = [r for r in ext.to_pylist() if r["ts_err"] is not None and not r["ts_err"] <= limit]
     if off:
         off.sort(key=lambda r: (math.isfinite(r["ts_err"]), -r["ts_err"]))  # a NaN first, then the worst
@@ -189,8 +193,16 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
             row = con.execute("SELECT data_file, frame_index FROM _frames_loc WHERE episode_index = ? AND "
                               "NOT isfinite(timestamp::DOUBLE) ORDER BY frame_index LIMIT 1", [ep]).fetchone()
             where = {"data_file": row[0], "frame_index": row[1]} if row else {}
+        else:  # error path only: do the cameras' clips hold exactly these episodes' frames?
+            n = {r["episode_index"]: r["n"] for r in off}
+            got = con.execute(
+                "SELECT video_key, episode_index, from_timestamp, to_timestamp FROM videos WHERE episode_index IN "
+                f"({', '.join(str(int(e)) for e in n)}) AND video_key IN ({', '.join(literal(k) for k in keys)})"
+            ).fetchall() if keys else []
+            per = [[(np.nan if f is None else f, np.nan if t is None else t, n[e]) for k_, e, f, t in got if k_ == k]
+                   for k in keys]
+            where["frames"] = frames_kind([tuple(np.array(c, np.float64).reshape(-1, 3).T) for c in per], fps)
         raise timestamp_error(ep, err, fps, **where)
-    keys = layout.video_keys if cameras is None else [k for k in layout.video_keys if k in cameras]
     if not keys:
         return {}
     # Every clip of every mp4 a selected episode uses, and the frames in data/ of those episodes.
@@ -203,7 +215,22 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
     n = con.sql("SELECT episode_index, count(*) FROM _frames_loc WHERE episode_index IN "
                 f"({', '.join(str(e) for e in set(t['episode_index'].to_pylist())) or 'NULL'}) GROUP BY 1").fetchall()
     videos = {k: t.filter(pc.equal(t["video_key"], k)).drop_columns(["video_key"]) for k in layout.video_keys}
-    return check_clips(layout, videos, dict(n), ext["episode_index"].to_numpy(), keys=keys)
+    clips = check_clips(layout, videos, dict(n), ext["episode_index"].to_numpy(), keys=keys)
+    if align == "frame_index":  # frames by position: the timestamps locate none
+        return clips
+    # Every row of a selected episode (a window's neighbours too) must lie in its clip: its extremes tell.
+    ep, rows = ext["episode_index"].to_numpy(), ext["n"].to_numpy()
+    lo, hi = ext["ts_min"].to_numpy(zero_copy_only=False), ext["ts_max"].to_numpy(zero_copy_only=False)
+    out = np.flatnonzero(outside_clip(lo, rows, fps) | outside_clip(hi, rows, fps))
+    if len(out):  # error path only: the episode's first such row, to name it
+        j = int(out[np.argmin(ep[out])])
+        e, length = int(ep[j]), int(rows[j])
+        f, fi, ts = con.execute(
+            "SELECT data_file, frame_index, timestamp::DOUBLE FROM _frames_loc WHERE episode_index = ? AND NOT "
+            "coalesce(timestamp::DOUBLE > ? AND timestamp::DOUBLE <= ?, false) ORDER BY index LIMIT 1",
+            [e, -0.5 / fps, (length - 0.5) / fps]).fetchone() or (None, None, None)
+        raise outside_clip_error(clips, e, fi, math.nan if ts is None else float(ts), length, fps, f)
+    return clips
 
 
 def _refuse_unknown_episodes(con: duckdb.DuckDBPyConnection, sql: str) -> None:
@@ -520,7 +547,8 @@ def _plain_numbers(t: pa.Table) -> pa.Table:
 def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPyConnection], layout: Layout,
                    result: pa.Table, *, sql: str, window_tolerance_s: float = 1e-4, ordered: bool = True,
                    src: Source | None = None, ptr: pa.Table | None = None, cameras: list[str] | None = None,
-                   tolerance_s: float | None = None, before: int = 0, keep_extras: bool = True) -> pa.Table:
+                   tolerance_s: float | None = None, before: int = 0, keep_extras: bool = True,
+                   align: str = "timestamp") -> pa.Table:
     """Resolve ``result`` (the rows of user query ``sql``) to a manifest, in the main process.
 
     Samples follow the result's row order when ``ordered`` (the query has an ORDER BY). Without one, DuckDB's row
@@ -535,6 +563,8 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     ``cameras`` (default every video key): the cameras whose video pointers and clips are checked and recorded in the
     metadata (``cameras=[]``: tabular reads, no video metadata needed; the other cameras' columns may be null).
     ``tolerance_s``: timestamps may stray from ``frame_index / fps`` by this much when it is more than half a frame.
+    ``align``: ``"timestamp"`` (default: frames are found by time, so every row's timestamp must lie in its episode's
+    clip) or ``"frame_index"`` (by position: the timestamps are neither bounded nor checked against the clips).
     ``before``: samples of a collection's other datasets in the same manifest (the ``LSQL_MAX_MANIFEST_ROWS``
     bound is on the whole). ``keep_extras=False`` leaves the query's extra columns out, unchecked (an export writes
     none: a list of text, a NULL list or a DATE there need not suit a DataLoader).
@@ -583,7 +613,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     if mode == "episode" and src is not None:
         try:
             fast = pointers.episode_manifest(src, layout, _plain_numbers(result.select(keep)), extras, sql=sql,
-                                             ptr=ptr, cameras=cameras, tolerance_s=tolerance_s)
+                                             ptr=ptr, cameras=cameras, tolerance_s=tolerance_s, align=align)
         except MissingFileError as e:
             # A data file the pointers name is missing: a stale pointer, maybe, whose episode's rows are in another
             # file. The join below finds rows by episode_index (the connection warns, saying which); if the
@@ -630,7 +660,9 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
             # Neighbours (delta_timestamps) and export runs are read by position, row0 + (index - ep_from): exact
             # only if row - index is the same for every frame of the episode (its rows in `index` order).
             "min(row - index) = max(row - index) AS in_order, "
-            f"max(abs(timestamp - frame_index / {number(float(layout.fps))})) AS ts_err "
+            f"max(abs(timestamp - frame_index / {number(float(layout.fps))})) AS ts_err, "
+            # the time range of its rows: each must name a frame of the episode's clip (clips.outside_clip)
+            "min(timestamp::DOUBLE) AS ts_min, max(timestamp::DOUBLE) AS ts_max "
             "FROM _frames_loc WHERE episode_index IN (SELECT DISTINCT episode_index FROM _lsql_sel) GROUP BY 1"
         ).to_arrow_table()
         bad = [r for r in ext.to_pylist() if r["nfiles"] != 1 or r["n"] != r["ep_to_index"] - r["ep_from_index"]
@@ -638,7 +670,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         if bad:
             raise _episode_rows_error(con, bad[0])
         con.register("_lsql_ext", ext)
-        clips = _check_pointers(con, layout, ext, cameras, tolerance_s)
+        clips = _check_pointers(con, layout, ext, cameras, tolerance_s, align)
         vsel, vjoin = [], []
         for i, k in enumerate(layout.video_keys):
             vsel.append(f", v{i}.path AS {q(k + '/file')}, v{i}.from_timestamp AS {q(k + '/from_timestamp')}")

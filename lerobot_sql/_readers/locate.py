@@ -3,7 +3,10 @@
 A sample's camera frame lives in the mp4 the manifest names (``<video_key>/file``), at ``from_timestamp +
 timestamp`` seconds (:func:`time_in_file`: where the episode starts in that file plus the frame's time in the
 episode). The frame shown there is the one whose pts is nearest to that time, and only within ``tolerance_s``
-(:func:`nearest`, :func:`locate`, :func:`rows_within`; a neighbouring frame is never returned instead). Decoding it must start at its
+(:func:`nearest`, :func:`locate`, :func:`rows_within`; a neighbouring frame is never returned instead), and only inside
+the episode's clip (:func:`clip_first_rows`, :func:`keep_in_clip`, :func:`keep_own_frame`); with
+``align="frame_index"`` it is the clip's first frame plus the row's frame_index instead (:func:`rows_by_position`,
+checked to lie on the fps grid). Decoding it must start at its
 keyframe row (:func:`key_rows`, corrected for reordered frames), and a reader fetches the packets from that keyframe
 up to a few packets past the frame (:func:`packet_ranges`, :func:`packet_spans`). An episode's clip must match the mp4's real frames
 (:func:`check_clips`), which per-frame lookups cannot tell. The dataset, ``prefetch`` and ``export`` all ask here;
@@ -104,9 +107,130 @@ def locate(pts: np.ndarray, pts_s: np.ndarray, times_s, tolerance_s: float, *, p
             f"{path}: no frame of camera {video_key!r} within tolerance_s={tolerance_s} of t={times_s[i]:.6f}s "
             f"(episode {episode_index}); nearest frame has pts={int(pts[pick[i]])} "
             f"({pts_s[pick[i]]:.6f}s, off by {err[i]:.6f}s). The episode's from_timestamp or timestamps "
-            f"disagree with the video: run `lerobot-sql doctor`, or raise tolerance_s if the drift is expected.{rate}"
+            f"disagree with the video: run `lerobot-sql doctor`, or raise tolerance_s if the drift is expected and "
+            f"under half a frame (wall-clock timestamps over clips holding exactly their frames: "
+            f"align=\"frame_index\").{rate}"
         )
     return pick
+
+
+OUTSIDE = -2  # a row marker: the frame found lies outside the episode's clip (never served)
+OFF_GRID = -3  # a row marker: the frame found is not the row's own frame of a clip on the fps grid (never served)
+GRID_FRAMES = 0.25  # a frame is "on the grid" when its pts is within this many frames of from_timestamp + k / fps
+ALIGNS = ("timestamp", "frame_index")
+
+
+def check_align(align) -> str:
+    """``align`` (how a row's camera frame is found) as given, if it is one of :data:`ALIGNS`.
+
+    ``"timestamp"`` (default, lerobot's rule): the frame nearest to ``from_timestamp + timestamp`` within
+    ``tolerance_s``. ``"frame_index"``: the row's ``frame_index``-th frame of its episode's clip (the clip's first
+    frame, :func:`clip_first_rows`, plus frame_index), for data whose timestamps are not the video's (wall-clock
+    times) over clips holding exactly the episode's frames on the fps grid; checked: the frame lies at
+    ``from_timestamp + frame_index / fps`` (:func:`rows_by_position`).
+
+    Raises:
+        ValueError: anything else (naming both choices).
+    """
+    if not isinstance(align, str) or align not in ALIGNS:
+        raise ValueError(f"align must be 'timestamp' (frames at from_timestamp + timestamp, lerobot's rule) or "
+                         f"'frame_index' (each row's frame_index-th frame of its episode's clip), not {align!r}")
+    return align
+
+
+def clip_first_rows(pts_s: np.ndarray, from_timestamp, fps: float) -> np.ndarray:
+    """Row (int64) of the first frame of each clip starting at ``from_timestamp`` (seconds in the file): the first
+    frame presented no earlier than half a frame before it, the rule of :func:`chain_problems`. The clip's frames
+    are that row and the ``length - 1`` after it."""
+    return np.searchsorted(pts_s, np.asarray(from_timestamp, np.float64) - 0.5 / float(fps)).astype(np.int64)
+
+
+def keep_in_clip(rows: np.ndarray, first: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """``rows`` (int, -1: no frame within tolerance) with :data:`OUTSIDE` where the frame lies outside its clip,
+    frames ``first .. first + length - 1``: the nearest frame to a time may be the neighbouring episode's when the
+    tolerance is larger than the gap to it, and it must never be served as this episode's."""
+    out = (rows >= 0) & ((rows < first) | (rows >= first + length))
+    return np.where(out, OUTSIDE, rows).astype(rows.dtype)
+
+
+def on_grid(pts_s: np.ndarray, first, position, from_timestamp, fps: float) -> np.ndarray:
+    """Whether the frame at ``position`` (0-based) of each clip (first row ``first``, starting at ``from_timestamp``
+    seconds) exists and is presented at ``from_timestamp + position / fps`` within :data:`GRID_FRAMES` of a frame,
+    as lerobot's encoder writes every frame (bool, the broadcast shape)."""
+    rows = np.asarray(first, np.int64) + np.asarray(position, np.int64)
+    n = len(pts_s)
+    if not n:
+        return np.zeros(np.shape(rows), bool)
+    at = pts_s[np.clip(rows, 0, n - 1)]
+    want = np.asarray(from_timestamp, np.float64) + np.asarray(position, np.float64) / float(fps)
+    return (rows >= 0) & (rows < n) & (np.asarray(position) >= 0) & (np.abs(at - want) <= GRID_FRAMES / float(fps))
+
+
+def rows_by_position(pts_s: np.ndarray, first, position, length, from_timestamp, fps: float) -> np.ndarray:
+    """Rows (int64) of the frames at ``position`` (a row's frame_index) in clips starting at row ``first`` of
+    ``length`` frames: the ``align="frame_index"`` rule, which reads no timestamp. :data:`OUTSIDE` where the
+    position is not one of the clip's frames or lies past the file's end, :data:`OFF_GRID` where that frame is not
+    at ``from_timestamp + position / fps`` (:func:`on_grid`: then the position does not name the row's frame)."""
+    position = np.asarray(position, np.int64)
+    rows = np.asarray(first, np.int64) + position
+    inside = (position >= 0) & (position < length) & (rows < len(pts_s))
+    return np.where(inside, np.where(on_grid(pts_s, first, position, from_timestamp, fps), rows, OFF_GRID), OUTSIDE)
+
+
+def keep_own_frame(rows: np.ndarray, pts_s: np.ndarray, first, position, from_timestamp, fps: float) -> np.ndarray:
+    """``rows`` found by time with :data:`OFF_GRID` where the row's own frame (``position`` in its clip) is on the
+    fps grid (:func:`on_grid`) but the frame found is another: timestamps more than half a frame off the grid (wall-
+    clock times) read with a ``tolerance_s`` that lets them match, which would serve another row's frame."""
+    own = np.asarray(first, np.int64) + np.asarray(position, np.int64)
+    bad = (rows >= 0) & (rows != own) & on_grid(pts_s, first, position, from_timestamp, fps)
+    return np.where(bad, OFF_GRID, rows).astype(rows.dtype)
+
+
+def clip_error(path: str, pts_s: np.ndarray, kind: int, *, episode_index: int, video_key: str, position: int,
+               first: int, length: int, from_timestamp: float, fps: float, time_s: float | None = None,
+               row: int | None = None, tolerance_s: float | None = None) -> DatasetFormatError:
+    """The error for a frame never served (``kind``: :data:`OUTSIDE` or :data:`OFF_GRID`) of the row at ``position``
+    (frame_index) of an episode whose clip in ``path`` is frames ``first .. first + length - 1`` from
+    ``from_timestamp``; ``time_s``, ``row``, ``tolerance_s``: the time looked up and the frame found (None with
+    ``align="frame_index"``). Names the file, camera, episode, frame, times and the fix."""
+    fps = float(fps)
+    last = first + length - 1
+    n = len(pts_s)
+    clip = (f"the episode's clip is frames {first}..{last} of the file ({pts_s[first]:.6f}..{pts_s[last]:.6f} s)"
+            if 0 <= first and last < n else
+            f"the episode's clip, frames {first}..{last}, runs past the file's last frame ({n - 1})")
+    head = f"{path}: camera {video_key!r}, episode {episode_index}, frame_index {position}: "
+    want = from_timestamp + position / fps
+    if time_s is None:  # align="frame_index"
+        if kind == OUTSIDE:
+            return DatasetFormatError(
+                f"{head}align=\"frame_index\" reads frame {first + position} of the file, but {clip}: it is not one "
+                f"of the episode's {length} frames, and another episode's frame is never served. Fix the row's "
+                "frame_index (index - the episode's first index) or videos/<camera>/from_timestamp in meta/episodes "
+                "(run `lerobot-sql doctor`)")
+        r = first + position
+        return DatasetFormatError(
+            f"{head}align=\"frame_index\" reads frame {r} of the file, presented at {pts_s[r]:.6f} s, but the "
+            f"row's frame is due at from_timestamp + frame_index / fps = {want:.6f} s (fps={fps:g}; off by "
+            f"{abs(pts_s[r] - want) * fps:.2f} frames): this clip's frames are not on the fps grid, so a position "
+            "does not name a frame. Read by time (align=\"timestamp\", the default) or fix "
+            f"videos/{video_key}/from_timestamp in meta/episodes (run `lerobot-sql doctor`: video_frame_pts, "
+            "video_segment_frames)")
+    found = f"the frame nearest to t={time_s:.6f} s within tolerance_s={tolerance_s} is frame {row} of the file " \
+        f"({pts_s[row]:.6f} s)"
+    if kind == OUTSIDE:
+        return DatasetFormatError(
+            f"{head}{found}, but {clip}: another episode's frame is never served, whatever tolerance_s is. The "
+            "row's timestamp disagrees with the video: if the timestamps are wall-clock times and each clip holds "
+            "exactly its episode's frames, read with align=\"frame_index\" (frames by their position in the clip); "
+            "else fix the timestamp column or from_timestamp (run `lerobot-sql doctor`)")
+    own = first + position
+    return DatasetFormatError(
+        f"{head}{found}, but the clip's frames are on the fps grid and the row's own frame is frame {own} "
+        f"({pts_s[own]:.6f} s = from_timestamp + frame_index / fps, {abs(row - own)} frame(s) away): the row's "
+        f"timestamp is off the video by more than half a frame (wall-clock times?), and tolerance_s={tolerance_s} "
+        "would serve another row's frame. Read the frames by their position in the clip: align=\"frame_index\"; "
+        "or fix the data files' timestamp column (run `lerobot-sql doctor`: frame_index_contiguous)")
 
 
 def packet_ranges(rows, key_row: np.ndarray, byte_offset: np.ndarray, byte_size: np.ndarray, *,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from fractions import Fraction
 from pathlib import Path
 
@@ -47,6 +48,7 @@ PROBE_SCHEMA = pa.schema([
     ("codec", pa.string()),         # FFmpeg canonical name; NULL when missing or unreadable
     ("height", pa.int64()),         # the stream's frame size, pixels (its header); NULL as codec
     ("width", pa.int64()),
+    ("video_streams", pa.int64()),  # video streams in the file (audio not counted); over 1 is refused; NULL as codec
 ])
 
 
@@ -54,8 +56,12 @@ def open_container(src: Source, rel: str, demux_only: bool = False):
     """The PyAV input container of video ``rel``; ``demux_only``: on a remote root, through the payload-free view
     (only the container's boxes are fetched; enough to index, not to decode).
 
+    Every reader of an mp4 (the index, the decoders, the export's stream copy) opens it here, so the file's
+    streams are checked once per open (:func:`check_one_video_stream`), never per frame.
+
     Raises:
         MissingFileError: a local file is missing. VideoDecodeError: PyAV cannot open it.
+        DatasetFormatError: it holds more than one video stream.
     """
     local = src.local_path(rel)
     try:
@@ -63,12 +69,47 @@ def open_container(src: Source, rel: str, demux_only: bool = False):
             if not os.path.exists(local):
                 raise MissingFileError(f"{local}: video file not found (referenced by meta/episodes); "
                                        "download the dataset's videos/ folder or re-fetch this file")
-            return av.open(local)
-        # Indexing a remote file needs only its moov box: the payload-free view never fetches media bytes.
-        return av.open(src.open_demux(rel) if demux_only else src.open(rel))
+            container = av.open(local)
+        else:
+            # Indexing a remote file needs only its moov box: the payload-free view never fetches media bytes.
+            container = av.open(src.open_demux(rel) if demux_only else src.open(rel))
     except av.error.FFmpegError as e:
         raise VideoDecodeError(f"{src.path(rel)}: PyAV cannot open this video ({e}); the file may be truncated "
                                "or corrupt, re-fetch it from the dataset's source") from e
+    try:
+        check_one_video_stream(container, src.path(rel))
+    except BaseException:
+        container.close()
+        raise
+    return container
+
+
+def check_one_video_stream(container, where: str) -> None:
+    """Refuse an mp4 holding more than one video stream (audio streams are fine: lerobot's ``has_audio``).
+
+    lerobot writes one video stream per camera file, and nothing in the metadata says which of several streams is
+    the camera's: every reader takes video stream 0, which in a file muxing all cameras (a recorder's output) is
+    another camera's frames, served without an error. Refusing is the one answer that is never a wrong frame.
+
+    Raises:
+        DatasetFormatError: naming the file (``where``), its video streams and the ffmpeg command that keeps one.
+    """
+    streams = container.streams.video
+    if len(streams) <= 1:
+        return
+
+    def describe(k: int, s) -> str:
+        cc = s.codec_context
+        name = getattr(cc.codec, "canonical_name", None) or cc.name
+        return f"0:v:{k} {name} {cc.width}x{cc.height}, {s.frames or '?'} frames"
+
+    listed = "; ".join(describe(k, s) for k, s in enumerate(streams))
+    raise DatasetFormatError(
+        f"{where}: holds {len(streams)} video streams ({listed}); lerobot writes one video stream per camera file "
+        "and nothing says which of these is this camera's, so the file is not read (stream 0 could be another "
+        f"camera's frames). Keep the camera's own stream, N (0..{len(streams) - 1}), in a copy and put it in "
+        f"place of this file: ffmpeg -i {shlex.quote(str(where))} -map 0:v:N -map 0:a? -c copy fixed.mp4 (no "
+        "re-encoding); or leave the camera out (dataset(..., cameras=[...]))")
 
 
 def _container_index(container, stream) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
@@ -264,6 +305,7 @@ def ensure_index(src: Source, rel: str, cache_dir: Path) -> Path:
     Raises:
         MissingFileError: the mp4 does not exist.
         VideoDecodeError: PyAV cannot demux it.
+        DatasetFormatError: it holds more than one video stream (:func:`check_one_video_stream`).
         CacheError: the entry cannot be written.
     """
     path = index_path(src, rel, cache_dir)
@@ -277,7 +319,8 @@ def ensure_index_arrow(src: Source, rel: str, cache_dir: Path, pin: Stamp | None
 
     Raises:
         MissingFileError: the mp4 does not exist.
-        DatasetFormatError: the mp4 is not the file ``pin`` describes (replaced or rewritten since).
+        DatasetFormatError: the mp4 is not the file ``pin`` describes (replaced or rewritten since), or it holds
+            more than one video stream.
         VideoDecodeError: PyAV cannot demux it.
 
     Workers map this file instead of loading the Parquet, so the index pages are shared through the OS page cache
@@ -308,22 +351,24 @@ def ensure_index_arrow(src: Source, rel: str, cache_dir: Path, pin: Stamp | None
     return cache.ensure(path, write)
 
 
-def _stream_probe(src: Source, rel: str) -> tuple[str | None, int | None, int | None]:
+def _stream_probe(src: Source, rel: str) -> tuple[str | None, int | None, int | None, int | None]:
     """FFmpeg's canonical codec name (``av1``, ``h264``, ``mpeg4`` ...) and the frame height and width (pixels) of
-    the file's first video stream, from its header; Nones if PyAV cannot open it (the video index checks then report
+    the file's first video stream, from its header, and how many video streams it holds (more than one: the readers
+    refuse it, :func:`check_one_video_stream`); Nones if PyAV cannot open it (the video index checks then report
     the file). Remote files are opened payload-free (only the container's boxes are fetched)."""
     local = src.local_path(rel)
     try:
         with (av.open(local) if local is not None else av.open(src.open_demux(rel))) as container:
             cc = container.streams.video[0].codec_context
-            return cc.codec.canonical_name, (int(cc.height) or None), (int(cc.width) or None)
+            return (cc.codec.canonical_name, (int(cc.height) or None), (int(cc.width) or None),
+                    len(container.streams.video))
     except (av.error.FFmpegError, IndexError, LeRobotSQLError, OSError):
-        return None, None, None
+        return None, None, None, None
 
 
 def probe_video_files(src: Source, files: list[tuple[str, str]]) -> pa.Table:
     """The rows of the view ``video_files``: for each (video_key, path) of the ``videos`` view, whether the file
-    exists, its size, its stream's codec and frame size.
+    exists, its size, its stream's codec and frame size, and its number of video streams.
 
     Args:
         src: the dataset's :class:`lerobot_sql._storage.source.Source`.
@@ -332,7 +377,8 @@ def probe_video_files(src: Source, files: list[tuple[str, str]]) -> pa.Table:
     Returns:
         Arrow table ``video_key`` string, ``path`` string, ``present`` bool, ``size_bytes`` int64 (NULL when
         missing), ``codec`` string (FFmpeg canonical name, NULL when missing or unreadable), ``height``, ``width``
-        int64 (pixels, from the stream's header; NULL as codec).
+        int64 (pixels, from the stream's header; NULL as codec), ``video_streams`` int64 (video streams in the
+        file, audio not counted; over 1 the readers refuse the file; NULL as codec).
 
     Raises:
         RemoteIOError: a remote file's existence could not be asked (network down, never seen offline).
@@ -349,9 +395,10 @@ def probe_video_files(src: Source, files: list[tuple[str, str]]) -> pa.Table:
         paths.append(rel)
         present.append(size is not None)
         sizes.append(size)
-        probes.append(_stream_probe(src, rel) if size is not None else (None, None, None))
-    codecs, heights, widths = zip(*probes) if probes else ((), (), ())
-    return pa.table([keys, paths, present, sizes, list(codecs), list(heights), list(widths)], schema=PROBE_SCHEMA)
+        probes.append(_stream_probe(src, rel) if size is not None else (None, None, None, None))
+    codecs, heights, widths, n_video = zip(*probes) if probes else ((), (), (), ())
+    return pa.table([keys, paths, present, sizes, list(codecs), list(heights), list(widths), list(n_video)],
+                    schema=PROBE_SCHEMA)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -249,14 +249,40 @@ def cmd_query(args) -> int:
     if not args.dataset:
         raise UsageError("DATASET is required (except with --list)")
     db = _connect(args)
-    if args.name:
-        if args.sql:
-            raise UsageError(f"give either {getattr(args, 'sql_spelling', 'SQL')} or --name, not both")
-        rel = run_sql(db, None, dict(args.param or []), name=args.name, timeout=args.timeout)
-    else:
-        rel = run_sql(db, _sql_from(args, db), timeout=args.timeout)
-    write_result(rel, format_of(args.format, args.output), args.output, args.max_rows, timeout=args.timeout)
+    fmt = format_of(args.format, args.output)
+    try:
+        dest = None if args.output in (None, "-") else _output_file(db, args.output, fmt, args.overwrite)
+        if args.name:
+            if args.sql:
+                raise UsageError(f"give either {getattr(args, 'sql_spelling', 'SQL')} or --name, not both")
+            rel = run_sql(db, None, dict(args.param or []), name=args.name, timeout=args.timeout)
+        else:
+            rel = run_sql(db, _sql_from(args, db), timeout=args.timeout)
+        if dest is None:
+            write_result(rel, fmt, args.output, args.max_rows, timeout=args.timeout)
+            return 0
+        from ..export import destination
+
+        # Under a temporary name, renamed into place only once complete: a query failing while it runs (a cast, the
+        # timeout while rows are written) leaves the old file as it was.
+        with destination.writing(dest):
+            destination.write_file(dest, lambda tmp: write_result(rel, fmt, tmp, args.max_rows, timeout=args.timeout),
+                                   overwrite=args.overwrite, what="query")
+    except FileExistsError as e:  # the library speaks Python (overwrite=True); say the flag here
+        raise type(e)(str(e).replace("overwrite=True", "--overwrite")) from e
     return 0
+
+
+def _output_file(db, output: str, fmt: str, overwrite: bool) -> Path:
+    """``-o FILE`` checked before the query runs, by export_manifest's rules (``destination.check_file_dest``): a
+    local path, never inside (or holding) a source dataset (a collection: any of its datasets), not a folder, and
+    not an existing file unless ``--overwrite``."""
+    from ..export import destination
+
+    dbs = [db[n] for n in db.names] if not hasattr(db, "layout") else [db]  # a collection: each of its datasets
+    ext = {"table": "txt"}.get(fmt, fmt)
+    return destination.check_file_dest(dbs, output, "lerobot-sql query -o", overwrite=overwrite,
+                                       example=f"result.{ext}")
 
 
 def _print_report(report: Any) -> None:
@@ -285,6 +311,11 @@ def cmd_export(args) -> int:
                                  "a folder); for one dataset, give it as a one-dataset list ('ROOT,') or, in Python, "
                                  "lsql.connect_many([root]).export(sql, dest, features=[...])")
             kw["features"] = [f.strip() for f in args.features.split(",") if f.strip()]
+        if getattr(args, "align", "timestamp") != "timestamp":
+            if not hasattr(db, "layout"):
+                raise UsageError("--align frame_index applies to an export of one dataset; export each dataset of "
+                                 "the collection by itself with it")
+            kw["align"] = args.align
         report = db.export(sql, args.dest, overwrite=args.overwrite, progress=not args.quiet,
                            tolerance_s=args.tolerance_s, **kw)
     except FileExistsError as e:  # the library speaks Python (overwrite=True); say the flag here
@@ -409,7 +440,8 @@ def cmd_train(args) -> int:
     if not sql and "--resume=true" not in [a.lower() for a in args.lerobot_args]:
         raise UsageError("no selection: give --sql SELECT ... or --name NAME (or --resume=true with lerobot's "
                          "--config_path to continue a run)")
-    result = train.run(args.dataset, sql or None, args.lerobot_args, stats=args.stats, cache_dir=args.cache_dir)
+    result = train.run(args.dataset, sql or None, args.lerobot_args, stats=args.stats, cache_dir=args.cache_dir,
+                       dataset_kwargs={"align": args.align} if args.align != "timestamp" else None)
     return int(result) if isinstance(result, int) else 0
 
 
@@ -473,7 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "extension (.csv, .json/.jsonl, .parquet, .txt), else table. csv and json print a float as "
                          "the shortest decimal that reads back to the same value (float32: 25.24413)")
     sp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout (required for parquet "
-                                                           "on a terminal)")
+                                                           "on a terminal); never inside the dataset, never over an "
+                                                           "existing file without --overwrite")
+    sp.add_argument("--overwrite", action="store_true",
+                    help="let --output replace an existing file (once the new result is complete; a query that "
+                         "fails leaves the old file as it was)")
     sp.add_argument("--max-rows", type=_rows, default=40, help="rows shown by the table format (0 = all; default 40)")
     sp.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                     help="stop the query after this many seconds (exit 1); Ctrl-C stops it at any time (exit 130)")
@@ -491,6 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "or an earlier lerobot-sql export is ever replaced")
     sp.add_argument("--tolerance-s", type=float, default=1e-4,
                     help="how far a data timestamp may be from its video frame, in seconds (default 1e-4)")
+    sp.add_argument("--align", choices=["timestamp", "frame_index"], default="timestamp",
+                    help="how each row's camera frame is found: by time (default) or frame_index, the row's "
+                         "frame_index-th frame of its episode's clip, for wall-clock timestamps over clips holding "
+                         "exactly their frames on the fps grid; the copy's timestamps are then frame_index / fps")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     sp.add_argument("--features", metavar="KEYS",
                     help="over several datasets: the feature keys to write, comma-separated (e.g. leave out a camera "
@@ -548,9 +588,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--stats", choices=["selection", "dataset"], default="selection",
                     help="normalization statistics: of the selected frames (default) or the source's "
                          "meta/stats.json (what lerobot uses with --dataset.episodes)")
+    sp.add_argument("--align", choices=["timestamp", "frame_index"], default="timestamp",
+                    help="how each row's camera frame is found: by time, from_timestamp + timestamp within lerobot's "
+                         "--tolerance_s (default), or frame_index: the row's frame_index-th frame of its episode's "
+                         "clip, for wall-clock timestamps over clips holding exactly their frames on the fps grid "
+                         "(what dataset() recommends when it refuses such timestamps; give it again with --resume)")
     sp.set_defaults(lerobot_args=[])  # everything after `--`, split off in main() before parsing
     sp.usage = "lerobot-sql train [-h] [--sql SQL | --name NAME [-p KEY=VALUE ...]] [--stats {selection,dataset}] " \
-               "DATASET -- [lerobot-train arguments ...]"
+               "[--align {timestamp,frame_index}] DATASET -- [lerobot-train arguments ...]"
 
     sp = add("demo", "a tour on the bundled sample: SQL results, a training set, a DataLoader pass",
              ["lerobot-sql demo", "lerobot-sql demo path/to/dataset"], cmd_demo, dataset=False)

@@ -119,10 +119,10 @@ def _render(table, width: int) -> tuple[list[str], list[str]]:
     lines without DuckDB's row count, e.g. "30 columns (9 shown)" on a narrow terminal)."""
     import io
 
-    import duckdb
+    from .._catalog.sandbox import connect  # the progress bar off: it would land in the captured box
 
     out = io.StringIO()
-    with contextlib.closing(duckdb.connect()) as con, contextlib.redirect_stdout(out):
+    with contextlib.closing(connect()) as con, contextlib.redirect_stdout(out):
         con.from_arrow(table).show(max_width=width, max_rows=max(table.num_rows, 1))
     lines = out.getvalue().rstrip("\n").split("\n")
     end = max(i for i, ln in enumerate(lines) if ln.startswith("└"))
@@ -271,7 +271,9 @@ def write_result(rel, fmt: str, output: str | None, max_rows: int, timeout: floa
         from .._query.sqltext import ident
 
         table = materialize(rel, "csv")
-        with tempfile.TemporaryDirectory() as tmp, contextlib.closing(duckdb.connect()) as con:
+        from .._catalog.sandbox import connect  # the progress bar off: it would precede the CSV on stdout
+
+        with tempfile.TemporaryDirectory() as tmp, contextlib.closing(connect()) as con:
             path = output if output not in (None, "-") else os.path.join(tmp, "out.csv")
             try:
                 out = con.from_arrow(table)
@@ -388,6 +390,8 @@ def error_hint(e: BaseException) -> str | None:
     if isinstance(e, FileExistsError) and ("replaces only" in str(e) or "never" in str(e)):
         # --overwrite was given but the destination is not ours to replace: passing it again would not help.
         return "--overwrite replaces only an empty folder or an earlier lerobot-sql export; choose a new destination"
+    if isinstance(e, DestinationError) and "lerobot-sql query -o" in str(e):
+        return "give -o a path outside the dataset's folder (its files are never written by a query)"
     if isinstance(e, ResultContractError) and "no rows" in str(e):
         return "the query selected nothing: check its WHERE clause, e.g. with `lerobot-sql query DATASET \"SELECT ...\"`"
     if isinstance(e, ResultContractError) and ("collection" in str(e) or "do not line up" in str(e)

@@ -1,42 +1,77 @@
 """``lerobot-sql shell DATASET``: an interactive SQL prompt over the views (Python's ``cmd`` + readline).
 
 Statements end with ``;`` and may span lines; dot commands (``.views``, ``.schema VIEW``, ``.quit``) take one line.
-Piped input runs as a script without prompts: every statement runs (an error does not stop the script) and the exit
-status is 1 if any statement or dot command failed, else 0, also when the script ends with ``.quit``. An
-interactive session always exits 0. Errors go to stderr in order with the results (stdout is flushed first).
+The ``;`` that ends a statement is found by sqlglot's DuckDB tokenizer (:func:`split_statements`), so one inside a
+string, a ``$$`` string or a comment is text. Piped input runs as a script without prompts: every statement runs (an
+error does not stop the script) and the exit status is 1 if any statement or dot command failed, else 0, also when
+the script ends with ``.quit``; input that ends inside a quote or comment is one error naming it. An interactive
+session always exits 0. Errors go to stderr in order with the results (stdout is flushed first).
 """
 
 from __future__ import annotations
 
 import cmd
 import contextlib
+import re
 import sys
 from pathlib import Path
+
+from sqlglot.dialects.duckdb import DuckDB
+from sqlglot.errors import TokenError
+from sqlglot.tokens import TokenType
 
 from .output import error_hint, one_line, print_table, run_sql, views_and_columns
 from ..errors import LeRobotSQLError, QueryError, did_you_mean
 
-def split_statements(text: str) -> tuple[list[str], str]:
-    """Split ``text`` at semicolons outside quotes and comments: (complete statements, unfinished rest)."""
-    out, start, i, quote = [], 0, 0, None
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in ("'", '"'):
-            quote = ch
-        elif text.startswith("--", i):
-            nl = text.find("\n", i)
-            i = len(text) if nl < 0 else nl
-            continue
-        elif ch == ";":
-            stmt = text[start:i].strip()
-            if stmt:
-                out.append(stmt)
-            start = i + 1
-        i += 1
-    return out, text[start:]
+# What an unfinished token starts with -> (what it is, what closes it). The tokenizer only says that it failed; the
+# opener is read here from the text after the last whole token. E'..', X'..', B'..', R'..' are strings too.
+_OPENERS = [
+    (re.compile(r"/\*"), "a /* comment", "*/"),
+    (re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$"), None, None),  # $$ or $tag$: named by the tag itself
+    (re.compile(r'"'), "a quoted identifier", '"'),
+    (re.compile(r"[A-Za-z]?'"), "a string literal", "'"),
+]
+
+
+def split_statements(text: str) -> tuple[list[str], str, tuple[int, str, str] | None]:
+    """Split ``text`` where DuckDB's SQL ends statements: at the ``;`` tokens of sqlglot's DuckDB tokenizer, so a
+    ``;`` inside a string (``'a;b'``, ``E'it\\'s;'``), a ``$$ ; $$`` string, a quoted name or a comment is text.
+
+    Returns:
+        ``(statements, rest, unclosed)``: the complete statements without their ``;`` (those holding only comments
+        left out); the text after the last ``;`` (``""`` when it holds only blanks and comments); ``unclosed`` is
+        None, or, when ``text`` ends inside a quote, a dollar-quoted string or a block comment,
+        ``(offset in text where it opens, what it is, what closes it)``, e.g. ``(7, "a string literal", "'")``.
+    """
+    tokenizer = DuckDB().tokenizer()
+    unclosed = None
+    try:
+        tokens = tokenizer.tokenize(text)
+    except TokenError:
+        tokens = list(tokenizer.tokens)  # the whole tokens before the one the text ended inside
+        unclosed = _unclosed(text, tokens[-1].end + 1 if tokens else 0)
+    out, start, seen = [], 0, False
+    for tok in tokens:
+        if tok.token_type == TokenType.SEMICOLON:
+            if seen:
+                out.append(text[start:tok.start].strip())
+            start, seen = tok.end + 1, False
+        else:
+            seen = True
+    rest = text[start:] if seen or unclosed else ""
+    return out, rest, unclosed
+
+
+def _unclosed(text: str, pos: int) -> tuple[int, str, str]:
+    """What opens at or after ``pos`` (past blanks) and is never closed: ``(offset, what, closer)``."""
+    pos += len(text[pos:]) - len(text[pos:].lstrip())
+    for pattern, what, closer in _OPENERS:
+        m = pattern.match(text, pos)
+        if m:
+            if what is None:  # a dollar-quoted string: it ends at the same tag
+                return pos, f"a {m.group()} string", m.group()
+            return pos, what, closer
+    return pos, "an unfinished token", "the rest of it"
 
 
 class SQLShell(cmd.Cmd):
@@ -55,6 +90,8 @@ Statements are read-only SELECT queries over the views and end with ';'."""
         self.db, self.max_rows = db, max_rows
         self.interactive = sys.stdin.isatty()
         self.buffer = ""
+        self.lines = 0          # input lines read so far
+        self.buffer_line = 1    # the input line the buffer starts on: what an error at EOF names
         self.errors = 0
         self.prompt = "lsql> " if self.interactive else ""
         self.intro = (f"{db}\nviews: {', '.join(db.views())}\nstatements end with ';'   .help for commands"
@@ -101,26 +138,51 @@ Statements are read-only SELECT queries over the views and end with ';'."""
             if self.interactive:
                 print()
             if self.buffer.strip():
-                return self.onecmd(";")
+                self.finish()
             return True
+        self.lines += 1
+        if not self.buffer:
+            self.buffer_line = self.lines
         if not self.buffer and line.strip().startswith("."):
             return self.dot(line.strip())
-        statements, self.buffer = split_statements(self.buffer + line + "\n")
+        text = self.buffer + line + "\n"
+        statements, self.buffer, _ = split_statements(text)
+        self.buffer_line += text[:len(text) - len(self.buffer)].count("\n")
         for stmt in statements:
             self.execute(stmt)
         pending = bool(self.buffer.strip())
         if not pending:
             self.buffer = ""
+        # Inside an open quote or comment too: the next line continues it.
         self.prompt = ("  ...> " if pending else "lsql> ") if self.interactive else ""
         return False
 
-    def report(self, e: BaseException) -> None:
+    def finish(self) -> None:
+        """At the end of the input: run the last statement, which may lack its ``;``; or, when the input ended
+        inside a quote, a dollar-quoted string or a block comment, report that (nothing could ever close it)."""
+        text, self.buffer = self.buffer, ""
+        _, rest, unclosed = split_statements(text)
+        if unclosed is None:
+            if rest.strip():
+                self.execute(rest.strip())
+            return
+        pos, what, closer = unclosed  # pos: an offset in text, which starts on input line self.buffer_line
+        line = self.buffer_line + text[:pos].count("\n")
+        column = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        opened = text[pos:].split("\n", 1)[0]
+        opened = opened if len(opened) <= 40 else opened[:40] + "..."
+        self.report(QueryError(f"the input ended inside {what} opened at line {line}, column {column} "
+                               f"({opened!r}): that statement did not run"),
+                    hint=f"close {what.replace('a ', 'the ', 1)} with {closer} and end the statement with ;")
+
+    def report(self, e: BaseException, hint: str | None = None) -> None:
+        """One ``error:`` line on stderr, then ``hint`` or the CLI's hint for ``e`` (:func:`error_hint`) if any."""
         self.errors += 1
         # stdout is block-buffered when piped: flush the results printed so far so that, with 2>&1, the error
         # lands right after the statement that failed rather than before earlier output.
         sys.stdout.flush()
         print(f"error: {one_line(e)}", file=sys.stderr)
-        hint = error_hint(e)
+        hint = hint or error_hint(e)
         if hint:  # inside the shell, the schema is one dot command away
             hint = hint.replace("`lerobot-sql schema DATASET [VIEW]`", ".schema [VIEW]").replace(
                 "`lerobot-sql schema DATASET VIEW`", ".schema VIEW")

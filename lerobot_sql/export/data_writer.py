@@ -88,7 +88,9 @@ class DataWriter:
                                      "inconsistent (`lerobot-sql doctor`)")
         n = part.length
         ts = t["timestamp"].to_numpy().astype(np.float32)
-        if not part.whole:
+        if s.align == "frame_index":  # frames copied by position: each row's time is its frame's in the new video
+            ts = (np.arange(n) / ex.fps).astype(np.float32)
+        elif not part.whole:
             grid = (np.arange(part.frame_start, part.frame_start + n) / ex.fps).astype(np.float32)
             # lerobot writes timestamp = frame_index / fps; keep that form when the source follows it.
             ts = (np.arange(n) / ex.fps).astype(np.float32) if np.array_equal(ts, grid) else \

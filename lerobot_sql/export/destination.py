@@ -4,7 +4,9 @@ What an overwrite may delete: only a folder that is empty or that lerobot_sql ex
 every file written, with its size), and only a manifest file that carries our schema metadata. Everything else (the
 source, a folder that holds it, the user's files) is refused before any work, so an export never deletes what it
 did not write. A write that fails because the disk is full or read-only is a :class:`DestinationError` naming the
-destination, and leaves nothing behind, not even the parent folders the export made (:func:`writing`).
+destination, and leaves nothing behind, not even the parent folders the export made (:func:`writing`). The move
+into place never replaces what another writer put at the destination while the export ran, unless ``overwrite``
+asked for it (:func:`rename_no_replace`, :func:`write_file`): of two exports of one destination, the second fails.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..errors import DestinationError, DestinationExistsError, LeRobotSQLError, warn
 
@@ -187,6 +190,155 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OSError):  # another user's process: alive
         return True
     return True
+
+
+def check_file_dest(dbs: list, path: str | os.PathLike, what: str, *, overwrite: bool, example: str) -> Path:
+    """The rules for a destination that is one file (``export_manifest``, ``lerobot-sql query -o``), checked before
+    any work: local (:func:`local_dest`), outside every source in ``dbs`` (:func:`refuse_source`), not a folder, and
+    absent unless ``overwrite``. ``example`` is a file name the folder error suggests. Returns the path resolved.
+
+    Raises:
+        DestinationError: a URL, a dangling symlink, inside (or holding) a source, a folder.
+        DestinationExistsError: it exists and ``overwrite`` is False.
+    """
+    path = local_dest(path, what)
+    for db in dbs:
+        refuse_source(db, path, what)
+    if path.is_dir():
+        raise DestinationError(f"{path}: is a folder; {what} writes one file: give a file path such as "
+                               f"{path / example}")
+    if os.path.lexists(path) and not overwrite:
+        raise DestinationExistsError(f"{path}: exists; pass overwrite=True or choose another path")
+    return path
+
+
+def write_file(dest: Path, write: Callable[[str], None], *, overwrite: bool,
+               replaceable: Callable[[Path], bool] | None = None, what: str = "export") -> None:
+    """Write the one file ``dest``: ``write(tmp)`` writes a hidden sibling ``.lsql-tmp-<random>.<name>`` (the same
+    folder, so the move is a rename; the same ending, so a writer that picks compression by the extension, as
+    DuckDB's CSV writer does, picks the same), which is then moved to ``dest``. Run it inside :func:`writing`.
+
+    Without ``overwrite`` the move happens only if nothing is at ``dest`` (:func:`rename_no_replace`): a file that
+    appeared while ``write`` ran (another export of the same path finished first) is kept. With ``overwrite`` the
+    move replaces ``dest`` (``os.replace``, atomic) if ``replaceable(dest)`` still holds. ``dest`` holds the old file
+    or the new one at every moment; the temporary file is removed on any failure.
+
+    Raises:
+        DestinationExistsError: ``dest`` appeared meanwhile (``overwrite`` False), or is no longer replaceable.
+        Whatever ``write`` raises.
+    """
+    tmp = dest.with_name(f".lsql-tmp-{uuid.uuid4().hex[:8]}.{dest.name}")
+    try:
+        write(str(tmp))
+        if overwrite and os.path.lexists(dest):
+            if replaceable is not None and not replaceable(dest):
+                raise DestinationExistsError(f"{dest}: was replaced by another file while this {what} ran, which "
+                                             "overwrite=True does not replace: it was left as it is; remove it "
+                                             "yourself or choose another path")
+            os.replace(tmp, dest)
+            return
+        try:
+            rename_no_replace(tmp, dest)
+        except FileExistsError as e:
+            raise DestinationExistsError(appeared_meanwhile(dest, what, "path")) from e
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def appeared_meanwhile(dest: Path, what: str, noun: str) -> str:
+    """The message of a destination that another writer created while this one ran."""
+    return (f"{dest}: appeared while this {what} ran (another writer, such as a second export to the same {noun}, "
+            f"finished first); it was left as it is and nothing of this {what} was kept there: pass overwrite=True "
+            f"to replace it, or choose another {noun}")
+
+
+# Linux renameat2(RENAME_NOREPLACE) (kernel 3.15, glibc 2.28) and macOS renamex_np(RENAME_EXCL) (10.12): the kernel
+# renames only if nothing is at the new path, in one step, for a file and a folder alike.
+_RENAME_NOREPLACE, _RENAME_EXCL, _AT_FDCWD = 1, 0x4, -100
+_native = None  # (name, function) of the system's no-replace rename, False if none; looked up on first use
+_UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
+def rename_no_replace(src: Path, dest: Path) -> None:
+    """Rename ``src`` (a file or a folder) to ``dest`` only if nothing is at ``dest``.
+
+    ``os.rename`` / ``os.replace`` replace an existing file silently, and a folder onto an existing empty folder
+    too, so of two exports of one destination the second replaced the first. The system's no-replace rename
+    (:func:`_native_rename_noreplace`) is atomic. Where there is none (an older kernel or libc, a filesystem that
+    refuses the flag), a file is moved by ``os.link`` (POSIX, Linux and macOS alike: fails with EEXIST if ``dest``
+    exists, never replaces) then ``unlink`` of ``src``; a folder (or a file on a filesystem without hard links) by
+    ``os.rename`` after a check that ``dest`` is absent: rename(2) never replaces a non-empty folder, or a file with
+    a folder, so all that this check-then-rename window can replace is an empty folder created in that instant.
+
+    Raises:
+        FileExistsError: something is at ``dest``; ``src`` is left where it was.
+        OSError: the rename failed otherwise.
+    """
+    if _native_rename_noreplace(src, dest):
+        return
+    if not os.path.isdir(src):
+        try:
+            os.link(src, dest)
+        except FileExistsError:
+            raise
+        except OSError as e:
+            if e.errno not in _UNSUPPORTED | {errno.EPERM, errno.EMLINK}:  # EPERM: FAT, some network mounts
+                raise
+        else:
+            os.unlink(src)
+            return
+    if os.path.lexists(dest):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dest))
+    try:
+        os.rename(src, dest)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dest)) from e
+        raise
+
+
+def _native_rename_noreplace(src: Path, dest: Path) -> bool:
+    """Rename with the system's no-replace rename; False (nothing done) where it has none or the filesystem refuses
+    the flag. Raises FileExistsError if something is at ``dest``, OSError for other failures."""
+    global _native
+    if _native is None:
+        _native = _find_native_rename()
+    if not _native:
+        return False
+    import ctypes
+
+    name, fn = _native
+    s, d = os.fsencode(src), os.fsencode(dest)
+    rc = fn(_AT_FDCWD, s, _AT_FDCWD, d, _RENAME_NOREPLACE) if name == "renameat2" else fn(s, d, _RENAME_EXCL)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _UNSUPPORTED:
+        return False
+    raise OSError(err, os.strerror(err), str(src), None, str(dest))  # EEXIST makes a FileExistsError
+
+
+def _find_native_rename():
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    if sys.platform.startswith("linux"):
+        fn = getattr(libc, "renameat2", None)
+        if fn is not None:
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            return "renameat2", fn
+    elif sys.platform == "darwin":
+        fn = getattr(libc, "renamex_np", None)
+        if fn is not None:
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            return "renamex_np", fn
+    return False
 
 
 @contextlib.contextmanager

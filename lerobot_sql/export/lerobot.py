@@ -59,7 +59,7 @@ from ..errors import (DatasetFormatError, DestinationError, DestinationExistsErr
 from . import destination, stats
 from .data_writer import DataWriter
 from .parts import Part, Rotator, cut_parts
-from .video_writer import VideoWriter
+from .video_writer import VideoWriter, source_rows
 
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_POINTERS = ("meta/episodes/chunk_index", "meta/episodes/file_index")
@@ -96,7 +96,7 @@ class ExportReport:
 
 
 def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = False, progress: bool = True,
-                   tolerance_s: float = 1e-4) -> ExportReport:
+                   tolerance_s: float = 1e-4, align: str = "timestamp") -> ExportReport:
     """Write the frames ``sql`` selects as a new LeRobot v3.0 dataset at ``dest`` (a local folder).
 
     ``sql`` follows the dataset() contract (see :mod:`lerobot_sql._plan.resolve`): ``episode_index`` rows export whole
@@ -117,6 +117,10 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
             folder is written into either way.
         progress: show a tqdm bar.
         tolerance_s: how far a data timestamp may be from its video frame's pts (as in dataset()).
+        align: how each row's camera frame is found, as in dataset(): ``"timestamp"`` (default) or
+            ``"frame_index"`` (the row's frame_index-th frame of its episode's clip, for wall-clock timestamps over
+            clips on the fps grid); with ``"frame_index"`` the copy's timestamps are written as frame_index / fps,
+            the time of each frame in its new video, so the copy reads with the default options.
 
     Returns:
         :class:`ExportReport` (episodes, frames, files written, frames re-encoded, seconds).
@@ -129,17 +133,19 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
             a file; the disk is full or read-only (nothing is left at ``dest``).
         FrameNotFoundError: a selected frame has no video frame within ``tolerance_s``.
         DatasetFormatError / VideoDecodeError / MissingFileError: the source dataset is inconsistent or unreadable.
-        TypeError / ValueError: ``tolerance_s`` is not a number, or not a finite number > 0.
+        TypeError / ValueError: ``tolerance_s`` is not a number, or not a finite number > 0; ``align`` is not
+            "timestamp" or "frame_index".
     """
     t0 = time.perf_counter()
     tolerance_s = locate.check_tolerance(tolerance_s)  # before the query runs, not deep in the first video part
+    align = locate.check_align(align)
     dest = _check_dest([db], dest, overwrite)
     # db.manifest, as dataset() resolves the same SQL: the row cap, the pointer fast path for whole episodes, and
     # a deterministic order for a query without ORDER BY. Each sample's result_row says which output episode
     # (window, whole episode) it belongs to.
-    manifest = db.manifest(sql, extras=False)  # not written: a list of text or a NULL list there is no error
+    manifest = db.manifest(sql, extras=False, align=align)  # no extras: a list of text or a NULL list is no error
     parts = cut_parts(manifest, Meta.of(manifest).mode)
-    return _write(dest, [Source(db)], manifest, parts, tolerance_s, progress, t0)
+    return _write(dest, [Source(db, align=align)], manifest, parts, tolerance_s, progress, t0, overwrite=overwrite)
 
 
 def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, present: list[str],
@@ -183,7 +189,7 @@ def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, pres
         raise ResultContractError(f"the collection manifest mixes result contracts {sorted(map(str, modes))}; "
                                   "export one query's manifest (Collection.manifest(sql))")
     parts = cut_parts(manifest, modes.pop(), src_of_row)
-    return _write(dest, sources, manifest, parts, tolerance_s, progress, t0, codes=src_of_row)
+    return _write(dest, sources, manifest, parts, tolerance_s, progress, t0, codes=src_of_row, overwrite=overwrite)
 
 
 def _check_dest(dbs: list, dest: str | os.PathLike, overwrite: bool) -> Path:
@@ -209,8 +215,8 @@ def _empty_folder(path: Path) -> bool:
 
 
 def _write(dest: Path, sources: list["Source"], manifest: pa.Table, parts: list[Part], tolerance_s: float,
-           progress: bool, t0: float, codes: np.ndarray | None = None) -> ExportReport:
-    """Run the export into a hidden sibling of ``dest``, then rename it into place."""
+           progress: bool, t0: float, codes: np.ndarray | None = None, overwrite: bool = False) -> ExportReport:
+    """Run the export into a hidden sibling of ``dest``, then rename it into place (:func:`_swap_into_place`)."""
     destination.remove_stale_staging(dest)
     tmp = destination.staging_path(dest)
     with destination.writing(dest, tmp):
@@ -221,32 +227,49 @@ def _write(dest: Path, sources: list["Source"], manifest: pa.Table, parts: list[
                                    "writable or choose another destination") from e
         report = Exporter(sources, manifest, parts, tmp, tolerance_s, codes).run(progress)
         _write_marker(tmp, sources)
-        _swap_into_place(tmp, dest)
+        _swap_into_place(tmp, dest, overwrite)
     report.dest = str(dest)
     report.files_written = sum(1 for p in dest.rglob("*") if p.is_file())
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _swap_into_place(tmp: Path, dest: Path) -> None:
-    """Rename the finished folder ``tmp`` to ``dest``, replacing a previous export there.
+def _swap_into_place(tmp: Path, dest: Path, overwrite: bool) -> None:
+    """Rename the finished folder ``tmp`` to ``dest``: into an absent path, or over an empty folder, or (only with
+    ``overwrite``) over a previous export.
 
     Not ``_storage.cache.atomic_write``: that replaces one file, while ``os.replace`` cannot replace a folder that
-    is not empty. The old export is renamed aside first and renamed back if the second rename fails, so ``dest``
-    holds the old or the new dataset at every moment, and is deleted only once the new one is in place.
+    is not empty. Every rename into ``dest`` is :func:`destination.rename_no_replace`: a destination another export
+    finished at while this one ran (``overwrite`` False) is kept and this one raises DestinationExistsError (its
+    staging folder is removed by ``destination.writing``); before, the second rename replaced the first export.
+    With ``overwrite``, the old export is renamed aside first and renamed back if the second rename fails, so
+    ``dest`` holds the old or the new dataset at every moment, and is deleted only once the new one is in place.
     """
-    if os.path.lexists(dest):
+    if overwrite and os.path.lexists(dest) and not _empty_folder(dest):
         destination.check_replaceable(dest)  # again: it may have changed during the export
         old = dest.parent / f".{dest.name}.lsql-old-{uuid.uuid4().hex[:8]}"
         os.rename(dest, old)
         try:
-            os.rename(tmp, dest)
+            destination.rename_no_replace(tmp, dest)
+        except FileExistsError as e:  # another export landed between the two renames: it stays, ours is removed
+            raise DestinationExistsError(
+                f"{dest}: another export was moved there while this one replaced the previous export; it was left "
+                f"as it is, this export's files were removed, and the previous export is at {old}: keep the one you "
+                "want, remove the other, or export again") from e
         except BaseException:
             os.rename(old, dest)
             raise
         shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, dest)
+        return
+    if _empty_folder(dest):
+        # An empty folder holds nothing to lose (written into without overwrite, as _check_dest allows); rmdir fails
+        # if anything arrived in it meanwhile, and the rename below then refuses it.
+        with contextlib.suppress(OSError):
+            os.rmdir(dest)
+    try:
+        destination.rename_no_replace(tmp, dest)
+    except FileExistsError as e:
+        raise DestinationExistsError(destination.appeared_meanwhile(dest, "export", "destination")) from e
 
 
 def _write_marker(root: Path, sources: list["Source"]) -> None:
@@ -271,13 +294,15 @@ class Source:
 
     The Exporter sets, per source: ``src_rows`` (episode_index -> its _episodes_raw row), ``stat_cols``
     ((source feature, stat) -> column), ``task_map`` (int64, source task_index -> output task_index, -1 unused),
-    ``decoders``.
+    ``decoders``. ``align``: how the source's camera frames are found (:func:`lerobot_sql._readers.locate.check_align`;
+    the writers call :func:`lerobot_sql.export.video_writer.source_rows`).
     """
 
     db: Any
     name: str | None = None
     code: int = 0
     keys: dict[str, str] | None = None
+    align: str = "timestamp"
 
     def __post_init__(self):
         self.layout, self.src = self.db.layout, self.db.source
@@ -585,10 +610,7 @@ class Exporter:
         rel = self.m[f"{skey}/file"][int(part.rows[0])].as_py()
         index = video_index.FrameIndex.load(video_index.ensure_index(s.src, rel, s.db.cache_dir))
         pick = stats.sample_indices(part.length)
-        rows_m = part.rows[pick]
-        times = locate.time_in_file(self.m[f"{skey}/from_timestamp"].to_numpy()[rows_m],
-                                    self.m["timestamp"].to_numpy()[rows_m])
-        r = index.locate(times, self.tol, episode_index=part.src_episode, video_key=skey)
+        r = source_rows(self, s, index, skey, part.rows[pick], part.src_episode)
         frames = s.decoders.decode(index, r)
         return np.stack([stats.downsample(frames[int(index.pts[x])].transpose(2, 0, 1)) for x in r])
 

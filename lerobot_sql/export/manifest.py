@@ -17,8 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._plan.manifest import Meta
-from .._storage.cache import atomic_write
-from ..errors import DestinationError, DestinationExistsError
+from ..errors import DestinationExistsError
 from . import destination
 
 
@@ -56,25 +55,22 @@ def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = 
     schema metadata (``lerobot_sql.manifest`` -> ``root``). ``db.dataset(path)`` rebuilds the same items; Ray Data
     or Daft read it with their Parquet readers and shard it by row.
 
-    The file is written under a temporary name and renamed into place. ``overwrite=True`` replaces only a manifest
-    this function wrote (a Parquet file with ``lerobot_sql.manifest`` metadata), never another file.
+    The file is written under a temporary name and renamed into place: without ``overwrite`` only into an absent
+    path (a manifest another export wrote there meanwhile is kept; DestinationExistsError). ``overwrite=True``
+    replaces only a manifest this function wrote (a Parquet file with ``lerobot_sql.manifest`` metadata), never
+    another file.
 
     Raises:
         QueryError / ResultContractError: the SQL or its result is unusable.
-        DestinationExistsError (a FileExistsError): ``path`` exists and ``overwrite`` is False, or it is not a
-            manifest lerobot_sql wrote.
+        DestinationExistsError (a FileExistsError): ``path`` exists (or appeared while this ran) and ``overwrite``
+            is False, or it is not a manifest lerobot_sql wrote.
         DestinationError (an OSError): ``path`` is a folder, a dangling symlink, inside the source dataset, has a
             file where a parent folder should be, or the disk is full / read-only (nothing is left at ``path``).
     """
     t0 = time.perf_counter()
-    path = destination.local_dest(path, "export_manifest")
-    destination.refuse_source(db, path, "export_manifest")
-    if path.is_dir():
-        raise DestinationError(f"{path}: is a folder; export_manifest writes one Parquet file: give a file path "
-                               f"such as {path / 'manifest.parquet'}")
+    path = destination.check_file_dest([db], path, "export_manifest", overwrite=overwrite,
+                                       example="manifest.parquet")
     if os.path.lexists(path):
-        if not overwrite:
-            raise DestinationExistsError(f"{path}: exists; pass overwrite=True or choose another path")
         if not _is_our_manifest(path):
             raise DestinationExistsError(f"{path}: exists and is not a manifest lerobot_sql wrote (no lerobot_sql."
                                          "manifest metadata); overwrite=True never replaces other files: remove it "
@@ -86,9 +82,11 @@ def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = 
         t = pc.add(m[f"{k}/from_timestamp"].cast(pa.float64()), m["timestamp"].cast(pa.float64()))
         m = m.append_column(f"{k}/time_s", t)
     m = meta.attach(m)
-    # The temporary file is made by pq.write_table (the umask's permissions, as for any file the user writes).
+    # The temporary file is made by pq.write_table (the umask's permissions, as for any file the user writes), and
+    # moved into place without replacing a manifest another export wrote meanwhile (overwrite=False).
     with destination.writing(path):
-        atomic_write(path, lambda tmp: pq.write_table(m, tmp), private=False)
+        destination.write_file(path, lambda tmp: pq.write_table(m, tmp), overwrite=overwrite,
+                               replaceable=_is_our_manifest)
     episodes = len(np.unique(m["episode_index"].to_numpy()))
     return ManifestReport(str(path), m.num_rows, episodes, time.perf_counter() - t0)
 

@@ -33,6 +33,48 @@ if TYPE_CHECKING:
 ENCODERS = {"av1": "libsvtav1", "libdav1d": "libsvtav1", "h264": "libx264", "hevc": "libx265"}
 
 
+def source_rows(ex: "Exporter", s, index, skey: str, rows_m: np.ndarray, episode: int) -> np.ndarray:
+    """Rows (int64) in ``index`` (the source mp4 of camera ``skey``) of the frames of manifest rows ``rows_m``, all of
+    source episode ``episode`` of ``s`` (a :class:`lerobot_sql.export.lerobot.Source`), by ``s.align`` as the dataset
+    reads them. By time: nearest within ``ex.tol`` (FrameNotFoundError) and inside the episode's clip; by
+    frame_index: the clip's first frame plus the row's frame_index, which must be its position in the episode and
+    lie at ``from_timestamp + frame_index / fps``.
+
+    Raises:
+        FrameNotFoundError: by time, a frame has no video frame within ``ex.tol``.
+        DatasetFormatError: a frame outside the episode's clip, off the fps grid (by frame_index), or a frame_index
+            that is not its row's position (:func:`lerobot_sql._readers.locate.clip_error`).
+    """
+    m, fps = ex.m, float(s.layout.fps)
+    from_ts = m[f"{skey}/from_timestamp"].to_numpy()[rows_m]
+    ep_from = m["ep_from_index"].to_numpy()[rows_m]
+    pos, length = m["index"].to_numpy()[rows_m] - ep_from, m["ep_to_index"].to_numpy()[rows_m] - ep_from
+    first = locate.clip_first_rows(index.pts_s, from_ts, fps)
+    where = {"episode_index": episode, "video_key": skey}
+    if s.align == "frame_index":
+        fi = m["frame_index"].to_numpy()[rows_m]
+        if (fi != pos).any():
+            j = int(np.flatnonzero(fi != pos)[0])
+            raise DatasetFormatError(
+                f"episode {episode}: the row with frame_index {int(fi[j])} is frame {int(pos[j])} of the episode "
+                "(index - its first index): align=\"frame_index\" reads frames by position. Fix the data files' "
+                "frame_index (`lerobot-sql doctor`: frame_index_contiguous), or export by time")
+        rows = locate.rows_by_position(index.pts_s, first, pos, length, from_ts, fps)
+    else:
+        ts = m["timestamp"].to_numpy()[rows_m]
+        rows = locate.keep_in_clip(index.locate(locate.time_in_file(from_ts, ts), ex.tol, **where), first, length)
+    bad = np.flatnonzero(rows < 0)
+    if len(bad):
+        j = int(bad[0])
+        more = {} if s.align == "frame_index" else {
+            "time_s": float(locate.time_in_file(from_ts[j], ts[j:j + 1])[0]), "tolerance_s": ex.tol,
+            "row": int(locate.nearest(index.pts_s, locate.time_in_file(from_ts[j], ts[j:j + 1]))[0][0])}
+        raise locate.clip_error(s.src.path(index.path), index.pts_s, int(rows[j]), position=int(pos[j]),
+                                first=int(first[j]), length=int(length[j]), from_timestamp=float(from_ts[j]), fps=fps,
+                                **where, **more)
+    return rows
+
+
 class VideoWriter:
     """Writes videos/<key>/chunk-*/file-*.mp4 for one camera: remuxed packets, re-encoded heads of mid-GOP cuts."""
 
@@ -79,17 +121,17 @@ class VideoWriter:
 
         Raises:
             FrameNotFoundError: a frame has no video frame within ``tolerance_s``.
-            DatasetFormatError: the part's frames are not consecutive in the video.
+            DatasetFormatError: the part's frames are not consecutive in the video, or one is not the row's
+                (:func:`source_rows`).
             VideoDecodeError: the source cannot be demuxed/decoded, or no encoder for a cut exists in this PyAV.
         """
         ex, key = self.ex, self.key
         skey = ex.sources[part.source].src_key(key)  # the camera's name in the part's source
         i0 = int(part.rows[0])
         rel = ex.m[f"{skey}/file"][i0].as_py()
-        from_src = float(ex.m[f"{skey}/from_timestamp"][i0].as_py())
         index, sizes = self._index(part.source, rel)
         ts = ex.m["timestamp"].to_numpy()[part.rows].astype(np.float64)
-        rows = index.locate(locate.time_in_file(from_src, ts), ex.tol, episode_index=part.src_episode, video_key=skey)
+        rows = source_rows(ex, ex.sources[part.source], index, skey, part.rows, part.src_episode)
         if np.any(np.diff(rows) != 1):
             raise DatasetFormatError(f"{rel}: frames of episode {part.src_episode} ({key}) are not consecutive in "
                                      "the video; the timestamps disagree with the video (`lerobot-sql doctor`)")
@@ -129,8 +171,8 @@ class VideoWriter:
             # The lag is the source file's (every part of it then fits), or this part's if deeper.
             self._open(in_stream, max(lag, file_reorder_depth(index)))
         # A whole episode keeps its timestamps, so its first frame sits at from_timestamp + timestamp[0] (0 for
-        # lerobot-written data); a cut one restarts at 0.
-        lead = float(ts[0]) if part.whole else 0.0
+        # lerobot-written data); a cut one restarts at 0, as does one copied by frame_index (timestamps rewritten).
+        lead = float(ts[0]) if part.whole and ex.sources[part.source].align != "frame_index" else 0.0
         start_pts = self.t_pts + int(round(Fraction(lead) / self.tb)) if lead else self.t_pts
         from_ts = float(self.t_pts * self.tb)
 

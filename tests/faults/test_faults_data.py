@@ -136,7 +136,7 @@ def test_mp4_fewer_frames_than_episodes_claim(damaged, pristine):
 
 # ---- info.json ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("damage, needle", [
-    (lambda root: (root / INFO).write_text("{not json"), "invalid JSON"),
+    (lambda root: (root / INFO).write_text("{not json"), "not valid JSON"),
     (lambda root: edit_info(root, lambda i: i.pop("fps")), "'fps'"),
     (lambda root: edit_info(root, lambda i: i.__setitem__("fps", "30")), "'fps'"),
     (lambda root: edit_info(root, lambda i: i.pop("features")), "'features'"),
@@ -339,6 +339,111 @@ def test_wall_clock_timestamps_read_with_tolerance_s(damaged, pristine):
     assert float(max(abs(float(ours[i]["timestamp"]) - float(ref[i]["timestamp"])) for i in range(len(ref)))) > 1.8
 
 
+def _wall_clock(root, factor: float, seed: int = 0) -> None:
+    """Rewrite every data file's timestamps as a clock running at ``factor`` times real time plus +-4 ms of jitter
+    (0 at each episode's start): over small20's episodes (up to 13 s) 0.9 lags up to 1.3 s behind
+    frame_index / fps, 1.1 runs up to 1.3 s ahead. The videos keep their frames on the fps grid, as lerobot writes
+    them, so each clip holds exactly `length` frames at k / fps."""
+    rng = np.random.default_rng(seed)
+
+    def f(t):
+        fi = t["frame_index"].to_numpy()
+        ts = np.where(fi > 0, fi / 30 * factor + rng.uniform(-0.004, 0.004, len(fi)), 0.0)
+        return set_column(t, "timestamp", ts.astype(np.float32))
+
+    for p in sorted(root.glob("data/**/*.parquet")):
+        rewrite_parquet(p, f)
+
+
+CAMS = ("observation.images.front", "observation.images.wrist")
+
+
+@pytest.mark.parametrize("name, factor", [("v21_small20", 0.9), ("small20", 1.1)], ids=["v21_lagging", "v30_ahead"])
+def test_wall_clock_timestamps_over_grid_clips_read_by_frame_index(damaged, framecode, name, factor):
+    """Wall-clock timestamps (drift up to 1.3 s) over videos whose clips hold exactly `length` frames at k / fps.
+    (a) dataset() refuses and recommends align="frame_index", not a tolerance_s (which picks the frame nearest the
+    wall-clock time: 129 of 132 items off by up to 39 frames on the lagging copy); (b) with align="frame_index"
+    every item's camera frames are its own frame_index-th frame of its episode's clip (framecode), in ds[i],
+    batches and delta_timestamps stacks; (c) with tolerance_s=2.0 no item gets another frame: dataset() or the item
+    raises DatasetFormatError naming the episode and camera and recommending align="frame_index"."""
+    root = damaged(name)
+    _wall_clock(root, factor)
+    db = lsql.connect(root)
+    eps = (3, 4, 5)
+    sql = f"SELECT episode_index FROM episodes WHERE episode_index IN {eps}"
+    for q in (sql, f"SELECT index FROM frames WHERE episode_index IN {eps}"):
+        with pytest.raises(DatasetFormatError) as e:
+            db.dataset(q)
+        _typed(e, "episode 3", 'align="frame_index"', "wall-clock")
+        assert "tolerance_s=1." not in str(e.value)  # no tolerance recommended for the cameras' frames
+    ds = db.dataset(sql, align="frame_index", return_uint8=True)
+    assert ds.align == "frame_index"
+    lengths = dict(db.sql(f"SELECT episode_index, length FROM episodes WHERE episode_index IN {eps}").fetchall())
+    picks = sorted({*range(0, len(ds), 9), *np.cumsum([0] + [lengths[e] for e in eps])[1:] - 1,
+                    *np.cumsum([0] + [lengths[e] for e in eps])[:-1]})
+    for i in picks:
+        item = ds[i]
+        ep, fi = int(item["episode_index"]), int(item["frame_index"])
+        for k in CAMS:
+            assert framecode.verify_frame(item[k], ep, fi, k)["ok"], (i, ep, fi, k)
+    batch = ds.__getitems__(picks[:16])
+    for j, i in enumerate(picks[:16]):
+        assert torch.equal(batch[j][CAMS[0]], ds[i][CAMS[0]])
+    delta = db.dataset(sql, align="frame_index", return_uint8=True, delta_timestamps={CAMS[1]: [-2 / 30, 0.0]})
+    for i in (0, 1, lengths[3] - 1, lengths[3], len(delta) - 1):
+        for item in (delta[i], delta.__getitems__([i])[0]):
+            ep, fi = int(item["episode_index"]), int(item["frame_index"])
+            for t, want in enumerate((max(fi - 2, 0), fi)):
+                assert framecode.verify_frame(item[CAMS[1]][t], ep, want, CAMS[1])["ok"], (i, t)
+    # (c) whatever the tolerance, never another frame
+    try:
+        loose = db.dataset(sql, tolerance_s=2.0, return_uint8=True)
+    except DatasetFormatError as err:
+        msg = str(err)
+    else:
+        with pytest.raises(DatasetFormatError) as e:
+            for i in picks:
+                item = loose[i]
+                ep, fi = int(item["episode_index"]), int(item["frame_index"])
+                assert framecode.verify_frame(item[CAMS[0]], ep, fi, CAMS[0])["ok"], (i, ep, fi)
+        msg = str(e.value)
+    for needle in ("episode", "camera", 'align="frame_index"'):
+        assert needle in msg, (needle, msg)
+
+
+def test_export_by_frame_index_writes_a_copy_on_the_grid(damaged, framecode, tmp_path):
+    """Wall-clock timestamps (a clock at 0.9x) over grid clips: export() refuses them as dataset() does, naming
+    align="frame_index"; export(..., align="frame_index") copies each row's own frame and writes timestamp =
+    frame_index / fps, so the copy reads with the default options, every item its own frame (framecode)."""
+    root = damaged()
+    _wall_clock(root, 0.9)
+    db = lsql.connect(root)
+    sql = "SELECT episode_index FROM episodes WHERE episode_index IN (3, 4)"
+    with pytest.raises(DatasetFormatError) as e:
+        db.export(sql, tmp_path / "refused", progress=False)
+    _typed(e, "episode 3", 'export(..., align="frame_index")')
+    db.export(sql, tmp_path / "copy", progress=False, align="frame_index")
+    out = lsql.connect(tmp_path / "copy")
+    ds = out.dataset(return_uint8=True)
+    src = {0: 3, 1: 4}
+    ts = pq.read_table(tmp_path / "copy" / DATA, columns=["frame_index", "timestamp"])
+    assert np.array_equal(ts["timestamp"].to_numpy(), (ts["frame_index"].to_numpy() / 30).astype(np.float32))
+    for i in (0, 1, 200, len(ds) - 2, len(ds) - 1):
+        item = ds[i]
+        ep, fi = src[int(item["episode_index"])], int(item["frame_index"])
+        for k in CAMS:
+            assert framecode.verify_frame(item[k], ep, fi, k)["ok"], (i, k)
+    with pytest.raises(ValueError, match="align"):
+        db.export(sql, tmp_path / "bad", progress=False, align="frames")
+    # the command line: lerobot-sql export --align frame_index
+    from helpers import run_cli
+
+    r = run_cli("export", root, tmp_path / "cli", "--sql", "SELECT 4 AS episode_index", "--align", "frame_index", "-q")
+    assert r.returncode == 0, r.stderr
+    item = lsql.connect(tmp_path / "cli").dataset(return_uint8=True)[100]
+    assert framecode.verify_frame(item[CAMS[0]], 4, 100, CAMS[0])["ok"]
+
+
 def test_clip_longer_than_its_episode_is_read_with_a_warning(damaged, pristine):
     """A clip holding more frames than its episode's rows (a discarded take's frames kept in the mp4): the last
     episode loses its last 20 rows from data/ and meta/episodes, its clip keeps its to_timestamp. lerobot reads the
@@ -420,6 +525,13 @@ def test_stream_rate_other_than_info_fps_is_read_by_time(damaged, pristine):
     with pytest.raises(FrameNotFoundError) as e:
         ds[1]
     _typed(e, FRONT, "episode 3", "30.00 fps", "video_stream_rate")
+    # by frame index, a position names a frame only on the fps grid: frame 2 is at 2/30 s, not 2/60 s
+    with pytest.warns(UserWarning, match="lasts"):
+        by_index = lsql.connect(root).dataset(EP.format(3), align="frame_index")
+    assert torch.equal(by_index[0][key], ref[0][key])
+    with pytest.raises(DatasetFormatError) as e:
+        by_index[2]
+    _typed(e, FRONT, "episode 3", "frame_index 2", "not on the fps grid", 'align="timestamp"')
 
 
 def _open50_style(root) -> None:
@@ -501,6 +613,51 @@ def test_timestamps_off_the_fps_grid(damaged, pristine):
         db.dataset(EP.format(6))[3]
     _typed(e, "episode 6", "tolerance_s", "doctor")
     _items_equal(db, pristine, EP.format(7))  # the other episodes are untouched
+
+
+@pytest.mark.parametrize("end", ["first", "last"])
+def test_a_row_outside_its_episode_clip_is_refused(damaged, pristine, framecode, end):
+    """Episode 5's first row rewritten as frame_index -1, timestamp -1/fps (or its last as frame_index == length,
+    timestamp length/fps): on the fps grid and the row count unchanged, so only the clip tells. Its time lies outside
+    the episode's clip, where the frame is episode 4's last (episode 6's first): refused when the dataset is made, for
+    every result shape and whatever tolerance_s, naming the episode, camera, time and fix. Episode 4 stays exact."""
+    root = damaged()
+    fps, ep = 30, 5
+
+    def f(t):
+        rows = np.flatnonzero(t["episode_index"].to_numpy() == ep)
+        r = rows[0] if end == "first" else rows[-1]
+        fi = t["frame_index"].to_numpy().copy()
+        fi[r] = -1 if end == "first" else len(rows)
+        ts = t["timestamp"].to_numpy().copy()
+        ts[r] = np.float32(fi[r] / fps)
+        return set_column(set_column(t, "frame_index", fi), "timestamp", ts)
+
+    rewrite_parquet(root / DATA, f)
+    db = lsql.connect(root)
+    n = db.sql(f"SELECT count(*) FROM frames WHERE episode_index = {ep}").fetchall()[0][0]
+    bad_fi = -1 if end == "first" else n
+    t = f"{bad_fi / fps:.6f}"
+    window = f"SELECT {ep} AS episode_index, 0.0 AS start_s, 2.0 AS end_s"
+    for make in (lambda **kw: db.dataset(episodes=[ep], **kw),
+                 lambda **kw: db.dataset(EP.format(ep), **kw),
+                 lambda **kw: db.dataset(f"SELECT index FROM frames WHERE episode_index = {ep}", **kw),
+                 lambda **kw: db.dataset(window, **kw)):
+        for kw in ({}, {"tolerance_s": 1.0}, {"cameras": ["observation.images.wrist"]}):
+            with pytest.raises(DatasetFormatError) as e:
+                make(**kw)
+            cam = kw.get("cameras", ["observation.images.front"])[0]
+            _typed(e, f"episode {ep}", repr(cam), f"timestamp {t}", f"frame_index {bad_fi}", "outside",
+                   "frame_index_contiguous")
+    with pytest.raises(DatasetFormatError) as e:  # by frame index, the row's frame_index must be its position
+        db.dataset(episodes=[ep], align="frame_index")
+    _typed(e, f"episode {ep}", f"frame_index {bad_fi}", "position", "frame_index_contiguous")
+    # tabular items locate no frame: they carry the row as it is
+    assert int(db.dataset(episodes=[ep], cameras=[])[0 if end == "first" else -1]["frame_index"]) == bad_fi
+    _items_equal(db, pristine, EP.format(4), picks=(0, -1))
+    frames = db.dataset(EP.format(4), return_uint8=True)
+    assert framecode.verify_frame(frames[len(frames) - 1]["observation.images.front"], 4, len(frames) - 1,
+                                  "observation.images.front")["ok"]
 
 
 def test_nan_and_inf_pass_through_exactly(damaged):

@@ -165,16 +165,17 @@ def test_process_killed_while_writing_a_cache_entry(damaged, tmp_path, datasets)
 def test_process_killed_while_exporting(damaged, tmp_path, what):
     root, dest = damaged(), tmp_path / ("out" if what == "export" else "m.parquet")
     ready = tmp_path / "ready"
-    hook = "rename" if what == "export" else "replace"  # the final, atomic step of each writer
+    # The final, atomic step of both writers: the move into place that never replaces what is there.
     code = f"""
         import os, pathlib, time
-        real = os.{hook}
+        from lerobot_sql.export import destination
+        real = destination.rename_no_replace
         def stall(a, b, *k, **kw):
             if pathlib.Path(b) == pathlib.Path({str(dest)!r}):
                 pathlib.Path({str(ready)!r}).touch()
                 time.sleep(600)
             return real(a, b, *k, **kw)
-        os.{hook} = stall
+        destination.rename_no_replace = stall
         import lerobot_sql as lsql
         db = lsql.connect({str(root)!r}, cache_dir={str(tmp_path / 'c')!r})
         db.{what}({SQL!r}, {str(dest)!r}{", progress=False" if what == "export" else ""})
