@@ -224,18 +224,10 @@ def test_resume_finds_the_saved_selection_from_lerobots_checkpoint_config(tmp_pa
         saved_selection([f"--output_dir={tmp_path / 'other'}"])
 
 
-def test_the_factory_passes_lerobots_depth_output_unit_and_keeps_depth_stats(datasets, tmp_path, monkeypatch):
-    """lerobot 0.6's factory builds its dataset with ``depth_output_unit=cfg.dataset.depth_output_unit`` and puts
-    ImageNet stats on every camera but the depth keys: ours the same (the factory run against a stand-in of
-    lerobot.datasets.factory, so no lerobot is needed)."""
+def _stand_in_lerobot_factory(monkeypatch) -> None:
+    """A stand-in of lerobot.datasets.factory (what make_factory imports from it), so no lerobot is needed."""
     import sys
     import types
-
-    import numpy as np
-
-    import lerobot_sql as lsql
-    from helpers import exp_bounds, load_reference
-    from lerobot_sql.train import make_factory
 
     fake = types.ModuleType("lerobot.datasets.factory")
     fake.IMAGENET_STATS = {"mean": [[[0.485]], [[0.456]], [[0.406]]], "std": [[[0.229]], [[0.224]], [[0.225]]]}
@@ -244,6 +236,21 @@ def test_the_factory_passes_lerobots_depth_output_unit_and_keeps_depth_stats(dat
     for name in ("lerobot", "lerobot.datasets"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "lerobot.datasets.factory", fake)
+
+
+def test_the_factory_passes_lerobots_depth_output_unit_and_keeps_depth_stats(datasets, tmp_path, monkeypatch):
+    """lerobot 0.6's factory builds its dataset with ``depth_output_unit=cfg.dataset.depth_output_unit`` and puts
+    ImageNet stats on every camera but the depth keys: ours the same (the factory run against a stand-in of
+    lerobot.datasets.factory, so no lerobot is needed)."""
+    import types
+
+    import numpy as np
+
+    import lerobot_sql as lsql
+    from helpers import exp_bounds, load_reference
+    from lerobot_sql.train import make_factory
+
+    _stand_in_lerobot_factory(monkeypatch)
     ref, npz = load_reference("depth4")
     db = lsql.connect(datasets / "depth4", cache_dir=tmp_path / "c")
     cfg = types.SimpleNamespace(policy=None, tolerance_s=1e-4, output_dir=None, dataset=types.SimpleNamespace(
@@ -267,7 +274,6 @@ def test_train_takes_align_frame_index_to_the_dataset(datasets, tmp_path, monkey
     run; the default stays lerobot's rule by time."""
     import importlib.util
     import shutil
-    import sys
     import types
 
     import numpy as np
@@ -294,13 +300,7 @@ def test_train_takes_align_frame_index_to_the_dataset(datasets, tmp_path, monkey
     t = pq.read_table(data)
     ts = (t["frame_index"].to_numpy() / 30 * 0.9).astype(np.float32)
     pq.write_table(t.set_column(t.column_names.index("timestamp"), "timestamp", pa.array(ts)), data)
-    fake = types.ModuleType("lerobot.datasets.factory")
-    fake.IMAGENET_STATS = {"mean": [[[0.485]], [[0.456]], [[0.406]]], "std": [[[0.229]], [[0.224]], [[0.225]]]}
-    fake.ImageTransforms = None
-    fake.resolve_delta_timestamps = lambda policy_cfg, meta: None
-    for name in ("lerobot", "lerobot.datasets"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, "lerobot.datasets.factory", fake)
+    _stand_in_lerobot_factory(monkeypatch)
     cfg = types.SimpleNamespace(policy=None, tolerance_s=1e-4, output_dir=str(tmp_path / "run"),
                                 dataset=types.SimpleNamespace(episodes=None, streaming=False, image_transforms=None,
                                                               use_imagenet_stats=False))
