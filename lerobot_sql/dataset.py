@@ -1211,9 +1211,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 if packets is None:
                     continue
                 m = codes == code
-                if k in self._delta and self.align == "frame_index":  # the clip's first row plus the position
-                    rows = vf.first[vpos[m]][:, None].astype(np.int64) + (q[m] - ep_from[m][:, None])
-                    rows = np.where(rows < len(vf.index.pts_s), rows, -1)
+                if k in self._delta and self.align == "frame_index":  # the items' own rule (never-served rows < 0)
+                    rows = locate.rows_by_position(vf.index.pts_s, vf.first[vpos[m]][:, None],
+                                                   q[m] - ep_from[m][:, None], (ep_to[m] - ep_from[m])[:, None],
+                                                   c[f"{k}/from_timestamp"][jj[m]][:, None], fps)
                 elif k in self._delta:
                     rows = locate.nearest(vf.index.pts_s, t_all[m].ravel())[0].reshape(int(m.sum()), -1)
                 else:

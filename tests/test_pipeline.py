@@ -385,6 +385,24 @@ def test_a_batch_plan_from_the_packet_table_equals_the_rule_per_batch(datasets, 
     assert all(any(rel.endswith(".mp4") for rel in plan) for plan in with_table)
 
 
+def test_a_batch_plan_by_frame_index_equals_the_plan_by_time_on_grid_data(datasets, tmp_path):
+    """align="frame_index" plans a window's camera rows with the items' own rule (locate.rows_by_position): on data
+    whose timestamps are frame_index / fps (multifile60), the same rows, so the same byte ranges and the same epoch
+    blocks as the plan by time."""
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    delta = _delta("diffusion", db.layout.video_keys)
+    by_time = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=delta)
+    by_pos = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=delta, align="frame_index")
+    order = EpisodeAwareSampler(by_time, block_size=16, seed=3).order()
+    for j in range(0, 240, 24):
+        jj = np.asarray(order[j:j + 24], np.int64)
+        plan = by_pos._byte_ranges(by_pos._w(), jj)
+        assert plan == by_time._byte_ranges(by_time._w(), jj) and any(rel.endswith(".mp4") for rel in plan)
+    pos = np.unique(order)
+    for a, b in zip(by_pos._item_blocks(by_pos._w(), pos), by_time._item_blocks(by_time._w(), pos)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.parametrize("profile", ["plain", "diffusion"])
 def test_the_epoch_block_table_covers_every_batch_plan(datasets, tmp_path, profile):
     """With the epoch planned, a job gathers its items' blocks from the table the main process built
