@@ -26,6 +26,7 @@ from ._catalog import macros
 from ._catalog.collection import CollectionConnection
 from ._format.files import open_files
 from ._plan import manifest as _manifest
+from ._readers import locate
 from ._storage import cache
 from .db import Database, QueryFace, is_manifest_path, read_manifest_file
 from .errors import LeRobotSQLError, MissingFileError, ResultContractError, did_you_mean, warn
@@ -140,7 +141,7 @@ class Collection(QueryFace):
         return iter(self.names)
 
     # ---- query -> manifest ------------------------------------------------------------------------------------
-    def manifest(self, sql: str, *, extras: bool = True) -> pa.Table:
+    def manifest(self, sql: str, *, extras: bool = True, align: str | dict[str, str] = "timestamp") -> pa.Table:
         """The manifest of a query over the collection: one row per sample, a ``dataset`` column (dictionary of the
         names) first, then each dataset's own manifest columns (:mod:`lerobot_sql._plan.manifest`; a camera
         column of another dataset is NULL). Each dataset's rows are resolved by that dataset alone.
@@ -149,12 +150,15 @@ class Collection(QueryFace):
         ``episode_index, start_s, end_s`` windows, ``episode_index`` rows), each per dataset. Samples follow the
         result's order with ORDER BY; without one, datasets come in :attr:`names` order, each in its own
         deterministic order. ``result_row`` is the row of the whole result. ``extras=False``: as
-        :meth:`Database.manifest` (what :meth:`export` resolves).
+        :meth:`Database.manifest` (what :meth:`export` resolves). ``align``: as :meth:`Database.manifest`, for
+        every dataset (a string) or per dataset (``{name: "frame_index"}``; datasets not named: ``"timestamp"``).
 
         Raises:
             ResultContractError: no ``dataset`` column, a NULL or unknown name in it, or a dataset's rows break its
                 contract (the dataset is named).
+            ValueError / KeyError: ``align`` not one of the two modes, or naming a dataset not in the collection.
         """
+        aligns = self._aligns(align)
         checked, result = self._capped_result(sql)
         if result.num_rows == 0:
             raise ResultContractError(f"the query returned no rows, so there is nothing to train on: {sql!r}")
@@ -163,9 +167,20 @@ class Collection(QueryFace):
                 "a query over a collection must return the dataset column beside the frames it selects (identity "
                 "is (dataset, index) and (dataset, episode_index): each dataset numbers its own), e.g. SELECT "
                 f"dataset, index FROM frames WHERE ...; got columns {result.column_names}: {sql!r}")
-        return self._resolve(result, sql, checked.ordered, extras)
+        return self._resolve(result, sql, checked.ordered, extras, aligns)
 
-    def _resolve(self, result: pa.Table, sql: str, ordered: bool, extras: bool = True) -> pa.Table:
+    def _aligns(self, align: str | dict[str, str]) -> dict[str, str]:
+        """``align`` as ``{name: mode}`` for every dataset (see :meth:`manifest`), each mode checked."""
+        if isinstance(align, dict):
+            unknown = [n for n in align if n not in self.members]
+            if unknown:
+                raise KeyError(f"align names {unknown[0]!r}, not a dataset of this collection ({self.names})."
+                               f"{did_you_mean(str(unknown[0]), self.names)}")
+            return {n: locate.check_align(align.get(n, "timestamp")) for n in self.names}
+        return dict.fromkeys(self.names, locate.check_align(align))
+
+    def _resolve(self, result: pa.Table, sql: str, ordered: bool, extras: bool = True,
+                 aligns: dict[str, str] | None = None) -> pa.Table:
         col = result["dataset"]
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
                 or pa.types.is_dictionary(col.type)):
@@ -195,7 +210,7 @@ class Collection(QueryFace):
 
             try:
                 m = member._resolve(rest.take(pa.array(pos)), sql, ordered, con=con, before=sum(len(q) for _, q in parts),
-                                    extras=extras)
+                                    extras=extras, align=(aligns or {}).get(name, "timestamp"))
             except ResultContractError as e:
                 raise type(e)(f"dataset {name!r}: {e}") from e
             finally:
@@ -211,7 +226,8 @@ class Collection(QueryFace):
                                              sql, ordered)
 
     def dataset(self, sql: str | os.PathLike | pa.Table, *, features: list[str] | None = None,
-                rename: dict[str, dict[str, str]] | None = None, **options: Any):
+                rename: dict[str, dict[str, str]] | None = None, align: str | dict[str, str] = "timestamp",
+                **options: Any):
         """One torch Dataset over a query's frames across the collection; item ``i`` is the item its dataset's own
         :meth:`Database.dataset` gives for that frame (equal value for value), with keys renamed by ``rename``,
         only the ``features`` kept, and two more keys: ``dataset`` (str, the name) and ``dataset_index`` (int64
@@ -227,6 +243,9 @@ class Collection(QueryFace):
             rename: per dataset, ``{source key: key in items}``, e.g. ``{"site_b": {"observation.images.top":
                 "observation.images.front"}}``, so that cameras and vectors named differently line up; also applies to
                 ``delta_timestamps`` keys and ``_is_pad`` keys.
+            align: how camera frames are found, as :meth:`Database.dataset`'s ``align``: one mode for every dataset,
+                or per dataset (``{"site_b": "frame_index"}``, others ``"timestamp"``), for a collection holding a
+                dataset whose ``timestamp`` column is wall-clock time.
             options: as :meth:`Database.dataset` (``delta_timestamps`` in seconds with keys as items name them,
                 ``tolerance_s``, ``return_uint8``, ``image_transforms``, ``decoder_threads`` ...); each dataset checks
                 ``delta_timestamps`` against its own fps.
@@ -242,10 +261,12 @@ class Collection(QueryFace):
         """
         from .mixture import CollectionDataset
 
-        return CollectionDataset.build(self, self._manifest_of(sql), features=features, rename=rename,
-                                       options=options)
+        aligns = self._aligns(align)
+        return CollectionDataset.build(self, self._manifest_of(sql, aligns=aligns), features=features, rename=rename,
+                                       options=options, aligns=aligns)
 
-    def _manifest_of(self, sql: str | os.PathLike | pa.Table, extras: bool = True) -> pa.Table:
+    def _manifest_of(self, sql: str | os.PathLike | pa.Table, extras: bool = True,
+                     aligns: dict[str, str] | None = None) -> pa.Table:
         """The collection manifest ``sql`` stands for: a saved one (Parquet path) or a table, checked to be of this
         collection (:meth:`_check_manifest_source`), else the manifest of the query (``extras`` as
         :meth:`manifest`)."""
@@ -257,7 +278,7 @@ class Collection(QueryFace):
             # KeyError deep in the reader
             _manifest.check_columns(sql, "the table passed to the collection")
             return sql
-        return self.manifest(sql, extras=extras)
+        return self.manifest(sql, extras=extras, align=aligns or "timestamp")
 
     def _check_manifest_source(self, manifest: pa.Table) -> None:
         """Refuse a collection manifest made over other datasets (names or roots differ): its index values are those
@@ -331,7 +352,8 @@ class Collection(QueryFace):
         return out
 
     def export(self, sql: str | os.PathLike | pa.Table, dest: str | os.PathLike, *, features: list[str] | None = None,
-               rename: dict[str, dict[str, str]] | None = None, **kwargs: Any):
+               rename: dict[str, dict[str, str]] | None = None, align: str | dict[str, str] = "timestamp",
+               **kwargs: Any):
         """Write a query's frames across the collection as one new LeRobot v3.0 dataset at ``dest`` (a local
         folder); lerobot's ``aggregate_datasets``, from a query.
 
@@ -350,6 +372,8 @@ class Collection(QueryFace):
             features, rename: as :meth:`dataset`: which feature keys to write (after ``rename``; default every
                 feature, which the selected datasets must then all have alike) and per dataset
                 ``{its key: output key}``.
+            align: as :meth:`dataset` (one mode, or per dataset); a ``"frame_index"`` dataset's rows are written
+                with ``timestamp = frame_index / fps``, as :meth:`Database.export` writes them.
             kwargs: as :func:`lerobot_sql.export.export_dataset` (``overwrite``, ``progress``, ``tolerance_s``).
 
         Returns:
@@ -366,12 +390,14 @@ class Collection(QueryFace):
         from . import export
         from .mixture import line_up
 
-        manifest = self._manifest_of(sql, extras=False)  # extras are not written
+        aligns = self._aligns(align)
+        manifest = self._manifest_of(sql, extras=False, aligns=aligns)  # extras are not written
         present, keymaps, keys = line_up(self, manifest, self.names, features, rename,
                                          why="so they cannot be written as one dataset")
         for n in present:
             self.members[n]._check_links()
-        return export.export_collection(self, manifest, dest, present=present, keymaps=keymaps, keys=keys, **kwargs)
+        return export.export_collection(self, manifest, dest, present=present, keymaps=keymaps, keys=keys,
+                                        aligns=aligns, **kwargs)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -173,8 +173,8 @@ class CollectionDataset(torch.utils.data.Dataset):
         self.manifest = manifest
 
     @classmethod
-    def build(cls, coll, manifest: pa.Table, *, features=None, rename=None, options: dict | None = None
-              ) -> "CollectionDataset":
+    def build(cls, coll, manifest: pa.Table, *, features=None, rename=None, options: dict | None = None,
+              aligns: dict[str, str] | None = None) -> "CollectionDataset":
         """The dataset of collection ``coll``'s ``manifest`` (see ``Collection.dataset`` for the arguments)."""
         meta = collection_meta(manifest)
         names = meta["names"]
@@ -207,7 +207,8 @@ class CollectionDataset(torch.utils.data.Dataset):
                 cams = [k for k in cams if keymaps[n][k] in set(cameras_opt)]
             part_delta = {inv[k]: v for k, v in delta.items()}
             try:
-                parts[n] = coll[n].dataset(sub, delta_timestamps=part_delta or None, cameras=cams, **options)
+                parts[n] = coll[n].dataset(sub, delta_timestamps=part_delta or None, cameras=cams,
+                                           align=(aligns or {}).get(n, "timestamp"), **options)
             except (ValueError, ResultContractError) as e:
                 raise type(e)(f"dataset {n!r}: {e}") from e
             idx[pos] = code

@@ -175,25 +175,43 @@ class _Probe:
         self.features, self.fps = features, fps
 
 
-def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, stats: str = "selection",
+def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, stats: str | None = None,
         storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
         dataset_kwargs: dict | None = None) -> Any:
     """Run lerobot's ``lerobot-train`` with ``lerobot_args`` on the selection ``sql`` of the dataset at ``root``.
 
     Args:
         root: the dataset (local folder, fsspec URL or Hub id), as :func:`lerobot_sql.connect` takes it.
-        sql: the selection; None with ``--resume`` reads it from ``<output_dir>/lerobot_sql_train.json``.
+        sql: the selection; None with ``--resume`` reads it from ``<output_dir>/lerobot_sql_train.json``
+            (:func:`saved_run`), with the run's ``stats`` and ``align``.
         lerobot_args: lerobot-train's arguments (``--policy.type=act --steps=...``). ``--dataset.repo_id`` is
             filled in when absent (lerobot requires one; it names the run, nothing is downloaded).
-        stats: ``"selection"`` (default) or ``"dataset"``.
+        stats: ``"selection"`` or ``"dataset"``; None (default): the saved run's when resuming, else
+            ``"selection"``.
+        dataset_kwargs: more :meth:`Database.dataset` options; on resume its ``align`` defaults to the saved run's.
 
     Returns:
         What lerobot's ``main()`` returns.
 
     Raises:
-        TrainSetupError: lerobot missing or not 0.4.x-0.6.x, or an option that cannot be honoured.
+        TrainSetupError: lerobot missing or not 0.4.x-0.6.x, or an option that cannot be honoured; on resume, a
+            ``stats`` or ``align`` other than the run was started with (normalization or frames would change
+            mid-training).
     """
     args = list(lerobot_args)
+    dataset_kwargs = dict(dataset_kwargs or {})
+    if sql is None:  # a resumed run continues with what it was started with, not with today's defaults
+        saved = saved_run(args)
+        sql = saved["sql"]
+        for name, given, was in (("stats", stats, saved["stats"]),
+                                 ("align", dataset_kwargs.get("align"), saved["align"])):
+            if given is not None and given != was:
+                raise TrainSetupError(f"the run was started with --{name} {was}; resuming it with --{name} {given} "
+                                      f"would change {'normalization' if name == 'stats' else 'which frames items hold'}"
+                                      f" mid-training: drop --{name} (or start a new run with --output_dir)")
+        stats = saved["stats"]
+        dataset_kwargs["align"] = saved["align"]
+    stats = stats or "selection"
     # What can be checked without lerobot comes first: a user should not install lerobot to learn of a typo.
     if _arg_value(args, "dataset.episodes") not in (None, "", "null", "None", "[]"):
         raise TrainSetupError(NO_EPISODES)
@@ -213,8 +231,6 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
                               f"lerobot 0.4.x to 0.6.x (checked: 0.4.4, 0.6.1)")
     from lerobot.scripts import lerobot_train as lt
 
-    if sql is None:
-        sql = saved_selection(args)
     factory = make_factory(db, sql, stats=stats, version=version, dataset_kwargs=dataset_kwargs)
     if _arg_value(args, "dataset.repo_id") is None:
         args.append(f"--dataset.repo_id={_repo_id(db)}")
@@ -238,13 +254,22 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
         sys.argv = argv
 
 
-def saved_selection(lerobot_args: list[str]) -> str:
-    """The SQL a run was started with, for ``--resume``: lerobot resumes from
-    ``--config_path=<output_dir>/checkpoints/<step>/pretrained_model/train_config.json`` (or ``--output_dir``), and
-    the selection was saved as ``<output_dir>/lerobot_sql_train.json``, in one of that path's folders.
+def resuming(lerobot_args: list[str]) -> bool:
+    """Whether lerobot-train's arguments resume a run: ``--resume=true`` or ``--resume true`` (as lerobot's parser
+    takes a boolean: true/yes/1, any case)."""
+    return (_arg_value(lerobot_args, "resume") or "").strip().lower() in ("true", "yes", "1")
+
+
+def saved_run(lerobot_args: list[str]) -> dict:
+    """What a run was started with, for ``--resume``: ``{"sql", "stats", "align"}`` from
+    ``<output_dir>/lerobot_sql_train.json``, found from ``--config_path`` (lerobot resumes from
+    ``<output_dir>/checkpoints/<step>/pretrained_model/train_config.json``, in one of whose folders it is) or
+    ``--output_dir``. A file written before ``stats``/``align`` were saved gives their defaults (``"selection"``,
+    ``"timestamp"``).
 
     Raises:
-        TrainSetupError: neither argument leads to a saved selection.
+        TrainSetupError: neither argument leads to a saved selection, or the file holds none (a run started from
+            a manifest table: pass --sql).
     """
     out = _arg_value(lerobot_args, "output_dir") or _arg_value(lerobot_args, "config_path")
     here = [Path(out), *Path(out).parents] if out else []
@@ -252,7 +277,14 @@ def saved_selection(lerobot_args: list[str]) -> str:
     if saved is None:
         raise TrainSetupError(f"no --sql given and no lerobot_sql_train.json beside {out or 'any --output_dir'} to "
                               "resume from; pass --sql")
-    return json.loads(saved.read_text())["sql"]
+    try:
+        run = json.loads(saved.read_text())
+    except (ValueError, OSError) as e:
+        raise TrainSetupError(f"{saved}: not a readable run file ({e}); pass --sql") from None
+    if not isinstance(run, dict) or not isinstance(run.get("sql"), str):
+        raise TrainSetupError(f"{saved} holds no SQL selection to resume (the run was not started from a query); "
+                              "pass --sql")
+    return {"sql": run["sql"], "stats": run.get("stats") or "selection", "align": run.get("align") or "timestamp"}
 
 
 def _repo_id(db) -> str:

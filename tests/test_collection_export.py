@@ -324,3 +324,37 @@ def test_a_collection_export_never_replaces_one_that_finished_meanwhile(datasets
     eps = _episodes(dest)
     assert eps["source_dataset"].tolist() == ["b"] and eps["source_episode_index"].tolist() == [4]
     coll.close()
+
+
+def test_align_per_dataset_exports_a_wall_clock_dataset_on_the_grid(datasets, tmp_path, framecode):
+    """A collection export with align={name: "frame_index"} over a dataset whose timestamps are wall-clock time (a clock
+    at 0.9x over clips on the fps grid; the CLI refused --align for collections) writes that dataset's rows with
+    timestamp = frame_index / fps: the copy opens with default options, its items are their own frames, and the
+    other dataset's items equal the collection's."""
+    from helpers import run_cli, wall_clock
+
+    wc = tmp_path / "wc"
+    shutil.copytree(datasets / "small20", wc)
+    wall_clock(wc, 0.9)
+    coll = lsql.connect_many({"wc": wc, "ok": datasets / "multifile60"})
+    sql = "SELECT dataset, episode_index FROM episodes WHERE episode_index IN (1, 4) ORDER BY dataset, episode_index"
+    with pytest.raises(lsql.DatasetFormatError, match="frame_index"):
+        coll.export(sql, tmp_path / "refused", progress=False)
+    rep = coll.export(sql, tmp_path / "out", align={"wc": "frame_index"}, progress=False)
+    assert rep.episodes == 4
+    out = lsql.connect(tmp_path / "out")
+    ts, fi = (np.asarray(c) for c in zip(*out.sql("SELECT timestamp, frame_index FROM frames").fetchall()))
+    np.testing.assert_array_equal(ts.astype(np.float32), (fi / 30).astype(np.float32))
+    a = out.dataset("SELECT index FROM frames ORDER BY index", return_uint8=True)
+    b = coll.dataset(sql, align={"wc": "frame_index"}, return_uint8=True)
+    assert _same_items(a, b, framecode) > 0
+    for j in range(0, len(b), 23):  # the wall-clock dataset's frames are their own
+        item = b[j]
+        assert framecode.verify_frame(item[FRONT].permute(1, 2, 0).numpy(), int(item["episode_index"]),
+                                      int(item["frame_index"]), FRONT)["ok"], j
+    # the CLI takes --align for a collection (every dataset)
+    r = run_cli("export", f"{wc},{datasets / 'small20'}", "--sql",
+                "SELECT dataset, episode_index FROM episodes WHERE episode_index = 2", "--align", "frame_index",
+                str(tmp_path / "cli"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert lsql.connect(tmp_path / "cli").sql("SELECT count(*) FROM episodes").fetchall() == [(2,)]

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import lerobot_sql as lsql
-from helpers import assert_items_equal, renamed_copy, shortened_vector_copy
+from helpers import assert_items_equal, renamed_copy, shortened_vector_copy, wall_clock
 
 SETS = ["small20", "multifile60", "h264_20", "v21_small20"]
 PICK = "frame_index % 61 = 7 AND episode_index < 6"
@@ -272,3 +272,33 @@ def test_a_feature_named_like_a_padding_key_keeps_its_own_rename(datasets, tmp_p
     with pytest.raises(ValueError, match=r"'observation.state' -> 'action'.*already uses"):
         coll.dataset(sql, cameras=[], rename={"arm": {"observation.state": "action", "action": "observation.state"}},
                      delta_timestamps={"action": [0.0, 1 / 30]})
+
+
+def test_align_per_dataset_reads_a_wall_clock_dataset_by_frame_index(datasets, tmp_path, framecode):
+    """A collection holding a dataset whose timestamp column is wall-clock time (a clock at 0.9x over clips on the fps
+    grid) beside a normal one: by time it is refused naming that dataset and align="frame_index" (the collection
+    took no align at all: its manifest always located by time); with align={name: "frame_index"} every item of it
+    is its own frame (framecode) and the other dataset's items are its own items by time."""
+    wc = tmp_path / "wc"
+    shutil.copytree(datasets / "small20", wc)
+    wall_clock(wc, 0.9)
+    coll = lsql.connect_many({"wc": wc, "ok": datasets / "multifile60"})
+    sql = "SELECT dataset, index FROM frames WHERE episode_index IN (2, 3) AND frame_index % 17 = 5 ORDER BY dataset, index"
+    with pytest.raises(lsql.DatasetFormatError, match="frame_index"):
+        coll.dataset(sql)
+    with pytest.raises(KeyError, match="not a dataset of this collection"):
+        coll.dataset(sql, align={"wcc": "frame_index"})
+    ds = coll.dataset(sql, align={"wc": "frame_index"}, return_uint8=True)
+    own = lsql.connect(datasets / "multifile60").dataset(
+        "SELECT index FROM frames WHERE episode_index IN (2, 3) AND frame_index % 17 = 5 ORDER BY index",
+        return_uint8=True)
+    names = [ds[i]["dataset"] for i in range(len(ds))]
+    assert names.count("wc") > 10 and names.count("ok") == len(own)
+    for i in range(len(ds)):
+        item = ds[i]
+        ep, fi = int(item["episode_index"]), int(item["frame_index"])
+        if item["dataset"] == "wc":
+            for cam in ("observation.images.front", "observation.images.wrist"):
+                assert framecode.verify_frame(item[cam].permute(1, 2, 0).numpy(), ep, fi, cam)["ok"], (ep, fi, cam)
+        else:
+            assert_items_equal(_own(item), own[names[:i].count("ok")])

@@ -210,18 +210,70 @@ def test_the_train_sampler_drops_by_episode_ends_not_by_runs(sample, tmp_path):
 
 def test_resume_finds_the_saved_selection_from_lerobots_checkpoint_config(tmp_path):
     """lerobot resumes from <output_dir>/checkpoints/<step>/pretrained_model/train_config.json: the selection saved in
-    <output_dir> is found from there (it was looked for three folders up, in checkpoints/, and never found)."""
+    <output_dir> is found from there (it was looked for three folders up, in checkpoints/, and never found). A file
+    written before stats/align were saved gives their defaults."""
     from lerobot_sql.errors import TrainSetupError
-    from lerobot_sql.train import saved_selection
+    from lerobot_sql.train import saved_run
 
     out = tmp_path / "run"
     cfg = out / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
     cfg.parent.mkdir(parents=True)
     (out / "lerobot_sql_train.json").write_text(json.dumps({"sql": "SELECT episode_index FROM episodes"}))
-    assert saved_selection(["--resume=true", f"--config_path={cfg}"]) == "SELECT episode_index FROM episodes"
-    assert saved_selection([f"--output_dir={out}"]) == "SELECT episode_index FROM episodes"
+    old = {"sql": "SELECT episode_index FROM episodes", "stats": "selection", "align": "timestamp"}
+    assert saved_run(["--resume=true", f"--config_path={cfg}"]) == old
+    assert saved_run([f"--output_dir={out}"]) == old
     with pytest.raises(TrainSetupError, match="pass --sql"):
-        saved_selection([f"--output_dir={tmp_path / 'other'}"])
+        saved_run([f"--output_dir={tmp_path / 'other'}"])
+    (out / "lerobot_sql_train.json").write_text(json.dumps({"sql": None, "stats": "dataset"}))
+    with pytest.raises(TrainSetupError, match="holds no SQL selection"):
+        saved_run([f"--output_dir={out}"])
+
+
+def _stand_in_lerobot_train(monkeypatch, seen: dict) -> None:
+    """A stand-in of lerobot.scripts.lerobot_train (0.4's names) and of make_factory, recording what the factory
+    was made with, so train.run runs to lerobot's main() without lerobot."""
+    import sys
+    import types
+
+    from lerobot_sql import train
+
+    fake = types.ModuleType("lerobot.scripts.lerobot_train")
+    fake.make_dataset, fake.EpisodeAwareSampler, fake.main = None, object, lambda: 0
+    for name in ("lerobot", "lerobot.scripts"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["lerobot.scripts"].lerobot_train = fake
+    monkeypatch.setitem(sys.modules, "lerobot.scripts.lerobot_train", fake)
+    monkeypatch.setattr(train, "lerobot_version", lambda: (0, 4, 4))
+    monkeypatch.setattr(train, "make_factory", lambda db, sql, **kw: seen.update(sql=sql, **kw) or (lambda cfg: None))
+
+
+@pytest.mark.parametrize("resume", [["--resume=true"], ["--resume", "true"], ["--resume=True"]])
+def test_resume_continues_with_the_runs_own_stats_and_align(datasets, tmp_path, monkeypatch, resume):
+    """A run started with --stats dataset --align frame_index, resumed without either flag, keeps both (it switched to
+    selection statistics and timestamps: normalization changed mid-training on 0.4.4); `--resume true` (lerobot's
+    parser takes it) resumes as `--resume=true` does (it exited with "no selection"); a resume that names another
+    mode is refused."""
+    from helpers import run_cli
+
+    seen = {}
+    _stand_in_lerobot_train(monkeypatch, seen)
+    out = tmp_path / "run"
+    out.mkdir()
+    sql = "SELECT episode_index FROM episodes WHERE episode_index = 3"
+    (out / "lerobot_sql_train.json").write_text(json.dumps({"root": str(datasets / "small20"), "sql": sql,
+                                                            "stats": "dataset", "align": "frame_index"}))
+    r = run_cli("train", datasets / "small20", "--", *resume, f"--output_dir={out}", "--policy.type=act")
+    assert r.returncode == 0, r.stderr
+    assert seen["sql"] == sql and seen["stats"] == "dataset"
+    assert seen["dataset_kwargs"]["align"] == "frame_index"
+    r = run_cli("train", datasets / "small20", "--stats", "selection", "--", *resume, f"--output_dir={out}")
+    assert r.returncode != 0 and "started with --stats dataset" in r.stderr, r.stderr
+    r = run_cli("train", datasets / "small20", "--align", "timestamp", "--", *resume, f"--output_dir={out}")
+    assert r.returncode != 0 and "started with --align frame_index" in r.stderr, r.stderr
+    # not a resume: the defaults, whatever a run folder holds
+    seen.clear()
+    r = run_cli("train", datasets / "small20", "--sql", sql, "--", f"--output_dir={out}")
+    assert r.returncode == 0 and seen["stats"] == "selection" and not seen["dataset_kwargs"], (r.stderr, seen)
 
 
 def _stand_in_lerobot_factory(monkeypatch) -> None:
@@ -276,12 +328,8 @@ def test_train_takes_align_frame_index_to_the_dataset(datasets, tmp_path, monkey
     import shutil
     import types
 
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     import lerobot_sql as lsql
-    from helpers import FRAMECODE, run_cli
+    from helpers import FRAMECODE, run_cli, wall_clock
     from lerobot_sql import train
     from lerobot_sql.train import make_factory
 
@@ -292,14 +340,11 @@ def test_train_takes_align_frame_index_to_the_dataset(datasets, tmp_path, monkey
                    "--policy.type=act").returncode == 0
     assert seen["dataset_kwargs"] == {"align": "frame_index"}
     assert run_cli("train", datasets / "small20", "--sql", sql, "--", "--policy.type=act").returncode == 0
-    assert not seen["dataset_kwargs"]
+    assert not seen["dataset_kwargs"] and seen["stats"] is None  # train.run's own default ("selection")
     # the factory: a copy of small20 whose timestamps run at 0.9x real time (wall-clock)
     root = tmp_path / "small20"
     shutil.copytree(datasets / "small20", root)
-    data = root / "data/chunk-000/file-000.parquet"
-    t = pq.read_table(data)
-    ts = (t["frame_index"].to_numpy() / 30 * 0.9).astype(np.float32)
-    pq.write_table(t.set_column(t.column_names.index("timestamp"), "timestamp", pa.array(ts)), data)
+    wall_clock(root, 0.9)
     _stand_in_lerobot_factory(monkeypatch)
     cfg = types.SimpleNamespace(policy=None, tolerance_s=1e-4, output_dir=str(tmp_path / "run"),
                                 dataset=types.SimpleNamespace(episodes=None, streaming=False, image_transforms=None,

@@ -312,10 +312,7 @@ def cmd_export(args) -> int:
                                  "lsql.connect_many([root]).export(sql, dest, features=[...])")
             kw["features"] = [f.strip() for f in args.features.split(",") if f.strip()]
         if getattr(args, "align", "timestamp") != "timestamp":
-            if not hasattr(db, "layout"):
-                raise UsageError("--align frame_index applies to an export of one dataset; export each dataset of "
-                                 "the collection by itself with it")
-            kw["align"] = args.align
+            kw["align"] = args.align  # a collection: every dataset (Collection.export takes a per-dataset dict too)
         report = db.export(sql, args.dest, overwrite=args.overwrite, progress=not args.quiet,
                            tolerance_s=args.tolerance_s, **kw)
     except FileExistsError as e:  # the library speaks Python (overwrite=True); say the flag here
@@ -437,11 +434,12 @@ def cmd_train(args) -> int:
         from .._query import library
 
         sql = library.render(args.name, dict(args.param or []), extra_dirs=args.query_dir or [])
-    if not sql and "--resume=true" not in [a.lower() for a in args.lerobot_args]:
+    if not sql and not train.resuming(args.lerobot_args):
         raise UsageError("no selection: give --sql SELECT ... or --name NAME (or --resume=true with lerobot's "
                          "--config_path to continue a run)")
+    # None: the default, or on resume the run's own (train.run refuses a resume that changes either)
     result = train.run(args.dataset, sql or None, args.lerobot_args, stats=args.stats, cache_dir=args.cache_dir,
-                       dataset_kwargs={"align": args.align} if args.align != "timestamp" else None)
+                       dataset_kwargs={"align": args.align} if args.align else None)
     return int(result) if isinstance(result, int) else 0
 
 
@@ -585,14 +583,14 @@ def build_parser() -> argparse.ArgumentParser:
               "lerobot-sql train hf://datasets/ORG/NAME --name split -p subset=train -- --policy.type=diffusion"],
              cmd_train, one=True)
     query_source(sp, positional=False)
-    sp.add_argument("--stats", choices=["selection", "dataset"], default="selection",
+    sp.add_argument("--stats", choices=["selection", "dataset"], default=None,
                     help="normalization statistics: of the selected frames (default) or the source's "
-                         "meta/stats.json (what lerobot uses with --dataset.episodes)")
-    sp.add_argument("--align", choices=["timestamp", "frame_index"], default="timestamp",
+                         "meta/stats.json (what lerobot uses with --dataset.episodes); a resumed run keeps its own")
+    sp.add_argument("--align", choices=["timestamp", "frame_index"], default=None,
                     help="how each row's camera frame is found: by time, from_timestamp + timestamp within lerobot's "
                          "--tolerance_s (default), or frame_index: the row's frame_index-th frame of its episode's "
                          "clip, for wall-clock timestamps over clips holding exactly their frames on the fps grid "
-                         "(what dataset() recommends when it refuses such timestamps; give it again with --resume)")
+                         "(what dataset() recommends when it refuses such timestamps; a resumed run keeps its own)")
     sp.set_defaults(lerobot_args=[])  # everything after `--`, split off in main() before parsing
     sp.usage = "lerobot-sql train [-h] [--sql SQL | --name NAME [-p KEY=VALUE ...]] [--stats {selection,dataset}] " \
                "[--align {timestamp,frame_index}] DATASET -- [lerobot-train arguments ...]"

@@ -150,7 +150,8 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
 
 def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, present: list[str],
                       keymaps: dict[str, dict[str, str]], keys: set[str], overwrite: bool = False,
-                      progress: bool = True, tolerance_s: float = 1e-4) -> ExportReport:
+                      progress: bool = True, tolerance_s: float = 1e-4,
+                      aligns: dict[str, str] | None = None) -> ExportReport:
     """Write a collection manifest's frames (``Collection.manifest``) as one new LeRobot v3.0 dataset at ``dest``.
 
     ``present`` are the datasets with samples, ``keymaps`` each one's ``{source feature key: output key}`` and
@@ -162,6 +163,7 @@ def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, pres
     (int64, the episode's index in that dataset). info.json is the first dataset's, with the kept features
     (renamed) and the new totals. Video packets are copied; a new mp4 is started where the source stream's codec
     header (extradata) differs from the one the current file was opened with, so every file stays one stream.
+    ``aligns``: each dataset's ``align`` (:func:`lerobot_sql._readers.locate.check_align`; default ``"timestamp"``).
 
     Raises:
         IncompatibleDatasetsError: the datasets' fps or robot_type differ; a kept camera is a video in one and an
@@ -175,7 +177,8 @@ def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, pres
     dest = _check_dest(dbs, dest, overwrite)
     codes_of = {n: coll.names.index(n) for n in present}
     sources = [Source(coll[n], n, codes_of[n], {**{k: k for k in coll[n].layout.features if k not in keymaps[n]},
-                                                 **{k: v for k, v in keymaps[n].items() if v in keys}})
+                                                 **{k: v for k, v in keymaps[n].items() if v in keys}},
+                      align=locate.check_align((aligns or {}).get(n, "timestamp")))
                for n in present]
     codes = dataset_codes(manifest, coll.names)
     lookup = np.full(len(coll.names), -1, np.int64)  # dataset code -> position in sources

@@ -14,7 +14,7 @@ import lerobot_sql as lsql
 from lerobot_sql.errors import (DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError,
                                 ResultContractError, VideoDecodeError)
 
-from helpers import assert_items_equal
+from helpers import assert_items_equal, wall_clock
 
 from damage import (DATA, EPISODES, FRONT, INFO, TASKS, edit_info, rewrite_parquet, scribble, set_column,
                       shorten_mp4, truncate)
@@ -339,22 +339,6 @@ def test_wall_clock_timestamps_read_with_tolerance_s(damaged, pristine):
     assert float(max(abs(float(ours[i]["timestamp"]) - float(ref[i]["timestamp"])) for i in range(len(ref)))) > 1.8
 
 
-def _wall_clock(root, factor: float, seed: int = 0) -> None:
-    """Rewrite every data file's timestamps as a clock running at ``factor`` times real time plus +-4 ms of jitter
-    (0 at each episode's start): over small20's episodes (up to 13 s) 0.9 lags up to 1.3 s behind
-    frame_index / fps, 1.1 runs up to 1.3 s ahead. The videos keep their frames on the fps grid, as lerobot writes
-    them, so each clip holds exactly `length` frames at k / fps."""
-    rng = np.random.default_rng(seed)
-
-    def f(t):
-        fi = t["frame_index"].to_numpy()
-        ts = np.where(fi > 0, fi / 30 * factor + rng.uniform(-0.004, 0.004, len(fi)), 0.0)
-        return set_column(t, "timestamp", ts.astype(np.float32))
-
-    for p in sorted(root.glob("data/**/*.parquet")):
-        rewrite_parquet(p, f)
-
-
 CAMS = ("observation.images.front", "observation.images.wrist")
 
 
@@ -367,7 +351,7 @@ def test_wall_clock_timestamps_over_grid_clips_read_by_frame_index(damaged, fram
     batches and delta_timestamps stacks; (c) with tolerance_s=2.0 no item gets another frame: dataset() or the item
     raises DatasetFormatError naming the episode and camera and recommending align="frame_index"."""
     root = damaged(name)
-    _wall_clock(root, factor)
+    wall_clock(root, factor)
     db = lsql.connect(root)
     eps = (3, 4, 5)
     sql = f"SELECT episode_index FROM episodes WHERE episode_index IN {eps}"
@@ -416,7 +400,7 @@ def test_export_by_frame_index_writes_a_copy_on_the_grid(damaged, framecode, tmp
     align="frame_index"; export(..., align="frame_index") copies each row's own frame and writes timestamp =
     frame_index / fps, so the copy reads with the default options, every item its own frame (framecode)."""
     root = damaged()
-    _wall_clock(root, 0.9)
+    wall_clock(root, 0.9)
     db = lsql.connect(root)
     sql = "SELECT episode_index FROM episodes WHERE episode_index IN (3, 4)"
     with pytest.raises(DatasetFormatError) as e:
