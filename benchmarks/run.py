@@ -124,16 +124,27 @@ class DecodeLimit:
         import av
         from av.video.reformatter import VideoReformatter
 
-        self.ds = ds
-        self.keys = ds._video_keys
+        from lerobot_sql._readers import locate, video_index
+
+        m = ds.manifest
+        self.keys = [k for k in ds.camera_keys if k in db.layout.video_keys]
         self.files = {}
+        self.targets = {}  # camera -> per sample (mp4, its index, video row): the frame nearest its time, untimed
         for k in self.keys:
-            for rel in ds._video_files[k]:
+            rels = m[f"{k}/file"].to_numpy(zero_copy_only=False)
+            times = locate.time_in_file(m[f"{k}/from_timestamp"].to_numpy(), m["timestamp"].to_numpy())
+            per = [None] * len(rels)
+            for rel in np.unique(rels):
                 c = av.open(str(db.source.path(rel)))
                 s = c.streams.video[0]
                 s.codec_context.thread_count = 1
                 self.files[rel] = [c, s, None, None, VideoReformatter()]  # container, stream, frames, pos, R
-        self.ep = ds.manifest["episode_index"].to_numpy()
+                index = video_index.FrameIndex.load(video_index.ensure_index_arrow(db.source, rel, db.cache_dir))
+                sel = np.flatnonzero(rels == rel)
+                for j, r in zip(sel, locate.nearest(index.pts_s, times[sel])[0]):
+                    per[j] = (rel, index, int(r))
+            self.targets[k] = per
+        self.ep = m["episode_index"].to_numpy()
 
     def _frame(self, rel: str, index, r: int):
         f = self.files[rel]
@@ -151,7 +162,7 @@ class DecodeLimit:
         raise RuntimeError(f"{rel}: pts {want} not reached")
 
     def _rows(self, k: str, i: int):
-        return self.ds._frame(k, i)
+        return self.targets[k][i]
 
     def item(self, i: int):
         return [self._frame(*self._rows(k, i)) for k in self.keys]

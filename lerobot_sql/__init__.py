@@ -33,25 +33,8 @@ Errors all derive from :class:`LeRobotSQLError` (see :mod:`lerobot_sql.errors`).
 from ._version import __version__
 from .collection import Collection, connect_many
 from .db import Database, connect
-from .errors import (
-    CacheError,
-    DatasetFormatError,
-    DestinationError,
-    DestinationExistsError,
-    FileChangedError,
-    FrameNotFoundError,
-    IncompatibleDatasetsError,
-    LeRobotSQLError,
-    MissingFileError,
-    QueryError,
-    RemoteIOError,
-    ResultContractError,
-    StatsUnavailableError,
-    TrainSetupError,
-    UnsupportedFeatureError,
-    UnsupportedVersionError,
-    VideoDecodeError,
-)
+from .errors import *  # noqa: F401,F403  (every error class and RemoteWarning: errors.__all__ is the one list)
+from .errors import __all__ as _ERRORS
 
 
 def __getattr__(name: str):
@@ -85,21 +68,5 @@ __all__ = [
     "EpisodeAwareSampler",
     "EpisodeShardedSampler",
     "MixtureSampler",
-    "LeRobotSQLError",
-    "DatasetFormatError",
-    "UnsupportedVersionError",
-    "MissingFileError",
-    "QueryError",
-    "ResultContractError",
-    "FrameNotFoundError",
-    "IncompatibleDatasetsError",
-    "VideoDecodeError",
-    "RemoteIOError",
-    "FileChangedError",
-    "CacheError",
-    "StatsUnavailableError",
-    "TrainSetupError",
-    "UnsupportedFeatureError",
-    "DestinationExistsError",
-    "DestinationError",
+    *_ERRORS,
 ]

@@ -24,12 +24,15 @@ import pyarrow.compute as pc
 
 from ._catalog import macros
 from ._catalog.collection import CollectionConnection
+from ._format import stats_json
 from ._format.files import open_files
 from ._plan import manifest as _manifest
 from ._readers import locate
+from ._sql import QueryFace
 from ._storage import cache
-from .db import Database, QueryFace, is_manifest_path, read_manifest_file
+from .db import Database
 from .errors import LeRobotSQLError, MissingFileError, ResultContractError, did_you_mean, warn
+
 
 def is_dataset_root(path: str) -> bool:
     """True when the local folder ``path`` is a dataset root (holds meta/info.json)."""
@@ -141,7 +144,8 @@ class Collection(QueryFace):
         return iter(self.names)
 
     # ---- query -> manifest ------------------------------------------------------------------------------------
-    def manifest(self, sql: str, *, extras: bool = True, align: str | dict[str, str] = "timestamp") -> pa.Table:
+    def manifest(self, sql: str, *, extras: bool = True, align: str | dict[str, str] = "timestamp",
+                 tolerance_s: float | None = None) -> pa.Table:
         """The manifest of a query over the collection: one row per sample, a ``dataset`` column (dictionary of the
         names) first, then each dataset's own manifest columns (:mod:`lerobot_sql._plan.manifest`; a camera
         column of another dataset is NULL). Each dataset's rows are resolved by that dataset alone.
@@ -152,6 +156,7 @@ class Collection(QueryFace):
         deterministic order. ``result_row`` is the row of the whole result. ``extras=False``: as
         :meth:`Database.manifest` (what :meth:`export` resolves). ``align``: as :meth:`Database.manifest`, for
         every dataset (a string) or per dataset (``{name: "frame_index"}``; datasets not named: ``"timestamp"``).
+        ``tolerance_s``: as :meth:`Database.manifest` (how far each row's timestamp may be off the fps grid).
 
         Raises:
             ResultContractError: no ``dataset`` column, a NULL or unknown name in it, or a dataset's rows break its
@@ -167,7 +172,7 @@ class Collection(QueryFace):
                 "a query over a collection must return the dataset column beside the frames it selects (identity "
                 "is (dataset, index) and (dataset, episode_index): each dataset numbers its own), e.g. SELECT "
                 f"dataset, index FROM frames WHERE ...; got columns {result.column_names}: {sql!r}")
-        return self._resolve(result, sql, checked.ordered, extras, aligns)
+        return self._resolve(result, sql, checked.ordered, extras, aligns, tolerance_s)
 
     def _aligns(self, align: str | dict[str, str]) -> dict[str, str]:
         """``align`` as ``{name: mode}`` for every dataset (see :meth:`manifest`), each mode checked."""
@@ -180,7 +185,7 @@ class Collection(QueryFace):
         return dict.fromkeys(self.names, locate.check_align(align))
 
     def _resolve(self, result: pa.Table, sql: str, ordered: bool, extras: bool = True,
-                 aligns: dict[str, str] | None = None) -> pa.Table:
+                 aligns: dict[str, str] | None = None, tolerance_s: float | None = None) -> pa.Table:
         col = result["dataset"]
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
                 or pa.types.is_dictionary(col.type)):
@@ -210,7 +215,7 @@ class Collection(QueryFace):
 
             try:
                 m = member._resolve(rest.take(pa.array(pos)), sql, ordered, con=con, before=sum(len(q) for _, q in parts),
-                                    extras=extras, align=(aligns or {}).get(name, "timestamp"))
+                                    extras=extras, align=(aligns or {}).get(name, "timestamp"), tolerance_s=tolerance_s)
             except ResultContractError as e:
                 raise type(e)(f"dataset {name!r}: {e}") from e
             finally:
@@ -266,19 +271,19 @@ class Collection(QueryFace):
                                        options=options, aligns=aligns)
 
     def _manifest_of(self, sql: str | os.PathLike | pa.Table, extras: bool = True,
-                     aligns: dict[str, str] | None = None) -> pa.Table:
+                     aligns: dict[str, str] | None = None, tolerance_s: float | None = None) -> pa.Table:
         """The collection manifest ``sql`` stands for: a saved one (Parquet path) or a table, checked to be of this
         collection (:meth:`_check_manifest_source`), else the manifest of the query (``extras`` as
         :meth:`manifest`)."""
-        if is_manifest_path(sql):
-            sql = read_manifest_file(sql, "pyarrow.parquet.write_table(coll.manifest(sql), path)")
+        if _manifest.is_manifest_path(sql):
+            sql = _manifest.read_manifest_file(sql, "pyarrow.parquet.write_table(coll.manifest(sql), path)")
         if isinstance(sql, pa.Table):
             self._check_manifest_source(sql)
             # a manifest with its location columns dropped (m.select([...]) keeps the metadata) met a bare
             # KeyError deep in the reader
             _manifest.check_columns(sql, "the table passed to the collection")
             return sql
-        return self.manifest(sql, extras=extras, align=aligns or "timestamp")
+        return self.manifest(sql, extras=extras, align=aligns or "timestamp", tolerance_s=tolerance_s)
 
     def _check_manifest_source(self, manifest: pa.Table) -> None:
         """Refuse a collection manifest made over other datasets (names or roots differ): its index values are those
@@ -304,7 +309,7 @@ class Collection(QueryFace):
         Each dataset's statistics are those of its own selected samples (:meth:`Database.stats`: numeric features
         exact, cameras aggregated from per-episode statistics). Across datasets, per feature key (after
         ``rename``) over the datasets that have it, they are combined by lerobot's ``aggregate_stats`` rule
-        (:func:`lerobot_sql.stats.aggregate`): min of mins, max of maxes, count-weighted mean, pooled population
+        (:func:`lerobot_sql._format.stats_json.aggregate`): min of mins, max of maxes, count-weighted mean, pooled population
         std, total count, which is exact for min/max/mean/std/count of numeric features; quantiles are
         count-weighted means of each dataset's quantiles (an estimate, as lerobot's).
 
@@ -319,9 +324,6 @@ class Collection(QueryFace):
             Features whose shapes differ between datasets (a 6- and a 14-dim state) are not combined: they are
             left out with a warning naming the datasets (``per_dataset=True`` has them).
         """
-
-        from . import stats as _stats
-
         manifest = self._manifest_of(sql if sql is not None else "SELECT dataset, episode_index FROM episodes")
         meta = _manifest.collection_meta(manifest)
         codes = _manifest.dataset_codes(manifest, meta["names"])
@@ -348,7 +350,7 @@ class Collection(QueryFace):
                 warn(f"stats: {k!r} has different shapes across datasets ({shapes}); it is left out of "
                      "the combined statistics (stats(..., per_dataset=True) has each)")
                 continue
-            out[k] = _stats.aggregate(list(have.values())) if len(have) > 1 else next(iter(have.values()))
+            out[k] = stats_json.aggregate(list(have.values())) if len(have) > 1 else next(iter(have.values()))
         return out
 
     def export(self, sql: str | os.PathLike | pa.Table, dest: str | os.PathLike, *, features: list[str] | None = None,
@@ -391,7 +393,9 @@ class Collection(QueryFace):
         from .mixture import line_up
 
         aligns = self._aligns(align)
-        manifest = self._manifest_of(sql, extras=False, aligns=aligns)  # extras are not written
+        # extras are not written; the tolerance the caller gives is the one the timestamps are checked with (without
+        # it the check refused asking for the very tolerance_s given)
+        manifest = self._manifest_of(sql, extras=False, aligns=aligns, tolerance_s=kwargs.get("tolerance_s"))
         present, keymaps, keys = line_up(self, manifest, self.names, features, rename,
                                          why="so they cannot be written as one dataset")
         for n in present:

@@ -1,377 +1,32 @@
-"""``connect()`` and the ``Database`` it returns: SQL over a LeRobot dataset, and queries turned into datasets."""
+"""``connect()`` and the ``Database`` it returns: SQL over a LeRobot dataset, and queries turned into datasets.
+
+The SQL face itself (check, then run; the :class:`~lerobot_sql._sql.Result`) is :class:`lerobot_sql._sql.QueryFace`,
+shared with a collection; here is what one dataset adds: its files, manifests, datasets, statistics and the
+delegates to the features (export, nearest), each imported inside its method.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import functools
-import math
 import os
-import signal
-import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._catalog import macros
-from ._catalog.connection import (MANIFEST_BYTES_PER_ROW, Connection, max_manifest_rows, query_error,
-                                  unreadable_error)
+from ._catalog.connection import Connection, unreadable_error
+from ._format import stats_json
 from ._format.files import DatasetFiles, open_files
 from ._format.layout import Layout
 from ._format.metadata import read_pointers
-from ._plan import manifest as plan_manifest
-from ._plan import resolve as plan
-from ._query import checks as query
+from ._plan import manifest as plan_manifest  # `manifest` is the tables' name here
+from ._plan import resolve
 from ._readers import locate
+from ._sql import QueryFace, Result  # noqa: F401  (Result: what db.sql returns, importable from here)
 from ._storage.source import Source
-from .errors import DatasetFormatError, MissingFileError, QueryError, ResultContractError, as_int, as_real
-
-class _Interruptible:
-    """While a query runs: ``timeout`` seconds on a timer, and on the main thread Ctrl-C (SIGINT), each call
-    ``con.interrupt()``, which stops DuckDB within milliseconds (Python's own SIGINT handling waits for the query to
-    end, which may be never). The connection stays usable afterwards.
-
-    The timeout has two clocks. A ``threading.Timer`` works on any thread but needs the GIL to run its callback. On
-    the main thread, when nobody else uses SIGALRM (pytest-timeout's signal method does; then only the Timer runs),
-    an interval timer (``setitimer(ITIMER_REAL)``) also fires, every second after ``timeout``: DuckDB's Python layer
-    calls ``PyErr_CheckSignals`` between execution tasks, so the handler runs on the query's own thread and calls
-    ``con.interrupt()`` even when the Timer thread cannot get the GIL.
-
-    What neither bounds: DuckDB checks the interrupt flag only between chunks of work, so one value that takes long
-    to build (``printf('%01000000000d', 1)``, measured: interrupted 1 s in, ended 3.8 s in) runs to its end; the
-    query checks refuse such values before the query runs (``query.MAX_GENERATED``). A Python callback of the
-    query's (the fsspec filesystem of a remote root) blocked in I/O returns first.
-
-    After the block: ``reason`` is None, ``"timeout"`` or ``"sigint"``. A Ctrl-C that arrives just as the query ends
-    is not lost: it is raised as KeyboardInterrupt.
-    """
-
-    def __init__(self, con: duckdb.DuckDBPyConnection, timeout: float | None):
-        self.con, self.timeout, self.reason = con, timeout, None
-        self._timer: threading.Timer | None = None
-        self._old_handler = None
-        self._old_alarm = None
-
-    def _fire(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-        try:
-            self.con.interrupt()
-        except duckdb.Error:  # the connection was closed meanwhile
-            pass
-
-    def __enter__(self) -> "_Interruptible":
-        if self.timeout is not None:
-            self._timer = threading.Timer(self.timeout, self._fire, ("timeout",))
-            self._timer.daemon = True
-            self._timer.start()
-        main = threading.current_thread() is threading.main_thread()
-        if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            # Only Python's default handler is replaced: a handler the application installed is left alone.
-            self._old_handler = signal.signal(signal.SIGINT, lambda signum, frame: self._fire("sigint"))
-        if self.timeout is not None and main and hasattr(signal, "setitimer") and \
-                signal.getsignal(signal.SIGALRM) == signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
-            # SIGALRM unclaimed (default action, no alarm pending): ours for the block, every second after timeout
-            # in case one interrupt lands before DuckDB's next task.
-            self._old_alarm = signal.signal(signal.SIGALRM, lambda signum, frame: self._fire("timeout"))
-            signal.setitimer(signal.ITIMER_REAL, self.timeout, 1.0)
-        return self
-
-    def __exit__(self, typ, exc, tb) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._old_alarm is not None:
-            signal.setitimer(signal.ITIMER_REAL, 0)  # first stop the clock, then give SIGALRM back
-            signal.signal(signal.SIGALRM, self._old_alarm)
-        if self._old_handler is not None:
-            signal.signal(signal.SIGINT, self._old_handler)
-        if typ is None and self.reason == "sigint":
-            raise KeyboardInterrupt
-
-    def error(self, sql: str) -> QueryError:
-        if self.reason == "timeout":
-            err = QueryError(f"the query was stopped at its timeout of {self.timeout:g} s (timeout=...; CLI "
-                             f"--timeout); the connection is still usable. SQL: {sql}")
-        else:
-            err = QueryError(f"the query was interrupted (Ctrl-C); the connection is still usable. SQL: {sql}")
-        err.interrupted = self.reason  # the CLI exits 130 for Ctrl-C
-        return err
-
-
-def _check_timeout(timeout: float | None) -> float | None:
-    if timeout is None:
-        return None
-    v = as_real(timeout)
-    if v is None or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"timeout={timeout!r}: give a positive number of seconds, or None for no limit")
-    return v
-
-
-class Result:
-    """A lazy, read-only query result over a DuckDB relation. DuckDB errors, also those raised while fetching,
-    arrive as :class:`QueryError` naming the SQL.
-
-    Only reading methods are offered (``READ_METHODS``, ``READ_ATTRIBUTES``, ``.limit(n, offset)`` with integers):
-    a DuckDB relation's other methods take SQL text that the query checks never see (``.query(name, sql)`` runs any
-    statement, ``.filter(str)`` / ``.project(str)`` / ``.order(str)`` / ``.aggregate(str)`` take expressions) or
-    write files (``.write_csv``, ``.to_parquet``); they raise AttributeError saying to pass the whole query to
-    ``Database.sql`` instead.
-
-    Every call that runs the query can be stopped: after ``timeout`` seconds (given to ``Database.sql``) and, on the
-    main thread, by Ctrl-C; both raise QueryError (with ``.interrupted`` set to ``"timeout"`` or ``"sigint"``).
-    """
-
-    def __init__(self, rel: duckdb.DuckDBPyRelation, sql: str, con: duckdb.DuckDBPyConnection | None = None,
-                 timeout: float | None = None, layouts: list = ()):
-        self._rel, self._sql, self._con, self._timeout, self._layouts = rel, sql, con, timeout, layouts
-
-    def _call(self, fn, *args, **kwargs):
-        if self._con is None:
-            guard = contextlib.nullcontext()
-        else:
-            guard = _Interruptible(self._con, self._timeout)
-        with guard:
-            try:
-                out = fn(*args, **kwargs)
-            except (duckdb.Error, RuntimeError) as e:
-                # An interrupt surfaces as duckdb.InterruptException or, when it lands in the result fetch of
-                # DuckDB's Python layer, as a bare RuntimeError("Query interrupted"): both are ours once we fired.
-                if getattr(guard, "reason", None):
-                    raise guard.error(self._sql) from e
-                if not isinstance(e, duckdb.Error):
-                    raise
-                raise query_error(e, self._sql, self._layouts) from e
-        return Result(out, self._sql, self._con, self._timeout, self._layouts) \
-            if isinstance(out, duckdb.DuckDBPyRelation) else out
-
-    def arrow(self) -> pa.Table:
-        """All rows as a pyarrow Table."""
-        return self._call(self._rel.to_arrow_table)
-
-    def df(self):
-        """All rows as a pandas DataFrame."""
-        return self._call(self._rel.df)
-
-    def fetchall(self) -> list[tuple]:
-        return self._call(self._rel.fetchall)
-
-    def scan(self, consume, batch_size: int = 2048):
-        """``consume(reader)`` over the rows as a ``pyarrow.RecordBatchReader`` (batches of at most ``batch_size``
-        rows), under this result's timeout and Ctrl-C handling for the whole scan (a reader handed out would
-        stream unguarded); returns what ``consume`` returns. Raises QueryError like the other fetches."""
-        return self._call(lambda: consume(self._rel.to_arrow_reader(batch_size)))
-
-    # Relation methods that only run the query and hand back its rows (or print them), forwarded as they are.
-    # (DuckDB 2.x dropped fetchone/fetchmany from relations: forwarded, DuckDB's own error says what to use.)
-    READ_METHODS = frozenset({"fetchall", "fetchone", "fetchmany", "fetchnumpy", "fetchdf", "to_df", "pl",
-                              "to_arrow_table", "fetch_arrow_table", "fetch_record_batch", "fetch_arrow_reader",
-                              "to_arrow_reader", "show"})
-    # Attributes that describe the result without running SQL of the caller's.
-    READ_ATTRIBUTES = frozenset({"columns", "types", "dtypes", "description", "shape", "alias", "type"})
-
-    def limit(self, n: int, offset: int = 0) -> "Result":
-        """The first ``n`` rows after ``offset`` (integers), as a Result.
-
-        Raises:
-            TypeError: ``n`` or ``offset`` is not an integer (DuckDB's relation would take SQL text here).
-        """
-        k, skip = as_int(n), as_int(offset)
-        if k is None or skip is None:  # a bool too: True is 1 to operator.index
-            raise TypeError(f"limit({n!r}, {offset!r}): give integers; for other row selections put LIMIT / "
-                            "OFFSET / WHERE in the query passed to db.sql")
-        if k < 0 or skip < 0:
-            raise TypeError(f"limit({n!r}, {offset!r}): give non-negative integers")
-        return self._call(self._rel.limit, k, skip)
-
-    def __len__(self) -> int:
-        return self._call(len, self._rel)
-
-    def __getattr__(self, name: str):
-        if name.startswith("__") or (name not in self.READ_METHODS and name not in self.READ_ATTRIBUTES):
-            raise AttributeError(
-                f"Result has no {name!r}: results of db.sql are read-only and take no further SQL text (a DuckDB "
-                f"relation's .query/.filter/.project/.order/.aggregate would run SQL the checks never see, "
-                f".write_csv/.to_parquet would write files). Put the whole query in db.sql(...); write data out with "
-                f"db.export() / db.export_manifest(), or fetch it (.arrow(), .df()) and write that. Available: "
-                f"{sorted(self.READ_METHODS | self.READ_ATTRIBUTES | {'arrow', 'df', 'limit'})}")
-        attr = getattr(self._rel, name)
-        return (lambda *a, **k: self._call(attr, *a, **k)) if callable(attr) else attr
-
-    def __repr__(self) -> str:
-        return self._call(str, self._rel)
-
-    def _repr_html_(self) -> str:
-        return self._call(lambda: self._rel.limit(50).df().to_html(max_rows=50))
-
-
-_LAMBDA_ARGS: dict[str, frozenset[int]] | None = None
-
-
-def _lambda_args(con: duckdb.DuckDBPyConnection) -> dict[str, frozenset[int]]:
-    """DuckDB's own list of the functions that take a lambda, and at which argument positions: where a 1.x
-    ``x -> e`` is a lambda to rewrite (query.rewrite_lambdas); every other ``->`` is JSON extraction. Read once per
-    process (~25 ms: the same for every connection of this DuckDB build; users cannot define functions), and only
-    when a query has a ``->``."""
-    global _LAMBDA_ARGS
-    if _LAMBDA_ARGS is None:
-        args: dict[str, set[int]] = {}
-        for name, types in con.sql("SELECT function_name, parameter_types FROM duckdb_functions() "
-                                   "WHERE list_contains(parameter_types, 'LAMBDA')").fetchall():
-            args.setdefault(name.lower(), set()).update(i for i, t in enumerate(types) if t == "LAMBDA")
-        _LAMBDA_ARGS = {n: frozenset(p) for n, p in args.items()}
-    return _LAMBDA_ARGS
-
-
-class QueryFace:
-    """The SQL face both a :class:`Database` and a collection (:class:`lerobot_sql.collection.Collection`) offer:
-    the checks, ``sql``, ``check``, ``views``, the lazily built video views. Needs ``_connection`` (a
-    :class:`~lerobot_sql._catalog.connection.Connection`), ``_ctx`` and ``_ctx_lock``."""
-
-    _TABLE_MACROS = macros.TABLE_MACROS  # the table macros users may call in FROM, and their columns
-
-    def _init_queries(self, connection: Connection) -> None:
-        self._connection = connection
-        self._ctx: query.Context | None = None
-        self._ctx_lock = threading.RLock()  # two threads' first checks build one context
-
-    @property
-    def con(self) -> duckdb.DuckDBPyConnection:
-        """The calling thread's DuckDB connection (or cursor) with the views, created on first use: opening a
-        dataset and building a whole-episode dataset need no DuckDB, so ``connect()`` reads only info.json and lists
-        the files."""
-        return self._connection.cursor()
-
-    # ---- SQL ------------------------------------------------------------------------------------------------
-    def views(self) -> list[str]:
-        """Names of the user-facing views."""
-        return sorted(v for v in self._context().views if not v.startswith("_"))
-
-    def _context(self) -> query.Context:
-        if self._ctx is None:
-            with self._ctx_lock:
-                return self._context_locked()
-        return self._ctx
-
-    def _context_locked(self) -> query.Context:
-        if self._ctx is None:
-            views: dict[str, list[str]] = {}
-            for t, c in self.con.sql("SELECT table_name, column_name FROM duckdb_columns() "
-                                     "WHERE NOT internal AND schema_name = 'main' ORDER BY table_name, column_index").fetchall():
-                views.setdefault(t, []).append(c)
-            self._ctx = query.Context(views, dict(self._TABLE_MACROS), dict(macros.MACRO_READS),
-                                      functools.partial(_lambda_args, self.con))
-        return self._ctx
-
-    def _ensure_video_frames(self) -> None:
-        self._connection.ensure("video_frames")
-
-    def build_video_index(self, progress: bool | None = True) -> None:
-        """Build the frame index of every mp4 (demux only, cached on disk by file identity) and point the
-        ``video_frames`` view at it. Runs by itself the first time a query reads ``video_frames``.
-
-        Args:
-            progress: show a tqdm bar (None: only for 8 files or more).
-
-        Raises:
-            MissingFileError: some mp4s are missing; every other file is indexed and queryable first.
-            VideoDecodeError: PyAV cannot demux a file.
-        """
-        self._connection.build_video_index(progress)
-
-    def check(self, sql: str) -> str:
-        """Validate user SQL (see :mod:`lerobot_sql._query.checks`) and return what DuckDB will run.
-
-        Raises:
-            QueryError: not a single read-only query over the views, with the reason and a fix.
-        """
-        return self._check(sql).sql
-
-    def _check(self, sql: str) -> query.CheckedQuery:
-        """:meth:`check`'s query, parsed once: the text DuckDB runs, sqlglot's tree, and what DuckDB's own parse tree
-        says it reads and whether it is ordered (which builds the lazy views it reads)."""
-        if not isinstance(sql, str):
-            hint = (" For whole episodes pass episodes=[...] to db.dataset() or db.stats()."
-                    if isinstance(sql, (list, tuple, range)) or hasattr(sql, "__index__") else "")
-            raise TypeError(f"SQL must be a string (a SELECT over the views), not {type(sql).__name__} {sql!r:.80}.{hint}")
-        ctx = self._context()
-        checked = query.check_sql(sql, ctx)
-        con = self.con
-        # DuckDB's own parser must agree that this is one SELECT: a tokenizer difference between sqlglot and
-        # DuckDB (quoting, comments) must never let a second statement through.
-        try:
-            stmts = con.extract_statements(checked.sql)
-        except duckdb.Error as e:
-            raise query_error(e, sql) from e
-        if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
-            raise QueryError(f"DuckDB reads {len(stmts)} statement(s) of type(s) "
-                             f"{[s.type.name for s in stmts]} here; only one query (SELECT) is allowed. SQL: {sql!r}")
-        # ... and its parse tree, walked whole, must hold only reads of our views (query.duckdb_facts): the wall
-        # that does not depend on sqlglot reading the SQL as DuckDB does.
-        try:
-            serialized = con.sql("SELECT json_serialize_sql($1)", params=[checked.sql]).fetchall()[0][0]
-        except duckdb.Error as e:
-            raise query_error(e, sql) from e
-        facts = query.duckdb_facts(serialized, ctx, sql)
-        # DuckDB's reading decides what the query reads and whether it is ordered.
-        checked = dataclasses.replace(checked, tables=facts.relations | facts.functions, ordered=facts.ordered)
-        if checked.reads(*query.VIDEO_INDEX_NAMES):
-            self._connection.ensure("video_frames")
-        if checked.reads("video_files"):
-            self._connection.ensure("video_files")
-        return checked
-
-    def sql(self, sql: str, *, timeout: float | None = None) -> "Result":
-        """Run a read-only query over the views.
-
-        Args:
-            sql: one SELECT (or WITH ... SELECT) over the views, at most 1,000,000 characters (a longer selection
-                belongs in a table: ``db.dataset(pyarrow_table)`` or a join).
-            timeout: seconds each run of the result (``.fetchall()``, ``.arrow()``, ``.df()`` ...) may take
-                before DuckDB is interrupted; None: no limit. Ctrl-C interrupts a run on the main thread either way.
-
-        Returns:
-            :class:`Result`, a lazy DuckDB relation: ``.df()``, ``.arrow()`` (a pyarrow Table), ``.fetchall()``,
-            ``.show()``; it renders as a table in Jupyter.
-
-        Raises:
-            QueryError: the SQL was rejected by the checks or failed in DuckDB (the DuckDB message is kept), also
-                when the failure only shows while rows are fetched; the run hit ``timeout`` or was interrupted by
-                Ctrl-C (``.interrupted`` is ``"timeout"`` / ``"sigint"``; the connection stays usable).
-            ValueError: ``timeout`` is not a positive number.
-        """
-        timeout = _check_timeout(timeout)
-        return self._run(self._check(sql), sql, timeout)
-
-    def _run(self, checked: query.CheckedQuery, sql: str, timeout: float | None = None) -> "Result":
-        """``checked`` (from :meth:`_check` of user SQL ``sql``, which errors name) as a lazy :class:`Result`."""
-        con = self.con
-        try:
-            return Result(con.sql(checked.sql), sql, con, timeout, self._connection.layouts())
-        except duckdb.Error as e:
-            raise query_error(e, sql, self._connection.layouts()) from e
-
-    def _capped_result(self, sql: str) -> tuple[query.CheckedQuery, pa.Table]:
-        """The checked query and its rows, for a manifest: at most ``max_manifest_rows()``, fetched as one more so
-        that a runaway query (a cross join) fails fast instead of filling RAM.
-
-        Raises:
-            ResultContractError: more rows than a manifest may have.
-        """
-        max_rows = max_manifest_rows()
-        checked = self._check(sql)
-        result = self._run(checked, sql).limit(max_rows + 1).arrow()
-        if result.num_rows > max_rows:
-            raise ResultContractError(
-                f"the query returns more than {max_rows:,} rows, more samples than this machine's memory holds as a "
-                f"manifest (about {MANIFEST_BYTES_PER_ROW} bytes per sample while it is built); check its joins (a "
-                f"missing ON gives a cross product), add a LIMIT, or set LSQL_MAX_MANIFEST_ROWS: {sql!r}")
-        return checked, result
-
-    def _arrow(self, sql: str) -> pa.Table:
-        return self.sql(sql).arrow()
+from .errors import DatasetFormatError, MissingFileError, ResultContractError, as_int
 
 
 class Database(QueryFace):
@@ -425,12 +80,14 @@ class Database(QueryFace):
 
     @property
     def fps(self) -> float:
+        """Frames per second of the dataset (info.json's ``fps``; a float, whole in lerobot-written data)."""
         return self.layout.fps
 
     # ---- datasets -------------------------------------------------------------------------------------------
     def manifest(self, sql: str, *, cameras: list[str] | None = None, tolerance_s: float | None = None,
                  extras: bool = True, align: str = "timestamp") -> pa.Table:
-        """The manifest of a query: one row per sample (see :mod:`lerobot_sql._plan.resolve` for columns and contract).
+        """The manifest of a query: one row per sample (columns: :mod:`lerobot_sql._plan.manifest`; the result
+        contract: :mod:`lerobot_sql._plan.contract`).
 
         Args:
             cameras: the cameras whose video pointers and clips are checked and recorded (default every camera;
@@ -461,7 +118,7 @@ class Database(QueryFace):
         ``tolerance_s``, ``extras``, ``align`` as :meth:`manifest` takes them; ``before``: a collection's samples
         resolved before these (the manifest bound is on the whole)."""
         try:
-            return plan.build_manifest(con or (lambda: self.con), self.layout, result, sql=sql, ordered=ordered,
+            return resolve.build_manifest(con or (lambda: self.con), self.layout, result, sql=sql, ordered=ordered,
                                        src=self.source, ptr=self._episode_pointers(), cameras=cameras,
                                        tolerance_s=tolerance_s, before=before, keep_extras=extras, align=align)
         except duckdb.Error as e:  # the data files failed while the frames were resolved, or the result's types
@@ -491,7 +148,7 @@ class Database(QueryFace):
                   "ORDER BY episode_index"
         result = pa.table({"episode_index": pa.array(ep, pa.int64())})
         try:
-            return plan.build_manifest(lambda: self.con, self.layout, result, sql=sql, src=self.source, ptr=ptr, **kw)
+            return resolve.build_manifest(lambda: self.con, self.layout, result, sql=sql, src=self.source, ptr=ptr, **kw)
         except duckdb.Error as e:
             raise unreadable_error(self.source, self.layout, e) from e
 
@@ -586,8 +243,8 @@ class Database(QueryFace):
         elif isinstance(sql, pa.Table):
             manifest = sql
             plan_manifest.check_columns(manifest, "the table passed to dataset()")
-        elif is_manifest_path(sql):
-            manifest = read_manifest_file(sql, "db.export_manifest(sql, path)")
+        elif plan_manifest.is_manifest_path(sql):
+            manifest = plan_manifest.read_manifest_file(sql, "db.export_manifest(sql, path)")
         else:
             manifest = self.manifest(sql, **kw)
         if not isinstance(sql, str) or sql.strip().endswith(".parquet"):
@@ -596,7 +253,9 @@ class Database(QueryFace):
                 raise ResultContractError("a manifest of a collection (Collection.manifest), given to one dataset's "
                                           "Database: open it with the collection's dataset() (lsql.connect_many"
                                           "(...).dataset(manifest)), or select this dataset's rows in SQL")
-            self._check_manifest_source(manifest, sql)
+            plan_manifest.check_source(manifest, sql, self.source.url, self.layout)
+            manifest = self._verify_manifest(manifest, "the table passed to dataset()" if isinstance(sql, pa.Table)
+                                             else str(sql), **kw)
         tasks = self.tasks()
         wanted = pc.unique(manifest["task_index"]).drop_null().to_pylist() if "task_index" in manifest.column_names \
             else []
@@ -624,44 +283,49 @@ class Database(QueryFace):
                                  max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn,
                                  depth_output_unit=depth_output_unit, align=align)
 
-    def _check_manifest_source(self, manifest: pa.Table, where) -> None:
-        """Refuse a manifest written from another dataset (``export_manifest`` stores its ``root``): its data_file,
-        data_row and index values point into that dataset, so read through this one they give other frames.
-
-        Accepted when the roots are the same folder, or when the manifest's ``dataset_id`` (info.json's version,
-        totals, fps and features; :func:`lerobot_sql.export.dataset_identity`) equals this dataset's: a copied or
-        moved dataset.
+    def _verify_manifest(self, manifest: pa.Table, where: str, *, cameras: list[str] | None,
+                         tolerance_s: float | None, align: str) -> pa.Table:
+        """``manifest`` (a saved file or a table given to :meth:`dataset`: hostile input) once every column it
+        claims is this dataset's own for the frame each row's ``index`` names (:func:`lerobot_sql._plan.manifest.check_against`):
+        re-derived through the planner, as whole episodes with pyarrow when the manifest covers most of its
+        episodes' frames, else its ``index`` values through the DuckDB join; ``cameras``, ``tolerance_s``,
+        ``align`` as :meth:`dataset` resolves with them. Its metadata's clips become the dataset's own.
 
         Raises:
-            ResultContractError: naming both roots and the fix; or naming the file, its metadata is not a JSON object
-                (invalid, nested too deeply).
+            ResultContractError: a row differs (naming ``where``, the row, the column, both values and the fix), or
+                an extra in the metadata is named like an item key.
+            DatasetFormatError: as :meth:`manifest`, the dataset itself is unreadable for those frames.
         """
-        from .export import dataset_identity
-
-        name = where if isinstance(where, (str, os.PathLike)) else "the manifest table"
-        meta = plan_manifest.Meta.of(manifest, where=str(name))  # the one parser of it; a file's errors name it
-        root = meta.root
-        if not isinstance(root, str) or not root:
-            return  # db.manifest()'s own tables carry no root
-        here = self.source.url
-
-        def same(a: str, b: str) -> bool:
-            if "://" in a or "://" in b:
-                return a.rstrip("/") == b.rstrip("/")
-            return os.path.realpath(a) == os.path.realpath(b)
-
-        if same(root, here) or meta.dataset_id == dataset_identity(self.layout):
-            return
-        why = ("its info.json differs from this one (version, total_episodes, total_frames, fps or features)"
-               if meta.dataset_id else "it records no dataset identity to compare")
-        raise ResultContractError(
-            f"{name}: a manifest of the dataset at {root}, opened through the dataset at {here}; {why}, so its "
-            f"data_file/data_row/index values would give this dataset's other frames. Open it through its own "
-            f"dataset (lsql.connect({root!r}).dataset(...)), or write a manifest from this one with "
-            f"db.export_manifest(sql, path). A copy of the dataset with the same info.json is accepted as is")
+        if manifest.num_rows == 0:
+            return manifest  # names no frame (an empty shard part): nothing to check
+        meta = plan_manifest.Meta.of(manifest, where=where)
+        plan_manifest.check_extras(meta, manifest, self.layout, where)
+        # the cameras these items read and the manifest was resolved for (dataset() refuses the others itself)
+        keys = [k for k in self.layout.video_keys if (cameras is None or k in cameras)
+                and (meta.cameras is None or k in meta.cameras)]
+        want = None if keys == list(self.layout.video_keys) else keys
+        ptr = self._episode_pointers()
+        bounds = None
+        if ptr is not None and not (ptr["dataset_from_index"].null_count or ptr["dataset_to_index"].null_count):
+            bounds = dict(zip(ptr["episode_index"].to_pylist(), zip(ptr["dataset_from_index"].to_pylist(),
+                                                                    ptr["dataset_to_index"].to_pylist())))
+        how, values = plan_manifest.reference_plan(manifest, bounds, where=where)
+        kw = {"cameras": want, "tolerance_s": tolerance_s, "align": align}
+        try:
+            if how == "episode":
+                ref = self._episodes_manifest(values, **kw)
+            else:
+                ref = self._resolve(pa.table({"index": pa.array(values, pa.int64())}), f"the index values of {where}",
+                                    True, extras=False, **kw)
+        except ResultContractError as e:  # a row naming no frame: say which row of which manifest, and the fix
+            row = None if bounds is None else plan_manifest.first_outside(manifest, bounds)
+            if row is not None:
+                raise plan_manifest.not_a_frame(manifest, row, where) from e
+            raise ResultContractError(f"{where}: {e}; {plan_manifest.FIX}") from e
+        return plan_manifest.check_against(manifest, ref, where=where, cameras=keys, meta=meta)
 
     # ---- delegated capabilities (each lives in its own module) ------------------------------------------------
-    def named_query(self, name: str, **params: Any) -> duckdb.DuckDBPyRelation:
+    def named_query(self, name: str, **params: Any) -> Result:
         """Run a named query from ``queries/`` (or a folder added with ``add_query_dir``) with parameters.
 
         ``db.dataset(db.named_query_sql(name, **params))`` turns it into a training set.
@@ -692,8 +356,8 @@ class Database(QueryFace):
         frame_cols = {r[0]: r[1] for r in self.con.sql("DESCRIBE frames").fetchall()}
         return {name: frame_cols[name] for name, _n, _names in macros.vector_features(self.layout, frame_cols)}
 
-    def stats(self, sql: str | pa.Table | None = None, *, episodes: list[int] | None = None
-              ) -> dict[str, dict[str, Any]]:
+    def stats(self, sql: str | pa.Table | None = None, *, episodes: list[int] | None = None,
+              cameras: list[str] | None = None) -> dict[str, dict[str, Any]]:
         """Statistics in lerobot's ``meta/stats.json`` form: ``{feature: {"min", "max", "mean", "std", "count"
         [, "q01".."q99"]}}`` of numpy arrays (vectors ``(D,)``, cameras ``(3, 1, 1)`` in [0, 1], ``count`` int64
         ``(1,)``), what lerobot's ``LeRobotDatasetMetadata.stats`` holds.
@@ -701,43 +365,65 @@ class Database(QueryFace):
         ``sql``: a selection as :meth:`dataset` takes it (SQL text or a manifest table); or ``episodes``: whole
         episodes, as ``db.dataset(episodes=[...])``. Numeric features are computed by DuckDB over exactly the
         selected samples; cameras are aggregated from the per-episode statistics of the episodes the selection
-        touches, as lerobot's ``aggregate_stats`` does (:mod:`lerobot_sql.stats` says what is exact). Without
-        ``sql``: the source's ``meta/stats.json`` unchanged, which is what lerobot uses even with ``episodes=[...]``.
+        touches, as lerobot's ``aggregate_stats`` does, and computed from the episode's frames where meta/episodes
+        holds none (:mod:`lerobot_sql.stats` says what is exact). Without ``sql``: the source's ``meta/stats.json``
+        unchanged, which is what lerobot uses even with ``episodes=[...]``.
+
+        The selection's rows are what :meth:`manifest` selects; statistics locate no frame by a row's timestamp, so
+        the selection is taken without the cameras' pointer, clip and timestamp checks that ``dataset()`` makes
+        (its ``tolerance_s`` and ``align`` change which frame an item shows, not which rows are selected).
+
+        ``cameras``: the camera features to give statistics, as ``dataset(cameras=...)`` (default every camera; for
+        a manifest table, the cameras it was resolved for and every image feature); the others get no entry.
 
         Raises:
             MissingFileError: no ``sql`` and the dataset has no meta/stats.json.
             DatasetFormatError: no ``sql`` and meta/stats.json is not valid JSON, or a statistic is not numbers or
                 its size does not fit the feature's info.json shape (naming the file, feature and statistic).
-            ValueError: the selection is empty.
+            StatsUnavailableError: a camera has no per-episode statistics for some selected episodes and its
+                frames cannot be read to compute them (naming the camera, the episodes and the ways out).
+            ValueError: the selection is empty; ``cameras`` names a feature that is no camera.
             QueryError, ResultContractError: as :meth:`manifest`.
         """
-        from . import stats
-
+        if cameras is not None:
+            cameras = [cameras] if isinstance(cameras, str) else list(cameras)
+            self.layout.check_cameras(cameras)
+        elif isinstance(sql, pa.Table) and plan_manifest.Meta.of(sql).cameras is not None:
+            # a dataset's own manifest (ds.meta.stats): the cameras its items carry
+            resolved = plan_manifest.Meta.of(sql).cameras
+            cameras = [k for k in self.layout.camera_keys if k in resolved or k not in self.layout.video_keys]
+        # The rows only: no camera's pointers, clips or timestamps are checked (cameras=[], align="frame_index").
+        rows_only = {"cameras": [], "align": "frame_index"}
         if episodes is not None:
             if sql is not None:
                 raise ValueError("pass either sql or episodes, not both (a query can filter episodes itself)")
-            sql = self._episodes_manifest(episodes)
+            sql = self._episodes_manifest(episodes, **rows_only)
+        elif sql is None and cameras is not None:
+            raise ValueError("cameras= applies to the statistics of a selection: pass sql or episodes as well "
+                             "(without them, db.stats() returns meta/stats.json unchanged)")
         if sql is None:
             if not self.source.exists("meta/stats.json"):
                 raise MissingFileError(f"{self.source.path('meta/stats.json')}: this dataset has no meta/stats.json; "
                                        "db.stats('SELECT episode_index FROM episodes') computes them from the data")
             with self.source.open("meta/stats.json") as f:
                 text = f.read()
-            return stats.from_json(text, self.source.path("meta/stats.json"), self.layout)
+            return stats_json.from_json(text, self.source.path("meta/stats.json"), self.layout)
         if isinstance(sql, pa.Table):
             plan_manifest.check_columns(sql, "the table passed to stats()")
-        manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql)
-        return self._selection_stats(manifest)
+        manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql, **rows_only)
+        return self._selection_stats(manifest, cameras=cameras)
 
-    def _selection_stats(self, manifest: pa.Table, con: duckdb.DuckDBPyConnection | None = None) -> dict:
+    def _selection_stats(self, manifest: pa.Table, con: duckdb.DuckDBPyConnection | None = None,
+                         cameras: list[str] | None = None) -> dict:
         """:func:`lerobot_sql.stats.selection_stats` of this dataset's ``manifest``, quantiles when the source's
         statistics have them; ``con``: a connection whose unqualified names are this dataset's views (default its
-        own)."""
+        own); ``cameras``: as :meth:`stats`. Cameras without per-episode statistics are computed from this
+        dataset's files."""
         from . import stats
 
         con = con or self.con
         has_q = bool(con.sql("SELECT 1 FROM episode_stats WHERE stat = 'q01' LIMIT 1").fetchall())
-        return stats.selection_stats(con, self.layout, manifest, quantiles=has_q)
+        return stats.selection_stats(con, self.layout, manifest, quantiles=has_q, files=self.files, cameras=cameras)
 
     @property
     def query_dirs(self) -> list[Path]:
@@ -758,31 +444,90 @@ class Database(QueryFace):
                                    "your .sql files")
         self._query_dirs.insert(0, p)
 
-    def nearest(self, *args: Any, **kwargs: Any) -> pa.Table:
-        """For given timestamps, the k nearest samples of named streams (see :func:`lerobot_sql.nearest.nearest`)."""
-        from . import nearest as temporal
+    def nearest(self, at: Any, streams: Iterable[str] | str | None = None, k: int = 1, *,
+                tolerance_s: float | None = None) -> pa.Table:
+        """For each query time, the ``k`` samples of each stream nearest in time within the same episode.
 
-        return temporal.nearest(self, *args, **kwargs)
+        Args:
+            at: the query times: a SQL query (run through the usual checks), an Arrow table, a pandas DataFrame, a
+                dict of columns, or an iterable of ``(episode_index, timestamp)`` pairs. Needs ``episode_index``
+                and ``timestamp`` (seconds from the episode start, as in ``frames.timestamp``).
+            streams: feature keys: tabular features (columns of ``frames``) and/or camera keys with
+                ``dtype: video``. Default: every video camera.
+            k: samples per (time, stream), >= 1; rank 1 is the nearest, ties go to the earlier sample.
+            tolerance_s: if given, samples farther than this from the query time are left out (so a time can get
+                fewer than k rows, or none). Never replaced by a farther sample.
 
-    def export(self, sql: str, dest: str | os.PathLike, **kwargs: Any):
-        """Write the query's frames as a new LeRobot v3.0 dataset (see :func:`lerobot_sql.export.export_dataset`)."""
+        Returns:
+            An Arrow table, one row per (query time, stream, rank); its columns are
+            :func:`lerobot_sql.nearest.nearest`'s.
+
+        Raises:
+            QueryError: unknown stream (with the valid names), ``k`` < 1, ``tolerance_s`` negative or not finite,
+                ``at`` lacks the columns, holds a NaN or infinite time, or names an episode_index the dataset does
+                not have.
+        """
+        from . import nearest
+
+        return nearest.nearest(self, at, streams, k, tolerance_s=tolerance_s)
+
+    def export(self, sql: str, dest: str | os.PathLike, *, overwrite: bool = False, progress: bool = True,
+               tolerance_s: float = 1e-4, align: str = "timestamp"):
+        """Write the frames ``sql`` selects as a new LeRobot v3.0 dataset at ``dest`` (a local folder).
+
+        Args:
+            sql: a query following the :meth:`dataset` contract: ``episode_index`` rows export whole episodes,
+                ``(episode_index, start_s, end_s)`` rows one episode per window, ``index`` rows each contiguous run
+                of frames of one episode as an episode. Extra result columns are not written.
+            dest: the new dataset's root; written into a hidden sibling folder and renamed into place.
+            overwrite: replace an existing ``dest`` (once the new dataset is complete), only if it is a dataset
+                this method exported, holding only the files it wrote; an empty folder is written into either way.
+            progress: show a tqdm bar.
+            tolerance_s: how far a data timestamp may be from its video frame's pts (as in :meth:`dataset`).
+            align: ``"timestamp"`` (default) or ``"frame_index"``, as in :meth:`dataset`.
+
+        Returns:
+            :class:`lerobot_sql.export.ExportReport` (episodes, frames, files written, frames re-encoded, seconds).
+
+        Raises:
+            As :func:`lerobot_sql.export.export_dataset`: QueryError / ResultContractError, DestinationExistsError,
+            DestinationError, FrameNotFoundError, DatasetFormatError / VideoDecodeError / MissingFileError,
+            TypeError / ValueError; and DatasetFormatError for a data file that is a symlink out of the dataset.
+        """
         from . import export
 
         self._check_links()
-        return export.export_dataset(self, sql, dest, **kwargs)
+        return export.export_dataset(self, sql, dest, overwrite=overwrite, progress=progress,
+                                     tolerance_s=tolerance_s, align=align)
 
-    def export_manifest(self, sql: str, path: str | os.PathLike, **kwargs: Any):
-        """Write the query's manifest as Parquet (see :func:`lerobot_sql.export.export_manifest`)."""
+    def export_manifest(self, sql: str, path: str | os.PathLike, *, overwrite: bool = False):
+        """Write the manifest of ``sql`` (one row per sample, :meth:`manifest`'s columns plus each camera's
+        ``<video_key>/time_s``, the dataset root in its metadata) as one Parquet file at ``path``; ``dataset(path)``
+        rebuilds the same items, and Ray Data or Daft read it with their Parquet readers.
+
+        Args:
+            overwrite: replace ``path`` if it is a manifest this method wrote (never another file).
+
+        Returns:
+            :class:`lerobot_sql.export.ManifestReport` (path, rows, episodes, seconds).
+
+        Raises:
+            As :func:`lerobot_sql.export.export_manifest`: QueryError / ResultContractError,
+            DestinationExistsError, DestinationError; and DatasetFormatError for a data file that is a symlink out
+            of the dataset.
+        """
         from . import export
 
         self._check_links()
-        return export.export_manifest(self, sql, path, **kwargs)
+        return export.export_manifest(self, sql, path, overwrite=overwrite)
 
     def io_stats(self) -> dict[str, int]:
         """Bytes and requests read from the dataset's storage: requests, bytes_fetched, bytes_from_cache."""
         return self.source.io_stats()
 
     def close(self) -> None:
+        """Close the DuckDB connection and every thread's cursor of it; no query runs on this Database afterwards.
+        ``with connect(...) as db:`` closes it at the end of the block."""
         self._connection.close()
 
     def __enter__(self) -> "Database":
@@ -795,28 +540,6 @@ class Database(QueryFace):
         i = self.layout.info
         return (f"Database({self.source.url!r}, {self.layout.version}, episodes={i.get('total_episodes')}, "
                 f"frames={i.get('total_frames')}, fps={self.fps:g}, cameras={self.layout.camera_keys})")
-
-
-def is_manifest_path(sql: Any) -> bool:
-    """True when ``dataset()``'s first argument names a saved manifest (a path, or text ending in .parquet)."""
-    return isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.strip().endswith(".parquet")
-                                            and " " not in sql.strip())
-
-
-def read_manifest_file(path: str | os.PathLike, how: str) -> pa.Table:
-    """The manifest saved at ``path`` (Parquet, schema metadata kept).
-
-    Raises:
-        MissingFileError: no such file, naming ``how`` one is written.
-    """
-    import pyarrow.parquet as pq
-
-    path = os.path.expanduser(os.fspath(path))  # as export_manifest writes "~/m.parquet"
-    if not os.path.exists(path):
-        raise MissingFileError(f"{path}: manifest file not found; write one with {how}, or pass a query instead")
-    table = pq.read_table(path)
-    plan_manifest.check_columns(table, path)
-    return table
 
 
 def _episode_list(episodes: Any) -> list[int]:

@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from ._catalog.connection import query_error
 from ._query import library
-from .errors import DatasetFormatError, LeRobotSQLError
+from ._readers import verify
+from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError
 
 SAMPLE_ROWS = 5
 
@@ -38,6 +39,7 @@ class Spec:
     severity: str = "error"          # "error" makes the report fail; "warning" is reported only
     needs: str = ""                  # "" (metadata and data), "videos" (files present), "index" (video_frames)
     params: tuple[str, ...] = ()     # which run() parameters the query takes
+    clips: bool = False              # reads the clips' from/to_timestamp: nothing to check without any
 
 
 CHECKS: tuple[Spec, ...] = (
@@ -54,8 +56,9 @@ CHECKS: tuple[Spec, ...] = (
          "each episode (a known converter bug, lerobot issue #2401)"),
     Spec("data_files_present", "download the missing data files (e.g. huggingface_hub.snapshot_download with "
          "allow_patterns='data/*'); until then queries over frames lack their episodes"),
-    Spec("data_files_stray", "move these files out of data/ (or rename them to match info.json's data_path if they "
-         "are the dataset's own): they are not read as frames, but tools that read data/ whole take them in",
+    Spec("data_files_stray", "move these files out of data/ (if one is the dataset's own: rename it to match "
+         "info.json's data_path, or list its episode in meta/episodes / point the episode's data/chunk_index and "
+         "data/file_index to it): they are not read as frames, but tools that read data/ whole take them in",
          severity="warning"),
     Spec("data_files_decode", "re-download the named data files: a page does not decode (damaged or partial copy)"),
     Spec("tasks_exist", "add the missing tasks to meta/tasks.parquet (tasks.jsonl for v2.x) or fix task_index; "
@@ -70,7 +73,8 @@ CHECKS: tuple[Spec, ...] = (
          "them"),
     Spec("video_pointers_present", "restore the videos/<key>/chunk_index, file_index, from_timestamp and "
          "to_timestamp columns of meta/episodes from the dataset's source (or rewrite them from the mp4s); until then "
-         "that camera's frames cannot be located (cameras=[] reads the tabular data)"),
+         "that camera's frames cannot be located (dataset(..., cameras=[]) reads the tabular data; the mp4s the "
+         "pointers name are still checked below)"),
     Spec("video_files_present", "download the missing mp4s (e.g. huggingface_hub.snapshot_download with "
          "allow_patterns='videos/*'); frames of those cameras cannot be read", needs="videos"),
     Spec("video_files_readable", "re-download the named mp4s (an empty or unreadable file: the frames of that camera "
@@ -88,17 +92,17 @@ CHECKS: tuple[Spec, ...] = (
          "another size. Fix the camera's shape and video.height / video.width in meta/info.json to the file's size, "
          "or re-encode the mp4 at the declared size", severity="warning", needs="videos"),
     Spec("video_segments", "fix videos/<key>/from_timestamp and to_timestamp in meta/episodes: clips must last "
-         "length / fps and chain within a file", params=("tolerance_s",)),
+         "length / fps and chain within a file", params=("tolerance_s",), clips=True),
     Spec("video_segments_end_convention", "to_timestamp marks the clip's last frame ((length - 1) / fps after "
          "from_timestamp), not its end (length / fps, as lerobot writes): both readers decode it correctly; rewrite "
          "to_timestamp = from_timestamp + length / fps for tools that treat [from, to) as the clip's span",
-         severity="warning", params=("tolerance_s",)),
+         severity="warning", params=("tolerance_s",), clips=True),
     Spec("video_segment_frames", "the clip's real frames do not match its length: re-encode the episode or fix "
-         "from/to_timestamp", needs="index", params=("tolerance_s",)),
+         "from/to_timestamp", needs="index", params=("tolerance_s",), clips=True),
     Spec("video_clip_frames", "an episode's clip overlaps another clip or runs past the file's end in the mp4's real "
          "frames, so its items would be another episode's frames (the items reading that mp4 raise): fix "
          "videos/<key>/from_timestamp so each clip starts on the frame after the previous episode's last",
-         needs="index"),
+         needs="index", clips=True),
     Spec("video_stream_rate", "the mp4's frame rate is not info.json's fps: frames are looked up by time (the real "
          "pts), so fix 'fps' in info.json if the data's timestamps follow the video, or re-encode the video at the "
          "dataset's fps; frames whose time has no video frame are listed by video_frame_pts", severity="warning",
@@ -110,11 +114,11 @@ CHECKS: tuple[Spec, ...] = (
     Spec("video_frame_pts", "from_timestamp drifts from the file's real pts (lerobot issue #3177): recompute "
          "from_timestamp from the video, or pass a larger tolerance_s if the drift is known, harmless and under half "
          "a frame (1 / (2 fps) s; a larger one would pick a neighbouring frame)",
-         needs="index", params=("tolerance_s",)),
+         needs="index", params=("tolerance_s",), clips=True),
 )
 
 # The check no SQL can make: FFmpeg decodes every frame (a full decode of every mp4, minutes for a large dataset, so
-# opt-in). It is not a named query: there is no view of decoded frames (see _undecodable_videos).
+# opt-in). It is not a named query: there is no view of decoded frames (lerobot_sql._readers.verify decodes).
 DECODE = Spec("video_files_decode", "the named mp4 does not decode the way its index (its demuxed packets) says: "
               "items reading the listed episodes raise (\"decoding skipped pts=...\") or miss frames. Re-encode the "
               "file or re-export it from its source", needs="index")
@@ -237,27 +241,6 @@ def _short(v: Any) -> str:
     return s if len(s) <= 120 else s[:117] + "..."
 
 
-def _undecodable(db) -> list[dict[str, Any]]:
-    """The data files (and first row group) pyarrow cannot decode: ``path``, ``row_group`` (None: the footer),
-    ``error``."""
-    import pyarrow.parquet as pq
-
-    bad = []
-    for rel in db.layout.data_files:
-        try:
-            with db.source.open(rel) as f:
-                pf = pq.ParquetFile(f)
-                for rg in range(pf.num_row_groups):
-                    try:
-                        pf.read_row_group(rg, use_threads=False)  # one thread: see Source.open
-                    except (pa.ArrowException, OSError) as e:
-                        bad.append({"path": rel, "row_group": rg, "error": f"{type(e).__name__}: {e}"})
-                        break
-        except (pa.ArrowException, OSError) as e:
-            bad.append({"path": rel, "row_group": None, "error": f"{type(e).__name__}: {e}"})
-    return bad
-
-
 SHAPE_HINT = ("a column's values per row differ from the shape info.json declares for it: fix the feature's shape in "
               "meta/info.json (or rewrite the data files to that shape); the files themselves decode")
 
@@ -322,7 +305,7 @@ def refused_report(dataset: str, error: Exception, tolerance_s: float = 1e-4) ->
 
     Args:
         dataset: the root as the user gave it. error: the DatasetFormatError raised by ``connect()`` (its ``key``
-            attribute, set by :func:`lerobot_sql._format.layout.check_info`, names the info.json key).
+            attribute, set by :func:`lerobot_sql._format.info.check_info`, names the info.json key).
     """
     key = getattr(error, "key", None)
     msg = str(error)
@@ -343,7 +326,7 @@ def _no_data_file_reads(db, error: Exception, tolerance_s: float) -> Report | No
     ``metadata_readable``). With one readable data file the views are built and every check runs."""
     if not isinstance(error, DatasetFormatError) or "cannot be read as Parquet" not in str(error):
         return None
-    bad = _undecodable(db)
+    bad = verify.undecodable_data_files(db.source, db.layout.data_files)
     if not any(str(db.source.path(r["path"])) in str(error) for r in bad):
         return None  # the file named is a metadata file
     why = "not run: no data file can be read (see data_files_decode), so no view of the dataset can be built"
@@ -392,24 +375,29 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
     # Reading video_files makes the Database probe the mp4s (once per connection).
     n_files, n_missing = db.con.sql(db.check(
         "SELECT count(*), count(*) FILTER (WHERE NOT present) FROM video_files")).fetchall()[0]
+    # clips with both bounds: the checks of clips (Spec.clips) have nothing to check without any
+    n_clips = db.con.sql(db.check(
+        "SELECT count(*) FROM videos WHERE from_timestamp IS NOT NULL AND to_timestamp IS NOT NULL")).fetchall()[0][0]
     index_ready: str | None = None
-    if n_files and check_video and not n_missing:
+    if n_files and check_video and n_missing < n_files:
         try:
             db.check("SELECT * FROM video_frames")  # builds the video index (view video_frames) on first use
+        except MissingFileError:
+            pass  # every present mp4 is indexed and checked; video_files_present names the missing ones
         except LeRobotSQLError as e:
             index_ready = f"the video index could not be built: {e}"
     checks = []
     failing: dict[str, set] = {}  # check -> episodes it found bad (for hints that name the real cause)
     for spec in CHECKS:
         nq = library.load(f"doctor/{spec.name}")
-        skipped = _video_skip(db, spec, check_video, n_files, n_missing, index_ready)
+        skipped = _video_skip(db, spec, check_video, n_files, n_missing, index_ready, n_clips)
         if skipped is None and spec.name in ("video_codec", "video_resolution") and not check_video:
             skipped = "video checks disabled"
         elif skipped is None and spec.name == "stats_present" and db.layout.legacy and \
                 not db.layout.episode_stats_file:
             skipped = "v2.0 keeps no per-episode statistics (meta/stats.json only)"
         if skipped:
-            checks.append(Check(spec.name, True, 0, [], spec.hint, spec.severity, nq.description, skipped))
+            checks.append(Check(spec.name, True, 0, [], _hint(db, spec), spec.severity, nq.description, skipped))
             continue
         try:
             # Through db.check, as db.query runs it: the same SQL checks, and the views it reads are built.
@@ -422,7 +410,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
                                     nq.description))
                 continue
             if spec.name == "data_files_decode":  # DuckDB's decode error names no file: find them with pyarrow
-                bad = _undecodable(db)
+                bad = verify.undecodable_data_files(db.source, db.layout.data_files)
                 if bad:
                     checks.append(Check(spec.name, False, len(bad), bad[:SAMPLE_ROWS], spec.hint, spec.severity,
                                         nq.description))
@@ -432,7 +420,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
             checks.append(Check(spec.name, False, 1, [{"error": f"{type(e).__name__}: {e}"}], _could_not_run(e, spec),
                                 spec.severity, nq.description))
             continue
-        hint = spec.hint
+        hint = _hint(db, spec)
         if "episode_index" in result.column_names and result.num_rows:
             failing[spec.name] = set(result["episode_index"].to_pylist())
             if spec.name == "video_frame_pts":
@@ -497,20 +485,46 @@ def _clips_on_grid(db, episodes) -> set[int]:
     return {int(e) for e, ok in rows if ok}
 
 
-def _video_skip(db, spec: Spec, check_video: bool, n_files: int, n_missing: int, index_ready: str | None
-                ) -> str | None:
+def _video_skip(db, spec: Spec, check_video: bool, n_files: int, n_missing: int, index_ready: str | None,
+                n_clips: int | None = None) -> str | None:
     """Why a check that needs the videos (``spec.needs``) cannot run, or None: no mp4 at all; for the video index,
-    video checks disabled, files missing, or the index that could not be built."""
+    video checks disabled, every file missing (with some present, those are indexed and checked), or the index
+    that could not be built; for a check of clips (``spec.clips``), no clip with both bounds."""
     if spec.needs and not n_files:
         return ("no video features" if not db.layout.video_keys else
                 "meta/episodes points to no mp4 (see video_pointers_present)")
     if spec.needs == "index" and not check_video:
         return "video checks disabled"
-    if spec.needs == "index" and n_missing:
-        return f"{n_missing} video file(s) missing"
+    if spec.needs == "index" and n_missing and n_missing >= n_files:
+        return f"{n_missing} video file(s) missing, none to index (see video_files_present)"
     if spec.needs == "index" and index_ready:
         return index_ready
+    if spec.clips and n_files and n_clips == 0:
+        return ("no clip has bounds: meta/episodes has no videos/<camera>/from_timestamp and to_timestamp (see "
+                "video_pointers_present); the mp4s themselves are checked")
     return None
+
+
+def _hint(db, spec: Spec) -> str:
+    """``spec.hint`` with the folders it names for downloads as this dataset's templates have them (info.json's
+    video_path and data_path: a dataset may keep its mp4s under video/, not videos/)."""
+    hint = spec.hint
+    for default, template in (("'videos/*'", db.layout.video_path), ("'data/*'", db.layout.data_path)):
+        if default in hint and template:
+            hint = hint.replace(default, repr(_download_pattern(template)))
+    return hint
+
+
+def _download_pattern(template: str) -> str:
+    """The ``allow_patterns`` of a path template's files: its first fixed folder and everything under it
+    (``videos/{video_key}/...`` -> ``videos/*``), or the template with each field a ``*`` when it starts with a
+    field."""
+    import re
+
+    head = template.split("{", 1)[0]
+    if "/" in head:
+        return head.split("/", 1)[0] + "/*"
+    return re.sub(r"\{[^}]*\}", "*", template)
 
 
 def _decode_check(db, decode: bool, check_video: bool, n_files: int, n_missing: int, index_ready: str | None,
@@ -559,72 +573,18 @@ def _stats_json_check(db) -> Check:
 
 def _image_decode_check(db, decode: bool) -> Check:
     """The :data:`IMAGE_DECODE` check: skipped without image features or unless ``decode``, else one violation row
-    per image cell that does not decode (:func:`_undecodable_images`)."""
+    per image cell that does not decode (:func:`lerobot_sql._readers.verify.undecodable_images`)."""
     spec = IMAGE_DECODE
     skipped = "no image features" if not db.layout.image_keys else None if decode else IMAGE_DECODE_OFF
     if skipped:
         return Check(spec.name, True, 0, [], spec.hint, spec.severity, IMAGE_DECODE_DESCRIPTION, skipped)
-    bad = _undecodable_images(db)
+    bad = verify.undecodable_images(db.source, db.layout)
     return Check(spec.name, not bad, len(bad), bad[:SAMPLE_ROWS], spec.hint, spec.severity, IMAGE_DECODE_DESCRIPTION)
 
 
-def _undecodable_images(db, batch_rows: int = 64) -> list[dict[str, Any]]:
-    """Decode every cell of every image feature in the data files with PIL (``Image.open`` then ``load``: the whole
-    image, as an item's ``np.asarray`` does).
-
-    Returns:
-        One dict per cell that fails, in file and row order: ``path`` (the data file, relative to the root),
-        ``row`` (in the file), ``episode_index``, ``index`` (None where the file lacks the column), ``column``,
-        ``error`` (what is wrong, the items' wording: "holds no image bytes", "is not a readable image (OSError:
-        image file is truncated)"). A data file that does not read is left to ``data_files_decode``.
-    """
-    import io
-
-    import pyarrow.parquet as pq
-    from PIL import Image
-
-    out = []
-    for rel in db.layout.data_files:
-        try:
-            with db.source.open(rel) as fh:
-                pf = pq.ParquetFile(fh)
-                names = pf.schema_arrow.names
-                cols = [k for k in db.layout.image_keys if k in names]
-                if not cols:
-                    continue
-                ids = [c for c in ("episode_index", "index") if c in names]
-                row0 = 0
-                # a few rows at a time: images can be large, and only one batch's bytes are held
-                for batch in pf.iter_batches(batch_size=batch_rows, columns=ids + cols, use_threads=False):
-                    where = {c: batch.column(c).to_pylist() for c in ids}
-                    for c in cols:
-                        arr = batch.column(c)
-                        data = arr.field("bytes") if pa.types.is_struct(arr.type) else arr
-                        for j, v in enumerate(data.to_pylist()):
-                            if not isinstance(v, bytes):  # only a path (never opened: dataset text), or null
-                                what = "holds no image bytes"
-                            else:
-                                try:
-                                    with Image.open(io.BytesIO(v)) as img:
-                                        img.load()
-                                    continue
-                                except Exception as e:  # PIL: UnidentifiedImageError, truncated (OSError), bombs
-                                    what = f"is not a readable image ({type(e).__name__}: {e})"
-                            out.append({"path": rel, "row": row0 + j,
-                                        **{k: where[k][j] if k in where else None for k in ("episode_index", "index")},
-                                        "column": c, "error": what})
-                    row0 += batch.num_rows
-        except (pa.ArrowException, OSError):
-            continue
-    return out
-
-
 def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]]:
-    """Decode every readable mp4 of the ``videos`` view (:func:`lerobot_sql._readers.decode.decode_every_frame`) and
-    compare each with its video index (the pts of its demuxed packets, the ``video_frames`` view's rows); then seek
-    to up to :data:`~lerobot_sql._readers.decode.SEEK_PROBES` of its keyframes as the readers do
-    (:func:`~lerobot_sql._readers.decode.probe_seeks`; on sample/multifile60, 11 mp4s: 704 seeks, about 0.2 s on top
-    of the decode's 2 s).
+    """Every readable mp4 of the ``video_files`` view decoded and compared with its video index, the clips of the
+    ``videos`` view telling which episodes a finding touches (:func:`lerobot_sql._readers.verify.undecodable_videos`).
 
     Returns:
         One dict per mp4 that fails, ordered by video_key and path: ``video_key``, ``path`` (relative to the root),
@@ -639,12 +599,6 @@ def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]
     Raises:
         LeRobotSQLError / duckdb.Error: the views cannot be read. A file that does not decode is a row, not an error.
     """
-    import numpy as np
-    import pyarrow.parquet as pq
-    from tqdm.auto import tqdm
-
-    from ._readers import decode, video_index
-
     def rows(sql: str) -> list[tuple]:
         return db.con.sql(db.check(sql)).fetchall()
 
@@ -661,112 +615,5 @@ def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]
         ends = [x for x in (hi, None if n is None else lo + n / fps) if x is not None]
         end = max(ends) if ends else lo + 1 / fps
         clips.setdefault((key, rel), []).append((ep, lo - 0.5 / fps, end - 0.5 / fps))
-    out = []
-    for key, rel, codec in tqdm(files, desc="decode videos", unit="file",
-                                disable=(len(files) < 8) if progress is None else not progress):
-        path = video_index.ensure_index(db.source, rel, db.cache_dir)
-        want = np.sort(pq.read_table(path, columns=["pts"])["pts"].to_numpy())  # presentation order, sorted again
-        got = decode.decode_every_frame(db.source, rel)
-        seeks = decode.probe_seeks(db.source, rel, video_index.FrameIndex.load(path)) if got.time_base else None
-        row = _compare_decode(want, got, clips.get((key, rel), []), seeks)
-        if row is not None:
-            out.append({"video_key": key, "path": rel, "codec": codec, **row})
-    return out
+    return verify.undecodable_videos(db.source, db.cache_dir, files, clips, progress)
 
-
-def _compare_decode(want, got, clips: list[tuple], seeks: tuple[int, list[tuple]] | None = None
-                    ) -> dict[str, Any] | None:
-    """The violation row (without video_key, path, codec) of one mp4, or None when it decoded as indexed.
-
-    Args:
-        want: the index's pts, sorted (int64 numpy array). got: the file's
-            :class:`~lerobot_sql._readers.decode.DecodedStream`.
-        clips: (episode_index, first second, end second) of the file's episodes, each widened by half a frame.
-        seeks: :func:`~lerobot_sql._readers.decode.probe_seeks`'s (keyframes probed, failures), or None (not run).
-            A failed seek to a keyframe the forward pass did not output is left to that finding (missing frames).
-    """
-    import numpy as np
-
-    tb = float(got.time_base) if got.time_base is not None else None
-    d = got.pts
-    bad = np.zeros(len(want), bool)  # index frames (presentation order) that did not come out as indexed
-    outside: list[int] = []          # offending pts that are no index frame (extra ones)
-    parts: list[str] = []
-
-    def at(p) -> int:  # ordinal of pts p (or of the first frame after it) in presentation order
-        return int(np.searchsorted(want, p))
-
-    def sec(p) -> str:
-        return f"{p * tb:.3f} s" if tb else "? s"
-
-    n_late = 0
-    if len(d) > 1:
-        runmax = np.maximum.accumulate(d)
-        late = np.flatnonzero(d[1:] <= runmax[:-1]) + 1  # output positions whose pts is not above all before it
-        n_late = len(late)
-        if n_late:
-            # A late frame at pts p output after one at runmax: every frame presented from p to runmax is out of
-            # order (reached by decoding forward, the later one comes first: "decoding skipped").
-            for j in late:
-                bad[at(d[j]):np.searchsorted(want, runmax[j - 1], side="right")] = True
-            k = int(late[0])
-            rng = np.flatnonzero(bad)
-            parts.append(f"not in pts order from decoded frame {k} (pts {int(d[k])}, {sec(d[k])}, after pts "
-                         f"{int(runmax[k - 1])}): {n_late} frame(s) late, {len(rng)} of frames {rng[0]}..{rng[-1]} "
-                         "out of order")
-            uniq, counts = np.unique(d, return_counts=True)
-            if (counts > 1).any():
-                parts.append(f"{int((counts > 1).sum())} pts output more than once (first pts "
-                             f"{int(uniq[counts > 1][0])})")
-    # Frames the container tells the decoder to drop (an edit list's lead-in) are indexed but never output, as meant.
-    missing = np.setdiff1d(np.setdiff1d(want, d), got.discarded_pts)
-    extra = np.setdiff1d(d, want)
-    if len(missing):
-        bad[np.searchsorted(want, missing)] = True
-        parts.append(f"{len(missing)} indexed frame(s) never decoded (first: frame {at(missing[0])}, pts "
-                     f"{int(missing[0])}, {sec(missing[0])})")
-    if len(extra):
-        outside += [int(p) for p in extra]
-        parts.append(f"{len(extra)} decoded pts not in the index (first pts {int(extra[0])}, {sec(extra[0])})")
-    if got.no_pts:
-        parts.append(f"{got.no_pts} frame(s) decoded without a pts")
-    if len(got.corrupt_pts):
-        in_index = np.isin(got.corrupt_pts, want)
-        bad[np.searchsorted(want, got.corrupt_pts[in_index])] = True
-        parts.append(f"{len(got.corrupt_pts)} frame(s) flagged corrupt by the decoder (first pts "
-                     f"{int(got.corrupt_pts[0])})")
-    if got.error:
-        if got.error_pts is not None:
-            if got.error_pts in want:
-                bad[at(got.error_pts)] = True
-            else:
-                outside.append(int(got.error_pts))
-        where = f" (packet pts {got.error_pts})" if got.error_pts is not None else ""
-        parts.append(f"{got.n_errors} decode error(s), the first after {got.frames_before_error} frame(s) "
-                     f"output{where}")
-    n_probed, failed = seeks or (0, [])
-    decoded = set(d.tolist())
-    failed = [f for f in failed if f[0] in decoded]
-    if failed:
-        asked = np.array([a for a, _, _ in failed], np.int64)
-        bad[np.searchsorted(want, asked[np.isin(asked, want)])] = True
-        a, g, err = failed[0]
-        landed = f"pts {g} ({sec(g)}) decoded first" if g is not None else (err or "nothing decoded after it")
-        parts.append(f"{len(failed)} of {n_probed} seeks to a keyframe decoded another frame first (first: keyframe "
-                     f"pts {a} ({sec(a)}), {landed}): items read at random raise")
-    if not parts:
-        return None
-    firsts = ([int(want[np.argmax(bad)])] if bad.any() else []) + outside
-    first = min(firsts) if firsts else None
-    if tb is None or first is None:  # it did not open (or nothing pins a frame): every episode of the file
-        eps = sorted({ep for ep, _, _ in clips})
-    else:
-        want_s, out_s = want * tb, [p * tb for p in outside]
-        eps = sorted(ep for ep, lo, hi in clips
-                     if bad[np.searchsorted(want_s, lo):np.searchsorted(want_s, hi)].any()
-                     or any(lo <= t < hi for t in out_s))
-    return {"frame": None if first is None else at(first),
-            "pts": first, "pts_s": None if first is None or tb is None else first * tb,
-            "episodes": eps, "problem": "; ".join(parts), "frames_in_index": len(want),
-            "frames_decoded": len(d) + got.no_pts, "n_out_of_order": n_late, "n_missing": len(missing),
-            "n_extra": len(extra), "n_bad_seeks": len(failed), "error": got.error}

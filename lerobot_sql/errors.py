@@ -32,6 +32,23 @@ class QueryError(LeRobotSQLError, ValueError):
     """User SQL was rejected (not a query, unknown view or column, forbidden construct) or failed to run."""
 
 
+class QueryInterrupted(QueryError):
+    """A query stopped before its end, the connection still usable: at its ``timeout`` (``reason == "timeout"``;
+    ``db.sql(sql, timeout=...)``, CLI ``--timeout``) or by Ctrl-C (``reason == "sigint"``; the CLI exits 130)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+    @property
+    def interrupted(self) -> str:
+        """``reason``, under the name 0.1 set on a QueryError."""
+        return self.reason
+
+    def __reduce__(self):  # pickled with its reason (a DataLoader worker's error crosses a pipe)
+        return type(self), (str(self), self.reason)
+
+
 class ResultContractError(QueryError):
     """A query result cannot be turned into a dataset (wrong columns, or no rows)."""
 
@@ -69,6 +86,13 @@ class FileChangedError(RemoteIOError):
     dataset changed on the server mid-run. Reading on would mix two versions' bytes; open the dataset again."""
 
 
+class RemoteWarning(UserWarning):
+    """A remote server behaves in a way that weakens what the byte cache can promise, said once per dataset and
+    session: it ignores Range requests (whole files are fetched), its ETags change for unchanged bytes (a farm of
+    nodes tagging differently: reads are pinned by Last-Modified instead), or it gives no validators at all (no ETag,
+    no Last-Modified: a same-size change inside a cached file cannot be noticed)."""
+
+
 class UnsupportedFeatureError(LeRobotSQLError, NotImplementedError):
     """A feature of the dataset that lerobot_sql cannot return correctly yet: refused,
     naming the key and how to leave it out, rather than returned as a wrong value."""
@@ -77,7 +101,9 @@ class UnsupportedFeatureError(LeRobotSQLError, NotImplementedError):
 class StatsUnavailableError(LeRobotSQLError, RuntimeError):
     """``ds.meta.stats`` first read in a process that cannot compute it (a DataLoader worker, an unpickled copy):
     selection statistics need the Database's DuckDB connection, which never crosses a fork or a pickle. Read
-    ``ds.meta.stats`` once in the main process before the DataLoader starts (or build with ``stats="dataset"``)."""
+    ``ds.meta.stats`` once in the main process before the DataLoader starts (or build with ``stats="dataset"``).
+    Also: a camera without per-episode statistics whose frames cannot be read to compute them (``db.stats``,
+    ``ds.meta.stats``); the message names the camera, the episodes and the ways out."""
 
 
 class TrainSetupError(LeRobotSQLError, ValueError):
@@ -96,11 +122,14 @@ __all__ = [
     "UnsupportedVersionError",
     "MissingFileError",
     "QueryError",
+    "QueryInterrupted",
     "ResultContractError",
+    "IncompatibleDatasetsError",
     "FrameNotFoundError",
     "VideoDecodeError",
     "RemoteIOError",
     "FileChangedError",
+    "RemoteWarning",
     "CacheError",
     "TrainSetupError",
     "StatsUnavailableError",
@@ -135,14 +164,21 @@ def as_real(value: Any) -> float | None:
     return float(value)
 
 
-def did_you_mean(name: str, candidates) -> str:
-    """`` Did you mean 'x'?`` for the candidate closest to ``name`` (case-insensitive, difflib ratio >= 0.6), else
-    ``""``: the one spelling of the hint every error message uses (query checks, result contracts)."""
+def closest(name: str, candidates, cutoff: float = 0.6) -> str | None:
+    """The candidate closest to ``name`` (case-insensitive, difflib ratio >= ``cutoff``), as spelt in
+    ``candidates``; None when none is that close."""
     import difflib
 
     by_lower = {c.lower(): c for c in candidates}
-    near = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
-    return f" Did you mean {by_lower[near[0]]!r}?" if near else ""
+    near = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=cutoff)
+    return by_lower[near[0]] if near else None
+
+
+def did_you_mean(name: str, candidates) -> str:
+    """`` Did you mean 'x'?`` for the candidate :func:`closest` to ``name``, else ``""``: the one spelling of the
+    hint every error message uses (query checks, result contracts)."""
+    near = closest(name, candidates)
+    return f" Did you mean {near!r}?" if near is not None else ""
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:

@@ -37,8 +37,10 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
+from ._format import depth
 from ._format.layout import Layout
-from .errors import StatsUnavailableError
+from ._readers import decode, video_index
+from .errors import LeRobotSQLError, StatsUnavailableError
 
 
 def runs(episode_index: np.ndarray, frame_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -272,13 +274,14 @@ class SelectionMetadata:
 def rescale_depth_stats(stats: dict, layout: Layout, depth_keys: list[str], unit: str) -> dict:
     """Depth keys' statistics from the unit their frames were recorded in (``info.depth_unit``; lerobot computes
     them on the raw frames) to ``unit``, as lerobot 0.6's ``LeRobotDatasetMetadata.rescale_depth_stats``: every
-    entry but ``count`` times 1000 (m -> mm) or 1/1000 (mm -> m), float64. A key without a recorded unit is left as
+    entry but ``count`` times :func:`lerobot_sql._format.depth.unit_factor` (1000 from m to mm, 1/1000 from mm to
+    m), float64. A key without a recorded unit is left as
     it is (lerobot warns the same)."""
     for key in depth_keys:
         stored = layout.features[key].depth_unit
         if stored is None or stored == unit or key not in stats:
             continue
-        factor = 1000.0 if stored == "m" else 1.0 / 1000.0
+        factor = depth.unit_factor(stored, unit)
         stats[key] = {s: v if s == "count" else v * factor for s, v in stats[key].items()}
     return stats
 
@@ -322,3 +325,53 @@ def episodes_table(source_episodes: pa.Table | None, episode_index: np.ndarray, 
     cols["dataset_from_index"] = pa.array(starts, pa.int64())
     cols["dataset_to_index"] = pa.array(ends, pa.int64())
     return pa.table(cols)
+
+
+def served_frame_sizes(src, layout: Layout, video_files: dict[str, list[str]], pins: dict,
+                       declared: dict) -> dict[str, tuple[tuple[int, ...], tuple[int, int]]]:
+    """Video cameras whose mp4s (``video_files``: camera -> its files in a selection) all hold frames of one size
+    other than info.json's: camera -> (its info.json shape with that size put in, (height, width)). Items carry each
+    file's own size (as lerobot's decoder), so this is what ``meta.features`` / ``meta.shapes`` must say for a policy
+    built from them to take the items. ``pins``: mp4 -> its version stamp (None: missing), ``declared``: mp4 ->
+    (camera, declared (H, W)), as the dataset holds them.
+
+    Reads mp4 headers (no decoding; a remote file's boxes only, as its index build does): a camera's first
+    readable file, and all of them only when it differs from info.json; warns of a file whose size differs from
+    info.json's, as the decoder would (once per file and process). A camera whose files differ among themselves
+    keeps info.json's shape (no one shape is right; the warnings name the files). Missing or unreadable files are
+    left to their items, which raise naming them.
+
+    Raises:
+        DatasetFormatError: a file's frames are a decode bomb (:func:`decode.check_resolution`).
+    """
+    from ._values import hw_axes  # here: importing lerobot_sql.meta stays free of torch (only the dataset calls this)
+
+    out = {}
+    for k, files in video_files.items():
+        axes = hw_axes(layout.features[k])
+        if axes is None:
+            continue
+        sizes = set()
+        shape = list(int(x) for x in layout.features[k].shape)
+        for rel in files:
+            if pins.get(rel) is None and src.local_path(rel) is not None:
+                continue  # missing: its items raise MissingFileError
+            try:
+                with video_index.open_container(src, rel, demux_only=True) as c:
+                    cc = c.streams.video[0].codec_context
+                    hw = (int(cc.height), int(cc.width))
+            except (LeRobotSQLError, IndexError):
+                continue  # unreadable or no video stream: its items raise naming the file
+            decode.check_resolution(src.path(rel), hw, k, declared.get(rel, (None, None))[1])
+            sizes.add(hw)
+            # The first readable file agreeing with info.json settles it: the rest are not opened (a remote
+            # camera of hundreds of mp4s would cost a header fetch each at ds.meta; a file that disagrees
+            # among agreeing ones is warned of by its decoder, and meta keeps info.json's shape, as below).
+            if len(sizes) == 1 and hw == (shape[axes[0]], shape[axes[1]]):
+                break
+        if len(sizes) == 1:
+            (hw,) = sizes
+            if (shape[axes[0]], shape[axes[1]]) != hw:
+                shape[axes[0]], shape[axes[1]] = hw
+                out[k] = (tuple(shape), hw)
+    return out

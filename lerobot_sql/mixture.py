@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from . import batch_memory
+from .batch import begin
 from ._plan.manifest import collection_meta, dataset_codes, part_of
 from .dataset import Batch, LeRobotSQLDataset, item_index
 from .errors import DatasetFormatError, ResultContractError, did_you_mean
@@ -247,7 +247,7 @@ class CollectionDataset(torch.utils.data.Dataset):
         """A batch: per dataset, that part's batched fetch; returns what ``default_collate`` of the items gives
         (see :meth:`lerobot_sql.dataset.LeRobotSQLDataset.__getitems__`)."""
         idx = np.asarray(indices, np.int64)
-        mem = batch_memory.begin()  # the combined batch's tensors: the worker's recycled shared memory
+        mem = begin()  # the combined batch's tensors: the worker's recycled shared memory
         try:
             return self._getitems(idx, mem)
         finally:

@@ -40,7 +40,7 @@ widened request into one per row group).
 
 With the epoch planned, a job does not plan its batch at all (``_Here.block_missing``): the main process also
 records, in the same pass, which ``WIDEN`` blocks each position reads (``Pipeline.blocks``, from
-``LeRobotSQLDataset._item_blocks``: ~1-2 us per position, once), so a job gathers its items' blocks, drops those
+:func:`item_blocks`: ~1-2 us per position, once), so a job gathers its items' blocks, drops those
 this process already fetched, and fetches the epoch's need within the rest (what widening its own ranges would
 fetch). Planning each batch was 0.5-1.1 ms of a worker's CPU per batch, about half of the background threads'
 work; after the first jobs of a dense epoch most batches' blocks are done, and their jobs ask nothing.
@@ -60,15 +60,20 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import contextlib
 import hashlib
 import os
 import threading
 from typing import Callable
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 
+from ._readers import locate, tabular, video_index
+from ._readers import need as _need
 from ._storage.pieces import merge_ranges
+from .errors import LeRobotSQLError, warn
 
 DEFAULT_MAX_BYTES = 128 << 20
 WIDEN = 1 << 20  # a job's request grows to the aligned block of this size around it, over bytes the epoch needs
@@ -344,3 +349,171 @@ class _Here:
         except Exception:  # noqa: BLE001 - best effort: the batch's own read fetches and raises properly
             with self.lock:
                 self.counts["failed"] += 1
+
+
+# ---- the plan: the bytes items read, with this process's state (the rule itself: lerobot_sql._readers.need) ------
+def warn_outside(order: np.ndarray | None, n: int) -> None:
+    """Warn when the pipeline's sampler's ``order`` names positions a dataset of ``n`` samples does not have (the
+    sampler of another, larger dataset, say): the fetch ahead skips them, so it is silently useless, and the
+    DataLoader raises IndexError when it reaches one. Nothing for an order not known here (None)."""
+    if order is None or len(order) == 0 or order.dtype.kind not in "iu":
+        return
+    bad = (order < -n) | (order >= n)
+    if bad.any():
+        warn(f"pipeline: {int(bad.sum())} of {len(order)} sampler positions are outside this dataset's "
+             f"{n} samples (e.g. {int(order[bad][0])}): is it the sampler of another dataset? The "
+             "fetch ahead skips them and the DataLoader raises IndexError at them; build the sampler "
+             "on this dataset")
+
+
+def plan_epoch(w, order: np.ndarray | None, n: int) -> tuple[dict[str, list[tuple[int, int]]] | None, tuple | None,
+                                                             str | None]:
+    """For a dataset of ``n`` samples read through worker state ``w`` (``lerobot_sql._worker.Worker``): the byte
+    ranges the sampler's whole epoch reads (:func:`byte_ranges` of its positions), for the pipeline's widened
+    requests (:func:`fits_cache` decides); the blocks each of its positions reads (``(positions,
+    *``:func:`item_blocks` ``)``, :attr:`Pipeline.blocks`); and the key of the positions (:func:`positions_key`),
+    for the sampler's ``order`` (:func:`sampler_order`); ``(None, None, None)`` without one, or with widening off.
+
+    Built in the main process, once: the workers inherit it. The video indexes it needs are opened first, four
+    at once (a remote one is a moov fetch each, and the workers would otherwise each build or load it on
+    first use): ~40 ms of CPU for a 13,024-frame epoch besides."""
+    if not WIDEN or order is None:
+        return None, None, None
+    try:
+        order = wrap(order, n)
+    except (TypeError, ValueError):  # positions that are not integers: the DataLoader raises at them
+        return None, None, None
+    pos = np.unique(order)
+
+    def open_one(kc) -> None:
+        with contextlib.suppress(LeRobotSQLError, OSError):  # raised by the item's own read, named
+            w.video(*kc)
+
+    cams = w.samples.cameras
+    todo = [(k, int(code)) for k in w.video_keys for code in np.unique(cams[k].code[pos])]
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(4, len(todo)))) as pool:
+        list(pool.map(open_one, todo))
+    need = fits_cache(byte_ranges(w, pos), getattr(w.src.fs, "cache_size", None))
+    blocks = None if need is None else (pos, *item_blocks(w, pos))
+    return need, blocks, positions_key(order)
+
+
+def byte_ranges(w, jj: np.ndarray) -> dict[str, list[tuple[int, int]]]:
+    """``{file: merged [start, end) ranges}`` the items ``jj`` read and process state ``w`` has not built from yet:
+    the row groups (windows' too) whose cache files do not exist, and per camera and mp4 the packets from each
+    frame's keyframe run to a few packets past it (plus PyAV's read block), with the container head
+    (:mod:`lerobot_sql._readers.need`'s rule, as ``prefetch`` plans a query). A file that fails to open is left out
+    (the item's own read raises)."""
+    out = {}
+    for f, info, base, _m, own, window in _data_rows(w, jj):
+        folder = w.rg_folders.get(int(f))
+        if folder is None:
+            folder = w.rg_folders[int(f)] = tabular.row_group_folder(w.src, info, w.cache_dir, w.layout)
+        todo = [rg for rg in _need.row_groups(info, own, window).tolist() if w.views[base + rg] is None and not
+                tabular.row_group_path(w.src, info, rg, w.cache_dir, w.layout, folder).exists()]
+        if todo:
+            out[info.rel] = tabular.row_group_ranges(info.metadata, todo)
+    for rel, vf, packets, _m, rows in _camera_rows(w, jj):
+        ranges = _need.video_ranges(rows, vf.index.key_row, *packets, spans=_spans(w, rel, vf.index, packets))
+        out.setdefault(rel, []).extend(ranges)
+    return {rel: merge_ranges(r) for rel, r in out.items()}
+
+
+def item_blocks(w, jj: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Which ``WIDEN``-aligned blocks of which files each item of ``jj`` reads (:func:`need.item_blocks`: ``(files,
+    offsets, keys)``). For the pipeline's jobs (:meth:`_Here.block_missing`): planned for the whole epoch at once in
+    the main process (numpy passes over every item, ~20x cheaper per item than a plan per batch), so that a job only
+    gathers its items' blocks.
+
+    An item's extent per file covers what it reads: its row groups (a window's too) from the first one's first
+    column chunk to the last one's end; per mp4 the packets of its rows' spans and the container head. The blocks
+    are only where to look: what is fetched is the epoch's need within them (so a coarse extent fetches nothing
+    extra)."""
+
+    def extents():
+        for _f, info, _base, m, own, window in _data_rows(w, jj):
+            yield (info.rel, np.flatnonzero(m), *_need.data_extents(info, own, window))
+        for rel, vf, packets, m, rows in _camera_rows(w, jj):
+            items = np.flatnonzero(m)
+            spans = _spans(w, rel, vf.index, packets)
+            yield (rel, items, *_need.video_extents(rows, vf.index.key_row, *packets, spans=spans))
+            yield rel, items, np.zeros(len(items), np.int64), np.full(len(items), _need.head_end(packets[0]))
+
+    return _need.item_blocks(len(jj), extents(), WIDEN)
+
+
+def _data_rows(w, jj: np.ndarray):
+    """Per data file, the items of ``jj`` in it: yields ``(f, info, base, m, own, window)``, ``m`` a bool mask
+    over ``jj``, ``own`` int64 the row group (in the file) of each item's row, ``window`` None or
+    :func:`need.window_rows` of its items (the file rows its ``delta_timestamps`` windows reach)."""
+    s = w.samples
+    fi, slot = s.file[jj], s.slot[jj].astype(np.int64)
+    offsets = np.concatenate(list(w.delta.values())) if w.delta else None
+    for f in np.unique(fi):
+        m = fi == f
+        base = int(s.rg_base[int(f)])
+        window = None
+        if offsets is not None:  # windows reach rows of neighbouring row groups
+            window = _need.window_rows(s.index[jj][m], s.ep_from[jj][m], s.ep_to[jj][m], s.row0[jj][m], offsets)
+        yield int(f), s.infos[int(f)], base, m, slot[m] - base, window
+
+
+def _camera_rows(w, jj: np.ndarray):
+    """Per camera and mp4, the items of ``jj`` that read it: yields ``(rel, video file, packets, m, rows)``,
+    ``m`` a bool mask over ``jj``, ``rows`` int64 (m.sum(), T) the video rows each item decodes (T = 1, or the
+    window's length for a ``delta_timestamps`` camera; -1: none): the items' own rows (the worker's), a window's
+    by :mod:`need`'s rule (by position with ``align="frame_index"``, the items' own rule). A file whose index
+    fails to open, or whose packets' positions are unknown, is left out (the item's own read raises)."""
+    s = w.samples
+    idx, ep_from, ep_to = s.index[jj].astype(np.int64), s.ep_from[jj], s.ep_to[jj]
+    fps = float(w.fps)
+    for k in w.video_keys:
+        cam = s.cameras[k]
+        codes, vpos = cam.code[jj], cam.position[jj]
+        if k in w.delta:  # the items' frame times (a window's clamped neighbours too) once per camera, not per mp4
+            q, t_all = _need.window_times(idx, ep_from, ep_to, cam.from_timestamp[jj], s.timestamp[jj], w.delta[k],
+                                          fps)
+        for code in np.unique(codes):
+            rel = cam.files[int(code)]
+            try:
+                vf = w.video(k, int(code))
+                packets = _packets(w, rel, vf.index)
+            except (LeRobotSQLError, OSError):
+                continue
+            if packets is None:
+                continue
+            m = codes == code
+            if k in w.delta and w.align == "frame_index":  # the items' own rule (never-served rows < 0)
+                rows = locate.rows_by_position(vf.index.pts_s, vf.first[vpos[m]][:, None],
+                                               q[m] - ep_from[m][:, None], (ep_to[m] - ep_from[m])[:, None],
+                                               cam.from_timestamp[jj[m]][:, None], fps)
+            elif k in w.delta:
+                rows = _need.nearest_rows(vf.index.pts_s, t_all[m])
+            else:
+                rows = vf.rows[vpos[m]][:, None]
+            yield rel, vf, packets, m, rows
+
+
+def _spans(w, rel: str, index: video_index.FrameIndex, packets) -> tuple | None:
+    """:func:`need.packet_table` of mp4 ``rel`` (every row's packet range), once per process; None for a file
+    with long keyframe runs."""
+    if rel not in w.spans:
+        w.spans[rel] = _need.packet_table(index.key_row, *packets)
+    return w.spans[rel]
+
+
+def _packets(w, rel: str, index: video_index.FrameIndex):
+    """(byte_offset, byte_size) int64 (n,) of mp4 ``rel``'s packets in ``index``'s row order (from its mapped
+    Arrow form, or the Parquet form for an Arrow form cached without them), or None when unknown (a packet
+    without a position)."""
+    if rel not in w.packets:
+        if index.byte_offset is not None:  # in the mapped Arrow form: no second demux for the Parquet form
+            start, size, pts = index.byte_offset, index.byte_size, index.pts
+        else:  # an Arrow form cached before it carried them
+            t = pq.read_table(video_index.ensure_index(w.src, rel, w.cache_dir),
+                              columns=["pts", "byte_offset", "byte_size"])
+            start, size, pts = t["byte_offset"].to_numpy(), t["byte_size"].to_numpy(), t["pts"].to_numpy()
+        ok = len(start) == len(index.pts) and bool((pts == index.pts).all()) and \
+            len(start) and start.min() >= 0
+        w.packets[rel] = (start, size) if ok else None
+    return w.packets[rel]

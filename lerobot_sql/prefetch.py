@@ -1,11 +1,12 @@
 """Fetch into the cache exactly the bytes a query's items will read from a remote dataset.
 
-For the query's manifest: the footer and the row groups of each data file that hold the selected frames (whole
-episodes when ``delta_timestamps`` are given, as the dataset reads neighbours), and for each camera the packets from
-the keyframe before each wanted frame up to that frame (byte ranges from the video index, which itself costs only
-the mp4's ``moov`` box). Ranges are merged and fetched in parallel through :meth:`lerobot_sql._storage.source.Source.fetch`,
-so a later ``db.dataset(sql)`` reads from disk. For an episode query the selected episodes' row groups are fetched
-first, in parallel, so that the manifest query itself reads the cache (``warm_episode_row_groups``).
+For the query's manifest: the footer and the row groups of each data file that hold the selected frames (and, with
+``delta_timestamps``, the rows their windows reach), and for each camera the packets from the keyframe before each
+wanted frame up to that frame, and the container head (byte ranges from the video index, which itself costs only
+the mp4's ``moov`` box): :mod:`lerobot_sql._readers.need`'s rule, the dataset's. Ranges are merged and fetched in
+parallel through :meth:`lerobot_sql._storage.source.Source.fetch`, so a later ``db.dataset(sql)`` reads from disk.
+For an episode query the selected episodes' row groups are fetched first, in parallel, so that the manifest query
+itself reads the cache (``warm_episode_row_groups``).
 ``lerobot-sql prefetch DATASET --sql ...`` is the CLI form.
 """
 
@@ -20,9 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._readers import locate, tabular, video_index
-from ._storage.pieces import merge_ranges
+from ._readers import deltas, locate, tabular, video_index
+from ._readers import need as _need
 from ._readers.tabular import row_group_ranges
+from ._storage.pieces import merge_ranges
 
 AVIO_BUFFER = locate.AVIO_BUFFER  # PyAV reads files in blocks of this size (kept here: tests and users read it)
 
@@ -45,31 +47,41 @@ class PrefetchReport:
 
 def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
                   cameras: list[str] | None = None) -> dict[str, list[tuple[int, int]]]:
-    """rel path -> merged byte ranges the items of ``manifest`` read (footers, row groups, video packets).
+    """rel path -> merged byte ranges the items of ``manifest`` read (footers, row groups, video packets, container
+    heads) when built with these ``delta_timestamps`` and ``cameras``: the rule of
+    :mod:`lerobot_sql._readers.need`, the one the dataset's fetch ahead plans with (a window's neighbours clamped
+    to their episode, in data files and videos alike).
 
     Builds the video indexes of the cameras' files if needed (fetching their ``moov`` boxes).
+
+    Raises:
+        TypeError, ValueError: ``delta_timestamps`` names no feature or holds no offsets in seconds (as
+            ``db.dataset`` refuses them).
     """
-    src = db.source
+    src, layout = db.source, db.layout
+    # Offsets in frames, each rounded to its nearest frame (half a frame's tolerance): the dataset takes them at its
+    # own tolerance_s, and refuses the rest itself.
+    offsets = deltas.delta_indices(delta_timestamps, layout.fps, 0.5 / float(layout.fps), layout.features)
+    reach = np.concatenate(list(offsets.values())) if offsets else None
     need: dict[str, list[tuple[int, int]]] = {}
     files = manifest["data_file"].to_numpy(zero_copy_only=False)
     rows = manifest["data_row"].to_numpy()
+    idx = manifest["index"].to_numpy()
+    ep_from, ep_to = manifest["ep_from_index"].to_numpy(), manifest["ep_to_index"].to_numpy()
     row0 = manifest["ep_data_row0"].to_numpy() if "ep_data_row0" in manifest.column_names else None
-    n_ep = (manifest["ep_to_index"].to_numpy() - manifest["ep_from_index"].to_numpy())
     for rel in np.unique(files):
         sel = files == rel
         info = tabular.data_file_info(src, str(rel))
         md = info.metadata
         size = src.size(str(rel))
         tail = md.serialized_size + 8
-        r = rows[sel]
-        if delta_timestamps and row0 is not None:
-            r = np.concatenate([r, row0[sel], row0[sel] + n_ep[sel] - 1])
-            rgs = info.row_groups([r.min()], [r.max() + 1])
-        else:
-            rgs = np.unique(info.locate(r)[0])
+        window = None
+        if reach is not None and row0 is not None:  # the rows the windows reach (a manifest without row0: none)
+            window = _need.window_rows(idx[sel], ep_from[sel], ep_to[sel], row0[sel], reach)
+        rgs = _need.row_groups(info, info.locate(rows[sel])[0], window)
         need[str(rel)] = row_group_ranges(md, rgs) + [(size - tail, size)]
-    keys = [k for k in db.layout.video_keys if cameras is None or k in cameras]
-    ts = manifest["timestamp"].to_numpy().astype(np.float64)
+    keys = [k for k in layout.video_keys if cameras is None or k in cameras]
+    ts = manifest["timestamp"].to_numpy()
     # Build the video indexes of all the files first, several at once: each costs a moov fetch (round trips) and
     # a demux (CPU), and the files are independent.
     rels = sorted({str(r) for k in keys for r in manifest[f"{k}/file"].to_pylist() if r is not None})
@@ -78,24 +90,19 @@ def needed_ranges(db, manifest: pa.Table, delta_timestamps: dict | None = None,
     for k in keys:
         vfiles = manifest[f"{k}/file"].to_numpy(zero_copy_only=False)
         from_ts = manifest[f"{k}/from_timestamp"].to_numpy().astype(np.float64)
-        offs = np.asarray((delta_timestamps or {}).get(k, [0.0]), np.float64)
+        offs = offsets.get(k, np.zeros(1, np.int64))
         for rel in np.unique(vfiles[vfiles != None]):  # noqa: E711 - numpy elementwise
             sel = vfiles == rel
-            t = pq.read_table(index[str(rel)],
-                              columns=["pts", "pts_s", "is_keyframe", "keyframe_pts", "byte_offset", "byte_size"])
-            pts, pts_s = t["pts"].to_numpy(), t["pts_s"].to_numpy()
+            t = pq.read_table(index[str(rel)], columns=["pts", "pts_s", "is_keyframe", "keyframe_pts", "byte_offset",
+                                                       "byte_size"])
             # The decoder's own keyframe rule (presentation-order corrected), so the bytes fetched are the ones it
             # reads from where it seeks.
-            key_row = locate.key_rows(pts, t["keyframe_pts"].to_numpy(),
+            key_row = locate.key_rows(t["pts"].to_numpy(), t["keyframe_pts"].to_numpy(),
                                       t["is_keyframe"].to_numpy(zero_copy_only=False))
-            start, size_b = t["byte_offset"].to_numpy(), t["byte_size"].to_numpy()
-            want = (locate.time_in_file(from_ts[sel], ts[sel])[:, None] + offs[None, :]).ravel()
-            if len(offs) > 1:  # neighbours are clamped to the episode: clamping only narrows the set
-                want = np.clip(want, pts_s[0], pts_s[-1])
-            pick = np.unique(locate.nearest(pts_s, want)[0])
-            ranges = locate.packet_ranges(pick, key_row, start, size_b, readahead=AVIO_BUFFER)
-            # Opening the container reads its head (ftyp, moov) and probes the first packets.
-            ranges.append((0, int(start.min()) + AVIO_BUFFER))
+            _, times = _need.window_times(idx[sel], ep_from[sel], ep_to[sel], from_ts[sel], ts[sel], offs,
+                                          layout.fps)
+            ranges = _need.video_ranges(_need.nearest_rows(t["pts_s"].to_numpy(), times), key_row,
+                                        t["byte_offset"].to_numpy(), t["byte_size"].to_numpy())
             size = src.size(str(rel))
             need.setdefault(str(rel), []).extend((a, min(b, size)) for a, b in ranges)
     return {rel: merge_ranges(r) for rel, r in need.items()}

@@ -1,8 +1,8 @@
 """Past one machine: a manifest read by Ray Data (or Daft, Spark) and decoded into the same items as ``db.dataset()``.
 
 The planning happens once, where DuckDB runs: ``db.export_manifest(sql, "m.parquet")`` writes one row per sample
-(columns in :mod:`lerobot_sql._plan.resolve`, dataset root in the schema metadata). The cluster engine reads that Parquet
-file with its own reader, splits it into blocks however it likes, and calls :class:`Decoder` (or
+(columns and metadata in :mod:`lerobot_sql._plan.manifest`, the dataset root among them). The cluster engine reads
+that Parquet file with its own reader, splits it into blocks however it likes, and calls :class:`Decoder` (or
 :func:`decode_batch`) on each block of rows. The decoder builds a :class:`~lerobot_sql.dataset.LeRobotSQLDataset`
 over exactly those rows, the same class ``db.dataset()`` returns, so each item equals ``db.dataset(path)[i]`` for
 the same row. No DuckDB runs in the workers.
@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ._format.files import open_files
-from ._plan.manifest import Meta
+from ._plan import manifest as plan_manifest  # `manifest` is the path argument here
 
 
 def manifest_schema(path: str | os.PathLike, *, filesystem=None) -> pa.Schema:
@@ -41,19 +40,12 @@ def manifest_schema(path: str | os.PathLike, *, filesystem=None) -> pa.Schema:
     Raises:
         ValueError: the file has no ``lerobot_sql.manifest`` metadata (not written by export_manifest).
     """
-    schema = pq.read_schema(str(path), filesystem=filesystem)
-    if not Meta.present(schema):
-        raise ValueError(f"{path}: no 'lerobot_sql.manifest' schema metadata; write the manifest with "
-                         "db.export_manifest(sql, path)")
-    return schema
+    return plan_manifest.read_schema(path, filesystem=filesystem)
 
 
 def manifest_root(path: str | os.PathLike, *, filesystem=None) -> str:
     """The dataset root (path or URL) stored in a manifest file by ``db.export_manifest``."""
-    root = Meta.of(manifest_schema(path, filesystem=filesystem), where=str(path)).root
-    if not root:
-        raise ValueError(f"{path}: the manifest metadata names no dataset root; pass root=")
-    return root
+    return plan_manifest.file_root(path, filesystem=filesystem)
 
 
 def _as_table(batch: Any) -> pa.Table:

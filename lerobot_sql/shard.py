@@ -1,6 +1,6 @@
 """Split a manifest between ranks, machines and DataLoader workers: disjoint, covering, the same on every process.
 
-A manifest (see :mod:`lerobot_sql._plan.resolve`) is a plain Arrow table, so a rank that holds it (or reads it from the
+A manifest (see :mod:`lerobot_sql._plan.manifest`) is a plain Arrow table, so a rank that holds it (or reads it from the
 Parquet file ``db.export_manifest`` wrote) can compute its own part with no communication: the partition depends
 only on the manifest, ``world_size``, ``seed`` and ``epoch``. Each rank then builds a dataset over its part alone,
 so it caches and reads only its own row groups and video regions.

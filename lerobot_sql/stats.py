@@ -18,8 +18,16 @@ What is exact and what is aggregated:
   (``episode_stats`` view) of every episode the selection touches, each episode whole. For a selection of whole
   episodes that is what lerobot would write for a dataset of exactly those episodes; for windows and single frames
   it is the statistics of the episodes they come from.
-* Features without numbers (``string``, ``language`` columns) get no entry; neither do cameras of a dataset that
-  keeps no per-episode statistics (v2.0).
+* **Cameras of episodes without per-episode statistics** (meta/episodes without ``stats/<camera>/*`` columns, a v2.1
+  dataset without ``meta/episodes_stats.jsonl``, v2.0) are computed from the episode's frames as lerobot's
+  ``compute_episode_stats`` computes them when it records (:func:`frame_stats`): the frames of
+  ``stats_json.sample_indices`` (every frame under 100, then ``n ** 0.75`` of them), decoded from the mp4 (or the
+  image cells of the data files), downsampled (``stats_json.downsample``), per channel in [0, 1] (depth maps in their
+  unit), with a ``UserWarning`` naming the cameras and episodes; then aggregated with the others. lerobot computes them from
+  the frames before encoding, so the numbers differ from the ones it would have written by the codec's loss (about
+  0.005 in a mean on the shipped sets). A camera whose frames cannot be found either is refused
+  (``StatsUnavailableError``, with the ways out), never left out: a training run would feed it un-normalised.
+* Features without numbers (``string``, ``language`` columns) get no entry.
 
 Quantile keys appear when the source's statistics have them (lerobot >= 0.4 writes q01..q99); a v2.1 dataset
 without them gets min/max/mean/std/count only.
@@ -33,100 +41,32 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from ._format.jsontext import load_json
+from ._format import stats_json
 from ._format.layout import Layout
 from ._query.sqltext import ident, literal
-from .errors import DatasetFormatError
+from ._readers import decode, locate, video_index
+from .errors import DatasetFormatError, StatsUnavailableError, warn
 
 if TYPE_CHECKING:
     import duckdb
 
-QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
-NUMERIC_DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-                  "uint64", "bool"}
-
-
-def qkey(q: float) -> str:
-    """``0.01`` -> ``"q01"``: lerobot's name of a quantile statistic."""
-    return f"q{round(q * 100):02d}"
-
-
-def numeric_features(layout: Layout) -> list[str]:
-    """Features whose statistics come from the data files (numeric dtypes), in info.json order."""
-    return [k for k, f in layout.features.items() if f.dtype in NUMERIC_DTYPES]
-
-
-_RECOMPUTE = ("recompute it: ds.meta.stats with stats='selection' (the default) and db.stats(sql) compute statistics "
-              "from the data, and lerobot's compute_stats rewrites the file; or re-download it")
-
-
-def from_json(text: str | bytes, where: str, layout: Layout) -> dict[str, dict[str, np.ndarray]]:
-    """``meta/stats.json`` (its text) as lerobot loads it (``cast_stats_to_numpy``: every value through
-    ``np.array``), checked against info.json's features.
-
-    Each statistic of a numeric feature must hold one number per element of the feature's shape (``(6,)`` for a
-    6-vector, ``(1,)`` for a scalar), a camera's one per channel (``(3, 1, 1)``), ``count`` one. A statistic of
-    another size is refused, not warned of: no normalization is right with it (a 2-value mean of a 6-vector either
-    broadcasts against the wrong elements or fails mid-training). Entries of features info.json does not declare,
-    or without numbers (``string``), are kept unchecked (``ds.meta.stats`` leaves out what the items do not carry).
-
-    Raises:
-        DatasetFormatError: naming ``where`` (and the feature and statistic): not valid JSON (with line and column)
-            or nested too deeply to parse, not ``{feature: {stat: number or nested list}}``, a statistic that is not
-            numbers, or whose number of values does not fit the feature's shape; each with the fix (recompute the
-            statistics).
-    """
-    raw = load_json(text, where, _RECOMPUTE)
-    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
-        raise DatasetFormatError(f"{where}: not a JSON object of {{feature: {{stat: values}}}}; {_RECOMPUTE}")
-    out: dict[str, dict[str, np.ndarray]] = {}
-    for key, st in raw.items():
-        out[key] = {}
-        for stat, v in st.items():
-            try:
-                arr = np.array(v)
-            except (TypeError, ValueError) as e:
-                raise DatasetFormatError(f"{where}: {key!r} {stat!r} is not a number or a regular nested list "
-                                         f"({e}); {_RECOMPUTE}") from e
-            if arr.dtype.kind not in "biuf":
-                raise DatasetFormatError(f"{where}: {key!r} {stat!r} is {v!r:.60}, not numbers; {_RECOMPUTE}")
-            sizes = _stat_sizes(layout, key, stat)
-            if sizes is not None and arr.size not in sizes:
-                want = " or ".join(str(n) for n in sorted(sizes))
-                raise DatasetFormatError(
-                    f"{where}: {key!r} {stat!r} has {arr.size} value(s) (shape {list(arr.shape)}) but the feature's "
-                    f"shape {list(layout.features[key].shape)} in meta/info.json needs {want}; the statistics are "
-                    f"of another feature layout (an edited info.json, or stats.json of another dataset): {_RECOMPUTE}")
-            out[key][stat] = arr
-    return out
-
-
-def _stat_sizes(layout: Layout, key: str, stat: str) -> set[int] | None:
-    """How many values statistic ``stat`` of feature ``key`` may hold (None: not checked)."""
-    f = layout.features.get(key)
-    if f is None or not f.shape or not all(isinstance(x, (int, np.integer)) for x in f.shape):
-        return None
-    if stat == "count":
-        return {1}
-    if f.dtype in ("video", "image"):
-        # one per channel: lerobot's (H, W, C), or (C, H, W) as some writers declare it
-        if len(f.shape) != 3:
-            return None
-        return {int(c) for c in (f.shape[-1], f.shape[0]) if c in (1, 3, 4)} or {int(f.shape[-1])}
-    if f.dtype in NUMERIC_DTYPES:
-        return {int(np.prod(f.shape))}
-    return None
+    from ._format.files import DatasetFiles
 
 
 def selection_stats(con: "duckdb.DuckDBPyConnection", layout: Layout, manifest: pa.Table, *,
-                    quantiles: bool = True) -> dict[str, dict[str, np.ndarray]]:
+                    quantiles: bool = True, files: "DatasetFiles | None" = None,
+                    cameras: list[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
     """Statistics of the samples of ``manifest`` (see the module docstring for what is exact).
 
     Args:
-        con: a DuckDB connection with the dataset's ``frames`` and ``episode_stats`` views (the Database's).
+        con: a DuckDB connection with the dataset's ``frames``, ``videos`` and ``episode_stats`` views (the
+            Database's).
         layout: the dataset's layout (features, dtypes, shapes).
         manifest: one row per sample (``index``, ``episode_index``: int64), as ``db.manifest(sql)`` returns it.
         quantiles: add q01, q10, q50, q90, q99 (set False for a source whose statistics have none).
+        files: the dataset's files (source, cache folder): where the frames of a camera without per-episode
+            statistics are read (:func:`frame_stats`); None refuses such a camera instead.
+        cameras: the camera features to give statistics (default every one); the others get no entry.
 
     Returns:
         ``{feature: {stat: np.ndarray}}``, features in info.json order.
@@ -134,6 +74,8 @@ def selection_stats(con: "duckdb.DuckDBPyConnection", layout: Layout, manifest: 
     Raises:
         DatasetFormatError: a selected index has no row in the data files (the manifest is of another dataset or
             the data changed since), naming how many are missing.
+        StatsUnavailableError: a camera has no per-episode statistics for some selected episodes and its frames
+            cannot be read to compute them (naming the camera, the episodes and the ways out).
     """
     if manifest.num_rows == 0:
         raise ValueError("the selection is empty: statistics of no samples are undefined; check the query")
@@ -143,14 +85,15 @@ def selection_stats(con: "duckdb.DuckDBPyConnection", layout: Layout, manifest: 
     con.register(name, sel)
     try:
         out: dict[str, dict[str, np.ndarray]] = {}
-        numeric = numeric_features(layout)
+        numeric = stats_json.numeric_features(layout)
         found = con.sql(f"SELECT count(*) FROM {ident(name)} s JOIN frames f ON f.index = s.index").fetchall()[0][0]
         if found != manifest.num_rows:
             raise DatasetFormatError(
                 f"{manifest.num_rows - found} of {manifest.num_rows} selected samples have no row in the data files "
                 "(frames.index): the manifest describes another dataset or the data changed since it was made; "
                 "build the selection again from this Database")
-        per_camera = _camera_stats(con, layout, name, layout.camera_keys)  # video and image features
+        cams = [k for k in layout.camera_keys if cameras is None or k in cameras]  # video and image features
+        per_camera = _camera_stats(con, layout, name, cams, files, quantiles)
         for key in layout.features:
             if key in numeric:
                 out[key] = _numeric_stats(con, layout, name, key, quantiles)
@@ -165,7 +108,7 @@ def _numeric_stats(con, layout: Layout, sel: str, key: str, quantiles: bool) -> 
     """One numeric feature over the selected samples: one DuckDB pass, per element of a vector."""
     feat = layout.features[key]
     col = f"f.{ident(key)}"
-    qs = f", quantile_cont(v, [{', '.join(map(str, QUANTILES))}])" if quantiles else ""
+    qs = f", quantile_cont(v, [{', '.join(map(str, stats_json.QUANTILES))}])" if quantiles else ""
     # A vector is unnested with its element number (two UNNESTs in one SELECT zip), so one GROUP BY gives every
     # element's statistics however long the vector is; a scalar is element 1.
     is_list = con.sql(f"SELECT {col} FROM frames f LIMIT 0").types[0].id in ("list", "array")
@@ -186,13 +129,16 @@ def _numeric_stats(con, layout: Layout, sel: str, key: str, quantiles: bool) -> 
     st = {k: v.reshape(shape) for k, v in st.items()}
     st["count"] = np.array([n], np.int64)
     if quantiles:
-        for j, q in enumerate(QUANTILES):
-            st[qkey(q)] = np.array([r[7][j] for r in rows], np.float64).reshape(shape)
+        for j, q in enumerate(stats_json.QUANTILES):
+            st[stats_json.qkey(q)] = np.array([r[7][j] for r in rows], np.float64).reshape(shape)
     return st
 
 
-def _camera_stats(con, layout: Layout, sel: str, cams: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Cameras aggregated from the per-episode statistics of every episode the selection touches."""
+def _camera_stats(con, layout: Layout, sel: str, cams: list[str], files: "DatasetFiles | None" = None,
+                  quantiles: bool = True) -> dict[str, dict[str, np.ndarray]]:
+    """Cameras aggregated from the per-episode statistics of every episode the selection touches; an episode whose
+    meta/episodes holds none for a camera (no ``stats/<camera>/*`` columns, or NULL cells) gets them computed from
+    its frames (:func:`frame_stats`), with one warning."""
     if not cams:
         return {}
     rows = con.sql(
@@ -202,40 +148,197 @@ def _camera_stats(con, layout: Layout, sel: str, cams: list[str]) -> dict[str, d
         "ORDER BY e.feature, e.episode_index, e.stat").fetchall()
     per: dict[str, dict[int, dict[str, np.ndarray]]] = {}
     for feature, ep, stat, value in rows:
-        per.setdefault(feature, {}).setdefault(int(ep), {})[stat] = np.asarray(value, np.float64)
-    out = {}
+        if value is not None:  # a NULL cell is no statistic (a column absent for some files, or unwritten)
+            per.setdefault(feature, {}).setdefault(int(ep), {})[stat] = np.asarray(value, np.float64)
+    selected = [int(e) for (e,) in con.sql(f"SELECT DISTINCT episode_index FROM {ident(sel)} ORDER BY 1").fetchall()]
+    out, computed = {}, {}
     for key in cams:
-        eps = per.get(key)
-        if not eps:
-            continue
-        channels = layout.features[key].shape[-1] if layout.features[key].shape else 3
+        eps = per.get(key, {})
+        absent = [e for e in selected if e not in eps]
+        if absent:
+            # Never leave the camera out: a training run would feed its frames un-normalised (lerobot-train
+            # normalises them). Computed as lerobot computes them when it records.
+            got = frame_stats(files, con, layout, key, absent)
+            if not quantiles:  # as the numeric features of a source without quantiles
+                got = {e: {k: v for k, v in s.items() if not k.startswith("q")} for e, s in got.items()}
+            eps = {**eps, **got}
+            computed[key] = absent
         stats = []
-        for ep, s in eps.items():
+        for ep in selected:
+            s = eps[ep]
             missing = {"min", "max", "mean", "std", "count"} - set(s)
             if missing:
                 raise DatasetFormatError(f"meta/episodes: episode {ep} has no {sorted(missing)} statistics for "
                                          f"camera {key!r}; statistics of a selection need them (re-run lerobot's "
-                                         "stats computation, or use stats='dataset')")
-            stats.append({k: (v.astype(np.int64) if k == "count" else v.reshape(channels, 1, 1))
-                          for k, v in s.items()})
-        out[key] = aggregate(stats)
+                                         "stats computation, or read the source's meta/stats.json: "
+                                         "db.dataset(..., stats='dataset'))")
+            for k, v in s.items():
+                sizes = stats_json.stat_sizes(layout, key, k)
+                if sizes is not None and v.size not in sizes:
+                    raise DatasetFormatError(
+                        f"meta/episodes: episode {ep}, camera {key!r}: statistic {k!r} has {v.size} value(s), but "
+                        f"the camera's shape {list(layout.features[key].shape)} in meta/info.json has "
+                        f"{' or '.join(map(str, sorted(sizes)))} channel(s); {stats_json.RECOMPUTE}")
+            # one value per channel, stored (C, 1, 1) or flat: (C, 1, 1) as lerobot holds them
+            stats.append({k: (v.astype(np.int64) if k == "count" else v.reshape(-1, 1, 1)) for k, v in s.items()})
+        out[key] = stats_json.aggregate(stats)
+    if computed:
+        warn("statistics of a selection: meta/episodes holds no per-episode statistics of "
+             + "; ".join(f"camera {k!r} for {len(e)} of the selected episodes (e.g. {e[:5]})"
+                         for k, e in computed.items())
+             + "; they were computed from the episodes' frames as lerobot's compute_episode_stats samples them "
+             "(decoded from the mp4s or the data files' images), so they may differ from lerobot's own by the "
+             "codec's loss")
     return out
 
 
-def aggregate(stats: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """lerobot 0.4.4's ``aggregate_feature_stats``: global min/max, count-weighted mean, pooled std (population),
-    count-weighted quantiles (keys present in every input); ``count`` the total."""
-    means = np.stack([s["mean"] for s in stats]).astype(np.float64)
-    var = np.stack([np.asarray(s["std"], np.float64) ** 2 for s in stats])
-    counts = np.stack([np.asarray(s["count"]) for s in stats]).astype(np.float64)
-    total = counts.sum(0)
-    while counts.ndim < means.ndim:
-        counts = counts[..., None]
-    mean = (means * counts).sum(0) / total
-    out = {"min": np.min(np.stack([s["min"] for s in stats]), 0), "max": np.max(np.stack([s["max"] for s in stats]), 0),
-           "mean": mean, "std": np.sqrt(((var + (means - mean) ** 2) * counts).sum(0) / total),
-           "count": total.astype(np.int64)}
-    for q in (k for k in stats[0] if k.startswith("q") and k[1:].isdigit()):
-        if all(q in s for s in stats):
-            out[q] = (np.stack([s[q] for s in stats]) * counts).sum(0) / total
+# ---- cameras without per-episode statistics: computed from their frames ------------------------------------------
+def _cells(src, key: str, data_files: list[str], rows: np.ndarray) -> list:
+    """The cells of column ``key`` at (``data_files[i]``, ``rows[i]``), in that order: only the row groups holding
+    them are read, one column."""
+    import pyarrow.parquet as pq
+
+    from ._readers import tabular
+
+    out: list = [None] * len(rows)
+    for rel in dict.fromkeys(data_files):
+        at = np.flatnonzero(np.asarray(data_files, dtype=object) == rel)
+        rg, off = tabular.data_file_info(src, rel).locate(rows[at])
+        with src.open(rel) as f:
+            pf = pq.ParquetFile(f)
+            for g in np.unique(rg):
+                col = pf.read_row_group(int(g), columns=[key], use_threads=False).column(0)  # one thread: Source.open
+                for j in np.flatnonzero(rg == g):
+                    out[int(at[j])] = col[int(off[j])].as_py()
+    return out
+
+
+def image_cells(cells: list, raw: bool = False) -> np.ndarray:
+    """Image cells of the data files (PNG / TIFF bytes, or lerobot's ``{"bytes", "path"}`` struct) as (k, C, H, W),
+    each downsampled (:func:`lerobot_sql._format.stats_json.downsample`): RGB uint8, or with ``raw`` (depth maps)
+    the image's own values and dtype (lerobot's load_image_as_numpy keeps a TIFF's uint16 / float32)."""
+    import io
+
+    from PIL import Image
+
+    imgs = []
+    for v in cells:
+        data = v.get("bytes") if isinstance(v, dict) else v
+        if not isinstance(data, bytes):
+            raise DatasetFormatError(f"an image cell holds no image bytes ({type(data).__name__}); run "
+                                     "`lerobot-sql doctor --decode` (data_images_decode) to find every such cell")
+        with Image.open(io.BytesIO(data)) as img:
+            a = np.asarray(img) if raw else np.asarray(img.convert("RGB"))
+        a = a[:, :, None] if a.ndim == 2 else a
+        imgs.append(stats_json.downsample(a.transpose(2, 0, 1)))
+    return np.stack(imgs)
+
+
+def frame_stats(files: "DatasetFiles | None", con, layout: Layout, key: str, episodes: list[int]
+                ) -> dict[int, dict[str, np.ndarray]]:
+    """Per-episode statistics of camera ``key`` computed from the frames, as lerobot's ``compute_episode_stats``
+    computes them when it records (the rules of :mod:`lerobot_sql._format.stats_json`): the frames at
+    ``sample_indices`` of each episode's rows (in ``index`` order), downsampled, per channel (``image_stats``:
+    [0, 1]; a depth map, ``depth_stats``, in its ``depth_unit``, from the dequantized codes of a depth video as export computes them).
+
+    A row's video frame is its own: the clip's frame at the row's position where the clip's frames lie on the fps
+    grid (:func:`lerobot_sql._readers.locate.rows_by_position`: what the items show, also for wall-clock timestamps,
+    which name another row's frame), else the clip's frame nearest ``from_timestamp + timestamp`` within half a
+    frame (a stream of another rate). Never another episode's frame.
+
+    Args:
+        files: the dataset's files (source, cache folder for the video index); None: the frames cannot be read.
+        con: a connection with the dataset's ``frames``, ``_frames_loc`` (each frame's data file and row) and
+            ``videos`` views.
+        episodes: the episodes to compute.
+
+    Returns:
+        ``{episode_index: {stat: np.ndarray}}``, each value ``(C, 1, 1)`` float64, ``count`` int64 ``(1,)``.
+
+    Raises:
+        StatsUnavailableError: ``files`` is None, or an episode's frames cannot be found (no video pointer, no frame
+            of its clip for a sampled row), naming the camera, the episode and the ways out.
+        MissingFileError, VideoDecodeError: the mp4 is missing or does not decode.
+    """
+    feat = layout.features[key]
+    ways = ("restore the camera's per-episode statistics (the stats/... columns of meta/episodes, or v2.1's "
+            "meta/episodes_stats.jsonl) from the dataset's source; or train with the source's meta/stats.json "
+            "(db.dataset(..., stats='dataset')); or leave the camera out (db.dataset(..., cameras=[...]) without "
+            "it, db.stats(sql, cameras=[...]))")
+    episodes = [int(e) for e in episodes]
+    head = f"camera {key!r}: meta/episodes holds no per-episode statistics for episodes {episodes[:5]}" + \
+        (f" and {len(episodes) - 5} more" if len(episodes) > 5 else "")
+    if files is None:
+        raise StatsUnavailableError(f"{head}, and no dataset files were given to compute them from the frames; {ways}")
+    in_eps = ", ".join(map(str, episodes))  # ints: nothing from the dataset is pasted
+    # The sampled rows only (an image dataset's cells are megabytes): each episode's length, then its picks.
+    lengths = dict(con.sql(f"SELECT episode_index, count(*) FROM frames WHERE episode_index IN ({in_eps}) "
+                           "GROUP BY 1").fetchall())
+    picks = {e: stats_json.sample_indices(int(lengths.get(e, 0))) for e in episodes}
+    name = f"_lsql_picks_{uuid.uuid4().hex}"
+    con.register(name, pa.table({"episode_index": pa.array([e for e in episodes for _ in picks[e]], pa.int64()),
+                                 "pos": pa.array([int(x) for e in episodes for x in picks[e]], pa.int64())}))
+    try:
+        # _frames_loc: each frame's data file and row in it (where the image cells are read)
+        rows = con.sql(
+            f"SELECT p.episode_index, p.pos, f.timestamp::DOUBLE AS ts, f.data_file, f.row FROM (SELECT "
+            "episode_index, row_number() OVER (PARTITION BY episode_index ORDER BY index) - 1 AS pos, timestamp, "
+            f"data_file, row FROM _frames_loc WHERE episode_index IN ({in_eps})) f JOIN {ident(name)} p "
+            "USING (episode_index, pos) ORDER BY 1, 2").to_arrow_table()
+        clips = {} if feat.is_image else {int(e): (rel, f) for e, rel, f in con.sql(
+            f"SELECT episode_index, path, from_timestamp FROM videos WHERE video_key = {literal(key)} AND "
+            f"episode_index IN ({in_eps})").fetchall()}
+    finally:
+        con.unregister(name)
+    ep_col = rows["episode_index"].to_numpy()
+    out: dict[int, dict[str, np.ndarray]] = {}
+    depth = feat.is_depth_map
+    if feat.is_image:
+        cells = _cells(files.source, key, rows["data_file"].to_pylist(), rows["row"].to_numpy())
+        for e in episodes:
+            mine = [c for c, x in zip(cells, ep_col) if x == e]
+            if not mine:
+                raise StatsUnavailableError(f"{head}, and episode {e} has no rows in the data files; {ways}")
+            imgs = image_cells(mine, raw=depth)
+            out[e] = stats_json.depth_stats(imgs) if depth else stats_json.image_stats(imgs)
+        return out
+    fps = float(layout.fps)
+    gray = {clips[e][0] for e in clips if depth and clips[e][0] is not None}
+    pool = decode.DecoderPool(files.source, max_open=2, gray=gray)
+    indexes: dict[str, video_index.FrameIndex] = {}
+    try:
+        for e in episodes:
+            rel, from_ts = clips.get(e, (None, None))
+            if rel is None or from_ts is None or not lengths.get(e):
+                why = "has no rows in the data files" if not lengths.get(e) else \
+                    "has no video pointer (videos/<camera>/chunk_index, file_index, from_timestamp) in meta/episodes"
+                raise StatsUnavailableError(f"{head}, and episode {e} {why}, so they cannot be computed from its "
+                                            f"frames either; {ways}")
+            if rel not in indexes:
+                indexes[rel] = video_index.FrameIndex.load(video_index.ensure_index_arrow(files.source, rel,
+                                                                                        files.cache_dir))
+            index = indexes[rel]
+            m = ep_col == e
+            pos = rows["pos"].to_numpy()[m]
+            n = int(lengths[e])
+            first = int(locate.clip_first_rows(index.pts_s, from_ts, fps))
+            # The row's own frame: its position in a clip on the fps grid (what items show, whatever the
+            # timestamps: wall-clock times would name another row's frame); off the grid (a stream of another
+            # rate), the clip's frame within half a frame of the row's time.
+            at = locate.rows_by_position(index.pts_s, first, pos, n, from_ts, fps)
+            if (at < 0).any():
+                by_time = locate.keep_in_clip(locate.rows_within(index.pts_s, locate.time_in_file(
+                    from_ts, rows["ts"].to_numpy(zero_copy_only=False)[m]), 0.5 / fps), first, n)
+                at = np.where(at >= 0, at, by_time)
+            if (at < 0).any():
+                j = int(np.flatnonzero(at < 0)[0])
+                raise StatsUnavailableError(
+                    f"{head}, and they cannot be computed from the frames of episode {e} either: its row {int(pos[j])} "
+                    f"names no frame of the episode's clip in {files.source.path(rel)} (neither by its timestamp nor "
+                    f"by its position: run `lerobot-sql doctor`); {ways}")
+            imgs = np.stack([stats_json.downsample(x) for x in pool.decode_chw(index, at)])
+            out[e] = stats_json.depth_stats(stats_json.dequantize_depth(
+                imgs, feat.depth_quantization, feat.depth_unit or "mm")) if depth else stats_json.image_stats(imgs)
+    finally:
+        pool.close()
     return out

@@ -69,16 +69,16 @@ def _no_leftover_sample_files(tmp_path_factory):
     import gc
     import tempfile
 
-    from lerobot_sql.dataset import _MAPS, _map_prefix
+    from lerobot_sql._samples import MAPS, file_prefix
 
     gc.collect()
-    mine = _map_prefix()
+    mine = file_prefix()
     roots = [tmp_path_factory.getbasetemp(), Path(tempfile.gettempdir())]
     # os.walk, not Path.glob: other processes' folders under the system temp folder (multiprocessing's pymp-*)
     # come and go during the walk, and glob raised FileNotFoundError on one that vanished (os.walk skips it)
     found = {os.path.join(d, f) for r in roots for d, _, files in os.walk(r) for f in files
              if f.startswith(mine) and f.endswith(".arrow")} if roots[0].exists() else set()
-    leaked = sorted(found - set(_MAPS.keys()))
+    leaked = sorted(found - set(MAPS.keys()))
     assert not leaked, f"per-sample files left without a live dataset: {leaked[:5]}"
 
 

@@ -301,6 +301,32 @@ class CliResult:
         return f"CliResult({self.args!r}, returncode={self.returncode}, stdout={self.stdout!r}, stderr={self.stderr!r})"
 
 
+_LINK_POOL: dict[Path, Path] = {}
+
+
+def linked_copy(src: Path, dst: Path) -> Path:
+    """A copy of dataset folder ``src`` at ``dst`` whose files are hard links, cheap for tests that replace one or two
+    files (unlink the file first, then write it: never write through a link).
+
+    The links point into a private copy of ``src`` made once per test process, never at ``src`` itself: a new link
+    changes its inode's ctime, which is part of a local file's identity (``_storage.source.local_identity``), so
+    linking the shipped sets would make another test process reading them at that moment see "the file changed
+    after the dataset was opened"."""
+    import atexit
+    import shutil
+    import tempfile
+
+    src = Path(src).resolve()
+    pool = _LINK_POOL.get(src)
+    if pool is None:
+        base = Path(tempfile.mkdtemp(prefix="lsql_link_pool_"))
+        atexit.register(shutil.rmtree, base, True)
+        pool = _LINK_POOL[src] = base / src.name
+        shutil.copytree(src, pool)
+    shutil.copytree(pool, dst, copy_function=os.link)
+    return Path(dst)
+
+
 def wall_clock(root: Path, factor: float, fps: float = 30, seed: int = 0) -> None:
     """Rewrite every data file's timestamps under ``root`` as a clock running at ``factor`` times real time plus
     +-4 ms of jitter (0 at each episode's start): over small20's episodes (up to 13 s) 0.9 lags up to 1.3 s behind

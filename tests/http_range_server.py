@@ -4,6 +4,13 @@ Fault injection (``server.faults``) and a throttle (``server.rate_bps``, ``serve
 running server; ``server.log`` records every GET as (path, start, end, bytes sent) (a 412 as (path, 0, 0, 0)).
 Conditional GETs (``If-Match``, ``If-Unmodified-Since``) are honoured.
 
+Faults (keys of ``server.faults``): ``status`` (n answers 503), ``truncate`` (n bodies cut in half), ``delay`` (n
+answers wait ``delay_s``); and, for as long as they are set, ``rotating_etag`` (every answer, HEAD or GET, carries a
+new ETag for the same bytes, as a farm of nodes tagging differently: an ``If-Match`` never matches),
+``no_validators`` (no ETag, no Last-Modified), ``no_content_range`` (a 206 without its Content-Range header),
+``range_shift`` (a 206's body starts this many bytes after the range asked for; announced in Content-Range unless
+``no_content_range``), ``range_total`` (a 206's Content-Range announces this total size instead of the file's).
+
 ``HubServer`` (at the end) is the same server with a minimal Hugging Face Hub API face in front of the same folder,
 for lerobot's ``LeRobotDataset(repo_id)`` with ``HF_ENDPOINT`` pointing at it.
 """
@@ -42,6 +49,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_one_request(self):
         self._counted = False
+        self._rotated = None  # a keep-alive connection's next request gets its own rotating ETag
         try:
             super().handle_one_request()
         finally:
@@ -77,13 +85,25 @@ class _Handler(BaseHTTPRequestHandler):
         """Headers a subclass adds to every file answer (none here)."""
         return {}
 
+    def _answer_etag(self, p: Path) -> str:
+        """The ETag of this answer: the file's (``_etag``), or under ``faults["rotating_etag"]`` a new one per request
+        for the same bytes (computed once per request, so its 412 test and its headers agree)."""
+        if not self.server.faults.get("rotating_etag"):
+            return self._etag(p)
+        if getattr(self, "_rotated", None) is None:
+            with self.server.lock:
+                self.server.tags_given += 1
+                n = self.server.tags_given
+            self._rotated = self._etag(p)[:-1] + f'-node{n}"'
+        return self._rotated
+
     def _precondition_failed(self, p: Path) -> bool:
         """Answer 412 when ``If-Match`` names no current ETag or the file was modified after ``If-Unmodified-Since``
         (RFC 9110 13.1.1, 13.1.4), as S3, nginx and CDNs do."""
         im = self.headers.get("If-Match")
         failed = False
         if im is not None and im.strip() != "*":
-            failed = self._etag(p) not in [t.strip() for t in im.split(",")]
+            failed = self._answer_etag(p) not in [t.strip() for t in im.split(",")]
         ius = self.headers.get("If-Unmodified-Since")
         if im is None and ius is not None:
             with contextlib.suppress(TypeError, ValueError):
@@ -102,8 +122,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Length", str(length))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", self._etag(p))
-        self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
+        if not self.server.faults.get("no_validators"):
+            self.send_header("ETag", self._answer_etag(p))
+            self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
         self.send_header("Content-Type", "application/octet-stream")
         for k, v in {**self._extra_headers(p), **(extra or {})}.items():
             self.send_header(k, v)
@@ -143,7 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self._fault() or self._precondition_failed(p):
             return
         size = p.stat().st_size
-        start, end, status, extra = 0, size, 200, {}
+        start, end, status, extra, shift = 0, size, 200, {}, 0
         rng = self.headers.get("Range")
         if rng and rng.startswith("bytes="):
             a, _, b = rng[6:].partition("-")
@@ -152,17 +173,26 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 start, end = int(a), (min(int(b) + 1, size) if b else size)
             status, extra = 206, {"Content-Range": f"bytes {start}-{end - 1}/{size}"}
+            # the body of other bytes, as many as asked for (a proxy off by some bytes; zeros past the file's end)
+            shift = self.server.faults.get("range_shift", 0)
+            if shift:
+                extra["Content-Range"] = f"bytes {start + shift}-{end - 1 + shift}/{size}"
+            if "range_total" in self.server.faults:
+                extra["Content-Range"] = f"bytes {start}-{end - 1}/{self.server.faults['range_total']}"
+            if self.server.faults.get("no_content_range"):
+                del extra["Content-Range"]
         truncate = self.server.faults.get("truncate", 0) > 0 and end - start > 1
         if truncate:
             self.server.faults["truncate"] -= 1
         self._wait()
         self._headers(p, status, end - start, extra)
         with open(p, "rb") as f:
-            f.seek(start)
+            f.seek(start + shift)
             todo = end - start if not truncate else (end - start) // 2
             sent = 0
             while sent < todo:
-                chunk = f.read(min(64 << 10, todo - sent))
+                n = min(64 << 10, todo - sent)
+                chunk = f.read(n).ljust(n, b"\0")
                 self.server.pace(len(chunk))
                 try:
                     self.wfile.write(chunk)
@@ -188,6 +218,7 @@ class RangeServer(ThreadingHTTPServer):
         self.busy = 0  # requests being answered (_Handler.parse_request to the end of the answer)
         self.answering = threading.Condition()
         self.heads: list[str] = []  # the files asked for by HEAD (what an fsspec info() sends first)
+        self.tags_given = 0  # rotating ETags handed out (faults["rotating_etag"])
         self.lock = threading.Lock()
         self._free_at = 0.0
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)

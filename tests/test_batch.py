@@ -264,7 +264,7 @@ def test_windows_across_row_groups(datasets, tmp_path):
     for profile in ("act", "diffusion"):
         ds = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta(profile, cams))
         idx = [99, 100, 101, 150, 1999, 2000, 60, 4761, 0, 100]
-        assert len(set(np.asarray(ds._c["_slot"])[idx])) >= 5
+        assert len(set(np.asarray(ds._samples.slot)[idx])) >= 5
         _same(default_collate([ds[i] for i in idx]), _loader_batch(ds, idx), profile)
 
 

@@ -1,4 +1,4 @@
-"""Workers' recycled batch memory (lerobot_sql/batch_memory.py): batches equal in-process items whatever the main
+"""Workers' recycled batch memory (lerobot_sql/batch.py): batches equal in-process items whatever the main
 process holds on to (whole batches, one slice of one tensor, everything), slots really reused, a batch that never
 leaves its worker freed by the worker, and the switch."""
 
@@ -16,7 +16,8 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import lerobot_sql as lsql
-from lerobot_sql import batch_memory
+from lerobot_sql import batch as batch_memory
+from lerobot_sql._storage.scratch import pid_alive
 
 from test_batch import _delta, _same
 
@@ -190,7 +191,7 @@ def test_rings_of_exited_workers_are_unmapped(sets):
             pass
         del batch
     # the last epoch's two rings stay until a new ring arrives; none of the three epochs before
-    dead = [k for k in batch_memory._MAPPINGS if not batch_memory._alive(k[0])]
+    dead = [k for k in batch_memory._MAPPINGS if not pid_alive(k[0])]
     assert len(dead) <= 2, dead
 
 

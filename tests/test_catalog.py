@@ -306,3 +306,141 @@ def test_camera_frames_timestamps_are_the_frame_times_without_float_residue(data
     assert (n, off_grid, first_not_zero) == (want, 0, 0)
     ts = np.array([r[0] for r in db.sql("SELECT timestamp FROM camera_frames").fetchall()])
     assert not np.signbit(ts).any()  # rounding -1.4e-14 gave -0.0, printed as such by db.nearest and the CLI
+
+
+# ---- Data files meta/episodes names no episode to, and copies of data files (issue 36) ---------------------------
+def _raw_recorder_file(path, n=50):
+    """What a recorder leaves beside a dataset's own files: a Parquet file of other columns, no episode_index."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"ts_ns": pa.array(range(n), pa.int64()), "joint_raw": pa.array([0.5] * n)}), path)
+
+
+def test_v21_files_named_like_episode_files_of_no_episode_are_not_read(datasets, tmp_path):
+    """Real v2.1 sets hold raw recorder files named like episode files (data/chunk-001/episode_000123.parquet) that
+    no episode of meta/episodes.jsonl names: frames took their rows in (NULL episode_index, their columns added to
+    the view) and doctor's stray check said ok. v2's episode -> file map is known (data_path with episode_chunk =
+    episode_index // chunks_size): files outside it, whose rows are no episode's own, are strays, not read, named
+    in a warning at the first query (and by doctor: test_doctor)."""
+    root = tmp_path / "v21"
+    shutil.copytree(datasets / "v21_small20", root, ignore=shutil.ignore_patterns("videos"))
+    strays = ["data/chunk-000/episode_000020.parquet", "data/chunk-001/episode_000123.parquet"]
+    for rel in strays:
+        _raw_recorder_file(root / rel)
+    info = json.loads((root / "meta/info.json").read_text())
+    pristine = lsql.connect(datasets / "v21_small20")
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    assert db.layout.stray_data_files == ()  # every name matches data_path: only the map tells them apart
+    with pytest.warns(UserWarning, match=r"2 data file\(s\) match info.json's data_path but no episode of "
+                                         r"meta/episodes.jsonl names them.*not read as frames \(data/chunk-000/"
+                                         r"episode_000020.parquet: .*data/chunk-001/episode_000123.parquet: .*"
+                                         r"data_files_stray"):
+        got = db.sql("SELECT count(*), count(episode_index), count(index) FROM frames").fetchall()
+    assert got == [(info["total_frames"],) * 3]
+    assert db.sql("SELECT * FROM frames LIMIT 0").columns == pristine.sql("SELECT * FROM frames LIMIT 0").columns
+    sql = "SELECT index FROM frames WHERE episode_index = 3 ORDER BY index"
+    assert db.sql(sql).fetchall() == pristine.sql(sql).fetchall()
+    ds = db.dataset("SELECT index FROM frames WHERE index % 100 = 7", cameras=[])
+    assert len(ds) == len(pristine.sql("SELECT index FROM frames WHERE index % 100 = 7").fetchall())
+    assert db.sql("SELECT path, reason FROM _data_files_stray ORDER BY path").fetchall() == \
+        [(rel, "no episode of meta/episodes.jsonl names it and it has no episode_index column") for rel in strays]
+
+
+def test_v3_copy_of_a_data_file_no_episode_points_to_is_not_read(datasets, tmp_path):
+    """A half-finished merge left data/chunk-000/file-001.parquet, a copy of file-000, that no episode of
+    meta/episodes points to: every SQL count doubled without a word, and an index query was refused with "index
+    values that are not in the data files (e.g. [])". The copy is a stray now (its episodes' rows are all in the
+    files meta/episodes points to), not read, named at the first query."""
+    root = tmp_path / "s"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    shutil.copy(root / "data/chunk-000/file-000.parquet", root / "data/chunk-000/file-001.parquet")
+    info = json.loads((root / "meta/info.json").read_text())
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    with pytest.warns(UserWarning, match=r"1 data file\(s\) match info.json's data_path but no episode of "
+                                         r"meta/episodes points to them.*file-001.parquet.*rows of its episodes are "
+                                         r"in the files meta/episodes points to"):
+        got = db.sql("SELECT count(*), count(DISTINCT index) FROM frames").fetchall()
+    assert got == [(info["total_frames"], info["total_frames"])]
+    ds = db.dataset("SELECT index FROM frames WHERE episode_index = 2", cameras=[])
+    assert len(ds) == db.sql("SELECT length FROM episodes WHERE episode_index = 2").fetchall()[0][0]
+    assert db.sql("SELECT path FROM _data_files_stray").fetchall() == [("data/chunk-000/file-001.parquet",)]
+
+
+def test_a_file_of_no_episode_whose_rows_are_an_episodes_own_is_still_read(datasets, tmp_path):
+    """The stray rule must not drop real rows: lerobot issue #2401's converter pointed the first episode of a new
+    data file at the previous file; when the new file holds only that episode, no episode points to it. Its rows
+    are the only rows of an episode of meta/episodes, so it is read (doctor's data_file_pointers names the
+    pointer)."""
+    root = tmp_path / "m"
+    shutil.copytree(datasets / "multifile60", root, ignore=shutil.ignore_patterns("videos"))
+    rel = "meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(root / rel)
+    t = t.set_column(t.column_names.index("data/file_index"), "data/file_index",
+                     pa.array([0] * t.num_rows, t.schema.field("data/file_index").type))
+    pq.write_table(t, root / rel)
+    info = json.loads((root / "meta/info.json").read_text())
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    assert db.sql("SELECT count(*), count(DISTINCT episode_index) FROM frames").fetchall() == \
+        [(info["total_frames"], info["total_episodes"])]
+    assert db.sql("SELECT count(*) FROM _data_files_stray").fetchall() == [(0,)]
+
+
+@pytest.mark.parametrize("name, src, dst", [
+    ("multifile60", "data/chunk-000/file-000.parquet", "data/chunk-000/file-001.parquet"),
+    ("v21_small20", "data/chunk-000/episode_000005.parquet", "data/chunk-000/episode_000006.parquet")])
+def test_a_data_file_whose_rows_repeat_anothers_is_named_at_the_first_query(datasets, tmp_path, name, src, dst):
+    """A data file meta/episodes does point to, overwritten by a copy of another (a half-finished merge): every SQL
+    count over the copied rows doubled with no warning, and an index query was refused with "index values that are
+    not in the data files (e.g. [])". Now the first query warns naming both files and how many rows repeat, and
+    the index query says the values are held more than once."""
+    root = tmp_path / name
+    shutil.copytree(datasets / name, root, ignore=shutil.ignore_patterns("videos"))
+    shutil.copy(root / src, root / dst)
+    n = pq.read_metadata(root / src).num_rows
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    with pytest.warns(UserWarning, match=rf"{dst}: {n} of its {n} rows repeat `index` values that {src} holds.*"
+                                         r"counted twice"):
+        db.sql("SELECT count(*) FROM episodes").fetchall()
+    ep = pq.read_table(root / src, columns=["episode_index"])["episode_index"][0].as_py()
+    with pytest.raises(lsql.ResultContractError, match=r"more than once in the data files \(e\.g\. index \d+ "
+                                                       rf"in {src} and {dst}\)"):
+        db.dataset(f"SELECT index FROM frames WHERE episode_index = {ep}", cameras=[])
+
+
+@pytest.mark.parametrize("name", ["small20", "v21_small20"])
+def test_derived_task_index_is_in_frames_and_items_say_what_they_lack(datasets, tmp_path, name):
+    """Data files without task_index (and, v2.1, without index): the warning said both were derived, but the frames
+    view had no task_index and items lacked both keys, while another warning said "items and queries will not have
+    them". lerobot cannot read such a set (it casts the data to info.json's features; its __getitem__ reads
+    item["task_index"]). Now frames carries the derived task_index (the values _frames_loc and the items' `task`
+    use), and one warning says plainly that items carry no such key."""
+    root = tmp_path / name
+    shutil.copytree(datasets / name, root, ignore=shutil.ignore_patterns("videos"))
+    dropped = ["index", "task_index"] if name == "v21_small20" else ["task_index"]
+    for f in sorted(root.glob("data/*/*.parquet")):
+        pq.write_table(pq.read_table(f).drop_columns(dropped), f)
+    pristine = lsql.connect(datasets / name)
+    one_task = [e for e, t in pristine.sql("SELECT episode_index, tasks FROM episodes").fetchall() if len(t) == 1]
+    if name == "v21_small20":  # one task per episode, so task_index can be derived
+        lines = [json.loads(x) for x in (root / "meta/episodes.jsonl").read_text().splitlines()]
+        (root / "meta/episodes.jsonl").write_text("".join(json.dumps({**x, "tasks": x["tasks"][:1]}) + "\n"
+                                                          for x in lines))
+    else:
+        rel = root / "meta/episodes/chunk-000/file-000.parquet"
+        t = pq.read_table(rel)
+        t = t.set_column(t.column_names.index("tasks"), "tasks",
+                         pa.array([x[:1] for x in t["tasks"].to_pylist()], t.schema.field("tasks").type))
+        pq.write_table(t, rel)
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    with pytest.warns(UserWarning) as rec:
+        cols = db.sql("SELECT * FROM frames LIMIT 0").columns
+    msgs = [str(w.message) for w in rec]
+    assert "task_index" in cols and "index" in cols
+    assert not [m for m in msgs if "will not have them" in m], msgs
+    keys = " and ".join(repr(c) for c in dropped)
+    assert any(f"items of dataset() carry no {keys} key" in m for m in msgs), msgs
+    sql = ("SELECT index, episode_index, task_index FROM frames WHERE episode_index IN "
+           f"({', '.join(map(str, one_task))}) ORDER BY index")
+    assert db.sql(sql).fetchall() == pristine.sql(sql).fetchall()
+    item = db.dataset(f"SELECT index FROM frames WHERE episode_index = {one_task[0]}", cameras=[])[0]
+    ref = pristine.dataset(f"SELECT index FROM frames WHERE episode_index = {one_task[0]}", cameras=[])[0]
+    assert set(ref) - set(item) == set(dropped) and item["task"] == ref["task"]

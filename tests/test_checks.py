@@ -10,7 +10,7 @@ import pytest
 
 import lerobot_sql as lsql
 from lerobot_sql.errors import QueryError
-from lerobot_sql._query.checks import rewrite_lambdas
+from lerobot_sql._query.lambdas import rewrite_lambdas
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +238,100 @@ def test_the_documented_sql_length_limit_is_the_enforced_one():
     from lerobot_sql._query.checks import MAX_SQL_CHARS
     from lerobot_sql.db import Database
     assert f"{MAX_SQL_CHARS:,} characters" in Database.sql.__doc__
+
+
+# Sizes computed from constants: before, _value_size sized only literals and literal arithmetic, so a function
+# call around the count passed (len(range(abs(100000000))) held 2.5 GB under memory_limit=256MB; repeat('x',
+# abs(1000000000)) ran past timeout=10). Judged by db.check alone: nothing here runs.
+@pytest.mark.parametrize("sql", [
+    "SELECT len(range(abs(100000000))) AS n",
+    "SELECT length(repeat('x', abs(1000000000))) AS n",
+    "SELECT len(generate_series(1, abs(100000000))) AS n",
+    "SELECT length(repeat('x', (SELECT 1000000000))) AS n",
+    "SELECT length(repeat('x', (SELECT 1000000000 FROM episodes LIMIT 1))) AS n",  # a constant, whatever it reads
+    "SELECT length(lpad('x', greatest(1, 1000000000))) AS n",
+    "SELECT length(printf('%*d', abs(1000000000), 1)) AS n",
+    "SELECT len(range(TIMESTAMP '2000-01-01', TIMESTAMP '2100-01-01', INTERVAL 1 SECOND)) AS n",
+])
+def test_a_size_computed_from_constants_is_refused(db, sql):
+    with pytest.raises(QueryError, match=r"computed from constants.*Write the number itself"):
+        db.check(sql)
+
+
+@pytest.mark.parametrize("sql, elements", [
+    # replace: every 'x' of 1,000 becomes 1,000 characters, twice over: 1e9 characters from 3,000 written (the inner
+    # replace, 1e6 characters, is sized 1,000 x 1,000 plus its arguments and refused)
+    ("SELECT length(replace(replace(repeat('x', 1000), 'x', repeat('y', 1000)), 'y', repeat('z', 1000))) AS n",
+     "1,002,001"),
+    # encoders multiply: bin is 8 characters per character; the second bin of 100,000 is 6.4M (three: 51.2M)
+    ("SELECT length(bin(bin(bin(repeat('x', 100000))))) AS n", "6,400,000"),
+    # a separator of 100 between 1M numbers: 1e8 characters
+    ("SELECT length(array_to_string(range(1000000), repeat(' ', 100))) AS n", "101,000,100"),
+])
+def test_functions_that_multiply_their_input_are_sized(db, sql, elements):
+    with pytest.raises(QueryError, match=rf"would allocate about {elements}"):
+        db.check(sql)
+
+
+@pytest.mark.parametrize("sql, want", [
+    ("SELECT len(range(5)) AS a, length(repeat('ab', 3)) AS b, len(range(0, 10, 2)) AS c", [(5, 6, 5)]),
+    ("SELECT length(repeat('x', 1000 * 1000)) AS n", [(1_000_000,)]),
+    ("SELECT length(replace(repeat('x', 100), 'x', 'yy')) AS n, length(bin('ab')) AS b", [(200, 16)]),
+    ("SELECT max(len(range(frame_index % 3))) AS n FROM frames", [(2,)]),  # a size from the data: not judged
+    ("SELECT len(range(length)) AS n FROM episodes ORDER BY episode_index LIMIT 1", None),
+])
+def test_sizes_from_literals_and_data_still_run(db, sql, want):
+    got = db.sql(sql).fetchall()
+    if want is not None:
+        assert got == want
+    else:
+        assert got == db.sql("SELECT length FROM episodes ORDER BY episode_index LIMIT 1").fetchall()
+
+
+# A recursive CTE whose step doubles a value: 2^40 characters after 40 steps. memory_limit holds back the working
+# table but not the value being built (with memory_limit=1GB the string reached 1.2 GB peak RSS before DuckDB's
+# allocation failed; the issue saw it take the machine's memory). Refused before it runs: db.check only.
+RECURSIVE_DOUBLING = {
+    "s || s": "SELECT s || s, n + 1 FROM t WHERE n < 40",
+    "concat": "SELECT concat(t.s, t.s), n + 1 FROM t WHERE n < 40",
+    "repeat 2": "SELECT repeat(s, 2), n + 1 FROM t WHERE n < 40",
+    "through a derived table": "SELECT q.y || q.y, q.m + 1 FROM (SELECT s AS y, n AS m FROM t) q WHERE m < 40",
+    "inside a derived table": "SELECT y, m + 1 FROM (SELECT s || s AS y, n AS m FROM t) q WHERE m < 40",
+    "count from the row": "SELECT lpad(s, length(s) * 2), n + 1 FROM t WHERE n < 40",
+}
+
+
+@pytest.mark.parametrize("name", list(RECURSIVE_DOUBLING))
+def test_a_recursive_cte_doubling_a_value_is_refused(db, name):
+    sql = f"WITH RECURSIVE t(s, n) AS (SELECT 'x', 0 UNION ALL {RECURSIVE_DOUBLING[name]}) SELECT max(length(s)) FROM t"
+    with pytest.raises(QueryError, match=r"WITH RECURSIVE t: .*doubles with each step"):
+        db.check(sql)
+
+
+@pytest.mark.parametrize("sql, match", [
+    ("WITH RECURSIVE t(l, n) AS (SELECT [1], 0 UNION ALL SELECT list_concat(l, l), n + 1 FROM t WHERE n < 40) "
+     "SELECT max(len(l)) FROM t", "two or more copies"),
+    ("WITH RECURSIVE t(l, n) AS (SELECT ['x'], 0 UNION ALL SELECT list_transform(l, lambda x: x || x), n + 1 "
+     "FROM t WHERE n < 40) SELECT max(len(l)) FROM t", "two or more copies"),
+    ("WITH RECURSIVE t(a, b, n) AS (SELECT 'x', 'y', 0 UNION ALL SELECT b, a || b, n + 1 FROM t WHERE n < 60) "
+     "SELECT max(length(b)) FROM t", "two or more copies"),
+    ("WITH RECURSIVE t(n, l) AS (SELECT 1, [0] UNION ALL SELECT n * 2, range(n * 2) FROM t WHERE n < 1e12) "
+     "SELECT max(len(l)) FROM t", r"range\(\.\.\.\) takes its size from the previous step"),
+])
+def test_recursive_growth_through_lists_lambdas_and_sizes_is_refused(db, sql, match):
+    with pytest.raises(QueryError, match=match):
+        db.check(sql)
+
+
+@pytest.mark.parametrize("sql, want", [
+    ("WITH RECURSIVE t(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM t WHERE n < 10) SELECT count(*) FROM t", 11),
+    ("WITH RECURSIVE t(s, n) AS (SELECT 'x', 0 UNION ALL SELECT s || 'ab', n + 1 FROM t WHERE n < 40) "
+     "SELECT max(length(s)) FROM t", 81),  # grows by a fixed amount per step
+    ("WITH RECURSIVE t(a, b, n) AS (SELECT 0::BIGINT, 1::BIGINT, 0 UNION ALL SELECT b, a + b, n + 1 FROM t "
+     "WHERE n < 50) SELECT max(b) FROM t", 20365011074),  # numbers double freely: fixed size
+    ("WITH RECURSIVE t(e, path) AS (SELECT 0, '0' UNION ALL SELECT episodes.episode_index, t.path || '/' || "
+     "episodes.episode_index FROM t JOIN episodes ON episodes.episode_index = t.e + 1) SELECT max(length(path)) "
+     "FROM t", 49),  # a path over the episodes: grows by a fixed amount per step
+])
+def test_recursive_ctes_that_grow_by_a_fixed_amount_still_run(db, sql, want):
+    assert db.sql(sql).fetchall() == [(want,)]

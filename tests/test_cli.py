@@ -692,3 +692,75 @@ def test_a_timeout_while_writing_leaves_the_old_file(tmp_path):
             "--overwrite")
     assert_error(r, "timeout of 1 s", "--timeout")
     assert path.read_bytes() == b"the old result\n" and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def _ctrl_c_while_a_query_runs(sent: list, after: float = 0.3):
+    """A thread that waits until a query's guard has taken SIGINT (db.Result installs its handler just before DuckDB
+    runs; not a fixed delay, which lost the race to imports and connect on a loaded machine), then ``after`` seconds,
+    then sends SIGINT to the main thread as a terminal's Ctrl-C; the time goes to ``sent``. Stop it with
+    ``.stop.set()``."""
+    import signal
+    import threading
+    import time
+
+    stop = threading.Event()
+
+    def run():
+        while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            if stop.wait(0.01):
+                return
+        if not stop.wait(after):
+            sent.append(time.monotonic())
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.stop = stop
+    t.start()
+    return t
+
+
+CROSS_JOIN = "SELECT count(*) FROM frames a, frames b, frames c WHERE (a.index * b.index + c.index) % 1000003 = 7"
+
+
+def test_query_ctrl_c_exits_130_within_a_second():
+    """Ctrl-C (SIGINT to this process, from a thread) during `lerobot-sql query` of a filtered cross join: exit 130
+    and "interrupted" (within about a second; asserted only far below the query's minutes, so a loaded machine cannot
+    fail it). Before, the signal waited for the query to end: only --timeout (the test's safety net) stopped it,
+    exit 1."""
+    import signal
+    import time
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # a console script's handler; restored below
+    sent: list[float] = []
+    kill = _ctrl_c_while_a_query_runs(sent)
+    try:
+        r = run("query", SAMPLE, CROSS_JOIN, "--timeout", "120")
+        secs = time.monotonic() - sent[0] if sent else None
+    finally:
+        kill.stop.set()
+        signal.signal(signal.SIGINT, old)
+    assert r.returncode == 130 and "interrupted" in r.stderr and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+    assert secs is not None and secs < 60, secs
+
+
+# Before the fix the shell (no --timeout) waited minutes for the cross join, and pytest-timeout's SIGALRM handler
+# cannot run inside DuckDB either: the thread method ends a regressed run.
+@pytest.mark.timeout(180, method="thread")
+def test_shell_ctrl_c_stops_the_query_and_the_shell_goes_on():
+    """Ctrl-C during a shell statement: that statement reports "interrupted" and the next one runs."""
+    import signal
+    import time
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    sent: list[float] = []
+    kill = _ctrl_c_while_a_query_runs(sent)
+    try:
+        r = run("shell", SAMPLE, stdin=f"{CROSS_JOIN};\nSELECT 7 AS seven;\n")
+        secs = time.monotonic() - sent[0] if sent else None
+    finally:
+        kill.stop.set()
+        signal.signal(signal.SIGINT, old)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "interrupted (Ctrl-C)" in errors[0], r.stderr
+    assert ["7"] in box_cells(r.stdout) and r.returncode == 1
+    assert secs is not None and secs < 60, secs

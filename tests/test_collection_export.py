@@ -301,11 +301,10 @@ def test_a_collection_export_never_replaces_one_that_finished_meanwhile(datasets
     and replaced the other's export. Now DestinationExistsError; the first one's export stays intact, the second's
     staging folder is removed."""
     from lerobot_sql.export import destination
-    from lerobot_sql.export import lerobot as export_lerobot
 
     coll = lsql.connect_many({"a": datasets / "small20", "b": datasets / "multifile60"})
     dest = tmp_path / "out"
-    real, done = export_lerobot._write_marker, []
+    real, done = destination.write_marker, []
 
     def rival_finishes_first(*a, **k):  # after the staging folder is complete, before it is moved into place
         real(*a, **k)
@@ -314,7 +313,7 @@ def test_a_collection_export_never_replaces_one_that_finished_meanwhile(datasets
             coll.export("SELECT dataset, episode_index FROM episodes WHERE dataset = 'b' AND episode_index = 4",
                         dest, progress=False)
 
-    monkeypatch.setattr(export_lerobot, "_write_marker", rival_finishes_first)
+    monkeypatch.setattr(destination, "write_marker", rival_finishes_first)
     with pytest.raises(lsql.DestinationExistsError) as e:
         coll.export("SELECT dataset, episode_index FROM episodes WHERE dataset = 'a' AND episode_index < 2", dest,
                     progress=False)
@@ -358,3 +357,17 @@ def test_align_per_dataset_exports_a_wall_clock_dataset_on_the_grid(datasets, tm
                 str(tmp_path / "cli"), "--quiet")
     assert r.returncode == 0, r.stderr
     assert lsql.connect(tmp_path / "cli").sql("SELECT count(*) FROM episodes").fetchall() == [(2,)]
+
+
+def test_a_collection_export_takes_the_tolerance_it_is_given(datasets, tmp_path):
+    """coll.export(sql, dest, tolerance_s=0.5) over a dataset whose timestamps are 0.33 s off its (29 fps) grid was
+    refused asking for the very tolerance it was given: the collection resolved its selection without it."""
+    from test_export import _fps29_copy
+
+    coll = lsql.connect_many({"fps29": _fps29_copy(datasets, tmp_path)})
+    sql = "SELECT dataset, episode_index FROM episodes WHERE episode_index = 19"
+    with pytest.raises(lsql.DatasetFormatError, match="tolerance_s"):
+        coll.export(sql, tmp_path / "refused", progress=False)
+    rep = coll.export(sql, tmp_path / "out", progress=False, tolerance_s=0.5)
+    assert rep.frames == len(coll["fps29"].dataset("SELECT episode_index FROM episodes WHERE episode_index = 19",
+                                                   tolerance_s=0.5)) == 286

@@ -68,3 +68,64 @@ def test_sql_that_is_not_a_string_is_a_type_error_naming_it(datasets, bad):
             call(bad)
     with pytest.raises(TypeError, match=r"episodes=\[\.\.\.\]"):
         db.dataset([1, 2])
+
+
+# A filtered three-way cross join of small20's 4762 frames: minutes of work in one DuckDB task (the filter drops
+# every row, so no chunk reaches the result), the query of issue 36's Ctrl-C report.
+FILTERED_CROSS_JOIN = ("SELECT count(*) FROM frames a, frames b, frames c "
+                       "WHERE (a.index * b.index + c.index) % 1000003 = 7")
+
+
+def ctrl_c_while_a_query_runs(sent: list, after: float = 0.3):
+    """A thread that waits until a query's guard has taken SIGINT (db.Result installs its handler just before DuckDB
+    runs), then ``after`` seconds more, then sends SIGINT to the main thread as a terminal's Ctrl-C does; the time it
+    sent it goes to ``sent``. Waiting for the handler, not a fixed delay, keeps the signal out of connect and the
+    checks on a loaded machine. Call with SIGINT at Python's default handler; stop it with ``.stop.set()``."""
+    import signal
+    import threading
+    import time
+
+    stop = threading.Event()
+
+    def run():
+        while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            if stop.wait(0.01):
+                return
+        if not stop.wait(after):
+            sent.append(time.monotonic())
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.stop = stop
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ctrl_c_stops_a_filtered_cross_join_within_a_second(datasets, tmp_path, threads):
+    """SIGINT sent to this process while db.sql runs (from a thread, as a terminal's Ctrl-C): QueryError
+    "interrupted", ``.interrupted == "sigint"``, within about a second (asserted only far below the query's minutes,
+    so a loaded machine cannot fail it), and the connection answers after. Before, with the query's work on the main
+    thread (always with threads=1, often with 2), Python's handler waited for DuckDB to return: only the timeout
+    (the test's safety net) stopped it."""
+    import signal
+    import threading
+    import time
+
+    assert threading.current_thread() is threading.main_thread()  # where Python delivers SIGINT
+    db = lsql.connect(datasets / "small20", cache_dir=tmp_path / "cache", threads=threads)
+    assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a script; restored below
+    sent: list[float] = []
+    kill = ctrl_c_while_a_query_runs(sent)
+    try:
+        with pytest.raises(lsql.QueryError, match="interrupted") as e:
+            db.sql(FILTERED_CROSS_JOIN, timeout=120).fetchall()
+        secs = time.monotonic() - sent[0]
+    finally:
+        kill.stop.set()
+        signal.signal(signal.SIGINT, old)
+    assert e.value.interrupted == "sigint", str(e.value)
+    assert secs < 60, secs  # about a second; the query itself runs for minutes
+    assert db.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+    db.close()

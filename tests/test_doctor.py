@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from helpers import data_root
+from helpers import data_root, linked_copy
 from lerobot_sql import doctor
+from lerobot_sql._readers import verify
 from lerobot_sql._query import library
 
 CLEAN = ["small20", "multifile60", "h264_20", "img5_extras", "g1_real_v30", "v21_small20", "g1_real_v21"]
@@ -33,9 +34,8 @@ def _copy(datasets, tmp_path, name: str):
 
 def _copy_files(datasets, tmp_path, name: str, *damaged: str):
     """A copy of dataset NAME in which only the files ``damaged`` (relative paths) are real copies, safe to edit;
-    every other file is a hard link to the shipped one (never write to those)."""
-    dst = tmp_path / name
-    shutil.copytree(datasets / name, dst, copy_function=os.link)
+    every other file is a hard link (helpers.linked_copy: never to the shipped file; never write to those)."""
+    dst = linked_copy(datasets / name, tmp_path / name)
     for rel in damaged:
         (dst / rel).unlink()
         shutil.copy2(datasets / name / rel, dst / rel)
@@ -309,7 +309,8 @@ def test_missing_video_file(datasets, tmp_path):
     report = _run(root)
     c = report["video_files_present"]
     assert not c.ok and [r["path"] for r in c.sample] == [gone]
-    assert report["video_frame_pts"].skipped
+    # the other 10 mp4s are indexed and checked (they were all skipped), and pass
+    assert not report["video_frame_pts"].skipped and report["video_frame_pts"].ok
     assert _failed(report) == {"video_files_present"}
 
 
@@ -620,7 +621,9 @@ def test_missing_clip_timestamps_fail_the_report(datasets, tmp_path):
     assert [(r["video_key"], r["n_episodes"], r["first_episode"]) for r in c.sample] == [
         ("observation.images.front", 20, 0), ("observation.images.wrist", 20, 0)]
     assert "from_timestamp" in c.sample[0]["problem"]
-    assert report["video_frame_pts"].skipped == "meta/episodes points to no mp4 (see video_pointers_present)"
+    skipped = report["video_frame_pts"].skipped  # no clip bounds; the mp4s the pointers name are checked
+    assert "from_timestamp" in skipped and "video_pointers_present" in skipped, skipped
+    assert not report["video_files_present"].skipped and not report["video_stream_rate"].skipped
     assert "no video files referenced" not in report.to_text()
 
 
@@ -711,7 +714,9 @@ def test_unreadable_metadata_is_a_finding_not_a_crash(datasets, tmp_path):
 
 REFUSED_INFO = [
     ({"chunks_size": "many"}, "chunks_size", "'chunks_size' must be an integer"),
-    ({"fps": float("nan")}, "fps", "'fps' must be a positive finite number"),
+    ({"fps": float("nan")}, "fps", "'fps' must be a number of frames per second from 0.001 to 100000"),
+    ({"fps": 1e-300}, "fps", "'fps' must be a number of frames per second from 0.001 to 100000, found 1e-300"),
+    ({"codebase_version": 3}, "codebase_version", "'codebase_version' must be a string like 'v3.0', found 3 (int)"),
     ({"total_episodes": "twenty"}, "total_episodes", "'total_episodes' must be an integer"),
     ({"data_path": "../../{file_index}.parquet"}, "data_path", "has a '.' or '..' path segment"),
     ({"video_path": "videos/{video_key!r}/{file_index}.mp4"}, "video_path", "which is not allowed"),
@@ -762,9 +767,28 @@ def test_stray_parquet_in_data_is_not_read_and_doctor_names_it(datasets, tmp_pat
     assert stray not in db.layout.data_files and db.layout.stray_data_files == (stray,)
     report = _run(root)
     c = report["data_files_stray"]
-    assert not c.ok and c.severity == "warning" and c.sample == [{"path": stray}]
+    assert not c.ok and c.severity == "warning"
+    assert c.sample == [{"path": stray, "reason": f"its name does not match info.json's data_path "
+                                                  f"{info['data_path']!r}"}]
     assert report.ok, report.to_text()  # the dataset itself reads: a warning, not a failure
     assert stray in report.to_text()
+
+
+def test_v21_file_named_like_an_episode_file_of_no_episode_is_listed_as_a_stray(datasets, tmp_path):
+    """issue 36, real data: raw recorder files in data/chunk-001/ named like episode files (episode_000123.parquet)
+    that no episode of meta/episodes.jsonl names. doctor's stray check said ok (their names match data_path) while
+    their rows sat in frames with NULL episode_index. Now they are listed, with why, and the other checks pass."""
+    root = _copy(datasets, tmp_path, "v21_small20")  # a real copy: a hard link changes the shipped file's ctime
+    rel = "data/chunk-001/episode_000123.parquet"
+    (root / rel).parent.mkdir()
+    pq.write_table(pa.table({"ts_ns": pa.array(range(50), pa.int64()), "joint_raw": pa.array([0.5] * 50)}),
+                   root / rel)
+    report = _run(root)
+    c = report["data_files_stray"]
+    assert not c.ok and c.severity == "warning"
+    assert c.sample == [{"path": rel, "reason": "no episode of meta/episodes.jsonl names it and it has no "
+                                                "episode_index column"}]
+    assert _failed(report) == {"data_files_stray"} and report.ok, report.to_text()
 
 
 def test_a_damaged_data_file_is_named_and_the_other_checks_still_run(datasets, tmp_path):
@@ -1022,7 +1046,7 @@ def test_decode_error_inside_an_mp4_names_the_frame_and_its_episode(datasets, tm
 
 
 def test_decode_comparison_counts_repeats_extras_and_drops(datasets):
-    """_compare_decode on decoder outputs no sample file gives: a pts output twice, one not in the index, and the
+    """verify.compare_decode on decoder outputs no sample file gives: a pts output twice, one not in the index, and the
     lead-in frames an edit list tells the decoder to drop (a stream-copied cut), which are not missing."""
     from fractions import Fraction
 
@@ -1033,15 +1057,15 @@ def test_decode_comparison_counts_repeats_extras_and_drops(datasets):
     tb = Fraction(1, 15360)
     drop = np.array([-1024, -512], np.int64)
     clean = DecodedStream("v.mp4", tb, want[2:], discarded_pts=drop)
-    assert doctor._compare_decode(want, clean, clips) is None
+    assert verify.compare_decode(want, clean, clips) is None
     got = DecodedStream("v.mp4", tb, np.array([0, 512, 1024, 1024, 1536, 2048, 2560, 3072, 3300, 3584, 4096, 4608]),
                         discarded_pts=drop)
-    r = doctor._compare_decode(want, got, clips)
+    r = verify.compare_decode(want, got, clips)
     assert (r["frame"], r["pts"], r["episodes"]) == (4, 1024, [0, 1])
     assert (r["n_out_of_order"], r["n_missing"], r["n_extra"], r["frames_decoded"]) == (1, 0, 1, 12)
     assert "1 pts output more than once (first pts 1024)" in r["problem"]
     assert "1 decoded pts not in the index (first pts 3300" in r["problem"]
-    assert doctor._compare_decode(want, DecodedStream("v.mp4", tb, want[2:]), clips)["n_missing"] == 2  # no drop
+    assert verify.compare_decode(want, DecodedStream("v.mp4", tb, want[2:]), clips)["n_missing"] == 2  # no drop
 
 
 @pytest.mark.parametrize("text, match", [
@@ -1062,3 +1086,209 @@ def test_a_broken_stats_json_fails_stats_json_valid(datasets, tmp_path, text, ma
     assert re.search(match, c.sample[0]["error"]) and "meta/stats.json" in c.sample[0]["error"], c.sample
     (root / "meta/stats.json").unlink()
     assert _run(root)["stats_json_valid"].skipped == "no meta/stats.json"
+
+
+# ---- coverage: video checks that ran on nothing (issue 36, real data 5) -----------------------------------------
+def test_missing_clip_timestamps_still_get_the_file_and_index_checks(datasets, tmp_path):
+    """meta/episodes without videos/*/from_timestamp and to_timestamp (chunk and file index kept), info.json at 15
+    fps over 30 fps mp4s: doctor skipped every video check ("points to no mp4"), so the stream of another rate went
+    unreported. Now the mp4s the pointers name are probed and indexed: video_stream_rate names both files and rates,
+    the file checks run, the pointer check fails naming both cameras, and the checks that need clip bounds say why
+    they skip (never a violation per frame of a clip that has no bounds)."""
+    root = _copy_files(datasets, tmp_path, "small20", EPISODES, "meta/info.json")
+    _edit_parquet(root / EPISODES, lambda t: t.drop_columns(
+        [c for c in t.column_names if c.startswith("videos/") and c.endswith("_timestamp")]))
+    info = json.loads((root / "meta/info.json").read_text())
+    info["fps"] = 15
+    (root / "meta/info.json").write_text(json.dumps(info))
+    report = _run(root, tolerance_s=1.0)
+    c = report["video_stream_rate"]
+    assert not c.skipped, c.skipped
+    assert [(r["video_key"], r["path"], r["info_fps"], r["stream_fps"]) for r in c.sample] == [
+        (f"observation.images.{k}", f"videos/observation.images.{k}/chunk-000/file-000.mp4", 15.0, 30.0)
+        for k in ("front", "wrist")]
+    for name in ("video_files_present", "video_files_readable", "video_files_complete", "video_codec"):
+        assert not report[name].skipped and report[name].ok, name
+    assert [r["video_key"] for r in report["video_pointers_present"].sample] == [
+        "observation.images.front", "observation.images.wrist"]
+    for name in ("video_segments", "video_segment_frames", "video_clip_frames", "video_frame_pts"):
+        assert report[name].ok and "from_timestamp" in (report[name].skipped or ""), (name, report[name].skipped)
+    # (frame_index_contiguous: the data's 30 fps timestamps against info.json's 15)
+    assert _failed(report) == {"frame_index_contiguous", "video_pointers_present", "video_stream_rate"}, \
+        report.to_text()
+
+
+def test_some_mp4s_missing_the_present_ones_are_still_checked(datasets, tmp_path):
+    """multifile60 with 2 of its mp4s gone and another one cut short: every index check was skipped ("2 video
+    file(s) missing"), so the cut file went unreported. Now the missing files are named by video_files_present and
+    the present ones are indexed and checked: video_files_complete names the cut one; no check reports a violation
+    for the episodes of the missing files (their frames have no index to be checked against)."""
+    gone = ["videos/observation.images.wrist/chunk-001/file-000.mp4",
+            "videos/observation.images.front/chunk-000/file-001.mp4"]
+    cut = "videos/observation.images.front/chunk-000/file-000.mp4"
+    root = _copy_files(datasets, tmp_path, "multifile60", cut)
+    for rel in gone:
+        (root / rel).unlink()
+    size = (root / cut).stat().st_size
+    with open(root / cut, "r+b") as f:
+        f.truncate(int(size * 0.6))
+    report = _run(root)
+    assert sorted(r["path"] for r in report["video_files_present"].sample) == sorted(gone)
+    c = report["video_files_complete"]
+    assert not c.skipped and [r["path"] for r in c.sample] == [cut]
+    for name in ("video_frame_pts", "video_segment_frames", "video_clip_frames", "video_stream_rate"):
+        assert not report[name].skipped, (name, report[name].skipped)
+        assert all(r.get("path") not in gone for r in report[name].sample), name
+    # the episodes of the cut file fail the frame checks, those of the missing files are not reported as such
+    assert _failed(report) >= {"video_files_present", "video_files_complete"}
+
+
+def test_a_video_folder_named_by_the_template_is_what_the_hint_names(datasets, tmp_path):
+    """info.json's video_path 'video/{video_key}/...' (not 'videos/'), one mp4 missing: the hint said
+    allow_patterns='videos/*', a folder the dataset does not have. It names the template's folder now."""
+    import shutil
+
+    root = _copy_files(datasets, tmp_path, "small20", "meta/info.json")
+    shutil.move(root / "videos", root / "video")
+    info = json.loads((root / "meta/info.json").read_text())
+    assert info["video_path"].startswith("videos/")
+    info["video_path"] = "video/" + info["video_path"][len("videos/"):]
+    (root / "meta/info.json").write_text(json.dumps(info))
+    gone = "video/observation.images.wrist/chunk-000/file-000.mp4"
+    (root / gone).unlink()
+    report = _run(root)
+    c = report["video_files_present"]
+    assert [r["path"] for r in c.sample] == [gone]
+    assert "allow_patterns='video/*'" in c.hint and "videos/*" not in c.hint, c.hint
+    assert "videos/*" not in report.to_text()
+    assert _failed(report) == {"video_files_present"}, report.to_text()
+
+
+def test_the_stats_call_doctor_recommends_works_on_wall_clock_timestamps(datasets, tmp_path):
+    """A broken meta/stats.json on a dataset whose timestamps stray from frame_index / fps (info.json's fps 29 over
+    30 fps data): doctor recommended db.stats('SELECT episode_index FROM episodes'), which was refused asking for a
+    tolerance_s that db.stats does not take. The call the hint names now computes every feature's statistics."""
+    import re
+
+    root = _copy_files(datasets, tmp_path, "small20", "meta/info.json", "meta/stats.json")
+    info = json.loads((root / "meta/info.json").read_text())
+    info["fps"] = 29
+    (root / "meta/info.json").write_text(json.dumps(info))
+    (root / "meta/stats.json").write_text('{"action": {"mean": "oops"}}')
+    report = _run(root, check_video=False)
+    c = report["stats_json_valid"]
+    assert not c.ok
+    (call,) = re.findall(r"db\.stats\('[^']*'\)", c.hint)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        db = lsql.connect(root)
+    st = eval(call, {"db": db})  # the very call the hint names
+    assert set(st) == set(json.loads((datasets / "small20" / "meta/stats.json").read_text()))
+    with pytest.raises(lsql.errors.MissingFileError, match=re.escape(call)):
+        (root / "meta/stats.json").unlink()
+        db.stats()
+
+
+# ---- every hint names options that exist (issue 36, real data 5) --------------------------------------------------
+PUBLIC_MODULES = ("lerobot_sql", "lerobot_sql.db", "lerobot_sql.collection", "lerobot_sql.dataset",
+                  "lerobot_sql.samplers", "lerobot_sql.shard", "lerobot_sql.ray_data", "lerobot_sql.export",
+                  "lerobot_sql.doctor", "lerobot_sql.display", "lerobot_sql.stats", "lerobot_sql.meta",
+                  "lerobot_sql.nearest", "lerobot_sql.prefetch", "lerobot_sql.mixture", "lerobot_sql.train")
+# Options of other libraries that hints name, with the library: not lerobot_sql's to check.
+EXTERNAL_OPTIONS = {"client_kwargs": "fsspec's HTTPFileSystem (storage_options)",
+                    "allow_patterns": "huggingface_hub.snapshot_download"}
+
+
+def _public_callables():
+    """The public callables a hint may name, by the name hints call them: Database's and Collection's methods,
+    connect / connect_many (their keywords are Database's / Collection's), doctor.run, the export functions."""
+    import lerobot_sql.export as ex
+    from lerobot_sql.collection import Collection
+
+    out: dict[str, list] = {}
+    for cls in (lsql.Database, Collection):
+        for name in dir(cls):
+            if not name.startswith("_") and callable(getattr(cls, name)):
+                out.setdefault(name, []).append(getattr(cls, name))
+    out["export"] += [ex.export_dataset]  # Database.export(sql, dest, **kwargs) passes them on
+    out["export_manifest"] += [ex.export_manifest]
+    out["connect"] = [lsql.connect, lsql.Database.__init__]
+    out["connect_many"] = [lsql.connect_many, Collection.__init__]
+    out["run"] = [doctor.run]
+    return out
+
+
+def _every_public_parameter() -> set[str]:
+    """Every parameter of every public function, method and class of the public modules."""
+    import importlib
+    import inspect
+
+    names: set[str] = set()
+    for mod in map(importlib.import_module, PUBLIC_MODULES):
+        for attr in dir(mod):
+            obj = getattr(mod, attr)
+            if attr.startswith("_") or not callable(obj) or not getattr(obj, "__module__", "").startswith("lerobot"):
+                continue
+            members = [obj] + ([v for k, v in vars(obj).items() if callable(v) and (not k.startswith("_") or
+                                                                                    k == "__init__")]
+                               if inspect.isclass(obj) else [])
+            for f in members:
+                try:
+                    names |= set(inspect.signature(f).parameters)
+                except (TypeError, ValueError):
+                    continue
+    return names
+
+
+def _hint_strings():
+    """(file, line, text) of every string literal in lerobot_sql outside docstrings (f-strings with {} for their
+    fields), adjacent literals joined as Python joins them."""
+    import ast
+    import pathlib
+
+    pkg = pathlib.Path(lsql.__file__).parent
+    for path in sorted(pkg.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        parts = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.JoinedStr):
+                parts.update(id(v) for v in n.values)
+        for n in ast.walk(tree):
+            if isinstance(n, ast.JoinedStr):
+                yield path.name, n.lineno, "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in n.values)
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs | parts:
+                yield path.name, n.lineno, n.value
+
+
+def test_every_hint_names_an_option_the_function_it_names_takes():
+    """Hints in error messages and reports name calls users then type: "dataset(..., cameras=[...])",
+    "db.export(sql, dest, features=[...])". For every such call in every message of the package, the option is a
+    parameter of the function named (Database, Collection, connect, doctor.run, export); and every option advised
+    alone ("pass X=...") is a parameter of some public function. (db.stats and db.export were advised
+    "cameras=", which neither took.)"""
+    import inspect
+    import re
+
+    funcs = _public_callables()
+
+    def params(f):
+        return set(inspect.signature(f).parameters)
+
+    everything = _every_public_parameter() | set(EXTERNAL_OPTIONS)
+    call = re.compile(r"(?:\b(?:db|ds|coll|lsql|doctor|export)\.)?\b(\w+)\(([^()]*(?:\([^()]*\)[^()]*)*)\)")
+    bad = []
+    for where, line, text in _hint_strings():
+        for m in call.finditer(text):
+            name, args = m.group(1), m.group(2)
+            if name not in funcs:
+                continue
+            for opt in re.findall(r"(?<![\w.'\"])([a-z_]\w*)=(?!=)", args):
+                if not any(opt in params(f) for f in funcs[name]):
+                    bad.append(f"{where}:{line}: {name}(..., {opt}=) in {text[:120]!r}")
+        for opt in re.findall(r"\b(?:[Pp]ass|[Uu]se|[Tt]ry|[Ss]et) ([a-z_]\w*)=", text):
+            if opt not in everything:
+                bad.append(f"{where}:{line}: {opt}= in {text[:120]!r}")
+    assert not bad, "\n".join(bad)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
-from helpers import data_root
+from helpers import data_root, linked_copy
 from lerobot_sql import export as export_mod
 from lerobot_sql.export import data_writer, video_writer
 
@@ -500,7 +500,7 @@ def test_depth_image_stats_are_lerobots(datasets):
 
     from PIL import Image
 
-    from lerobot_sql.export import stats as export_stats
+    from lerobot_sql._format import stats_json as export_stats
 
     src = datasets / "depth4"
     d, e = _data(src), _episodes(src)
@@ -1020,13 +1020,13 @@ def test_an_export_never_replaces_one_that_finished_meanwhile(datasets, tmp_path
     """Two exports to one destination with overwrite=False: the later rename replaced the other's finished export
     (both succeeded). Now the one that finishes second raises DestinationExistsError naming the destination, the
     first one's export stays as it wrote it, and the loser's staging folder is removed."""
-    from lerobot_sql.export import lerobot as export_lerobot
+    from lerobot_sql.export import destination
 
     db = lsql.connect(datasets / "small20")
     dest = tmp_path / "out"
     if start == "empty folder":
         dest.mkdir()
-    _race_after_staging(monkeypatch, export_lerobot, "_write_marker",
+    _race_after_staging(monkeypatch, destination, "write_marker",
                         lambda: db.export("SELECT 3 AS episode_index", dest, progress=False))
     with pytest.raises(lsql.DestinationExistsError) as e:
         db.export("SELECT 2 AS episode_index", dest, progress=False)
@@ -1081,15 +1081,15 @@ def test_an_overwrite_keeps_an_export_that_lands_between_its_two_renames(dataset
 def _export_at_the_barrier(root, sql, dest, barrier, results):
     """A child of test_two_processes_exporting_to_one_destination: export ``sql`` to ``dest``, waiting at
     ``barrier`` after its files are written, so both children move into place at the same moment."""
-    from lerobot_sql.export import lerobot as export_lerobot
+    from lerobot_sql.export import destination
 
-    real = export_lerobot._write_marker
+    real = destination.write_marker
 
     def wait_then_write(*a, **k):
         real(*a, **k)
         barrier.wait(timeout=120)
 
-    export_lerobot._write_marker = wait_then_write
+    destination.write_marker = wait_then_write
     try:
         lsql.connect(root).export(sql, dest, progress=False)
         results.put((sql, "ok"))
@@ -1125,3 +1125,111 @@ def test_two_processes_exporting_to_one_destination(datasets, tmp_path):
     episode = int(winners[0].split()[1])
     want = _data(datasets / "small20").query(f"episode_index == {episode}")["observation.state"]
     assert np.array_equal(np.stack(_data(dest)["observation.state"]), np.stack(want))
+
+
+# ---- hints that name options export takes (issue 36, real data 5) -------------------------------------------------
+def _fps29_copy(datasets, tmp_path) -> Path:
+    """small20 whose info.json says 29 fps (its data timestamps and mp4s are 30 fps: timestamps drift from
+    frame_index / fps by up to 0.33 s over episode 19, the last clip of each mp4, whose to_timestamp is set to
+    length / 29 after from_timestamp): dataset() refuses without tolerance_s=0.33 or more, and serves it with one."""
+    import shutil
+
+    import pyarrow as pa
+
+    root = tmp_path / "fps29"
+    shutil.copytree(datasets / "small20", root)  # copies: a hard link's ctime moves when another test links it
+    info = json.loads((root / "meta/info.json").read_text())
+    info["fps"] = 29
+    (root / "meta/info.json").write_text(json.dumps(info, indent=4))
+    p = root / "meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(p)
+    for k in ("front", "wrist"):
+        col = f"videos/observation.images.{k}/to_timestamp"
+        frm = t[f"videos/observation.images.{k}/from_timestamp"].to_pylist()
+        to = [f + n / 29 if e == 19 else x for e, n, f, x in
+              zip(t["episode_index"].to_pylist(), t["length"].to_pylist(), frm, t[col].to_pylist())]
+        t = t.set_column(t.schema.get_field_index(col), col, pa.array(to, t.schema.field(col).type))
+    pq.write_table(t, p)
+    return root
+
+
+def test_export_takes_the_tolerance_it_is_given(datasets, tmp_path):
+    """db.export(sql, dest, tolerance_s=0.5) was refused with "pass tolerance_s=0.328 or more": export resolved its
+    selection without the tolerance it was given. Now it exports what dataset(sql, tolerance_s=0.5) serves: the
+    copy's mp4s hold the items' camera frames, frame for frame (decoded straight with PyAV; the copy keeps the
+    damaged fps, so it is not read back through dataset())."""
+    root = _fps29_copy(datasets, tmp_path)
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    sql = "SELECT episode_index FROM episodes WHERE episode_index = 19"
+    with pytest.raises(lsql.errors.DatasetFormatError, match=r"timestamps differ from frame_index / fps by up to 0\.3"):
+        db.dataset(sql)  # the refusal export met, now only without a tolerance
+    rep = db.export(sql, tmp_path / "out", progress=False, tolerance_s=0.5)
+    a = db.dataset(sql, tolerance_s=0.5, return_uint8=True)
+    assert rep.frames == len(a) == 286
+    for k in ("observation.images.front", "observation.images.wrist"):
+        with av.open(str(tmp_path / "out" / f"videos/{k}/chunk-000/file-000.mp4")) as c:
+            got = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+        assert len(got) == 286, k
+        for j in (0, 1, 140, 285):
+            assert np.array_equal(a[j][k].numpy().transpose(1, 2, 0), got[j]), (k, j)
+
+
+def test_a_missing_camera_pointer_refusal_names_no_option_export_lacks(datasets, tmp_path):
+    """meta/episodes without the front camera's video pointers: db.export's refusal said "Leave the camera out
+    (cameras=[...] ...)", an option db.export does not take. Every option the message names now exists on the
+    function it names (or, named alone, on export)."""
+    import inspect
+    import re
+    import shutil
+
+    root = tmp_path / "nofront"
+    linked_copy(datasets / "small20", root)
+    p = root / "meta/episodes/chunk-000/file-000.parquet"
+    p.unlink()
+    t = pq.read_table(datasets / "small20" / p.relative_to(root))
+    pq.write_table(t.drop_columns([c for c in t.column_names if c.startswith("videos/observation.images.front/")]), p)
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    with pytest.raises(lsql.errors.DatasetFormatError, match="no video pointer for camera 'observation.images.front'"
+                       ) as e:
+        db.export("SELECT episode_index FROM episodes WHERE episode_index < 2", tmp_path / "out", progress=False)
+    msg = str(e.value)
+    funcs = {"dataset": [lsql.Database.dataset], "manifest": [lsql.Database.manifest], "stats": [lsql.Database.stats],
+             "export": [export_mod.export_dataset]}
+    named = re.findall(r"(?:(\w+)\((?:[^()]*?, )?)?\b(\w+)=", msg)
+    assert named, msg
+    for fn, opt in named:
+        where = funcs.get(fn, funcs["export"]) if fn else funcs["export"]
+        assert any(opt in inspect.signature(f).parameters for f in where), (fn or "export", opt, msg)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_export_of_a_source_without_camera_stats_computes_them(datasets, tmp_path):
+    """small20 whose meta/episodes has no stats/ columns for its cameras (numeric ones kept): an export of whole
+    episodes wrote no camera statistics (its columns came from the source), so stats.json had no cameras and
+    lerobot-train would feed them un-normalised. Now each output episode's camera stats are computed from its frames
+    (lerobot's sampling, decoded frames): they equal db.stats of that episode, and lerobot's own (computed before
+    encoding) up to the codec's loss."""
+    import shutil
+
+    root = tmp_path / "nocamstats"
+    shutil.copytree(datasets / "small20", root)
+    p = root / "meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(p)
+    cams = ("observation.images.front", "observation.images.wrist")
+    pq.write_table(t.drop_columns([c for c in t.column_names if c.startswith("stats/observation.images.")]), p)
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    db.export("SELECT episode_index FROM episodes WHERE episode_index IN (3, 7)", tmp_path / "out", progress=False)
+    out = pq.read_table(tmp_path / "out/meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    orig = {r["episode_index"]: r for r in t.to_pylist()}
+    for row, src in zip(out, (3, 7)):
+        with pytest.warns(UserWarning, match="computed from the episodes' frames"):
+            own = db.stats(f"SELECT episode_index FROM episodes WHERE episode_index = {src}")
+        for k in cams:
+            for st in ("min", "max", "mean", "std"):
+                np.testing.assert_allclose(np.asarray(row[f"stats/{k}/{st}"]), np.asarray(own[k][st]), rtol=0,
+                                           atol=1e-9, err_msg=f"{k} {st}")
+            np.testing.assert_allclose(np.asarray(row[f"stats/{k}/mean"]), np.asarray(orig[src][f"stats/{k}/mean"]),
+                                       rtol=0, atol=0.02)
+            assert row[f"stats/{k}/count"] == orig[src][f"stats/{k}/count"]
+    written = json.loads((tmp_path / "out/meta/stats.json").read_text())
+    assert all(k in written and np.asarray(written[k]["mean"]).shape == (3, 1, 1) for k in cams)

@@ -1,7 +1,9 @@
 """The package's import graph keeps the stage order of docs/architecture.md: no upward edge, no cycle.
 
 An AST walk of every module of ``lerobot_sql/`` collects its imports of the package, at module level and inside
-functions alike (a lazy import is still a dependency; it only hides a cycle from the interpreter). Each module
+functions alike (a lazy import is still a dependency; it only hides a cycle from the interpreter). Imports under
+``if TYPE_CHECKING:`` are no edge for the stage rules (a type named in an annotation) but count for cycles: two
+modules that name each other's types are one room in two files (the export writers and the Exporter were). Each module
 belongs to a stage; ``ALLOWED`` says which stages (or single modules) a stage may import. The edges, cycles and
 cross-module private imports that break the rules today are listed in ``KNOWN_*``: a new one fails the test, and
 so does a listed one that no longer exists, so the lists can only shrink (delete the entry with the fix).
@@ -34,11 +36,13 @@ STAGE_TOP = {
     "errors": "errors", "_version": "errors",  # the leaves everyone may import
     # the torch side: after the manifest, files only
     "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter", "meta": "adapter",
-    "pipeline": "adapter", "mixture": "adapter", "batch_memory": "adapter",
+    "pipeline": "adapter", "mixture": "adapter", "batch": "adapter",
+    # the dataset's side jobs: the per-sample table, per-process reading state, lerobot's value conventions
+    "_samples": "adapter", "_worker": "adapter", "_values": "adapter",
     # features built over a Database or a manifest
     "prefetch": "feature", "doctor": "feature", "nearest": "feature", "display": "feature", "stats": "feature",
-    # the facade
-    "__init__": "facade", "db": "facade", "collection": "facade",
+    # the facade (``_sql``: the check-then-run face and the Result that db and collection share)
+    "__init__": "facade", "db": "facade", "collection": "facade", "_sql": "facade",
     # the one old import path kept for a release (docs/sql.md showed `from lerobot_sql import library` in 0.1)
     "library": "query",
     # the demo and the lerobot-train driver: users of the facade
@@ -93,6 +97,9 @@ NEVER = {
     "plan": {"torch", "av"},
     "adapter": {"duckdb", "sqlglot"},
 }
+# torch belongs to the training wing: the adapter's modules import it, and besides them only the demo and the
+# lerobot-train driver (users of the wing). Every other module stays importable without torch.
+TORCH_USERS = {"demo", "train"}
 
 
 def _modules() -> dict[str, Path]:
@@ -112,17 +119,20 @@ def _is_type_checking(node: ast.If) -> bool:
         (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _walk(tree: ast.AST, lazy: bool = False):
-    """Yield (node, lazy) for every import statement, skipping `if TYPE_CHECKING:` blocks."""
+def _walk(tree: ast.AST, lazy: bool = False, type_only: list | None = None):
+    """Yield (node, lazy) for every import statement, skipping `if TYPE_CHECKING:` blocks; their imports are
+    appended to ``type_only`` when it is given."""
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, ast.If) and _is_type_checking(node):
+            if type_only is not None:
+                type_only.extend(n for n, _ in _walk(ast.Module(body=node.body, type_ignores=[]), lazy))
             for n in node.orelse:
-                yield from _walk(ast.Module(body=[n], type_ignores=[]), lazy)
+                yield from _walk(ast.Module(body=[n], type_ignores=[]), lazy, type_only)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node, lazy
         inner = lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-        yield from _walk(node, inner)
+        yield from _walk(node, inner, type_only)
 
 
 @functools.lru_cache(maxsize=1)
@@ -178,6 +188,39 @@ def _graph():
                     and node.attr.startswith("_") and not node.attr.startswith("__"):
                 attr_private.add((name, aliases[node.value.id], node.attr))
     return mods, edges, private, external, attr_private
+
+
+def _target(name: str, node: ast.Import | ast.ImportFrom, mods) -> list[str]:
+    """The package modules one import statement of module ``name`` names (none for other packages)."""
+    path = mods[name]
+    pkg_parts = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
+    if name == "__init__":
+        pkg_parts = []
+    if isinstance(node, ast.Import):
+        return [".".join(a.name.split(".")[1:]) or "__init__" for a in node.names
+                if a.name.split(".")[0] == "lerobot_sql"]
+    if node.level:
+        base = pkg_parts[: len(pkg_parts) - (node.level - 1)] if node.level > 1 else list(pkg_parts)
+        mod = ".".join(base + (node.module.split(".") if node.module else []))
+    elif node.module and node.module.split(".")[0] == "lerobot_sql":
+        mod = ".".join(node.module.split(".")[1:])
+    else:
+        return []
+    return [f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else (mod or "__init__") for a in node.names]
+
+
+@functools.lru_cache(maxsize=1)
+def _type_only_edges() -> set[tuple[str, str]]:
+    """(importer, imported) for every import under ``if TYPE_CHECKING:``: no edge for the stage rules, but a cycle
+    through one is a cycle."""
+    mods = _modules()
+    out = set()
+    for name, path in mods.items():
+        found: list = []
+        for _ in _walk(ast.parse(path.read_text(), str(path)), type_only=found):
+            pass
+        out |= {(name, t) for node in found for t in _target(name, node, mods) if t != name}
+    return out
 
 
 def _allowed(src: str, dst: str, lazy: bool) -> bool:
@@ -244,9 +287,10 @@ def test_no_upward_edge():
 
 def test_no_import_cycle():
     _, edges, *_ = _graph()
-    found = _cycles(edges)
+    found = _cycles(set(edges) | _type_only_edges())
     new = [sorted(c) for c in found if c not in KNOWN_CYCLES]
-    assert not new, f"new import cycles (direct or lazy imports): {new}"
+    typed = sorted({e for e in _type_only_edges() if any(set(e) <= c for c in found)})
+    assert not new, f"new import cycles (direct, lazy or TYPE_CHECKING imports; type-only edges: {typed}): {new}"
     gone = [sorted(c) for c in KNOWN_CYCLES - found]
     assert not gone, f"fixed or changed: update KNOWN_CYCLES to what remains: {gone}; found {[sorted(c) for c in found]}"
 
@@ -266,12 +310,21 @@ def test_stages_keep_off_their_forbidden_libraries():
     assert not bad, f"a stage imports a library it must not (see NEVER): {bad}"
 
 
+def test_torch_only_in_the_training_wing():
+    _, _, _, external, _ = _graph()
+    bad = sorted(m for m, lib in external if lib == "torch" and stage_of(m) != "adapter" and m not in TORCH_USERS)
+    assert not bad, f"modules outside the training wing import torch (see TORCH_USERS): {bad}"
+
+
 def test_the_walk_sees_lazy_imports_and_type_checking_blocks():
     """The walk itself: a lazy import is an edge, a TYPE_CHECKING import is not, relative levels resolve."""
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .db import Database\n"
                      "def f():\n    from . import video\n    from ..x import y\n")
     got = [(n.module, [a.name for a in n.names], n.level, lazy) for n, lazy in _walk(tree)]
     assert got == [("typing", ["TYPE_CHECKING"], 0, False), (None, ["video"], 1, True), ("x", ["y"], 2, True)]
+    typed: list = []
+    assert len(list(_walk(tree, type_only=typed))) == 3 and [(n.module, n.level) for n in typed] == [("db", 1)]
+    assert ("export.data_writer", "export.lerobot") not in _type_only_edges()  # the writers take an ExportTarget
     _, edges, *_ = _graph()
     assert edges[("db", "export")] is True          # lazy, inside a method
     assert edges[("db", "_catalog.connection")] is False  # module level

@@ -13,6 +13,7 @@ import pytest
 
 import lerobot_sql as lsql
 from lerobot_sql._catalog.views import template_to_printf
+from lerobot_sql._format.info import parse_version
 from lerobot_sql._format.layout import load_layout
 from lerobot_sql._storage.source import open_source
 
@@ -25,7 +26,7 @@ def _info(root):
 
 def test_v30_layout(datasets):
     lay = load_layout(open_source(datasets / "multifile60"))
-    assert not lay.legacy and lay.version_tuple == (3, 0) and lay.fps == 30.0
+    assert not lay.legacy and parse_version(lay.version) == (3, 0) and lay.fps == 30.0
     assert lay.tasks_file == "meta/tasks.parquet" and lay.episode_stats_file is None and lay.warnings == ()
     assert lay.data_files == ("data/chunk-000/file-000.parquet", "data/chunk-000/file-001.parquet")
     assert lay.video_file("observation.images.front", 1, 0) == \
@@ -234,6 +235,16 @@ BAD_INFO = [
     ({"fps": float("inf")}, "'fps'"),
     ({"fps": -30}, "'fps'"),
     ({"fps": 1e300}, "'fps'"),
+    # issue 36: a positive fps so small that every time is astronomically far (1/fps s per frame), zero, a flag
+    ({"fps": 1e-300}, "'fps'"),
+    ({"fps": 5e-324}, "'fps'"),
+    ({"fps": 0}, "'fps'"),
+    ({"fps": True}, "'fps'"),
+    ({"fps": False}, "'fps'"),
+    # issue 36: a version that is not a string (str(3) read as 'v3.0')
+    ({"codebase_version": 3}, "'codebase_version'"),
+    ({"codebase_version": 3.0}, "'codebase_version'"),
+    ({"codebase_version": ["v3.0"]}, "'codebase_version'"),
     ({"chunks_size": 10 ** 30}, "'chunks_size'"),
     ({"chunks_size": 0}, "'chunks_size'"),
     ({"chunks_size": -5}, "'chunks_size'"),
@@ -330,6 +341,26 @@ def test_http_root_with_a_valid_info_json_lists_its_files(datasets, tmp_path, mo
             assert db.source.listed_files() == local
             if n:
                 assert db.sql("SELECT count(*) FROM frames").fetchall() == [(n,)]
+
+
+def test_http_v21_data_path_written_with_chunk_index_and_file_index_lists_its_files(datasets, tmp_path,
+                                                                                   monkeypatch):
+    """A v2.x data_path may name an episode's file with {chunk_index}/{file_index} (check_info accepts them, and
+    Layout.data_file fills them with episode_chunk/episode_index): the HTTP listing filled only episode_chunk and
+    episode_index, so connect() died with a bare KeyError: 'chunk_index'."""
+    from http_range_server import RangeServer
+
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "srv" / "v21"
+    shutil.copytree(datasets / "v21_small20", root, ignore=shutil.ignore_patterns("videos"))
+    info = _info(root)
+    info.update(data_path="data/chunk-{chunk_index:03d}/episode_{file_index:06d}.parquet", video_path=None,
+                features={k: v for k, v in info["features"].items() if v["dtype"] != "video"})
+    (root / "meta/info.json").write_text(json.dumps(info))
+    with RangeServer(tmp_path / "srv") as srv:
+        db = lsql.connect(f"{srv.url}/v21")
+        assert len([f for f in db.source.listed_files() if f.startswith("data/")]) == 20
+        assert db.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
 
 
 def _relay_meta_episodes(src, root, places):

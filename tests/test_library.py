@@ -265,3 +265,33 @@ def test_int_parameters_must_fit_bigint(small):
     # the int64 bounds themselves are values
     assert _eps(db.query("episodes_by_length", max_length=2 ** 63 - 1)) == list(eps)
     assert _eps(db.query("episodes_by_length", min_length=2 ** 63 - 1)) == []
+
+
+@pytest.mark.parametrize("param, value, why", [
+    ("min_length", "٣", "ASCII digits"),  # Arabic-Indic three: int() reads it as 3
+    ("min_length", "３", "ASCII digits"),  # a fullwidth three
+    ("min_length", "1_0", "ASCII digits"),
+    ("seconds", "٣", "ASCII"),
+    ("seconds", "1_0", "ASCII"),  # float() reads it as 10.0
+    ("seconds", "1e400", "outside a 64-bit float"),  # float() reads it as inf
+    ("seconds", 10 ** 400, "outside a 64-bit float"),  # float() raises a bare OverflowError
+])
+def test_number_parameters_take_only_plain_ascii_numbers_that_fit(param, value, why):
+    """int and float parameters took what Python's int()/float() take: other scripts' digits, '1_0', and a
+    '1e400' that became inf (a bound of 'no limit' nobody wrote). Each is refused naming the parameter, as a usage
+    error (CLI exit 2)."""
+    name = "episodes_by_length" if param == "min_length" else "last_seconds"
+    with pytest.raises(QueryError, match=rf"parameter '{param}' \((int|float)\) .*{why}") as e:
+        library.render(name, {param: value})
+    assert e.value.usage
+
+
+def test_number_parameters_in_their_plain_forms_still_work():
+    assert "BETWEEN 12 AND" in library.render("episodes_by_length", {"min_length": " 12 "})
+    assert "BETWEEN -0 AND" not in library.render("episodes_by_length", {"min_length": "+0"})
+    for value, text in (("2.5", "2.5"), ("1e3", "1000.0"), (".5", "0.5"), (" 4. ", "4.0"), (3, "3.0")):
+        assert text in library.render("last_seconds", {"seconds": value}), value
+    assert "-0.25" in library.render("episodes_by_stat", {"min_value": "-0.25"})
+    # inf written as such stays the documented 'no bound' of a float parameter
+    assert "'inf'::DOUBLE" in library.render("episodes_by_stat", {"feature": "action", "stat": "max",
+                                                                  "max_value": "inf"})

@@ -123,10 +123,15 @@ def test_dataset_raises_frame_not_found_for_drifted_timestamps(datasets):
     key = "observation.images.wrist"
     col = m.column_names.index(f"{key}/from_timestamp")
     m = m.set_column(col, f"{key}/from_timestamp", pa.compute.add(m[f"{key}/from_timestamp"], 0.5 / 30))
-    ds = db.dataset(m)
+    # db.dataset() refuses such an edited manifest (test_manifest.py); the reader's own guard behind it still holds
+    with pytest.raises(lsql.ResultContractError, match=f"'{key}/from_timestamp' holds"):
+        db.dataset(m)
+    from lerobot_sql.dataset import LeRobotSQLDataset
+
+    ds = LeRobotSQLDataset(db.files, m)
     with pytest.raises(lsql.FrameNotFoundError, match="wrist"):
         ds[0]
-    ok = db.dataset(m, cameras=["observation.images.front"])  # the other camera still reads
+    ok = LeRobotSQLDataset(db.files, m, cameras=["observation.images.front"])  # the other camera still reads
     assert ok[0]["observation.images.front"].shape == (3, 96, 128)
 
 
@@ -178,7 +183,12 @@ def test_a_frame_outside_the_episode_clip_is_never_served_whatever_the_tolerance
     ts = m["timestamp"].to_numpy().copy()
     ts[0] = np.float32(-1 / 30)
     bad = m.set_column(col, "timestamp", pa.array(ts, pa.float32()))
-    ds = db.dataset(bad, tolerance_s=1.0, return_uint8=True)
+    # db.dataset() refuses such an edited manifest (test_manifest.py); the reader's own guard behind it still holds
+    with pytest.raises(lsql.ResultContractError, match="column 'timestamp' holds"):
+        db.dataset(bad, tolerance_s=1.0)
+    from lerobot_sql.dataset import LeRobotSQLDataset
+
+    ds = LeRobotSQLDataset(db.files, bad, tolerance_s=1.0, return_uint8=True)
     for read in (lambda: ds[0], lambda: ds.__getitems__([1, 0])):
         with pytest.raises(lsql.DatasetFormatError) as e:
             read()
@@ -197,8 +207,10 @@ def test_a_frame_outside_the_episode_clip_is_never_served_whatever_the_tolerance
     ts = t["timestamp"].to_numpy().copy()
     ts[r] = np.float32(-1 / 30)
     pq.write_table(t.set_column(t.column_names.index("timestamp"), "timestamp", pa.array(ts, pa.float32())), data)
-    ds = lsql.connect(root, cache_dir=tmp_path / "cache").dataset(m2, tolerance_s=1.0, delta_timestamps=delta,
-                                                                  return_uint8=True)
+    db2 = lsql.connect(root, cache_dir=tmp_path / "cache")
+    with pytest.raises(lsql.DatasetFormatError, match="episode 5.*never served"):  # db.dataset() re-resolves it
+        db2.dataset(m2, tolerance_s=1.0, delta_timestamps=delta)
+    ds = LeRobotSQLDataset(db2.files, m2, tolerance_s=1.0, delta_timestamps=delta, return_uint8=True)
     for read in (lambda: ds[0], lambda: ds.__getitems__([0])):
         with pytest.raises(lsql.DatasetFormatError, match="episode 5.*never served"):
             read()

@@ -334,3 +334,243 @@ def test_a_table_that_is_no_manifest_is_refused_naming_its_missing_columns(datas
     db.export_manifest("SELECT episode_index FROM episodes WHERE episode_index = 2", tmp_path / "m.parquet")
     assert len(db.dataset(tmp_path / "m.parquet")) == db.sql(
         "SELECT length FROM episodes WHERE episode_index = 2").fetchall()[0][0]
+
+
+# ---- a manifest read back is hostile input: every column it claims is re-derived from the dataset ----------------
+FRONT, WRIST = "observation.images.front", "observation.images.wrist"
+_EDIT_SQL = ("SELECT index, index % 3 AS fold FROM frames WHERE episode_index IN (3, 4) AND frame_index % 5 = 0 "
+             "ORDER BY index")
+_ROW = 7  # a row inside episode 3 (frame_index 35)
+
+
+def _set(t: pa.Table, name: str, values) -> pa.Table:
+    i = t.column_names.index(name)
+    return t.set_column(i, name, pa.array(values, t.schema.field(i).type))
+
+
+def _bump(t: pa.Table, name: str, by, rows=(_ROW,)) -> pa.Table:
+    v = t[name].to_pylist()
+    for r in rows:
+        v[r] = v[r] + by
+    return _set(t, name, v)
+
+
+def _ep3(t: pa.Table) -> list[int]:
+    return np.flatnonzero(t["episode_index"].to_numpy() == 3).tolist()
+
+
+# edit class -> (the column the refusal names, the edit of the table read back from the file). The pointer columns
+# a whole episode shares are edited for all its rows, as a consistent hand edit would be.
+_EDITS = {
+    "data_row + 1": ("data_row", lambda t: _bump(t, "data_row", 1)),
+    "front from_timestamp + 1 frame": (f"{FRONT}/from_timestamp",
+                                       lambda t: _bump(t, f"{FRONT}/from_timestamp", 1 / 30, _ep3(t))),
+    "timestamp + 1 frame": ("timestamp", lambda t: _bump(t, "timestamp", 1 / 30)),
+    "front time_s + 1 frame": (f"{FRONT}/time_s", lambda t: _bump(t, f"{FRONT}/time_s", 1 / 30)),
+    "front file -> the wrist mp4": (f"{FRONT}/file", lambda t: _set(t, f"{FRONT}/file", t[f"{WRIST}/file"])),
+    "ep_from_index - 5": ("ep_from_index", lambda t: _bump(t, "ep_from_index", -5, _ep3(t))),
+    "ep_to_index + 5": ("ep_to_index", lambda t: _bump(t, "ep_to_index", 5, _ep3(t))),
+    "ep_data_row0 + 1": ("ep_data_row0", lambda t: _bump(t, "ep_data_row0", 1, _ep3(t))),
+    "frame_index + 1": ("frame_index", lambda t: _bump(t, "frame_index", 1)),
+    "task_index -> another task": ("task_index", lambda t: _bump(t, "task_index", 2)),
+    "episode_index -> the next episode": ("episode_index", lambda t: _bump(t, "episode_index", 1)),
+}
+
+
+def _saved(db, tmp_path, sql: str = _EDIT_SQL):
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "m.parquet"
+    db.export_manifest(sql, path)
+    return path, pq.read_table(path)
+
+
+@pytest.mark.parametrize("edit", sorted(_EDITS))
+def test_an_edited_manifest_file_is_refused_naming_row_column_and_values(datasets, tmp_path, edit):
+    """Issue 36, High 4: a saved manifest whose columns were edited gave other frames silently (data_row + 1: the
+    next row's state and action; a camera's from_timestamp or timestamp + 1 frame: the next picture; the front
+    camera's file pointed at the wrist mp4: wrist pictures as front ones; ep_from_index - 5: delta_timestamps
+    neighbours from episode 2). Every column the file claims is now re-derived from the dataset for the frame its
+    `index` names; a mismatch is refused, naming the file, the row, the column, both values and the fix."""
+    import pyarrow.parquet as pq
+
+    db = lsql.connect(datasets / "small20")
+    path, t = _saved(db, tmp_path)
+    col, fn = _EDITS[edit]
+    bad = fn(t)
+    pq.write_table(bad, path)
+    row = _ROW if col not in ("ep_from_index", "ep_to_index", "ep_data_row0", f"{FRONT}/from_timestamp",
+                              f"{FRONT}/file") else 0  # those edited for every row of episode 3 (or every row)
+    stored, expected = bad[col][row].as_py(), t[col][row].as_py()
+    assert stored != expected
+    with pytest.raises(lsql.ResultContractError) as e:
+        db.dataset(path, delta_timestamps={"action": [-0.1, 0.0]})
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: row {row} (index {t['index'][row].as_py()}")
+    assert f"column {col!r} holds {stored!r}, where the dataset has {expected!r}" in msg
+    assert "db.export_manifest(sql, path)" in msg
+
+
+def test_a_manifest_row_naming_no_frame_is_refused(datasets, tmp_path):
+    """An index past the dataset's frames (or of an episode meta/episodes does not hold) names no frame at all."""
+    import pyarrow.parquet as pq
+
+    db = lsql.connect(datasets / "small20")
+    path, t = _saved(db, tmp_path)
+    total = db.layout.info["total_frames"]
+    pq.write_table(_bump(t, "index", total), path)
+    with pytest.raises(lsql.ResultContractError, match=rf"^{path}: row {_ROW}: index {t['index'][_ROW].as_py() + total}"
+                                                       r" is not a frame of episode 3 .*db.export_manifest"):
+        db.dataset(path)
+    pq.write_table(_set(t, "episode_index", [99] * t.num_rows), path)
+    with pytest.raises(lsql.ResultContractError, match=rf"^{path}: row 0: episode_index 99 is not an episode of "
+                                                       r"the dataset.*db.export_manifest"):
+        db.dataset(path)
+
+
+def test_a_data_file_pointed_at_another_data_file_is_refused(datasets, tmp_path):
+    """multifile60 has two data files: a row moved to the other one (same data_row) read another episode's row."""
+    import pyarrow.parquet as pq
+
+    db = lsql.connect(datasets / "multifile60")
+    path, t = _saved(db, tmp_path, "SELECT index FROM frames WHERE episode_index IN (0, 59) ORDER BY index")
+    files = sorted(set(t["data_file"].to_pylist()))
+    assert len(files) == 2
+    other = [files[1] if f == files[0] else files[0] for f in t["data_file"].to_pylist()]
+    pq.write_table(_set(t, "data_file", other), path)
+    with pytest.raises(lsql.ResultContractError, match=rf"^{path}: row 0 \(index 0, episode 0\): column 'data_file' "
+                                                       rf"holds '{files[1]}', where the dataset has '{files[0]}'"):
+        db.dataset(path)
+
+
+def test_extras_in_the_metadata_naming_an_item_key_are_refused(datasets, tmp_path):
+    """The metadata's `extras` are added to every item under their own names: an edited file listing `action`
+    (with a column of zeros) replaced every item's action silently."""
+    import pyarrow.parquet as pq
+
+    db = lsql.connect(datasets / "small20")
+    path, t = _saved(db, tmp_path)
+    meta = _meta(t)
+    for key in ("action", "index", "task", FRONT):
+        fake = t.append_column(key + ("" if key not in t.column_names else "_"), pa.array(np.zeros(t.num_rows)))
+        if key in t.column_names:  # a manifest column itself, listed as an extra
+            fake = t
+        m = dict(meta, extras=[*meta["extras"], key])
+        pq.write_table(fake.replace_schema_metadata({b"lerobot_sql.manifest": json.dumps(m).encode()}), path)
+        with pytest.raises(lsql.ResultContractError, match=rf"^{path}: its metadata lists {key!r} as an extra "
+                                                           r"column.*db.export_manifest"):
+            db.dataset(path)
+
+
+def test_clips_in_the_metadata_are_the_datasets_own(datasets, tmp_path):
+    """The clips in the metadata (checked against each mp4's frames) are re-derived too: a file whose front clip of
+    episode 3 was moved by a frame gives the dataset's own items, with the dataset's clips."""
+    import pyarrow.parquet as pq
+
+    db = lsql.connect(datasets / "small20")
+    path, t = _saved(db, tmp_path)
+    meta = _meta(t)
+    clips = meta["clips"][FRONT]
+    j = clips["episode_index"].index(3)
+    clips["from_timestamp"][j] += 1 / 30
+    clips["chains"][clips["path"][j]]["from_timestamp"][3] += 1 / 30
+    pq.write_table(t.replace_schema_metadata({b"lerobot_sql.manifest": json.dumps(meta).encode()}), path)
+    ds, ref = db.dataset(path), db.dataset(_EDIT_SQL)
+    assert _meta(ds.manifest)["clips"] == _meta(ref.manifest)["clips"]
+    for i in (0, _ROW, len(ref) - 1):
+        a, b = ds[i], ref[i]
+        assert a.keys() == b.keys()
+        for k in a:
+            assert np.array_equal(np.asarray(a[k]), np.asarray(b[k])) if k != "task" else a[k] == b[k], k
+
+
+def test_an_edited_table_is_refused_like_a_file_and_a_part_of_one_loads(datasets):
+    """An in-memory manifest gets the same check as a file (it may be `pq.read_table` of an edited file, or a
+    pandas round trip): the refusal names the table. Rows taken, reordered or repeated (shard_manifest, a filter)
+    keep each row's own frame and load with the same items."""
+    from lerobot_sql.shard import shard_manifest
+
+    db = lsql.connect(datasets / "small20")
+    m = db.manifest(_EDIT_SQL)
+    with pytest.raises(lsql.ResultContractError, match=rf"^the table passed to dataset\(\): row {_ROW} \(index "
+                                                       r"\d+, episode 3\): column 'data_row' holds"):
+        db.dataset(_bump(m, "data_row", 1))
+    ref = db.dataset(_EDIT_SQL)
+    part = shard_manifest(m, 1, 2, by="sample")
+    twice = pa.concat_tables([part, part.slice(0, 3)])
+    ds = db.dataset(twice)
+    assert len(ds) == part.num_rows + 3
+    pos = {v: i for i, v in enumerate(m["index"].to_pylist())}
+    for i in (0, 2, len(ds) - 1):
+        a, b = ds[i], ref[pos[twice["index"][i].as_py()]]
+        assert int(a["index"]) == int(b["index"])
+        assert all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a if k != "task")
+
+
+@pytest.mark.parametrize("sql", [_EDIT_SQL, "SELECT episode_index, 1.0 AS start_s, 2.5 AS end_s FROM episodes "
+                                 "WHERE episode_index IN (0, 7)",
+                                 "SELECT episode_index FROM episodes WHERE episode_index IN (5, 2)"])
+def test_an_unedited_manifest_file_loads_with_the_same_items(datasets, tmp_path, sql):
+    """The check refuses only edits: an unedited file of each result shape gives the items of its query, with and
+    without delta_timestamps and for one camera."""
+    db = lsql.connect(datasets / "small20")
+    path, _ = _saved(db, tmp_path, sql)
+    for kw in ({}, {"delta_timestamps": {"action": [-0.1, 0.0], FRONT: [-1 / 30, 0.0]}}, {"cameras": [WRIST]}):
+        ds, ref = db.dataset(path, **kw), db.dataset(sql, **kw)
+        assert len(ds) == len(ref)
+        assert ds.manifest.select(ref.manifest.column_names).equals(ref.manifest)
+        for i in (0, len(ref) // 2, len(ref) - 1):
+            a, b = ds[i], ref[i]
+            assert a.keys() == b.keys()
+            for k in a:
+                assert np.array_equal(np.asarray(a[k]), np.asarray(b[k])) if k != "task" else a[k] == b[k], k
+
+
+def test_a_sparse_manifest_is_checked_through_the_join(datasets, tmp_path, monkeypatch):
+    """A manifest touching far more frames than it holds is re-derived from its own `index` values through the
+    DuckDB join (not whole episodes through the pointers): the same refusals, and the same items when unedited."""
+    import pyarrow.parquet as pq
+
+    from lerobot_sql._plan import manifest as plan_manifest
+
+    monkeypatch.setattr(plan_manifest, "POINTER_PATH_FRAMES", 0)  # every shipped manifest is "sparse"
+    db = lsql.connect(datasets / "multifile60")
+    calls = []
+    monkeypatch.setattr(type(db), "_episodes_manifest", lambda *a, **k: calls.append(a) or pytest.fail("pointers"))
+    sql = "SELECT index FROM frames WHERE index % 50 = 7 ORDER BY index DESC"
+    path, t = _saved(db, tmp_path, sql)
+    ds, ref = db.dataset(path), db.dataset(sql)
+    assert ds.manifest.select(ref.manifest.column_names).equals(ref.manifest)
+    for i in (0, len(ref) - 1):
+        assert all(np.array_equal(np.asarray(ds[i][k]), np.asarray(ref[i][k])) for k in ds[i] if k != "task")
+    pq.write_table(_bump(t, "data_row", 1), path)
+    with pytest.raises(lsql.ResultContractError, match=rf"^{path}: row {_ROW} \(index \d+, episode \d+\): column "
+                                                       r"'data_row' holds \d+, where the dataset has"):
+        db.dataset(path)
+    ep = t["episode_index"][_ROW].as_py()
+    pq.write_table(_bump(t, "index", 10 ** 6), path)
+    with pytest.raises(lsql.ResultContractError, match=rf"^{path}: row {_ROW}: index \d+ is not a frame of episode "
+                                                       rf"{ep} in the dataset"):
+        db.dataset(path)
+    assert not calls
+
+
+def test_an_edited_collection_manifest_file_is_refused_naming_the_dataset(datasets, tmp_path):
+    """A collection's saved manifest reaches each dataset's rows through that dataset's dataset(): the same check
+    (here the h264_20 part's wrist file pointed at its front mp4)."""
+    import pyarrow.parquet as pq
+
+    coll = lsql.connect_many({"a": datasets / "small20", "b": datasets / "h264_20"})
+    sql = "SELECT dataset, index FROM frames WHERE episode_index = 1 AND frame_index % 10 = 0 ORDER BY dataset, index"
+    path = tmp_path / "c.parquet"
+    pq.write_table(coll.manifest(sql), path)
+    assert len(coll.dataset(path)) == pq.read_table(path).num_rows  # unedited: loads
+    t = pq.read_table(path)
+    b = np.flatnonzero(t["dataset"].cast(pa.string()).to_numpy(zero_copy_only=False) == "b")
+    files = t[f"{WRIST}/file"].to_pylist()
+    files[b[2]] = t[f"{FRONT}/file"][b[2]].as_py()
+    pq.write_table(_set(t, f"{WRIST}/file", files), path)
+    with pytest.raises(lsql.ResultContractError, match=rf"^dataset 'b': the table passed to dataset\(\): row 2 "
+                                                       rf"\(index \d+, episode 1\): column '{WRIST}/file' holds "
+                                                       r"'videos/observation.images.front/"):
+        coll.dataset(path)

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import lerobot_sql as lsql
+from lerobot_sql import pipeline as pipe
 from lerobot_sql.samplers import EpisodeAwareSampler
 
 from http_range_server import RangeServer
@@ -243,7 +244,7 @@ def test_pipeline_pins_the_mp4s_in_the_parent_and_workers_ask_for_none(served, d
     srv, tmp = served
     _db, ds = _remote(srv, tmp, "pins", "plain")
     order = EpisodeAwareSampler(ds, block_size=8, seed=1).order()[:128].tolist()
-    mp4s = sorted({rel for names in ds._video_files.values() for rel in names})
+    mp4s = sorted({rel for names in ds._samples.video_files.values() for rel in names})
     assert len(mp4s) == 11  # 6 front, 5 wrist
     h0 = len(srv.heads)
     ds.pipeline(order, batches=2)
@@ -375,11 +376,11 @@ def test_a_batch_plan_from_the_packet_table_equals_the_rule_per_batch(datasets, 
     ds = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta(profile, db.layout.video_keys))
     order = EpisodeAwareSampler(ds, block_size=16, seed=3).order()
     batches = [np.asarray(order[j:j + 24], np.int64) for j in range(0, 480, 24)]
-    with_table = [ds._byte_ranges(ds._w(), jj) for jj in batches]
+    with_table = [pipe.byte_ranges(ds._w(), jj) for jj in batches]
     assert all(ds._w().spans.values()), "multifile60's GOPs are short: every mp4 has a table"
     monkeypatch.setattr("lerobot_sql._readers.locate.packet_spans", lambda *a, **k: None)
     ds2 = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta(profile, db.layout.video_keys))
-    without = [ds2._byte_ranges(ds2._w(), jj) for jj in batches]
+    without = [pipe.byte_ranges(ds2._w(), jj) for jj in batches]
     assert not any(ds2._w().spans.values())
     assert with_table == without
     assert all(any(rel.endswith(".mp4") for rel in plan) for plan in with_table)
@@ -396,17 +397,17 @@ def test_a_batch_plan_by_frame_index_equals_the_plan_by_time_on_grid_data(datase
     order = EpisodeAwareSampler(by_time, block_size=16, seed=3).order()
     for j in range(0, 240, 24):
         jj = np.asarray(order[j:j + 24], np.int64)
-        plan = by_pos._byte_ranges(by_pos._w(), jj)
-        assert plan == by_time._byte_ranges(by_time._w(), jj) and any(rel.endswith(".mp4") for rel in plan)
+        plan = pipe.byte_ranges(by_pos._w(), jj)
+        assert plan == pipe.byte_ranges(by_time._w(), jj) and any(rel.endswith(".mp4") for rel in plan)
     pos = np.unique(order)
-    for a, b in zip(by_pos._item_blocks(by_pos._w(), pos), by_time._item_blocks(by_time._w(), pos)):
+    for a, b in zip(pipe.item_blocks(by_pos._w(), pos), pipe.item_blocks(by_time._w(), pos)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize("profile", ["plain", "diffusion"])
 def test_the_epoch_block_table_covers_every_batch_plan(datasets, tmp_path, profile):
     """With the epoch planned, a job gathers its items' blocks from the table the main process built
-    (``_item_blocks``) instead of planning its batch: every byte any batch's own plan names (row groups, a
+    (``pipeline.item_blocks``) instead of planning its batch: every byte any batch's own plan names (row groups, a
     window's neighbours, GOP runs, container heads) lies in a block the table gives that batch's items, so no
     batch waits on bytes the table missed."""
     from lerobot_sql import pipeline as pipe
@@ -414,14 +415,14 @@ def test_the_epoch_block_table_covers_every_batch_plan(datasets, tmp_path, profi
     ds = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta(profile, db.layout.video_keys))
     order = EpisodeAwareSampler(ds, block_size=16, seed=3).order()
     pos = np.unique(order)
-    files, off, keys = ds._item_blocks(ds._w(), pos)
+    files, off, keys = pipe.item_blocks(ds._w(), pos)
     assert len(keys) >= 2 * len(pos) and (np.diff(off) > 0).all()  # every item reads its data and its mp4s
     fid = {f: i for i, f in enumerate(files)}
     checked = 0
     for j in range(0, len(order), 32):
         r = np.searchsorted(pos, order[j:j + 32])
         have = set(np.concatenate([keys[off[i]:off[i + 1]] for i in r]).tolist())
-        for rel, rs in ds._byte_ranges(ds._w(), np.asarray(order[j:j + 32])).items():
+        for rel, rs in pipe.byte_ranges(ds._w(), np.asarray(order[j:j + 32])).items():
             for a, b in rs:
                 for blk in range(a // pipe.WIDEN, (b - 1) // pipe.WIDEN + 1):
                     assert (fid[rel] << 32 | blk) in have, (j, rel, a, b)

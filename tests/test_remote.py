@@ -761,3 +761,150 @@ def test_an_unwritable_cache_folder_is_a_cache_error_not_a_missing_dataset(http,
     with pytest.raises(CacheError, match="cannot write the remote dataset's cache") as e:
         lsql.connect(f"{http.url}/small20", cache_dir=cache).dataset()
     assert not isinstance(e.value, MissingFileError) and str(cache) in str(e.value)
+
+
+# ---- servers whose validators cannot be trusted, and 206 answers that do not say which bytes they are (issue 36) ----
+def test_etags_rotating_for_unchanged_bytes_are_not_a_change(datasets, tmp_path):
+    """A server farm whose nodes tag the same bytes differently (here: a new ETag on every answer, so no If-Match
+    ever matches) made every remote dataset fail at connect with "the file changed on the server". A 412 is now
+    checked before it is believed: same size, same Last-Modified and the bytes this session holds equal to the
+    server's: the ETags are unstable, said once (RemoteWarning), reads are pinned by Last-Modified instead, and a
+    later session keys the cache without the ETag (nothing fetched again)."""
+    import warnings
+
+    from lerobot_sql.errors import RemoteWarning
+
+    local = lsql.connect(datasets / "small20").dataset(EPISODE_SQL)
+    with RangeServer(datasets) as srv:
+        srv.faults["rotating_etag"] = True
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            db = lsql.connect(f"{srv.url}/small20")
+            ds = db.dataset(EPISODE_SQL)
+            for i in (0, 57, len(ds) - 1):
+                assert_items_equal(ds[i], local[i])
+        unstable = [w for w in said if issubclass(w.category, RemoteWarning)]
+        assert len(unstable) == 1 and "ETag" in str(unstable[0].message), [str(w.message) for w in said]
+        assert "small20" in str(unstable[0].message)
+        assert srv.tags_given > 10  # the fault was live: every answer had its own ETag
+        first = srv.bytes_sent()
+        # The next sessions key the cache without ETags (the store remembers): the second fetches again only the
+        # few files the first one cached under an ETag before it found them unstable; the third, nothing.
+        again = lsql.connect(f"{srv.url}/small20").dataset(EPISODE_SQL)
+        assert_items_equal(again[57], local[57])
+        second = srv.bytes_sent() - first
+        assert second < first / 10, (first, second)
+        third = lsql.connect(f"{srv.url}/small20").dataset(EPISODE_SQL)
+        assert_items_equal(third[len(ds) - 1], local[len(ds) - 1])
+        assert srv.bytes_sent() == first + second
+
+
+def test_a_real_change_under_rotating_etags_is_still_a_file_change(blob_server, tmp_path):
+    """The same server (a new ETag per answer), but the bytes did change: a same-size rewrite with the same mtime
+    (Last-Modified unchanged) is caught by comparing the bytes this session holds with the server's; a rewrite with a
+    new mtime by the Last-Modified pin. Both FileChangedError; the new bytes are never cached."""
+    from lerobot_sql.errors import FileChangedError
+
+    srv, data = blob_server
+    fs, url = _blob_fs(srv, tmp_path, timeout_s=60)
+    assert fs.read_range(url, 0, 1000) == data[:1000]  # the ETag is stable still: pinned by it
+    path = srv.root / "blob.bin"
+    st = path.stat()
+    new = bytes(255 - x for x in data[:1000]) + data[1000:]
+    path.write_bytes(new)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same Last-Modified: only the bytes tell
+    srv.faults["rotating_etag"] = True
+    with pytest.raises(FileChangedError, match=r"blob\.bin: the file changed on the server"):
+        fs.read_range(url, 4_000_000, 4_100_000)
+    assert fs.missing(url, 4_000_000, 4_100_000) == [(4_000_000, 4_100_000)]
+    assert fs.read_range(url, 0, 1000) == data[:1000]  # the cached first version
+    # A session that found the ETags unstable pins by Last-Modified: a rewrite with a new mtime is a change.
+    path.write_bytes(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fs2, _ = _blob_fs(srv, tmp_path / "two", timeout_s=60)
+    with pytest.warns(UserWarning, match="ETag"):
+        assert fs2.read_range(url, 0, 1000) == data[:1000]
+    path.write_bytes(new)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5 * 10**9))
+    with pytest.raises(FileChangedError, match=r"blob\.bin: the file changed on the server"):
+        fs2.read_range(url, 4_000_000, 4_100_000)
+
+
+def test_a_server_without_validators_is_said_once_at_connect(datasets):
+    """No ETag, no Last-Modified: a same-size change in the middle of a cached file cannot be noticed (only the ends
+    are checked, by CRC). Said once at connect (RemoteWarning naming the dataset), not once per file."""
+    import warnings
+
+    from lerobot_sql.errors import RemoteWarning
+
+    with RangeServer(datasets) as srv:
+        srv.faults["no_validators"] = True
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            db = lsql.connect(f"{srv.url}/small20")
+            assert [w for w in said if issubclass(w.category, RemoteWarning)], [str(w.message) for w in said]
+            db.dataset(EPISODE_SQL)[0]
+        mine = [str(w.message) for w in said if issubclass(w.category, RemoteWarning)]
+        assert len(mine) == 1 and "small20" in mine[0] and "no strong ETag" in mine[0] and "revalidated" in mine[0]
+
+
+@pytest.mark.parametrize("fault", [{"no_content_range": True, "range_shift": 1}, {"no_content_range": True},
+                                   {"range_shift": 1}])
+def test_a_206_without_or_with_another_content_range_blames_the_server_not_the_file(blob_server, tmp_path, fault):
+    """A 206 must say which bytes it holds (RFC 9110 14.4: Content-Range). Without it a body shifted by a byte
+    was cached as the range asked for (wrong bytes silently; a Parquet page then "corrupt, re-download it"). Now a
+    RemoteIOError naming the URL, the range and the server or proxy, with a way out that exists, nothing cached;
+    a Content-Range for other bytes is refused the same way."""
+    srv, data = blob_server
+    fs, url = _blob_fs(srv, tmp_path, timeout_s=60)
+    fs.info(url)
+    srv.faults.update(fault)
+    with pytest.raises(RemoteIOError, match=r"blob\.bin.*bytes 1000-5000") as e:
+        fs.read_range(url, 1000, 5000)
+    msg = str(e.value)
+    assert "proxy" in msg and "not the file" in msg and "Re-download it" not in msg and "corrupt" not in msg, msg
+    assert ("without Content-Range" in msg) == ("no_content_range" in fault), msg
+    assert fs.missing(url, 1000, 5000) == [(1000, 5000)]
+    srv.faults.clear()
+    assert fs.read_range(url, 1000, 5000) == data[1000:5000]
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_206_without_content_range_under_sql_and_items_is_a_remote_error_and_caches_nothing(datasets):
+    """The same server under a query and an item: it was "TProtocolException: Invalid data" (a QueryError) and
+    "cannot be read as Parquet ... the file is truncated or corrupt. Re-download it", and the shifted bytes stayed
+    in the cache, so the query kept failing after the server was fixed. Now RemoteIOError, and once the server
+    answers properly the same session reads the right values."""
+    sql = 'SELECT sum("action"[2]) FROM frames WHERE episode_index = 13'
+    with RangeServer(datasets) as srv:
+        db = lsql.connect(f"{srv.url}/small20")
+        for p in (datasets / "small20/meta").rglob("*"):  # every meta/ file cached (whole): no data byte yet
+            if p.is_file():
+                db.source.fs.read_range(db.source.path(str(p.relative_to(datasets / "small20"))), 0, 1)
+        srv.faults.update({"no_content_range": True, "range_shift": 1})
+        with pytest.raises(RemoteIOError, match=r"small20/.*: bytes .*206 without Content-Range") as e:
+            db.sql(sql).fetchall()
+        assert "corrupt" not in str(e.value)
+        with pytest.raises(RemoteIOError, match=r"small20/.*: bytes .*206 without Content-Range"):
+            db.dataset(episodes=[4])[3]  # its mp4's bytes at least were never fetched
+        srv.faults.clear()
+        want = pq.read_table(datasets / "small20/data/chunk-000/file-000.parquet", columns=["episode_index", "action"])
+        sel = want.filter(pc.equal(want["episode_index"], 13))["action"].to_pylist()
+        assert db.sql(sql).fetchall()[0][0] == pytest.approx(sum(float(a[1]) for a in sel), rel=1e-9)
+        assert_items_equal(db.dataset(episodes=[4])[3], lsql.connect(datasets / "small20").dataset(episodes=[4])[3])
+
+
+def test_a_206_announcing_another_file_size_is_a_file_change(blob_server, tmp_path):
+    """The Content-Range of a 206 names the file's size: another size than the one this session pinned means the
+    file changed on the server (the only sign a server without validators gives mid-run): FileChangedError."""
+    from lerobot_sql.errors import FileChangedError
+
+    srv, data = blob_server
+    fs, url = _blob_fs(srv, tmp_path, timeout_s=60)
+    fs.info(url)
+    srv.faults["range_total"] = len(data) + 10
+    with pytest.raises(FileChangedError, match=rf"blob\.bin: the file changed on the server.*{len(data) + 10}"):
+        fs.read_range(url, 1000, 5000)
+    assert fs.missing(url, 1000, 5000) == [(1000, 5000)]
+    srv.faults["range_total"] = "*"  # an unknown size is allowed (RFC 9110 14.4)
+    assert fs.read_range(url, 1000, 5000) == data[1000:5000]

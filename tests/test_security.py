@@ -12,6 +12,7 @@ with a typed error, the secret's content never comes back, no file appears and t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -576,6 +577,9 @@ MEMORY_HOGS = {
     "nested_range": "SELECT len(flatten(list_transform(range(1000), lambda i: range(1000000)))) AS n",
     "folded_count": "SELECT length(repeat('x', 1000 * 1000000)) AS n",
     "string_count": "SELECT length(lpad('x', '1000000000')) AS n",
+    # a count computed from constants (issue 36: 2.5 GB under memory_limit=256MB; 61 s past timeout=10)
+    "function_count": "SELECT len(range(abs(100000000))) AS n",
+    "function_repeat": "SELECT length(repeat('x', abs(1000000000))) AS n",
 }
 
 
@@ -687,10 +691,10 @@ def test_sql_too_deep_for_the_checks_is_refused_not_passed_unchecked(db):
 
 
 def _facts(db, sql):
-    from lerobot_sql._query import checks as query
+    from lerobot_sql._query import tree_facts
 
     tree = db.con.sql("SELECT json_serialize_sql($1)", params=[sql]).fetchall()[0][0]
-    return query.duckdb_facts(tree, db._context(), sql)
+    return tree_facts.duckdb_facts(tree, db._context(), sql)
 
 
 def test_cte_names_are_scoped_in_duckdbs_tree(db, world):
@@ -784,7 +788,7 @@ def test_timeout_fires_without_the_timer_thread(world, tmp_path):
 
     root, _, _ = world
     script = ("import threading, lerobot_sql as lsql\n"
-              "from lerobot_sql import db as dbmod\n"
+              "from lerobot_sql import _sql as dbmod\n"
               "class Dead:  # a Timer that never fires\n"
               "    daemon = True\n"
               "    def __init__(self, *a, **k): pass\n"
@@ -874,3 +878,41 @@ def test_cli_result_writers_keep_the_progress_bar_off(tmp_path, capfd, monkeypat
     assert r.returncode == 0 and r.stdout.startswith("┌") and "20" in r.stdout, r
     assert len(made) == 4  # two locked connections, the CSV writer, the box table
     assert capfd.readouterr().out == ""
+
+
+# DuckDB's errors advised SET statements (SET error_on_division_by_zero=false, SET memory_limit=...), which this
+# locked connection refuses: each advice is now one that works here, or gone.
+@pytest.mark.parametrize("sql, advice", [
+    ("SELECT 1 // 0 AS x", "Use TRY(...)"),
+    ("SELECT (SELECT episode_index FROM episodes) AS e", "LIMIT 1"),
+    ("SELECT " + "+".join(["1"] * 1200) + " AS s", "Simplify the expression"),
+    ("SELECT episode_index FROM episodes ORDER BY 'x'", "ORDER BY 1"),
+])
+def test_duckdb_errors_advise_no_set_statement(db, sql, advice):
+    with pytest.raises(QueryError) as e:
+        db.sql(sql).fetchall()
+    said = str(e.value).partition("\nSQL:")[0]
+    assert advice in said, said
+    assert not re.search(r"\b(SET|PRAGMA) [a-z_]+", said), said
+    with pytest.raises(duckdb.Error):  # what the advice used to say: refused here
+        db.con.execute("SET error_on_division_by_zero = false")
+
+
+@pytest.mark.parametrize("limit", ["8MB", "2MB"])
+def test_out_of_memory_advises_connect_arguments_and_blames_no_file(world, tmp_path, limit):
+    """DuckDB's "Possible solutions" named SET threads / preserve_insertion_order / memory_limit; out of memory
+    while the views were made (memory_limit=2MB) was a DatasetFormatError "cannot be read as Parquet", blaming a
+    healthy data file."""
+    root, _, _ = world
+    sql = ("SELECT count(*) AS n FROM (SELECT DISTINCT a.index * 10000 + b.index AS k, repeat('x', 50) AS pad "
+           "FROM frames a, frames b WHERE b.index < 40)")
+    db = lsql.connect(root, cache_dir=tmp_path / limit, memory_limit=limit, threads=1)
+    with pytest.raises(QueryError, match="Out of Memory") as e:
+        db.sql(sql).fetchall()
+    said = str(e.value).partition("\nSQL:")[0]
+    assert "lerobot_sql.connect(root, memory_limit='8GB')" in said and "threads=1" in said, said
+    assert not re.search(r"\b(SET|PRAGMA) [a-z_]+", said), said
+    db.close()
+    # the advice works: a larger memory_limit answers
+    with lsql.connect(root, cache_dir=tmp_path / "big", memory_limit="256MB", threads=1) as db:
+        assert db.sql(sql).fetchall() == [(190480,)]

@@ -12,12 +12,13 @@ from pathlib import Path
 import av
 import pytest
 
-from lerobot_sql._storage import source
+from lerobot_sql._storage import hub, source
 from lerobot_sql.errors import LeRobotSQLError, UnsupportedVersionError
 from lerobot_sql._storage.cache import parse_size
 from lerobot_sql._format.layout import load_layout
 from lerobot_sql._storage.mp4 import mp4_sync_samples
-from lerobot_sql._storage.source import open_source, resolve_hub_revision
+from lerobot_sql._storage.hub import resolve_hub_revision
+from lerobot_sql._storage.source import open_source
 
 from http_range_server import RangeServer
 
@@ -55,20 +56,20 @@ def test_hub_revision_refuses_other_majors():
 
 def test_hub_roots(monkeypatch, tmp_path):
     monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(source, "resolve_hub_revision", lambda repo_id, token=None: "v3.0")
-    assert source._hub_root("hf://datasets/org/name@v2.1", {}) == ("datasets/org/name@v2.1",
+    monkeypatch.setattr(hub, "resolve_hub_revision", lambda repo_id, token=None: "v3.0")
+    assert hub.hub_root("hf://datasets/org/name@v2.1", {}) == ("datasets/org/name@v2.1",
                                                                      "hf://datasets/org/name@v2.1")
-    assert source._hub_root("org/name", {}) == ("datasets/org/name@v3.0", "hf://datasets/org/name@v3.0")
-    assert source._hub_root("hf://datasets/org/name", {})[0] == "datasets/org/name@v3.0"
+    assert hub.hub_root("org/name", {}) == ("datasets/org/name@v3.0", "hf://datasets/org/name@v3.0")
+    assert hub.hub_root("hf://datasets/org/name", {})[0] == "datasets/org/name@v3.0"
     # Offline, the last resolution is reused.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(source, "resolve_hub_revision", None)
-    assert source._hub_root("org/name", {})[0] == "datasets/org/name@v3.0"
+    monkeypatch.setattr(hub, "resolve_hub_revision", None)
+    assert hub.hub_root("org/name", {})[0] == "datasets/org/name@v3.0"
     # An existing local folder that looks like org/name stays local; other URLs are not Hub roots.
     (tmp_path / "org" / "name").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    assert source._hub_root("org/name", {}) is None
-    assert source._hub_root("s3://bucket/ds", {}) is None
+    assert hub.hub_root("org/name", {}) is None
+    assert hub.hub_root("s3://bucket/ds", {}) is None
 
 
 def test_local_root_unchanged(datasets):

@@ -40,7 +40,7 @@ def test_pickled_dataset_is_small(datasets, tmp_path):
     assert (big - small) / (len(full) - len(few)) < 1.0, (big, small)  # no per-sample growth beyond noise
     # the unpickled copy maps the same file and serves the same items
     copy = pickle.loads(pickle.dumps(full))
-    assert copy._map.path == full._map.path and Path(full._map.path).parent == _maps(tmp_path)[0].parent
+    assert copy._samples.map.path == full._samples.map.path and Path(full._samples.map.path).parent == _maps(tmp_path)[0].parent
     for i in (0, 2381, 4761):
         _same(copy[i], full[i], f"item {i}")
 
@@ -53,7 +53,7 @@ def test_spawned_workers_equal_forked_and_in_process(datasets, tmp_path, frameco
     ds = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta("diffusion", cams),
                     return_uint8=True)
     idx = [int(i) for i in np.random.default_rng(3).permutation(len(ds))[:48]]
-    path = Path(ds._map.path)
+    path = Path(ds._samples.map.path)
 
     def batches(ctx):
         # timeout: a worker that never answers fails the test instead of holding the suite (one run of the whole
@@ -85,7 +85,7 @@ def test_spawned_workers_equal_forked_and_in_process(datasets, tmp_path, frameco
 def test_file_gone_after_close_and_collection_and_never_deleted_by_a_child(datasets, tmp_path):
     db = lsql.connect(datasets / "small20", cache_dir=tmp_path)
     ds = db.dataset("SELECT index FROM frames WHERE episode_index < 2", cameras=[])
-    path = Path(ds._map.path)
+    path = Path(ds._samples.map.path)
     assert path.exists()
     # a forked child that closes and drops its copy leaves the parent's file alone
     pid = os.fork()
@@ -112,7 +112,7 @@ def test_file_gone_after_close_and_collection_and_never_deleted_by_a_child(datas
     with pytest.raises(CacheError, match="per-sample file is gone"):
         pickle.loads(pickle.dumps(twin))  # what a spawned worker started after close() gets
     other = db.dataset("SELECT index FROM frames WHERE episode_index = 3", cameras=[])
-    p2 = Path(other._map.path)
+    p2 = Path(other._samples.map.path)
     del other
     gc.collect()
     assert not p2.exists() and _maps(tmp_path) == []
@@ -130,19 +130,19 @@ def test_leftovers_of_dead_processes_are_swept(datasets, tmp_path):
 
     db = lsql.connect(datasets / "small20", cache_dir=tmp_path)
     ds = db.dataset("SELECT index FROM frames WHERE episode_index = 0", cameras=[])
-    folder = Path(ds._map.path).parent
+    folder = Path(ds._samples.map.path).parent
     stale = folder / "lsql-samples-otherhost-1-abc.arrow"  # a writer killed before its finalizer ran
     held = folder / "lsql-samples-otherhost-2-abc.arrow"  # another container's live file (lock held)
     young = folder / "lsql-samples-otherhost-3-abc.arrow"  # just created, not yet locked by its writer
     for p in (stale, held, young):
         p.write_bytes(b"x")
-    _age(stale, held, Path(ds._map.path))
+    _age(stale, held, Path(ds._samples.map.path))
     fd = os.open(held, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         ds2 = db.dataset("SELECT index FROM frames WHERE episode_index = 1", cameras=[])
         assert not stale.exists() and held.exists() and young.exists()
-        assert Path(ds._map.path).exists() and Path(ds2._map.path).exists()  # ds's file is old but held
+        assert Path(ds._samples.map.path).exists() and Path(ds2._samples.map.path).exists()  # ds's file is old but held
     finally:
         os.close(fd)
     for p in (held, young):

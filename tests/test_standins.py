@@ -193,7 +193,7 @@ def test_g1_like_row_group_equals_the_parquet_rows_and_column_kinds(g1, tmp_path
     for name in want.column_names:
         a, b = got[name].to_pylist(), want[name].to_pylist()
         assert a == b, name
-    view = tabular.RowGroupView(tabular.ensure_row_group(src, info, 0, layout, tmp_path), layout)
+    view = tabular.RowGroupView(tabular.ensure_row_groups(src, info, [0], layout, tmp_path)[0], layout)
     assert view.column("observation.state").shape == (pf.metadata.num_rows, 6)
     for field in info.schema:
         assert tabular.is_numeric(field, layout) == isinstance(view.column(field.name), np.ndarray), field

@@ -47,7 +47,7 @@ def test_built_once(datasets, tmp_path):
     src = open_source(datasets / "small20")
     layout = load_layout(src)
     info = tabular.data_file_info(src, "data/chunk-000/file-000.parquet")
-    p = tabular.ensure_row_group(src, info, 2, layout, tmp_path)
+    p = tabular.ensure_row_groups(src, info, [2], layout, tmp_path)[0]
     mtime = p.stat().st_mtime_ns
     assert tabular.ensure_row_groups(src, info, [2], layout, tmp_path) == [p]
     assert p.stat().st_mtime_ns == mtime
@@ -70,7 +70,7 @@ def test_column_kinds_from_the_footer_match_the_built_row_group(tmp_path, name):
     src = open_source(data_root(name))
     layout = load_layout(src)
     info = tabular.data_file_info(src, layout.data_files[0])
-    view = tabular.RowGroupView(tabular.ensure_row_group(src, info, 0, layout, tmp_path), layout)
+    view = tabular.RowGroupView(tabular.ensure_row_groups(src, info, [0], layout, tmp_path)[0], layout)
     assert view.table.column_names == info.schema.names
     for field in info.schema:
         assert tabular.is_numeric(field, layout) == isinstance(view.column(field.name), np.ndarray), field
@@ -85,12 +85,12 @@ def test_a_local_file_changed_after_its_footer_was_read_is_refused(datasets, tmp
     src = open_source(root)
     layout = load_layout(src)
     info = tabular.data_file_info(src, rel)
-    first = tabular.ensure_row_group(src, info, 0, layout, tmp_path / "c")  # the same file: fine
+    first = tabular.ensure_row_groups(src, info, [0], layout, tmp_path / "c")[0]  # the same file: fine
     table = pq.read_table(root / rel)
     pq.write_table(table.slice(100), root / rel)  # rewritten: its row groups moved
     with pytest.raises(DatasetFormatError, match=r"file-000\.parquet: the file changed after the dataset was opened"):
-        tabular.ensure_row_group(src, info, 1, layout, tmp_path / "c")
-    assert tabular.ensure_row_group(src, info, 0, layout, tmp_path / "c") == first  # built before: still served
+        tabular.ensure_row_groups(src, info, [1], layout, tmp_path / "c")[0]
+    assert tabular.ensure_row_groups(src, info, [0], layout, tmp_path / "c")[0] == first  # built before: still served
 
 
 def test_row_groups_of_row_spans_match_the_footer(datasets):

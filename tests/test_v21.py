@@ -13,6 +13,7 @@ import torch
 
 import lerobot_sql as lsql
 from lerobot_sql import doctor
+from lerobot_sql._format.info import parse_version
 from helpers import assert_item_equals_reference, load_reference
 
 CAMS = {"observation.images.front": 1, "observation.images.wrist": 2}
@@ -152,7 +153,7 @@ def test_g1_real_v21_items_equal_g1_real_v30_reference(real_datasets, mode):
 
 def test_v2_path_templates_resolve(v21):
     layout = v21.layout
-    assert layout.legacy and layout.version_tuple == (2, 1)
+    assert layout.legacy and parse_version(layout.version) == (2, 1)
     assert layout.video_file("observation.images.front", 0, 7) == \
         "videos/chunk-000/observation.images.front/episode_000007.mp4"
     assert layout.data_file(0, 7) == "data/chunk-000/episode_000007.parquet"

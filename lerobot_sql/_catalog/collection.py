@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from ..errors import DatasetFormatError, warn
 from .._format.files import DatasetFiles
-from .._format.layout import sql_key
+from .._format.info import sql_key
 from .._query.sqltext import ident, literal
 from . import macros, sandbox, views
 from .connection import LAZY_VIEWS, Connection, populate

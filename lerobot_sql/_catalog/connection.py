@@ -72,7 +72,8 @@ def query_error(e: BaseException, sql: str, layouts: list[tuple[str, Layout]] = 
         if marker in text:
             msg = text[text.rindex(marker) + len(marker):].strip()
             return cls(f"{msg} (while running: {sql})")
-    return QueryError(f"{type(e).__name__}: {e}\nSQL: {sql}")
+    # DuckDB's advice to run SET / PRAGMA, which this locked connection refuses, replaced by what works
+    return QueryError(sandbox.locked_advice(f"{type(e).__name__}: {e}\nSQL: {sql}"))
 
 
 def unreadable_error(src: Source, layout: Layout, cause: BaseException, sql: str | None = None) -> LeRobotSQLError:
@@ -83,6 +84,8 @@ def unreadable_error(src: Source, layout: Layout, cause: BaseException, sql: str
     every footer parses is the result's types, not the files: a ResultContractError naming the query."""
     remote = query_error(cause, sql or "opening the dataset's tables", [(src.url, layout)])
     if isinstance(remote, (RemoteIOError, DatasetFormatError)):  # DatasetFormatError: a missing column, named
+        return remote
+    if isinstance(cause, duckdb.OutOfMemoryException):  # memory_limit, not the files (it was "cannot be read")
         return remote
     try:
         bad = corrupt_parquet_files(src, layout)

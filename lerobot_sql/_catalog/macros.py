@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import json
 
-from .._format.layout import Layout, sql_key
+from .._format.info import sql_key
+from .._format.layout import Layout
 from .._query.sqltext import ident as q, literal as lit, number
 from ..errors import warn
 

@@ -1,6 +1,6 @@
 """DuckDB's own lock-down, the second wall behind :mod:`lerobot_sql._query.checks`'s checks, and resource defaults.
 
-``query.check_sql`` (the first wall) lets only one read-only query over our views through ``Database.sql``. But a
+``_query.checks.check_sql`` (the first wall) lets only one read-only query over our views through ``Database.sql``. But a
 user also holds ``db.con``, and a check can have a gap. After the views exist, :func:`lock_down` turns off DuckDB's
 external access except for the dataset root and our cache folder, and locks the configuration. Then no SQL on this
 connection can read or list files elsewhere, attach a database, install or load an extension, or undo these
@@ -13,7 +13,7 @@ a query cannot write files). Remote roots are fsspec filesystems registered on t
 (``lsqlremote://...``): DuckDB reaches them through the registered Python filesystem, which
 ``enable_external_access=false`` does not cut off; allowed_directories names their URL prefix too.
 
-The first wall also walks DuckDB's own parse tree (``_query.checks.duckdb_facts``), and nothing lerobot_sql
+The first wall also walks DuckDB's own parse tree (``_query.tree_facts.duckdb_facts``), and nothing lerobot_sql
 reads back is a DuckDB base table (views over Parquet or registered Arrow tables, ``views.register_table``), so
 no SQL on the connection, first wall or not, can UPDATE, DELETE or INSERT the metadata behind ``dataset()``. Each
 thread other than the connection's owner uses a cursor of it (``Database.con``); the settings here are the
@@ -26,6 +26,7 @@ lock_configuration, autoload/autoinstall of extensions).
 from __future__ import annotations
 
 import os
+import re
 
 import duckdb
 
@@ -79,6 +80,48 @@ def connect(config: dict[str, str | int] | None = None) -> duckdb.DuckDBPyConnec
     con.execute("SET enable_progress_bar = false")
     con.execute("SET enable_progress_bar_print = false")
     return con
+
+
+# DuckDB's error messages advise SET / PRAGMA statements, which the locked connection refuses (lock_down): each
+# advice that a user of lerobot_sql can follow another way is replaced by that way, the others are removed. (A
+# regex over DuckDB's text, the advice sentence exactly as DuckDB 1.x / 2.x words it; anything not matched keeps
+# DuckDB's words and gets the note below.)
+_ADVICE = [
+    (re.compile(r"\* Reducing the number of threads \(SET threads=X\)"),
+     "* Reducing the number of threads: lerobot_sql.connect(root, threads=1)"),
+    (re.compile(r"\* Disabling insertion-order preservation \(SET preserve_insertion_order=false\)\n?"), ""),
+    (re.compile(r"\* Increasing the memory limit \(SET memory_limit='\.\.\.GB'\)"),
+     "* Increasing the memory limit: lerobot_sql.connect(root, memory_limit='8GB') (the default is a quarter of "
+     "RAM, at most 4 GiB)"),
+    (re.compile(r", or SET error_on_division_by_zero=false to return NULL for all divisions by zero"), ""),
+    (re.compile(r'Use "SET scalar_subquery_error_on_multiple_rows=false" to revert to previous behavior of '
+                r"returning a random row\."),
+     "Make the subquery return one row (a WHERE that picks one, an aggregate such as max(...), or LIMIT 1), or "
+     "compare with IN (subquery)."),
+    (re.compile(r'Use "SET max_expression_depth TO x" to increase the maximum expression depth\.'),
+     "Simplify the expression: fewer nested operators or parentheses, a WITH clause per step."),
+    (re.compile(r"\* SET order_by_non_integer_literal=true to allow this behavior\."),
+     "* Order by a column name or position (ORDER BY 1), not a string literal."),
+    (re.compile(r"(?:Or set )?(?:SET|PRAGMA) temp_directory='/path/to/tmp\.tmp'"),
+     "lerobot_sql.connect(root, temp_directory='/path/to/tmp')"),
+    (re.compile(r"You can adjust this setting, by using \(for example\) PRAGMA max_temp_directory_size='10GiB'"),
+     "Free space on the disk of temp_directory (lerobot_sql.connect(root, temp_directory=...) moves it)"),
+]
+_SETTING_ADVICE = re.compile(r"\b(?:SET|PRAGMA|RESET) [a-z_]+", re.IGNORECASE)
+LOCKED_NOTE = ("(SET, PRAGMA and RESET statements are refused on lerobot_sql's connection: its settings are locked; "
+               "lerobot_sql.connect takes threads=, memory_limit= and temp_directory=)")
+
+
+def locked_advice(message: str) -> str:
+    """DuckDB's error ``message`` with its advice to run SET / PRAGMA statements replaced by what works on a locked
+    connection (``_ADVICE``), and a note on the lock when an advice it does not know remains. Text before
+    ``\nSQL:`` only: the user's SQL is quoted as written."""
+    head, sep, sql = message.partition("\nSQL:")
+    for pattern, replacement in _ADVICE:
+        head = pattern.sub(replacement, head)
+    if _SETTING_ADVICE.search(head):
+        head = f"{head.rstrip()}\n{LOCKED_NOTE}"
+    return head + sep + sql
 
 
 def _dir(path: str) -> str:

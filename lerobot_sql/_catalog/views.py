@@ -21,7 +21,8 @@ import pyarrow as pa
 from ..errors import DatasetFormatError, warn
 from .._readers import video_index
 from .._format import v2
-from .._format.layout import Layout, check_stored_type, parse_template, sql_key
+from .._format.info import parse_template, sql_key
+from .._format.layout import Layout, check_stored_type
 from .._format.metadata import corrupt_parquet_files, read_tasks
 from .._storage.source import Source, glob_escape
 from .._query.sqltext import ident, literal, number
@@ -65,7 +66,7 @@ def template_to_printf(template: str, values: dict[str, str]) -> tuple[str, list
 
     ``values`` maps placeholder names to SQL expressions; ``{chunk_index:03d}`` becomes ``%03d``. v3 templates
     use ``video_key``, ``chunk_index``, ``file_index``; v2 templates ``episode_chunk`` and ``episode_index``. The
-    template is parsed by :func:`lerobot_sql._format.layout.parse_template` (Python's own ``str.format`` parser), so the
+    template is parsed by :func:`lerobot_sql._format.info.parse_template` (Python's own ``str.format`` parser), so the
     SQL builds exactly the path ``str.format`` gives; the format itself is passed as one string literal.
 
     Raises:
@@ -164,6 +165,10 @@ class Build:
     relations: dict[str, pa.Table]
     episode_columns: dict[str, str]
     prefix: str = ""  # of the Arrow registrations (see register_table)
+    # The data files the frames view reads, and (path, why) of every other Parquet file under data/: set by
+    # _split_unnamed before the views are made (layout.data_files less the files no episode names).
+    data_files: tuple[str, ...] = ()
+    strays: tuple[tuple[str, str], ...] = ()
 
 
 def episodes(b: Build) -> None:
@@ -213,12 +218,13 @@ def episode_stats(b: Build) -> None:
              "(restore meta/episodes from the dataset's source to have them back)")
 
 
-def _warn_features_vs_columns(layout: Layout, data_cols: dict[str, str], first: str) -> None:
+def _warn_features_vs_columns(layout: Layout, data_cols: dict[str, str], first: str, derived=()) -> None:
     """Warn when info.json and the data files disagree on which features exist: a declared (non-video) feature with
     no data column gives items without that key, and a list column info.json does not declare is read untyped
-    (and an export would write it without a feature entry). Both are fixed in meta/info.json."""
+    (and an export would write it without a feature entry). Both are fixed in meta/info.json. The default columns
+    in ``derived`` are left to :func:`_derived_columns`' own warnings (SQL has them; items do not)."""
 
-    absent = [k for k, f in layout.features.items() if not f.is_video and k not in data_cols]
+    absent = [k for k, f in layout.features.items() if not f.is_video and k not in data_cols and k not in derived]
     if absent:
         warn(f"{first}: meta/info.json declares feature(s) {absent} that the data files have no column for; "
              "items and queries will not have them. Remove them from meta/info.json's features, or restore "
@@ -234,13 +240,13 @@ def frames(b: Build) -> None:
     """``frames`` (every data-file column; fixed-length vectors as DuckDB arrays, images as their path) and the
     private ``_frames_loc`` (frame -> data file and row)."""
     con, src, layout = b.con, b.src, b.layout
-    if not layout.data_files:
+    if not b.data_files:
         con.execute(f"CREATE OR REPLACE VIEW frames AS {_empty_frames_sql(layout)}")
         con.execute("CREATE OR REPLACE VIEW _frames_loc AS SELECT NULL::BIGINT AS index, NULL::BIGINT AS episode_index, "
                     "NULL::BIGINT AS frame_index, NULL::FLOAT AS timestamp, NULL::BIGINT AS task_index, "
                     "NULL::VARCHAR AS data_file, NULL::BIGINT AS row WHERE false")
         return
-    data_src = f"read_parquet({_file_list(src, layout.data_files)}, union_by_name=true"
+    data_src = f"read_parquet({_file_list(src, b.data_files)}, union_by_name=true"
     try:
         data_cols = _describe(con, f"SELECT * FROM {data_src})")
     except duckdb.Error:
@@ -251,20 +257,20 @@ def frames(b: Build) -> None:
         # reads the other files' rows alone (no frame is silently missing), and episodes, tasks, ... stay
         # readable. No damaged file found (or all of them): the original error stands.
         damaged = set(corrupt_parquet_files(src, layout))
-        good = [f for f in layout.data_files if src.path(f) not in damaged]
-        if not good or len(good) == len(layout.data_files):
+        good = [f for f in b.data_files if src.path(f) not in damaged]
+        if not good or len(good) == len(b.data_files):
             raise
         data_cols = _describe(con, f"SELECT * FROM read_parquet({_file_list(src, good)}, union_by_name=true)")
-        order = good[:1] + [f for f in layout.data_files if f != good[0]]
+        order = good[:1] + [f for f in b.data_files if f != good[0]]
         data_src = f"read_parquet({_file_list(src, order)}"
-        bad = sorted(damaged & {src.path(f) for f in layout.data_files})
-        warn(f"{len(bad)} of {len(layout.data_files)} data file(s) cannot be read as Parquet (truncated or "
+        bad = sorted(damaged & {src.path(f) for f in b.data_files})
+        warn(f"{len(bad)} of {len(b.data_files)} data file(s) cannot be read as Parquet (truncated or "
              f"corrupt), e.g. {bad[0]}: every query over frames raises until it is re-downloaded from the "
              "dataset's source; the metadata views (episodes, episode_stats, tasks, videos, ...) read as usual, "
              "and so do items of the episodes in the other files (`lerobot-sql doctor` checks every file)")
-    first = src.path(layout.data_files[0])
-    derived = _derived_columns(b, data_cols, first)
-    _warn_features_vs_columns(layout, data_cols, first)
+    first = src.path(b.data_files[0])
+    derived, from_meta = _derived_columns(b, data_cols, first)
+    _warn_features_vs_columns(layout, data_cols, first, derived)
     sel = []
     for c, typ in data_cols.items():
         feat = layout.features.get(c)
@@ -276,7 +282,9 @@ def frames(b: Build) -> None:
             sel.append(f"CAST({ident(c)} AS {DUCKDB_TYPES[feat.dtype]}[{feat.shape[0]}]) AS {ident(c)}")
         else:
             sel.append(ident(c))
-    sel += [ident(c) for c in derived if c != "task_index"]  # task_index only where items need it: _frames_loc
+    # A task_index derived from meta/episodes is a column of frames like index (the value _frames_loc, manifests and
+    # the items' task text use); one that is not (it raises when read, or 0 without a tasks file) only in _frames_loc.
+    sel += [ident(c) for c in derived if c != "task_index" or c in from_meta]
     # Each frame's file and row come from DuckDB's own columns, which a data column of the same name (compared
     # as DuckDB does, ignoring ASCII case) would clash with. The file name column can be renamed; the row
     # number cannot (DuckDB 2.0 has no such option), so a data column named like it is refused.
@@ -317,10 +325,10 @@ def _raise_sql(message: str, typ: str) -> str:
     return f"error({literal(ERROR_MARKER + message)})::{typ}"
 
 
-def _derived_columns(b: Build, data_cols: dict[str, str], first: str) -> dict[str, str]:
+def _derived_columns(b: Build, data_cols: dict[str, str], first: str) -> tuple[dict[str, str], set[str]]:
     """SQL expressions (over the data row ``d``, reading ``_episodes_raw`` and ``tasks``) for the default columns
-    the data files lack, in the order of the defaults. Each is derived where the metadata makes it unambiguous, else
-    raises when read, naming the column and the file:
+    the data files lack, in the order of the defaults, and the names of those derived from the metadata. Each is
+    derived where the metadata makes it unambiguous, else raises when read, naming the column and the file:
 
     * ``index`` (v2.x only: lerobot v2.1 numbers frames by episode order) is ``dataset_from_index + frame_index``,
       the episode's start from the cumulative lengths of meta/episodes.jsonl; a frame_index outside the episode's
@@ -328,10 +336,15 @@ def _derived_columns(b: Build, data_cols: dict[str, str], first: str) -> dict[st
     * ``task_index`` is the index of the episode's task when meta/episodes lists exactly one for every episode
       (and the tasks table holds that text once); else reading it raises, naming an episode with several.
     * ``episode_index``, ``frame_index``, ``timestamp``: never derived.
+
+    Items never carry a derived column: an item holds its data row's own columns, as lerobot's do (lerobot's
+    LeRobotDataset does not read such files at all: it casts the data to info.json's features and looks each
+    item's task up by its ``task_index``). One warning says which keys items lack, beside what SQL derives.
     """
     con, layout = b.con, b.layout
     eps = b.episode_columns
     out: dict[str, str] = {}
+    from_meta: set[str] = set()
     notes = []
     for c, typ in (("index", "BIGINT"), ("episode_index", "BIGINT"), ("frame_index", "BIGINT"),
                    ("timestamp", "FLOAT"), ("task_index", "BIGINT")):
@@ -347,8 +360,9 @@ def _derived_columns(b: Build, data_cols: dict[str, str], first: str) -> dict[st
             out[c] = (f"COALESCE((SELECT min(e.dataset_from_index) + d.frame_index FROM _episodes_raw e WHERE "
                       "e.episode_index = d.episode_index AND d.frame_index >= 0 AND d.frame_index < e.length), "
                       f"{bad})")
-            notes.append(f"{why}: derived as each episode's start (the cumulative lengths of meta/episodes.jsonl, "
-                         "as lerobot v2.1 numbers frames) + frame_index")
+            notes.append(f"{why}: derived as each episode's start (the cumulative lengths of "
+                         "meta/episodes.jsonl, as lerobot v2.1 numbers frames) + frame_index")
+            from_meta.add(c)
         elif c == "task_index" and layout.tasks_file is not None and "tasks" in eps and "episode_index" in data_cols:
             # Decided for the whole dataset here, not row by row: DuckDB may compute a column for rows a query
             # later filters out, so a per-row error would fire in queries about other episodes.
@@ -363,6 +377,7 @@ def _derived_columns(b: Build, data_cols: dict[str, str], first: str) -> dict[st
                 out[c] = (f"COALESCE((SELECT min(t.task_index) FROM tasks t, _episodes_raw e WHERE e.episode_index = "
                           f"d.episode_index AND t.task = e.tasks[1]), {bad})")
                 notes.append(f"{why}: derived from each episode's one task in meta/episodes")
+                from_meta.add(c)
             else:
                 out[c] = _raise_sql(f"{why}; it cannot be derived from meta/episodes: {n_bad} episode(s) (e.g. "
                                     f"episode {example}) list more than one task, or one the tasks table does not "
@@ -377,9 +392,19 @@ def _derived_columns(b: Build, data_cols: dict[str, str], first: str) -> dict[st
             out[c] = _raise_sql(f"{why}; only the views and columns that do not need it can be read: rewrite the "
                                 f"data files with a {c!r} column", typ)
             notes.append(f"{why}: queries and items that read it raise; the other views and columns work")
+    if out:
+        keys = " and ".join(repr(c) for c in out)
+        declared = [c for c in out if c in layout.features]
+        why_not = ([f"it casts them to info.json's features, which list {declared}"] if declared else []) + (
+            ["its items look their task up by task_index"] if "task_index" in out else [])
+        lerobot = (f"lerobot's LeRobotDataset does not read these files at all: {'; '.join(why_not)}" if why_not
+                   else "lerobot's items lack them too")
+        notes.append(f"{first}: items of dataset() carry no {keys} key: an item holds its data row's own columns, "
+                     f"as lerobot's items do ({lerobot}). The derived values serve queries, manifests and the "
+                     "items' task text; rewrite the data files with the column(s) to have them in items")
     for n in notes:
         warn(n)
-    return out
+    return out, from_meta
 
 
 def tasks(b: Build) -> None:
@@ -387,36 +412,166 @@ def tasks(b: Build) -> None:
     register_table(b.con, "tasks", read_tasks(b.src, b.layout), b.relations, prefix=b.prefix)
 
 
+def _episode_data_files_sql(b: Build) -> str | None:
+    """The SELECT of (episode_index, path): the data file meta/episodes points each episode to (data/chunk_index,
+    data/file_index through info.json's data_path; v2.x: episode_index // chunks_size and episode_index, as
+    :func:`lerobot_sql._format.v2.episodes` shapes them); None when meta/episodes has no such pointers."""
+    if not all(c in b.episode_columns for c in ("data/chunk_index", "data/file_index")):
+        return None
+    values = {"chunk_index": ident("data/chunk_index"), "file_index": ident("data/file_index"),
+              "episode_chunk": ident("data/chunk_index"), "episode_index": ident("data/file_index")}
+    fmt, args = template_to_printf(b.layout.data_path, values)
+    return f"SELECT episode_index, printf({literal(fmt)}, {', '.join(args)}) AS path FROM _episodes_raw"
+
+
+def _split_unnamed(b: Build) -> None:
+    """Set ``b.data_files`` (what the frames view reads) and ``b.strays`` (path, why): the layout's strays (names
+    data_path cannot give), plus the data files no episode of meta/episodes points to whose rows are no episode's
+    own.
+
+    The rule, v2.x and v3.x alike: a file data_path matches but no episode names (v2: episode_chunk/episode_index
+    of an episode of meta/episodes.jsonl; v3: its data/chunk_index, data/file_index) is a stray when it has no
+    ``episode_index`` column (raw recorder output named like an episode file) or each of its episodes is either
+    not in meta/episodes or has its rows in the files meta/episodes names (a copy left by a half-finished merge).
+    Read, such a file gave rows with NULL episode_index (its columns added to the view) or every copied frame
+    twice. A file holding the only rows of an episode of meta/episodes is read whatever the pointers say (lerobot
+    issue #2401's converter pointed the first episode of a new file at the previous one): rows are found by
+    episode_index. No pointers in meta/episodes: no file is judged. The file contents are scanned only when some
+    file is not named (one small query over meta/episodes otherwise).
+    """
+    con, src, layout = b.con, b.src, b.layout
+    b.data_files = layout.data_files
+    b.strays = tuple((p, f"its name does not match info.json's data_path {layout.data_path!r}")
+                     for p in layout.stray_data_files)
+    sql = _episode_data_files_sql(b)
+    if sql is None or not layout.data_files:
+        return
+    named = {r[0] for r in con.sql(f"SELECT DISTINCT path FROM ({sql}) WHERE path IS NOT NULL").fetchall()}
+    unnamed = [f for f in layout.data_files if f not in named]
+    if not unnamed:
+        return
+    meta, verb = ("meta/episodes.jsonl", "names") if layout.legacy else ("meta/episodes", "points to")
+    why: dict[str, str] = {}
+    try:
+        with_eps = []
+        for f in unnamed:
+            if "episode_index" in _describe(con, f"SELECT * FROM read_parquet({_file_list(src, [f])})"):
+                with_eps.append(f)
+            else:
+                why[f] = f"no episode of {meta} {verb} it and it has no episode_index column"
+        if with_eps:
+            # each unnamed file's episodes, one query per file (only files no episode names: rare, and few)
+            eps = {f: {r[0] for r in con.sql(f"SELECT DISTINCT episode_index FROM read_parquet("
+                                              f"{_file_list(src, [f])}) WHERE episode_index IS NOT NULL").fetchall()}
+                   for f in with_eps}
+            known = {r[0] for r in con.sql("SELECT DISTINCT episode_index FROM _episodes_raw").fetchall()}
+            named_here = [f for f in layout.data_files if f in named]
+            found = set()
+            ours = [f for f in with_eps if eps[f] & known]  # rows of episodes meta/episodes lists
+            if ours and named_here:
+                # which of those episodes have rows in the named files (values never pasted: data is hostile)
+                found = {r[0] for r in con.sql(
+                    f"SELECT DISTINCT episode_index FROM read_parquet({_file_list(src, named_here)}, "
+                    "union_by_name=true) WHERE episode_index IN (SELECT episode_index FROM _episodes_raw) AND "
+                    f"episode_index IN (SELECT episode_index FROM read_parquet({_file_list(src, ours)}, "
+                    "union_by_name=true))").fetchall()}
+            for f in with_eps:
+                if eps[f] & (known - found):
+                    continue  # the only rows of some episode: the dataset's own, whatever its pointers say
+                why[f] = (f"no episode of {meta} {verb} it and the rows of its episodes are in the files {meta} "
+                          f"{verb} (a copy: read, they would count twice)" if eps[f] & known else
+                          f"no episode of {meta} {verb} it and its rows are of no episode of {meta}")
+    except duckdb.Error:
+        return  # a file that cannot be read: the frames view names it (views.frames), every file stays in
+    if not why:
+        return
+    b.data_files = tuple(f for f in layout.data_files if f not in why)
+    b.strays = tuple(sorted(b.strays + tuple(why.items())))
+    shown = "; ".join(f"{f}: {w}" for f, w in list(why.items())[:5]) + (
+        f"; and {len(why) - 5} more" if len(why) > 5 else "")
+    fix = ("if one is an episode's own file, add the episode to meta/episodes.jsonl" if layout.legacy else
+           "if one holds an episode's rows, point the episode's data/chunk_index and data/file_index in "
+           "meta/episodes to it")
+    warn(f"{src.path('data')}: {len(why)} data file(s) match info.json's data_path but no episode of {meta} "
+         f"{verb} them, and their rows are no episode's own, so they are not read as frames ({shown}). "
+         f"`lerobot-sql doctor` lists them (data_files_stray): move them out of data/ ({fix})")
+
+
+def _warn_repeated_rows(b: Build) -> None:
+    """Warn, naming both files, when a data file's rows repeat ``index`` values another data file holds (a file
+    copied over another by a half-finished merge or download): every count over frames would count those frames
+    twice, without a word. Candidates come from the Parquet footers' min/max of ``index`` (``episode_index`` when
+    the data has no index), one ``parquet_metadata`` call; only overlapping files are scanned, to count the
+    repeated values. Files without statistics are not judged (doctor's index_contiguous scans every row)."""
+    con, src, files = b.con, b.src, b.data_files
+    if len(files) < 2:
+        return
+    try:
+        have = {r[0] for r in con.sql(f"SELECT DISTINCT path_in_schema FROM parquet_metadata("
+                                      f"{_file_list(src, files[:1])})").fetchall()}
+        col = "index" if "index" in have else "episode_index"  # v2.x without index: it is derived (per episode)
+        if col not in have:
+            return
+        root = src.duckdb_path("")
+        ranges = con.sql(
+            f"SELECT substr(file_name, {len(root) + 1}), min(TRY_CAST(stats_min_value AS BIGINT)), "
+            f"max(TRY_CAST(stats_max_value AS BIGINT)), sum(row_group_num_rows) FROM parquet_metadata("
+            f"{_file_list(src, files)}) WHERE path_in_schema = {literal(col)} GROUP BY 1 "
+            "HAVING count(*) = count(TRY_CAST(stats_min_value AS BIGINT)) ORDER BY 2, 1").fetchall()
+        pairs, prev = [], None
+        for f, lo, hi, n in ranges:
+            if prev is not None and lo <= prev[2]:
+                pairs.append((prev, (f, lo, hi, n)))
+            if prev is None or hi > prev[2]:
+                prev = (f, lo, hi, n)
+        for (a, _alo, _ahi, _an), (f, lo, hi, n) in pairs[:3]:
+            k = con.sql(f"SELECT count(*) FROM read_parquet({_file_list(src, [f])}) WHERE {ident(col)} IN "
+                        f"(SELECT {ident(col)} FROM read_parquet({_file_list(src, [a])}))").fetchall()[0][0]
+            if k:
+                what = "`index` values" if col == "index" else "episodes (episode_index values)"
+                warn(f"{src.path(f)}: {k} of its {n} rows repeat {what} that {a} holds ({col} {lo}..{hi}): every "
+                     "count over frames has those frames counted twice, and a query selecting them by index is "
+                     "refused. A data file copied over another (a half-finished merge or download)? Restore the "
+                     "data files from the dataset's source (`lerobot-sql doctor`: index_contiguous lists the "
+                     "repeated values)")
+    except duckdb.Error:
+        return  # a damaged file: the frames view names it at the first query that reads it
+
+
 def data_files(b: Build) -> None:
-    """``_data_files_listed`` (data files found under data/), ``_data_files_stray`` (other Parquet files there,
-    not read: doctor's data_files_stray) and ``_episode_data_files`` (the file meta/episodes
-    points each episode to): doctor's data_files_present, and the warning a connection gives when episodes point
-    to files that are not there."""
-    con, layout, ep_cols = b.con, b.layout, b.episode_columns
-    register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(layout.data_files), pa.string())}),
+    """``_data_files_listed`` (the data files the frames view reads), ``_data_files_stray`` (path, reason: the
+    other Parquet files under data/, not read: doctor's data_files_stray) and ``_episode_data_files`` (the file
+    meta/episodes points each episode to): doctor's data_files_present, and the warning a connection gives when
+    episodes point to files that are not there."""
+    con = b.con
+    register_table(con, "_data_files_listed", pa.table({"path": pa.array(list(b.data_files), pa.string())}),
                     b.relations, prefix=b.prefix)
     register_table(con, "_data_files_stray",
-                    pa.table({"path": pa.array(list(layout.stray_data_files), pa.string())}), b.relations,
+                    pa.table({"path": pa.array([p for p, _ in b.strays], pa.string()),
+                              "reason": pa.array([w for _, w in b.strays], pa.string())}), b.relations,
                     prefix=b.prefix)
-    if all(c in ep_cols for c in ("data/chunk_index", "data/file_index")):
-        values = {"chunk_index": ident("data/chunk_index"), "file_index": ident("data/file_index"),
-                  "episode_chunk": ident("data/chunk_index"), "episode_index": ident("data/file_index")}
-        fmt, args = template_to_printf(layout.data_path, values)
-        con.execute(f"CREATE OR REPLACE VIEW _episode_data_files AS SELECT episode_index, printf({literal(fmt)}, "
-                    f"{', '.join(args)}) AS path FROM _episodes_raw")
+    sql = _episode_data_files_sql(b)
+    if sql is not None:
+        con.execute(f"CREATE OR REPLACE VIEW _episode_data_files AS {sql}")
     else:
         con.execute("CREATE OR REPLACE VIEW _episode_data_files AS SELECT NULL::BIGINT AS episode_index, "
                     "NULL::VARCHAR AS path WHERE false")
 
 
 def videos(b: Build) -> None:
-    """``videos``: one row per (episode, camera): the mp4 path from the template, its clip's from/to timestamps."""
+    """``videos``: one row per (episode, camera): the mp4 path from the template, its clip's from/to timestamps.
+
+    A camera whose meta/episodes names its files (``chunk_index``, ``file_index``) but lacks the ``from_timestamp``
+    / ``to_timestamp`` columns gets its rows with NULL times, as a NULL cell of those columns would: its mp4s are
+    still known (doctor probes and indexes them), and no frame is located in a clip without bounds (the manifest
+    refuses a NULL from_timestamp as a missing pointer)."""
     layout, ep_cols = b.layout, b.episode_columns
     vids = []
     for k in layout.video_keys:
         need = [f"videos/{k}/{c}" for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]
-        if not all(c in ep_cols for c in need):
+        if not all(c in ep_cols for c in need[:2]):
             continue
+        times = [f"CAST({ident(c)} AS DOUBLE)" if c in ep_cols else "NULL::DOUBLE" for c in need[2:]]
         values = {"video_key": literal(k), "chunk_index": ident(need[0]), "file_index": ident(need[1])}
         if layout.legacy:
             values.update(episode_chunk=ident(need[0]), episode_index=ident(need[1]))
@@ -424,8 +579,7 @@ def videos(b: Build) -> None:
         vids.append(
             f"SELECT episode_index, {literal(k)} AS video_key, CAST({ident(need[0])} AS BIGINT) AS chunk_index, "
             f"CAST({ident(need[1])} AS BIGINT) AS file_index, printf({literal(fmt)}, {', '.join(args)}) AS path, "
-            f"CAST({ident(need[2])} AS DOUBLE) AS from_timestamp, CAST({ident(need[3])} AS DOUBLE) AS to_timestamp "
-            "FROM _episodes_raw"
+            f"{times[0]} AS from_timestamp, {times[1]} AS to_timestamp FROM _episodes_raw"
         )
     empty = ("SELECT NULL::BIGINT AS episode_index, NULL::VARCHAR AS video_key, NULL::BIGINT AS chunk_index, "
              "NULL::BIGINT AS file_index, NULL::VARCHAR AS path, NULL::DOUBLE AS from_timestamp, "
@@ -524,8 +678,10 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
     """
     relations = {} if relations is None else relations
     b = Build(con, src, layout, relations, _register_episodes(con, src, layout, relations, prefix), prefix)
+    _split_unnamed(b)
     for view in VIEWS:
         view(b)
+    _warn_repeated_rows(b)
     _warn_totals(b)
     con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
     con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")

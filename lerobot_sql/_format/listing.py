@@ -9,14 +9,11 @@ list is made here, beside the layout.
 from __future__ import annotations
 
 import concurrent.futures
-from typing import TYPE_CHECKING
 
 from ..errors import DatasetFormatError, warn
+from .._storage.source import Source
+from .info import CheckedInfo
 from .jsontext import load_json
-
-if TYPE_CHECKING:
-    from .._storage.source import Source
-    from .layout import CheckedInfo
 
 
 def list_files(src: Source, info: CheckedInfo) -> list[str]:
@@ -30,7 +27,7 @@ def list_files(src: Source, info: CheckedInfo) -> list[str]:
 
     Args:
         src: the dataset root (one HEAD per metadata file asked about, the meta/episodes files read whole).
-        info: its meta/info.json, already validated (:func:`lerobot_sql._format.layout.check_info`).
+        info: its meta/info.json, already validated (:func:`lerobot_sql._format.info.check_info`).
 
     Returns:
         Paths relative to the root (``data/chunk-000/file-000.parquet``).
@@ -124,8 +121,10 @@ def _v2_files(src: Source, info: CheckedInfo) -> set[str]:
             eps.append(ep)
     data_tmpl, video_tmpl = info.data_path, info.video_path
     for ep in eps:
-        chunk = int(ep) // per_chunk
-        out.add(data_tmpl.format(episode_chunk=chunk, episode_index=int(ep)))
+        # every placeholder a v2 template may use, filled as Layout.data_file / video_file fill them
+        at = {"episode_chunk": int(ep) // per_chunk, "episode_index": int(ep)}
+        at.update(chunk_index=at["episode_chunk"], file_index=at["episode_index"])
+        out.add(data_tmpl.format(**at))
         for k in keys if video_tmpl else ():
-            out.add(video_tmpl.format(episode_chunk=chunk, video_key=k, episode_index=int(ep)))
+            out.add(video_tmpl.format(video_key=k, **at))
     return out

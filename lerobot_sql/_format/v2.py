@@ -4,7 +4,8 @@ v2 keeps its metadata in JSON lines (meta/episodes.jsonl, episodes_stats.jsonl, 
 :func:`episodes` shapes them like v3's meta/episodes: ``dataset_from_index``/``dataset_to_index`` from the
 cumulative ``length``, ``from_timestamp = 0`` and ``to_timestamp = length / fps`` (one mp4 per episode), and
 ``chunk_index``/``file_index`` holding ``episode_chunk``/``episode_index``, the two placeholders of v2 path
-templates. The catalog's views and the episode pointers both read v2 through here. No DuckDB.
+templates. The catalog's views and the episode pointers both read v2 through here. No DuckDB. And the other way:
+a v2.x info.json rewritten as v3.0 (:func:`info_to_v3`), what an export of a v2.x source writes.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import pyarrow as pa
 
 from ..errors import DatasetFormatError
 from .._storage.source import Source
+from .info import DEFAULT_DATA_MB, DEFAULT_DATA_PATH, DEFAULT_VIDEO_MB, DEFAULT_VIDEO_PATH
 from .jsontext import load_json
 from .layout import Layout, V2_TASKS
+
+V3_VERSION = "v3.0"  # what info_to_v3 writes
 
 # The fix for a line that is not JSON: lerobot v2.x writes one JSON object per line.
 RESTORE_JSONL = "restore it from the dataset's source (lerobot v2.x writes one JSON object per line)"
@@ -107,3 +111,21 @@ def episodes(src: Source, layout: Layout) -> pa.Table:
                 raise DatasetFormatError(f"{src.path(layout.episode_stats_file)}: {name} mixes shapes or types "
                                          f"across episodes ({e})") from e
     return pa.table(cols)
+
+
+def info_to_v3(info: dict) -> None:
+    """A v2.x info.json rewritten in place as lerobot 0.4.4's converter (``convert_info``) writes v3.0: version,
+    file sizes and path templates of v3.0, no per-episode totals, and every non-video feature at the dataset's fps."""
+    info["codebase_version"] = V3_VERSION
+    info.pop("total_chunks", None)
+    info.pop("total_videos", None)
+    info.setdefault("data_files_size_in_mb", DEFAULT_DATA_MB)
+    info.setdefault("video_files_size_in_mb", DEFAULT_VIDEO_MB)
+    has_video = any(isinstance(f, dict) and f.get("dtype") == "video" for f in info.get("features", {}).values())
+    info["data_path"] = DEFAULT_DATA_PATH
+    info["video_path"] = DEFAULT_VIDEO_PATH if has_video else None
+    if float(info["fps"]).is_integer():
+        info["fps"] = int(info["fps"])
+    for f in info.get("features", {}).values():
+        if isinstance(f, dict) and f.get("dtype") != "video":
+            f["fps"] = info["fps"]

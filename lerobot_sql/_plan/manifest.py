@@ -23,13 +23,21 @@ Schema metadata ``lerobot_sql.manifest`` (JSON, :class:`Meta`): ``mode`` (``inde
 ``extras``, ``video_keys``, ``fps``, ``sql``, ``clips`` (per camera, the selected episodes' clips and their
 neighbours in the file, and ``chains``: every clip of each touched mp4, which the dataset checks against the mp4's
 real frames), ``cameras`` when the manifest was resolved for some cameras only (``dataset(cameras=[...])``: only
-their pointers and clips were checked; the other cameras' columns may be null) and, in a saved manifest, ``root``.
+their pointers and clips were checked; the other cameras' columns may be null) and, in a saved manifest, ``root``
+and ``dataset_id`` (:func:`dataset_identity`).
+
+The file form is here too: :func:`is_manifest_path`, :func:`read_manifest_file`, :func:`read_schema` and
+:func:`file_root` (what ``ray_data`` reads), :func:`is_manifest_file` (what an overwrite may replace),
+:func:`check_source` (a manifest of another dataset is refused); and a manifest from outside (a file, a table handed
+to ``dataset()``) is checked row by row against the planner's own (:func:`check_against`, the last section).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 from typing import Any
 
 import numpy as np
@@ -37,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._format.jsontext import load_json
-from ..errors import ResultContractError
+from ..errors import MissingFileError, ResultContractError
 
 META_KEY = b"lerobot_sql.manifest"
 CORE = ("index", "episode_index", "frame_index", "timestamp", "task_index")
@@ -145,6 +153,116 @@ def finish(table: pa.Table, *, mode: str, extras: list[str], video_keys: list[st
                 cameras=None if cameras is None else tuple(cameras)).attach(table.select(want))
 
 
+# ---- a manifest file (db.export_manifest writes it; dataset(), coll.dataset() and ray_data read it) -----------------
+def is_manifest_path(sql: Any) -> bool:
+    """True when ``dataset()``'s first argument names a saved manifest (a path, or text ending in .parquet)."""
+    return isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.strip().endswith(".parquet")
+                                            and " " not in sql.strip())
+
+
+def read_manifest_file(path: str | os.PathLike, how: str) -> pa.Table:
+    """The manifest saved at ``path`` (Parquet, schema metadata kept).
+
+    Raises:
+        MissingFileError: no such file, naming ``how`` one is written.
+        ResultContractError: the file lacks a manifest's location columns (:func:`check_columns`).
+    """
+    import pyarrow.parquet as pq
+
+    path = os.path.expanduser(os.fspath(path))  # as export_manifest writes "~/m.parquet"
+    if not os.path.exists(path):
+        raise MissingFileError(f"{path}: manifest file not found; write one with {how}, or pass a query instead")
+    table = pq.read_table(path)
+    check_columns(table, path)
+    return table
+
+
+def read_schema(path: str | os.PathLike, *, filesystem=None) -> pa.Schema:
+    """The Arrow schema of a manifest file (with its ``lerobot_sql.manifest`` metadata), without its rows.
+
+    Raises:
+        ValueError: the file has no ``lerobot_sql.manifest`` metadata (not written by export_manifest).
+    """
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(str(path), filesystem=filesystem)
+    if not Meta.present(schema):
+        raise ValueError(f"{path}: no 'lerobot_sql.manifest' schema metadata; write the manifest with "
+                         "db.export_manifest(sql, path)")
+    return schema
+
+
+def file_root(path: str | os.PathLike, *, filesystem=None) -> str:
+    """The dataset root (path or URL) a manifest file records (``export_manifest`` stores it).
+
+    Raises:
+        ValueError: not a manifest file, or its metadata names no root.
+        ResultContractError: its metadata is not a JSON object.
+    """
+    root = Meta.of(read_schema(path, filesystem=filesystem), where=str(path)).root
+    if not root:
+        raise ValueError(f"{path}: the manifest metadata names no dataset root; pass root=")
+    return root
+
+
+def is_manifest_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a Parquet file with ``lerobot_sql.manifest`` schema metadata (one export_manifest wrote,
+    which ``overwrite=True`` may replace)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return Meta.present(pq.read_schema(path))
+    except (OSError, pa.ArrowException, ValueError):
+        return False
+
+
+def dataset_identity(layout) -> str:
+    """A digest of what makes two dataset folders the same dataset for a manifest: info.json's
+    ``codebase_version``, ``total_episodes``, ``total_frames``, ``fps`` and ``features`` (sha256 hex of their JSON).
+
+    A manifest file stores its source's (``dataset_id``); :func:`check_source` accepts it through another root only
+    when that root's digest is equal (a copied or moved dataset), since a manifest's rows are file rows and indices
+    of that one dataset.
+    """
+    info = layout.info
+    keys = ("codebase_version", "total_episodes", "total_frames", "fps", "features")
+    text = json.dumps({k: info.get(k) for k in keys}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_source(manifest: pa.Table, where: Any, url: str, layout) -> None:
+    """Refuse a manifest written from another dataset than the one at ``url`` (``layout``: its layout): its
+    data_file, data_row and index values point into that dataset, so read through this one they give other frames.
+
+    Accepted when the manifest records no root (``db.manifest()``'s own tables), when the roots are the same folder,
+    or when its ``dataset_id`` equals :func:`dataset_identity` of ``layout``: a copied or moved dataset.
+
+    Raises:
+        ResultContractError: naming both roots and the fix; or naming the file (``where``, a path), its metadata is
+            not a JSON object (invalid, nested too deeply).
+    """
+    name = where if isinstance(where, (str, os.PathLike)) else "the manifest table"
+    meta = Meta.of(manifest, where=str(name))  # the one parser of it; a file's errors name it
+    root = meta.root
+    if not isinstance(root, str) or not root:
+        return
+
+    def same(a: str, b: str) -> bool:
+        if "://" in a or "://" in b:
+            return a.rstrip("/") == b.rstrip("/")
+        return os.path.realpath(a) == os.path.realpath(b)
+
+    if same(root, url) or meta.dataset_id == dataset_identity(layout):
+        return
+    why = ("its info.json differs from this one (version, total_episodes, total_frames, fps or features)"
+           if meta.dataset_id else "it records no dataset identity to compare")
+    raise ResultContractError(
+        f"{name}: a manifest of the dataset at {root}, opened through the dataset at {url}; {why}, so its "
+        f"data_file/data_row/index values would give this dataset's other frames. Open it through its own "
+        f"dataset (lsql.connect({root!r}).dataset(...)), or write a manifest from this one with "
+        f"db.export_manifest(sql, path). A copy of the dataset with the same info.json is accepted as is")
+
+
 # ---- a collection's manifest ---------------------------------------------------------------------------------------
 # One table over several datasets: a ``dataset`` column (dictionary of the collection's names) first, then each
 # dataset's own manifest columns (a camera column of another dataset is NULL there); schema metadata
@@ -226,3 +344,152 @@ def part_of(manifest: pa.Table, name: str, code: int, meta: dict, codes: np.ndar
     cols = columns(own.get("video_keys", ()), own.get("extras", ()))
     sub = manifest.take(pa.array(pos)).select(cols)
     return sub.replace_schema_metadata({META_KEY: meta["manifests"][name].encode()}), pos
+
+
+# ---- a manifest from outside --------------------------------------------------------------------------------------
+# A manifest that comes from outside (a Parquet file, a table handed to ``dataset()``) is hostile input.
+#
+# The rule: every column a manifest claims about a frame is re-derived from the dataset for the frame its ``index``
+# names, and a row whose stored value differs is refused (before this rule, a saved manifest with ``data_row + 1``, a
+# camera's ``from_timestamp`` moved by a frame, the front camera's file pointed at the wrist mp4 or ``ep_from_index -
+# 5`` gave other frames silently). ``index`` is the key: a row may name any frame, but then everything else in it must
+# be that frame's. The reference is the manifest the planner itself builds for those frames (the caller resolves it:
+# :func:`reference_plan` says how), so the two can only agree when the file is what ``db.manifest`` gave.
+#
+# Compared: ``episode_index, frame_index, timestamp, task_index, data_file, data_row, ep_from_index, ep_to_index,
+# ep_data_row0``, per checked camera ``<key>/file``, ``<key>/from_timestamp`` and (in a file ``export_manifest`` wrote)
+# ``<key>/time_s``. Not compared, since no dataset file holds them: ``result_row`` (the query row a sample came from;
+# export cuts episodes by it) and the query's extra columns, which items carry under their own names; an extra may
+# therefore not be named like an item key or a manifest column. The metadata's clips (which the dataset checks each mp4
+# against) are replaced by the reference's, the dataset's own.
+FIX = "write it again from its query: db.export_manifest(sql, path) (or db.manifest(sql) for a table)"
+# Compared, in this order (a row's first differing column is the one named).
+FRAME_COLUMNS = ("episode_index", "frame_index", "timestamp", "task_index", "data_file", "data_row",
+                 "ep_from_index", "ep_to_index", "ep_data_row0")
+
+# The pointer path re-derives whole episodes (about 0.6 us a frame on the shipped sets) where the join costs ~0.1 s
+# plus ~0.3 s for a first connection: it is taken while the episodes hold at most this many frames.
+POINTER_PATH_RATIO, POINTER_PATH_FRAMES = 8, 500_000
+
+
+def reference_plan(manifest: pa.Table, bounds: dict[int, tuple[int, int]] | None, *, where: str
+                   ) -> tuple[str, list[int]]:
+    """How to re-derive ``manifest``: ``("episode", episodes)``, the whole episodes its rows lie in (the pyarrow
+    pointer path: no DuckDB), when they hold at most a few times its rows; else ``("index", indices)``, its distinct
+    ``index`` values through the DuckDB join, so that a sparse manifest over long episodes costs its own size.
+    ``bounds``: per episode ``(dataset_from_index, dataset_to_index)`` from meta/episodes (None: no usable
+    pointers, so the join).
+
+    Raises:
+        ResultContractError: ``index`` or ``episode_index`` is not an integer column, or NULL, or an episode_index
+            is not an episode of the dataset, naming ``where`` and the row.
+    """
+    for c in ("index", "episode_index"):
+        col = manifest[c]
+        if not pa.types.is_integer(col.type):
+            raise ResultContractError(f"{where}: column {c!r} is {col.type}, not integers; {FIX}")
+        if col.null_count:
+            j = int(pc.index(pc.is_null(col), True).as_py())
+            raise ResultContractError(f"{where}: row {j}: {c} is null; every row must name a frame; {FIX}")
+    eps = np.unique(manifest["episode_index"].to_numpy())
+    if bounds is not None:
+        unknown = [int(e) for e in eps if int(e) not in bounds]
+        if unknown:
+            j = int(pc.index(manifest["episode_index"], unknown[0]).as_py())
+            raise ResultContractError(f"{where}: row {j}: episode_index {unknown[0]} is not an episode of the dataset "
+                                      f"(meta/episodes holds {len(bounds)}); {FIX}")
+        # the pointer path reads whole episodes: worth it while they are not much more than the manifest's frames
+        if sum(bounds[int(e)][1] - bounds[int(e)][0] for e in eps) <= \
+                POINTER_PATH_RATIO * manifest.num_rows + POINTER_PATH_FRAMES:
+            return "episode", [int(e) for e in eps]
+    return "index", np.unique(manifest["index"].to_numpy()).tolist()
+
+
+def not_a_frame(manifest: pa.Table, row: int, where: str) -> ResultContractError:
+    """The error for a manifest row whose ``index`` is not a frame of its ``episode_index``."""
+    return ResultContractError(f"{where}: row {row}: index {manifest['index'][row].as_py()} is not a frame of "
+                               f"episode {manifest['episode_index'][row].as_py()} in the dataset; {FIX}")
+
+
+def first_outside(manifest: pa.Table, bounds: dict[int, tuple[int, int]]) -> int | None:
+    """The first row whose ``index`` lies outside its episode's ``[from, to)`` in ``bounds`` (meta/episodes'
+    ``dataset_from_index``/``dataset_to_index``), or None. Error path only: it names the row the join refused."""
+    ep = manifest["episode_index"].to_numpy()
+    lo = np.array([bounds.get(int(e), (0, 0))[0] for e in ep], np.int64)
+    hi = np.array([bounds.get(int(e), (0, 0))[1] for e in ep], np.int64)
+    idx = manifest["index"].to_numpy()
+    bad = np.flatnonzero((idx < lo) | (idx >= hi))
+    return int(bad[0]) if len(bad) else None
+
+
+def check_extras(meta: Meta, manifest: pa.Table, layout, where: str) -> None:
+    """Refuse extras (added to every item under their own names) that would replace an item's own value or a
+    manifest column: a feature, ``task``, ``<key>_is_pad``, a manifest or ``<key>/time_s`` column, or a name the
+    table lacks. :func:`lerobot_sql._plan.resolve.build_manifest` never writes such an extra.
+
+    Raises:
+        ResultContractError: naming ``where`` and the extra.
+    """
+    reserved = {*CORE, *LOCATION, *video_columns(layout.video_keys), *(f"{k}/time_s" for k in layout.video_keys)}
+    for e in meta.extras:
+        if not isinstance(e, str) or e not in manifest.column_names:
+            why = "which the table lacks"
+        elif e in reserved or e in layout.features or e == "task" or e.endswith("_is_pad"):
+            why = "which would replace the item's own value or a manifest column"
+        else:
+            continue
+        raise ResultContractError(f"{where}: its metadata lists {e!r} as an extra column, {why}; {FIX}")
+
+
+def check_against(manifest: pa.Table, reference: pa.Table, *, where: str, cameras: list[str],
+                  meta: Meta | None = None) -> pa.Table:
+    """``manifest`` (its rows in their order) once every row agrees with ``reference`` (the planner's manifest of
+    the same frames, any order, each index at least once) on the compared columns (module doc) of ``cameras``,
+    with the reference's clips, fps and video keys in its metadata (``meta``: the manifest's own, if parsed already).
+
+    Vectorised: one sort of the reference's ``index``, one ``searchsorted``, one ``take`` and an Arrow equality per
+    column.
+
+    Raises:
+        ResultContractError: naming ``where``, the first differing row, its index and episode, the column, the stored
+            and the expected value, and :data:`FIX`; or a row whose index is not a frame of its episode.
+    """
+    idx = manifest["index"].to_numpy()
+    ref_idx = reference["index"].to_numpy()
+    cols = list(FRAME_COLUMNS)
+    for k in cameras:
+        cols += [f"{k}/file", f"{k}/from_timestamp"]
+    expected = reference.select(cols)
+    if not np.array_equal(idx, ref_idx):  # (a whole-episode manifest in episode order is the reference itself)
+        order = np.argsort(ref_idx, kind="stable")
+        pos = np.minimum(np.searchsorted(ref_idx[order], idx), len(order) - 1)
+        found = ref_idx[order][pos] == idx
+        if not found.all():
+            raise not_a_frame(manifest, int(np.flatnonzero(~found)[0]), where)
+        expected = expected.take(pa.array(order[pos]))
+    for k in cameras:
+        if f"{k}/time_s" in manifest.column_names:  # export_manifest's: from_timestamp + timestamp, as it adds them
+            t = pc.add(expected[f"{k}/from_timestamp"].cast(pa.float64()), expected["timestamp"].cast(pa.float64()))
+            expected = expected.append_column(f"{k}/time_s", t)
+            cols.append(f"{k}/time_s")
+    for c in cols:
+        have, want = manifest[c], expected[c]
+        if have.type != want.type:
+            try:  # an int32 or a pandas round trip is fine if every value survives
+                have = have.cast(want.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise ResultContractError(f"{where}: column {c!r} is {manifest[c].type}, where the dataset's is "
+                                          f"{want.type}; {FIX}") from None
+        # equal, or both null (a camera without a clip); NaN never equals, and the planner refuses NaN times
+        same = pc.or_kleene(pc.fill_null(pc.equal(have, want), False), pc.and_(pc.is_null(have), pc.is_null(want)))
+        if pc.all(same).as_py():
+            continue
+        bad = np.flatnonzero(~same.to_numpy(zero_copy_only=False))
+        j = int(bad[0])
+        raise ResultContractError(
+            f"{where}: row {j} (index {int(idx[j])}, episode {manifest['episode_index'][j].as_py()}): column {c!r} "
+            f"holds {manifest[c][j].as_py()!r}, where the dataset has {want[j].as_py()!r} for that frame ({len(bad)} "
+            f"row(s) differ in this column). A manifest's columns must be the dataset's own for the frame each row's "
+            f"index names (the file was edited, or the dataset changed since it was written); {FIX}")
+    own, ref = meta or Meta.of(manifest, where=where), Meta.of(reference)
+    return dataclasses.replace(own, clips=ref.clips, fps=ref.fps, video_keys=ref.video_keys).attach(manifest)

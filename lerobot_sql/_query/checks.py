@@ -3,13 +3,17 @@
 Each check is a small function ``(tree, ctx) -> None`` that raises :class:`QueryError` with a fix; ``check_sql``
 runs them in order (see ``CHECKS``). Every entry point that takes user SQL (``Database.sql``, ``dataset``,
 ``manifest``, ``query``, the CLI) goes through ``Database.check`` and so through ``check_sql``.
+
+Here: the size and nesting guards around parsing (``MAX_SQL_CHARS``, ``RECURSION_LIMIT``), the parse errors in
+words, the sqlglot passes and :func:`check_sql`. Before them, DuckDB 1.x lambdas are rewritten
+(:mod:`lerobot_sql._query.lambdas`); after them the Database reads DuckDB's own parse tree
+(:mod:`lerobot_sql._query.tree_facts`), the second look that decides what the query reads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import re
 import sys
@@ -18,9 +22,9 @@ from typing import Callable, Mapping
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.tokens import TokenType
 
 from ..errors import QueryError, did_you_mean as _did_you_mean
+from .lambdas import rewrite_lambdas
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +39,8 @@ class Context:
             (:data:`lerobot_sql._catalog.macros.MACRO_READS`).
         lambda_args: a function giving, per function name (lower case), the argument positions DuckDB takes a
             lambda at (the Database reads them from ``duckdb_functions()``, once per process, and only for a query
-            with a ``->``): where a 1.x ``x -> expr`` is a lambda (:func:`rewrite_lambdas`); every other ``->`` is
-            JSON extraction.
+            with a ``->``): where a 1.x ``x -> expr`` is a lambda
+            (:func:`lerobot_sql._query.lambdas.rewrite_lambdas`); every other ``->`` is JSON extraction.
 
     The checks take the macros as data, so that this module (SQL text only) never imports the catalog.
     """
@@ -53,87 +57,6 @@ class Context:
 # Views and table macros whose rows come from the per-mp4 video index: Database.check builds that index when a
 # query reads one of them (CheckedQuery.reads).
 VIDEO_INDEX_NAMES = frozenset({"video_frames", "camera_frames", "nearest_camera_frame"})
-
-
-
-
-# ---- 1.x list lambdas ---------------------------------------------------------------------------------------------
-def rewrite_lambdas(sql: str, lambda_args: Mapping[str, frozenset[int]] | Callable[[], Mapping[str, frozenset[int]]]
-                    ) -> str:
-    """Rewrite DuckDB 1.x list lambdas ``x -> expr`` / ``(x, i) -> expr`` (rejected by DuckDB 2.x) to the 2.x form
-    ``lambda x: expr`` / ``lambda x, i: expr``, exactly where DuckDB 1.x read ``->`` as a lambda: an argument of a
-    function that takes one, at a position where it takes one.
-
-    Args:
-        sql: the user's SQL.
-        lambda_args: function name (lower case) -> the 0-based argument positions DuckDB types ``LAMBDA`` (from
-            ``duckdb_functions()``: ``list_transform`` {1}, ``invoke`` {0}, ...; :attr:`Context.lambda_args`), or a
-            function giving it, called only when the SQL has a ``->``.
-
-    Works on sqlglot tokens, so arrows inside string literals and comments are left alone. Every other ``->`` is
-    DuckDB's JSON extraction and is kept: ``names -> '$[0]'`` in a SELECT list, ``upper(j -> 'a')``, or an arrow in
-    a lambda function's list argument (``list_transform(j -> '$.l', lambda x: x)``).
-    """
-    try:
-        toks = sqlglot.tokenize(sql, read="duckdb")
-    except sqlglot.errors.TokenError:
-        return sql  # _parse reports the real problem
-    if not any(t.token_type == TokenType.ARROW for t in toks):
-        return sql
-    if callable(lambda_args):
-        lambda_args = lambda_args()
-    # For each token, the call it is an argument of: (function name, argument position), or None outside a call.
-    # Brackets and braces nest like parentheses so that the commas of a list or struct literal are not argument
-    # separators.
-    opens = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE}
-    closes = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE}
-    stack: list[list] = []  # [function name or None, argument position]
-    enclosing: list[tuple[str, int] | None] = []
-    for i, t in enumerate(toks):
-        top = stack[-1] if stack else None
-        enclosing.append((top[0], top[1]) if top and top[0] is not None else None)
-        if t.token_type in opens:
-            fn = toks[i - 1].text.lower() if t.token_type == TokenType.L_PAREN and i > 0 else None
-            stack.append([fn, 0])
-        elif t.token_type in closes and stack:
-            stack.pop()
-        elif t.token_type == TokenType.COMMA and top is not None:
-            top[1] += 1
-
-    def lambda_position(k: int) -> bool:  # token k starts an argument that DuckDB reads as a lambda
-        if k - 1 < 0 or toks[k - 1].token_type not in (TokenType.L_PAREN, TokenType.COMMA):
-            return False
-        call = enclosing[k]
-        return call is not None and call[1] in lambda_args.get(call[0], ())
-
-    edits: list[tuple[int, int, str]] = []
-    for i, t in enumerate(toks):
-        if t.token_type != TokenType.ARROW:
-            continue
-        j = i - 1
-        if j >= 0 and toks[j].token_type == TokenType.R_PAREN:  # (x, i) -> ...
-            names, k = [], j - 1
-            while k >= 0 and toks[k].token_type == TokenType.VAR:
-                names.append(toks[k].text)
-                if k - 1 >= 0 and toks[k - 1].token_type == TokenType.COMMA:
-                    k -= 2
-                else:
-                    k -= 1
-                    break
-            if not names or k < 0 or toks[k].token_type != TokenType.L_PAREN or not lambda_position(k):
-                continue
-            start = toks[k].start
-            params = ", ".join(reversed(names))
-        elif j >= 0 and toks[j].token_type == TokenType.VAR:
-            if not lambda_position(j):
-                continue
-            start, params = toks[j].start, toks[j].text
-        else:
-            continue
-        edits.append((start, t.end + 1, f"lambda {params}:"))
-    for start, end, text in reversed(edits):
-        sql = sql[:start] + text + sql[end:]
-    return sql
 
 
 def parse_error(e: Exception, sql: str) -> str:
@@ -179,7 +102,7 @@ _recursion_saved = 0
 
 
 @contextlib.contextmanager
-def _deep_recursion():
+def deep_recursion():
     """Raise Python's recursion limit to RECURSION_LIMIT for the block (process-wide, so counted across threads
     and restored when the last user leaves)."""
     global _recursion_users, _recursion_saved
@@ -289,7 +212,7 @@ def _func_name(f: exp.Func) -> str:
 SAFE_TABLE_FUNCTIONS = frozenset({"unnest"})
 
 
-def _table_function_error(text: str, ctx: Context) -> QueryError:
+def table_function_error(text: str, ctx: Context) -> QueryError:
     return QueryError(f"table functions such as {text[:60]!r} are not allowed in FROM, JOIN or LATERAL; query the "
                       f"views {ctx.public_views()} or the lerobot_sql table macros {sorted(ctx.table_macros)}")
 
@@ -299,13 +222,13 @@ def _no_files_or_table_functions(tree: exp.Expression, ctx: Context) -> None:
         if isinstance(lat.this, exp.Func) and not isinstance(lat.this, exp.Unnest):
             name = _func_name(lat.this)
             if name not in ctx.table_macros:
-                raise _table_function_error(lat.this.sql("duckdb"), ctx)
+                raise table_function_error(lat.this.sql("duckdb"), ctx)
     for t in tree.find_all(exp.Table):
         if isinstance(t.this, exp.Func):
             name = _func_name(t.this)
             if name in ctx.table_macros:
                 continue
-            raise _table_function_error(t.this.sql("duckdb"), ctx)
+            raise table_function_error(t.this.sql("duckdb"), ctx)
         if isinstance(t.this, exp.Literal) or "/" in t.name or "\\" in t.name or ("." in t.name and not t.db):
             raise QueryError(f"file paths in FROM are not allowed ({t.sql('duckdb')}); query the views "
                              f"{ctx.public_views()}")
@@ -472,7 +395,7 @@ class CheckedQuery:
         tree: sqlglot's parse tree of ``sql``.
         tables: names (lower case) of the views, CTEs and table macros read anywhere in the query. From
             :func:`check_sql`: as sqlglot reads them; ``Database.check`` replaces them (and ``ordered``) with what
-            DuckDB's own parse tree says (:func:`duckdb_facts`), the reading that decides.
+            DuckDB's own parse tree says (:func:`lerobot_sql._query.tree_facts.duckdb_facts`), the reading that decides.
         ordered: the outermost query has an ORDER BY (only then is DuckDB's row order defined).
     """
 
@@ -499,7 +422,7 @@ def check_sql(sql: str, ctx: Context) -> CheckedQuery:
     """
     check_size(sql)
     sql = rewrite_lambdas(sql, ctx.lambda_args)
-    with _deep_recursion():
+    with deep_recursion():
         try:
             tree = _parse(sql)
             for check in CHECKS:
@@ -514,289 +437,3 @@ def check_sql(sql: str, ctx: Context) -> CheckedQuery:
                              "subqueries; DuckDB's own depth limit is 1000): simplify it, with fewer nested "
                              "parentheses or subqueries (a WITH clause per step)") from e
     return CheckedQuery(sql, tree, tables, tree.args.get("order") is not None)
-
-
-@dataclasses.dataclass(frozen=True)
-class Facts:
-    """What DuckDB's parse tree of a checked query says (see :func:`duckdb_facts`).
-
-    Attributes:
-        relations: names (lower case) of the views and CTEs read anywhere in the query.
-        functions: names (lower case) of the table macros called anywhere in the query.
-        ordered: the outermost query has an ORDER BY (only then is DuckDB's row order defined).
-    """
-
-    relations: frozenset[str]
-    functions: frozenset[str]
-    ordered: bool
-
-    def reads(self, *names: str) -> bool:
-        return any(n in self.relations or n in self.functions for n in names)
-
-
-# Most elements (list items or characters) one value of a query may hold when its size follows from literals.
-# DuckDB's memory_limit does not bound these values (they live outside its buffer manager): measured in a fresh
-# process over small20 (0.24 GB after connect), len(range(100000000)) peaked at 7.1 GB and repeat('x', 1e9) at
-# 2.1 GB; len(range(10000000)) at 1.08 GB, len(range(1000000)) at 0.31 GB. DuckDB also checks for interrupts only
-# between chunks, so one such value cannot be stopped by timeout= either (printf('%01000000000d', 1) ran on for
-# minutes): the bound has to hold before the query runs. Sizes derived from data (range(length * 1000)) are not
-# known before the query runs and are not bounded here.
-MAX_GENERATED = 1_000_000
-
-# Functions whose output size is the value of one argument (its position): repeat(s, n) -> len(s) * n, lpad(s, n)
-# -> n, bar(x, lo, hi, width) -> width ... (range / generate_series are counted from start, stop, step.)
-_COUNT_ARG = {"repeat": 1, "lpad": 1, "rpad": 1, "list_resize": 1, "array_resize": 1, "bar": 3, "to_base": 2,
-              "bitstring": 1, "equi_width_bins": 2}
-_RANGES = frozenset({"range", "generate_series"})
-# Functions that apply a lambda to each element of their first argument: the result holds (elements) x (the
-# lambda's result), so sizes multiply through nesting.
-_PER_ELEMENT = frozenset({"list_transform", "array_transform", "apply", "list_apply", "array_apply", "list_reduce",
-                          "array_reduce", "reduce", "list_filter", "array_filter", "filter"})
-_FORMATTERS = frozenset({"printf", "format"})
-# Arithmetic folded over literal arguments, so that repeat('x', 1000 * 1000000) is judged like repeat('x', 1e9).
-_FOLD = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b,
-         "//": lambda a, b: a // b, "%": lambda a, b: a % b, "^": lambda a, b: a ** b, "**": lambda a, b: a ** b,
-         "pow": lambda a, b: a ** b, "power": lambda a, b: a ** b, "<<": lambda a, b: a * 2.0 ** b,
-         "multiply": lambda a, b: a * b, "add": lambda a, b: a + b}
-
-
-def _args(e: dict) -> list:
-    return [a.get("expression") if isinstance(a, dict) else None for a in e.get("arguments") or []]
-
-
-def _literal_number(e) -> float | None:
-    """The value of a numeric constant in DuckDB's parse tree (also under a CAST, as a numeric string, or folded
-    from arithmetic on such constants), else None."""
-    while isinstance(e, dict) and e.get("class") == "CAST":
-        e = e.get("child")
-    if not isinstance(e, dict):
-        return None
-    if e.get("class") == "CONSTANT":
-        lit_ = e.get("literal") or {}
-        try:
-            return float(lit_.get("text"))  # INTEGER, DECIMAL, ... and '1000000000' (DuckDB casts it implicitly)
-        except (TypeError, ValueError):
-            return None
-    if e.get("class") == "FUNCTION" and str(e.get("function_name") or "").lower() in _FOLD:
-        vals = [_literal_number(a) for a in _args(e)]
-        if None in vals or not vals:
-            return None
-        if len(vals) == 1:
-            return -vals[0] if e.get("function_name") == "-" else vals[0]
-        try:
-            return float(_FOLD[str(e["function_name"]).lower()](vals[0], vals[1]))
-        except (OverflowError, ZeroDivisionError, ValueError):
-            return float("inf")
-    return None
-
-
-def _literal_text(e) -> str | None:
-    if isinstance(e, dict) and e.get("class") == "CONSTANT" and (e.get("literal") or {}).get("kind") == "STRING":
-        return str(e["literal"].get("text"))
-    return None
-
-
-def _spec_widths(name: str, spec: str) -> tuple[float, bool]:
-    """(sum of every number in the conversion specs of a printf / format string, whether a width or precision
-    comes from an argument). Every digit run inside a spec counts, widths and precisions alike: conservative."""
-    total, dynamic = 0.0, False
-    if name == "printf":  # %[flags][width][.precision]type, width/precision may be '*'
-        for m in re.finditer(r"%([^a-zA-Z%]*)", spec):
-            total += sum(float(d) for d in re.findall(r"\d+", m.group(1)))
-            dynamic = dynamic or "*" in m.group(1)
-        return total, dynamic
-    depth, field = 0, []  # format: {[arg][:[fill][align][sign][#][0][width][.precision][type]]}, nested {} dynamic
-    for ch in spec:
-        if ch == "{":
-            depth += 1
-            dynamic = dynamic or depth > 1
-        elif ch == "}" and depth:
-            depth -= 1
-            if depth == 0:
-                total += sum(float(d) for d in re.findall(r"\d+", "".join(field)))
-                field = []
-        elif depth:
-            field.append(ch)
-    return total, dynamic
-
-
-def _too_big(name: str, size: float) -> QueryError:
-    return QueryError(f"{name}(...) would allocate about {size:,.0f} elements (list items or characters), more than "
-                      f"the {MAX_GENERATED:,} a query may generate from literals (DuckDB's memory_limit does not bound "
-                      "such values, and its timeout cannot stop one being built); generate less, or read rows from "
-                      "the views")
-
-
-def _value_size(o, sizes: dict) -> float:
-    """How many elements (list items or characters) the expression ``o`` of DuckDB's parse tree may produce per
-    row, judged from literals: constants count their characters, column references 1, ``repeat(x, n)`` is size(x)
-    x n, ``list_transform(l, lambda)`` size(l) x size(lambda body), printf/format the widths in their format
-    string, other functions the sum of their arguments. Raises QueryError as soon as one value exceeds
-    MAX_GENERATED. Query nodes and other containers report their largest part. Memoized in ``sizes`` by id."""
-    if isinstance(o, list):
-        return max((_value_size(v, sizes) for v in o), default=0.0)
-    if not isinstance(o, dict):
-        return 0.0
-    key = id(o)
-    if key in sizes:
-        return sizes[key]
-    cls = o.get("class")
-    if cls == "CONSTANT":
-        text = _literal_text(o)
-        size = float(len(text)) if text is not None else 1.0
-    elif cls == "COLUMN_REF":
-        size = 1.0
-    elif cls == "LAMBDA":
-        size = _value_size(o.get("expr"), sizes)
-    elif cls == "FUNCTION":
-        name = str(o.get("function_name") or "").lower()
-        args = _args(o)
-        arg_sizes = [_value_size(a, sizes) for a in args]
-        # the other parts of a call (FILTER, ORDER BY of an aggregate) are judged too
-        for k in ("filter", "order_bys"):
-            _value_size(o.get(k), sizes)
-        size = sum(arg_sizes) or 1.0
-        if name in _RANGES:
-            vals = [_literal_number(a) for a in args]
-            if len(vals) == 1 and vals[0] is not None:
-                size = vals[0]
-            elif len(vals) >= 2 and vals[0] is not None and vals[1] is not None:
-                step = vals[2] if len(vals) > 2 and vals[2] else 1.0
-                size = abs((vals[1] - vals[0]) / step) + (name == "generate_series")  # inclusive of its end
-        elif name in _COUNT_ARG and len(args) > _COUNT_ARG[name]:
-            n = _literal_number(args[_COUNT_ARG[name]])
-            if n is not None:
-                unit = arg_sizes[0] if name in ("repeat", "list_resize", "array_resize") and arg_sizes[0] else 1.0
-                size = max(size, abs(n) * unit)
-        elif name in _PER_ELEMENT and len(args) >= 2:
-            size = max(size, arg_sizes[0] * max(arg_sizes[1:]))
-        elif name in _FORMATTERS and args:
-            spec = _literal_text(args[0])
-            if spec is None:
-                raise QueryError(f"{name}(...) with a format string computed by the query: its widths cannot be "
-                                 "checked before it runs (a width such as %01000000000d allocates 1 GB); write the "
-                                 f"format string as a literal, e.g. {name}('%d frames', n)")
-            widths, dynamic = _spec_widths(name, spec)
-            size += widths
-            if dynamic:  # printf('%*d', n, x) / format('{:>{}}', x, n): the width is an argument
-                size += max((abs(v) for v in map(_literal_number, args[1:]) if v is not None), default=0.0)
-        if size > MAX_GENERATED:
-            raise _too_big(name, size)
-    else:
-        size = max((_value_size(v, sizes) for v in o.values() if isinstance(v, (dict, list))), default=0.0)
-        if cls is not None and size > MAX_GENERATED:  # CASE, a subquery's value, an operator: as big as a part
-            raise _too_big(str(o.get("type") or cls).lower(), size)
-    sizes[key] = size
-    return size
-
-
-# Scalar functions that read DuckDB's configuration: current_setting('allowed_directories' | 'temp_directory' |
-# 'secret_directory' ...) tells where the cache and the home folder are. (duckdb_settings() and the other
-# table functions are refused with every table function.)
-SETTINGS_FUNCTIONS = frozenset({"current_setting"})
-
-
-# Query nodes of DuckDB's parse tree (json_serialize_sql) that only read; DELETE/UPDATE/INSERT/MERGE ... are
-# *_QUERY_NODE and can sit in a CTE.
-_READ_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"})
-
-
-def duckdb_facts(serialized: str, ctx: Context, sql: str) -> Facts:
-    """Judge DuckDB's own parse tree of ``sql`` (the text of ``SELECT json_serialize_sql(sql)``), the second look
-    behind the sqlglot checks that does not depend on sqlglot reading the SQL as DuckDB does. Walks every node
-    (iteratively, so depth costs no recursion) and refuses: more than one statement or anything but a query; a
-    writing query node (``DELETE_QUERY_NODE`` ...) anywhere; a table function other than our table macros and
-    unnest in any position (FROM, JOIN, LATERAL, subqueries, macro arguments); a qualified table name; a table name
-    that is neither a view nor a CTE visible at that point (a file path, a replacement scan);
-    DESCRIBE/SUMMARIZE/SHOW used as a table; ``current_setting(...)`` (SETTINGS_FUNCTIONS); a value whose size,
-    judged from literals through every nesting level, exceeds MAX_GENERATED (:func:`_value_size`).
-
-    Returns:
-        :class:`Facts` (views and macros read, outermost ORDER BY).
-
-    Raises:
-        QueryError: naming the construct and the fix.
-    """
-    with _deep_recursion():  # json's decoder recurses per nesting level; DuckDB bounds the depth
-        try:
-            doc = json.loads(serialized)
-        except (RecursionError, ValueError) as e:
-            raise QueryError(f"the SQL is nested too deeply to check; simplify it (fewer nested subqueries or "
-                             f"parentheses): {sql[:200]!r}") from e
-    if doc.get("error"):
-        msg = str(doc.get("error_message") or "")
-        if "depth" in msg.lower():
-            raise QueryError(f"the SQL exceeds DuckDB's nesting depth ({msg}); simplify it (fewer nested subqueries "
-                             "or parentheses)")
-        if "only select" in msg.lower():
-            raise QueryError("only queries (SELECT / WITH ... SELECT) are allowed here; lerobot_sql views are "
-                             f"read-only: {sql[:200]!r}")
-        raise QueryError(f"DuckDB cannot parse the SQL: {msg}: {sql[:200]!r}")
-    stmts = doc.get("statements") or []
-    if len(stmts) != 1:
-        raise QueryError(f"expected exactly one SQL statement, found {len(stmts)}; run statements one at a time")
-    top = stmts[0].get("node") or {}
-    ordered = any(isinstance(m, dict) and m.get("type") == "ORDER_MODIFIER" for m in top.get("modifiers") or [])
-    known = {v.lower() for v in ctx.views}
-    macros = {m.lower() for m in ctx.table_macros}
-    tables: list[str] = []
-    functions: set[str] = set()
-    # (node, CTE names visible there): a CTE is visible in the query node that defines it (its FROM, select list,
-    # subqueries ...) and in the CTEs defined after it in the same WITH; a recursive CTE also in its own body. A
-    # table name is allowed only where a view or a visible CTE has that name: a CTE named like a file in one
-    # subquery must not cover a bare path elsewhere (DuckDB would answer that with a replacement scan).
-    stack: list[tuple[object, frozenset[str]]] = [(doc, frozenset())]
-    while stack:
-        o, visible = stack.pop()
-        if isinstance(o, list):
-            stack.extend((v, visible) for v in o)
-            continue
-        if not isinstance(o, dict):
-            continue
-        typ = o.get("type")
-        if isinstance(typ, str):
-            if typ.endswith("_QUERY_NODE") or ("cte_map" in o and typ not in _READ_NODES):
-                kind = typ.removesuffix("_QUERY_NODE").removesuffix("_NODE").replace("_", " ")
-                raise QueryError(f"{kind} inside a query is not allowed: lerobot_sql views are read-only and only "
-                                 "queries (SELECT / WITH ... SELECT) run here; write results out with db.export() "
-                                 "or db.export_manifest()")
-            if typ == "SHOW_REF":
-                raise QueryError("DESCRIBE / SUMMARIZE / SHOW are not run here, only SELECT queries are; columns of "
-                                 "a view: db.sql('SELECT * FROM frames LIMIT 0').columns")
-            if typ == "TABLE_FUNCTION":
-                f = o.get("function") or {}
-                name = str(f.get("function_name") or "").lower()
-                if f.get("schema") or f.get("catalog") or (name not in macros and name not in SAFE_TABLE_FUNCTIONS):
-                    raise _table_function_error(name + "(...)", ctx)
-                functions.add(name)
-            elif o.get("class") == "FUNCTION" and str(o.get("function_name") or "").lower() in SETTINGS_FUNCTIONS:
-                raise QueryError(f"{o.get('function_name')}(...) is not allowed: DuckDB's settings of this "
-                                 "connection (its directories, limits, paths of the cache and home folder) are not "
-                                 "part of the dataset; lerobot_sql chose them (lerobot_sql.sandbox), and "
-                                 "connect(..., threads=, memory_limit=, temp_directory=) sets them")
-            elif typ == "BASE_TABLE":
-                name = str(o.get("table_name") or "")
-                if o.get("schema_name") or o.get("catalog_name"):
-                    raise QueryError(f"{o.get('schema_name') or o.get('catalog_name')}.{name}: qualified table names "
-                                     "are not allowed. If you meant a feature such as observation.state, quote it: "
-                                     '"observation.state"')
-                tables.append(name)
-                if name.lower() not in known and name.lower() not in visible:
-                    if "/" in name or "\\" in name or "." in name:
-                        raise QueryError(f"file paths in FROM are not allowed ({name!r}); query the views "
-                                         f"{ctx.public_views()}")
-                    raise QueryError(f"unknown view {name!r}.{_did_you_mean(name, ctx.public_views())} "
-                                     f"Views: {ctx.public_views()}")
-        cte_map = o.get("cte_map")
-        entries = [e for e in (cte_map.get("map") or []) if isinstance(e, dict)] if isinstance(cte_map, dict) else []
-        names = [str(e.get("key", "")).lower() for e in entries]
-        for i, e in enumerate(entries):
-            body = e.get("value")
-            own = {names[i]} if isinstance(body, dict) and \
-                (body.get("query_node") or {}).get("type") == "RECURSIVE_CTE_NODE" else set()
-            stack.append((body, visible | set(names[:i]) | own))
-        inner = visible | set(names)
-        stack.extend((v, inner) for k, v in o.items() if k != "cte_map" and isinstance(v, (dict, list)))
-    with _deep_recursion():  # DuckDB bounds the depth (max_expression_depth); one frame or two per level here
-        _value_size(doc, {})
-    return Facts(frozenset(t.lower() for t in tables), frozenset(functions), ordered)

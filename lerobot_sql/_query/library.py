@@ -210,6 +210,13 @@ def _coerce(qname: str, pname: str, ptype: str, value: Any, bound: tuple[str, fl
     return v
 
 
+# What a number parameter given as text may look like: ASCII digits only. Python's int() and float() also take other
+# scripts' digits ('٣' is 3), '_' separators ('1_0' is 10) and 'Infinity'; a value nobody can read back from the
+# SQL, or a typo, would then pass as a number.
+_INT_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
+_FLOAT_TEXT = re.compile(r"\s*[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf)\s*", re.ASCII | re.I)
+
+
 def _coerce_type(ptype: str, value: Any, bad) -> Any:
     if ptype == "int":
         if isinstance(value, bool):
@@ -218,18 +225,25 @@ def _coerce_type(ptype: str, value: Any, bad) -> Any:
             return int(value)
         if isinstance(value, int):
             return value
-        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        if isinstance(value, str) and _INT_TEXT.fullmatch(value):
             return int(value)
-        raise bad("must be an integer")
+        raise bad("must be an integer written with ASCII digits, e.g. 12")
     if ptype == "float":
         if isinstance(value, bool):
             raise bad("must be a number")
+        if isinstance(value, str) and not _FLOAT_TEXT.fullmatch(value):
+            raise bad("must be a number written in ASCII, e.g. 2.5, 1e-3 or inf")
         try:
             v = float(value)
+        except OverflowError:  # an int beyond a double (10**400)
+            raise bad("is outside a 64-bit float (about ±1.8e308); pass inf for no bound") from None
         except (TypeError, ValueError):
             raise bad("must be a number") from None
         if math.isnan(v):
             raise bad("must be a number, not NaN")
+        if math.isinf(v) and not (isinstance(value, float) or "inf" in str(value).lower()):
+            # '1e400' (or a Decimal of it) became inf: a bound of "no limit" that nobody wrote
+            raise bad("is outside a 64-bit float (about ±1.8e308); pass inf for no bound")
         return v
     if ptype == "bool":
         if isinstance(value, bool):

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._storage import cache
-from ..errors import CacheError, DatasetFormatError, LeRobotSQLError
+from ..errors import DatasetFormatError, LeRobotSQLError
 from .._format.layout import Layout
 from .._storage.source import Source
 
@@ -191,11 +191,6 @@ def row_group_path(src: Source, info: DataFileInfo, rg: int, cache_dir: Path, la
     return (folder or row_group_folder(src, info, cache_dir, layout)) / f"rg-{rg:05d}.arrow"
 
 
-def ensure_row_group(src: Source, info: DataFileInfo, rg: int, layout: Layout, cache_dir: Path) -> Path:
-    """Build (once) and return the Arrow IPC cache file of row group ``rg`` of a data file."""
-    return ensure_row_groups(src, info, [rg], layout, cache_dir)[0]
-
-
 def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Layout, cache_dir: Path) -> list[Path]:
     """Build (once) and return the cache files of several row groups of one data file, opening it at most once.
 
@@ -240,9 +235,8 @@ def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: L
     except OSError as e:  # remote pieces are cache writes too
         if isinstance(e, LeRobotSQLError):  # MissingFileError / RemoteIOError / CacheError: already ours
             raise
-        raise CacheError(f"{folder}: cannot write the tabular cache ({e}); the cache folder is full or not "
-                         "writable. Free space there, or set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a "
-                         "writable folder with room") from e
+        raise cache.cache_error(folder, f"cannot write the tabular cache ({e}); the cache folder is full or not "
+                                "writable") from e
     for p in healed:
         cache.verify_rebuilt(p)
     return paths

@@ -60,6 +60,19 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
         os.close(fd)
 
 
+# The fix every cache failure names: put the cache elsewhere.
+CACHE_DIR_FIX = "set LSQL_CACHE_DIR (or connect(..., cache_dir=...))"
+
+
+def cache_error(where: str | os.PathLike, problem: str, *, first: str | None = "free space there",
+                to: str = "a writable folder with room") -> CacheError:
+    """The one wording of a cache failure: ``"<where>: <problem>; <first>, or set LSQL_CACHE_DIR (or connect(...,
+    cache_dir=...)) to <to>"`` (without ``first``: ``"...; set LSQL_CACHE_DIR ... to <to>"``). ``problem`` says what
+    failed and why, e.g. ``"cannot write this cache entry (<OSError>); the cache folder is full or not writable"``."""
+    fix = f"{first}, or {CACHE_DIR_FIX}" if first else CACHE_DIR_FIX
+    return CacheError(f"{where}: {problem}; {fix} to {to}")
+
+
 def cache_root() -> Path:
     """``$LSQL_CACHE_DIR``, else ``$XDG_CACHE_HOME/lerobot_sql``, else ``~/.cache/lerobot_sql``."""
     env = os.environ.get("LSQL_CACHE_DIR")
@@ -142,8 +155,8 @@ def discard(path: Path, why: str) -> None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
     except OSError as e:
-        raise CacheError(f"{path}: this cache entry is damaged ({why}) and cannot be removed ({e}); delete the "
-                         "cache folder, or set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) elsewhere") from e
+        raise cache_error(path, f"this cache entry is damaged ({why}) and cannot be removed ({e})",
+                          first="delete the cache folder", to="another folder") from e
     _CHECKED.discard(str(path))
 
 
@@ -167,8 +180,8 @@ def verify_rebuilt(path: Path) -> None:
     """Check an entry just rebuilt after :func:`discard`; raises CacheError if it is bad again."""
     why = check_once(path)
     if why is not None:
-        raise CacheError(f"{path}: this cache entry {why} even after it was rebuilt; the disk or the cache "
-                         "folder is failing. Set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to another folder")
+        raise cache_error(path, f"this cache entry {why} even after it was rebuilt; the disk or the cache folder is "
+                          "failing", first=None, to="another folder")
 
 
 def build_once(path: Path, write: Callable[[str], None], *, checksum: bool = False) -> Path:
@@ -197,9 +210,8 @@ def build_once(path: Path, write: Callable[[str], None], *, checksum: bool = Fal
     except OSError as e:
         if isinstance(e, LeRobotSQLError):  # MissingFileError, RemoteIOError from the source: already ours
             raise
-        raise CacheError(f"{path}: cannot write this cache entry ({e}); the cache folder is full or not writable. "
-                         "Free space there, or set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable "
-                         "folder with room") from e
+        raise cache_error(path, f"cannot write this cache entry ({e}); the cache folder is full or not writable") \
+            from e
     return path
 
 

@@ -28,10 +28,10 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from . import transport
-from .cache import atomic_write, file_lock, parse_size
+from .cache import atomic_write, cache_error, file_lock, parse_size
 from .pieces import PieceStore
 from .readahead import ColumnReadahead
-from ..errors import CacheError, RemoteIOError, warn
+from ..errors import FileChangedError, RemoteIOError, RemoteWarning, warn
 
 
 def _reset_fsspec_loop() -> None:
@@ -91,6 +91,9 @@ class RemoteCacheFS(AbstractFileSystem):
         self.protocol = "lsqlremote" if n == 0 else f"lsqlremote{n}"
         self.stall_s, self.min_rate = float(stall_s), float(min_rate)
         self._ignores_range = False  # the server answered a Range request with the whole file (200): warned once
+        self._etags_ok: bool | None = None  # False: the server tags unchanged bytes anew (None: ask the store)
+        self._said: set[str] = set()  # the RemoteWarnings said (once per dataset and session)
+        self._verify_lock = threading.Lock()  # one 412 checked at a time (_same_bytes_new_etag)
         self.target, self.root, self.url = target, root.rstrip("/"), url
         self.dir = Path(cache_dir) / "remote"
         self.cache_size = parse_size(cache_size)
@@ -118,10 +121,10 @@ class RemoteCacheFS(AbstractFileSystem):
         # The file infos go along: a DataLoader worker then reads the versions (ETags) its parent pinned, and asks
         # the server nothing before its first range read.
         # So does what the server was found to do: a spawned worker asks a server that ignores Range for whole
-        # files at once, and does not warn again.
+        # files at once, pins no ETag of a server whose ETags are unstable, and does not warn again.
         return (_rebuild, (self.target, self.root, self.url, str(self.dir.parent), self.cache_size, self.retries,
                            self.backoff_s, self.offline, dict(self._infos), self.stall_s, self.min_rate,
-                           self._ignores_range))
+                           self._ignores_range, set(self._said), self._etags_ok))
 
     def _fs(self):
         """The target, re-created after a fork (async fsspec filesystems refuse to run in a forked child)."""
@@ -131,6 +134,7 @@ class RemoteCacheFS(AbstractFileSystem):
             self._pid = os.getpid()
             self._stats = {"requests": 0, "bytes_fetched": 0, "bytes_from_cache": 0}
             self._lock = threading.RLock()
+            self._verify_lock = threading.Lock()
             self.pieces.after_fork()
             self.readahead.after_fork()
         return self.target
@@ -185,8 +189,8 @@ class RemoteCacheFS(AbstractFileSystem):
                 store.setdefault(section, {}).update(items)
                 atomic_write(self._store_path(), json.dumps(store).encode())
         except OSError as e:  # nothing in the block raises our own errors: every OSError is the folder's
-            raise CacheError(f"{self.dir}: cannot write the remote dataset's cache ({e}). Set LSQL_CACHE_DIR (or "
-                             "connect(..., cache_dir=...)) to a writable folder") from e
+            raise cache_error(self.dir, f"cannot write the remote dataset's cache ({e})", first=None,
+                              to="a writable folder") from e
 
     def _meta_op(self, section: str, key: str, fn):
         """Run a listing/info call online, remember its answer on disk; offline (or if it fails), use that answer."""
@@ -228,9 +232,100 @@ class RemoteCacheFS(AbstractFileSystem):
         return info
 
     def _describe(self, path: str) -> dict:
-        """One remote ``info`` of ``path`` as the cache keeps it (:func:`transport.describe`), no retries."""
-        return transport.describe(self._fs(), path, url=self._url(path), stall_s=self.stall_s,
-                                  min_rate=self.min_rate)
+        """One remote ``info`` of ``path`` as the cache keeps it (:func:`transport.describe`), no retries; without
+        its ETag when the server's ETags were found unstable (:meth:`_same_bytes_new_etag`).
+
+        An HTTP file without validators (no strong ETag, no Last-Modified) is said once per session
+        (:class:`RemoteWarning`): its cached bytes cannot be revalidated."""
+        fs = self._fs()
+        out = transport.describe(fs, path, url=self._url(path), trust_etag=self._etags_trusted(),
+                                 stall_s=self.stall_s, min_rate=self.min_rate)
+        if transport.protocol(fs) in ("http", "https") and out.get("type") == "file" \
+                and not (out.get("etag") or out.get("last_modified")):
+            self._say("validators", f"{self.url}: the server gives no validators (no strong ETag, no Last-Modified; "
+                      f"first: {self._url(path)}), so cached bytes cannot be revalidated: a file changed on the "
+                      "server with the same size and the same first and last 64 KiB keeps being served from the "
+                      "cache, and a change during a session is not noticed. Serve the dataset from a server that "
+                      "sends ETag or Last-Modified (a static file server, S3, the Hub), or delete the dataset's "
+                      f"cache folder ({self.dir.parent}) after it changes (said once)")
+        return out
+
+    def _say(self, what: str, message: str) -> None:
+        """A :class:`RemoteWarning`, once per ``what`` for this dataset and session (workers inherit what was said)."""
+        with self._lock:
+            if what in self._said:
+                return
+            self._said.add(what)
+        warn(message, RemoteWarning)
+
+    # ---- a 412 is checked before it is believed ----------------------------------------------------------------
+    def _etags_trusted(self) -> bool:
+        """False once this dataset's server was found to tag unchanged bytes with new ETags, in this session or an
+        earlier one (remembered in the store): its files are then pinned and keyed without their ETags."""
+        if self._etags_ok is None:
+            try:
+                self._etags_ok = not self._load_store().get("server", {}).get("etags_unstable", False)
+            except OSError:  # an unreadable cache folder: its CacheError comes from the first write, named
+                return True
+        return self._etags_ok
+
+    def _same_bytes_new_etag(self, path: str, pin: dict, err: BaseException) -> bool:
+        """Whether the 412 ``err`` of a read of ``path`` pinned by ``pin`` (its ETag) came for unchanged bytes: True
+        when the server, asked again, gives the same size and the same Last-Modified (or none, as before), and the
+        bytes this session holds of the file (its first and last cached piece, 64 KiB of each at most, fetched again
+        without conditions) are the server's now. The ETags are then unstable (a farm of servers tagging the same
+        file differently made every remote dataset fail at connect): said once (:class:`RemoteWarning`), every
+        pin of this dataset drops its ETag (Last-Modified then pins, or nothing), the store remembers it for later
+        sessions (their cache keys leave the ETag out), and the caller reads again. Otherwise the file changed:
+        False, the caller raises ``err``.
+
+        Raises:
+            RemoteIOError: the server could not be asked again (after retries).
+        """
+        if not pin.get("etag") or not isinstance(err, FileChangedError) or not transport.precondition_failed(err) \
+                or transport.protocol(self._fs()) not in ("http", "https"):
+            # pinned by Last-Modified or a version id, a change of size, or an object store's ETag (a hash of the
+            # content, the same on every node): a change
+            return False
+        with self._verify_lock:
+            if not self._infos.get(path, pin).get("etag"):
+                return True  # another thread found the ETags unstable meanwhile: read again with the new pin
+            fs, url, size = self._fs(), self._url(path), pin.get("size")
+            try:
+                now = self._call(f"{url}: info", fs.info, path)
+            except FileNotFoundError:  # gone from the server: a change
+                return False
+            if now.get("size") != size or transport.version_of(now).get("last_modified") != pin.get("last_modified"):
+                return False
+            fdir = self._file_dir(path)
+            held = self.pieces.scan(fdir)
+            spans = dict.fromkeys([(held[0][0], min(held[0][1], held[0][0] + transport.CHECK_BYTES)),
+                                   (max(held[-1][0], held[-1][1] - transport.CHECK_BYTES), held[-1][1])]
+                                  if held else [])
+            for a, b in spans:
+                try:
+                    mine = self.pieces.assemble(fdir, path, a, b)
+                except FileNotFoundError:  # evicted meanwhile: nothing of it can be mixed in any more
+                    continue
+                data, whole = self._call(f"{url}: bytes {a}-{b}", lambda a, b: transport.pinned_get(
+                    fs, path, a, b, {"size": size}, url=url, stall_s=self.stall_s, min_rate=self.min_rate), a, b)
+                self._count(bytes_fetched=len(data))
+                if (data[a:b] if whole else data) != mine:
+                    return False
+            self._etags_ok = False
+            with contextlib.suppress(OSError):  # the next session would find it again: bytes, never wrong data
+                self._save_store("server", "etags_unstable", True)
+            for p, info in list(self._infos.items()):
+                if info.get("etag"):
+                    self._infos[p] = {k: v for k, v in info.items() if k != "etag"}
+            lm = pin.get("last_modified")
+            self._say("etags", f"{self.url}: the server's ETags change for unchanged bytes ({url} was refused "
+                      f"under its ETag {pin['etag']} while its size, Last-Modified and the bytes this session holds "
+                      "are unchanged: servers behind one name that tag files differently). Its files are pinned by "
+                      + ("Last-Modified instead, and cached without their ETags (said once)" if lm else
+                         "nothing from now on (it gives no Last-Modified either): a change during the session is "
+                         "not noticed (said once)"))
+            return True
 
     def describe_many(self, paths) -> int:
         """Ask for the infos (size, version pin) of the ``paths`` not known yet, in parallel (one round trip for up to
@@ -367,7 +462,9 @@ class RemoteCacheFS(AbstractFileSystem):
 
         first = None
         if len(spans) > 1:
-            first = transport.pinned_get_many(self._fs(), [(p, a, b, self.info(p), self._url(p)) for p, a, b in spans],
+            pins = [self.info(p) for p, _a, _b in spans]
+            first = transport.pinned_get_many(self._fs(), [(p, a, b, pin, self._url(p))
+                                                           for (p, a, b), pin in zip(spans, pins)],
                                               stall_s=self.stall_s, min_rate=self.min_rate)
         if first is None:
             return transport.fetch_each(lambda span: self._call(what(*span), self._get, *span), spans)
@@ -382,8 +479,16 @@ class RemoteCacheFS(AbstractFileSystem):
                     err = e
             out.append((None, err))
         again = [i for i, (_, err) in enumerate(out) if err is not None]
-        redo = transport.fetch_each(lambda i: self._call(what(*spans[i]), self._get, *spans[i], failed=out[i][1]),
-                                    again) if again else []
+
+        def retry(i: int) -> bytes:
+            err = out[i][1]
+            if isinstance(err, FileChangedError):  # a 412 of the round: checked before it is believed, as in _get
+                if not self._same_bytes_new_etag(spans[i][0], pins[i], err):
+                    raise err
+                err = None
+            return self._call(what(*spans[i]), self._get, *spans[i], failed=err)
+
+        redo = transport.fetch_each(retry, again) if again else []
         for i, r in zip(again, redo):
             out[i] = r
         return out
@@ -392,13 +497,22 @@ class RemoteCacheFS(AbstractFileSystem):
         """Bytes [a, b) of the version of ``path`` this session first saw (its ``info``), pinned by the protocol's
         entry in :data:`lerobot_sql._storage.transport.PINNERS`.
 
+        A 412 is checked before it is believed (:meth:`_same_bytes_new_etag`): an ETag that changed for unchanged
+        bytes is not a change; the read is then made again under the new pin.
+
         Raises:
             FileChangedError: the file changed on the server (HTTP 412 / S3 PreconditionFailed).
             transport.Truncated: fewer bytes than asked for (retried by the caller).
         """
         fs, pin = self._fs(), self.info(path)
-        data, whole = transport.pinned_get(fs, path, a, b, pin, url=self._url(path), stall_s=self.stall_s,
-                                           min_rate=self.min_rate)
+        try:
+            data, whole = transport.pinned_get(fs, path, a, b, pin, url=self._url(path), stall_s=self.stall_s,
+                                               min_rate=self.min_rate)
+        except FileChangedError as e:
+            if not self._same_bytes_new_etag(path, pin, e):
+                raise
+            data, whole = transport.pinned_get(fs, path, a, b, self.info(path), url=self._url(path),
+                                               stall_s=self.stall_s, min_rate=self.min_rate)
         return self._accept(path, a, b, data, whole)
 
     def _accept(self, path: str, a: int, b: int, data: bytes, whole: bool) -> bytes:
@@ -414,7 +528,7 @@ class RemoteCacheFS(AbstractFileSystem):
 
                 warn(f"{self._url(path)}: the server ignores Range requests (it answered 200 with the whole file); "
                      f"fetched the whole file ({len(data)} bytes) once into the cache, as every file of this "
-                     "dataset it serves will be (said once)")
+                     "dataset it serves will be (said once)", RemoteWarning)
             self.pieces.store_whole(self._file_dir(path), data)
             data = data[a:b]
         if len(data) != b - a:
@@ -463,11 +577,12 @@ class RemoteCacheFS(AbstractFileSystem):
 
 
 def _rebuild(target, root, url, cache_dir, cache_size, retries, backoff_s, offline, infos=None,
-             stall_s=transport.STALL_S, min_rate=transport.MIN_RATE, ignores_range=False):
+             stall_s=transport.STALL_S, min_rate=transport.MIN_RATE, ignores_range=False, said=(), etags_ok=None):
     fs = RemoteCacheFS(target, root, url, cache_dir, cache_size, retries=retries, backoff_s=backoff_s, offline=offline,
                        stall_s=stall_s, min_rate=min_rate)
     fs._infos.update(infos or {})
     fs._ignores_range = bool(ignores_range)
+    fs._said, fs._etags_ok = set(said), etags_ok
     return fs
 
 

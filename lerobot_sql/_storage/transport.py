@@ -19,6 +19,7 @@ import concurrent.futures
 import json
 import os
 import random
+import re
 import time
 from typing import Any, Callable
 
@@ -29,6 +30,7 @@ MIN_RATE = 32 << 10              # ... and must deliver a body at this average r
 WHOLE_MAX = 64 << 20             # a file of a server that ignores Range is fetched whole up to this size
 CHECK_BYTES = 64 << 10           # bytes at each end of an untagged file hashed into its identity
 FETCH_THREADS = 16               # parallel range requests of one fetch_each (or pinned_get_many) call
+_CONTENT_RANGE = re.compile(r"bytes (\d{1,20})-(\d{1,20})/(\d{1,20}|\*)")  # a 206's single range (RFC 9110 14.4)
 
 
 class Truncated(OSError):
@@ -146,20 +148,31 @@ def call(what: str, fn: Callable, *args: Any, retries: int, backoff_s: float,
             if not retryable(e) or attempt == retries or stalls > 1:
                 break
             time.sleep(backoff_s * (2 ** attempt) * (1 + 0.25 * random.random()))
+    # A server contradicting the request is not the network's fault nor the file's: say whose it is.
+    advice = (LYING_ADVICE if isinstance(last, Lying)
+              else "Check the network and credentials (storage_options), then retry")
     raise RemoteIOError(f"{what}: failed after {attempt + 1} attempt(s): {type(last).__name__}: {last}. "
-                        "Check the network and credentials (storage_options), then retry; the cache holds "
-                        "nothing partial from this read.") from last
+                        f"{advice}; the cache holds nothing partial from this read.") from last
 
 
-def describe(fs: Any, path: str, *, url: str, stall_s: float = STALL_S, min_rate: float = MIN_RATE) -> dict:
+LYING_ADVICE = ("The server's answer is at fault, not the file (re-downloading would not help): retry; if it "
+                "persists, read the dataset from another mirror, or without the proxy in between (unset "
+                "HTTP_PROXY/HTTPS_PROXY when storage_options pass client_kwargs={'trust_env': True})")
+
+
+def describe(fs: Any, path: str, *, url: str, trust_etag: bool = True, stall_s: float = STALL_S,
+             min_rate: float = MIN_RATE) -> dict:
     """One ``info()`` of ``path`` on the remote, as the cache keeps it: ``name``, ``size``, ``type``, ``identity``
-    (:func:`identity_of`) and what pins the version (:func:`version_of`).
+    (:func:`identity_of`) and what pins the version (:func:`version_of`). ``trust_etag=False`` (a server whose
+    ETags change for unchanged bytes): the ETag is left out of both, as if the server gave none.
 
     A plain HTTP file that nothing tags (no strong ETag, no Last-Modified) gets a CRC of its first and last
     ``CHECK_BYTES`` (a Parquet footer, an mp4's moov box) in its identity: otherwise a change of the same size
     would keep serving the old cached bytes; a change elsewhere alone stays unnoticed (docs/remote).
     """
     i = fs.info(path)
+    if not trust_etag:
+        i = {k: v for k, v in i.items() if k.lower() != "etag"}
     out = {"name": path, "size": i.get("size"), "type": i.get("type", "file"), "identity": identity_of(i),
            **version_of(i)}
     if protocol(fs) in ("http", "https") and not (out.get("etag") or out.get("last_modified")) \
@@ -196,7 +209,9 @@ async def http_get_async(fs, path: str, a: int, b: int, headers: dict, size: int
 
     * The headers must announce exactly the bytes asked for (206 with that Content-Length and Content-Range):
       a server announcing more than it sends would otherwise hold each read until the socket timeout, for every
-      retry. Any other announcement raises at once, before the body (:class:`Lying`, not retried).
+      retry. Any other announcement raises at once, before the body (:class:`Lying`, not retried), a 206 without
+      Content-Range too (its body could be any bytes). A Content-Range giving another total size than ``size``
+      (the size pinned) is :class:`FileChangedError`: the file changed on the server.
     * The body must keep coming: no pause over ``stall_s`` and, past ``stall_s``, at least ``min_rate`` bytes/s
       on average (:class:`Stalled`, retried once). A server dripping a byte every few seconds never trips a socket
       read timeout by itself.
@@ -248,11 +263,23 @@ async def http_get_async(fs, path: str, a: int, b: int, headers: dict, size: int
                 return await body(r, total), True
             if r.status != 206:
                 raise Lying(f"{url}: unexpected HTTP status {r.status} for bytes {a}-{b}")
-            cr = r.headers.get("Content-Range", "")
-            if (n is not None and n != b - a) or (cr and not cr.startswith(f"bytes {a}-{b - 1}/")):
+            # A 206 must say which bytes it holds (RFC 9110 14.4): without Content-Range a body shifted by a byte
+            # would be cached as the range asked for, and blamed on the file when it fails to parse.
+            cr = r.headers.get("Content-Range")
+            if cr is None:
+                raise Lying(f"{url}: asked for bytes {a}-{b}, the server answered 206 without Content-Range, so "
+                            "which bytes its body holds is unknown (a misconfigured server or proxy)")
+            m = _CONTENT_RANGE.fullmatch(cr.strip())
+            if (n is not None and n != b - a) or m is None or (int(m[1]), int(m[2])) != (a, b - 1):
                 raise Lying(f"{url}: asked for bytes {a}-{b} ({b - a} bytes), the server announced "
-                            f"Content-Length {n}, Content-Range {cr or 'none'}; it sends other bytes than "
+                            f"Content-Length {n}, Content-Range {cr}; it sends other bytes than "
                             "asked for (a misconfigured server or proxy)")
+            if m[3] != "*" and size is not None and int(m[3]) != size:
+                # the only sign of a change a server without validators gives mid-run: reading on would mix sizes
+                raise FileChangedError(
+                    f"{url}: the file changed on the server during this run (the answer for bytes {a}-{b} gives "
+                    f"its size as {m[3]} bytes, this session first read {size}); nothing of the new version was "
+                    "kept, so no item mixes two versions. Connect again to read the new version")
             return await body(r, b - a), False
 
     try:

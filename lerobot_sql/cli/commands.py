@@ -24,7 +24,7 @@ from typing import Any
 
 from .output import (UsageError, error_hint, format_of, named_sql, one_line, print_table, run_sql, views_and_columns,
                      write_result)
-from ..errors import LeRobotSQLError, MissingFileError, QueryError, did_you_mean
+from ..errors import LeRobotSQLError, MissingFileError, QueryError, QueryInterrupted, did_you_mean
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: lerobot_sql/cli/commands.py -> ../../..
 
@@ -631,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hint: {hint}", file=sys.stderr)
         return 2
     except (LeRobotSQLError, OSError) as e:
-        if getattr(e, "interrupted", None) == "sigint":  # Ctrl-C stopped DuckDB (db.Result): as KeyboardInterrupt
+        if isinstance(e, QueryInterrupted) and e.reason == "sigint":  # Ctrl-C stopped DuckDB: as KeyboardInterrupt
             print("interrupted", file=sys.stderr)
             return 130
         if isinstance(e, BrokenPipeError):  # `lerobot-sql query ... | head`: the reader left; not an error

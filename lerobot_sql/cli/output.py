@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import (DatasetFormatError, DestinationError, FrameNotFoundError, MissingFileError, QueryError,
-                      RemoteIOError, ResultContractError, TrainSetupError, UnsupportedVersionError, VideoDecodeError)
+                      QueryInterrupted, RemoteIOError, ResultContractError, TrainSetupError, UnsupportedVersionError,
+                      VideoDecodeError)
 
 
 class UsageError(Exception):
@@ -238,7 +239,7 @@ def write_result(rel, fmt: str, output: str | None, max_rows: int, timeout: floa
     runaway cross join took minutes after the query itself was done).
 
     Raises:
-        QueryError: the timeout passed while rows were written (``.interrupted = "timeout"``).
+        QueryInterrupted: the timeout passed while rows were written (``.reason == "timeout"``).
     """
     import time
 
@@ -254,10 +255,8 @@ def write_result(rel, fmt: str, output: str | None, max_rows: int, timeout: floa
         with _out(output) as f:
             for batch in table.to_batches(max_chunksize=4096):
                 if deadline is not None and time.monotonic() > deadline:
-                    err = QueryError(f"the command was stopped at its timeout of {timeout:g} s while writing the "
-                                     f"result ({table.num_rows:,} rows; --timeout)")
-                    err.interrupted = "timeout"
-                    raise err
+                    raise QueryInterrupted(f"the command was stopped at its timeout of {timeout:g} s while writing "
+                                           f"the result ({table.num_rows:,} rows; --timeout)", "timeout")
                 for row in batch.to_pylist():
                     f.write(json.dumps(jsonable(row), ensure_ascii=False) + "\n")
     elif fmt == "csv":
@@ -398,7 +397,7 @@ def error_hint(e: BaseException) -> str | None:
                                                 or "differs (" in str(e)):
         return ("over several datasets a query returns `dataset` with `index`, or `episode_index[, start_s, end_s]`; "
                 "keys line up with --features (export) or rename=/features= (Python); see docs/collections.md")
-    if getattr(e, "interrupted", None) == "timeout":
+    if isinstance(e, QueryInterrupted) and e.reason == "timeout":
         return "give --timeout more seconds, or narrow the query (WHERE, LIMIT, an aggregate)"
     if isinstance(e, TrainSetupError) and "not installed" in str(e):
         return "run lerobot-sql train with the Python that has lerobot (0.4.x-0.6.x), e.g. your training environment"

@@ -8,16 +8,20 @@ The public face of the package only; the work is in its modules:
   (:func:`export_collection`, ``Collection.export``: the same driver over several sources);
 * :mod:`.parts`: how the selection is cut into output episodes and files;
 * :mod:`.data_writer`, :mod:`.video_writer`: the Parquet and mp4 writers;
-* :mod:`.stats`: the ports of lerobot's compute_stats / aggregate_stats;
-* :mod:`.manifest`: the manifest as one Parquet file, and the dataset identity it carries;
-* :mod:`.destination`: where an export may write (never over what it did not write) and its one error block.
+* :mod:`.target`: what the writers take: each source read (``ExportSource``) and the folder written (``ExportTarget``);
+* :mod:`.stats`: the statistics columns of meta/episodes between Arrow and numpy (lerobot's statistics themselves
+  are :mod:`lerobot_sql._format.stats_json`'s);
+* :mod:`.manifest`: the manifest as one Parquet file (its form: :mod:`lerobot_sql._plan.manifest`);
+* :mod:`.destination`: where an export may write (never over what it did not write), the staging folder's life
+  until it is moved into place, and the one error block around the writes.
 """
 
 from __future__ import annotations
 
 from .destination import MARKER
 from .lerobot import ExportReport, export_collection, export_dataset
-from .manifest import ManifestReport, dataset_identity, export_manifest
+from .._plan.manifest import dataset_identity
+from .manifest import ManifestReport, export_manifest
 
 __all__ = ["export_dataset", "export_collection", "export_manifest", "ExportReport", "ManifestReport",
            "dataset_identity", "MARKER"]

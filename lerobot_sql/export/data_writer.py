@@ -10,7 +10,7 @@ bytes per row).
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,17 +19,15 @@ import pyarrow.parquet as pq
 from .._readers.tabular import check_shapes
 from ..errors import DatasetFormatError
 from .parts import MAX_OPEN_INPUTS, Part, Rotator
-
-if TYPE_CHECKING:
-    from .lerobot import Exporter
+from .target import ExportSource, ExportTarget
 
 
 class DataWriter:
     """Writes data/chunk-*/file-*.parquet, one row group per episode, rotating by data_files_size_in_mb."""
 
-    def __init__(self, ex: Exporter):
-        self.ex = ex
-        self.rot = Rotator(ex.chunks_size)
+    def __init__(self, target: ExportTarget, sources: list[ExportSource]):
+        self.target, self.sources = target, sources
+        self.rot = Rotator(target.chunks_size)
         self.writer: pq.ParquetWriter | None = None
         self.fh = None
         self.schema: pa.Schema | None = None
@@ -39,7 +37,7 @@ class DataWriter:
         self._pf: dict[tuple[int, str], tuple[pq.ParquetFile, np.ndarray, Any, float]] = {}
 
     def _source_rows(self, source: int, rel: str, row0: int, n: int) -> pa.Table:
-        src = self.ex.sources[source].src
+        src = self.sources[source].src
         rel = (source, rel)
         if rel not in self._pf:
             if len(self._pf) >= MAX_OPEN_INPUTS:  # parts arrive in file order: the oldest is done with
@@ -62,7 +60,7 @@ class DataWriter:
                 if len(self._cache) > 8:
                     self._cache.pop(next(iter(self._cache)))
                 t = pf.read_row_group(rg, use_threads=False)  # one thread: see Source.open
-                check_shapes(t, self.ex.sources[source].layout, src.path(rel[1]))  # as dataset() would refuse
+                check_shapes(t, self.sources[source].layout, src.path(rel[1]))  # as dataset() would refuse
                 self._cache[key] = t
             parts.append(self._cache[key])
         t = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
@@ -76,8 +74,8 @@ class DataWriter:
             DatasetFormatError: the source rows are not the part's frames (the file changed since the query), or
                 their schema cannot be cast to the first data file's.
         """
-        ex = self.ex
-        s = ex.sources[part.source]
+        fps = self.target.fps
+        s = self.sources[part.source]
         t = self._source_rows(part.source, part.data_file, part.data_row, part.length)
         got_fi = t["frame_index"].to_numpy()
         if t.num_rows != part.length or got_fi[0] != part.frame_start or np.any(np.diff(got_fi) != 1) or \
@@ -89,11 +87,11 @@ class DataWriter:
         n = part.length
         ts = t["timestamp"].to_numpy().astype(np.float32)
         if s.align == "frame_index":  # frames copied by position: each row's time is its frame's in the new video
-            ts = (np.arange(n) / ex.fps).astype(np.float32)
+            ts = (np.arange(n) / fps).astype(np.float32)
         elif not part.whole:
-            grid = (np.arange(part.frame_start, part.frame_start + n) / ex.fps).astype(np.float32)
+            grid = (np.arange(part.frame_start, part.frame_start + n) / fps).astype(np.float32)
             # lerobot writes timestamp = frame_index / fps; keep that form when the source follows it.
-            ts = (np.arange(n) / ex.fps).astype(np.float32) if np.array_equal(ts, grid) else \
+            ts = (np.arange(n) / fps).astype(np.float32) if np.array_equal(ts, grid) else \
                 (ts.astype(np.float64) - float(ts[0])).astype(np.float32)
         task = t["task_index"].to_numpy() if "task_index" in t.column_names else np.zeros(n, np.int64)
         new = {"index": np.arange(next_index, next_index + n, dtype=np.int64),
@@ -121,14 +119,14 @@ class DataWriter:
         return t
 
     def _rotate_if_needed(self, n: int, bytes_per_frame: float) -> None:
-        if self.writer is not None and self.rot.used and self.fh.tell() + bytes_per_frame * n >= self.ex.data_limit:
+        if self.writer is not None and self.rot.used and self.fh.tell() + bytes_per_frame * n >= self.target.data_limit:
             self._close_file()
             self.rot.advance()
             self.rot.used = False
 
     def _open(self, schema: pa.Schema) -> None:
-        rel = self.ex.data_path.format(chunk_index=self.rot.chunk, file_index=self.rot.file)
-        path = self.ex.root / rel
+        rel = self.target.data_path.format(chunk_index=self.rot.chunk, file_index=self.rot.file)
+        path = self.target.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         self.schema = self.schema or schema
         self.fh = open(path, "wb")

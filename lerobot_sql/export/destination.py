@@ -1,4 +1,4 @@
-"""Where an export may write, and the one error block around its writes.
+"""Where an export may write, the life of what it writes there, and the one error block around its writes.
 
 What an overwrite may delete: only a folder that is empty or that lerobot_sql exported (its marker ``MARKER`` lists
 every file written, with its size), and only a manifest file that carries our schema metadata. Everything else (the
@@ -7,6 +7,10 @@ did not write. A write that fails because the disk is full or read-only is a :cl
 destination, and leaves nothing behind, not even the parent folders the export made (:func:`writing`). The move
 into place never replaces what another writer put at the destination while the export ran, unless ``overwrite``
 asked for it (:func:`rename_no_replace`, :func:`write_file`): of two exports of one destination, the second fails.
+
+A folder export's life, start to end: :func:`check_dest` before any work, then :func:`write_folder` (stale staging
+folders removed, a staging folder written, :func:`write_marker`, :func:`swap_into_place`). A file export's:
+:func:`check_file_dest`, then :func:`write_file` inside :func:`writing`.
 """
 
 from __future__ import annotations
@@ -18,20 +22,17 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
+from .._storage import scratch
+from .._version import __version__
 from ..errors import DestinationError, DestinationExistsError, LeRobotSQLError, warn
 
-MARKER = "meta/lerobot_sql_export.json"
-MARKER_FORMAT = 1
-# errno values that can only come from writing the destination (reading the source never raises them).
-_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
-
+T = TypeVar("T")
 
 MARKER = "meta/lerobot_sql_export.json"
 MARKER_FORMAT = 1
@@ -146,14 +147,10 @@ def _write_error(e: OSError, dest: Path) -> DestinationError | None:
     return None
 
 
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:24] or "host"
-
-
 def staging_path(dest: Path) -> Path:
     """The hidden sibling an export of ``dest`` is written into before its rename: ``.<name>.lsql-export-<host>-
     <pid>-<random>``, so a later export can tell a staging folder whose writer is gone (``remove_stale_staging``)."""
-    return dest.parent / f".{dest.name}.lsql-export-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return dest.parent / f".{dest.name}.lsql-export-{scratch.host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def remove_stale_staging(dest: Path) -> list[Path]:
@@ -163,7 +160,8 @@ def remove_stale_staging(dest: Path) -> list[Path]:
     Only folders of exactly :func:`staging_path`'s form, written by a process of this host (same host name) that
     no longer exists, are removed: another host's, or a live process's (an export running now), are left alone.
     """
-    pattern = re.compile(rf"^\.{re.escape(dest.name)}\.lsql-export-{re.escape(_host())}-(\d+)-[0-9a-f]{{8}}$")
+    host = re.escape(scratch.host_tag())
+    pattern = re.compile(rf"^\.{re.escape(dest.name)}\.lsql-export-{host}-(\d+)-[0-9a-f]{{8}}$")
     removed = []
     try:
         siblings = list(os.scandir(dest.parent))
@@ -171,7 +169,7 @@ def remove_stale_staging(dest: Path) -> list[Path]:
         return removed
     for entry in siblings:
         m = pattern.match(entry.name)
-        if not m or not entry.is_dir(follow_symlinks=False) or _alive(int(m.group(1))):
+        if not m or not entry.is_dir(follow_symlinks=False) or scratch.pid_alive(int(m.group(1))):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(Path(entry.path))
@@ -180,18 +178,107 @@ def remove_stale_staging(dest: Path) -> list[Path]:
     return removed
 
 
-def _alive(pid: int) -> bool:
-    if os.name == "nt":  # os.kill(pid, 0) terminates the process there: never judged gone
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+# ---- a folder export: checked, staged, marked, moved into place ----------------------------------------------------
+def check_dest(dbs: list, dest: str | os.PathLike, overwrite: bool) -> Path:
+    """``dest`` resolved, after the checks made before any work: not a source, not in one, not holding one, and
+    replaceable if it exists (``overwrite``)."""
+    dest = local_dest(dest, "export")
+    for db in dbs:
+        refuse_source(db, dest, "export")
+    if os.path.lexists(dest):
+        # An empty folder (made beforehand, as users do for a job's output) holds nothing to lose: written into
+        # without overwrite=True; anything else needs it, and then check_replaceable's rules.
+        if not overwrite and not empty_folder(dest):
+            raise DestinationExistsError(f"{dest}: already exists; pass overwrite=True or choose another destination")
+        check_replaceable(dest)
+    return dest
+
+
+def empty_folder(path: Path) -> bool:
+    """True when ``path`` is a folder holding nothing (written into without ``overwrite``)."""
+    if not path.is_dir():
         return False
-    except (PermissionError, OSError):  # another user's process: alive
-        return True
-    return True
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
 
 
+def swap_into_place(tmp: Path, dest: Path, overwrite: bool) -> None:
+    """Rename the finished folder ``tmp`` to ``dest``: into an absent path, or over an empty folder, or (only with
+    ``overwrite``) over a previous export.
+
+    Not ``_storage.cache.atomic_write``: that replaces one file, while ``os.replace`` cannot replace a folder that
+    is not empty. Every rename into ``dest`` is :func:`rename_no_replace`: a destination another export
+    finished at while this one ran (``overwrite`` False) is kept and this one raises DestinationExistsError (its
+    staging folder is removed by ``writing``); before, the second rename replaced the first export.
+    With ``overwrite``, the old export is renamed aside first and renamed back if the second rename fails, so
+    ``dest`` holds the old or the new dataset at every moment, and is deleted only once the new one is in place.
+    """
+    if overwrite and os.path.lexists(dest) and not empty_folder(dest):
+        check_replaceable(dest)  # again: it may have changed during the export
+        old = dest.parent / f".{dest.name}.lsql-old-{uuid.uuid4().hex[:8]}"
+        os.rename(dest, old)
+        try:
+            rename_no_replace(tmp, dest)
+        except FileExistsError as e:  # another export landed between the two renames: it stays, ours is removed
+            raise DestinationExistsError(
+                f"{dest}: another export was moved there while this one replaced the previous export; it was left "
+                f"as it is, this export's files were removed, and the previous export is at {old}: keep the one you "
+                "want, remove the other, or export again") from e
+        except BaseException:
+            os.rename(old, dest)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    if empty_folder(dest):
+        # An empty folder holds nothing to lose (written into without overwrite, as check_dest allows); rmdir fails
+        # if anything arrived in it meanwhile, and the rename below then refuses it.
+        with contextlib.suppress(OSError):
+            os.rmdir(dest)
+    try:
+        rename_no_replace(tmp, dest)
+    except FileExistsError as e:
+        raise DestinationExistsError(appeared_meanwhile(dest, "export", "destination")) from e
+
+
+def write_marker(root: Path, source: str, sources: dict[str, str] | None = None) -> None:
+    """meta/lerobot_sql_export.json: who wrote this folder, from what, and every file it holds (name -> bytes).
+    ``source`` is the (first) source's URL; a collection's export adds ``sources`` (dataset name -> URL)."""
+    files = our_files(root)
+    marker = {"written_by": "lerobot_sql", "format": MARKER_FORMAT, "version": __version__, "source": source}
+    if sources is not None:
+        marker["sources"] = dict(sources)
+    marker["files"] = dict(sorted(files.items()))
+    (root / MARKER).parent.mkdir(parents=True, exist_ok=True)
+    (root / MARKER).write_text(json.dumps(marker, indent=1, ensure_ascii=False))
+
+
+def write_folder(dest: Path, fill: Callable[[Path], T], *, overwrite: bool, source: str,
+                 sources: dict[str, str] | None = None) -> T:
+    """The life of a folder export (``export``, ``coll.export``), after :func:`check_dest`: earlier exports' stale
+    staging folders removed, a staging sibling made (:func:`staging_path`), ``fill(staging)`` writes the dataset
+    there, the marker lists what it wrote (:func:`write_marker`, ``source`` / ``sources`` as it takes them), and
+    the folder is moved into place (:func:`swap_into_place`). Returns what ``fill`` returns.
+
+    Raises:
+        DestinationError: the staging folder cannot be made, or the disk filled (:func:`writing`).
+        DestinationExistsError: another export finished at ``dest`` meanwhile (:func:`swap_into_place`).
+        Whatever ``fill`` raises; the staging folder is removed either way.
+    """
+    remove_stale_staging(dest)
+    tmp = staging_path(dest)
+    with writing(dest, tmp):
+        try:
+            tmp.mkdir()
+        except OSError as e:
+            raise DestinationError(f"{dest}: cannot create a folder in {dest.parent} ({e.strerror}); make it "
+                                   "writable or choose another destination") from e
+        out = fill(tmp)
+        write_marker(tmp, source, sources)
+        swap_into_place(tmp, dest, overwrite)
+    return out
+
+
+# ---- a file export -------------------------------------------------------------------------------------------------
 def check_file_dest(dbs: list, path: str | os.PathLike, what: str, *, overwrite: bool, example: str) -> Path:
     """The rules for a destination that is one file (``export_manifest``, ``lerobot-sql query -o``), checked before
     any work: local (:func:`local_dest`), outside every source in ``dbs`` (:func:`refuse_source`), not a folder, and

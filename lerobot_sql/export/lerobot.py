@@ -22,9 +22,9 @@ The source may be v3.x or v2.0/v2.1: episode metadata and tasks are read through
 converted as lerobot 0.4.4's ``convert_dataset_v21_to_v30`` does it).
 
 Several datasets (``export_collection``, ``Collection.export``): the same driver over a collection's manifest. Each
-selected dataset is a :class:`Source` (its Database, its name, its source-key -> output-key map), each part names
-its source, and the writers read that source's files and column names; tasks are merged by text, and
-meta/episodes gains ``source_dataset`` / ``source_episode_index``. What one dataset cannot hold (two fps, two
+selected dataset is an :class:`~lerobot_sql.export.target.ExportSource` (its Database, its name, its source-key ->
+output-key map), each part names its source, and the writers read that source's files and column names; tasks are
+merged by text, and meta/episodes gains ``source_dataset`` / ``source_episode_index``. What one dataset cannot hold (two fps, two
 robot_types, a camera's videos of two codecs, resolutions or pixel formats) is refused before any write.
 
 Everything is written into a hidden sibling folder and renamed into place at the end, so the destination appears
@@ -39,9 +39,7 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -50,21 +48,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._format.layout import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
+from .._format import stats_json, v2
 from .._plan.manifest import Meta, collection_meta, dataset_codes
 from .._readers import decode, locate, video_index
-from .._version import __version__
-from ..errors import (DatasetFormatError, DestinationError, DestinationExistsError, IncompatibleDatasetsError,
-                      ResultContractError, warn)
+from ..errors import DatasetFormatError, IncompatibleDatasetsError, ResultContractError, warn
 from . import destination, stats
 from .data_writer import DataWriter
 from .parts import Part, Rotator, cut_parts
+from .target import ExportSource, ExportTarget
 from .video_writer import VideoWriter, source_rows
 
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_POINTERS = ("meta/episodes/chunk_index", "meta/episodes/file_index")
-V3_VERSION = "v3.0"
-DEFAULT_DATA_MB, DEFAULT_VIDEO_MB = 100, 200  # lerobot 0.4.4 DEFAULT_DATA_FILE_SIZE_IN_MB / DEFAULT_VIDEO_...
 INDEX_COLUMNS = ("index", "episode_index", "task_index")  # renumbered on export, so their stats are recomputed
 
 
@@ -99,7 +94,7 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
                    tolerance_s: float = 1e-4, align: str = "timestamp") -> ExportReport:
     """Write the frames ``sql`` selects as a new LeRobot v3.0 dataset at ``dest`` (a local folder).
 
-    ``sql`` follows the dataset() contract (see :mod:`lerobot_sql._plan.resolve`): ``episode_index`` rows export whole
+    ``sql`` follows the dataset() contract (see :mod:`lerobot_sql._plan.contract`): ``episode_index`` rows export whole
     episodes, ``(episode_index, start_s, end_s)`` rows export one episode per window (frame_index and timestamp
     restart at 0), ``index`` rows export each contiguous run of frames of one episode as an episode. Output episodes
     follow the result order (for a query without ORDER BY, the order dataset() gives it: sorted by the contract
@@ -139,13 +134,16 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
     t0 = time.perf_counter()
     tolerance_s = locate.check_tolerance(tolerance_s)  # before the query runs, not deep in the first video part
     align = locate.check_align(align)
-    dest = _check_dest([db], dest, overwrite)
+    dest = destination.check_dest([db], dest, overwrite)
     # db.manifest, as dataset() resolves the same SQL: the row cap, the pointer fast path for whole episodes, and
     # a deterministic order for a query without ORDER BY. Each sample's result_row says which output episode
     # (window, whole episode) it belongs to.
-    manifest = db.manifest(sql, extras=False, align=align)  # no extras: a list of text or a NULL list is no error
+    # no extras: a list of text or a NULL list is no error; the tolerance too, as dataset() resolves with it (without
+    # it the timestamps check refused asking for the very tolerance_s the caller gave)
+    manifest = db.manifest(sql, extras=False, align=align, tolerance_s=tolerance_s)
     parts = cut_parts(manifest, Meta.of(manifest).mode)
-    return _write(dest, [Source(db, align=align)], manifest, parts, tolerance_s, progress, t0, overwrite=overwrite)
+    return _write(dest, [ExportSource(db, align=align)], manifest, parts, tolerance_s, progress, t0,
+                  overwrite=overwrite)
 
 
 def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, present: list[str],
@@ -174,9 +172,9 @@ def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, pres
     t0 = time.perf_counter()
     tolerance_s = locate.check_tolerance(tolerance_s)
     dbs = [coll[n] for n in present]
-    dest = _check_dest(dbs, dest, overwrite)
+    dest = destination.check_dest(dbs, dest, overwrite)
     codes_of = {n: coll.names.index(n) for n in present}
-    sources = [Source(coll[n], n, codes_of[n], {**{k: k for k in coll[n].layout.features if k not in keymaps[n]},
+    sources = [ExportSource(coll[n], n, codes_of[n], {**{k: k for k in coll[n].layout.features if k not in keymaps[n]},
                                                  **{k: v for k, v in keymaps[n].items() if v in keys}},
                       align=locate.check_align((aligns or {}).get(n, "timestamp")))
                for n in present]
@@ -195,147 +193,21 @@ def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, pres
     return _write(dest, sources, manifest, parts, tolerance_s, progress, t0, codes=src_of_row, overwrite=overwrite)
 
 
-def _check_dest(dbs: list, dest: str | os.PathLike, overwrite: bool) -> Path:
-    """``dest`` resolved, after the checks made before any work: not a source, not in one, not holding one, and
-    replaceable if it exists (``overwrite``)."""
-    dest = destination.local_dest(dest, "export")
-    for db in dbs:
-        destination.refuse_source(db, dest, "export")
-    if os.path.lexists(dest):
-        # An empty folder (made beforehand, as users do for a job's output) holds nothing to lose: written into
-        # without overwrite=True; anything else needs it, and then check_replaceable's rules.
-        if not overwrite and not _empty_folder(dest):
-            raise DestinationExistsError(f"{dest}: already exists; pass overwrite=True or choose another destination")
-        destination.check_replaceable(dest)
-    return dest
-
-
-def _empty_folder(path: Path) -> bool:
-    if not path.is_dir():
-        return False
-    with os.scandir(path) as entries:
-        return next(entries, None) is None
-
-
-def _write(dest: Path, sources: list["Source"], manifest: pa.Table, parts: list[Part], tolerance_s: float,
+def _write(dest: Path, sources: list[ExportSource], manifest: pa.Table, parts: list[Part], tolerance_s: float,
            progress: bool, t0: float, codes: np.ndarray | None = None, overwrite: bool = False) -> ExportReport:
-    """Run the export into a hidden sibling of ``dest``, then rename it into place (:func:`_swap_into_place`)."""
-    destination.remove_stale_staging(dest)
-    tmp = destination.staging_path(dest)
-    with destination.writing(dest, tmp):
-        try:
-            tmp.mkdir()
-        except OSError as e:
-            raise DestinationError(f"{dest}: cannot create a folder in {dest.parent} ({e.strerror}); make it "
-                                   "writable or choose another destination") from e
-        report = Exporter(sources, manifest, parts, tmp, tolerance_s, codes).run(progress)
-        _write_marker(tmp, sources)
-        _swap_into_place(tmp, dest, overwrite)
+    """Run the export into a staging folder that is moved into place at the end
+    (:func:`lerobot_sql.export.destination.write_folder`), its marker naming the sources."""
+    names = {s.name: s.db.source.url for s in sources} if sources[0].name is not None else None
+    report = destination.write_folder(
+        dest, lambda tmp: Exporter(sources, manifest, parts, tmp, tolerance_s, codes).run(progress),
+        overwrite=overwrite, source=sources[0].db.source.url, sources=names)
     report.dest = str(dest)
     report.files_written = sum(1 for p in dest.rglob("*") if p.is_file())
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _swap_into_place(tmp: Path, dest: Path, overwrite: bool) -> None:
-    """Rename the finished folder ``tmp`` to ``dest``: into an absent path, or over an empty folder, or (only with
-    ``overwrite``) over a previous export.
-
-    Not ``_storage.cache.atomic_write``: that replaces one file, while ``os.replace`` cannot replace a folder that
-    is not empty. Every rename into ``dest`` is :func:`destination.rename_no_replace`: a destination another export
-    finished at while this one ran (``overwrite`` False) is kept and this one raises DestinationExistsError (its
-    staging folder is removed by ``destination.writing``); before, the second rename replaced the first export.
-    With ``overwrite``, the old export is renamed aside first and renamed back if the second rename fails, so
-    ``dest`` holds the old or the new dataset at every moment, and is deleted only once the new one is in place.
-    """
-    if overwrite and os.path.lexists(dest) and not _empty_folder(dest):
-        destination.check_replaceable(dest)  # again: it may have changed during the export
-        old = dest.parent / f".{dest.name}.lsql-old-{uuid.uuid4().hex[:8]}"
-        os.rename(dest, old)
-        try:
-            destination.rename_no_replace(tmp, dest)
-        except FileExistsError as e:  # another export landed between the two renames: it stays, ours is removed
-            raise DestinationExistsError(
-                f"{dest}: another export was moved there while this one replaced the previous export; it was left "
-                f"as it is, this export's files were removed, and the previous export is at {old}: keep the one you "
-                "want, remove the other, or export again") from e
-        except BaseException:
-            os.rename(old, dest)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-        return
-    if _empty_folder(dest):
-        # An empty folder holds nothing to lose (written into without overwrite, as _check_dest allows); rmdir fails
-        # if anything arrived in it meanwhile, and the rename below then refuses it.
-        with contextlib.suppress(OSError):
-            os.rmdir(dest)
-    try:
-        destination.rename_no_replace(tmp, dest)
-    except FileExistsError as e:
-        raise DestinationExistsError(destination.appeared_meanwhile(dest, "export", "destination")) from e
-
-
-def _write_marker(root: Path, sources: list["Source"]) -> None:
-    """meta/lerobot_sql_export.json: who wrote this folder, from what, and every file it holds (name -> bytes).
-    ``source`` is the source's URL; a collection's export adds ``sources`` (dataset name -> URL)."""
-    files = destination.our_files(root)
-    marker = {"written_by": "lerobot_sql", "format": destination.MARKER_FORMAT, "version": __version__,
-              "source": sources[0].db.source.url}
-    if sources[0].name is not None:
-        marker["sources"] = {s.name: s.db.source.url for s in sources}
-    marker["files"] = dict(sorted(files.items()))
-    (root / destination.MARKER).parent.mkdir(parents=True, exist_ok=True)
-    (root / destination.MARKER).write_text(json.dumps(marker, indent=1, ensure_ascii=False))
-
-
-@dataclasses.dataclass
-class Source:
-    """One dataset an export reads. A one-dataset export has one, ``name`` None and ``keys`` None (every column as
-    it is); a collection's export has one per selected dataset: ``name``, ``code`` (its code in the manifest's
-    ``dataset`` column) and ``keys``, each exported source feature key -> its output key (features not in it are
-    not written; columns that are not features keep their name).
-
-    The Exporter sets, per source: ``src_rows`` (episode_index -> its _episodes_raw row), ``stat_cols``
-    ((source feature, stat) -> column), ``task_map`` (int64, source task_index -> output task_index, -1 unused),
-    ``decoders``. ``align``: how the source's camera frames are found (:func:`lerobot_sql._readers.locate.check_align`;
-    the writers call :func:`lerobot_sql.export.video_writer.source_rows`).
-    """
-
-    db: Any
-    name: str | None = None
-    code: int = 0
-    keys: dict[str, str] | None = None
-    align: str = "timestamp"
-
-    def __post_init__(self):
-        self.layout, self.src = self.db.layout, self.db.source
-        self.inv = {v: k for k, v in (self.keys or {}).items()}
-
-    def out(self, key: str) -> str | None:
-        """The output name of source column/feature ``key``; None if it is not exported."""
-        if self.keys is None or key not in self.layout.features:
-            return key
-        return self.keys.get(key)
-
-    def src_key(self, out_key: str) -> str:
-        """The source feature key written as ``out_key``."""
-        return out_key if self.keys is None else self.inv[out_key]
-
-    def column(self, name: str) -> str | None:
-        """The output name of meta/episodes column ``name`` (``stats/<key>/...``, ``videos/<key>/...`` renamed with
-        their feature; None for a feature not exported)."""
-        if self.keys is None:
-            return name
-        for prefix in ("stats/", "videos/"):
-            if name.startswith(prefix):
-                feat, _, rest = name[len(prefix):].rpartition("/")
-                if feat in self.layout.features:
-                    out = self.keys.get(feat)
-                    return None if out is None else f"{prefix}{out}/{rest}"
-        return name
-
-
-def _check_compatible(sources: list[Source], manifest: pa.Table, src_of_row: np.ndarray) -> None:
+def _check_compatible(sources: list[ExportSource], manifest: pa.Table, src_of_row: np.ndarray) -> None:
     """Refuse what one dataset cannot hold: several fps or robot_types, a camera that is a video in one source and
     an image in another, or whose videos differ in codec, resolution or pixel format (probed from each source's
     first selected mp4 of that camera: the stream is what a remux copies, whatever info.json says).
@@ -382,36 +254,24 @@ def _check_compatible(sources: list[Source], manifest: pa.Table, src_of_row: np.
 class Exporter:
     """One export run into the folder ``root``: reads the sources' metadata, drives the writers part by part, and
     writes meta/. Every file is written in place, as the whole folder is renamed into place at the end
-    (:func:`export_dataset`), so no single file needs ``atomic_write``. The writers read its attributes: ``m`` (the
-    manifest: one dataset's, or a collection's with every source's rows), ``sources`` (a part's ``source`` indexes
-    it: that source's files, layout, task_map and key names), ``features`` (output key -> the first source's
-    Feature), ``root``, ``fps``, ``tol``, the size limits and output path templates, and add to its
-    ``frames_reencoded`` / ``frames_remuxed`` counts. Output settings (chunks_size, file sizes, path templates,
-    info.json) are the first source's.
+    (:func:`export_dataset`), so no single file needs ``atomic_write``. The writers take the target
+    (:class:`~lerobot_sql.export.target.ExportTarget`: where and how files are written, the frame counts they add
+    to), the sources (a part's ``source`` indexes them), and the video writer the manifest (``m``: one dataset's,
+    or a collection's with every source's rows) and ``tolerance_s``. Output settings (chunks_size, file sizes, path
+    templates, info.json) are the first source's.
     """
 
-    def __init__(self, sources: list[Source], manifest: pa.Table, parts: list[Part], root: Path,
+    def __init__(self, sources: list[ExportSource], manifest: pa.Table, parts: list[Part], root: Path,
                  tolerance_s: float, codes: np.ndarray | None = None):
         self.sources = sources
         first = sources[0]
         self.db, self.src, self.layout = first.db, first.src, first.layout
-        self.m, self.parts, self.root, self.tol = manifest, parts, root, tolerance_s
+        self.m, self.parts, self.tol = manifest, parts, tolerance_s
         # codes: each manifest row's source (None: every row is the one source's)
         self.codes = np.zeros(manifest.num_rows, np.int64) if codes is None else codes
         self.features = {first.out(k): f for k, f in self.layout.features.items() if first.out(k) is not None}
         self.video_keys = [k for k, f in self.features.items() if f.is_video]
-        info = self.layout.info
-        self.fps = self.layout.fps
-        self.chunks_size = int(info.get("chunks_size") or 1000)
-        self.data_limit = float(info.get("data_files_size_in_mb") or DEFAULT_DATA_MB) * 1024 * 1024
-        self.video_limit = float(info.get("video_files_size_in_mb") or DEFAULT_VIDEO_MB) * 1024 * 1024
-        # Output path templates: the source's own for v3.x; v2.x templates name one file per episode, so a v2 source
-        # is written with lerobot's v3.0 defaults.
-        legacy = self.layout.legacy
-        self.data_path = DEFAULT_DATA_PATH if legacy else self.layout.data_path
-        self.video_path = DEFAULT_VIDEO_PATH if legacy or not self.layout.video_path else self.layout.video_path
-        self.frames_reencoded = self.frames_remuxed = 0
-        self.data_files = self.video_files = 0
+        self.target = ExportTarget.of(self.layout, root)
 
     # ---- driver -------------------------------------------------------------------------------------------
     def run(self, progress: bool) -> ExportReport:
@@ -421,8 +281,9 @@ class Exporter:
 
         self._load_episodes()
         self._tasks()
-        self.data = DataWriter(self)
-        self.videos = {k: VideoWriter(self, k) for k in self.video_keys}
+        self.data = DataWriter(self.target, self.sources)
+        self.videos = {k: VideoWriter(self.target, k, self.features[k].info, self.sources, self.m, self.tol)
+                       for k in self.video_keys}
         for si, s in enumerate(self.sources):
             # depth mp4s decode to their 12-bit codes (gray12le), never RGB; self.codes holds each row's position
             # in self.sources (not the dataset's code in the collection, s.code)
@@ -479,7 +340,8 @@ class Exporter:
         self._write_stats(ep_stats)
         self._write_info(len(self.parts), next_index)
         return ExportReport("", len(self.parts), next_index, len(self.new_tasks), 0, self.data.files,
-                            sum(w.files for w in self.videos.values()), self.frames_reencoded, self.frames_remuxed,
+                            sum(w.files for w in self.videos.values()), self.target.frames_reencoded,
+                            self.target.frames_remuxed,
                             0.0)
 
     # ---- metadata in --------------------------------------------------------------------------------------
@@ -514,6 +376,19 @@ class Exporter:
                 if name.startswith("stats/"):
                     feat, _, stat = name[len("stats/"):].rpartition("/")
                     s.stat_cols[(feat, stat)] = name
+        # A camera whose source has no per-episode statistics (v2.1 without episodes_stats.jsonl, meta/episodes
+        # without its stats/ columns) gets them computed from its frames (_episode_stats), as lerobot's writer
+        # computes them: without columns for them its episodes and stats.json would have none, and lerobot-train
+        # would leave that camera un-normalised. The types are lerobot's ((C, 1, 1) nested lists, count a list).
+        image = pa.list_(pa.list_(pa.list_(pa.float64())))
+        for s in self.sources:
+            for src_name, feat in s.layout.features.items():
+                name = s.out(src_name)
+                if name is None or not (feat.is_video or feat.is_image) or f"stats/{name}/mean" in fields:
+                    continue
+                for st in ("min", "max", "mean", "std", *map(stats_json.qkey, stats_json.QUANTILES)):
+                    fields[f"stats/{name}/{st}"] = pa.field(f"stats/{name}/{st}", image)
+                fields[f"stats/{name}/count"] = pa.field(f"stats/{name}/count", pa.list_(pa.int64()))
         if self.sources[0].name is not None:
             fields["source_dataset"] = pa.field("source_dataset", pa.string())
             fields["source_episode_index"] = pa.field("source_episode_index", pa.int64())
@@ -526,7 +401,7 @@ class Exporter:
                 self.stat_cols[(feat, stat)] = name
         self.stat_types = {name: self.ep_schema.field(name).type for name in self.stat_cols.values()}
 
-    def _episodes_schema(self, s: Source, raw: pa.Schema) -> pa.Schema:
+    def _episodes_schema(self, s: ExportSource, raw: pa.Schema) -> pa.Schema:
         """Columns of ``_episodes_raw`` plus the meta/episodes pointers. A v3 source keeps the exact types and the
         schema metadata of its first meta/episodes file (only its footer is read); other columns (all of them for
         v2.x) get plain Arrow types (list<double>, string)."""
@@ -580,23 +455,23 @@ class Exporter:
                 if (name, "mean") in self.stat_cols or not self.stat_cols:
                     if feat.is_depth_map:
                         codes = self._video_samples(name, part)
-                        out[name] = stats.depth_stats(stats.dequantize_depth(codes, feat.depth_quantization,
-                                                                             feat.depth_unit or "mm"))
+                        out[name] = stats_json.depth_stats(stats_json.dequantize_depth(
+                            codes, feat.depth_quantization, feat.depth_unit or "mm"))
                         self.depth_recomputed[name] = self.depth_recomputed.get(name, 0) + 1
                     else:
-                        out[name] = stats.image_stats(self._video_samples(name, part))
+                        out[name] = stats_json.image_stats(self._video_samples(name, part))
             elif feat.is_image:
                 if name in table.column_names and ((name, "mean") in self.stat_cols or not self.stat_cols):
                     if feat.is_depth_map:  # the raw values (lossless TIFF): lerobot's numbers
-                        out[name] = stats.depth_stats(self._png_samples(table[name], part.length, raw=True))
+                        out[name] = stats_json.depth_stats(self._png_samples(table[name], part.length, raw=True))
                     else:
-                        out[name] = stats.image_stats(self._png_samples(table[name], part.length))
+                        out[name] = stats_json.image_stats(self._png_samples(table[name], part.length))
             elif name in table.column_names:
                 arr = stats.numeric(table[name])
-                out[name] = stats.feature_stats(arr.reshape(len(arr), -1), feat.shape if arr.ndim > 1 else (1,))
+                out[name] = stats_json.feature_stats(arr.reshape(len(arr), -1), feat.shape if arr.ndim > 1 else (1,))
         return out
 
-    def _source_stats(self, s: Source, episode: int) -> dict[str, dict[str, np.ndarray]]:
+    def _source_stats(self, s: ExportSource, episode: int) -> dict[str, dict[str, np.ndarray]]:
         """The source episode's meta/episodes stats, keyed by output feature."""
         row = s.src_rows[episode]
         out: dict[str, dict[str, np.ndarray]] = {}
@@ -612,10 +487,10 @@ class Exporter:
         skey = s.src_key(key)
         rel = self.m[f"{skey}/file"][int(part.rows[0])].as_py()
         index = video_index.FrameIndex.load(video_index.ensure_index(s.src, rel, s.db.cache_dir))
-        pick = stats.sample_indices(part.length)
-        r = source_rows(self, s, index, skey, part.rows[pick], part.src_episode)
+        pick = stats_json.sample_indices(part.length)
+        r = source_rows(self.m, self.tol, s, index, skey, part.rows[pick], part.src_episode)
         frames = s.decoders.decode(index, r)
-        return np.stack([stats.downsample(frames[int(index.pts[x])].transpose(2, 0, 1)) for x in r])
+        return np.stack([stats_json.downsample(frames[int(index.pts[x])].transpose(2, 0, 1)) for x in r])
 
     def _png_samples(self, column: pa.ChunkedArray, n: int, raw: bool = False) -> np.ndarray:
         """lerobot's sampled frames of an image column, (k, C, H, W): RGB uint8, or with ``raw`` (depth maps) the
@@ -625,29 +500,29 @@ class Exporter:
         from PIL import Image
 
         imgs = []
-        for i in stats.sample_indices(n):
+        for i in stats_json.sample_indices(n):
             v = column[int(i)].as_py()
             img = Image.open(io.BytesIO(v["bytes"] if isinstance(v, dict) else v))
             a = np.asarray(img) if raw else np.asarray(img.convert("RGB"))
             a = a[:, :, None] if a.ndim == 2 else a
-            imgs.append(stats.downsample(a.transpose(2, 0, 1)))
+            imgs.append(stats_json.downsample(a.transpose(2, 0, 1)))
         return np.stack(imgs)
 
     # ---- metadata out -------------------------------------------------------------------------------------
     def _write_episodes(self, rows: list[dict]) -> None:
-        rot = Rotator(self.chunks_size)
+        rot = Rotator(self.target.chunks_size)
         for r in rows:
             for col, typ in self.stat_types.items():
                 if col in r and isinstance(r[col], np.ndarray):
                     r[col] = stats.to_py(r[col], typ)
         per_row = max(1, len(json.dumps(rows[0], default=str)))
-        per_file = max(1, int(self.data_limit // per_row))
+        per_file = max(1, int(self.target.data_limit // per_row))
         for start in range(0, len(rows), per_file):
             chunk = rows[start:start + per_file]
             for r in chunk:
                 r["meta/episodes/chunk_index"], r["meta/episodes/file_index"] = rot.chunk, rot.file
             rel = EPISODES_PATH.format(chunk_index=rot.chunk, file_index=rot.file)
-            path = self.root / rel
+            path = self.target.root / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(pa.Table.from_pylist(chunk, schema=self.ep_schema), path)
             rot.advance()
@@ -658,9 +533,9 @@ class Exporter:
         for f in feats:
             lst = [s[f] for s in ep_stats if f in s and {"mean", "std", "count", "min", "max"} <= set(s[f])]
             if lst:
-                agg[f] = {k: v.tolist() for k, v in stats.aggregate(lst).items()}
+                agg[f] = {k: v.tolist() for k, v in stats_json.aggregate(lst).items()}
         if agg:
-            (self.root / "meta" / "stats.json").write_text(json.dumps(agg, indent=4))
+            (self.target.root / "meta" / "stats.json").write_text(json.dumps(agg, indent=4))
 
     def _write_info(self, episodes: int, frames: int) -> None:
         import pandas as pd
@@ -670,32 +545,15 @@ class Exporter:
         if first.keys is not None:  # a collection's export: the kept features, renamed, in the first's order
             info["features"] = {first.out(k): v for k, v in info["features"].items() if first.out(k) is not None}
         if self.layout.legacy:
-            _v2_info_to_v3(info)
+            v2.info_to_v3(info)
         info.update(total_episodes=episodes, total_frames=frames, total_tasks=len(self.new_tasks),
                     splits={"train": f"0:{episodes}"})
-        (self.root / "meta").mkdir(parents=True, exist_ok=True)
-        (self.root / "meta" / "info.json").write_text(json.dumps(info, indent=4, ensure_ascii=False))
+        (self.target.root / "meta").mkdir(parents=True, exist_ok=True)
+        (self.target.root / "meta" / "info.json").write_text(json.dumps(info, indent=4, ensure_ascii=False))
         # As lerobot 0.4.4 writes it: task text in the unnamed pandas index (__index_level_0__), task_index column.
         tasks = pd.DataFrame({"task_index": np.arange(len(self.new_tasks), dtype=np.int64)},
                              index=[self.new_tasks[i] for i in range(len(self.new_tasks))])
-        tasks.to_parquet(self.root / "meta" / "tasks.parquet")
-
-
-def _v2_info_to_v3(info: dict) -> None:
-    """A v2.x info.json rewritten in place as lerobot 0.4.4's converter (``convert_info``) writes v3.0."""
-    info["codebase_version"] = V3_VERSION
-    info.pop("total_chunks", None)
-    info.pop("total_videos", None)
-    info.setdefault("data_files_size_in_mb", DEFAULT_DATA_MB)
-    info.setdefault("video_files_size_in_mb", DEFAULT_VIDEO_MB)
-    has_video = any(isinstance(f, dict) and f.get("dtype") == "video" for f in info.get("features", {}).values())
-    info["data_path"] = DEFAULT_DATA_PATH
-    info["video_path"] = DEFAULT_VIDEO_PATH if has_video else None
-    if float(info["fps"]).is_integer():
-        info["fps"] = int(info["fps"])
-    for f in info.get("features", {}).values():
-        if isinstance(f, dict) and f.get("dtype") != "video":
-            f["fps"] = info["fps"]
+        tasks.to_parquet(self.target.root / "meta" / "tasks.parquet")
 
 
 def _plain_type(t: pa.DataType) -> pa.DataType:

@@ -1,22 +1,19 @@
-"""``export_manifest``: a query's manifest written as one Parquet file, and ``dataset_identity``, the digest that
-lets that file be opened through a copy of its dataset.
+"""``export_manifest``: a query's manifest written as one Parquet file (its form, and the ``dataset_identity`` it
+records, are :mod:`lerobot_sql._plan.manifest`'s).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._plan.manifest import Meta
+from .._plan.manifest import Meta, dataset_identity, is_manifest_file
 from ..errors import DestinationExistsError
 from . import destination
 
@@ -29,20 +26,6 @@ class ManifestReport:
     rows: int
     episodes: int
     seconds: float
-
-
-def dataset_identity(layout) -> str:
-    """A digest of what makes two dataset folders the same dataset for a manifest: info.json's
-    ``codebase_version``, ``total_episodes``, ``total_frames``, ``fps`` and ``features`` (sha256 hex of their JSON).
-
-    A manifest stores its source's (``lerobot_sql.manifest`` -> ``dataset_id``); ``db.dataset(manifest)`` through
-    another root accepts it only when that root's digest is equal (a copied or moved dataset), since a manifest's
-    rows are file rows and indices of that one dataset.
-    """
-    info = layout.info
-    keys = ("codebase_version", "total_episodes", "total_frames", "fps", "features")
-    text = json.dumps({k: info.get(k) for k in keys}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = False) -> ManifestReport:
@@ -71,7 +54,7 @@ def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = 
     path = destination.check_file_dest([db], path, "export_manifest", overwrite=overwrite,
                                        example="manifest.parquet")
     if os.path.lexists(path):
-        if not _is_our_manifest(path):
+        if not is_manifest_file(path):
             raise DestinationExistsError(f"{path}: exists and is not a manifest lerobot_sql wrote (no lerobot_sql."
                                          "manifest metadata); overwrite=True never replaces other files: remove it "
                                          "yourself or choose another path")
@@ -86,14 +69,7 @@ def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = 
     # moved into place without replacing a manifest another export wrote meanwhile (overwrite=False).
     with destination.writing(path):
         destination.write_file(path, lambda tmp: pq.write_table(m, tmp), overwrite=overwrite,
-                               replaceable=_is_our_manifest)
+                               replaceable=is_manifest_file)
     episodes = len(np.unique(m["episode_index"].to_numpy()))
     return ManifestReport(str(path), m.num_rows, episodes, time.perf_counter() - t0)
 
-
-def _is_our_manifest(path: Path) -> bool:
-    """Whether ``path`` is a Parquet file with ``lerobot_sql.manifest`` schema metadata (one export_manifest wrote)."""
-    try:
-        return b"lerobot_sql.manifest" in (pq.read_schema(path).metadata or {})
-    except (OSError, pa.ArrowException, ValueError):
-        return False

@@ -15,37 +15,37 @@ from __future__ import annotations
 import os
 from contextlib import ExitStack
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import av
 from av.video.frame import PictureType
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._readers import locate, video_index
 from ..errors import DatasetFormatError, VideoDecodeError
 from .parts import MAX_OPEN_INPUTS, Part, Rotator
-
-if TYPE_CHECKING:
-    from .lerobot import Exporter
+from .target import ExportSource, ExportTarget
 
 # info.json "video.codec" (FFmpeg decoder name) -> the encoder lerobot uses for it.
 ENCODERS = {"av1": "libsvtav1", "libdav1d": "libsvtav1", "h264": "libx264", "hevc": "libx265"}
 
 
-def source_rows(ex: "Exporter", s, index, skey: str, rows_m: np.ndarray, episode: int) -> np.ndarray:
-    """Rows (int64) in ``index`` (the source mp4 of camera ``skey``) of the frames of manifest rows ``rows_m``, all of
-    source episode ``episode`` of ``s`` (a :class:`lerobot_sql.export.lerobot.Source`), by ``s.align`` as the dataset
-    reads them. By time: nearest within ``ex.tol`` (FrameNotFoundError) and inside the episode's clip; by
+def source_rows(manifest: pa.Table, tolerance_s: float, s: ExportSource, index, skey: str, rows_m: np.ndarray,
+                episode: int) -> np.ndarray:
+    """Rows (int64) in ``index`` (the source mp4 of camera ``skey``) of the frames of ``manifest`` rows ``rows_m``,
+    all of source episode ``episode`` of ``s``, by ``s.align`` as the dataset reads them. By time: nearest within
+    ``tolerance_s`` (FrameNotFoundError) and inside the episode's clip; by
     frame_index: the clip's first frame plus the row's frame_index, which must be its position in the episode and
     lie at ``from_timestamp + frame_index / fps``.
 
     Raises:
-        FrameNotFoundError: by time, a frame has no video frame within ``ex.tol``.
+        FrameNotFoundError: by time, a frame has no video frame within ``tolerance_s``.
         DatasetFormatError: a frame outside the episode's clip, off the fps grid (by frame_index), or a frame_index
             that is not its row's position (:func:`lerobot_sql._readers.locate.clip_error`).
     """
-    m, fps = ex.m, float(s.layout.fps)
+    m, fps = manifest, float(s.layout.fps)
     from_ts = m[f"{skey}/from_timestamp"].to_numpy()[rows_m]
     ep_from = m["ep_from_index"].to_numpy()[rows_m]
     pos, length = m["index"].to_numpy()[rows_m] - ep_from, m["ep_to_index"].to_numpy()[rows_m] - ep_from
@@ -62,12 +62,12 @@ def source_rows(ex: "Exporter", s, index, skey: str, rows_m: np.ndarray, episode
         rows = locate.rows_by_position(index.pts_s, first, pos, length, from_ts, fps)
     else:
         ts = m["timestamp"].to_numpy()[rows_m]
-        rows = locate.keep_in_clip(index.locate(locate.time_in_file(from_ts, ts), ex.tol, **where), first, length)
+        rows = locate.keep_in_clip(index.locate(locate.time_in_file(from_ts, ts), tolerance_s, **where), first, length)
     bad = np.flatnonzero(rows < 0)
     if len(bad):
         j = int(bad[0])
         more = {} if s.align == "frame_index" else {
-            "time_s": float(locate.time_in_file(from_ts[j], ts[j:j + 1])[0]), "tolerance_s": ex.tol,
+            "time_s": float(locate.time_in_file(from_ts[j], ts[j:j + 1])[0]), "tolerance_s": tolerance_s,
             "row": int(locate.nearest(index.pts_s, locate.time_in_file(from_ts[j], ts[j:j + 1]))[0][0])}
         raise locate.clip_error(s.src.path(index.path), index.pts_s, int(rows[j]), position=int(pos[j]),
                                 first=int(first[j]), length=int(length[j]), from_timestamp=float(from_ts[j]), fps=fps,
@@ -78,9 +78,10 @@ def source_rows(ex: "Exporter", s, index, skey: str, rows_m: np.ndarray, episode
 class VideoWriter:
     """Writes videos/<key>/chunk-*/file-*.mp4 for one camera: remuxed packets, re-encoded heads of mid-GOP cuts."""
 
-    def __init__(self, ex: Exporter, key: str):
-        self.ex, self.key = ex, key
-        self.rot = Rotator(ex.chunks_size)
+    def __init__(self, target: ExportTarget, key: str, feature_info: dict, sources: list[ExportSource],
+                 manifest: pa.Table, tolerance_s: float):
+        self.target, self.key, self.sources, self.m, self.tol = target, key, sources, manifest, tolerance_s
+        self.rot = Rotator(target.chunks_size)
         self.out = self.stream = None
         self.tb: Fraction | None = None
         self.t_pts = 0          # where the next episode starts, output time-base units
@@ -93,11 +94,11 @@ class VideoWriter:
         # keyed by (source, relative path): two datasets of a collection have files of the same name
         self.inputs: dict[tuple[int, str], Any] = {}
         self.indexes: dict[tuple[int, str], tuple[video_index.FrameIndex, np.ndarray]] = {}
-        self.feat_info = ex.features[key].info
+        self.feat_info = feature_info  # info.json's video info of the camera (encoder settings)
         self.extradata: bytes | None = None  # the codec header of the file being written
 
     def _index(self, source: int, rel: str) -> tuple[video_index.FrameIndex, np.ndarray]:
-        s = self.ex.sources[source]
+        s = self.sources[source]
         if (source, rel) not in self.indexes:
             p = video_index.ensure_index(s.src, rel, s.db.cache_dir)
             self.indexes[(source, rel)] = (video_index.FrameIndex.load(p),
@@ -105,7 +106,7 @@ class VideoWriter:
         return self.indexes[(source, rel)]
 
     def _input(self, source: int, rel: str):
-        src, rel = self.ex.sources[source].src, (source, rel)
+        src, rel = self.sources[source].src, (source, rel)
         if rel not in self.inputs:
             if len(self.inputs) >= MAX_OPEN_INPUTS:
                 old = next(iter(self.inputs))
@@ -125,13 +126,13 @@ class VideoWriter:
                 (:func:`source_rows`).
             VideoDecodeError: the source cannot be demuxed/decoded, or no encoder for a cut exists in this PyAV.
         """
-        ex, key = self.ex, self.key
-        skey = ex.sources[part.source].src_key(key)  # the camera's name in the part's source
+        target, key = self.target, self.key
+        skey = self.sources[part.source].src_key(key)  # the camera's name in the part's source
         i0 = int(part.rows[0])
-        rel = ex.m[f"{skey}/file"][i0].as_py()
+        rel = self.m[f"{skey}/file"][i0].as_py()
         index, sizes = self._index(part.source, rel)
-        ts = ex.m["timestamp"].to_numpy()[part.rows].astype(np.float64)
-        rows = source_rows(ex, ex.sources[part.source], index, skey, part.rows, part.src_episode)
+        ts = self.m["timestamp"].to_numpy()[part.rows].astype(np.float64)
+        rows = source_rows(self.m, self.tol, self.sources[part.source], index, skey, part.rows, part.src_episode)
         if np.any(np.diff(rows) != 1):
             raise DatasetFormatError(f"{rel}: frames of episode {part.src_episode} ({key}) are not consecutive in "
                                      "the video; the timestamps disagree with the video (`lerobot-sql doctor`)")
@@ -140,7 +141,7 @@ class VideoWriter:
         inp = self._input(part.source, rel)
         in_stream = inp.streams.video[0]
         in_tb = Fraction(index.time_base)
-        src_fd = Fraction(1) / Fraction(self.ex.fps) / in_tb  # one frame, source time-base units
+        src_fd = Fraction(1) / Fraction(self.target.fps) / in_tb  # one frame, source time-base units
         # The part's packets, in decode order, with their source pts and end (source time base), gathered before
         # anything is muxed: the file's dts lag must cover their reordering (_mux_run), or a new file starts.
         is_key = index.keyframe_pts == index.pts
@@ -149,22 +150,23 @@ class VideoWriter:
         head, copied = [], []
         if rk > ra:
             head = self._encode(inp, in_stream, index, ra, rk - 1, src_fd)
-            ex.frames_reencoded += rk - ra
+            target.frames_reencoded += rk - ra
         if rk <= rb:
             copied = self._remux(inp, in_stream, index, rk, rb, src_fd)
             if copied is None:  # frames reordered across the cut (B-frames): re-encode that part instead
                 head += self._encode(inp, in_stream, index, rk, rb, src_fd)
-                ex.frames_reencoded += rb - rk + 1
+                target.frames_reencoded += rb - rk + 1
                 copied = []
             else:
-                ex.frames_remuxed += rb - rk + 1
+                target.frames_remuxed += rb - rk + 1
         lag = reorder_depth([p for _, p, _ in head + copied])
         # A file is one stream with one codec header: another source's header (a collection's export) starts a new
         # file, as copied packets are decoded with the header of the file they are in. So does a part reordered
         # deeper than the file's dts lag (its dts would not fit between the parts before and after).
         other_header = self.out is not None and bytes(in_stream.codec_context.extradata or b"") != self.extradata
         deeper = self.out is not None and lag > self.lag
-        if self.out is not None and self.rot.used and (self.bytes + est >= ex.video_limit or other_header or deeper):
+        full = self.bytes + est >= target.video_limit
+        if self.out is not None and self.rot.used and (full or other_header or deeper):
             self._close_file()
             self.rot.advance()
         if self.out is None:
@@ -172,7 +174,7 @@ class VideoWriter:
             self._open(in_stream, max(lag, file_reorder_depth(index)))
         # A whole episode keeps its timestamps, so its first frame sits at from_timestamp + timestamp[0] (0 for
         # lerobot-written data); a cut one restarts at 0, as does one copied by frame_index (timestamps rewritten).
-        lead = float(ts[0]) if part.whole and ex.sources[part.source].align != "frame_index" else 0.0
+        lead = float(ts[0]) if part.whole and self.sources[part.source].align != "frame_index" else 0.0
         start_pts = self.t_pts + int(round(Fraction(lead) / self.tb)) if lead else self.t_pts
         from_ts = float(self.t_pts * self.tb)
 
@@ -196,8 +198,8 @@ class VideoWriter:
                 p + "to_timestamp": float(self.t_pts * self.tb)}
 
     def _open(self, in_stream, lag: int) -> None:
-        rel = self.ex.video_path.format(video_key=self.key, chunk_index=self.rot.chunk, file_index=self.rot.file)
-        path = self.ex.root / rel
+        rel = self.target.video_path.format(video_key=self.key, chunk_index=self.rot.chunk, file_index=self.rot.file)
+        path = self.target.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         self.out = av.open(str(path), "w", format="mp4", options={"movflags": "faststart"})
         self.stream = self.out.add_stream_from_template(in_stream, opaque=True)
@@ -219,7 +221,7 @@ class VideoWriter:
         which FFmpeg seeks, is then the source's. (Encoder dts and the copied packets' own dts, each with its own
         delay, put side by side, left a seek to a pts landing a GOP late: "decoding skipped".)
         """
-        frame_dur = Fraction(1) / Fraction(self.ex.fps) / self.tb
+        frame_dur = Fraction(1) / Fraction(self.target.fps) / self.tb
         self.shown += sorted(p for _, p, _ in run)
         for pkt, pts, _ in run:
             k = self.n_muxed - self.lag
@@ -319,8 +321,8 @@ class VideoWriter:
                                    f"{rb - ra + 1}; the file may be corrupt")
         src_pts = [int(f.pts) for f in frames]
         cc = self._encoder(frames[0], in_stream)
-        enc_tb = Fraction(1, int(round(self.ex.fps))) if float(self.ex.fps).is_integer() else \
-            Fraction(self.ex.fps).limit_denominator(1001) ** -1
+        enc_tb = Fraction(1, int(round(self.target.fps))) if float(self.target.fps).is_integer() else \
+            Fraction(self.target.fps).limit_denominator(1001) ** -1
         packets = []
         for j, fr in enumerate(frames):
             f = fr.reformat(format=cc.pix_fmt) if fr.format.name != cc.pix_fmt else fr
@@ -373,7 +375,7 @@ class VideoWriter:
                                    "mid-GOP cut; cut windows on keyframes (even frame_index) or install it") from e
         cc.width, cc.height = frame.width, frame.height
         cc.pix_fmt = info.get("video.pix_fmt") or "yuv420p"
-        fps = Fraction(self.ex.fps).limit_denominator(1001)
+        fps = Fraction(self.target.fps).limit_denominator(1001)
         cc.time_base, cc.framerate = 1 / fps, fps
         cc.options = opts
         cc.open()

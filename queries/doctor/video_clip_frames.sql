@@ -3,7 +3,9 @@
 -- as many frames as the episode has rows in data/; it must start after the previous clip's frames, end before the
 -- next clip's first frame and within the file (clips of one file ordered by from_timestamp; episodes without rows
 -- hold no frames). to_timestamp is not read, so writers that store from_timestamp + (length - 1) / fps pass; a start
--- shifted by whole frames, which every per-frame lookup would silently follow, does not.
+-- shifted by whole frames, which every per-frame lookup would silently follow, does not. Clips without
+-- from_timestamp (video_pointers_present names them) and clips of mp4s that are not indexed (missing:
+-- video_files_present) are left out.
 --
 -- returns: one row per bad clip: video_key VARCHAR, episode_index BIGINT, path VARCHAR, from_timestamp DOUBLE,
 --   length BIGINT (rows in data/), first_frame BIGINT, last_frame BIGINT (frame ordinals in the file),
@@ -16,6 +18,7 @@ WITH n AS (
   SELECT v.video_key, v.episode_index, v.path, v.from_timestamp, n.length,
          v.from_timestamp - 0.5 / (SELECT fps FROM info) AS t
   FROM videos v JOIN n USING (episode_index)
+  WHERE v.from_timestamp IS NOT NULL
 ), r AS (
   SELECT c.*, coalesce(vf.frame, nf.frames_in_file) AS first_frame, nf.frames_in_file
   FROM c JOIN nf ON nf.video_key = c.video_key AND nf.path = c.path

@@ -1,4 +1,8 @@
-"""Batch memory of DataLoader workers: shared-memory slots reused from batch to batch.
+"""Batches: what ``__getitems__`` returns (:class:`Batch`, a list of items that also holds their collated
+tensors, and ``default_collate``'s rule for it), a camera's frames decoded straight into a batch tensor
+(:func:`decode_frames`), and where a batch's tensors live: in a DataLoader worker, shared memory slots reused from
+batch to batch (:func:`begin`, :class:`Slot`), so that a batch crosses to the main process without a copy and
+without new pages.
 
 A DataLoader worker hands each batch to the main process in shared memory. torch's ``default_collate`` (and this
 package's ``__getitems__`` with ``LSQL_BATCH_MEMORY=0``) allocates new shared memory for every tensor of every batch
@@ -43,6 +47,124 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._storage import scratch
+from ._values import dequantize_, to_unit_float
+
+
+# ---- the batch a dataset returns -------------------------------------------------------------------------------
+class BatchItem(dict):
+    """One item of a :class:`Batch`: a plain dict of the item's values (its type tells ``default_collate`` that
+    the batch it came from is already collated)."""
+
+    __slots__ = ()
+
+
+class Batch(list):
+    """What ``LeRobotSQLDataset.__getitems__`` returns: a list of B items (what torch documents ``__getitems__``
+    to return and a ``collate_fn`` to receive), that also holds their collated batch.
+
+    ``batch[j]`` is item j as a dict (its tensors are views of the batch tensors: keeping one item keeps the
+    batch's memory alive, and ``torch.save`` of a view writes the whole batch tensor; ``.clone()`` what you keep).
+    ``default_collate(batch)`` returns the collated dict without re-stacking (see ``_collate_batch``).
+    """
+
+    def __init__(self, keys: list[str], tensors: dict[str, torch.Tensor], lists: dict[str, list], n: int,
+                 memory=None):
+        # unbind: one call per key for all B views (indexing per item cost ~2x as much)
+        per = {k: tensors[k].unbind(0) if k in tensors else lists[k] for k in keys}
+        super().__init__(BatchItem((k, per[k][j]) for k in keys) for j in range(n))
+        self.keys, self.tensors, self.lists = keys, tensors, lists
+        self._memory = memory  # the worker's batch slot (:class:`Slot`), None elsewhere
+
+    def __reduce__(self):
+        # Pickled when a collate_fn returns the items as they are (``collate_fn=lambda items: items``) from a worker:
+        # a plain list of the item dicts, which torch sends as it sends any list of tensors. The batch's own
+        # attributes (the worker's memory slot, its lock) cannot cross processes: pickling failed in the worker's
+        # queue thread and the DataLoader would wait forever.
+        return list, (list(self),)
+
+    def collated(self, collate_fn_map) -> dict[str, Any]:
+        """``default_collate`` of the items: the batch tensors as they are, the other keys collated by torch."""
+        from torch.utils.data._utils.collate import collate
+
+        out = {k: self.tensors[k] if k in self.tensors else collate(self.lists[k], collate_fn_map=collate_fn_map)
+               for k in self.keys}
+        return out if self._memory is None else self._memory.wrap(out)
+
+
+def _collate_batch(batch, *, collate_fn_map=None):
+    """``default_collate``'s rule for :class:`BatchItem`: a whole ``Batch`` (torch's fetcher passes what
+    ``__getitems__`` returned) is already collated; anything else (a list of items taken out of batches, or a
+    caller's own collate map) goes through torch's generic dict rule."""
+    from torch.utils.data._utils.collate import collate, default_collate_fn_map
+
+    if isinstance(batch, Batch) and collate_fn_map is default_collate_fn_map:
+        return batch.collated(collate_fn_map)
+    return collate([dict(x) for x in batch], collate_fn_map=collate_fn_map)
+
+
+def _register_collate() -> None:
+    # torch >= 1.13 dispatches default_collate on the first element's exact type through this public registry
+    # (documented in torch.utils.data._utils.collate.collate); older torch never calls __getitems__ either.
+    try:
+        from torch.utils.data._utils.collate import default_collate_fn_map
+    except ImportError:
+        return
+    default_collate_fn_map.setdefault(BatchItem, _collate_batch)
+
+
+_register_collate()
+
+
+def batch_tensor(shape: tuple, dtype: torch.dtype, mem: "Slot | None" = None) -> torch.Tensor:
+    """An uninitialised batch tensor: in a DataLoader worker in shared memory (``mem``, the worker's batch slot from
+    :func:`begin`: a recycled slot, or new shared memory as ``default_collate`` allocates its stacks), so the batch
+    crosses to the main process without a copy; elsewhere (``mem`` None) in ordinary memory."""
+    if mem is not None:
+        return mem.tensor(tuple(shape), dtype)
+    return torch.empty(shape, dtype=dtype)
+
+
+def decode_frames(decoders, codes: np.ndarray, files: dict, rows: np.ndarray, *, quantizer: dict | None,
+                  uint8: bool, unit: str, window: bool, mem: "Slot | None" = None) -> torch.Tensor:
+    """One camera's frames for a batch: one ``decode_chw`` per mp4 (``decoders``: the process's
+    ``decode.DecoderPool``; ``codes[j]`` the mp4 of item j, ``files`` {code: its ``_worker.VideoFile``}, ``rows``
+    (B, T) its video rows), written into one (B, T, 3, H, W) batch tensor: uint8 (``uint8``), or float32 in [0, 1];
+    a depth map's (``quantizer``: its depth quantization) (B, T, 1, H, W) float32 in ``unit``, dequantized in place
+    over the whole batch, element for element what an item's decode computes. (B, 3, H, W) unless ``window`` (a
+    ``delta_timestamps`` camera) with T > 1: the items' shapes."""
+    b, t = rows.shape
+    direct = uint8 and quantizer is None
+    out = na = None
+    if len(files) == 1 and direct:  # one mp4 for the whole batch (and no conversion): decode into the batch
+        made = []
+
+        def alloc(shape, dtype):
+            made.append(batch_tensor((b, t, *shape[1:]), torch.uint8, mem))
+            return made[0].numpy().reshape(shape)
+
+        decoders.decode_chw(files[next(iter(files))].index, rows.reshape(-1), alloc=alloc)
+        out = made[0]
+        return out if (window and t > 1) else out[:, 0]
+    for code in sorted(files):
+        m = np.flatnonzero(codes == code)
+        arr = decoders.decode_chw(files[code].index, rows[m].reshape(-1))
+        if out is None:
+            out = batch_tensor((b, t, *arr.shape[1:]), torch.uint8 if direct else torch.float32, mem)
+            na = out.numpy()
+        arr = arr.reshape(len(m), t, *arr.shape[1:])
+        if direct or quantizer is not None:
+            na[m] = arr  # depth: uint16 codes into float32, exact (lerobot's .to(torch.float32))
+        elif len(m) == b:  # the whole batch from this mp4: convert straight into the batch tensor
+            np.true_divide(arr, np.float32(255), out=na, dtype=np.float32)  # = to_unit_float, no temporary
+        else:
+            na[m] = to_unit_float(arr)
+    if quantizer is not None:
+        dequantize_(out, quantizer, unit)
+    return out if (window and t > 1) else out[:, 0]
+
+
+# ---- workers' batch memory -------------------------------------------------------------------------------------------
 SLOTS = 8  # per worker: prefetch_factor (2) batches queued + one being built + those the main process still holds
 HEADER = 4096  # "worker holds" bytes at [0, SLOTS), "main holds" bytes at [64, 64 + SLOTS)
 MAIN = 64
@@ -254,16 +376,6 @@ _MAPPINGS: dict[tuple, _Mapping] = {}
 _MAP_LOCK = threading.Lock()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _rebuild(pid: int, dupfd, s: int, slot_bytes: int, entries: dict) -> dict:
     """In the main process: the batch as a plain dict whose slot tensors are views of this process's mapping."""
     fd = dupfd.detach()
@@ -273,7 +385,7 @@ def _rebuild(pid: int, dupfd, s: int, slot_bytes: int, entries: dict) -> dict:
         with _MAP_LOCK:
             mapping = _MAPPINGS.get(key)
             if mapping is None:
-                for k in [k for k in _MAPPINGS if not _alive(k[0])]:
+                for k in [k for k in _MAPPINGS if not scratch.pid_alive(k[0])]:
                     del _MAPPINGS[k]  # its batches still alive keep their mapping through their countdown
                 mapping = _MAPPINGS[key] = _Mapping(fd)
     finally:

@@ -1,0 +1,442 @@
+"""Per-process reading state of a dataset: row-group maps, video indexes and each sample's video row, decoders.
+
+Created lazily in the process that reads (:func:`current`, keyed by pid), so nothing opened before a DataLoader
+fork (containers, threads) is used inside a worker; a forked child never frees what it inherited (the fork guard
+below). Row-group cache files and video indexes are built here on first use; the cache's locks make concurrent
+workers build each entry once. Where a sample's frame is in its mp4 (the rules: :mod:`lerobot_sql._readers.locate`)
+is found here per mp4, once per process, and the clips of the selected episodes are checked against the frames
+before any frame of the file is served.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import gc
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ._readers import decode, deltas, locate, tabular, video_index
+from ._values import declared_hw
+from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError, as_int, warn
+
+_INHERITED: list = []  # per-process state inherited from a parent process; kept, never freed
+# A forked child (a DataLoader worker) must not free what it inherited either: PyAV/FFmpeg objects of any dataset
+# the parent read from own threads that exist only in the parent, and the cyclic GC would free unreachable ones in
+# the child (a segfault or a hang). Everything alive at the fork is moved out of the collector's reach.
+os.register_at_fork(after_in_child=gc.freeze)
+
+
+# The decoder knobs' ranges. FFmpeg takes any thread count and fails only at the first decoder open, with an
+# error ("Cannot allocate memory") that reads as a damaged file; a pool of 0 decoders fails at its first eviction.
+DECODER_THREADS_MAX = 64
+_DECODER_OPTIONS = {"decoder_threads": (0, DECODER_THREADS_MAX, "FFmpeg threads per open file; 0 lets FFmpeg "
+                                        "choose, 1 (default) suits seeking"),
+                    "max_open_decoders": (1, None, "open mp4s kept per process (default 16)"),
+                    "seek_reach": (0, None, "frames a keyframe may lie ahead before a seek is used (default 2)")}
+
+
+def check_decoder_options(decoder_threads: Any, max_open_decoders: Any, seek_reach: Any) -> tuple[int, int, int]:
+    """``(decoder_threads, max_open_decoders, seek_reach)`` as ints, checked: ``decoder_threads`` in
+    0..``DECODER_THREADS_MAX``, ``max_open_decoders`` >= 1, ``seek_reach`` >= 0 (Python or numpy integers).
+
+    Raises:
+        TypeError: a value is not an integer (a bool, float or string), naming the argument and the value.
+        ValueError: a value is out of its range, naming the argument, the value and the range.
+    """
+    out = []
+    for name, value in zip(_DECODER_OPTIONS, (decoder_threads, max_open_decoders, seek_reach)):
+        lo, hi, what = _DECODER_OPTIONS[name]
+        allowed = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
+        v = as_int(value)
+        if v is None:
+            raise TypeError(f"{name}={value!r} ({type(value).__name__}): give {allowed} ({what})")
+        if v < lo or (hi is not None and v > hi):
+            raise ValueError(f"{name}={v}: give {allowed} ({what})")
+        out.append(int(v))
+    return out[0], out[1], out[2]
+
+
+@dataclasses.dataclass
+class VideoFile:
+    """One camera's mp4 as a process sees it: its loaded index and the video row of each of the file's samples, or
+    the error every item reading it raises (a missing file, a clip that disagrees with the frames)."""
+
+    index: video_index.FrameIndex | None = None
+    rows: np.ndarray | None = None  # int32, per sample of the file in its samples' order; -1: no frame in
+    # tolerance, locate.OUTSIDE / OFF_GRID: the frame is outside the episode's clip / not the row's own (never served)
+    first: np.ndarray | None = None  # int32, the same order: row of the first frame of the sample's episode's clip
+    error: LeRobotSQLError | None = None
+
+
+def pin_videos(src, layout, video_files: dict[str, list[str]]) -> tuple[dict, dict]:
+    """``(pins, declared)`` of the mp4s ``video_files`` (camera -> its files), taken once, when a dataset is opened:
+    mp4 -> its :func:`video_index.stamp` (None: missing or remote), and mp4 -> (camera, the (H, W) info.json
+    declares). The stamp pins the file: every process checks it before indexing or decoding the mp4 (a file replaced
+    since would be read through an index and clips checked for another file). Warns of missing local files: their
+    items raise MissingFileError."""
+    pins: dict[str, video_index.Stamp | None] = {}
+    declared: dict[str, tuple[str, tuple[int, int]]] = {}
+    missing: list[str] = []
+    for k, names in video_files.items():
+        hw = declared_hw(layout.features[k])
+        if hw is not None:
+            declared.update({rel: (k, next(iter(hw))) for rel in names})
+        for rel in names:  # only where it costs a stat: a remote file's absence shows at its first item
+            pin = pins[rel] = video_index.stamp(src, rel)
+            local = src.local_path(rel)
+            if local is not None and pin is None:
+                missing.append(local)
+    if missing:
+        warn(f"{len(missing)} video file(s) are missing, e.g. {missing[0]}; items needing them will raise "
+             "MissingFileError (pass cameras=[...] to leave those cameras out)")
+    return pins, declared
+
+
+def current(ds) -> "Worker":
+    """``ds``'s reading state in this process: made on first use here, made again after a fork."""
+    w = ds._worker
+    if w is None or w.pid != os.getpid():
+        if w is not None:
+            # Inherited across a fork: never free it here. Its PyAV/swscale objects own threads that exist only
+            # in the parent, and freeing them in the child blocks forever in pthread_cond_destroy.
+            _INHERITED.append(w)
+        w = ds._worker = Worker(ds)
+    return w
+
+
+class Worker:
+    """Per-process state: row-group maps, video indexes and rows, decoders, a thread for the other cameras.
+
+    Holds what it reads of the dataset (its files, sample table and frame rule), never the dataset itself.
+    """
+
+    def __init__(self, ds):
+        self.pid = os.getpid()
+        self.samples, self.src, self.layout, self.cache_dir = ds._samples, ds._src, ds._layout, ds._cache_dir
+        self.fps = self.layout.fps
+        self.align, self.tolerance_s, self.own_frames = ds.align, ds.tolerance_s, ds._own_frames
+        self.delta, self.clips, self.pins = ds._delta, ds._clips, ds._video_pins
+        # per delta key: sorted offsets mean the clamped rows are sorted too, so their ends bound them
+        self.delta_sorted = {k: bool((np.diff(v) >= 0).all()) for k, v in self.delta.items()}
+        self.video_keys = ds._video_keys
+        self.views: list[tabular.RowGroupView | None] = [None] * len(self.samples.rg_len)
+        self.indexes: dict[str, video_index.FrameIndex] = {}
+        self.videos: dict[tuple[str, int], VideoFile] = {}
+        self.decoders = decode.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads,
+                                          pins=ds._video_pins, declared=ds._video_declared, gray=ds._gray_files)
+        n = len(ds._video_keys)
+        # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
+        self.pool = concurrent.futures.ThreadPoolExecutor(n - 1) if ds._use_parallel() and n > 1 else None
+        # the byte plan's per-file tables (lerobot_sql.pipeline): mp4 -> (byte_offset, byte_size) of its packets,
+        # mp4 -> every row's packet range; data file -> its row-group cache folder (two hashes to compute)
+        self.packets: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
+        self.spans: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
+        self.rg_folders: dict[int, Path] = {}
+
+    # ---- data row groups -------------------------------------------------------------------------------------
+    def view(self, slot: int) -> tabular.RowGroupView:
+        v = self.views[slot]
+        if v is None:
+            self.map([slot])
+            v = self.views[slot]
+        return v
+
+    def map(self, slots) -> None:
+        """Map the row groups ``slots`` (all of one data file), building the missing cache files in one pass."""
+        todo = [int(s) for s in slots if self.views[int(s)] is None]
+        if not todo:
+            return
+        s = self.samples
+        f = int(s.slot_file[todo[0]])
+        base = int(s.rg_base[f])
+        paths = tabular.ensure_row_groups(self.src, s.infos[f], [t - base for t in todo], self.layout,
+                                          self.cache_dir)
+        for t, path in zip(todo, paths):
+            self.views[t] = tabular.RowGroupView(path, self.layout)
+
+    def rows_of(self, f: int, rows: np.ndarray, column: str):
+        """Values of ``column`` at rows ``rows`` of data file ``f`` (numpy (T, *shape), or a list of Arrow scalars
+        for other types)."""
+        s = self.samples
+        info = s.infos[f]
+        rgs, offs = info.locate(rows)
+        base = int(s.rg_base[f])
+        if rgs[0] == rgs[-1] and (len(rgs) < 3 or (rgs == rgs[0]).all()):
+            arr = self.view(base + int(rgs[0])).column(column)
+            return arr[offs] if isinstance(arr, np.ndarray) else [arr[int(x)] for x in offs]
+        uniq = np.unique(rgs)
+        self.map(base + uniq)  # the row groups this item spans, built together
+        parts = []
+        for rg in uniq:
+            mask = rgs == rg
+            parts.append((mask, self.view(base + int(rg)).column(column), offs[mask]))
+        first = parts[0][1]
+        if isinstance(first, np.ndarray):
+            out = np.empty((len(rows), *first.shape[1:]), first.dtype)
+            for mask, arr, o in parts:
+                out[mask] = arr[o]
+            return out
+        out = [None] * len(rows)
+        for mask, arr, o in parts:
+            for j, x in zip(np.flatnonzero(mask), o):
+                out[j] = arr[int(x)]
+        return out
+
+    def window(self, i: int, key: str, column: str):
+        """(values of ``column`` at sample ``i``'s ``delta_timestamps`` neighbours of ``key``, clamped to its
+        episode (:func:`deltas.query_indices`), is_pad).
+
+        The neighbours usually sit in the frame's own row group: then they are read straight from it, at the
+        frame's offset plus their distance in frames (an episode's rows are contiguous in its data file).
+        """
+        s = self.samples
+        idx, ep_from = int(s.index[i]), int(s.ep_from[i])
+        q, pad = deltas.query_indices(idx, self.delta[key], ep_from, int(s.ep_to[i]))
+        slot = int(s.slot[i])
+        o = q + (int(s.offset[i]) - idx)
+        lo, hi = (int(o[0]), int(o[-1])) if self.delta_sorted[key] else (int(o.min()), int(o.max()))
+        if lo >= 0 and hi < s.rg_len[slot]:
+            arr = self.view(slot).column(column)
+            vals = arr[o] if isinstance(arr, np.ndarray) else [arr[int(x)] for x in o]
+        else:
+            vals = self.rows_of(int(s.file[i]), int(s.row0[i]) + (q - ep_from), column)
+        return vals, pad
+
+    def batch(self, ii: np.ndarray) -> "BatchRows":
+        """The data rows of the samples ``ii`` (a batch), their row groups mapped (:class:`BatchRows`)."""
+        return BatchRows(self, ii)
+
+    # ---- videos ----------------------------------------------------------------------------------------------
+    def index(self, rel: str) -> video_index.FrameIndex:
+        """The index of mp4 ``rel``, built (demux, cached on disk) on first use and memory-mapped."""
+        index = self.indexes.get(rel)
+        if index is None:
+            index = self.indexes[rel] = video_index.FrameIndex.load(
+                video_index.ensure_index_arrow(self.src, rel, self.cache_dir, self.pins.get(rel)))
+        return index
+
+    def video(self, key: str, code: int) -> VideoFile:
+        """Camera ``key``'s mp4 number ``code`` in this process: on first use, index it, check its clips and find
+        the video row of each of its samples (one vectorised search); later, the cached result or error.
+
+        Raises:
+            MissingFileError: the mp4 does not exist (with the ``cameras=[...]`` way out).
+            DatasetFormatError: a clip in it disagrees with its frames (see :meth:`check_clips`).
+        """
+        vf = self.videos.get((key, code))
+        if vf is None:
+            vf = self.videos[(key, code)] = self._open(key, code)
+        if vf.error is not None:
+            e = vf.error
+            hint = (f" (camera {key!r}; pass cameras=[...] without it, or cameras=[] for tabular-only items)"
+                    if isinstance(e, MissingFileError) else "")
+            raise type(e)(f"{e}{hint}") from e
+        return vf
+
+    def _open(self, key: str, code: int) -> VideoFile:
+        cam = self.samples.cameras[key]
+        rel = cam.files[code]
+        try:
+            index = self.index(rel)
+        except MissingFileError as e:
+            return VideoFile(error=e)
+        try:
+            self.check_clips(key, rel, index)
+        except DatasetFormatError as e:
+            return VideoFile(index, error=e)
+        s, fps = self.samples, self.fps
+        rows = None
+        sel = cam.of_file(code)
+        # Each sample's episode clip in this file: its first frame's row, then `length` frames (the rule of
+        # locate.check_clips, which has just checked the chain). int32: these arrays are private to each process (no
+        # mp4 holds 2**31 frames).
+        from_ts = cam.from_timestamp[sel]
+        first = locate.clip_first_rows(index.pts_s, from_ts, fps)
+        if key not in self.delta:  # delta cameras locate each item's frames as they go
+            ep_from = s.ep_from[sel]
+            length, pos = s.ep_to[sel] - ep_from, s.index[sel] - ep_from
+            if self.align == "frame_index":
+                rows = locate.rows_by_position(index.pts_s, first, pos, length, from_ts, fps)
+            else:
+                # A time with no frame within tolerance keeps -1 (items raise FrameNotFoundError for it), a frame
+                # outside the episode's clip OUTSIDE, another row's frame OFF_GRID (DatasetFormatError): a large
+                # tolerance_s must not reach into the neighbouring episode's or another row's frames.
+                rows = locate.rows_within(index.pts_s, locate.time_in_file(from_ts, s.timestamp[sel]),
+                                          self.tolerance_s)
+                rows = locate.keep_in_clip(rows, first, length)
+                if self.own_frames:
+                    rows = locate.keep_own_frame(rows, index.pts_s, first, pos, from_ts, fps)
+            rows = rows.astype(np.int32)
+        return VideoFile(index, rows, first.astype(np.int32))
+
+    def check_clips(self, key: str, rel: str, index: video_index.FrameIndex) -> None:
+        """The selected episodes' clips in mp4 ``rel`` against its real frames
+        (:func:`lerobot_sql._readers.locate.check_clips`; the clips come from the manifest's metadata).
+
+        Raises:
+            DatasetFormatError: naming the mp4, camera and episode, what overlaps, and the fix.
+        """
+        locate.check_clips(index.pts_s, self.clips.get(key), rel, fps=self.fps, where=self.src.path(rel),
+                           video_key=key)
+
+    def clip_rows(self, key: str, i: int, vf: VideoFile, position: np.ndarray, times=None) -> np.ndarray:
+        """Rows (int64) in ``vf`` of sample ``i``'s camera ``key`` frames at ``position`` (frames from its episode's
+        start: the sample's own, or its delta_timestamps neighbours' clamped to the episode) by the dataset's
+        ``align``, looked up by ``times`` (seconds from the episode start: their data timestamps) with
+        align="timestamp". A row < 0 has no frame that may be served (see :meth:`no_frame`).
+
+        Raises:
+            FrameNotFoundError: align="timestamp" and a time has no frame within ``tolerance_s``.
+        """
+        s, fps = self.samples, self.fps
+        cam = s.cameras[key]
+        first = int(vf.first[cam.position[i]])
+        length = int(s.ep_to[i] - s.ep_from[i])
+        from_ts = cam.from_timestamp[i]
+        if self.align == "frame_index":
+            return locate.rows_by_position(vf.index.pts_s, first, position, length, from_ts, fps)
+        rows = vf.index.locate(locate.time_in_file(from_ts, times), self.tolerance_s,
+                               episode_index=int(s.episode_index[i]), video_key=key)
+        rows = locate.keep_in_clip(rows, first, length)
+        if self.own_frames:
+            rows = locate.keep_own_frame(rows, vf.index.pts_s, first, position, from_ts, fps)
+        return rows
+
+    def no_frame(self, key: str, i: int, vf: VideoFile, position=None, times=None) -> None:
+        """Raise the error of sample ``i``'s camera ``key`` frame(s) in ``vf``, one of which has no row (error path
+        only): ``position`` / ``times`` as :meth:`clip_rows` takes them (default the sample's own) are looked up
+        again.
+
+        Raises:
+            FrameNotFoundError: a time with no frame within ``tolerance_s`` (file, camera, episode, time, nearest pts).
+            DatasetFormatError: the frame lies outside the episode's clip, or is not the row's own frame of a clip on
+                the fps grid (:func:`locate.clip_error`: file, camera, episode, frame_index, times, the fix).
+        """
+        s = self.samples
+        cam = s.cameras[key]
+        ep_from = int(s.ep_from[i])
+        position = np.atleast_1d(int(s.index[i]) - ep_from if position is None else position)
+        times = s.timestamp[i:i + 1] if times is None else np.atleast_1d(times)
+        rows = self.clip_rows(key, i, vf, position, times)  # raises FrameNotFoundError for a time without a frame
+        j = int(np.flatnonzero(rows < 0)[0]) if (rows < 0).any() else 0
+        from_ts = float(cam.from_timestamp[i])
+        where = dict(episode_index=int(s.episode_index[i]), video_key=key, position=int(position[j]),
+                     first=int(vf.first[cam.position[i]]), length=int(s.ep_to[i]) - ep_from,
+                     from_timestamp=from_ts, fps=self.fps)
+        if self.align == "frame_index":
+            raise locate.clip_error(self.src.path(vf.index.path), vf.index.pts_s, int(rows[j]), **where)
+        t = float(locate.time_in_file(from_ts, times[j:j + 1])[0])
+        found = int(locate.nearest(vf.index.pts_s, [t])[0][0])
+        raise locate.clip_error(self.src.path(vf.index.path), vf.index.pts_s, int(rows[j]), time_s=t, row=found,
+                                tolerance_s=self.tolerance_s, **where)
+
+    def frame_rows(self, key: str, i: int, pads: dict) -> tuple[video_index.FrameIndex, np.ndarray]:
+        """(index, rows) of the frames sample ``i`` reads from camera ``key``: its own, or its ``delta_timestamps``
+        window's (the window's ``<key>_is_pad`` goes into ``pads``).
+
+        Raises: as :meth:`video` and :meth:`no_frame` (the sample's frame, or one of its window's, has no row).
+        """
+        s = self.samples
+        vf = self.video(key, int(s.cameras[key].code[i]))
+        if key in self.delta:
+            ep_from = int(s.ep_from[i])
+            q, pad = deltas.query_indices(int(s.index[i]), self.delta[key], ep_from, int(s.ep_to[i]))
+            position = q - ep_from
+            times = None  # by frame_index, no timestamp is read
+            if self.align != "frame_index":
+                times, _ = self.window(i, key, "timestamp")
+            pads[f"{key}_is_pad"] = pad
+            rows = self.clip_rows(key, i, vf, position, times)
+            if int(rows.min()) < 0:
+                self.no_frame(key, i, vf, position, times)
+            return vf.index, rows
+        r = int(vf.rows[s.cameras[key].position[i]])
+        if r < 0:
+            self.no_frame(key, i, vf)
+        return vf.index, np.array([r])
+
+    def batch_rows(self, key: str, ii: np.ndarray, window: Callable[[], tuple] | None = None):
+        """``(codes, files, rows)`` of camera ``key`` for the samples ``ii``: each one's mp4 code, ``{code:
+        VideoFile}`` of the mp4s they read, and ``rows`` int64 (B, T) their video rows: their own frames (T = 1),
+        or with ``window`` (called once the files are open) ``(position, times)`` (B, T), a ``delta_timestamps``
+        window's frames from the episode start and their data timestamps (None by frame_index), the window's.
+
+        Raises: as :meth:`video` and :meth:`no_frame`, for the first sample without a frame.
+        """
+        cam = self.samples.cameras[key]
+        codes = cam.code[ii]
+        files = {int(code): self.video(key, int(code)) for code in np.unique(codes)}
+        if window is None:
+            pos = cam.position[ii]
+            rows = np.empty((len(ii), 1), np.int64)
+            for code, vf in files.items():
+                m = codes == code
+                rows[m, 0] = vf.rows[pos[m]]
+            for j in np.flatnonzero(rows[:, 0] < 0)[:1]:
+                self.no_frame(key, int(ii[j]), files[int(codes[j])])
+            return codes, files, rows
+        position, times = window()
+        rows = np.empty(position.shape, np.int64)
+        for j in range(len(ii)):
+            rows[j] = self.clip_rows(key, int(ii[j]), files[int(codes[j])], position[j],
+                                     None if times is None else times[j])
+        for j in np.flatnonzero((rows < 0).any(axis=1))[:1]:  # outside the clip, or not the row's frame
+            self.no_frame(key, int(ii[j]), files[int(codes[j])], position[j], None if times is None else times[j])
+        return codes, files, rows
+
+
+class BatchRows:
+    """The data rows of a batch of samples in one process: their row groups mapped (each file's built together),
+    columns gathered with one vectorised take per row group, ``delta_timestamps`` windows clamped to their episodes
+    (:func:`deltas.query_indices`) and read where they sit in the frame's row group."""
+
+    def __init__(self, w: Worker, ii: np.ndarray):
+        s = w.samples
+        self.w = w
+        self.file, self.index = s.file[ii].astype(np.int64), s.index[ii].astype(np.int64)
+        self.ep_from, self.ep_to = s.ep_from[ii].astype(np.int64), s.ep_to[ii].astype(np.int64)
+        self.row0 = s.row0[ii].astype(np.int64)
+        self.slot, self.offset = s.slot[ii].astype(np.int64), s.offset[ii].astype(np.int64)
+        self._windows: dict[str, tuple] = {}
+        for f in np.unique(self.file):  # the batch's row groups of each file, cache files built together
+            w.map(np.unique(self.slot[self.file == f]))
+
+    def first(self, column: str):
+        """``column`` of the first sample's row group (its dtype and element shape are every row group's)."""
+        return self.w.view(int(self.slot[0])).column(column)
+
+    def values(self, column: str) -> list:
+        """``column``'s value of each sample (Arrow scalars: strings, image cells)."""
+        return [self.w.view(int(t)).column(column)[int(o)] for t, o in zip(self.slot, self.offset)]
+
+    def window(self, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``delta_timestamps`` key ``key``'s windows: (frame indices clamped to the episode q (B, T), pad (B, T),
+        rows in each sample's own row group o (B, T), inside (B,): the whole window lies in that row group)."""
+        if key not in self._windows:
+            q, pad = deltas.query_indices(self.index[:, None], self.w.delta[key][None, :], self.ep_from[:, None],
+                                          self.ep_to[:, None])
+            o = q + (self.offset - self.index)[:, None]
+            inside = (o.min(axis=1) >= 0) & (o.max(axis=1) < self.w.samples.rg_len[self.slot])
+            self._windows[key] = (q, pad, o, inside)
+        return self._windows[key]
+
+    def gather(self, column: str, o: np.ndarray, sel: np.ndarray, out: np.ndarray) -> None:
+        """``out[j] = column`` at row ``o[j]`` of sample ``j``'s row group, for ``j`` in ``sel``: one take per row
+        group."""
+        ss = self.slot[sel]
+        for t in np.unique(ss):
+            m = sel[ss == t]
+            out[m] = self.w.view(int(t)).column(column)[o[m]]
+
+    def neighbours(self, column: str, key: str, out: np.ndarray) -> None:
+        """``out`` (B, T, ...) = ``column`` over key ``key``'s windows (:meth:`window`)."""
+        q, pad, o, inside = self.window(key)
+        sel = np.flatnonzero(inside)
+        if len(sel):
+            self.gather(column, o, sel, out)
+        for j in np.flatnonzero(~inside):  # a window crossing row groups: read per sample
+            out[j] = self.w.rows_of(int(self.file[j]), self.row0[j] + (q[j] - self.ep_from[j]), column)
