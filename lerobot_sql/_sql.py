@@ -15,6 +15,7 @@ import functools
 import math
 import os
 import signal
+import stat
 import threading
 
 import duckdb
@@ -26,21 +27,36 @@ from ._query import checks, tree_facts
 from .errors import QueryError, QueryInterrupted, ResultContractError, as_int, as_real
 
 _wake_lock = threading.Lock()
-_wake_fds: tuple[int, int] | None = None  # (read end, write end) of the signal watcher's pipe
+# (read end, write end, (device, inode) of the pipe, the watcher thread) of the signal watcher's pipe
+_wake_fds: tuple[int, int, tuple[int, int], threading.Thread] | None = None
 _armed: list["_Interruptible"] = []  # the guards on the main thread whose handlers are installed now
+
+
+def _still_ours(fds) -> bool:
+    """Whether the pipe is still open under its numbers and its watcher alive: code elsewhere in the process that
+    closes a descriptor number twice can close it, and then the number may name another file, which signal bytes
+    must never be written to."""
+    r, w, ident, thread = fds
+    try:
+        return thread.is_alive() and all((st.st_dev, st.st_ino) == ident and stat.S_ISFIFO(st.st_mode)
+                                         for st in (os.fstat(r), os.fstat(w)))
+    except OSError:
+        return False
 
 
 def _wake_fd() -> int:
     """The write end of the pipe that :func:`signal.set_wakeup_fd` makes Python's C-level signal handler write each
     signal's number to, at the moment the signal arrives; a daemon thread reads it (:func:`_watch`). Made on first
-    use, once per process (a forked child makes its own: :func:`_forget_wake_fds`)."""
+    use, once per process (a forked child makes its own: :func:`_forget_wake_fds`), and again if it was closed."""
     global _wake_fds
     with _wake_lock:
-        if _wake_fds is None:
+        if _wake_fds is None or not _still_ours(_wake_fds):
             r, w = os.pipe()
             os.set_blocking(w, False)  # set_wakeup_fd requires it: the C handler must never block
-            threading.Thread(target=_watch, args=(r,), name="lerobot_sql-signals", daemon=True).start()
-            _wake_fds = (r, w)
+            thread = threading.Thread(target=_watch, args=(r,), name="lerobot_sql-signals", daemon=True)
+            thread.start()
+            st = os.fstat(r)
+            _wake_fds = (r, w, (st.st_dev, st.st_ino), thread)
         return _wake_fds[1]
 
 
