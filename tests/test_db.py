@@ -101,31 +101,44 @@ def ctrl_c_while_a_query_runs(sent: list, after: float = 0.3):
     return t
 
 
+CTRL_C_CHILD = r"""
+import json, signal, sys, threading, time
+sys.path.insert(0, sys.argv[3])
+import lerobot_sql as lsql
+from test_db import FILTERED_CROSS_JOIN, ctrl_c_while_a_query_runs
+db = lsql.connect(sys.argv[1], cache_dir=sys.argv[2] + "/cache", threads=int(sys.argv[4]))
+assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]
+sent = []
+kill = ctrl_c_while_a_query_runs(sent)
+try:
+    db.sql(FILTERED_CROSS_JOIN, timeout=120).fetchall()
+    out = {"error": None}
+except lsql.QueryError as e:
+    out = {"error": str(e), "reason": getattr(e, "reason", None), "secs": time.monotonic() - sent[0] if sent else None}
+kill.stop.set()
+out["after"] = db.sql("SELECT count(*) FROM frames").fetchall()[0][0]
+print(json.dumps(out))
+"""
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_ctrl_c_stops_a_filtered_cross_join_within_a_second(datasets, tmp_path, threads):
-    """SIGINT sent to this process while db.sql runs (from a thread, as a terminal's Ctrl-C): QueryError
-    "interrupted", ``.interrupted == "sigint"``, within about a second (asserted only far below the query's minutes,
-    so a loaded machine cannot fail it), and the connection answers after. Before, with the query's work on the main
+    """SIGINT sent to a process while db.sql runs (from a thread, as a terminal's Ctrl-C): QueryInterrupted
+    "interrupted", ``.reason == "sigint"``, within about a second (asserted only far below the query's minutes, so a
+    loaded machine cannot fail it), and the connection answers after. Before, with the query's work on the main
     thread (always with threads=1, often with 2), Python's handler waited for DuckDB to return: only the timeout
-    (the test's safety net) stopped it."""
-    import signal
-    import threading
-    import time
+    (the test's safety net) stopped it. In a fresh interpreter: in this one, after other test files in the same
+    process, the in-process form twice saw neither the signal nor the timeout (under investigation; the CLI test
+    still runs in-process)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    assert threading.current_thread() is threading.main_thread()  # where Python delivers SIGINT
-    db = lsql.connect(datasets / "small20", cache_dir=tmp_path / "cache", threads=threads)
-    assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a script; restored below
-    sent: list[float] = []
-    kill = ctrl_c_while_a_query_runs(sent)
-    try:
-        with pytest.raises(lsql.QueryError, match="interrupted") as e:
-            db.sql(FILTERED_CROSS_JOIN, timeout=120).fetchall()
-        secs = time.monotonic() - sent[0]
-    finally:
-        kill.stop.set()
-        signal.signal(signal.SIGINT, old)
-    assert e.value.interrupted == "sigint", str(e.value)
-    assert secs < 60, secs  # about a second; the query itself runs for minutes
-    assert db.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
-    db.close()
+    r = subprocess.run([sys.executable, "-c", CTRL_C_CHILD, str(datasets / "small20"), str(tmp_path),
+                        str(Path(__file__).parent), str(threads)], capture_output=True, text=True, timeout=280)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["error"] and "interrupted" in out["error"] and out["reason"] == "sigint", out
+    assert out["secs"] is not None and out["secs"] < 60, out  # about a second; the query itself runs for minutes
+    assert out["after"] == 4762
