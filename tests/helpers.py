@@ -344,6 +344,31 @@ def wall_clock(root: Path, factor: float, fps: float = 30, seed: int = 0) -> Non
         pq.write_table(t.set_column(i, "timestamp", pa.array(ts, t.schema.field(i).type)), path)
 
 
+def ctrl_c_while_a_query_runs(sent: list, after: float = 0.3):
+    """A thread that waits until a query's guard has taken SIGINT (db.Result installs its handler just before DuckDB
+    runs), then ``after`` seconds more, then sends SIGINT to the main thread as a terminal's Ctrl-C does; the time it
+    sent it goes to ``sent``. Waiting for the handler, not a fixed delay, keeps the signal out of connect and the
+    checks on a loaded machine. Call with SIGINT at Python's default handler; stop it with ``.stop.set()``."""
+    import signal
+    import threading
+    import time
+
+    stop = threading.Event()
+
+    def run():
+        while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            if stop.wait(0.01):
+                return
+        if not stop.wait(after):
+            sent.append(time.monotonic())
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.stop = stop
+    t.start()
+    return t
+
+
 def run_cli(*args, stdin: str | None = None, cwd: Path | None = None, env: dict | None = None,
             merge_stderr: bool = False) -> CliResult:
     """Run ``lerobot-sql ARGS`` in this process: ``lerobot_sql.cli.main(argv)`` with stdin, stdout and stderr

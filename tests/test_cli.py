@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import DATASETS, REPO, SAMPLE, CliResult, run_cli
+from helpers import DATASETS, REPO, SAMPLE, CliResult, ctrl_c_while_a_query_runs, run_cli
 
 CLI = [sys.executable, "-m", "lerobot_sql.cli"]
 
@@ -694,29 +694,6 @@ def test_a_timeout_while_writing_leaves_the_old_file(tmp_path):
     assert path.read_bytes() == b"the old result\n" and [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
-def _ctrl_c_while_a_query_runs(sent: list, after: float = 0.3):
-    """A thread that waits until a query's guard has taken SIGINT (db.Result installs its handler just before DuckDB
-    runs; not a fixed delay, which lost the race to imports and connect on a loaded machine), then ``after`` seconds,
-    then sends SIGINT to the main thread as a terminal's Ctrl-C; the time goes to ``sent``. Stop it with
-    ``.stop.set()``."""
-    import signal
-    import threading
-    import time
-
-    stop = threading.Event()
-
-    def run():
-        while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            if stop.wait(0.01):
-                return
-        if not stop.wait(after):
-            sent.append(time.monotonic())
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.stop = stop
-    t.start()
-    return t
 
 
 CROSS_JOIN = "SELECT count(*) FROM frames a, frames b, frames c WHERE (a.index * b.index + c.index) % 1000003 = 7"
@@ -732,7 +709,7 @@ def test_query_ctrl_c_exits_130_within_a_second():
 
     old = signal.signal(signal.SIGINT, signal.default_int_handler)  # a console script's handler; restored below
     sent: list[float] = []
-    kill = _ctrl_c_while_a_query_runs(sent)
+    kill = ctrl_c_while_a_query_runs(sent)
     try:
         r = run("query", SAMPLE, CROSS_JOIN, "--timeout", "120")
         secs = time.monotonic() - sent[0] if sent else None
@@ -753,7 +730,7 @@ def test_shell_ctrl_c_stops_the_query_and_the_shell_goes_on():
 
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     sent: list[float] = []
-    kill = _ctrl_c_while_a_query_runs(sent)
+    kill = ctrl_c_while_a_query_runs(sent)
     try:
         r = run("shell", SAMPLE, stdin=f"{CROSS_JOIN};\nSELECT 7 AS seven;\n")
         secs = time.monotonic() - sent[0] if sent else None

@@ -76,36 +76,14 @@ FILTERED_CROSS_JOIN = ("SELECT count(*) FROM frames a, frames b, frames c "
                        "WHERE (a.index * b.index + c.index) % 1000003 = 7")
 
 
-def ctrl_c_while_a_query_runs(sent: list, after: float = 0.3):
-    """A thread that waits until a query's guard has taken SIGINT (db.Result installs its handler just before DuckDB
-    runs), then ``after`` seconds more, then sends SIGINT to the main thread as a terminal's Ctrl-C does; the time it
-    sent it goes to ``sent``. Waiting for the handler, not a fixed delay, keeps the signal out of connect and the
-    checks on a loaded machine. Call with SIGINT at Python's default handler; stop it with ``.stop.set()``."""
-    import signal
-    import threading
-    import time
-
-    stop = threading.Event()
-
-    def run():
-        while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            if stop.wait(0.01):
-                return
-        if not stop.wait(after):
-            sent.append(time.monotonic())
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.stop = stop
-    t.start()
-    return t
 
 
 CTRL_C_CHILD = r"""
 import json, signal, sys, threading, time
 sys.path.insert(0, sys.argv[3])
 import lerobot_sql as lsql
-from test_db import FILTERED_CROSS_JOIN, ctrl_c_while_a_query_runs
+from helpers import ctrl_c_while_a_query_runs
+from test_db import FILTERED_CROSS_JOIN
 db = lsql.connect(sys.argv[1], cache_dir=sys.argv[2] + "/cache", threads=int(sys.argv[4]))
 assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]
 sent = []

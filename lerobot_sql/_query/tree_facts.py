@@ -134,17 +134,9 @@ def _constant(o) -> bool:
     """True when the expression ``o`` of DuckDB's parse tree takes no value from rows (no column, ``*``, ``count(*)``
     or window function): its value follows from the SQL text alone (``abs(1000000000)``, ``(SELECT 1000000000)``,
     ``(SELECT 1000000000 FROM episodes LIMIT 1)``, ``CAST('2000-01-01' AS TIMESTAMP)``)."""
-    stack = [o]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, list):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            if x.get("class") in ("COLUMN_REF", "STAR", "LAMBDA_REF", "POSITIONAL_REFERENCE", "PARAMETER", "WINDOW") \
-                    or (x.get("class") == "FUNCTION" and str(x.get("function_name") or "").lower() == "count_star"):
-                return False
-            stack.extend(v for v in x.values() if isinstance(v, (dict, list)))
-    return True
+    return not any(x.get("class") in ("COLUMN_REF", "STAR", "LAMBDA_REF", "POSITIONAL_REFERENCE", "PARAMETER", "WINDOW")
+                   or (x.get("class") == "FUNCTION" and str(x.get("function_name") or "").lower() == "count_star")
+                   for x in _dicts(o))
 
 
 def _count(name: str, arg) -> float | None:
@@ -263,16 +255,7 @@ _COLLECT = frozenset({"string_agg", "group_concat", "listagg", "list", "array_ag
 
 def _select_nodes(o) -> list[dict]:
     """Every SELECT_NODE inside ``o`` (a query node of DuckDB's parse tree), subqueries and set operations included."""
-    found, stack = [], [o]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, list):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            if x.get("type") == "SELECT_NODE":
-                found.append(x)
-            stack.extend(v for v in x.values() if isinstance(v, (dict, list)))
-    return found
+    return [x for x in _dicts(o) if x.get("type") == "SELECT_NODE"]
 
 
 def _reads_table(o, name: str) -> bool:
