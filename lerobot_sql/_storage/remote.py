@@ -292,7 +292,7 @@ class RemoteCacheFS(AbstractFileSystem):
                 return True  # another thread found the ETags unstable meanwhile: read again with the new pin
             fs, url, size = self._fs(), self._url(path), pin.get("size")
             try:
-                now = self._call(f"{url}: info", fs.info, path)
+                now = self._call(f"{url}: info", transport.info_with_validators, fs, path)
             except FileNotFoundError:  # gone from the server: a change
                 return False
             if now.get("size") != size or transport.version_of(now).get("last_modified") != pin.get("last_modified"):

@@ -160,6 +160,49 @@ LYING_ADVICE = ("The server's answer is at fault, not the file (re-downloading w
                 "HTTP_PROXY/HTTPS_PROXY when storage_options pass client_kwargs={'trust_env': True})")
 
 
+def info_with_validators(fs: Any, path: str) -> dict:
+    """``fs.info(path)``, and for HTTP the same facts from one HEAD of our own: ``size``, ``ETag`` and
+    ``Last-Modified`` on every fsspec release.
+
+    Why: fsspec's HTTP ``info()`` reports Last-Modified only since 2025.9; before (our floor, 2024.2) a file was
+    pinned by its ETag alone, and a 412 could not be told apart from a server farm's rotating ETags by the date
+    (:meth:`RemoteFS._same_bytes_new_etag`): a changed file was taken for unstable ETags and its new bytes read. The
+    HEAD runs on fsspec's own aiohttp session (its headers, auth, redirects) as fsspec's does; an answer without a
+    usable size (no Content-Length, or a compressed one) falls back to ``fs.info`` (which then tries a GET).
+
+    Raises:
+        FileNotFoundError: a 404 (or what ``fs.info`` raises where it is asked).
+        aiohttp.ClientError, OSError, asyncio.TimeoutError: the HEAD failed (a 5xx, a reset): :func:`call` retries.
+    """
+    if protocol(fs) not in ("http", "https"):
+        return fs.info(path)
+    from fsspec.asyn import sync
+
+    async def head() -> dict | None:
+        session = await fs.set_session()
+        kw = dict(getattr(fs, "kwargs", {}) or {})
+        h = {**(kw.pop("headers", None) or {}), "Accept-Encoding": "identity"}
+        async with session.head(fs.encode_url(path), headers=h, allow_redirects=True, **kw) as r:
+            if r.status == 404:
+                raise FileNotFoundError(path)
+            if r.status in (405, 501):  # HEAD not allowed here: fsspec's info() tries a GET
+                return None
+            r.raise_for_status()  # a 5xx, a 429: retried by the caller (call) like any read
+            if r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+                return None
+            n = r.headers.get("Content-Length")
+            if n is None or not n.isdigit():
+                return None
+            out = {"name": path, "size": int(n), "type": "file", "url": str(r.url)}
+            for k in ("ETag", "Last-Modified"):
+                if r.headers.get(k):
+                    out[k] = r.headers[k]
+            return out
+
+    got = sync(fs.loop, head)
+    return got if got is not None else fs.info(path)
+
+
 def describe(fs: Any, path: str, *, url: str, trust_etag: bool = True, stall_s: float = STALL_S,
              min_rate: float = MIN_RATE) -> dict:
     """One ``info()`` of ``path`` on the remote, as the cache keeps it: ``name``, ``size``, ``type``, ``identity``
@@ -170,7 +213,7 @@ def describe(fs: Any, path: str, *, url: str, trust_etag: bool = True, stall_s: 
     ``CHECK_BYTES`` (a Parquet footer, an mp4's moov box) in its identity: otherwise a change of the same size
     would keep serving the old cached bytes; a change elsewhere alone stays unnoticed (docs/remote).
     """
-    i = fs.info(path)
+    i = info_with_validators(fs, path)
     if not trust_etag:
         i = {k: v for k, v in i.items() if k.lower() != "etag"}
     out = {"name": path, "size": i.get("size"), "type": i.get("type", "file"), "identity": identity_of(i),
