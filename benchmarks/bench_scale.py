@@ -284,7 +284,7 @@ def measure(root: Path, episodes: int, *, full_dataset: bool, spill: bool) -> di
     steps: dict = {}
     # Imports and DuckDB's first-connection setup are paid once per process whatever the size: pay them on the
     # bundled sample, so "connect" is the dataset's own cost (info.json, globs, Parquet footers, views).
-    import lerobot_sql.dataset  # noqa: F401  (torch)
+    import lerobot_sql.torch.dataset  # noqa: F401  (torch)
 
     lsql.connect(REPO / "sample" / "small20", cache_dir=cache / "warmup").close()
     with Step(steps, "connect"):
@@ -319,7 +319,7 @@ def measure(root: Path, episodes: int, *, full_dataset: bool, spill: bool) -> di
         m_full = db.manifest(sel_full)
     r["manifest_full_rows"] = m_full.num_rows
     r["manifest_full_bytes"] = m_full.nbytes
-    from lerobot_sql.shard import shard_manifest
+    from lerobot_sql.torch.shard import shard_manifest
 
     with Step(steps, "shard_full_8"):
         r["shard_rows"] = [shard_manifest(m_full, k, 8, epoch=1).num_rows for k in range(8)]

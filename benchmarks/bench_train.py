@@ -117,7 +117,7 @@ def _remote(a, torch, lsql, root: Path) -> int:
     from benchmarks.link_server import LinkProcess, pin_process
 
     from lerobot_sql import prefetch as pf
-    from lerobot_sql.samplers import EpisodeAwareSampler
+    from lerobot_sql.torch.samplers import EpisodeAwareSampler
 
     sql = "SELECT index FROM frames ORDER BY index"
     db = lsql.connect(root)

@@ -64,7 +64,7 @@ def bench_ours(root: Path, plan: dict, rounds: int, sampler_row: bool) -> dict:
     import torch
 
     import lerobot_sql as lsql
-    from lerobot_sql.samplers import EpisodeAwareSampler
+    from lerobot_sql.torch.samplers import EpisodeAwareSampler
 
     out = {"reader": "lerobot_sql"}
     sql = "SELECT index FROM frames ORDER BY index"
@@ -72,7 +72,7 @@ def bench_ours(root: Path, plan: dict, rounds: int, sampler_row: bool) -> dict:
     # and datasets before its timer starts; pyarrow imports pandas on its first array.
     import pandas  # noqa: F401
 
-    import lerobot_sql.dataset  # noqa: F401  (as LeRobotDataset's module is imported before its open is timed)
+    import lerobot_sql.torch.dataset  # noqa: F401  (as LeRobotDataset's module is imported before its open is timed)
     with tempfile.TemporaryDirectory(prefix="lsql_bench_cache_") as cache:
         for phase in ("cold", "warm"):
             # The same call as LeRobotDataset(repo_id, root=...): every frame, no SQL (meta/episodes pointers).

@@ -13,19 +13,19 @@ Public surface::
     db.named_query("split", subset="validation")  # named queries from queries/
     db.nearest(at_sql, ["action", "observation.images.front"])  # align streams of different rates
     db.stats(sql)                                 # lerobot's stats dict for exactly the selected frames
-    ds.meta, ds.num_frames, ds.meta.stats         # what lerobot's training code reads (lerobot_sql.meta)
+    ds.meta, ds.num_frames, ds.meta.stats         # what lerobot's training code reads (lerobot_sql.torch.meta)
 
     coll = lsql.connect_many(["site_a", "site_b"])  # Collection: every view spans both, with a dataset column
     coll.sql("SELECT dataset, count(*) FROM episodes GROUP BY dataset")
     ds = coll.dataset("SELECT dataset, episode_index FROM episodes WHERE duration_s > 10")  # items carry dataset
 
 Training with lerobot's own script on a query: ``lerobot-sql train DATASET --sql "SELECT ..." -- <lerobot-train
-arguments>`` (:mod:`lerobot_sql.train`; lerobot is not imported by ``import lerobot_sql``).
+arguments>`` (:mod:`lerobot_sql.torch.train`; lerobot is not imported by ``import lerobot_sql``).
 
 Samplers: :class:`EpisodeAwareSampler` (shuffled blocks of consecutive frames, per-epoch seeds, resume, rank
 shards), :class:`EpisodeShardedSampler` (whole episodes per rank) and :class:`MixtureSampler` (datasets of a
 collection in given proportions: ``MixtureSampler(ds, {"site_a": 0.7, "site_b": 0.3})`` or ``alpha=0.5``).
-Manifest sharding for many processes and the Ray Data hand-off: :mod:`lerobot_sql.shard`, :mod:`lerobot_sql.ray_data`. CLI: ``lerobot-sql --help``.
+Manifest sharding for many processes and the Ray Data hand-off: :mod:`lerobot_sql.torch.shard`, :mod:`lerobot_sql.torch.ray_data`. CLI: ``lerobot-sql --help``.
 
 Errors all derive from :class:`LeRobotSQLError` (see :mod:`lerobot_sql.errors`).
 """
@@ -40,15 +40,15 @@ from .errors import __all__ as _ERRORS
 def __getattr__(name: str):
     # torch loads only when a torch-facing class is asked for.
     if name == "LeRobotSQLDataset":
-        from .dataset import LeRobotSQLDataset
+        from .torch.dataset import LeRobotSQLDataset
 
         return LeRobotSQLDataset
     if name == "CollectionDataset":
-        from .mixture import CollectionDataset
+        from .torch.mixture import CollectionDataset
 
         return CollectionDataset
     if name in ("EpisodeAwareSampler", "EpisodeShardedSampler", "MixtureSampler"):
-        from . import samplers
+        from .torch import samplers
 
         return getattr(samplers, name)
     raise AttributeError(name)

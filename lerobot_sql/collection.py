@@ -264,26 +264,52 @@ class Collection(QueryFace):
                 ``rename``), the keys every item adds, naming the ``rename=`` that keeps it; or as
                 :meth:`Database.dataset` (a feature named ``task`` or ``<key>_is_pad``).
         """
-        from .mixture import CollectionDataset
+        from .torch.mixture import CollectionDataset
 
         aligns = self._aligns(align)
-        return CollectionDataset.build(self, self._manifest_of(sql, aligns=aligns), features=features, rename=rename,
-                                       options=options, aligns=aligns)
+        # verify=False: each part's Database.dataset checks its own rows (once, not twice)
+        manifest = self._manifest_of(sql, aligns=aligns, verify=False)
+        return CollectionDataset.build(self, manifest, features=features, rename=rename, options=options,
+                                       aligns=aligns)
 
     def _manifest_of(self, sql: str | os.PathLike | pa.Table, extras: bool = True,
-                     aligns: dict[str, str] | None = None, tolerance_s: float | None = None) -> pa.Table:
+                     aligns: dict[str, str] | None = None, tolerance_s: float | None = None,
+                     verify: bool = True) -> pa.Table:
         """The collection manifest ``sql`` stands for: a saved one (Parquet path) or a table, checked to be of this
-        collection (:meth:`_check_manifest_source`), else the manifest of the query (``extras`` as
-        :meth:`manifest`)."""
+        collection (:meth:`_check_manifest_source`) and, with ``verify``, row by row (:meth:`_verify_parts`), else
+        the manifest of the query (``extras`` as :meth:`manifest`)."""
+        where = "the table passed to the collection"
         if _manifest.is_manifest_path(sql):
+            where = f"the manifest file {os.fspath(sql)}"
             sql = _manifest.read_manifest_file(sql, "pyarrow.parquet.write_table(coll.manifest(sql), path)")
         if isinstance(sql, pa.Table):
             self._check_manifest_source(sql)
             # a manifest with its location columns dropped (m.select([...]) keeps the metadata) met a bare
             # KeyError deep in the reader
-            _manifest.check_columns(sql, "the table passed to the collection")
+            _manifest.check_columns(sql, where)
+            if verify:
+                self._verify_parts(sql, where, aligns or {}, tolerance_s)
             return sql
         return self.manifest(sql, extras=extras, align=aligns or "timestamp", tolerance_s=tolerance_s)
+
+    def _verify_parts(self, manifest: pa.Table, where: str, aligns: dict[str, str],
+                      tolerance_s: float | None) -> None:
+        """Check a given collection manifest (hostile input: a saved file may have been edited) part by part, each
+        dataset's rows against what its own planner derives for the frames their ``index`` names
+        (:meth:`Database._verify_manifest`). ``dataset()`` needs no call: each part's ``Database.dataset`` checks
+        its table; ``export`` and ``stats`` read the manifest's columns directly, and an edited camera
+        ``from_timestamp`` or ``file`` was exported as the next frame or the other camera's picture.
+
+        Raises:
+            ResultContractError: a row differs, naming ``where``, the dataset, the row, the column and the fix.
+        """
+        meta = _manifest.collection_meta(manifest)
+        codes = _manifest.dataset_codes(manifest, meta["names"])
+        for code, name in enumerate(meta["names"]):
+            part, pos = _manifest.part_of(manifest, name, code, meta, codes)
+            if len(pos):
+                self.members[name]._verify_manifest(part, f"{where}, dataset {name!r}", cameras=None,
+                                                    tolerance_s=tolerance_s, align=aligns.get(name, "timestamp"))
 
     def _check_manifest_source(self, manifest: pa.Table) -> None:
         """Refuse a collection manifest made over other datasets (names or roots differ): its index values are those
@@ -390,7 +416,7 @@ class Collection(QueryFace):
             and what :meth:`Database.export` raises (destination, source files).
         """
         from . import export
-        from .mixture import line_up
+        from .torch.mixture import line_up
 
         aligns = self._aligns(align)
         # extras are not written; the tolerance the caller gives is the one the timestamps are checked with (without

@@ -206,7 +206,7 @@ class Database(QueryFace):
                 float32 (1, H, W)) and of their statistics, as lerobot 0.6's option of the same name.
 
         Returns:
-            :class:`lerobot_sql.dataset.LeRobotSQLDataset`.
+            :class:`lerobot_sql.torch.dataset.LeRobotSQLDataset`.
 
         Raises:
             QueryError / ResultContractError: the SQL or its result is unusable.
@@ -221,7 +221,7 @@ class Database(QueryFace):
             TypeError: ``episodes`` holds something other than integers; ``decoder_threads``,
                 ``max_open_decoders`` or ``seek_reach`` is not an integer.
         """
-        from .dataset import LeRobotSQLDataset, check_decoder_options
+        from .torch.dataset import LeRobotSQLDataset, check_decoder_options
 
         # before the manifest is built (seconds on a large query), not after it
         check_decoder_options(decoder_threads, max_open_decoders, seek_reach)
@@ -548,7 +548,7 @@ def _episode_list(episodes: Any) -> list[int]:
 
     Raises:
         TypeError: a value is not an integer (a float, bool or string would silently pick another episode).
-        ResultContractError: the list is empty.
+        ResultContractError: the list is empty, or a value does not fit int64 (no episode_index can be it).
     """
     items = [episodes] if not hasattr(episodes, "__iter__") or isinstance(episodes, (str, bytes)) else list(episodes)
     out = set()
@@ -557,6 +557,9 @@ def _episode_list(episodes: Any) -> list[int]:
         if v is None:
             raise TypeError(f"episodes holds {e!r} ({type(e).__name__}); pass episode_index integers, e.g. "
                             "episodes=[0, 3, 17]")
+        if not -2**63 <= v < 2**63:  # met a bare OverflowError converting to int64
+            raise ResultContractError(f"episodes [{v}] are not in meta/episodes: episode_index is an int64 column, "
+                                      f"and {v} does not fit it; pass episode_index values of the dataset")
         out.add(v)
     if not out:
         raise ResultContractError("episodes=[] selects nothing; pass episode_index values, or None for all")

@@ -69,7 +69,7 @@ def _no_leftover_sample_files(tmp_path_factory):
     import gc
     import tempfile
 
-    from lerobot_sql._samples import MAPS, file_prefix
+    from lerobot_sql.torch._samples import MAPS, file_prefix
 
     gc.collect()
     mine = file_prefix()

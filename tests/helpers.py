@@ -344,29 +344,62 @@ def wall_clock(root: Path, factor: float, fps: float = 30, seed: int = 0) -> Non
         pq.write_table(t.set_column(i, "timestamp", pa.array(ts, t.schema.field(i).type)), path)
 
 
-def ctrl_c_while_a_query_runs(sent: list, after: float = 0.3):
-    """A thread that waits until a query's guard has taken SIGINT (db.Result installs its handler just before DuckDB
-    runs), then ``after`` seconds more, then sends SIGINT to the main thread as a terminal's Ctrl-C does; the time it
-    sent it goes to ``sent``. Waiting for the handler, not a fixed delay, keeps the signal out of connect and the
-    checks on a loaded machine. Call with SIGINT at Python's default handler; stop it with ``.stop.set()``."""
+def ctrl_c_from_outside(args: list[str], *, stdin: str | None = None, start_after: str | None = None,
+                        env: dict | None = None, limit_s: float = 200) -> tuple[int, str, str, float | None]:
+    """Run ``python ARGS`` and send it SIGINT as a terminal's Ctrl-C does, from this process, once a second until it
+    says "interrupted" (stdout or stderr) or exits (``start_after``: only once that text came on its stdout, e.g. a first
+    statement's result). Returns ``(returncode, stdout, stderr, secs)``, ``secs`` the time from the last signal sent
+    before "interrupted" appeared to it (None if it never did).
+
+    Why from outside: a sender thread inside the process (the earlier helper) needs the GIL to send, and with two
+    DuckDB threads on a loaded machine the query's main thread held it for the whole query: the signal was never
+    sent, and the test failed in the fast tier while passing alone."""
     import signal
+    import subprocess
+    import sys
     import threading
     import time
 
-    stop = threading.Event()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    p = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    out: list[str] = []
+    err: list[str] = []
+    seen = {"started": start_after is None, "interrupted": None}
 
-    def run():
-        while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            if stop.wait(0.01):
-                return
-        if not stop.wait(after):
-            sent.append(time.monotonic())
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    def read(stream, into, key):
+        for line in stream:
+            into.append(line)
+            if key == "out" and start_after is not None and start_after in line:
+                seen["started"] = True
+            if "interrupted" in line and seen["interrupted"] is None:
+                seen["interrupted"] = time.monotonic()
 
-    t = threading.Thread(target=run, daemon=True)
-    t.stop = stop
-    t.start()
-    return t
+    readers = [threading.Thread(target=read, args=(p.stdout, out, "out"), daemon=True),
+               threading.Thread(target=read, args=(p.stderr, err, "err"), daemon=True)]
+    for t in readers:
+        t.start()
+    if stdin:
+        p.stdin.write(stdin)
+    p.stdin.close()
+    sent: list[float] = []
+    t0 = time.monotonic()
+    try:
+        while p.poll() is None and seen["interrupted"] is None and time.monotonic() - t0 < limit_s:
+            time.sleep(1.0)
+            if seen["started"] and seen["interrupted"] is None and p.poll() is None:
+                sent.append(time.monotonic())
+                p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for t in readers:
+        t.join(10)
+    at = seen["interrupted"]
+    before = [t for t in sent if at is not None and t <= at]
+    return p.returncode, "".join(out), "".join(err), (at - before[-1]) if before else None
 
 
 def run_cli(*args, stdin: str | None = None, cwd: Path | None = None, env: dict | None = None,

@@ -1,4 +1,4 @@
-"""Workers' recycled batch memory (lerobot_sql/batch.py): batches equal in-process items whatever the main
+"""Workers' recycled batch memory (lerobot_sql/torch/batch.py): batches equal in-process items whatever the main
 process holds on to (whole batches, one slice of one tensor, everything), slots really reused, a batch that never
 leaves its worker freed by the worker, and the switch."""
 
@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import lerobot_sql as lsql
-from lerobot_sql import batch as batch_memory
+from lerobot_sql.torch import batch as batch_memory
 from lerobot_sql._storage.scratch import pid_alive
 
 from test_batch import _delta, _same

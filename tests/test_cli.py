@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import DATASETS, REPO, SAMPLE, CliResult, ctrl_c_while_a_query_runs, run_cli
+from helpers import DATASETS, REPO, SAMPLE, CliResult, ctrl_c_from_outside, run_cli
 
 CLI = [sys.executable, "-m", "lerobot_sql.cli"]
 
@@ -670,6 +670,26 @@ def test_output_over_an_existing_file_needs_overwrite(tmp_path, episodes, fmt):
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
 
 
+def test_output_onto_a_fifo_or_device_is_refused_and_left_as_it_is(tmp_path):
+    """`-o FIFO --overwrite` (or a character device: as root `-o /dev/null --overwrite` replaced the system's
+    /dev/null) renamed a regular file over it: now refused before the query runs (exit 1, its kind named, the
+    stdout redirect suggested), and it is still a FIFO / device."""
+    import stat
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    targets = [(fifo, "a FIFO", stat.S_ISFIFO)]
+    if os.geteuid() == 0:  # a device node needs root (CI runs as root)
+        dev = tmp_path / "null"
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        targets.append((dev, "a character device", stat.S_ISCHR))
+    for path, kind, is_kind in targets:
+        r = run("query", SAMPLE, "SELECT 1 AS x", "-o", path, "--overwrite", "-f", "csv")
+        assert_error(r, str(path), f"is {kind}", "redirect")
+        assert is_kind(os.lstat(path).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p, _, _ in targets)
+
+
 @pytest.mark.parametrize("fmt", ["csv", "json", "parquet", "table"])
 def test_a_query_failing_at_run_time_leaves_the_old_file(tmp_path, fmt):
     """A query that fails while it runs (a cast) truncated the old file (table: it was opened before the query ran);
@@ -694,50 +714,27 @@ def test_a_timeout_while_writing_leaves_the_old_file(tmp_path):
     assert path.read_bytes() == b"the old result\n" and [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
-
-
 CROSS_JOIN = "SELECT count(*) FROM frames a, frames b, frames c WHERE (a.index * b.index + c.index) % 1000003 = 7"
 
 
 def test_query_ctrl_c_exits_130_within_a_second():
-    """Ctrl-C (SIGINT to this process, from a thread) during `lerobot-sql query` of a filtered cross join: exit 130
-    and "interrupted" (within about a second; asserted only far below the query's minutes, so a loaded machine cannot
+    """Ctrl-C (SIGINT from outside, once a second) during `lerobot-sql query` of a filtered cross join: exit 130 and
+    "interrupted" (within about a second; asserted only far below the query's minutes, so a loaded machine cannot
     fail it). Before, the signal waited for the query to end: only --timeout (the test's safety net) stopped it,
     exit 1."""
-    import signal
-    import time
-
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # a console script's handler; restored below
-    sent: list[float] = []
-    kill = ctrl_c_while_a_query_runs(sent)
-    try:
-        r = run("query", SAMPLE, CROSS_JOIN, "--timeout", "120")
-        secs = time.monotonic() - sent[0] if sent else None
-    finally:
-        kill.stop.set()
-        signal.signal(signal.SIGINT, old)
-    assert r.returncode == 130 and "interrupted" in r.stderr and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+    rc, _, err, secs = ctrl_c_from_outside(["-m", "lerobot_sql.cli", "query", str(SAMPLE), CROSS_JOIN,
+                                            "--timeout", "120"])
+    assert rc == 130 and "interrupted" in err and "Traceback" not in err, (rc, err)
     assert secs is not None and secs < 60, secs
 
 
-# Before the fix the shell (no --timeout) waited minutes for the cross join, and pytest-timeout's SIGALRM handler
-# cannot run inside DuckDB either: the thread method ends a regressed run.
-@pytest.mark.timeout(180, method="thread")
 def test_shell_ctrl_c_stops_the_query_and_the_shell_goes_on():
-    """Ctrl-C during a shell statement: that statement reports "interrupted" and the next one runs."""
-    import signal
-    import time
-
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    sent: list[float] = []
-    kill = ctrl_c_while_a_query_runs(sent)
-    try:
-        r = run("shell", SAMPLE, stdin=f"{CROSS_JOIN};\nSELECT 7 AS seven;\n")
-        secs = time.monotonic() - sent[0] if sent else None
-    finally:
-        kill.stop.set()
-        signal.signal(signal.SIGINT, old)
-    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 1 and "interrupted (Ctrl-C)" in errors[0], r.stderr
-    assert ["7"] in box_cells(r.stdout) and r.returncode == 1
+    """Ctrl-C during a shell statement (signals start once the first statement's result is out): that statement
+    reports "interrupted" and the next one runs."""
+    rc, out, err, secs = ctrl_c_from_outside(["-m", "lerobot_sql.cli", "shell", str(SAMPLE)],
+                                             stdin=f"SELECT 'ready_1' AS r;\n{CROSS_JOIN};\nSELECT 7 AS seven;\n",
+                                             start_after="ready_1")
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "interrupted (Ctrl-C)" in errors[0], err
+    assert ["7"] in box_cells(out) and rc == 1
     assert secs is not None and secs < 60, secs

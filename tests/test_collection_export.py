@@ -371,3 +371,33 @@ def test_a_collection_export_takes_the_tolerance_it_is_given(datasets, tmp_path)
     rep = coll.export(sql, tmp_path / "out", progress=False, tolerance_s=0.5)
     assert rep.frames == len(coll["fps29"].dataset("SELECT episode_index FROM episodes WHERE episode_index = 19",
                                                    tolerance_s=0.5)) == 286
+
+
+@pytest.mark.parametrize("edit", ["from_timestamp", "file", "task_index"])
+def test_an_edited_collection_manifest_is_refused_by_export_and_stats(av1_pair, tmp_path, edit):
+    """A collection manifest given back to coll.export / coll.stats (a table, or its saved Parquet file) is hostile
+    input as coll.dataset's is: a camera's from_timestamp moved by a frame exported every front frame as the next one,
+    a front file pointed at the wrist mp4 exported wrist pictures as front ones, a task_index + 1 met a bare KeyError.
+    Each dataset's rows are now checked against what its planner derives for their index (nothing written); an
+    unedited manifest selecting one dataset of two exports (its stats too: they met a KeyError for the other)."""
+    import pyarrow.compute as pc
+
+    coll = av1_pair
+    a = coll.names[0]
+    m = coll.manifest(f"SELECT dataset, episode_index FROM episodes WHERE episode_index IN (1, 2) AND dataset = '{a}'")
+    col = {"from_timestamp": f"{FRONT}/from_timestamp", "file": f"{FRONT}/file", "task_index": "task_index"}[edit]
+    v = m[col]
+    new = (pc.add(v, 1 / 30) if edit == "from_timestamp" else
+           pa.array([s.replace("front", "wrist") for s in v.to_pylist()]) if edit == "file" else pc.add(v, 1))
+    bad = m.set_column(m.column_names.index(col), col, new)
+    path = tmp_path / "edited.parquet"
+    pq.write_table(bad, path)
+    for given in (bad, path):
+        with pytest.raises(lsql.ResultContractError, match=rf"dataset '{a}': row 0 .*column '{col}'"):
+            coll.export(given, tmp_path / "out", progress=False)
+        with pytest.raises(lsql.ResultContractError, match=rf"column '{col}'"):
+            coll.stats(given)
+    assert not (tmp_path / "out").exists()
+    rep = coll.export(m, tmp_path / "ok", progress=False)
+    assert rep.frames == m.num_rows == len(coll[a].dataset(episodes=[1, 2]))
+    assert coll.stats(m)["action"]["count"] == [m.num_rows]

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import lerobot_sql as lsql
-from lerobot_sql.shard import ShardedManifestDataset, shard_manifest
+from lerobot_sql.torch.shard import ShardedManifestDataset, shard_manifest
 
 SQL = "SELECT episode_index FROM episodes WHERE length > 200"
 WORLD = 2

@@ -1190,10 +1190,11 @@ def test_the_stats_call_doctor_recommends_works_on_wall_clock_timestamps(dataset
 
 
 # ---- every hint names options that exist (issue 36, real data 5) --------------------------------------------------
-PUBLIC_MODULES = ("lerobot_sql", "lerobot_sql.db", "lerobot_sql.collection", "lerobot_sql.dataset",
-                  "lerobot_sql.samplers", "lerobot_sql.shard", "lerobot_sql.ray_data", "lerobot_sql.export",
-                  "lerobot_sql.doctor", "lerobot_sql.display", "lerobot_sql.stats", "lerobot_sql.meta",
-                  "lerobot_sql.nearest", "lerobot_sql.prefetch", "lerobot_sql.mixture", "lerobot_sql.train")
+PUBLIC_MODULES = ("lerobot_sql", "lerobot_sql.db", "lerobot_sql.collection", "lerobot_sql.export",
+                  "lerobot_sql.doctor", "lerobot_sql.display", "lerobot_sql.stats", "lerobot_sql.nearest",
+                  "lerobot_sql.prefetch", "lerobot_sql.torch.dataset", "lerobot_sql.torch.samplers",
+                  "lerobot_sql.torch.shard", "lerobot_sql.torch.ray_data", "lerobot_sql.torch.meta",
+                  "lerobot_sql.torch.mixture", "lerobot_sql.torch.train")
 # Options of other libraries that hints name, with the library: not lerobot_sql's to check.
 EXTERNAL_OPTIONS = {"client_kwargs": "fsspec's HTTPFileSystem (storage_options)",
                     "allow_patterns": "huggingface_hub.snapshot_download"}

@@ -84,6 +84,10 @@ def test_bad_episode_arguments(datasets):
         with pytest.raises(TypeError, match="episode_index integers"):
             db.dataset(episodes=bad)
     assert len(db.dataset(episodes=np.array([2]), cameras=[])) == len(db.dataset(episodes=2, cameras=[]))
+    # beyond int64: a bare OverflowError before
+    for huge in ([2**64 + 1], [np.uint64(2**64 - 1)], [-2**63 - 1]):
+        with pytest.raises(lsql.ResultContractError, match=r"episodes \[-?\d+\] are not in meta/episodes.*int64"):
+            db.dataset(episodes=huge)
     with pytest.raises(ValueError, match="either sql or episodes"):
         db.dataset("SELECT episode_index FROM episodes", episodes=[1])
 

@@ -777,6 +777,33 @@ def test_overwrite_replaces_only_an_unchanged_export_of_ours(datasets, tmp_path)
     assert (out / "data" / "extra.bin").read_bytes() == b"\0" * 10
 
 
+def test_export_manifest_onto_a_fifo_is_refused_without_opening_it(datasets, tmp_path):
+    """export_manifest(sql, FIFO, overwrite=True) opened the FIFO to see whether it held a manifest and blocked
+    forever (no writer); now a path that is not a regular file is refused first, naming its kind, and left as it is.
+    (A thread opens the FIFO's write end after a while, so a regression fails here instead of hanging.)"""
+    import stat
+    import threading
+
+    db = lsql.connect(datasets / "small20")
+    fifo = tmp_path / "m.parquet"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def unblock():
+        if not done.wait(10):
+            with open(fifo, "wb"):
+                pass
+
+    t = threading.Thread(target=unblock, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(lsql.DestinationError, match=r"m\.parquet: is a FIFO; export_manifest writes a regular"):
+            db.export_manifest("SELECT 1 AS episode_index", fifo, overwrite=True)
+    finally:
+        done.set()
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
 def test_export_manifest_never_overwrites_by_default(datasets, tmp_path):
     db = lsql.connect(datasets / "small20")
     path = tmp_path / "m.parquet"

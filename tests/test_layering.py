@@ -8,8 +8,9 @@ belongs to a stage; ``ALLOWED`` says which stages (or single modules) a stage ma
 cross-module private imports that break the rules today are listed in ``KNOWN_*``: a new one fails the test, and
 so does a listed one that no longer exists, so the lists can only shrink (delete the entry with the fix).
 
-The stages are docs/architecture.md's ("Module map"), adapted to today's flat modules. A new module must be given a
-stage in ``PACKAGE_STAGE`` or ``STAGE_TOP`` (the test says so), which is the moment to decide where it belongs.
+The stages are docs/architecture.md's ("Module map"). A new module must be given a stage in ``PACKAGE_STAGE`` or
+``STAGE_TOP`` (the test says so), which is the moment to decide where it belongs. torch is a folder rule: only modules
+under ``lerobot_sql/torch/`` (the training wing) and the demo import it.
 """
 
 from __future__ import annotations
@@ -30,29 +31,30 @@ PACKAGE_STAGE = {
     "_plan": "plan",         # query result -> manifest
     "export": "feature",     # the export package: a feature over a manifest
     "cli": "cli",            # the command line
+    "torch": "adapter",      # the training wing: the torch side, after the manifest, files only
 }
-# top-level module -> stage
+# module -> stage: every top-level module, and a module of a package whose stage is not its package's (checked first)
 STAGE_TOP = {
     "errors": "errors", "_version": "errors",  # the leaves everyone may import
-    # the torch side: after the manifest, files only
-    "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter", "meta": "adapter",
-    "pipeline": "adapter", "mixture": "adapter", "batch": "adapter",
-    # the dataset's side jobs: the per-sample table, per-process reading state, lerobot's value conventions
-    "_samples": "adapter", "_worker": "adapter", "_values": "adapter",
+    # the lerobot-train driver sits in the wing's folder but is a user of the facade (it connects), as the demo is
+    "torch.train": "cli",
     # features built over a Database or a manifest
     "prefetch": "feature", "doctor": "feature", "nearest": "feature", "display": "feature", "stats": "feature",
     # the facade (``_sql``: the check-then-run face and the Result that db and collection share)
     "__init__": "facade", "db": "facade", "collection": "facade", "_sql": "facade",
-    # the one old import path kept for a release (docs/sql.md showed `from lerobot_sql import library` in 0.1)
+    # the old import paths kept for a release, each in the stage of what it re-exports (docs/sql.md showed
+    # `from lerobot_sql import library` in 0.1; the docs named the wing's public modules at the top before torch/)
     "library": "query",
-    # the demo and the lerobot-train driver: users of the facade
-    "demo": "cli", "train": "cli",
+    "dataset": "adapter", "samplers": "adapter", "shard": "adapter", "ray_data": "adapter", "meta": "adapter",
+    "train": "cli",
+    # the demo: a user of the facade
+    "demo": "cli",
 }
 
 
 def stage_of(mod: str) -> str | None:
     head = mod.split(".")[0]
-    return PACKAGE_STAGE.get(head) or STAGE_TOP.get(mod)
+    return STAGE_TOP.get(mod) or PACKAGE_STAGE.get(head)
 
 
 # stage -> what it may import: stage names, or single module names (allowing that module only, not its stage).
@@ -97,9 +99,14 @@ NEVER = {
     "plan": {"torch", "av"},
     "adapter": {"duckdb", "sqlglot"},
 }
-# torch belongs to the training wing: the adapter's modules import it, and besides them only the demo and the
-# lerobot-train driver (users of the wing). Every other module stays importable without torch.
-TORCH_USERS = {"demo", "train"}
+# torch belongs to the training wing, a folder: only modules under lerobot_sql/torch/ import it, and besides them the
+# demo (a user of the wing). Every other module stays importable without torch.
+TORCH_FOLDER = "torch"
+TORCH_USERS = {"demo"}
+
+
+def in_torch_folder(mod: str) -> bool:
+    return mod == TORCH_FOLDER or mod.startswith(TORCH_FOLDER + ".")
 
 
 def _modules() -> dict[str, Path]:
@@ -312,8 +319,36 @@ def test_stages_keep_off_their_forbidden_libraries():
 
 def test_torch_only_in_the_training_wing():
     _, _, _, external, _ = _graph()
-    bad = sorted(m for m, lib in external if lib == "torch" and stage_of(m) != "adapter" and m not in TORCH_USERS)
-    assert not bad, f"modules outside the training wing import torch (see TORCH_USERS): {bad}"
+    bad = sorted(m for m, lib in external if lib == "torch" and not in_torch_folder(m) and m not in TORCH_USERS)
+    assert not bad, f"modules outside lerobot_sql/torch/ import torch (see TORCH_FOLDER, TORCH_USERS): {bad}"
+
+
+# Old import paths kept for one release (re-exports that warn): nothing of ours imports through them, so they can go
+# without a change elsewhere (tests/test_moved_paths.py imports each on purpose, by name).
+OLD_PATHS = {"library", "dataset", "samplers", "shard", "ray_data", "meta", "train"}
+
+
+def _old_path_imports(tree: ast.AST) -> list[str]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.split(".")[:2] in (["lerobot_sql", o] for o in OLD_PATHS)]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[0] == "lerobot_sql" and len(parts) > 1 and parts[1] in OLD_PATHS:
+                out.append(node.module)
+            elif node.module == "lerobot_sql":
+                out += [f"lerobot_sql.{a.name}" for a in node.names if a.name in OLD_PATHS]
+    return out
+
+
+def test_nothing_imports_through_an_old_path():
+    mods, edges, *_ = _graph()
+    bad = sorted((a, b) for a, b in edges if b in OLD_PATHS and a not in OLD_PATHS)
+    assert not bad, f"package modules import an old path (import the new home): {bad}"
+    found = {p.name: _old_path_imports(ast.parse(p.read_text(), str(p)))
+             for d in ("tests", "benchmarks") for p in sorted((PKG.parent / d).glob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}, "import the new home instead (lerobot_sql.torch.*)"
 
 
 def test_the_walk_sees_lazy_imports_and_type_checking_blocks():
@@ -328,8 +363,8 @@ def test_the_walk_sees_lazy_imports_and_type_checking_blocks():
     _, edges, *_ = _graph()
     assert edges[("db", "export")] is True          # lazy, inside a method
     assert edges[("db", "_catalog.connection")] is False  # module level
-    assert ("dataset", "db") not in edges          # the adapter never sees the facade
-    assert not _allowed("dataset", "db", True) and not _allowed("_catalog.views", "_plan.resolve", False)
+    assert ("torch.dataset", "db") not in edges    # the adapter never sees the facade
+    assert not _allowed("torch.dataset", "db", True) and not _allowed("_catalog.views", "_plan.resolve", False)
     assert _allowed("db", "export", True) and not _allowed("db", "export", False)
 
 

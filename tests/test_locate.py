@@ -126,7 +126,7 @@ def test_dataset_raises_frame_not_found_for_drifted_timestamps(datasets):
     # db.dataset() refuses such an edited manifest (test_manifest.py); the reader's own guard behind it still holds
     with pytest.raises(lsql.ResultContractError, match=f"'{key}/from_timestamp' holds"):
         db.dataset(m)
-    from lerobot_sql.dataset import LeRobotSQLDataset
+    from lerobot_sql.torch.dataset import LeRobotSQLDataset
 
     ds = LeRobotSQLDataset(db.files, m)
     with pytest.raises(lsql.FrameNotFoundError, match="wrist"):
@@ -186,7 +186,7 @@ def test_a_frame_outside_the_episode_clip_is_never_served_whatever_the_tolerance
     # db.dataset() refuses such an edited manifest (test_manifest.py); the reader's own guard behind it still holds
     with pytest.raises(lsql.ResultContractError, match="column 'timestamp' holds"):
         db.dataset(bad, tolerance_s=1.0)
-    from lerobot_sql.dataset import LeRobotSQLDataset
+    from lerobot_sql.torch.dataset import LeRobotSQLDataset
 
     ds = LeRobotSQLDataset(db.files, bad, tolerance_s=1.0, return_uint8=True)
     for read in (lambda: ds[0], lambda: ds.__getitems__([1, 0])):

@@ -488,7 +488,7 @@ def test_an_edited_table_is_refused_like_a_file_and_a_part_of_one_loads(datasets
     """An in-memory manifest gets the same check as a file (it may be `pq.read_table` of an edited file, or a
     pandas round trip): the refusal names the table. Rows taken, reordered or repeated (shard_manifest, a filter)
     keep each row's own frame and load with the same items."""
-    from lerobot_sql.shard import shard_manifest
+    from lerobot_sql.torch.shard import shard_manifest
 
     db = lsql.connect(datasets / "small20")
     m = db.manifest(_EDIT_SQL)

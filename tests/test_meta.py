@@ -1,5 +1,5 @@
-"""``ds.meta`` and the dataset attributes lerobot's training code reads (lerobot_sql.meta): totals, runs with their
-positions, tasks by position, stats by choice, and what survives pickling into a DataLoader worker."""
+"""``ds.meta`` and the dataset attributes lerobot's training code reads (lerobot_sql.torch.meta): totals, runs with
+their positions, tasks by position, stats by choice, and what survives pickling into a DataLoader worker."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 import lerobot_sql as lsql
 from helpers import REFERENCE
-from lerobot_sql.meta import runs
+from lerobot_sql.torch.meta import runs
 
 
 def _lerobot_sampler_indices(meta, episodes, drop_n_last_frames=0):

@@ -1,5 +1,5 @@
-"""One training set over many datasets (lerobot_sql.mixture.CollectionDataset): each item equals its own dataset's
-item for that frame, with ``dataset`` / ``dataset_index`` added; keys line up by ``rename=`` / ``features=``;
+"""One training set over many datasets (lerobot_sql.torch.mixture.CollectionDataset): each item equals its own
+dataset's item for that frame, with ``dataset`` / ``dataset_index`` added; keys line up by ``rename=`` / ``features=``;
 datasets whose items do not line up are refused, naming datasets and keys; each dataset checks delta_timestamps
 on its own fps grid."""
 

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, default_collate
 
 import lerobot_sql as lsql
 from helpers import assert_items_equal
-from lerobot_sql.samplers import MixtureSampler, blocks
+from lerobot_sql.torch.samplers import MixtureSampler, blocks
 
 SETS = ["small20", "multifile60", "h264_20", "v21_small20"]
 # v21_small20 is in the collection but not in the selection: weights for it must be 0

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import lerobot_sql as lsql
-from lerobot_sql import pipeline, prefetch
+from lerobot_sql import prefetch
 from lerobot_sql._readers import locate, need, tabular
 from lerobot_sql._storage.pieces import merge_ranges
+from lerobot_sql.torch import pipeline
 
 from test_batch import _delta
 

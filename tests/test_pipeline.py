@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import lerobot_sql as lsql
-from lerobot_sql import pipeline as pipe
-from lerobot_sql.samplers import EpisodeAwareSampler
+from lerobot_sql.torch import pipeline as pipe
+from lerobot_sql.torch.samplers import EpisodeAwareSampler
 
 from http_range_server import RangeServer
 from test_batch import _delta, _same
@@ -274,7 +274,7 @@ class _Src:
 
 
 def test_widen_grows_a_request_to_its_block_over_needed_uncached_bytes_only(monkeypatch):
-    from lerobot_sql import pipeline as pipe
+    from lerobot_sql.torch import pipeline as pipe
     monkeypatch.setattr(pipe, "WIDEN", 4096)
     h = pipe._Here(list(range(4)), 4, 1, 1 << 20)
     h.need = {"v.mp4": [(0, 100), (200, 5000), (9000, 9100)], "d.parquet": [(0, 10)]}
@@ -307,7 +307,7 @@ def test_a_dense_epoch_is_fetched_in_blocks_not_a_request_per_gop_run(served, da
     """Every GOP of a whole epoch is read sometime in it; a request per batch and GOP run (~10-30 KB at 96x128,
     each ~1 ms of a worker's CPU) made the HTTP client a worker's largest cost. Jobs now widen their requests to
     the aligned block over bytes the epoch needs: far fewer requests, the same bytes, the same items."""
-    from lerobot_sql import pipeline as pipe
+    from lerobot_sql.torch import pipeline as pipe
     srv, tmp = served
     got, video, sent, st, order = _dense_run(srv, tmp, "wide")
     monkeypatch.setattr(pipe, "WIDEN", 0)
@@ -410,7 +410,7 @@ def test_the_epoch_block_table_covers_every_batch_plan(datasets, tmp_path, profi
     (``pipeline.item_blocks``) instead of planning its batch: every byte any batch's own plan names (row groups, a
     window's neighbours, GOP runs, container heads) lies in a block the table gives that batch's items, so no
     batch waits on bytes the table missed."""
-    from lerobot_sql import pipeline as pipe
+    from lerobot_sql.torch import pipeline as pipe
     db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
     ds = db.dataset("SELECT index FROM frames ORDER BY index", delta_timestamps=_delta(profile, db.layout.video_keys))
     order = EpisodeAwareSampler(ds, block_size=16, seed=3).order()
@@ -433,7 +433,7 @@ def test_the_epoch_block_table_covers_every_batch_plan(datasets, tmp_path, profi
 def test_a_job_whose_blocks_are_fetched_asks_the_cache_nothing(monkeypatch):
     """Once a block was fetched (or found cached) by this process, a later job whose items read only fetched
     blocks makes no cache lookup and no request; a block not done yet gets the epoch's need within it."""
-    from lerobot_sql import pipeline as pipe
+    from lerobot_sql.torch import pipeline as pipe
     monkeypatch.setattr(pipe, "WIDEN", 4096)
     h = pipe._Here(list(range(4)), 4, 1, 1 << 20)
     h.need = {"v.mp4": [(0, 100), (200, 5000)], "d.parquet": [(0, 10)]}

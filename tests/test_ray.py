@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from lerobot_sql.ray_data import Decoder, decode_batch, manifest_root, stack_items
-from lerobot_sql.shard import shard_manifest
+from lerobot_sql.torch.ray_data import Decoder, decode_batch, manifest_root, stack_items
+from lerobot_sql.torch.shard import shard_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 SQL = "SELECT episode_index, length AS ep_len FROM episodes WHERE episode_index IN (2, 5, 13) ORDER BY length"

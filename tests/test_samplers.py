@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
-from lerobot_sql.samplers import EpisodeAwareSampler, EpisodeShardedSampler, blocks
+from lerobot_sql.torch.samplers import EpisodeAwareSampler, EpisodeShardedSampler, blocks
 
 
 @pytest.fixture(scope="module")

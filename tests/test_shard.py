@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
-from lerobot_sql.shard import ShardedManifestDataset, assign, shard_manifest, shard_sizes, worker_shard
+from lerobot_sql.torch.shard import ShardedManifestDataset, assign, shard_manifest, shard_sizes, worker_shard
 
 
 @pytest.fixture(scope="module")

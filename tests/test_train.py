@@ -1,4 +1,5 @@
-"""Training with lerobot's own code on a SQL selection (lerobot_sql.train, ``lerobot-sql train``), in a real lerobot.
+"""Training with lerobot's own code on a SQL selection (lerobot_sql.torch.train, ``lerobot-sql train``), in a real
+lerobot.
 
 These run in the lerobot peer interpreter (``$LSQL_PEER_PYTHON``, helpers.PEER_PYTHON: lerobot 0.4.4 on
 Python 3.11 with CPU torch, installed by the corpus folder's tools/install_peer.sh plus .ci/peer_train_deps.sh), with this
@@ -193,7 +194,7 @@ def test_the_train_sampler_drops_by_episode_ends_not_by_runs(sample, tmp_path):
     least 3 frames before its episode's end."""
     import lerobot_sql as lsql
     from lerobot_sql.errors import TrainSetupError
-    from lerobot_sql.train import keep_positions, sampler_class
+    from lerobot_sql.torch.train import keep_positions, sampler_class
 
     db = lsql.connect(sample, cache_dir=tmp_path)
     length = db.sql("SELECT length FROM episodes WHERE episode_index = 2").fetchall()[0][0]
@@ -213,7 +214,7 @@ def test_resume_finds_the_saved_selection_from_lerobots_checkpoint_config(tmp_pa
     <output_dir> is found from there (it was looked for three folders up, in checkpoints/, and never found). A file
     written before stats/align were saved gives their defaults."""
     from lerobot_sql.errors import TrainSetupError
-    from lerobot_sql.train import saved_run
+    from lerobot_sql.torch.train import saved_run
 
     out = tmp_path / "run"
     cfg = out / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
@@ -235,7 +236,7 @@ def _stand_in_lerobot_train(monkeypatch, seen: dict) -> None:
     import sys
     import types
 
-    from lerobot_sql import train
+    from lerobot_sql.torch import train
 
     fake = types.ModuleType("lerobot.scripts.lerobot_train")
     fake.make_dataset, fake.EpisodeAwareSampler, fake.main = None, object, lambda: 0
@@ -300,7 +301,7 @@ def test_the_factory_passes_lerobots_depth_output_unit_and_keeps_depth_stats(dat
 
     import lerobot_sql as lsql
     from helpers import exp_bounds, load_reference
-    from lerobot_sql.train import make_factory
+    from lerobot_sql.torch.train import make_factory
 
     _stand_in_lerobot_factory(monkeypatch)
     ref, npz = load_reference("depth4")
@@ -330,8 +331,8 @@ def test_train_takes_align_frame_index_to_the_dataset(datasets, tmp_path, monkey
 
     import lerobot_sql as lsql
     from helpers import FRAMECODE, run_cli, wall_clock
-    from lerobot_sql import train
-    from lerobot_sql.train import make_factory
+    from lerobot_sql.torch import train
+    from lerobot_sql.torch.train import make_factory
 
     seen = {}
     monkeypatch.setattr(train, "run", lambda root, sql, args, **kw: seen.update(kw) or 0)

@@ -1,6 +1,6 @@
 """lerobot 0.6's depth maps as numbers: the 12-bit quantizer's constants and defaults, and the units depth is
 recorded and served in. The one home of these constants: the dataset's torch dequantization
-(:func:`lerobot_sql._values.dequantize_`), the statistics' numpy one, ``ds.meta.stats``' rescaling and the
+(:func:`lerobot_sql.torch._values.dequantize_`), the statistics' numpy one, ``ds.meta.stats``' rescaling and the
 layout's defaults all read them here, so that a change of lerobot's format is one edit. No torch, no numpy.
 """
 

@@ -340,6 +340,11 @@ def part_of(manifest: pa.Table, name: str, code: int, meta: dict, codes: np.ndar
     if codes is None:
         codes = dataset_codes(manifest, meta["names"])
     pos = np.flatnonzero(codes == code)
+    if name not in meta["manifests"]:  # a dataset none of whose frames was selected
+        if len(pos):
+            raise ResultContractError(f"a collection manifest whose rows name dataset {name!r} while its metadata "
+                                      f"has no manifest of it: {FIX.replace('db.', 'coll.')}")
+        return manifest.slice(0, 0), pos
     own = json.loads(meta["manifests"][name])
     cols = columns(own.get("video_keys", ()), own.get("extras", ()))
     sub = manifest.take(pa.array(pos)).select(cols)

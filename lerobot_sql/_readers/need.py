@@ -8,7 +8,7 @@ decoder reads: a window's neighbours clamped to the episode, then the nearest fr
 :func:`nearest_rows`); the dataset passes the rows it already holds where it has them.
 
 Pure functions over arrays, data-file footers and video-index columns: no I/O, no process state. The callers
-(:mod:`lerobot_sql.pipeline`, per batch and per epoch; :mod:`lerobot_sql.prefetch`, per query) open the files.
+(:mod:`lerobot_sql.torch.pipeline`, per batch and per epoch; :mod:`lerobot_sql.prefetch`, per query) open the files.
 """
 
 from __future__ import annotations

@@ -418,7 +418,7 @@ def cmd_shell(args) -> int:
 
 # ---- parser --------------------------------------------------------------------------------------------------------
 def cmd_train(args) -> int:
-    from .. import train
+    from ..torch import train
 
     if _collection_sources(os.fspath(args.dataset)) is not None:
         raise UsageError(f"{args.dataset} names several datasets; lerobot-sql train takes one dataset root (training "

@@ -389,6 +389,8 @@ def error_hint(e: BaseException) -> str | None:
     if isinstance(e, FileExistsError) and ("replaces only" in str(e) or "never" in str(e)):
         # --overwrite was given but the destination is not ours to replace: passing it again would not help.
         return "--overwrite replaces only an empty folder or an earlier lerobot-sql export; choose a new destination"
+    if isinstance(e, DestinationError) and "lerobot-sql query -o writes a regular file" in str(e):
+        return "leave out -o to print the result to stdout, and redirect it where it should go"
     if isinstance(e, DestinationError) and "lerobot-sql query -o" in str(e):
         return "give -o a path outside the dataset's folder (its files are never written by a query)"
     if isinstance(e, ResultContractError) and "no rows" in str(e):

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import sys
 import threading
 import uuid
@@ -294,9 +295,32 @@ def check_file_dest(dbs: list, path: str | os.PathLike, what: str, *, overwrite:
     if path.is_dir():
         raise DestinationError(f"{path}: is a folder; {what} writes one file: give a file path such as "
                                f"{path / example}")
+    refuse_special(path, what)
     if os.path.lexists(path) and not overwrite:
         raise DestinationExistsError(f"{path}: exists; pass overwrite=True or choose another path")
     return path
+
+
+def refuse_special(path: Path, what: str) -> None:
+    """Refuse a destination that exists and is not a regular file (a device such as /dev/null, a FIFO, a socket):
+    the file is written under a temporary name and renamed over it, which would put a regular file in its place (as
+    root, ``-o /dev/null --overwrite`` replaced the system's /dev/null), and reading one to check what it holds (is it
+    a manifest?) blocks forever on a FIFO.
+
+    Raises:
+        DestinationError: naming the path, its kind and what to do instead.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # absent (or a file where a parent folder should be: named later)
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
+                "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise DestinationError(f"{path}: is {kind}; {what} writes a regular file (under a temporary name, then "
+                               "renamed into place, which would replace it): choose a file path"
+                               + (", or leave out -o and redirect stdout (> /dev/null, | consumer)"
+                                  if what.startswith("lerobot-sql") else ""))
 
 
 def write_file(dest: Path, write: Callable[[str], None], *, overwrite: bool,
@@ -318,6 +342,7 @@ def write_file(dest: Path, write: Callable[[str], None], *, overwrite: bool,
     try:
         write(str(tmp))
         if overwrite and os.path.lexists(dest):
+            refuse_special(dest, what)  # one that appeared while write() ran
             if replaceable is not None and not replaceable(dest):
                 raise DestinationExistsError(f"{dest}: was replaced by another file while this {what} ran, which "
                                              "overwrite=True does not replace: it was left as it is; remove it "

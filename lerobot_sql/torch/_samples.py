@@ -11,7 +11,7 @@ a few per-file lists, kilobytes whatever the number of samples). The file is a s
 swept by a later one after a crash.
 
 Nothing is built or decoded here: the video rows come from each mp4's index in the process that reads it
-(:mod:`lerobot_sql._worker`).
+(:mod:`lerobot_sql.torch._worker`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ._readers import tabular
-from ._storage import scratch
-from ._storage.source import Source
-from .errors import CacheError, DatasetFormatError
+from .._readers import tabular
+from .._storage import scratch
+from .._storage.source import Source
+from ..errors import CacheError, DatasetFormatError
 
 # the manifest columns read per sample (besides each camera's from_timestamp), as numpy views of the mapping
 _COLUMNS = {"index": "index", "episode_index": "episode_index", "timestamp": "timestamp",

@@ -1,6 +1,6 @@
 """One training set over several datasets: :class:`CollectionDataset`, what ``Collection.dataset(sql)`` returns.
 
-Each selected dataset gets its own :class:`~lerobot_sql.dataset.LeRobotSQLDataset` over its part of the
+Each selected dataset gets its own :class:`~lerobot_sql.torch.dataset.LeRobotSQLDataset` over its part of the
 collection's manifest (so an item is exactly that dataset's item), and the collection dataset maps its sample ``i``
 to (dataset, position): ``dataset_index[i]`` and ``local[i]``, two int arrays built once in the main process. Keys
 are renamed per dataset (``rename=``) and kept per ``features=``; items gain ``dataset`` (the name) and
@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from .._plan.manifest import collection_meta, dataset_codes, part_of
+from ..errors import DatasetFormatError, ResultContractError, did_you_mean
 from .batch import begin
-from ._plan.manifest import collection_meta, dataset_codes, part_of
 from .dataset import Batch, LeRobotSQLDataset, item_index
-from .errors import DatasetFormatError, ResultContractError, did_you_mean
 
 # Keys every item has that are not features: kept whatever ``features`` says.
 _DEFAULT = ("index", "episode_index", "frame_index", "timestamp", "task_index")
@@ -156,7 +156,7 @@ class CollectionDataset(torch.utils.data.Dataset):
 
     Attributes:
         names: every dataset name of the collection (``dataset_index`` values index it).
-        parts: name -> the :class:`~lerobot_sql.dataset.LeRobotSQLDataset` of that dataset's samples.
+        parts: name -> the :class:`~lerobot_sql.torch.dataset.LeRobotSQLDataset` of that dataset's samples.
         dataset_index: int32 (N,), each sample's dataset; ``local``: int64 (N,), its position in its part.
         manifest: the collection manifest (``dataset`` column first).
     """
@@ -245,7 +245,7 @@ class CollectionDataset(torch.utils.data.Dataset):
 
     def __getitems__(self, indices) -> Batch:
         """A batch: per dataset, that part's batched fetch; returns what ``default_collate`` of the items gives
-        (see :meth:`lerobot_sql.dataset.LeRobotSQLDataset.__getitems__`)."""
+        (see :meth:`lerobot_sql.torch.dataset.LeRobotSQLDataset.__getitems__`)."""
         idx = np.asarray(indices, np.int64)
         mem = begin()  # the combined batch's tensors: the worker's recycled shared memory
         try:

@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._readers import decode, deltas, locate, tabular, video_index
+from .._readers import decode, deltas, locate, tabular, video_index
+from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError, as_int, warn
 from ._values import declared_hw
-from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError, as_int, warn
 
 _INHERITED: list = []  # per-process state inherited from a parent process; kept, never freed
 # A forked child (a DataLoader worker) must not free what it inherited either: PyAV/FFmpeg objects of any dataset
@@ -131,7 +131,7 @@ class Worker:
         n = len(ds._video_keys)
         # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
         self.pool = concurrent.futures.ThreadPoolExecutor(n - 1) if ds._use_parallel() and n > 1 else None
-        # the byte plan's per-file tables (lerobot_sql.pipeline): mp4 -> (byte_offset, byte_size) of its packets,
+        # the byte plan's per-file tables (lerobot_sql.torch.pipeline): mp4 -> (byte_offset, byte_size) of its packets,
         # mp4 -> every row's packet range; data file -> its row-group cache folder (two hashes to compute)
         self.packets: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
         self.spans: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._storage import scratch
+from .._storage import scratch
 from ._values import dequantize_, to_unit_float
 
 

@@ -1,6 +1,6 @@
 """Remote pipelining: each DataLoader worker fetches the bytes of its own next batches in background threads.
 
-Set with :meth:`lerobot_sql.dataset.LeRobotSQLDataset.pipeline` (``ds.pipeline(sampler, batches=k)``). On a remote
+Set with :meth:`lerobot_sql.torch.dataset.LeRobotSQLDataset.pipeline` (``ds.pipeline(sampler, batches=k)``). On a remote
 dataset a worker that reads batch ``j`` otherwise waits on the network for every row group and GOP the batch needs
 that is not cached yet. With a pipeline, when ``__getitems__`` is called with batch ``j`` the worker submits, to two
 background threads, the byte ranges (data row groups whose cache files do not exist yet, video packets from each
@@ -70,10 +70,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from ._readers import locate, tabular, video_index
-from ._readers import need as _need
-from ._storage.pieces import merge_ranges
-from .errors import LeRobotSQLError, warn
+from .._readers import locate, tabular, video_index
+from .._readers import need as _need
+from .._storage.pieces import merge_ranges
+from ..errors import LeRobotSQLError, warn
 
 DEFAULT_MAX_BYTES = 128 << 20
 WIDEN = 1 << 20  # a job's request grows to the aligned block of this size around it, over bytes the epoch needs
@@ -368,7 +368,7 @@ def warn_outside(order: np.ndarray | None, n: int) -> None:
 
 def plan_epoch(w, order: np.ndarray | None, n: int) -> tuple[dict[str, list[tuple[int, int]]] | None, tuple | None,
                                                              str | None]:
-    """For a dataset of ``n`` samples read through worker state ``w`` (``lerobot_sql._worker.Worker``): the byte
+    """For a dataset of ``n`` samples read through worker state ``w`` (``lerobot_sql.torch._worker.Worker``): the byte
     ranges the sampler's whole epoch reads (:func:`byte_ranges` of its positions), for the pipeline's widened
     requests (:func:`fits_cache` decides); the blocks each of its positions reads (``(positions,
     *``:func:`item_blocks` ``)``, :attr:`Pipeline.blocks`); and the key of the positions (:func:`positions_key`),

@@ -4,7 +4,8 @@ Images stored in Parquet (PNG/TIFF cells) as lerobot's ``ToTensor`` gives them; 
 (bit for bit lerobot's ``float32 / 255``); depth maps as lerobot 0.6 serves them (12-bit codes dequantized with its
 own torch ops in its order, recorded units converted to ``depth_output_unit``); a query's extra columns with their
 Arrow dtypes kept; where height and width sit in a camera's info.json shape. Item assembly
-(:mod:`lerobot_sql.dataset`) and batches call these; the depth constants come from :mod:`lerobot_sql._format.depth`.
+(:mod:`lerobot_sql.torch.dataset`) and batches call these; the depth constants come from
+:mod:`lerobot_sql._format.depth`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ._format import depth
-from .errors import DatasetFormatError, warn
+from .._format import depth
+from ..errors import DatasetFormatError, warn
 
 
 # ---- numbers ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,512 @@
+"""Samplers that keep reads local in the video files, shuffle deterministically, resume, and shard.
+
+Random frames cost a seek and a keyframe decode each; consecutive frames of one episode cost one decoded frame each.
+``EpisodeAwareSampler`` cuts the samples into *blocks* (runs of consecutive frames of one episode, ``block_size``
+long), shuffles the blocks per (seed, epoch) and yields each block in frame order. A DataLoader hands batch ``k``
+to worker ``k % num_workers`` and a batch is a contiguous slice of the sampler's order, so each worker reads whole
+blocks forward and its decoders rarely seek. Batches mix ``batch_size / block_size`` episodes.
+
+``EpisodeShardedSampler`` gives each distributed rank a fixed set of whole episodes (so each rank opens only its
+own files or file regions, which matters most when streaming from remote storage) and shuffles blocks within it.
+
+``MixtureSampler`` draws several datasets of a collection (``coll.dataset(sql)``) in given proportions (weights,
+or ``n_i ** alpha``): exact per-epoch quotas, each dataset's blocks shuffled (a small dataset with a large weight
+repeats, reshuffled), the blocks of all datasets interleaved at random, one global order sliced per rank.
+
+All work with any sized map-style dataset whose samples are described by ``episode_index`` and ``index``
+(a :class:`~lerobot_sql.torch.dataset.LeRobotSQLDataset`, a :class:`~lerobot_sql.torch.mixture.CollectionDataset`, their
+``manifest``, or arrays); over a collection an episode is ``(dataset, episode_index)``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .._plan.partition import largest_first
+from ..errors import as_int, warn
+from .shard import rank_and_world
+
+
+def _columns(source) -> tuple[np.ndarray, np.ndarray]:
+    """(episode_index, index) int64 arrays, one per sample, from a dataset, manifest or (episodes, index) pair."""
+    m = getattr(source, "manifest", source)
+    if isinstance(m, pa.Table):
+        ep = m["episode_index"].to_numpy().astype(np.int64, copy=False)
+        idx = m["index"].to_numpy().astype(np.int64, copy=False)
+        if "dataset" in m.column_names:
+            # A collection: identity is (dataset, episode_index) / (dataset, index); each dataset numbers its own
+            # from 0, so the dataset's position goes into the high bits (episode and frame numbers stay < 2**40).
+            code = _groups(m)[1] << np.int64(40)
+            ep, idx = ep + code, idx + code
+        return ep, idx
+    if isinstance(m, tuple) and len(m) == 2:
+        ep, idx = (np.asarray(x, np.int64) for x in m)
+        if ep.shape != idx.shape or ep.ndim != 1:
+            raise ValueError("(episode_index, index) must be two 1-D arrays of the same length")
+        return ep, idx
+    raise TypeError(f"expected a LeRobotSQLDataset, a manifest (pyarrow.Table) or (episode_index, index) arrays, "
+                    f"got {type(source).__name__}")
+
+
+def blocks(episode_index: np.ndarray, index: np.ndarray, block_size: int) -> np.ndarray:
+    """Block boundaries over the samples: int64 (n_blocks + 1,) positions; block ``b`` is ``[s[b], s[b+1])``.
+
+    A block is at most ``block_size`` samples, all of one episode with consecutive ``index`` values (so a decoder
+    moves forward one frame per sample inside it).
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    n = len(index)
+    if n == 0:
+        return np.zeros(1, np.int64)
+    brk = np.flatnonzero((np.diff(episode_index) != 0) | (np.diff(index) != 1)) + 1
+    runs = np.concatenate([[0], brk, [n]])
+    starts = [np.arange(a, b, block_size) for a, b in zip(runs[:-1], runs[1:])]
+    return np.concatenate(starts + [np.array([n])]).astype(np.int64)
+
+
+def _dist(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    # shard.rank_and_world: the same rule as the sharded dataset (torchrun's $RANK/$WORLD_SIZE before the process
+    # group exists, so ranks never silently all take every sample)
+    r, w = rank_and_world(rank, num_replicas)
+    return w, r
+
+
+class _Resumable(torch.utils.data.Sampler):
+    """Epoch and start position handling shared by the samplers."""
+
+    seed: int
+    epoch: int = 0
+    start: int = 0
+    _done: bool = False  # a pass over the order ran to its end: the next one starts at 0 (see __iter__)
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Use the order of ``epoch``, skipping its first ``start`` samples (for resuming mid-epoch: pass the number
+        of samples this rank already consumed, e.g. ``steps * batch_size``; the DataLoader's prefetching means the
+        sampler itself runs ahead of what was trained on). ``start`` applies to the next pass only: a pass that
+        runs to its end makes the one after it whole again (a training loop that cycles the DataLoader without
+        calling ``set_epoch`` would otherwise drop the first ``start`` samples of every later pass).
+
+        Raises:
+            ValueError: ``start`` is negative or beyond this rank's samples of the epoch.
+        """
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
+        if start > self._length():
+            raise ValueError(f"start {start} is beyond the {self._length()} samples of an epoch of this sampler "
+                             "(this rank); a state saved for another dataset, ranks or block_size?")
+        self.epoch, self.start, self._done = int(epoch), int(start), False
+
+    def _fingerprint(self) -> dict:
+        """What decides the order besides (seed, epoch): a resume under other values would not continue it."""
+        # checked in this order: the most specific cause first ("samples" per rank follows from the others too)
+        return {"sampler": type(self).__name__,
+                **{k: getattr(self, k) for k in ("num_replicas", "block_size", "shuffle", "drop_last")
+                   if hasattr(self, k)}, "samples": int(self._length())}
+
+    def state_dict(self, consumed: int = 0) -> dict:
+        """What to save in a checkpoint: seed, epoch and the position to resume from.
+
+        Args:
+            consumed: samples of this epoch trained on since iteration (re)started, e.g. ``steps * batch_size``.
+                The sampler cannot count them itself: a DataLoader prefetches, so the sampler runs ahead of
+                training, and counting what it yielded would skip the prefetched samples on resume.
+
+        Raises:
+            TypeError: ``consumed`` is not an integer (1.5 would resume at 1; a bool is refused too).
+            ValueError: ``consumed`` is negative or past the end of this rank's epoch.
+        """
+        n = as_int(consumed)  # ints, numpy ints, 0-d int tensors
+        if n is None:
+            raise TypeError(f"consumed must be an integer number of samples (e.g. steps * batch_size), got "
+                            f"{type(consumed).__name__} {consumed!r:.80}")
+        consumed = n
+        if consumed < 0:
+            raise ValueError(f"consumed must be >= 0, got {consumed}")
+        start = self.start + int(consumed)
+        if start > self._length():
+            raise ValueError(f"consumed {consumed} (from position {self.start}) is beyond the {self._length()} "
+                             "samples of this epoch for this rank: count only this epoch's samples (steps of this "
+                             "epoch x batch_size)")
+        return {"seed": self.seed, "epoch": self.epoch, "start": start, **self._fingerprint()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict` (``epoch``, ``start``, ``seed``).
+
+        Raises:
+            ValueError: ``state`` has no ``epoch`` (not a state_dict of this package's samplers), or was saved
+                with another seed.
+        """
+        if not isinstance(state, dict) or "epoch" not in state:
+            has = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a sampler state_dict (it needs 'epoch'; got {has}): pass what "
+                             "sampler.state_dict() returned")
+        if state.get("seed", self.seed) != self.seed:
+            raise ValueError(f"state was saved with seed {state['seed']}, this sampler has seed {self.seed}")
+        for key, mine in self._fingerprint().items():  # states saved before these keys existed carry none
+            if key in state and state[key] != mine:
+                raise ValueError(f"state was saved with {key} {state[key]!r}, this sampler has {mine!r}: its order "
+                                 "is not the saved one; build the sampler as the saved run did (same dataset, "
+                                 "block_size, shuffle, ranks, drop_last)")
+        self.set_epoch(state["epoch"], state.get("start", 0))
+
+    def _order(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def order(self) -> np.ndarray:
+        """The positions ``iter(self)`` yields now, as one int64 array (``ds.pipeline`` reads it in each worker)."""
+        return self._order()[self.start:]
+
+    def __iter__(self) -> Iterator[int]:
+        if self._done:  # the resumed (or any) pass ran to its end: this one is the whole epoch again
+            self.start, self._done = 0, False
+        return self._run(self.order().tolist())
+
+    def _run(self, order: list[int]) -> Iterator[int]:
+        yield from order
+        self._done = True
+
+    def __len__(self) -> int:
+        return max(0, self._length() - self.start)
+
+    def _length(self) -> int:
+        raise NotImplementedError
+
+
+class EpisodeAwareSampler(_Resumable):
+    """Shuffled blocks of consecutive frames; optionally one shard of them per distributed rank.
+
+    Args:
+        source: a LeRobotSQLDataset, its manifest, or ``(episode_index, index)`` arrays (one entry per sample).
+        block_size: samples per block (frames read forward in a row); 1 gives a plain random permutation.
+        shuffle: shuffle blocks (and nothing else) per (seed, epoch); False yields the samples in order.
+        seed: base seed; the order of epoch ``e`` depends only on (seed, e).
+        num_replicas, rank: distributed sharding (default: from ``torch.distributed`` when initialised, else 1, 0).
+            Every rank gets the same number of samples: the shuffled order is padded by repeating its start (or cut,
+            with ``drop_last``) to a multiple of ``num_replicas`` and split into contiguous parts, so blocks stay
+            whole except where a part boundary falls.
+        drop_last: cut instead of pad when sharding.
+
+    Yields:
+        sample positions (ints in ``[0, len(dataset))``).
+    """
+
+    def __init__(self, source, *, block_size: int = 8, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int | None = None, rank: int | None = None, drop_last: bool = False):
+        ep, idx = _columns(source)
+        self.bounds = blocks(ep, idx, block_size)
+        self.n = len(idx)
+        self.block_size, self.shuffle, self.seed, self.drop_last = block_size, shuffle, int(seed), drop_last
+        self.num_replicas, self.rank = _dist(num_replicas, rank)
+
+    def _global(self) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n, dtype=np.int64)
+        rng = np.random.default_rng([self.seed, self.epoch])
+        perm = rng.permutation(len(self.bounds) - 1)
+        sizes = np.diff(self.bounds)[perm]
+        # positions: for each block in shuffled order, its start + 0..size-1 (vectorised)
+        starts = np.repeat(self.bounds[:-1][perm], sizes)
+        within = np.arange(self.n) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        return starts + within
+
+    def _per_rank(self) -> int:
+        r = self.num_replicas
+        return self.n // r if self.drop_last else -(-self.n // r)
+
+    def _order(self) -> np.ndarray:
+        g = self._global()
+        per, r = self._per_rank(), self.num_replicas
+        if per * r > len(g):
+            g = np.concatenate([g, np.resize(g, per * r - len(g))])
+        return g[self.rank * per:(self.rank + 1) * per]
+
+    def _length(self) -> int:
+        return self._per_rank()
+
+
+class EpisodeShardedSampler(_Resumable):
+    """Whole episodes per distributed rank (fixed across epochs), blocks shuffled within the rank per epoch.
+
+    Episodes are dealt to ranks in a seed-determined order, each to the rank with the fewest samples so far, so
+    shards are balanced to within one episode. Every rank yields the same number of samples (the largest shard's
+    count, shorter shards repeating their own start; or the smallest, with ``drop_last``), as DistributedDataParallel
+    needs.
+
+    Args: as :class:`EpisodeAwareSampler`.
+    """
+
+    def __init__(self, source, *, block_size: int = 8, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int | None = None, rank: int | None = None, drop_last: bool = False):
+        ep, idx = _columns(source)
+        self.num_replicas, self.rank = _dist(num_replicas, rank)
+        self.block_size, self.shuffle, self.seed, self.drop_last = block_size, shuffle, int(seed), drop_last
+        episodes, first, counts = np.unique(ep, return_index=True, return_counts=True)
+        owner = largest_first(counts, self.num_replicas, self.seed)  # largest first, ties in seeded order
+        load = np.bincount(owner, weights=counts, minlength=self.num_replicas).astype(np.int64)
+        if (load == 0).any():
+            raise ValueError(f"{len(episodes)} episode(s) cannot fill {self.num_replicas} ranks with whole episodes; "
+                             "use EpisodeAwareSampler (it splits blocks across ranks) or fewer ranks")
+        self.shard_sizes = load
+        mine = np.isin(ep, episodes[owner == self.rank])
+        self.positions = np.flatnonzero(mine).astype(np.int64)
+        self.episodes = episodes[owner == self.rank]
+        self._inner = EpisodeAwareSampler((ep[mine], idx[mine]), block_size=block_size, shuffle=shuffle,
+                                          seed=seed, num_replicas=1, rank=0)
+
+    def _length(self) -> int:
+        return int(self.shard_sizes.min() if self.drop_last else self.shard_sizes.max())
+
+    def _order(self) -> np.ndarray:
+        self._inner.set_epoch(self.epoch)
+        local = self.positions[self._inner._order()]
+        need = self._length()
+        if len(local) == 0:
+            return local
+        return local[:need] if len(local) >= need else np.resize(local, need)
+
+
+def _groups(source) -> tuple[list[str], np.ndarray]:
+    """(names, codes): the datasets of a source and each sample's position in ``names`` (int64 (N,)).
+
+    A :class:`~lerobot_sql.torch.mixture.CollectionDataset` gives its ``names`` / ``dataset_index``; a collection
+    manifest its ``lerobot_sql.collection`` names (else the ``dataset`` column's dictionary, else its values in
+    order of first appearance); anything else is one dataset, named by its ``repo_id`` (or ``"dataset"``).
+    """
+    if hasattr(source, "dataset_index") and hasattr(source, "names"):
+        return list(source.names), np.asarray(source.dataset_index, np.int64)
+    m = getattr(source, "manifest", source)
+    if isinstance(m, pa.Table) and "dataset" in m.column_names:
+        import pyarrow.compute as pc
+
+        from .._plan.manifest import COLLECTION_KEY, collection_meta, dataset_codes
+
+        col = m["dataset"].combine_chunks()
+        if COLLECTION_KEY in (m.schema.metadata or {}):
+            names = list(collection_meta(m)["names"])
+        elif pa.types.is_dictionary(col.type):
+            names = col.dictionary.to_pylist()
+        else:
+            names = pc.unique(col).to_pylist()
+        return names, dataset_codes(m, names).astype(np.int64)
+    n = len(_columns(source)[1])
+    return [str(getattr(source, "repo_id", None) or "dataset")], np.zeros(n, np.int64)
+
+
+def _quotas(p: np.ndarray, total: int) -> np.ndarray:
+    """int64 quotas summing to ``total``, each within 1 of ``p * total`` (largest remainder; ties to the lower
+    position, so the result is deterministic)."""
+    raw = p * total
+    q = np.floor(raw).astype(np.int64)
+    rest = total - int(q.sum())
+    if rest > 0:
+        frac = raw - q
+        q[np.argsort(-frac, kind="stable")[:rest]] += 1
+    return q
+
+
+class MixtureSampler(_Resumable):
+    """A weighted mixture of datasets: each epoch draws the datasets in the given proportions, blocks of
+    consecutive frames at a time, in a shuffled interleaving; deterministic per (seed, epoch), resumable, sharded.
+
+    How an epoch is drawn (``T`` draws in all, ``T = num_replicas * ceil(num_samples / num_replicas)``):
+
+    1. **Quotas.** Dataset ``i`` gets exactly ``quota[i]`` draws, within 1 of ``p_i * T`` (largest-remainder
+       rounding of the normalised weights ``p``), so the epoch's proportions are the weights, not a random
+       approximation of them; ``quotas`` holds them.
+    2. **Each dataset's stream.** Its samples are cut into blocks as :class:`EpisodeAwareSampler` does (runs of at
+       most ``block_size`` consecutive frames of one episode, so decoders read forward); the blocks are shuffled
+       per (seed, epoch, dataset) and the dataset's draws are the first ``quota[i]`` samples of that stream. A
+       dataset whose quota exceeds its samples (a small dataset with a large weight) starts its stream again,
+       reshuffled, as often as needed: each of its samples is drawn ``quota / n`` times per epoch on average
+       (``repeats`` holds that), never more than ``ceil(quota / n)`` times. With ``replacement=False`` that is
+       refused instead (each sample at most once per epoch). A dataset with a smaller quota than samples sees a
+       different random subset each epoch.
+    3. **Interleaving.** The blocks of all datasets are put in one uniformly random order (per (seed, epoch)), so
+       any stretch of the order (a batch, a rank's slice) holds the datasets in about the weights' proportions:
+       the count of dataset ``i`` among ``n`` consecutive draws is hypergeometric, within
+       ``4 * sqrt(block_size * n * p_i * (1 - p_i))`` of ``n * p_i`` but for a ~1e-4 chance per stretch.
+
+    Without weights and with ``alpha`` unset, the weights are proportional to the samples (``alpha=1``), and an
+    epoch of ``len(ds)`` draws on one rank is a permutation of the samples, as :class:`EpisodeAwareSampler`.
+
+    Weights from SQL, e.g. hours of each dataset's selected episodes::
+
+        w = dict(coll.sql("SELECT dataset, sum(duration_s) FROM episodes GROUP BY 1").fetchall())
+        sampler = MixtureSampler(ds, w)
+
+    (its WHERE should match the selection's: a dataset with a weight but no samples in the selection is an error).
+
+    Args:
+        source: a :class:`~lerobot_sql.torch.mixture.CollectionDataset` (``coll.dataset(sql)``), a collection manifest
+            (``coll.manifest(sql)``), or a single dataset / its manifest / ``(episode_index, index)`` arrays (one
+            dataset, named by its ``repo_id``, else ``"dataset"``).
+        weights: dataset name -> weight (any non-negative finite numbers, normalised here; 0 excludes the
+            dataset). Every dataset with samples in the selection needs a weight. Default: from ``alpha``.
+        alpha: temperature weights ``n_i ** alpha``, ``n_i`` the dataset's samples in the selection (1:
+            proportional, 0: uniform over datasets, between: small datasets up-weighted). Exclusive with
+            ``weights``. Default 1 when ``weights`` is not given.
+        num_samples: draws per epoch over all ranks (default ``len(source)``); rounded up to a multiple of
+            ``num_replicas``.
+        block_size: samples per block (frames read forward in a row); 1 draws single frames.
+        seed: base seed; epoch ``e``'s order depends only on (seed, e) and the arguments.
+        num_replicas, rank: distributed sharding (default from ``torch.distributed`` / torchrun's $RANK and
+            $WORLD_SIZE, else 1, 0): rank ``r`` yields the ``r``-th of ``num_replicas`` equal contiguous slices
+            of the epoch's global order (disjoint draws, together the whole order).
+        replacement: allow a dataset to be drawn more often than it has samples (default True).
+
+    Attributes:
+        names: every dataset name of the source. ``weights``: name -> normalised weight (float, sums to 1; the
+        datasets with weight > 0). ``counts``: name -> samples in the selection. ``quotas``: name -> draws per epoch
+        over all ranks (int). ``repeats``: name -> ``quota / count``. ``num_samples``: ``T``, draws per epoch over
+        all ranks.
+
+    Yields:
+        sample positions (ints in ``[0, len(source))``); ``len(sampler)`` is ``T / num_replicas`` (less the resumed
+        start).
+
+    Raises:
+        KeyError: a weight names no dataset of the source (with the closest name).
+        ValueError: weights and alpha both given; a weight negative, NaN or infinite, or all zero; a dataset with
+            samples in the selection has no weight; a dataset with a weight > 0 has no samples in the selection;
+            ``replacement=False`` and a quota larger than the dataset's samples; ``num_samples`` < 1; a bad rank.
+    """
+
+    def __init__(self, source, weights=None, *, alpha: float | None = None, num_samples: int | None = None,
+                 block_size: int = 8, seed: int = 0, num_replicas: int | None = None, rank: int | None = None,
+                 replacement: bool = True):
+        from collections.abc import Mapping
+
+        from ..errors import did_you_mean
+
+        ep, idx = _columns(source)
+        names, codes = _groups(source)
+        if len(codes) != len(idx):
+            raise ValueError(f"{len(codes)} dataset codes for {len(idx)} samples")
+        self.names, self.seed, self.block_size = names, int(seed), int(block_size)
+        self.replacement = bool(replacement)
+        self.num_replicas, self.rank = _dist(num_replicas, rank)
+        n = np.bincount(codes, minlength=len(names)).astype(np.int64)
+        self.counts = {nm: int(c) for nm, c in zip(names, n)}
+        if weights is not None and alpha is not None:
+            raise ValueError("pass weights or alpha, not both (alpha makes the weights n_i ** alpha)")
+        if weights is None:
+            a = 1.0 if alpha is None else float(alpha)
+            if not np.isfinite(a):
+                raise ValueError(f"alpha must be a finite number, got {alpha!r}")
+            w = np.zeros(len(names))
+            w[n > 0] = n[n > 0].astype(np.float64) ** a
+        else:
+            if not isinstance(weights, Mapping):
+                raise TypeError(f"weights must be a mapping dataset name -> weight, got {type(weights).__name__}")
+            w = np.zeros(len(names))
+            for k, v in weights.items():
+                if k not in names:
+                    raise KeyError(f"weights: no dataset {k!r} in {names}.{did_you_mean(str(k), names)}")
+                try:
+                    x = float(v)
+                except (TypeError, ValueError):
+                    raise ValueError(f"weights[{k!r}] = {v!r} is not a number") from None
+                if not np.isfinite(x) or x < 0:
+                    raise ValueError(f"weights[{k!r}] = {v!r}: weights must be finite and >= 0 (0 excludes)")
+                w[names.index(k)] = x
+            unweighted = [f"{nm} ({c} samples)" for nm, c in zip(names, n) if c and nm not in weights]
+            if unweighted:
+                raise ValueError(f"weights give no weight to {', '.join(unweighted)} of the selection: give each "
+                                 "a weight (0 excludes it) or leave it out of the query")
+            empty = [f"{nm} (weight {weights[nm]})" for nm, c, x in zip(names, n, w) if x > 0 and c == 0]
+            if empty:
+                raise ValueError(f"{', '.join(empty)}: weight > 0 but no samples in the selection (of "
+                                 f"{len(idx)} samples: {', '.join(f'{a}={b}' for a, b in self.counts.items() if b)})"
+                                 "; select some of its samples, or give it weight 0")
+        if w.sum() <= 0:
+            raise ValueError(f"every weight is 0 (or the selection is empty: {len(idx)} samples): nothing to draw")
+        p = w / w.sum()
+        total = len(idx) if num_samples is None else int(num_samples)
+        if total < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        self._per = -(-total // self.num_replicas)
+        self.num_samples = self._per * self.num_replicas
+        q = _quotas(p, self.num_samples)
+        self.weights = {nm: float(x) for nm, x in zip(names, p) if x > 0}
+        self.quotas = {nm: int(x) for nm, x in zip(names, q) if p[names.index(nm)] > 0}
+        self.repeats = {nm: self.quotas[nm] / self.counts[nm] for nm in self.quotas}
+        starved = [f"{nm} (weight {self.weights[nm]:.3g})" for nm, x in self.quotas.items() if x == 0]
+        if starved:
+
+            warn(f"{', '.join(starved)}: weight > 0 but 0 of the epoch's {self.num_samples} draws "
+                 "(rounded down): raise num_samples or the weight")
+        if not self.replacement:
+            over = [f"{nm}: {self.quotas[nm]} draws > {self.counts[nm]} samples" for nm in self.quotas
+                    if self.quotas[nm] > self.counts[nm]]
+            if over:
+                raise ValueError(f"replacement=False, but the weights ask for more draws than samples ({'; '.join(over)}"
+                                 f"; {self.num_samples} draws per epoch): pass replacement=True (such a dataset "
+                                 "repeats, reshuffled), fewer num_samples, or smaller weights")
+        b = blocks(ep, idx, self.block_size)
+        starts, sizes = b[:-1], np.diff(b)
+        owner = codes[starts] if len(starts) else np.zeros(0, np.int64)  # a block never spans datasets (keys)
+        self._blocks = {int(c): (starts[owner == c], sizes[owner == c]) for c in np.flatnonzero(q > 0)}
+        self._q = q
+
+    def _stream(self, code: int) -> tuple[np.ndarray, np.ndarray]:
+        """Dataset ``code``'s draws this epoch as blocks: (starts, sizes), the first ``quota`` samples of its
+        stream of shuffled passes over its blocks (the last block cut to fit)."""
+        st, sz = self._blocks[code]
+        need = int(self._q[code])
+        passes = -(-need // int(sz.sum()))
+        rng = np.random.default_rng([self.seed, self.epoch, 1 + code])
+        # one uniformly random permutation per pass (argsort of iid uniforms), all passes at once
+        perm = np.argsort(rng.random((passes, len(st))), axis=1).ravel()
+        st, sz = st[perm], sz[perm]
+        cum = np.cumsum(sz)
+        k = int(np.searchsorted(cum, need)) + 1  # blocks needed to reach `need` samples
+        st, sz = st[:k], sz[:k].copy()
+        sz[-1] -= int(cum[k - 1]) - need
+        return st, sz
+
+    def _global(self) -> np.ndarray:
+        parts = {c: self._stream(c) for c in self._blocks}
+        label = np.concatenate([np.full(len(parts[c][0]), c, np.int64) for c in parts])
+        rng = np.random.default_rng([self.seed, self.epoch])
+        label = label[rng.permutation(len(label))]
+        # dataset c's blocks fill its slots of the interleaving in stream order: a stable sort by dataset lists
+        # the slots dataset by dataset (ascending codes, as `parts`), each dataset's in order
+        slots = np.argsort(label, kind="stable")
+        st = np.empty(len(label), np.int64)
+        sz = np.empty(len(label), np.int64)
+        st[slots] = np.concatenate([parts[c][0] for c in parts])
+        sz[slots] = np.concatenate([parts[c][1] for c in parts])
+        within = np.arange(self.num_samples) - np.repeat(np.cumsum(sz) - sz, sz)
+        return np.repeat(st, sz) + within
+
+    def _order(self) -> np.ndarray:
+        return self._global()[self.rank * self._per:(self.rank + 1) * self._per]
+
+    def _length(self) -> int:
+        return self._per
+
+    def state_dict(self, consumed: int = 0) -> dict:
+        """As :meth:`EpisodeAwareSampler.state_dict`, plus the epoch's ``quotas`` (what a resume checks: a resume
+        under other weights, num_samples or datasets would not continue the saved order)."""
+        return {**super().state_dict(consumed), "quotas": dict(self.quotas), "block_size": self.block_size,
+                "num_replicas": self.num_replicas}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict`: the rest of the saved epoch's order exactly.
+
+        Raises:
+            ValueError: the state was saved with another seed, other quotas (weights, num_samples, datasets),
+                block_size or num_replicas: this sampler's order is not the saved one.
+        """
+        for key, mine in (("quotas", self.quotas), ("block_size", self.block_size),
+                          ("num_replicas", self.num_replicas)):
+            if key in state and state[key] != mine:
+                raise ValueError(f"state was saved with {key} {state[key]}, this sampler has {mine}: its order is "
+                                 "not the saved one; build the sampler with the saved run's weights, num_samples, "
+                                 "block_size and ranks")
+        super().load_state_dict(state)
