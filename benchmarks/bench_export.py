@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import common  # noqa: E402
+
 import lerobot_sql as lsql  # noqa: E402
 
 PEER = """

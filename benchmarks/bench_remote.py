@@ -33,9 +33,8 @@ import common  # noqa: E402
 import torch  # noqa: E402
 
 import lerobot_sql as lsql  # noqa: E402
-from lerobot_sql import prefetch as pf  # noqa: E402
-
 from http_range_server import RangeServer  # noqa: E402
+from lerobot_sql import prefetch as pf  # noqa: E402
 
 
 def full_download(srv: RangeServer, root: Path, dest: Path) -> tuple[float, int]:

@@ -230,7 +230,8 @@ def _twin(db, *, metadata_cache: bool):
     its configuration locked). ``metadata_cache`` turns on DuckDB's ``parquet_metadata_cache``."""
     import duckdb
 
-    from lerobot_sql._catalog import views as catalog, macros
+    from lerobot_sql._catalog import macros
+    from lerobot_sql._catalog import views as catalog
 
     con = duckdb.connect()
     if metadata_cache:

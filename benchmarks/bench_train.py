@@ -112,10 +112,8 @@ def _remote(a, torch, lsql, root: Path) -> int:
     """``--remote``: steady state over a throttled loopback HTTP link, nothing warm (a fresh cache per run)."""
 
     sys.path.insert(0, str(REPO / "tests"))
-    from http_range_server import HubServer  # the range server plus a Hub API face for lerobot, one throttle
-
     from benchmarks.link_server import LinkProcess, pin_process
-
+    from http_range_server import HubServer  # the range server plus a Hub API face for lerobot, one throttle
     from lerobot_sql import prefetch as pf
     from lerobot_sql.torch.samplers import EpisodeAwareSampler
 

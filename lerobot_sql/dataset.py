@@ -5,7 +5,8 @@ import warnings
 
 from .torch.dataset import *  # noqa: F401,F403  (every name the old path had)
 from .torch.dataset import (  # noqa: F401  (the documented ones)
-    LeRobotSQLDataset, item_index,
+    LeRobotSQLDataset,
+    item_index,
 )
 
 warnings.warn("lerobot_sql.dataset moved to lerobot_sql.torch.dataset; import from there (or from lerobot_sql)"

@@ -13,9 +13,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ._format.layout import DEFAULT_COLUMNS
 from ._query.sqltext import ident as q
 from .errors import QueryError, did_you_mean
-from ._format.layout import DEFAULT_COLUMNS
 
 __all__ = ["plot_episode", "frame_grid", "show_item", "ItemView"]
 

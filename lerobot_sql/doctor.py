@@ -363,7 +363,7 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
     """
     params = {"tolerance_s": float(tolerance_s)}
     try:  # the views read meta/episodes, tasks and every data footer: an unreadable one stops every check
-        db.con
+        _ = db.con
     except LeRobotSQLError as e:
         damaged = _no_data_file_reads(db, e, tolerance_s)
         if damaged is not None:

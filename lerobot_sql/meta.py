@@ -5,7 +5,11 @@ import warnings
 
 from .torch.meta import *  # noqa: F401,F403  (every name the old path had)
 from .torch.meta import (  # noqa: F401  (the documented ones)
-    EpisodeTable, SelectionMetadata, episodes_table, repo_id, runs,
+    EpisodeTable,
+    SelectionMetadata,
+    episodes_table,
+    repo_id,
+    runs,
 )
 
 warnings.warn("lerobot_sql.meta moved to lerobot_sql.torch.meta; import from there"

@@ -16,7 +16,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._query.sqltext import ident as q, literal as lit
+from ._query.sqltext import ident as q
+from ._query.sqltext import literal as lit
 from .errors import QueryError, did_you_mean
 
 

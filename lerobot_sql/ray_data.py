@@ -5,7 +5,11 @@ import warnings
 
 from .torch.ray_data import *  # noqa: F401,F403  (every name the old path had)
 from .torch.ray_data import (  # noqa: F401  (the documented ones)
-    Decoder, decode_batch, manifest_root, manifest_schema, stack_items,
+    Decoder,
+    decode_batch,
+    manifest_root,
+    manifest_schema,
+    stack_items,
 )
 
 warnings.warn("lerobot_sql.ray_data moved to lerobot_sql.torch.ray_data; import from there (or from lerobot_sql.torch)"

@@ -5,7 +5,10 @@ import warnings
 
 from .torch.samplers import *  # noqa: F401,F403  (every name the old path had)
 from .torch.samplers import (  # noqa: F401  (the documented ones)
-    EpisodeAwareSampler, EpisodeShardedSampler, MixtureSampler, blocks,
+    EpisodeAwareSampler,
+    EpisodeShardedSampler,
+    MixtureSampler,
+    blocks,
 )
 
 warnings.warn("lerobot_sql.samplers moved to lerobot_sql.torch.samplers; import from there (or from lerobot_sql)"

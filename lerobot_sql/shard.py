@@ -5,7 +5,11 @@ import warnings
 
 from .torch.shard import *  # noqa: F401,F403  (every name the old path had)
 from .torch.shard import (  # noqa: F401  (the documented ones)
-    ShardedManifestDataset, rank_and_world, shard_manifest, shard_sizes, worker_shard,
+    ShardedManifestDataset,
+    rank_and_world,
+    shard_manifest,
+    shard_sizes,
+    worker_shard,
 )
 
 warnings.warn("lerobot_sql.shard moved to lerobot_sql.torch.shard; import from there (or from lerobot_sql.torch)"

@@ -5,7 +5,12 @@ import warnings
 
 from .torch.train import *  # noqa: F401,F403  (every name the old path had)
 from .torch.train import (  # noqa: F401  (the documented ones)
-    keep_positions, make_factory, resuming, run, sampler_class, saved_run,
+    keep_positions,
+    make_factory,
+    resuming,
+    run,
+    sampler_class,
+    saved_run,
 )
 
 warnings.warn("lerobot_sql.train moved to lerobot_sql.torch.train; import from there"

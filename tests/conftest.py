@@ -9,8 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (DATASETS, FRAMECODE, REAL_DATASETS, REAL_SETS, REAL_SKIP_REASON, REFERENCE, SAMPLE,
-                     need_real_corpus, real_corpus_present)
+from helpers import (
+    DATASETS,
+    FRAMECODE,
+    REAL_DATASETS,
+    REAL_SETS,
+    REAL_SKIP_REASON,
+    REFERENCE,
+    SAMPLE,
+    need_real_corpus,
+    real_corpus_present,
+)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -182,7 +182,7 @@ def g1_like(small20: Path, dst: Path, episodes: int = 4, scale: int = 5) -> dict
         info.update(total_episodes=episodes, total_frames=n_frames, splits={"train": f"0:{episodes}"})
         info["features"][WRIST]["shape"] = [h, w, 3]
         info["features"][WRIST]["info"].update({"video.height": h, "video.width": w})
-        for name, feat in info["features"].items():   # lerobot's v2.1->v3.0 converter adds these
+        for feat in info["features"].values():   # lerobot's v2.1->v3.0 converter adds these
             if feat["dtype"] != "video":
                 feat["fps"] = FPS
 

@@ -16,9 +16,8 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import lerobot_sql as lsql
-from lerobot_sql.torch import batch as batch_memory
 from lerobot_sql._storage.scratch import pid_alive
-
+from lerobot_sql.torch import batch as batch_memory
 from test_batch import _delta, _same
 
 pytestmark = pytest.mark.skipif(not batch_memory.enabled(), reason="batch memory needs os.memfd_create (Linux)")
@@ -129,7 +128,7 @@ def test_the_slot_protocol_in_one_process(sets, monkeypatch):
     assert type(dup) is dict and ring.main[0] == 0
     dup["observation.images.front"].zero_()
     _same(dict(sent), first, "the original after its deep copy was changed")
-    data = _in_feeder_thread(lambda: ForkingPickler.dumps(sent))  # as a DataLoader worker's queue pickles
+    data = _in_feeder_thread(lambda: ForkingPickler.dumps(sent))  # noqa: F821 (deleted below, after this call) as a DataLoader worker's queue pickles
     assert ring.main[0] == 1
     del sent
     gc.collect()
@@ -186,8 +185,8 @@ def test_rings_of_exited_workers_are_unmapped(sets):
     (else every epoch would keep SLOTS batches of memory per worker)."""
     ds = sets[("plain", True)]
     idx = _order(ds, 128)
-    for epoch in range(4):
-        for batch in _loader(ds, idx):
+    for _epoch in range(4):
+        for batch in _loader(ds, idx):  # noqa: B007 (held until the del: the last batch keeps its slot)
             pass
         del batch
     # the last epoch's two rings stay until a new ring arrives; none of the three epochs before

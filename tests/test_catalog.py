@@ -148,7 +148,6 @@ def test_a_damaged_data_file_leaves_the_metadata_views_readable(datasets, tmp_pa
     import numpy as np
 
     from http_range_server import RangeServer
-
     from lerobot_sql.errors import DatasetFormatError
 
     src = tmp_path / "src"

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from lerobot_sql.errors import QueryError
 from lerobot_sql._query.lambdas import rewrite_lambdas
+from lerobot_sql.errors import QueryError
 
 
 @pytest.fixture(scope="module")

@@ -164,9 +164,8 @@ def test_renamed_cameras_line_up_in_sql(tmp_path, datasets):
 def test_remote_and_local_datasets_in_one_collection(datasets, tmp_path, monkeypatch):
     """Two datasets over HTTP and one local: DuckDB routes each remote path to its own dataset's cache (one
     filesystem protocol per remote dataset), and items equal the local copies'."""
-    from http_range_server import RangeServer
-
     from helpers import assert_items_equal
+    from http_range_server import RangeServer
 
     monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
     with RangeServer(datasets) as srv:

@@ -88,8 +88,8 @@ def test_whole_episodes_across_datasets(av1_pair, tmp_path):
     assert out.sql("SELECT source_dataset, source_episode_index FROM episodes ORDER BY episode_index").fetchall() \
         == [r[:2] for r in sel]
     # tasks merged by text: one task_index per distinct text, every frame's text its source frame's
-    src_text = coll.sql(f"SELECT f.dataset, f.index, t.task FROM frames f JOIN tasks t USING (dataset, task_index) "
-                        f"WHERE f.episode_index % 7 = 1 ORDER BY f.dataset DESC, f.episode_index, f.frame_index"
+    src_text = coll.sql("SELECT f.dataset, f.index, t.task FROM frames f JOIN tasks t USING (dataset, task_index) "
+                        "WHERE f.episode_index % 7 = 1 ORDER BY f.dataset DESC, f.episode_index, f.frame_index"
                         ).fetchall()
     texts = _task_texts(tmp_path / "out")
     assert sorted(texts.values()) == sorted({t for _, _, t in src_text}) and len(texts) == rep.tasks == 8

@@ -12,8 +12,14 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
-from helpers import (REFERENCE_SETS, assert_item_equals_reference, assert_items_equal, data_root, exp_bounds,
-                     load_reference)
+from helpers import (
+    REFERENCE_SETS,
+    assert_item_equals_reference,
+    assert_items_equal,
+    data_root,
+    exp_bounds,
+    load_reference,
+)
 from lerobot_sql._readers import tabular, video_index
 
 

@@ -98,7 +98,7 @@ def test_ranges_install_next_to_lerobot(name):
 
 def test_installed_versions_satisfy_pyproject():
     """Whatever leg this runs in, its venv is inside the claimed ranges (a resolver that left the range fails here)."""
-    for name, req in _requirements().items():
+    for req in _requirements().values():
         try:
             ver = metadata.version(req.name)
         except metadata.PackageNotFoundError:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import shutil
 import warnings
@@ -18,8 +17,8 @@ import pytest
 import lerobot_sql as lsql
 from helpers import data_root, linked_copy
 from lerobot_sql import doctor
-from lerobot_sql._readers import verify
 from lerobot_sql._query import library
+from lerobot_sql._readers import verify
 
 CLEAN = ["small20", "multifile60", "h264_20", "img5_extras", "g1_real_v30", "v21_small20", "g1_real_v21"]
 EPISODES = "meta/episodes/chunk-000/file-000.parquet"

@@ -13,7 +13,8 @@ import torch
 
 import lerobot_sql as lsql
 from helpers import data_root
-from lerobot_sql._plan import resolve as plan, episodes as pointers
+from lerobot_sql._plan import episodes as pointers
+from lerobot_sql._plan import resolve as plan
 
 ALL = ["small20", "h264_20", "multifile60", "img5_extras", "g1_real_v30", "g1_real_v21", "v21_small20", "record-test"]
 

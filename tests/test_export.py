@@ -158,7 +158,7 @@ def test_drop_episodes_remuxes_and_copies_stats(datasets, tmp_path):
     src = datasets / "small20"
     db = lsql.connect(src)
     keep = [e for e in range(20) if e not in (0, 4, 5, 11, 19)]
-    rep = db.export(f"SELECT episode_index FROM episodes WHERE episode_index NOT IN (0, 4, 5, 11, 19)",
+    rep = db.export("SELECT episode_index FROM episodes WHERE episode_index NOT IN (0, 4, 5, 11, 19)",
                     tmp_path / "out", progress=False)
     lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
     parts = [(ep, 0, lengths[ep]) for ep in keep]
@@ -199,7 +199,7 @@ def test_keep_one_task_index_rows(datasets, tmp_path, framecode):
     info, dd, e = _check_structure(src, tmp_path / "out", frames, parts)
     assert info["total_tasks"] == 1 and set(dd.task_index) == {0}
     # Cut episodes get recomputed stats that describe their own frames.
-    for k, (ep, f0, f1) in enumerate(parts):
+    for k, (_ep, f0, f1) in enumerate(parts):
         st = np.stack(dd["observation.state"][dd.episode_index == k])
         np.testing.assert_allclose(e["stats/observation.state/min"][k], st.min(0))
         np.testing.assert_allclose(e["stats/observation.state/max"][k], st.max(0))
@@ -1207,7 +1207,6 @@ def test_a_missing_camera_pointer_refusal_names_no_option_export_lacks(datasets,
     function it names (or, named alone, on export)."""
     import inspect
     import re
-    import shutil
 
     root = tmp_path / "nofront"
     linked_copy(datasets / "small20", root)

@@ -259,7 +259,7 @@ def test_a_file_symlinked_out_of_the_dataset_is_never_served(datasets, tmp_path,
     target = _link_out(snap, rel, datasets / ("h264_20" if rel == MP4 else "multifile60") / rel, tmp_path / "out")
     with pytest.warns(UserWarning, match="symlinks to files outside"):
         db = lsql.connect(snap, cache_dir=tmp_path / "bad_cache")
-        db.con
+        _ = db.con
     refused = rf"{snap / rel}: is a symlink to {target}, outside the dataset root"
     makers = {"sql": lambda: db.dataset(sql), "all": lambda: db.dataset(), "manifest": lambda: db.dataset(manifest),
               "episodes": lambda: db.dataset(episodes=[1]),
@@ -422,7 +422,7 @@ def test_deep_stats_json_is_a_format_error_at_stats(datasets, tmp_path, how):
     _too_deep(e.value, str(stats), "compute_stats")
     ds = db.dataset(episodes=[0], stats="dataset")
     with pytest.raises(lsql.DatasetFormatError) as e:
-        ds.meta.stats
+        _ = ds.meta.stats
     _too_deep(e.value, str(stats))
     check = {c.name: c for c in doctor.run(db, check_video=False).checks}["stats_json_valid"]
     assert not check.ok and "nested too deeply" in check.sample[0]["error"]

@@ -19,6 +19,7 @@ from http_range_server import HubServer, RangeServer
 hf = pytest.importorskip("huggingface_hub")
 # huggingface_hub.utils has the error classes from 0.24 (our floor) to 2.x; .errors only from 0.25
 import huggingface_hub.utils as hf_errors  # noqa: E402
+
 from helpers import PEER_PYTHON  # noqa: E402
 
 

@@ -155,7 +155,7 @@ def _graph():
             pkg_parts = []
         aliases = {}  # local name -> package module it is bound to
 
-        def add(target: str, lazy: bool) -> None:
+        def add(target: str, lazy: bool, name: str = name) -> None:
             if target == name:
                 return
             edges[(name, target)] = edges.get((name, target), True) and lazy

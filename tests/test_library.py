@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 
 import duckdb
-
 import numpy as np
 import pyarrow.parquet as pq
 import pytest

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from lerobot_sql._readers import locate, video_index
 from lerobot_sql import prefetch
+from lerobot_sql._readers import locate, video_index
 
 FPS = 30.0
 N = 24

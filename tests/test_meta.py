@@ -124,7 +124,7 @@ def test_meta_pickles_with_computed_stats_and_says_so_without(sample, tmp_path):
     fresh = db.dataset(sql, cameras=[])
     copy2 = pickle.loads(pickle.dumps(fresh))
     with pytest.raises(RuntimeError, match="main process"):
-        copy2.meta.stats
+        _ = copy2.meta.stats
 
 
 def test_delta_indices_are_lerobots(sample, tmp_path):
@@ -200,7 +200,7 @@ def test_stats_first_read_in_a_forked_worker_is_an_error_not_a_hang(sample, tmp_
 
         def __getitem__(self, i):
             try:
-                ds.meta.stats
+                _ = ds.meta.stats
             except StatsUnavailableError as e:
                 return str(e)
             return "computed"

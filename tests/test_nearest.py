@@ -18,9 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from lerobot_sql.errors import QueryError
-
 from helpers import REPO
+from lerobot_sql.errors import QueryError
 
 FRONT, WRIST = "observation.images.front", "observation.images.wrist"
 CAM_FPS, TB = 12, Fraction(1, 15360)

@@ -11,7 +11,6 @@ from lerobot_sql import prefetch
 from lerobot_sql._readers import locate, need, tabular
 from lerobot_sql._storage.pieces import merge_ranges
 from lerobot_sql.torch import pipeline
-
 from test_batch import _delta
 
 A = locate.AVIO_BUFFER

@@ -63,6 +63,7 @@ def test_a_type_error_from_the_query_is_not_blamed_on_files(sample):
     """unreadable_error: with every footer intact, a DuckDB Conversion error while the user's result is resolved is
     the result's, not a data file's."""
     import duckdb
+
     from lerobot_sql._catalog.connection import unreadable_error
 
     db = lsql.connect(sample)

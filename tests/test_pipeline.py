@@ -13,10 +13,9 @@ import torch
 from torch.utils.data import DataLoader
 
 import lerobot_sql as lsql
+from http_range_server import RangeServer
 from lerobot_sql.torch import pipeline as pipe
 from lerobot_sql.torch.samplers import EpisodeAwareSampler
-
-from http_range_server import RangeServer
 from test_batch import _delta, _same
 
 FPS = 30

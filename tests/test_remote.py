@@ -7,20 +7,18 @@ import threading
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from lerobot_sql.errors import RemoteIOError
-from lerobot_sql.prefetch import prefetch
-from lerobot_sql._storage.readahead import SMALL_COLUMN
-from lerobot_sql._storage import transport
-from lerobot_sql._storage.source import open_source
-
 from helpers import assert_items_equal
 from http_range_server import RangeServer
+from lerobot_sql._storage import transport
+from lerobot_sql._storage.readahead import SMALL_COLUMN
+from lerobot_sql._storage.source import open_source
+from lerobot_sql.errors import RemoteIOError
+from lerobot_sql.prefetch import prefetch
 
 EPISODE_SQL = "SELECT episode_index FROM episodes WHERE episode_index IN (3, 11)"
 
@@ -399,7 +397,7 @@ def test_parquet_column_scan_fetches_ahead_only_when_scanning(http, datasets):
     src = open_source(f"{http.url}/multifile60")
     fs, path = src.fs, src.path(rel)
     with src.open(rel) as f:
-        pq.ParquetFile(f).metadata  # the footer is cached first, as DuckDB and pyarrow read it
+        _ = pq.ParquetFile(f).metadata  # the footer is cached first, as DuckDB and pyarrow read it
     col = next(j for j in range(md.num_columns) if md.schema.column(j).path.startswith("observation.state"))
     assert sum(_chunk(md, rg, col)[1] - _chunk(md, rg, col)[0] for rg in range(md.num_row_groups)) > SMALL_COLUMN
     for rg in (0, 5, 10):  # skipping: no readahead
@@ -426,7 +424,7 @@ def test_small_columns_are_fetched_whole_at_their_first_read(http, datasets):
     src = open_source(f"{http.url}/multifile60")
     fs, path = src.fs, src.path(rel)
     with src.open(rel) as f:
-        pq.ParquetFile(f).metadata
+        _ = pq.ParquetFile(f).metadata
     ncol, nrg = md.num_columns, md.num_row_groups
     size = [sum(_chunk(md, rg, j)[1] - _chunk(md, rg, j)[0] for rg in range(nrg)) for j in range(ncol)]
     small = [j for j in range(ncol) if size[j] <= SMALL_COLUMN]

@@ -24,8 +24,8 @@ import torch
 
 import lerobot_sql as lsql
 from lerobot_sql._catalog import connection
-from lerobot_sql.errors import QueryError, ResultContractError
 from lerobot_sql._catalog.sandbox import default_config, lock_down
+from lerobot_sql.errors import QueryError, ResultContractError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -859,7 +859,6 @@ def test_cli_result_writers_keep_the_progress_bar_off(tmp_path, capfd, monkeypat
     """The CLI's private connections (the box table and the CSV writer: DuckDB draws and writes those) come from
     sandbox.connect too: with the bar turned on after it, a CSV on stdout still starts with its header."""
     from helpers import SAMPLE, run_cli
-
     from lerobot_sql._catalog import sandbox
 
     made = []

@@ -5,22 +5,19 @@ from __future__ import annotations
 import io
 import os
 import struct
-
 import types
-from pathlib import Path
 
 import av
 import pytest
 
-from lerobot_sql._storage import hub, source
-from lerobot_sql.errors import LeRobotSQLError, UnsupportedVersionError
-from lerobot_sql._storage.cache import parse_size
-from lerobot_sql._format.layout import load_layout
-from lerobot_sql._storage.mp4 import mp4_sync_samples
-from lerobot_sql._storage.hub import resolve_hub_revision
-from lerobot_sql._storage.source import open_source
-
 from http_range_server import RangeServer
+from lerobot_sql._format.layout import load_layout
+from lerobot_sql._storage import hub
+from lerobot_sql._storage.cache import parse_size
+from lerobot_sql._storage.hub import resolve_hub_revision
+from lerobot_sql._storage.mp4 import mp4_sync_samples
+from lerobot_sql._storage.source import open_source
+from lerobot_sql.errors import LeRobotSQLError, UnsupportedVersionError
 
 
 def _api(*names, branches=("main",)):

@@ -19,7 +19,6 @@ from torch.utils.data import DataLoader
 
 import lerobot_sql as lsql
 from lerobot_sql.errors import CacheError
-
 from test_batch import _delta, _same
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +57,8 @@ def test_spawned_workers_equal_forked_and_in_process(datasets, tmp_path, frameco
     def batches(ctx):
         # timeout: a worker that never answers fails the test instead of holding the suite (one run of the whole
         # suite, on two loaded cores, waited here forever once; not seen again)
-        dl = DataLoader(ds, batch_size=8, sampler=idx, num_workers=2, multiprocessing_context=ctx, timeout=300)
+        dl = DataLoader(ds, batch_size=8, sampler=idx,  # noqa: F821 (ds is deleted after these calls)
+                        num_workers=2, multiprocessing_context=ctx, timeout=300)
         return list(dl)
 
     spawned, forked = batches(context), batches("fork")

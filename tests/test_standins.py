@@ -20,13 +20,13 @@ import torch
 
 import lerobot_sql as lsql
 import standins
+from helpers import decode_planar_and_packed
 from lerobot_sql import doctor
+from lerobot_sql._format.layout import load_layout
 from lerobot_sql._plan import resolve as plan
 from lerobot_sql._readers import decode, tabular, video_index
-from lerobot_sql._format.layout import load_layout
 from lerobot_sql._storage.source import open_source
-from helpers import decode_planar_and_packed
-from standins import DATA, EPISODES, FRONT, SPLIT, TASKS, WRIST, video_rel
+from standins import DATA, EPISODES, FRONT, TASKS, WRIST, video_rel
 
 DELTA = {"observation.state": [-2 / 30, -1 / 30, 0.0], "action": [i / 30 for i in range(10)],
          FRONT: [-1 / 30, 0.0], WRIST: [-1 / 30, 0.0]}

@@ -191,8 +191,6 @@ def _without_camera_stats(datasets, tmp_path, name, *, pointers_of: str | None =
     """A copy of dataset NAME (hard links but for meta/episodes) whose meta/episodes keeps no ``stats/<camera>/*``
     column (the numeric features keep theirs); ``pointers_of``: also drop that camera's ``videos/<camera>/*``
     columns."""
-    import os
-    import shutil
 
     root = tmp_path / name
     linked_copy(datasets / name, root)
@@ -274,8 +272,6 @@ def test_v21_without_episodes_stats_jsonl_computes_the_cameras(datasets, tmp_pat
     """v2.1 without meta/episodes_stats.jsonl: the cameras were left out of ds.meta.stats (what lerobot-sql train
     normalises with); now computed from the frames (one mp4 per episode: its frames, decoded straight with PyAV
     here), without quantiles, as the numeric features of a source without them."""
-    import os
-    import shutil
 
     import av
 

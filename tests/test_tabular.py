@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import data_root
-from lerobot_sql._readers import tabular
-from lerobot_sql.errors import DatasetFormatError
 from lerobot_sql._format.layout import load_layout
+from lerobot_sql._readers import tabular
 from lerobot_sql._storage.source import open_source
+from lerobot_sql.errors import DatasetFormatError
 
 
 @pytest.mark.parametrize("name", ["multifile60", "g1_real_v30"])

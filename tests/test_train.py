@@ -23,6 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 from helpers import PEER_PYTHON  # noqa: E402
+
 CHECK = ("import duckdb, sqlglot, lerobot, importlib.metadata as m; "
          "from lerobot.scripts import lerobot_train; from lerobot.policies.act.modeling_act import ACTPolicy; "
          "print(m.version('lerobot'))")

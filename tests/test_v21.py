@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
+from helpers import assert_item_equals_reference, load_reference
 from lerobot_sql import doctor
 from lerobot_sql._format.info import parse_version
-from helpers import assert_item_equals_reference, load_reference
 
 CAMS = {"observation.images.front": 1, "observation.images.wrist": 2}
 DELTA = {"observation.state": [-2 / 30, -1 / 30, 0.0], "action": [i / 30 for i in range(10)],

@@ -18,10 +18,10 @@ import re
 import duckdb
 import pyarrow as pa
 
-from ..errors import DatasetFormatError, warn
 from .._format.files import DatasetFiles
 from .._format.info import sql_key
 from .._query.sqltext import ident, literal
+from ..errors import DatasetFormatError, warn
 from . import macros, sandbox, views
 from .connection import LAZY_VIEWS, Connection, populate
 

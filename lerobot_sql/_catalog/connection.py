@@ -15,14 +15,23 @@ import weakref
 import duckdb
 import pyarrow as pa
 
-from ..errors import (DatasetFormatError, FileChangedError, LeRobotSQLError, MissingFileError, QueryError,
-                      RemoteIOError, ResultContractError, warn)
 from .._format.files import DatasetFiles
 from .._format.layout import Layout
-from .._format.metadata import corrupt_parquet_files, damaged_parquet_error, unreadable_error as parquet_error
-from .._readers import video_index
+from .._format.metadata import corrupt_parquet_files, damaged_parquet_error
+from .._format.metadata import unreadable_error as parquet_error
 from .._query.sqltext import ident, literal
+from .._readers import video_index
 from .._storage.source import Source, glob_escape
+from ..errors import (
+    DatasetFormatError,
+    FileChangedError,
+    LeRobotSQLError,
+    MissingFileError,
+    QueryError,
+    RemoteIOError,
+    ResultContractError,
+    warn,
+)
 from . import macros, sandbox, views
 
 # Most rows a query given to dataset()/manifest() may return (samples; duplicates allowed for oversampling).

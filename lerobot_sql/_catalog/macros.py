@@ -34,7 +34,9 @@ import json
 
 from .._format.info import sql_key
 from .._format.layout import Layout
-from .._query.sqltext import ident as q, literal as lit, number
+from .._query.sqltext import ident as q
+from .._query.sqltext import literal as lit
+from .._query.sqltext import number
 from ..errors import warn
 
 # Half-open windows are compared against float32 timestamps: this slack (seconds) matches plan.build_manifest.
@@ -88,7 +90,7 @@ def _frames_ext_sql(layout: Layout, frame_cols: dict[str, str], has_length: bool
     derived = [(length, "length"), (f"{length} / {fps}", "duration_s"),
                (f"CASE WHEN {length} > 1 THEN f.frame_index / ({length} - 1) ELSE 0.0 END", "progress"),
                (f"{length} / {fps} - f.timestamp", "time_to_end_s"), ("f.timestamp - lag(f.timestamp) OVER w", "dt_s")]
-    for feat, n, _names in vecs:
+    for feat, _n, _names in vecs:
         col = f"f.{q(feat)}"
         delta = f"vec_sub({col}, lag({col}) OVER w)"
         vel = f"list_transform({delta}, lambda d: d / (f.timestamp - lag(f.timestamp) OVER w))"

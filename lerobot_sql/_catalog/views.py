@@ -18,14 +18,14 @@ import re
 import duckdb
 import pyarrow as pa
 
-from ..errors import DatasetFormatError, warn
-from .._readers import video_index
 from .._format import v2
 from .._format.info import parse_template, sql_key
 from .._format.layout import Layout, check_stored_type
 from .._format.metadata import corrupt_parquet_files, read_tasks
-from .._storage.source import Source, glob_escape
 from .._query.sqltext import ident, literal, number
+from .._readers import video_index
+from .._storage.source import Source, glob_escape
+from ..errors import DatasetFormatError, warn
 
 DUCKDB_TYPES = {
     "float32": "FLOAT", "float64": "DOUBLE", "float16": "FLOAT", "int64": "BIGINT", "int32": "INTEGER",

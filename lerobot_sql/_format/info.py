@@ -13,9 +13,9 @@ import re
 import string
 from typing import Any
 
-from . import depth
-from ..errors import DatasetFormatError, UnsupportedVersionError, as_real
 from .._storage.source import confine
+from ..errors import DatasetFormatError, UnsupportedVersionError, as_real
+from . import depth
 
 DEFAULT_DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 DEFAULT_VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"

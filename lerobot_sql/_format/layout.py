@@ -14,12 +14,20 @@ import dataclasses
 import re
 import string
 
-from . import listing
-from .info import (DEFAULT_VIDEO_PATH, NUMERIC_DTYPES, V2_VIDEO_PATH, VIDEO_FIELDS_V2, VIDEO_FIELDS_V3, Feature,
-                   check_info, check_template)
-from .jsontext import load_json
-from ..errors import DatasetFormatError, MissingFileError, warn
 from .._storage.source import Source, confine
+from ..errors import DatasetFormatError, MissingFileError, warn
+from . import listing
+from .info import (
+    DEFAULT_VIDEO_PATH,
+    NUMERIC_DTYPES,
+    V2_VIDEO_PATH,
+    VIDEO_FIELDS_V2,
+    VIDEO_FIELDS_V3,
+    Feature,
+    check_info,
+    check_template,
+)
+from .jsontext import load_json
 
 DEFAULT_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 EPISODES_GLOB = "meta/episodes/*/*.parquet"

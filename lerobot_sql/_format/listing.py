@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import concurrent.futures
 
-from ..errors import DatasetFormatError, warn
 from .._storage.source import Source
+from ..errors import DatasetFormatError, warn
 from .info import CheckedInfo
 from .jsontext import load_json
 

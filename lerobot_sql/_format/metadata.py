@@ -15,11 +15,11 @@ import contextlib
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import DatasetFormatError, LeRobotSQLError, RemoteIOError
 from .._storage.source import Source
+from ..errors import DatasetFormatError, LeRobotSQLError, RemoteIOError
 from . import v2
 from .jsontext import load_json
-from .layout import Layout, V2_TASKS
+from .layout import V2_TASKS, Layout
 
 POINTERS = ("episode_index", "dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index")
 VIDEO_POINTERS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")

@@ -13,8 +13,8 @@ import numpy as np
 
 from ..errors import DatasetFormatError
 from . import depth
-from .jsontext import load_json
 from .info import NUMERIC_DTYPES
+from .jsontext import load_json
 from .layout import Layout
 
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)  # lerobot >= 0.4 writes q01, q10, q50, q90, q99

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..errors import DatasetFormatError
 from .._storage.source import Source
+from ..errors import DatasetFormatError
 from .info import DEFAULT_DATA_MB, DEFAULT_DATA_PATH, DEFAULT_VIDEO_MB, DEFAULT_VIDEO_PATH
 from .jsontext import load_json
-from .layout import Layout, V2_TASKS
+from .layout import V2_TASKS, Layout
 
 V3_VERSION = "v3.0"  # what info_to_v3 writes
 

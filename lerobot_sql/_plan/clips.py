@@ -14,8 +14,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from ..errors import DatasetFormatError, warn
 from .._format.layout import Layout
+from ..errors import DatasetFormatError, warn
 
 
 def duplicate_episode_error(episode_index: int, rows: int) -> DatasetFormatError:

@@ -19,11 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import manifest as _manifest
 from .._catalog.connection import MANIFEST_BYTES_PER_ROW, max_manifest_rows
-from .._query.sqltext import ident as q
-from ..errors import ResultContractError, closest, did_you_mean as _did_you_mean, warn
 from .._format.layout import Layout
+from .._query.sqltext import ident as q
+from ..errors import ResultContractError, closest, warn
+from ..errors import did_you_mean as _did_you_mean
+from . import manifest as _manifest
 
 CORE, LOCATION = _manifest.CORE, _manifest.LOCATION
 # The contract's own columns of each mode (the join's keys, and the sort of a result without ORDER BY).

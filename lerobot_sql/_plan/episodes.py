@@ -20,12 +20,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import ResultContractError
 from .._format.layout import Layout, check_stored_type
 from .._format.metadata import parquet_read_errors, read_pointers, video_clips
 from .._storage.source import Source
-from .clips import (check_clips, duplicate_episode_error, frames_kind, grid_limit, outside_clip, outside_clip_error,
-                    timestamp_error)
+from ..errors import ResultContractError
+from .clips import (
+    check_clips,
+    duplicate_episode_error,
+    frames_kind,
+    grid_limit,
+    outside_clip,
+    outside_clip_error,
+    timestamp_error,
+)
 
 FRAME_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 

@@ -18,18 +18,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import contract
-from . import episodes
-from . import manifest as _manifest
-from .clips import (check_clips, duplicate_episode_error, frames_kind, grid_limit, outside_clip, outside_clip_error,
-                    timestamp_error)
 from .._catalog.connection import missing_data_files
-from .._query.sqltext import ident as q, literal, number
-from ..errors import DatasetFormatError, MissingFileError, ResultContractError, warn
 from .._format.layout import Layout
 from .._format.metadata import read_pointers
+from .._query.sqltext import ident as q
+from .._query.sqltext import literal, number
 from .._storage.source import Source
-
+from ..errors import DatasetFormatError, MissingFileError, ResultContractError, warn
+from . import contract, episodes
+from . import manifest as _manifest
+from .clips import (
+    check_clips,
+    duplicate_episode_error,
+    frames_kind,
+    grid_limit,
+    outside_clip,
+    outside_clip_error,
+    timestamp_error,
+)
 
 
 def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Table, cameras: list[str] | None = None,
@@ -167,7 +173,7 @@ def _plain_numbers(t: pa.Table) -> pa.Table:
     """DECIMAL columns (DuckDB types `1.5` as DECIMAL) become float64, and numeric columns with NULLs float64 with
     NaN, so that every extra number becomes a tensor a DataLoader can collate."""
     cols = []
-    for name, col in zip(t.column_names, t.columns):
+    for col in t.columns:
         typ = col.type
         inner = typ.value_type if pa.types.is_list(typ) or pa.types.is_fixed_size_list(typ) else typ
         if pa.types.is_decimal(inner):

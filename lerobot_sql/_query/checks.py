@@ -23,7 +23,8 @@ from typing import Callable, Mapping
 import sqlglot
 from sqlglot import exp
 
-from ..errors import QueryError, did_you_mean as _did_you_mean
+from ..errors import QueryError
+from ..errors import did_you_mean as _did_you_mean
 from .lambdas import rewrite_lambdas
 
 

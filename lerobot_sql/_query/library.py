@@ -41,8 +41,8 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 
-from . import sqltext
 from ..errors import QueryError, did_you_mean
+from . import sqltext
 
 # Source checkout: the repository's top-level queries/. Installed wheel: pyproject maps queries/ to the package data
 # folder lerobot_sql/_queries (package-dir "lerobot_sql._queries" = "queries").

@@ -14,7 +14,8 @@ import dataclasses
 import json
 import re
 
-from ..errors import QueryError, did_you_mean as _did_you_mean
+from ..errors import QueryError
+from ..errors import did_you_mean as _did_you_mean
 from .checks import SAFE_TABLE_FUNCTIONS, Context, deep_recursion, table_function_error
 
 
@@ -320,7 +321,8 @@ def _check_recursive(cte: str, body: dict) -> None:
 
         params: set[str] = set()  # parameters of the lambdas being judged: elements of the previous step's lists
 
-        def own(ref: dict) -> bool:
+        # (the step's sets bound as defaults: these closures are called within this iteration only)
+        def own(ref: dict, params: set[str] = params, quals: set[str] = quals, names=names) -> bool:
             parts = [str(p).lower() for p in ref.get("column_names") or []]
             if not parts:
                 return False
@@ -328,7 +330,7 @@ def _check_recursive(cte: str, body: dict) -> None:
                 return True
             return names is None or parts[0] in names
 
-        def growth(o) -> float:
+        def growth(o, params: set[str] = params) -> float:
             """How many copies of the previous step's values the expression ``o`` may hold."""
             if isinstance(o, list):
                 return max((growth(v) for v in o), default=0.0)

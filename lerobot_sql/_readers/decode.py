@@ -23,11 +23,11 @@ import threading
 from fractions import Fraction
 
 import av
-from av.video.reformatter import VideoReformatter
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
-from ..errors import DatasetFormatError, LeRobotSQLError, VideoDecodeError, warn
 from .._storage.source import Source
+from ..errors import DatasetFormatError, LeRobotSQLError, VideoDecodeError, warn
 from .video_index import FrameIndex, Stamp, changed_error, open_container, stamp_of
 
 

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._storage import cache
-from ..errors import DatasetFormatError, LeRobotSQLError
 from .._format.layout import Layout
+from .._storage import cache
 from .._storage.source import Source
+from ..errors import DatasetFormatError, LeRobotSQLError
 
 CACHE_VERSION = 2  # 2: keyed by info.json's numeric features too; entries carry a checksum sidecar
 _NUMERIC = {"float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32",

@@ -30,10 +30,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._storage import cache
-from . import locate
-from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError, VideoDecodeError
 from .._storage.mp4 import mp4_sample_table, mp4_sync_samples
 from .._storage.source import Source, local_identity
+from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError, VideoDecodeError
+from . import locate
 
 INDEX_VERSION = 2  # 2: entries carry a checksum sidecar (cache.check)
 INDEX_SCHEMA = pa.schema([

@@ -14,9 +14,15 @@ import os
 import re
 from typing import Any
 
+from ..errors import (
+    DatasetFormatError,
+    LeRobotSQLError,
+    MissingFileError,
+    RemoteIOError,
+    UnsupportedVersionError,
+    closest,
+)
 from . import cache
-from ..errors import (DatasetFormatError, LeRobotSQLError, MissingFileError, RemoteIOError, UnsupportedVersionError,
-                      closest)
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./%-]+)?$")
 _VERSION_REF = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")

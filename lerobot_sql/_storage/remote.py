@@ -27,11 +27,11 @@ from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
+from ..errors import FileChangedError, RemoteIOError, RemoteWarning, warn
 from . import transport
 from .cache import atomic_write, cache_error, file_lock, parse_size
 from .pieces import PieceStore
 from .readahead import ColumnReadahead
-from ..errors import FileChangedError, RemoteIOError, RemoteWarning, warn
 
 
 def _reset_fsspec_loop() -> None:

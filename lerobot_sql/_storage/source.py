@@ -17,11 +17,11 @@ from typing import Any
 
 import fsspec
 
+from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError
 from . import cache, hub
 from .mp4 import PayloadFreeMP4
 from .remote import RemoteCacheFS
 from .transport import identity_of
-from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError
 
 _GLOB_CHARS = re.compile(r"([*?[])")
 

@@ -22,9 +22,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .output import (UsageError, error_hint, format_of, named_sql, one_line, print_table, run_sql, views_and_columns,
-                     write_result)
 from ..errors import LeRobotSQLError, MissingFileError, QueryError, QueryInterrupted, did_you_mean
+from .output import (
+    UsageError,
+    error_hint,
+    format_of,
+    named_sql,
+    one_line,
+    print_table,
+    run_sql,
+    views_and_columns,
+    write_result,
+)
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: lerobot_sql/cli/commands.py -> ../../..
 
@@ -228,9 +237,9 @@ def cmd_schema(args) -> int:
 
 def cmd_query(args) -> int:
     if args.list:
-        from .._query import library
-
         import textwrap
+
+        from .._query import library
 
         width = min(shutil.get_terminal_size().columns, 110)
         for e in library.list_queries(extra_dirs=[Path(d) for d in args.query_dir or []]):
@@ -357,7 +366,6 @@ def cmd_index(args) -> int:
 
 def cmd_doctor(args) -> int:
     from .. import doctor
-
     from ..errors import DatasetFormatError
 
     many = _collection_sources(os.fspath(args.dataset))

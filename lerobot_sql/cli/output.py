@@ -18,9 +18,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import (DatasetFormatError, DestinationError, FrameNotFoundError, MissingFileError, QueryError,
-                      QueryInterrupted, RemoteIOError, ResultContractError, TrainSetupError, UnsupportedVersionError,
-                      VideoDecodeError)
+from ..errors import (
+    DatasetFormatError,
+    DestinationError,
+    FrameNotFoundError,
+    MissingFileError,
+    QueryError,
+    QueryInterrupted,
+    RemoteIOError,
+    ResultContractError,
+    TrainSetupError,
+    UnsupportedVersionError,
+    VideoDecodeError,
+)
 
 
 class UsageError(Exception):

@@ -20,8 +20,8 @@ from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 
-from .output import error_hint, one_line, print_table, run_sql, views_and_columns
 from ..errors import LeRobotSQLError, QueryError, did_you_mean
+from .output import error_hint, one_line, print_table, run_sql, views_and_columns
 
 # What an unfinished token starts with -> (what it is, what closes it). The tokenizer only says that it failed; the
 # opener is read here from the text after the last whole token. E'..', X'..', B'..', R'..' are strings too.

@@ -18,9 +18,9 @@ The public face of the package only; the work is in its modules:
 
 from __future__ import annotations
 
+from .._plan.manifest import dataset_identity
 from .destination import MARKER
 from .lerobot import ExportReport, export_collection, export_dataset
-from .._plan.manifest import dataset_identity
 from .manifest import ManifestReport, export_manifest
 
 __all__ = ["export_dataset", "export_collection", "export_manifest", "ExportReport", "ManifestReport",

@@ -311,7 +311,7 @@ class Exporter:
                             "tasks": [self.new_tasks[t] for t in np.unique(table["task_index"].to_numpy())]})
                 if s.name is not None:  # a collection's export: where the episode comes from
                     row.update({"source_dataset": s.name, "source_episode_index": part.src_episode})
-                for k, w in self.videos.items():
+                for w in self.videos.values():
                     row.update(w.write(part))
                 part_stats = self._episode_stats(part, table)
                 for (feat, stat), col in self.stat_cols.items():

@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 import pyarrow as pa
+
 from ..errors import warn
 
 # Source files a writer keeps open per stream (v2.x has one data file and one mp4 per episode); parts arrive in file

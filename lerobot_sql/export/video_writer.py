@@ -18,10 +18,10 @@ from fractions import Fraction
 from typing import Any
 
 import av
-from av.video.frame import PictureType
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from av.video.frame import PictureType
 
 from .._readers import locate, video_index
 from ..errors import DatasetFormatError, VideoDecodeError

@@ -274,7 +274,7 @@ class CollectionDataset(torch.utils.data.Dataset):
             if key in ("dataset", "dataset_index"):
                 continue
             per = []
-            for code, name, where, b in groups:
+            for _code, name, _where, b in groups:
                 src = self._source_key(name, key)
                 per.append(b.tensors[src] if src in b.tensors else b.lists[src])
             if all(isinstance(p, torch.Tensor) for p in per):

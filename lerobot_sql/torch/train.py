@@ -84,6 +84,7 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
             SQL selection is read in place, never streamed).
     """
     import torch
+
     # the names as lerobot's own factory imports them (ImageTransforms moved to lerobot.transforms in 0.5)
     from lerobot.datasets.factory import IMAGENET_STATS, ImageTransforms, resolve_delta_timestamps
 

@@ -30,7 +30,6 @@ The references (``<ref>.npz`` / ``<ref>.json``, the layout of ``shared/tools/dum
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys

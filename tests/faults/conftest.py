@@ -11,8 +11,20 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
-from damage import DATA, EPISODES, TASKS, INFO, FRONT, WRIST, truncate, scribble, edit_info, rewrite_parquet, set_column, shorten_mp4  # noqa: F401
+from damage import (  # noqa: F401
+    DATA,
+    EPISODES,
+    FRONT,
+    INFO,
+    TASKS,
+    WRIST,
+    edit_info,
+    rewrite_parquet,
+    scribble,
+    set_column,
+    shorten_mp4,
+    truncate,
+)
 
 
 @pytest.fixture(autouse=True)

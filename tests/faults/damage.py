@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-
 DATA = "data/chunk-000/file-000.parquet"
 
 

@@ -13,15 +13,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from damage import FRONT, INFO, scribble, truncate
 
 import lerobot_sql as lsql
-from lerobot_sql._storage import cache
+from helpers import assert_items_equal
 from lerobot_sql._readers import video_index
+from lerobot_sql._storage import cache
 from lerobot_sql._storage.cache import CacheWarning
 from lerobot_sql._storage.source import open_source
-
-from damage import FRONT, INFO, scribble, truncate
-from helpers import assert_items_equal
 
 EP0 = "SELECT index FROM frames WHERE episode_index = 0 AND frame_index < 30 ORDER BY index"
 

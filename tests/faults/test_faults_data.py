@@ -3,21 +3,35 @@ column and a fix; never a neighbouring frame, never a bare library exception. Ma
 
 from __future__ import annotations
 
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from damage import (
+    DATA,
+    EPISODES,
+    FRONT,
+    INFO,
+    TASKS,
+    edit_info,
+    rewrite_parquet,
+    scribble,
+    set_column,
+    shorten_mp4,
+    truncate,
+)
 
 import lerobot_sql as lsql
-from lerobot_sql.errors import (DatasetFormatError, FrameNotFoundError, LeRobotSQLError, MissingFileError,
-                                ResultContractError, VideoDecodeError)
-
 from helpers import assert_items_equal, wall_clock
-
-from damage import (DATA, EPISODES, FRONT, INFO, TASKS, edit_info, rewrite_parquet, scribble, set_column,
-                      shorten_mp4, truncate)
+from lerobot_sql.errors import (
+    DatasetFormatError,
+    FrameNotFoundError,
+    LeRobotSQLError,
+    MissingFileError,
+    ResultContractError,
+    VideoDecodeError,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -488,7 +502,7 @@ def test_stale_data_pointer_reads_the_rows_where_they_are(damaged, pristine60, e
     root2 = damaged("multifile60")
     (root2 / "data/chunk-000/file-001.parquet").unlink()
     with pytest.warns(UserWarning, match=r"no rows in any data file.*episodes? 57"):
-        lsql.connect(root2).con
+        _ = lsql.connect(root2).con
 
 
 def test_stream_rate_other_than_info_fps_is_read_by_time(damaged, pristine):

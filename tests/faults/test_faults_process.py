@@ -18,10 +18,8 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
-from lerobot_sql.errors import CacheError
-
 from helpers import assert_items_equal
-
+from lerobot_sql.errors import CacheError
 
 pytestmark = pytest.mark.timeout(120)
 

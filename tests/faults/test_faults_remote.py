@@ -13,14 +13,12 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
+from damage import DATA, rewrite_parquet, set_column
 
 import lerobot_sql as lsql
-from lerobot_sql.errors import RemoteIOError
-from lerobot_sql._storage.source import open_source
-
-from damage import DATA, rewrite_parquet, set_column
 from http_range_server import RangeServer, _Handler
+from lerobot_sql._storage.source import open_source
+from lerobot_sql.errors import RemoteIOError
 
 pytestmark = pytest.mark.timeout(90)
 
