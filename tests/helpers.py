@@ -346,8 +346,8 @@ def wall_clock(root: Path, factor: float, fps: float = 30, seed: int = 0) -> Non
 
 def ctrl_c_from_outside(args: list[str], *, stdin: str | None = None, start_after: str | None = None,
                         env: dict | None = None, limit_s: float = 200) -> tuple[int, str, str, float | None]:
-    """Run ``python ARGS`` and send it SIGINT as a terminal's Ctrl-C does, from this process, once a second until it
-    says "interrupted" (stdout or stderr) or exits (``start_after``: only once that text came on its stdout, e.g. a first
+    """Run ``python ARGS`` and send it SIGINT as a terminal's Ctrl-C does, from this process, after a second and then
+    every 5 s until it says "interrupted" (stdout or stderr) or exits (``start_after``: only once that text came on its stdout, e.g. a first
     statement's result). Returns ``(returncode, stdout, stderr, secs)``, ``secs`` the time from the last signal sent
     before "interrupted" appeared to it (None if it never did).
 
@@ -361,8 +361,14 @@ def ctrl_c_from_outside(args: list[str], *, stdin: str | None = None, start_afte
     import time
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    def as_from_a_terminal():  # in the child before exec: SIGINT at its default action and not blocked, as a
+        # shell starts a foreground command (a process started with SIGINT ignored, e.g. `cmd &` from a script,
+        # keeps it ignored: Python then installs no handler, and neither do we)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
     p = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, preexec_fn=as_from_a_terminal)
     out: list[str] = []
     err: list[str] = []
     seen = {"started": start_after is None, "interrupted": None}
@@ -386,7 +392,13 @@ def ctrl_c_from_outside(args: list[str], *, stdin: str | None = None, start_afte
     t0 = time.monotonic()
     try:
         while p.poll() is None and seen["interrupted"] is None and time.monotonic() - t0 < limit_s:
-            time.sleep(1.0)
+            # the first signal a second after the start, then one every 5 s: a signal sent after the process said
+            # "interrupted" but before this side read it would land in its exit (Python's handlers are gone by then:
+            # killed by SIGINT, -2); 5 s leaves the readers time to see the word first
+            waited = 0.0
+            while waited < (1.0 if not sent else 5.0) and p.poll() is None and seen["interrupted"] is None:
+                time.sleep(0.05)
+                waited += 0.05
             if seen["started"] and seen["interrupted"] is None and p.poll() is None:
                 sent.append(time.monotonic())
                 p.send_signal(signal.SIGINT)
