@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._catalog import macros
-from ._catalog.collection import CollectionConnection
+from ._catalog.union import CollectionConnection
 from ._format import stats_json
 from ._format.files import open_files
 from ._plan import manifest as _manifest
@@ -239,9 +239,11 @@ class Collection(QueryFace):
         tensor, the dataset's position in :attr:`names`).
 
         Args:
-            sql: a query returning ``dataset`` and a contract of :meth:`Database.dataset` per dataset, or a
-                manifest from :meth:`manifest` (an Arrow table, or a Parquet file it was written to with
-                ``pyarrow.parquet.write_table``).
+            sql: a str is SQL: a query returning ``dataset`` and a contract of :meth:`Database.dataset` per
+                dataset. A manifest from :meth:`manifest` is given as the Arrow table, or as an ``os.PathLike``
+                (``pathlib.Path``) naming the Parquet file it was written to with ``pyarrow.parquet.write_table``
+                (a str naming an existing .parquet file is still read as one, with a DeprecationWarning, until
+                0.3).
             features: the feature keys items carry (after ``rename``; default: every feature of the selected
                 datasets, which must then agree). Keys that are not features (``index``, ``episode_index``,
                 ``frame_index``, ``timestamp``, ``task_index``, ``task``, extra result columns) are always kept.
@@ -275,13 +277,14 @@ class Collection(QueryFace):
     def _manifest_of(self, sql: str | os.PathLike | pa.Table, extras: bool = True,
                      aligns: dict[str, str] | None = None, tolerance_s: float | None = None,
                      verify: bool = True) -> pa.Table:
-        """The collection manifest ``sql`` stands for: a saved one (Parquet path) or a table, checked to be of this
-        collection (:meth:`_check_manifest_source`) and, with ``verify``, row by row (:meth:`_verify_parts`), else
-        the manifest of the query (``extras`` as :meth:`manifest`)."""
+        """The collection manifest ``sql`` stands for: a saved one (an ``os.PathLike``) or a table, checked to be of
+        this collection (:meth:`_check_manifest_source`) and, with ``verify``, row by row (:meth:`_verify_parts`),
+        else the manifest of the query, a str (``extras`` as :meth:`manifest`)."""
         where = "the table passed to the collection"
-        if _manifest.is_manifest_path(sql):
-            where = f"the manifest file {os.fspath(sql)}"
-            sql = _manifest.read_manifest_file(sql, "pyarrow.parquet.write_table(coll.manifest(sql), path)")
+        path = _manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
+        if path is not None:
+            where = f"the manifest file {os.fspath(path)}"
+            sql = _manifest.read_manifest_file(path, "pyarrow.parquet.write_table(coll.manifest(sql), path)")
         if isinstance(sql, pa.Table):
             self._check_manifest_source(sql)
             # a manifest with its location columns dropped (m.select([...]) keeps the metadata) met a bare
@@ -290,7 +293,8 @@ class Collection(QueryFace):
             if verify:
                 self._verify_parts(sql, where, aligns or {}, tolerance_s)
             return sql
-        return self.manifest(sql, extras=extras, align=aligns or "timestamp", tolerance_s=tolerance_s)
+        with _manifest.path_hint(sql):
+            return self.manifest(sql, extras=extras, align=aligns or "timestamp", tolerance_s=tolerance_s)
 
     def _verify_parts(self, manifest: pa.Table, where: str, aligns: dict[str, str],
                       tolerance_s: float | None) -> None:
@@ -327,7 +331,7 @@ class Collection(QueryFace):
                 "those datasets' frames. Open it through a collection of the same datasets under the same names, "
                 "or build it again with coll.manifest(sql)")
 
-    def stats(self, sql: str | pa.Table | None = None, *, per_dataset: bool = False,
+    def stats(self, sql: str | os.PathLike | pa.Table | None = None, *, per_dataset: bool = False,
               rename: dict[str, dict[str, str]] | None = None) -> dict:
         """Statistics of a selection across the collection, in lerobot's ``meta/stats.json`` form (see
         :meth:`Database.stats` and :mod:`lerobot_sql.stats`).
@@ -340,8 +344,9 @@ class Collection(QueryFace):
         count-weighted means of each dataset's quantiles (an estimate, as lerobot's).
 
         Args:
-            sql: a collection query (``dataset`` plus a contract) or a collection manifest (table or saved Parquet
-                file); None: every episode.
+            sql: a str is SQL, a collection query (``dataset`` plus a contract); or a collection manifest, as
+                :meth:`dataset` takes it (the table, or an ``os.PathLike`` naming its Parquet file); None: every
+                episode.
             per_dataset: return ``{dataset: its stats}`` instead of the combined statistics.
             rename: as :meth:`dataset`, so that differently named features combine.
 
@@ -396,7 +401,8 @@ class Collection(QueryFace):
         selected dataset's.
 
         Args:
-            sql: the query, or a manifest from :meth:`manifest` (table or saved Parquet file).
+            sql: a str is SQL, the query; or a manifest from :meth:`manifest`, as :meth:`dataset` takes it (the
+                table, or an ``os.PathLike`` naming its Parquet file).
             features, rename: as :meth:`dataset`: which feature keys to write (after ``rename``; default every
                 feature, which the selected datasets must then all have alike) and per dataset
                 ``{its key: output key}``.

@@ -170,11 +170,14 @@ class Database(QueryFace):
         """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
 
         Args:
-            sql: a query over the views whose result is ``index`` rows, ``(episode_index, start_s, end_s)``
-                windows or ``episode_index`` rows (see docs/training.md, "Adapter contract"); or a manifest (an Arrow
-                table from :meth:`manifest`, or the path of a Parquet file written by :meth:`export_manifest`);
-                or None: every frame of ``episodes`` (as ``LeRobotDataset(repo_id, episodes=...)``), of all
-                episodes when that is None too. Whole episodes are resolved from meta/episodes without DuckDB.
+            sql: a str is SQL: a query over the views whose result is ``index`` rows, ``(episode_index, start_s,
+                end_s)`` windows or ``episode_index`` rows (see docs/training.md, "Adapter contract"). An
+                ``os.PathLike`` (``pathlib.Path``) is a manifest file written by :meth:`export_manifest`; a
+                ``pyarrow.Table`` a manifest from :meth:`manifest` (either is checked against this dataset). None:
+                every frame of ``episodes`` (as ``LeRobotDataset(repo_id, episodes=...)``), of all episodes when
+                that is None too. Whole episodes are resolved from meta/episodes without DuckDB. (A str ending in
+                .parquet that names an existing file is still read as a manifest file, with a DeprecationWarning,
+                until 0.3.)
             episodes: episode_index values (only with ``sql=None``); as in ``LeRobotDataset``, a set: frames come in
                 index order, each once. A custom order or repeats: use SQL (``... ORDER BY``).
             delta_timestamps: {feature key: [offsets in seconds]}, as LeRobotDataset's.
@@ -209,7 +212,8 @@ class Database(QueryFace):
             :class:`lerobot_sql.torch.dataset.LeRobotSQLDataset`.
 
         Raises:
-            QueryError / ResultContractError: the SQL or its result is unusable.
+            QueryError / ResultContractError: the SQL or its result is unusable (or the manifest, naming the row).
+            MissingFileError: ``sql`` is a path naming no file.
             DatasetFormatError: a data, metadata or video file is a symlink to a file outside the dataset root and
                 outside the hub cache's ``blobs/`` folder (see :meth:`lerobot_sql._storage.source.Source.check_link`);
                 a feature is named ``task``, or ``<key>_is_pad`` for a ``delta_timestamps`` key (the item's own key
@@ -238,16 +242,19 @@ class Database(QueryFace):
               "tolerance_s": tolerance_s, "align": align}
         # before the manifest: its whole-episode path would meet a bad key as a bare KeyError
         self.layout.check_cameras(kw["cameras"] or [])
+        path = plan_manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
         if sql is None:
             manifest = self._episodes_manifest(episodes, **kw)
         elif isinstance(sql, pa.Table):
             manifest = sql
             plan_manifest.check_columns(manifest, "the table passed to dataset()")
-        elif plan_manifest.is_manifest_path(sql):
-            manifest = plan_manifest.read_manifest_file(sql, "db.export_manifest(sql, path)")
+        elif path is not None:
+            sql = path
+            manifest = plan_manifest.read_manifest_file(path, "db.export_manifest(sql, path)")
         else:
-            manifest = self.manifest(sql, **kw)
-        if not isinstance(sql, str) or sql.strip().endswith(".parquet"):
+            with plan_manifest.path_hint(sql):
+                manifest = self.manifest(sql, **kw)
+        if not isinstance(sql, str) or path is not None:
             if plan_manifest.COLLECTION_KEY in (manifest.schema.metadata or {}):
                 # Its index / data_row values are each dataset's own: read through one dataset they are other frames.
                 raise ResultContractError("a manifest of a collection (Collection.manifest), given to one dataset's "
@@ -356,18 +363,19 @@ class Database(QueryFace):
         frame_cols = {r[0]: r[1] for r in self.con.sql("DESCRIBE frames").fetchall()}
         return {name: frame_cols[name] for name, _n, _names in macros.vector_features(self.layout, frame_cols)}
 
-    def stats(self, sql: str | pa.Table | None = None, *, episodes: list[int] | None = None,
+    def stats(self, sql: str | os.PathLike | pa.Table | None = None, *, episodes: list[int] | None = None,
               cameras: list[str] | None = None) -> dict[str, dict[str, Any]]:
         """Statistics in lerobot's ``meta/stats.json`` form: ``{feature: {"min", "max", "mean", "std", "count"
         [, "q01".."q99"]}}`` of numpy arrays (vectors ``(D,)``, cameras ``(3, 1, 1)`` in [0, 1], ``count`` int64
         ``(1,)``), what lerobot's ``LeRobotDatasetMetadata.stats`` holds.
 
-        ``sql``: a selection as :meth:`dataset` takes it (SQL text or a manifest table); or ``episodes``: whole
-        episodes, as ``db.dataset(episodes=[...])``. Numeric features are computed by DuckDB over exactly the
-        selected samples; cameras are aggregated from the per-episode statistics of the episodes the selection
-        touches, as lerobot's ``aggregate_stats`` does, and computed from the episode's frames where meta/episodes
-        holds none (:mod:`lerobot_sql.stats` says what is exact). Without ``sql``: the source's ``meta/stats.json``
-        unchanged, which is what lerobot uses even with ``episodes=[...]``.
+        ``sql``: a selection as :meth:`dataset` takes it (a str is SQL; an ``os.PathLike`` such as
+        ``pathlib.Path("m.parquet")`` a manifest file, refused when written from another dataset; a table a
+        manifest); or ``episodes``: whole episodes, as ``db.dataset(episodes=[...])``. Numeric features are computed
+        by DuckDB over exactly the selected samples; cameras are aggregated from the per-episode statistics of the
+        episodes the selection touches, as lerobot's ``aggregate_stats`` does, and computed from the episode's
+        frames where meta/episodes holds none (:mod:`lerobot_sql.stats` says what is exact). Without ``sql``: the
+        source's ``meta/stats.json`` unchanged, which is what lerobot uses even with ``episodes=[...]``.
 
         The selection's rows are what :meth:`manifest` selects; statistics locate no frame by a row's timestamp, so
         the selection is taken without the cameras' pointer, clip and timestamp checks that ``dataset()`` makes
@@ -377,7 +385,7 @@ class Database(QueryFace):
         a manifest table, the cameras it was resolved for and every image feature); the others get no entry.
 
         Raises:
-            MissingFileError: no ``sql`` and the dataset has no meta/stats.json.
+            MissingFileError: no ``sql`` and the dataset has no meta/stats.json; ``sql`` is a path naming no file.
             DatasetFormatError: no ``sql`` and meta/stats.json is not valid JSON, or a statistic is not numbers or
                 its size does not fit the feature's info.json shape (naming the file, feature and statistic).
             StatsUnavailableError: a camera has no per-episode statistics for some selected episodes and its
@@ -385,6 +393,10 @@ class Database(QueryFace):
             ValueError: the selection is empty; ``cameras`` names a feature that is no camera.
             QueryError, ResultContractError: as :meth:`manifest`.
         """
+        path = plan_manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
+        if path is not None:
+            sql = plan_manifest.read_manifest_file(path, "db.export_manifest(sql, path)")
+            plan_manifest.check_source(sql, path, self.source.url, self.layout)
         if cameras is not None:
             cameras = [cameras] if isinstance(cameras, str) else list(cameras)
             self.layout.check_cameras(cameras)
@@ -410,7 +422,10 @@ class Database(QueryFace):
             return stats_json.from_json(text, self.source.path("meta/stats.json"), self.layout)
         if isinstance(sql, pa.Table):
             plan_manifest.check_columns(sql, "the table passed to stats()")
-        manifest = sql if isinstance(sql, pa.Table) else self.manifest(sql, **rows_only)
+            manifest = sql
+        else:
+            with plan_manifest.path_hint(sql):
+                manifest = self.manifest(sql, **rows_only)
         return self._selection_stats(manifest, cameras=cameras)
 
     def _selection_stats(self, manifest: pa.Table, con: duckdb.DuckDBPyConnection | None = None,
@@ -502,8 +517,9 @@ class Database(QueryFace):
 
     def export_manifest(self, sql: str, path: str | os.PathLike, *, overwrite: bool = False):
         """Write the manifest of ``sql`` (one row per sample, :meth:`manifest`'s columns plus each camera's
-        ``<video_key>/time_s``, the dataset root in its metadata) as one Parquet file at ``path``; ``dataset(path)``
-        rebuilds the same items, and Ray Data or Daft read it with their Parquet readers.
+        ``<video_key>/time_s``, the dataset root in its metadata) as one Parquet file at ``path``;
+        ``dataset(pathlib.Path(path))`` rebuilds the same items (a str is SQL), and Ray Data or Daft read it with
+        their Parquet readers.
 
         Args:
             overwrite: replace ``path`` if it is a manifest this method wrote (never another file).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 import time
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._plan import manifest as plan_manifest
 from ._readers import deltas, locate, tabular, video_index
 from ._readers import need as _need
 from ._readers.tabular import row_group_ranges
@@ -144,13 +146,14 @@ def warm_episode_row_groups(db, sql: str) -> int:
         return sum(pool.map(lambda j: src.fetch(*j), jobs)) if jobs else 0
 
 
-def prefetch(db, sql: str | pa.Table, progress: bool = True, *, delta_timestamps: dict | None = None,
+def prefetch(db, sql: str | os.PathLike | pa.Table, progress: bool = True, *, delta_timestamps: dict | None = None,
              cameras: list[str] | None = None, workers: int = 8) -> PrefetchReport:
-    """Fetch into the cache the bytes the items of ``sql`` (a query, or a manifest table) need.
+    """Fetch into the cache the bytes the items of ``sql`` (a query, or a manifest: its file or table) need.
 
     Args:
         db: a :class:`lerobot_sql.db.Database` over a remote root (on a local root this does nothing).
-        sql: as for ``db.dataset``.
+        sql: as for ``db.dataset``: a str is SQL; a manifest file is an ``os.PathLike`` (``pathlib.Path``), a
+            manifest a table.
         delta_timestamps, cameras: as you will pass to ``db.dataset`` (neighbour frames, camera subset).
         workers: parallel range requests.
 
@@ -162,9 +165,16 @@ def prefetch(db, sql: str | pa.Table, progress: bool = True, *, delta_timestamps
     if src.is_local:
         return PrefetchReport(seconds=time.perf_counter() - t0)
     before = src.io_stats()
-    if not isinstance(sql, pa.Table):
+    path = plan_manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
+    if path is not None:
+        sql = plan_manifest.read_manifest_file(path, "db.export_manifest(sql, path)")
+        plan_manifest.check_source(sql, path, src.url, db.layout)
+    if isinstance(sql, pa.Table):
+        manifest = sql
+    else:
         warm_episode_row_groups(db, sql)
-    manifest = sql if isinstance(sql, pa.Table) else db.manifest(sql)
+        with plan_manifest.path_hint(sql):
+            manifest = db.manifest(sql)
     need = needed_ranges(db, manifest, delta_timestamps, cameras)
     jobs = [(rel, a, b) for rel, rs in need.items() for a, b in rs]
     missing = sum(b - a for rel, a0, b0 in jobs for a, b in src.missing(rel, [(a0, b0)]))

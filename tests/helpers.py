@@ -17,6 +17,7 @@ Two tiers of test data (tests/README.md):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -344,12 +345,22 @@ def wall_clock(root: Path, factor: float, fps: float = 30, seed: int = 0) -> Non
         pq.write_table(t.set_column(i, "timestamp", pa.array(ts, t.schema.field(i).type)), path)
 
 
+@dataclasses.dataclass
+class CtrlC:
+    """What :func:`ctrl_c_from_outside` saw: the exit code, both streams, the seconds from the last signal sent
+    before "interrupted" appeared to it (None: never), and how many signals were sent."""
+    returncode: int
+    stdout: str
+    stderr: str
+    secs: float | None
+    sent: int
+
+
 def ctrl_c_from_outside(args: list[str], *, stdin: str | None = None, start_after: str | None = None,
-                        env: dict | None = None, limit_s: float = 200) -> tuple[int, str, str, float | None]:
+                        env: dict | None = None, limit_s: float = 200) -> CtrlC:
     """Run ``python ARGS`` and send it SIGINT as a terminal's Ctrl-C does, from this process, after a second and then
     every 5 s until it says "interrupted" (stdout or stderr) or exits (``start_after``: only once that text came on its stdout, e.g. a first
-    statement's result). Returns ``(returncode, stdout, stderr, secs)``, ``secs`` the time from the last signal sent
-    before "interrupted" appeared to it (None if it never did).
+    statement's result). Returns a :class:`CtrlC`.
 
     Why from outside: a sender thread inside the process (the earlier helper) needs the GIL to send, and with two
     DuckDB threads on a loaded machine the query's main thread held it for the whole query: the signal was never
@@ -411,7 +422,7 @@ def ctrl_c_from_outside(args: list[str], *, stdin: str | None = None, start_afte
         t.join(10)
     at = seen["interrupted"]
     before = [t for t in sent if at is not None and t <= at]
-    return p.returncode, "".join(out), "".join(err), (at - before[-1]) if before else None
+    return CtrlC(p.returncode, "".join(out), "".join(err), (at - before[-1]) if before else None, len(sent))
 
 
 def run_cli(*args, stdin: str | None = None, cwd: Path | None = None, env: dict | None = None,

@@ -722,19 +722,17 @@ def test_query_ctrl_c_exits_130_within_a_second():
     "interrupted" (within about a second; asserted only far below the query's minutes, so a loaded machine cannot
     fail it). Before, the signal waited for the query to end: only --timeout (the test's safety net) stopped it,
     exit 1."""
-    rc, _, err, secs = ctrl_c_from_outside(["-m", "lerobot_sql.cli", "query", str(SAMPLE), CROSS_JOIN,
-                                            "--timeout", "120"])
-    assert rc == 130 and "interrupted" in err and "Traceback" not in err, (rc, err)
-    assert secs is not None and secs < 60, secs
+    r = ctrl_c_from_outside(["-m", "lerobot_sql.cli", "query", str(SAMPLE), CROSS_JOIN, "--timeout", "120"])
+    assert r.returncode == 130 and "interrupted" in r.stderr and "Traceback" not in r.stderr, r
+    assert r.secs is not None and r.secs < 60, r
 
 
 def test_shell_ctrl_c_stops_the_query_and_the_shell_goes_on():
     """Ctrl-C during a shell statement (signals start once the first statement's result is out): that statement
     reports "interrupted" and the next one runs."""
-    rc, out, err, secs = ctrl_c_from_outside(["-m", "lerobot_sql.cli", "shell", str(SAMPLE)],
-                                             stdin=f"SELECT 'ready_1' AS r;\n{CROSS_JOIN};\nSELECT 7 AS seven;\n",
-                                             start_after="ready_1")
-    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 1 and "interrupted (Ctrl-C)" in errors[0], err
-    assert ["7"] in box_cells(out) and rc == 1
-    assert secs is not None and secs < 60, secs
+    r = ctrl_c_from_outside(["-m", "lerobot_sql.cli", "shell", str(SAMPLE)],
+                            stdin=f"SELECT 'ready_1' AS r;\n{CROSS_JOIN};\nSELECT 7 AS seven;\n", start_after="ready_1")
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "interrupted (Ctrl-C)" in errors[0], r
+    assert ["7"] in box_cells(r.stdout) and r.returncode == 1, r
+    assert r.secs is not None and r.secs < 60, r

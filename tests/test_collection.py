@@ -1,4 +1,4 @@
-"""SQL across many datasets (lerobot_sql.collection, _catalog/collection): the views span every dataset with a
+"""SQL across many datasets (lerobot_sql.collection, _catalog/union): the views span every dataset with a
 ``dataset`` column, counts are the sums of each dataset's own, identity is (dataset, episode_index) /
 (dataset, index), and a query's result becomes one manifest resolved by each dataset alone."""
 

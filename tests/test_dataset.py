@@ -208,7 +208,7 @@ def test_manifest_row_cap_follows_memory(datasets, monkeypatch):
 def test_manifest_path_typo_is_a_missing_file_not_a_sql_error(datasets, tmp_path):
     db = lsql.connect(datasets / "small20")
     with pytest.raises(lsql.MissingFileError, match="manifest file not found"):
-        db.dataset(str(tmp_path / "nope.parquet"))
+        db.dataset(tmp_path / "nope.parquet")  # a Path: a file (a str is SQL, test_manifest)
 
 
 # ---- lazy construction: caches are built by the items that need them ----------------------------------------------

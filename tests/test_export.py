@@ -531,7 +531,7 @@ def test_manifest_round_trip(datasets, tmp_path):
                                    t[f"{k}/from_timestamp"].to_numpy() + t["timestamp"].to_numpy().astype(np.float64))
     meta = json.loads(t.schema.metadata[b"lerobot_sql.manifest"])
     assert meta["root"] == str(datasets / "multifile60")
-    a, b = db.dataset(str(tmp_path / "m.parquet")), db.dataset(sql)
+    a, b = db.dataset(tmp_path / "m.parquet"), db.dataset(sql)
     assert len(a) == len(b) == 60
     for i in (0, 29, 30, 59):
         x, y = a[i], b[i]
@@ -858,7 +858,7 @@ def test_a_destination_under_the_home_tilde_goes_home(datasets, tmp_path, monkey
         assert lsql.connect("~/out").sql("SELECT count(*) FROM episodes").fetchall() == [(1,)]
     else:
         report = db.export_manifest("SELECT 1 AS episode_index", "~/m.parquet")
-        assert len(db.dataset("~/m.parquet")) == 158
+        assert len(db.dataset(Path("~/m.parquet"))) == 158
     assert not (work / "~").exists() and list(work.iterdir()) == []
     assert str(getattr(report, "dest", None) or report.path).startswith(str(home))
 

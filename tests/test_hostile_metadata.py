@@ -489,7 +489,7 @@ def test_deep_manifest_metadata_is_a_contract_error_naming_the_file(datasets, tm
     path = tmp_path / "m.parquet"
     pq.write_table(m.replace_schema_metadata({b"lerobot_sql.manifest": DEEP.encode()}), path)
     with pytest.raises(lsql.ResultContractError) as e:
-        db.dataset(str(path))
+        db.dataset(path)
     _too_deep(e.value, "export_manifest")
     coll = lsql.connect_many([datasets / "small20", datasets / "multifile60"])
     cm = coll.manifest("SELECT dataset, episode_index FROM episodes WHERE episode_index = 1")

@@ -351,6 +351,17 @@ def test_nothing_imports_through_an_old_path():
     assert {k: v for k, v in found.items() if v} == {}, "import the new home instead (lerobot_sql.torch.*)"
 
 
+def test_no_two_modules_share_a_basename():
+    """A traceback or a grep names one file: no two modules share a basename (``__init__`` aside), except the old
+    paths, which re-export a module of the same name for one release."""
+    by_name: dict[str, list[str]] = {}
+    for mod, path in _modules().items():
+        if path.name != "__init__.py" and mod not in OLD_PATHS:
+            by_name.setdefault(path.stem, []).append(mod)
+    shared = {k: sorted(v) for k, v in by_name.items() if len(v) > 1}
+    assert shared == {}, f"modules sharing a basename (name each after what it holds): {shared}"
+
+
 def test_the_walk_sees_lazy_imports_and_type_checking_blocks():
     """The walk itself: a lazy import is an edge, a TYPE_CHECKING import is not, relative levels resolve."""
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .db import Database\n"

@@ -23,7 +23,7 @@ CORE = [("index", pa.int64()), ("episode_index", pa.int64()), ("frame_index", pa
         ("task_index", pa.int64()), ("data_file", pa.string()), ("data_row", pa.int64()),
         ("ep_from_index", pa.int64()), ("ep_to_index", pa.int64()), ("ep_data_row0", pa.int64()),
         ("result_row", pa.int64())]
-META_KEYS = {"mode", "extras", "video_keys", "fps", "sql", "clips"}
+META_KEYS = {"mode", "extras", "video_keys", "fps", "sql", "clips", "dataset_id"}
 
 
 def _meta(t: pa.Table) -> dict:
@@ -106,8 +106,8 @@ def test_export_manifest_round_trips_through_dataset(name, tmp_path):
     ds_file, ds_sql = db.dataset(path), db.dataset(sql)
     saved = ds_file.manifest
     keys = db.layout.video_keys
-    # the file: the manifest's columns, then each camera's time in its mp4; the metadata gains the root and the
-    # source's identity
+    # the file: the manifest's columns, then each camera's time in its mp4; the metadata gains the root (the
+    # source's identity is in every manifest: db.manifest's tables carry it too)
     assert saved.column_names == m.column_names + [f"{k}/time_s" for k in keys]
     assert saved.select(m.column_names).equals(m)
     assert ds_sql.manifest.select(m.column_names).equals(m)
@@ -115,7 +115,7 @@ def test_export_manifest_round_trips_through_dataset(name, tmp_path):
     assert meta.pop("root") == db.source.url
     from lerobot_sql.export import dataset_identity
 
-    assert meta.pop("dataset_id") == dataset_identity(db.layout)  # what db.dataset(manifest) compares
+    assert meta["dataset_id"] == _meta(m)["dataset_id"] == dataset_identity(db.layout)  # what is compared
     assert meta == _meta(m)
     for k in keys:
         t = saved[f"{k}/from_timestamp"].to_numpy() + saved["timestamp"].to_numpy().astype(np.float64)
@@ -574,3 +574,72 @@ def test_an_edited_collection_manifest_file_is_refused_naming_the_dataset(datase
                                                        rf"\(index \d+, episode 1\): column '{WRIST}/file' holds "
                                                        r"'videos/observation.images.front/"):
         coll.dataset(path)
+
+
+def test_a_manifest_file_is_a_path_and_a_str_is_sql(datasets, tmp_path):
+    """A str is SQL; a manifest file is a pathlib.Path (or its table), for db.dataset and db.stats alike. 0.2 took
+    any str ending in .parquet without a space for a file (db.dataset("m.parquet")): for one release a str naming
+    an existing file still is one, with a DeprecationWarning naming the Path form (attributed to the caller's
+    line); a str naming no file is SQL like any other, and its error names the Path form."""
+    import warnings
+
+    import pyarrow.parquet as pq
+
+    db = lsql.connect(datasets / "small20")
+    sql = "SELECT index FROM frames WHERE episode_index = 3 AND frame_index % 10 = 0"
+    path = tmp_path / "m.parquet"
+    db.export_manifest(sql, path)
+    want = db.manifest(sql)["index"].to_pylist()
+    want_count = db.stats(sql)["action"]["count"].tolist()
+    uses = {"dataset": lambda m: db.dataset(m, cameras=[]).manifest["index"].to_pylist(),
+            "stats": lambda m: db.stats(m)["action"]["count"].tolist()}
+    expect = {"dataset": want, "stats": want_count}
+    for name, use in uses.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            for given in (path, pq.read_table(path)):  # no warning
+                assert use(given) == expect[name], (name, type(given))
+        with pytest.warns(DeprecationWarning, match=r"pathlib\.Path") as record:
+            assert use(str(path)) == expect[name], name
+        assert [w.filename for w in record if w.category is DeprecationWarning] == [__file__], name
+        with pytest.raises(lsql.QueryError, match=r"pathlib\.Path\(.*nope\.parquet'\)") as e:
+            use(str(tmp_path / "nope.parquet"))
+        assert type(e.value) is lsql.QueryError, name  # parsed as SQL: not a MissingFileError
+    with pytest.raises(lsql.MissingFileError, match="nope.parquet"):
+        db.dataset(tmp_path / "nope.parquet")  # a Path is a file, present or not
+
+
+def test_a_collection_manifest_file_is_a_path_and_a_str_is_sql(datasets, tmp_path, monkeypatch):
+    """coll.dataset / coll.stats / coll.export: the same rule; the CLI turns an existing *.parquet given as --sql
+    into a Path itself (its UI: no warning there)."""
+    import warnings
+
+    import pyarrow.parquet as pq
+
+    from helpers import run_cli
+
+    coll = lsql.connect_many([datasets / "small20", datasets / "h264_20"])  # as the CLI names them
+    m = coll.manifest("SELECT dataset, episode_index FROM episodes WHERE episode_index = 1 AND dataset = 'small20'")
+    path = tmp_path / "c.parquet"
+    pq.write_table(m, path)
+    uses = {"dataset": lambda g: len(coll.dataset(g, cameras=[])),
+            "stats": lambda g: coll.stats(g)["action"]["count"].tolist(),
+            "export": lambda g: coll.export(g, tmp_path / f"out{len(list(tmp_path.iterdir()))}", progress=False,
+                                            features=["action"]).frames}
+    expect = {"dataset": m.num_rows, "stats": [m.num_rows], "export": m.num_rows}
+    for name, use in uses.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            for given in (path, m):
+                assert use(given) == expect[name], (name, type(given))
+        with pytest.warns(DeprecationWarning, match=r"pathlib\.Path"):
+            assert use(str(path)) == expect[name], name
+        with pytest.raises(lsql.QueryError, match=r"pathlib\.Path\(.*nope\.parquet'\)"):
+            use(str(tmp_path / "nope.parquet"))
+    seen = []
+    real = lsql.Collection.export
+    monkeypatch.setattr(lsql.Collection, "export", lambda self, sql, *a, **kw: seen.append(sql) or real(self, sql, *a, **kw))
+    r = run_cli("export", f"{datasets / 'small20'},{datasets / 'h264_20'}", tmp_path / "cli", "--sql", path,
+                "--features", "action", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert seen == [path]  # a Path, not the str

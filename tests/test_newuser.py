@@ -186,17 +186,17 @@ def test_a_manifest_is_refused_through_another_dataset(sample, datasets, tmp_pat
     other.export_manifest("SELECT index FROM frames WHERE episode_index = 3 ORDER BY index", path)
     with pytest.raises(lsql.ResultContractError, match="manifest of the dataset at .*multifile60.*opened through "
                                                        "the dataset at .*small20") as ei:
-        lsql.connect(sample).dataset(str(path), cameras=[])
+        lsql.connect(sample).dataset(path, cameras=[])
     assert "export_manifest" in str(ei.value)
     with pytest.raises(lsql.ResultContractError, match="multifile60"):  # a table read by the user, too
         lsql.connect(sample).dataset(pq.read_table(path), cameras=[])
     # its own dataset, and a copy of it elsewhere (same info.json), read the same frames
     want = [other.sql("SELECT index FROM frames WHERE episode_index = 3 ORDER BY index").fetchall()[k][0]
             for k in (0, 5)]
-    assert [int(other.dataset(str(path), cameras=[])[k]["index"]) for k in (0, 5)] == want
+    assert [int(other.dataset(path, cameras=[])[k]["index"]) for k in (0, 5)] == want
     copy = tmp_path / "copy"
     shutil.copytree(datasets / "multifile60", copy)
-    ds = lsql.connect(copy).dataset(str(path), cameras=[])
+    ds = lsql.connect(copy).dataset(path, cameras=[])
     assert [int(ds[k]["index"]) for k in (0, 5)] == want and int(ds[0]["episode_index"]) == 3
 
 

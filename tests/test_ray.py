@@ -64,6 +64,24 @@ def test_decoder_needs_a_manifest_or_root(tmp_path):
         Decoder(bare)
 
 
+def test_decode_batch_reads_a_manifest_rewritten_at_the_same_path_anew(datasets, tmp_path):
+    """decode_batch kept one Decoder per manifest path: the path rewritten with export_manifest(..., overwrite=True)
+    from another dataset (multifile60 after small20) and decoded again in the same process (a Ray actor, a Spark
+    worker, a notebook) gave small20's rows as multifile60's items, silently. The file's identity is now part of the
+    key: the new rows are multifile60's items."""
+    a, b = lsql.connect(datasets / "small20"), lsql.connect(datasets / "multifile60")
+    m = tmp_path / "reused.parquet"
+    a.export_manifest("SELECT index FROM frames WHERE index < 4", m)
+    first = decode_batch(pq.read_table(m), manifest=m)
+    for j in range(4):
+        assert_row_equals_item({k: v[j] for k, v in first.items()}, a.dataset(m)[j])
+    b.export_manifest("SELECT index FROM frames WHERE index IN (400, 401, 402, 403)", m, overwrite=True)
+    second = decode_batch(pq.read_table(m), manifest=m)
+    want = b.dataset(m)
+    for j in range(4):
+        assert_row_equals_item({k: v[j] for k, v in second.items()}, want[j])
+
+
 def collect(ds) -> dict:
     """All rows of a Ray dataset as numpy columns (batches keep dtypes; single rows turn float32 into float)."""
     batches = list(ds.iter_batches(batch_size=None, batch_format="numpy"))

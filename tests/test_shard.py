@@ -251,3 +251,26 @@ def test_fewer_episodes_than_ranks_fails_before_workers_start(db):
         ShardedManifestDataset(db, m, rank=0, world_size=3, cameras=[])
     with pytest.raises(ValueError, match="rank 3 is not in"):
         ShardedManifestDataset(db, m, rank=3, world_size=3, by="sample", cameras=[])
+
+
+def test_a_manifest_of_another_dataset_is_refused_by_the_sharded_dataset(datasets, tmp_path):
+    """ShardedManifestDataset(db_a, manifest of b) and LeRobotSQLDataset(db_a.files, manifest of b) served A's rows
+    at B's positions, silently, for an unedited manifest of B (a db.manifest() table, or an export_manifest file read
+    back); db.dataset(path) refused the same input. Both now refuse naming the other dataset; A's own manifest (and a
+    table of its own, written and read back) still serves A's items."""
+    from lerobot_sql.torch.dataset import LeRobotSQLDataset
+
+    a, b = lsql.connect(datasets / "small20"), lsql.connect(datasets / "multifile60")
+    sql = "SELECT index FROM frames WHERE index IN (400, 401)"
+    path = tmp_path / "b.parquet"
+    b.export_manifest(sql, path)
+    for given in (b.manifest(sql), pq.read_table(path)):
+        with pytest.raises(lsql.ResultContractError, match="another dataset|opened through the dataset at"):
+            ShardedManifestDataset(a, given, rank=0, world_size=1)
+        with pytest.raises(lsql.ResultContractError, match="another dataset|opened through the dataset at"):
+            LeRobotSQLDataset(a.files, given)
+    own = a.manifest(sql)
+    want = a.dataset(sql)
+    got = list(ShardedManifestDataset(a, own, rank=0, world_size=1, shuffle=False))
+    assert [int(i["index"]) for i in got] == [400, 401]
+    assert all(torch.equal(g["observation.state"], want[j]["observation.state"]) for j, g in enumerate(got))

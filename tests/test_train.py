@@ -221,14 +221,42 @@ def test_resume_finds_the_saved_selection_from_lerobots_checkpoint_config(tmp_pa
     cfg = out / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
     cfg.parent.mkdir(parents=True)
     (out / "lerobot_sql_train.json").write_text(json.dumps({"sql": "SELECT episode_index FROM episodes"}))
-    old = {"sql": "SELECT episode_index FROM episodes", "stats": "selection", "align": "timestamp"}
+    old = {"sql": "SELECT episode_index FROM episodes", "stats": "selection", "align": "timestamp", "root": None,
+           "dataset_id": None}
     assert saved_run(["--resume=true", f"--config_path={cfg}"]) == old
     assert saved_run([f"--output_dir={out}"]) == old
     with pytest.raises(TrainSetupError, match="pass --sql"):
         saved_run([f"--output_dir={tmp_path / 'other'}"])
+    # a new run in a folder inside the old one's is not the old run (the file was looked for in every parent)
+    with pytest.raises(TrainSetupError, match="pass --sql"):
+        saved_run(["--resume=true", f"--output_dir={out / 'new_run'}"])
     (out / "lerobot_sql_train.json").write_text(json.dumps({"sql": None, "stats": "dataset"}))
     with pytest.raises(TrainSetupError, match="holds no SQL selection"):
         saved_run([f"--output_dir={out}"])
+
+
+def test_resume_on_another_dataset_is_refused_and_on_a_copy_accepted(datasets, tmp_path, monkeypatch):
+    """`--resume` compared nothing with the DATASET given: a run started on small20 resumed on multifile60 went on
+    training on multifile60's frames. Now refused naming both; a copy of small20 elsewhere (the same
+    dataset_identity) resumes."""
+    import lerobot_sql as lsql
+    from helpers import linked_copy, run_cli
+    from lerobot_sql._plan.manifest import dataset_identity
+
+    seen = {}
+    _stand_in_lerobot_train(monkeypatch, seen)
+    out = tmp_path / "run"
+    out.mkdir()
+    sql = "SELECT episode_index FROM episodes WHERE episode_index = 3"
+    src = lsql.connect(datasets / "small20")
+    (out / "lerobot_sql_train.json").write_text(json.dumps({"root": src.source.url, "sql": sql,
+                                                            "dataset_id": dataset_identity(src.layout)}))
+    r = run_cli("train", datasets / "multifile60", "--", "--resume=true", f"--output_dir={out}")
+    assert r.returncode != 0 and "the run was started on" in r.stderr and "another" in r.stderr, r.stderr
+    assert not seen
+    copy = linked_copy(datasets / "small20", tmp_path / "moved")
+    r = run_cli("train", copy, "--", "--resume=true", f"--output_dir={out}")
+    assert r.returncode == 0 and seen["sql"] == sql, r.stderr
 
 
 def _stand_in_lerobot_train(monkeypatch, seen: dict) -> None:

@@ -26,7 +26,8 @@ real frames), ``cameras`` when the manifest was resolved for some cameras only (
 their pointers and clips were checked; the other cameras' columns may be null) and, in a saved manifest, ``root``
 and ``dataset_id`` (:func:`dataset_identity`).
 
-The file form is here too: :func:`is_manifest_path`, :func:`read_manifest_file`, :func:`read_schema` and
+The file form is here too: :func:`manifest_path_of` (an entry point's argument names a file when it is an
+``os.PathLike``; a str is SQL) and :func:`path_hint`, :func:`read_manifest_file`, :func:`read_schema` and
 :func:`file_root` (what ``ray_data`` reads), :func:`is_manifest_file` (what an overwrite may replace),
 :func:`check_source` (a manifest of another dataset is refused); and a manifest from outside (a file, a table handed
 to ``dataset()``) is checked row by row against the planner's own (:func:`check_against`, the last section).
@@ -34,10 +35,12 @@ to ``dataset()``) is checked row by row against the planner's own (:func:`check_
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -45,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._format.jsontext import load_json
-from ..errors import MissingFileError, ResultContractError
+from ..errors import MissingFileError, QueryError, ResultContractError, warn
 
 META_KEY = b"lerobot_sql.manifest"
 CORE = ("index", "episode_index", "frame_index", "timestamp", "task_index")
@@ -139,8 +142,9 @@ def check_columns(table: pa.Table, where: str) -> None:
 
 
 def finish(table: pa.Table, *, mode: str, extras: list[str], video_keys: list[str], fps: float, sql: str,
-           clips: dict, cameras: list[str] | None = None) -> pa.Table:
-    """A resolver's last step: the columns in their documented order, and the metadata attached.
+           clips: dict, cameras: list[str] | None = None, dataset_id: str | None = None) -> pa.Table:
+    """A resolver's last step: the columns in their documented order, and the metadata attached (``dataset_id``:
+    the source's :func:`dataset_identity`, so a table handed to another dataset is refused, :func:`check_source`).
 
     Raises:
         ResultContractError: a documented column is missing (a resolver bug, named).
@@ -150,14 +154,44 @@ def finish(table: pa.Table, *, mode: str, extras: list[str], video_keys: list[st
     if missing:
         raise ResultContractError(f"internal: the manifest lacks columns {missing} (resolver bug; please report)")
     return Meta(mode, tuple(extras), tuple(video_keys), fps, sql, clips,
-                cameras=None if cameras is None else tuple(cameras)).attach(table.select(want))
+                cameras=None if cameras is None else tuple(cameras), dataset_id=dataset_id).attach(table.select(want))
 
 
-# ---- a manifest file (db.export_manifest writes it; dataset(), coll.dataset() and ray_data read it) -----------------
-def is_manifest_path(sql: Any) -> bool:
-    """True when ``dataset()``'s first argument names a saved manifest (a path, or text ending in .parquet)."""
-    return isinstance(sql, os.PathLike) or (isinstance(sql, str) and sql.strip().endswith(".parquet")
-                                            and " " not in sql.strip())
+# ---- a manifest file (db.export_manifest writes it; dataset(), stats(), a collection's and ray_data read it) --------
+def reads_as_a_file_name(sql: Any) -> bool:
+    """A str ending in .parquet without whitespace: what 0.2 took for a manifest file's path."""
+    return isinstance(sql, str) and sql.strip().endswith(".parquet") and not any(c.isspace() for c in sql.strip())
+
+
+def manifest_path_of(sql: Any) -> str | os.PathLike | None:
+    """The manifest file that the ``sql`` argument of an entry point taking "SQL or a manifest" names (``dataset``,
+    ``stats``, a collection's ``dataset`` / ``stats`` / ``export``, ``prefetch``), or None: a str is SQL, a table
+    is a table. A manifest file is an ``os.PathLike`` (``pathlib.Path``), never guessed from text.
+
+    For one release (it goes in 0.3), a str ending in .parquet, without whitespace, that names an existing file is
+    still that file (0.2 read any such str as one), with a DeprecationWarning saying to pass ``pathlib.Path(...)``.
+    One that names no file is SQL like any other str (:func:`path_hint` adds the Path form to its error).
+    """
+    if isinstance(sql, os.PathLike):
+        return sql
+    if reads_as_a_file_name(sql) and os.path.isfile(os.path.expanduser(sql.strip())):
+        warn(f"a str is SQL: pass the manifest file as pathlib.Path({sql.strip()!r}); reading a manifest file from a "
+             "str ending in .parquet goes in 0.3", DeprecationWarning)
+        return sql.strip()
+    return None
+
+
+@contextlib.contextmanager
+def path_hint(sql: Any) -> Iterator[None]:
+    """Around the resolution of ``sql`` as SQL: a str that reads as a file name (and names no file, else
+    :func:`manifest_path_of` took it) fails to parse; its QueryError then says how a manifest file is given."""
+    try:
+        yield
+    except QueryError as e:
+        if reads_as_a_file_name(sql):  # the same error (class, cause, traceback), its message longer
+            e.args = (f"{e}. A str is SQL, and no file {sql.strip()!r} exists: a manifest file is passed as "
+                      f"pathlib.Path({sql.strip()!r})", *e.args[1:])
+        raise
 
 
 def read_manifest_file(path: str | os.PathLike, how: str) -> pa.Table:
@@ -234,8 +268,9 @@ def check_source(manifest: pa.Table, where: Any, url: str, layout) -> None:
     """Refuse a manifest written from another dataset than the one at ``url`` (``layout``: its layout): its
     data_file, data_row and index values point into that dataset, so read through this one they give other frames.
 
-    Accepted when the manifest records no root (``db.manifest()``'s own tables), when the roots are the same folder,
-    or when its ``dataset_id`` equals :func:`dataset_identity` of ``layout``: a copied or moved dataset.
+    Accepted when its ``dataset_id`` equals :func:`dataset_identity` of ``layout`` (the same dataset, or a copied or
+    moved one), when the roots are the same folder, or when it records neither (a table from before the identity was
+    recorded). ``db.manifest()``'s tables record the identity, files ``export_manifest`` wrote the root too.
 
     Raises:
         ResultContractError: naming both roots and the fix; or naming the file (``where``, a path), its metadata is
@@ -245,7 +280,14 @@ def check_source(manifest: pa.Table, where: Any, url: str, layout) -> None:
     meta = Meta.of(manifest, where=str(name))  # the one parser of it; a file's errors name it
     root = meta.root
     if not isinstance(root, str) or not root:
-        return
+        if meta.dataset_id is None or meta.dataset_id == dataset_identity(layout):
+            return
+        # a table db.manifest() built over another dataset (ShardedManifestDataset(db_a, manifest_of_b) read A's rows)
+        raise ResultContractError(
+            f"{name}: a manifest of another dataset than the one at {url} (its info.json differs: version, "
+            "total_episodes, total_frames, fps or features), so its data_file/data_row/index values would give this "
+            "dataset's other frames. Build it with this dataset's db.manifest(sql), or pass it with the files of the "
+            "dataset it was built from")
 
     def same(a: str, b: str) -> bool:
         if "://" in a or "://" in b:

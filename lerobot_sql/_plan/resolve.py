@@ -405,4 +405,5 @@ def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layou
                 "db.export writes every camera, so it needs the pointers), or restore those columns of "
                 "meta/episodes (run `lerobot-sql doctor`)")
     return _manifest.finish(manifest, mode=mode, extras=extras, video_keys=layout.video_keys, fps=layout.fps,
-                            sql=sql, clips=clips, cameras=None if cameras is None else keys)
+                            sql=sql, clips=clips, cameras=None if cameras is None else keys,
+                            dataset_id=_manifest.dataset_identity(layout))

@@ -169,6 +169,15 @@ def _sql_from(args, db, *, required: bool = True, default: str | None = None) ->
 
 
 # ---- subcommands ---------------------------------------------------------------------------------------------------
+def _manifest_or_sql(args, sql: str | None) -> str | Path | None:
+    """``--sql`` naming an existing ``*.parquet`` file is that manifest file, handed on as a Path (the library reads a
+    str as SQL); anything else, and a named query's SQL, stays text."""
+    if getattr(args, "name", None) or not sql:
+        return sql
+    path = os.path.expanduser(sql.strip())
+    return Path(path) if path.endswith(".parquet") and os.path.isfile(path) else sql
+
+
 def cmd_info(args) -> int:
     db = _connect(args)
     if not hasattr(db, "layout"):  # a collection
@@ -312,6 +321,8 @@ def _print_report(report: Any) -> None:
 def cmd_export(args) -> int:
     db = _connect(args)
     sql = _sql_from(args, db)
+    if not hasattr(db, "layout"):  # a collection's export takes a saved collection manifest too
+        sql = _manifest_or_sql(args, sql)
     try:
         kw = {}
         if getattr(args, "features", None):
@@ -334,7 +345,7 @@ def cmd_prefetch(args) -> int:
     from .. import prefetch
 
     db = _connect(args, collection_ok=False)
-    sql = _sql_from(args, db, default="SELECT episode_index FROM episodes")
+    sql = _manifest_or_sql(args, _sql_from(args, db, default="SELECT episode_index FROM episodes"))
     kw: dict[str, Any] = {"cameras": args.camera, "workers": args.workers}
     if args.delta_timestamps:
         try:
@@ -472,11 +483,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    def query_source(sp, positional: bool):
+    def query_source(sp, positional: bool, manifest: str = ""):
         if positional:
             sp.add_argument("sql", nargs="?", metavar="SQL", help="a SELECT over the views; - reads it from stdin")
         else:
-            sp.add_argument("--sql", help="a SELECT over the views; - reads it from stdin")
+            sp.add_argument("--sql", help=f"a SELECT over the views; - reads it from stdin{manifest}")
         sp.set_defaults(sql_spelling="SQL" if positional else "--sql SQL")  # for _sql_from's "no query" error
         sp.add_argument("--name", help="a named query from the library (see `lerobot-sql query --list`)")
         sp.add_argument("--param", "-p", action="append", type=_param, metavar="KEY=VALUE",
@@ -528,7 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
               '3.0 AS end_s FROM episodes"',
               "lerobot-sql export sample/small20 /tmp/subset --name NAME -p key=value"], cmd_export)
     sp.add_argument("dest", metavar="DEST", help="folder of the new dataset")
-    query_source(sp, positional=False)
+    query_source(sp, positional=False, manifest="; over several datasets, an existing *.parquet file is a "
+                                                "collection manifest saved from coll.manifest(sql)")
     sp.add_argument("--overwrite", action="store_true", help="replace DEST if it exists (once the new one is complete); only an empty folder "
                          "or an earlier lerobot-sql export is ever replaced")
     sp.add_argument("--tolerance-s", type=float, default=1e-4,
@@ -546,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
              ["lerobot-sql prefetch hf://datasets/ORG/NAME",
               'lerobot-sql prefetch hf://datasets/ORG/NAME --sql "SELECT episode_index FROM episodes LIMIT 5"'],
              cmd_prefetch, one=True)
-    query_source(sp, positional=False)
+    query_source(sp, positional=False, manifest="; an existing *.parquet file is a manifest (db.export_manifest)")
     sp.add_argument("--delta-timestamps", metavar="JSON",
                     help='the delta_timestamps you will train with, e.g. \'{"action": [0, 0.0333]}\'')
     sp.add_argument("--camera", action="append", metavar="KEY", help="only this camera (repeatable; default all)")

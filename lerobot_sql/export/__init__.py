@@ -9,9 +9,9 @@ The public face of the package only; the work is in its modules:
 * :mod:`.parts`: how the selection is cut into output episodes and files;
 * :mod:`.data_writer`, :mod:`.video_writer`: the Parquet and mp4 writers;
 * :mod:`.target`: what the writers take: each source read (``ExportSource``) and the folder written (``ExportTarget``);
-* :mod:`.stats`: the statistics columns of meta/episodes between Arrow and numpy (lerobot's statistics themselves
-  are :mod:`lerobot_sql._format.stats_json`'s);
-* :mod:`.manifest`: the manifest as one Parquet file (its form: :mod:`lerobot_sql._plan.manifest`);
+* :mod:`.episode_stats`: the statistics columns of meta/episodes between Arrow and numpy (lerobot's statistics
+  themselves are :mod:`lerobot_sql._format.stats_json`'s);
+* :mod:`.manifest_file`: the manifest as one Parquet file (its form: :mod:`lerobot_sql._plan.manifest`);
 * :mod:`.destination`: where an export may write (never over what it did not write), the staging folder's life
   until it is moved into place, and the one error block around the writes.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 from .._plan.manifest import dataset_identity
 from .destination import MARKER
 from .lerobot import ExportReport, export_collection, export_dataset
-from .manifest import ManifestReport, export_manifest
+from .manifest_file import ManifestReport, export_manifest
 
 __all__ = ["export_dataset", "export_collection", "export_manifest", "ExportReport", "ManifestReport",
            "dataset_identity", "MARKER"]

@@ -5,7 +5,7 @@ Export plan: the query is resolved to a manifest by ``db.manifest(sql)`` (:mod:`
 row cap, fast path and order as ``dataset()``), cut into *parts* (one output episode each: a whole source episode
 or a window, told apart by ``result_row``, or a contiguous run of ``index`` rows of one episode), and each part is
 written in order (:mod:`.parts` cuts them; the writers are :mod:`.data_writer` and :mod:`.video_writer`, the
-stats ports :mod:`.stats`):
+meta/episodes' statistics columns :mod:`.episode_stats`):
 
 * data: the part's source rows, with ``episode_index``/``index``/``frame_index``/``timestamp``/``task_index``
   rewritten, one row group per episode, files rotated by ``data_files_size_in_mb``;
@@ -52,7 +52,7 @@ from .._format import stats_json, v2
 from .._plan.manifest import Meta, collection_meta, dataset_codes
 from .._readers import decode, locate, video_index
 from ..errors import DatasetFormatError, IncompatibleDatasetsError, ResultContractError, warn
-from . import destination, stats
+from . import destination, episode_stats
 from .data_writer import DataWriter
 from .parts import Part, Rotator, cut_parts
 from .target import ExportSource, ExportTarget
@@ -467,7 +467,7 @@ class Exporter:
                     else:
                         out[name] = stats_json.image_stats(self._png_samples(table[name], part.length))
             elif name in table.column_names:
-                arr = stats.numeric(table[name])
+                arr = episode_stats.numeric(table[name])
                 out[name] = stats_json.feature_stats(arr.reshape(len(arr), -1), feat.shape if arr.ndim > 1 else (1,))
         return out
 
@@ -514,7 +514,7 @@ class Exporter:
         for r in rows:
             for col, typ in self.stat_types.items():
                 if col in r and isinstance(r[col], np.ndarray):
-                    r[col] = stats.to_py(r[col], typ)
+                    r[col] = episode_stats.to_py(r[col], typ)
         per_row = max(1, len(json.dumps(rows[0], default=str)))
         per_file = max(1, int(self.target.data_limit // per_row))
         for start in range(0, len(rows), per_file):

@@ -23,7 +23,7 @@ import torch
 from .._format import depth
 from .._format.files import DatasetFiles
 from .._format.layout import check_item_keys
-from .._plan.manifest import Meta
+from .._plan.manifest import Meta, check_source
 from .._readers import deltas, locate, tabular, video_index
 from ..errors import DatasetFormatError, as_int
 from . import _samples, _values, _worker
@@ -100,6 +100,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                  decoder_threads: int = 1, parallel_cameras: bool | str = "auto", max_open_decoders: int = 16,
                  seek_reach: int = 2, stats: Callable[[], dict] | None = None, depth_output_unit: str = "mm",
                  align: str = "timestamp"):
+        # A manifest built from (or written by) another dataset names that dataset's rows: refused, whoever builds
+        # this (db.dataset checks files and tables itself; ShardedManifestDataset, ray_data and direct use did not).
+        check_source(manifest, "the manifest given to LeRobotSQLDataset", files.source.url, files.layout)
         # The task texts are read here, in the main process, before any worker starts (once per DatasetFiles).
         layout = files.layout
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir

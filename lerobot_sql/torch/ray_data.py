@@ -143,18 +143,34 @@ class Decoder:
         return stack_items(self.items(batch))
 
 
-_DECODERS: dict[str, Decoder] = {}
+# (manifest, root, options) -> (the manifest file's identity when its Decoder was made, the Decoder)
+_DECODERS: dict[str, tuple[Any, Decoder]] = {}
+
+
+def _file_identity(manifest: str | os.PathLike | None) -> Any:
+    """size, mtime, inode and ctime of a local manifest file (None for none, or a URL: not checked)."""
+    if manifest is None or "://" in str(manifest):
+        return None
+    try:
+        st = os.stat(manifest)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 def decode_batch(batch: Any, *, manifest: str | os.PathLike | None = None, root: str | os.PathLike | None = None,
                  **kwargs: Any) -> dict[str, np.ndarray]:
     """Function form of :class:`Decoder` for ``map_batches(decode_batch, fn_kwargs={...})``, for Daft UDFs or
-    Spark's ``mapInArrow``: one Decoder per process and argument set, reused across batches.
+    Spark's ``mapInArrow``: one Decoder per process and argument set, reused across batches while a local manifest
+    file is unchanged (size, mtime, inode, ctime); a manifest at a URL is read once per process.
 
     Arguments and result as :class:`Decoder`; ``delta_timestamps`` and the other dataset options go in ``kwargs``.
     """
     key = json.dumps([str(manifest), str(root), repr(sorted(kwargs.items()))])
-    dec = _DECODERS.get(key)
-    if dec is None:
-        dec = _DECODERS[key] = Decoder(manifest, root=root, **kwargs)
-    return dec(batch)
+    ident = _file_identity(manifest)
+    got = _DECODERS.get(key)
+    # a manifest file rewritten at the same path (export_manifest(..., overwrite=True), maybe of another dataset) is
+    # read again: the Decoder made for the old file would read the new rows through the old dataset's files
+    if got is None or got[0] != ident:
+        got = _DECODERS[key] = (ident, Decoder(manifest, root=root, **kwargs))
+    return got[1](batch)

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .._plan.manifest import dataset_identity
 from ..errors import TrainSetupError
 
 SUPPORTED = ((0, 4), (0, 6))  # lerobot minor versions checked (docs/training.md: "Train with lerobot")
@@ -119,8 +120,8 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
         if out:  # what --resume needs to rebuild the same dataset (lerobot reloads only its own config)
             Path(out).mkdir(parents=True, exist_ok=True)
             (Path(out) / "lerobot_sql_train.json").write_text(json.dumps(
-                {"root": db.source.url, "sql": sql if isinstance(sql, str) else None, "stats": stats,
-                 "align": ds.align}, indent=2))
+                {"root": db.source.url, "dataset_id": dataset_identity(db.layout),
+                 "sql": sql if isinstance(sql, str) else None, "stats": stats, "align": ds.align}, indent=2))
         factory.dataset = ds
         return ds
 
@@ -197,10 +198,12 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
     Raises:
         TrainSetupError: lerobot missing or not 0.4.x-0.6.x, or an option that cannot be honoured; on resume, a
             ``stats`` or ``align`` other than the run was started with (normalization or frames would change
-            mid-training).
+            mid-training), or another dataset than the run's (a copy or move of it, same ``dataset_identity``,
+            is accepted).
     """
     args = list(lerobot_args)
     dataset_kwargs = dict(dataset_kwargs or {})
+    saved = None
     if sql is None:  # a resumed run continues with what it was started with, not with today's defaults
         saved = saved_run(args)
         sql = saved["sql"]
@@ -224,6 +227,12 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
     from ..db import connect
 
     db = connect(root, storage_options=storage_options, cache_dir=cache_dir)
+    if saved is not None and saved["root"] and saved["root"] != db.source.url and \
+            saved["dataset_id"] != dataset_identity(db.layout):
+        # the checkpoint's optimizer state and step count would go on over another dataset's frames
+        raise TrainSetupError(f"the run was started on {saved['root']}; resuming it on {db.source.url}, another "
+                              "dataset, would continue training on other frames: give the run's DATASET (a copy or "
+                              "move of it is accepted), or start a new run with another --output_dir")
     if isinstance(sql, str):
         db.check(sql)
     version = lerobot_version()
@@ -262,18 +271,24 @@ def resuming(lerobot_args: list[str]) -> bool:
 
 
 def saved_run(lerobot_args: list[str]) -> dict:
-    """What a run was started with, for ``--resume``: ``{"sql", "stats", "align"}`` from
-    ``<output_dir>/lerobot_sql_train.json``, found from ``--config_path`` (lerobot resumes from
-    ``<output_dir>/checkpoints/<step>/pretrained_model/train_config.json``, in one of whose folders it is) or
-    ``--output_dir``. A file written before ``stats``/``align`` were saved gives their defaults (``"selection"``,
+    """What a run was started with, for ``--resume``: ``{"sql", "stats", "align", "root", "dataset_id"}`` from
+    ``<output_dir>/lerobot_sql_train.json``, found in ``--output_dir``, or from ``--config_path`` (lerobot resumes
+    from ``<output_dir>/checkpoints/<step>/pretrained_model/train_config.json``: the folder above ``checkpoints``);
+    never in a parent of ``--output_dir`` (a new run in a folder inside an old one's is not that run). A file written before ``stats``/``align`` were saved gives their defaults (``"selection"``,
     ``"timestamp"``).
 
     Raises:
         TrainSetupError: neither argument leads to a saved selection, or the file holds none (a run started from
             a manifest table: pass --sql).
     """
-    out = _arg_value(lerobot_args, "output_dir") or _arg_value(lerobot_args, "config_path")
-    here = [Path(out), *Path(out).parents] if out else []
+    out, cfg = _arg_value(lerobot_args, "output_dir"), _arg_value(lerobot_args, "config_path")
+    if out:  # this run's folder only: a new run inside an old one's folder is not the old run
+        here = [Path(out)]
+    elif cfg:  # <output_dir>/checkpoints/<step>/pretrained_model/train_config.json: the folder above checkpoints/
+        here = [p.parent for p in Path(cfg).parents if p.name == "checkpoints"][:1] or [Path(cfg).parent]
+    else:
+        here = []
+    out = out or cfg
     saved = next((d / "lerobot_sql_train.json" for d in here if (d / "lerobot_sql_train.json").exists()), None)
     if saved is None:
         raise TrainSetupError(f"no --sql given and no lerobot_sql_train.json beside {out or 'any --output_dir'} to "
@@ -285,7 +300,8 @@ def saved_run(lerobot_args: list[str]) -> dict:
     if not isinstance(run, dict) or not isinstance(run.get("sql"), str):
         raise TrainSetupError(f"{saved} holds no SQL selection to resume (the run was not started from a query); "
                               "pass --sql")
-    return {"sql": run["sql"], "stats": run.get("stats") or "selection", "align": run.get("align") or "timestamp"}
+    return {"sql": run["sql"], "stats": run.get("stats") or "selection", "align": run.get("align") or "timestamp",
+            "root": run.get("root"), "dataset_id": run.get("dataset_id")}
 
 
 def _repo_id(db) -> str:

@@ -35,8 +35,8 @@ def export_manifest(db, sql: str, path: str | os.PathLike, *, overwrite: bool = 
     data_row, ep_from_index, ep_to_index, ep_data_row0, result_row``, per camera ``<video_key>/file`` and
     ``<video_key>/from_timestamp``, the query's extra columns) plus, per camera, ``<video_key>/time_s`` (float64,
     seconds in that mp4 = from_timestamp + timestamp). Paths are relative to the dataset root, which is stored in the
-    schema metadata (``lerobot_sql.manifest`` -> ``root``). ``db.dataset(path)`` rebuilds the same items; Ray Data
-    or Daft read it with their Parquet readers and shard it by row.
+    schema metadata (``lerobot_sql.manifest`` -> ``root``). ``db.dataset(pathlib.Path(path))`` rebuilds the same
+    items (a str is SQL); Ray Data or Daft read it with their Parquet readers and shard it by row.
 
     The file is written under a temporary name and renamed into place: without ``overwrite`` only into an absent
     path (a manifest another export wrote there meanwhile is kept; DestinationExistsError). ``overwrite=True``
