@@ -183,6 +183,31 @@ def test_drop_episodes_remuxes_and_copies_stats(datasets, tmp_path):
     _compare_items(db, tmp_path / "out", frames, step=7)
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler") or os.geteuid() != 0,
+                    reason="SVT-AV1 raises a thread's priority only where the process may (root here; CI runs as root)")
+def test_an_export_that_reencodes_av1_leaves_the_threads_scheduling_as_it_was(datasets, tmp_path):
+    """Opening libsvtav1 to re-encode a mid-GOP cut switched the calling (main) thread to SCHED_FIFO 99 for good
+    (as root): every later DuckDB worker thread and every child process inherited it, a busy real-time DuckDB thread
+    kept the main thread off its core, and Ctrl-C and timeout= stopped nothing (seen in the fast tier: the Ctrl-C
+    child of an xdist worker that had run exports ran past its own timeout). The export now gives the thread its
+    policy back."""
+    import subprocess
+    import sys
+
+    script = ("import json, os, sys, lerobot_sql as lsql\n"
+              "def sched(): return [os.sched_getscheduler(0), os.sched_getparam(0).sched_priority]\n"
+              "before = sched()\n"
+              "rep = lsql.connect(sys.argv[1]).export(\"SELECT index FROM frames WHERE episode_index = 3 AND "
+              "frame_index BETWEEN 11 AND 40\", sys.argv[2], progress=False)\n"
+              "print(json.dumps([rep.frames_reencoded, before, sched()]))\n")
+    r = subprocess.run([sys.executable, "-c", script, str(datasets / "small20"), str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    reencoded, before, after = json.loads(r.stdout.strip().splitlines()[-1])
+    assert reencoded > 0, r.stdout  # the cut starts mid-GOP: the encoder was opened
+    assert after == before, r.stdout
+
+
 def test_keep_one_task_index_rows(datasets, tmp_path, framecode):
     """Index-level selection: frames of one task; episodes that switch task mid-episode become cut episodes."""
     src = datasets / "small20"

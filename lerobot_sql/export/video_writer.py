@@ -12,10 +12,11 @@ rotate by ``video_files_size_in_mb`` (estimated from the source packets' sizes).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from contextlib import ExitStack
 from fractions import Fraction
-from typing import Any
+from typing import Any, Iterator
 
 import av
 import numpy as np
@@ -74,6 +75,30 @@ def source_rows(manifest: pa.Table, tolerance_s: float, s: ExportSource, index, 
                                 **where, **more)
     return rows
 
+
+
+@contextlib.contextmanager
+def keep_scheduling() -> Iterator[None]:
+    """Give the calling thread its scheduling policy and priority back after the block.
+
+    Why: opening libsvtav1 (SVT-AV1, lerobot's AV1 encoder) switches the calling thread to SCHED_FIFO priority 99
+    where the process may (root, CAP_SYS_NICE, an rtprio limit), and leaves it so. Measured here as root: after an
+    export that re-encoded a cut, the main thread stayed real-time, every thread it started later (DuckDB's workers)
+    and every child process (DataLoader workers) inherited it, and a busy real-time DuckDB thread kept the main
+    thread off its core: Ctrl-C and ``timeout=`` no longer stopped queries (signals stayed pending), and other work
+    on the machine starved. The encoder's own threads keep what SVT-AV1 gives them while they encode.
+    """
+    try:
+        policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    except (AttributeError, OSError):  # not Linux (no per-thread policy to keep)
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if os.sched_getscheduler(0) != policy or os.sched_getparam(0).sched_priority != param.sched_priority:
+                os.sched_setscheduler(0, policy, param)
 
 class VideoWriter:
     """Writes videos/<key>/chunk-*/file-*.mp4 for one camera: remuxed packets, re-encoded heads of mid-GOP cuts."""
@@ -320,19 +345,20 @@ class VideoWriter:
             raise VideoDecodeError(f"{index.path}: decoded {len(frames)} frames between pts {lo} and {hi}, expected "
                                    f"{rb - ra + 1}; the file may be corrupt")
         src_pts = [int(f.pts) for f in frames]
-        cc = self._encoder(frames[0], in_stream)
         enc_tb = Fraction(1, int(round(self.target.fps))) if float(self.target.fps).is_integer() else \
             Fraction(self.target.fps).limit_denominator(1001) ** -1
         packets = []
-        for j, fr in enumerate(frames):
-            f = fr.reformat(format=cc.pix_fmt) if fr.format.name != cc.pix_fmt else fr
-            f.pts, f.time_base = j, enc_tb
-            # A decoded frame keeps its picture type (B, P), and libx265 obeys it as a forced type: a lone B frame
-            # opening a GOP ("frame type 5 at 0") came out with unusable pts/dts on PyAV 15 (intermittently
-            # PatchWelcomeError / OverflowError at mux). The encoder chooses: keyframe first, as the GOP needs.
-            f.pict_type = PictureType.NONE
-            packets += cc.encode(f)
-        packets += cc.encode(None)
+        with keep_scheduling():
+            cc = self._encoder(frames[0], in_stream)
+            for j, fr in enumerate(frames):
+                f = fr.reformat(format=cc.pix_fmt) if fr.format.name != cc.pix_fmt else fr
+                f.pts, f.time_base = j, enc_tb
+                # A decoded frame keeps its picture type (B, P), and libx265 obeys it as a forced type: a lone B
+                # frame opening a GOP ("frame type 5 at 0") came out with unusable pts/dts on PyAV 15 (intermittently
+                # PatchWelcomeError / OverflowError at mux). The encoder chooses: keyframe first, as the GOP needs.
+                f.pict_type = PictureType.NONE
+                packets += cc.encode(f)
+            packets += cc.encode(None)
         out = []
         for pkt in packets:
             # Only the encoder's pts (frame j) is used: the dts come from the file's lag (_mux_run). libx265 under
