@@ -277,8 +277,8 @@ class Database(QueryFace):
                       "LeRobotDataset's do. Restore the file from the dataset's source (`lerobot-sql doctor`: "
                       "tasks_exist)")
         if stats == "selection":
-            def stats_fn(db=self, m=manifest):
-                return db.stats(m)
+            def stats_fn(db=self, m=manifest):  # this dataset's own manifest (built or checked above)
+                return db._stats_of(m)
         elif stats == "dataset":
             def stats_fn(db=self):
                 return db.stats() if db.source.exists("meta/stats.json") else None
@@ -394,9 +394,23 @@ class Database(QueryFace):
             QueryError, ResultContractError: as :meth:`manifest`.
         """
         path = plan_manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
+        given = None  # a manifest from outside (file or table): hostile input, checked below as dataset() checks it
         if path is not None:
             sql = plan_manifest.read_manifest_file(path, "db.export_manifest(sql, path)")
-            plan_manifest.check_source(sql, path, self.source.url, self.layout)
+            given = str(path)
+        elif isinstance(sql, pa.Table):
+            given = "the table passed to stats()"
+        if given is not None:
+            plan_manifest.check_columns(sql, given)
+            plan_manifest.check_source(sql, given, self.source.url, self.layout)
+            # its rows re-derived for the frames their index names (an edited episode_index gave another episode's
+            # camera statistics beside this one's numbers); the camera columns play no part in statistics
+            sql = self._verify_manifest(sql, given, cameras=[], tolerance_s=None, align="frame_index")
+        return self._stats_of(sql, episodes=episodes, cameras=cameras)
+
+    def _stats_of(self, sql: str | pa.Table | None, *, episodes: list[int] | None = None,
+                  cameras: list[str] | None = None) -> dict:
+        """:meth:`stats` of SQL, of a manifest this dataset built or checked, or of ``episodes``."""
         if cameras is not None:
             cameras = [cameras] if isinstance(cameras, str) else list(cameras)
             self.layout.check_cameras(cameras)
@@ -421,7 +435,6 @@ class Database(QueryFace):
                 text = f.read()
             return stats_json.from_json(text, self.source.path("meta/stats.json"), self.layout)
         if isinstance(sql, pa.Table):
-            plan_manifest.check_columns(sql, "the table passed to stats()")
             manifest = sql
         else:
             with plan_manifest.path_hint(sql):

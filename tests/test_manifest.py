@@ -643,3 +643,22 @@ def test_a_collection_manifest_file_is_a_path_and_a_str_is_sql(datasets, tmp_pat
                 "--features", "action", "--quiet")
     assert r.returncode == 0, r.stderr
     assert seen == [path]  # a Path, not the str
+
+
+def test_a_manifest_of_the_same_folder_holding_another_dataset_now_is_refused(datasets, tmp_path):
+    """check_source accepted a manifest whenever it named the same folder, before comparing identities: a `current`
+    symlink moved to another dataset after the manifest was written served that dataset's frames. The recorded
+    identity is compared first."""
+    from pathlib import Path
+
+    link = Path(tmp_path) / "current"
+    link.symlink_to(datasets / "small20", target_is_directory=True)
+    path = Path(tmp_path) / "m.parquet"
+    lsql.connect(link).export_manifest("SELECT index FROM frames WHERE index < 3", path)
+    link.unlink()
+    link.symlink_to(datasets / "multifile60", target_is_directory=True)
+    db = lsql.connect(link)
+    with pytest.raises(lsql.ResultContractError, match="its info.json differs"):
+        db.dataset(path)
+    with pytest.raises(lsql.ResultContractError, match="its info.json differs"):
+        db.stats(path)

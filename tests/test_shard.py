@@ -274,3 +274,25 @@ def test_a_manifest_of_another_dataset_is_refused_by_the_sharded_dataset(dataset
     got = list(ShardedManifestDataset(a, own, rank=0, world_size=1, shuffle=False))
     assert [int(i["index"]) for i in got] == [400, 401]
     assert all(torch.equal(g["observation.state"], want[j]["observation.state"]) for j, g in enumerate(got))
+
+
+def test_the_sharded_dataset_checks_the_rows_of_a_manifest_given_with_the_database(datasets):
+    """Given the Database, ShardedManifestDataset checks every row as db.dataset(table) does: an edited task_index
+    (or a manifest of another dataset with the same info.json, e.g. an export with its episodes reordered) was served
+    as it was. Given a table whose lerobot_sql metadata was lost (a pandas round trip), it is refused: nothing says
+    which dataset its rows are of."""
+    import pyarrow.compute as pc
+
+    from lerobot_sql.torch.dataset import LeRobotSQLDataset
+
+    a = lsql.connect(datasets / "small20")
+    m = a.manifest("SELECT index FROM frames WHERE episode_index = 3 AND frame_index < 4")
+    edited = m.set_column(m.column_names.index("task_index"), "task_index", pc.add(m["task_index"], 1))
+    with pytest.raises(lsql.ResultContractError, match=r"ShardedManifestDataset: row 0 .*column 'task_index'"):
+        ShardedManifestDataset(a, edited, rank=0, world_size=1)
+    bare = pa.Table.from_pandas(m.to_pandas(), preserve_index=False).replace_schema_metadata(None)
+    with pytest.raises(lsql.ResultContractError, match="without its lerobot_sql.manifest schema metadata"):
+        ShardedManifestDataset(a.files, bare, rank=0, world_size=1)
+    with pytest.raises(lsql.ResultContractError, match="without its lerobot_sql.manifest schema metadata"):
+        LeRobotSQLDataset(a.files, bare)
+    assert len(list(ShardedManifestDataset(a, m, rank=0, world_size=1))) == 4

@@ -394,3 +394,31 @@ def test_camera_stats_of_wall_clock_timestamps_take_each_rows_own_frame(datasets
         for s in ("min", "max", "mean", "std", "count", *QKEYS):
             np.testing.assert_array_equal(got[cam][s], want[cam][s], err_msg=f"{cam} {s}")
     assert not np.array_equal(got["timestamp"]["max"], want["timestamp"]["max"])  # the damage is there
+
+
+def test_a_manifest_given_to_stats_is_checked_as_datasets_is(datasets, tmp_path):
+    """db.stats(Path) and db.stats(table) took a manifest unchecked: a saved manifest with episode_index edited (0 ->
+    5, index left alone) gave episode 5's camera statistics beside episode 0's numbers, and a db.manifest() table of
+    another dataset gave this dataset's numbers for its rows. Both are refused now, as db.dataset refuses them; the
+    dataset's own manifest gives the statistics of the same SQL."""
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    a, b = lsql.connect(datasets / "small20"), lsql.connect(datasets / "multifile60")
+    sql = "SELECT index FROM frames WHERE episode_index = 0"
+    path = Path(tmp_path) / "m.parquet"
+    a.export_manifest(sql, path)
+    t = pq.read_table(path)
+    ep = t.column_names.index("episode_index")
+    pq.write_table(t.set_column(ep, "episode_index", pc.add(t["episode_index"], pa.scalar(5, t["episode_index"].type))),
+                   tmp_path / "edited.parquet")
+    with pytest.raises(lsql.ResultContractError, match="edited.parquet: row 0"):
+        a.stats(Path(tmp_path) / "edited.parquet")
+    with pytest.raises(lsql.ResultContractError, match="another dataset"):
+        a.stats(b.manifest("SELECT index FROM frames WHERE index < 10"))
+    want = a.stats(sql)
+    got = a.stats(path)
+    assert np.array_equal(np.asarray(got["action"]["mean"]), np.asarray(want["action"]["mean"]))

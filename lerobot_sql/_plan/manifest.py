@@ -264,7 +264,7 @@ def dataset_identity(layout) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def check_source(manifest: pa.Table, where: Any, url: str, layout) -> None:
+def check_source(manifest: pa.Table, where: Any, url: str, layout, *, require: bool = False) -> None:
     """Refuse a manifest written from another dataset than the one at ``url`` (``layout``: its layout): its
     data_file, data_row and index values point into that dataset, so read through this one they give other frames.
 
@@ -272,11 +272,21 @@ def check_source(manifest: pa.Table, where: Any, url: str, layout) -> None:
     moved one), when the roots are the same folder, or when it records neither (a table from before the identity was
     recorded). ``db.manifest()``'s tables record the identity, files ``export_manifest`` wrote the root too.
 
+    ``require``: a manifest without the metadata is refused too (where no row check follows).
+
     Raises:
         ResultContractError: naming both roots and the fix; or naming the file (``where``, a path), its metadata is
-            not a JSON object (invalid, nested too deeply).
+            not a JSON object (invalid, nested too deeply); with ``require``, the metadata is missing.
     """
     name = where if isinstance(where, (str, os.PathLike)) else "the manifest table"
+    if require and not Meta.present(manifest.schema):
+        # lost in a round trip (pandas, a dataframe engine): nothing says which dataset its rows belong to, and no
+        # row check follows where this is required (LeRobotSQLDataset built without the Database)
+        raise ResultContractError(
+            f"{name}: a manifest without its lerobot_sql.manifest schema metadata (a pandas or engine round trip drops "
+            "it), so which dataset its rows belong to cannot be checked. Keep the metadata "
+            "(table.replace_schema_metadata(original.schema.metadata)), or pass it through db.dataset(table), "
+            "which checks every row")
     meta = Meta.of(manifest, where=str(name))  # the one parser of it; a file's errors name it
     root = meta.root
     if not isinstance(root, str) or not root:
@@ -294,7 +304,11 @@ def check_source(manifest: pa.Table, where: Any, url: str, layout) -> None:
             return a.rstrip("/") == b.rstrip("/")
         return os.path.realpath(a) == os.path.realpath(b)
 
-    if same(root, url) or meta.dataset_id == dataset_identity(layout):
+    # the identity first: the same folder may hold another dataset now (a `current` symlink moved, a re-export)
+    if meta.dataset_id is not None:
+        if meta.dataset_id == dataset_identity(layout):
+            return
+    elif same(root, url):
         return
     why = ("its info.json differs from this one (version, total_episodes, total_frames, fps or features)"
            if meta.dataset_id else "it records no dataset identity to compare")

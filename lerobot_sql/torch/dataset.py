@@ -102,7 +102,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                  align: str = "timestamp"):
         # A manifest built from (or written by) another dataset names that dataset's rows: refused, whoever builds
         # this (db.dataset checks files and tables itself; ShardedManifestDataset, ray_data and direct use did not).
-        check_source(manifest, "the manifest given to LeRobotSQLDataset", files.source.url, files.layout)
+        check_source(manifest, "the manifest given to LeRobotSQLDataset", files.source.url, files.layout,
+                     require=True)
         # The task texts are read here, in the main process, before any worker starts (once per DatasetFiles).
         layout = files.layout
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir

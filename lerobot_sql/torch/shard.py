@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from .._plan.manifest import check_source
 from .._plan.partition import assign, check_part
 
 
@@ -125,6 +126,15 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
     def __init__(self, files, manifest: pa.Table, *, by: str = "episode", seed: int = 0, shuffle: bool = True,
                  rank: int | None = None, world_size: int | None = None, **dataset_kwargs: Any):
         check_part(0, 1, by)
+        if hasattr(files, "_verify_manifest") and manifest.num_rows:
+            where = "the manifest given to ShardedManifestDataset"
+            check_source(manifest, where, files.source.url, files.layout, require=True)  # which dataset, first
+            # given the Database: every row checked against the planner's own, as db.dataset(table) checks it (with
+            # only the files, LeRobotSQLDataset checks which dataset the manifest was built from, not its rows)
+            manifest = files._verify_manifest(manifest, where,
+                                              cameras=dataset_kwargs.get("cameras"),
+                                              tolerance_s=dataset_kwargs.get("tolerance_s"),
+                                              align=dataset_kwargs.get("align", "timestamp"))
         files = getattr(files, "files", files)  # a Database holds its DatasetFiles as .files
         self.manifest, self.by, self.seed, self.shuffle = manifest, by, int(seed), shuffle
         # Resolved here, in the rank's main process: spawned DataLoader workers do not inherit torch.distributed.
