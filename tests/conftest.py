@@ -70,6 +70,19 @@ def _cache_dir(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture(autouse=True)
+def _normal_scheduling():
+    """Each test leaves the process's scheduling as it found it. A test that encodes AV1 in this process (standins,
+    damaged mp4s made with PyAV) opens libsvtav1, which as root switches the thread to SCHED_FIFO 99 for good (the
+    library's own export gives it back: video_writer.keep_scheduling); every later child of this worker, and DuckDB's
+    threads, would inherit it, and a busy real-time thread starves the machine's two cores (a Ctrl-C test's child
+    ran past its own timeout)."""
+    from lerobot_sql.export.video_writer import keep_scheduling
+
+    with keep_scheduling():
+        yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_leftover_sample_files(tmp_path_factory):
     """After the session: every per-sample file this process wrote (any cache folder under the session's temp
