@@ -276,7 +276,7 @@ def test_a_manifest_of_another_dataset_is_refused_by_the_sharded_dataset(dataset
     assert all(torch.equal(g["observation.state"], want[j]["observation.state"]) for j, g in enumerate(got))
 
 
-def test_the_sharded_dataset_checks_the_rows_of_a_manifest_given_with_the_database(datasets):
+def test_the_sharded_dataset_checks_the_rows_of_a_manifest_given_with_the_database(datasets, tmp_path):
     """Given the Database, ShardedManifestDataset checks every row as db.dataset(table) does: an edited task_index
     (or a manifest of another dataset with the same info.json, e.g. an export with its episodes reordered) was served
     as it was. Given a table whose lerobot_sql metadata was lost (a pandas round trip), it is refused: nothing says
@@ -295,4 +295,10 @@ def test_the_sharded_dataset_checks_the_rows_of_a_manifest_given_with_the_databa
         ShardedManifestDataset(a.files, bare, rank=0, world_size=1)
     with pytest.raises(lsql.ResultContractError, match="without its lerobot_sql.manifest schema metadata"):
         LeRobotSQLDataset(a.files, bare)
-    assert len(list(ShardedManifestDataset(a, m, rank=0, world_size=1))) == 4
+    # with the Database, its rows are checked: the bare table serves, and a Path is a manifest file as elsewhere
+    want = [int(i["index"]) for i in ShardedManifestDataset(a, m, rank=0, world_size=1, shuffle=False)]
+    assert len(want) == 4
+    assert [int(i["index"]) for i in ShardedManifestDataset(a, bare, rank=0, world_size=1, shuffle=False)] == want
+    a.export_manifest("SELECT index FROM frames WHERE episode_index = 3 AND frame_index < 4", tmp_path / "m.parquet")
+    assert [int(i["index"]) for i in ShardedManifestDataset(a, tmp_path / "m.parquet", rank=0, world_size=1,
+                                                            shuffle=False)] == want

@@ -142,7 +142,8 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
     # it the timestamps check refused asking for the very tolerance_s the caller gave)
     manifest = db.manifest(sql, extras=False, align=align, tolerance_s=tolerance_s)
     parts = cut_parts(manifest, Meta.of(manifest).mode)
-    return _write(dest, [ExportSource(db, align=align)], manifest, parts, tolerance_s, progress, t0,
+    return _write(dest, [ExportSource(db, align=align, clips=Meta.of(manifest).clips)], manifest, parts,
+                  tolerance_s, progress, t0,
                   overwrite=overwrite)
 
 
@@ -176,7 +177,8 @@ def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, pres
     codes_of = {n: coll.names.index(n) for n in present}
     sources = [ExportSource(coll[n], n, codes_of[n], {**{k: k for k in coll[n].layout.features if k not in keymaps[n]},
                                                  **{k: v for k, v in keymaps[n].items() if v in keys}},
-                      align=locate.check_align((aligns or {}).get(n, "timestamp")))
+                      align=locate.check_align((aligns or {}).get(n, "timestamp")),
+                      clips=json.loads(collection_meta(manifest)["manifests"][n]).get("clips") or {})
                for n in present]
     codes = dataset_codes(manifest, coll.names)
     lookup = np.full(len(coll.names), -1, np.int64)  # dataset code -> position in sources

@@ -76,6 +76,9 @@ class ExportSource:
     code: int = 0
     keys: dict[str, str] | None = None
     align: str = "timestamp"
+    # camera key -> the manifest's checked clips of this source (Meta.clips): each mp4's clip chain is checked
+    # against its real frames before anything of it is copied (video_writer.VideoWriter._index)
+    clips: dict = dataclasses.field(default_factory=dict, repr=False)
     src_rows: dict[int, dict] = dataclasses.field(default_factory=dict, repr=False)
     stat_cols: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict, repr=False)
     task_map: np.ndarray | None = dataclasses.field(default=None, repr=False)

@@ -122,12 +122,21 @@ class VideoWriter:
         self.feat_info = feature_info  # info.json's video info of the camera (encoder settings)
         self.extradata: bytes | None = None  # the codec header of the file being written
 
-    def _index(self, source: int, rel: str) -> tuple[video_index.FrameIndex, np.ndarray]:
+    def _index(self, source: int, rel: str, skey: str) -> tuple[video_index.FrameIndex, np.ndarray]:
+        """Source mp4 ``rel``'s frame index and packet sizes, its clips checked against its frames on first use
+        (:func:`lerobot_sql._readers.locate.check_clips`, as the dataset checks them before serving a frame: a clip
+        chain shifted by a frame, e.g. an edit list moved, was exported one picture late, silently).
+
+        Raises:
+            DatasetFormatError: a selected episode's clip disagrees with the file's frames (naming mp4, camera, fix).
+        """
         s = self.sources[source]
         if (source, rel) not in self.indexes:
             p = video_index.ensure_index(s.src, rel, s.db.cache_dir)
-            self.indexes[(source, rel)] = (video_index.FrameIndex.load(p),
-                                           pq.read_table(p, columns=["byte_size"])["byte_size"].to_numpy())
+            index = video_index.FrameIndex.load(p)
+            locate.check_clips(index.pts_s, s.clips.get(skey), rel, fps=s.layout.fps, where=s.src.path(rel),
+                               video_key=skey)
+            self.indexes[(source, rel)] = (index, pq.read_table(p, columns=["byte_size"])["byte_size"].to_numpy())
         return self.indexes[(source, rel)]
 
     def _input(self, source: int, rel: str):
@@ -155,7 +164,7 @@ class VideoWriter:
         skey = self.sources[part.source].src_key(key)  # the camera's name in the part's source
         i0 = int(part.rows[0])
         rel = self.m[f"{skey}/file"][i0].as_py()
-        index, sizes = self._index(part.source, rel)
+        index, sizes = self._index(part.source, rel, skey)
         ts = self.m["timestamp"].to_numpy()[part.rows].astype(np.float64)
         rows = source_rows(self.m, self.tol, self.sources[part.source], index, skey, part.rows, part.src_episode)
         if np.any(np.diff(rows) != 1):

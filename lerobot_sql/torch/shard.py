@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .._plan.manifest import check_source
+from .._plan.manifest import check_source, read_manifest_file
 from .._plan.partition import assign, check_part
 
 
@@ -126,9 +126,13 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
     def __init__(self, files, manifest: pa.Table, *, by: str = "episode", seed: int = 0, shuffle: bool = True,
                  rank: int | None = None, world_size: int | None = None, **dataset_kwargs: Any):
         check_part(0, 1, by)
+        where = "the manifest given to ShardedManifestDataset"
+        if isinstance(manifest, os.PathLike):  # a manifest file, as everywhere a Path is one
+            where = str(manifest)
+            manifest = read_manifest_file(manifest, "db.export_manifest(sql, path)")
         if hasattr(files, "_verify_manifest") and manifest.num_rows:
-            where = "the manifest given to ShardedManifestDataset"
-            check_source(manifest, where, files.source.url, files.layout, require=True)  # which dataset, first
+            # which dataset first; a table whose metadata was lost is judged by its rows alone (checked next)
+            check_source(manifest, where, files.source.url, files.layout)
             # given the Database: every row checked against the planner's own, as db.dataset(table) checks it (with
             # only the files, LeRobotSQLDataset checks which dataset the manifest was built from, not its rows)
             manifest = files._verify_manifest(manifest, where,

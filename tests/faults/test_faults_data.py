@@ -286,6 +286,21 @@ def test_run_of_clips_shifted_by_one_frame_is_refused(damaged, pristine, eps, pi
         _items_equal(db, pristine, EP.format(first - 2))
 
 
+def test_an_export_refuses_clips_shifted_by_one_frame_as_the_dataset_does(damaged, tmp_path):
+    """The export never checked the clips against the frames (only the dataset's worker did): a chain of clips one
+    frame late (meta/episodes' from_timestamp, or an mp4 whose edit list moved by a frame) was exported silently,
+    every frame one picture late. It is refused now with the dataset's message, whole episodes and windows alike,
+    and nothing is left at the destination."""
+    root = damaged()
+    _shift_run(root, range(20), 1)
+    db = lsql.connect(root)
+    sql = "SELECT episode_index, 1.0 AS start_s, 2.0 AS end_s FROM episodes WHERE episode_index = 5"
+    with pytest.raises(DatasetFormatError) as e:
+        db.export(sql, tmp_path / "out", progress=False)
+    _typed(e, str(root / FRONT), "observation.images.front", "episodes 0-19", "1 frame late", "from_timestamp")
+    assert not (tmp_path / "out").exists()
+
+
 def _tabular_equal(ours, ref) -> None:
     assert len(ours) == len(ref)
     for i in (0, len(ref) // 2, len(ref) - 1):
