@@ -722,7 +722,12 @@ def test_query_ctrl_c_exits_130_within_a_second():
     "interrupted" (within about a second; asserted only far below the query's minutes, so a loaded machine cannot
     fail it). Before, the signal waited for the query to end: only --timeout (the test's safety net) stopped it,
     exit 1."""
-    r = ctrl_c_from_outside(["-m", "lerobot_sql.cli", "query", str(SAMPLE), CROSS_JOIN, "--timeout", "120"])
+    # the console script's main() after its imports (signals start once "ready" is out: on a loaded machine one sent
+    # a second after the start landed in the imports, before any handler, and killed the interpreter: -2)
+    launch = ("import sys; from lerobot_sql.cli import main; print('ready', flush=True); "
+              "sys.exit(main(sys.argv[1:]))")
+    r = ctrl_c_from_outside(["-c", launch, "query", str(SAMPLE), CROSS_JOIN, "--timeout", "120"],
+                            start_after="ready")
     assert r.returncode == 130 and "interrupted" in r.stderr and "Traceback" not in r.stderr, r
     assert r.secs is not None and r.secs < 60, r
 
