@@ -70,17 +70,25 @@ def _cache_dir(tmp_path_factory) -> Path:
     return d
 
 
+_START_SCHEDULING = (os.sched_getscheduler(0), os.sched_getparam(0)) if hasattr(os, "sched_getscheduler") else None
+
+
+def _restore_scheduling() -> None:
+    if _START_SCHEDULING is not None and (os.sched_getscheduler(0), os.sched_getparam(0)) != _START_SCHEDULING:
+        os.sched_setscheduler(0, *_START_SCHEDULING)
+
+
 @pytest.fixture(autouse=True)
 def _normal_scheduling():
-    """Each test leaves the process's scheduling as it found it. A test that encodes AV1 in this process (standins,
-    damaged mp4s made with PyAV) opens libsvtav1, which as root switches the thread to SCHED_FIFO 99 for good (the
-    library's own export gives it back: video_writer.keep_scheduling); every later child of this worker, and DuckDB's
-    threads, would inherit it, and a busy real-time thread starves the machine's two cores (a Ctrl-C test's child
-    ran past its own timeout)."""
-    from lerobot_sql.export.video_writer import keep_scheduling
-
-    with keep_scheduling():
-        yield
+    """Each test starts and ends with the scheduling this process started with. A test or fixture that encodes AV1
+    in this process (standins, damaged mp4s made with PyAV) opens libsvtav1, which as root switches the thread to
+    SCHED_FIFO 99 for good (the library's own export gives it back: video_writer.keep_scheduling); every later child
+    of this worker, and DuckDB's threads, would inherit it, and a busy real-time thread starves the machine's two
+    cores (a Ctrl-C test's child ran past its own timeout; a standins test hung). Module fixtures run before this
+    one: hence the reset at the start too."""
+    _restore_scheduling()
+    yield
+    _restore_scheduling()
 
 
 @pytest.fixture(scope="session", autouse=True)

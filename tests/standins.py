@@ -98,7 +98,10 @@ def encode(frames, out: Path, *, codec: str = "libsvtav1") -> None:
     h, w = frames[0].shape[:2]
     # crf 20 (lerobot: 30) keeps the codeword blocks readable at 480x640 in every frame; preset 10 is fast.
     opts = {"g": "2", "crf": "20", "preset": "10"} if codec == "libsvtav1" else {"g": "2"}
-    with av.open(str(out), "w", format="mp4") as c:
+    from lerobot_sql.export.video_writer import keep_scheduling
+
+    # (libsvtav1 leaves the calling thread SCHED_FIFO 99 as root: see keep_scheduling)
+    with keep_scheduling(), av.open(str(out), "w", format="mp4") as c:
         s = c.add_stream(codec, rate=FPS, options=opts)
         s.width, s.height, s.pix_fmt = w, h, "yuv420p"
         s.codec_context.time_base = TIME_BASE
