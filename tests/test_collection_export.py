@@ -401,3 +401,21 @@ def test_an_edited_collection_manifest_is_refused_by_export_and_stats(av1_pair, 
     rep = coll.export(m, tmp_path / "ok", progress=False)
     assert rep.frames == m.num_rows == len(coll[a].dataset(episodes=[1, 2]))
     assert coll.stats(m)["action"]["count"] == [m.num_rows]
+
+
+@pytest.mark.parametrize("target", ["../../victim", "/tmp/abs", "a/../b", "observation.images.wrist/chunk-000"])
+def test_a_camera_renamed_to_a_path_outside_its_folder_is_refused(av1_pair, tmp_path, target):
+    """rename={ds: {front: "../../victim"}} made the export write the camera's mp4 through the '..' path, over a user's
+    file outside the destination (the reader refuses such a key; the writer did not). A camera's new key must be a
+    usable folder name, the rule info.json's keys follow, and not a folder inside another camera's: refused before
+    anything is written."""
+    coll = av1_pair
+    a = coll.names[0]
+    victim = tmp_path / "victim" / "chunk-000"
+    victim.mkdir(parents=True)
+    (victim / "file-000.mp4").write_bytes(b"precious")
+    with pytest.raises(ValueError, match=r"rename\[.*camera 'observation.images.front' -> |inside camera"):
+        coll.export(f"SELECT dataset, episode_index FROM episodes WHERE dataset = '{a}' AND episode_index = 1",
+                    tmp_path / "out" / "x", rename={a: {FRONT: target}}, progress=False)
+    assert (victim / "file-000.mp4").read_bytes() == b"precious"
+    assert not (tmp_path / "out").exists()

@@ -280,16 +280,21 @@ def _parse_feature(name: Any, spec: Any, where: str) -> Feature:
             raise ValueError(f"shape {shape!r} has {_prod(dims):,} elements per frame, more than {MAX_ELEMENTS:,}")
     except ValueError as e:
         raise DatasetFormatError(f"{where}: feature {name!r}: {e}; fix its 'shape' in meta/info.json") from None
-    if dtype == "video":
-        # The key names a folder (videos/<key>/...): it must be one or more plain path segments.
-        segs = name.split("/")
-        if name.startswith("/") or any(seg in ("", ".", "..") for seg in segs):
-            raise DatasetFormatError(f"{where}: camera key {name!r} is not a usable folder name (it is absolute or "
-                                     "has an empty, '.' or '..' segment); rename the feature and its videos/ "
-                                     "folder")
+    if dtype == "video" and not usable_camera_folder(name):
+        raise DatasetFormatError(f"{where}: camera key {name!r} is not a usable folder name (it is absolute or "
+                                 "has an empty, '.' or '..' segment); rename the feature and its videos/ "
+                                 "folder")
     own, legacy = spec.get("info"), spec.get("video_info")
     return Feature(name, dtype, dims, spec.get("names"), dict(info), dict(own) if isinstance(own, dict) else {},
                    dict(legacy) if isinstance(legacy, dict) else {})
+
+
+def usable_camera_folder(name: str) -> bool:
+    """Whether camera key ``name`` can name its folder (``videos/<key>/...``, read and written): one or more plain
+    path segments, not absolute, no empty, ``.`` or ``..`` segment. The one rule for a key read from
+    info.json and for a key an export writes (``rename=``: ``../../x`` wrote an mp4 outside the destination)."""
+    segs = name.split("/")
+    return not name.startswith("/") and not any(seg in ("", ".", "..") for seg in segs)
 
 
 @dataclasses.dataclass(frozen=True)

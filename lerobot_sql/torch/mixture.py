@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from .._format.info import usable_camera_folder
 from .._plan.manifest import collection_meta, dataset_codes, part_of
 from ..errors import DatasetFormatError, ResultContractError, did_you_mean
 from .batch import begin
@@ -76,9 +77,19 @@ def line_up(coll, manifest: pa.Table, names: list[str], features=None, rename=No
                 raise ValueError(f"rename[{n!r}]: {k!r} -> {v!r} would take a name the item already uses "
                                  f"({'one of its features' if v in feats or pad_taken else 'a key every item carries'}"
                                  f"{f': {v}_is_pad, its padding key' if pad_taken else ''}); choose another name")
+            if feats[k].dtype == "video" and not usable_camera_folder(v):
+                # an export writes videos/<key>/...: "../../victim" wrote the mp4 over a file outside the export
+                raise ValueError(f"rename[{n!r}]: camera {k!r} -> {v!r}: a camera key names its videos/ folder, so "
+                                 "it must be plain path segments (not absolute, no empty, '.' or '..' segment); "
+                                 "choose another name")
         targets = list(mapping.values())
         if len(set(targets)) != len(targets):
             raise ValueError(f"rename[{n!r}] maps two keys to one name: {mapping}")
+        cams = [mapping.get(k, k) for k in feats if feats[k].dtype == "video"]
+        nested = [(a, b) for a in cams for b in cams if a != b and b.startswith(a + "/")]
+        if nested:  # one camera's folder inside another's (videos/a/b/... under videos/a/chunk-...)
+            raise ValueError(f"rename[{n!r}]: camera {nested[0][1]!r} would be a folder inside camera "
+                             f"{nested[0][0]!r}'s videos/ folder; choose another name")
     present = [n for n in names if n in set(pc.unique(manifest["dataset"].cast(pa.string())).to_pylist())]
     # Item keys per dataset: source feature key -> item key.
     keymaps = {}
