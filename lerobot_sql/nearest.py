@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from ._query.sqltext import ident as q
 from ._query.sqltext import literal as lit
-from .errors import QueryError, did_you_mean
+from .errors import QueryError, as_int, as_real, did_you_mean
 
 
 def _at_table(db, at: Any) -> pa.Table:
@@ -35,7 +35,12 @@ def _at_table(db, at: Any) -> pa.Table:
         t = pa.table(at)
     else:
         rows = list(at)
-        t = pa.table({"episode_index": [int(r[0]) for r in rows], "timestamp": [float(r[1]) for r in rows]})
+        eps, times = [as_int(r[0]) for r in rows], [as_real(r[1]) for r in rows]
+        bad = next((j for j, (e, ts) in enumerate(zip(eps, times)) if e is None or ts is None), None)
+        if bad is not None:  # int(1.5) was 1, int("1") 1, float(True) 1.0: another episode or time, silently
+            raise QueryError(f"nearest(): query row {bad} is {tuple(rows[bad])!r}: give (episode_index, timestamp) "
+                             "as an integer and a number of seconds")
+        t = pa.table({"episode_index": pa.array(eps, pa.int64()), "timestamp": pa.array(times, pa.float64())})
     missing = [c for c in ("episode_index", "timestamp") if c not in t.column_names]
     if missing:
         raise QueryError(f"nearest(): the query times need columns episode_index and timestamp (seconds from the "
@@ -43,10 +48,17 @@ def _at_table(db, at: Any) -> pa.Table:
                          "db.nearest('SELECT episode_index, timestamp FROM frames WHERE episode_index = 0', "
                          "['observation.images.front'])")
     try:
-        return pa.table({"episode_index": t["episode_index"].cast(pa.int64()),
-                         "timestamp": t["timestamp"].cast(pa.float64())})
+        out = pa.table({"episode_index": t["episode_index"].cast(pa.int64()),
+                        "timestamp": t["timestamp"].cast(pa.float64())})
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
         raise QueryError(f"nearest(): episode_index must be integers and timestamp numbers (seconds): {e}") from e
+    for col in ("episode_index", "timestamp"):
+        if out[col].null_count:
+            # a NULL time (a LEFT JOIN that found nothing in an episode) was answered with the episode's first sample
+            row = pc.index(pc.is_null(out[col]), True).as_py()
+            raise QueryError(f"nearest(): query row {row} has no {col} (NULL): a query time must name an episode "
+                             "and a time; drop such rows (e.g. WHERE timestamp IS NOT NULL after a LEFT JOIN)")
+    return out
 
 
 def _sample_sql(db, stream: str, tabular: list[str], types: dict[str, str]) -> str:

@@ -330,3 +330,23 @@ def test_docs_asof_recipe_picks_the_frame_db_nearest_picks(datasets, name, camer
     # the macro's nearest frame agrees too
     mac = db.sql(f"SELECT index, camera_frame_index FROM nearest_camera_frame('{camera}') ORDER BY index").arrow()
     assert mac["camera_frame_index"].to_pylist() == want["frame_index"].to_pylist()
+
+
+def test_query_times_that_name_no_episode_or_no_time_are_refused(datasets):
+    """A NULL query time (a LEFT JOIN that found nothing in an episode) was answered with the episode's first sample;
+    an episode_index 1.5 was read as episode 1, "1" and True as 1. Each is a QueryError naming the row now; the
+    rows that are well formed still answer."""
+    import pyarrow as pa
+
+    db = lsql.connect(datasets / "small20")
+    for at in ([(1.5, 0.0)], [("1", 0.0)], [(True, 0.0)], [(1, None)]):
+        with pytest.raises(lsql.QueryError, match=r"query row 0 is"):
+            db.nearest(at, streams="action")
+    null_time = pa.table({"episode_index": pa.array([0], pa.int64()), "timestamp": pa.array([None], pa.float64())})
+    left_join = ("SELECT e.episode_index, f.timestamp FROM episodes e LEFT JOIN frames f ON f.episode_index = "
+                 "e.episode_index AND f.\"observation.state\"[1] > 1e9 WHERE e.episode_index < 2")
+    for at in (null_time, left_join):
+        with pytest.raises(lsql.QueryError, match=r"has no timestamp \(NULL\)"):
+            db.nearest(at, streams="action")
+    got = db.nearest([(1, 0.0)], streams="action")
+    assert got["episode_index"].to_pylist() == [1] and got["frame_index"].to_pylist() == [0]
