@@ -243,26 +243,16 @@ class Database(QueryFace):
         # before the manifest: its whole-episode path would meet a bad key as a bare KeyError
         self.layout.check_cameras(kw["cameras"] or [])
         path = plan_manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
-        if sql is None:
+        if sql is None:  # its own manifest, from the pointers: nothing to check
             manifest = self._episodes_manifest(episodes, **kw)
         elif isinstance(sql, pa.Table):
-            manifest = sql
-            plan_manifest.check_columns(manifest, "the table passed to dataset()")
+            manifest = self._given_manifest(sql, "the table passed to dataset()", **kw)
         elif path is not None:
-            sql = path
-            manifest = plan_manifest.read_manifest_file(path, "db.export_manifest(sql, path)")
+            manifest = self._given_manifest(plan_manifest.read_manifest_file(path, "db.export_manifest(sql, path)"),
+                                            str(path), **kw)
         else:
             with plan_manifest.path_hint(sql):
                 manifest = self.manifest(sql, **kw)
-        if not isinstance(sql, str) or path is not None:
-            if plan_manifest.COLLECTION_KEY in (manifest.schema.metadata or {}):
-                # Its index / data_row values are each dataset's own: read through one dataset they are other frames.
-                raise ResultContractError("a manifest of a collection (Collection.manifest), given to one dataset's "
-                                          "Database: open it with the collection's dataset() (lsql.connect_many"
-                                          "(...).dataset(manifest)), or select this dataset's rows in SQL")
-            plan_manifest.check_source(manifest, sql, self.source.url, self.layout)
-            manifest = self._verify_manifest(manifest, "the table passed to dataset()" if isinstance(sql, pa.Table)
-                                             else str(sql), **kw)
         tasks = self.tasks()
         wanted = pc.unique(manifest["task_index"]).drop_null().to_pylist() if "task_index" in manifest.column_names \
             else []
@@ -289,6 +279,25 @@ class Database(QueryFace):
                                  decoder_threads=decoder_threads, parallel_cameras=parallel_cameras,
                                  max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn,
                                  depth_output_unit=depth_output_unit, align=align)
+
+    def _given_manifest(self, manifest: pa.Table, where: str, *, cameras: list[str] | None,
+                        tolerance_s: float | None, align: str) -> pa.Table:
+        """A manifest from outside (a saved file or a table handed to :meth:`dataset` / :meth:`stats`: hostile input)
+        once checked: not a collection's, its location columns there, written from this dataset
+        (:func:`lerobot_sql._plan.manifest.check_source`), and every row this dataset's own
+        (:meth:`_verify_manifest`). ``where`` names it in the errors.
+
+        Raises:
+            ResultContractError: any of these fails, naming ``where`` and the fix.
+        """
+        if plan_manifest.COLLECTION_KEY in (manifest.schema.metadata or {}):
+            # Its index / data_row values are each dataset's own: read through one dataset they are other frames.
+            raise ResultContractError("a manifest of a collection (Collection.manifest), given to one dataset's "
+                                      "Database: open it with the collection's dataset() (lsql.connect_many"
+                                      "(...).dataset(manifest)), or select this dataset's rows in SQL")
+        plan_manifest.check_columns(manifest, where)
+        plan_manifest.check_source(manifest, where, self.source.url, self.layout)
+        return self._verify_manifest(manifest, where, cameras=cameras, tolerance_s=tolerance_s, align=align)
 
     def _verify_manifest(self, manifest: pa.Table, where: str, *, cameras: list[str] | None,
                          tolerance_s: float | None, align: str) -> pa.Table:
@@ -394,18 +403,14 @@ class Database(QueryFace):
             QueryError, ResultContractError: as :meth:`manifest`.
         """
         path = plan_manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
-        given = None  # a manifest from outside (file or table): hostile input, checked below as dataset() checks it
+        # A manifest from outside is checked as dataset() checks it (an edited episode_index gave another episode's
+        # camera statistics beside this one's numbers); the camera columns play no part in statistics.
+        rows_only = {"cameras": [], "tolerance_s": None, "align": "frame_index"}
         if path is not None:
-            sql = plan_manifest.read_manifest_file(path, "db.export_manifest(sql, path)")
-            given = str(path)
+            sql = self._given_manifest(plan_manifest.read_manifest_file(path, "db.export_manifest(sql, path)"),
+                                       str(path), **rows_only)
         elif isinstance(sql, pa.Table):
-            given = "the table passed to stats()"
-        if given is not None:
-            plan_manifest.check_columns(sql, given)
-            plan_manifest.check_source(sql, given, self.source.url, self.layout)
-            # its rows re-derived for the frames their index names (an edited episode_index gave another episode's
-            # camera statistics beside this one's numbers); the camera columns play no part in statistics
-            sql = self._verify_manifest(sql, given, cameras=[], tolerance_s=None, align="frame_index")
+            sql = self._given_manifest(sql, "the table passed to stats()", **rows_only)
         return self._stats_of(sql, episodes=episodes, cameras=cameras)
 
     def _stats_of(self, sql: str | pa.Table | None, *, episodes: list[int] | None = None,

@@ -377,7 +377,8 @@ def ctrl_c_from_outside(args: list[str], *, stdin: str | None = None, start_afte
         # keeps it ignored: Python then installs no handler, and neither do we)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # (a real-time parent's policy is inherited)
+        if hasattr(os, "sched_setscheduler"):  # Linux: a real-time parent's policy is inherited
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
     p = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, preexec_fn=as_from_a_terminal)

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from .._format.files import open_files
 from .._plan import manifest as plan_manifest  # `manifest` is the path argument here
+from .._storage.source import local_identity
 
 
 def manifest_schema(path: str | os.PathLike, *, filesystem=None) -> pa.Schema:
@@ -147,15 +148,15 @@ class Decoder:
 _DECODERS: dict[str, tuple[Any, Decoder]] = {}
 
 
-def _file_identity(manifest: str | os.PathLike | None) -> Any:
-    """size, mtime, inode and ctime of a local manifest file (None for none, or a URL: not checked)."""
+def _file_identity(manifest: str | os.PathLike | None) -> str | None:
+    """A local manifest file's identity (:func:`lerobot_sql._storage.source.local_identity`: size, mtime, inode,
+    ctime); None for none, or a URL (not checked)."""
     if manifest is None or "://" in str(manifest):
         return None
     try:
-        st = os.stat(manifest)
+        return local_identity(os.stat(manifest))
     except OSError:
         return None
-    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 def decode_batch(batch: Any, *, manifest: str | os.PathLike | None = None, root: str | os.PathLike | None = None,

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .._plan.manifest import check_source, read_manifest_file
+from .._plan.manifest import read_manifest_file
 from .._plan.partition import assign, check_part
 
 
@@ -130,15 +130,13 @@ class ShardedManifestDataset(torch.utils.data.IterableDataset):
         if isinstance(manifest, os.PathLike):  # a manifest file, as everywhere a Path is one
             where = str(manifest)
             manifest = read_manifest_file(manifest, "db.export_manifest(sql, path)")
-        if hasattr(files, "_verify_manifest") and manifest.num_rows:
-            # which dataset first; a table whose metadata was lost is judged by its rows alone (checked next)
-            check_source(manifest, where, files.source.url, files.layout)
-            # given the Database: every row checked against the planner's own, as db.dataset(table) checks it (with
-            # only the files, LeRobotSQLDataset checks which dataset the manifest was built from, not its rows)
-            manifest = files._verify_manifest(manifest, where,
-                                              cameras=dataset_kwargs.get("cameras"),
-                                              tolerance_s=dataset_kwargs.get("tolerance_s"),
-                                              align=dataset_kwargs.get("align", "timestamp"))
+        if hasattr(files, "_given_manifest") and manifest.num_rows:
+            # given the Database: checked as db.dataset(table) checks it, its source and then every row (a table whose
+            # metadata was lost is judged by its rows); with only the files, LeRobotSQLDataset checks which dataset
+            # the manifest was built from, not its rows
+            manifest = files._given_manifest(manifest, where, cameras=dataset_kwargs.get("cameras"),
+                                             tolerance_s=dataset_kwargs.get("tolerance_s"),
+                                             align=dataset_kwargs.get("align", "timestamp"))
         files = getattr(files, "files", files)  # a Database holds its DatasetFiles as .files
         self.manifest, self.by, self.seed, self.shuffle = manifest, by, int(seed), shuffle
         # Resolved here, in the rank's main process: spawned DataLoader workers do not inherit torch.distributed.
