@@ -85,12 +85,16 @@ def query_error(e: BaseException, sql: str, layouts: list[tuple[str, Layout]] = 
     return QueryError(sandbox.locked_advice(f"{type(e).__name__}: {e}\nSQL: {sql}"))
 
 
-def unreadable_error(src: Source, layout: Layout, cause: BaseException, sql: str | None = None) -> LeRobotSQLError:
+def unreadable_error(src: Source, layout: Layout, cause: BaseException,
+                     sql: str | None = None) -> LeRobotSQLError | KeyboardInterrupt:
     """A DatasetFormatError for a Parquet file DuckDB or pyarrow could not read, naming the file(s) whose footer does
     not parse (checked one by one, footers only), else every data file, and the fix. A storage failure (503s,
     a dead server: in ``cause`` or while the footers are checked) is a RemoteIOError instead, not a corrupt file.
     With the user's ``sql`` (the failure came while its result was resolved): a DuckDB Binder/Conversion error while
-    every footer parses is the result's types, not the files: a ResultContractError naming the query."""
+    every footer parses is the result's types, not the files: a ResultContractError naming the query. DuckDB
+    stopped by Ctrl-C (:func:`sandbox.interrupted_by_signal`) is no damaged file: a KeyboardInterrupt to raise."""
+    if sandbox.interrupted_by_signal(cause):
+        return KeyboardInterrupt()
     remote = query_error(cause, sql or "opening the dataset's tables", [(src.url, layout)])
     if isinstance(remote, (RemoteIOError, DatasetFormatError)):  # DatasetFormatError: a missing column, named
         return remote
@@ -267,8 +271,14 @@ class Connection:
     def _open(self) -> duckdb.DuckDBPyConnection:
         """A new DuckDB connection with the views and macros, locked down to the dataset and its cache."""
         con = self._new_duckdb()
-        allowed, targets = populate(con, self.files, self._relations)
-        sandbox.lock_down(con, allowed, allowed_paths=targets)
+        try:
+            allowed, targets = populate(con, self.files, self._relations)
+            sandbox.lock_down(con, allowed, allowed_paths=targets)
+        except (duckdb.Error, RuntimeError) as e:
+            con.close()
+            if sandbox.interrupted_by_signal(e):  # Ctrl-C while the views were made: the caller's KeyboardInterrupt,
+                raise KeyboardInterrupt from e  # not DuckDB's bare RuntimeError with a traceback
+            raise
         return con
 
     def _new_duckdb(self) -> duckdb.DuckDBPyConnection:

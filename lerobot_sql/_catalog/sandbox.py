@@ -112,6 +112,14 @@ LOCKED_NOTE = ("(SET, PRAGMA and RESET statements are refused on lerobot_sql's c
                "lerobot_sql.connect takes threads=, memory_limit= and temp_directory=)")
 
 
+def interrupted_by_signal(e: BaseException) -> bool:
+    """Whether ``e`` is DuckDB stopping work because the process got SIGINT (Ctrl-C) while no guard of ours was
+    armed: DuckDB's Python layer checks for signals and raises ``duckdb.InterruptException``, or a bare
+    ``RuntimeError("Query interrupted")`` when the check lands in its result fetch."""
+    return isinstance(e, duckdb.InterruptException) or (type(e) is RuntimeError and
+                                                         str(e).strip().lower() == "query interrupted")
+
+
 def locked_advice(message: str) -> str:
     """DuckDB's error ``message`` with its advice to run SET / PRAGMA statements replaced by what works on a locked
     connection (``_ADVICE``), and a note on the lock when an advice it does not know remains. Text before

@@ -627,6 +627,30 @@ def _warn(message, category, filename, lineno, file=None, line=None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``lerobot-sql`` command: the exit code (0, 1 an error, 2 a usage error, 130 interrupted by Ctrl-C)."""
+    try:
+        code = _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C anywhere, also in an import or the argument parsing
+        code = 130
+    if code == 130:
+        print("interrupted", file=sys.stderr)
+        if argv is None:  # run as the command (console script, python -m), not called by a program
+            _ignore_further_ctrl_c()
+    return code
+
+
+def _ignore_further_ctrl_c() -> None:
+    # The command is over. A SIGINT still pending (it arrived while DuckDB stopped, and Python runs the handler of
+    # the moment: the default one once the query's was given back) or a second Ctrl-C would otherwise raise
+    # KeyboardInterrupt on the way out: killed by SIGINT (-2) with a traceback after "interrupted" was printed.
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _main(argv: list[str] | None) -> int:
     import warnings
 
     warnings.showwarning = _warn
@@ -651,8 +675,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hint: {hint}", file=sys.stderr)
         return 2
     except (LeRobotSQLError, OSError) as e:
-        if isinstance(e, QueryInterrupted) and e.reason == "sigint":  # Ctrl-C stopped DuckDB: as KeyboardInterrupt
-            print("interrupted", file=sys.stderr)
+        if _by_ctrl_c(e):  # Ctrl-C stopped DuckDB: as KeyboardInterrupt
             return 130
         if isinstance(e, BrokenPipeError):  # `lerobot-sql query ... | head`: the reader left; not an error
             with contextlib.suppress(OSError):
@@ -665,7 +688,22 @@ def main(argv: list[str] | None = None) -> int:
         if hint:
             print(f"hint: {hint}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except Exception as e:
+        if _by_ctrl_c(e):  # an interrupt DuckDB raised where no error of ours wraps it
+            return 130
+        raise
 
+
+def _by_ctrl_c(e: BaseException) -> bool:
+    """Whether Ctrl-C caused ``e``: our query guard stopped DuckDB for a SIGINT, or DuckDB saw the signal itself
+    (work outside a guarded fetch, e.g. making the views: DuckDB's interrupt error somewhere in the chain)."""
+    from .._catalog.sandbox import interrupted_by_signal
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if (isinstance(e, QueryInterrupted) and e.reason == "sigint") or isinstance(e, KeyboardInterrupt) or \
+                interrupted_by_signal(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
