@@ -1,12 +1,18 @@
-"""The per-sample table of a dataset: where each sample's data row and camera frames are, in one shared file.
+"""The per-sample table of a dataset: where each sample's data row and camera frames are, kept as runs.
 
-:class:`SampleTable` resolves, once and vectorised, every manifest row to its data row group (a *slot*: data file
-``f``'s row group ``rg`` is slot ``rg_base[f] + rg``) and offset in it, and each camera's samples to their mp4
-(a code into the camera's file list) and their place among that mp4's samples (:class:`CameraSamples`). The
-arrays and the manifest itself live in one named Arrow file under ``<cache>/manifests`` (:class:`SampleFile`) that
-every process maps: forked DataLoader workers share its pages, and spawned/forkserver workers, which receive the
-dataset pickled, map the same file by name instead of unpickling copies (the table pickles as its file's name and
-a few per-file lists, kilobytes whatever the number of samples). The file is a scratch file
+:class:`SampleTable` cuts the manifest, once and vectorised, into *runs*: maximal stretches of consecutive samples
+that are consecutive rows of one data row group (a *slot*: data file ``f``'s row group ``rg`` is slot
+``rg_base[f] + rg``), of one episode and query result row, and read the same mp4 from the same ``from_timestamp``
+for every camera. A whole episode is one run (a few when its rows span row groups), so the bookkeeping a dataset
+holds grows with the episodes selected, not with their frames: every per-sample value (``index``, ``slot``,
+``offset``, a camera's mp4 and the sample's place among that mp4's samples, ...) is its run's value plus the
+sample's distance into the run, computed when asked (:class:`RunValues`, vectorised for batches).
+
+The manifest itself and one flag per sample (where a run starts) live in one named Arrow file under
+``<cache>/manifests`` (:class:`SampleFile`) that every process maps: forked DataLoader workers share its pages,
+and spawned/forkserver workers, which receive the dataset pickled, map the same file by name and derive the runs
+from the flags again (one pass over a byte per sample), instead of unpickling copies (the table pickles as its
+file's name and a few per-file lists, kilobytes whatever the number of samples). The file is a scratch file
 (:mod:`lerobot_sql._storage.scratch`): held by its writer's lock while it lives, deleted by that process only,
 swept by a later one after a crash.
 
@@ -17,7 +23,6 @@ Nothing is built or decoded here: the video rows come from each mp4's index in t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import tempfile
 import weakref
@@ -31,36 +36,97 @@ from .._storage import scratch
 from .._storage.source import Source
 from ..errors import CacheError, DatasetFormatError
 
-# the manifest columns read per sample (besides each camera's from_timestamp), as numpy views of the mapping
-_COLUMNS = {"index": "index", "episode_index": "episode_index", "timestamp": "timestamp",
-            "ep_from": "ep_from_index", "ep_to": "ep_to_index", "row0": "ep_data_row0", "task_index": "task_index"}
+RUN_FLAG = "_run_start"  # the per-sample column of the shared file: True where a run starts
 
 
-@dataclasses.dataclass
+class Runs:
+    """Where the runs start: ``start`` (int64, runs + 1 entries; run ``r`` is samples ``start[r]:start[r + 1]``)
+    and the lookup of a sample's run (the last scalar lookup is remembered: an item asks for several values of the
+    same sample)."""
+
+    def __init__(self, start: np.ndarray):
+        self.start = start
+        self._last = (-1, 0)
+
+    def of(self, i):
+        """The run of sample ``i`` (an int) or of each of samples ``i`` (an int array)."""
+        if isinstance(i, np.ndarray):
+            return np.searchsorted(self.start, i, side="right") - 1
+        last = self._last  # one read: helper threads decoding other cameras look up samples too
+        if last[0] == i:
+            return last[1]
+        r = int(np.searchsorted(self.start, i, side="right")) - 1
+        self._last = (i, r)
+        return r
+
+
+class RunValues:
+    """A per-sample column held per run: sample ``i`` of run ``r`` has ``per_run[r] + step * (i - start[r])``
+    (``step`` 1 for values that count along the run: ``index``, the row offset; 0 for the run's constants).
+    Indexed like the numpy array it stands for (an int, an int array, a slice); ``np.asarray`` materializes it."""
+
+    def __init__(self, runs: Runs, per_run: np.ndarray, step: int = 0):
+        self.runs, self.per_run, self.step = runs, per_run, step
+
+    def __len__(self) -> int:
+        return int(self.runs.start[-1])
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            i = np.arange(*i.indices(len(self)))
+        elif not isinstance(i, np.ndarray):
+            i = int(i)
+            if i < 0:
+                i += len(self)
+        r = self.runs.of(i)
+        v = self.per_run[r]
+        if self.step:
+            v = v + (i - self.runs.start[r])
+        return v
+
+    def __array__(self, dtype=None, copy=None):
+        counts = np.diff(self.runs.start)
+        out = np.repeat(self.per_run, counts)
+        if self.step:
+            out = out + (np.arange(len(out)) - np.repeat(self.runs.start[:-1], counts)).astype(out.dtype)
+        return out if dtype is None else out.astype(dtype)
+
+
 class CameraSamples:
-    """One camera's samples: which mp4 each reads and where it sits among that mp4's samples."""
+    """One camera's samples: which mp4 each reads, where it sits among that mp4's samples, from which time."""
 
-    files: list[str]  # the camera's mp4s (relative paths); ``code`` indexes this list
-    starts: np.ndarray  # int64 (len(files) + 1): ``order[starts[c]:starts[c + 1]]`` are mp4 c's samples
-    code: np.ndarray  # int32 per sample: its mp4
-    order: np.ndarray  # int32: the samples grouped by mp4, ascending within each
-    position: np.ndarray  # int32 per sample: its place among its mp4's samples (an index into that mp4's run)
-    from_timestamp: np.ndarray  # per sample: where its episode starts in the mp4 (seconds; the manifest's)
+    def __init__(self, runs: Runs, files: list[str], run_code: np.ndarray, run_from_timestamp: np.ndarray):
+        self.files = files  # the camera's mp4s (relative paths); ``code`` indexes this list
+        self.runs, self._run_code = runs, run_code
+        counts = np.diff(runs.start)
+        # each run's first sample's place among its mp4's samples: the samples of the mp4's earlier runs
+        order = np.argsort(run_code, kind="stable")
+        c = counts[order]
+        before = np.cumsum(c) - c  # samples of the runs before, in the code-grouped order
+        first_of_code = np.searchsorted(run_code[order], run_code[order], side="left")
+        base = np.empty(len(run_code), np.int64)
+        base[order] = before - before[first_of_code]
+        self.code = RunValues(runs, run_code)  # int32 per sample: its mp4
+        self.position = RunValues(runs, base, step=1)  # int64 per sample: its place among its mp4's samples
+        self.from_timestamp = RunValues(runs, run_from_timestamp)  # seconds: where its episode starts in the mp4
 
     def of_file(self, code: int) -> np.ndarray:
-        """The samples (positions in the dataset) reading mp4 ``code``, ascending."""
-        return self.order[self.starts[code]:self.starts[code + 1]]
+        """The samples (positions in the dataset, int64, ascending) reading mp4 ``code``."""
+        r = np.flatnonzero(self._run_code == code)
+        a, b = self.runs.start[r], self.runs.start[r + 1]
+        counts = b - a
+        return np.repeat(a - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(int(counts.sum()))
 
 
 class SampleTable:
-    """A manifest's per-sample arrays, mapped from their shared file (see the module docstring).
+    """A manifest's per-sample values, held per run (see the module docstring).
 
-    Per sample (numpy views of the mapping): ``file`` (int32, an index into ``data_files``), ``slot`` (int32, the
-    row group, see ``rg_base``), ``offset`` (int64, the row in it), and the manifest's ``index``, ``episode_index``,
-    ``timestamp``, ``ep_from`` / ``ep_to`` (the episode's index range), ``row0`` (the episode's first data row in its
-    file), ``task_index``; per camera a :class:`CameraSamples`. Per data file: ``infos`` (footers), ``rg_base``
-    (its first slot); per slot: ``slot_file`` (its data file), ``rg_len`` (its rows). ``manifest`` is the mapped
-    manifest table.
+    Per sample (:class:`RunValues`, indexed like arrays): ``file`` (int32, an index into ``data_files``), ``slot``
+    (the row group, see ``rg_base``), ``offset`` (int64, the row in it), ``index``, ``episode_index``, ``ep_from`` /
+    ``ep_to`` (the episode's index range), ``row0`` (the episode's first data row in its file); numpy views of the
+    mapped manifest: ``timestamp``, ``task_index``; per camera a :class:`CameraSamples`. Per data file: ``infos``
+    (footers), ``rg_base`` (its first slot); per slot: ``slot_file`` (its data file), ``rg_len`` (its rows).
+    ``manifest`` is the mapped manifest table; ``runs`` the :class:`Runs`, ``run_episode`` each run's episode.
     """
 
     def __init__(self, src: Source, manifest: pa.Table, video_keys: list[str], cache_dir: Path):
@@ -73,50 +139,80 @@ class SampleTable:
         self.slot_file = np.repeat(np.arange(len(self.infos), dtype=np.int32), counts)
         self.rg_len = np.concatenate([np.diff(info.rg_offsets) for info in self.infos]).astype(np.int64)
         data_row = m["data_row"].to_numpy()
-        slot = np.zeros(n, np.int32)
-        off = np.zeros(n, np.int64)
+        slot = np.zeros(n, np.int64)
         order, starts = groups(file_codes, len(self.data_files))
         for f, info in enumerate(self.infos):
             sel = order[starts[f]:starts[f + 1]]
-            rg, o = info.locate(data_row[sel])
-            slot[sel], off[sel] = rg + self.rg_base[f], o
-        cols: dict[str, np.ndarray] = {"_file": file_codes, "_slot": slot, "_off": off}
+            slot[sel] = np.searchsorted(info.rg_offsets, data_row[sel], side="right") - 1 + self.rg_base[f]
+        # A run breaks wherever a value that is constant along a run changes, or one that counts along it skips.
+        brk = np.zeros(n, bool)
+        if n:
+            brk[0] = True
+        for name in ("episode_index", "ep_from_index", "ep_to_index", "ep_data_row0", "result_row"):
+            _changes(m[name].to_numpy(), brk)
+        _changes(slot, brk)
+        for name in ("index", "data_row"):
+            v = m[name].to_numpy()
+            brk[1:] |= v[1:] != v[:-1] + 1
         self.video_files: dict[str, list[str]] = {}
-        self._starts: dict[str, np.ndarray] = {}
         for k in video_keys:
             names, vcodes = codes(m[f"{k}/file"])
             self.video_files[k] = names
-            order, self._starts[k] = groups(vcodes, len(names))
-            pos = np.empty(n, np.int32)
-            pos[order] = np.arange(n) - np.repeat(self._starts[k][:-1], np.diff(self._starts[k]))
-            cols[f"_vfile/{k}"], cols[f"_vorder/{k}"], cols[f"_vpos/{k}"] = vcodes, order, pos
-        self.map = write_file(m, cols, cache_dir)
-        self._manifest_cols, self._derived_cols = list(m.column_names), list(cols)
+            _changes(vcodes, brk)
+            ts = m[f"{k}/from_timestamp"].to_numpy(zero_copy_only=False)
+            brk[1:] |= ~((ts[1:] == ts[:-1]) | (np.isnan(ts[1:]) & np.isnan(ts[:-1])))
+        self.map = write_file(m, {RUN_FLAG: brk}, cache_dir)
+        self._manifest_cols = list(m.column_names)
+        self._video_keys = list(video_keys)
         self.n = n
         self._attach()
 
     def _attach(self) -> None:
-        """Take the arrays from the mapped file: zero-copy views, in the building process and in every process that
+        """Map the file and derive the runs from its flags: in the building process and in every process that
         unpickles the table alike."""
         mapped = self.map.read()
         self.manifest = m = mapped.select(self._manifest_cols)
-        derived = mapped.select(self._derived_cols)
-        d = {c: derived[c].to_numpy() for c in derived.column_names}
+        flags = mapped[RUN_FLAG].to_numpy()
+        first = np.flatnonzero(flags)
+        self.runs = runs = Runs(np.append(first, len(flags)).astype(np.int64))
+
+        # Every change of file starts a run, so the files appear at the run starts in the order codes() gave them.
+        take = pa.array(first)
+
+        def at_runs(name: str) -> np.ndarray:
+            return m[name].take(take).to_numpy(zero_copy_only=False)
 
         def col(name: str) -> np.ndarray:
             return m[name].chunk(0).to_numpy() if m[name].num_chunks == 1 else m[name].to_numpy()
 
-        self.file, self.slot, self.offset = d["_file"], d["_slot"], d["_off"]
-        for attr, name in _COLUMNS.items():
-            setattr(self, attr, col(name))
-        self.cameras = {k: CameraSamples(names, self._starts[k], d[f"_vfile/{k}"], d[f"_vorder/{k}"],
-                                         d[f"_vpos/{k}"], col(f"{k}/from_timestamp"))
-                        for k, names in self.video_files.items()}
+        _, run_file = codes(m["data_file"].take(take))
+        run_row = at_runs("data_row")
+        run_slot = np.zeros(len(first), np.int64)
+        run_off = np.zeros(len(first), np.int64)
+        for f, info in enumerate(self.infos):
+            sel = np.flatnonzero(run_file == f)
+            rg, o = info.locate(run_row[sel])
+            run_slot[sel], run_off[sel] = rg + self.rg_base[f], o
+        self.run_episode = at_runs("episode_index")
+        self.file = RunValues(runs, run_file)
+        self.slot = RunValues(runs, run_slot)
+        self.offset = RunValues(runs, run_off, step=1)
+        self.index = RunValues(runs, at_runs("index"), step=1)
+        self.episode_index = RunValues(runs, self.run_episode)
+        self.ep_from = RunValues(runs, at_runs("ep_from_index"))
+        self.ep_to = RunValues(runs, at_runs("ep_to_index"))
+        self.row0 = RunValues(runs, at_runs("ep_data_row0"))
+        self.timestamp, self.task_index = col("timestamp"), col("task_index")
+        self.cameras = {}
+        for k in self._video_keys:
+            _, run_code = codes(m[f"{k}/file"].take(take))
+            self.cameras[k] = CameraSamples(runs, self.video_files[k], run_code, at_runs(f"{k}/from_timestamp"))
 
     def __getstate__(self):
         # the mapped arrays travel as the file's name (SampleFile pickles as its path): re-mapped on arrival
         state = dict(self.__dict__)
-        for k in ("manifest", "file", "slot", "offset", "cameras", *_COLUMNS):
+        for k in ("manifest", "runs", "run_episode", "file", "slot", "offset", "index", "episode_index", "ep_from",
+                  "ep_to", "row0", "timestamp", "task_index", "cameras"):
             state.pop(k, None)
         return state
 
@@ -127,6 +223,11 @@ class SampleTable:
     def close(self) -> None:
         """Delete the shared file now (see :meth:`SampleFile.close`)."""
         self.map.close()
+
+
+def _changes(v: np.ndarray, brk: np.ndarray) -> None:
+    """Mark in ``brk`` each position where ``v`` differs from the one before."""
+    brk[1:] |= v[1:] != v[:-1]
 
 
 def codes(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
@@ -176,7 +277,8 @@ def file_prefix() -> str:
 
 
 def write_file(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Path) -> "SampleFile":
-    """Write the manifest and the derived per-sample arrays to one named Arrow IPC file (:class:`SampleFile`).
+    """Write the manifest and the per-sample columns ``derived`` (the run flags) to one named Arrow IPC file
+    (:class:`SampleFile`).
 
     The file lives in ``<cache>/manifests`` (or the system temp folder when the cache is read-only) while the
     dataset that wrote it lives: its pages are file-backed, so forked DataLoader workers share them through the

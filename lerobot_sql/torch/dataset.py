@@ -167,9 +167,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._meta_obj: _meta.SelectionMetadata | None = None
 
     def _prepare(self, m: pa.Table) -> None:
-        """The per-sample table (:class:`lerobot_sql.torch._samples.SampleTable`: every sample's row group and offset,
-        each camera's samples grouped by mp4, in one shared mapped file), each mp4's version stamp, and the item's
-        columns. Nothing is built or decoded here (see :mod:`lerobot_sql.torch._worker`)."""
+        """The per-sample table (:class:`lerobot_sql.torch._samples.SampleTable`: the samples as runs of consecutive
+        rows of a row group, each sample's values computed from its run; the manifest in one shared mapped file),
+        each mp4's version stamp, and the item's columns. Nothing is built or decoded here (see
+        :mod:`lerobot_sql.torch._worker`)."""
         self._samples = s = _samples.SampleTable(self._src, m, self._video_keys, self._cache_dir)
         self._n = s.n
         # each mp4's version stamp (checked before any process indexes or decodes it), its declared frame size
@@ -204,9 +205,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_worker"] = None  # maps, indexes and decoders are re-opened in the receiving process
-        # The per-sample arrays (~350 bytes a sample) travel as the name of their file (SampleTable pickles so): a
-        # spawned or forkserver worker maps the pages a forked one shares, instead of unpickling a private copy
-        # (3.5 GB at 10M samples). The extras are views of that file too, made again on arrival.
+        # The manifest (~100 bytes a sample) travels as the name of its file (SampleTable pickles so): a spawned or
+        # forkserver worker maps the pages a forked one shares, instead of unpickling a private copy (1 GB at 10M
+        # samples). The extras are views of that file too, made again on arrival.
         state.pop("_extra_cols", None)
         # The statistics function holds the Database (DuckDB does not pickle, nor cross a fork): a copy keeps the
         # numbers if they were computed, else says where to compute them (SelectionMetadata.__getstate__).
@@ -270,8 +271,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 
     @functools.cached_property
     def num_episodes(self) -> int:
-        """Distinct episodes the samples come from (counted once: a sort of every sample's episode_index)."""
-        return int(len(np.unique(self._samples.episode_index)))
+        """Distinct episodes the samples come from (counted once, over the runs: see :mod:`._samples`)."""
+        return int(len(np.unique(self._samples.run_episode)))
 
     @property
     def episodes(self) -> None:
