@@ -1,0 +1,121 @@
+"""The dataset's per-sample table kept as runs (lerobot_sql.torch._samples): every per-sample value computed from
+the runs equals the one the manifest gives for that sample, for every selection kind, and a whole episode costs one
+run (or one per row group it spans), not one entry per frame."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import lerobot_sql as lsql
+from lerobot_sql.torch import _samples
+
+SELECTIONS = {
+    "every episode": ("small20", None),
+    "some episodes, out of order, one twice": ("small20", [7, 2, 7, 11]),
+    "windows": ("small20", "SELECT episode_index, 1.0 AS start_s, 2.5 AS end_s FROM episodes WHERE episode_index < 6"),
+    "an index list, shuffled, with repeats": ("small20", "SELECT index FROM frames WHERE index % 7 = 3 "
+                                                         "UNION ALL SELECT 100 ORDER BY index % 5, index DESC"),
+    "several data and video files": ("multifile60", None),
+    "a v2.1 dataset (a file per episode)": ("v21_small20", None),
+}
+
+
+def expected(ds) -> dict[str, np.ndarray]:
+    """Each per-sample value as the manifest gives it (the per-frame table the runs stand for)."""
+    s, m = ds._samples, ds.manifest
+    files = s.data_files
+    out = {"file": np.array([files.index(f) for f in m["data_file"].to_pylist()]),
+           "index": m["index"].to_numpy(), "episode_index": m["episode_index"].to_numpy(),
+           "ep_from": m["ep_from_index"].to_numpy(), "ep_to": m["ep_to_index"].to_numpy(),
+           "row0": m["ep_data_row0"].to_numpy()}
+    rows = m["data_row"].to_numpy()
+    slot, off = np.zeros(len(rows), np.int64), np.zeros(len(rows), np.int64)
+    for j, f in enumerate(out["file"]):
+        info = s.infos[f]
+        rg = int(np.searchsorted(info.rg_offsets, rows[j], side="right") - 1)
+        slot[j], off[j] = s.rg_base[f] + rg, rows[j] - info.rg_offsets[rg]
+    out["slot"], out["offset"] = slot, off
+    return out
+
+
+@pytest.mark.parametrize("name", SELECTIONS)
+def test_run_values_equal_the_manifests_per_sample_values(datasets, name):
+    folder, sel = SELECTIONS[name]
+    db = lsql.connect(datasets / folder)
+    ds = db.dataset(episodes=sel) if isinstance(sel, list) else db.dataset(sel)
+    s = ds._samples
+    want = expected(ds)
+    n = len(ds)
+    assert s.n == n == ds.manifest.num_rows and int(s.runs.start[-1]) == n
+    every = np.arange(n)
+    for attr, values in want.items():
+        col = getattr(s, attr)
+        np.testing.assert_array_equal(np.asarray(col), values, err_msg=attr)  # materialized
+        np.testing.assert_array_equal(col[every[::-1]], values[::-1], err_msg=attr)  # gathered, any order
+        for i in (0, n // 3, n - 1, -1):  # one sample, as an item asks
+            assert col[i] == values[i], (attr, i)
+    # each camera: the sample's mp4, its place among that mp4's samples (ascending), where its episode starts
+    m = ds.manifest
+    for k, cam in s.cameras.items():
+        names = m[f"{k}/file"].to_pylist()
+        code = np.array([cam.files.index(x) for x in names])
+        np.testing.assert_array_equal(cam.code[every], code)
+        np.testing.assert_array_equal(cam.from_timestamp[every], m[f"{k}/from_timestamp"].to_numpy())
+        for c in range(len(cam.files)):
+            of = cam.of_file(c)
+            np.testing.assert_array_equal(of, np.flatnonzero(code == c))
+            np.testing.assert_array_equal(cam.position[of], np.arange(len(of)))
+
+
+def test_a_whole_episode_is_one_run_per_row_group_it_spans(datasets):
+    db = lsql.connect(datasets / "multifile60")
+    ds = db.dataset()
+    s = ds._samples
+    m = ds.manifest
+    # the row groups each episode's rows touch, from the footers
+    touched = 0
+    for ep in np.unique(m["episode_index"].to_numpy()):
+        rows = m.filter(pa.compute.equal(m["episode_index"], ep))
+        f = s.data_files.index(rows["data_file"][0].as_py())
+        data_row = rows["data_row"].to_numpy()
+        rgs = np.searchsorted(s.infos[f].rg_offsets, data_row, side="right") - 1
+        touched += len(np.unique(rgs))
+    assert len(s.runs.start) - 1 == touched
+    assert touched < len(ds) / 20  # runs, not frames
+    assert ds.num_episodes == pq.read_table(datasets / "multifile60" / "meta" / "episodes").num_rows
+
+
+def test_a_row_group_boundary_inside_an_episode_splits_its_run(tmp_path, datasets):
+    """Data files rewritten with small row groups (episodes spanning several): the items are the same, and every
+    run lies in one row group (the offset of a sample is its run's plus its distance into the run)."""
+    import shutil
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    for f in (root / "data").rglob("*.parquet"):
+        t = pq.read_table(f)
+        pq.write_table(t, f, row_group_size=97)
+    ds = lsql.connect(root).dataset(episodes=[3, 4], cameras=[])
+    ref = lsql.connect(datasets / "small20").dataset(episodes=[3, 4], cameras=[])
+    s = ds._samples
+    assert len(s.runs.start) - 1 > 2  # more runs than episodes
+    slot, off = np.asarray(s.slot), np.asarray(s.offset)
+    assert (off < s.rg_len[slot]).all() and (off >= 0).all()
+    for i in (0, 96, 97, 98, len(ds) - 1):
+        a, b = ds[i], ref[i]
+        assert a.keys() == b.keys()
+        for k in a:
+            assert (a[k] == b[k]).all() if hasattr(a[k], "shape") else a[k] == b[k], (i, k)
+
+
+def test_runs_survive_pickling(datasets):
+    import pickle
+
+    ds = lsql.connect(datasets / "small20").dataset(episodes=[5, 1])
+    s2 = pickle.loads(pickle.dumps(ds._samples))
+    np.testing.assert_array_equal(s2.runs.start, ds._samples.runs.start)
+    np.testing.assert_array_equal(np.asarray(s2.index), np.asarray(ds._samples.index))
+    assert isinstance(_samples.Runs(np.array([0, 3, 5])).of(np.array([0, 2, 3, 4])), np.ndarray)
