@@ -29,10 +29,15 @@ decodes after at most one other), and its cost in bytes is what the benchmarks s
 ``framecode.make_image(clip, frame, 1)`` (tests/data/framecode.py): a 6x8 grid of dark/bright blocks holding a
 48-bit code of (clip, frame), readable after lossy compression, plus a faint moving texture so x264 does real work.
 
-Measured on this machine (2 cores, default sizes, ``--workers 2``): 1,000 episodes (239,964 frames, 3 cameras)
-in 27 s, 0.84 GB (3 mp4s, 1 data file); 10,000 episodes (2,399,446 frames) in 2 min 39 s, 8.3 GB (42 mp4s of up
-to 200 MB, 3 data files): about 1.15 kB per camera frame. ``verify`` (200 random items, 3 cameras each) passed on
-both.
+Measured on this machine (2 cores shared with other jobs, PyAV 18, default sizes, ``--workers 2``): 1,000 episodes
+(243,859 frames x 3 cameras) in 25 s (46 to 70 s at load 4 to 5), 0.83 GB in 6 mp4s and 1 data file; 10,000
+episodes (2,400,145 frames) in 59 s at load 2.5, 85 s at 3 to 4, 122 s at 5 (80 to 97 s of CPU), 8.15 GB in 39 mp4s
+of at most 200 MiB, 3 data files and one 14 MB meta/episodes file. Encoding the clips is a fixed ~45 s of CPU (~20 s
+on 2 cores); the rest grows with the frames, about 1.1 kB per camera frame on disk: 10k episodes ~8 GB, 20k ~16 GB
+(the largest sensible on this machine's disk; 100k, ~82 GB, does not fit). The same arguments give byte-identical files.
+``verify`` (200 random items x 3 cameras) found no mismatch at 200, 1,000 and 10,000 episodes;
+``lerobot-sql doctor --decode`` reports OK on the 200-episode set, ``doctor`` on the 10,000 one; lerobot 0.4.4's
+``LeRobotDataset`` (torchcodec) serves the 200-episode set's frames with the right codes too.
 """
 
 from __future__ import annotations
@@ -75,7 +80,9 @@ DATA_FILE_MB = 100
 META_EPISODES_PER_FILE = 50000  # as bench_scale.py
 META_ROW_GROUP = 1000
 BLOCK = 1000  # episodes of state/action drawn at once: bounded memory at 100k episodes
-X264 = {"crf": "30", "g": "2", "bframes": "0", "threads": "1"}  # threads=1: same bytes every run; 2 processes work
+# bf=0 (FFmpeg's max_b_frames; "bframes" is no option of its libx264 wrapper and was ignored, leaving x264's B-frames
+# on): decode order = display order. threads=1: the worker processes already fill both cores.
+X264 = {"crf": "30", "g": "2", "bf": "0", "threads": "1"}
 MP4_BYTES_PER_FRAME = 6  # mp4 index bytes per sample (stsz, stss, stco...): measured 6.04, for the rotation test
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 MIB = 1024 * 1024  # lerobot's get_file_size_in_mb divides by 1024**2
@@ -121,7 +128,9 @@ def _encode_clip(path: Path, clip: int, n_frames: int, height: int, width: int, 
             img = fc.make_image(clip, f, CLIP_CAM, height, width)
             if f in sampled:
                 pixels.append(img[::step, ::step].reshape(-1, 3))
-            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+            frame.pts = f  # in 1/fps, the stream's codec time base
+            for packet in stream.encode(frame):
                 out.mux(packet)
         for packet in stream.encode():
             out.mux(packet)
@@ -299,9 +308,9 @@ def _info(episodes: int, frames: int, cameras: list[str], height: int, width: in
     video_info = {
         "video.height": height, "video.width": width, "video.codec": "h264", "video.pix_fmt": "yuv420p",
         "video.fps": fps, "video.channels": 3, "has_audio": False,
-        # the encoder keys lerobot 0.6 writes; crf/g are lerobot's defaults, bframes=0 makes the cuts exact
+        # the encoder keys lerobot 0.6 writes; crf/g are lerobot's defaults, bf=0 (no B-frames) makes the cuts exact
         "video.g": 2, "video.crf": 30, "video.preset": None, "video.fast_decode": 0, "video.video_backend": "pyav",
-        "video.extra_options": {"bframes": 0}, "is_depth_map": False,
+        "video.extra_options": {"bf": 0}, "is_depth_map": False,
         "video.is_depth_map": False,  # what lerobot 0.4 (the benchmarks' peer) writes instead of is_depth_map
     }
     features = {

@@ -243,8 +243,15 @@ class Database(QueryFace):
         # before the manifest: its whole-episode path would meet a bad key as a bare KeyError
         self.layout.check_cameras(kw["cameras"] or [])
         path = plan_manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
+        kept = keep = None
         if sql is None:  # its own manifest, from the pointers: nothing to check
-            manifest = self._episodes_manifest(episodes, **kw)
+            from .torch import _selections
+
+            # whole episodes: the last open of the same selection over the same files may have kept its result
+            keep = _selections.entry(self.files, episodes=None if episodes is None else _episode_list(episodes),
+                                     **kw)
+            kept = _selections.load(keep)
+            manifest = kept.read()[1] if kept is not None else self._episodes_manifest(episodes, **kw)
         elif isinstance(sql, pa.Table):
             manifest = self._given_manifest(sql, "the table passed to dataset()", **kw)
         elif path is not None:
@@ -278,7 +285,7 @@ class Database(QueryFace):
                                  return_uint8=return_uint8, image_transforms=image_transforms, cameras=cameras,
                                  decoder_threads=decoder_threads, parallel_cameras=parallel_cameras,
                                  max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn,
-                                 depth_output_unit=depth_output_unit, align=align)
+                                 depth_output_unit=depth_output_unit, align=align, _kept=kept, _keep=keep)
 
     def _given_manifest(self, manifest: pa.Table, where: str, *, cameras: list[str] | None,
                         tolerance_s: float | None, align: str) -> pa.Table:

@@ -8,13 +8,13 @@ holds grows with the episodes selected, not with their frames: every per-sample 
 ``offset``, a camera's mp4 and the sample's place among that mp4's samples, ...) is its run's value plus the
 sample's distance into the run, computed when asked (:class:`RunValues`, vectorised for batches).
 
-The manifest itself and one flag per sample (where a run starts) live in one named Arrow file under
-``<cache>/manifests`` (:class:`SampleFile`) that every process maps: forked DataLoader workers share its pages,
-and spawned/forkserver workers, which receive the dataset pickled, map the same file by name and derive the runs
-from the flags again (one pass over a byte per sample), instead of unpickling copies (the table pickles as its
-file's name and a few per-file lists, kilobytes whatever the number of samples). The file is a scratch file
-(:mod:`lerobot_sql._storage.scratch`): held by its writer's lock while it lives, deleted by that process only,
-swept by a later one after a crash.
+The manifest itself and the runs table (:func:`run_table`) live in one named file (:func:`write_parts`) that
+every process maps: forked DataLoader workers share its pages, and spawned/forkserver workers, which receive the
+dataset pickled, map the same file by name instead of unpickling copies (the table pickles as its file's name and a
+few per-file lists, kilobytes whatever the number of samples). Opening it reads the runs, not the manifest's pages.
+The file is a scratch file under ``<cache>/manifests`` (:mod:`lerobot_sql._storage.scratch`): held by its writer's
+lock while it lives, deleted by that process only, swept by a later one after a crash; or, for a whole-episode
+selection, an entry of the selection cache (:mod:`lerobot_sql.torch._selections`), kept for the next open.
 
 Nothing is built or decoded here: the video rows come from each mp4's index in the process that reads it
 (:mod:`lerobot_sql.torch._worker`).
@@ -23,6 +23,7 @@ Nothing is built or decoded here: the video rows come from each mp4's index in t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import weakref
@@ -32,11 +33,9 @@ import numpy as np
 import pyarrow as pa
 
 from .._readers import tabular
-from .._storage import scratch
+from .._storage import cache, scratch
 from .._storage.source import Source
 from ..errors import CacheError, DatasetFormatError
-
-RUN_FLAG = "_run_start"  # the per-sample column of the shared file: True where a run starts
 
 
 class Runs:
@@ -127,86 +126,78 @@ class SampleTable:
     mapped manifest: ``timestamp``, ``task_index``; per camera a :class:`CameraSamples`. Per data file: ``infos``
     (footers), ``rg_base`` (its first slot); per slot: ``slot_file`` (its data file), ``rg_len`` (its rows).
     ``manifest`` is the mapped manifest table; ``runs`` the :class:`Runs`, ``run_episode`` each run's episode.
+
+    Built from a manifest (``SampleTable(src, manifest, video_keys, cache_dir)``), its file a scratch file, or one
+    kept under ``keep`` (a path in the selection cache, :mod:`lerobot_sql.torch._selections`); or mapped from such
+    a kept file (:meth:`load`).
     """
 
-    def __init__(self, src: Source, manifest: pa.Table, video_keys: list[str], cache_dir: Path):
+    def __init__(self, src: Source, manifest: pa.Table, video_keys: list[str], cache_dir: Path,
+                 keep: Path | None = None):
         m = manifest
-        n = m.num_rows
-        self.data_files, file_codes = codes(m["data_file"])
+        self.data_files, _ = codes(m["data_file"])
+        self._footers(src)
+        runs = run_table(m, self.data_files, self.infos, self.rg_base, video_keys)
+        self.video_files = json.loads(runs.schema.metadata[b"video_files"])
+        self.map = write_file(m, runs, cache_dir) if keep is None else write_kept(m, runs, keep)
+        self.n = m.num_rows
+        self._attach()
+
+    @classmethod
+    def load(cls, src: Source, kept: "SampleFile") -> "SampleTable":
+        """The table of a kept file (a selection cache entry; see :meth:`SampleFile.read` for its errors)."""
+        self = cls.__new__(cls)
+        self.map = kept
+        runs, m = kept.read()
+        self.data_files = json.loads(runs.schema.metadata[b"data_files"])
+        self.video_files = json.loads(runs.schema.metadata[b"video_files"])
+        self.n = m.num_rows
+        self._footers(src)
+        self._attach()
+        return self
+
+    def _footers(self, src: Source) -> None:
         self.infos = [tabular.data_file_info(src, f) for f in self.data_files]
         counts = np.array([len(info.rg_offsets) - 1 for info in self.infos], np.int64)
         self.rg_base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.slot_file = np.repeat(np.arange(len(self.infos), dtype=np.int32), counts)
-        self.rg_len = np.concatenate([np.diff(info.rg_offsets) for info in self.infos]).astype(np.int64)
-        data_row = m["data_row"].to_numpy()
-        slot = np.zeros(n, np.int64)
-        order, starts = groups(file_codes, len(self.data_files))
-        for f, info in enumerate(self.infos):
-            sel = order[starts[f]:starts[f + 1]]
-            slot[sel] = np.searchsorted(info.rg_offsets, data_row[sel], side="right") - 1 + self.rg_base[f]
-        # A run breaks wherever a value that is constant along a run changes, or one that counts along it skips.
-        brk = np.zeros(n, bool)
-        if n:
-            brk[0] = True
-        for name in ("episode_index", "ep_from_index", "ep_to_index", "ep_data_row0", "result_row"):
-            _changes(m[name].to_numpy(), brk)
-        _changes(slot, brk)
-        for name in ("index", "data_row"):
-            v = m[name].to_numpy()
-            brk[1:] |= v[1:] != v[:-1] + 1
-        self.video_files: dict[str, list[str]] = {}
-        for k in video_keys:
-            names, vcodes = codes(m[f"{k}/file"])
-            self.video_files[k] = names
-            _changes(vcodes, brk)
-            ts = m[f"{k}/from_timestamp"].to_numpy(zero_copy_only=False)
-            brk[1:] |= ~((ts[1:] == ts[:-1]) | (np.isnan(ts[1:]) & np.isnan(ts[:-1])))
-        self.map = write_file(m, {RUN_FLAG: brk}, cache_dir)
-        self._manifest_cols = list(m.column_names)
-        self._video_keys = list(video_keys)
-        self.n = n
-        self._attach()
+        self.rg_len = np.concatenate([np.diff(info.rg_offsets) for info in self.infos]).astype(np.int64) \
+            if self.infos else np.zeros(0, np.int64)
 
     def _attach(self) -> None:
-        """Map the file and derive the runs from its flags: in the building process and in every process that
-        unpickles the table alike."""
-        mapped = self.map.read()
-        self.manifest = m = mapped.select(self._manifest_cols)
-        flags = mapped[RUN_FLAG].to_numpy()
-        first = np.flatnonzero(flags)
-        self.runs = runs = Runs(np.append(first, len(flags)).astype(np.int64))
+        """Map the file: the per-run columns into numpy, the manifest as zero-copy views; in the building process
+        and in every process that unpickles the table alike."""
+        t, m = self.map.read()
+        self.manifest = m
 
-        # Every change of file starts a run, so the files appear at the run starts in the order codes() gave them.
-        take = pa.array(first)
+        def run_col(name: str) -> np.ndarray:
+            return t[name].to_numpy(zero_copy_only=False)
 
-        def at_runs(name: str) -> np.ndarray:
-            return m[name].take(take).to_numpy(zero_copy_only=False)
-
-        def col(name: str) -> np.ndarray:
-            return m[name].chunk(0).to_numpy() if m[name].num_chunks == 1 else m[name].to_numpy()
-
-        _, run_file = codes(m["data_file"].take(take))
-        run_row = at_runs("data_row")
-        run_slot = np.zeros(len(first), np.int64)
-        run_off = np.zeros(len(first), np.int64)
+        count = run_col("count")
+        self.runs = runs = Runs(np.concatenate([[0], np.cumsum(count)]).astype(np.int64))
+        run_file, run_row = run_col("file"), run_col("data_row")
+        run_slot = np.zeros(len(count), np.int64)
+        run_off = np.zeros(len(count), np.int64)
         for f, info in enumerate(self.infos):
             sel = np.flatnonzero(run_file == f)
             rg, o = info.locate(run_row[sel])
             run_slot[sel], run_off[sel] = rg + self.rg_base[f], o
-        self.run_episode = at_runs("episode_index")
+        self.run_episode = run_col("episode_index")
         self.file = RunValues(runs, run_file)
         self.slot = RunValues(runs, run_slot)
         self.offset = RunValues(runs, run_off, step=1)
-        self.index = RunValues(runs, at_runs("index"), step=1)
+        self.index = RunValues(runs, run_col("index"), step=1)
         self.episode_index = RunValues(runs, self.run_episode)
-        self.ep_from = RunValues(runs, at_runs("ep_from_index"))
-        self.ep_to = RunValues(runs, at_runs("ep_to_index"))
-        self.row0 = RunValues(runs, at_runs("ep_data_row0"))
+        self.ep_from = RunValues(runs, run_col("ep_from_index"))
+        self.ep_to = RunValues(runs, run_col("ep_to_index"))
+        self.row0 = RunValues(runs, run_col("ep_data_row0"))
+
+        def col(name: str) -> np.ndarray:  # zero-copy: no page of the manifest is read here
+            return m[name].chunk(0).to_numpy() if m[name].num_chunks == 1 else m[name].to_numpy()
+
         self.timestamp, self.task_index = col("timestamp"), col("task_index")
-        self.cameras = {}
-        for k in self._video_keys:
-            _, run_code = codes(m[f"{k}/file"].take(take))
-            self.cameras[k] = CameraSamples(runs, self.video_files[k], run_code, at_runs(f"{k}/from_timestamp"))
+        self.cameras = {k: CameraSamples(runs, names, run_col(f"{k}/file"), run_col(f"{k}/from_timestamp"))
+                        for k, names in self.video_files.items()}
 
     def __getstate__(self):
         # the mapped arrays travel as the file's name (SampleFile pickles as its path): re-mapped on arrival
@@ -221,8 +212,48 @@ class SampleTable:
         self._attach()
 
     def close(self) -> None:
-        """Delete the shared file now (see :meth:`SampleFile.close`)."""
+        """Delete the shared file now, or let go of a kept one (see :meth:`SampleFile.close`)."""
         self.map.close()
+
+
+def run_table(m: pa.Table, data_files: list[str], infos: list, rg_base: np.ndarray,
+              video_keys: list[str]) -> pa.Table:
+    """The runs of manifest ``m`` (see the module docstring) as a table, one row per run: ``count`` (samples),
+    ``index``, ``data_row`` (its first sample's), ``episode_index``, ``ep_from_index``, ``ep_to_index``,
+    ``ep_data_row0``, ``file`` (int32, into ``data_files``) and per camera ``<key>/file`` (int32, into the
+    camera's mp4 list) and ``<key>/from_timestamp``; the file and mp4 lists in the schema metadata. One vectorised
+    pass over the manifest."""
+    n = m.num_rows
+    _, file_codes = codes(m["data_file"])
+    data_row = m["data_row"].to_numpy()
+    slot = np.zeros(n, np.int64)
+    order, starts = groups(file_codes, len(data_files))
+    for f, info in enumerate(infos):
+        sel = order[starts[f]:starts[f + 1]]
+        slot[sel] = np.searchsorted(info.rg_offsets, data_row[sel], side="right") - 1 + rg_base[f]
+    # A run breaks wherever a value that is constant along a run changes, or one that counts along it skips.
+    brk = np.zeros(n, bool)
+    if n:
+        brk[0] = True
+    for name in ("episode_index", "ep_from_index", "ep_to_index", "ep_data_row0", "result_row"):
+        _changes(m[name].to_numpy(), brk)
+    _changes(slot, brk)
+    for v in (m["index"].to_numpy(), data_row):
+        brk[1:] |= v[1:] != v[:-1] + 1
+    video_files, vcodes, vts = {}, {}, {}
+    for k in video_keys:
+        video_files[k], vcodes[k] = codes(m[f"{k}/file"])
+        _changes(vcodes[k], brk)
+        ts = vts[k] = m[f"{k}/from_timestamp"].to_numpy(zero_copy_only=False)
+        brk[1:] |= ~((ts[1:] == ts[:-1]) | (np.isnan(ts[1:]) & np.isnan(ts[:-1])))
+    first = np.flatnonzero(brk)
+    cols = {"count": np.diff(np.append(first, n)).astype(np.int64), "file": file_codes[first]}
+    for name in ("index", "data_row", "episode_index", "ep_from_index", "ep_to_index", "ep_data_row0"):
+        cols[name] = m[name].to_numpy()[first] if name != "data_row" else data_row[first]
+    for k in video_keys:
+        cols[f"{k}/file"], cols[f"{k}/from_timestamp"] = vcodes[k][first], vts[k][first]
+    meta = {b"data_files": json.dumps(data_files).encode(), b"video_files": json.dumps(video_files).encode()}
+    return pa.table({c: pa.array(v) for c, v in cols.items()}).replace_schema_metadata(meta)
 
 
 def _changes(v: np.ndarray, brk: np.ndarray) -> None:
@@ -276,9 +307,9 @@ def file_prefix() -> str:
     return scratch.owner_prefix(TAG)
 
 
-def write_file(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Path) -> "SampleFile":
-    """Write the manifest and the per-sample columns ``derived`` (the run flags) to one named Arrow IPC file
-    (:class:`SampleFile`).
+def write_file(manifest: pa.Table, runs: pa.Table, cache_dir: Path) -> "SampleFile":
+    """Write the manifest and its runs (:func:`run_table`) to one named scratch file (:class:`SampleFile`, the
+    layout in :func:`write_parts`).
 
     The file lives in ``<cache>/manifests`` (or the system temp folder when the cache is read-only) while the
     dataset that wrote it lives: its pages are file-backed, so forked DataLoader workers share them through the
@@ -289,9 +320,6 @@ def write_file(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Pa
         CacheError: neither the cache folder nor the temp folder can hold the file.
     """
     d = cache_dir / "manifests"
-    full = manifest.combine_chunks()
-    for name, arr in derived.items():
-        full = full.append_column(name, pa.array(arr))
     try:
         d.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=file_prefix(), suffix=".arrow")
@@ -307,8 +335,7 @@ def write_file(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Pa
     scratch.hold(fd)  # before anything else: a sweeping process must see the file as live from its first moment
     scratch.sweep(d, TAG, ".arrow", keep=tmp)
     try:
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, full.schema) as w:
-            w.write_table(full)
+        write_parts(tmp, manifest, runs)
     except OSError as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -316,6 +343,59 @@ def write_file(manifest: pa.Table, derived: dict[str, np.ndarray], cache_dir: Pa
         raise CacheError(f"{d}: cannot write the per-sample file ({e}); the cache folder is full or not writable, "
                          "set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a writable folder with room") from e
     return SampleFile(tmp, owner=True, fd=fd)
+
+
+def write_kept(manifest: pa.Table, runs: pa.Table, path: Path) -> "SampleFile":
+    """Write the file of a selection cache entry at ``path`` (whole or not at all: a temporary name renamed into
+    place), and hold it (:class:`SampleFile` with ``kept=True``).
+
+    Raises:
+        CacheError: the cache folder cannot hold it.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cache.atomic_write(path, lambda tmp: write_parts(tmp, manifest, runs))
+    except OSError as e:
+        raise cache.cache_error(path.parent, f"cannot write a selection's per-sample file ({e})") from e
+    return SampleFile(str(path), owner=False, kept=True)
+
+
+_MAGIC = b"LSQLRUNS"
+_TRAILER = 24  # the manifest part's length, the runs part's offset (8 bytes each, little-endian), _MAGIC
+
+
+def write_parts(path: str, manifest: pa.Table, runs: pa.Table) -> None:
+    """The per-sample file: the manifest as an Arrow IPC file (from byte 0, so its pages map in place), the runs
+    table as a second one (64-byte aligned), then :data:`_TRAILER`."""
+    with pa.OSFile(path, "wb") as sink:
+        with pa.ipc.new_file(sink, manifest.schema) as w:
+            w.write_table(manifest.combine_chunks())
+        m_len = sink.tell()
+        pad = (-m_len) % 64
+        sink.write(b"\0" * pad)
+        part = pa.BufferOutputStream()
+        with pa.ipc.new_file(part, runs.schema) as w:
+            w.write_table(runs)
+        sink.write(part.getvalue())
+        sink.write(m_len.to_bytes(8, "little") + (m_len + pad).to_bytes(8, "little") + _MAGIC)
+
+
+def read_parts(path: str) -> tuple[pa.Table, pa.Table]:
+    """(runs, manifest) of a per-sample file, memory-mapped (zero-copy).
+
+    Raises:
+        OSError: the file cannot be mapped. ValueError / pyarrow.ArrowInvalid: it is not a whole per-sample file.
+    """
+    buf = pa.memory_map(path, "r").read_buffer()
+    size = buf.size
+    tail = buf.slice(max(0, size - _TRAILER)).to_pybytes()
+    if size < _TRAILER or tail[16:] != _MAGIC:
+        raise ValueError(f"{path}: not a whole per-sample file (no trailer)")
+    m_len, r_off = int.from_bytes(tail[:8], "little"), int.from_bytes(tail[8:16], "little")
+    if not 0 < m_len <= r_off < size - _TRAILER:
+        raise ValueError(f"{path}: not a whole per-sample file (its trailer points outside it)")
+    runs = pa.ipc.open_file(buf.slice(r_off, size - _TRAILER - r_off)).read_all()
+    return runs, pa.ipc.open_file(buf.slice(0, m_len)).read_all()
 
 
 def _remove(path: str, pid: int, fd: int | None) -> None:
@@ -341,27 +421,29 @@ class SampleFile:
     share a file (each name is unique).
     """
 
-    def __init__(self, path: str, owner: bool, fd: int | None = None):
-        self.path = path
+    def __init__(self, path: str, owner: bool, fd: int | None = None, kept: bool = False):
+        self.path, self.kept = path, kept
         self._fin = weakref.finalize(self, _remove, path, os.getpid(), fd) if owner else None
         if owner:
             MAPS[path] = self
+        if kept:  # a selection cache entry: a shared lock while in use, so that no eviction takes it
+            self._fin = weakref.finalize(self, _release, _hold_shared(path))
 
-    def read(self) -> pa.Table:
-        """The file's table, memory-mapped (zero-copy).
+    def read(self) -> tuple[pa.Table, pa.Table]:
+        """The file's (runs, manifest) tables, memory-mapped (zero-copy; :func:`read_parts`).
 
         Raises:
             CacheError: the file is gone: its owner dataset was closed or collected (or its cache folder was
                 cleaned) before this copy of the dataset was unpickled.
         """
         try:
-            return pa.ipc.open_file(pa.memory_map(self.path, "r")).read_all()
+            return read_parts(self.path)
         except FileNotFoundError as e:
             raise CacheError(f"{self.path}: the dataset's per-sample file is gone; a pickled dataset (a spawned "
                              "DataLoader worker's copy) maps the file of the dataset it was pickled from, which "
                              "must stay alive (not closed, not collected, its cache folder not cleaned) while "
                              "copies start. Build the dataset again (db.dataset(...))") from e
-        except OSError as e:
+        except (OSError, ValueError, pa.ArrowInvalid) as e:
             raise CacheError(f"{self.path}: cannot map the dataset's per-sample file ({e})") from e
 
     def close(self) -> None:
@@ -369,9 +451,28 @@ class SampleFile:
             self._fin()
 
     def __reduce__(self):
-        return (_attach, (self.path,))
+        return (_attach, (self.path, self.kept))
 
 
-def _attach(path: str) -> SampleFile:
+def _attach(path: str, kept: bool = False) -> SampleFile:
     own = MAPS.get(path)
-    return own if own is not None else SampleFile(path, owner=False)
+    return own if own is not None else SampleFile(path, owner=False, kept=kept)
+
+
+def _hold_shared(path: str) -> int | None:
+    """An open descriptor of ``path`` under a shared ``flock`` (None where locks do not exist or it is gone)."""
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY)
+    except (ImportError, OSError):
+        return None
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    return fd
+
+
+def _release(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)

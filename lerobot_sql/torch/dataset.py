@@ -99,7 +99,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                  image_transforms: Callable | None = None, cameras: list[str] | None = None,
                  decoder_threads: int = 1, parallel_cameras: bool | str = "auto", max_open_decoders: int = 16,
                  seek_reach: int = 2, stats: Callable[[], dict] | None = None, depth_output_unit: str = "mm",
-                 align: str = "timestamp"):
+                 align: str = "timestamp", _kept: "_samples.SampleFile | None" = None, _keep: Path | None = None):
+        # _kept / _keep (db.dataset, whole episodes: lerobot_sql.torch._selections): the selection cache's file of
+        # this manifest to map, or the path to keep the one built here at.
         # A manifest built from (or written by) another dataset names that dataset's rows: refused, whoever builds
         # this (db.dataset checks files and tables itself; ShardedManifestDataset, ray_data and direct use did not).
         check_source(manifest, "the manifest given to LeRobotSQLDataset", files.source.url, files.layout,
@@ -159,19 +161,26 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                              f"serve {unchecked}: pass cameras={list(self._meta.cameras)}, or resolve it again with "
                              f"db.manifest(sql, cameras={list(self._video_keys)})")
         self._extras = list(self._meta.extras)
-        self._prepare(manifest)
+        self._prepare(manifest, _kept, _keep)
         self._worker: _worker.Worker | None = None
         self._pipeline: _pipe.Pipeline | None = None
         self._stats_fn = stats  # ds.meta.stats: called once, on first use (db.dataset passes the Database's)
         self._owner_pid = os.getpid()  # only this process may call it: DuckDB does not survive a fork
         self._meta_obj: _meta.SelectionMetadata | None = None
 
-    def _prepare(self, m: pa.Table) -> None:
+    def _prepare(self, m: pa.Table, kept: "_samples.SampleFile | None" = None, keep: Path | None = None) -> None:
         """The per-sample table (:class:`lerobot_sql.torch._samples.SampleTable`: the samples as runs of consecutive
         rows of a row group, each sample's values computed from its run; the manifest in one shared mapped file),
         each mp4's version stamp, and the item's columns. Nothing is built or decoded here (see
         :mod:`lerobot_sql.torch._worker`)."""
-        self._samples = s = _samples.SampleTable(self._src, m, self._video_keys, self._cache_dir)
+        if kept is not None:
+            self._samples = s = _samples.SampleTable.load(self._src, kept)
+        else:
+            self._samples = s = _samples.SampleTable(self._src, m, self._video_keys, self._cache_dir, keep=keep)
+            if keep is not None:
+                from . import _selections
+
+                _selections.evict(keep.parent, keep)
         self._n = s.n
         # each mp4's version stamp (checked before any process indexes or decodes it), its declared frame size
         self._video_pins, self._video_declared = _worker.pin_videos(self._src, self._layout, s.video_files)

@@ -39,6 +39,10 @@ def _cache_entries_whole(cache: Path) -> int:
     for p in cache.rglob("*"):
         if p.suffix == ".parquet":
             pq.read_table(p)
+        elif p.suffix == ".arrow" and p.parent.name in ("manifests", "selections"):  # a per-sample file
+            from lerobot_sql.torch._samples import read_parts
+
+            read_parts(str(p))
         elif p.suffix == ".arrow":
             pa.ipc.open_file(pa.memory_map(str(p), "r")).read_all()
         else:

@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""Opening a large dataset as a training set: lerobot_sql's ``dataset()`` against ``LeRobotDataset``, cold and warm.
+
+    python -m benchmarks.bench_open [--root DIR] [--items 1000] [--peer-python PY] [--json out.json]
+
+``--root`` defaults to the 100,000-episode tabular scale set (``bench_scale.py generate --episodes 100000``: 30M
+frames, 20 data files, 2.6 GB). Each measurement runs in a fresh process whose imports (torch, lerobot_sql or
+lerobot) are done before the clock starts, so the figures are the open itself:
+
+* **lerobot_sql**: ``lsql.connect(root).dataset()`` (every episode), then ``--items`` random items. *cold*: an empty
+  lerobot_sql cache; *warm*: the next process, with the cache the cold one left (a training restart); *SQL 10%*: a
+  query selecting every tenth episode (``SELECT episode_index FROM episodes WHERE episode_index % 10 = 0``), warm.
+* **LeRobotDataset** (lerobot 0.4.4 in ``--peer-python``, default ``$LSQL_PEER_PYTHON``): ``LeRobotDataset(repo_id,
+  root=root)``; *cold*: an empty Hugging Face datasets cache (it builds its Arrow cache), *warm*: the next process.
+
+Peak RSS is the process's ``ru_maxrss`` (after the imports; the imports' own is given apart). The OS page cache is
+not dropped between runs: "cold" is the libraries' caches, not the disk. The machine's load is printed with the
+table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import common  # noqa: E402
+
+DEFAULT_ROOT = Path(os.environ.get("LSQL_SCALE_ROOT", common.BENCH_DATA / "scale")) / "ep100000"
+TENTH = "SELECT episode_index FROM episodes WHERE episode_index % 10 = 0"
+
+OURS = """
+import json, resource, sys, time
+import numpy as np, torch
+import lerobot_sql as lsql
+import lerobot_sql.torch.dataset
+root, cache, items, sql = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] or None
+rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+ds = lsql.connect(root, cache_dir=cache).dataset(sql, cameras=[])
+open_s = time.perf_counter() - t
+idx = np.random.default_rng(0).integers(0, len(ds), items)
+t = time.perf_counter()
+for i in idx:
+    ds[int(i)]
+items_s = time.perf_counter() - t
+print("BENCH_JSON " + json.dumps({"open_s": open_s, "items_s": items_s, "n": len(ds), "rss_imports": rss0 * 1024,
+                                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+PEER = """
+import json, os, resource, sys, time
+import numpy as np, torch
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+root, items = sys.argv[1], int(sys.argv[2])
+rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+ds = LeRobotDataset("bench/scale", root=root)
+open_s = time.perf_counter() - t
+idx = np.random.default_rng(0).integers(0, len(ds), items)
+t = time.perf_counter()
+for i in idx:
+    ds[int(i)]
+items_s = time.perf_counter() - t
+print("BENCH_JSON " + json.dumps({"open_s": open_s, "items_s": items_s, "n": len(ds), "rss_imports": rss0 * 1024,
+                                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def _run(python: str, code: str, args: list[str], env: dict | None = None) -> dict:
+    r = subprocess.run([python, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, timeout=3600)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("BENCH_JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"{python} failed:\n{r.stderr[-3000:]}")
+    return json.loads(line[len("BENCH_JSON "):])
+
+
+def measure(root: Path, items: int, peer: str | None) -> dict:
+    out = {"root": str(root), "items": items, "load": os.getloadavg()}
+    with tempfile.TemporaryDirectory() as cache:
+        out["ours_cold"] = _run(sys.executable, OURS, [str(root), cache, str(items), ""])
+        out["ours_warm"] = _run(sys.executable, OURS, [str(root), cache, str(items), ""])
+        out["ours_sql10_warm"] = _run(sys.executable, OURS, [str(root), cache, str(items), TENTH])
+    if peer and Path(peer).exists():
+        with tempfile.TemporaryDirectory() as home:
+            env = {"HF_HOME": home, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+            out["lerobot_cold"] = _run(peer, PEER, [str(root), str(items)], env)
+            out["lerobot_warm"] = _run(peer, PEER, [str(root), str(items)], env)
+    out["load_after"] = os.getloadavg()
+    return out
+
+
+def table(res: dict) -> str:
+    rows = [("lerobot_sql, cold", "ours_cold"), ("lerobot_sql, warm (next process)", "ours_warm"),
+            ("lerobot_sql, SQL: every 10th episode, warm", "ours_sql10_warm"),
+            ("LeRobotDataset 0.4.4, cold", "lerobot_cold"), ("LeRobotDataset 0.4.4, warm (next process)",
+                                                             "lerobot_warm")]
+    lines = ["| open | samples | open (s) | random items, ms/item | peak RSS (imports) |", "|---|---:|---:|---:|---:|"]
+    for name, k in rows:
+        r = res.get(k)
+        if r is None:
+            continue
+        lines.append(f"| {name} | {r['n']:,} | {r['open_s']:.2f} | {1e3 * r['items_s'] / max(1, res['items']):.2f} | "
+                     f"{r['rss'] / 1e9:.2f} GB ({r['rss_imports'] / 1e9:.2f} GB) |")
+    for a, b in (("ours_warm", "lerobot_warm"), ("ours_cold", "lerobot_cold")):
+        if a in res and b in res:
+            lines.append(f"\n{a} / {b}: open {res[a]['open_s'] / res[b]['open_s']:.2f}x, peak RSS "
+                         f"{res[a]['rss'] / res[b]['rss']:.2f}x")
+    lines.append(f"\nload average before / after: {res['load'][0]:.1f} / {res['load_after'][0]:.1f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT)
+    ap.add_argument("--items", type=int, default=1000)
+    ap.add_argument("--peer-python", default=os.environ.get("LSQL_PEER_PYTHON"))
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    if not (a.root / "meta" / "info.json").exists():
+        sys.exit(f"{a.root}: no dataset; generate it: python benchmarks/bench_scale.py generate --episodes 100000")
+    res = measure(a.root, a.items, a.peer_python)
+    print(table(res))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

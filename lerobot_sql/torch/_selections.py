@@ -1,0 +1,116 @@
+"""The selection cache: a whole-episode selection's per-sample file, kept for the next open of the same selection.
+
+Opening whole episodes (``db.dataset()``, ``db.dataset(episodes=[...])``) reads every selected frame's ``index,
+episode_index, frame_index, timestamp, task_index`` to check them (:mod:`lerobot_sql._plan.episodes`) and writes
+the per-sample file (:mod:`lerobot_sql.torch._samples`): about a second per million frames. A training restart
+opens the same selection again; this cache keeps the file under ``<cache>/selections/<key>.arrow``, so the next
+open maps it instead (the footers are still read, and each mp4 is pinned as on any open).
+
+The key holds everything the file was computed from, so a changed source is never served stale: the dataset's
+URL, info.json's digest (:func:`lerobot_sql._plan.manifest.dataset_identity`), the identity (size, mtime, inode,
+ctime, or a remote ETag: :meth:`Source.identity`) of info.json, every meta/episodes file and every data file, and the
+selection's options (episodes, cameras, tolerance_s, align). A query (SQL) is never cached: its result may depend on
+anything (``random()``, the clock).
+
+Bound: the :data:`MAX_ENTRIES` most recently used entries of a dataset are kept, and no more bytes than
+:func:`budget` allows; an entry a live dataset maps holds a shared lock and is never evicted. An entry that fails
+to map (truncated, garbled) is deleted and built again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+from .._format.files import DatasetFiles
+from .._plan.manifest import dataset_identity
+from .._storage import cache
+from ..errors import CacheError
+from ._samples import SampleFile
+
+VERSION = 1  # of the file's content: a change to what the per-sample file holds must bump it
+FOLDER = "selections"
+MAX_ENTRIES = 8
+
+
+def entry(files: DatasetFiles, *, episodes, cameras, tolerance_s, align) -> Path:
+    """Where the per-sample file of this whole-episode selection is kept (see the module docstring for the key).
+
+    Raises:
+        MissingFileError: a metadata or data file is gone (stat / remote HEAD).
+    """
+    src, layout = files.source, files.layout
+    ids = [(rel, src.identity(rel)) for rel in ("meta/info.json", *layout.episode_files, *layout.data_files)]
+    key = cache.key(VERSION, src.url, dataset_identity(layout), ids, None if episodes is None else list(episodes),
+                    None if cameras is None else list(cameras), repr(tolerance_s), align)
+    return files.cache_dir / FOLDER / f"{key}.arrow"
+
+
+def load(path: Path) -> SampleFile | None:
+    """The kept file at ``path``, held (a shared lock) and checked to map; None when there is none. A damaged one
+    is deleted (the caller builds it again)."""
+    if not path.exists():
+        return None
+    kept = SampleFile(str(path), owner=False, kept=True)
+    try:
+        kept.read()
+    except CacheError:
+        kept.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # most recently used
+    return kept
+
+
+def budget(folder: Path) -> int:
+    """Bytes the selection cache of one dataset may hold: a tenth of the free space of its disk, at least 1 GiB."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = 0
+    return max(1 << 30, free // 10)
+
+
+def evict(folder: Path, keep: Path) -> None:
+    """Delete the least recently used entries of ``folder`` beyond :data:`MAX_ENTRIES` or :func:`budget`, never
+    ``keep`` and never one a live dataset holds (its shared lock)."""
+    try:
+        entries = sorted((p for p in folder.glob("*.arrow") if p != keep), key=lambda p: p.stat().st_mtime,
+                         reverse=True)
+    except OSError:
+        return
+    room = budget(folder) - (keep.stat().st_size if keep.exists() else 0)
+    for n, p in enumerate(entries, start=1):
+        try:
+            size = p.stat().st_size
+        except OSError:
+            continue
+        if n < MAX_ENTRIES and size <= room:
+            room -= size
+            continue
+        if _unused(p):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+
+
+def _unused(path: Path) -> bool:
+    """Whether no process holds ``path`` (an exclusive lock can be taken; True where locks do not exist)."""
+    try:
+        import fcntl
+    except ImportError:
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

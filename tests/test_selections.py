@@ -1,0 +1,128 @@
+"""The selection cache (lerobot_sql.torch._selections): a second open of the same whole-episode selection maps the
+file the first one kept, with the same items; a changed source, other options or a damaged entry are never served
+from it; the cache stays within its bound and never evicts an entry in use."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import lerobot_sql as lsql
+from lerobot_sql import Database
+from lerobot_sql.errors import DatasetFormatError
+from lerobot_sql.torch import _selections
+
+
+@pytest.fixture
+def root(tmp_path, datasets):
+    r = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", r)
+    return r
+
+
+def entries(db) -> list:
+    return sorted((db.files.cache_dir / _selections.FOLDER).glob("*.arrow"))
+
+
+def planner_calls(monkeypatch) -> list:
+    calls = []
+    real = Database._episodes_manifest
+
+    def counted(self, *a, **k):
+        calls.append(a)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Database, "_episodes_manifest", counted)
+    return calls
+
+
+def assert_same_items(a, b, indices) -> None:
+    assert len(a) == len(b)
+    for i in indices:
+        x, y = a[i], b[i]
+        assert list(x) == list(y)
+        for k in x:
+            if hasattr(x[k], "shape"):
+                assert x[k].dtype == y[k].dtype and bool((x[k] == y[k]).all()), (i, k)
+            else:
+                assert x[k] == y[k], (i, k)
+
+
+def test_a_second_open_maps_the_kept_file(root, monkeypatch):
+    calls = planner_calls(monkeypatch)
+    first = lsql.connect(root).dataset(episodes=[3, 1])
+    assert len(calls) == 1
+    db = lsql.connect(root)
+    assert len(entries(db)) == 1
+    again = db.dataset(episodes=[1, 3])  # the same set of episodes
+    assert len(calls) == 1  # not planned again
+    assert again._samples.map.kept and again._samples.map.path == str(entries(db)[0])
+    assert_same_items(first, again, [0, 1, len(first) // 2, len(first) - 1])
+    np.testing.assert_array_equal(again._samples.runs.start, first._samples.runs.start)
+    assert again.manifest.equals(first.manifest)
+
+
+@pytest.mark.parametrize("other", [dict(episodes=[1]), dict(cameras=[]), dict(tolerance_s=2e-4),
+                                   dict(align="frame_index")])
+def test_other_options_are_other_entries(root, monkeypatch, other):
+    calls = planner_calls(monkeypatch)
+    lsql.connect(root).dataset(episodes=[3, 1])
+    lsql.connect(root).dataset(**{"episodes": [3, 1], **other})
+    assert len(calls) == 2 and len(entries(lsql.connect(root))) == 2
+
+
+def test_a_changed_data_file_is_never_served_from_the_cache(root):
+    """The first open keeps the selection; then a frame's timestamp is moved off the fps grid. A stale entry would
+    open without a word; the new open plans again and refuses it."""
+    lsql.connect(root).dataset()
+    f = sorted((root / "data").rglob("*.parquet"))[0]
+    t = pq.read_table(f)
+    ts = t["timestamp"].to_numpy().copy()
+    ts[5] += 0.3
+    pq.write_table(t.set_column(t.schema.get_field_index("timestamp"), "timestamp", pa.array(ts)), f)
+    with pytest.raises(DatasetFormatError, match="timestamp"):
+        lsql.connect(root).dataset()
+
+
+def test_a_damaged_entry_is_built_again(root, monkeypatch):
+    first = lsql.connect(root).dataset(episodes=[2])
+    path = entries(lsql.connect(root))[0]
+    first.close()
+    del first
+    path.write_bytes(path.read_bytes()[:-40])  # truncated: its trailer is gone
+    calls = planner_calls(monkeypatch)
+    again = lsql.connect(root).dataset(episodes=[2])
+    assert len(calls) == 1 and again._samples.map.kept
+    ref = lsql.connect(root).dataset("SELECT index FROM frames WHERE episode_index = 2 ORDER BY index")
+    assert_same_items(again, ref, [0, 7, len(ref) - 1])
+
+
+def test_the_cache_keeps_its_bound_and_never_evicts_an_entry_in_use(root, monkeypatch):
+    monkeypatch.setattr(_selections, "MAX_ENTRIES", 3)
+    held = lsql.connect(root).dataset(episodes=[0])  # alive: its entry is in use throughout
+    for e in range(1, 6):
+        lsql.connect(root).dataset(episodes=[e])
+    db = lsql.connect(root)
+    kept = entries(db)
+    assert held._samples.map.path in map(str, kept)
+    assert len(kept) == 3 + 1  # the bound, and the entry in use beyond it
+    assert held[3]["episode_index"].item() == 0  # still reads
+    del held
+    import gc
+
+    gc.collect()
+    lsql.connect(root).dataset(episodes=[7])
+    assert len(entries(db)) == 3
+
+
+def test_close_keeps_the_entry_for_the_next_open(root, monkeypatch):
+    ds = lsql.connect(root).dataset(episodes=[4])
+    ds.close()
+    assert len(entries(lsql.connect(root))) == 1
+    calls = planner_calls(monkeypatch)
+    assert len(lsql.connect(root).dataset(episodes=[4])) == len(ds)
+    assert calls == []
