@@ -65,7 +65,9 @@ ALLOWED = {
     "format": {"storage", "errors"},
     "readers": {"format", "storage", "errors"},
     "query": {"errors"},
-    "catalog": {"_readers.video_index", "_query.sqltext", "format", "storage", "errors"},
+    # _readers.tabular: the data files' footers, parsed once per process by their one owner (the frames view's
+    # repeated-rows check reads their statistics; the dataset reads the same footers)
+    "catalog": {"_readers.video_index", "_readers.tabular", "_query.sqltext", "format", "storage", "errors"},
     "plan": {"catalog", "_readers.tabular", "_query.sqltext", "format", "storage", "errors"},
     # of the planner, only the manifest's definition and the dealing of its rows to ranks (numpy, no DuckDB; shard and
     # samplers share it); storage only for the Source type the readers take

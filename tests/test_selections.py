@@ -126,3 +126,16 @@ def test_close_keeps_the_entry_for_the_next_open(root, monkeypatch):
     calls = planner_calls(monkeypatch)
     assert len(lsql.connect(root).dataset(episodes=[4])) == len(ds)
     assert calls == []
+
+
+def test_a_data_file_changed_after_a_warm_open_is_refused_at_its_first_read(root):
+    """A warm open reads no footer (the row-group offsets come with the kept runs); the footer read later must be of
+    the file the entry was kept for, else the item names the file instead of reading rows at stale offsets."""
+    lsql.connect(root).dataset(cameras=[])
+    ds = lsql.connect(root).dataset(cameras=[])
+    assert ds._samples.map.kept
+    f = sorted((root / "data").rglob("*.parquet"))[0]
+    t = pq.read_table(f)
+    pq.write_table(t.slice(1), f)  # the first row gone: every later row one place up
+    with pytest.raises(DatasetFormatError, match="changed after the dataset was opened"):
+        ds[len(ds) - 1]

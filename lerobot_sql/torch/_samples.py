@@ -117,6 +117,39 @@ class CameraSamples:
         return np.repeat(a - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(int(counts.sum()))
 
 
+class Footers:
+    """The data files' footers (:class:`lerobot_sql._readers.tabular.DataFileInfo`), indexed by file code: each
+    parsed on first use in each process (a 5,000-row-group footer is ~40 ms); ``rels``, ``identities`` (at the
+    open) and ``rg_offsets`` known without them. A footer parsed later must be of the same file version.
+
+    Raises (from indexing):
+        DatasetFormatError: the file changed since the dataset was opened (naming it, and to open it again).
+    """
+
+    def __init__(self, src: Source, rels: list[str], identities: list[str], rg_offsets: list[np.ndarray],
+                 parsed: list | None = None):
+        self.src, self.rels, self.identities, self.rg_offsets = src, list(rels), list(identities), rg_offsets
+        self._parsed = list(parsed) if parsed is not None else [None] * len(self.rels)
+
+    def __len__(self) -> int:
+        return len(self.rels)
+
+    def __getitem__(self, f: int):
+        info = self._parsed[f]
+        if info is None:
+            info = tabular.data_file_info(self.src, self.rels[f])
+            if info.identity != self.identities[f] or not np.array_equal(info.rg_offsets, self.rg_offsets[f]):
+                raise DatasetFormatError(
+                    f"{self.src.path(self.rels[f])}: the file changed after the dataset was opened (identity "
+                    f"{self.identities[f]} then, {info.identity} now); open the dataset again to read the new version")
+            self._parsed[f] = info
+        return info
+
+    def __getstate__(self):
+        # a receiving process parses the footers it reads itself (each is megabytes pickled)
+        return {**self.__dict__, "_parsed": [None] * len(self.rels)}
+
+
 class SampleTable:
     """A manifest's per-sample values, held per run (see the module docstring).
 
@@ -136,8 +169,11 @@ class SampleTable:
                  keep: Path | None = None):
         m = manifest
         self.data_files, _ = codes(m["data_file"])
-        self._footers(src)
-        runs = run_table(m, self.data_files, self.infos, self.rg_base, video_keys)
+        parsed = [tabular.data_file_info(src, f) for f in self.data_files]  # (the planner parsed them: cached)
+        self.infos = Footers(src, self.data_files, [i.identity for i in parsed], [i.rg_offsets for i in parsed],
+                             parsed)
+        self._slots()
+        runs = run_table(m, self.infos, self.rg_base, video_keys)
         self.video_files = json.loads(runs.schema.metadata[b"video_files"])
         self.map = write_file(m, runs, cache_dir) if keep is None else write_kept(m, runs, keep)
         self.n = m.num_rows
@@ -149,20 +185,25 @@ class SampleTable:
         self = cls.__new__(cls)
         self.map = kept
         runs, m = kept.read()
-        self.data_files = json.loads(runs.schema.metadata[b"data_files"])
-        self.video_files = json.loads(runs.schema.metadata[b"video_files"])
+        meta = runs.schema.metadata
+        self.data_files = json.loads(meta[b"data_files"])
+        self.video_files = json.loads(meta[b"video_files"])
+        # the footers are parsed when a process first reads a file; their row-group offsets were kept with the runs
+        # (and still describe the files: the entry's key holds each file's identity, checked again at the parse)
+        offsets = [np.asarray(o, np.int64) for o in json.loads(meta[b"rg_offsets"])]
+        self.infos = Footers(src, self.data_files, json.loads(meta[b"identities"]), offsets)
         self.n = m.num_rows
-        self._footers(src)
+        self._slots()
         self._attach()
         return self
 
-    def _footers(self, src: Source) -> None:
-        self.infos = [tabular.data_file_info(src, f) for f in self.data_files]
-        counts = np.array([len(info.rg_offsets) - 1 for info in self.infos], np.int64)
+    def _slots(self) -> None:
+        offsets = self.infos.rg_offsets
+        counts = np.array([len(o) - 1 for o in offsets], np.int64)
         self.rg_base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.slot_file = np.repeat(np.arange(len(self.infos), dtype=np.int32), counts)
-        self.rg_len = np.concatenate([np.diff(info.rg_offsets) for info in self.infos]).astype(np.int64) \
-            if self.infos else np.zeros(0, np.int64)
+        self.slot_file = np.repeat(np.arange(len(offsets), dtype=np.int32), counts)
+        self.rg_len = np.concatenate([np.diff(o) for o in offsets]).astype(np.int64) if offsets else \
+            np.zeros(0, np.int64)
 
     def _attach(self) -> None:
         """Map the file: the per-run columns into numpy, the manifest as zero-copy views; in the building process
@@ -178,10 +219,10 @@ class SampleTable:
         run_file, run_row = run_col("file"), run_col("data_row")
         run_slot = np.zeros(len(count), np.int64)
         run_off = np.zeros(len(count), np.int64)
-        for f, info in enumerate(self.infos):
+        for f, offsets in enumerate(self.infos.rg_offsets):
             sel = np.flatnonzero(run_file == f)
-            rg, o = info.locate(run_row[sel])
-            run_slot[sel], run_off[sel] = rg + self.rg_base[f], o
+            rg = np.searchsorted(offsets, run_row[sel], side="right") - 1
+            run_slot[sel], run_off[sel] = rg + self.rg_base[f], run_row[sel] - offsets[rg]
         self.run_episode = run_col("episode_index")
         self.file = RunValues(runs, run_file)
         self.slot = RunValues(runs, run_slot)
@@ -216,21 +257,21 @@ class SampleTable:
         self.map.close()
 
 
-def run_table(m: pa.Table, data_files: list[str], infos: list, rg_base: np.ndarray,
-              video_keys: list[str]) -> pa.Table:
+def run_table(m: pa.Table, infos: "Footers", rg_base: np.ndarray, video_keys: list[str]) -> pa.Table:
     """The runs of manifest ``m`` (see the module docstring) as a table, one row per run: ``count`` (samples),
     ``index``, ``data_row`` (its first sample's), ``episode_index``, ``ep_from_index``, ``ep_to_index``,
     ``ep_data_row0``, ``file`` (int32, into ``data_files``) and per camera ``<key>/file`` (int32, into the
-    camera's mp4 list) and ``<key>/from_timestamp``; the file and mp4 lists in the schema metadata. One vectorised
-    pass over the manifest."""
+    camera's mp4 list) and ``<key>/from_timestamp``; in the schema metadata the data files (``infos.rels``), their
+    identities and row-group offsets, and the mp4 lists. One vectorised pass over the manifest."""
     n = m.num_rows
+    data_files = infos.rels
     _, file_codes = codes(m["data_file"])
     data_row = m["data_row"].to_numpy()
     slot = np.zeros(n, np.int64)
     order, starts = groups(file_codes, len(data_files))
-    for f, info in enumerate(infos):
+    for f, offsets in enumerate(infos.rg_offsets):
         sel = order[starts[f]:starts[f + 1]]
-        slot[sel] = np.searchsorted(info.rg_offsets, data_row[sel], side="right") - 1 + rg_base[f]
+        slot[sel] = np.searchsorted(offsets, data_row[sel], side="right") - 1 + rg_base[f]
     # A run breaks wherever a value that is constant along a run changes, or one that counts along it skips.
     brk = np.zeros(n, bool)
     if n:
@@ -252,7 +293,9 @@ def run_table(m: pa.Table, data_files: list[str], infos: list, rg_base: np.ndarr
         cols[name] = m[name].to_numpy()[first] if name != "data_row" else data_row[first]
     for k in video_keys:
         cols[f"{k}/file"], cols[f"{k}/from_timestamp"] = vcodes[k][first], vts[k][first]
-    meta = {b"data_files": json.dumps(data_files).encode(), b"video_files": json.dumps(video_files).encode()}
+    meta = {b"data_files": json.dumps(data_files).encode(), b"video_files": json.dumps(video_files).encode(),
+            b"identities": json.dumps(infos.identities).encode(),
+            b"rg_offsets": json.dumps([o.tolist() for o in infos.rg_offsets]).encode()}
     return pa.table({c: pa.array(v) for c, v in cols.items()}).replace_schema_metadata(meta)
 
 

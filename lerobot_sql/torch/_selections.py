@@ -30,7 +30,7 @@ from .._storage import cache
 from ..errors import CacheError
 from ._samples import SampleFile
 
-VERSION = 1  # of the file's content: a change to what the per-sample file holds must bump it
+VERSION = 2  # of the file's content: a change to what the per-sample file holds must bump it
 FOLDER = "selections"
 MAX_ENTRIES = 8
 
