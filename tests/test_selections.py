@@ -88,14 +88,26 @@ def test_a_changed_data_file_is_never_served_from_the_cache(root):
         lsql.connect(root).dataset()
 
 
-def test_a_damaged_entry_is_built_again(root, monkeypatch):
+@pytest.mark.parametrize("damage", ["truncated", "one byte changed"])
+def test_a_damaged_entry_is_built_again(root, monkeypatch, damage):
+    """A kept file cut short, or with one byte of its manifest changed (a data_row: another frame's row, silently,
+    had it been trusted), is found by its checksum, named in a CacheWarning and built again."""
+    from lerobot_sql._storage import cache
+
     first = lsql.connect(root).dataset(episodes=[2])
     path = entries(lsql.connect(root))[0]
     first.close()
     del first
-    path.write_bytes(path.read_bytes()[:-40])  # truncated: its trailer is gone
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        data = data[:-40]
+    else:
+        data[len(data) // 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    cache._CHECKED.clear()  # a new process: the entry is checked again
     calls = planner_calls(monkeypatch)
-    again = lsql.connect(root).dataset(episodes=[2])
+    with pytest.warns(cache.CacheWarning, match=rf"{path.name}.*rebuilding"):
+        again = lsql.connect(root).dataset(episodes=[2])
     assert len(calls) == 1 and again._samples.map.kept
     ref = lsql.connect(root).dataset("SELECT index FROM frames WHERE episode_index = 2 ORDER BY index")
     assert_same_items(again, ref, [0, 7, len(ref) - 1])
@@ -139,3 +151,16 @@ def test_a_data_file_changed_after_a_warm_open_is_refused_at_its_first_read(root
     pq.write_table(t.slice(1), f)  # the first row gone: every later row one place up
     with pytest.raises(DatasetFormatError, match="changed after the dataset was opened"):
         ds[len(ds) - 1]
+
+
+def test_a_cache_that_cannot_keep_the_selection_still_opens_it(root, monkeypatch):
+    """A read-only or full cache folder: the selection goes to a scratch file, as a query's does."""
+    from lerobot_sql.errors import CacheError
+    from lerobot_sql.torch import _samples
+
+    def refuse(*a, **k):
+        raise CacheError("read-only")
+
+    monkeypatch.setattr(_samples, "write_kept", refuse)
+    ds = lsql.connect(root).dataset(episodes=[1])
+    assert not ds._samples.map.kept and ds[0]["episode_index"].item() == 1

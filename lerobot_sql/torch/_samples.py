@@ -175,7 +175,12 @@ class SampleTable:
         self._slots()
         runs = run_table(m, self.infos, self.rg_base, video_keys)
         self.video_files = json.loads(runs.schema.metadata[b"video_files"])
-        self.map = write_file(m, runs, cache_dir) if keep is None else write_kept(m, runs, keep)
+        self.map = None
+        if keep is not None:
+            with contextlib.suppress(CacheError):  # a read-only or full cache: a scratch file, as for a query
+                self.map = write_kept(m, runs, keep)
+        if self.map is None:
+            self.map = write_file(m, runs, cache_dir)
         self.n = m.num_rows
         self._attach()
 
@@ -390,14 +395,14 @@ def write_file(manifest: pa.Table, runs: pa.Table, cache_dir: Path) -> "SampleFi
 
 def write_kept(manifest: pa.Table, runs: pa.Table, path: Path) -> "SampleFile":
     """Write the file of a selection cache entry at ``path`` (whole or not at all: a temporary name renamed into
-    place), and hold it (:class:`SampleFile` with ``kept=True``).
+    place; its checksum sidecar first), and hold it (:class:`SampleFile` with ``kept=True``).
 
     Raises:
         CacheError: the cache folder cannot hold it.
     """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cache.atomic_write(path, lambda tmp: write_parts(tmp, manifest, runs))
+        # with its checksum sidecar, as every cache entry: a later open checks it once (lerobot_sql._storage.cache)
+        cache.build_once(path, lambda tmp: write_parts(tmp, manifest, runs), checksum=True)
     except OSError as e:
         raise cache.cache_error(path.parent, f"cannot write a selection's per-sample file ({e})") from e
     return SampleFile(str(path), owner=False, kept=True)

@@ -14,7 +14,7 @@ anything (``random()``, the clock).
 
 Bound: the :data:`MAX_ENTRIES` most recently used entries of a dataset are kept, and no more bytes than
 :func:`budget` allows; an entry a live dataset maps holds a shared lock and is never evicted. An entry that fails
-to map (truncated, garbled) is deleted and built again.
+to match its checksum (truncated, garbled, one value changed) is deleted with a CacheWarning and built again.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .._storage import cache
 from ..errors import CacheError
 from ._samples import SampleFile
 
-VERSION = 2  # of the file's content: a change to what the per-sample file holds must bump it
+VERSION = 3  # of the file's content: a change to what the per-sample file holds must bump it
 FOLDER = "selections"
 MAX_ENTRIES = 8
 
@@ -49,9 +49,14 @@ def entry(files: DatasetFiles, *, episodes, cameras, tolerance_s, align) -> Path
 
 
 def load(path: Path) -> SampleFile | None:
-    """The kept file at ``path``, held (a shared lock) and checked to map; None when there is none. A damaged one
-    is deleted (the caller builds it again)."""
+    """The kept file at ``path``, checked against its checksum (once per process: ~1 s per 3 GB), held (a shared
+    lock) and mapped; None when there is none. A damaged one is deleted with a CacheWarning naming it (the caller
+    builds it again)."""
     if not path.exists():
+        return None
+    why = cache.check_once(path)
+    if why is not None:
+        cache.discard(path, why)
         return None
     kept = SampleFile(str(path), owner=False, kept=True)
     try:
@@ -93,8 +98,9 @@ def evict(folder: Path, keep: Path) -> None:
             room -= size
             continue
         if _unused(p):
-            with contextlib.suppress(OSError):
-                os.unlink(p)
+            for q in (p, p.with_name(p.name + cache.SUM_SUFFIX), p.with_name(p.name + ".lock")):
+                with contextlib.suppress(OSError):
+                    os.unlink(q)
 
 
 def _unused(path: Path) -> bool:
