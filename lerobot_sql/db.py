@@ -133,6 +133,17 @@ class Database(QueryFace):
             self._pointers = read_pointers(self.source, self.layout)
         return self._pointers
 
+    def _data_files_of(self, episodes: list[int] | None) -> list[str]:
+        """The data files (relative paths) meta/episodes points the ``episodes`` (None: all) to; every data file
+        when there are no usable pointers."""
+        ptr = self._episode_pointers()
+        if episodes is None or ptr is None or ptr["data/chunk_index"].null_count or ptr["data/file_index"].null_count:
+            return list(self.layout.data_files)
+        sel = pc.is_in(ptr["episode_index"], pa.array(episodes, pa.int64()))
+        pairs = {(int(c), int(f)) for c, f in zip(ptr["data/chunk_index"].filter(sel).to_pylist(),
+                                                   ptr["data/file_index"].filter(sel).to_pylist())}
+        return sorted(self.layout.data_file(c, f) for c, f in pairs)
+
     def _episodes_manifest(self, episodes, **kw) -> pa.Table:
         """The manifest of whole episodes (all when ``episodes`` is None), in the given order; ``kw``: ``cameras``,
         ``tolerance_s``, ``align`` as :meth:`manifest` takes them."""
@@ -248,8 +259,8 @@ class Database(QueryFace):
             from .torch import _selections
 
             # whole episodes: the last open of the same selection over the same files may have kept its result
-            keep = _selections.entry(self.files, episodes=None if episodes is None else _episode_list(episodes),
-                                     **kw)
+            ep = None if episodes is None else _episode_list(episodes)
+            keep = _selections.entry(self.files, self._data_files_of(ep), episodes=ep, **kw)
             kept = _selections.load(keep)
             manifest = kept.read()[1] if kept is not None else self._episodes_manifest(episodes, **kw)
         elif isinstance(sql, pa.Table):

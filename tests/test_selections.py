@@ -75,17 +75,18 @@ def test_other_options_are_other_entries(root, monkeypatch, other):
     assert len(calls) == 2 and len(entries(lsql.connect(root))) == 2
 
 
-def test_a_changed_data_file_is_never_served_from_the_cache(root):
+@pytest.mark.parametrize("episodes", [None, [0, 1]])
+def test_a_changed_data_file_is_never_served_from_the_cache(root, episodes):
     """The first open keeps the selection; then a frame's timestamp is moved off the fps grid. A stale entry would
     open without a word; the new open plans again and refuses it."""
-    lsql.connect(root).dataset()
+    lsql.connect(root).dataset(episodes=episodes)
     f = sorted((root / "data").rglob("*.parquet"))[0]
     t = pq.read_table(f)
     ts = t["timestamp"].to_numpy().copy()
     ts[5] += 0.3
     pq.write_table(t.set_column(t.schema.get_field_index("timestamp"), "timestamp", pa.array(ts)), f)
     with pytest.raises(DatasetFormatError, match="timestamp"):
-        lsql.connect(root).dataset()
+        lsql.connect(root).dataset(episodes=episodes)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "one byte changed"])
@@ -164,3 +165,21 @@ def test_a_cache_that_cannot_keep_the_selection_still_opens_it(root, monkeypatch
     monkeypatch.setattr(_samples, "write_kept", refuse)
     ds = lsql.connect(root).dataset(episodes=[1])
     assert not ds._samples.map.kept and ds[0]["episode_index"].item() == 1
+
+
+def test_a_change_to_a_file_the_selection_does_not_read_keeps_the_entry(tmp_path, datasets, monkeypatch):
+    """The key holds the data files of the selected episodes only: rewriting another file (new identity) leaves the
+    entry valid, and a remote subset does not ask the server about every file of the dataset."""
+    root = tmp_path / "multifile60"
+    shutil.copytree(datasets / "multifile60", root, ignore=shutil.ignore_patterns("videos"))
+    db = lsql.connect(root)
+    where = dict(db.sql("SELECT episode_index, \"data/file_index\" FROM _episodes_raw").fetchall())
+    files = sorted((root / "data").rglob("*.parquet"))
+    assert len(files) > 1
+    ep = next(e for e, f in where.items() if f == 0)
+    lsql.connect(root).dataset(episodes=[ep], cameras=[])
+    other = files[-1]
+    assert other.name != "file-000.parquet"
+    pq.write_table(pq.read_table(other), other)  # the same rows, a new file
+    calls = planner_calls(monkeypatch)
+    assert lsql.connect(root).dataset(episodes=[ep], cameras=[])._samples.map.kept and calls == []

@@ -8,7 +8,8 @@ open maps it instead (the footers are still read, and each mp4 is pinned as on a
 
 The key holds everything the file was computed from, so a changed source is never served stale: the dataset's
 URL, info.json's digest (:func:`lerobot_sql._plan.manifest.dataset_identity`), the identity (size, mtime, inode,
-ctime, or a remote ETag: :meth:`Source.identity`) of info.json, every meta/episodes file and every data file, and the
+ctime, or a remote ETag: :meth:`Source.identity`) of info.json, every meta/episodes file and every data file holding
+the selected episodes, and the
 selection's options (episodes, cameras, tolerance_s, align). A query (SQL) is never cached: its result may depend on
 anything (``random()``, the clock).
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from .._format.files import DatasetFiles
 from .._plan.manifest import dataset_identity
 from .._storage import cache
-from ..errors import CacheError
+from ..errors import CacheError, MissingFileError
 from ._samples import SampleFile
 
 VERSION = 3  # of the file's content: a change to what the per-sample file holds must bump it
@@ -35,24 +36,27 @@ FOLDER = "selections"
 MAX_ENTRIES = 8
 
 
-def entry(files: DatasetFiles, *, episodes, cameras, tolerance_s, align) -> Path:
-    """Where the per-sample file of this whole-episode selection is kept (see the module docstring for the key).
-
-    Raises:
-        MissingFileError: a metadata or data file is gone (stat / remote HEAD).
-    """
+def entry(files: DatasetFiles, data_files, *, episodes, cameras, tolerance_s, align) -> Path | None:
+    """Where the per-sample file of this whole-episode selection is kept (see the module docstring for the key);
+    ``data_files``: the data files the selected episodes' rows are in (by meta/episodes' pointers). None: not kept,
+    a file is missing (a stale pointer: the planner finds the rows, or names what is missing)."""
     src, layout = files.source, files.layout
-    ids = [(rel, src.identity(rel)) for rel in ("meta/info.json", *layout.episode_files, *layout.data_files)]
+    rels = ["meta/info.json", *layout.episode_files, *data_files]
+    src.describe(rels)  # remote: every file's version in one parallel round (a no-op for local files)
+    try:
+        ids = [(rel, src.identity(rel)) for rel in rels]
+    except MissingFileError:
+        return None
     key = cache.key(VERSION, src.url, dataset_identity(layout), ids, None if episodes is None else list(episodes),
                     None if cameras is None else list(cameras), repr(tolerance_s), align)
     return files.cache_dir / FOLDER / f"{key}.arrow"
 
 
-def load(path: Path) -> SampleFile | None:
+def load(path: Path | None) -> SampleFile | None:
     """The kept file at ``path``, checked against its checksum (once per process: ~1 s per 3 GB), held (a shared
     lock) and mapped; None when there is none. A damaged one is deleted with a CacheWarning naming it (the caller
     builds it again)."""
-    if not path.exists():
+    if path is None or not path.exists():
         return None
     why = cache.check_once(path)
     if why is not None:
