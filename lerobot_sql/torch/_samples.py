@@ -242,7 +242,10 @@ class SampleTable:
         self.manifest = m
 
         def run_col(name: str) -> np.ndarray:
-            return t[name].to_numpy(zero_copy_only=False)
+            # zero-copy: numbers without nulls, as run_table wrote them (a copying to_numpy imports pandas: 0.3 s)
+            col = t[name]
+            arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+            return arr.to_numpy(zero_copy_only=not arr.null_count)
 
         count = run_col("count")
         self.runs = runs = Runs(np.concatenate([[0], np.cumsum(count)]).astype(np.int64))
