@@ -37,17 +37,13 @@ import common  # noqa: E402
 DEFAULT_ROOT = Path(os.environ.get("LSQL_SCALE_ROOT", common.BENCH_DATA / "scale")) / "ep100000"
 TENTH = "SELECT episode_index FROM episodes WHERE episode_index % 10 = 0"
 
-OURS = """
-import json, resource, sys, time
-import numpy as np, torch
-import lerobot_sql as lsql
-import lerobot_sql.torch.dataset
-root, cache, items, sql = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] or None
+# Each script defines open_dataset(argv) in its interpreter; TIMED then times it and 1,000 random items.
+TIMED = """
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
-ds = lsql.connect(root, cache_dir=cache).dataset(sql, cameras=[])
+ds = open_dataset(sys.argv[1:])
 open_s = time.perf_counter() - t
-idx = np.random.default_rng(0).integers(0, len(ds), items)
+idx = np.random.default_rng(0).integers(0, len(ds), int(sys.argv[-1]))
 t = time.perf_counter()
 for i in idx:
     ds[int(i)]
@@ -56,23 +52,24 @@ print("BENCH_JSON " + json.dumps({"open_s": open_s, "items_s": items_s, "n": len
                                   "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
+OURS = """
+import json, resource, sys, time
+import numpy as np, torch
+import lerobot_sql as lsql
+import lerobot_sql.torch.dataset
+
+def open_dataset(a):  # root, cache folder, SQL ("" for every episode), items
+    return lsql.connect(a[0], cache_dir=a[1]).dataset(a[2] or None, cameras=[])
+""" + TIMED
+
 PEER = """
-import json, os, resource, sys, time
+import json, resource, sys, time
 import numpy as np, torch
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
-root, items = sys.argv[1], int(sys.argv[2])
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-t = time.perf_counter()
-ds = LeRobotDataset("bench/scale", root=root)
-open_s = time.perf_counter() - t
-idx = np.random.default_rng(0).integers(0, len(ds), items)
-t = time.perf_counter()
-for i in idx:
-    ds[int(i)]
-items_s = time.perf_counter() - t
-print("BENCH_JSON " + json.dumps({"open_s": open_s, "items_s": items_s, "n": len(ds), "rss_imports": rss0 * 1024,
-                                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
-"""
+
+def open_dataset(a):  # root, items
+    return LeRobotDataset("bench/scale", root=a[0])
+""" + TIMED
 
 
 def _run(python: str, code: str, args: list[str], env: dict | None = None) -> dict:
@@ -87,9 +84,9 @@ def _run(python: str, code: str, args: list[str], env: dict | None = None) -> di
 def measure(root: Path, items: int, peer: str | None) -> dict:
     out = {"root": str(root), "items": items, "load": os.getloadavg()}
     with tempfile.TemporaryDirectory() as cache:
-        out["ours_cold"] = _run(sys.executable, OURS, [str(root), cache, str(items), ""])
-        out["ours_warm"] = _run(sys.executable, OURS, [str(root), cache, str(items), ""])
-        out["ours_sql10_warm"] = _run(sys.executable, OURS, [str(root), cache, str(items), TENTH])
+        out["ours_cold"] = _run(sys.executable, OURS, [str(root), cache, "", str(items)])
+        out["ours_warm"] = _run(sys.executable, OURS, [str(root), cache, "", str(items)])
+        out["ours_sql10_warm"] = _run(sys.executable, OURS, [str(root), cache, TENTH, str(items)])
     if peer and Path(peer).exists():
         with tempfile.TemporaryDirectory() as home:
             env = {"HF_HOME": home, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -85,6 +85,22 @@ def _stats(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> dict[str, 
     return out
 
 
+def pointer_columns(e0: int, e1: int, tasks: list[str], lengths: np.ndarray, ep_from: np.ndarray,
+                    data: dict[str, list]) -> dict[str, pa.Array]:
+    """meta/episodes' first columns for episodes ``e0..e1`` as lerobot writes them: index, tasks (one text each),
+    length, the data pointers (``data["data/chunk_index"]`` / ``data["data/file_index"]``, per episode from 0) and
+    the dataset index range. Shared with make_scale_video_set.py."""
+    return {
+        "episode_index": pa.array(np.arange(e0, e1, dtype=np.int64)),
+        "tasks": pa.array([[t] for t in tasks], pa.list_(pa.string())),
+        "length": pa.array(lengths[e0:e1]),
+        "data/chunk_index": pa.array(data["data/chunk_index"][e0:e1], pa.int64()),
+        "data/file_index": pa.array(data["data/file_index"][e0:e1], pa.int64()),
+        "dataset_from_index": pa.array(ep_from[e0:e1]),
+        "dataset_to_index": pa.array(ep_from[e0:e1] + lengths[e0:e1]),
+    }
+
+
 def generate(root: Path, episodes: int, seed: int = 0) -> dict:
     """Write a tabular v3.0 dataset of ``episodes`` episodes at ``root`` (skipped when info.json already matches)."""
     info_path = root / "meta" / "info.json"
@@ -138,15 +154,7 @@ def generate(root: Path, episodes: int, seed: int = 0) -> dict:
     n_meta = (episodes + EPISODES_PER_META_FILE - 1) // EPISODES_PER_META_FILE
     for mi in range(n_meta):
         e0, e1 = mi * EPISODES_PER_META_FILE, min(episodes, (mi + 1) * EPISODES_PER_META_FILE)
-        cols = {
-            "episode_index": pa.array(np.arange(e0, e1, dtype=np.int64)),
-            "tasks": pa.array([[TASKS[t]] for t in ep_task[e0:e1]], pa.list_(pa.string())),
-            "length": pa.array(lengths[e0:e1]),
-            "data/chunk_index": pa.array(meta_cols["data/chunk_index"][e0:e1], pa.int64()),
-            "data/file_index": pa.array(meta_cols["data/file_index"][e0:e1], pa.int64()),
-            "dataset_from_index": pa.array(ep_from[e0:e1]),
-            "dataset_to_index": pa.array(ep_from[e0:e1] + lengths[e0:e1]),
-        }
+        cols = pointer_columns(e0, e1, [TASKS[t] for t in ep_task[e0:e1]], lengths, ep_from, meta_cols)
         for name, vals in meta_cols.items():
             if name.startswith("stats/"):
                 typ = pa.list_(pa.int64()) if name.endswith("/count") else pa.list_(pa.float64())

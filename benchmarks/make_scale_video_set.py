@@ -63,6 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import common  # noqa: E402
+from bench_scale import pointer_columns  # noqa: E402
 
 DEFAULT_PARENT = Path(os.environ.get("LSQL_SCALE_ROOT", common.BENCH_DATA / "scale_video"))
 FRAMECODE = REPO / "tests" / "data" / "framecode.py"
@@ -435,15 +436,7 @@ def _write_meta(tmp: Path, cols: dict, ep_len: np.ndarray, ep_task: np.ndarray, 
                                                          "to_timestamp")]
     for mi in range(-(-episodes // META_EPISODES_PER_FILE)):
         e0, e1 = mi * META_EPISODES_PER_FILE, min(episodes, (mi + 1) * META_EPISODES_PER_FILE)
-        table = {
-            "episode_index": pa.array(np.arange(e0, e1, dtype=np.int64)),
-            "tasks": pa.array([[TASKS[t]] for t in ep_task[e0:e1]], pa.list_(pa.string())),
-            "length": pa.array(ep_len[e0:e1]),
-            "data/chunk_index": pa.array(cols["data/chunk_index"][e0:e1], pa.int64()),
-            "data/file_index": pa.array(cols["data/file_index"][e0:e1], pa.int64()),
-            "dataset_from_index": pa.array(ep_from[e0:e1]),
-            "dataset_to_index": pa.array(ep_from[e0:e1] + ep_len[e0:e1]),
-        }
+        table = pointer_columns(e0, e1, [TASKS[t] for t in ep_task[e0:e1]], ep_len, ep_from, cols)
         for c in vid:
             table[c] = pa.array(cols[c][e0:e1], pa.float64() if c.endswith("timestamp") else pa.int64())
         for c in stats:
