@@ -230,7 +230,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def close(self) -> None:
         """Delete the per-sample file now (it is otherwise deleted when the last dataset sharing it is collected,
         or at exit). This process keeps reading items (its mapping stays valid); DataLoader workers started
-        afterwards with ``spawn``/``forkserver`` cannot map it and raise CacheError, forked ones are unaffected."""
+        afterwards with ``spawn``/``forkserver`` cannot map it and raise CacheError, forked ones are unaffected.
+        A whole-episode selection's file is an entry of the selection cache (``lerobot_sql.torch._selections``):
+        it stays for the next open, and is only let go of (it may then be evicted)."""
         self._samples.close()
 
     # ---- what lerobot's training code reads besides items (lerobot_sql.torch.meta) ------------------------
