@@ -751,6 +751,14 @@ def test_ctrl_c_while_the_views_are_made_exits_130(monkeypatch, raised):
         lsql.connect(SAMPLE).sql("SELECT 1").fetchall()
 
 
+def test_a_query_stopped_at_its_timeout_exits_1_saying_timeout_not_interrupted():
+    """--timeout stops DuckDB with the same interrupt as Ctrl-C: the CLI must tell them apart by the guard's reason
+    (its check for Ctrl-C walked the error's causes and took the timeout's DuckDB interrupt for a Ctrl-C: exit 130,
+    "interrupted")."""
+    r = run_cli("query", SAMPLE, CROSS_JOIN, "--timeout", "0.5")
+    assert r.returncode == 1 and "timeout" in r.stderr and "interrupted" not in r.stderr.splitlines()[-1], r
+
+
 def test_shell_ctrl_c_stops_the_query_and_the_shell_goes_on():
     """Ctrl-C during a shell statement (signals start once the first statement's result is out): that statement
     reports "interrupted" and the next one runs."""

@@ -702,8 +702,9 @@ def _by_ctrl_c(e: BaseException) -> bool:
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if (isinstance(e, QueryInterrupted) and e.reason == "sigint") or isinstance(e, KeyboardInterrupt) or \
-                interrupted_by_signal(e):
+        if isinstance(e, QueryInterrupted):  # our guard says why it stopped DuckDB (a timeout is no Ctrl-C), and
+            return e.reason == "sigint"  # its cause is DuckDB's interrupt error either way
+        if isinstance(e, KeyboardInterrupt) or interrupted_by_signal(e):
             return True
         e = e.__cause__ or e.__context__
     return False
