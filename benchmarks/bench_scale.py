@@ -101,6 +101,52 @@ def pointer_columns(e0: int, e1: int, tasks: list[str], lengths: np.ndarray, ep_
     }
 
 
+def frame_rows(rng: np.random.Generator, e0: int, lens: np.ndarray, first_index: int, ep_task: np.ndarray,
+               fps: float, state_dim: int, action_dim: int, schema: pa.Schema) -> tuple[pa.Table, np.ndarray,
+                                                                                         np.ndarray]:
+    """The data rows of episodes ``e0, e0 + 1, ...`` of lengths ``lens`` (their first ``index`` ``first_index``,
+    tasks ``ep_task``): (the table, its state and action as numpy). State is a bounded random walk per episode,
+    smooth like joint positions, so Parquet compresses it like real data; action is the state's first
+    ``action_dim`` values plus noise. Shared with make_scale_video_set.py."""
+    n = int(lens.sum())
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    frame = np.arange(n, dtype=np.int64) - np.repeat(starts, lens)
+    walk = np.cumsum(rng.normal(0, 0.01, (n, state_dim)).astype(np.float32), axis=0)
+    walk -= np.repeat(walk[starts], lens, axis=0)
+    state = np.tanh(walk + rng.uniform(-1, 1, (len(lens), state_dim)).astype(np.float32).repeat(lens, axis=0))
+    action = (state[:, :action_dim] + rng.normal(0, 0.005, (n, action_dim))).astype(np.float32)
+    state = state.astype(np.float32)
+    table = pa.table({
+        "observation.state": pa.FixedSizeListArray.from_arrays(pa.array(state.ravel()), state_dim),
+        "action": pa.FixedSizeListArray.from_arrays(pa.array(action.ravel()), action_dim),
+        "timestamp": pa.array((frame / fps).astype(np.float32)),
+        "frame_index": pa.array(frame),
+        "episode_index": pa.array(np.repeat(np.arange(e0, e0 + len(lens), dtype=np.int64), lens)),
+        "index": pa.array(first_index + np.arange(n, dtype=np.int64)),
+        "task_index": pa.array(np.repeat(ep_task, lens)),
+    }, schema=schema)
+    return table, state, action
+
+
+def write_episodes_file(root: Path, mi: int, cols: dict[str, pa.Array]) -> None:
+    """``meta/episodes/chunk-000/file-<mi>.parquet`` from ``cols``, with its own chunk and file index columns, in
+    row groups of META_ROW_GROUP rows. Shared with make_scale_video_set.py."""
+    n = len(cols["episode_index"])
+    cols = {**cols, "meta/episodes/chunk_index": pa.array([0] * n, pa.int64()),
+            "meta/episodes/file_index": pa.array([mi] * n, pa.int64())}
+    path = root / f"meta/episodes/chunk-000/file-{mi:03d}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(cols), path, row_group_size=META_ROW_GROUP)
+
+
+def write_tasks(root: Path, tasks: list[str]) -> None:
+    """``meta/tasks.parquet`` as lerobot writes it: the task text as the pandas index, ``task_index`` its column."""
+    import pandas as pd
+
+    pd.DataFrame({"task_index": range(len(tasks))}, index=pd.Index(tasks, name=None)).to_parquet(
+        root / "meta" / "tasks.parquet")
+
+
 def generate(root: Path, episodes: int, seed: int = 0) -> dict:
     """Write a tabular v3.0 dataset of ``episodes`` episodes at ``root`` (skipped when info.json already matches)."""
     info_path = root / "meta" / "info.json"
@@ -122,25 +168,8 @@ def generate(root: Path, episodes: int, seed: int = 0) -> dict:
     for fi in range(n_files):
         e0, e1 = fi * EPISODES_PER_DATA_FILE, min(episodes, (fi + 1) * EPISODES_PER_DATA_FILE)
         lens = lengths[e0:e1]
-        n = int(lens.sum())
         starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        ep = np.repeat(np.arange(e0, e1, dtype=np.int64), lens)
-        frame = np.arange(n, dtype=np.int64) - np.repeat(starts, lens)
-        # A bounded random walk per episode: smooth like joint positions, so Parquet compresses it like real data.
-        state = np.cumsum(rng.normal(0, 0.01, (n, VEC)).astype(np.float32), axis=0)
-        state -= np.repeat(state[starts], lens, axis=0)
-        state = np.tanh(state + rng.uniform(-1, 1, (e1 - e0, VEC)).astype(np.float32).repeat(lens, axis=0))
-        action = (state + rng.normal(0, 0.005, (n, VEC))).astype(np.float32)
-        state = state.astype(np.float32)
-        table = pa.table({
-            "observation.state": pa.FixedSizeListArray.from_arrays(pa.array(state.ravel()), VEC),
-            "action": pa.FixedSizeListArray.from_arrays(pa.array(action.ravel()), VEC),
-            "timestamp": pa.array((frame / FPS).astype(np.float32)),
-            "frame_index": pa.array(frame),
-            "episode_index": pa.array(ep),
-            "index": pa.array(ep_from[e0] + np.arange(n, dtype=np.int64)),
-            "task_index": pa.array(np.repeat(ep_task[e0:e1], lens)),
-        }, schema=schema)
+        table, state, action = frame_rows(rng, e0, lens, int(ep_from[e0]), ep_task[e0:e1], FPS, VEC, VEC, schema)
         rel = f"data/chunk-{fi // 1000:03d}/file-{fi % 1000:03d}.parquet"
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         with pq.ParquetWriter(tmp / rel, schema, compression="snappy") as w:
@@ -159,15 +188,8 @@ def generate(root: Path, episodes: int, seed: int = 0) -> dict:
             if name.startswith("stats/"):
                 typ = pa.list_(pa.int64()) if name.endswith("/count") else pa.list_(pa.float64())
                 cols[name] = pa.array(vals[e0:e1], typ)
-        cols["meta/episodes/chunk_index"] = pa.array([0] * (e1 - e0), pa.int64())
-        cols["meta/episodes/file_index"] = pa.array([mi] * (e1 - e0), pa.int64())
-        rel = tmp / f"meta/episodes/chunk-000/file-{mi:03d}.parquet"
-        rel.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table(cols), rel, row_group_size=META_ROW_GROUP)
-    import pandas as pd
-
-    pd.DataFrame({"task_index": range(len(TASKS))}, index=pd.Index(TASKS, name=None)).to_parquet(
-        tmp / "meta" / "tasks.parquet")
+        write_episodes_file(tmp, mi, cols)
+    write_tasks(tmp, TASKS)
     info = _info(episodes, int(lengths.sum()), n_files)
     (tmp / "meta" / "info.json").write_text(json.dumps(info, indent=4))
     shutil.rmtree(root, ignore_errors=True)

@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import common  # noqa: E402
-from bench_scale import pointer_columns  # noqa: E402
+from bench_scale import frame_rows, pointer_columns, write_episodes_file, write_tasks  # noqa: E402
 
 DEFAULT_PARENT = Path(os.environ.get("LSQL_SCALE_ROOT", common.BENCH_DATA / "scale_video"))
 FRAMECODE = REPO / "tests" / "data" / "framecode.py"
@@ -79,7 +79,6 @@ TASKS = [f"{verb} the {thing}" for verb, thing in (
     ("turn on", "faucet"), ("fold", "cloth in half"), ("push", "chair under the table"))]
 DATA_FILE_MB = 100
 META_EPISODES_PER_FILE = 50000  # as bench_scale.py
-META_ROW_GROUP = 1000
 BLOCK = 1000  # episodes of state/action drawn at once: bounded memory at 100k episodes
 # bf=0 (FFmpeg's max_b_frames; "bframes" is no option of its libx264 wrapper and was ignored, leaving x264's B-frames
 # on): decode order = display order. threads=1: the worker processes already fill both cores.
@@ -239,25 +238,8 @@ def _write_data(tmp: Path, rng: np.random.Generator, ep_len: np.ndarray, ep_task
     for e0 in range(0, len(ep_len), BLOCK):
         e1 = min(len(ep_len), e0 + BLOCK)
         lens = ep_len[e0:e1]
-        n = int(lens.sum())
         starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        frame = np.arange(n, dtype=np.int64) - np.repeat(starts, lens)
-        # A bounded random walk per episode (bench_scale.py's): smooth like joint positions, so Parquet compresses
-        # it like real data.
-        walk = np.cumsum(rng.normal(0, 0.01, (n, vs)).astype(np.float32), axis=0)
-        walk -= np.repeat(walk[starts], lens, axis=0)
-        state = np.tanh(walk + rng.uniform(-1, 1, (e1 - e0, vs)).astype(np.float32).repeat(lens, axis=0))
-        action = (state[:, :va] + rng.normal(0, 0.005, (n, va))).astype(np.float32)
-        state = state.astype(np.float32)
-        table = pa.table({
-            "observation.state": pa.FixedSizeListArray.from_arrays(pa.array(state.ravel()), vs),
-            "action": pa.FixedSizeListArray.from_arrays(pa.array(action.ravel()), va),
-            "timestamp": pa.array((frame / fps).astype(np.float32)),
-            "frame_index": pa.array(frame),
-            "episode_index": pa.array(np.repeat(np.arange(e0, e1, dtype=np.int64), lens)),
-            "index": pa.array(ep_from[e0] + np.arange(n, dtype=np.int64)),
-            "task_index": pa.array(np.repeat(ep_task[e0:e1], lens)),
-        }, schema=schema)
+        table, state, action = frame_rows(rng, e0, lens, int(ep_from[e0]), ep_task[e0:e1], fps, vs, va, schema)
         for s, ln in zip(starts.tolist(), lens.tolist()):
             # lerobot's rotation test, before each episode: file bytes + average bytes/frame x new frames >= limit
             if writer is None or sink.tell() + sink.tell() / file_frames * ln >= DATA_FILE_MB * MIB:
@@ -444,15 +426,8 @@ def _write_meta(tmp: Path, cols: dict, ep_len: np.ndarray, ep_task: np.ndarray, 
             leaf = pa.int64() if c.endswith("/count") or isinstance(first[0], int) else pa.float64()
             typ = pa.list_(pa.list_(pa.list_(leaf))) if isinstance(first[0], list) else pa.list_(leaf)
             table[c] = pa.array(cols[c][e0:e1], typ)
-        table["meta/episodes/chunk_index"] = pa.array([0] * (e1 - e0), pa.int64())
-        table["meta/episodes/file_index"] = pa.array([mi] * (e1 - e0), pa.int64())
-        path = tmp / f"meta/episodes/chunk-000/file-{mi:03d}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table(table), path, row_group_size=META_ROW_GROUP)
-    import pandas as pd
-
-    pd.DataFrame({"task_index": range(len(TASKS))}, index=pd.Index(TASKS, name=None)).to_parquet(
-        tmp / "meta" / "tasks.parquet")
+        write_episodes_file(tmp, mi, table)
+    write_tasks(tmp, TASKS)
 
 
 # ---- verification -------------------------------------------------------------------------------------------------
