@@ -260,7 +260,7 @@ class Database(QueryFace):
 
             # whole episodes: the last open of the same selection over the same files may have kept its result
             ep = None if episodes is None else _episode_list(episodes)
-            keep = _selections.entry(self.files, self._data_files_of(ep), episodes=ep, **kw)
+            keep = _selections.entry(self.files, self._episode_pointers(), self._data_files_of(ep), episodes=ep, **kw)
             kept = _selections.load(keep)
             manifest = kept.read()[1] if kept is not None else self._episodes_manifest(episodes, **kw)
         elif isinstance(sql, pa.Table):

@@ -183,3 +183,37 @@ def test_a_change_to_a_file_the_selection_does_not_read_keeps_the_entry(tmp_path
     pq.write_table(pq.read_table(other), other)  # the same rows, a new file
     calls = planner_calls(monkeypatch)
     assert lsql.connect(root).dataset(episodes=[ep], cameras=[])._samples.map.kept and calls == []
+
+
+def test_a_database_opened_before_meta_episodes_changed_keeps_nothing_a_later_open_takes(root, monkeypatch):
+    """A Database reads meta/episodes once. When the file changes under it (episode 3's front clip one frame
+    earlier, overlapping episode 2), its next open still plans with the old pointers. Keyed by the files' identity
+    at that moment, its entry was found by every later open of the new file, which then served the old clip
+    without a word instead of refusing the overlap (hostile review 6, F1). The key now holds the pointers used."""
+    db = lsql.connect(root)
+    db.dataset(episodes=[3])
+    p = root / "meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(p)
+    for c in ("videos/observation.images.front/from_timestamp", "videos/observation.images.front/to_timestamp"):
+        v = t[c].to_numpy().copy()
+        v[3] -= 1 / 30
+        t = t.set_column(t.column_names.index(c), c, pa.array(v))
+    pq.write_table(t, p)
+    db.dataset(episodes=[3])  # the old pointers, as before
+    with pytest.raises(DatasetFormatError, match="overlap|episode 2|episode 3"):
+        lsql.connect(root).dataset(episodes=[3])
+
+
+def test_an_entry_copied_over_another_is_not_taken_for_it(root, monkeypatch):
+    """Another selection's file (and its checksum) put in an entry's place: refused, planned and kept again."""
+    a = lsql.connect(root).dataset(episodes=[0])
+    b = lsql.connect(root).dataset(episodes=[1])
+    pa_, pb = a._samples.map.path, b._samples.map.path
+    del a, b
+    import gc
+
+    gc.collect()
+    shutil.copy(pa_, pb)
+    shutil.copy(pa_ + ".crc", pb + ".crc")
+    ds = lsql.connect(root).dataset(episodes=[1])
+    assert {int(ds[i]["episode_index"]) for i in (0, len(ds) - 1)} == {1}

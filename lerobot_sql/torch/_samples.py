@@ -429,7 +429,9 @@ def write_kept(manifest: pa.Table, runs: pa.Table, path: Path) -> "SampleFile":
         CacheError: the cache folder cannot hold it.
     """
     try:
-        # with its checksum sidecar, as every cache entry: a later open checks it once (lerobot_sql._storage.cache)
+        # with its checksum sidecar, as every cache entry: a later open checks it once (lerobot_sql._storage.cache);
+        # its key inside, so that a file copied over another entry is not taken for it
+        runs = runs.replace_schema_metadata({**runs.schema.metadata, b"entry": path.stem.encode()})
         cache.build_once(path, lambda tmp: write_parts(tmp, manifest, runs), checksum=True)
     except OSError as e:
         raise cache.cache_error(path.parent, f"cannot write a selection's per-sample file ({e})") from e

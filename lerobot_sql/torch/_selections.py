@@ -7,9 +7,10 @@ opens the same selection again; this cache keeps the file under ``<cache>/select
 open maps it instead (the footers are still read, and each mp4 is pinned as on any open).
 
 The key holds everything the file was computed from, so a changed source is never served stale: the dataset's
-URL, info.json's digest (:func:`lerobot_sql._plan.manifest.dataset_identity`), the identity (size, mtime, inode,
-ctime, or a remote ETag: :meth:`Source.identity`) of info.json, every meta/episodes file and every data file holding
-the selected episodes, and the
+URL, the content of the info.json and of the episode pointers the planner used (a Database reads meta/episodes
+once; keying by the files' identity at the open would let one opened before a change keep stale content under the
+new files' key), the identity (size, mtime, inode,
+ctime, or a remote ETag: :meth:`Source.identity`) of every data file holding the selected episodes, and the
 selection's options (episodes, cameras, tolerance_s, align). A query (SQL) is never cached: its result may depend on
 anything (``random()``, the clock).
 
@@ -21,9 +22,13 @@ to match its checksum (truncated, garbled, one value changed) is deleted with a 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
+
+import pyarrow as pa
 
 from .._format.files import DatasetFiles
 from .._plan.manifest import dataset_identity
@@ -31,24 +36,34 @@ from .._storage import cache
 from ..errors import CacheError, MissingFileError
 from ._samples import SampleFile
 
-VERSION = 3  # of the file's content: a change to what the per-sample file holds must bump it
+VERSION = 4  # of the file's content: a change to what the per-sample file holds must bump it
 FOLDER = "selections"
 MAX_ENTRIES = 8
 
 
-def entry(files: DatasetFiles, data_files, *, episodes, cameras, tolerance_s, align) -> Path | None:
+def entry(files: DatasetFiles, ptr: pa.Table | None, data_files, *, episodes, cameras, tolerance_s,
+          align) -> Path | None:
     """Where the per-sample file of this whole-episode selection is kept (see the module docstring for the key);
-    ``data_files``: the data files the selected episodes' rows are in (by meta/episodes' pointers). None: not kept,
-    a file is missing (a stale pointer: the planner finds the rows, or names what is missing)."""
+    ``ptr``: the episode pointers the planner will use (the Database's, read once: their content is in the key, not
+    the files' identity, so a Database that read them before meta/episodes changed keys its entry by what it used);
+    ``data_files``: the data files the selected episodes' rows are in. None: not kept (no usable pointers; a data
+    file missing: a stale pointer, the planner finds the rows or names what is missing)."""
     src, layout = files.source, files.layout
-    rels = ["meta/info.json", *layout.episode_files, *data_files]
-    src.describe(rels)  # remote: every file's version in one parallel round (a no-op for local files)
+    if ptr is None:
+        return None
+    src.describe(list(data_files))  # remote: every file's version in one parallel round (a no-op for local files)
     try:
-        ids = [(rel, src.identity(rel)) for rel in rels]
+        ids = [(rel, src.identity(rel)) for rel in data_files]
     except MissingFileError:
         return None
-    key = cache.key(VERSION, src.url, dataset_identity(layout), ids, None if episodes is None else list(episodes),
-                    None if cameras is None else list(cameras), repr(tolerance_s), align)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, ptr.schema) as w:
+        w.write_table(ptr)
+    used = hashlib.sha256(json.dumps(layout.info, sort_keys=True, default=str).encode())
+    used.update(sink.getvalue())
+    key = cache.key(VERSION, src.url, dataset_identity(layout), used.hexdigest(), ids,
+                    None if episodes is None else list(episodes), None if cameras is None else list(cameras),
+                    repr(tolerance_s), align)
     return files.cache_dir / FOLDER / f"{key}.arrow"
 
 
@@ -64,7 +79,9 @@ def load(path: Path | None) -> SampleFile | None:
         return None
     kept = SampleFile(str(path), owner=False, kept=True)
     try:
-        kept.read()
+        runs, _ = kept.read()
+        if (runs.schema.metadata or {}).get(b"entry") != path.stem.encode():  # another entry's file put here
+            raise CacheError(f"{path}: holds the selection of another entry")
     except CacheError:
         kept.close()
         with contextlib.suppress(OSError):
