@@ -48,8 +48,7 @@ class DataFileInfo:
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(row group, row within it) for file rows."""
-        rg = np.searchsorted(self.rg_offsets, rows, side="right") - 1
-        return rg, rows - self.rg_offsets[rg]
+        return locate(self.rg_offsets, rows)
 
     def row_groups(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """The row groups (sorted, int64) holding any of the file rows ``[starts[i], ends[i])``; empty spans hold
@@ -61,6 +60,13 @@ class DataFileInfo:
         b = np.clip(np.searchsorted(self.rg_offsets, ends[keep] - 1, side="right") - 1, 0, last)
         spans = [np.arange(x, y + 1) for x, y in zip(a, b)]
         return np.unique(np.concatenate(spans)).astype(np.int64) if spans else np.zeros(0, np.int64)
+
+
+def locate(rg_offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row group, row within it) for file rows, from a file's row-group offsets (:attr:`DataFileInfo.rg_offsets`,
+    also known without its footer)."""
+    rg = np.searchsorted(rg_offsets, rows, side="right") - 1
+    return rg, rows - rg_offsets[rg]
 
 
 _FOOTERS: dict[tuple[str, str, str], DataFileInfo] = {}  # (root, file, identity) -> info; a handful of entries

@@ -193,12 +193,12 @@ class SampleTable:
     def __init__(self, src: Source, manifest: pa.Table, video_keys: list[str], cache_dir: Path,
                  keep: Path | None = None):
         m = manifest
-        self.data_files, _ = codes(m["data_file"])
+        self.data_files, file_codes = codes(m["data_file"])
         parsed = [tabular.data_file_info(src, f) for f in self.data_files]  # (the planner parsed them: cached)
         self.infos = Footers(src, self.data_files, [i.identity for i in parsed], [i.rg_offsets for i in parsed],
                              parsed)
         self._slots()
-        runs = run_table(m, self.infos, self.rg_base, video_keys)
+        runs = run_table(m, file_codes, self.infos, self.rg_base, video_keys)
         self.video_files = json.loads(runs.schema.metadata[b"video_files"])
         self.map = None
         if keep is not None:
@@ -254,8 +254,8 @@ class SampleTable:
         run_off = np.zeros(len(count), np.int64)
         for f, offsets in enumerate(self.infos.rg_offsets):
             sel = np.flatnonzero(run_file == f)
-            rg = np.searchsorted(offsets, run_row[sel], side="right") - 1
-            run_slot[sel], run_off[sel] = rg + self.rg_base[f], run_row[sel] - offsets[rg]
+            rg, run_off[sel] = tabular.locate(offsets, run_row[sel])
+            run_slot[sel] = rg + self.rg_base[f]
         self.run_episode = run_col("episode_index")
         self.file = RunValues(runs, run_file)
         self.slot = RunValues(runs, run_slot)
@@ -290,29 +290,32 @@ class SampleTable:
         self.map.close()
 
 
-def run_table(m: pa.Table, infos: "Footers", rg_base: np.ndarray, video_keys: list[str]) -> pa.Table:
-    """The runs of manifest ``m`` (see the module docstring) as a table, one row per run: ``count`` (samples),
-    ``index``, ``data_row`` (its first sample's), ``episode_index``, ``ep_from_index``, ``ep_to_index``,
-    ``ep_data_row0``, ``file`` (int32, into ``data_files``) and per camera ``<key>/file`` (int32, into the
-    camera's mp4 list) and ``<key>/from_timestamp``; in the schema metadata the data files (``infos.rels``), their
-    identities and row-group offsets, and the mp4 lists. One vectorised pass over the manifest."""
+def run_table(m: pa.Table, file_codes: np.ndarray, infos: "Footers", rg_base: np.ndarray,
+              video_keys: list[str]) -> pa.Table:
+    """The runs of manifest ``m`` (see the module docstring; ``file_codes``: each sample's data file, an index into
+    ``infos.rels``) as a table, one row per run: ``count`` (samples), ``index``, ``data_row`` (its first sample's),
+    ``episode_index``, ``ep_from_index``, ``ep_to_index``, ``ep_data_row0``, ``file`` (int32, into ``data_files``)
+    and per camera ``<key>/file`` (int32, into the camera's mp4 list) and ``<key>/from_timestamp``; in the schema
+    metadata the data files (``infos.rels``), their identities and row-group offsets, and the mp4 lists. One
+    vectorised pass over the manifest."""
     n = m.num_rows
     data_files = infos.rels
-    _, file_codes = codes(m["data_file"])
-    data_row = m["data_row"].to_numpy()
+    col = {name: m[name].to_numpy() for name in ("index", "data_row", "episode_index", "ep_from_index",
+                                                 "ep_to_index", "ep_data_row0", "result_row")}
     slot = np.zeros(n, np.int64)
     order, starts = groups(file_codes, len(data_files))
     for f, offsets in enumerate(infos.rg_offsets):
         sel = order[starts[f]:starts[f + 1]]
-        slot[sel] = np.searchsorted(offsets, data_row[sel], side="right") - 1 + rg_base[f]
+        slot[sel] = tabular.locate(offsets, col["data_row"][sel])[0] + rg_base[f]
     # A run breaks wherever a value that is constant along a run changes, or one that counts along it skips.
     brk = np.zeros(n, bool)
     if n:
         brk[0] = True
     for name in ("episode_index", "ep_from_index", "ep_to_index", "ep_data_row0", "result_row"):
-        _changes(m[name].to_numpy(), brk)
+        _changes(col[name], brk)
     _changes(slot, brk)
-    for v in (m["index"].to_numpy(), data_row):
+    for name in ("index", "data_row"):
+        v = col[name]
         brk[1:] |= v[1:] != v[:-1] + 1
     video_files, vcodes, vts = {}, {}, {}
     for k in video_keys:
@@ -323,7 +326,7 @@ def run_table(m: pa.Table, infos: "Footers", rg_base: np.ndarray, video_keys: li
     first = np.flatnonzero(brk)
     cols = {"count": np.diff(np.append(first, n)).astype(np.int64), "file": file_codes[first]}
     for name in ("index", "data_row", "episode_index", "ep_from_index", "ep_to_index", "ep_data_row0"):
-        cols[name] = m[name].to_numpy()[first] if name != "data_row" else data_row[first]
+        cols[name] = col[name][first]
     for k in video_keys:
         cols[f"{k}/file"], cols[f"{k}/from_timestamp"] = vcodes[k][first], vts[k][first]
     meta = {b"data_files": json.dumps(data_files).encode(), b"video_files": json.dumps(video_files).encode(),

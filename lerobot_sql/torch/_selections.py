@@ -31,7 +31,6 @@ from pathlib import Path
 import pyarrow as pa
 
 from .._format.files import DatasetFiles
-from .._plan.manifest import dataset_identity
 from .._storage import cache
 from ..errors import CacheError, MissingFileError
 from ._samples import SampleFile
@@ -61,7 +60,7 @@ def entry(files: DatasetFiles, ptr: pa.Table | None, data_files, *, episodes, ca
         w.write_table(ptr)
     used = hashlib.sha256(json.dumps(layout.info, sort_keys=True, default=str).encode())
     used.update(sink.getvalue())
-    key = cache.key(VERSION, src.url, dataset_identity(layout), used.hexdigest(), ids,
+    key = cache.key(VERSION, src.url, used.hexdigest(), ids,
                     None if episodes is None else list(episodes), None if cameras is None else list(cameras),
                     repr(tolerance_s), align)
     return files.cache_dir / FOLDER / f"{key}.arrow"
@@ -84,8 +83,7 @@ def load(path: Path | None) -> SampleFile | None:
             raise CacheError(f"{path}: holds the selection of another entry")
     except CacheError:
         kept.close()
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        _remove_entry(path)
         return None
     with contextlib.suppress(OSError):
         os.utime(path)  # most recently used
@@ -119,9 +117,14 @@ def evict(folder: Path, keep: Path) -> None:
             room -= size
             continue
         if _unused(p):
-            for q in (p, p.with_name(p.name + cache.SUM_SUFFIX), p.with_name(p.name + ".lock")):
-                with contextlib.suppress(OSError):
-                    os.unlink(q)
+            _remove_entry(p)
+
+
+def _remove_entry(path: Path) -> None:
+    """Delete an entry with its checksum sidecar and lock file."""
+    for q in (path, path.with_name(path.name + cache.SUM_SUFFIX), path.with_name(path.name + ".lock")):
+        with contextlib.suppress(OSError):
+            os.unlink(q)
 
 
 def _unused(path: Path) -> bool:
