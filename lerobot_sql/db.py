@@ -163,6 +163,23 @@ class Database(QueryFace):
         except duckdb.Error as e:
             raise unreadable_error(self.source, self.layout, e) from e
 
+    def _episode_runs(self, episodes: list[int] | None, **kw):
+        """Whole episodes (all when ``episodes`` is None) as :func:`lerobot_sql._plan.resolve.episode_runs` keeps
+        them, without their frames, or None (a small selection, or pointers that do not say where the rows are);
+        ``kw``: ``cameras``, ``tolerance_s``, ``align``."""
+        ptr = self._episode_pointers()
+        if ptr is None:
+            return None
+        if episodes is None:
+            ep = sorted(set(ptr["episode_index"].to_pylist()))
+            sql = "SELECT episode_index FROM episodes ORDER BY episode_index"
+        else:  # (as _episodes_manifest words it: the manifest's metadata records it)
+            ep = episodes
+            sql = f"SELECT episode_index FROM episodes WHERE episode_index IN ({', '.join(map(str, ep))}) " \
+                  "ORDER BY episode_index"
+        result = pa.table({"episode_index": pa.array(ep, pa.int64())})
+        return resolve.episode_runs(self.layout, result, sql=sql, src=self.source, ptr=ptr, **kw)
+
     def _check_links(self) -> None:
         """Refuse, with a DatasetFormatError naming file and target, a data or metadata file that is a symlink out
         of the dataset (:meth:`lerobot_sql._storage.source.Source.check_link`) before a manifest or an export reads it
@@ -254,15 +271,26 @@ class Database(QueryFace):
         # before the manifest: its whole-episode path would meet a bad key as a bare KeyError
         self.layout.check_cameras(kw["cameras"] or [])
         path = plan_manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
-        kept = keep = None
+        kept = keep = lazy = None
         if sql is None:  # its own manifest, from the pointers: nothing to check
             from .torch import _selections
 
             # whole episodes: the last open of the same selection over the same files may have kept its result
             ep = None if episodes is None else _episode_list(episodes)
-            keep = _selections.entry(self.files, self._episode_pointers(), self._data_files_of(ep), episodes=ep, **kw)
+            keyed = self._data_files_of(ep)
+            keep = _selections.entry(self.files, self._episode_pointers(), keyed, episodes=ep, **kw)
             kept = _selections.load(keep)
-            manifest = kept.read()[1] if kept is not None else self._episodes_manifest(episodes, **kw)
+            if kept is not None:
+                manifest = kept.read()[1]
+            else:
+                # a large selection opens from the pointers alone; its frames are checked per row group as read
+                lazy = self._episode_runs(ep, **kw)
+                if lazy is not None:
+                    manifest, lazy = lazy[0], lazy[1:]
+                else:
+                    manifest = self._episodes_manifest(episodes, **kw)
+                    if keep is not None and not set(pc.unique(manifest["data_file"]).to_pylist()) <= set(keyed):
+                        keep = None  # rows found in files the pointers do not name (stale ones): not in the key
         elif isinstance(sql, pa.Table):
             manifest = self._given_manifest(sql, "the table passed to dataset()", **kw)
         elif path is not None:
@@ -284,7 +312,10 @@ class Database(QueryFace):
                       f"{'' if self.layout.tasks_file else ' (the file is missing)'}; items carry the task text as "
                       "LeRobotDataset's do. Restore the file from the dataset's source (`lerobot-sql doctor`: "
                       "tasks_exist)")
-        if stats == "selection":
+        if stats == "selection" and lazy is not None:
+            def stats_fn(db=self, eps=episodes, kw=kw):  # its frames, read now (the open read none)
+                return db._stats_of(db._episodes_manifest(eps, **kw))
+        elif stats == "selection":
             def stats_fn(db=self, m=manifest):  # this dataset's own manifest (built or checked above)
                 return db._stats_of(m)
         elif stats == "dataset":
@@ -296,7 +327,8 @@ class Database(QueryFace):
                                  return_uint8=return_uint8, image_transforms=image_transforms, cameras=cameras,
                                  decoder_threads=decoder_threads, parallel_cameras=parallel_cameras,
                                  max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn,
-                                 depth_output_unit=depth_output_unit, align=align, _kept=kept, _keep=keep)
+                                 depth_output_unit=depth_output_unit, align=align, _kept=kept, _keep=keep,
+                                 _episodes=lazy)
 
     def _given_manifest(self, manifest: pa.Table, where: str, *, cameras: list[str] | None,
                         tolerance_s: float | None, align: str) -> pa.Table:

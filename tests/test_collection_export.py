@@ -419,3 +419,25 @@ def test_a_camera_renamed_to_a_path_outside_its_folder_is_refused(av1_pair, tmp_
                     tmp_path / "out" / "x", rename={a: {FRONT: target}}, progress=False)
     assert (victim / "file-000.mp4").read_bytes() == b"precious"
     assert not (tmp_path / "out").exists()
+
+
+def test_an_export_never_replaces_a_dataset_of_its_collection_that_has_no_selected_rows(datasets, tmp_path):
+    """A collection member that is an earlier export of ours, with no rows in the selection, was replaced by
+    ``overwrite=True`` (and written into without it), while the open collection kept reading it (hostile review 7,
+    F9): every dataset of the collection is a source the destination may not be, nor lie in."""
+    from lerobot_sql.errors import DestinationError
+
+    sub = tmp_path / "sub"
+    lsql.connect(datasets / "small20").export("SELECT episode_index FROM episodes WHERE episode_index IN (4, 5)", sub,
+                                              progress=False)
+    before = sorted((p.relative_to(sub), p.stat().st_size) for p in sub.rglob("*") if p.is_file())
+    coll = lsql.connect_many({"a": datasets / "h264_20", "sub": sub})
+    sql = "SELECT dataset, episode_index FROM episodes WHERE dataset = 'a' AND episode_index = 0"
+    with pytest.raises(DestinationError):
+        coll.export(sql, sub, overwrite=True, progress=False)
+    with pytest.raises(DestinationError):
+        coll.export(sql, sub / "meta" / "inner", progress=False)
+    assert sorted((p.relative_to(sub), p.stat().st_size) for p in sub.rglob("*") if p.is_file()) == before
+    assert coll.sql("SELECT count(*) FROM frames WHERE dataset = 'sub'").fetchall()[0][0] == \
+        lsql.connect(datasets / "small20").sql("SELECT count(*) FROM frames WHERE episode_index IN (4, 5)"
+                                               ).fetchall()[0][0]

@@ -496,3 +496,56 @@ def test_deep_manifest_metadata_is_a_contract_error_naming_the_file(datasets, tm
     with pytest.raises(lsql.ResultContractError) as e:
         coll.dataset(cm.replace_schema_metadata({b"lerobot_sql.collection": DEEP.encode()}))
     _too_deep(e.value, "Collection.manifest")
+
+
+# ---- hostile review 7 (metadata) ------------------------------------------------------------------------------
+def test_a_video_path_without_video_key_is_refused_when_there_are_several_cameras(datasets, tmp_path):
+    """Every camera would read the same mp4 (the wrist key carrying front pictures, silently): refused at connect,
+    naming the template and the fix."""
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    _edit_info(root, lambda i: i.update(video_path="videos/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"))
+    with pytest.raises(DatasetFormatError, match=r"no \{video_key\}.*2 video features"):
+        lsql.connect(root)
+
+
+def _edit_pointer(root: Path, column: str, values) -> None:
+    p = next((root / "meta/episodes").rglob("*.parquet"))
+    t = pq.read_table(p)
+    pq.write_table(t.set_column(t.column_names.index(column), column, pa.array(values)), p)
+
+
+@pytest.mark.parametrize("value", [0.5, 2 ** 63 + 5])
+def test_a_pointer_that_is_no_whole_number_is_a_format_error_naming_the_column(datasets, tmp_path, value):
+    """An episode_index of 0.5, a dataset_from_index beyond int64: a DatasetFormatError naming meta/episodes and
+    the column (was pyarrow's bare ArrowInvalid from db.dataset)."""
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    t = pq.read_table(next((root / "meta/episodes").rglob("*.parquet")))
+    if value == 0.5:
+        col, vals = "episode_index", [0.5] + [float(x) for x in t["episode_index"].to_pylist()[1:]]
+    else:
+        col, vals = "dataset_from_index", pa.array([value] + t["dataset_from_index"].to_pylist()[1:], pa.uint64())
+    _edit_pointer(root, col, vals)
+    with pytest.raises(DatasetFormatError, match=f"meta/episodes.*{col}"):
+        lsql.connect(root).dataset(episodes=[1])
+
+
+def test_a_nan_clip_bound_is_named_not_blamed_on_the_intact_clips(datasets, tmp_path):
+    """Episode 0's from_timestamp NaN: the open of episode 1 (same mp4) names episode 0 and its NaN; before, every
+    item said the clips of "episodes 1-0" sat 348 frames late and advised shifting 19 intact clips."""
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    col = "videos/observation.images.front/from_timestamp"
+    t = pq.read_table(next((root / "meta/episodes").rglob("*.parquet")))
+    _edit_pointer(root, col, [float("nan")] + t[col].to_pylist()[1:])
+    with pytest.raises(DatasetFormatError, match="episode 0, camera 'observation.images.front'.*not finite"):
+        lsql.connect(root).dataset(episodes=[1])[0]
+    ds = lsql.connect(root).dataset(episodes=[1], cameras=["observation.images.wrist"])  # the way out it names
+    assert ds[0]["observation.images.wrist"].shape[0] == 3

@@ -70,8 +70,9 @@ ALLOWED = {
     "catalog": {"_readers.video_index", "_readers.tabular", "_query.sqltext", "format", "storage", "errors"},
     "plan": {"catalog", "_readers.tabular", "_query.sqltext", "format", "storage", "errors"},
     # of the planner, only the manifest's definition and the dealing of its rows to ranks (numpy, no DuckDB; shard and
-    # samplers share it); storage only for the Source type the readers take
-    "adapter": {"_plan.manifest", "_plan.partition", "readers", "format", "storage", "errors"},
+    # samplers share it); storage only for the Source type the readers take; the frames' rules (_plan.clips, numpy),
+    # which a large whole-episode selection checks per row group where a process first reads it
+    "adapter": {"_plan.manifest", "_plan.partition", "_plan.clips", "readers", "format", "storage", "errors"},
     # "db only as a type": under `if TYPE_CHECKING:`, which the walk skips
     "feature": {"plan", "readers", "catalog", "query", "format", "storage", "errors"},
     "facade": {"catalog", "plan", "query", "readers", "format", "storage", "errors"},

@@ -4,6 +4,8 @@ run (or one per row group it spans), not one entry per frame."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -143,3 +145,111 @@ def test_a_kept_selection_parses_its_footers_before_a_fork_not_at_the_open(tmp_p
     assert os.read(r, 1) == b"1"
     os.close(r)
     os.close(w)
+
+
+# ---- a large whole-episode selection, opened without its frames (SampleTable.from_episodes) -------------------
+LAZY = {
+    "every episode": ("small20", {}),
+    "several data and video files": ("multifile60", {}),
+    "a v2.1 dataset": ("v21_small20", {}),
+    "some episodes, out of order": ("small20", {"episodes": [11, 2, 7]}),
+    "delta_timestamps": ("small20", {"delta_timestamps": {"observation.state": [-0.1, 0.0], "action": [0.0, 0.1],
+                                                         "observation.images.front": [-1 / 30, 0.0]}}),
+    "by frame_index": ("small20", {"align": "frame_index"}),
+    "tabular only": ("small20", {"cameras": []}),
+}
+
+
+def _same_item(a: dict, b: dict, where) -> None:
+    assert a.keys() == b.keys(), where
+    for k in a:
+        if hasattr(a[k], "shape"):
+            assert a[k].dtype == b[k].dtype and bool((a[k] == b[k]).all()), (where, k)
+        else:
+            assert a[k] == b[k], (where, k)
+
+
+def _lazy(monkeypatch, root, cache, **kw):
+    from lerobot_sql._plan import episodes
+
+    monkeypatch.setattr(episodes, "LAZY_FRAMES", 0)  # every whole-episode selection counts as large
+    ds = lsql.connect(root, cache_dir=cache).dataset(**kw)
+    assert ds._samples.lazy and ds._samples.manifest.num_rows == 0
+    return ds
+
+
+@pytest.mark.parametrize("name", LAZY)
+def test_a_selection_opened_without_its_frames_gives_the_same_items_batches_and_manifest(monkeypatch, tmp_path,
+                                                                                         datasets, name):
+    """The same len, items, DataLoader batch, manifest (built on demand) and meta as the open that reads every
+    frame; and the next open maps the kept runs-only entry."""
+    import torch
+
+    root, kw = LAZY[name]
+    eager = lsql.connect(datasets / root, cache_dir=tmp_path / "eager").dataset(**kw)
+    assert not eager._samples.lazy
+    lazy = _lazy(monkeypatch, datasets / root, tmp_path / "lazy", **kw)
+    assert len(lazy) == len(eager)
+    picks = np.random.default_rng(0).choice(len(eager), 24, replace=False)
+    for i in [0, len(eager) - 1, *picks.tolist()]:
+        _same_item(lazy[i], eager[i], i)
+    b1, b2 = (next(iter(torch.utils.data.DataLoader(d, batch_size=16, shuffle=False))) for d in (eager, lazy))
+    _same_item(b1, b2, "batch")
+    m1, m2 = eager.manifest, lazy.manifest
+    assert m2.schema == m1.schema and m2.schema.metadata == m1.schema.metadata
+    for c in m1.column_names:
+        if kw.get("cameras") == [] and "/" in c:
+            assert m2[c].null_count == m2.num_rows  # a camera left out: null, as the manifest allows
+        else:
+            assert m2[c].to_pylist() == m1[c].to_pylist(), c
+    assert lazy.meta.total_tasks == eager.meta.total_tasks and lazy.num_episodes == eager.num_episodes
+    assert lazy.meta.episodes["dataset_from_index"] == eager.meta.episodes["dataset_from_index"]
+    again = _lazy(monkeypatch, datasets / root, tmp_path / "lazy", **kw)  # the kept entry: runs only
+    assert again._samples.map.path == lazy._samples.map.path
+    _same_item(again[int(picks[0])], eager[int(picks[0])], "kept")
+
+
+def test_a_selection_opened_without_its_frames_keeps_bytes_per_run_not_per_frame(monkeypatch, tmp_path, datasets):
+    lazy = _lazy(monkeypatch, datasets / "multifile60", tmp_path, cameras=[])
+    s = lazy._samples
+    size = os.path.getsize(s.map.path)
+    runs = len(s.runs.start) - 1
+    assert runs <= 2 * lazy.num_episodes and size < 16_000 + 200 * runs, (size, runs, len(lazy))
+
+
+@pytest.mark.parametrize("damage", ["timestamp off the grid", "a row of another episode", "frame -1 of the clip"])
+def test_frames_left_to_their_row_group_are_checked_where_read(monkeypatch, tmp_path, datasets, damage):
+    """The checks the open of every frame makes (lerobot_sql._plan.clips.check_frames) run per row group when a
+    selection opens without its frames: the damaged row group's items raise DatasetFormatError naming the data file
+    and episode; the other row groups' items are served, equal to the intact dataset's."""
+    import shutil
+
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    f = next((root / "data").rglob("*.parquet"))
+    t = pq.read_table(f)
+    rows = t.num_rows
+    pq.write_table(t, f, row_group_size=200)  # so that the damage stays in one row group
+    ref = lsql.connect(datasets / "small20", cache_dir=tmp_path / "ref").dataset()
+    ep = t["episode_index"].to_numpy()
+    j = int(np.flatnonzero(ep == 5)[0])  # episode 5's first row
+    cols = {c: t[c].to_numpy().copy() for c in ("timestamp", "episode_index", "frame_index")}
+    if damage == "timestamp off the grid":
+        cols["timestamp"][j + 3] += 0.7 / 30
+    elif damage == "a row of another episode":
+        cols["episode_index"][j + 3] = 6
+    else:  # on the grid, the row count unchanged: only the clip bound sees it
+        cols["frame_index"][j] = -1
+        cols["timestamp"][j] = -1 / 30
+    for c, v in cols.items():
+        t = t.set_column(t.column_names.index(c), c, pa.array(v, t[c].type))
+    pq.write_table(t, f, row_group_size=200)
+    with pytest.raises(DatasetFormatError):  # the open that reads every frame refuses it
+        lsql.connect(root, cache_dir=tmp_path / "eager").dataset()
+    lazy = _lazy(monkeypatch, root, tmp_path / "lazy")
+    with pytest.raises(DatasetFormatError, match="episode 5"):
+        lazy[j + 3]
+    other = (j + 400) % rows  # another row group
+    _same_item(lazy[other], ref[other], other)

@@ -778,6 +778,21 @@ def test_current_setting_is_refused(db, setting):
         db.sql(f"SELECT task FROM tasks WHERE task <> CURRENT_SETTING('{setting}')").fetchall()
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT x, pg_get_viewdef(x) AS d FROM (SELECT unnest(range(0, 100000)) AS x) WHERE d IS NOT NULL",
+    "SELECT pg_get_constraintdef(1, 1)",
+    "SELECT format_type(1, 1)",
+    "SELECT get_block_size('memory')",
+])
+def test_builtin_macros_that_read_the_catalog_are_refused(db, sql):
+    """DuckDB's macro pg_get_viewdef(oid) selects from duckdb_views() inside: looped over oids it returned every
+    view's SQL, with the cache folder and the dataset's absolute paths that current_setting is refused for (hostile
+    review 7, F8). Such macros are refused as current_setting is."""
+    db.sql("SELECT count(*) FROM frames").fetchall()  # the views exist
+    with pytest.raises(QueryError, match="not allowed.*catalog"):
+        db.sql(sql).fetchall()
+
+
 @pytest.mark.timeout(240)
 def test_timeout_fires_without_the_timer_thread(world, tmp_path):
     """The Timer thread of db.Result's timeout once never fired (a full-suite run, 60 s of a cross join). On the main

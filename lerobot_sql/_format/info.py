@@ -390,6 +390,14 @@ def check_info(info: Any, where: str) -> CheckedInfo:
         video_path = info.get("video_path") or (video_default if has_video else None)
         if video_path is not None:
             check_template(video_path, VIDEO_FIELDS_V2 if legacy else VIDEO_FIELDS_V3, "video_path", where)
+            n_video = sum(1 for f in features.values() if f.dtype == "video")
+            if n_video > 1 and "video_key" not in {name for _, name, _, _ in string.Formatter().parse(video_path)}:
+                # every camera would read the same mp4: one camera's pictures under the others' keys
+                raise DatasetFormatError(
+                    f"{where} 'video_path': {video_path!r} has no {{video_key}}, so the {n_video} video features "
+                    "would all read the same mp4 (one camera's pictures under every camera's key). Put "
+                    f"{{video_key}} in video_path, e.g. {DEFAULT_VIDEO_PATH!r}, and each camera's mp4s in its "
+                    "folder")
     except DatasetFormatError as e:
         if getattr(e, "key", None) is None:
             e.key = stage

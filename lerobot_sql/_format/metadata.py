@@ -139,7 +139,17 @@ def read_pointers(src: Source, layout: Layout) -> pa.Table | None:
                 return None
             parts.append(pf.read(columns=want, use_threads=False))
     t = pa.concat_tables(parts, promote_options="permissive")
-    cols = {c: t[c].cast(pa.float64() if c.endswith("_timestamp") else pa.int64()) for c in want}
+    cols = {}
+    for c in want:
+        try:
+            cols[c] = t[c].cast(pa.float64() if c.endswith("_timestamp") else pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:  # 0.5 as an episode_index, 2**63 + 5, a date
+            raise DatasetFormatError(
+                f"{src.path(layout.episode_files[0]) if len(layout.episode_files) == 1 else src.path('meta/episodes')}"
+                f": column {c!r} ({t[c].type}) holds a value that is not "
+                f"{'a number of seconds' if c.endswith('_timestamp') else 'a whole number in int64'} ({e}); it "
+                "points into the data or video files, so no frame can be located from it. Restore meta/episodes from "
+                "the dataset's source (`lerobot-sql doctor`)") from e
     return pa.table(cols)
 
 

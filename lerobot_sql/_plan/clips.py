@@ -9,6 +9,7 @@ them against each mp4's real frames (:func:`lerobot_sql._readers.locate.check_cl
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -169,6 +170,19 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
         path = np.asarray(t["path"].to_pylist(), dtype=object)[keep]
         f = t["from_timestamp"].to_numpy(zero_copy_only=False)[keep]
         to = t["to_timestamp"].to_numpy(zero_copy_only=False)[keep]
+        # A NaN or infinite clip bound (NULL is a missing pointer, refused where the manifest is finished) would sort
+        # anywhere in its mp4's chain: the chain's checks would then blame the intact clips around it.
+        given = (t["from_timestamp"].is_valid().to_numpy(zero_copy_only=False)
+                 & t["to_timestamp"].is_valid().to_numpy(zero_copy_only=False))[keep]
+        nonfinite = np.flatnonzero(given & ~(np.isfinite(f.astype(np.float64)) & np.isfinite(to.astype(np.float64))))
+        if len(nonfinite):
+            j = nonfinite[np.argmin(ep[nonfinite])]
+            raise DatasetFormatError(
+                f"meta/episodes: episode {int(ep[j])}, camera {k!r}: video clip bounds from_timestamp={float(f[j])}, "
+                f"to_timestamp={float(to[j])} s (of {path[j]}, which selected episodes share) are not finite numbers; no "
+                f"clip of that mp4 can be placed. Restore videos/{k}/from_timestamp and to_timestamp of episode "
+                f"{int(ep[j])} from the dataset's source (`lerobot-sql doctor`), or leave the camera out "
+                "(db.dataset(..., cameras=[...]) without it)")
         order = np.lexsort((ep, f, path))
         ep, n, path, f, to = ep[order], n[order], path[order], f[order], to[order]
         same_prev = np.r_[False, path[1:] == path[:-1]]
@@ -225,3 +239,83 @@ def check_clips(layout: Layout, videos: dict[str, pa.Table], length: dict[int, i
             f"{n_} frames from from_timestamp are read, as lerobot reads them (checked not to run into the next clip), "
             "and the rest of the clip is left unused. If the data lost rows instead, run `lerobot-sql doctor`")
     return out
+
+
+def grid_error(ep: np.ndarray, err: np.ndarray, fi: np.ndarray, file_of, fps: float, limit: float,
+                frames: str = "tabular"):
+    """The timestamp error for the off-grid frames (episode, |error|, frame_index per frame; ``file_of(j)``: frame
+    j's data file): a NaN first, else the worst episodes by their largest error; ``frames``: see
+    :func:`lerobot_sql._plan.clips.timestamp_error`."""
+    nan = np.flatnonzero(~np.isfinite(err))
+    if len(nan):
+        j = int(nan[0])
+        return timestamp_error(int(ep[j]), float(err[j]), float(fps), data_file=file_of(j),
+                               frame_index=int(fi[j]))
+    uniq, inv = np.unique(ep, return_inverse=True)
+    worst = np.zeros(len(uniq))
+    np.maximum.at(worst, inv, err)
+    order = np.argsort(-worst, kind="stable")
+    top = [(int(uniq[i]), float(worst[i])) for i in order[:4]]
+    return timestamp_error(*top[0], float(fps), others=top[1:], n_off=len(uniq), limit=limit, frames=frames)
+
+
+@dataclasses.dataclass
+class FrameRules:
+    """What each frame of a selection opened by :func:`lerobot_sql._plan.episodes.episode_runs` must satisfy, checked per row group where it is
+    first read (:func:`check_frames`): ``fps``; ``limit``, how far a timestamp may stray from ``frame_index / fps``
+    (:func:`grid_limit`); ``in_clip``, every timestamp must name one of its episode's clip frames (the cameras are
+    read by time); ``positions``, every frame_index must be its position in the episode (align="frame_index");
+    ``clips``, the checked clips (:func:`check_clips`), named in the errors."""
+
+    fps: float
+    limit: float
+    in_clip: bool
+    positions: bool
+    clips: dict = dataclasses.field(default_factory=dict)
+
+
+def check_frames(rules: FrameRules, data_file: str, index: np.ndarray, episode_index: np.ndarray,
+                 frame_index: np.ndarray, timestamp: np.ndarray, exp_index: np.ndarray, exp_episode: np.ndarray,
+                 ep_from: np.ndarray, length: np.ndarray) -> None:
+    """Check the frames of some rows of ``data_file`` (one row group's, as read) against where the episode
+    pointers put them (``exp_index``, ``exp_episode``, the episode's first index ``ep_from`` and ``length``, per
+    row) and ``rules`` (see :class:`FrameRules`): the same checks :func:`episode_manifest` makes of every frame at
+    the open.
+
+    Raises:
+        DatasetFormatError: a row is not the one the pointers name (the file is not laid out as lerobot writes
+            it), a timestamp off the fps grid or outside its episode's clip, or a frame_index that is not its
+            position (align="frame_index"); naming the file, episode, row and the fix.
+    """
+    bad = np.flatnonzero((index != exp_index) | (episode_index != exp_episode))
+    if len(bad):
+        j = int(bad[0])
+        raise DatasetFormatError(
+            f"{data_file}: the row meta/episodes puts index {int(exp_index[j])} of episode {int(exp_episode[j])} at "
+            f"holds index {int(index[j])} of episode {int(episode_index[j])}: the file's rows are not one block per "
+            "episode in index order, as lerobot writes them (and meta/episodes' dataset_from_index / "
+            "dataset_to_index say). Select the frames with a query, which reads each frame's own row "
+            "(db.dataset(\"SELECT index FROM frames ORDER BY index\")), or fix the file (`lerobot-sql doctor`)")
+    ts = np.asarray(timestamp, np.float64)
+    fi = np.asarray(frame_index, np.int64)
+    err = np.abs(ts - fi / rules.fps)
+    off = np.flatnonzero(~(err <= rules.limit))
+    if len(off):
+        raise grid_error(exp_episode[off], err[off], fi[off], lambda j: data_file, rules.fps, rules.limit,
+                          "grid" if rules.in_clip or rules.positions else "tabular")
+    if rules.in_clip:
+        out = np.flatnonzero(outside_clip(ts, length, rules.fps))
+        if len(out):
+            j = int(out[0])
+            raise outside_clip_error(rules.clips, int(exp_episode[j]), int(fi[j]), float(ts[j]), int(length[j]),
+                                     rules.fps, data_file)
+    if rules.positions:
+        wrong = np.flatnonzero(fi != index - ep_from)
+        if len(wrong):
+            j = int(wrong[0])
+            raise DatasetFormatError(
+                f"episode {int(exp_episode[j])}: the row with index {int(index[j])} of {data_file} has frame_index "
+                f"{int(fi[j])}, but it is frame {int(index[j] - ep_from[j])} of the episode (index - the episode's "
+                "first index): align=\"frame_index\" reads each row's frame by its position, so the item would "
+                "carry a frame_index that is not its frame's. Fix the data files' frame_index (`lerobot-sql "
+                "doctor`: frame_index_contiguous), or read by time (align=\"timestamp\")")

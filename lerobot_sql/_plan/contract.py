@@ -28,6 +28,8 @@ from . import manifest as _manifest
 
 CORE, LOCATION = _manifest.CORE, _manifest.LOCATION
 # The contract's own columns of each mode (the join's keys, and the sort of a result without ORDER BY).
+# Columns the resolver's join holds besides the features and the manifest's: the frame's file row, the result's order
+JOIN_COLUMNS = ("row", "data_file", "_ord")
 KEYS = {"index": ("index",), "window": ("episode_index", "start_s", "end_s"), "episode": ("episode_index",)}
 CONTRACT = (
     "A query given to dataset() must return either an `index` column (one sample per row), or `episode_index` with "
@@ -269,9 +271,14 @@ def columns_of(result: pa.Table, mode: str, layout: Layout, sql: str, keep_extra
         result, extras = result.drop_columns(extras), []
     clash = [c for c in result.column_names if c not in keys and c in set(LOCATION) | set(video_cols)]
     clash += [c for c in extras if c == "task" or c.endswith("_is_pad")]
+    # SQL names are case-insensitive: an extra named like a frame column, a manifest column or the join's own
+    # (``row``, ``_ord``) in any case would be read as that column, or reorder the samples (``_ord``)
+    taken = {c.lower() for c in (*reserved, *JOIN_COLUMNS, *layout.features, *keys)}
+    clash += [c for c in extras if c.lower() in taken and c not in clash]
     if clash:
-        raise ResultContractError(f"result columns {clash} clash with the manifest's or the item's own keys; alias "
-                                  f"them (e.g. `... AS my_{clash[0].replace('/', '_')}`) in: {sql!r}")
+        raise ResultContractError(f"result columns {clash} clash with the manifest's, the frames' or the item's own "
+                                  f"columns (SQL names are case-insensitive); alias them (e.g. `... AS "
+                                  f"my_{clash[0].replace('/', '_')}`) in: {sql!r}")
     result = check_extra_types(result, extras, sql)
     check_stackable(result, extras, sql)
     # Columns named like a frame column are the frame's own values (SELECT * FROM frames): they are not carried as

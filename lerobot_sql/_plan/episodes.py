@@ -25,13 +25,14 @@ from .._format.metadata import parquet_read_errors, read_pointers, video_clips
 from .._storage.source import Source
 from ..errors import ResultContractError
 from .clips import (
+    FrameRules,
     check_clips,
     duplicate_episode_error,
     frames_kind,
+    grid_error,
     grid_limit,
     outside_clip,
     outside_clip_error,
-    timestamp_error,
 )
 
 FRAME_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
@@ -58,50 +59,12 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         DatasetFormatError: duplicate meta/episodes rows, timestamps off the fps grid, bad clip pointers, an
             unreadable data file.
     """
-    from .._readers.tabular import data_file_info, row_group_ranges
+    from .._readers.tabular import row_group_ranges
 
-    ptr = read_pointers(src, layout) if ptr is None else ptr
-    if ptr is None or not layout.data_files:
+    p = _pointers(src, layout, result, ptr, sql)
+    if p is None:
         return None
-    want = result["episode_index"]
-    if want.null_count:
-        raise ResultContractError(f"the result has NULL episode_index values: {sql!r}")
-    want = want.to_numpy().astype(np.int64)
-    all_ep = ptr["episode_index"].to_numpy()
-    if ptr["dataset_from_index"].null_count or ptr["dataset_to_index"].null_count or \
-            ptr["data/chunk_index"].null_count or ptr["data/file_index"].null_count:
-        return None
-    uniq, counts = np.unique(all_ep, return_counts=True)
-    dup = uniq[(counts > 1) & np.isin(uniq, want)]
-    if len(dup):
-        raise duplicate_episode_error(int(dup[0]), int(counts[uniq == dup[0]][0]))
-    pos = {int(e): i for i, e in enumerate(all_ep)}
-    unknown = [int(e) for e in dict.fromkeys(want.tolist()) if e not in pos]
-    if unknown:
-        raise ResultContractError(f"episodes {unknown[:5]} are not in meta/episodes (it holds {len(all_ep)} episodes, "
-                                  f"{int(all_ep.min())}..{int(all_ep.max())}): {sql!r}")
-    lo = ptr["dataset_from_index"].to_numpy()
-    hi = ptr["dataset_to_index"].to_numpy()
-    chunk, filei = ptr["data/chunk_index"].to_numpy(), ptr["data/file_index"].to_numpy()
-    rels = [layout.data_file(c, fi) for c, fi in zip(chunk, filei)]
-    files = sorted(set(rels))
-    code_of = {r: i for i, r in enumerate(files)}
-    fcode = np.array([code_of[r] for r in rels], np.int64)
-    # Crafted pointers (an episode claiming K more rows, the next K fewer: per-file totals still match) must not
-    # reach np.repeat, which would allocate K elements or fail on a negative count. lerobot writes each file's
-    # episodes as one gap-free run of `index`; anything else goes to the DuckDB join, which reads the real rows.
-    if (hi < lo).any():
-        return None
-    order = np.lexsort((lo, fcode))
-    same = fcode[order][1:] == fcode[order][:-1]
-    if (hi[order][:-1][same] != lo[order][1:][same]).any():
-        return None
-    first = np.full(len(files), np.iinfo(np.int64).max)
-    total = np.zeros(len(files), np.int64)
-    np.minimum.at(first, fcode, lo)
-    np.add.at(total, fcode, hi - lo)
-    row0_all = lo - first[fcode]
-
+    ptr, want, all_ep, pos, lo, hi, files, fcode, total, row0_all = p
     sel_rows = np.array([pos[int(e)] for e in want], np.int64)  # pointer row of each result row
     uniq_rows = np.unique(sel_rows)
     # Read each touched data file's needed row groups: the frame columns of the selected episodes only.
@@ -109,16 +72,10 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     for code in np.unique(fcode[uniq_rows]):
         rel = files[code]
         with parquet_read_errors(src, rel):
-            info = data_file_info(src, rel)  # parsed once: the dataset reads the same footer next
-            md, offsets, names = info.metadata, info.rg_offsets, info.schema.names
-            for field in info.schema:  # an int dtype over floats must not reach the reader's cast
-                t = field.type
-                while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-                    t = t.value_type
-                check_stored_type(layout.features.get(field.name), pa.types.is_floating(t) or pa.types.is_decimal(t),
-                                  src.path(rel))
-            if md.num_rows != total[code] or not all(c in names for c in FRAME_COLUMNS[:4]):
+            info = _footer(src, layout, rel, int(total[code]))
+            if info is None:
                 return None
+            md, offsets, names = info.metadata, info.rg_offsets, info.schema.names
             eps = uniq_rows[fcode[uniq_rows] == code]
             rgs = info.row_groups(row0_all[eps], row0_all[eps] + (hi - lo)[eps])
             if not len(rgs):  # only zero-length episodes in this file
@@ -178,7 +135,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         kind = frames_kind([(clips[k]["from_timestamp"].to_numpy(zero_copy_only=False)[rows],
                              clips[k]["to_timestamp"].to_numpy(zero_copy_only=False)[rows], (hi - lo)[rows])
                             for k in (layout.video_keys if cameras is None else cameras) if k in clips], layout.fps)
-        raise _grid_error(all_ep[prow[bad]], err[bad], fi[bad], lambda j: files[sample_code[bad[j]]], layout, limit,
+        raise grid_error(all_ep[prow[bad]], err[bad], fi[bad], lambda j: files[sample_code[bad[j]]], layout.fps, limit,
                           kind)
 
     length = {int(all_ep[r]): int(hi[r] - lo[r]) for r in range(len(all_ep))}
@@ -217,20 +174,159 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     return pa.table(cols), checked
 
 
-def _grid_error(ep: np.ndarray, err: np.ndarray, fi: np.ndarray, file_of, layout: Layout, limit: float,
-                frames: str = "tabular"):
-    """The timestamp error for the off-grid frames (episode, |error|, frame_index per frame; ``file_of(j)``: frame
-    j's data file): a NaN first, else the worst episodes by their largest error; ``frames``: see
-    :func:`lerobot_sql._plan.clips.timestamp_error`."""
-    nan = np.flatnonzero(~np.isfinite(err))
-    if len(nan):
-        j = int(nan[0])
-        return timestamp_error(int(ep[j]), float(err[j]), float(layout.fps), data_file=file_of(j),
-                               frame_index=int(fi[j]))
-    uniq, inv = np.unique(ep, return_inverse=True)
-    worst = np.zeros(len(uniq))
-    np.maximum.at(worst, inv, err)
-    order = np.argsort(-worst, kind="stable")
-    top = [(int(uniq[i]), float(worst[i])) for i in order[:4]]
-    return timestamp_error(*top[0], float(layout.fps), others=top[1:], n_off=len(uniq), limit=limit, frames=frames)
+def _pointers(src: Source, layout: Layout, result: pa.Table, ptr: pa.Table | None, sql: str):
+    """The episode pointers' plan shared by :func:`episode_manifest` and :func:`episode_runs` (O(episodes), no data
+    file read): ``(ptr, wanted episodes, every episode, pointer row by episode, from, to, data files, file code per
+    pointer row, rows per file, first file row per pointer row)``, or None when the pointers do not say where
+    every episode's rows are (the caller then reads the frames' real rows).
 
+    Raises:
+        ResultContractError: an episode_index is NULL or not in meta/episodes.
+        DatasetFormatError: meta/episodes lists a selected episode twice.
+    """
+    ptr = read_pointers(src, layout) if ptr is None else ptr
+    if ptr is None or not layout.data_files:
+        return None
+    want = result["episode_index"]
+    if want.null_count:
+        raise ResultContractError(f"the result has NULL episode_index values: {sql!r}")
+    want = want.to_numpy().astype(np.int64)
+    all_ep = ptr["episode_index"].to_numpy()
+    if ptr["dataset_from_index"].null_count or ptr["dataset_to_index"].null_count or \
+            ptr["data/chunk_index"].null_count or ptr["data/file_index"].null_count:
+        return None
+    uniq, counts = np.unique(all_ep, return_counts=True)
+    dup = uniq[(counts > 1) & np.isin(uniq, want)]
+    if len(dup):
+        raise duplicate_episode_error(int(dup[0]), int(counts[uniq == dup[0]][0]))
+    pos = {int(e): i for i, e in enumerate(all_ep)}
+    unknown = [int(e) for e in dict.fromkeys(want.tolist()) if e not in pos]
+    if unknown:
+        raise ResultContractError(f"episodes {unknown[:5]} are not in meta/episodes (it holds {len(all_ep)} episodes, "
+                                  f"{int(all_ep.min())}..{int(all_ep.max())}): {sql!r}")
+    lo = ptr["dataset_from_index"].to_numpy()
+    hi = ptr["dataset_to_index"].to_numpy()
+    chunk, filei = ptr["data/chunk_index"].to_numpy(), ptr["data/file_index"].to_numpy()
+    rels = [layout.data_file(c, fi) for c, fi in zip(chunk, filei)]
+    files = sorted(set(rels))
+    code_of = {r: i for i, r in enumerate(files)}
+    fcode = np.array([code_of[r] for r in rels], np.int64)
+    # Crafted pointers (an episode claiming K more rows, the next K fewer: per-file totals still match) must not
+    # reach np.repeat, which would allocate K elements or fail on a negative count. lerobot writes each file's
+    # episodes as one gap-free run of `index`; anything else goes to the DuckDB join, which reads the real rows.
+    if (hi < lo).any():
+        return None
+    order = np.lexsort((lo, fcode))
+    same = fcode[order][1:] == fcode[order][:-1]
+    if (hi[order][:-1][same] != lo[order][1:][same]).any():
+        return None
+    first = np.full(len(files), np.iinfo(np.int64).max)
+    total = np.zeros(len(files), np.int64)
+    np.minimum.at(first, fcode, lo)
+    np.add.at(total, fcode, hi - lo)
+    row0_all = lo - first[fcode]
+
+    return ptr, want, all_ep, pos, lo, hi, files, fcode, total, row0_all
+
+
+def _footer(src: Source, layout: Layout, rel: str, rows: int, keep: bool = True):
+    """Data file ``rel``'s footer (:class:`lerobot_sql._readers.tabular.DataFileInfo`, parsed once per process), or
+    None when it does not hold the ``rows`` rows its episodes claim, or lacks a frame column (the caller then reads
+    the frames' real rows).
+
+    Raises:
+        DatasetFormatError: a feature's stored type disagrees with info.json (an int dtype over floats).
+    """
+    from .._readers.tabular import data_file_info
+
+    info = data_file_info(src, rel, keep=keep)
+    for field in info.schema:  # an int dtype over floats must not reach the reader's cast
+        t = field.type
+        while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            t = t.value_type
+        check_stored_type(layout.features.get(field.name), pa.types.is_floating(t) or pa.types.is_decimal(t),
+                          src.path(rel))
+    if info.rg_offsets[-1] != rows or not all(c in info.schema.names for c in FRAME_COLUMNS[:4]):
+        return None
+    return info
+
+
+# Selections of more frames than this are opened without reading their frames (episode_runs): each row group's
+# frames are checked where a process first reads it. Below it, every frame is read and checked at the open.
+LAZY_FRAMES = 2_000_000
+
+
+def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr: pa.Table | None = None,
+                 cameras: list[str] | None = None, tolerance_s: float | None = None,
+                 align: str = "timestamp") -> tuple[pa.Table, list, dict, FrameRules] | None:
+    """``result``'s whole episodes (its ``episode_index`` rows, in order) without reading their frames: what
+    :func:`episode_manifest` checks from meta/episodes, the data files' footers (row counts, column types) and the
+    clips, at O(episodes) cost; the frame-level checks (each row's ``index`` and ``episode_index`` where the pointers
+    put it, timestamps on the fps grid and inside the clip, frame_index positions) are left to
+    :func:`check_frames`, per row group, where a process first reads it.
+
+    Returns:
+        ``(episodes, infos, clips, rules)``: one row per result row (``episode_index``, ``ep_from_index``,
+        ``ep_to_index``, ``ep_data_row0``: the episode's first row in its data file, ``file``: int32 into
+        ``infos``, ``result_row``; per video key ``<key>/file`` and ``<key>/from_timestamp``), the touched data
+        files' footers, the checked clips (:func:`check_clips`) and the :class:`FrameRules`; or None when the
+        pointers or files are not laid out as lerobot writes them, or lack ``task_index`` (the caller reads the
+        frames).
+
+    Raises:
+        as :func:`episode_manifest`, for what it checks from the pointers, footers and clips.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .._readers.tabular import release_freed_memory
+
+    p = _pointers(src, layout, result, ptr, sql)
+    if p is None:
+        return None
+    ptr, want, all_ep, pos, lo, hi, files, fcode, total, row0_all = p
+    sel_rows = np.array([pos[int(e)] for e in want], np.int64)
+    uniq_rows = np.unique(sel_rows)
+    used = np.unique(fcode[uniq_rows])
+
+    def footer(code):
+        with parquet_read_errors(src, files[code]):
+            return _footer(src, layout, files[code], int(total[code]), keep=False)
+
+    # footers in parallel (40 ms each at 5,000 row groups locally, a round trip each remotely), not kept: each
+    # process parses a file's footer where it first reads it
+    if src.is_local:
+        infos = []
+        for code in used:
+            infos.append(footer(code))
+            release_freed_memory()
+    else:
+        with ThreadPoolExecutor(min(8, len(used)) or 1) as pool:
+            infos = list(pool.map(footer, used))
+        release_freed_memory()
+    if any(i is None or "task_index" not in i.schema.names for i in infos):
+        return None
+    if not (hi - lo)[sel_rows].sum():
+        raise ResultContractError(f"the query's episode selection matched no frames: {sql!r}")
+    new_code = np.full(len(files), -1, np.int32)
+    new_code[used] = np.arange(len(used), dtype=np.int32)
+    clips = video_clips(layout, ptr)
+    length = {int(all_ep[r]): int(hi[r] - lo[r]) for r in range(len(all_ep))}
+    touched = {}
+    for k, t in clips.items():
+        paths = t["path"].to_pylist()
+        sel_paths = {paths[r] for r in uniq_rows} - {None}
+        touched[k] = t.filter(pa.array([q in sel_paths for q in paths]))
+    checked = check_clips(layout, touched, length, all_ep[uniq_rows], keys=cameras)
+    cols = {"episode_index": pa.array(all_ep[sel_rows], pa.int64()),
+            "ep_from_index": pa.array(lo[sel_rows], pa.int64()), "ep_to_index": pa.array(hi[sel_rows], pa.int64()),
+            "ep_data_row0": pa.array(row0_all[sel_rows], pa.int64()),
+            "file": pa.array(new_code[fcode[sel_rows]], pa.int32()),
+            "result_row": pa.array(np.arange(len(sel_rows)), pa.int64())}
+    for k, t in clips.items():
+        cols[f"{k}/file"] = t["path"].take(pa.array(sel_rows))
+        cols[f"{k}/from_timestamp"] = t["from_timestamp"].take(pa.array(sel_rows))
+    release_freed_memory()
+    rules = FrameRules(fps=float(layout.fps), limit=grid_limit(layout.fps, tolerance_s, align),
+                       in_clip=bool(checked) and align != "frame_index", positions=align == "frame_index",
+                       clips=checked)
+    return pa.table(cols), infos, checked, rules

@@ -386,10 +386,55 @@ def _episode_rows_error(con: duckdb.DuckDBPyConnection, b: dict) -> DatasetForma
         ".sort_by('index'), path)`); `lerobot-sql doctor` (data_rows_in_index_order) lists every such row")
 
 
+def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr: pa.Table | None,
+                 cameras: list[str] | None = None, tolerance_s: float | None = None, align: str = "timestamp"):
+    """A whole-episode selection (``result``: ``episode_index`` rows, in order) kept as its episodes, without a row
+    per frame (:func:`lerobot_sql._plan.episodes.episode_runs`): for selections of more than
+    :data:`lerobot_sql._plan.episodes.LAZY_FRAMES` frames, whose open then costs O(episodes).
+
+    Returns:
+        ``(manifest, episodes, infos, rules)``: ``manifest`` a zero-row manifest carrying the schema and metadata
+        :func:`build_manifest` would give (``check_source``, the clips), the others as
+        :func:`~lerobot_sql._plan.episodes.episode_runs` returns them; or None when the selection is smaller than
+        the bound, or its files are not laid out as lerobot writes them (then :func:`build_manifest`).
+
+    Raises:
+        as :func:`build_manifest` for a whole-episode result (what it checks from pointers, footers and clips).
+    """
+    if ptr is None or result.num_rows == 0:
+        return None
+    lo, hi = ptr["dataset_from_index"], ptr["dataset_to_index"]
+    if lo.null_count or hi.null_count:
+        return None
+    if result["episode_index"].null_count:
+        return None  # the frames' path says which
+    eps = ptr["episode_index"].to_numpy()
+    length = hi.to_numpy() - lo.to_numpy()
+    want = np.isin(eps, result["episode_index"].to_numpy())
+    if int(length[want].sum()) <= episodes.LAZY_FRAMES:  # (a repeated episode counts once: the bound is rough)
+        return None
+    got = episodes.episode_runs(src, layout, result, sql=sql, ptr=ptr, cameras=cameras, tolerance_s=tolerance_s,
+                                align=align)
+    if got is None:
+        return None
+    table, infos, clips, rules = got
+    # the same refusal of missing video pointers as the frames' path (_finish), on one row per episode
+    _finish(table, clips, "episode", [], layout, sql, cameras, check_only=True)
+    empty = {"index": pa.int64(), "episode_index": pa.int64(), "frame_index": pa.int64(), "timestamp": pa.float32(),
+             "task_index": pa.int64(), "data_file": pa.string(), "data_row": pa.int64(), "ep_from_index": pa.int64(),
+             "ep_to_index": pa.int64(), "ep_data_row0": pa.int64(), "result_row": pa.int64()}
+    for k in layout.video_keys:
+        empty[f"{k}/file"] = table[f"{k}/file"].type
+        empty[f"{k}/from_timestamp"] = table[f"{k}/from_timestamp"].type
+    manifest = _finish(pa.schema(empty).empty_table(), clips, "episode", [], layout, sql, cameras)
+    return manifest, table, infos, rules
+
+
 def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layout: Layout, sql: str,
-            cameras: list[str] | None = None) -> pa.Table:
-    """Both paths' last step: refuse samples of ``cameras`` (default all) without a video pointer; then the
-    documented column order and the ``lerobot_sql.manifest`` metadata (:func:`lerobot_sql._plan.manifest.finish`)."""
+            cameras: list[str] | None = None, check_only: bool = False) -> pa.Table | None:
+    """Both paths' last step: refuse samples of ``cameras`` (default all) without a video pointer; then (unless
+    ``check_only``) the documented column order and the ``lerobot_sql.manifest`` metadata
+    (:func:`lerobot_sql._plan.manifest.finish`)."""
     keys = layout.video_keys if cameras is None else [k for k in layout.video_keys if k in cameras]
     for k in keys:
         # no file, or no from_timestamp (a NULL cell, or the column absent: the videos view has NULL there) names
@@ -404,6 +449,8 @@ def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layou
                 "without it, db.dataset(..., cameras=[]) for tabular items; db.manifest and db.stats take it too; "
                 "db.export writes every camera, so it needs the pointers), or restore those columns of "
                 "meta/episodes (run `lerobot-sql doctor`)")
+    if check_only:
+        return None
     return _manifest.finish(manifest, mode=mode, extras=extras, video_keys=layout.video_keys, fps=layout.fps,
                             sql=sql, clips=clips, cameras=None if cameras is None else keys,
                             dataset_id=_manifest.dataset_identity(layout))

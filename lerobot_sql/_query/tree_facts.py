@@ -397,10 +397,14 @@ def _recursive_error(cte: str, why: str) -> QueryError:
                       "(s || 'x', n + 1), or build the value outside the recursion")
 
 
-# Scalar functions that read DuckDB's configuration: current_setting('allowed_directories' | 'temp_directory' |
-# 'secret_directory' ...) tells where the cache and the home folder are. (duckdb_settings() and the other
-# table functions are refused with every table function.)
-SETTINGS_FUNCTIONS = frozenset({"current_setting"})
+# Scalar functions that read DuckDB's configuration or catalog: current_setting('allowed_directories' |
+# 'temp_directory' | 'secret_directory' ...) tells where the cache and the home folder are; DuckDB's built-in macros
+# that select from its catalog table functions (pg_get_viewdef(oid): every view's SQL, with the cache folder and the
+# dataset's absolute paths; pg_get_constraintdef, format_type, get_block_size) pass as scalar calls although they
+# run a table function inside. (duckdb_settings() and the other table functions are refused with every table
+# function.)
+SETTINGS_FUNCTIONS = frozenset({"current_setting", "pg_get_viewdef", "pg_get_constraintdef", "format_type",
+                                "get_block_size"})
 
 
 # Query nodes of DuckDB's parse tree (json_serialize_sql) that only read; DELETE/UPDATE/INSERT/MERGE ... are
@@ -481,10 +485,11 @@ def duckdb_facts(serialized: str, ctx: Context, sql: str) -> Facts:
                     raise table_function_error(name + "(...)", ctx)
                 functions.add(name)
             elif o.get("class") == "FUNCTION" and str(o.get("function_name") or "").lower() in SETTINGS_FUNCTIONS:
-                raise QueryError(f"{o.get('function_name')}(...) is not allowed: DuckDB's settings of this "
-                                 "connection (its directories, limits, paths of the cache and home folder) are not "
-                                 "part of the dataset; lerobot_sql chose them (lerobot_sql.sandbox), and "
-                                 "connect(..., threads=, memory_limit=, temp_directory=) sets them")
+                raise QueryError(f"{o.get('function_name')}(...) is not allowed: DuckDB's settings and catalog of "
+                                 "this connection (its directories, limits, the views' SQL with the paths of the "
+                                 "cache and home folder) are not part of the dataset; lerobot_sql chose them "
+                                 "(lerobot_sql.sandbox), and connect(..., threads=, memory_limit=, temp_directory=) "
+                                 "sets them")
             elif typ == "BASE_TABLE":
                 name = str(o.get("table_name") or "")
                 if o.get("schema_name") or o.get("catalog_name"):

@@ -172,8 +172,9 @@ def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, pres
     """
     t0 = time.perf_counter()
     tolerance_s = locate.check_tolerance(tolerance_s)
-    dbs = [coll[n] for n in present]
-    dest = destination.check_dest(dbs, dest, overwrite)
+    # every dataset of the collection, not only those with samples: an export must never write into, nor replace,
+    # a dataset the open collection reads
+    dest = destination.check_dest([coll[n] for n in coll.names], dest, overwrite)
     codes_of = {n: coll.names.index(n) for n in present}
     sources = [ExportSource(coll[n], n, codes_of[n], {**{k: k for k in coll[n].layout.features if k not in keymaps[n]},
                                                  **{k: v for k, v in keymaps[n].items() if v in keys}},

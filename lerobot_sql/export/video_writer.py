@@ -257,7 +257,7 @@ class VideoWriter:
         """
         frame_dur = Fraction(1) / Fraction(self.target.fps) / self.tb
         self.shown += sorted(p for _, p, _ in run)
-        for pkt, pts, _ in run:
+        for pkt, pts, end in run:
             k = self.n_muxed - self.lag
             dts = self.shown[k] if k >= 0 else self.shown[0] + int(round(k * frame_dur))
             if (self.last_dts is not None and dts <= self.last_dts) or dts > pts:
@@ -267,6 +267,9 @@ class VideoWriter:
             pkt.stream = self.stream
             pkt.time_base = self.stream.time_base
             pkt.pts, pkt.dts = pts, dts
+            # the frame's own duration: an encoder's packet carries none, and the mp4's last sample must not last 0
+            # (FFmpeg's demuxer then drops it: a one-frame export decoded no frame at all)
+            pkt.duration = max(int(end) - int(pts), 1)
             self.out.mux(pkt)
             self.last_dts = dts
             self.n_muxed += 1

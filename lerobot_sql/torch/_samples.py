@@ -206,8 +206,32 @@ class SampleTable:
                 self.map = write_kept(m, runs, keep)
         if self.map is None:
             self.map = write_file(m, runs, cache_dir)
-        self.n = m.num_rows
         self._attach()
+
+    @classmethod
+    def from_episodes(cls, src: Source, manifest: pa.Table, episodes: pa.Table, infos: list, rules,
+                      video_keys: list[str], cache_dir: Path, keep: Path | None = None) -> "SampleTable":
+        """The table of a whole-episode selection opened without its frames
+        (:func:`lerobot_sql._plan.episodes.episode_runs`: ``episodes`` one row per selected episode, ``infos`` the
+        data files' footers, ``rules`` the :class:`~lerobot_sql._plan.clips.FrameRules`); ``manifest`` is the
+        zero-row manifest carrying the metadata. Its runs are the episodes cut at row-group boundaries; the frames'
+        ``timestamp`` and ``task_index`` are read per row group where first asked (:class:`FrameColumns`), which
+        checks that row group's frames against the runs and ``rules``. The file holds the runs only (a few dozen
+        bytes an episode), kept under ``keep`` like any selection."""
+        self = cls.__new__(cls)
+        self.data_files = [i.rel for i in infos]
+        self.infos = Footers(src, self.data_files, [i.identity for i in infos], [i.rg_offsets for i in infos])
+        self._slots()
+        runs = episode_run_table(episodes, self.infos, video_keys, rules)
+        self.video_files = json.loads(runs.schema.metadata[b"video_files"])
+        self.map = None
+        if keep is not None:
+            with contextlib.suppress(CacheError):
+                self.map = write_kept(manifest, runs, keep)
+        if self.map is None:
+            self.map = write_file(manifest, runs, cache_dir)
+        self._attach()
+        return self
 
     @classmethod
     def load(cls, src: Source, kept: "SampleFile") -> "SampleTable":
@@ -222,7 +246,6 @@ class SampleTable:
         # (and still describe the files: the entry's key holds each file's identity, checked again at the parse)
         offsets = [np.asarray(o, np.int64) for o in json.loads(meta[b"rg_offsets"])]
         self.infos = Footers(src, self.data_files, json.loads(meta[b"identities"]), offsets)
-        self.n = m.num_rows
         self._slots()
         self._attach()
         return self
@@ -266,18 +289,60 @@ class SampleTable:
         self.ep_to = RunValues(runs, run_col("ep_to_index"))
         self.row0 = RunValues(runs, run_col("ep_data_row0"))
 
+        self.n = int(runs.start[-1])
+
         def col(name: str) -> np.ndarray:  # zero-copy: no page of the manifest is read here
             return m[name].chunk(0).to_numpy() if m[name].num_chunks == 1 else m[name].to_numpy()
 
-        self.timestamp, self.task_index = col("timestamp"), col("task_index")
+        rules = t.schema.metadata.get(b"frames")
+        self.lazy = rules is not None  # opened without its frames (from_episodes): they are read per row group
+        if self.lazy:
+            from .._plan.clips import FrameRules
+            from .._plan.manifest import Meta
+
+            self.frames = FrameColumns(self, FrameRules(**json.loads(rules), clips=Meta.of(m).clips), run_slot,
+                                       run_off, count)
+            self.timestamp, self.task_index = self.frames.column("timestamp"), self.frames.column("task_index")
+        else:
+            self.timestamp, self.task_index = col("timestamp"), col("task_index")
         self.cameras = {k: CameraSamples(runs, names, run_col(f"{k}/file"), run_col(f"{k}/from_timestamp"))
                         for k, names in self.video_files.items()}
+
+    def full_manifest(self) -> pa.Table:
+        """(A selection opened without its frames) its manifest, one row per sample, with the columns and metadata
+        of the zero-row manifest it keeps: every selected row group's frame columns are read (and checked)."""
+        ep = np.asarray(self.episode_index)
+        index, ep_from = np.asarray(self.index), np.asarray(self.ep_from)
+        # whole episodes, each once: a new result row where the episode changes
+        run_row = np.cumsum(np.concatenate([[1], self.run_episode[1:] != self.run_episode[:-1]])) - 1 \
+            if len(self.run_episode) else np.zeros(0, np.int64)
+        values = {"index": index, "episode_index": ep, "frame_index": np.asarray(self.frames.column("frame_index")),
+                  "timestamp": np.asarray(self.timestamp), "task_index": np.asarray(self.task_index),
+                  "data_file": pa.DictionaryArray.from_arrays(pa.array(np.asarray(self.file), pa.int32()),
+                                                              pa.array(self.data_files, pa.string())),
+                  "data_row": np.asarray(self.row0) + (index - ep_from), "ep_from_index": ep_from,
+                  "ep_to_index": np.asarray(self.ep_to), "ep_data_row0": np.asarray(self.row0),
+                  "result_row": np.asarray(RunValues(self.runs, run_row.astype(np.int64)))}
+        for k, cam in self.cameras.items():
+            values[f"{k}/file"] = pa.DictionaryArray.from_arrays(pa.array(np.asarray(cam.code), pa.int32()),
+                                                                 pa.array(cam.files, pa.string()))
+            values[f"{k}/from_timestamp"] = np.asarray(cam.from_timestamp)
+        schema = self.manifest.schema
+        cols = []
+        for field in schema:
+            v = values.get(field.name)
+            if v is None:  # a camera left out (cameras=[...]): its columns stay null, as the frames' path gives
+                cols.append(pa.nulls(self.n, field.type))
+            else:
+                arr = v if isinstance(v, pa.Array) else pa.array(v)
+                cols.append(arr.cast(field.type))
+        return pa.Table.from_arrays(cols, schema=schema)
 
     def __getstate__(self):
         # the mapped arrays travel as the file's name (SampleFile pickles as its path): re-mapped on arrival
         state = dict(self.__dict__)
         for k in ("manifest", "runs", "run_episode", "file", "slot", "offset", "index", "episode_index", "ep_from",
-                  "ep_to", "row0", "timestamp", "task_index", "cameras"):
+                  "ep_to", "row0", "timestamp", "task_index", "cameras", "frames"):
             state.pop(k, None)
         return state
 
@@ -333,6 +398,160 @@ def run_table(m: pa.Table, file_codes: np.ndarray, infos: "Footers", rg_base: np
             b"identities": json.dumps(infos.identities).encode(),
             b"rg_offsets": json.dumps([o.tolist() for o in infos.rg_offsets]).encode()}
     return pa.table({c: pa.array(v) for c, v in cols.items()}).replace_schema_metadata(meta)
+
+
+def episode_run_table(episodes: pa.Table, infos: "Footers", video_keys: list[str], rules) -> pa.Table:
+    """The runs (:func:`run_table`'s columns and metadata) of whole episodes, from their pointers alone
+    (``episodes``: :func:`lerobot_sql._plan.episodes.episode_runs`'s table, ``file`` indexing ``infos``): each
+    episode's rows ``[ep_data_row0, + length)`` cut at its file's row-group boundaries, in the table's order; the
+    frame ``rules`` go into the metadata (``frames``), which marks the samples' frames as read per row group."""
+    n_files = len(infos.rels)
+    totals = np.array([o[-1] for o in infos.rg_offsets], np.int64)
+    base = np.concatenate([[0], np.cumsum(totals)]).astype(np.int64)
+    # every file's row groups on one axis of "global rows": a boundary between files is one between row groups
+    bounds = np.concatenate([o[:-1] + base[f] for f, o in enumerate(infos.rg_offsets)] + [base[-1:]]).astype(np.int64) \
+        if n_files else np.zeros(1, np.int64)
+    f = episodes["file"].to_numpy().astype(np.int64)
+    ep_from, ep_to = episodes["ep_from_index"].to_numpy(), episodes["ep_to_index"].to_numpy()
+    row0 = episodes["ep_data_row0"].to_numpy()
+    keep = np.flatnonzero(ep_to > ep_from)  # an empty episode has no samples, hence no run
+    a = base[f[keep]] + row0[keep]
+    b = a + (ep_to - ep_from)[keep]
+    rg_a = np.searchsorted(bounds, a, side="right") - 1
+    rg_b = np.searchsorted(bounds, b - 1, side="right") - 1
+    pieces = rg_b - rg_a + 1
+    rep = np.repeat(np.arange(len(keep)), pieces)
+    k = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    rg = rg_a[rep] + k
+    start = np.maximum(a[rep], bounds[rg])
+    end = np.minimum(b[rep], bounds[rg + 1])
+    e = keep[rep]  # the episode row of each run
+    cols = {"count": (end - start).astype(np.int64), "index": ep_from[e] + (start - a[rep]),
+            "data_row": start - base[f[e]], "episode_index": episodes["episode_index"].to_numpy()[e],
+            "ep_from_index": ep_from[e], "ep_to_index": ep_to[e], "ep_data_row0": row0[e],
+            "file": f[e].astype(np.int32)}
+    video_files = {}
+    for key in video_keys:
+        video_files[key], vcodes = codes(episodes[f"{key}/file"])
+        cols[f"{key}/file"] = vcodes[e]
+        cols[f"{key}/from_timestamp"] = episodes[f"{key}/from_timestamp"].to_numpy(zero_copy_only=False)[e]
+    frames = {"fps": rules.fps, "limit": rules.limit, "in_clip": rules.in_clip, "positions": rules.positions}
+    meta = {b"data_files": json.dumps(infos.rels).encode(), b"video_files": json.dumps(video_files).encode(),
+            b"identities": json.dumps(infos.identities).encode(),
+            b"rg_offsets": json.dumps([o.tolist() for o in infos.rg_offsets]).encode(),
+            b"frames": json.dumps(frames).encode()}
+    return pa.table({c: pa.array(v) for c, v in cols.items()}).replace_schema_metadata(meta)
+
+
+class FrameColumns:
+    """The frame columns (``timestamp`` float32, ``task_index`` int64) of a selection opened without its frames
+    (:meth:`SampleTable.from_episodes`), read per row group straight from its data file where this process first
+    asks for one of its samples, and checked then (:func:`lerobot_sql._plan.clips.check_frames`: each row is
+    the one the runs name, timestamps on the grid and in the clip). The last :data:`MAX_ROW_GROUPS` row groups
+    read stay decoded (a few kilobytes each).
+
+    Raises (from indexing):
+        DatasetFormatError: the row group's frames fail the checks, or its file cannot be read (naming it).
+    """
+
+    MAX_ROW_GROUPS = 4096
+    COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
+
+    def __init__(self, table: "SampleTable", rules, run_slot: np.ndarray, run_off: np.ndarray, count: np.ndarray):
+        import collections
+        import threading
+
+        self.t, self.rules = table, rules
+        self._order = np.argsort(run_slot, kind="stable")  # the runs of each slot, to check its rows
+        self._slot_sorted = run_slot[self._order]
+        self._run_off, self._count = run_off, count
+        self._cache: "collections.OrderedDict[int, dict]" = collections.OrderedDict()
+        self._lock = threading.Lock()  # item threads decoding other cameras ask too
+
+    def column(self, name: str) -> "FrameColumn":
+        return FrameColumn(self, name)
+
+    def slot(self, slot: int) -> dict[str, np.ndarray]:
+        """Row group ``slot``'s frame columns (its rows, as the file holds them), checked."""
+        with self._lock:
+            got = self._cache.get(slot)
+            if got is not None:
+                self._cache.move_to_end(slot)
+                return got
+        got = self._read(slot)
+        with self._lock:
+            self._cache[slot] = got
+            while len(self._cache) > self.MAX_ROW_GROUPS:
+                self._cache.popitem(last=False)
+        return got
+
+    def _read(self, slot: int) -> dict[str, np.ndarray]:
+        import pyarrow.parquet as pq
+
+        from .._format.metadata import parquet_read_errors
+        from .._plan.clips import check_frames
+
+        t = self.t
+        f = int(t.slot_file[slot])
+        rg = slot - int(t.rg_base[f])
+        info, rel, src = t.infos[f], t.data_files[f], t.infos.src
+        with parquet_read_errors(src, rel):
+            if not src.is_local:  # the row group's frame columns in one request
+                from .._readers.tabular import row_group_ranges
+                from .._storage.pieces import merge_ranges
+
+                src.fetch(rel, merge_ranges(row_group_ranges(info.metadata, np.array([rg]), list(self.COLUMNS))))
+            with src.open(rel) as fh:
+                tbl = pq.ParquetFile(fh, metadata=info.metadata).read_row_group(rg, columns=list(self.COLUMNS),
+                                                                                 use_threads=False)
+        cols = {c: tbl[c].to_numpy() for c in self.COLUMNS}
+        # the rows the runs of this slot cover, against the runs
+        a, b = np.searchsorted(self._slot_sorted, [slot, slot + 1])
+        runs = self._order[a:b]
+        if len(runs):
+            n = self._count[runs]
+            rep = np.repeat(np.arange(len(runs)), n)
+            k = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            rows = self._run_off[runs][rep] + k
+            r = runs[rep]
+            first = t.runs.start[r]  # each row's first sample in its run
+            ep_from, ep_to = t.ep_from.per_run[r], t.ep_to.per_run[r]
+            check_frames(self.rules, src.path(rel), cols["index"][rows], cols["episode_index"][rows],
+                         cols["frame_index"][rows], cols["timestamp"][rows], t.index[first] + k,
+                         t.run_episode[r], ep_from, ep_to - ep_from)
+        return {"timestamp": tbl["timestamp"].cast(pa.float32()).to_numpy(),
+                "task_index": tbl["task_index"].cast(pa.int64()).to_numpy(), "frame_index": cols["frame_index"]}
+
+
+class FrameColumn:
+    """One frame column of a :class:`FrameColumns`, indexed by sample like the array it stands for (an int, an
+    int array, a slice)."""
+
+    def __init__(self, frames: FrameColumns, name: str):
+        self.frames, self.name = frames, name
+
+    def __len__(self) -> int:
+        return self.frames.t.n
+
+    def __getitem__(self, i):
+        t = self.frames.t
+        if isinstance(i, slice):
+            i = np.arange(*i.indices(len(self)))
+        if not isinstance(i, np.ndarray):
+            i = int(i)
+            if i < 0:
+                i += len(self)
+            return self.frames.slot(int(t.slot[i]))[self.name][int(t.offset[i])]
+        slot, off = t.slot[i], t.offset[i]
+        out = np.empty(len(i), np.float32 if self.name == "timestamp" else np.int64)  # as the manifest's
+        for s in np.unique(slot):
+            m = slot == s
+            out[m] = self.frames.slot(int(s))[self.name][off[m]]
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[np.arange(len(self))]
+        return out if dtype is None else out.astype(dtype)
 
 
 def _changes(v: np.ndarray, brk: np.ndarray) -> None:

@@ -6,12 +6,17 @@ the per-sample file (:mod:`lerobot_sql.torch._samples`): about a second per mill
 opens the same selection again; this cache keeps the file under ``<cache>/selections/<key>.arrow``, so the next
 open maps it instead (the footers are still read, and each mp4 is pinned as on any open).
 
-The key holds everything the file was computed from, so a changed source is never served stale: the dataset's
-URL, the content of the info.json and of the episode pointers the planner used (a Database reads meta/episodes
-once; keying by the files' identity at the open would let one opened before a change keep stale content under the
-new files' key), the identity (size, mtime, inode,
-ctime, or a remote ETag: :meth:`Source.identity`) of every data file holding the selected episodes, and the
-selection's options (episodes, cameras, tolerance_s, align). A query (SQL) is never cached: its result may depend on
+A selection of more than :data:`lerobot_sql._plan.episodes.LAZY_FRAMES` frames is opened without reading its
+frames (:meth:`lerobot_sql.torch._samples.SampleTable.from_episodes`): its file holds the runs only, a few dozen
+bytes an episode.
+
+The key holds everything the file was computed from, so a changed source is never served stale: the package's
+version, the dataset's URL, the content of the info.json and of the episode pointers the planner used (a Database
+reads meta/episodes once; keying by the files' identity at the open would let one opened before a change keep stale
+content under the new files' key), the data and video path templates the layout resolved (a video folder found by
+listing the root is not in info.json), the identity (size, mtime, inode, ctime, or a remote ETag:
+:meth:`Source.identity`) of every data file holding the selected episodes (an entry whose rows came from other
+files, through a stale pointer, is not kept), and the selection's options (episodes, cameras, tolerance_s, align). A query (SQL) is never cached: its result may depend on
 anything (``random()``, the clock).
 
 Bound: the :data:`MAX_ENTRIES` most recently used entries of a dataset are kept, and no more bytes than
@@ -32,10 +37,11 @@ import pyarrow as pa
 
 from .._format.files import DatasetFiles
 from .._storage import cache
+from .._version import __version__
 from ..errors import CacheError, MissingFileError
 from ._samples import SampleFile
 
-VERSION = 4  # of the file's content: a change to what the per-sample file holds must bump it
+VERSION = 5  # of the file's content: a change to what the per-sample file holds must bump it
 FOLDER = "selections"
 MAX_ENTRIES = 8
 
@@ -60,7 +66,9 @@ def entry(files: DatasetFiles, ptr: pa.Table | None, data_files, *, episodes, ca
         w.write_table(ptr)
     used = hashlib.sha256(json.dumps(layout.info, sort_keys=True, default=str).encode())
     used.update(sink.getvalue())
-    key = cache.key(VERSION, src.url, used.hexdigest(), ids,
+    # the paths the layout resolved, beyond info.json's text (a video folder found by listing the root: the entry
+    # holds the mp4 paths it named), and the package's version (a release that reads entries otherwise)
+    key = cache.key(VERSION, __version__, src.url, used.hexdigest(), layout.data_path, layout.video_path, ids,
                     None if episodes is None else list(episodes), None if cameras is None else list(cameras),
                     repr(tolerance_s), align)
     return files.cache_dir / FOLDER / f"{key}.arrow"

@@ -60,6 +60,9 @@ def check_decoder_options(decoder_threads: Any, max_open_decoders: Any, seek_rea
     return out[0], out[1], out[2]
 
 
+NOT_YET = np.iinfo(np.int32).min  # a VideoFile row not located yet
+
+
 @dataclasses.dataclass
 class VideoFile:
     """One camera's mp4 as a process sees it: its loaded index and the video row of each of the file's samples, or
@@ -67,7 +70,8 @@ class VideoFile:
 
     index: video_index.FrameIndex | None = None
     rows: np.ndarray | None = None  # int32, per sample of the file in its samples' order; -1: no frame in
-    # tolerance, locate.OUTSIDE / OFF_GRID: the frame is outside the episode's clip / not the row's own (never served)
+    # tolerance, locate.OUTSIDE / OFF_GRID: the frame is outside the episode's clip / not the row's own (never served);
+    # NOT_YET: not located yet (read through Worker.own_rows, which locates it)
     first: np.ndarray | None = None  # int32, the same order: row of the first frame of the sample's episode's clip
     error: LeRobotSQLError | None = None
 
@@ -248,30 +252,49 @@ class Worker:
             self.check_clips(key, rel, index)
         except DatasetFormatError as e:
             return VideoFile(index, error=e)
-        s, fps = self.samples, self.fps
         rows = None
         sel = cam.of_file(code)
         # Each sample's episode clip in this file: its first frame's row, then `length` frames (the rule of
         # locate.check_clips, which has just checked the chain). int32: these arrays are private to each process (no
         # mp4 holds 2**31 frames).
-        from_ts = cam.from_timestamp[sel]
-        first = locate.clip_first_rows(index.pts_s, from_ts, fps)
+        first = locate.clip_first_rows(index.pts_s, cam.from_timestamp[sel], self.fps)
         if key not in self.delta:  # delta cameras locate each item's frames as they go
-            ep_from = s.ep_from[sel]
-            length, pos = s.ep_to[sel] - ep_from, s.index[sel] - ep_from
-            if self.align == "frame_index":
-                rows = locate.rows_by_position(index.pts_s, first, pos, length, from_ts, fps)
+            if self.samples.lazy:  # its frames are not read yet: each sample's row when first asked (own_rows)
+                rows = np.full(len(sel), NOT_YET, np.int32)
             else:
-                # A time with no frame within tolerance keeps -1 (items raise FrameNotFoundError for it), a frame
-                # outside the episode's clip OUTSIDE, another row's frame OFF_GRID (DatasetFormatError): a large
-                # tolerance_s must not reach into the neighbouring episode's or another row's frames.
-                rows = locate.rows_within(index.pts_s, locate.time_in_file(from_ts, s.timestamp[sel]),
-                                          self.tolerance_s)
-                rows = locate.keep_in_clip(rows, first, length)
-                if self.own_frames:
-                    rows = locate.keep_own_frame(rows, index.pts_s, first, pos, from_ts, fps)
-            rows = rows.astype(np.int32)
+                rows = self._rows_for(key, index, sel, first)
         return VideoFile(index, rows, first.astype(np.int32))
+
+    def _rows_for(self, key: str, index: video_index.FrameIndex, sel: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """The video rows (int32) in ``index``'s mp4 of camera ``key``'s own frames of samples ``sel``, whose clips
+        start at rows ``first`` (see :class:`VideoFile`'s ``rows``)."""
+        s, fps = self.samples, self.fps
+        from_ts = s.cameras[key].from_timestamp[sel]
+        ep_from = s.ep_from[sel]
+        length, pos = s.ep_to[sel] - ep_from, s.index[sel] - ep_from
+        if self.align == "frame_index":
+            rows = locate.rows_by_position(index.pts_s, first, pos, length, from_ts, fps)
+        else:
+            # A time with no frame within tolerance keeps -1 (items raise FrameNotFoundError for it), a frame
+            # outside the episode's clip OUTSIDE, another row's frame OFF_GRID (DatasetFormatError): a large
+            # tolerance_s must not reach into the neighbouring episode's or another row's frames.
+            rows = locate.rows_within(index.pts_s, locate.time_in_file(from_ts, s.timestamp[sel]), self.tolerance_s)
+            rows = locate.keep_in_clip(rows, first, length)
+            if self.own_frames:
+                rows = locate.keep_own_frame(rows, index.pts_s, first, pos, from_ts, fps)
+        return rows.astype(np.int32)
+
+    def own_rows(self, key: str, vf: VideoFile, ii: np.ndarray) -> np.ndarray:
+        """The video rows (int32) of samples ``ii``'s own frames of camera ``key`` in ``vf`` (their mp4), located
+        here for those not located yet (a selection opened without its frames: :class:`VideoFile`)."""
+        pos = self.samples.cameras[key].position[ii]
+        rows = vf.rows[pos]
+        todo = np.flatnonzero(rows == NOT_YET)
+        if len(todo):
+            new = self._rows_for(key, vf.index, ii[todo], vf.first[pos[todo]])
+            vf.rows[pos[todo]] = new
+            rows[todo] = new
+        return rows
 
     def check_clips(self, key: str, rel: str, index: video_index.FrameIndex) -> None:
         """The selected episodes' clips in mp4 ``rel`` against its real frames
@@ -355,6 +378,8 @@ class Worker:
                 self.no_frame(key, i, vf, position, times)
             return vf.index, rows
         r = int(vf.rows[s.cameras[key].position[i]])
+        if r == NOT_YET:
+            r = int(self.own_rows(key, vf, np.array([i], np.int64))[0])
         if r < 0:
             self.no_frame(key, i, vf)
         return vf.index, np.array([r])
@@ -371,11 +396,10 @@ class Worker:
         codes = cam.code[ii]
         files = {int(code): self.video(key, int(code)) for code in np.unique(codes)}
         if window is None:
-            pos = cam.position[ii]
             rows = np.empty((len(ii), 1), np.int64)
             for code, vf in files.items():
                 m = codes == code
-                rows[m, 0] = vf.rows[pos[m]]
+                rows[m, 0] = self.own_rows(key, vf, ii[m])
             for j in np.flatnonzero(rows[:, 0] < 0)[:1]:
                 self.no_frame(key, int(ii[j]), files[int(codes[j])])
             return codes, files, rows

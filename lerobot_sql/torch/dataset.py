@@ -99,9 +99,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                  image_transforms: Callable | None = None, cameras: list[str] | None = None,
                  decoder_threads: int = 1, parallel_cameras: bool | str = "auto", max_open_decoders: int = 16,
                  seek_reach: int = 2, stats: Callable[[], dict] | None = None, depth_output_unit: str = "mm",
-                 align: str = "timestamp", _kept: "_samples.SampleFile | None" = None, _keep: Path | None = None):
+                 align: str = "timestamp", _kept: "_samples.SampleFile | None" = None, _keep: Path | None = None,
+                 _episodes: tuple | None = None):
         # _kept / _keep (db.dataset, whole episodes: lerobot_sql.torch._selections): the selection cache's file of
-        # this manifest to map, or the path to keep the one built here at.
+        # this manifest to map, or the path to keep the one built here at. _episodes (db.dataset, whole episodes of
+        # a large selection: lerobot_sql._plan.resolve.episode_runs): (episodes, footers, frame rules) of a
+        # selection opened without its frames; ``manifest`` is then its zero-row manifest (the metadata).
         # A manifest built from (or written by) another dataset names that dataset's rows: refused, whoever builds
         # this (db.dataset checks files and tables itself; ShardedManifestDataset, ray_data and direct use did not).
         check_source(manifest, "the manifest given to LeRobotSQLDataset", files.source.url, files.layout,
@@ -161,14 +164,15 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                              f"serve {unchecked}: pass cameras={list(self._meta.cameras)}, or resolve it again with "
                              f"db.manifest(sql, cameras={list(self._video_keys)})")
         self._extras = list(self._meta.extras)
-        self._prepare(manifest, _kept, _keep)
+        self._prepare(manifest, _kept, _keep, _episodes)
         self._worker: _worker.Worker | None = None
         self._pipeline: _pipe.Pipeline | None = None
         self._stats_fn = stats  # ds.meta.stats: called once, on first use (db.dataset passes the Database's)
         self._owner_pid = os.getpid()  # only this process may call it: DuckDB does not survive a fork
         self._meta_obj: _meta.SelectionMetadata | None = None
 
-    def _prepare(self, m: pa.Table, kept: "_samples.SampleFile | None" = None, keep: Path | None = None) -> None:
+    def _prepare(self, m: pa.Table, kept: "_samples.SampleFile | None" = None, keep: Path | None = None,
+                 episodes: tuple | None = None) -> None:
         """The per-sample table (:class:`lerobot_sql.torch._samples.SampleTable`: the samples as runs of consecutive
         rows of a row group, each sample's values computed from its run; the manifest in one shared mapped file),
         each mp4's version stamp, and the item's columns. Nothing is built or decoded here (see
@@ -176,7 +180,11 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if kept is not None:
             self._samples = s = _samples.SampleTable.load(self._src, kept)
         else:
-            self._samples = s = _samples.SampleTable(self._src, m, self._video_keys, self._cache_dir, keep=keep)
+            if episodes is not None:
+                self._samples = s = _samples.SampleTable.from_episodes(self._src, m, *episodes, self._video_keys,
+                                                                       self._cache_dir, keep=keep)
+            else:
+                self._samples = s = _samples.SampleTable(self._src, m, self._video_keys, self._cache_dir, keep=keep)
             if keep is not None:
                 from . import _selections
 
@@ -197,8 +205,17 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 
     @property
     def manifest(self) -> pa.Table:
-        """The manifest this dataset reads (a zero-copy view of its per-sample file)."""
-        return self._samples.manifest
+        """The manifest this dataset reads: one row per sample (columns: :mod:`lerobot_sql._plan.manifest`), a
+        zero-copy view of its per-sample file. A whole-episode selection of more than
+        ``lerobot_sql._plan.episodes.LAZY_FRAMES`` frames is opened without its frames: its manifest is built here
+        on each call, reading every selected row group's frame columns (seconds and ~100 bytes a sample at
+        millions of samples).
+
+        Raises:
+            DatasetFormatError: (such a selection) a frame fails the checks the open left to its row group.
+        """
+        s = self._samples
+        return s.manifest if not s.lazy else s.full_manifest()
 
     def _use_parallel(self) -> bool:
         if self._parallel_cameras != "auto":
@@ -251,14 +268,22 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         if self._meta_obj is None:
             from .._format.metadata import read_episodes
 
-            ep = self._samples.episode_index
-            fr = self.manifest["frame_index"].to_numpy()
-            source_eps = read_episodes(self._src, self._layout, np.unique(ep))
-            served = _meta.served_frame_sizes(self._src, self._layout, self._samples.video_files, self._video_pins,
+            s = self._samples
+            source_eps = read_episodes(self._src, self._layout, np.unique(s.run_episode))
+            served = _meta.served_frame_sizes(self._src, self._layout, s.video_files, self._video_pins,
                                               self._video_declared)
+            task_indices = s.task_index
+            if s.lazy:  # whole episodes, each once, opened without their frames: a row per episode, from the runs
+                new = np.concatenate([[True], s.run_episode[1:] != s.run_episode[:-1]])
+                starts = s.runs.start[:-1][new]
+                episodes = _meta.episodes_table(source_eps, s.run_episode[new], None,
+                                                bounds=(starts, np.append(starts[1:], self._n)))
+                task_indices = _meta.episode_task_indices(source_eps, self._tasks, s)
+            else:
+                episodes = _meta.episodes_table(source_eps, s.episode_index, self.manifest["frame_index"].to_numpy())
             self._meta_obj = _meta.SelectionMetadata(
-                self._layout, _meta.episodes_table(source_eps, ep, fr), self._tasks, total_frames=self._n,
-                task_indices=self._samples.task_index, repo_id=self.repo_id, root=self.root,
+                self._layout, episodes, self._tasks, total_frames=self._n,
+                task_indices=task_indices, repo_id=self.repo_id, root=self.root,
                 stats_fn=self._stats_fn, cameras=self.camera_keys, owner_pid=self._owner_pid,
                 depth_output_unit=self.depth_output_unit, served=served)
         return self._meta_obj
@@ -424,6 +449,13 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 out.update(per)
         task_index = self._samples.task_index[ii]
         out["task"] = self._tasks.get(int(task_index)) if one else [self._tasks.get(int(x)) for x in task_index]
+        if out["task"] is None or (not one and None in out["task"]):  # (checked at the open, unless its frames
+            # were left to their row groups: a large whole-episode selection)
+            bad = int(task_index) if one else int(task_index[out["task"].index(None)])
+            raise DatasetFormatError(f"{self._src.path(self._layout.tasks_file or 'meta/tasks.parquet')}: no task text "
+                                     f"for task_index {bad} of the data files; items carry the task text as "
+                                     "LeRobotDataset's do. Restore the file from the dataset's source (`lerobot-sql "
+                                     "doctor`: tasks_exist)")
         for e, arr, numeric, ltype in self._extra_cols:
             if numeric:  # 0-d tensors of the column's own dtype
                 out[e] = torch.from_numpy(np.array(arr[ii]) if one else np.ascontiguousarray(arr[ii]))

@@ -301,14 +301,20 @@ def repo_id(url: str, root: str) -> str:
     return Path(root.rstrip("/")).name or url
 
 
-def episodes_table(source_episodes: pa.Table | None, episode_index: np.ndarray, frame_index: np.ndarray) -> pa.Table:
+def episodes_table(source_episodes: pa.Table | None, episode_index: np.ndarray, frame_index: np.ndarray | None,
+                   bounds: tuple[np.ndarray, np.ndarray] | None = None) -> pa.Table:
     """The runs of a dataset's samples as ``meta.episodes`` rows (see the module docstring).
 
     ``source_episodes``: the source's meta/episodes rows (any columns; ``episode_index`` required), or None for
-    the minimal table (episode_index, length, dataset_from_index, dataset_to_index).
+    the minimal table (episode_index, length, dataset_from_index, dataset_to_index). ``bounds``: the runs'
+    ``(starts, ends)`` when known (then ``episode_index`` holds one value per run and ``frame_index`` is unused).
     """
-    starts, ends = runs(episode_index, frame_index)
-    eps = np.asarray(episode_index, np.int64)[starts] if len(starts) else np.zeros(0, np.int64)
+    if bounds is not None:
+        starts, ends = (np.asarray(b, np.int64) for b in bounds)
+        eps = np.asarray(episode_index, np.int64)
+    else:
+        starts, ends = runs(episode_index, frame_index)
+        eps = np.asarray(episode_index, np.int64)[starts] if len(starts) else np.zeros(0, np.int64)
     base = None
     if source_episodes is not None and source_episodes.num_rows:
         keep = [c for c in source_episodes.column_names if not c.startswith("stats/")
@@ -325,6 +331,22 @@ def episodes_table(source_episodes: pa.Table | None, episode_index: np.ndarray, 
     cols["dataset_from_index"] = pa.array(starts, pa.int64())
     cols["dataset_to_index"] = pa.array(ends, pa.int64())
     return pa.table(cols)
+
+
+def episode_task_indices(source_episodes: pa.Table | None, tasks: dict[int, str], samples) -> np.ndarray:
+    """The task_index values of whole selected episodes (``samples``, opened without their frames), from
+    meta/episodes' ``tasks`` lists mapped through ``tasks`` (task_index -> text): each distinct one once. Without
+    that column (or a text not in ``tasks``), the samples' own task_index column (every row group is read)."""
+    if source_episodes is None or "tasks" not in source_episodes.column_names:
+        return np.asarray(samples.task_index)
+    index_of = {text: i for i, text in tasks.items()}
+    out = set()
+    for texts in source_episodes.column("tasks").to_pylist():
+        for text in texts if isinstance(texts, list) else [texts]:
+            if text not in index_of:
+                return np.asarray(samples.task_index)
+            out.add(index_of[text])
+    return np.array(sorted(out), np.int64)
 
 
 def served_frame_sizes(src, layout: Layout, video_files: dict[str, list[str]], pins: dict,

@@ -490,7 +490,7 @@ def _camera_rows(w, jj: np.ndarray):
             elif k in w.delta:
                 rows = _need.nearest_rows(vf.index.pts_s, t_all[m])
             else:
-                rows = vf.rows[vpos[m]][:, None]
+                rows = w.own_rows(k, vf, jj[m])[:, None]
             yield rel, vf, packets, m, rows
 
 
