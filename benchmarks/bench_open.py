@@ -7,7 +7,8 @@
 frames, 20 data files, 2.6 GB). Each measurement runs in a fresh process whose imports (torch, lerobot_sql or
 lerobot) are done before the clock starts, so the figures are the open itself:
 
-* **lerobot_sql**: ``lsql.connect(root).dataset()`` (every episode), then ``--items`` random items. *cold*: an empty
+* **lerobot_sql**: ``lsql.connect(root).dataset()`` (every episode), then ``--items`` random items (each
+  in a row group not read yet) and 2,000 items of 50 row groups already read. *cold*: an empty
   lerobot_sql cache; *warm*: the next process, with the cache the cold one left (a training restart); *SQL 10%*: a
   query selecting every tenth episode (``SELECT episode_index FROM episodes WHERE episode_index % 10 = 0``), warm.
 * **LeRobotDataset** (lerobot 0.4.4 in ``--peer-python``, default ``$LSQL_PEER_PYTHON``): ``LeRobotDataset(repo_id,
@@ -43,12 +44,24 @@ rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 ds = open_dataset(sys.argv[1:])
 open_s = time.perf_counter() - t
-idx = np.random.default_rng(0).integers(0, len(ds), int(sys.argv[-1]))
-t = time.perf_counter()
-for i in idx:
+rng = np.random.default_rng(0)
+idx = rng.integers(0, len(ds), int(sys.argv[-1]))
+ts = []
+for i in idx:  # random over the whole set: each item a row group not read yet (cold)
+    t = time.perf_counter()
     ds[int(i)]
-items_s = time.perf_counter() - t
-print("BENCH_JSON " + json.dumps({"open_s": open_s, "items_s": items_s, "n": len(ds), "rss_imports": rss0 * 1024,
+    ts.append(time.perf_counter() - t)
+# items of 50 row groups already read (warm): 2,000 of them near 50 random places, after 200 to warm up
+near = np.minimum(rng.integers(0, max(1, len(ds) - 300), 50)[rng.integers(0, 50, 2200)] + rng.integers(0, 20, 2200),
+                  len(ds) - 1)
+for i in near[:200]:
+    ds[int(i)]
+t = time.perf_counter()
+for i in near[200:]:
+    ds[int(i)]
+warm_s = (time.perf_counter() - t) / 2000
+print("BENCH_JSON " + json.dumps({"open_s": open_s, "items_s": sum(ts), "item_p50_s": float(np.median(ts)),
+                                  "item_warm_s": warm_s, "n": len(ds), "rss_imports": rss0 * 1024,
                                   "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
@@ -101,13 +114,16 @@ def table(res: dict) -> str:
             ("lerobot_sql, SQL: every 10th episode, warm", "ours_sql10_warm"),
             ("LeRobotDataset 0.4.4, cold", "lerobot_cold"), ("LeRobotDataset 0.4.4, warm (next process)",
                                                              "lerobot_warm")]
-    lines = ["| open | samples | open (s) | random items, ms/item | peak RSS (imports) |", "|---|---:|---:|---:|---:|"]
+    lines = ["| open | samples | open (s) | random item, ms (mean / p50) | item of a row group read, ms | "
+             "peak RSS (imports) |", "|---|---:|---:|---:|---:|---:|"]
     for name, k in rows:
         r = res.get(k)
         if r is None:
             continue
-        lines.append(f"| {name} | {r['n']:,} | {r['open_s']:.2f} | {1e3 * r['items_s'] / max(1, res['items']):.2f} | "
-                     f"{r['rss'] / 1e9:.2f} GB ({r['rss_imports'] / 1e9:.2f} GB) |")
+        p50 = f" / {1e3 * r['item_p50_s']:.2f}" if "item_p50_s" in r else ""
+        warm = f"{1e3 * r['item_warm_s']:.3f}" if "item_warm_s" in r else "-"
+        lines.append(f"| {name} | {r['n']:,} | {r['open_s']:.2f} | {1e3 * r['items_s'] / max(1, res['items']):.2f}"
+                     f"{p50} | {warm} | {r['rss'] / 1e9:.2f} GB ({r['rss_imports'] / 1e9:.2f} GB) |")
     for a, b in (("ours_warm", "lerobot_warm"), ("ours_cold", "lerobot_cold")):
         if a in res and b in res:
             lines.append(f"\n{a} / {b}: open {res[a]['open_s'] / res[b]['open_s']:.2f}x, peak RSS "

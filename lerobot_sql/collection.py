@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._catalog import macros
+from ._catalog import macros, sandbox
 from ._catalog.union import CollectionConnection
 from ._format import stats_json
 from ._format.files import open_files
@@ -113,6 +113,7 @@ class Collection(QueryFace):
                  cache_dir: str | os.PathLike | None = None, cache_size: int | str | None = None,
                  threads: int | None = None, memory_limit: str | None = None,
                  temp_directory: str | os.PathLike | None = None):
+        sandbox.check_settings(threads, memory_limit)  # a typo is named before any dataset is opened
         settings = dict(threads=threads, memory_limit=memory_limit, temp_directory=temp_directory)
         self.names: list[str] = list(names)
         self.members: dict[str, Database] = {}
@@ -466,7 +467,9 @@ def connect_many(sources, names: list[str] | dict | None = None, **kwargs: Any) 
 
     Raises:
         MissingFileError: a root is not a dataset; a glob or folder holds none (each error names the dataset).
-        ValueError: ``names`` has the wrong length, a repeated name or one that is not a non-empty string.
+        ValueError: ``names`` has the wrong length, a repeated name or one that is not a non-empty string;
+            ``threads`` / ``memory_limit`` out of range or malformed (as :func:`lerobot_sql.connect`).
+        TypeError: ``threads`` is not an integer or ``memory_limit`` not a string.
     """
     if isinstance(sources, dict):
         if names is not None:

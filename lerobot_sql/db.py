@@ -15,14 +15,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._catalog import macros
+from ._catalog import macros, sandbox
 from ._catalog.connection import Connection, unreadable_error
 from ._format import stats_json
 from ._format.files import DatasetFiles, open_files
 from ._format.layout import Layout
 from ._format.metadata import read_pointers
+from ._plan import contract, resolve
 from ._plan import manifest as plan_manifest  # `manifest` is the tables' name here
-from ._plan import resolve
 from ._readers import locate
 from ._sql import QueryFace, Result  # noqa: F401  (Result: what db.sql returns, importable from here)
 from ._storage.source import Source
@@ -46,6 +46,7 @@ class Database(QueryFace):
                  cache_dir: str | os.PathLike | None = None, cache_size: int | str | None = None,
                  threads: int | None = None, memory_limit: str | None = None,
                  temp_directory: str | os.PathLike | None = None):
+        sandbox.check_settings(threads, memory_limit)  # a typo is named before any file is opened
         self._init(open_files(root, storage_options=storage_options, cache_dir=cache_dir, cache_size=cache_size),
                    threads=threads, memory_limit=memory_limit, temp_directory=temp_directory)
 
@@ -298,7 +299,15 @@ class Database(QueryFace):
                                             str(path), **kw)
         else:
             with plan_manifest.path_hint(sql):
-                manifest = self.manifest(sql, **kw)
+                checked, result = self._capped_result(sql)
+                # whole episodes, each once, of a large selection: opened from the pointers, as episodes= is
+                lazy = resolve.episode_runs(self.layout, result, sql=sql, src=self.source,
+                                            ptr=self._episode_pointers(), ordered=checked.ordered, **kw)
+                if lazy is not None:
+                    manifest, lazy = lazy[0], lazy[1:]
+                    episodes = result["episode_index"].to_pylist()
+                else:
+                    manifest = self._resolve(result, sql, checked.ordered, **kw)
         tasks = self.tasks()
         wanted = pc.unique(manifest["task_index"]).drop_null().to_pylist() if "task_index" in manifest.column_names \
             else []
@@ -359,13 +368,15 @@ class Database(QueryFace):
 
         Raises:
             ResultContractError: a row differs (naming ``where``, the row, the column, both values and the fix), or
-                an extra in the metadata is named like an item key.
+                an extra in the metadata is named like an item key, or is of a type a query's extra may not have
+                (DATE, STRUCT, lists of lists, ragged lists: :func:`lerobot_sql._plan.contract.check_given_extras`).
             DatasetFormatError: as :meth:`manifest`, the dataset itself is unreadable for those frames.
         """
         if manifest.num_rows == 0:
             return manifest  # names no frame (an empty shard part): nothing to check
         meta = plan_manifest.Meta.of(manifest, where=where)
         plan_manifest.check_extras(meta, manifest, self.layout, where)
+        manifest = contract.check_given_extras(manifest, meta.extras, where, meta.sql)  # as a query's extras
         # the cameras these items read and the manifest was resolved for (dataset() refuses the others itself)
         keys = [k for k in self.layout.video_keys if (cameras is None or k in cameras)
                 and (meta.cameras is None or k in meta.cameras)]
@@ -667,12 +678,17 @@ def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
         cache_size: bound of the remote-bytes cache (bytes, or a string like ``"20GB"``; default 50 GiB),
             least-recently-read pieces are evicted first. Local datasets are read in place.
         threads, memory_limit: DuckDB settings (e.g. ``threads=2, memory_limit="8GB"``); defaults: all cores,
-            min(RAM / 4, 4 GiB), which holds at 30M frames on a 24 GB machine.
+            min(RAM / 4, 4 GiB), which holds at 30M frames on a 24 GB machine. ``threads``: an integer from 1 to
+            4096; ``memory_limit``: a string, a positive number with a unit (``"512MB"``, ``"8GB"``, ``"4GiB"``) or
+            a share of RAM (``"50%"``).
         temp_directory: where DuckDB spills when a query exceeds memory_limit (default
             ``<cache_dir>/duckdb_tmp``).
 
     Raises:
-        TypeError: ``root`` is not a path or a string (``None``).
+        TypeError: ``root`` is not a path or a string (``None``); ``threads`` is not an integer (``1.5``, ``True``),
+            ``memory_limit`` not a string.
+        ValueError: ``threads`` or ``memory_limit`` out of range or malformed (``threads=0``, ``memory_limit="-1"``
+            or ``"abc"``), naming the argument and the valid form.
         MissingFileError: no meta/info.json (or no data / episode files) under ``root``; ``root`` is a URL of a
             protocol no fsspec filesystem knows (``foo://x``); a bare ``ORG/NAME`` that is neither a local folder nor
             a Hub dataset (also when the Hub cannot be reached and ``ORG`` is a local folder: ``sample/nope``).

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from ._catalog.connection import query_error
 from ._query import library
-from ._readers import verify
+from ._readers import locate, verify
 from .errors import DatasetFormatError, LeRobotSQLError, MissingFileError
 
 SAMPLE_ROWS = 5
@@ -360,8 +360,13 @@ def run(db, *, tolerance_s: float = 1e-4, check_video: bool = True, decode: bool
 
     A check whose query fails (e.g. a column missing from meta/episodes) is reported as failed with DuckDB's
     message; nothing is raised for a broken dataset.
+
+    Raises:
+        TypeError, ValueError: ``tolerance_s`` is not a finite number of seconds > 0 (as ``dataset()``): 0, a
+            negative or NaN tolerance failed a healthy dataset's timestamp and video checks with wrong fixes.
     """
-    params = {"tolerance_s": float(tolerance_s)}
+    tolerance_s = locate.check_tolerance(tolerance_s)
+    params = {"tolerance_s": tolerance_s}
     try:  # the views read meta/episodes, tasks and every data footer: an unreadable one stops every check
         _ = db.con
     except LeRobotSQLError as e:

@@ -32,7 +32,11 @@ def _at_table(db, at: Any) -> pa.Table:
     elif hasattr(at, "columns") and hasattr(at, "dtypes"):
         t = pa.Table.from_pandas(at, preserve_index=False)
     elif isinstance(at, dict):
-        t = pa.table(at)
+        try:
+            t = pa.table(at)
+        except OverflowError as e:  # an int past int64 (a bare OverflowError before)
+            raise QueryError(f"nearest(): the query times hold an integer that does not fit int64 ({e}); "
+                             "episode_index is an int64 column: give episode_index values of the dataset") from e
     else:
         rows = list(at)
         eps, times = [as_int(r[0]) for r in rows], [as_real(r[1]) for r in rows]
@@ -40,6 +44,10 @@ def _at_table(db, at: Any) -> pa.Table:
         if bad is not None:  # int(1.5) was 1, int("1") 1, float(True) 1.0: another episode or time, silently
             raise QueryError(f"nearest(): query row {bad} is {tuple(rows[bad])!r}: give (episode_index, timestamp) "
                              "as an integer and a number of seconds")
+        big = next((j for j, e in enumerate(eps) if not -2**63 <= e < 2**63), None)
+        if big is not None:  # a bare OverflowError converting to int64 before
+            raise QueryError(f"nearest(): episode_index [{eps[big]}] (query row {big}) not in this dataset: "
+                             f"episode_index is an int64 column, and {eps[big]} does not fit it")
         t = pa.table({"episode_index": pa.array(eps, pa.int64()), "timestamp": pa.array(times, pa.float64())})
     missing = [c for c in ("episode_index", "timestamp") if c not in t.column_names]
     if missing:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import shutil
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -403,6 +404,28 @@ def test_a_data_file_whose_rows_repeat_anothers_is_named_at_the_first_query(data
     with pytest.raises(lsql.ResultContractError, match=r"more than once in the data files \(e\.g\. index \d+ "
                                                        rf"in {src} and {dst}\)"):
         db.dataset(f"SELECT index FROM frames WHERE episode_index = {ep}", cameras=[])
+
+
+def test_the_repeated_rows_finding_is_kept_per_version_of_the_data_files(datasets, tmp_path, monkeypatch):
+    """The footer check (100,000 row groups: 1.5 s and 640 MB at each connect) is kept in the cache folder under the
+    data files' versions: the next connect parses no footer and still warns; a changed file is judged again."""
+    from lerobot_sql._catalog import views
+
+    name, src, dst = "multifile60", "data/chunk-000/file-000.parquet", "data/chunk-000/file-001.parquet"
+    root = tmp_path / name
+    shutil.copytree(datasets / name, root, ignore=shutil.ignore_patterns("videos"))
+    shutil.copy(root / src, root / dst)
+    with pytest.warns(UserWarning, match=rf"{dst}: .* rows repeat"):
+        lsql.connect(root, cache_dir=tmp_path / "cache").sql("SELECT count(*) FROM episodes").fetchall()
+    real = views.pq.read_metadata
+    monkeypatch.setattr(views.pq, "read_metadata", lambda *a, **k: pytest.fail("a footer parsed again"))
+    with pytest.warns(UserWarning, match=rf"{dst}: .* rows repeat"):
+        lsql.connect(root, cache_dir=tmp_path / "cache").sql("SELECT count(*) FROM episodes").fetchall()
+    monkeypatch.setattr(views.pq, "read_metadata", real)
+    shutil.copy(datasets / name / dst, root / dst)  # repaired: a new version, judged again, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lsql.connect(root, cache_dir=tmp_path / "cache").sql("SELECT count(*) FROM episodes").fetchall()
 
 
 @pytest.mark.parametrize("name", ["small20", "v21_small20"])

@@ -101,6 +101,26 @@ def test_usage_errors_exit_2(args):
     assert "usage:" in r.stderr
 
 
+@pytest.mark.parametrize("value", ["nan", "0", "-1", "inf", "x"])
+@pytest.mark.parametrize("cmd", ["export", "doctor"])
+def test_a_bad_tolerance_is_a_usage_error_naming_the_option(cmd, value, tmp_path):
+    """--tolerance-s 0 / -1 / nan: export ended in a bare ValueError traceback (exit 1), doctor failed a healthy
+    dataset with wrong fixes ("rewrite the episode's rows", "re-encode the episode"), exit 1. Now a usage error
+    (exit 2) naming the option and the value, before anything is read or written."""
+    args = {"export": ["export", SAMPLE, tmp_path / "out", "--quiet", "--sql",
+                       "SELECT episode_index FROM episodes WHERE episode_index = 1"],
+            "doctor": ["doctor", SAMPLE, "--no-video"]}[cmd]
+    r = run(*args, f"--tolerance-s={value}")
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "argument --tolerance-s:" in r.stderr and repr(value) in r.stderr and "number of seconds" in r.stderr, r.stderr
+    assert ("> 0" in r.stderr) == (value != "x"), r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == "" and not (tmp_path / "out").exists()
+
+
+def test_a_good_tolerance_still_runs_doctor():
+    assert json.loads(ok("doctor", SAMPLE, "--no-video", "--json", "--tolerance-s", "2e-4"))["tolerance_s"] == 2e-4
+
+
 # ---- info / schema -------------------------------------------------------------------------------------------------
 def test_info_json_matches_the_files(episodes):
     info = json.loads((SAMPLE / "meta" / "info.json").read_text())

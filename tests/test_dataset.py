@@ -211,9 +211,10 @@ def test_manifest_path_typo_is_a_missing_file_not_a_sql_error(datasets, tmp_path
         db.dataset(tmp_path / "nope.parquet")  # a Path: a file (a str is SQL, test_manifest)
 
 
-# ---- lazy construction: caches are built by the items that need them ----------------------------------------------
+# ---- lazy construction: items read (and index) only what they need ------------------------------------------------
 def _cache_files(cache) -> set:
-    """Finished row-group and video-index entries under a cache folder (not locks or temporary files)."""
+    """Finished video-index entries under a cache folder (not locks or temporary files); row groups are never
+    written (lerobot_sql._readers.tabular: read straight from the data files)."""
     return {p for sub in ("tabular", "video_index") for p in (cache / sub).rglob("*")
             if p.suffix in (".arrow", ".parquet")}
 
@@ -243,23 +244,35 @@ def _mp4s(root, episode: int) -> list[str]:
                                       file_index=row[f"videos/{k}/file_index"]) for k in keys]
 
 
-def _expected(src, cache, homes: set, mp4s: set) -> set:
-    """Cache files of (data file, row group) pairs and mp4s, named as tabular/video name their entries."""
-    from lerobot_sql._format.layout import load_layout
-
-    out = set()
-    for rel, rg in homes:
-        out.add(tabular.row_group_path(src, tabular.data_file_info(src, rel), rg, cache, load_layout(src)))
-    for rel in mp4s:  # items need only the Arrow form; the Parquet one is for the SQL view video_frames
-        out.add(video_index.index_path(src, rel, cache).with_suffix(".arrow"))
-    return out
+def _expected(src, cache, mp4s: set) -> set:
+    """Video-index cache files of mp4s, named as video_index names its entries (items need only the Arrow form; the
+    Parquet one is for the SQL view video_frames)."""
+    return {video_index.index_path(src, rel, cache).with_suffix(".arrow") for rel in mp4s}
 
 
-def test_construction_builds_nothing_and_items_only_what_they_read(datasets, tmp_path):
+def _log_reads(monkeypatch, log=None) -> list:
+    """Record each row group read from a data file as (data file, row group); appended to file ``log`` too (so
+    DataLoader workers' reads are seen)."""
+    reads = []
+    real = tabular.read_row_groups
+
+    def read(src, info, rgs, layout, columns=None):
+        reads.extend((info.rel, int(rg)) for rg in rgs)
+        if log is not None:
+            with open(log, "a") as f:
+                f.writelines(f"rg {info.rel} {int(rg)}\n" for rg in rgs)
+        return real(src, info, rgs, layout, columns)
+
+    monkeypatch.setattr(tabular, "read_row_groups", read)
+    return reads
+
+
+def test_construction_builds_nothing_and_items_only_what_they_read(datasets, tmp_path, monkeypatch):
     root, cache = datasets / "multifile60", tmp_path / "c"
+    reads = _log_reads(monkeypatch)
     db = lsql.connect(root, cache_dir=cache)
     ds = db.dataset("SELECT index FROM frames ORDER BY index")
-    assert _cache_files(cache) == set()  # no row group decoded, no mp4 demuxed
+    assert _cache_files(cache) == set() and reads == []  # no row group read, no mp4 demuxed
     n = len(ds)
     homes, mp4s = set(), set()
     for idx in (n - 5, 700, 702, 30):  # the second data file, then the first; 702 shares 700's row group
@@ -268,11 +281,13 @@ def test_construction_builds_nothing_and_items_only_what_they_read(datasets, tmp
         rel, rg, _, ep = _frame_home(root, idx)
         homes.add((rel, rg))
         mp4s.update(_mp4s(root, ep))
-        assert _cache_files(cache) == _expected(db.source, cache, homes, mp4s), idx
+        assert set(reads) == homes and len(reads) == len(homes), idx  # each row group read once
+        assert _cache_files(cache) == _expected(db.source, cache, mp4s), idx
     assert len({rel for rel, _ in homes}) == 2 and len(mp4s) > 2
+    assert not (cache / "tabular").exists()  # no file per row group
 
 
-def test_neighbours_across_row_groups_build_both_and_read_the_right_rows(datasets, tmp_path):
+def test_neighbours_across_row_groups_read_both_and_the_right_rows(datasets, tmp_path, monkeypatch):
     """Row groups of 100 rows, so an episode spans several: an item near a boundary needs two of them."""
     root, cache = tmp_path / "ds", tmp_path / "c"
     shutil.copytree(datasets / "small20", root)
@@ -280,40 +295,35 @@ def test_neighbours_across_row_groups_build_both_and_read_the_right_rows(dataset
     data.chmod(0o644)
     table = pq.read_table(data)
     pq.write_table(table, data, row_group_size=100)
+    reads = _log_reads(monkeypatch)
     db = lsql.connect(root, cache_dir=cache)
     dt = {"action": [k / 30 for k in range(-2, 3)]}
     for idx, rgs in ((100, {0, 1}), (150, {1})):
         ds = db.dataset(f"SELECT index FROM frames WHERE index = {idx}", delta_timestamps=dt, cameras=[])
-        before = _cache_files(cache)
+        reads.clear()
         item = ds[0]
         rel, rg, row, ep = _frame_home(root, idx)
         assert rg == max(rgs) and ep == 0  # episode 0 has 348 frames: no clamping here
-        assert _cache_files(cache) == before | _expected(db.source, cache, {(rel, g) for g in rgs}, set())
+        assert set(reads) == {(rel, g) for g in rgs}
         np.testing.assert_array_equal(item["action"].numpy(),
                                       np.array(table["action"].to_pylist()[row - 2: row + 3], np.float32))
-    assert {p.name for p in _cache_files(cache)} == {"rg-00000.arrow", "rg-00001.arrow"}
 
 
-def test_dataloader_workers_build_each_entry_once_and_match_one_process(datasets, tmp_path, monkeypatch):
+def test_dataloader_workers_read_only_the_needed_row_groups_and_match_one_process(datasets, tmp_path, monkeypatch):
     root = tmp_path / "ds"
     shutil.copytree(datasets / "small20", root)
     data = root / "data/chunk-000/file-000.parquet"
     data.chmod(0o644)
     pq.write_table(pq.read_table(data), data, row_group_size=100)
-    builds = tmp_path / "builds.log"  # one line per row group decoded / mp4 demuxed, by any process
-    real_norm, real_demux = tabular._normalise, video_index._demux_index
-
-    def norm(table, layout, where):
-        with open(builds, "a") as f:
-            f.write("rg\n")
-        return real_norm(table, layout, where)
+    builds = tmp_path / "builds.log"  # one line per row group read / mp4 demuxed, by any process
+    real_demux = video_index._demux_index
 
     def demux(src, rel):
         with open(builds, "a") as f:
             f.write("mp4\n")
         return real_demux(src, rel)
 
-    monkeypatch.setattr(tabular, "_normalise", norm)
+    _log_reads(monkeypatch, builds)
     monkeypatch.setattr(video_index, "_demux_index", demux)
     sql = "SELECT index FROM frames WHERE episode_index IN (0, 3, 7) AND frame_index % 23 IN (0, 1) ORDER BY index"
     dt = {"action": [-2 / 30, 0, 2 / 30], "observation.images.front": [-1 / 30, 0]}
@@ -326,15 +336,16 @@ def test_dataloader_workers_build_each_entry_once_and_match_one_process(datasets
         loader = torch.utils.data.DataLoader(ds, batch_size=6, num_workers=workers, multiprocessing_context="fork"
                                              if workers else None)
         runs[workers] = (list(loader), sorted(p.relative_to(cache) for p in _cache_files(cache)),
-                         sorted(builds.read_text().split()))
+                         builds.read_text().splitlines())
         assert not list(cache.rglob("*.tmp"))
     (par, par_files, par_builds), (one, one_files, one_builds) = runs[2], runs[0]
     assert len(par) == len(one) > 1
     for a, b in zip(par, one):
         assert a["task"] == b["task"]
         assert_items_equal({k: v for k, v in a.items() if k != "task"}, {k: v for k, v in b.items() if k != "task"})
-    # the same entries either way, each built once: the row groups holding the frames and their clamped neighbours
-    assert par_files == one_files and par_builds == one_builds
+    # the same video entries either way, each built once; the row groups holding the frames and their clamped
+    # neighbours read, once in one process (each worker reads the ones its batches need)
+    assert par_files == one_files and par_builds.count("mp4") == one_builds.count("mp4") == 2
     rows = pq.read_table(data, columns=["episode_index", "frame_index"]).to_pandas()
     rows["row"] = np.arange(len(rows))  # row in the file
     ends = rows.groupby("episode_index")["row"].agg(["min", "max"])
@@ -346,9 +357,9 @@ def test_dataloader_workers_build_each_entry_once_and_match_one_process(datasets
         lo, hi = ends.loc[r.episode_index]
         for d in (-2, 0, 2):
             need.add(int(np.searchsorted(offsets, min(max(r.row + d, lo), hi), side="right") - 1))
-    assert par_builds.count("rg") == len(need) == sum(1 for p in par_files if p.suffix == ".arrow"
-                                                      and p.parts[0] == "tabular")
-    assert par_builds.count("mp4") == 2  # one per camera's mp4
+    one_rgs = [int(b.split()[-1]) for b in one_builds if b.startswith("rg ")]
+    par_rgs = [int(b.split()[-1]) for b in par_builds if b.startswith("rg ")]
+    assert sorted(one_rgs) == sorted(need) and set(par_rgs) == need
 
 
 # ---- non-finite input ------------------------------------------------------------------------------------------

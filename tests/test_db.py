@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import warnings
 
+import numpy as np
 import pytest
 
 import lerobot_sql as lsql
@@ -68,6 +69,44 @@ def test_sql_that_is_not_a_string_is_a_type_error_naming_it(datasets, bad):
             call(bad)
     with pytest.raises(TypeError, match=r"episodes=\[\.\.\.\]"):
         db.dataset([1, 2])
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(threads=-1), ValueError, r"threads=-1: give an integer from 1 to 4096"),
+    (dict(threads=0), ValueError, r"threads=0: give an integer from 1"),
+    (dict(threads=5000), ValueError, r"threads=5000: give an integer from 1 to 4096"),
+    (dict(threads=1.5), TypeError, r"threads=1\.5 \(float\): give an integer"),
+    (dict(threads=True), TypeError, r"threads=True \(bool\): give an integer"),
+    (dict(threads="2"), TypeError, r"threads='2' \(str\)"),
+    (dict(memory_limit="abc"), ValueError, r"memory_limit='abc' is not a number with a unit.*\"8GB\""),
+    (dict(memory_limit="100"), ValueError, r"memory_limit='100' is not a number with a unit"),
+    (dict(memory_limit="1PB"), ValueError, r"memory_limit='1PB' is not a number with a unit"),
+    (dict(memory_limit=10**12), TypeError, r"memory_limit=1000000000000 \(int\): give a string with a unit"),
+    (dict(memory_limit=0), TypeError, r"memory_limit=0 \(int\)"),
+    (dict(memory_limit="-1"), ValueError, r"memory_limit='-1': give a positive amount.*\"100%\""),
+    (dict(memory_limit="0MB"), ValueError, r"memory_limit='0MB': give a positive amount"),
+    (dict(memory_limit="150%"), ValueError, r"memory_limit='150%': a share of RAM is at most 100%"),
+    (dict(memory_limit="1e30GB"), ValueError, r"memory_limit='1e30GB': past DuckDB's range"),
+])
+def test_bad_threads_and_memory_limit_are_named_before_duckdb_sees_them(datasets, kw, error, match):
+    """`connect(threads=-1)`, `memory_limit="abc"` / `10**12` met DuckDB's bare SyntaxException / ParserException;
+    `memory_limit="-1"` (DuckDB: no limit at all, undoing the default bound), `threads=0` / `1.5` / `True` and
+    `memory_limit=0` passed silently. Each is a ValueError / TypeError naming the argument and the valid form, at
+    connect() (before any file is read: a missing root says the argument first) and at connect_many()."""
+    with pytest.raises(error, match=match):
+        lsql.connect(datasets / "small20", **kw)
+    with pytest.raises(error, match=match):
+        lsql.connect(datasets / "no_such_dataset", **kw)
+    with pytest.raises(error, match=match):
+        lsql.connect_many({"a": datasets / "small20", "b": datasets / "h264_20"}, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(threads=1, memory_limit="256MB"), dict(threads=2, memory_limit="8GB"),
+                                dict(threads=np.int64(2), memory_limit="64MB"), dict(memory_limit="50%"),
+                                dict(memory_limit=" 1.5 GiB "), dict(threads=None, memory_limit=None)])
+def test_the_documented_threads_and_memory_limit_forms_still_connect(datasets, kw):
+    db = lsql.connect(datasets / "small20", **kw)
+    assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]
 
 
 # A filtered three-way cross join of small20's 4762 frames: minutes of work in one DuckDB task (the filter drops

@@ -9,6 +9,7 @@ for any change to how the manifest is built or stored.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -251,6 +252,24 @@ def test_an_extra_named_like_a_column_of_the_join_in_any_case_is_refused(dataset
         db.dataset(_MODE_SQL[mode].format(e="0").replace(" AS d ", f' AS "{name}" '), cameras=[])
 
 
+@pytest.mark.parametrize("mode", sorted(_MODE_SQL))
+@pytest.mark.parametrize("name", ["observation.images.front/time_s", "observation.images.wrist/time_s",
+                                  "Observation.Images.Front/TIME_S"])
+def test_an_extra_named_like_a_cameras_time_s_is_refused(datasets, tmp_path, mode, name):
+    """`export_manifest('SELECT index, 0.5 AS "observation.images.front/time_s" ...')` wrote that column twice (the
+    user's, then the writer's own) and the file could not be read back (pyarrow ArrowInvalid "No match for
+    FieldRef", by db.dataset(path) and pq.read_table alike). Refused at the query, as `<camera>/file` is; an
+    unrelated `time_s` extra is still carried."""
+    db = lsql.connect(datasets / "small20")
+    sql = _MODE_SQL[mode].format(e="0.5").replace(" AS d ", f' AS "{name}" ')
+    for call in (lambda: db.dataset(sql, cameras=[]), lambda: db.export_manifest(sql, tmp_path / "m.parquet")):
+        with pytest.raises(lsql.ResultContractError, match=rf"result columns \['{re.escape(name)}'\] clash.*alias"):
+            call()
+    assert not (tmp_path / "m.parquet").exists()
+    db.export_manifest(_MODE_SQL[mode].format(e="0.5").replace(" AS d ", ' AS "time_s" '), tmp_path / "ok.parquet")
+    assert db.dataset(tmp_path / "ok.parquet", cameras=[])[0]["time_s"].item() == 0.5
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT index, CASE WHEN index = 1 THEN NULL ELSE [1.0, 2.0] END AS d FROM frames WHERE index < 3",
     "SELECT episode_index, 0.0 AS start_s, 0.1 AS end_s, CASE WHEN episode_index = 1 THEN NULL ELSE ['a'] END AS d "
@@ -476,6 +495,53 @@ def test_extras_in_the_metadata_naming_an_item_key_are_refused(datasets, tmp_pat
         with pytest.raises(lsql.ResultContractError, match=rf"^{path}: its metadata lists {key!r} as an extra "
                                                            r"column.*db.export_manifest"):
             db.dataset(path)
+
+
+_TAG_SQL = "SELECT index, 7 AS tag FROM frames WHERE episode_index = 3 AND frame_index < 4 ORDER BY index"
+
+
+@pytest.mark.parametrize("column, what", [
+    (pa.array([1, 2, 3, 4], pa.date32()), r"DATE values \(Arrow date32\[day\]\).*`epoch\(\"tag\"\)`"),
+    (pa.array([{"a": 1}] * 4), r"STRUCT values \(Arrow struct<a: int64>\)"),
+    (pa.array([[[1]]] * 4), r"lists of lists.*`flatten\(\"tag\"\)`"),
+    (pa.array([[1], [1, 2], [1], [1]]), r"holds lists of 1 to 2 values, which a DataLoader cannot stack"),
+    (pa.array([b"x"] * 4), r"BLOB/BIT values"),
+])
+@pytest.mark.parametrize("how", ["file", "table"])
+def test_extras_of_a_given_manifest_are_checked_as_a_querys(datasets, tmp_path, column, what, how):
+    """An export_manifest file whose extra column was rewritten as DATE / STRUCT / lists of lists reached items as
+    datetime.date, a dict, nested lists (a ragged list as tensors of different lengths: collate failed later),
+    while the same extra from a query is refused at dataset(). Now the same ResultContractError, naming the file
+    (or table) and the column; the unedited file still loads its int extra."""
+    import pyarrow.parquet as pq
+
+    db = lsql.connect(datasets / "small20")
+    path, t = _saved(db, tmp_path, _TAG_SQL)
+    assert int(db.dataset(path, cameras=[])[0]["tag"]) == 7
+    edited = t.set_column(t.schema.get_field_index("tag"), "tag", column)
+    if how == "file":
+        pq.write_table(edited, path)
+        given, where = path, str(path)
+    else:
+        given, where = edited, "the table passed to dataset()"
+    with pytest.raises(lsql.ResultContractError, match=rf"^{re.escape(where)}: an extra column of this manifest .*result "
+                                                       rf"column 'tag' .*{what}.*db.export_manifest"):
+        db.dataset(given, cameras=[])
+
+
+@pytest.mark.parametrize("key, value", [("extras", "tag"), ("extras", {"tag": 1}), ("cameras", FRONT)])
+def test_metadata_lists_that_are_not_lists_are_refused(datasets, tmp_path, key, value):
+    """`"extras": "tag"` in an edited file's metadata was read letter by letter ("lists 't' as an extra column")."""
+    import pyarrow.parquet as pq
+
+    db = lsql.connect(datasets / "small20")
+    path, t = _saved(db, tmp_path, _TAG_SQL)
+    m = dict(_meta(t), **{key: value})
+    pq.write_table(t.replace_schema_metadata({b"lerobot_sql.manifest": json.dumps(m).encode()}), path)
+    with pytest.raises(lsql.ResultContractError, match=rf"^{path}: its lerobot_sql.manifest metadata holds '{key}' "
+                                                       rf"as a JSON {type(value).__name__} .*not a list of column "
+                                                       r"names; write the manifest again"):
+        db.dataset(path, cameras=[])
 
 
 def test_clips_in_the_metadata_are_the_datasets_own(datasets, tmp_path):

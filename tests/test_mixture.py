@@ -208,6 +208,20 @@ def test_a_collection_dataset_takes_the_same_indices(coll):
             ds[bad]
 
 
+def test_a_collection_dataset_takes_slices_as_a_datasets_own(coll):
+    """`coll.dataset(sql)[0:2]` was a TypeError whose message offered slices ("... or slices (as LeRobotDataset)");
+    a dataset's own `ds[0:3]` gives the list of items, as lerobot 0.6. Now a collection's does too."""
+    ds = coll.dataset(f"SELECT dataset, index FROM frames WHERE {PICK}", cameras=[])
+    n = len(ds)
+    for sl, want in ((slice(0, 2), [0, 1]), (slice(None, None, 7), list(range(0, n, 7))),
+                     (slice(-3, None), [n - 3, n - 2, n - 1]), (slice(5, 2), []), (slice(n - 1, n + 10), [n - 1])):
+        got = ds[sl]
+        assert isinstance(got, list) and len(got) == len(want), sl
+        for item, j in zip(got, want):
+            assert_items_equal(item, ds[j])
+    assert {it["dataset"] for it in ds[::3]} == set(coll.names)  # items of every dataset in one slice
+
+
 def test_a_feature_named_like_a_key_the_collection_adds_is_refused_then_renamed(datasets, tmp_path):
     """A dataset's own float32 (6,) feature ``dataset_index`` came back as tensor(0) / tensor(1) (the collection's
     key) in items and batches. Refused at coll.dataset(), naming the dataset, the key and the rename= that keeps

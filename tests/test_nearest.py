@@ -350,3 +350,22 @@ def test_query_times_that_name_no_episode_or_no_time_are_refused(datasets):
             db.nearest(at, streams="action")
     got = db.nearest([(1, 0.0)], streams="action")
     assert got["episode_index"].to_pylist() == [1] and got["frame_index"].to_pylist() == [0]
+
+
+def test_an_episode_index_past_int64_is_the_query_error_of_any_unknown_episode(datasets):
+    """`db.nearest([(2**63, 0.5)], ...)` was a bare OverflowError converting to int64, while `[(-1, 0.5)]` gave the
+    QueryError "episode_index [-1] not in this dataset". Now both are that QueryError, in every form of ``at``."""
+    import numpy as np
+
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(lsql.QueryError, match=r"episode_index \[-1\] not in this dataset"):
+        db.nearest([(-1, 0.5)], streams="action")
+    for huge in (2**63, 2**64 + 1, -2**63 - 1, np.uint64(2**64 - 1)):
+        with pytest.raises(lsql.QueryError, match=rf"episode_index \[{int(huge)}\] \(query row 1\) not in this "
+                                                   r"dataset: episode_index is an int64 column"):
+            db.nearest([(1, 0.0), (huge, 0.5)], streams="action")
+    for huge in (2**63, -2**63 - 1):
+        with pytest.raises(lsql.QueryError, match=r"does not fit int64"):
+            db.nearest({"episode_index": [huge], "timestamp": [0.5]}, streams="action")
+    got = db.nearest([(3, 0.5)], streams="action")  # in range: answered
+    assert got["episode_index"].to_pylist() == [3] and got["frame_index"].to_pylist() == [15]

@@ -1,4 +1,5 @@
-"""Row-group cache: Arrow IPC files equal the Parquet rows, shapes follow info.json, built once, mapped."""
+"""Row groups read straight from the data files equal the Parquet rows, shapes follow info.json; a process keeps
+the last ones read within a byte budget; a file changed since its footer was read is refused."""
 
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ def test_row_groups_equal_the_parquet_rows(tmp_path, name):
     assert info.rg_offsets.tolist() == np.concatenate(
         [[0], np.cumsum([pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)])]).tolist()
     rgs = list(range(min(3, pf.num_row_groups)))
-    paths = tabular.ensure_row_groups(src, info, rgs, layout, tmp_path)
-    for rg, path in zip(rgs, paths):
+    tables = tabular.read_row_groups(src, info, rgs, layout)
+    for rg, table in zip(rgs, tables):
         want = pf.read_row_group(rg)
-        view = tabular.RowGroupView(path, layout)
+        view = tabular.RowGroupView(table, layout)
         state = view.column("observation.state")
         shape = tuple(layout.features["observation.state"].shape)
         assert state.shape == (want.num_rows, *shape) and state.dtype == np.float32
@@ -43,17 +44,37 @@ def test_row_groups_equal_the_parquet_rows(tmp_path, name):
     assert off[1] == rows[1] - info.rg_offsets[-2]
 
 
-def test_built_once(datasets, tmp_path):
+def test_a_process_keeps_the_last_row_groups_read_within_its_budget(datasets):
     src = open_source(datasets / "small20")
     layout = load_layout(src)
     info = tabular.data_file_info(src, "data/chunk-000/file-000.parquet")
-    p = tabular.ensure_row_groups(src, info, [2], layout, tmp_path)[0]
-    mtime = p.stat().st_mtime_ns
-    assert tabular.ensure_row_groups(src, info, [2], layout, tmp_path) == [p]
-    assert p.stat().st_mtime_ns == mtime
-    # the view is zero-copy over the memory map
-    view = tabular.RowGroupView(p, layout)
-    assert not view.column("action").flags.owndata
+    views = [tabular.RowGroupView(t, layout) for t in tabular.read_row_groups(src, info, [0, 1, 2], layout)]
+    kept = tabular.RowGroups(budget=2 * views[0].nbytes + 1)
+    for k, v in enumerate(views):
+        kept.put(k, v)
+    assert 0 not in kept and 1 in kept and 2 in kept and kept.nbytes <= kept.budget  # least recently used out
+    kept.get(1)
+    kept.put(3, views[0])
+    assert 1 in kept and 2 not in kept and 3 in kept
+    tiny = tabular.RowGroups(budget=1)
+    tiny.put(7, views[0])
+    assert 7 in tiny  # the one just put in stays, whatever the budget
+
+
+def test_row_groups_are_never_written(datasets, tmp_path, monkeypatch):
+    """A cold item reads its row group straight from the data file: nothing under the cache folder, and a process
+    holds no memory map per row group (100,000 of them at DROID's size)."""
+    import lerobot_sql as lsql
+
+    monkeypatch.setenv("LSQL_ROW_GROUP_MB", "0.05")  # a few row groups
+    ds = lsql.connect(datasets / "multifile60", cache_dir=tmp_path).dataset(cameras=[])
+    ref = pq.read_table(datasets / "multifile60" / "data/chunk-000/file-000.parquet")
+    for i in np.random.default_rng(0).choice(min(len(ds), ref.num_rows), 40, replace=False):
+        np.testing.assert_array_equal(ds[int(i)]["action"].numpy(), np.array(ref["action"][int(i)].as_py(),
+                                                                               np.float32))
+    w = ds._worker
+    assert w.views.nbytes <= max(w.views.budget, max(v.nbytes for v in w.views._views.values()))
+    assert not list(tmp_path.rglob("rg-*")) and not (tmp_path / "tabular").exists()
 
 
 def test_shape_mismatch_is_a_format_error(datasets, tmp_path):
@@ -70,14 +91,14 @@ def test_column_kinds_from_the_footer_match_the_built_row_group(tmp_path, name):
     src = open_source(data_root(name))
     layout = load_layout(src)
     info = tabular.data_file_info(src, layout.data_files[0])
-    view = tabular.RowGroupView(tabular.ensure_row_groups(src, info, [0], layout, tmp_path)[0], layout)
+    view = tabular.RowGroupView(tabular.read_row_groups(src, info, [0], layout)[0], layout)
     assert view.table.column_names == info.schema.names
     for field in info.schema:
         assert tabular.is_numeric(field, layout) == isinstance(view.column(field.name), np.ndarray), field
 
 
 def test_a_local_file_changed_after_its_footer_was_read_is_refused(datasets, tmp_path):
-    """Row groups are built on first use, maybe long after the footer was read: a rewritten file is refused."""
+    """Row groups are read on first use, maybe long after the footer was read: a rewritten file is refused."""
     root = tmp_path / "ds"
     shutil.copytree(datasets / "small20", root)
     rel = "data/chunk-000/file-000.parquet"
@@ -85,12 +106,11 @@ def test_a_local_file_changed_after_its_footer_was_read_is_refused(datasets, tmp
     src = open_source(root)
     layout = load_layout(src)
     info = tabular.data_file_info(src, rel)
-    first = tabular.ensure_row_groups(src, info, [0], layout, tmp_path / "c")[0]  # the same file: fine
+    tabular.read_row_groups(src, info, [0], layout)  # the same file: fine
     table = pq.read_table(root / rel)
     pq.write_table(table.slice(100), root / rel)  # rewritten: its row groups moved
     with pytest.raises(DatasetFormatError, match=r"file-000\.parquet: the file changed after the dataset was opened"):
-        tabular.ensure_row_groups(src, info, [1], layout, tmp_path / "c")[0]
-    assert tabular.ensure_row_groups(src, info, [0], layout, tmp_path / "c")[0] == first  # built before: still served
+        tabular.read_row_groups(src, info, [1], layout)
 
 
 def test_row_groups_of_row_spans_match_the_footer(datasets):
@@ -106,8 +126,8 @@ def test_row_groups_of_row_spans_match_the_footer(datasets):
 
 
 def test_a_same_size_replacement_with_the_old_mtime_is_not_served_from_the_cache(datasets, tmp_path, monkeypatch):
-    """``cp -p`` / ``rsync -t`` / ``tar x`` keep size and mtime: the persistent row-group cache must still see a new
-    file (inode, ctime), so items read the same ``action`` as SQL in the next session."""
+    """``cp -p`` / ``rsync -t`` / ``tar x`` keep size and mtime: the next session must still see a new file (inode,
+    ctime; the selection cache keys by it), so items read the same ``action`` as SQL."""
     import os
 
     import pyarrow.compute as pc

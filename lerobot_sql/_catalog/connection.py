@@ -167,7 +167,7 @@ def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dic
     """
     src, layout = files.source, files.layout
     try:
-        views.register_views(con, src, layout, relations, prefix)
+        views.register_views(con, src, layout, relations, prefix, cache_dir=files.cache_dir)
     except (duckdb.Error, pa.ArrowException, OSError) as e:
         if isinstance(e, LeRobotSQLError):
             raise
@@ -205,7 +205,7 @@ class Connection:
     def __init__(self, files: DatasetFiles, *, threads: int | None = None, memory_limit: str | None = None,
                  temp_directory: str | os.PathLike | None = None):
         self.files = files
-        self._settings = (threads, memory_limit, temp_directory)
+        self._settings = (*sandbox.check_settings(threads, memory_limit), temp_directory)  # before DuckDB sees them
         self._con: duckdb.DuckDBPyConnection | None = None
         self._con_lock = threading.Lock()
         self._build_lock = threading.RLock()  # lazily built views (video index, video_files)

@@ -30,7 +30,7 @@ import re
 
 import duckdb
 
-from ..errors import LeRobotSQLError
+from ..errors import LeRobotSQLError, as_int
 
 # Resource defaults for a small training box (2 cores, 24 GB): DuckDB only plans manifests and answers queries
 # while DataLoader workers and the decoders need the rest of the memory, so it gets a quarter of RAM, at most 4 GiB
@@ -45,6 +45,62 @@ def total_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+MAX_THREADS = 4096  # more is a mistake (each is an OS thread DuckDB starts at connect)
+# the units DuckDB's memory_limit parser takes (case-insensitive, a space allowed before them): bytes per unit
+_MEMORY_UNITS = {
+    **dict.fromkeys(("b", "byte", "bytes"), 1),
+    **{u: 1000 ** i for i, names in enumerate((("k", "kb", "kilobyte", "kilobytes"), ("m", "mb", "megabyte",
+       "megabytes"), ("g", "gb", "gigabyte", "gigabytes"), ("t", "tb", "terabyte", "terabytes")), 1) for u in names},
+    **{u: 1024 ** i for i, u in enumerate(("kib", "mib", "gib", "tib"), 1)},
+}
+_MEMORY = re.compile(r"\s*([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*([a-z]+|%)?\s*", re.IGNORECASE)
+_MEMORY_FORM = ("a string with a unit, e.g. memory_limit=\"8GB\", \"512MB\", \"4GiB\", or a share of RAM "
+                "\"50%\" (None: min(RAM / 4, 4 GiB))")
+
+
+def check_settings(threads, memory_limit) -> tuple[int | None, str | None]:
+    """``(threads, memory_limit)`` of :func:`lerobot_sql.connect`, checked before DuckDB sees them: DuckDB raised
+    its own bare exceptions for ``threads=-1`` or ``memory_limit="abc"`` / ``10**12``, took ``"-1"`` as no limit
+    at all, and ``threads=0`` / ``1.5`` / ``True`` and ``memory_limit=0`` passed silently.
+
+    Returns:
+        ``threads`` as an int (or None: one per core), ``memory_limit`` as given (or None: the default).
+
+    Raises:
+        TypeError: ``threads`` is not an integer (a bool, a float, a string), ``memory_limit`` not a string.
+        ValueError: ``threads`` not from 1 to :data:`MAX_THREADS`; ``memory_limit`` not a positive amount with a
+            unit DuckDB takes (b, KB, MB, GB, TB, KiB ... TiB; k, m, g, t; kilobytes ...) or a share of RAM above 0%
+            and at most 100%, or past DuckDB's range. Each names the argument, the value and the valid form.
+    """
+    if threads is not None:
+        v = as_int(threads)
+        if v is None:
+            raise TypeError(f"threads={threads!r} ({type(threads).__name__}): give an integer from 1 to "
+                            f"{MAX_THREADS}, DuckDB's threads (None: one per core)")
+        if not 1 <= v <= MAX_THREADS:
+            raise ValueError(f"threads={v}: give an integer from 1 to {MAX_THREADS}, DuckDB's threads (None: one "
+                             "per core)")
+        threads = v
+    if memory_limit is not None:
+        if not isinstance(memory_limit, str):
+            raise TypeError(f"memory_limit={memory_limit!r} ({type(memory_limit).__name__}): give {_MEMORY_FORM}")
+        m = _MEMORY.fullmatch(memory_limit)
+        unit = m and (m.group(2) or "").lower()
+        amount = m and float(m.group(1))
+        if m is None or (amount > 0 and unit != "%" and unit not in _MEMORY_UNITS):
+            raise ValueError(f"memory_limit={memory_limit!r} is not a number with a unit of bytes (b, KB, MB, GB, "
+                             f"TB, KiB, MiB, GiB, TiB) or a %: give {_MEMORY_FORM}")
+        if amount <= 0:  # DuckDB takes "-1" as no limit at all: the bound keeps memory for DataLoader workers
+            raise ValueError(f"memory_limit={memory_limit!r}: give a positive amount ({_MEMORY_FORM}); a "
+                             "negative or zero limit is not taken (to lift the bound, give \"100%\")")
+        if unit == "%" and amount > 100:
+            raise ValueError(f"memory_limit={memory_limit!r}: a share of RAM is at most 100%")
+        if unit != "%" and amount * _MEMORY_UNITS[unit] >= 2 ** 63:
+            raise ValueError(f"memory_limit={memory_limit!r}: past DuckDB's range (below 8 EiB); give "
+                             f"{_MEMORY_FORM}")
+    return threads, memory_limit
 
 
 def default_config(threads: int | None = None, memory_limit: str | None = None) -> dict[str, str | int]:

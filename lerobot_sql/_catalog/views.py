@@ -11,12 +11,15 @@ meta/episodes and meta/tasks.parquet by :mod:`lerobot_sql._format.v2`, and regis
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from .._format import v2
 from .._format.info import parse_template, sql_key
@@ -169,6 +172,7 @@ class Build:
     # _split_unnamed before the views are made (layout.data_files less the files no episode names).
     data_files: tuple[str, ...] = ()
     strays: tuple[tuple[str, str], ...] = ()
+    cache_dir: Path | None = None  # the dataset's cache folder: checks whose result is kept per file version
 
 
 def episodes(b: Build) -> None:
@@ -505,37 +509,13 @@ def _warn_repeated_rows(b: Build) -> None:
     process, the dataset reads the same footers; DuckDB's ``parquet_metadata`` took 3.9 s at 100k row groups); only
     overlapping files are scanned, to count the repeated values. Files without statistics are not judged (doctor's
     index_contiguous scans every row)."""
-    from .._readers.tabular import data_file_info
-
     con, src, files = b.con, b.src, b.data_files
     if len(files) < 2:
         return
-    try:
-        footers = [data_file_info(src, f).metadata for f in files]
-    except (OSError, pa.ArrowException, LeRobotSQLError):
-        return  # a damaged or missing file: the frames view names it at the first query that reads it
-    names = [footers[0].schema.column(j).path for j in range(footers[0].num_columns)]
-    col = "index" if "index" in names else "episode_index"  # v2.x without index: it is derived (per episode)
-    if col not in names:
+    found = _repeated_candidates(b)
+    if found is None:
         return
-    ranges = []
-    for f, md in zip(files, footers):
-        paths = [md.schema.column(j).path for j in range(md.num_columns)]
-        if col not in paths:
-            continue
-        j = paths.index(col)
-        stats = [md.row_group(i).column(j).statistics for i in range(md.num_row_groups)]
-        if not stats or not all(st is not None and st.has_min_max and type(st.min) is int and type(st.max) is int
-                                for st in stats):
-            continue  # not judged (as DuckDB's TRY_CAST left it out)
-        ranges.append((f, min(st.min for st in stats), max(st.max for st in stats), md.num_rows))
-    ranges.sort(key=lambda r: (r[1], r[0]))
-    pairs, prev = [], None
-    for f, lo, hi, n in ranges:
-        if prev is not None and lo <= prev[2]:
-            pairs.append((prev, (f, lo, hi, n)))
-        if prev is None or hi > prev[2]:
-            prev = (f, lo, hi, n)
+    col, pairs = found
     try:
         for (a, _alo, _ahi, _an), (f, lo, hi, n) in pairs[:3]:
             k = con.sql(f"SELECT count(*) FROM read_parquet({_file_list(src, [f])}) WHERE {ident(col)} IN "
@@ -549,6 +529,59 @@ def _warn_repeated_rows(b: Build) -> None:
                      "repeated values)")
     except duckdb.Error:
         return  # a damaged file: the frames view names it at the first query that reads it
+
+
+def _repeated_candidates(b: Build) -> tuple[str, list] | None:
+    """(column, pairs of data files whose ``index`` ranges overlap: ``((file, lo, hi, rows), (file, lo, hi,
+    rows))``) from the footers' statistics, or None when they cannot be judged. Each footer is parsed and let go
+    (100,000 row groups: 0.7 s and 640 MB if kept); the finding is kept in the dataset's cache folder under the
+    data files' versions, so a later connect to the same files parses none."""
+    from .._readers.tabular import release_freed_memory
+    from .._storage import cache
+
+    src, files = b.src, b.data_files
+    memo = None
+    if b.cache_dir is not None:
+        try:
+            memo = b.cache_dir / "checks" / f"repeated-rows-{cache.key(2, src.url, [(f, src.identity(f)) for f in files])}.json"
+            kept = json.loads(memo.read_text())
+            return None if kept is None else (kept["col"], [tuple(map(tuple, p)) for p in kept["pairs"]])
+        except (OSError, ValueError, KeyError, TypeError, LeRobotSQLError):
+            pass  # not kept yet (or unreadable): judged below
+    col, ranges = None, []
+    try:
+        for f in files:
+            with src.open(f) as fh:
+                md = pq.read_metadata(fh)
+            paths = [md.schema.column(j).path for j in range(md.num_columns)]
+            if col is None:
+                col = "index" if "index" in paths else "episode_index"  # v2.x without index: derived per episode
+            if col not in paths:
+                continue
+            j = paths.index(col)
+            stats = [md.row_group(i).column(j).statistics for i in range(md.num_row_groups)]
+            if not stats or not all(st is not None and st.has_min_max and type(st.min) is int
+                                    and type(st.max) is int for st in stats):
+                continue  # not judged (as DuckDB's TRY_CAST left it out)
+            ranges.append((f, min(st.min for st in stats), max(st.max for st in stats), md.num_rows))
+            del md, stats
+    except (OSError, pa.ArrowException, LeRobotSQLError):
+        return None  # a damaged or missing file: the frames view names it at the first query that reads it
+    finally:
+        release_freed_memory()
+    ranges.sort(key=lambda r: (r[1], r[0]))
+    pairs, prev = [], None
+    for f, lo, hi, n in ranges:
+        if prev is not None and lo <= prev[2]:
+            pairs.append((prev, (f, lo, hi, n)))
+        if prev is None or hi > prev[2]:
+            prev = (f, lo, hi, n)
+    found = None if col is None else (col, pairs)
+    if memo is not None:
+        with contextlib.suppress(OSError):  # a read-only cache: judged again next time
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            cache.atomic_write(memo, json.dumps(None if found is None else {"col": col, "pairs": pairs}).encode())
+    return found
 
 
 def data_files(b: Build) -> None:
@@ -664,7 +697,8 @@ def _warn_totals(b: Build) -> None:
 
 
 def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
-                   relations: dict | None = None, prefix: str = "") -> dict[str, pa.Table]:
+                   relations: dict | None = None, prefix: str = "", cache_dir: Path | None = None
+                   ) -> dict[str, pa.Table]:
     """Create the views of :data:`VIEWS` (``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
     ``features``, ``info`` and the private ``_frames_loc``, ``_data_files_listed``, ``_episode_data_files``) over
     ``_episodes_raw`` on ``con``, and the placeholders (no rows, the real columns) of ``video_frames`` and
@@ -677,7 +711,8 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
     relations lerobot_sql reads back cannot be written by SQL.
 
     ``prefix``: of the Arrow registrations' names (a collection gives each dataset its own; the views go into
-    ``con``'s current schema).
+    ``con``'s current schema). ``cache_dir``: the dataset's cache folder, where the footer check of repeated rows
+    keeps its finding per version of the data files (None: checked at every connect).
 
     Returns:
         ``relations`` (a new dict if None), filled with the Arrow tables registered on ``con`` (name -> table):
@@ -690,7 +725,8 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
             (through :data:`ERROR_MARKER`) naming the column and a data file, and the other views stay readable.
     """
     relations = {} if relations is None else relations
-    b = Build(con, src, layout, relations, _register_episodes(con, src, layout, relations, prefix), prefix)
+    b = Build(con, src, layout, relations, _register_episodes(con, src, layout, relations, prefix), prefix,
+              cache_dir=cache_dir)
     _split_unnamed(b)
     for view in VIEWS:
         view(b)

@@ -25,7 +25,7 @@ class DatasetFiles:
     Attributes:
         source: where the bytes are (local folder or fsspec URL, with the remote-bytes cache).
         layout: meta/info.json and the file lists (format version, fps, features, path templates).
-        cache_dir: this dataset's cache folder (video indexes, row-group Arrow files, manifests, DuckDB spill).
+        cache_dir: this dataset's cache folder (video indexes, kept selections, per-sample files, DuckDB spill).
     """
 
     source: Source

@@ -259,11 +259,14 @@ def columns_of(result: pa.Table, mode: str, layout: Layout, sql: str, keep_extra
     extras but the frame's values, which the join then checks are equal (:func:`shadow_differ`).
 
     Raises:
-        ResultContractError: a column clashes with a manifest column or an item's own key (``task``,
-            ``<key>_is_pad``); an extra of a type an item cannot carry or a DataLoader cannot batch; frame columns in
-            an episode or window result (it selects frames by episode, so they name no frame).
+        ResultContractError: a column clashes with a manifest column (also ``<key>/time_s``, which
+            ``export_manifest`` adds) or an item's own key (``task``, ``<key>_is_pad``); an extra of a type an item
+            cannot carry or a DataLoader cannot batch; frame columns in an episode or window result (it selects
+            frames by episode, so they name no frame).
     """
-    video_cols = _manifest.video_columns(layout.video_keys)
+    # ``<key>/time_s``: the column export_manifest adds per camera (a user's of that name was written beside it,
+    # twice, and the file could not be read back)
+    video_cols = [*_manifest.video_columns(layout.video_keys), *(f"{k}/time_s" for k in layout.video_keys)]
     reserved = set(CORE) | set(LOCATION) | set(video_cols)
     keys = KEYS[mode]
     extras = [c for c in result.column_names if c not in keys and c not in layout.features and c not in reserved]
@@ -401,6 +404,30 @@ def check_stackable(result: pa.Table, extras: list[str], sql: str) -> None:
             f"result column {c!r} holds lists of {lo} to {hi} values, which a DataLoader cannot stack into a "
             f"batch (every item needs the same length); pad or cut them to one length in SQL, or leave the "
             f"column out: {sql!r:.200}")
+
+
+def check_given_extras(manifest: pa.Table, extras: list[str], where: str, sql: str | None) -> pa.Table:
+    """The extras of a manifest from outside (a saved file or a table handed to ``dataset()``: its metadata's
+    ``extras``) checked as a query's are (:func:`check_extra_types`, :func:`check_stackable`): an
+    ``export_manifest`` file whose extra column was rewritten as DATE, STRUCT or lists of lists reached items as
+    ``datetime.date``, dict or nested lists, and ragged lists failed only in the DataLoader's collate. ``sql``: the
+    query the metadata records, quoted in the errors (``where`` without one).
+
+    Returns:
+        ``manifest``, a HUGEINT (``decimal128(38, 0)``) extra as int64, as a query's.
+
+    Raises:
+        ResultContractError: naming ``where``, the column, what it holds and the fix.
+    """
+    try:
+        manifest = check_extra_types(manifest, list(extras), sql or where)
+        check_stackable(manifest, list(extras), sql or where)
+    except ResultContractError as e:
+        raise ResultContractError(f"{where}: an extra column of this manifest is not what items carry: {e}. Write "
+                                  "the manifest again with db.export_manifest(sql, path) from a query that converts "
+                                  "it (or leave it out); a manifest's extras must be what the query's would be") \
+            from None
+    return manifest
 
 
 def shadow_differ(con: duckdb.DuckDBPyConnection, shadow: list[str]) -> list[tuple]:

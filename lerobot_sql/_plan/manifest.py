@@ -86,7 +86,8 @@ class Meta:
 
         Raises:
             ResultContractError: the metadata is there but is not a JSON object (invalid, nested too deeply, or
-                another value), naming ``where``.
+                another value), or its ``extras``, ``video_keys`` or ``cameras`` is not a list (``"extras": "tag"``
+                was read letter by letter), naming ``where``.
         """
         schema = table_or_schema.schema if isinstance(table_or_schema, pa.Table) else table_or_schema
         raw = (schema.metadata or {}).get(META_KEY)
@@ -97,6 +98,11 @@ class Meta:
         if not isinstance(d, dict):
             raise ResultContractError(f"{where}: its lerobot_sql.manifest metadata is not a JSON object (a JSON "
                                       f"{type(d).__name__}); {fix}")
+        for key in ("extras", "video_keys", "cameras"):
+            if d.get(key) is not None and not isinstance(d[key], list):
+                raise ResultContractError(f"{where}: its lerobot_sql.manifest metadata holds {key!r} as a JSON "
+                                          f"{type(d[key]).__name__} ({d[key]!r:.80}), not a list of column names; "
+                                          f"{fix}")
         return cls(mode=d.get("mode"), extras=tuple(d.get("extras") or ()),
                    video_keys=tuple(d.get("video_keys") or ()), fps=d.get("fps"), sql=d.get("sql"),
                    clips=d.get("clips") or {}, root=d.get("root"), dataset_id=d.get("dataset_id"),

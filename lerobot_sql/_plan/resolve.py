@@ -387,9 +387,10 @@ def _episode_rows_error(con: duckdb.DuckDBPyConnection, b: dict) -> DatasetForma
 
 
 def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr: pa.Table | None,
-                 cameras: list[str] | None = None, tolerance_s: float | None = None, align: str = "timestamp"):
-    """A whole-episode selection (``result``: ``episode_index`` rows, in order) kept as its episodes, without a row
-    per frame (:func:`lerobot_sql._plan.episodes.episode_runs`): for selections of more than
+                 cameras: list[str] | None = None, tolerance_s: float | None = None, align: str = "timestamp",
+                 ordered: bool = True):
+    """A whole-episode selection (``result``: ``episode_index`` rows, each once, in order unless not ``ordered``:
+    then by episode, as :func:`build_manifest` sorts it) kept as its episodes, without a row per frame (:func:`lerobot_sql._plan.episodes.episode_runs`): for selections of more than
     :data:`lerobot_sql._plan.episodes.LAZY_FRAMES` frames, whose open then costs O(episodes).
 
     Returns:
@@ -401,13 +402,17 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
     Raises:
         as :func:`build_manifest` for a whole-episode result (what it checks from pointers, footers and clips).
     """
-    if ptr is None or result.num_rows == 0:
+    if ptr is None or result.num_rows == 0 or result.column_names != ["episode_index"]:
+        return None  # (a query's other shapes, or extras: the frames' path)
+    result = contract.check_contract_types(result, "episode", sql)
+    if not ordered:  # as build_manifest sorts a result without ORDER BY
+        result = result.sort_by([("episode_index", "ascending")])
+    if result["episode_index"].null_count or \
+            len(pc.unique(result["episode_index"])) != result.num_rows:  # repeats: one run per repeat, the frames' path
         return None
     lo, hi = ptr["dataset_from_index"], ptr["dataset_to_index"]
     if lo.null_count or hi.null_count:
         return None
-    if result["episode_index"].null_count:
-        return None  # the frames' path says which
     eps = ptr["episode_index"].to_numpy()
     length = hi.to_numpy() - lo.to_numpy()
     want = np.isin(eps, result["episode_index"].to_numpy())

@@ -1,16 +1,18 @@
-"""Tabular frame data: Parquet row groups decoded once into an Arrow IPC cache and read through memory maps.
+"""Tabular frame data: Parquet row groups read straight from the data files and decoded in memory.
 
-Each (data file, row group) that a reader touches becomes, on first use, one uncompressed Arrow IPC file under the
-cache, keyed by the data file's identity, with columns normalised to the shapes in info.json (``list<float>``
-becomes ``fixed_size_list<float>[n]``). Whichever process reads first builds it (under a lock per entry); all
-memory-map it: the OS page cache is shared, and no process holds a private copy of the table.
+A reader asks for the row groups its items need (:func:`read_row_groups`): each is read from the data file (a local
+file through Arrow's own reader; a remote one from the byte ranges the source has fetched into its cache) and
+normalised to the shapes in info.json (``list<float>`` becomes ``fixed_size_list<float>[n]``). Nothing is written:
+a process keeps the row groups it read last (:class:`RowGroups`, bounded by bytes), so memory stays flat however
+many row groups a dataset has (a file per row group, as before, meant 100,000 files and memory maps for a
+DROID-sized dataset, and a cold item paid for writing one).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import json
-from pathlib import Path
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -18,11 +20,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._format.layout import Layout
-from .._storage import cache
 from .._storage.source import Source
 from ..errors import DatasetFormatError, LeRobotSQLError
 
-CACHE_VERSION = 2  # 2: keyed by info.json's numeric features too; entries carry a checksum sidecar
 _NUMERIC = {"float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32",
             "uint64", "bool"}
 
@@ -190,12 +190,17 @@ def check_shapes(table: pa.Table, layout: Layout, where: str) -> None:
 def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
     cols = {}
     for name in table.column_names:
-        col = table[name].combine_chunks()
+        col = table[name]
+        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
         feat = layout.features.get(name)
         if feat is not None and feat.dtype in _NUMERIC:
             n = int(np.prod(feat.shape))
             typ = pa.from_numpy_dtype(np.dtype(feat.dtype))
-            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+            if col.type == typ or (pa.types.is_fixed_size_list(col.type) and col.type.list_size == n
+                                   and col.type.value_type == typ and col.null_count == 0
+                                   and col.values.null_count == 0 and n > 0):
+                pass  # already as the feature says (lerobot writes it so): nothing to convert
+            elif pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
                 flat = _flat_values(col, name, feat, where)
                 col = pa.FixedSizeListArray.from_arrays(flat.cast(typ), n)
             else:
@@ -204,100 +209,84 @@ def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
     return pa.table(cols)
 
 
-def features_key(layout: Layout) -> str:
-    """What of info.json decides an entry's decoded values: each numeric feature's name, dtype and shape (see
-    ``_normalise``). Part of the cache key, so a corrected info.json is never masked by entries built under the old
-    one."""
-    sig = sorted((name, f.dtype, [int(x) for x in f.shape]) for name, f in layout.features.items()
-                 if f.dtype in _NUMERIC)
-    return cache.key(json.dumps(sig))
-
-
-def row_group_folder(src: Source, info: DataFileInfo, cache_dir: Path, layout: Layout) -> Path:
-    """The folder of a data file's row-group cache files: keyed by the file's identity and :func:`features_key`
-    (two hashes: a caller asking for many row groups computes it once)."""
-    return cache_dir / "tabular" / cache.key(src.url, info.rel, info.identity, features_key(layout), CACHE_VERSION)
-
-
-def row_group_path(src: Source, info: DataFileInfo, rg: int, cache_dir: Path, layout: Layout,
-                   folder: Path | None = None) -> Path:
-    """Where the Arrow IPC cache file of row group ``rg`` of a data file lives (it may not exist yet), in
-    :func:`row_group_folder` (``folder``, when the caller has it)."""
-    return (folder or row_group_folder(src, info, cache_dir, layout)) / f"rg-{rg:05d}.arrow"
-
-
-def ensure_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Layout, cache_dir: Path) -> list[Path]:
-    """Build (once) and return the cache files of several row groups of one data file, opening it at most once.
-
-    Each entry is checked against its checksum the first time this process uses it (:func:`cache.check_once`); a
-    damaged one (truncated, emptied, garbled, bytes changed) is rebuilt once, with a ``CacheWarning`` naming it.
+def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Layout | None,
+                    columns: list[str] | None = None) -> list[pa.Table]:
+    """Row groups ``rgs`` of data file ``info`` (``columns``, default all), each normalised to info.json's shapes
+    (``layout``; None: as stored), in memory; the file opened once. A local file is read by Arrow's own reader (no Python file object: a third
+    of the time); a remote one from the ranges fetched first in one parallel request.
 
     Raises:
         MissingFileError: the data file is gone.
-        DatasetFormatError: a column disagrees with the shape info.json gives it, or a local file changed since
-            ``info`` was read (its row groups may have moved; a remote source pins the version it first saw).
-        CacheError: an entry cannot be written, or is damaged again right after its rebuild.
+        DatasetFormatError: a row group cannot be decoded (a damaged page), a column disagrees with the shape
+            info.json gives it, or a local file changed since ``info`` was read (its row groups may have moved; a
+            remote source pins the version it first saw).
+        RemoteIOError: the remote failed after retries.
     """
-    folder = row_group_folder(src, info, cache_dir, layout)
-    paths = [row_group_path(src, info, rg, cache_dir, layout, folder) for rg in rgs]
-    missing, healed = [], []
-    for rg, p in zip(rgs, paths):
-        if not p.exists():
-            missing.append((rg, p))
-            continue
-        why = cache.check_once(p)
-        if why is not None:
-            cache.discard(p, why)
-            missing.append((rg, p))
-            healed.append(p)
-    if not missing:
-        return paths
-    if src.is_local and info.metadata is not None:
+    where = src.path(info.rel)
+    md = info.metadata
+    if md is None:  # offsets only (data_file_info(keep=False)): parse the footer now
+        info = data_file_info(src, info.rel)
+        md = info.metadata
+    local = src.local_path(info.rel) if src.is_local else None
+    if local is not None:
         now = src.identity(info.rel)  # a stat: the footer read earlier (maybe hours ago) must still describe the file
         if now != info.identity:
-            raise DatasetFormatError(f"{src.path(info.rel)}: the file changed after the dataset was opened "
-                                     f"(size-mtime-inode-ctime {info.identity} then, {now} now); open the dataset "
-                                     "again (db.dataset(...)) to read the new version")
-    try:
-        # Readers build entries as their items need them, DataLoader workers concurrently: cache.build_once takes one
-        # lock per row group (so they build different row groups, or fetch them remotely, at once) and publishes
-        # each entry whole (temporary name, then rename).
-        with src.open(info.rel) as f:
-            pf = pq.ParquetFile(f, metadata=info.metadata)
-            for rg, p in missing:
-                cache.build_once(p, lambda tmp, rg=rg: _write(pf, rg, tmp, layout, src.path(info.rel)),
-                                 checksum=True)
-    except OSError as e:  # remote pieces are cache writes too
-        if isinstance(e, LeRobotSQLError):  # MissingFileError / RemoteIOError / CacheError: already ours
-            raise
-        raise cache.cache_error(folder, f"cannot write the tabular cache ({e}); the cache folder is full or not "
-                                "writable") from e
-    for p in healed:
-        cache.verify_rebuilt(p)
-    return paths
-
-
-def _write(pf: pq.ParquetFile, rg: int, tmp: str, layout: Layout, where: str) -> None:
-    """Decode row group ``rg`` of ``pf``, normalise it and write it as Arrow IPC to ``tmp``."""
+            raise DatasetFormatError(f"{where}: the file changed after the dataset was opened (size-mtime-inode-ctime "
+                                     f"{info.identity} then, {now} now); open the dataset again (db.dataset(...)) to "
+                                     "read the new version")
+    else:
+        src.fetch(info.rel, row_group_ranges(md, rgs, columns))
+    out = []
     try:
         # One thread: this runs in DataLoader workers forked from a parent whose Arrow thread pool was busy; one row
         # group gains nothing from threads, and a fork-inherited pool is a hazard.
-        raw = pf.read_row_group(rg, use_threads=False)
+        if local is not None:
+            pf = _reader(local, info.identity, md)
+            out = [pf.read_row_group(int(rg), columns=columns, use_threads=False) for rg in rgs]
+        else:
+            with src.open(info.rel) as f:
+                pf = pq.ParquetFile(f, metadata=md)
+                out = [pf.read_row_group(int(rg), columns=columns, use_threads=False) for rg in rgs]
     except LeRobotSQLError:  # already ours (e.g. the remote file changed): keep its own message
         raise
+    except FileNotFoundError:
+        src.open(info.rel).close()  # MissingFileError naming it
+        raise
     except (pa.ArrowException, OSError) as e:  # a damaged page: name the file, not a bare pyarrow error
-        raise DatasetFormatError(f"{where}: row group {rg} cannot be decoded ({e}); the file is corrupt, re-download "
-                                 "it from the dataset's source") from e
-    table = _normalise(raw, layout, where)
-    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-        w.write_table(table)
+        raise DatasetFormatError(f"{where}: row group {rgs[len(out)] if len(out) < len(rgs) else rgs[-1]} cannot be "
+                                 f"decoded ({e}); the file is corrupt, re-download it from the dataset's "
+                                 "source") from e
+    return out if layout is None else [_normalise(t, layout, where) for t in out]
+
+
+_READERS: "collections.OrderedDict[tuple, tuple[int, pq.ParquetFile]]" = collections.OrderedDict()
+_MAX_READERS = 32  # open data files per process (a v2.1 dataset has one per episode: thousands)
+
+
+def _reader(path: str, identity: str, md: pq.FileMetaData) -> pq.ParquetFile:
+    """An open reader of local data file ``path`` at version ``identity``, kept per process (opening one costs
+    more than reading a small row group); the last :data:`_MAX_READERS` stay open. A fork gets its own (a reader's
+    file offset is not to be shared)."""
+    key = (path, identity)
+    got = _READERS.get(key)
+    if got is not None and got[0] == os.getpid():
+        _READERS.move_to_end(key)
+        return got[1]
+    pf = pq.ParquetFile(path, metadata=md)
+    _READERS[key] = (os.getpid(), pf)
+    _READERS.move_to_end(key)
+    while len(_READERS) > _MAX_READERS:
+        _READERS.popitem(last=False)
+    return pf
 
 
 class RowGroupView:
-    """Zero-copy numpy views of one memory-mapped row group: vectors as (rows, *shape), scalars as (rows,)."""
+    """Numpy views of one decoded row group (a table :func:`read_row_groups` gave): vectors as (rows, *shape),
+    scalars as (rows,)."""
 
-    def __init__(self, path: Path, layout: Layout):
-        self.table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    def __init__(self, table: pa.Table, layout: Layout):
+        self.table = table
+        self.nbytes = int(table.nbytes)
         self._arrays: dict[str, object] = {}
         self._layout = layout
 
@@ -316,3 +305,44 @@ class RowGroupView:
                 arr = col
             self._arrays[name] = arr
         return self._arrays[name]
+
+
+def row_group_budget() -> int:
+    """Bytes of decoded row groups a process keeps (:class:`RowGroups`): ``$LSQL_ROW_GROUP_MB`` megabytes, default
+    64 (about 2,000 row groups of 300 frames of a 14-float state and action)."""
+    try:
+        mb = float(os.environ.get("LSQL_ROW_GROUP_MB", "64"))
+    except ValueError:
+        mb = 64.0
+    return max(int(mb * (1 << 20)), 1)
+
+
+class RowGroups:
+    """The row groups a process read last, by key (the dataset's slot), least recently used first out once their
+    decoded bytes pass ``budget``; the one just put in always stays."""
+
+    def __init__(self, budget: int | None = None):
+        self.budget = row_group_budget() if budget is None else int(budget)
+        self._views: "collections.OrderedDict[int, RowGroupView]" = collections.OrderedDict()
+        self.nbytes = 0
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._views
+
+    def get(self, key: int) -> RowGroupView | None:
+        v = self._views.get(key)
+        if v is not None:
+            self._views.move_to_end(key)
+        return v
+
+    def put(self, key: int, view: RowGroupView) -> None:
+        old = self._views.pop(key, None)
+        if old is not None:
+            self.nbytes -= old.nbytes
+        self._views[key] = view
+        self.nbytes += view.nbytes
+        while self.nbytes > self.budget and len(self._views) > 1:
+            _, v = self._views.popitem(last=False)
+            self.nbytes -= v.nbytes
+
+

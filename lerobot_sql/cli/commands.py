@@ -67,6 +67,22 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _tolerance(text: str) -> float:
+    """A positive, finite tolerance in seconds (``--tolerance-s``); what ``dataset()`` and ``doctor.run`` accept.
+
+    0, a negative or NaN value matches no frame (doctor would fail a healthy dataset with wrong fixes, export would
+    end in a traceback), inf any frame."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds (default 1e-4), got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0 (default 1e-4), got {text!r}")
+    return v
+
+
 def _rows(text: str) -> int:
     """A row count >= 0 (``--max-rows``; 0 = all)."""
     try:
@@ -471,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="SQL over LeRobot datasets (v3.0, and v2.x read natively; Parquet + MP4), without loading or downloading them.")
     p.add_argument("--version", action="version", version=f"lerobot-sql {__version__}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--cache-dir", help="where video indexes and tabular caches go (default $LSQL_CACHE_DIR "
+    common.add_argument("--cache-dir", help="where video indexes and kept selections go (default $LSQL_CACHE_DIR "
                                             "or ~/.cache/lerobot_sql)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -543,7 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "collection manifest saved from coll.manifest(sql)")
     sp.add_argument("--overwrite", action="store_true", help="replace DEST if it exists (once the new one is complete); only an empty folder "
                          "or an earlier lerobot-sql export is ever replaced")
-    sp.add_argument("--tolerance-s", type=float, default=1e-4,
+    sp.add_argument("--tolerance-s", type=_tolerance, default=1e-4,
                     help="how far a data timestamp may be from its video frame, in seconds (default 1e-4)")
     sp.add_argument("--align", choices=["timestamp", "frame_index"], default="timestamp",
                     help="how each row's camera frame is found: by time (default) or frame_index, the row's "
@@ -574,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
               "lerobot-sql doctor sample/small20 --decode"],
              cmd_doctor)
     sp.add_argument("--json", action="store_true", help="print the report as JSON")
-    sp.add_argument("--tolerance-s", type=float, default=1e-4,
+    sp.add_argument("--tolerance-s", type=_tolerance, default=1e-4,
                     help="allowed timestamp error in seconds (default 1e-4, as lerobot)")
     sp.add_argument("--no-video", action="store_true", help="skip the video checks (faster)")
     sp.add_argument("--decode", action="store_true",

@@ -485,25 +485,31 @@ class FrameColumns:
                 self._cache.popitem(last=False)
         return got
 
-    def _read(self, slot: int) -> dict[str, np.ndarray]:
-        import pyarrow.parquet as pq
+    def offer(self, slot: int, table: pa.Table) -> None:
+        """Take row group ``slot``'s frame columns from ``table`` (the whole row group, which a process has just
+        read for its items' data), checked, instead of reading them again."""
+        with self._lock:
+            if slot in self._cache:
+                return
+        got = self._columns(slot, table)
+        with self._lock:
+            self._cache[slot] = got
+            while len(self._cache) > self.MAX_ROW_GROUPS:
+                self._cache.popitem(last=False)
 
-        from .._format.metadata import parquet_read_errors
+    def _read(self, slot: int) -> dict[str, np.ndarray]:
+        t = self.t
+        f = int(t.slot_file[slot])
+        rg = slot - int(t.rg_base[f])
+        (tbl,) = tabular.read_row_groups(t.infos.src, t.infos[f], [rg], None, list(self.COLUMNS))
+        return self._columns(slot, tbl)
+
+    def _columns(self, slot: int, tbl: pa.Table) -> dict[str, np.ndarray]:
         from .._plan.clips import check_frames
 
         t = self.t
         f = int(t.slot_file[slot])
-        rg = slot - int(t.rg_base[f])
-        info, rel, src = t.infos[f], t.data_files[f], t.infos.src
-        with parquet_read_errors(src, rel):
-            if not src.is_local:  # the row group's frame columns in one request
-                from .._readers.tabular import row_group_ranges
-                from .._storage.pieces import merge_ranges
-
-                src.fetch(rel, merge_ranges(row_group_ranges(info.metadata, np.array([rg]), list(self.COLUMNS))))
-            with src.open(rel) as fh:
-                tbl = pq.ParquetFile(fh, metadata=info.metadata).read_row_group(rg, columns=list(self.COLUMNS),
-                                                                                 use_threads=False)
+        rel, src = t.data_files[f], t.infos.src
         cols = {c: tbl[c].to_numpy() for c in self.COLUMNS}
         # the rows the runs of this slot cover, against the runs
         a, b = np.searchsorted(self._slot_sorted, [slot, slot + 1])

@@ -14,7 +14,6 @@ import concurrent.futures
 import dataclasses
 import gc
 import os
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -127,7 +126,7 @@ class Worker:
         # per delta key: sorted offsets mean the clamped rows are sorted too, so their ends bound them
         self.delta_sorted = {k: bool((np.diff(v) >= 0).all()) for k, v in self.delta.items()}
         self.video_keys = ds._video_keys
-        self.views: list[tabular.RowGroupView | None] = [None] * len(self.samples.rg_len)
+        self.views = tabular.RowGroups()  # slot -> the row group decoded, the last ones read (bounded by bytes)
         self.indexes: dict[str, video_index.FrameIndex] = {}
         self.videos: dict[tuple[str, int], VideoFile] = {}
         self.decoders = decode.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads,
@@ -136,31 +135,38 @@ class Worker:
         # The calling thread decodes the last camera itself, so n - 1 helper threads are enough.
         self.pool = concurrent.futures.ThreadPoolExecutor(n - 1) if ds._use_parallel() and n > 1 else None
         # the byte plan's per-file tables (lerobot_sql.torch.pipeline): mp4 -> (byte_offset, byte_size) of its packets,
-        # mp4 -> every row's packet range; data file -> its row-group cache folder (two hashes to compute)
+        # mp4 -> every row's packet range
         self.packets: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
         self.spans: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
-        self.rg_folders: dict[int, Path] = {}
 
     # ---- data row groups -------------------------------------------------------------------------------------
     def view(self, slot: int) -> tabular.RowGroupView:
-        v = self.views[slot]
+        v = self.views.get(slot)
         if v is None:
-            self.map([slot])
-            v = self.views[slot]
+            v = self.map([slot])[slot]
         return v
 
-    def map(self, slots) -> None:
-        """Map the row groups ``slots`` (all of one data file), building the missing cache files in one pass."""
-        todo = [int(s) for s in slots if self.views[int(s)] is None]
-        if not todo:
-            return
-        s = self.samples
-        f = int(s.slot_file[todo[0]])
-        base = int(s.rg_base[f])
-        paths = tabular.ensure_row_groups(self.src, s.infos[f], [t - base for t in todo], self.layout,
-                                          self.cache_dir)
-        for t, path in zip(todo, paths):
-            self.views[t] = tabular.RowGroupView(path, self.layout)
+    def map(self, slots) -> dict[int, tabular.RowGroupView]:
+        """The row groups ``slots`` (all of one data file), reading the ones this process does not hold in one
+        pass over the file: ``{slot: view}``."""
+        out, todo = {}, []
+        for t in dict.fromkeys(int(x) for x in slots):
+            v = self.views.get(t)
+            if v is None:
+                todo.append(t)
+            else:
+                out[t] = v
+        if todo:
+            s = self.samples
+            f = int(s.slot_file[todo[0]])
+            base = int(s.rg_base[f])
+            tables = tabular.read_row_groups(self.src, s.infos[f], [t - base for t in todo], self.layout)
+            for t, table in zip(todo, tables):
+                if s.lazy:  # the frame columns of a selection opened without its frames: checked here, read once
+                    s.frames.offer(t, table)
+                out[t] = v = tabular.RowGroupView(table, self.layout)
+                self.views.put(t, v)
+        return out
 
     def rows_of(self, f: int, rows: np.ndarray, column: str):
         """Values of ``column`` at rows ``rows`` of data file ``f`` (numpy (T, *shape), or a list of Arrow scalars
@@ -173,11 +179,11 @@ class Worker:
             arr = self.view(base + int(rgs[0])).column(column)
             return arr[offs] if isinstance(arr, np.ndarray) else [arr[int(x)] for x in offs]
         uniq = np.unique(rgs)
-        self.map(base + uniq)  # the row groups this item spans, built together
+        views = self.map(base + uniq)  # the row groups this item spans, read together
         parts = []
         for rg in uniq:
             mask = rgs == rg
-            parts.append((mask, self.view(base + int(rg)).column(column), offs[mask]))
+            parts.append((mask, views[base + int(rg)].column(column), offs[mask]))
         first = parts[0][1]
         if isinstance(first, np.ndarray):
             out = np.empty((len(rows), *first.shape[1:]), first.dtype)
@@ -426,16 +432,23 @@ class BatchRows:
         self.row0 = s.row0[ii].astype(np.int64)
         self.slot, self.offset = s.slot[ii].astype(np.int64), s.offset[ii].astype(np.int64)
         self._windows: dict[str, tuple] = {}
-        for f in np.unique(self.file):  # the batch's row groups of each file, cache files built together
-            w.map(np.unique(self.slot[self.file == f]))
+        # the batch's row groups of each file, read together, held for the batch (the process's own bounded set may
+        # let some go while a large batch is read)
+        self.views: dict[int, tabular.RowGroupView] = {}
+        for f in np.unique(self.file):
+            self.views.update(w.map(np.unique(self.slot[self.file == f])))
+
+    def view(self, slot: int) -> tabular.RowGroupView:
+        v = self.views.get(slot)
+        return v if v is not None else self.w.view(slot)
 
     def first(self, column: str):
         """``column`` of the first sample's row group (its dtype and element shape are every row group's)."""
-        return self.w.view(int(self.slot[0])).column(column)
+        return self.view(int(self.slot[0])).column(column)
 
     def values(self, column: str) -> list:
         """``column``'s value of each sample (Arrow scalars: strings, image cells)."""
-        return [self.w.view(int(t)).column(column)[int(o)] for t, o in zip(self.slot, self.offset)]
+        return [self.view(int(t)).column(column)[int(o)] for t, o in zip(self.slot, self.offset)]
 
     def window(self, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``delta_timestamps`` key ``key``'s windows: (frame indices clamped to the episode q (B, T), pad (B, T),
@@ -454,7 +467,7 @@ class BatchRows:
         ss = self.slot[sel]
         for t in np.unique(ss):
             m = sel[ss == t]
-            out[m] = self.w.view(int(t)).column(column)[o[m]]
+            out[m] = self.view(int(t)).column(column)[o[m]]
 
     def neighbours(self, column: str, key: str, out: np.ndarray) -> None:
         """``out`` (B, T, ...) = ``column`` over key ``key``'s windows (:meth:`window`)."""

@@ -2,7 +2,7 @@
 
 One job: item assembly (options, ``__getitem__`` / ``__getitems__``, pickling, the properties lerobot reads). No
 SQL runs here. Construction only does vectorised bookkeeping over the manifest (the per-sample table,
-:mod:`lerobot_sql.torch._samples`); the row-group caches and video indexes are built on first use, by whichever
+:mod:`lerobot_sql.torch._samples`); row groups are read and video indexes built on first use, by whichever
 process reads the item (DataLoader workers included), each process with its own maps and decoders
 (:mod:`lerobot_sql.torch._worker`). How stored values become item values: :mod:`lerobot_sql.torch._values`; what a
 batch is and where its memory lives: :mod:`lerobot_sql.torch.batch`; the remote fetch ahead:
@@ -195,7 +195,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._clips = {k: v for k, v in self._meta.clips.items() if k in self._video_keys}
         self._gray_files = frozenset(rel for k in self._depth_video for rel in s.video_files[k])
         self._extra_cols = _values.extra_columns(s.manifest, self._extras)
-        # Columns and their kinds from the first data file's schema: the columns of its row-group cache files.
+        # Columns and their kinds from the first data file's schema: the columns of every row group read.
         schema = s.infos[0].schema
         self._columns = [c for c in schema.names if c not in self._skip_columns]
         self._plain = [(c, "image" if c in self._layout.image_keys else

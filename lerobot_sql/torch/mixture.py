@@ -245,7 +245,9 @@ class CollectionDataset(torch.utils.data.Dataset):
         out["dataset_index"] = torch.tensor(code, dtype=torch.int64)
         return out
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(i, slice):  # as a dataset's own (and lerobot 0.6's LeRobotDataset): the items, in order
+            return [self[j] for j in range(*i.indices(len(self)))]
         i = item_index(i)  # as a dataset's own: a bool or a one-element tensor is a TypeError
         n = len(self)
         if not -n <= i < n:

@@ -400,17 +400,13 @@ def plan_epoch(w, order: np.ndarray | None, n: int) -> tuple[dict[str, list[tupl
 
 def byte_ranges(w, jj: np.ndarray) -> dict[str, list[tuple[int, int]]]:
     """``{file: merged [start, end) ranges}`` the items ``jj`` read and process state ``w`` has not built from yet:
-    the row groups (windows' too) whose cache files do not exist, and per camera and mp4 the packets from each
+    the row groups (windows' too) this process does not hold, and per camera and mp4 the packets from each
     frame's keyframe run to a few packets past it (plus PyAV's read block), with the container head
     (:mod:`lerobot_sql._readers.need`'s rule, as ``prefetch`` plans a query). A file that fails to open is left out
     (the item's own read raises)."""
     out = {}
-    for f, info, base, _m, own, window in _data_rows(w, jj):
-        folder = w.rg_folders.get(int(f))
-        if folder is None:
-            folder = w.rg_folders[int(f)] = tabular.row_group_folder(w.src, info, w.cache_dir, w.layout)
-        todo = [rg for rg in _need.row_groups(info, own, window).tolist() if w.views[base + rg] is None and not
-                tabular.row_group_path(w.src, info, rg, w.cache_dir, w.layout, folder).exists()]
+    for _f, info, base, _m, own, window in _data_rows(w, jj):
+        todo = [rg for rg in _need.row_groups(info, own, window).tolist() if base + rg not in w.views]
         if todo:
             out[info.rel] = tabular.row_group_ranges(info.metadata, todo)
     for rel, vf, packets, _m, rows in _camera_rows(w, jj):

@@ -1,7 +1,7 @@
-"""The on-disk cache heals itself: a truncated, emptied, garbled or silently changed cache entry (a
-row-group Arrow file, a video index in its Arrow or Parquet form) is noticed the first time a process uses it,
-rebuilt once with a CacheWarning naming it, and the items equal those of an undamaged cache. The tabular cache key
-follows info.json's feature dtypes and shapes. Matrix: docs/reliability.md."""
+"""The on-disk cache heals itself: a truncated, emptied, garbled or silently changed cache entry (a video index in
+its Arrow or Parquet form) is noticed the first time a process uses it, rebuilt once with a CacheWarning naming it,
+and the items equal those of an undamaged cache. Row groups are read from the data files, never cached on disk: a
+corrected info.json takes effect at once. Matrix: docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -35,44 +35,33 @@ def _read(root, cache_dir):
     return [ds[i] for i in range(len(ds))]
 
 
-def _entry(cache_dir, kind):
-    if kind == "tabular":
-        files = sorted((cache_dir / "tabular").rglob("rg-*.arrow"))
-        assert len(files) == 1  # episode 0 lies in the first row group
-        return files[0]
+def _entry(cache_dir):
     for p in (cache_dir / "video_index").rglob("*.arrow"):  # the front camera's index
         if pa.ipc.open_file(pa.memory_map(str(p))).schema.metadata[b"path"].decode() == FRONT:
             return p
     raise AssertionError("no index of the front camera")
 
 
-def _change_a_value(path, kind):
-    """A few bytes inside one value the items read: an action of episode 0's frame 5 (tabular), or the time of the
-    front camera's frame 10 set to that of frame 11 (the index then sends frame 11's time to frame 10)."""
+def _change_a_value(path):
+    """A few bytes inside one value the items read: the time of the front camera's frame 10 set to that of frame 11
+    (the index then sends frame 11's time to frame 10)."""
     t = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
     data = bytearray(path.read_bytes())
-    if kind == "tabular":
-        row = np.asarray(t["action"][5].as_py(), np.float32)
-        old, new = row.tobytes(), row.copy()
-        new[0] = -new[0] if new[0] else np.float32(1)  # one float: its sign bit (or 4 bytes of 0.0)
-        new = new.tobytes()
-    else:
-        pts_s = t["pts_s"].to_numpy()
-        old, new = pts_s[10:11].tobytes(), pts_s[11:12].tobytes()
+    pts_s = t["pts_s"].to_numpy()
+    old, new = pts_s[10:11].tobytes(), pts_s[11:12].tobytes()
     at = data.find(old)
     assert at > 0 and data.find(old, at + 1) < 0
     changed = sum(a != b for a, b in zip(old, new))
-    assert 0 < changed <= len(old) == (24 if kind == "tabular" else 8)
+    assert 0 < changed <= len(old) == 8
     data[at:at + len(old)] = new
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("kind", ["tabular", "video_index"])
 @pytest.mark.parametrize("damage", ["truncated", "empty", "garbled", "value", "no_checksum"])
-def test_a_damaged_cache_entry_is_rebuilt_once_with_a_warning(datasets, tmp_path, monkeypatch, kind, damage):
+def test_a_damaged_cache_entry_is_rebuilt_once_with_a_warning(datasets, tmp_path, monkeypatch, damage):
     root, c = datasets / "small20", tmp_path / "c"
     want = _read(root, c)
-    victim = _entry(c, kind)
+    victim = _entry(c)
     before = victim.read_bytes()
     if damage == "truncated":
         truncate(victim, 0.6)
@@ -81,7 +70,7 @@ def test_a_damaged_cache_entry_is_rebuilt_once_with_a_warning(datasets, tmp_path
     elif damage == "garbled":
         scribble(victim, 0.0, 64)
     elif damage == "value":
-        _change_a_value(victim, kind)
+        _change_a_value(victim)
     else:
         victim.with_name(victim.name + ".crc").unlink()
     _new_process(monkeypatch)
@@ -114,7 +103,8 @@ def test_a_damaged_parquet_video_index_is_rebuilt(datasets, tmp_path, monkeypatc
 
 
 def test_fixing_info_json_is_not_masked_by_the_tabular_cache(damaged, tmp_path):
-    """A row group decoded under a wrong dtype in info.json must not be served once info.json is corrected."""
+    """A row group decoded under a wrong dtype in info.json must not be served once info.json is corrected (row
+    groups are read from the data file under the info.json of each connection)."""
     root = damaged()
     c = tmp_path / "c"
     good = json.loads((root / INFO).read_text())

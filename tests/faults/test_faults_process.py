@@ -122,7 +122,7 @@ def test_two_processes_build_the_same_cache_entry(damaged, tmp_path, datasets):
     assert outs[0][0] == outs[1][0] and len(outs[0][0].strip()) == 64
     assert not list(cache.rglob("*.tmp"))
     n = _cache_entries_whole(cache)
-    assert n >= 4  # 2 video indexes (+ their arrow forms) and the row groups
+    assert n >= 2  # the 2 cameras' video indexes (row groups are read from the data files, never cached)
     # one entry per key: a third reader reuses them and builds nothing
     def entries():  # the live dataset's own per-sample file (manifests/) is not a cache entry
         return sorted(p.name for p in cache.rglob("*") if p.is_file() and p.parent.name != "manifests")
