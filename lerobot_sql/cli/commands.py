@@ -55,7 +55,9 @@ DATASET is the root of a LeRobot v3.0 (or v2.0/v2.1) dataset (the folder holding
 
 # ---- helpers -------------------------------------------------------------------------------------------------------
 def _seconds(text: str) -> float:
-    """A positive, finite number of seconds (``--timeout``)."""
+    """A finite number of seconds > 0 (``--timeout``, ``--tolerance-s``: what ``dataset()`` and ``doctor.run``
+    accept; 0, a negative or NaN tolerance matches no frame, so doctor would fail a healthy dataset with wrong fixes
+    and export end in a traceback; inf any frame)."""
     import math
 
     try:
@@ -63,23 +65,7 @@ def _seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return v
-
-
-def _tolerance(text: str) -> float:
-    """A positive, finite tolerance in seconds (``--tolerance-s``); what ``dataset()`` and ``doctor.run`` accept.
-
-    0, a negative or NaN value matches no frame (doctor would fail a healthy dataset with wrong fixes, export would
-    end in a traceback), inf any frame."""
-    import math
-
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds (default 1e-4), got {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0 (default 1e-4), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
     return v
 
 
@@ -559,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "collection manifest saved from coll.manifest(sql)")
     sp.add_argument("--overwrite", action="store_true", help="replace DEST if it exists (once the new one is complete); only an empty folder "
                          "or an earlier lerobot-sql export is ever replaced")
-    sp.add_argument("--tolerance-s", type=_tolerance, default=1e-4,
+    sp.add_argument("--tolerance-s", type=_seconds, default=1e-4,
                     help="how far a data timestamp may be from its video frame, in seconds (default 1e-4)")
     sp.add_argument("--align", choices=["timestamp", "frame_index"], default="timestamp",
                     help="how each row's camera frame is found: by time (default) or frame_index, the row's "
@@ -590,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
               "lerobot-sql doctor sample/small20 --decode"],
              cmd_doctor)
     sp.add_argument("--json", action="store_true", help="print the report as JSON")
-    sp.add_argument("--tolerance-s", type=_tolerance, default=1e-4,
+    sp.add_argument("--tolerance-s", type=_seconds, default=1e-4,
                     help="allowed timestamp error in seconds (default 1e-4, as lerobot)")
     sp.add_argument("--no-video", action="store_true", help="skip the video checks (faster)")
     sp.add_argument("--decode", action="store_true",
