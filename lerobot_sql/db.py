@@ -273,6 +273,7 @@ class Database(QueryFace):
         self.layout.check_cameras(kw["cameras"] or [])
         path = plan_manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
         kept = keep = lazy = None
+        frames_unread = False  # opened without reading its frames (a large whole-episode selection)
         if sql is None:  # its own manifest, from the pointers: nothing to check
             from .torch import _selections
 
@@ -282,12 +283,14 @@ class Database(QueryFace):
             keep = _selections.entry(self.files, self._episode_pointers(), keyed, episodes=ep, **kw)
             kept = _selections.load(keep)
             if kept is not None:
-                manifest = kept.read()[1]
+                runs, manifest = kept.read()
+                frames_unread = b"frames" in (runs.schema.metadata or {})
             else:
                 # a large selection opens from the pointers alone; its frames are checked per row group as read
                 lazy = self._episode_runs(ep, **kw)
                 if lazy is not None:
                     manifest, lazy = lazy[0], lazy[1:]
+                    frames_unread = True
                 else:
                     manifest = self._episodes_manifest(episodes, **kw)
                     if keep is not None and not set(pc.unique(manifest["data_file"]).to_pylist()) <= set(keyed):
@@ -305,6 +308,7 @@ class Database(QueryFace):
                                             ptr=self._episode_pointers(), ordered=checked.ordered, **kw)
                 if lazy is not None:
                     manifest, lazy = lazy[0], lazy[1:]
+                    frames_unread = True
                     episodes = result["episode_index"].to_pylist()
                 else:
                     manifest = self._resolve(result, sql, checked.ordered, **kw)
@@ -321,7 +325,7 @@ class Database(QueryFace):
                       f"{'' if self.layout.tasks_file else ' (the file is missing)'}; items carry the task text as "
                       "LeRobotDataset's do. Restore the file from the dataset's source (`lerobot-sql doctor`: "
                       "tasks_exist)")
-        if stats == "selection" and lazy is not None:
+        if stats == "selection" and frames_unread:
             def stats_fn(db=self, eps=episodes, kw=kw):  # its frames, read now (the open read none)
                 return db._stats_of(db._episodes_manifest(eps, **kw))
         elif stats == "selection":

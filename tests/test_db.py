@@ -87,6 +87,10 @@ def test_sql_that_is_not_a_string_is_a_type_error_naming_it(datasets, bad):
     (dict(memory_limit="0MB"), ValueError, r"memory_limit='0MB': give a positive amount"),
     (dict(memory_limit="150%"), ValueError, r"memory_limit='150%': a share of RAM is at most 100%"),
     (dict(memory_limit="1e30GB"), ValueError, r"memory_limit='1e30GB': past DuckDB's range"),
+    # hostile review 8, F9: "+5GB" passed and DuckDB's parser refused it bare; amounts that round to no memory
+    (dict(memory_limit="+5GB"), ValueError, r"memory_limit='\+5GB' is not a number with a unit"),
+    (dict(memory_limit="0.5b"), ValueError, r"memory_limit='0.5b': below 1 MB"),
+    (dict(memory_limit="1e-20GB"), ValueError, r"memory_limit='1e-20GB': below 1 MB"),
 ])
 def test_bad_threads_and_memory_limit_are_named_before_duckdb_sees_them(datasets, kw, error, match):
     """`connect(threads=-1)`, `memory_limit="abc"` / `10**12` met DuckDB's bare SyntaxException / ParserException;

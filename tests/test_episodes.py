@@ -235,3 +235,23 @@ def test_repeated_episode_rows_are_warned_about(datasets):
     with pytest.warns(UserWarning, match=r"1 frame\(s\) come more than once .*index 5 2 times.*SELECT DISTINCT index"):
         ds = db.dataset("SELECT 5 AS index UNION ALL SELECT 5", cameras=[])
     assert len(ds) == 2 and ds[0]["index"] == ds[1]["index"] == 5
+
+
+@pytest.mark.parametrize("column", ["index", "frame_index"])
+def test_a_frame_integer_column_stored_as_text_is_refused_by_its_type(datasets, tmp_path, column):
+    """frame_index stored as strings ended in a bare TypeError; index as strings was refused as "rows not in index
+    order" with a fix that did not apply (hostile review 8, F2)."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    f = root / "data/chunk-000/file-000.parquet"
+    t = pq.read_table(f)
+    pq.write_table(t.set_column(t.column_names.index(column), column, t[column].cast(pa.string())), f)
+    with pytest.raises(DatasetFormatError, match=rf"column '{column}' is stored as string"):
+        lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[])

@@ -892,6 +892,34 @@ def test_a_206_without_content_range_under_sql_and_items_is_a_remote_error_and_c
         assert_items_equal(db.dataset(episodes=[4])[3], lsql.connect(datasets / "small20").dataset(episodes=[4])[3])
 
 
+@pytest.mark.parametrize("rotating", [False, True])
+def test_a_server_ignoring_if_match_gives_no_bytes_of_another_version(blob_server, tmp_path, rotating):
+    """A server that sends ETags but evaluates no condition (Python's http.server, some static hosts) answered a
+    read pinned by If-Match with the bytes of a file changed at the same size: a running dataset mixed two versions
+    (hostile review 8, F8: items carried the new file's actions beside the old). The answer's own ETag is compared
+    with the pin: FileChangedError, nothing of the new version cached. A farm whose nodes tag the same bytes
+    differently and ignore If-Match is still told apart by the bytes (the rotating case reads on)."""
+    from lerobot_sql.errors import FileChangedError
+
+    srv, data = blob_server
+    srv.faults["ignore_conditions"] = True
+    fs, url = _blob_fs(srv, tmp_path, timeout_s=60)
+    assert fs.read_range(url, 0, 1000) == data[:1000]  # pinned by its ETag
+    path = srv.root / "blob.bin"
+    st = path.stat()
+    if rotating:
+        srv.faults["rotating_etag"] = True  # same bytes, a new ETag per answer
+        with pytest.warns(UserWarning, match="ETag"):
+            assert fs.read_range(url, 4_000_000, 4_100_000) == data[4_000_000:4_100_000]
+        return
+    new = bytes(255 - x for x in data)
+    path.write_bytes(new)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new version (ETag and Last-Modified)
+    with pytest.raises(FileChangedError, match=r"blob\.bin: the file changed on the server"):
+        fs.read_range(url, 4_000_000, 4_100_000)
+    assert fs.missing(url, 4_000_000, 4_100_000) == [(4_000_000, 4_100_000)]
+
+
 def test_a_206_announcing_another_file_size_is_a_file_change(blob_server, tmp_path):
     """The Content-Range of a 206 names the file's size: another size than the one this session pinned means the
     file changed on the server (the only sign a server without validators gives mid-run): FileChangedError."""

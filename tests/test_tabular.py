@@ -164,3 +164,39 @@ def test_a_same_size_replacement_with_the_old_mtime_is_not_served_from_the_cache
     after, sql_after = item_and_sql()
     np.testing.assert_array_equal(np.asarray(sql_after, np.float32), -before)
     np.testing.assert_array_equal(after, -before)  # the new file's values, not the cached old ones
+
+
+@pytest.mark.parametrize("column", ["index", "episode_index", "frame_index", "task_index"])
+@pytest.mark.parametrize("how", ["every frame read at the open", "frames read per row group", "a window query"])
+def test_a_null_in_a_frame_integer_column_is_refused_where_it_is_read(datasets, tmp_path, monkeypatch, column, how):
+    """One NULL cell of a frame's integer column (row 1000: episode 3) was served as index NaN (float64), made every
+    item of its row group carry float64, or ended in bare ValueError / ArrowInvalid: a DatasetFormatError naming the
+    file and the column (hostile review 8, F1)."""
+    import lerobot_sql as lsql
+    from lerobot_sql._plan import episodes
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    f = root / "data/chunk-000/file-000.parquet"
+    t = pq.read_table(f)
+    v = t[column].to_pylist()
+    v[1000] = None
+    pq.write_table(t.set_column(t.column_names.index(column), column, pa.array(v, t.schema.field(column).type)), f)
+    if how == "frames read per row group":
+        monkeypatch.setattr(episodes, "LAZY_FRAMES", 0)
+    with pytest.raises(DatasetFormatError, match=rf"file-000\.parquet.*{column}" if (how, column) != (
+            "a window query", "episode_index") else "episode 3"):  # (no episode: its frames do not add up)
+        db = lsql.connect(root, cache_dir=tmp_path / "c")
+        if how == "a window query":
+            ds = db.dataset("SELECT episode_index, 7.0 AS start_s, 7.4 AS end_s FROM episodes WHERE episode_index = 3",
+                            cameras=[])
+            [ds[i] for i in range(len(ds))]
+        else:
+            db.dataset(cameras=[])[1000]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "abc", "0"])
+def test_a_bad_row_group_budget_is_named(monkeypatch, value):
+    monkeypatch.setenv("LSQL_ROW_GROUP_MB", value)
+    with pytest.raises(ValueError, match="LSQL_ROW_GROUP_MB"):
+        tabular.row_group_budget()

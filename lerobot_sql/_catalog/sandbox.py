@@ -55,7 +55,8 @@ _MEMORY_UNITS = {
        "megabytes"), ("g", "gb", "gigabyte", "gigabytes"), ("t", "tb", "terabyte", "terabytes")), 1) for u in names},
     **{u: 1024 ** i for i, u in enumerate(("kib", "mib", "gib", "tib"), 1)},
 }
-_MEMORY = re.compile(r"\s*([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*([a-z]+|%)?\s*", re.IGNORECASE)
+# (no "+": DuckDB's parser refuses it; "-" is read to refuse it by name below)
+_MEMORY = re.compile(r"\s*(-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*([a-z]+|%)?\s*", re.IGNORECASE)
 _MEMORY_FORM = ("a string with a unit, e.g. memory_limit=\"8GB\", \"512MB\", \"4GiB\", or a share of RAM "
                 "\"50%\" (None: min(RAM / 4, 4 GiB))")
 
@@ -100,6 +101,8 @@ def check_settings(threads, memory_limit) -> tuple[int | None, str | None]:
         if unit != "%" and amount * _MEMORY_UNITS[unit] >= 2 ** 63:
             raise ValueError(f"memory_limit={memory_limit!r}: past DuckDB's range (below 8 EiB); give "
                              f"{_MEMORY_FORM}")
+        if unit != "%" and amount * _MEMORY_UNITS[unit] < 1 << 20:  # "0.5b", "1e-20GB": every query out of memory
+            raise ValueError(f"memory_limit={memory_limit!r}: below 1 MB, no query could run; give {_MEMORY_FORM}")
     return threads, memory_limit
 
 

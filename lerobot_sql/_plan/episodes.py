@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from .._format.layout import Layout, check_stored_type
 from .._format.metadata import parquet_read_errors, read_pointers, video_clips
 from .._storage.source import Source
-from ..errors import ResultContractError
+from ..errors import DatasetFormatError, MissingFileError, ResultContractError
 from .clips import (
     FrameRules,
     check_clips,
@@ -59,7 +59,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         DatasetFormatError: duplicate meta/episodes rows, timestamps off the fps grid, bad clip pointers, an
             unreadable data file.
     """
-    from .._readers.tabular import row_group_ranges
+    from .._readers.tabular import check_frame_nulls, row_group_ranges
 
     p = _pointers(src, layout, result, ptr, sql)
     if p is None:
@@ -90,6 +90,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
                 whole = len(rgs) == md.num_row_groups  # (one read is faster than 200 row-group reads)
                 t = (pf.read(columns=cols, use_threads=False) if whole  # one thread: see Source.open
                      else pf.read_row_groups(rgs.tolist(), columns=cols, use_threads=False))
+        check_frame_nulls(t, src.path(rel))
         # table position of file row r: r - offsets[rg] + (rows of the earlier row groups read)
         sizes = offsets[rgs + 1] - offsets[rgs]
         base = np.concatenate([[0], np.cumsum(sizes)])[:-1]
@@ -237,7 +238,7 @@ def _footer(src: Source, layout: Layout, rel: str, rows: int, keep: bool = True)
     Raises:
         DatasetFormatError: a feature's stored type disagrees with info.json (an int dtype over floats).
     """
-    from .._readers.tabular import data_file_info
+    from .._readers.tabular import FRAME_INTEGERS, data_file_info
 
     info = data_file_info(src, rel, keep=keep)
     for field in info.schema:  # an int dtype over floats must not reach the reader's cast
@@ -246,6 +247,11 @@ def _footer(src: Source, layout: Layout, rel: str, rows: int, keep: bool = True)
             t = t.value_type
         check_stored_type(layout.features.get(field.name), pa.types.is_floating(t) or pa.types.is_decimal(t),
                           src.path(rel))
+        if field.name in FRAME_INTEGERS and not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)):
+            # (floats: check_stored_type above, against info.json's dtype)
+            raise DatasetFormatError(f"{src.path(rel)}: column {field.name!r} is stored as {field.type}, not as "
+                                     "integers (lerobot writes int64); rewrite the file with that column as int64, or "
+                                     "restore it from the dataset's source")
     if info.rg_offsets[-1] != rows or not all(c in info.schema.names for c in FRAME_COLUMNS[:4]):
         return None
     return info
@@ -289,8 +295,11 @@ def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr
     used = np.unique(fcode[uniq_rows])
 
     def footer(code):
-        with parquet_read_errors(src, files[code]):
-            return _footer(src, layout, files[code], int(total[code]), keep=False)
+        try:
+            with parquet_read_errors(src, files[code]):
+                return _footer(src, layout, files[code], int(total[code]), keep=False)
+        except MissingFileError:  # a stale pointer, maybe: the frames' path finds the rows where they are
+            return None
 
     # footers in parallel (40 ms each at 5,000 row groups locally, a round trip each remotely), not kept: each
     # process parses a file's footer where it first reads it

@@ -402,8 +402,10 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
     Raises:
         as :func:`build_manifest` for a whole-episode result (what it checks from pointers, footers and clips).
     """
-    if ptr is None or result.num_rows == 0 or result.column_names != ["episode_index"]:
-        return None  # (a query's other shapes, or extras: the frames' path)
+    if ptr is None or result.num_rows == 0 or result.column_names != ["episode_index"] or layout.legacy:
+        # (a query's other shapes, or extras: the frames' path; v2.x pointers are derived from the episodes'
+        # lengths, so one wrong length would shift every later episode: read the frames)
+        return None
     result = contract.check_contract_types(result, "episode", sql)
     if not ordered:  # as build_manifest sorts a result without ORDER BY
         result = result.sort_by([("episode_index", "ascending")])
@@ -456,6 +458,15 @@ def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layou
                 "meta/episodes (run `lerobot-sql doctor`)")
     if check_only:
         return None
+    from .._readers.tabular import FRAME_INTEGERS
+
+    for c in FRAME_INTEGERS:  # a NULL cell of the data (NaN in an item, float64 in its row group's items)
+        if c in manifest.column_names and manifest[c].null_count:
+            j = int(pc.index(pc.is_null(manifest[c]), True).as_py())
+            raise DatasetFormatError(
+                f"{manifest['data_file'][j].as_py()}: column {c!r} is NULL in row {manifest['data_row'][j].as_py()}; "
+                f"every frame has an {c} (lerobot's is an int64). Restore the file from the dataset's source "
+                "(`lerobot-sql doctor` reads every row)")
     return _manifest.finish(manifest, mode=mode, extras=extras, video_keys=layout.video_keys, fps=layout.fps,
                             sql=sql, clips=clips, cameras=None if cameras is None else keys,
                             dataset_id=_manifest.dataset_identity(layout))

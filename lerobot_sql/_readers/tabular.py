@@ -187,7 +187,28 @@ def check_shapes(table: pa.Table, layout: Layout, where: str) -> None:
             _flat_values(col.combine_chunks(), name, feat, where)
 
 
+# The columns every item and manifest reads as integers: a NULL there has no value an item can carry (pyarrow would
+# hand it over as a float NaN, and the row's index / frame_index as float64).
+FRAME_INTEGERS = ("index", "episode_index", "frame_index", "task_index")
+
+
+def check_frame_nulls(table: pa.Table, where: str) -> None:
+    """Refuse a NULL in ``table``'s frame integer columns (:data:`FRAME_INTEGERS`; rows of ``where``: a data file,
+    or one of its row groups).
+
+    Raises:
+        DatasetFormatError: naming the file, the column and the row (of ``table``).
+    """
+    for name in FRAME_INTEGERS:
+        if name in table.column_names and table[name].null_count:
+            row = int(pc.index(pc.is_null(table[name]), True).as_py())
+            raise DatasetFormatError(f"{where}: column {name!r} is NULL (row {row} of those read); every frame has "
+                                     f"an {name} (lerobot's is an int64). Restore the file from the dataset's source "
+                                     "(`lerobot-sql doctor` reads every row)")
+
+
 def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
+    check_frame_nulls(table, where)
     cols = {}
     for name in table.column_names:
         col = table[name]
@@ -256,7 +277,11 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
         raise DatasetFormatError(f"{where}: row group {rgs[len(out)] if len(out) < len(rgs) else rgs[-1]} cannot be "
                                  f"decoded ({e}); the file is corrupt, re-download it from the dataset's "
                                  "source") from e
-    return out if layout is None else [_normalise(t, layout, where) for t in out]
+    if layout is None:
+        for rg, t in zip(rgs, out):
+            check_frame_nulls(t, f"{where} (row group {int(rg)})")
+        return out
+    return [_normalise(t, layout, f"{where} (row group {int(rg)})") for rg, t in zip(rgs, out)]
 
 
 _READERS: "collections.OrderedDict[tuple, tuple[int, pq.ParquetFile]]" = collections.OrderedDict()
@@ -309,11 +334,21 @@ class RowGroupView:
 
 def row_group_budget() -> int:
     """Bytes of decoded row groups a process keeps (:class:`RowGroups`): ``$LSQL_ROW_GROUP_MB`` megabytes, default
-    64 (about 2,000 row groups of 300 frames of a 14-float state and action)."""
+    64 (about 2,000 row groups of 300 frames of a 14-float state and action).
+
+    Raises:
+        ValueError: the variable is not a finite number of megabytes > 0 (naming it).
+    """
+    import math
+
+    text = os.environ.get("LSQL_ROW_GROUP_MB", "64")
     try:
-        mb = float(os.environ.get("LSQL_ROW_GROUP_MB", "64"))
+        mb = float(text)
     except ValueError:
-        mb = 64.0
+        mb = math.nan
+    if not (math.isfinite(mb) and 0 < mb <= 1 << 30):
+        raise ValueError(f"LSQL_ROW_GROUP_MB={text!r}: the megabytes of row groups a process keeps must be a number "
+                         "> 0 (default 64); set it to one, or unset it")
     return max(int(mb * (1 << 20)), 1)
 
 

@@ -293,6 +293,7 @@ async def http_get_async(fs, path: str, a: int, b: int, headers: dict, size: int
             if r.status == 404:
                 raise FileNotFoundError(url)
             r.raise_for_status()  # 412 -> FileChangedError in pinned_get; 5xx -> retried
+            _check_validators(r.headers, headers, url, a, b)
             n = r.content_length
             if r.status == 200:
                 total = n if n is not None else size
@@ -329,6 +330,36 @@ async def http_get_async(fs, path: str, a: int, b: int, headers: dict, size: int
         return await get()
     except aiohttp.ServerTimeoutError:  # sock_read before the headers (body() names its own)
         raise Stalled(f"{url}: no answer to the request for bytes {a}-{b} within {stall_s:g} s") from None
+
+
+class PreconditionIgnored(Exception):
+    """A server answered a conditional GET with bytes of another version than the one asked for (it ignores
+    ``If-Match`` / ``If-Unmodified-Since``): taken as its 412 would be (:func:`precondition_failed`)."""
+
+    status = 412
+
+
+def _check_validators(got, sent: dict, url: str, a: int, b: int) -> None:
+    """Refuse an answer whose ``ETag`` (or ``Last-Modified``) is not the version the request's ``If-Match`` (or
+    ``If-Unmodified-Since``) named: a server that does not evaluate conditions (Python's ``http.server``, some
+    static hosts) would otherwise hand a running dataset the new bytes of a file changed at the same size, mixed with
+    the old ones it holds.
+
+    Raises:
+        PreconditionIgnored: naming both versions (a 412 for :func:`pinned_get`: FileChangedError, after the
+            remote checks a server farm's unstable ETags).
+    """
+    def tag(v):
+        return v.strip().removeprefix("W/") if v else v
+
+    want, have = tag(sent.get("If-Match")), tag(got.get("ETag"))
+    if want and have and want != have:
+        raise PreconditionIgnored(f"{url}: Precondition Failed: asked for bytes {a}-{b} of ETag {want}, the server "
+                                  f"answered with ETag {have} (it ignores If-Match)")
+    want, have = sent.get("If-Unmodified-Since"), got.get("Last-Modified")
+    if want and have and want.strip() != have.strip():
+        raise PreconditionIgnored(f"{url}: Precondition Failed: asked for bytes {a}-{b} of the version of {want}, "
+                                  f"the server answered with Last-Modified {have} (it ignores If-Unmodified-Since)")
 
 
 def s3_get(fs, path: str, a: int, b: int, etag: str) -> bytes:

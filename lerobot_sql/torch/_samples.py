@@ -151,7 +151,11 @@ class Footers:
         return info
 
     def parse_all(self) -> None:
-        """Parse every footer not parsed yet (see :func:`_before_fork`)."""
+        """Parse every footer not parsed yet (see :func:`_before_fork`), for up to :data:`SHARE_FOOTERS` files: a
+        dataset of more files (v2.x: a file per episode) leaves each worker to parse what it reads (92,000 footers
+        would take the parent 17 s and 2 GB at the first fork, or as many round trips remotely)."""
+        if len(self.rels) > SHARE_FOOTERS:
+            return
         for f in range(len(self.rels)):
             self[f]
 
@@ -159,6 +163,8 @@ class Footers:
         # a receiving process parses the footers it reads itself (each is megabytes pickled)
         return {**self.__dict__, "_parsed": [None] * len(self.rels)}
 
+
+SHARE_FOOTERS = 256  # data files whose footers a process parses before a fork (see Footers.parse_all)
 
 # Footers of this process's datasets, parsed before a fork: forked DataLoader workers then share one parse (a
 # 5,000-row-group footer is ~32 MB) instead of each parsing the files it reads into private memory. A warm open
