@@ -435,7 +435,7 @@ def test_export_refuses_data_that_disagrees_with_info_json(datasets, tmp_path):
     info["features"]["observation.state"]["shape"] = [7]
     (src / "meta/info.json").write_text(json.dumps(info))
     db = lsql.connect(src, cache_dir=tmp_path / "cache")
-    with pytest.raises(DatasetFormatError, match=r"file-000\.parquet: column 'observation.state' holds .* shape \[7\]"):
+    with pytest.raises(DatasetFormatError, match=r"file-000\.parquet( \(row group 0\))?: column 'observation.state' holds .* shape \[7\]"):
         db.dataset()[0]
     with pytest.raises(DatasetFormatError, match=r"file-000\.parquet: column 'observation.state' holds .* shape \[7\]"):
         db.export("SELECT episode_index FROM episodes WHERE episode_index < 2", tmp_path / "out", progress=False)
