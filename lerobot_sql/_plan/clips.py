@@ -291,8 +291,8 @@ def check_frames(rules: FrameRules, data_file: str, index: np.ndarray, episode_i
     if len(bad):
         j = int(bad[0])
         raise DatasetFormatError(
-            f"{data_file}: the row meta/episodes puts index {int(exp_index[j])} of episode {int(exp_episode[j])} at "
-            f"holds index {int(index[j])} of episode {int(episode_index[j])}: the file's rows are not one block per "
+            f"{data_file}: the row where meta/episodes puts index {int(exp_index[j])} of episode "
+            f"{int(exp_episode[j])} holds index {int(index[j])} of episode {int(episode_index[j])}: the file's rows are not one block per "
             "episode in index order, as lerobot writes them (and meta/episodes' dataset_from_index / "
             "dataset_to_index say). Select the frames with a query, which reads each frame's own row "
             "(db.dataset(\"SELECT index FROM frames ORDER BY index\")), or fix the file (`lerobot-sql doctor`)")
