@@ -166,12 +166,13 @@ def test_a_same_size_replacement_with_the_old_mtime_is_not_served_from_the_cache
     np.testing.assert_array_equal(after, -before)  # the new file's values, not the cached old ones
 
 
-@pytest.mark.parametrize("column", ["index", "episode_index", "frame_index", "task_index"])
+@pytest.mark.parametrize("column", ["index", "episode_index", "frame_index", "task_index", "timestamp"])
 @pytest.mark.parametrize("how", ["every frame read at the open", "frames read per row group", "a window query"])
 def test_a_null_in_a_frame_integer_column_is_refused_where_it_is_read(datasets, tmp_path, monkeypatch, column, how):
     """One NULL cell of a frame's integer column (row 1000: episode 3) was served as index NaN (float64), made every
     item of its row group carry float64, or ended in bare ValueError / ArrowInvalid: a DatasetFormatError naming the
-    file and the column (hostile review 8, F1)."""
+    file and the column (hostile review 8, F1; a NULL timestamp: review 9, G2, a window left its frame out, an index
+    query ended in a bare ArrowInvalid)."""
     import lerobot_sql as lsql
     from lerobot_sql._plan import episodes
 

@@ -294,13 +294,24 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
             "min(row - index) = max(row - index) AS in_order, "
             f"max(abs(timestamp - frame_index / {number(float(layout.fps))})) AS ts_err, "
             # the time range of its rows: each must name a frame of the episode's clip (clips.outside_clip)
-            "min(timestamp::DOUBLE) AS ts_min, max(timestamp::DOUBLE) AS ts_max "
+            "min(timestamp::DOUBLE) AS ts_min, max(timestamp::DOUBLE) AS ts_max, "
+            # a NULL timestamp: a window's join would leave its frame out, an index result carry a NULL
+            "count(*) - count(timestamp) AS ts_null "
             "FROM _frames_loc WHERE episode_index IN (SELECT DISTINCT episode_index FROM _lsql_sel) GROUP BY 1"
         ).to_arrow_table()
         bad = [r for r in ext.to_pylist() if r["nfiles"] != 1 or r["n"] != r["ep_to_index"] - r["ep_from_index"]
                or r["n"] != r["nrows"] or not r["in_order"]]
         if bad:
             raise _episode_rows_error(con, bad[0])
+        nulls = [r for r in ext.to_pylist() if r["ts_null"]]
+        if nulls:
+            ep = min(r["episode_index"] for r in nulls)
+            f, row = con.execute("SELECT data_file, row FROM _frames_loc WHERE episode_index = ? AND timestamp IS NULL "
+                                 "ORDER BY data_file, row LIMIT 1", [ep]).fetchone()
+            raise DatasetFormatError(f"{src.path(f) if src is not None else f}: column 'timestamp' is NULL in row "
+                                     f"{row} (episode {ep}); every frame has a timestamp (seconds, lerobot's "
+                                     "float32). Restore the file from the dataset's source (`lerobot-sql doctor` "
+                                     "reads every row)")
         con.register("_lsql_ext", ext)
         clips = _check_pointers(con, layout, ext, cameras, tolerance_s, align)
         vsel, vjoin = [], []
@@ -460,12 +471,12 @@ def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layou
         return None
     from .._readers.tabular import FRAME_INTEGERS
 
-    for c in FRAME_INTEGERS:  # a NULL cell of the data (NaN in an item, float64 in its row group's items)
+    for c in (*FRAME_INTEGERS, "timestamp"):  # a NULL cell of the data (NaN in an item, float64 in its row group's)
         if c in manifest.column_names and manifest[c].null_count:
             j = int(pc.index(pc.is_null(manifest[c]), True).as_py())
             raise DatasetFormatError(
                 f"{manifest['data_file'][j].as_py()}: column {c!r} is NULL in row {manifest['data_row'][j].as_py()}; "
-                f"every frame has an {c} (lerobot's is an int64). Restore the file from the dataset's source "
+                "every frame has a value there. Restore the file from the dataset's source "
                 "(`lerobot-sql doctor` reads every row)")
     return _manifest.finish(manifest, mode=mode, extras=extras, video_keys=layout.video_keys, fps=layout.fps,
                             sql=sql, clips=clips, cameras=None if cameras is None else keys,

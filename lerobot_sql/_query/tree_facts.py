@@ -401,10 +401,12 @@ def _recursive_error(cte: str, why: str) -> QueryError:
 # 'temp_directory' | 'secret_directory' ...) tells where the cache and the home folder are; DuckDB's built-in macros
 # that select from its catalog table functions (pg_get_viewdef(oid): every view's SQL, with the cache folder and the
 # dataset's absolute paths; pg_get_constraintdef, format_type, get_block_size) pass as scalar calls although they
-# run a table function inside. (duckdb_settings() and the other table functions are refused with every table
-# function.)
+# run a table function inside; and the functions that take SQL text and bind it inside DuckDB, where neither look
+# sees it (json_serialize_plan(..., optimize := true) folded current_setting('temp_directory') into its answer).
+# (duckdb_settings() and the other table functions are refused with every table function.)
 SETTINGS_FUNCTIONS = frozenset({"current_setting", "pg_get_viewdef", "pg_get_constraintdef", "format_type",
-                                "get_block_size"})
+                                "get_block_size", "json_serialize_plan", "json_serialize_sql", "json_deserialize_sql",
+                                "json_execute_serialized_sql"})
 
 
 # Query nodes of DuckDB's parse tree (json_serialize_sql) that only read; DELETE/UPDATE/INSERT/MERGE ... are

@@ -193,17 +193,17 @@ FRAME_INTEGERS = ("index", "episode_index", "frame_index", "task_index")
 
 
 def check_frame_nulls(table: pa.Table, where: str) -> None:
-    """Refuse a NULL in ``table``'s frame integer columns (:data:`FRAME_INTEGERS`; rows of ``where``: a data file,
-    or one of its row groups).
+    """Refuse a NULL in ``table``'s frame integer columns (:data:`FRAME_INTEGERS`) or ``timestamp`` (rows of
+    ``where``: a data file, or one of its row groups).
 
     Raises:
         DatasetFormatError: naming the file, the column and the row (of ``table``).
     """
-    for name in FRAME_INTEGERS:
+    for name in (*FRAME_INTEGERS, "timestamp"):
         if name in table.column_names and table[name].null_count:
             row = int(pc.index(pc.is_null(table[name]), True).as_py())
             raise DatasetFormatError(f"{where}: column {name!r} is NULL (row {row} of those read); every frame has "
-                                     f"an {name} (lerobot's is an int64). Restore the file from the dataset's source "
+                                     f"a value there (lerobot's {name} is an {'float32' if name == 'timestamp' else 'int64'}). Restore the file from the dataset's source "
                                      "(`lerobot-sql doctor` reads every row)")
 
 

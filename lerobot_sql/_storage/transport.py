@@ -235,15 +235,17 @@ def describe(fs: Any, path: str, *, url: str, trust_etag: bool = True, stall_s: 
 
 
 def http_get(fs, path: str, a: int, b: int, headers: dict, size: int | None, *, url: str,
-             stall_s: float = STALL_S, min_rate: float = MIN_RATE) -> tuple[bytes, bool]:
+             stall_s: float = STALL_S, min_rate: float = MIN_RATE, pinned: dict | None = None) -> tuple[bytes, bool]:
     """:func:`http_get_async` run on fsspec's IO loop (blocking the calling thread until it is done)."""
     from fsspec.asyn import sync
 
-    return sync(fs.loop, http_get_async, fs, path, a, b, headers, size, url=url, stall_s=stall_s, min_rate=min_rate)
+    return sync(fs.loop, http_get_async, fs, path, a, b, headers, size, url=url, stall_s=stall_s, min_rate=min_rate,
+                pinned=pinned)
 
 
 async def http_get_async(fs, path: str, a: int, b: int, headers: dict, size: int | None, *, url: str,
-                         stall_s: float = STALL_S, min_rate: float = MIN_RATE) -> tuple[bytes, bool]:
+                         stall_s: float = STALL_S, min_rate: float = MIN_RATE,
+                         pinned: dict | None = None) -> tuple[bytes, bool]:
     """Bytes [a, b) by one ranged GET on fsspec's aiohttp session, checking the answer as it comes (a coroutine
     of fsspec's IO loop, ``fs.loop``).
 
@@ -293,7 +295,7 @@ async def http_get_async(fs, path: str, a: int, b: int, headers: dict, size: int
             if r.status == 404:
                 raise FileNotFoundError(url)
             r.raise_for_status()  # 412 -> FileChangedError in pinned_get; 5xx -> retried
-            _check_validators(r.headers, headers, url, a, b)
+            _check_validators(r.headers, headers, pinned or {}, url, a, b)
             n = r.content_length
             if r.status == 200:
                 total = n if n is not None else size
@@ -339,11 +341,13 @@ class PreconditionIgnored(Exception):
     status = 412
 
 
-def _check_validators(got, sent: dict, url: str, a: int, b: int) -> None:
+def _check_validators(got, sent: dict, pinned: dict, url: str, a: int, b: int) -> None:
     """Refuse an answer whose ``ETag`` (or ``Last-Modified``) is not the version the request's ``If-Match`` (or
-    ``If-Unmodified-Since``) named: a server that does not evaluate conditions (Python's ``http.server``, some
+    ``If-Unmodified-Since``) named, or, when it carries no ETag, whose ``Last-Modified`` is not the one ``pinned``
+    (the version first read) holds: a server that does not evaluate conditions (Python's ``http.server``, some
     static hosts) would otherwise hand a running dataset the new bytes of a file changed at the same size, mixed with
-    the old ones it holds.
+    the old ones it holds. (An answer with neither validator cannot be judged: the server's If-Match is then what
+    pins the version.)
 
     Raises:
         PreconditionIgnored: naming both versions (a 412 for :func:`pinned_get`: FileChangedError, after the
@@ -356,8 +360,9 @@ def _check_validators(got, sent: dict, url: str, a: int, b: int) -> None:
     if want and have and want != have:
         raise PreconditionIgnored(f"{url}: Precondition Failed: asked for bytes {a}-{b} of ETag {want}, the server "
                                   f"answered with ETag {have} (it ignores If-Match)")
-    want, have = sent.get("If-Unmodified-Since"), got.get("Last-Modified")
-    if want and have and want.strip() != have.strip():
+    want = sent.get("If-Unmodified-Since") or (pinned.get("last_modified") if not got.get("ETag") else None)
+    have = got.get("Last-Modified")
+    if want and have and str(want).strip() != have.strip():
         raise PreconditionIgnored(f"{url}: Precondition Failed: asked for bytes {a}-{b} of the version of {want}, "
                                   f"the server answered with Last-Modified {have} (it ignores If-Unmodified-Since)")
 
@@ -385,11 +390,11 @@ def _http_conditions(pin: dict) -> dict:
 
 
 def _pin_http(fs, path: str, a: int, b: int, pin: dict, **kw: Any) -> tuple[bytes, bool]:
-    return http_get(fs, path, a, b, _http_conditions(pin), pin.get("size"), **kw)
+    return http_get(fs, path, a, b, _http_conditions(pin), pin.get("size"), pinned=pin, **kw)
 
 
 async def _pin_http_async(fs, path: str, a: int, b: int, pin: dict, **kw: Any) -> tuple[bytes, bool]:
-    return await http_get_async(fs, path, a, b, _http_conditions(pin), pin.get("size"), **kw)
+    return await http_get_async(fs, path, a, b, _http_conditions(pin), pin.get("size"), pinned=pin, **kw)
 
 
 def _pin_s3(fs, path: str, a: int, b: int, pin: dict, **kw: Any) -> tuple[bytes, bool]:
