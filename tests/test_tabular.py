@@ -201,3 +201,28 @@ def test_a_bad_row_group_budget_is_named(monkeypatch, value):
     monkeypatch.setenv("LSQL_ROW_GROUP_MB", value)
     with pytest.raises(ValueError, match="LSQL_ROW_GROUP_MB"):
         tabular.row_group_budget()
+
+
+def test_items_read_from_several_threads_equal_one_threads(datasets, tmp_path, monkeypatch):
+    """Items from a thread pool over a dataset larger than the process's row-group set: one open Parquet reader
+    shared by the threads crashed the process, hung, or said a healthy file was corrupt (hostile review 9, G5);
+    each thread has its own reader."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import lerobot_sql as lsql
+
+    monkeypatch.setenv("LSQL_ROW_GROUP_MB", "0.001")
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    f = root / "data/chunk-000/file-000.parquet"
+    pq.write_table(pq.read_table(f), f, row_group_size=7)
+    ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[], delta_timestamps={"action": [-1 / 30, 0]})
+    ref = lsql.connect(datasets / "small20", cache_dir=tmp_path / "r").dataset(
+        cameras=[], delta_timestamps={"action": [-1 / 30, 0]})
+    idx = np.random.default_rng(0).integers(0, len(ds), 1500)
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: ds[int(i)], idx))
+    for i, item in zip(idx[:200], got[:200]):
+        want = ref[int(i)]
+        assert int(item["index"]) == int(i) and bool((item["action"] == want["action"]).all()), int(i)
+    assert [int(x["index"]) for x in got] == [int(i) for i in idx]

@@ -27,6 +27,7 @@ from .._format.layout import Layout, check_stored_type
 from .._format.metadata import corrupt_parquet_files, read_tasks
 from .._query.sqltext import ident, literal, number
 from .._readers import video_index
+from .._readers.tabular import FRAME_INTEGERS
 from .._storage.source import Source, glob_escape
 from ..errors import DatasetFormatError, LeRobotSQLError, warn
 
@@ -280,6 +281,11 @@ def frames(b: Build) -> None:
         feat = layout.features.get(c)
         check_stored_type(feat, re.sub(r"(\[\d*\])+$", "", typ) in ("FLOAT", "DOUBLE") or
                           typ.startswith("DECIMAL"), first)
+        if c in (*FRAME_INTEGERS, "timestamp") and not (typ in _NUMBER_TYPES or typ.startswith("DECIMAL")):
+            # (a string or TIMESTAMP here ended every frame query in DuckDB's bare binder error)
+            raise DatasetFormatError(f"{first}: column {c!r} is stored as {typ}, not as numbers (lerobot writes "
+                                     f"{'float32 seconds' if c == 'timestamp' else 'int64'}); rewrite the data files "
+                                     "with that column as lerobot writes it, or restore them from the dataset's source")
         if feat is not None and feat.is_image and typ.startswith("STRUCT"):
             sel.append(f"{ident(c)}.path AS {ident(c)}")
         elif feat is not None and len(feat.shape) == 1 and typ.endswith("[]") and feat.dtype in DUCKDB_TYPES:
@@ -499,6 +505,10 @@ def _split_unnamed(b: Build) -> None:
     warn(f"{src.path('data')}: {len(why)} data file(s) match info.json's data_path but no episode of {meta} "
          f"{verb} them, and their rows are no episode's own, so they are not read as frames ({shown}). "
          f"`lerobot-sql doctor` lists them (data_files_stray): move them out of data/ ({fix})")
+
+
+_NUMBER_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+                 "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE"}
 
 
 def _warn_repeated_rows(b: Build) -> None:

@@ -247,11 +247,14 @@ def _footer(src: Source, layout: Layout, rel: str, rows: int, keep: bool = True)
             t = t.value_type
         check_stored_type(layout.features.get(field.name), pa.types.is_floating(t) or pa.types.is_decimal(t),
                           src.path(rel))
-        if field.name in FRAME_INTEGERS and not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)):
+        if field.name in (*FRAME_INTEGERS, "timestamp") and not (
+                pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_decimal(field.type)):
             # (floats: check_stored_type above, against info.json's dtype)
             raise DatasetFormatError(f"{src.path(rel)}: column {field.name!r} is stored as {field.type}, not as "
-                                     "integers (lerobot writes int64); rewrite the file with that column as int64, or "
-                                     "restore it from the dataset's source")
+                                     "numbers (lerobot writes "
+                                     f"{'float32 seconds' if field.name == 'timestamp' else 'int64'}); rewrite the "
+                                     "file with that column as lerobot writes it, or restore it from the dataset's "
+                                     "source")
     if info.rg_offsets[-1] != rows or not all(c in info.schema.names for c in FRAME_COLUMNS[:4]):
         return None
     return info

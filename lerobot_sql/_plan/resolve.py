@@ -478,6 +478,10 @@ def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layou
                 f"{manifest['data_file'][j].as_py()}: column {c!r} is NULL in row {manifest['data_row'][j].as_py()}; "
                 "every frame has a value there. Restore the file from the dataset's source "
                 "(`lerobot-sql doctor` reads every row)")
+    if "timestamp" in manifest.column_names and manifest["timestamp"].type != pa.float32():
+        # as the pointers' path gives it (a DECIMAL or float64 column of the data: the dataset maps it as float32)
+        i = manifest.column_names.index("timestamp")
+        manifest = manifest.set_column(i, "timestamp", manifest["timestamp"].cast(pa.float32()))
     return _manifest.finish(manifest, mode=mode, extras=extras, video_keys=layout.video_keys, fps=layout.fps,
                             sql=sql, clips=clips, cameras=None if cameras is None else keys,
                             dataset_id=_manifest.dataset_identity(layout))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -286,22 +287,26 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
 
 _READERS: "collections.OrderedDict[tuple, tuple[int, pq.ParquetFile]]" = collections.OrderedDict()
 _MAX_READERS = 32  # open data files per process (a v2.1 dataset has one per episode: thousands)
+_READERS_LOCK = threading.Lock()
 
 
 def _reader(path: str, identity: str, md: pq.FileMetaData) -> pq.ParquetFile:
-    """An open reader of local data file ``path`` at version ``identity``, kept per process (opening one costs
-    more than reading a small row group); the last :data:`_MAX_READERS` stay open. A fork gets its own (a reader's
-    file offset is not to be shared)."""
-    key = (path, identity)
-    got = _READERS.get(key)
-    if got is not None and got[0] == os.getpid():
-        _READERS.move_to_end(key)
-        return got[1]
+    """An open reader of local data file ``path`` at version ``identity``, kept per process and thread (opening one
+    costs more than reading a small row group); the last :data:`_MAX_READERS` stay open. A fork gets its own, and so
+    does each thread: one reader read from two threads at once crashed the process or failed ("ReadRangeCache did
+    not find matching cache entry")."""
+    key = (path, identity, threading.get_ident())
+    with _READERS_LOCK:
+        got = _READERS.get(key)
+        if got is not None and got[0] == os.getpid():
+            _READERS.move_to_end(key)
+            return got[1]
     pf = pq.ParquetFile(path, metadata=md)
-    _READERS[key] = (os.getpid(), pf)
-    _READERS.move_to_end(key)
-    while len(_READERS) > _MAX_READERS:
-        _READERS.popitem(last=False)
+    with _READERS_LOCK:
+        _READERS[key] = (os.getpid(), pf)
+        _READERS.move_to_end(key)
+        while len(_READERS) > _MAX_READERS:
+            _READERS.popitem(last=False)
     return pf
 
 
@@ -360,24 +365,27 @@ class RowGroups:
         self.budget = row_group_budget() if budget is None else int(budget)
         self._views: "collections.OrderedDict[int, RowGroupView]" = collections.OrderedDict()
         self.nbytes = 0
+        self._lock = threading.Lock()  # items read from several threads share a process's set
 
     def __contains__(self, key: int) -> bool:
         return key in self._views
 
     def get(self, key: int) -> RowGroupView | None:
-        v = self._views.get(key)
-        if v is not None:
-            self._views.move_to_end(key)
-        return v
+        with self._lock:
+            v = self._views.get(key)
+            if v is not None:
+                self._views.move_to_end(key)
+            return v
 
     def put(self, key: int, view: RowGroupView) -> None:
-        old = self._views.pop(key, None)
-        if old is not None:
-            self.nbytes -= old.nbytes
-        self._views[key] = view
-        self.nbytes += view.nbytes
-        while self.nbytes > self.budget and len(self._views) > 1:
-            _, v = self._views.popitem(last=False)
-            self.nbytes -= v.nbytes
+        with self._lock:
+            old = self._views.pop(key, None)
+            if old is not None:
+                self.nbytes -= old.nbytes
+            self._views[key] = view
+            self.nbytes += view.nbytes
+            while self.nbytes > self.budget and len(self._views) > 1:
+                _, v = self._views.popitem(last=False)
+                self.nbytes -= v.nbytes
 
 

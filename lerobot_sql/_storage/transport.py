@@ -353,8 +353,8 @@ def _check_validators(got, sent: dict, pinned: dict, url: str, a: int, b: int) -
         PreconditionIgnored: naming both versions (a 412 for :func:`pinned_get`: FileChangedError, after the
             remote checks a server farm's unstable ETags).
     """
-    def tag(v):
-        return v.strip().removeprefix("W/") if v else v
+    def tag(v):  # weak or strong, quoted or not (a lenient server's `ETag: abc`): the same version
+        return v.strip().removeprefix("W/").strip('"') if v else v
 
     want, have = tag(sent.get("If-Match")), tag(got.get("ETag"))
     if want and have and want != have:
