@@ -258,3 +258,23 @@ def test_a_frame_integer_column_stored_as_text_is_refused_by_its_type(datasets, 
     pq.write_table(t.set_column(t.column_names.index(column), column, t[column].cast(pa.string())), f)
     with pytest.raises(DatasetFormatError, match=rf"column '{column}' is stored as (string|VARCHAR), not as numbers"):
         lsql.connect(root, cache_dir=tmp_path / "c").dataset(sql, cameras=[])
+
+
+@pytest.mark.parametrize("stored", ["Frame_Index", "TIMESTAMP", "Task_Index"])
+@pytest.mark.parametrize("sql", [None, "SELECT index FROM frames WHERE index < 5"])
+def test_a_frame_column_named_in_another_case_is_named(datasets, tmp_path, stored, sql):
+    """A data column stored as `Frame_Index` (SQL reads it as frame_index, lerobot does not) was reported as
+    "internal: the manifest lacks columns (resolver bug; please report)" (hostile review 9, G6)."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from lerobot_sql.errors import DatasetFormatError
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    f = root / "data/chunk-000/file-000.parquet"
+    t = pq.read_table(f)
+    pq.write_table(t.rename_columns([stored if c == stored.lower() else c for c in t.column_names]), f)
+    with pytest.raises(DatasetFormatError, match=rf"column '{stored}' is named like '{stored.lower()}' in another case"):
+        lsql.connect(root, cache_dir=tmp_path / "c").dataset(sql, cameras=[])

@@ -471,6 +471,15 @@ def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layou
         return None
     from .._readers.tabular import FRAME_INTEGERS
 
+    for c in (*FRAME_INTEGERS, "timestamp"):
+        # a data column named like a frame column in another case: SQL reads it as that column (its name as
+        # stored), lerobot does not (its keys are case-sensitive)
+        other = [n for n in manifest.column_names if n.lower() == c and n != c]
+        if c not in manifest.column_names and other:
+            raise DatasetFormatError(
+                f"{manifest['data_file'][0].as_py() if manifest.num_rows else 'the data files'}: column {other[0]!r} "
+                f"is named like {c!r} in another case; lerobot reads {c!r} (names are case-sensitive). Rename the "
+                "column in the data files, or restore them from the dataset's source")
     for c in (*FRAME_INTEGERS, "timestamp"):  # a NULL cell of the data (NaN in an item, float64 in its row group's)
         if c in manifest.column_names and manifest[c].null_count:
             j = int(pc.index(pc.is_null(manifest[c]), True).as_py())
