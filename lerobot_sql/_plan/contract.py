@@ -137,8 +137,10 @@ def check_contract_types(result: pa.Table, mode: str, sql: str) -> pa.Table:
         if col.null_count and not seconds:  # NULL/NaN seconds: check_window_bounds names the row
             i = int(pc.index(pc.is_null(col), True).as_py())
             raise ResultContractError(f"result column {c} is NULL in row {i}: every row must name a frame "
-                                      f"({'an index' if c == 'index' else 'an episode_index'}); filter NULLs out "
-                                      f"(`WHERE {c} IS NOT NULL`): {sql!r}")
+                                      f"({'an index' if c == 'index' else 'an episode_index'}). A NULL the query "
+                                      f"makes: filter it out (`WHERE {c} IS NOT NULL`); one read from the data or "
+                                      "meta/episodes files is damage that filtering would hide: `lerobot-sql doctor` "
+                                      f"names the file: {sql!r}")
     return result
 
 
