@@ -226,3 +226,22 @@ def test_items_read_from_several_threads_equal_one_threads(datasets, tmp_path, m
         want = ref[int(i)]
         assert int(item["index"]) == int(i) and bool((item["action"] == want["action"]).all()), int(i)
     assert [int(x["index"]) for x in got] == [int(i) for i in idx]
+
+
+@pytest.mark.parametrize("name, column, how", [("img5_extras", "next.reward", "cell"), ("img5_extras", "next.done", "cell"),
+                                               ("small20", "action", "element"), ("small20", "action", "cell")])
+def test_a_null_in_a_numeric_feature_is_refused_where_it_is_read(datasets, tmp_path, name, column, how):
+    """A NULL float cell (or one NULL element of a list) was served as NaN on every path and doctor said OK; a NULL
+    bool was a bare TypeError; a NULL list cell was blamed on info.json's shape (hostile review 10, H1-H3)."""
+    import lerobot_sql as lsql
+
+    root = tmp_path / name
+    shutil.copytree(datasets / name, root, ignore=shutil.ignore_patterns("videos"))
+    f = sorted(root.glob("data/*/*.parquet"))[0]
+    t = pq.read_table(f)
+    v = t[column].to_pylist()
+    v[5] = [None, *v[5][1:]] if how == "element" else None
+    pq.write_table(t.set_column(t.column_names.index(column), column, pa.array(v, t.schema.field(column).type)), f)
+    ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[])
+    with pytest.raises(DatasetFormatError, match=rf"column '{column}' (is NULL|has a NULL element) in row 5"):
+        ds[5]

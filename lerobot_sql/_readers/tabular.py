@@ -208,6 +208,35 @@ def check_frame_nulls(table: pa.Table, where: str) -> None:
                                      "(`lerobot-sql doctor` reads every row)")
 
 
+def _check_feature_nulls(col: pa.Array, name: str, where: str) -> None:
+    """Refuse a NULL in a numeric feature's column (a cell, or one element of a list cell): an item would carry it
+    as NaN (a float), fail to convert (a bool), or a list would be short of the feature's shape (hostile review 10:
+    lerobot gives None there, or raises; db.stats refuses such columns).
+
+    Raises:
+        DatasetFormatError: naming the file, the column and the row (of the rows read).
+    """
+    flat, rows = col, None
+    if col.null_count:
+        rows = pc.is_null(col)
+    else:
+        while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
+            flat = flat.flatten()
+        if not flat.null_count:
+            return
+        per_row = len(flat) // max(len(col), 1)
+        rows = pc.is_null(flat)
+        j = int(pc.index(rows, True).as_py())
+        raise DatasetFormatError(f"{where}: column {name!r} has a NULL element in row {j // max(per_row, 1)} (of those "
+                                 "read); every value of a numeric feature is a number (lerobot would carry None, or "
+                                 "fail). Restore the file from the dataset's source (`lerobot-sql doctor` reads every "
+                                 "row)")
+    j = int(pc.index(rows, True).as_py())
+    raise DatasetFormatError(f"{where}: column {name!r} is NULL in row {j} (of those read); every value of a numeric "
+                             "feature is a number (lerobot would carry None, or fail). Restore the file from the "
+                             "dataset's source (`lerobot-sql doctor` reads every row)")
+
+
 def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
     check_frame_nulls(table, where)
     cols = {}
@@ -216,6 +245,7 @@ def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
         col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
         feat = layout.features.get(name)
         if feat is not None and feat.dtype in _NUMERIC:
+            _check_feature_nulls(col, name, where)
             n = int(np.prod(feat.shape))
             typ = pa.from_numpy_dtype(np.dtype(feat.dtype))
             if col.type == typ or (pa.types.is_fixed_size_list(col.type) and col.type.list_size == n

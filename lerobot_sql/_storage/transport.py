@@ -93,6 +93,8 @@ def version_of(info: dict) -> dict:
     etag = info.get("ETag") or info.get("etag")
     if isinstance(etag, str) and etag and not etag.startswith("W/"):
         out["etag"] = etag if etag.startswith('"') else f'"{etag}"'
+    elif isinstance(etag, str) and etag:  # not sent as a condition, but compared with each answer's own
+        out["weak_etag"] = etag
     lm = info.get("Last-Modified")
     if isinstance(lm, str) and lm:
         out["last_modified"] = lm
@@ -343,8 +345,8 @@ class PreconditionIgnored(Exception):
 
 def _check_validators(got, sent: dict, pinned: dict, url: str, a: int, b: int) -> None:
     """Refuse an answer whose ``ETag`` (or ``Last-Modified``) is not the version the request's ``If-Match`` (or
-    ``If-Unmodified-Since``) named, or, when it carries no ETag, whose ``Last-Modified`` is not the one ``pinned``
-    (the version first read) holds: a server that does not evaluate conditions (Python's ``http.server``, some
+    ``If-Unmodified-Since``) named, or than the weak ETag ``pinned`` (the version first read) holds, or, when it
+    carries no ETag, whose ``Last-Modified`` is not the one ``pinned`` holds: a server that does not evaluate conditions (Python's ``http.server``, some
     static hosts) would otherwise hand a running dataset the new bytes of a file changed at the same size, mixed with
     the old ones it holds. (An answer with neither validator cannot be judged: the server's If-Match is then what
     pins the version.)
@@ -356,7 +358,7 @@ def _check_validators(got, sent: dict, pinned: dict, url: str, a: int, b: int) -
     def tag(v):  # weak or strong, quoted or not (a lenient server's `ETag: abc`): the same version
         return v.strip().removeprefix("W/").strip('"') if v else v
 
-    want, have = tag(sent.get("If-Match")), tag(got.get("ETag"))
+    want, have = tag(sent.get("If-Match") or pinned.get("weak_etag")), tag(got.get("ETag"))
     if want and have and want != have:
         raise PreconditionIgnored(f"{url}: Precondition Failed: asked for bytes {a}-{b} of ETag {want}, the server "
                                   f"answered with ETag {have} (it ignores If-Match)")
