@@ -241,7 +241,10 @@ def test_a_null_in_a_numeric_feature_is_refused_where_it_is_read(datasets, tmp_p
     t = pq.read_table(f)
     v = t[column].to_pylist()
     v[5] = [None, *v[5][1:]] if how == "element" else None
-    pq.write_table(t.set_column(t.column_names.index(column), column, pa.array(v, t.schema.field(column).type)), f)
+    typ = t.schema.field(column).type
+    if how == "cell" and pa.types.is_fixed_size_list(typ):  # (pyarrow 16 cannot write a NULL fixed-size-list cell)
+        typ = pa.list_(typ.value_type)
+    pq.write_table(t.set_column(t.column_names.index(column), column, pa.array(v, typ)), f)
     ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[])
     with pytest.raises(DatasetFormatError, match=rf"column '{column}' (is NULL|has a NULL element) in row 5"):
         ds[5]
