@@ -149,16 +149,9 @@ class Database(QueryFace):
         """The manifest of whole episodes (all when ``episodes`` is None), in the given order; ``kw``: ``cameras``,
         ``tolerance_s``, ``align`` as :meth:`manifest` takes them."""
         ptr = self._episode_pointers()
-        if episodes is None:
-            if ptr is None:  # no usable pointers: let the catalog say why
-                return self.manifest("SELECT episode_index FROM episodes ORDER BY episode_index", **kw)
-            ep = sorted(set(ptr["episode_index"].to_pylist()))
-            sql = "SELECT episode_index FROM episodes ORDER BY episode_index"
-        else:
-            ep = _episode_list(episodes)
-            sql = f"SELECT episode_index FROM episodes WHERE episode_index IN ({', '.join(map(str, ep))}) " \
-                  "ORDER BY episode_index"
-        result = pa.table({"episode_index": pa.array(ep, pa.int64())})
+        if episodes is None and ptr is None:  # no usable pointers: let the catalog say why
+            return self.manifest("SELECT episode_index FROM episodes ORDER BY episode_index", **kw)
+        result, sql = _episode_result(ptr, None if episodes is None else _episode_list(episodes))
         try:
             return resolve.build_manifest(lambda: self.con, self.layout, result, sql=sql, src=self.source, ptr=ptr, **kw)
         except duckdb.Error as e:
@@ -171,14 +164,7 @@ class Database(QueryFace):
         ptr = self._episode_pointers()
         if ptr is None:
             return None
-        if episodes is None:
-            ep = sorted(set(ptr["episode_index"].to_pylist()))
-            sql = "SELECT episode_index FROM episodes ORDER BY episode_index"
-        else:  # (as _episodes_manifest words it: the manifest's metadata records it)
-            ep = episodes
-            sql = f"SELECT episode_index FROM episodes WHERE episode_index IN ({', '.join(map(str, ep))}) " \
-                  "ORDER BY episode_index"
-        result = pa.table({"episode_index": pa.array(ep, pa.int64())})
+        result, sql = _episode_result(ptr, episodes)
         return resolve.episode_runs(self.layout, result, sql=sql, src=self.source, ptr=ptr, **kw)
 
     def _check_links(self) -> None:
@@ -639,6 +625,19 @@ class Database(QueryFace):
         i = self.layout.info
         return (f"Database({self.source.url!r}, {self.layout.version}, episodes={i.get('total_episodes')}, "
                 f"frames={i.get('total_frames')}, fps={self.fps:g}, cameras={self.layout.camera_keys})")
+
+
+def _episode_result(ptr: pa.Table, episodes: list[int] | None) -> tuple[pa.Table, str]:
+    """(the ``episode_index`` rows, the SQL the manifest's metadata records) of whole episodes: ``episodes`` (a
+    checked list) in order, or every episode of the pointers ``ptr`` by episode."""
+    if episodes is None:
+        ep = sorted(set(ptr["episode_index"].to_pylist()))
+        sql = "SELECT episode_index FROM episodes ORDER BY episode_index"
+    else:
+        ep = episodes
+        sql = f"SELECT episode_index FROM episodes WHERE episode_index IN ({', '.join(map(str, ep))}) " \
+              "ORDER BY episode_index"
+    return pa.table({"episode_index": pa.array(ep, pa.int64())}), sql
 
 
 def _episode_list(episodes: Any) -> list[int]:

@@ -401,7 +401,8 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
                  cameras: list[str] | None = None, tolerance_s: float | None = None, align: str = "timestamp",
                  ordered: bool = True):
     """A whole-episode selection (``result``: ``episode_index`` rows, each once, in order unless not ``ordered``:
-    then by episode, as :func:`build_manifest` sorts it) kept as its episodes, without a row per frame (:func:`lerobot_sql._plan.episodes.episode_runs`): for selections of more than
+    then by episode, as :func:`build_manifest` sorts it) kept as its episodes, without a row per frame
+    (:func:`lerobot_sql._plan.episodes.episode_runs`): for selections of more than
     :data:`lerobot_sql._plan.episodes.LAZY_FRAMES` frames, whose open then costs O(episodes).
 
     Returns:
@@ -429,15 +430,14 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
     eps = ptr["episode_index"].to_numpy()
     length = hi.to_numpy() - lo.to_numpy()
     want = np.isin(eps, result["episode_index"].to_numpy())
-    if int(length[want].sum()) <= episodes.LAZY_FRAMES:  # (a repeated episode counts once: the bound is rough)
+    if int(length[want].sum()) <= episodes.LAZY_FRAMES:
         return None
     got = episodes.episode_runs(src, layout, result, sql=sql, ptr=ptr, cameras=cameras, tolerance_s=tolerance_s,
                                 align=align)
     if got is None:
         return None
     table, infos, clips, rules = got
-    # the same refusal of missing video pointers as the frames' path (_finish), on one row per episode
-    _finish(table, clips, "episode", [], layout, sql, cameras, check_only=True)
+    _refuse_missing_pointers(table, layout, cameras)  # as the frames' path (_finish), on one row per episode
     empty = {"index": pa.int64(), "episode_index": pa.int64(), "frame_index": pa.int64(), "timestamp": pa.float32(),
              "task_index": pa.int64(), "data_file": pa.string(), "data_row": pa.int64(), "ep_from_index": pa.int64(),
              "ep_to_index": pa.int64(), "ep_data_row0": pa.int64(), "result_row": pa.int64()}
@@ -448,11 +448,13 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
     return manifest, table, infos, rules
 
 
-def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layout: Layout, sql: str,
-            cameras: list[str] | None = None, check_only: bool = False) -> pa.Table | None:
-    """Both paths' last step: refuse samples of ``cameras`` (default all) without a video pointer; then (unless
-    ``check_only``) the documented column order and the ``lerobot_sql.manifest`` metadata
-    (:func:`lerobot_sql._plan.manifest.finish`)."""
+def _refuse_missing_pointers(manifest: pa.Table, layout: Layout, cameras: list[str] | None) -> list[str]:
+    """Refuse rows of ``manifest`` (samples, or one row per episode) without a video pointer of ``cameras``
+    (default all); returns those cameras' keys in info.json order.
+
+    Raises:
+        DatasetFormatError: naming the camera, the episodes and the ways out.
+    """
     keys = layout.video_keys if cameras is None else [k for k in layout.video_keys if k in cameras]
     for k in keys:
         # no file, or no from_timestamp (a NULL cell, or the column absent: the videos view has NULL there) names
@@ -467,8 +469,15 @@ def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layou
                 "without it, db.dataset(..., cameras=[]) for tabular items; db.manifest and db.stats take it too; "
                 "db.export writes every camera, so it needs the pointers), or restore those columns of "
                 "meta/episodes (run `lerobot-sql doctor`)")
-    if check_only:
-        return None
+    return keys
+
+
+def _finish(manifest: pa.Table, clips: dict, mode: str, extras: list[str], layout: Layout, sql: str,
+            cameras: list[str] | None = None) -> pa.Table:
+    """Both paths' last step: refuse samples of ``cameras`` (default all) without a video pointer, and frame
+    columns named in another case or holding a NULL; then the documented column order and the
+    ``lerobot_sql.manifest`` metadata (:func:`lerobot_sql._plan.manifest.finish`)."""
+    keys = _refuse_missing_pointers(manifest, layout, cameras)
     from .._readers.tabular import FRAME_INTEGERS
 
     for c in (*FRAME_INTEGERS, "timestamp"):

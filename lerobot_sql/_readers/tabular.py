@@ -203,9 +203,10 @@ def check_frame_nulls(table: pa.Table, where: str) -> None:
     for name in (*FRAME_INTEGERS, "timestamp"):
         if name in table.column_names and table[name].null_count:
             row = int(pc.index(pc.is_null(table[name]), True).as_py())
+            kind = "float32" if name == "timestamp" else "int64"
             raise DatasetFormatError(f"{where}: column {name!r} is NULL (row {row} of those read); every frame has "
-                                     f"a value there (lerobot's {name} is an {'float32' if name == 'timestamp' else 'int64'}). Restore the file from the dataset's source "
-                                     "(`lerobot-sql doctor` reads every row)")
+                                     f"a value there (lerobot's {name} is an {kind}). Restore the file from the "
+                                     "dataset's source (`lerobot-sql doctor` reads every row)")
 
 
 def _check_feature_nulls(col: pa.Array, name: str, where: str) -> None:
@@ -216,23 +217,17 @@ def _check_feature_nulls(col: pa.Array, name: str, where: str) -> None:
     Raises:
         DatasetFormatError: naming the file, the column and the row (of the rows read).
     """
-    flat, rows = col, None
     if col.null_count:
-        rows = pc.is_null(col)
+        what, row = "is NULL in row", int(pc.index(pc.is_null(col), True).as_py())
     else:
+        flat = col
         while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
             flat = flat.flatten()
         if not flat.null_count:
             return
-        per_row = len(flat) // max(len(col), 1)
-        rows = pc.is_null(flat)
-        j = int(pc.index(rows, True).as_py())
-        raise DatasetFormatError(f"{where}: column {name!r} has a NULL element in row {j // max(per_row, 1)} (of those "
-                                 "read); every value of a numeric feature is a number (lerobot would carry None, or "
-                                 "fail). Restore the file from the dataset's source (`lerobot-sql doctor` reads every "
-                                 "row)")
-    j = int(pc.index(rows, True).as_py())
-    raise DatasetFormatError(f"{where}: column {name!r} is NULL in row {j} (of those read); every value of a numeric "
+        per_row = max(len(flat) // max(len(col), 1), 1)
+        what, row = "has a NULL element in row", int(pc.index(pc.is_null(flat), True).as_py()) // per_row
+    raise DatasetFormatError(f"{where}: column {name!r} {what} {row} (of those read); every value of a numeric "
                              "feature is a number (lerobot would carry None, or fail). Restore the file from the "
                              "dataset's source (`lerobot-sql doctor` reads every row)")
 
@@ -249,9 +244,8 @@ def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
             n = int(np.prod(feat.shape))
             typ = pa.from_numpy_dtype(np.dtype(feat.dtype))
             if col.type == typ or (pa.types.is_fixed_size_list(col.type) and col.type.list_size == n
-                                   and col.type.value_type == typ and col.null_count == 0
-                                   and col.values.null_count == 0 and n > 0):
-                pass  # already as the feature says (lerobot writes it so): nothing to convert
+                                   and col.type.value_type == typ and n > 0):
+                pass  # already as the feature says (lerobot writes it so; no NULL, checked above): nothing to convert
             elif pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
                 flat = _flat_values(col, name, feat, where)
                 col = pa.FixedSizeListArray.from_arrays(flat.cast(typ), n)
@@ -264,8 +258,8 @@ def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
 def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Layout | None,
                     columns: list[str] | None = None) -> list[pa.Table]:
     """Row groups ``rgs`` of data file ``info`` (``columns``, default all), each normalised to info.json's shapes
-    (``layout``; None: as stored), in memory; the file opened once. A local file is read by Arrow's own reader (no Python file object: a third
-    of the time); a remote one from the ranges fetched first in one parallel request.
+    (``layout``; None: as stored), in memory; the file opened once. A local file is read by Arrow's own reader (no
+    Python file object: a third of the time); a remote one from the ranges fetched first in one parallel request.
 
     Raises:
         MissingFileError: the data file is gone.

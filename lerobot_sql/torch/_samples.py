@@ -59,6 +59,23 @@ class Runs:
         return r
 
 
+def sample_index(i, n: int):
+    """``i`` (an int, an int array or a slice over ``n`` samples) as an int (negative counted from the end) or an
+    int array, the forms the per-sample columns index by."""
+    if isinstance(i, slice):
+        return np.arange(*i.indices(n))
+    if isinstance(i, np.ndarray):
+        return i
+    i = int(i)
+    return i + n if i < 0 else i
+
+
+def spans(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For groups of ``counts`` items laid end to end: each item's group and its place in it (int64 arrays)."""
+    owner = np.repeat(np.arange(len(counts)), counts)
+    return owner, np.arange(int(np.sum(counts))) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 class RunValues:
     """A per-sample column held per run: sample ``i`` of run ``r`` has ``per_run[r] + step * (i - start[r])``
     (``step`` 1 for values that count along the run: ``index``, the row offset; 0 for the run's constants).
@@ -71,12 +88,7 @@ class RunValues:
         return int(self.runs.start[-1])
 
     def __getitem__(self, i):
-        if isinstance(i, slice):
-            i = np.arange(*i.indices(len(self)))
-        elif not isinstance(i, np.ndarray):
-            i = int(i)
-            if i < 0:
-                i += len(self)
+        i = sample_index(i, len(self))
         r = self.runs.of(i)
         v = self.per_run[r]
         if self.step:
@@ -206,12 +218,7 @@ class SampleTable:
         self._slots()
         runs = run_table(m, file_codes, self.infos, self.rg_base, video_keys)
         self.video_files = json.loads(runs.schema.metadata[b"video_files"])
-        self.map = None
-        if keep is not None:
-            with contextlib.suppress(CacheError):  # a read-only or full cache: a scratch file, as for a query
-                self.map = write_kept(m, runs, keep)
-        if self.map is None:
-            self.map = write_file(m, runs, cache_dir)
+        self.map = _write(m, runs, cache_dir, keep)
         self._attach()
 
     @classmethod
@@ -230,12 +237,7 @@ class SampleTable:
         self._slots()
         runs = episode_run_table(episodes, self.infos, video_keys, rules)
         self.video_files = json.loads(runs.schema.metadata[b"video_files"])
-        self.map = None
-        if keep is not None:
-            with contextlib.suppress(CacheError):
-                self.map = write_kept(manifest, runs, keep)
-        if self.map is None:
-            self.map = write_file(manifest, runs, cache_dir)
+        self.map = _write(manifest, runs, cache_dir, keep)
         self._attach()
         return self
 
@@ -400,10 +402,23 @@ def run_table(m: pa.Table, file_codes: np.ndarray, infos: "Footers", rg_base: np
         cols[name] = col[name][first]
     for k in video_keys:
         cols[f"{k}/file"], cols[f"{k}/from_timestamp"] = vcodes[k][first], vts[k][first]
-    meta = {b"data_files": json.dumps(data_files).encode(), b"video_files": json.dumps(video_files).encode(),
+    return pa.table({c: pa.array(v) for c, v in cols.items()}).replace_schema_metadata(_run_meta(infos, video_files))
+
+
+def _run_meta(infos: "Footers", video_files: dict[str, list[str]]) -> dict[bytes, bytes]:
+    """The runs table's metadata: the data files, their identities and row-group offsets, each camera's mp4s."""
+    return {b"data_files": json.dumps(infos.rels).encode(), b"video_files": json.dumps(video_files).encode(),
             b"identities": json.dumps(infos.identities).encode(),
             b"rg_offsets": json.dumps([o.tolist() for o in infos.rg_offsets]).encode()}
-    return pa.table({c: pa.array(v) for c, v in cols.items()}).replace_schema_metadata(meta)
+
+
+def _write(manifest: pa.Table, runs: pa.Table, cache_dir: Path, keep: Path | None) -> "SampleFile":
+    """The per-sample file: kept under ``keep`` (a selection cache entry) when given and the cache can hold it, else
+    a scratch file (a read-only or full cache: as for a query)."""
+    if keep is not None:
+        with contextlib.suppress(CacheError):
+            return write_kept(manifest, runs, keep)
+    return write_file(manifest, runs, cache_dir)
 
 
 def episode_run_table(episodes: pa.Table, infos: "Footers", video_keys: list[str], rules) -> pa.Table:
@@ -425,9 +440,7 @@ def episode_run_table(episodes: pa.Table, infos: "Footers", video_keys: list[str
     b = a + (ep_to - ep_from)[keep]
     rg_a = np.searchsorted(bounds, a, side="right") - 1
     rg_b = np.searchsorted(bounds, b - 1, side="right") - 1
-    pieces = rg_b - rg_a + 1
-    rep = np.repeat(np.arange(len(keep)), pieces)
-    k = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    rep, k = spans(rg_b - rg_a + 1)  # each run's episode (among ``keep``) and its place among that episode's runs
     rg = rg_a[rep] + k
     start = np.maximum(a[rep], bounds[rg])
     end = np.minimum(b[rep], bounds[rg + 1])
@@ -442,10 +455,7 @@ def episode_run_table(episodes: pa.Table, infos: "Footers", video_keys: list[str
         cols[f"{key}/file"] = vcodes[e]
         cols[f"{key}/from_timestamp"] = episodes[f"{key}/from_timestamp"].to_numpy(zero_copy_only=False)[e]
     frames = {"fps": rules.fps, "limit": rules.limit, "in_clip": rules.in_clip, "positions": rules.positions}
-    meta = {b"data_files": json.dumps(infos.rels).encode(), b"video_files": json.dumps(video_files).encode(),
-            b"identities": json.dumps(infos.identities).encode(),
-            b"rg_offsets": json.dumps([o.tolist() for o in infos.rg_offsets]).encode(),
-            b"frames": json.dumps(frames).encode()}
+    meta = {**_run_meta(infos, video_files), b"frames": json.dumps(frames).encode()}
     return pa.table({c: pa.array(v) for c, v in cols.items()}).replace_schema_metadata(meta)
 
 
@@ -484,12 +494,7 @@ class FrameColumns:
             if got is not None:
                 self._cache.move_to_end(slot)
                 return got
-        got = self._read(slot)
-        with self._lock:
-            self._cache[slot] = got
-            while len(self._cache) > self.MAX_ROW_GROUPS:
-                self._cache.popitem(last=False)
-        return got
+        return self._put(slot, self._read(slot))
 
     def offer(self, slot: int, table: pa.Table) -> None:
         """Take row group ``slot``'s frame columns from ``table`` (the whole row group, which a process has just
@@ -497,11 +502,14 @@ class FrameColumns:
         with self._lock:
             if slot in self._cache:
                 return
-        got = self._columns(slot, table)
+        self._put(slot, self._columns(slot, table))
+
+    def _put(self, slot: int, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._lock:
             self._cache[slot] = got
             while len(self._cache) > self.MAX_ROW_GROUPS:
                 self._cache.popitem(last=False)
+        return got
 
     def _read(self, slot: int) -> dict[str, np.ndarray]:
         t = self.t
@@ -521,9 +529,7 @@ class FrameColumns:
         a, b = np.searchsorted(self._slot_sorted, [slot, slot + 1])
         runs = self._order[a:b]
         if len(runs):
-            n = self._count[runs]
-            rep = np.repeat(np.arange(len(runs)), n)
-            k = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            rep, k = spans(self._count[runs])
             rows = self._run_off[runs][rep] + k
             r = runs[rep]
             first = t.runs.start[r]  # each row's first sample in its run
@@ -547,12 +553,8 @@ class FrameColumn:
 
     def __getitem__(self, i):
         t = self.frames.t
-        if isinstance(i, slice):
-            i = np.arange(*i.indices(len(self)))
+        i = sample_index(i, len(self))
         if not isinstance(i, np.ndarray):
-            i = int(i)
-            if i < 0:
-                i += len(self)
             return self.frames.slot(int(t.slot[i]))[self.name][int(t.offset[i])]
         slot, off = t.slot[i], t.offset[i]
         out = np.empty(len(i), np.float32 if self.name == "timestamp" else np.int64)  # as the manifest's
