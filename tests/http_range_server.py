@@ -12,7 +12,8 @@ new ETag for the same bytes, as a farm of nodes tagging differently: an ``If-Mat
 ``no_content_range``), ``range_total`` (a 206's Content-Range announces this total size instead of the file's),
 ``ignore_conditions`` (no 412: ``If-Match`` / ``If-Unmodified-Since`` are not evaluated, as Python's http.server),
 ``etag_on_head_only`` (GET answers carry Last-Modified but no ETag), ``lm_on_head_only`` (GET answers carry no
-Last-Modified), ``weak_etag`` (every ETag weak, ``W/"..."``).
+Last-Modified), ``etag_on_get_only`` / ``lm_on_get_only`` (HEAD answers carry no ETag / no Last-Modified),
+``weak_etag`` (every ETag weak, ``W/"..."``).
 
 ``HubServer`` (at the end) is the same server with a minimal Hugging Face Hub API face in front of the same folder,
 for lerobot's ``LeRobotDataset(repo_id)`` with ``HF_ENDPOINT`` pointing at it.
@@ -129,9 +130,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         if not self.server.faults.get("no_validators"):
             f = self.server.faults
-            if not (f.get("etag_on_head_only") and self.command == "GET"):
+            if not (f.get("etag_on_head_only") and self.command == "GET") \
+                    and not (f.get("etag_on_get_only") and self.command == "HEAD"):
                 self.send_header("ETag", ("W/" if f.get("weak_etag") else "") + self._answer_etag(p))
-            if not (f.get("lm_on_head_only") and self.command == "GET"):
+            if not (f.get("lm_on_head_only") and self.command == "GET") \
+                    and not (f.get("lm_on_get_only") and self.command == "HEAD"):
                 self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
         self.send_header("Content-Type", "application/octet-stream")
         for k, v in {**self._extra_headers(p), **(extra or {})}.items():

@@ -892,7 +892,9 @@ def test_a_206_without_content_range_under_sql_and_items_is_a_remote_error_and_c
         assert_items_equal(db.dataset(episodes=[4])[3], lsql.connect(datasets / "small20").dataset(episodes=[4])[3])
 
 
-@pytest.mark.parametrize("rotating", [False, True, "etag on HEAD only", "weak etags, no Last-Modified on GET"])
+@pytest.mark.parametrize("rotating", [False, True, "etag on HEAD only", "weak etags, no Last-Modified on GET",
+                                      "HEAD Last-Modified only, GET ETag only", "HEAD ETag only, GET Last-Modified only",
+                                      "rotating, on GET only"])
 def test_a_server_ignoring_if_match_gives_no_bytes_of_another_version(blob_server, tmp_path, rotating):
     """A server that sends ETags but evaluates no condition (Python's http.server, some static hosts) answered a
     read pinned by If-Match with the bytes of a file changed at the same size: a running dataset mixed two versions
@@ -909,6 +911,14 @@ def test_a_server_ignoring_if_match_gives_no_bytes_of_another_version(blob_serve
     elif rotating == "weak etags, no Last-Modified on GET":  # the answers' weak ETag against the pinned one (10, H5)
         srv.faults.update(weak_etag=True, lm_on_head_only=True)
         rotating = False
+    elif rotating == "HEAD Last-Modified only, GET ETag only":  # the answers' first ETag pins (hostile review 11, F1)
+        srv.faults.update(lm_on_head_only=True, etag_on_get_only=True)
+        rotating = False
+    elif rotating == "HEAD ETag only, GET Last-Modified only":  # the answers' first Last-Modified pins (11, F1)
+        srv.faults.update(etag_on_head_only=True, lm_on_get_only=True)
+        rotating = False
+    elif rotating == "rotating, on GET only":  # a farm's ETags first seen on a range answer: told apart by the bytes
+        srv.faults.update(lm_on_head_only=True, etag_on_get_only=True)
     fs, url = _blob_fs(srv, tmp_path, timeout_s=60)
     assert fs.read_range(url, 0, 1000) == data[:1000]  # pinned by its ETag
     path = srv.root / "blob.bin"

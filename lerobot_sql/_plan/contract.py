@@ -361,7 +361,29 @@ def check_extra_types(result: pa.Table, extras: list[str], sql: str) -> pa.Table
                     f"cast it in the query (`CAST({q(c)} AS DOUBLE)` to accept rounding, or compute a smaller "
                     f"number): {sql!r:.200}") from e
             result = result.set_column(result.schema.get_field_index(c), c, col)
+            t = col.type
+        _refuse_rounded_by_nan(col, t, c, sql)
     return result
+
+
+def _refuse_rounded_by_nan(col, t: pa.DataType, c: str, sql: str) -> None:
+    """An integer extra holding NULLs (or a list of integers holding NULL elements) reaches items as float64 with
+    NaN, which rounds integers beyond 2**53 (9007199254740993 came back 9007199254740992.0, hostile review 11, F2;
+    the scalar form ended in a bare ArrowInvalid, F3): refused, naming the column."""
+    listed = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    inner = t.value_type if listed else t
+    if not pa.types.is_integer(inner) or inner.bit_width < 64:
+        return
+    flat = pc.list_flatten(col) if listed else col
+    if not flat.null_count or len(flat) == flat.null_count:
+        return
+    lo, hi = (v.as_py() for v in pc.min_max(flat).values())
+    if hi > 2**53 or lo < -2**53:
+        raise ResultContractError(
+            f"result column {c!r} holds NULLs beside integers beyond 2**53 ({hi if hi > 2**53 else lo}); an item "
+            f"carries a NULL-holding number as float64 with NaN, which would round them. Fill the NULLs in the query "
+            f"(`coalesce({q(c)}, 0)`{', or `list_transform(' + q(c) + ', x -> coalesce(x, 0))`' if listed else ''}) "
+            f"or `CAST({q(c)} AS DOUBLE{'[]' if listed else ''})` to accept rounding: {sql!r:.200}")
 
 
 def check_stackable(result: pa.Table, extras: list[str], sql: str) -> None:

@@ -282,7 +282,8 @@ class RemoteCacheFS(AbstractFileSystem):
         Raises:
             RemoteIOError: the server could not be asked again (after retries).
         """
-        if not (pin.get("etag") or pin.get("weak_etag")) or not isinstance(err, FileChangedError) \
+        if not (pin.get("etag") or pin.get("weak_etag") or pin.get("seen_etag")) \
+                or not isinstance(err, FileChangedError) \
                 or not transport.precondition_failed(err) \
                 or transport.protocol(self._fs()) not in ("http", "https"):
             # pinned by Last-Modified or a version id, a change of size, or an object store's ETag (a hash of the
@@ -290,7 +291,7 @@ class RemoteCacheFS(AbstractFileSystem):
             return False
         with self._verify_lock:
             now_pin = self._infos.get(path, pin)
-            if not (now_pin.get("etag") or now_pin.get("weak_etag")):
+            if not (now_pin.get("etag") or now_pin.get("weak_etag") or now_pin.get("seen_etag")):
                 return True  # another thread found the ETags unstable meanwhile: read again with the new pin
             fs, url, size = self._fs(), self._url(path), pin.get("size")
             try:
@@ -317,12 +318,12 @@ class RemoteCacheFS(AbstractFileSystem):
             self._etags_ok = False
             with contextlib.suppress(OSError):  # the next session would find it again: bytes, never wrong data
                 self._save_store("server", "etags_unstable", True)
-            for p, info in list(self._infos.items()):
-                if info.get("etag") or info.get("weak_etag"):
-                    self._infos[p] = {k: v for k, v in info.items() if k not in ("etag", "weak_etag")}
+            for p, info in list(self._infos.items()):  # and no ETag its answers carry is learned any more
+                self._infos[p] = {**{k: v for k, v in info.items() if k not in ("etag", "weak_etag")},
+                                  "seen_etag": None, "seen_last_modified": None}
             lm = pin.get("last_modified")
             self._say("etags", f"{self.url}: the server's ETags change for unchanged bytes ({url} was refused "
-                      f"under its ETag {pin.get('etag') or pin.get('weak_etag')} while its size, Last-Modified and the bytes this session holds "
+                      f"under its ETag {pin.get('etag') or pin.get('weak_etag') or pin.get('seen_etag')} while its size, Last-Modified and the bytes this session holds "
                       "are unchanged: servers behind one name that tag files differently). Its files are pinned by "
                       + ("Last-Modified instead, and cached without their ETags (said once)" if lm else
                          "nothing from now on (it gives no Last-Modified either): a change during the session is "

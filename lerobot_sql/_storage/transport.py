@@ -101,6 +101,14 @@ def version_of(info: dict) -> dict:
     return out
 
 
+def version_named(pin: dict) -> str:
+    """The version a pin holds, for messages: its version id, ETag or Last-Modified date (described or seen first)."""
+    for k in ("version_id", "etag", "weak_etag", "last_modified", "seen_etag", "seen_last_modified"):
+        if pin.get(k):
+            return f"{'Last-Modified ' if 'modified' in k else ''}{pin[k]}"
+    return f"its size of {pin.get('size')} bytes" if pin.get("size") is not None else "the version first read"
+
+
 def identity_of(info: dict) -> str:
     """size + the strongest content tag fsspec reports (ETag, blob id, LFS sha256, last commit, mtime)."""
     lfs = info.get("lfs") or {}
@@ -219,7 +227,7 @@ def describe(fs: Any, path: str, *, url: str, trust_etag: bool = True, stall_s: 
     if not trust_etag:
         i = {k: v for k, v in i.items() if k.lower() != "etag"}
     out = {"name": path, "size": i.get("size"), "type": i.get("type", "file"), "identity": identity_of(i),
-           **version_of(i)}
+           **version_of(i), **({} if trust_etag else {"seen_etag": None})}
     if protocol(fs) in ("http", "https") and not (out.get("etag") or out.get("last_modified")) \
             and out["type"] == "file" and isinstance(out["size"], int) and out["size"] > 0:
         n = out["size"]
@@ -344,12 +352,16 @@ class PreconditionIgnored(Exception):
 
 
 def _check_validators(got, sent: dict, pinned: dict, url: str, a: int, b: int) -> None:
-    """Refuse an answer whose ``ETag`` (or ``Last-Modified``) is not the version the request's ``If-Match`` (or
-    ``If-Unmodified-Since``) named, or than the weak ETag ``pinned`` (the version first read) holds, or, when it
-    carries no ETag, whose ``Last-Modified`` is not the one ``pinned`` holds: a server that does not evaluate conditions (Python's ``http.server``, some
-    static hosts) would otherwise hand a running dataset the new bytes of a file changed at the same size, mixed with
-    the old ones it holds. (An answer with neither validator cannot be judged: the server's If-Match is then what
-    pins the version.)
+    """Refuse an answer whose ``ETag`` is not the version the request's ``If-Match`` named, or the weak ETag
+    ``pinned`` (the version first described) holds, or the ETag this file's first answer carried; or, when no ETag
+    of it was compared, whose ``Last-Modified`` is not the one ``If-Unmodified-Since`` named, ``pinned`` holds (when
+    the answer carries no ETag) or this file's first answer carried. A server that does not evaluate conditions
+    (Python's ``http.server``, some static hosts) would otherwise hand a running dataset the new bytes of a file
+    changed at the same size, mixed with the old ones it holds; and one whose HEAD and GET answers carry different
+    kinds of validator (Last-Modified on HEAD, ETag on GET, or the reverse) would leave nothing to compare but what
+    its own answers said first, which ``pinned`` learns here (``seen_etag`` / ``seen_last_modified``; a key present
+    as None is never learned: a server whose ETags are unstable). An answer with neither validator cannot be
+    judged: the server's If-Match is then what pins the version.
 
     Raises:
         PreconditionIgnored: naming both versions (a 412 for :func:`pinned_get`: FileChangedError, after the
@@ -358,12 +370,20 @@ def _check_validators(got, sent: dict, pinned: dict, url: str, a: int, b: int) -
     def tag(v):  # weak or strong, quoted or not (a lenient server's `ETag: abc`): the same version
         return v.strip().removeprefix("W/").strip('"') if v else v
 
-    want, have = tag(sent.get("If-Match") or pinned.get("weak_etag")), tag(got.get("ETag"))
+    want = tag(sent.get("If-Match") or pinned.get("weak_etag") or pinned.get("seen_etag"))
+    have = tag(got.get("ETag"))
+    if have and not want and "seen_etag" not in pinned:
+        pinned["seen_etag"] = have  # the version this file's answers carry from now on
     if want and have and want != have:
         raise PreconditionIgnored(f"{url}: Precondition Failed: asked for bytes {a}-{b} of ETag {want}, the server "
                                   f"answered with ETag {have} (it ignores If-Match)")
-    want = sent.get("If-Unmodified-Since") or (pinned.get("last_modified") if not got.get("ETag") else None)
+    if want and have:
+        return
     have = got.get("Last-Modified")
+    want = sent.get("If-Unmodified-Since") or (pinned.get("last_modified") if not got.get("ETag") else None) \
+        or pinned.get("seen_last_modified")
+    if have and not want and not pinned.get("last_modified") and "seen_last_modified" not in pinned:
+        pinned["seen_last_modified"] = have.strip()
     if want and have and str(want).strip() != have.strip():
         raise PreconditionIgnored(f"{url}: Precondition Failed: asked for bytes {a}-{b} of the version of {want}, "
                                   f"the server answered with Last-Modified {have} (it ignores If-Unmodified-Since)")
@@ -449,8 +469,7 @@ def _changed(e: BaseException, pin: dict, url: str, a: int, b: int) -> FileChang
         return None
     return FileChangedError(
         f"{url}: the file changed on the server during this run (it no longer matches "
-        f"{pin.get('version_id') or pin.get('etag') or pin.get('last_modified')}, the version first "
-        f"read); bytes {a}-{b} were not read, so no item mixes two versions. Connect again to read the "
+        f"{version_named(pin)}, the version first read); bytes {a}-{b} were not read, so no item mixes two versions. Connect again to read the "
         "new version")
 
 
