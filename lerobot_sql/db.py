@@ -180,7 +180,7 @@ class Database(QueryFace):
                 delta_timestamps: dict[str, list[float]] | None = None, tolerance_s: float = 1e-4,
                 return_uint8: bool = False, image_transforms: Any = None, cameras: list[str] | None = None,
                 stats: str | None = "selection", decoder_threads: int = 1, parallel_cameras: bool | str = "auto",
-                max_open_decoders: int = 16, seek_reach: int = 2, depth_output_unit: str = "mm",
+                max_open_decoders: int = 64, seek_reach: int = 2, depth_output_unit: str = "mm",
                 align: str = "timestamp"):
         """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
 
@@ -217,7 +217,9 @@ class Database(QueryFace):
             decoder_threads: FFmpeg threads per open file (default 1; 0 lets FFmpeg choose; at most 64).
             parallel_cameras: True, False or ``"auto"``: decode an item's cameras in threads for frames of
                 320x240 and more, outside DataLoader workers.
-            max_open_decoders: open containers per process, LRU (default 16; at least 1).
+            max_open_decoders: open containers per process, LRU (default 64; at least 1); their memory is bounded
+                too, by ``$LSQL_DECODER_MB`` (default 512 MB per process: each file's demuxer index, ~48 bytes per
+                frame, and its decoder's frames).
             seek_reach: decode forward instead of seeking when the target's keyframe is at most this many frames
                 ahead (default 2; at least 0).
             depth_output_unit: ``"mm"`` (default) or ``"m"``: the unit of depth maps (``ds.meta.depth_keys``,

@@ -221,3 +221,53 @@ def test_the_decoder_refuses_a_file_of_two_video_streams_even_through_an_older_i
     index = dataclasses.replace(index, path=FRONT_MP4)
     with pytest.raises(DatasetFormatError, match=rf"{FRONT_MP4}: holds 2 video streams.*-map 0:v:N"):
         decode.DecoderPool(open_source(root)).decode_chw(index, np.array([0, 5]))
+
+
+def test_decoder_pool_is_bounded_by_the_bytes_its_open_files_cost(datasets, tmp_path, monkeypatch):
+    """The pool closes the least recently used files once their estimated cost (the demuxer's index, ~48 bytes per
+    frame, and the decoder's frames) passes its byte budget, not only past ``max_open`` files (issue 38: a count of
+    16 thrashed over 39 small-frame files, and would hold far more memory for 1080p ones); the file just used stays
+    open even when it alone is over the budget; the frames stay exact however often files are closed."""
+    src = open_source(datasets / "multifile60")
+    rels = sorted(str(p.relative_to(datasets / "multifile60"))
+                  for p in (datasets / "multifile60/videos").rglob("*.mp4"))[:3]
+    assert len(rels) == 3
+    idx = {r: video_index.FrameIndex.load(video_index.ensure_index_arrow(src, r, tmp_path)) for r in rels}
+    truth = {r: _decode_all(datasets / "multifile60" / r, limit=4) for r in rels}
+    probe = decode.DecoderPool(src, max_open=64, max_bytes=1 << 40)
+    costs = {}
+    for r in rels:
+        probe.decode_chw(idx[r], np.array([0]))
+        costs[r] = probe._open[r].cost
+        with av.open(str(datasets / "multifile60" / r)) as c:  # the estimate: index + decoder frames
+            s = c.streams.video[0]
+            assert costs[r] == s.frames * decode.INDEX_BYTES_PER_FRAME + \
+                s.codec_context.width * s.codec_context.height * 3 // 2 * (decode.DECODER_FRAMES + 1)
+    assert probe.stats()["open_files"] == 3 and probe.stats()["open_bytes"] == sum(costs.values())
+    probe.close()
+    assert probe.stats()["open_bytes"] == 0
+
+    two = sum(sorted(costs.values())[1:])  # any two fit, never three
+    pool = decode.DecoderPool(src, max_open=64, max_bytes=two)  # room for two of them
+    for k in range(9):
+        r = rels[k % 3]
+        frames = pool.decode_chw(idx[r], np.array([k % 4]))
+        np.testing.assert_array_equal(frames[0], truth[r][int(idx[r].pts[k % 4])])
+        st = pool.stats()
+        assert st["open_bytes"] <= two and st["open_files"] <= 2 and r in pool._open
+    assert list(pool._open) == [rels[1], rels[2]]  # the least recently used went first
+    tiny = decode.DecoderPool(src, max_open=64, max_bytes=1)  # over budget alone: the one just used stays
+    tiny.decode_chw(idx[rels[0]], np.array([1]))
+    tiny.decode_chw(idx[rels[1]], np.array([1]))
+    assert list(tiny._open) == [rels[1]]
+    for p in (pool, tiny):
+        p.close()
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "abc"])
+def test_a_decoder_budget_that_cannot_work_is_named(monkeypatch, value):
+    monkeypatch.setenv("LSQL_DECODER_MB", value)
+    with pytest.raises(ValueError, match=r"LSQL_DECODER_MB=.*must be a number > 0"):
+        decode.decoder_budget()
+    monkeypatch.setenv("LSQL_DECODER_MB", "1.5")
+    assert decode.decoder_budget() == int(1.5 * (1 << 20))

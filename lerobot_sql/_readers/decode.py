@@ -101,6 +101,9 @@ class _OpenFile:
             cc.thread_type = thread_type
             cc.thread_count = threads  # 0 = FFmpeg picks
         self.reformatter = VideoReformatter()
+        # what keeping it open costs (DecoderPool's budget): the demuxer's index and the decoder's frames, bytes
+        self.cost = int(self.stream.frames or 0) * INDEX_BYTES_PER_FRAME + \
+            (cc.width or 0) * (cc.height or 0) * 3 // 2 * (DECODER_FRAMES + max(threads, 1))
         self.frames = None
         self.pos: int | None = None
         self.planar: bool | None = None
@@ -199,8 +202,42 @@ class _OpenFile:
         self.container.close()
 
 
+# What an open mp4 costs a process, as measured (180x320 H.264, 39 files of 191,000 frames: 44 bytes per frame of
+# FFmpeg's demuxer index; av 15): the container's index of every packet, and the decoder's reference and threads'
+# frames (YUV 4:2:0, 1.5 bytes per pixel).
+INDEX_BYTES_PER_FRAME = 48
+DECODER_FRAMES = 8
+
+
+def decoder_budget() -> int:
+    """Bytes of open decoders a process keeps (:class:`DecoderPool`): ``$LSQL_DECODER_MB`` megabytes, default 512
+    (all 39 mp4s of the 10,000-episode benchmark set, 3 cameras at 180x320: each file's index of 191,000 frames is
+    ~9 MB; a file of 1080p frames adds ~25 MB of decoder frames).
+
+    Raises:
+        ValueError: the variable is not a finite number of megabytes > 0 (naming it).
+    """
+    import math
+
+    text = os.environ.get("LSQL_DECODER_MB", "512")
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = math.nan
+    if not (math.isfinite(mb) and 0 < mb <= 1 << 30):
+        raise ValueError(f"LSQL_DECODER_MB={text!r}: the megabytes of open decoders a process keeps must be a number "
+                         "> 0 (default 512); set it to one, or unset it")
+    return max(int(mb * (1 << 20)), 1)
+
+
 class DecoderPool:
-    """Open decoders of one process, at most ``max_open`` (LRU), each reused for forward reads.
+    """Open decoders of one process, least recently used closed first once there are more than ``max_open`` or
+    their estimated memory (:attr:`_OpenFile.cost`) passes ``max_bytes`` (default :func:`decoder_budget`); the one
+    just used always stays. Each is reused for forward reads.
+
+    Why bytes: a pool bounded by count alone holds 16 x 9 MB for 180x320 files of 191,000 frames and thrashes over
+    39 of them (an ``av.open`` of such a file is ~15 ms, 3 per random item), while 16 files of long 1080p episodes
+    hold far more; the budget keeps as many open as fit.
 
     A pool must be created in the process that uses it: the dataset makes one lazily per worker. Several threads may
     share a pool as long as each file is used by one thread at a time (the dataset decodes each camera, i.e. each
@@ -213,11 +250,13 @@ class DecoderPool:
             than decoding forward.
     """
 
-    def __init__(self, src: Source, max_open: int = 16, threads: int = 1, reach: int = 2,
+    def __init__(self, src: Source, max_open: int = 64, threads: int = 1, reach: int = 2,
                  thread_type: str = "AUTO", pins: dict[str, Stamp | None] | None = None,
                  declared: dict[str, tuple[str, tuple[int, int]]] | None = None,
-                 gray: frozenset[str] | set[str] = frozenset()):
+                 gray: frozenset[str] | set[str] = frozenset(), max_bytes: int | None = None):
         self.src, self.max_open, self.threads, self.reach = src, max_open, threads, reach
+        self.max_bytes = decoder_budget() if max_bytes is None else int(max_bytes)
+        self._bytes = 0  # the open files' cost
         self.gray = frozenset(gray)
         self.pins = pins or {}
         self.declared = declared or {}  # rel -> (camera key, info.json's (height, width)): checked at each open
@@ -230,6 +269,8 @@ class DecoderPool:
     def _take(self, rel: str) -> _OpenFile:
         with self._lock:
             f = self._open.pop(rel, None)
+            if f is not None:
+                self._bytes -= f.cost  # ``_bytes`` counts the files in ``_open``, not those in use
         if f is None:
             f = _OpenFile(self.src, rel, self.threads, self.thread_type, gray=rel in self.gray)
             try:
@@ -242,11 +283,16 @@ class DecoderPool:
     def _give(self, f: _OpenFile) -> None:
         with self._lock:
             other = self._open.pop(f.rel, None)
+            if other is not None:  # another thread opened the same file meanwhile
+                self._bytes -= other.cost
+                if other is not f:
+                    self._retire(other)
             self._open[f.rel] = f
-            if other is not None and other is not f:
-                self._retire(other)
-            while len(self._open) > self.max_open:
-                self._retire(self._open.popitem(last=False)[1])
+            self._bytes += f.cost
+            while len(self._open) > 1 and (len(self._open) > self.max_open or self._bytes > self.max_bytes):
+                old = self._open.popitem(last=False)[1]
+                self._bytes -= old.cost
+                self._retire(old)
 
     def _retire(self, f: _OpenFile) -> None:
         self._closed["seeks"] += f.seeks
@@ -261,6 +307,7 @@ class DecoderPool:
         out["seeks"] += sum(f.seeks for f in files)
         out["decoded"] += sum(f.decoded for f in files)
         out["open_files"] = len(files)
+        out["open_bytes"] = self._bytes
         return out
 
     def decode(self, index: FrameIndex, rows: np.ndarray) -> dict[int, np.ndarray]:
@@ -312,6 +359,7 @@ class DecoderPool:
             for f in self._open.values():
                 self._retire(f)
             self._open.clear()
+            self._bytes = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ os.register_at_fork(after_in_child=gc.freeze)
 DECODER_THREADS_MAX = 64
 _DECODER_OPTIONS = {"decoder_threads": (0, DECODER_THREADS_MAX, "FFmpeg threads per open file; 0 lets FFmpeg "
                                         "choose, 1 (default) suits seeking"),
-                    "max_open_decoders": (1, None, "open mp4s kept per process (default 16)"),
+                    "max_open_decoders": (1, None, "open mp4s kept per process (default 64)"),
                     "seek_reach": (0, None, "frames a keyframe may lie ahead before a seek is used (default 2)")}
 
 

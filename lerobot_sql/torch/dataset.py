@@ -62,7 +62,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     Speed knobs (results never change): ``decoder_threads`` (FFmpeg threads per open file, default 1: best for
     seeking on few cores), ``parallel_cameras`` (decode an item's cameras in concurrent threads; ``"auto"`` does so
     for frames of at least 320x240 outside DataLoader workers, where the spare core exists), ``max_open_decoders``
-    (open mp4s kept per worker), ``seek_reach`` (frames a keyframe may lie ahead before a seek beats decoding
+    (open mp4s kept per worker, default 64, within ``$LSQL_DECODER_MB`` megabytes, default 512), ``seek_reach`` (frames a keyframe may lie ahead before a seek beats decoding
     forward).
 
     Made by ``db.dataset(...)``; directly: ``LeRobotSQLDataset(files, manifest, **options)`` with ``files`` a
@@ -97,7 +97,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     def __init__(self, files: DatasetFiles, manifest: pa.Table, *, delta_timestamps: dict[str, list[float]] | None = None,
                  tolerance_s: float = 1e-4, return_uint8: bool = False,
                  image_transforms: Callable | None = None, cameras: list[str] | None = None,
-                 decoder_threads: int = 1, parallel_cameras: bool | str = "auto", max_open_decoders: int = 16,
+                 decoder_threads: int = 1, parallel_cameras: bool | str = "auto", max_open_decoders: int = 64,
                  seek_reach: int = 2, stats: Callable[[], dict] | None = None, depth_output_unit: str = "mm",
                  align: str = "timestamp", _kept: "_samples.SampleFile | None" = None, _keep: Path | None = None,
                  _episodes: tuple | None = None):
