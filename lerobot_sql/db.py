@@ -165,7 +165,8 @@ class Database(QueryFace):
         if ptr is None:
             return None
         result, sql = _episode_result(ptr, episodes)
-        return resolve.episode_runs(self.layout, result, sql=sql, src=self.source, ptr=ptr, **kw)
+        return resolve.episode_runs(self.layout, result, sql=sql, src=self.source, ptr=ptr,
+                                    cache_dir=self.cache_dir, **kw)
 
     def _check_links(self) -> None:
         """Refuse, with a DatasetFormatError naming file and target, a data or metadata file that is a symlink out
@@ -293,7 +294,8 @@ class Database(QueryFace):
                 checked, result = self._capped_result(sql)
                 # whole episodes, each once, of a large selection: opened from the pointers, as episodes= is
                 lazy = resolve.episode_runs(self.layout, result, sql=sql, src=self.source,
-                                            ptr=self._episode_pointers(), ordered=checked.ordered, **kw)
+                                            ptr=self._episode_pointers(), ordered=checked.ordered,
+                                            cache_dir=self.cache_dir, **kw)
                 if lazy is not None:
                     manifest, lazy = lazy[0], lazy[1:]
                     frames_unread = True

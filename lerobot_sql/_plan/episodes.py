@@ -208,10 +208,13 @@ def _pointers(src: Source, layout: Layout, result: pa.Table, ptr: pa.Table | Non
     lo = ptr["dataset_from_index"].to_numpy()
     hi = ptr["dataset_to_index"].to_numpy()
     chunk, filei = ptr["data/chunk_index"].to_numpy(), ptr["data/file_index"].to_numpy()
-    rels = [layout.data_file(c, fi) for c, fi in zip(chunk, filei)]
-    files = sorted(set(rels))
+    # each (chunk, file) pair named once (100,000 episodes point to 20 files: the template is filled 20 times)
+    pairs, inverse = np.unique(np.stack([chunk.astype(np.int64), filei.astype(np.int64)], axis=1), axis=0,
+                               return_inverse=True)
+    pair_rels = [layout.data_file(int(c), int(fi)) for c, fi in pairs]
+    files = sorted(set(pair_rels))
     code_of = {r: i for i, r in enumerate(files)}
-    fcode = np.array([code_of[r] for r in rels], np.int64)
+    fcode = np.array([code_of[r] for r in pair_rels], np.int64)[np.asarray(inverse).reshape(-1)]
     # Crafted pointers (an episode claiming K more rows, the next K fewer: per-file totals still match) must not
     # reach np.repeat, which would allocate K elements or fail on a negative count. lerobot writes each file's
     # episodes as one gap-free run of `index`; anything else goes to the DuckDB join, which reads the real rows.
@@ -230,7 +233,7 @@ def _pointers(src: Source, layout: Layout, result: pa.Table, ptr: pa.Table | Non
     return ptr, want, all_ep, pos, lo, hi, files, fcode, total, row0_all
 
 
-def _footer(src: Source, layout: Layout, rel: str, rows: int, keep: bool = True):
+def _footer(src: Source, layout: Layout, rel: str, rows: int, keep: bool = True, cache_dir=None):
     """Data file ``rel``'s footer (:class:`lerobot_sql._readers.tabular.DataFileInfo`, parsed once per process), or
     None when it does not hold the ``rows`` rows its episodes claim, or lacks a frame column (the caller then reads
     the frames' real rows).
@@ -240,7 +243,7 @@ def _footer(src: Source, layout: Layout, rel: str, rows: int, keep: bool = True)
     """
     from .._readers.tabular import FRAME_INTEGERS, data_file_info
 
-    info = data_file_info(src, rel, keep=keep)
+    info = data_file_info(src, rel, keep=keep, cache_dir=cache_dir)
     for field in info.schema:  # an int dtype over floats must not reach the reader's cast
         t = field.type
         while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -267,7 +270,7 @@ LAZY_FRAMES = 2_000_000
 
 def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr: pa.Table | None = None,
                  cameras: list[str] | None = None, tolerance_s: float | None = None,
-                 align: str = "timestamp") -> tuple[pa.Table, list, dict, FrameRules] | None:
+                 align: str = "timestamp", cache_dir=None) -> tuple[pa.Table, list, dict, FrameRules] | None:
     """``result``'s whole episodes (its ``episode_index`` rows, in order) without reading their frames: what
     :func:`episode_manifest` checks from meta/episodes, the data files' footers (row counts, column types) and the
     clips, at O(episodes) cost; the frame-level checks (each row's ``index`` and ``episode_index`` where the pointers
@@ -300,7 +303,7 @@ def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr
     def footer(code):
         try:
             with parquet_read_errors(src, files[code]):
-                return _footer(src, layout, files[code], int(total[code]), keep=False)
+                return _footer(src, layout, files[code], int(total[code]), keep=False, cache_dir=cache_dir)
         except MissingFileError:  # a stale pointer, maybe: the frames' path finds the rows where they are
             return None
 

@@ -399,7 +399,7 @@ def _episode_rows_error(con: duckdb.DuckDBPyConnection, b: dict) -> DatasetForma
 
 def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr: pa.Table | None,
                  cameras: list[str] | None = None, tolerance_s: float | None = None, align: str = "timestamp",
-                 ordered: bool = True):
+                 ordered: bool = True, cache_dir=None):
     """A whole-episode selection (``result``: ``episode_index`` rows, each once, in order unless not ``ordered``:
     then by episode, as :func:`build_manifest` sorts it) kept as its episodes, without a row per frame
     (:func:`lerobot_sql._plan.episodes.episode_runs`): for selections of more than
@@ -433,7 +433,7 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
     if int(length[want].sum()) <= episodes.LAZY_FRAMES:
         return None
     got = episodes.episode_runs(src, layout, result, sql=sql, ptr=ptr, cameras=cameras, tolerance_s=tolerance_s,
-                                align=align)
+                                align=align, cache_dir=cache_dir)
     if got is None:
         return None
     table, infos, clips, rules = got
