@@ -950,3 +950,44 @@ def test_a_206_announcing_another_file_size_is_a_file_change(blob_server, tmp_pa
     assert fs.missing(url, 1000, 5000) == [(1000, 5000)]
     srv.faults["range_total"] = "*"  # an unknown size is allowed (RFC 9110 14.4)
     assert fs.read_range(url, 1000, 5000) == data[1000:5000]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_remote_mp4_replaced_after_the_open_is_never_served(datasets, tmp_path, monkeypatch, lazy, workers):
+    """A remote mp4 was pinned where a process first read it, not at the open: replaced on the server after
+    ``dataset()`` (the wrist mp4 over the front one, at the same size), items carried wrist pictures under the front
+    key, and forked workers could serve two versions in one epoch (hostile review 12, F1). Every mp4 of the
+    selection is pinned at the open: FileChangedError, in the process and in every worker."""
+    import shutil
+    import struct
+
+    import torch
+
+    from lerobot_sql._plan import episodes as plan_episodes
+    from lerobot_sql.errors import FileChangedError
+
+    if lazy:
+        monkeypatch.setattr(plan_episodes, "LAZY_FRAMES", 0)
+    root = tmp_path / "srv" / "small20"
+    shutil.copytree(datasets / "small20", root)
+    front = root / "videos/observation.images.front/chunk-000/file-000.mp4"
+    wrist = root / "videos/observation.images.wrist/chunk-000/file-000.mp4"
+    pad = wrist.stat().st_size - front.stat().st_size  # a free box: the same frames, the wrist file's size
+    assert pad >= 8
+    with open(front, "ab") as f:
+        f.write(struct.pack(">I", pad) + b"free" + b"\0" * (pad - 8))
+    with RangeServer(tmp_path / "srv") as srv:
+        ds = lsql.connect(f"{srv.url}/small20").dataset(episodes=[0, 1], cameras=["observation.images.front"])
+        st = front.stat()
+        os.replace(wrist, front)  # after the open, before any item was read
+        os.utime(front, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        if workers == 0:
+            with pytest.raises(FileChangedError, match=r"file-000\.mp4: the file changed on the server"):
+                ds[5]
+        else:
+            loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers,
+                                                 multiprocessing_context="fork")
+            with pytest.raises(FileChangedError, match=r"file-000\.mp4: the file changed on the server"):
+                for _ in loader:
+                    pass

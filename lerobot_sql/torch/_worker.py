@@ -79,8 +79,12 @@ def pin_videos(src, layout, video_files: dict[str, list[str]]) -> tuple[dict, di
     """``(pins, declared)`` of the mp4s ``video_files`` (camera -> its files), taken once, when a dataset is opened:
     mp4 -> its :func:`video_index.stamp` (None: missing or remote), and mp4 -> (camera, the (H, W) info.json
     declares). The stamp pins the file: every process checks it before indexing or decoding the mp4 (a file replaced
-    since would be read through an index and clips checked for another file). Warns of missing local files: their
-    items raise MissingFileError."""
+    since would be read through an index and clips checked for another file). A remote mp4 is pinned by the remote
+    file system instead (its version described here, inherited by every worker). Warns of missing local files: their
+    items raise MissingFileError.
+
+    Raises:
+        RemoteIOError: none: a remote file that cannot be described is left for its first read to raise."""
     pins: dict[str, video_index.Stamp | None] = {}
     declared: dict[str, tuple[str, tuple[int, int]]] = {}
     missing: list[str] = []
@@ -96,6 +100,10 @@ def pin_videos(src, layout, video_files: dict[str, list[str]]) -> tuple[dict, di
     if missing:
         warn(f"{len(missing)} video file(s) are missing, e.g. {missing[0]}; items needing them will raise "
              "MissingFileError (pass cameras=[...] to leave those cameras out)")
+    # A remote mp4 is pinned by its version on the server (size, ETag or Last-Modified), here, for every process: a
+    # file pinned where a process first read it would let a replacement made after the open be served by that
+    # process, and two DataLoader workers serve two versions (hostile review 12, F1). One parallel round of HEADs.
+    src.describe(sorted({rel for names in video_files.values() for rel in names}))
     return pins, declared
 
 
