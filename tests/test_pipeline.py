@@ -236,18 +236,21 @@ def test_a_block_a_batch_boundary_cuts_is_fetched_by_one_job(served, datasets):
     _same_as_local(datasets, ds, got, order, every=5)
 
 
-def test_pipeline_pins_the_mp4s_in_the_parent_and_workers_ask_for_none(served, datasets):
-    """``ds.pipeline()`` asks for the query's mp4s' infos (size, ETag) in the parent, one HEAD each in one parallel
-    round; forked workers inherit those pins: they send no HEAD (before, each worker asked for every mp4 on its
-    first read of it, one round trip each, every epoch) and all read the versions the parent pinned."""
+def test_the_dataset_pins_the_mp4s_in_the_parent_and_workers_ask_for_none(served, datasets):
+    """The dataset asks for the query's mp4s' infos (size, ETag) in the parent, at its open, one HEAD each in one
+    parallel round (``ds.pipeline()`` before; hostile review 12 moved it to ``dataset()``); forked workers inherit
+    those pins: they send no HEAD (before, each worker asked for every mp4 on its first read of it, one round trip
+    each, every epoch) and all read the versions the parent pinned."""
     srv, tmp = served
+    h0 = len(srv.heads)
     _db, ds = _remote(srv, tmp, "pins", "plain")
     order = EpisodeAwareSampler(ds, block_size=8, seed=1).order()[:128].tolist()
     mp4s = sorted({rel for names in ds._samples.video_files.values() for rel in names})
     assert len(mp4s) == 11  # 6 front, 5 wrist
+    assert sorted(h for h in srv.heads[h0:] if h.endswith(".mp4")) == [f"multifile60/{r}" for r in mp4s]
     h0 = len(srv.heads)
     ds.pipeline(order, batches=2)
-    assert sorted(srv.heads[h0:]) == [f"multifile60/{r}" for r in mp4s]
+    assert srv.heads[h0:] == []
     pins = {r: ds._src.fs.info(ds._src.path(r))["identity"] for r in mp4s}
     h1 = len(srv.heads)
     got = list(DataLoader(ds, batch_size=16, sampler=order, num_workers=2, multiprocessing_context="fork"))
