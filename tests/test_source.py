@@ -245,3 +245,32 @@ def test_parquet_read_through_a_dataset_file_object_never_decodes_on_arrows_thre
         assert doctor.run(db, decode=name == "img5_extras").ok  # decoding reads image cells from Parquet there
         calls += 1
     assert calls == 3 and threaded == []
+
+
+@pytest.mark.parametrize("where", ["", "meta", "data/chunk-000", "via symlink"])
+def test_a_cache_folder_inside_the_dataset_is_refused(datasets, tmp_path, monkeypatch, where):
+    """``LSQL_CACHE_DIR=<dataset>/meta`` wrote video indexes and kept selections into the dataset folder, which an
+    upload, a copy or doctor's stray-file check then picks up (hostile review 10, H6): a CacheError naming both
+    folders, whether the cache folder is given as a path in the dataset or through a symlink to it. A folder beside
+    the dataset is fine."""
+    import shutil
+
+    import lerobot_sql as lsql
+    from lerobot_sql.errors import CacheError
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    if where == "via symlink":
+        (tmp_path / "link").symlink_to(root / "meta")
+        folder = tmp_path / "link"
+    else:
+        folder = root / where
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(folder))
+    with pytest.raises(CacheError, match=r"this cache folder is inside the dataset .*small20.*LSQL_CACHE_DIR"):
+        lsql.connect(root)
+    with pytest.raises(CacheError, match=r"inside the dataset"):
+        lsql.connect(root, cache_dir=folder / "sub")
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # nothing written into it
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "beside"))
+    assert len(lsql.connect(root).dataset(episodes=[1], cameras=[])) > 0

@@ -58,5 +58,24 @@ def open_files(root: str | os.PathLike, *, storage_options: dict | None = None,
             :func:`lerobot_sql._format.layout.load_layout`.
     """
     source = open_source(root, storage_options, cache_dir=cache_dir, cache_size=cache_size)
+    folder = Path(cache_dir) if cache_dir else cache.root_for(source.url)
+    _refuse_cache_inside(source, folder)
     layout = load_layout(source)
-    return DatasetFiles(source, layout, Path(cache_dir) if cache_dir else cache.root_for(source.url))
+    return DatasetFiles(source, layout, folder)
+
+
+def _refuse_cache_inside(source, folder: Path) -> None:
+    """A cache folder inside a local dataset (``LSQL_CACHE_DIR=<root>/meta``) would write video indexes, kept
+    selections and spill files into the dataset, which an upload, a copy or doctor's stray-file check then picks
+    up (hostile review 10, H6).
+
+    Raises:
+        CacheError: naming both folders and the fix.
+    """
+    root = source.local_path("") if source.is_local else None
+    if root is None:
+        return
+    real_root, real = Path(os.path.realpath(root)), Path(os.path.realpath(folder))
+    if real == real_root or real_root in real.parents:
+        raise cache.cache_error(folder, f"this cache folder is inside the dataset {root}, whose folder would then "
+                                "hold cache files", first=None, to="a folder outside the dataset")
