@@ -24,13 +24,14 @@ interpreter; only the standard library, numpy and torch at the top) which:
 3. pass 1: ``iter()`` and the first batch (**first batch s**: fork, worker start-up, first batch), then ``--batches``
    more: **samples/s** over them, **p50 / p99** of the time waiting in each ``next(it)``, **distinct episodes per
    batch** (mean: how well shuffled the batches are), each worker's private memory (USS = Private_Clean +
-   Private_Dirty of /proc/<pid>/smaps_rollup) just after the first batch and before the last;
+   Private_Dirty of /proc/<pid>/smaps_rollup) just after the first batch, after half the batches and after the last
+   (each reading taken out of the timed span: it costs 15-30 ms of the worker's kernel time);
 4. pass 2 (new workers): the same number of batches, sleeping ``--step-ms`` after each (a stand-in for the GPU step):
    **data wait** = time in ``next(it)`` / wall time, after the first batch (0% = the loader keeps up).
 
 A thread samples the process tree (this process + its DataLoader workers) every 50 ms over both passes: **peak
-tree RSS** (sum of VmRSS: counts pages the workers share with the parent once per process) and **peak tree PSS**
-(sum of Pss: shared pages split, the memory the tree really holds).
+tree RSS** (sum of VmRSS: counts the pages the workers share with the parent once per process); and at the end of
+pass 1 the **tree PSS** (sum of Pss: shared pages split, the memory the tree really holds).
 
 Before the timed processes, one untimed "prep" process per reader opens the set on its empty cache (its **cold open**
 is printed below the table): lerobot_sql on a fresh cache folder of this run (then one item per ~mp4 is read so its
@@ -116,18 +117,18 @@ def _pss_kb(pid: int) -> int:
 
 
 class TreeSampler(threading.Thread):
-    """Peak sum of VmRSS and of Pss over this process and its children (the DataLoader workers), every ``period``."""
+    """Peak sum of VmRSS over this process and its children (the DataLoader workers), every ``period`` seconds. Only
+    /proc/<pid>/status (microseconds): smaps_rollup costs 15-30 ms of kernel time per read of a worker and holds its
+    mmap lock, which slowed the loader it measured on 2 cores."""
 
     def __init__(self, period: float = 0.05):
         super().__init__(daemon=True)
-        self.period, self.stop, self.peak_rss, self.peak_pss, self.samples = period, threading.Event(), 0, 0, 0
+        self.period, self.stop, self.peak_rss, self.samples = period, threading.Event(), 0, 0
 
     def run(self):
         me = os.getpid()
         while not self.stop.is_set():
-            pids = [me] + _children(me)
-            self.peak_rss = max(self.peak_rss, sum(_status_kb(p, "VmRSS") for p in pids))
-            self.peak_pss = max(self.peak_pss, sum(_pss_kb(p) for p in pids))
+            self.peak_rss = max(self.peak_rss, sum(_status_kb(p, "VmRSS") for p in [me] + _children(me)))
             self.samples += 1
             self.stop.wait(self.period)
 
@@ -213,6 +214,7 @@ def _pass(torch, dl, n: int, step_s: float, p: dict, keep: bool) -> dict:
     del b
     waits, eps, items = [], [], 0
     last = None
+    paused = 0.0  # the mid-pass memory reading, taken out of the wall time
     t1 = time.perf_counter()
     for k in range(n):
         tw = time.perf_counter()
@@ -223,13 +225,18 @@ def _pass(torch, dl, n: int, step_s: float, p: dict, keep: bool) -> dict:
         waits.append(time.perf_counter() - tw)
         items += len(last["index"])
         eps.append(len(np.unique(last["episode_index"].numpy())))
-        if keep and k == n - 1:
-            out["uss_end"] = _uss(pids)  # before the workers exit
+        if keep and k == n // 2:
+            tp = time.perf_counter()
+            out["uss_mid"] = _uss(pids)
+            paused += time.perf_counter() - tp
         if step_s:
             time.sleep(step_s)
-    wall = time.perf_counter() - t1
-    if keep and last is not None:
-        out["snap_last"] = _snap(last, p["cams"], range(min(CHECK_ITEMS, len(last["index"]))))
+    wall = time.perf_counter() - t1 - paused
+    if keep:  # the workers live until the iterator goes (they are still prefetching)
+        out["uss_end"] = _uss(pids)
+        out["tree_pss_end_mb"] = (_pss_kb(os.getpid()) + sum(_pss_kb(q) for q in pids)) / 1024
+        if last is not None:
+            out["snap_last"] = _snap(last, p["cams"], range(min(CHECK_ITEMS, len(last["index"]))))
     del last, it
     w = np.array(waits) if waits else np.array([float("nan")])
     out.update({"batches": len(waits), "items": items, "wall_s": wall,
@@ -266,7 +273,7 @@ def child(p: dict) -> dict:
     out["pass2"] = _pass(torch, dl, p["batches"], p["step_ms"] / 1000, p, keep=False)
     sampler.stop.set()
     sampler.join()
-    out["peak_tree_rss_mb"], out["peak_tree_pss_mb"] = sampler.peak_rss / 1024, sampler.peak_pss / 1024
+    out["peak_tree_rss_mb"] = sampler.peak_rss / 1024
     out["rss_samples"] = sampler.samples
     snaps = out["pass1"].pop("snap_first") + out["pass1"].pop("snap_last", [])
     n, bad, means = _check(snaps, p, fc)
@@ -320,15 +327,16 @@ def _name(r: dict) -> str:
 
 
 def _mem(r: dict) -> str:
-    s, e = r["pass1"].get("uss_start") or [], r["pass1"].get("uss_end") or []
-    return " / ".join(f"{a:.0f}→{b:.0f}" for a, b in zip(s, e)) or "-"
+    p = r["pass1"]
+    s, m, e = p.get("uss_start") or [], p.get("uss_mid") or [], p.get("uss_end") or []
+    return " / ".join(f"{a:.0f}→{b:.0f}→{c:.0f}" for a, b, c in zip(s, m, e)) or "-"
 
 
 def table(res: dict) -> str:
     rows = res["runs"]
     base = {r["profile"]: r for r in rows if r["reader"] == "lerobot_sql" and "error" not in r}
     lines = ["| reader | profile | open s | first batch s | samples/s (batches) | ours / this | wait p50 / p99 ms | "
-             f"data wait at {res['args']['step_ms']:g} ms/step | peak tree RSS / PSS, GB | worker USS MB, start→end | "
+             f"data wait at {res['args']['step_ms']:g} ms/step | tree RSS peak / PSS at end, GB | worker USS MB, start→mid→end | "
              "distinct episodes / batch | frames checked |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
@@ -345,7 +353,7 @@ def table(res: dict) -> str:
             f"| {_name(r)} | {r['profile']} | {r['open_s']:.2f} | "
             f"{p1['first_batch_s']:.2f} | {p1['samples_per_s']:,.0f} ({p1['batches']}) | {ratio} | "
             f"{p1['wait_p50_ms']:.1f} / {p1['wait_p99_ms']:.1f} | {100 * p2['wait_frac']:.0f}% "
-            f"({p2['samples_per_s']:,.0f}/s) | {r['peak_tree_rss_mb'] / 1024:.2f} / {r['peak_tree_pss_mb'] / 1024:.2f} | "
+            f"({p2['samples_per_s']:,.0f}/s) | {r['peak_tree_rss_mb'] / 1024:.2f} / {p1['tree_pss_end_mb'] / 1024:.2f} | "
             f"{_mem(r)} | {_f(p1['distinct_episodes'], '.1f')} | {fc} |")
     return "\n".join(lines)
 
