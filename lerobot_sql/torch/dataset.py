@@ -533,6 +533,11 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         # video: locate every camera's frames for the batch, then decode per (camera, mp4) in file order (rows
         # sorted inside decode_into: one forward pass per GOP run); the other cameras in helper threads where
         # __getitem__ would use them (PyAV releases the GIL)
+        w.index_many(ii, self._video_keys)
+        if self._pipeline is None and self._video_keys and not self._src.is_local:
+            # the batch's packets (each frame's GOP run, per camera and mp4) in one parallel round, as the pipeline
+            # fetches its next batches: PyAV would ask for them one read at a time, a round trip each
+            self._src.fetch_many(list(_pipe.byte_ranges(w, ii).items()))
         targets = [(k, *w.batch_rows(k, ii, functools.partial(frames_window, k) if k in self._delta else None))
                    for k in self._video_keys]
         frames: dict[str, torch.Tensor] = {}
