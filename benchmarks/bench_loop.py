@@ -22,7 +22,8 @@ interpreter; only the standard library, numpy and torch at the top) which:
    multiprocessing_context="fork", persistent_workers=False)`` (the same on every side: the same torch draws the
    same permutation, which the first batch's indices confirm);
 3. pass 1: ``iter()`` and the first batch (**first batch s**: fork, worker start-up, first batch), then ``--batches``
-   more: **samples/s** over them, **p50 / p99** of the time waiting in each ``next(it)``, **distinct episodes per
+   more: **samples/s** over them, the workers' CPU (utime + stime) per sample over the same span (what other jobs
+   on shared cores disturb least), **p50 / p99** of the time waiting in each ``next(it)``, **distinct episodes per
    batch** (mean: how well shuffled the batches are), each worker's private memory (USS = Private_Clean +
    Private_Dirty of /proc/<pid>/smaps_rollup) just after the first batch, after half the batches and after the last
    (each reading taken out of the timed span: it costs 15-30 ms of the worker's kernel time);
@@ -215,6 +216,7 @@ def _pass(torch, dl, n: int, step_s: float, p: dict, keep: bool) -> dict:
     waits, eps, items = [], [], 0
     last = None
     paused = 0.0  # the mid-pass memory reading, taken out of the wall time
+    c0 = sum(common.cpu_s(q) for q in pids)
     t1 = time.perf_counter()
     for k in range(n):
         tw = time.perf_counter()
@@ -232,6 +234,8 @@ def _pass(torch, dl, n: int, step_s: float, p: dict, keep: bool) -> dict:
         if step_s:
             time.sleep(step_s)
     wall = time.perf_counter() - t1 - paused
+    # the workers' utime + stime over the same span (they prefetch as far ahead at the end as at the start)
+    out["worker_cpu_ms_per_sample"] = 1e3 * (sum(common.cpu_s(q) for q in pids) - c0) / items if items else None
     if keep:  # the workers live until the iterator goes (they are still prefetching)
         out["uss_end"] = _uss(pids)
         out["tree_pss_end_mb"] = (_pss_kb(os.getpid()) + sum(_pss_kb(q) for q in pids)) / 1024
@@ -335,23 +339,28 @@ def _mem(r: dict) -> str:
 def table(res: dict) -> str:
     rows = res["runs"]
     base = {r["profile"]: r for r in rows if r["reader"] == "lerobot_sql" and "error" not in r}
-    lines = ["| reader | profile | open s | first batch s | samples/s (batches) | ours / this | wait p50 / p99 ms | "
+    lines = ["| reader | profile | open s | first batch s | samples/s (batches) | ours / this | workers' CPU ms/sample (ours / "
+             "this) | wait p50 / p99 ms | "
              f"data wait at {res['args']['step_ms']:g} ms/step | tree RSS peak / PSS at end, GB | worker USS MB, start→mid→end | "
              "distinct episodes / batch | frames checked |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['reader']} | {r['profile']} | failed: {r['error'][:200]} |" + " |" * 9)
+            lines.append(f"| {r['reader']} | {r['profile']} | failed: {r['error'][:200]} |" + " |" * 10)
             continue
         p1, p2 = r["pass1"], r["pass2"]
         ours = base.get(r["profile"])
         ratio = (f"{ours['pass1']['samples_per_s'] / p1['samples_per_s']:.2f}x"
                  if ours and r["reader"] != "lerobot_sql" else "")
         nbad = len(r["frame_problems"])
+        cpu = p1.get("worker_cpu_ms_per_sample")
+        ocpu = ours["pass1"].get("worker_cpu_ms_per_sample") if ours else None
+        cpu_cell = _f(cpu, ".2f") + (f" ({ocpu / cpu:.2f}x)" if ours and r["reader"] != "lerobot_sql" and cpu and ocpu
+                                     else "")
         fc = f"{r['frames_checked']} " + ("ok" if not nbad else f"- {nbad} BAD") if r["frames_checked"] else "-"
         lines.append(
             f"| {_name(r)} | {r['profile']} | {r['open_s']:.2f} | "
-            f"{p1['first_batch_s']:.2f} | {p1['samples_per_s']:,.0f} ({p1['batches']}) | {ratio} | "
+            f"{p1['first_batch_s']:.2f} | {p1['samples_per_s']:,.0f} ({p1['batches']}) | {ratio} | {cpu_cell} | "
             f"{p1['wait_p50_ms']:.1f} / {p1['wait_p99_ms']:.1f} | {100 * p2['wait_frac']:.0f}% "
             f"({p2['samples_per_s']:,.0f}/s) | {r['peak_tree_rss_mb'] / 1024:.2f} / {p1['tree_pss_end_mb'] / 1024:.2f} | "
             f"{_mem(r)} | {_f(p1['distinct_episodes'], '.1f')} | {fc} |")
