@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -764,3 +765,48 @@ def test_an_integer_extra_holding_nulls_beyond_2_53_is_refused_not_rounded(datas
     assert exact[0]["d"].tolist() == [9007199254740993, 0]
     small = db.dataset("SELECT index, [7, NULL] AS d FROM frames WHERE index < 3", cameras=[])  # exact as float64
     assert small[0]["d"].dtype == torch.float64 and small[0]["d"][0].item() == 7.0 and small[0]["d"][1].isnan()
+
+
+@pytest.mark.parametrize("reader", ["item", "batch", "ray"])
+def test_a_manifest_read_after_its_data_files_were_re_split_is_refused(datasets, tmp_path, reader):
+    """A dataset re-split after ``export_manifest`` (an episode's rows moved from the end of one data file to the
+    head of the next, meta/episodes updated: lerobot-valid, doctor passes) made the manifest-only readers
+    (``LeRobotSQLDataset(files, m)``, the Ray ``Decoder``) serve index 12625's values for index 12700, beside the
+    manifest's picture, silently (hostile review 13, F2). Each sample's own data row must hold the manifest's
+    ``index``: a DatasetFormatError naming the file, the row and both indices."""
+    import shutil
+
+    import pyarrow.compute as pc
+
+    from lerobot_sql.errors import DatasetFormatError
+    from lerobot_sql.torch.dataset import LeRobotSQLDataset
+
+    root = tmp_path / "multifile60"
+    shutil.copytree(datasets / "multifile60", root)
+    path = tmp_path / "m.parquet"
+    lsql.connect(root).export_manifest("SELECT index FROM frames WHERE index IN (10, 12700) ORDER BY index", path)
+    f0, f1 = sorted((root / "data").rglob("*.parquet"))
+    t0, t1 = pq.read_table(f0), pq.read_table(f1)
+    last = t0["episode_index"][-1].as_py()
+    keep = pc.not_equal(t0["episode_index"], last)
+    pq.write_table(t0.filter(keep), f0)
+    pq.write_table(pa.concat_tables([t0.filter(pc.invert(keep)), t1.cast(t0.schema)]), f1)
+    ef = next((root / "meta/episodes").rglob("*.parquet"))
+    e = pq.read_table(ef)
+    fi = e["data/file_index"].to_numpy().copy()
+    fi[e["episode_index"].to_numpy() == last] = 1
+    pq.write_table(e.set_column(e.schema.get_field_index("data/file_index"), "data/file_index",
+                                pa.array(fi, e.schema.field("data/file_index").type)), ef)
+    m = pq.read_table(path)
+    with pytest.raises(DatasetFormatError, match=r"file-001\.parquet: row \d+ holds index \d+, but the selection "
+                                                 r"reads it as index 12700.*resolve the selection again"):
+        if reader == "ray":
+            from lerobot_sql.torch.ray_data import Decoder
+
+            Decoder(str(path)).items(m)
+        else:
+            ds = LeRobotSQLDataset(lsql.connect(root).files, m)
+            assert int(ds[0]["index"]) == 10  # a row the re-split left in place is served as before
+            ds[1] if reader == "item" else ds.__getitems__([0, 1])
+    fresh = lsql.connect(root).dataset("SELECT index FROM frames WHERE index IN (10, 12700) ORDER BY index")
+    assert [int(fresh[i]["index"]) for i in range(2)] == [10, 12700]  # resolved again: right
