@@ -392,3 +392,63 @@ def test_train_takes_align_frame_index_to_the_dataset(datasets, tmp_path, monkey
         assert fc.verify_frame(item["observation.images.front"], 3, int(item["frame_index"]),
                                "observation.images.front")["ok"]
     assert json.loads((tmp_path / "run" / "lerobot_sql_train.json").read_text())["align"] == "frame_index"
+
+
+def test_a_resume_given_sql_again_is_held_to_the_run_it_resumes(datasets, tmp_path, monkeypatch):
+    """The same command with `--resume=true` added (its --sql given again, as users re-run it) skipped every resume
+    check: another --stats, --align, selection or dataset was accepted (hostile review 13, F1). Now held to the
+    saved run as a bare `--resume=true` is; the same selection resumes with the run's modes."""
+    import lerobot_sql as lsql
+    from helpers import run_cli
+    from lerobot_sql._plan.manifest import dataset_identity
+
+    seen = {}
+    _stand_in_lerobot_train(monkeypatch, seen)
+    out = tmp_path / "run"
+    out.mkdir()
+    sql = "SELECT episode_index FROM episodes WHERE episode_index = 3"
+    src = lsql.connect(datasets / "small20")
+    (out / "lerobot_sql_train.json").write_text(json.dumps({"root": src.source.url, "sql": sql, "stats": "dataset",
+                                                            "align": "frame_index",
+                                                            "dataset_id": dataset_identity(src.layout)}))
+    resume = ["--", "--resume=true", f"--output_dir={out}"]
+    for extra, says in ((["--stats", "selection"], "started with --stats dataset"),
+                        (["--align", "timestamp"], "started with --align frame_index"),
+                        ([], "the run was started on")):
+        root = datasets / ("multifile60" if not extra else "small20")
+        r = run_cli("train", root, "--sql", sql, *extra, *resume)
+        assert r.returncode != 0 and says in r.stderr, r.stderr
+    r = run_cli("train", datasets / "small20", "--sql", sql.replace("= 3", "= 4"), *resume)
+    assert r.returncode != 0 and "started with --sql" in r.stderr and "drop --sql" in r.stderr, r.stderr
+    assert not seen
+    r = run_cli("train", datasets / "small20", "--sql", sql, *resume)
+    assert r.returncode == 0 and seen["sql"] == sql and seen["stats"] == "dataset", r.stderr
+    assert seen["dataset_kwargs"]["align"] == "frame_index"
+    assert json.loads((out / "lerobot_sql_train.json").read_text())["stats"] == "dataset"
+
+
+def test_a_resumed_run_keeps_the_record_of_how_it_was_started(datasets, tmp_path, monkeypatch):
+    """lerobot_sql_train.json was rewritten by every factory call, a resume's too, so a resume with other modes lost
+    the record later resumes are held to (hostile review 13, F1): a resumed run leaves it; a new run writes it."""
+    import types
+
+    import lerobot_sql as lsql
+    from lerobot_sql.torch.train import make_factory
+
+    _stand_in_lerobot_factory(monkeypatch)
+    db = lsql.connect(datasets / "small20", cache_dir=tmp_path / "c")
+    out = tmp_path / "run"
+    out.mkdir()
+    kept = json.dumps({"root": "first", "sql": "SELECT 1", "stats": "dataset", "align": "timestamp"})
+    (out / "lerobot_sql_train.json").write_text(kept)
+    sql = "SELECT episode_index FROM episodes WHERE episode_index = 3"
+
+    def cfg(resume):
+        return types.SimpleNamespace(policy=None, tolerance_s=1e-4, output_dir=str(out), resume=resume,
+                                     dataset=types.SimpleNamespace(episodes=None, streaming=False, image_transforms=None,
+                                                                   use_imagenet_stats=True))
+
+    make_factory(db, sql, stats="selection", version=(0, 4, 4))(cfg(True))
+    assert (out / "lerobot_sql_train.json").read_text() == kept
+    make_factory(db, sql, stats="selection", version=(0, 4, 4))(cfg(False))
+    assert json.loads((out / "lerobot_sql_train.json").read_text())["sql"] == sql

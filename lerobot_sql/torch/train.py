@@ -117,6 +117,8 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
                 for name, value in IMAGENET_STATS.items():
                     st[key][name] = torch.tensor(value, dtype=torch.float32)
         out = getattr(cfg, "output_dir", None)
+        if out and getattr(cfg, "resume", False) and (Path(out) / "lerobot_sql_train.json").exists():
+            out = None  # a resumed run keeps the record of how it was started (run() held it to that)
         if out:  # what --resume needs to rebuild the same dataset (lerobot reloads only its own config)
             Path(out).mkdir(parents=True, exist_ok=True)
             (Path(out) / "lerobot_sql_train.json").write_text(json.dumps(
@@ -196,17 +198,29 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
         What lerobot's ``main()`` returns.
 
     Raises:
-        TrainSetupError: lerobot missing or not 0.4.x-0.6.x, or an option that cannot be honoured; on resume, a
-            ``stats`` or ``align`` other than the run was started with (normalization or frames would change
-            mid-training), or another dataset than the run's (a copy or move of it, same ``dataset_identity``,
-            is accepted).
+        TrainSetupError: lerobot missing or not 0.4.x-0.6.x, or an option that cannot be honoured; on resume (with
+            or without ``sql``), another ``sql``, ``stats`` or ``align`` than the run was started with (normalization
+            or frames would change mid-training), or another dataset than the run's (a copy or move of it, same
+            ``dataset_identity``, is accepted).
     """
     args = list(lerobot_args)
     dataset_kwargs = dict(dataset_kwargs or {})
     saved = None
-    if sql is None:  # a resumed run continues with what it was started with, not with today's defaults
-        saved = saved_run(args)
-        sql = saved["sql"]
+    if sql is None or resuming(args):  # a resumed run continues with what it was started with, not with today's
+        # defaults; the same command with --resume=true added (--sql given again) is held to the same run: the checks
+        # once ran only without --sql (hostile review 13, F1)
+        try:
+            saved = saved_run(args)
+        except TrainSetupError:
+            if sql is None:
+                raise
+            saved = None  # a run started before lerobot_sql_train.json existed, or by lerobot itself: --sql stands
+    if saved is not None:
+        if isinstance(sql, str) and saved["sql"] is not None and sql.strip() != saved["sql"].strip():
+            raise TrainSetupError(f"the run was started with --sql {saved['sql']!r}; resuming it with --sql {sql!r} "
+                                  "would continue training on other frames: drop --sql to resume with the run's own "
+                                  "selection (or start a new run with another --output_dir)")
+        sql = saved["sql"] if sql is None else sql
         for name, given, was in (("stats", stats, saved["stats"]),
                                  ("align", dataset_kwargs.get("align"), saved["align"])):
             if given is not None and given != was:
