@@ -826,6 +826,27 @@ def test_overwrite_replaces_only_an_unchanged_export_of_ours(datasets, tmp_path)
     assert (out / "data" / "extra.bin").read_bytes() == b"\0" * 10
 
 
+def test_overwrite_keeps_an_export_edited_at_the_same_size(datasets, tmp_path):
+    """The marker held sizes only: an export whose meta/info.json was edited in place to the same length
+    (`so101_follower` -> `so101_leader__`) was deleted by overwrite=True (hostile review 13, LOW). The marker keeps
+    each file's modification time too: refused, kept."""
+    import os
+
+    db = lsql.connect(datasets / "small20")
+    out = tmp_path / "out"
+    db.export("SELECT 2 AS episode_index", out, progress=False)
+    info = out / "meta" / "info.json"
+    text = info.read_text()
+    edited = text.replace('"codebase_version"', '"codebase_versioN"')
+    assert edited != text and len(edited) == len(text)
+    st = info.stat()
+    info.write_text(edited)
+    os.utime(info, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # (a coarse clock could give the same time)
+    with pytest.raises(lsql.DestinationExistsError, match=r"meta/info\.json"):
+        db.export("SELECT 3 AS episode_index", out, overwrite=True, progress=False)
+    assert info.read_text() == edited
+
+
 def test_export_manifest_onto_a_fifo_is_refused_without_opening_it(datasets, tmp_path):
     """export_manifest(sql, FIFO, overwrite=True) opened the FIFO to see whether it held a manifest and blocked
     forever (no writer); now a path that is not a regular file is refused first, naming its kind, and left as it is.

@@ -99,7 +99,10 @@ def check_replaceable(dest: Path) -> None:
             "replaces only an empty folder or a previous export: remove it yourself or choose another destination"
         ) from e
     present.pop(MARKER, None)
-    foreign = sorted(r for r, size in present.items() if written.get(r) != size)
+    mtimes = json.loads(marker.read_text()).get("mtimes")  # (markers before 0.2.1 hold sizes only)
+    mtimes = mtimes if isinstance(mtimes, dict) else {}
+    foreign = sorted(r for r, size in present.items() if written.get(r) != size
+                     or (r in mtimes and size >= 0 and os.lstat(dest / r).st_mtime_ns != mtimes[r]))
     if foreign:
         raise DestinationExistsError(
             f"{dest}: holds {len(foreign)} file(s) the previous export did not write or that changed since "
@@ -242,13 +245,16 @@ def swap_into_place(tmp: Path, dest: Path, overwrite: bool) -> None:
 
 
 def write_marker(root: Path, source: str, sources: dict[str, str] | None = None) -> None:
-    """meta/lerobot_sql_export.json: who wrote this folder, from what, and every file it holds (name -> bytes).
+    """meta/lerobot_sql_export.json: who wrote this folder, from what, and every file it holds (name -> bytes, and
+    name -> modification time in ns).
     ``source`` is the (first) source's URL; a collection's export adds ``sources`` (dataset name -> URL)."""
     files = our_files(root)
     marker = {"written_by": "lerobot_sql", "format": MARKER_FORMAT, "version": __version__, "source": source}
     if sources is not None:
         marker["sources"] = dict(sources)
     marker["files"] = dict(sorted(files.items()))
+    # an edit at the same size (a word of info.json changed) is a change too: overwrite=True must not delete it
+    marker["mtimes"] = {r: os.lstat(root / r).st_mtime_ns for r, size in sorted(files.items()) if size >= 0}
     (root / MARKER).parent.mkdir(parents=True, exist_ok=True)
     (root / MARKER).write_text(json.dumps(marker, indent=1, ensure_ascii=False))
 
