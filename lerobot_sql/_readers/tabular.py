@@ -405,6 +405,7 @@ class RowGroupView:
 
     def __init__(self, table: pa.Table, layout: Layout):
         self.table = table
+        self.has_index = "index" in table.column_names  # (v2.x data may lack it: derived, nothing to compare)
         self.nbytes = int(table.nbytes)
         self._arrays: dict[str, object] = {}
         self._layout = layout

@@ -192,7 +192,7 @@ class Worker:
         want = np.asarray(s.index[ii], np.int64)
         for t in np.unique(slots):
             view = views(int(t))
-            if "index" not in view.table.column_names:
+            if not view.has_index:
                 return
             m = slots == t
             got = np.asarray(view.column("index"))[offsets[m]]

@@ -394,7 +394,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             cols: dict[str, Any] = {}
             view = w.view(int(s.slot[i]))
             off = int(s.offset[i])
-            w.check_index(lambda _t: view, np.array([s.slot[i]]), np.array([off]), np.array([i]))
+            if view.has_index and view.column("index")[off] != s.index[i]:  # as check_index, for one row
+                w.check_index(lambda _t: view, np.array([s.slot[i]]), np.array([off]), np.array([i]))
             for col in self._columns:
                 if col in self._delta:
                     vals, pads[f"{col}_is_pad"] = w.window(i, col, col)
