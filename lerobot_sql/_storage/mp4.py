@@ -11,6 +11,8 @@ import io
 import struct
 from typing import Callable, NamedTuple
 
+import numpy as np
+
 HEAD_READ = 32 << 10  # bytes fetched with each mp4 box header when building a remote video index (PyAV's block)
 
 
@@ -123,36 +125,44 @@ class Mp4Samples(NamedTuple):
     """An mp4 video track's sample table (ISO/IEC 14496-12 8.6-8.7), one entry per sample in decode order."""
     sizes: tuple[int, ...]  # bytes of each sample (stsz)
     sync: frozenset[int] | None  # 1-based numbers of the sync samples (stss); None: every sample is one
-    offsets: tuple[int, ...] | None  # byte offset of each sample in the file (stsc + stco/co64); None if unknown
-    deltas: tuple[int, ...] | None  # decode-time step after each sample, in the track's time base (stts)
+    offsets: np.ndarray | None  # int64: byte offset of each sample in the file (stsc + stco/co64); None if unknown
+    deltas: np.ndarray | None  # int64: decode-time step after each sample, in the track's time base (stts)
     reordered: bool  # a ctts box: presentation order differs from decode order (B-frames)
     file_size: int  # bytes of the file as read
+    edited: bool = False  # an edit list (elst) other than one edit of the whole media from time 0
 
 
-def _sample_deltas(n: int, stts) -> tuple[int, ...] | None:
-    if not stts or sum(c for c, _ in stts) != n:
+def _sample_deltas(n: int, stts) -> np.ndarray | None:
+    """Each sample's decode-time step (int64 (n,)), from the ``stts`` runs (count, delta); None when the runs do not
+    count ``n`` samples. Vectorised: a Python loop took 23 ms for 191,000 samples."""
+    if not stts:
         return None
-    return tuple(d for c, d in stts for _ in range(c))
+    runs = np.asarray(stts, np.int64).reshape(-1, 2)
+    if int(runs[:, 0].sum()) != n:
+        return None
+    return np.repeat(runs[:, 1], runs[:, 0])
 
 
-def _sample_offsets(sizes, stsc, chunks) -> tuple[int, ...] | None:
-    """Each sample's byte offset: chunk k (1-based) holds the samples-per-chunk of the last stsc run starting at or
-    before k, packed from the chunk's offset. None when the tables disagree with the sample count."""
+def _sample_offsets(sizes, stsc, chunks) -> np.ndarray | None:
+    """Each sample's byte offset (int64): chunk k (1-based) holds the samples-per-chunk of the last stsc run starting
+    at or before k, packed from the chunk's offset. None when the tables disagree with the sample count.
+    Vectorised: a Python loop over the samples took 71 ms for 191,000 of them."""
     if not stsc or not chunks or stsc[0][0] != 1:
         return None
-    out, k, runs = [], 0, stsc + [(len(chunks) + 1, 0)]
-    for (first, per), (nxt, _) in zip(runs, runs[1:]):
-        if not first <= nxt or nxt > len(chunks) + 1:
-            return None
-        for c in range(first, nxt):
-            off = chunks[c - 1]
-            for _ in range(per):
-                if k >= len(sizes):
-                    return None
-                out.append(off)
-                off += sizes[k]
-                k += 1
-    return tuple(out) if k == len(sizes) else None
+    n_chunks, n = len(chunks), len(sizes)
+    runs = np.asarray(stsc + [(n_chunks + 1, 0)], np.int64).reshape(-1, 2)
+    first, nxt = runs[:-1, 0], runs[1:, 0]
+    if (first > nxt).any() or (nxt > n_chunks + 1).any() or (runs[:-1, 1] < 0).any():
+        return None
+    per_chunk = np.repeat(runs[:-1, 1], nxt - first)  # samples in each chunk, chunks 1..n_chunks in order
+    if len(per_chunk) > n_chunks or int(per_chunk.sum()) != n:
+        return None
+    size = np.asarray(sizes, np.int64)
+    start = np.concatenate([[0], np.cumsum(size)[:-1]]) if n else size  # bytes before each sample, in order
+    chunk_of = np.repeat(np.arange(len(per_chunk)), per_chunk)
+    first_sample = np.cumsum(per_chunk) - per_chunk  # each chunk's first sample
+    base = np.asarray(chunks, np.int64)[chunk_of]
+    return base + start - start[first_sample][chunk_of]
 
 
 def mp4_sample_table(f) -> Mp4Samples | None:
@@ -214,7 +224,20 @@ def mp4_sample_table(f) -> Mp4Samples | None:
             if hdlr != b"vide" or stbl is None:
                 continue
             sizes = sync = stts = stsc = chunks = None
-            reordered = False
+            reordered = edited = False
+            edts = next(((a2, z2) for t, a2, z2 in _mp4_boxes(moov, a, z) if t == b"edts"), None)
+            if edts is not None:
+                for t, a2, z2 in _mp4_boxes(moov, *edts):
+                    if t == b"elst" and z2 - a2 >= 8:
+                        version, n = moov[a2], struct.unpack_from(">I", moov, a2 + 4)[0]
+                        w = 20 if version == 1 else 12
+                        if n != 1 or 8 + w * n > z2 - a2:
+                            edited = True
+                        else:  # (segment duration, media time, rate): one edit from media time 0 at rate 1
+                            media = struct.unpack_from(">q" if version == 1 else ">i", moov,
+                                                       a2 + 8 + (8 if version == 1 else 4))[0]
+                            rate = struct.unpack_from(">i", moov, a2 + 8 + w - 4)[0]
+                            edited = media != 0 or rate != 1 << 16
             for t, a2, z2 in _mp4_boxes(moov, *stbl):
                 if t == b"stsz" and z2 - a2 >= 12:  # (stz2, compact sizes, is not written by FFmpeg: None)
                     one, n = struct.unpack_from(">II", moov, a2 + 4)
@@ -246,7 +269,7 @@ def mp4_sample_table(f) -> Mp4Samples | None:
             if sizes is None:
                 return None
             return Mp4Samples(sizes, sync, _sample_offsets(sizes, stsc, chunks), _sample_deltas(len(sizes), stts),
-                              reordered, size)
+                              reordered, size, edited)
         return None
     except (OSError, ValueError, struct.error):
         return None
