@@ -274,3 +274,24 @@ def test_a_cache_folder_inside_the_dataset_is_refused(datasets, tmp_path, monkey
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # nothing written into it
     monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "beside"))
     assert len(lsql.connect(root).dataset(episodes=[1], cameras=[])) > 0
+
+
+def test_a_dataset_opened_through_a_symlinked_folder_connects(datasets, tmp_path, monkeypatch):
+    """The check that the cache folder is not inside the dataset applied the dataset's symlink rule to its root
+    itself: a dataset opened through a symlink (`latest -> run-12`, or a parent `/data -> /mnt/disk`) was refused as
+    "a symlink outside the dataset root" (hostile review 14, F2). It connects, and a cache folder inside it through
+    the link is still refused."""
+    import shutil
+
+    import lerobot_sql as lsql
+    from lerobot_sql.errors import CacheError
+
+    real = tmp_path / "disk" / "run-12"
+    shutil.copytree(datasets / "small20", real, ignore=shutil.ignore_patterns("videos"))
+    (tmp_path / "latest").symlink_to(real)
+    (tmp_path / "data").symlink_to(tmp_path / "disk")
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(tmp_path / "cache"))
+    for root in (tmp_path / "latest", tmp_path / "data" / "run-12"):
+        assert lsql.connect(root).sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+    with pytest.raises(CacheError, match="inside the dataset"):
+        lsql.connect(tmp_path / "latest", cache_dir=real / "meta" / "c")

@@ -452,3 +452,32 @@ def test_a_resumed_run_keeps_the_record_of_how_it_was_started(datasets, tmp_path
     assert (out / "lerobot_sql_train.json").read_text() == kept
     make_factory(db, sql, stats="selection", version=(0, 4, 4))(cfg(False))
     assert json.loads((out / "lerobot_sql_train.json").read_text())["sql"] == sql
+
+
+def test_a_resume_on_the_same_path_holding_another_dataset_is_refused(datasets, tmp_path, monkeypatch):
+    """The run's dataset was compared by path first: a run started on a folder that was then replaced by another
+    dataset (or a Hub revision that gained episodes) resumed on other frames (hostile review 14, F3). Compared by
+    identity: refused, saying the path holds another dataset; `--resume=on` (lerobot's parser reads it as true) is
+    a resume too (14, F4)."""
+    import shutil
+
+    import lerobot_sql as lsql
+    from helpers import run_cli
+    from lerobot_sql._plan.manifest import dataset_identity
+
+    seen = {}
+    _stand_in_lerobot_train(monkeypatch, seen)
+    root = tmp_path / "data"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    out = tmp_path / "run"
+    out.mkdir()
+    sql = "SELECT episode_index FROM episodes WHERE episode_index = 3"
+    src = lsql.connect(root)
+    (out / "lerobot_sql_train.json").write_text(json.dumps({"root": src.source.url, "sql": sql,
+                                                            "dataset_id": dataset_identity(src.layout)}))
+    shutil.rmtree(root)
+    shutil.copytree(datasets / "multifile60", root, ignore=shutil.ignore_patterns("videos"))
+    for flag in ("--resume=true", "--resume=on"):
+        r = run_cli("train", root, "--", flag, f"--output_dir={out}")
+        assert r.returncode != 0 and "which holds another dataset now" in r.stderr, r.stderr
+    assert not seen

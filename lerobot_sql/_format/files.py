@@ -72,9 +72,9 @@ def _refuse_cache_inside(source, folder: Path) -> None:
     Raises:
         CacheError: naming both folders and the fix.
     """
-    root = source.local_path("") if source.is_local else None
-    if root is None:
+    if not source.is_local:
         return
+    root = source.root  # (not local_path(""): that checks the root itself as a symlink leaving the dataset)
     real_root, real = Path(os.path.realpath(root)), Path(os.path.realpath(folder))
     if real == real_root or real_root in real.parents:
         raise cache.cache_error(folder, f"this cache folder is inside the dataset {root}, whose folder would then "

@@ -284,6 +284,7 @@ class RemoteCacheFS(AbstractFileSystem):
         """
         if not (pin.get("etag") or pin.get("weak_etag") or pin.get("seen_etag")) \
                 or not isinstance(err, FileChangedError) \
+                or getattr(err.__cause__, "kind", "etag") != "etag" \
                 or not transport.precondition_failed(err) \
                 or transport.protocol(self._fs()) not in ("http", "https"):
             # pinned by Last-Modified or a version id, a change of size, or an object store's ETag (a hash of the

@@ -228,14 +228,21 @@ def describe(fs: Any, path: str, *, url: str, trust_etag: bool = True, stall_s: 
         i = {k: v for k, v in i.items() if k.lower() != "etag"}
     out = {"name": path, "size": i.get("size"), "type": i.get("type", "file"), "identity": identity_of(i),
            **version_of(i), **({} if trust_etag else {"seen_etag": None})}
-    if protocol(fs) in ("http", "https") and not (out.get("etag") or out.get("last_modified")) \
-            and out["type"] == "file" and isinstance(out["size"], int) and out["size"] > 0:
-        n = out["size"]
+    http_file = protocol(fs) in ("http", "https") and out["type"] == "file" and isinstance(out["size"], int) \
+        and out["size"] > 0
+    n = out.get("size")
 
-        def span(a: int, b: int) -> bytes:
-            data, whole = http_get(fs, path, a, b, {}, n, url=url, stall_s=stall_s, min_rate=min_rate)
-            return data[a:b] if whole else data
+    def span(a: int, b: int) -> bytes:  # (its answer's validators are learned into the pin: _check_validators)
+        data, whole = http_get(fs, path, a, b, {}, n, url=url, stall_s=stall_s, min_rate=min_rate, pinned=out)
+        return data[a:b] if whole else data
 
+    has_tag, has_lm = bool(out.get("etag") or out.get("weak_etag")), bool(out.get("last_modified"))
+    if http_file and ((has_tag and not has_lm) or (has_lm and not has_tag and "seen_etag" not in out)):
+        # HEAD gave one kind of validator: what its range answers carry is learned now, with the pin, from one
+        # byte. A server giving the other kind on range answers (and ignoring conditions) would otherwise have
+        # them learned at a process's first read, from whatever version the file is then (hostile review 14, F1)
+        span(0, 1)
+    if http_file and not (out.get("etag") or out.get("last_modified")):
         head = span(0, min(n, CHECK_BYTES))
         tail = span(max(0, n - CHECK_BYTES), n) if n > CHECK_BYTES else b""
         import zlib
@@ -346,9 +353,14 @@ async def http_get_async(fs, path: str, a: int, b: int, headers: dict, size: int
 
 class PreconditionIgnored(Exception):
     """A server answered a conditional GET with bytes of another version than the one asked for (it ignores
-    ``If-Match`` / ``If-Unmodified-Since``): taken as its 412 would be (:func:`precondition_failed`)."""
+    ``If-Match`` / ``If-Unmodified-Since``): taken as its 412 would be (:func:`precondition_failed`). ``kind``: the
+    validator that differed, ``"etag"`` or ``"last_modified"``."""
 
     status = 412
+
+    def __init__(self, message: str, kind: str = "etag"):
+        super().__init__(message)
+        self.kind = kind
 
 
 def _check_validators(got, sent: dict, pinned: dict, url: str, a: int, b: int) -> None:
@@ -386,7 +398,8 @@ def _check_validators(got, sent: dict, pinned: dict, url: str, a: int, b: int) -
         pinned["seen_last_modified"] = have.strip()
     if want and have and str(want).strip() != have.strip():
         raise PreconditionIgnored(f"{url}: Precondition Failed: asked for bytes {a}-{b} of the version of {want}, "
-                                  f"the server answered with Last-Modified {have} (it ignores If-Unmodified-Since)")
+                                  f"the server answered with Last-Modified {have} (it ignores If-Unmodified-Since)",
+                                  kind="last_modified")
 
 
 def s3_get(fs, path: str, a: int, b: int, etag: str) -> bytes:

@@ -241,12 +241,17 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
     from ..db import connect
 
     db = connect(root, storage_options=storage_options, cache_dir=cache_dir)
-    if saved is not None and saved["root"] and saved["root"] != db.source.url and \
-            saved["dataset_id"] != dataset_identity(db.layout):
+    if saved is not None and ((saved["dataset_id"] and saved["dataset_id"] != dataset_identity(db.layout)) or
+                              (not saved["dataset_id"] and saved["root"] and saved["root"] != db.source.url)):
+        # (by identity first: the same path may hold another dataset now, or a Hub revision that gained episodes;
+        # a run file without one, written before it was saved, by its root)
         # the checkpoint's optimizer state and step count would go on over another dataset's frames
-        raise TrainSetupError(f"the run was started on {saved['root']}; resuming it on {db.source.url}, another "
-                              "dataset, would continue training on other frames: give the run's DATASET (a copy or "
-                              "move of it is accepted), or start a new run with another --output_dir")
+        where = (f"{db.source.url}, which holds another dataset now (its info.json's version, totals, fps or "
+                 "features differ from the run's)" if saved["root"] == db.source.url else
+                 f"{db.source.url}, another dataset,")
+        raise TrainSetupError(f"the run was started on {saved['root']}; resuming it on {where} would continue "
+                              "training on other frames: give the run's DATASET (a copy or move of it is accepted), "
+                              "or start a new run with another --output_dir")
     if isinstance(sql, str):
         db.check(sql)
     version = lerobot_version()
@@ -279,9 +284,9 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
 
 
 def resuming(lerobot_args: list[str]) -> bool:
-    """Whether lerobot-train's arguments resume a run: ``--resume=true`` or ``--resume true`` (as lerobot's parser
-    takes a boolean: true/yes/1, any case)."""
-    return (_arg_value(lerobot_args, "resume") or "").strip().lower() in ("true", "yes", "1")
+    """Whether lerobot-train's arguments resume a run: ``--resume=true`` or ``--resume true`` (as lerobot's parser,
+    draccus through YAML, takes a boolean: true/yes/on/1, any case)."""
+    return (_arg_value(lerobot_args, "resume") or "").strip().lower() in ("true", "yes", "on", "1")
 
 
 def saved_run(lerobot_args: list[str]) -> dict:
