@@ -266,6 +266,9 @@ def _check_feature_nulls(col: pa.Array, name: str, where: str) -> None:
     Raises:
         DatasetFormatError: naming the file, the column and the row (of the rows read).
     """
+    if not col.null_count and pa.types.is_fixed_size_list(col.type) and \
+            not pa.types.is_nested(col.type.value_type) and not col.values.null_count:
+        return  # (the usual cell: a fixed-size list of numbers without a NULL; no flatten needed)
     if col.null_count:
         what, row = "is NULL in row", int(pc.index(pc.is_null(col), True).as_py())
     else:
@@ -282,10 +285,10 @@ def _check_feature_nulls(col: pa.Array, name: str, where: str) -> None:
 
 
 def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
-    check_frame_nulls(table, where)
+    if any(c.null_count for c in table.columns):  # (the usual row group has none: one pass, no lookups by name)
+        check_frame_nulls(table, where)
     cols, changed = {}, False
-    for name in table.column_names:
-        col = table[name]
+    for name, col in zip(table.column_names, table.columns):
         col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
         feat = layout.features.get(name)
         if feat is not None and feat.dtype in _NUMERIC:

@@ -537,8 +537,11 @@ class FrameColumns:
             check_frames(self.rules, src.path(rel), cols["index"][rows], cols["episode_index"][rows],
                          cols["frame_index"][rows], cols["timestamp"][rows], t.index[first] + k,
                          t.run_episode[r], ep_from, ep_to - ep_from)
-        return {"timestamp": tbl["timestamp"].cast(pa.float32()).to_numpy(),
-                "task_index": tbl["task_index"].cast(pa.int64()).to_numpy(), "frame_index": cols["frame_index"]}
+        # (as stored by lerobot, float32 and int64: no cast; another type through Arrow's checked cast)
+        ts, task = cols["timestamp"], cols["task_index"]
+        return {"timestamp": ts if ts.dtype == np.float32 else tbl["timestamp"].cast(pa.float32()).to_numpy(),
+                "task_index": task if task.dtype == np.int64 else tbl["task_index"].cast(pa.int64()).to_numpy(),
+                "frame_index": cols["frame_index"]}
 
 
 class FrameColumn:
