@@ -439,9 +439,9 @@ def test_a_resumed_run_keeps_the_record_of_how_it_was_started(datasets, tmp_path
     db = lsql.connect(datasets / "small20", cache_dir=tmp_path / "c")
     out = tmp_path / "run"
     out.mkdir()
-    kept = json.dumps({"root": "first", "sql": "SELECT 1", "stats": "dataset", "align": "timestamp"})
-    (out / "lerobot_sql_train.json").write_text(kept)
     sql = "SELECT episode_index FROM episodes WHERE episode_index = 3"
+    kept = json.dumps({"root": "first", "sql": sql, "stats": "selection", "align": "timestamp"})  # (one line)
+    (out / "lerobot_sql_train.json").write_text(kept)
 
     def cfg(resume):
         return types.SimpleNamespace(policy=None, tolerance_s=1e-4, output_dir=str(out), resume=resume,
@@ -481,3 +481,35 @@ def test_a_resume_on_the_same_path_holding_another_dataset_is_refused(datasets, 
         r = run_cli("train", root, "--", flag, f"--output_dir={out}")
         assert r.returncode != 0 and "which holds another dataset now" in r.stderr, r.stderr
     assert not seen
+
+
+def test_a_resume_lerobot_parsed_from_another_spelling_is_held_to_the_run(datasets, tmp_path, monkeypatch):
+    """lerobot's parser resumes on `--resu=true` or `resume: true` in a --config_path file, which run() does not read
+    as a resume: another --sql and --stats were accepted (hostile review 15, F2). The factory holds any run lerobot
+    resumes (cfg.resume) to its saved selection, statistics, alignment and dataset."""
+    import types
+
+    import lerobot_sql as lsql
+    from lerobot_sql.errors import TrainSetupError
+    from lerobot_sql.torch.train import make_factory
+
+    _stand_in_lerobot_factory(monkeypatch)
+    db = lsql.connect(datasets / "small20", cache_dir=tmp_path / "c")
+    out = tmp_path / "run"
+    sql = "SELECT episode_index FROM episodes WHERE episode_index = 3"
+
+    def cfg(resume):
+        return types.SimpleNamespace(policy=None, tolerance_s=1e-4, output_dir=str(out), resume=resume,
+                                     dataset=types.SimpleNamespace(episodes=None, streaming=False, image_transforms=None,
+                                                                   use_imagenet_stats=True))
+
+    make_factory(db, sql, stats="dataset", version=(0, 4, 4))(cfg(False))  # the run starts: recorded
+    for other_sql, stats, kw, says in ((sql.replace("= 3", "= 4"), "dataset", {}, "--sql"),
+                                       (sql, "selection", {}, "--stats"),
+                                       (sql, "dataset", {"align": "frame_index"}, "--align")):
+        with pytest.raises(TrainSetupError, match=rf"started with {says} .*mid-training"):
+            make_factory(db, other_sql, stats=stats, version=(0, 4, 4), dataset_kwargs=kw)(cfg(True))
+    other = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    with pytest.raises(TrainSetupError, match="holds another dataset now"):
+        make_factory(other, sql, stats="dataset", version=(0, 4, 4))(cfg(True))
+    assert make_factory(db, sql, stats="dataset", version=(0, 4, 4))(cfg(True)) is not None  # the same run resumes

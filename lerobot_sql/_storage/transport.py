@@ -240,8 +240,9 @@ def describe(fs: Any, path: str, *, url: str, trust_etag: bool = True, stall_s: 
     if http_file and ((has_tag and not has_lm) or (has_lm and not has_tag and "seen_etag" not in out)):
         # HEAD gave one kind of validator: what its range answers carry is learned now, with the pin, from one
         # byte. A server giving the other kind on range answers (and ignoring conditions) would otherwise have
-        # them learned at a process's first read, from whatever version the file is then (hostile review 14, F1)
-        span(0, 1)
+        # them learned at a process's first read, from whatever version the file is then (hostile review 14, F1).
+        # Its headers only: a server ignoring Range would send the whole file (hostile review 15)
+        http_get(fs, path, 0, 1, {}, n, url=url, stall_s=stall_s, min_rate=min_rate, pinned=out, headers_only=True)
     if http_file and not (out.get("etag") or out.get("last_modified")):
         head = span(0, min(n, CHECK_BYTES))
         tail = span(max(0, n - CHECK_BYTES), n) if n > CHECK_BYTES else b""
@@ -252,19 +253,21 @@ def describe(fs: Any, path: str, *, url: str, trust_etag: bool = True, stall_s: 
 
 
 def http_get(fs, path: str, a: int, b: int, headers: dict, size: int | None, *, url: str,
-             stall_s: float = STALL_S, min_rate: float = MIN_RATE, pinned: dict | None = None) -> tuple[bytes, bool]:
+             stall_s: float = STALL_S, min_rate: float = MIN_RATE, pinned: dict | None = None,
+             headers_only: bool = False) -> tuple[bytes, bool]:
     """:func:`http_get_async` run on fsspec's IO loop (blocking the calling thread until it is done)."""
     from fsspec.asyn import sync
 
     return sync(fs.loop, http_get_async, fs, path, a, b, headers, size, url=url, stall_s=stall_s, min_rate=min_rate,
-                pinned=pinned)
+                pinned=pinned, headers_only=headers_only)
 
 
 async def http_get_async(fs, path: str, a: int, b: int, headers: dict, size: int | None, *, url: str,
                          stall_s: float = STALL_S, min_rate: float = MIN_RATE,
-                         pinned: dict | None = None) -> tuple[bytes, bool]:
+                         pinned: dict | None = None, headers_only: bool = False) -> tuple[bytes, bool]:
     """Bytes [a, b) by one ranged GET on fsspec's aiohttp session, checking the answer as it comes (a coroutine
-    of fsspec's IO loop, ``fs.loop``).
+    of fsspec's IO loop, ``fs.loop``). ``headers_only``: the answer's validators are checked (and learned into
+    ``pinned``), its body is not read: ``(b"", False)`` (a server ignoring Range would send the whole file).
 
     Returns ``(data, whole)``: ``whole`` when the server ignored Range and sent the whole file, which ``data``
     then is (the caller keeps it, so no later read or retry fetches it again).
@@ -312,7 +315,9 @@ async def http_get_async(fs, path: str, a: int, b: int, headers: dict, size: int
             if r.status == 404:
                 raise FileNotFoundError(url)
             r.raise_for_status()  # 412 -> FileChangedError in pinned_get; 5xx -> retried
-            _check_validators(r.headers, headers, pinned or {}, url, a, b)
+            _check_validators(r.headers, headers, pinned if pinned is not None else {}, url, a, b)
+            if headers_only:
+                return b"", False
             n = r.content_length
             if r.status == 200:
                 total = n if n is not None else size

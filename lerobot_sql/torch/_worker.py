@@ -193,7 +193,7 @@ class Worker:
         for t in np.unique(slots):
             view = views(int(t))
             if not view.has_index:
-                return
+                continue
             m = slots == t
             got = np.asarray(view.column("index"))[offsets[m]]
             bad = np.flatnonzero(got != want[m])

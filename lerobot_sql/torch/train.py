@@ -95,6 +95,10 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
             raise TrainSetupError(NO_EPISODES)
         if getattr(cfg.dataset, "streaming", False):
             raise TrainSetupError(NO_STREAMING)
+        if getattr(cfg, "resume", False):
+            # lerobot's parsed config says "resume" however it was asked for (an abbreviated flag, `resume: true`
+            # in a --config_path file) where run() reads only the literal flag (hostile review 15, F2)
+            _hold_to_saved_run(cfg, db, sql, stats, (dataset_kwargs or {}).get("align"))
         features = db.layout.info["features"]
         probe = _Probe(features, db.layout.info["fps"])
         policy_cfg = getattr(cfg, "trainable_config", None) or cfg.policy
@@ -128,6 +132,39 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
         return ds
 
     return factory
+
+
+def _hold_to_saved_run(cfg, db, sql, stats: str, align: str | None) -> None:
+    """Refuse a resumed run (``cfg.resume``) whose selection, statistics, alignment or dataset differ from the ones
+    its ``<output_dir>/lerobot_sql_train.json`` records (nothing recorded: nothing to compare).
+
+    Raises:
+        TrainSetupError: naming what would change mid-training.
+    """
+    out = getattr(cfg, "output_dir", None)
+    path = Path(out) / "lerobot_sql_train.json" if out else None
+    if path is None or not path.exists():
+        return
+    try:
+        run = json.loads(path.read_text())
+    except (ValueError, OSError):
+        return
+    if not isinstance(run, dict):
+        return
+    checks = [("--sql", run.get("sql"), sql.strip() if isinstance(sql, str) else None,
+               lambda a, b: a.strip() == b),
+              ("--stats", run.get("stats") or "selection", stats, None),
+              ("--align", run.get("align") or "timestamp", align or "timestamp", None)]
+    for name, was, now, same in checks:
+        if was is not None and now is not None and not (same or (lambda a, b: a == b))(was, now):
+            raise TrainSetupError(f"this run resumes the one in {out}, started with {name} {was!r}; resuming it with "
+                                  f"{name} {now!r} would change the frames or their normalization mid-training: give "
+                                  f"the run's own (or drop them: `lerobot-sql train DATASET -- --resume=true "
+                                  f"--output_dir={out}` reads them), or start a new run with another --output_dir")
+    if run.get("dataset_id") and run["dataset_id"] != dataset_identity(db.layout):
+        raise TrainSetupError(f"this run resumes the one in {out}, started on {run.get('root')}; {db.source.url} "
+                              "holds another dataset now, which would continue training on other frames: give the "
+                              "run's DATASET, or start a new run with another --output_dir")
 
 
 def keep_positions(manifest, drop_n_first_frames: int = 0, drop_n_last_frames: int = 0):
