@@ -80,7 +80,6 @@ def test_a_remote_h264_file_without_b_frames_is_indexed_from_its_sample_table(ti
     the first batch of the 10,000-episode set). The table is taken (its keyframes are the moov's sync samples) and the
     index equals the local one."""
     from http_range_server import RangeServer
-
     from lerobot_sql._readers import video_index as vi
     from lerobot_sql._storage.source import open_source
 

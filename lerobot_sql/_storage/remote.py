@@ -353,9 +353,9 @@ class RemoteCacheFS(AbstractFileSystem):
             i = self._call(f"{url}: info", transport.info_with_validators, fs, path)
             heads.add(i.get("ETag") or i.get("etag"))
             seen: dict = {}
-            self._call(f"{url}: bytes 0-1", lambda: transport.http_get(
-                fs, path, 0, 1, {}, None, url=url, stall_s=self.stall_s, min_rate=self.min_rate, pinned=seen,
-                headers_only=True))
+            self._call(f"{url}: bytes 0-1", lambda into: transport.http_get(
+                fs, path, 0, 1, {}, None, url=url, stall_s=self.stall_s, min_rate=self.min_rate, pinned=into,
+                headers_only=True), seen)
             gets.add(seen.get("seen_etag"))
             if len(heads - {None}) > 1 or len(gets - {None}) > 1:
                 return True
