@@ -1002,8 +1002,11 @@ def test_a_remote_mp4_replaced_after_the_open_is_never_served(datasets, tmp_path
             with pytest.raises(FileChangedError, match=r"file-000\.mp4: the file changed on the server"):
                 ds[5]
         else:
-            loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers,
-                                                 multiprocessing_context="fork")
-            with pytest.raises(FileChangedError, match=r"file-000\.mp4: the file changed on the server"):
-                for _ in loader:
-                    pass
+            it = iter(torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers,
+                                                  multiprocessing_context="fork"))
+            try:
+                with pytest.raises(FileChangedError, match=r"file-000\.mp4: the file changed on the server"):
+                    for _ in it:
+                        pass
+            finally:  # now, not when the next test collects the iterator (its workers' join took seconds there)
+                it._shutdown_workers()
