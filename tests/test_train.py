@@ -241,22 +241,29 @@ def test_resume_on_another_dataset_is_refused_and_on_a_copy_accepted(datasets, t
     dataset_identity) resumes."""
     import lerobot_sql as lsql
     from helpers import linked_copy, run_cli
-    from lerobot_sql._plan.manifest import dataset_identity
 
     seen = {}
     _stand_in_lerobot_train(monkeypatch, seen)
-    out = tmp_path / "run"
-    out.mkdir()
-    sql = "SELECT episode_index FROM episodes WHERE episode_index = 3"
-    src = lsql.connect(datasets / "small20")
-    (out / "lerobot_sql_train.json").write_text(json.dumps({"root": src.source.url, "sql": sql,
-                                                            "dataset_id": dataset_identity(src.layout)}))
+    out, sql = _saved_run(tmp_path, lsql.connect(datasets / "small20"))
     r = run_cli("train", datasets / "multifile60", "--", "--resume=true", f"--output_dir={out}")
     assert r.returncode != 0 and "the run was started on" in r.stderr and "another" in r.stderr, r.stderr
     assert not seen
     copy = linked_copy(datasets / "small20", tmp_path / "moved")
     r = run_cli("train", copy, "--", "--resume=true", f"--output_dir={out}")
     assert r.returncode == 0 and seen["sql"] == sql, r.stderr
+
+
+def _saved_run(tmp_path, src, **modes):
+    """``(output_dir, sql)`` of a run started on ``src`` (a Database) with episode 3 and ``modes`` (stats, align), as
+    its lerobot_sql_train.json records it."""
+    from lerobot_sql._plan.manifest import dataset_identity
+
+    out = tmp_path / "run"
+    out.mkdir()
+    sql = "SELECT episode_index FROM episodes WHERE episode_index = 3"
+    (out / "lerobot_sql_train.json").write_text(json.dumps({"root": src.source.url, "sql": sql, **modes,
+                                                            "dataset_id": dataset_identity(src.layout)}))
+    return out, sql
 
 
 def _stand_in_lerobot_train(monkeypatch, seen: dict) -> None:
@@ -400,17 +407,10 @@ def test_a_resume_given_sql_again_is_held_to_the_run_it_resumes(datasets, tmp_pa
     saved run as a bare `--resume=true` is; the same selection resumes with the run's modes."""
     import lerobot_sql as lsql
     from helpers import run_cli
-    from lerobot_sql._plan.manifest import dataset_identity
 
     seen = {}
     _stand_in_lerobot_train(monkeypatch, seen)
-    out = tmp_path / "run"
-    out.mkdir()
-    sql = "SELECT episode_index FROM episodes WHERE episode_index = 3"
-    src = lsql.connect(datasets / "small20")
-    (out / "lerobot_sql_train.json").write_text(json.dumps({"root": src.source.url, "sql": sql, "stats": "dataset",
-                                                            "align": "frame_index",
-                                                            "dataset_id": dataset_identity(src.layout)}))
+    out, sql = _saved_run(tmp_path, lsql.connect(datasets / "small20"), stats="dataset", align="frame_index")
     resume = ["--", "--resume=true", f"--output_dir={out}"]
     for extra, says in ((["--stats", "selection"], "started with --stats dataset"),
                         (["--align", "timestamp"], "started with --align frame_index"),

@@ -217,17 +217,9 @@ def decoder_budget() -> int:
     Raises:
         ValueError: the variable is not a finite number of megabytes > 0 (naming it).
     """
-    import math
+    from .tabular import megabytes_from_env
 
-    text = os.environ.get("LSQL_DECODER_MB", "512")
-    try:
-        mb = float(text)
-    except ValueError:
-        mb = math.nan
-    if not (math.isfinite(mb) and 0 < mb <= 1 << 30):
-        raise ValueError(f"LSQL_DECODER_MB={text!r}: the megabytes of open decoders a process keeps must be a number "
-                         "> 0 (default 512); set it to one, or unset it")
-    return max(int(mb * (1 << 20)), 1)
+    return megabytes_from_env("LSQL_DECODER_MB", 512, "open decoders")
 
 
 class DecoderPool:

@@ -437,16 +437,26 @@ def row_group_budget() -> int:
     Raises:
         ValueError: the variable is not a finite number of megabytes > 0 (naming it).
     """
+    return megabytes_from_env("LSQL_ROW_GROUP_MB", 64, "row groups")
+
+
+def megabytes_from_env(var: str, default: int, what: str) -> int:
+    """Bytes from environment variable ``var`` in megabytes (``default`` when unset): a process's budget of
+    ``what`` (row groups here, open decoders in :mod:`lerobot_sql._readers.decode`).
+
+    Raises:
+        ValueError: the variable is not a finite number of megabytes > 0 (naming it and the default).
+    """
     import math
 
-    text = os.environ.get("LSQL_ROW_GROUP_MB", "64")
+    text = os.environ.get(var, str(default))
     try:
         mb = float(text)
     except ValueError:
         mb = math.nan
     if not (math.isfinite(mb) and 0 < mb <= 1 << 30):
-        raise ValueError(f"LSQL_ROW_GROUP_MB={text!r}: the megabytes of row groups a process keeps must be a number "
-                         "> 0 (default 64); set it to one, or unset it")
+        raise ValueError(f"{var}={text!r}: the megabytes of {what} a process keeps must be a number > 0 (default "
+                         f"{default}); set it to one, or unset it")
     return max(int(mb * (1 << 20)), 1)
 
 
