@@ -513,3 +513,35 @@ def test_a_resume_lerobot_parsed_from_another_spelling_is_held_to_the_run(datase
     with pytest.raises(TrainSetupError, match="holds another dataset now"):
         make_factory(other, sql, stats="dataset", version=(0, 4, 4))(cfg(True))
     assert make_factory(db, sql, stats="dataset", version=(0, 4, 4))(cfg(True)) is not None  # the same run resumes
+
+
+def test_a_resume_from_one_runs_checkpoint_into_another_folder_is_held_to_that_run(datasets, tmp_path, monkeypatch):
+    """Resuming run A's checkpoint (`--config_path` into A) with `--output_dir=B` looked for the run file in B only:
+    another --sql and --stats were accepted while lerobot went on from A's optimizer state (hostile review 16, F1).
+    The run file above the checkpoint's `checkpoints/` is the one a resume is held to, in run() and in the factory."""
+    import types
+
+    import lerobot_sql as lsql
+    from helpers import run_cli
+    from lerobot_sql.errors import TrainSetupError
+    from lerobot_sql.torch.train import make_factory
+
+    seen = {}
+    _stand_in_lerobot_train(monkeypatch, seen)
+    db = lsql.connect(datasets / "small20")
+    run_a, sql = _saved_run(tmp_path, db, stats="dataset")
+    cfg_file = run_a / "checkpoints" / "000020" / "pretrained_model" / "train_config.json"
+    cfg_file.parent.mkdir(parents=True)
+    cfg_file.write_text("{}")
+    other = sql.replace("= 3", "= 4")
+    r = run_cli("train", datasets / "small20", "--sql", other, "--", "--resume=true", f"--config_path={cfg_file}",
+                f"--output_dir={tmp_path / 'B'}")
+    assert r.returncode != 0 and "started with --sql" in r.stderr, r.stderr
+    assert not seen
+    _stand_in_lerobot_factory(monkeypatch)
+    cfg = types.SimpleNamespace(policy=None, tolerance_s=1e-4, output_dir=str(tmp_path / "B"), resume=True,
+                                checkpoint_path=str(cfg_file.parent.parent),
+                                dataset=types.SimpleNamespace(episodes=None, streaming=False, image_transforms=None,
+                                                              use_imagenet_stats=True))
+    with pytest.raises(TrainSetupError, match="started with --sql"):
+        make_factory(db, other, stats="dataset", version=(0, 4, 4))(cfg)

@@ -245,7 +245,8 @@ class RemoteCacheFS(AbstractFileSystem):
             self._say("validators", f"{self.url}: the server gives no validators (no strong ETag, no Last-Modified; "
                       f"first: {self._url(path)}), so cached bytes cannot be revalidated: a file changed on the "
                       "server with the same size and the same first and last 64 KiB keeps being served from the "
-                      "cache, and a change during a session is not noticed. Serve the dataset from a server that "
+                      "cache, and a change during a session is noticed only if its range answers carry an ETag or "
+                      "a Last-Modified. Serve the dataset from a server that "
                       "sends ETag or Last-Modified (a static file server, S3, the Hub), or delete the dataset's "
                       f"cache folder ({self.dir.parent}) after it changes (said once)")
         return out
@@ -309,7 +310,6 @@ class RemoteCacheFS(AbstractFileSystem):
             # the answers compared carry the validators this file's range answers first carried: a Last-Modified
             # seen then and changed now is a change, whatever the bytes held say
             check = {"size": size, "seen_etag": None, "seen_last_modified": pin.get("seen_last_modified")}
-            compared = 0
             for a, b in spans:
                 try:
                     mine = self.pieces.assemble(fdir, path, a, b)
@@ -323,12 +323,11 @@ class RemoteCacheFS(AbstractFileSystem):
                 self._count(bytes_fetched=len(data))
                 if (data[a:b] if whole else data) != mine:
                     return False
-                compared += b - a
-            if compared < min(size or 0, transport.CHECK_BYTES) and not self._tags_rotate(fs, path, url):
-                # Too little of the version first read is held to tell a farm's other tag from a new file (an mp4
-                # pinned at dataset() and replaced before its first read: nothing held, no Last-Modified to compare;
-                # hostile review 15, F1): unstable ETags are believed only when the server tags answers in a row
-                # differently; otherwise a change
+            if not self._tags_rotate(fs, path, url):
+                # The bytes held may be too few to tell a farm's other tag from a new file (an mp4 pinned at dataset()
+                # and replaced before its first read: nothing held, no Last-Modified; hostile review 15, F1), or not
+                # where the change is (the head and the tail of a file changed in its middle; 16, F3): unstable ETags
+                # are believed only when the server also tags answers in a row differently; otherwise a change
                 return False
             self._etags_ok = False
             with contextlib.suppress(OSError):  # the next session would find it again: bytes, never wrong data

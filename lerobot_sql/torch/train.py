@@ -141,10 +141,16 @@ def _hold_to_saved_run(cfg, db, sql, stats: str, align: str | None) -> None:
     Raises:
         TrainSetupError: naming what would change mid-training.
     """
-    out = getattr(cfg, "output_dir", None)
-    path = Path(out) / "lerobot_sql_train.json" if out else None
-    if path is None or not path.exists():
+    # the run file of the checkpoint resumed (lerobot's cfg.checkpoint_path: <run>/checkpoints/<step>), else of
+    # the output folder (hostile review 16, F1: --config_path into one run with --output_dir another skipped this)
+    ckpt, out = getattr(cfg, "checkpoint_path", None), getattr(cfg, "output_dir", None)
+    folders = ([Path(ckpt).parent] if ckpt and Path(ckpt).parent.name == "checkpoints" else []) + \
+        ([Path(out)] if out else [])
+    folders = [f.parent if f.name == "checkpoints" else f for f in folders]
+    path = next((f / "lerobot_sql_train.json" for f in folders if (f / "lerobot_sql_train.json").exists()), None)
+    if path is None:
         return
+    out = path.parent
     try:
         run = json.loads(path.read_text())
     except (ValueError, OSError):
@@ -326,6 +332,13 @@ def resuming(lerobot_args: list[str]) -> bool:
     return (_arg_value(lerobot_args, "resume") or "").strip().lower() in ("true", "yes", "on", "1")
 
 
+def _run_folder_of(config_path) -> list[Path]:
+    """The run folder of a checkpoint's config (``<output_dir>/checkpoints/<step>/pretrained_model/
+    train_config.json``: the folder above ``checkpoints/``; else the config's own folder), as a one-item list."""
+    p = Path(config_path)
+    return [q.parent for q in p.parents if q.name == "checkpoints"][:1] or [p.parent]
+
+
 def saved_run(lerobot_args: list[str]) -> dict:
     """What a run was started with, for ``--resume``: ``{"sql", "stats", "align", "root", "dataset_id"}`` from
     ``<output_dir>/lerobot_sql_train.json``, found in ``--output_dir``, or from ``--config_path`` (lerobot resumes
@@ -338,12 +351,11 @@ def saved_run(lerobot_args: list[str]) -> dict:
             a manifest table: pass --sql).
     """
     out, cfg = _arg_value(lerobot_args, "output_dir"), _arg_value(lerobot_args, "config_path")
-    if out:  # this run's folder only: a new run inside an old one's folder is not the old run
-        here = [Path(out)]
-    elif cfg:  # <output_dir>/checkpoints/<step>/pretrained_model/train_config.json: the folder above checkpoints/
-        here = [p.parent for p in Path(cfg).parents if p.name == "checkpoints"][:1] or [Path(cfg).parent]
-    else:
-        here = []
+    # the checkpoint resumed first (its optimizer state and step count are what go on, whatever --output_dir names:
+    # hostile review 16, F1), then this run's folder only (a new run inside an old one's folder is not the old run)
+    here = _run_folder_of(cfg) if cfg else []
+    if out:
+        here.append(Path(out))
     out = out or cfg
     saved = next((d / "lerobot_sql_train.json" for d in here if (d / "lerobot_sql_train.json").exists()), None)
     if saved is None:
