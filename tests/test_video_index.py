@@ -300,10 +300,11 @@ def test_the_index_from_the_sample_table_equals_ffmpegs_entries(datasets, tmp_pa
     assert fast.equals(video_index._demux_index(src, rel))
     with av.open(str(data_root(name) / rel)) as c:
         b_frames = c.streams.video[0].codec_context.has_b_frames
+        entries = hasattr(c.streams.video[0], "index_entries")  # PyAV 16+; on 15 every packet is demuxed, as before
     with open(data_root(name) / rel, "rb") as f:
         table = mp4_sample_table(f)
-    assert (bool(taken) and taken[0] is not None) == (not b_frames and not table.edited)
-    if name == "small20":  # AV1 without an edit list: the table is taken
+    assert (bool(taken) and taken[0] is not None) == (entries and not b_frames and not table.edited)
+    if name == "small20" and entries:  # AV1 without an edit list: the table is taken
         assert taken and taken[0] is not None
 
 
@@ -329,6 +330,6 @@ def test_an_edit_list_keeps_the_index_read_entry_by_entry(datasets, tmp_path, mo
     real = video_index._from_sample_table
     monkeypatch.setattr(video_index, "_from_sample_table", lambda *a: taken.append(real(*a)) or taken[-1])
     idx = video_index._demux_index(open_source(root), "v/cut.mp4")
-    assert taken == [None]  # the edit list seen: not taken
+    assert not any(taken)  # the edit list seen: not taken (PyAV 15 has no index entries: not even asked)
     monkeypatch.setattr(video_index, "_from_sample_table", lambda *a: None)
     assert idx.equals(video_index._demux_index(open_source(root), "v/cut.mp4"))
