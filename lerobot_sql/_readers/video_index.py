@@ -119,20 +119,17 @@ def check_one_video_stream(container, where: str) -> None:
         "re-encoding); or leave the camera out (dataset(..., cameras=[...]))")
 
 
-def _from_sample_table(moov, entries, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """(pts, keyframe, byte offset, size) of every packet from the mp4's own sample table (``moov``:
-    :func:`lerobot_sql._storage.mp4.mp4_sample_table`), vectorised, when it describes the same packets as FFmpeg's
-    ``index_entries`` (``entries``, ``n`` of them): no composition offsets (B-frames), no edit list but one edit of
-    the whole media from time 0 (FFmpeg's edit-list handling shifts and drops entries), the same count, and equal
-    entries at 512 positions spread over the file (its first and last 64 among them). Else None (the caller reads
-    every entry, ~1 us each: 0.2 s for 191,000 frames, where this takes ~40 ms).
-    """
-    if moov is None or moov.reordered or moov.edited or moov.offsets is None or moov.deltas is None \
-            or len(moov.sizes) != n:
-        return None
+def _table_usable(moov, n: int) -> bool:
+    """Whether an mp4 sample table can stand for FFmpeg's index of ``n`` packets: no composition offsets, no edit
+    list but one edit of the whole media from time 0, byte offsets and decode deltas known, ``n`` samples."""
+    return moov is not None and not moov.reordered and not moov.edited and moov.offsets is not None \
+        and moov.deltas is not None and len(moov.sizes) == n > 0
+
+
+def _table_arrays(moov, n: int, t0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(pts from ``t0`` by the decode deltas, keyframe from the sync samples, byte offset, size) of the table."""
     size = np.asarray(moov.sizes, np.int64)
     pos = np.asarray(moov.offsets, np.int64)
-    t0 = entries[0].timestamp
     pts = np.empty(n, np.int64)
     pts[0] = t0
     np.cumsum(np.asarray(moov.deltas[:-1], np.int64), out=pts[1:])
@@ -144,6 +141,60 @@ def _from_sample_table(moov, entries, n: int) -> tuple[np.ndarray, np.ndarray, n
         sync = np.fromiter(moov.sync, np.int64, len(moov.sync))
         key[sync[(sync >= 1) & (sync <= n)]] = True
         key = key[1:]
+    return pts, key, pos, size
+
+
+def _checked_by_demux(container, stream, payload_free: bool, moov) -> tuple | None:
+    """PyAV 15 (no ``index_entries``): the sample table (:func:`_table_arrays`) where the packets FFmpeg demuxes
+    agree with it, entry for entry, at the file's start, middle and end (32 packets each, by byte offset); else
+    None (every packet is demuxed, as before). ``payload_free``: keyframe flags not compared (see
+    :func:`_container_index`)."""
+    if moov is None or stream.codec_context.has_b_frames:
+        return None
+    table = moov()
+    n = len(table.sizes) if table is not None else 0
+    if not _table_usable(table, n) or (stream.frames and stream.frames != n):
+        return None
+    head = [pkt for _, pkt in zip(range(min(32, n)), container.demux(stream))]
+    if not head or head[0].pts is None:
+        return None
+    pts, key, pos, size = _table_arrays(table, n, int(head[0].pts))
+
+    def agree(pkt, j: int) -> bool:
+        return pkt.pts is not None and (pkt.pts, pkt.pos, pkt.size) == (int(pts[j]), int(pos[j]), int(size[j])) \
+            and (payload_free or bool(pkt.is_keyframe) == bool(key[j]))
+
+    if not all(agree(pkt, j) for j, pkt in enumerate(head)):
+        return None
+    for at in sorted({n // 2, max(0, n - 32)}):
+        if at < len(head):
+            continue
+        window = {int(pos[j]): j for j in range(max(0, at - 64), min(n, at + 96))}
+        container.seek(int(pts[at]), stream=stream, backward=True, any_frame=True)
+        matched = 0
+        for pkt in container.demux(stream):
+            j = window.get(pkt.pos)
+            if j is None or not agree(pkt, j):
+                return None
+            matched += j >= at
+            if matched >= min(32, n - at) or j == n - 1:
+                break
+        if matched < min(32, n - at):
+            return None
+    return pts, key, pos, size
+
+
+def _from_sample_table(moov, entries, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(pts, keyframe, byte offset, size) of every packet from the mp4's own sample table (``moov``:
+    :func:`lerobot_sql._storage.mp4.mp4_sample_table`), vectorised, when it describes the same packets as FFmpeg's
+    ``index_entries`` (``entries``, ``n`` of them): no composition offsets (B-frames), no edit list but one edit of
+    the whole media from time 0 (FFmpeg's edit-list handling shifts and drops entries), the same count, and equal
+    entries at 512 positions spread over the file (its first and last 64 among them). Else None (the caller reads
+    every entry, ~1 us each: 0.2 s for 191,000 frames, where this takes ~40 ms).
+    """
+    if not _table_usable(moov, n):
+        return None
+    pts, key, pos, size = _table_arrays(moov, n, entries[0].timestamp)
     probe = np.unique(np.concatenate([np.arange(min(64, n)), np.arange(max(0, n - 64), n),
                                       np.linspace(0, n - 1, 384).astype(np.int64)]))
     for k in probe.tolist():
@@ -170,7 +221,9 @@ def _container_index(container, stream, payload_free: bool = False,
     try:
         table = stream.index_entries
         n = len(table)
-    except (AttributeError, av.error.FFmpegError):
+    except AttributeError:  # PyAV 15 (lerobot's pin): the sample table, checked against demuxed packets
+        return _checked_by_demux(container, stream, payload_free, moov)
+    except av.error.FFmpegError:
         return None
     if n == 0 or stream.codec_context.has_b_frames or (stream.frames and stream.frames != n):
         return None
