@@ -295,3 +295,35 @@ def test_a_dataset_opened_through_a_symlinked_folder_connects(datasets, tmp_path
         assert lsql.connect(root).sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
     with pytest.raises(CacheError, match="inside the dataset"):
         lsql.connect(tmp_path / "latest", cache_dir=real / "meta" / "c")
+
+
+@pytest.mark.parametrize("damage", ["sync samples out of order", "sync sample past the count",
+                                    "a chunk of sample description 2", "two sample descriptions"])
+def test_an_mp4_sample_table_ffmpeg_may_read_otherwise_is_no_table(datasets, tmp_path, damage):
+    """The video index is built from the mp4's own sample table where it describes FFmpeg's packets; crafted tables
+    that FFmpeg reads otherwise (sync samples in another order: FFmpeg takes them in order, a set would not; a chunk
+    of a sample description the file lacks, which FFmpeg skips) passed the spot checks and gave a wrong keyframe or
+    frame numbering (hostile review 17). They are no table: the index demuxes every packet, as before."""
+    import struct
+
+    from lerobot_sql._storage.mp4 import mp4_sample_table
+
+    src = datasets / "small20/videos/observation.images.front/chunk-000/file-000.mp4"
+    data = bytearray(src.read_bytes())
+    with open(src, "rb") as f:
+        assert mp4_sample_table(f) is not None  # the file as written: a table
+    stss, stsc, stsd = data.find(b"stss"), data.find(b"stsc"), data.find(b"stsd")
+    if damage == "sync samples out of order":  # swap the 2nd and 3rd entries
+        a, b = struct.unpack_from(">II", data, stss + 16)
+        struct.pack_into(">II", data, stss + 16, b, a)
+    elif damage == "sync sample past the count":
+        n = struct.unpack_from(">I", data, stss + 8)[0]
+        struct.pack_into(">I", data, stss + 12 + 4 * (n - 1), 10**6)
+    elif damage == "a chunk of sample description 2":
+        struct.pack_into(">I", data, stsc + 12 + 8, 2)  # the first run's sample description index
+    else:
+        struct.pack_into(">I", data, stsd + 8, 2)
+    out = tmp_path / "crafted.mp4"
+    out.write_bytes(bytes(data))
+    with open(out, "rb") as f:
+        assert mp4_sample_table(f) is None

@@ -225,6 +225,14 @@ def mp4_sample_table(f) -> Mp4Samples | None:
                 continue
             sizes = sync = stts = stsc = chunks = None
             reordered = edited = False
+            # A table FFmpeg may read otherwise is no table (the caller demuxes every packet): a box twice (FFmpeg
+            # keeps the first or the last, by version), stco and co64 both, sync samples out of order or past the
+            # count, or more than one sample description (FFmpeg skips the chunks naming one it lacks); hostile
+            # review 17
+            kinds = [t for t, _a, _z in _mp4_boxes(moov, *stbl)]
+            tables = [t for t in kinds if t in (b"stsz", b"stss", b"stts", b"stsc", b"stco", b"co64", b"stsd")]
+            if len(tables) != len(set(tables)) or (b"stco" in tables and b"co64" in tables):
+                return None
             edts = next(((a2, z2) for t, a2, z2 in _mp4_boxes(moov, a, z) if t == b"edts"), None)
             if edts is not None:
                 for t, a2, z2 in _mp4_boxes(moov, *edts):
@@ -251,7 +259,10 @@ def mp4_sample_table(f) -> Mp4Samples | None:
                     n = struct.unpack_from(">I", moov, a2 + 4)[0]
                     if 8 + 4 * n > z2 - a2:
                         return None  # the table claims more entries than its box holds
-                    sync = frozenset(struct.unpack_from(f">{n}I", moov, a2 + 8))
+                    listed = struct.unpack_from(f">{n}I", moov, a2 + 8)
+                    if any(b <= a for a, b in zip(listed, listed[1:])) or (listed and listed[0] < 1):
+                        return None  # not strictly increasing from 1: FFmpeg reads them in order, a set would not
+                    sync = frozenset(listed)
                 elif t in (b"stts", b"stsc", b"stco", b"co64") and z2 - a2 >= 8:
                     n = struct.unpack_from(">I", moov, a2 + 4)[0]
                     w = {b"stts": 8, b"stsc": 12, b"stco": 4, b"co64": 8}[t]
@@ -261,12 +272,16 @@ def mp4_sample_table(f) -> Mp4Samples | None:
                     if t == b"stts":
                         stts = list(zip(v[0::2], v[1::2]))
                     elif t == b"stsc":
+                        if any(d != 1 for d in v[2::3]):
+                            return None  # a chunk of another sample description
                         stsc = list(zip(v[0::3], v[1::3]))
                     else:
                         chunks = v
                 elif t == b"ctts":
                     reordered = True
-            if sizes is None:
+                elif t == b"stsd" and (z2 - a2 < 8 or struct.unpack_from(">I", moov, a2 + 4)[0] != 1):
+                    return None  # more than one sample description
+            if sizes is None or (sync is not None and sync and max(sync) > len(sizes)):
                 return None
             return Mp4Samples(sizes, sync, _sample_offsets(sizes, stsc, chunks), _sample_deltas(len(sizes), stts),
                               reordered, size, edited)
