@@ -340,3 +340,29 @@ def test_an_edit_list_keeps_the_index_read_entry_by_entry(datasets, tmp_path, mo
     monkeypatch.setattr(video_index, "_from_sample_table", lambda *a: None)
     monkeypatch.setattr(video_index, "_checked_by_demux", lambda *a: None)
     assert idx.equals(video_index._demux_index(open_source(root), "v/cut.mp4"))
+
+
+def test_a_fragmented_mp4_keeps_the_index_read_packet_by_packet(datasets, tmp_path, monkeypatch):
+    """`-movflags +frag_keyframe` keeps a moov whose sample table lists the first fragment only (the rest in moof
+    boxes); PyAV 15 counts the table's frames, so the fast index took the table and lost every later frame: 2 rows
+    for 180 (hostile review 18). A fragmented file is no table: the index equals a full demux."""
+    import subprocess
+
+    from lerobot_sql._storage.mp4 import mp4_sample_table
+
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        pytest.skip("ffmpeg is not installed (apt-get install ffmpeg)")
+    root = tmp_path / "frag"
+    (root / "v").mkdir(parents=True)
+    subprocess.run([ffmpeg, "-loglevel", "error", "-y", "-i",
+                    str(datasets / "small20/videos/observation.images.front/chunk-000/file-000.mp4"), "-c", "copy",
+                    "-t", "6", "-movflags", "+frag_keyframe", str(root / "v/frag.mp4")], check=True)
+    with open(root / "v/frag.mp4", "rb") as f:
+        assert mp4_sample_table(f) is None
+    taken = _record_table_paths(monkeypatch)
+    idx = video_index._demux_index(open_source(root), "v/frag.mp4")
+    assert not any(t is not None for t in taken)
+    with av.open(str(root / "v/frag.mp4")) as c:
+        demuxed = [p.pts for p in c.demux(video=0) if p.pts is not None]
+    assert idx.num_rows == len(demuxed) > 100 and sorted(idx["pts"].to_pylist()) == sorted(demuxed)

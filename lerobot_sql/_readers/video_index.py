@@ -181,6 +181,20 @@ def _checked_by_demux(container, stream, payload_free: bool, moov) -> tuple | No
                 break
         if matched < min(32, n - at):
             return None
+    # the table's last sample is the stream's last packet: a fragment after it (moof boxes the moov's table does not
+    # list, where PyAV 15's frame count is the table's) would otherwise go unseen (hostile review 18)
+    window = {int(pos[j]): j for j in range(max(0, n - 64), n)}
+    container.seek(int(pts[n - 1]), stream=stream, backward=True, any_frame=True)
+    ended = False
+    for pkt in container.demux(stream):
+        if pkt.size == 0 and pkt.pts is None:  # the demuxer's end-of-stream packet
+            continue
+        j = window.get(pkt.pos)
+        if ended or j is None or not agree(pkt, j):
+            return None
+        ended = j == n - 1
+    if not ended:
+        return None
     return pts, key, pos, size
 
 

@@ -209,6 +209,8 @@ def mp4_sample_table(f) -> Mp4Samples | None:
             off += box
         if moov is None or len(moov) < 8:
             return None
+        if any(t == b"mvex" for t, _a, _z in _mp4_boxes(moov, 8)):
+            return None  # fragmented (moof boxes after the moov hold more samples than its table; hostile review 18)
         for typ, a, z in _mp4_boxes(moov, 8):
             if typ != b"trak":
                 continue
