@@ -164,36 +164,28 @@ def _checked_by_demux(container, stream, payload_free: bool, moov) -> tuple | No
         return pkt.pts is not None and (pkt.pts, pkt.pos, pkt.size) == (int(pts[j]), int(pos[j]), int(size[j])) \
             and (payload_free or bool(pkt.is_keyframe) == bool(key[j]))
 
-    if not all(agree(pkt, j) for j, pkt in enumerate(head)):
-        return None
-    for at in sorted({n // 2, max(0, n - 32)}):
-        if at < len(head):
-            continue
+    def agree_from(at: int, to_end: bool) -> bool:
+        """The packets demuxed from row ``at`` (sought) agree with the table, 32 of them, or every one to the
+        stream's end, whose last must be the table's last sample: a fragment after it (moof boxes the moov's table
+        does not list, where PyAV 15's frame count is the table's) would otherwise go unseen (hostile review 18)."""
         window = {int(pos[j]): j for j in range(max(0, at - 64), min(n, at + 96))}
         container.seek(int(pts[at]), stream=stream, backward=True, any_frame=True)
-        matched = 0
+        matched, ended = 0, False
         for pkt in container.demux(stream):
+            if pkt.size == 0 and pkt.pts is None:  # the demuxer's end-of-stream packet
+                continue
             j = window.get(pkt.pos)
-            if j is None or not agree(pkt, j):
-                return None
+            if ended or j is None or not agree(pkt, j):
+                return False
             matched += j >= at
-            if matched >= min(32, n - at) or j == n - 1:
+            ended = j == n - 1
+            if not to_end and matched >= min(32, n - at):
                 break
-        if matched < min(32, n - at):
-            return None
-    # the table's last sample is the stream's last packet: a fragment after it (moof boxes the moov's table does not
-    # list, where PyAV 15's frame count is the table's) would otherwise go unseen (hostile review 18)
-    window = {int(pos[j]): j for j in range(max(0, n - 64), n)}
-    container.seek(int(pts[n - 1]), stream=stream, backward=True, any_frame=True)
-    ended = False
-    for pkt in container.demux(stream):
-        if pkt.size == 0 and pkt.pts is None:  # the demuxer's end-of-stream packet
-            continue
-        j = window.get(pkt.pos)
-        if ended or j is None or not agree(pkt, j):
-            return None
-        ended = j == n - 1
-    if not ended:
+        return matched >= min(32, n - at) and (ended or not to_end)
+
+    if not all(agree(pkt, j) for j, pkt in enumerate(head)):
+        return None
+    if (n // 2 >= len(head) and not agree_from(n // 2, False)) or not agree_from(max(0, n - 32), True):
         return None
     return pts, key, pos, size
 

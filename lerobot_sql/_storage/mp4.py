@@ -231,8 +231,8 @@ def mp4_sample_table(f) -> Mp4Samples | None:
             # keeps the first or the last, by version), stco and co64 both, sync samples out of order or past the
             # count, or more than one sample description (FFmpeg skips the chunks naming one it lacks); hostile
             # review 17
-            kinds = [t for t, _a, _z in _mp4_boxes(moov, *stbl)]
-            tables = [t for t in kinds if t in (b"stsz", b"stss", b"stts", b"stsc", b"stco", b"co64", b"stsd")]
+            tables = [t for t, _a, _z in _mp4_boxes(moov, *stbl)
+                      if t in (b"stsz", b"stss", b"stts", b"stsc", b"stco", b"co64", b"stsd")]
             if len(tables) != len(set(tables)) or (b"stco" in tables and b"co64" in tables):
                 return None
             edts = next(((a2, z2) for t, a2, z2 in _mp4_boxes(moov, a, z) if t == b"edts"), None)
@@ -283,7 +283,7 @@ def mp4_sample_table(f) -> Mp4Samples | None:
                     reordered = True
                 elif t == b"stsd" and (z2 - a2 < 8 or struct.unpack_from(">I", moov, a2 + 4)[0] != 1):
                     return None  # more than one sample description
-            if sizes is None or (sync is not None and sync and max(sync) > len(sizes)):
+            if sizes is None or (sync and max(sync) > len(sizes)):
                 return None
             return Mp4Samples(sizes, sync, _sample_offsets(sizes, stsc, chunks), _sample_deltas(len(sizes), stts),
                               reordered, size, edited)

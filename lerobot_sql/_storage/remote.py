@@ -62,6 +62,11 @@ MIN_READAHEAD = 64 << 10
 WHOLE_PREFIXES = ("meta/",)      # fetched whole: small, read often, needed offline
 
 
+def _etag_of(pin: dict) -> str | None:
+    """The ETag a pin holds: described (strong or weak) or seen first on a range answer."""
+    return pin.get("etag") or pin.get("weak_etag") or pin.get("seen_etag")
+
+
 class RemoteCacheFS(AbstractFileSystem):
     """Read-only fsspec filesystem: ``target`` (any fsspec fs) seen through the on-disk piece cache.
 
@@ -283,8 +288,7 @@ class RemoteCacheFS(AbstractFileSystem):
         Raises:
             RemoteIOError: the server could not be asked again (after retries).
         """
-        if not (pin.get("etag") or pin.get("weak_etag") or pin.get("seen_etag")) \
-                or not isinstance(err, FileChangedError) \
+        if not _etag_of(pin) or not isinstance(err, FileChangedError) \
                 or getattr(err.__cause__, "kind", "etag") != "etag" \
                 or not transport.precondition_failed(err) \
                 or transport.protocol(self._fs()) not in ("http", "https"):
@@ -293,7 +297,7 @@ class RemoteCacheFS(AbstractFileSystem):
             return False
         with self._verify_lock:
             now_pin = self._infos.get(path, pin)
-            if not (now_pin.get("etag") or now_pin.get("weak_etag") or now_pin.get("seen_etag")):
+            if not _etag_of(now_pin):
                 return True  # another thread found the ETags unstable meanwhile: read again with the new pin
             fs, url, size = self._fs(), self._url(path), pin.get("size")
             try:
@@ -337,7 +341,7 @@ class RemoteCacheFS(AbstractFileSystem):
                                   "seen_etag": None, "seen_last_modified": None}
             lm = pin.get("last_modified")
             self._say("etags", f"{self.url}: the server's ETags change for unchanged bytes ({url} was refused "
-                      f"under its ETag {pin.get('etag') or pin.get('weak_etag') or pin.get('seen_etag')} while its size, Last-Modified and the bytes this session holds "
+                      f"under its ETag {_etag_of(pin)} while its size, Last-Modified and the bytes this session holds "
                       "are unchanged: servers behind one name that tag files differently). Its files are pinned by "
                       + ("Last-Modified instead, and cached without their ETags (said once)" if lm else
                          "nothing from now on (it gives no Last-Modified either): a change during the session is "
@@ -346,7 +350,7 @@ class RemoteCacheFS(AbstractFileSystem):
 
     def _tags_rotate(self, fs, path: str, url: str, asks: int = 3) -> bool:
         """Whether ``asks`` answers in a row about ``path`` carry more than one ETag (a farm's nodes tagging the same
-        file differently), the proof of unstable ETags when too little of the file is held to compare bytes."""
+        file differently): the proof of unstable ETags that the bytes held alone cannot give."""
         heads, gets = set(), set()
         for _ in range(asks):  # HEAD answers and range answers (a server may tag only one kind)
             i = self._call(f"{url}: info", transport.info_with_validators, fs, path)
