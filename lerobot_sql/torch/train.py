@@ -121,11 +121,11 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
                 for name, value in IMAGENET_STATS.items():
                     st[key][name] = torch.tensor(value, dtype=torch.float32)
         out = getattr(cfg, "output_dir", None)
-        if out and getattr(cfg, "resume", False) and (Path(out) / "lerobot_sql_train.json").exists():
+        if out and getattr(cfg, "resume", False) and (Path(out) / RUN_FILE).exists():
             out = None  # a resumed run keeps the record of how it was started (run() held it to that)
         if out:  # what --resume needs to rebuild the same dataset (lerobot reloads only its own config)
             Path(out).mkdir(parents=True, exist_ok=True)
-            (Path(out) / "lerobot_sql_train.json").write_text(json.dumps(
+            (Path(out) / RUN_FILE).write_text(json.dumps(
                 {"root": db.source.url, "dataset_id": dataset_identity(db.layout),
                  "sql": sql if isinstance(sql, str) else None, "stats": stats, "align": ds.align}, indent=2))
         factory.dataset = ds
@@ -136,41 +136,59 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
 
 def _hold_to_saved_run(cfg, db, sql, stats: str, align: str | None) -> None:
     """Refuse a resumed run (``cfg.resume``) whose selection, statistics, alignment or dataset differ from the ones
-    its ``<output_dir>/lerobot_sql_train.json`` records (nothing recorded: nothing to compare).
+    its ``lerobot_sql_train.json`` records: the one of the checkpoint resumed (lerobot's ``cfg.checkpoint_path``,
+    ``<run>/checkpoints/<step>``), else of the output folder (hostile review 16, F1: ``--config_path`` into one run
+    with ``--output_dir`` another skipped this). Nothing recorded: nothing to compare.
 
     Raises:
-        TrainSetupError: naming what would change mid-training.
+        TrainSetupError: as :func:`_refuse_other_modes` and :func:`_refuse_other_dataset`.
     """
-    # the run file of the checkpoint resumed (lerobot's cfg.checkpoint_path: <run>/checkpoints/<step>), else of
-    # the output folder (hostile review 16, F1: --config_path into one run with --output_dir another skipped this)
     ckpt, out = getattr(cfg, "checkpoint_path", None), getattr(cfg, "output_dir", None)
-    folders = ([Path(ckpt).parent] if ckpt and Path(ckpt).parent.name == "checkpoints" else []) + \
-        ([Path(out)] if out else [])
-    folders = [f.parent if f.name == "checkpoints" else f for f in folders]
-    path = next((f / "lerobot_sql_train.json" for f in folders if (f / "lerobot_sql_train.json").exists()), None)
+    folders = (_run_folder_of(ckpt) if ckpt else []) + ([Path(out)] if out else [])
+    path = next((f / RUN_FILE for f in folders if (f / RUN_FILE).exists()), None)
     if path is None:
         return
-    out = path.parent
     try:
-        run = json.loads(path.read_text())
-    except (ValueError, OSError):
+        saved = _read_run(path, need_sql=False)
+    except TrainSetupError:
         return
-    if not isinstance(run, dict):
-        return
-    checks = [("--sql", run.get("sql"), sql.strip() if isinstance(sql, str) else None,
-               lambda a, b: a.strip() == b),
-              ("--stats", run.get("stats") or "selection", stats, None),
-              ("--align", run.get("align") or "timestamp", align or "timestamp", None)]
-    for name, was, now, same in checks:
-        if was is not None and now is not None and not (same or (lambda a, b: a == b))(was, now):
-            raise TrainSetupError(f"this run resumes the one in {out}, started with {name} {was!r}; resuming it with "
-                                  f"{name} {now!r} would change the frames or their normalization mid-training: give "
-                                  f"the run's own (or drop them: `lerobot-sql train DATASET -- --resume=true "
-                                  f"--output_dir={out}` reads them), or start a new run with another --output_dir")
-    if run.get("dataset_id") and run["dataset_id"] != dataset_identity(db.layout):
-        raise TrainSetupError(f"this run resumes the one in {out}, started on {run.get('root')}; {db.source.url} "
-                              "holds another dataset now, which would continue training on other frames: give the "
-                              "run's DATASET, or start a new run with another --output_dir")
+    _refuse_other_modes(saved, sql, stats, align or "timestamp")
+    _refuse_other_dataset(saved, db, by_root=False)
+
+
+def _refuse_other_modes(saved: dict, sql, stats: str | None, align: str | None) -> None:
+    """Refuse resuming the run ``saved`` (:func:`saved_run`) with another selection, statistics or alignment than it
+    was started with (None: not given, nothing to compare).
+
+    Raises:
+        TrainSetupError: naming the option, both values and what would change mid-training.
+    """
+    given = (("--sql", sql.strip() if isinstance(sql, str) else None, (saved["sql"] or "").strip() or None,
+              "the frames trained on"),
+             ("--stats", stats, saved["stats"], "normalization"),
+             ("--align", align, saved["align"], "which frames items hold"))
+    for name, now, was, what in given:
+        if now is not None and was is not None and now != was:
+            shown = (repr(was), repr(now)) if name == "--sql" else (was, now)
+            raise TrainSetupError(f"the run was started with {name} {shown[0]}; resuming it with {name} {shown[1]} "
+                                  f"would change {what} mid-training: drop {name} to resume with the run's own (or "
+                                  "start a new run with another --output_dir)")
+
+
+def _refuse_other_dataset(saved: dict, db, by_root: bool = True) -> None:
+    """Refuse resuming the run ``saved`` on another dataset than its own: by identity (the same path may hold another
+    dataset now, or a Hub revision that gained episodes; a copy or move has the same), or, for a run file without
+    one and ``by_root``, by root. The checkpoint's optimizer state and step count would go on over other frames.
+
+    Raises:
+        TrainSetupError: naming both and the fix.
+    """
+    if (saved["dataset_id"] and saved["dataset_id"] != dataset_identity(db.layout)) or \
+            (by_root and not saved["dataset_id"] and saved["root"] and saved["root"] != db.source.url):
+        raise TrainSetupError(f"the run was started on {saved['root']}; resuming it on {db.source.url}, which holds "
+                              "another dataset now (its info.json's version, totals, fps or features differ from the "
+                              "run's), would continue training on other frames: give the run's DATASET (a copy or "
+                              "move of it is accepted), or start a new run with another --output_dir")
 
 
 def keep_positions(manifest, drop_n_first_frames: int = 0, drop_n_last_frames: int = 0):
@@ -259,17 +277,8 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
                 raise
             saved = None  # a run started before lerobot_sql_train.json existed, or by lerobot itself: --sql stands
     if saved is not None:
-        if isinstance(sql, str) and saved["sql"] is not None and sql.strip() != saved["sql"].strip():
-            raise TrainSetupError(f"the run was started with --sql {saved['sql']!r}; resuming it with --sql {sql!r} "
-                                  "would continue training on other frames: drop --sql to resume with the run's own "
-                                  "selection (or start a new run with another --output_dir)")
+        _refuse_other_modes(saved, sql, stats, dataset_kwargs.get("align"))
         sql = saved["sql"] if sql is None else sql
-        for name, given, was in (("stats", stats, saved["stats"]),
-                                 ("align", dataset_kwargs.get("align"), saved["align"])):
-            if given is not None and given != was:
-                raise TrainSetupError(f"the run was started with --{name} {was}; resuming it with --{name} {given} "
-                                      f"would change {'normalization' if name == 'stats' else 'which frames items hold'}"
-                                      f" mid-training: drop --{name} (or start a new run with --output_dir)")
         stats = saved["stats"]
         dataset_kwargs["align"] = saved["align"]
     stats = stats or "selection"
@@ -284,17 +293,8 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
     from ..db import connect
 
     db = connect(root, storage_options=storage_options, cache_dir=cache_dir)
-    if saved is not None and ((saved["dataset_id"] and saved["dataset_id"] != dataset_identity(db.layout)) or
-                              (not saved["dataset_id"] and saved["root"] and saved["root"] != db.source.url)):
-        # (by identity first: the same path may hold another dataset now, or a Hub revision that gained episodes;
-        # a run file without one, written before it was saved, by its root)
-        # the checkpoint's optimizer state and step count would go on over another dataset's frames
-        where = (f"{db.source.url}, which holds another dataset now (its info.json's version, totals, fps or "
-                 "features differ from the run's)" if saved["root"] == db.source.url else
-                 f"{db.source.url}, another dataset,")
-        raise TrainSetupError(f"the run was started on {saved['root']}; resuming it on {where} would continue "
-                              "training on other frames: give the run's DATASET (a copy or move of it is accepted), "
-                              "or start a new run with another --output_dir")
+    if saved is not None:
+        _refuse_other_dataset(saved, db)
     if isinstance(sql, str):
         db.check(sql)
     version = lerobot_version()
@@ -357,18 +357,32 @@ def saved_run(lerobot_args: list[str]) -> dict:
     if out:
         here.append(Path(out))
     out = out or cfg
-    saved = next((d / "lerobot_sql_train.json" for d in here if (d / "lerobot_sql_train.json").exists()), None)
+    saved = next((d / RUN_FILE for d in here if (d / RUN_FILE).exists()), None)
     if saved is None:
-        raise TrainSetupError(f"no --sql given and no lerobot_sql_train.json beside {out or 'any --output_dir'} to "
+        raise TrainSetupError(f"no --sql given and no {RUN_FILE} beside {out or 'any --output_dir'} to "
                               "resume from; pass --sql")
+    return _read_run(saved, need_sql=True)
+
+
+RUN_FILE = "lerobot_sql_train.json"
+
+
+def _read_run(path: Path, need_sql: bool) -> dict:
+    """A run file (:func:`saved_run`'s dict, with the defaults of a file written before ``stats``/``align`` were
+    saved); ``need_sql``: one without a selection (a run started from a manifest table) is refused.
+
+    Raises:
+        TrainSetupError: unreadable, or without a selection when ``need_sql``.
+    """
     try:
-        run = json.loads(saved.read_text())
+        run = json.loads(path.read_text())
     except (ValueError, OSError) as e:
-        raise TrainSetupError(f"{saved}: not a readable run file ({e}); pass --sql") from None
-    if not isinstance(run, dict) or not isinstance(run.get("sql"), str):
-        raise TrainSetupError(f"{saved} holds no SQL selection to resume (the run was not started from a query); "
+        raise TrainSetupError(f"{path}: not a readable run file ({e}); pass --sql") from None
+    if not isinstance(run, dict) or (need_sql and not isinstance(run.get("sql"), str)):
+        raise TrainSetupError(f"{path} holds no SQL selection to resume (the run was not started from a query); "
                               "pass --sql")
-    return {"sql": run["sql"], "stats": run.get("stats") or "selection", "align": run.get("align") or "timestamp",
+    return {"sql": run.get("sql") if isinstance(run.get("sql"), str) else None,
+            "stats": run.get("stats") or "selection", "align": run.get("align") or "timestamp",
             "root": run.get("root"), "dataset_id": run.get("dataset_id")}
 
 
