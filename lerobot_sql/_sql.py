@@ -119,14 +119,35 @@ class _Interruptible:
         self._old_handler = None
         self._old_alarm = None
         self._old_wakeup: int | None = None  # set: the wakeup fd is ours for the block, this was the one before
+        # The interrupt is repeated until the block ends: DuckDB forgets an interrupt that lands before the query
+        # executes (while it is bound and planned, which takes seconds on a loaded machine), and the query then ran
+        # to its end. Re-entrant: the Python SIGINT handler runs on the main thread, maybe inside __exit__'s lock.
+        self._lock = threading.RLock()
+        self._ended = threading.Event()
+        self._repeater: threading.Thread | None = None
 
     def _fire(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-        try:
-            self.con.interrupt()
-        except duckdb.Error:  # the connection was closed meanwhile
-            pass
+        self._interrupt()
+        with self._lock:
+            if self._repeater is None and not self._ended.is_set():
+                self._repeater = threading.Thread(target=self._repeat, name="lerobot_sql-interrupt", daemon=True)
+                self._repeater.start()
+
+    def _interrupt(self) -> None:
+        """``con.interrupt()`` unless the block has ended (the next query on the connection is not this one's)."""
+        with self._lock:
+            if self._ended.is_set():
+                return
+            try:
+                self.con.interrupt()
+            except duckdb.Error:  # the connection was closed meanwhile
+                pass
+
+    def _repeat(self) -> None:
+        while not self._ended.wait(0.2):
+            self._interrupt()
 
     def _on_signal(self, signum: int) -> None:
         """The watcher thread's call for each signal that arrived while this guard is armed."""
@@ -169,6 +190,8 @@ class _Interruptible:
         return self
 
     def __exit__(self, typ, exc, tb) -> None:
+        with self._lock:
+            self._ended.set()
         if self._timer is not None:
             self._timer.cancel()
         if self._old_wakeup is not None:

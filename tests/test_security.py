@@ -823,6 +823,45 @@ def test_timeout_fires_without_the_timer_thread(world, tmp_path):
     assert r.returncode == 0 and "QueryError: timeout" in r.stdout and "[(20,)]" in r.stdout, (r.stdout, r.stderr)
 
 
+def test_an_interrupt_that_lands_before_the_query_executes_is_not_lost(world, monkeypatch):
+    """DuckDB forgets ``con.interrupt()`` called before a query starts executing (while it is bound and planned):
+    in CI a Ctrl-C landed there on a loaded machine and the query ran on past the test's 90 s. The guard repeats
+    the interrupt until its block ends. Here the interrupt fires as the guard is entered, before DuckDB has the
+    query; the query (minutes of work) must stop, not run to its end."""
+    import threading
+
+    from lerobot_sql import _sql
+
+    root, _, _ = world
+    db = lsql.connect(root, cache_dir=root.parent / "cache")
+    enter = _sql._Interruptible.__enter__
+
+    def enter_and_fire(self):
+        got = enter(self)
+        self._fire("sigint")
+        return got
+
+    monkeypatch.setattr(_sql._Interruptible, "__enter__", enter_and_fire)
+    outcome: dict = {}
+
+    def run():
+        try:
+            db.sql(RUNAWAY).fetchall()
+            outcome["got"] = "ran to its end"
+        except QueryError as e:
+            outcome["got"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(20)  # stopped within a second; uninterrupted it runs for minutes
+    if t.is_alive():  # not stopped: stop it here so that the suite goes on
+        db.con.interrupt()
+        t.join(30)
+    monkeypatch.undo()
+    assert isinstance(outcome.get("got"), QueryError) and outcome["got"].interrupted == "sigint", outcome
+    assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]  # the connection is still usable
+
+
 
 # ---- DuckDB's progress bar never reaches stdout ------------------------------------------------------------------
 def _bar_on(con) -> None:
