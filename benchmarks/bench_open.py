@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Opening a large dataset as a training set: lerobot_sql's ``dataset()`` against ``LeRobotDataset``, cold and warm.
 
-    python -m benchmarks.bench_open [--root DIR] [--items 1000] [--peer-python PY] [--json out.json]
+    python -m benchmarks.bench_open [--root DIR] [--items 1000] [--peer-python PY] [--peer-06 PY] [--json out.json]
 
 ``--root`` defaults to the 100,000-episode tabular scale set (``bench_scale.py generate --episodes 100000``: 30M
 frames, 20 data files, 2.6 GB). Each measurement runs in a fresh process whose imports (torch, lerobot_sql or
@@ -13,8 +13,12 @@ lerobot) are done before the clock starts, so the figures are the open itself:
   query selecting every tenth episode (``SELECT episode_index FROM episodes WHERE episode_index % 10 = 0``), after
   the warm run: the first SQL connect surveys the data files' footers (kept per file version), the next process
   (a training restart) reads what it kept.
+* **SQL** (a fresh process, its own cache): one episode's frames, ``db.stats`` of every frame (as the source's
+  metadata has quantiles or not, and with exact quantiles forced, as for a lerobot >= 0.4 source), and an export of
+  1% of the episodes.
 * **LeRobotDataset** (lerobot 0.4.4 in ``--peer-python``, default ``$LSQL_PEER_PYTHON``): ``LeRobotDataset(repo_id,
-  root=root)``; *cold*: an empty Hugging Face datasets cache (it builds its Arrow cache), *warm*: the next process.
+  root=root)``; *cold*: an empty Hugging Face datasets cache (it builds its Arrow cache), *warm*: the next process;
+  the same with lerobot 0.6.1 when ``--peer-06`` names its interpreter.
 
 Peak RSS is the process's ``ru_maxrss`` (after the imports; the imports' own is given apart). The OS page cache is
 not dropped between runs: "cold" is the libraries' caches, not the disk. The machine's load is printed with the
@@ -87,6 +91,39 @@ def open_dataset(a):  # root, items
 """ + TIMED
 
 
+# SQL on the set, in a fresh process (its own cache): an episode's frames, the statistics of every frame (what
+# db.stats(sql) and ds.meta.stats compute for a training run), and an export of 1% of the episodes.
+SQL = """
+import json, resource, sys, tempfile, time
+import lerobot_sql as lsql
+from lerobot_sql import stats
+
+db = lsql.connect(sys.argv[1], cache_dir=sys.argv[2])
+db.sql("SELECT 1").fetchall()
+out = {}
+t = time.perf_counter()
+n = len(db.sql("SELECT * FROM frames WHERE episode_index = 54321").fetchall())
+out["episode_query_s"], out["episode_rows"] = time.perf_counter() - t, n
+every = "SELECT episode_index FROM episodes"
+t = time.perf_counter()
+st = db.stats(every)
+out["stats_s"], out["stats_quantiles"] = time.perf_counter() - t, "q50" in st["action"]
+real = stats.selection_stats  # as for a source whose per-episode statistics have quantiles (lerobot >= 0.4)
+stats.selection_stats = lambda *a, **k: real(*a, **{**k, "quantiles": True})
+t = time.perf_counter()
+st = db.stats(every)
+out["stats_q_s"] = time.perf_counter() - t
+stats.selection_stats = real
+out["stats_count"] = int(st["action"]["count"][0])
+with tempfile.TemporaryDirectory() as d:
+    t = time.perf_counter()
+    r = db.export("SELECT episode_index FROM episodes WHERE episode_index % 100 = 7", d + "/x", progress=False)
+    out["export_s"], out["export_frames"] = time.perf_counter() - t, r.frames
+out["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print("BENCH_JSON " + json.dumps(out))
+"""
+
+
 def _run(python: str, code: str, args: list[str], env: dict | None = None) -> dict:
     r = subprocess.run([python, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, timeout=3600)
@@ -96,18 +133,21 @@ def _run(python: str, code: str, args: list[str], env: dict | None = None) -> di
     return json.loads(line[len("BENCH_JSON "):])
 
 
-def measure(root: Path, items: int, peer: str | None) -> dict:
+def measure(root: Path, items: int, peer: str | None, peer06: str | None = None) -> dict:
     out = {"root": str(root), "items": items, "load": os.getloadavg()}
     with tempfile.TemporaryDirectory() as cache:
         out["ours_cold"] = _run(sys.executable, OURS, [str(root), cache, "", str(items)])
         out["ours_warm"] = _run(sys.executable, OURS, [str(root), cache, "", str(items)])
         out["ours_sql10_first"] = _run(sys.executable, OURS, [str(root), cache, TENTH, str(items)])
         out["ours_sql10_warm"] = _run(sys.executable, OURS, [str(root), cache, TENTH, str(items)])
-    if peer and Path(peer).exists():
-        with tempfile.TemporaryDirectory() as home:
-            env = {"HF_HOME": home, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-            out["lerobot_cold"] = _run(peer, PEER, [str(root), str(items)], env)
-            out["lerobot_warm"] = _run(peer, PEER, [str(root), str(items)], env)
+    with tempfile.TemporaryDirectory() as cache:
+        out["sql"] = _run(sys.executable, SQL, [str(root), cache])
+    for tag, py in (("lerobot", peer), ("lerobot06", peer06)):
+        if py and Path(py).exists():
+            with tempfile.TemporaryDirectory() as home:
+                env = {"HF_HOME": home, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+                out[f"{tag}_cold"] = _run(py, PEER, [str(root), str(items)], env)
+                out[f"{tag}_warm"] = _run(py, PEER, [str(root), str(items)], env)
     out["load_after"] = os.getloadavg()
     return out
 
@@ -117,7 +157,9 @@ def table(res: dict) -> str:
             ("lerobot_sql, SQL: every 10th episode, first SQL (footers surveyed)", "ours_sql10_first"),
             ("lerobot_sql, SQL: every 10th episode, next process", "ours_sql10_warm"),
             ("LeRobotDataset 0.4.4, cold", "lerobot_cold"), ("LeRobotDataset 0.4.4, warm (next process)",
-                                                             "lerobot_warm")]
+                                                             "lerobot_warm"),
+            ("LeRobotDataset 0.6.1, cold", "lerobot06_cold"), ("LeRobotDataset 0.6.1, warm (next process)",
+                                                               "lerobot06_warm")]
     lines = ["| open | samples | open (s) | random item, ms (mean / p50) | item of a row group read, ms | "
              "peak RSS (imports) |", "|---|---:|---:|---:|---:|---:|"]
     for name, k in rows:
@@ -128,10 +170,20 @@ def table(res: dict) -> str:
         warm = f"{1e3 * r['item_warm_s']:.3f}" if "item_warm_s" in r else "-"
         lines.append(f"| {name} | {r['n']:,} | {r['open_s']:.2f} | {1e3 * r['items_s'] / max(1, res['items']):.2f}"
                      f"{p50} | {warm} | {r['rss'] / 1e9:.2f} GB ({r['rss_imports'] / 1e9:.2f} GB) |")
-    for a, b in (("ours_warm", "lerobot_warm"), ("ours_cold", "lerobot_cold")):
+    for a, b in (("ours_warm", "lerobot_warm"), ("ours_cold", "lerobot_cold"), ("ours_warm", "lerobot06_warm"),
+                 ("ours_cold", "lerobot06_cold")):
         if a in res and b in res:
             lines.append(f"\n{a} / {b}: open {res[a]['open_s'] / res[b]['open_s']:.2f}x, peak RSS "
                          f"{res[a]['rss'] / res[b]['rss']:.2f}x")
+    q = res.get("sql")
+    if q:
+        lines += ["", "| SQL on the set (lerobot_sql, a fresh process) | seconds |", "|---|---:|",
+                  f"| one episode's frames (`SELECT * FROM frames WHERE episode_index = 54321`, {q['episode_rows']} "
+                  f"rows) | {q['episode_query_s']:.3f} |",
+                  f"| `db.stats()` of every frame ({q['stats_count']:,}), "
+                  f"{'with' if q['stats_quantiles'] else 'no'} quantiles as the source's metadata | {q['stats_s']:.1f} |",
+                  f"| the same with exact quantiles q01..q99 (as for a lerobot >= 0.4 source) | {q['stats_q_s']:.1f} |",
+                  f"| export of 1% of the episodes ({q['export_frames']:,} frames) | {q['export_s']:.1f} |"]
     lines.append(f"\nload average before / after: {res['load'][0]:.1f} / {res['load_after'][0]:.1f}")
     return "\n".join(lines)
 
@@ -141,11 +193,12 @@ def main() -> None:
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     ap.add_argument("--items", type=int, default=1000)
     ap.add_argument("--peer-python", default=os.environ.get("LSQL_PEER_PYTHON"))
+    ap.add_argument("--peer-06", default=None, help="an interpreter with lerobot 0.6.1 (default: none)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     if not (a.root / "meta" / "info.json").exists():
         sys.exit(f"{a.root}: no dataset; generate it: python benchmarks/bench_scale.py generate --episodes 100000")
-    res = measure(a.root, a.items, a.peer_python)
+    res = measure(a.root, a.items, a.peer_python, a.peer_06)
     print(table(res))
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))

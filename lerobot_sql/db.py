@@ -317,7 +317,7 @@ class Database(QueryFace):
                       "tasks_exist)")
         if stats == "selection" and frames_unread:
             def stats_fn(db=self, eps=episodes, kw=kw):  # its frames, read now (the open read none)
-                return db._stats_of(db._episodes_manifest(eps, **kw))
+                return db._stats_of(db._whole_episodes(eps, **kw))
         elif stats == "selection":
             def stats_fn(db=self, m=manifest):  # this dataset's own manifest (built or checked above)
                 return db._stats_of(m)
@@ -468,9 +468,12 @@ class Database(QueryFace):
             sql = self._given_manifest(sql, "the table passed to stats()", **rows_only)
         return self._stats_of(sql, episodes=episodes, cameras=cameras)
 
-    def _stats_of(self, sql: str | pa.Table | None, *, episodes: list[int] | None = None,
+    def _stats_of(self, sql: "str | pa.Table | stats.EpisodeRuns | None", *, episodes: list[int] | None = None,
                   cameras: list[str] | None = None) -> dict:
-        """:meth:`stats` of SQL, of a manifest this dataset built or checked, or of ``episodes``."""
+        """:meth:`stats` of SQL, of a manifest this dataset built or checked (or its episodes kept as runs), or of
+        ``episodes``."""
+        from . import stats  # (imports the decoders: only when statistics are computed)
+
         if cameras is not None:
             cameras = [cameras] if isinstance(cameras, str) else list(cameras)
             self.layout.check_cameras(cameras)
@@ -483,7 +486,7 @@ class Database(QueryFace):
         if episodes is not None:
             if sql is not None:
                 raise ValueError("pass either sql or episodes, not both (a query can filter episodes itself)")
-            sql = self._episodes_manifest(episodes, **rows_only)
+            sql = self._whole_episodes(episodes, **rows_only)
         elif sql is None and cameras is not None:
             raise ValueError("cameras= applies to the statistics of a selection: pass sql or episodes as well "
                              "(without them, db.stats() returns meta/stats.json unchanged)")
@@ -494,12 +497,26 @@ class Database(QueryFace):
             with self.source.open("meta/stats.json") as f:
                 text = f.read()
             return stats_json.from_json(text, self.source.path("meta/stats.json"), self.layout)
-        if isinstance(sql, pa.Table):
+        if isinstance(sql, (pa.Table, stats.EpisodeRuns)):
             manifest = sql
         else:
             with plan_manifest.path_hint(sql):
-                manifest = self.manifest(sql, **rows_only)
+                checked, result = self._capped_result(sql)
+                # a large selection of whole episodes: its episodes, not a row per frame (read once, by the stats)
+                lazy = resolve.episode_runs(self.layout, result, sql=sql, src=self.source,
+                                            ptr=self._episode_pointers(), ordered=checked.ordered,
+                                            cache_dir=self.cache_dir, **rows_only)
+                manifest = stats.EpisodeRuns(lazy[1], lazy[2]) if lazy is not None else \
+                    self._resolve(result, sql, checked.ordered, **rows_only)
         return self._selection_stats(manifest, cameras=cameras)
+
+    def _whole_episodes(self, episodes, **kw) -> "pa.Table | stats.EpisodeRuns":
+        """Whole episodes (all when ``episodes`` is None) for their statistics: kept as runs when the selection is
+        large (:meth:`_episode_runs`), else their manifest; ``kw`` as :meth:`_episodes_manifest` takes it."""
+        from . import stats
+
+        lazy = self._episode_runs(None if episodes is None else _episode_list(episodes), **kw)
+        return stats.EpisodeRuns(lazy[1], lazy[2]) if lazy is not None else self._episodes_manifest(episodes, **kw)
 
     def _selection_stats(self, manifest: pa.Table, con: duckdb.DuckDBPyConnection | None = None,
                          cameras: list[str] | None = None) -> dict:

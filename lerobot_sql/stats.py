@@ -9,10 +9,13 @@ float64 (min and max of an integer feature are int64, as lerobot's json round tr
 What is exact and what is aggregated:
 
 * **Numeric features** (vectors and scalars: ``observation.state``, ``action``, ``timestamp``, ``index``...) are
-  computed by DuckDB over exactly the selected samples, read from the data files: population std (lerobot's), and
-  exact quantiles (linear interpolation, numpy's default). lerobot's own quantiles are histogram estimates (5,000
-  bins between min and max), so they can differ from these by up to a bin width. A frame that the selection serves
-  twice (two overlapping windows) counts twice: the statistics describe the training set as it is sampled.
+  computed over exactly the selected samples, read from the data files (:mod:`lerobot_sql._readers.column_stats`:
+  the rows each sample's ``data_row`` names, or a large whole-episode selection's runs, each row checked to hold its
+  sample's ``index``; DuckDB over the ``frames`` view where a file lacks a column the view derives): population std
+  (lerobot's), and exact quantiles (linear interpolation, numpy's default). lerobot's own quantiles are histogram
+  estimates (5,000 bins between min and max), so they can differ from these by up to a bin width. A frame that the
+  selection serves twice (two overlapping windows) counts twice: the statistics describe the training set as it is
+  sampled. A NaN makes its element's statistics NaN (numpy's answer), never a number computed around it.
 * **Cameras** (``video`` and ``image`` features) cannot be computed without decoding every frame; they are
   aggregated, as lerobot's ``aggregate_stats`` does, from the per-episode statistics in ``meta/episodes``
   (``episode_stats`` view) of every episode the selection touches, each episode whole. For a selection of whole
@@ -35,16 +38,18 @@ without them gets min/max/mean/std/count only.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ._format import stats_json
 from ._format.layout import Layout
 from ._query.sqltext import ident, literal
-from ._readers import decode, locate, video_index
+from ._readers import column_stats, decode, locate, tabular, video_index
 from .errors import DatasetFormatError, StatsUnavailableError, warn
 
 if TYPE_CHECKING:
@@ -53,7 +58,7 @@ if TYPE_CHECKING:
     from ._format.files import DatasetFiles
 
 
-def selection_stats(con: "duckdb.DuckDBPyConnection", layout: Layout, manifest: pa.Table, *,
+def selection_stats(con: "duckdb.DuckDBPyConnection", layout: Layout, manifest: "pa.Table | EpisodeRuns", *,
                     quantiles: bool = True, files: "DatasetFiles | None" = None,
                     cameras: list[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
     """Statistics of the samples of ``manifest`` (see the module docstring for what is exact).
@@ -62,7 +67,9 @@ def selection_stats(con: "duckdb.DuckDBPyConnection", layout: Layout, manifest: 
         con: a DuckDB connection with the dataset's ``frames``, ``videos`` and ``episode_stats`` views (the
             Database's).
         layout: the dataset's layout (features, dtypes, shapes).
-        manifest: one row per sample (``index``, ``episode_index``: int64), as ``db.manifest(sql)`` returns it.
+        manifest: one row per sample (``index``, ``episode_index``: int64; with ``data_file``, ``data_row`` the
+            numbers are read from those rows), as ``db.manifest(sql)`` returns it; or :class:`EpisodeRuns` (a large
+            selection of whole episodes, read without a row per frame).
         quantiles: add q01, q10, q50, q90, q99 (set False for a source whose statistics have none).
         files: the dataset's files (source, cache folder): where the frames of a camera without per-episode
             statistics are read (:func:`frame_stats`); None refuses such a camera instead.
@@ -72,36 +79,138 @@ def selection_stats(con: "duckdb.DuckDBPyConnection", layout: Layout, manifest: 
         ``{feature: {stat: np.ndarray}}``, features in info.json order.
 
     Raises:
-        DatasetFormatError: a selected index has no row in the data files (the manifest is of another dataset or
-            the data changed since), naming how many are missing.
+        DatasetFormatError: a selected index has no row in the data files, or its row holds another (the manifest
+            is of another dataset or the data changed since), naming how many.
         StatsUnavailableError: a camera has no per-episode statistics for some selected episodes and its frames
             cannot be read to compute them (naming the camera, the episodes and the ways out).
     """
-    if manifest.num_rows == 0:
+    runs = isinstance(manifest, EpisodeRuns)
+    if (manifest.episodes if runs else manifest).num_rows == 0:
         raise ValueError("the selection is empty: statistics of no samples are undefined; check the query")
+    numeric = stats_json.numeric_features(layout)
     name = f"_lsql_stats_{uuid.uuid4().hex}"
-    sel = pa.table({"index": manifest.column("index").cast(pa.int64()),
-                    "episode_index": manifest.column("episode_index").cast(pa.int64())})
-    con.register(name, sel)
+    eps = manifest.episodes["episode_index"] if runs else pc.unique(manifest.column("episode_index"))
+    con.register(name, pa.table({"episode_index": eps.cast(pa.int64())}))
     try:
+        read = _numeric_from_files(con, name, files, layout, manifest, numeric, quantiles)  # (checks rows' index)
+        if read is None:  # DuckDB reads the numbers: the samples, one row each
+            con.unregister(name)
+            rows = manifest.samples() if runs else manifest
+            sel = pa.table({"index": rows.column("index").cast(pa.int64()),
+                            "episode_index": rows.column("episode_index").cast(pa.int64())})
+            con.register(name, sel)
         out: dict[str, dict[str, np.ndarray]] = {}
-        numeric = stats_json.numeric_features(layout)
-        found = con.sql(f"SELECT count(*) FROM {ident(name)} s JOIN frames f ON f.index = s.index").fetchall()[0][0]
-        if found != manifest.num_rows:
-            raise DatasetFormatError(
-                f"{manifest.num_rows - found} of {manifest.num_rows} selected samples have no row in the data files "
-                "(frames.index): the manifest describes another dataset or the data changed since it was made; "
-                "build the selection again from this Database")
+        if read is None:
+            found = con.sql(f"SELECT count(*) FROM {ident(name)} s JOIN frames f ON f.index = s.index").fetchall()[0][0]
+            if found != sel.num_rows:
+                raise DatasetFormatError(
+                    f"{sel.num_rows - found} of {sel.num_rows} selected samples have no row in the data files "
+                    "(frames.index): the manifest describes another dataset or the data changed since it was made; "
+                    "build the selection again from this Database")
         cams = [k for k in layout.camera_keys if cameras is None or k in cameras]  # video and image features
         per_camera = _camera_stats(con, layout, name, cams, files, quantiles)
         for key in layout.features:
             if key in numeric:
-                out[key] = _numeric_stats(con, layout, name, key, quantiles)
+                out[key] = read[key] if read is not None else _numeric_stats(con, layout, name, key, quantiles)
             elif key in per_camera:
                 out[key] = per_camera[key]
         return out
     finally:
         con.unregister(name)
+
+
+@dataclasses.dataclass
+class EpisodeRuns:
+    """A selection of whole episodes, each once, kept as its episodes (no row per frame): what
+    :func:`lerobot_sql._plan.resolve.episode_runs` opens a large selection as.
+
+    Attributes:
+        episodes: one row per episode: ``episode_index``, ``ep_from_index``, ``ep_to_index``, ``ep_data_row0`` (its
+            first row in its data file), ``file`` (int32 into ``infos``).
+        infos: the data files' footer facts.
+    """
+
+    episodes: pa.Table
+    infos: list
+
+    def samples(self) -> pa.Table:
+        """One row per sample (``index``, ``episode_index``), for what reads a selection row by row."""
+        lo, hi = (self.episodes[c].to_numpy().astype(np.int64) for c in ("ep_from_index", "ep_to_index"))
+        n = hi - lo
+        return pa.table({"index": column_stats.concat_ranges(lo, n),
+                         "episode_index": np.repeat(self.episodes["episode_index"].to_numpy().astype(np.int64), n)})
+
+    def runs(self) -> list[column_stats.FileRuns]:
+        t = self.episodes
+        file = t["file"].to_numpy()
+        lo, hi, row0 = (t[c].to_numpy().astype(np.int64) for c in ("ep_from_index", "ep_to_index", "ep_data_row0"))
+        out = []
+        for f in np.unique(file).tolist():
+            m = file == f
+            out.append(column_stats.FileRuns(self.infos[f], row0[m], (hi - lo)[m], lo[m], np.ones(int(m.sum()), np.int64)))
+        return out
+
+
+def _episode_ranges(con, sel: str, keys: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Where each element of ``keys`` lies over the episodes of registered table ``sel``, by the per-episode min
+    and max of meta/episodes (``episode_stats``): the quantiles' histogram bins (a stale range costs a pass, never
+    a wrong value: :func:`lerobot_sql._readers.column_stats.column_stats`)."""
+    rows = con.sql(
+        "SELECT feature, i, min(v) FILTER (WHERE stat = 'min'), max(v) FILTER (WHERE stat = 'max') FROM ("
+        "SELECT feature, stat, UNNEST(CAST(value AS DOUBLE[])) AS v, generate_subscripts(value, 1) AS i "
+        f"FROM episode_stats WHERE stat IN ('min', 'max') AND feature IN ({', '.join(literal(k) for k in keys)}) "
+        f"AND episode_index IN (SELECT episode_index FROM {ident(sel)})) GROUP BY ALL ORDER BY ALL").fetchall()
+    per: dict[str, list] = {}
+    for feature, _i, lo, hi in rows:
+        per.setdefault(feature, []).append((lo, hi))
+    out = {}
+    for k, v in per.items():
+        lo, hi = (np.array(x, np.float64) for x in zip(*v))
+        if np.isfinite(lo).all() and np.isfinite(hi).all():  # (a NULL or a partial entry: no range)
+            out[k] = (lo, hi)
+    return out
+
+
+def _numeric_from_files(con, sel: str, files: "DatasetFiles | None", layout: Layout,
+                        selection: "pa.Table | EpisodeRuns", keys: list[str],
+                        quantiles: bool) -> dict[str, dict[str, np.ndarray]] | None:
+    """The numeric features' statistics read from the data files (:mod:`lerobot_sql._readers.column_stats`), or
+    None where that reader does not apply and DuckDB computes them (:func:`_numeric_stats`): no dataset files, a
+    manifest without the rows' data files, or a data file lacking a feature or ``index`` (a column the frames view
+    derives from the metadata)."""
+    if files is None or not keys:
+        return None
+    src = files.source
+    if isinstance(selection, EpisodeRuns):
+        infos = selection.infos
+    elif {"data_file", "data_row"} <= set(selection.column_names):
+        enc = pc.dictionary_encode(selection.column("data_file")).combine_chunks()
+        infos = [tabular.data_file_info(src, rel, keep=False, cache_dir=files.cache_dir)
+                 for rel in enc.dictionary.to_pylist()]
+    else:
+        return None
+    if any(not {*keys, "index"} <= set(info.schema.names) for info in infos):
+        return None
+    if isinstance(selection, EpisodeRuns):
+        runs = selection.runs()
+    else:
+        runs = column_stats.runs_of_rows(infos, enc.indices.to_numpy(), selection.column("data_row").to_numpy()
+                                         .astype(np.int64), selection.column("index").to_numpy().astype(np.int64))
+    got = column_stats.column_stats(src, layout, runs, keys, quantiles=stats_json.QUANTILES if quantiles else (),
+                                    ranges=_episode_ranges(con, sel, keys) if quantiles else None)
+    out = {}
+    for key in keys:
+        feat, g = layout.features[key], got[key]
+        shape = tuple(feat.shape) if int(np.prod(feat.shape or (1,))) == g["mean"].size else (g["mean"].size,)
+        integer = feat.dtype.startswith(("int", "uint")) or feat.dtype == "bool"
+        ext = np.int64 if integer else np.float64
+        st = {"min": g["min"].astype(ext).reshape(shape), "max": g["max"].astype(ext).reshape(shape),
+              "mean": g["mean"].reshape(shape), "std": g["std"].reshape(shape), "count": g["count"]}
+        if quantiles:
+            for j, q in enumerate(stats_json.QUANTILES):
+                st[stats_json.qkey(q)] = g["quantiles"][j].reshape(shape)
+        out[key] = st
+    return out
 
 
 def _numeric_stats(con, layout: Layout, sel: str, key: str, quantiles: bool) -> dict[str, np.ndarray]:

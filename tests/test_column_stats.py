@@ -1,0 +1,197 @@
+"""lerobot_sql._readers.column_stats: numeric statistics read from the data files in spans of row groups, checked
+against numpy over exactly the selected rows (read back with pyarrow, not through lerobot_sql), whatever the spans,
+the ranges the metadata gives, repeats, NaN; and a large whole-episode selection's statistics (kept as runs, no row
+per frame) equal to its manifest's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import lerobot_sql as lsql
+from helpers import linked_copy
+from lerobot_sql._plan import episodes as plan_episodes
+from lerobot_sql._readers import column_stats
+
+QS = (0.01, 0.10, 0.50, 0.90, 0.99)
+QKEYS = ("q01", "q10", "q50", "q90", "q99")
+NUMERIC = ("observation.state", "action", "timestamp", "frame_index", "episode_index", "index", "task_index")
+
+
+def _frames(root) -> dict[str, np.ndarray]:
+    """Every data row of ``root`` by ``index``, straight from the Parquet files: {column: (frames, elements)}."""
+    t = pa.concat_tables([pq.read_table(p) for p in sorted((root / "data").rglob("*.parquet"))])
+    t = t.sort_by("index")
+    out = {}
+    for k in NUMERIC:
+        col = t[k].combine_chunks()
+        x = col.flatten().to_numpy() if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type) \
+            else col.to_numpy()
+        out[k] = np.asarray(x).reshape(t.num_rows, -1)
+    assert (out["index"][:, 0] == np.arange(t.num_rows)).all()
+    return out
+
+
+def _check(st, frames, indices, keys=NUMERIC):
+    for k in keys:
+        x = frames[k][np.asarray(indices)]
+        ref = {"min": x.min(0), "max": x.max(0), "mean": x.astype(np.float64).mean(0),
+               "std": x.astype(np.float64).std(0)}
+        ref.update({q: np.quantile(x.astype(np.float64), f, axis=0) for q, f in zip(QKEYS, QS)})
+        for s, v in ref.items():
+            np.testing.assert_allclose(np.asarray(st[k][s], np.float64).reshape(-1), v, rtol=1e-12, atol=1e-12,
+                                       err_msg=f"{k} {s}")
+        assert st[k]["count"].tolist() == [len(x)]
+
+
+@pytest.fixture
+def small_spans(monkeypatch):
+    """Spans of a few row groups, so that every selection is read in many."""
+    monkeypatch.setattr(column_stats, "CHUNK_ROWS", 97)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT episode_index FROM episodes",
+    "SELECT index FROM frames WHERE frame_index % 3 = 0 AND episode_index IN (0, 5, 19)",
+    # overlapping windows: the frames in both count twice
+    "SELECT 3 AS episode_index, 0.0 AS start_s, 1.0 AS end_s UNION ALL SELECT 3, 0.5, 1.5 "
+    "UNION ALL SELECT 8, 0.2, 2.0 ORDER BY episode_index, start_s",
+])
+def test_statistics_in_many_spans_equal_numpy_over_the_selected_rows(sample, tmp_path, small_spans, sql):
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    m = db.manifest(sql)
+    _check(db.stats(sql), _frames(sample), m.column("index").to_numpy())
+
+
+def test_a_large_whole_episode_selection_is_read_as_runs_and_equals_its_manifest(sample, tmp_path, monkeypatch):
+    """Above plan_episodes.LAZY_FRAMES a whole-episode selection is kept as its episodes (no row per frame); its
+    statistics are read from the same rows: equal to the manifest's, cameras included."""
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    sql = "SELECT episode_index FROM episodes WHERE episode_index % 2 = 1"
+    m = db.manifest(sql)
+    small = db.stats(sql)
+    seen = []
+    real = column_stats.column_stats
+
+    def spy(src, layout, files, keys, **kw):
+        seen.append(sum(len(f.start) for f in files))
+        return real(src, layout, files, keys, **kw)
+
+    monkeypatch.setattr(plan_episodes, "LAZY_FRAMES", 0)
+    monkeypatch.setattr(column_stats, "column_stats", spy)
+    large = db.stats(sql)
+    assert seen == [10]  # one run per episode, not one per frame
+    _check(large, _frames(sample), m.column("index").to_numpy())
+    assert set(large) == set(small)
+    for k in small:
+        for s in small[k]:
+            np.testing.assert_array_equal(large[k][s], small[k][s], err_msg=f"{k} {s}")
+    ds = db.dataset(sql)  # the training set's statistics: the same runs
+    assert len(seen) == 1
+    np.testing.assert_array_equal(ds.meta.stats["action"]["q50"], small["action"]["q50"])
+    assert len(seen) == 2
+
+
+def _scale_episode_ranges(root, key, factor: float, shift: float = 0.0):
+    """meta/episodes' per-episode min and max of ``key`` replaced by ``min * factor + shift`` and ``max * factor +
+    shift`` (the file unlinked first: a linked copy)."""
+    for p in sorted((root / "meta" / "episodes").rglob("*.parquet")):
+        t = pq.read_table(p)
+        for s in ("min", "max"):
+            name = f"stats/{key}/{s}"
+            i = t.column_names.index(name)
+            vals = [[v * factor + shift for v in row] for row in t[name].to_pylist()]
+            t = t.set_column(i, name, pa.array(vals, t.schema.field(i).type))
+        p.unlink()
+        pq.write_table(t, p)
+
+
+@pytest.mark.parametrize("factor, shift", [(0.5, 0.0), (1e6, 0.0), (1.0, 50.0)],
+                         ids=["narrower", "far-wider", "beside"])
+def test_a_stale_range_in_the_metadata_costs_a_pass_never_a_value(sample, tmp_path, small_spans, monkeypatch,
+                                                                    factor, shift):
+    """The quantiles' histogram is made over the per-episode min and max of meta/episodes when they are there.
+    Ranges the data exceed (values below and above them), ranges so wide that every value falls in one bin (then
+    the feature is binned again over its own range), and ranges beside the data give the same exact statistics."""
+    root = linked_copy(sample, tmp_path / "ds")
+    _scale_episode_ranges(root, "action", factor, shift)
+    monkeypatch.setattr(column_stats, "_KEEP_AT_MOST", 64)  # (a few hundred frames: "crowded" at 64 kept values)
+    again = []
+    real = column_stats._histograms
+    monkeypatch.setattr(column_stats, "_histograms", lambda src, layout, files, keys, *a: (
+        again.append(list(keys)), real(src, layout, files, keys, *a))[1])
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    sql = "SELECT episode_index FROM episodes WHERE episode_index < 12"
+    _check(db.stats(sql), _frames(root), db.manifest(sql).column("index").to_numpy())
+    assert again == [["action"]]  # binned again over the range the data has (a constant column never is)
+
+
+def test_a_nan_gives_nan_statistics_for_its_element_only(sample, tmp_path):
+    """A NaN in a float feature makes that element's min, max, mean, std and quantiles NaN (numpy's answer: a
+    normalisation by them fails loudly), not a number computed around it; the other elements are exact."""
+    root = linked_copy(sample, tmp_path / "ds")
+    p = sorted((root / "data").rglob("*.parquet"))[0]
+    t = pq.read_table(p)
+    i = t.column_names.index("action")
+    rows = t["action"].to_pylist()
+    rows[5] = [float("nan"), *rows[5][1:]]
+    t = t.set_column(i, "action", pa.array(rows, t.schema.field(i).type))
+    p.unlink()
+    pq.write_table(t, p)
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    st = db.stats("SELECT episode_index FROM episodes")
+    for s in ("min", "max", "mean", "std", *QKEYS):
+        assert np.isnan(st["action"][s][0]), s
+        assert np.isfinite(st["action"][s][1:]).all(), s
+    frames = _frames(root)
+    x = frames["action"][:, 1:].astype(np.float64)
+    np.testing.assert_allclose(st["action"]["q50"][1:], np.quantile(x, 0.5, axis=0), rtol=1e-12)
+
+
+def test_a_row_holding_another_index_is_refused_naming_the_file(sample, tmp_path, monkeypatch):
+    """Runs say which index each row holds (the episode pointers, or a manifest's data_row): a data file whose rows
+    hold other indices than meta/episodes says (a row's index shifted) is refused, never read as the selected
+    frames."""
+    root = linked_copy(sample, tmp_path / "ds")
+    p = sorted((root / "data").rglob("*.parquet"))[0]
+    t = pq.read_table(p)
+    i = t.column_names.index("index")
+    idx = t["index"].to_numpy().copy()
+    idx[7] += 1000
+    t = t.set_column(i, "index", pa.array(idx, t.schema.field(i).type))
+    p.unlink()
+    pq.write_table(t, p)
+    monkeypatch.setattr(plan_episodes, "LAZY_FRAMES", 0)  # opened as runs: no frame read before the statistics
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    with pytest.raises(lsql.DatasetFormatError,
+                       match=r"file-000\.parquet: 1 selected rows do not hold .*row 7 holds index 1007"):
+        db.stats("SELECT episode_index FROM episodes")
+
+
+def test_ranges_and_runs_of_rows():
+    assert column_stats.concat_ranges(np.array([5, 0, 10]), np.array([3, 0, 2])).tolist() == [5, 6, 7, 10, 11]
+    assert column_stats.concat_ranges(np.zeros(0, np.int64), np.zeros(0, np.int64)).tolist() == []
+    info = object()
+    runs = column_stats.runs_of_rows([info], np.zeros(7, np.int64), np.array([4, 5, 6, 9, 5, 6, 0]),
+                                     np.array([14, 15, 16, 19, 15, 16, 10]))
+    (r,) = runs
+    got = sorted(zip(r.start.tolist(), r.count.tolist(), r.index0.tolist(), r.weight.tolist()))
+    # rows 5 and 6 served twice: one run 4..6 and one 5..6 (or any split serving each row as often)
+    served = np.zeros(10, int)
+    for s, c, i0, w in got:
+        served[s:s + c] += w
+        assert i0 == s + 10
+    assert served.tolist() == [1, 0, 0, 0, 1, 2, 2, 0, 0, 1]
+
+
+def test_bins_keep_order_and_send_infinities_to_the_ends():
+    b = column_stats._Bins.over(np.array([0.0]), np.array([1.0]))
+    x = np.array([[-np.inf, -5.0, -1e-9, 0.0, 0.5, 1.0 - 1e-7, 1.0, 7.0, np.inf]], np.float64)
+    got = b.of(x)[0]
+    assert (np.diff(got) >= 0).all() and got[0] == 0 and got[-1] == column_stats.BINS + 1
+    assert got[3] == 1 and got[1] == 0 and got[7] == column_stats.BINS + 1
+    one = column_stats._Bins.over(np.array([3.0]), np.array([3.0]))  # a range of one value
+    got = one.of(np.array([[-np.inf, 2.0, 3.0, 3.5, 9.0, np.inf]], np.float32))[0]
+    assert (np.diff(got) >= 0).all()
