@@ -485,3 +485,38 @@ def run_cli(*args, stdin: str | None = None, cwd: Path | None = None, env: dict 
                 os.environ[k] = v
     text = out_b.getvalue().decode("utf-8", "replace")
     return CliResult(argv, int(code or 0), text, text if merge_stderr else err_b.getvalue().decode("utf-8", "replace"))
+
+
+MP4_CONTAINERS = (b"moov", b"trak", b"mdia", b"minf", b"stbl", b"edts", b"dinf")
+
+
+def mp4_boxes(buf: bytes) -> list:
+    """An mp4's boxes as ``[type, payload]`` lists, container boxes' payloads parsed into such lists (32-bit
+    sizes, as FFmpeg writes them): edit them, then :func:`write_mp4_boxes`. Inserting into a moov written before its
+    mdat moves the media; FFmpeg and PyAV write the moov last."""
+    import struct
+
+    out, off = [], 0
+    while off + 8 <= len(buf):
+        size, typ = struct.unpack_from(">I4s", buf, off)
+        body = buf[off + 8:off + size]
+        out.append([typ, mp4_boxes(body) if typ in MP4_CONTAINERS else body])
+        off += size
+    return out
+
+
+def write_mp4_boxes(boxes: list) -> bytes:
+    import struct
+
+    out = b""
+    for typ, body in boxes:
+        body = write_mp4_boxes(body) if isinstance(body, list) else body
+        out += struct.pack(">I4s", 8 + len(body), typ) + body
+    return out
+
+
+def mp4_child(boxes: list, *path: bytes) -> list:
+    """The payload list of the first box of each type along ``path`` (``mp4_child(top, b"moov", b"trak")``)."""
+    for typ in path:
+        boxes = next(b for b in boxes if b[0] == typ)[1]
+    return boxes

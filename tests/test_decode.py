@@ -271,3 +271,43 @@ def test_a_decoder_budget_that_cannot_work_is_named(monkeypatch, value):
         decode.decoder_budget()
     monkeypatch.setenv("LSQL_DECODER_MB", "1.5")
     assert decode.decoder_budget() == int(1.5 * (1 << 20))
+
+
+def test_a_sync_sample_that_is_no_keyframe_is_refused_not_decoded_into_garbage(tmp_path):
+    """An mp4 whose sample table calls P-frames keyframes (here: no stss box, which by ISO 14496-12 makes every
+    sample a sync sample) made a seek land on a P-frame and decode it from nothing: MPEG-4 part 2 gave garbage
+    pictures with no error on PyAV 15 and 18 (hostile review 19). The first frame after a seek must be a keyframe:
+    else VideoDecodeError naming the file; frames reached by decoding forward from a real keyframe stay exact."""
+    import av
+
+    from helpers import mp4_boxes, mp4_child, write_mp4_boxes
+    from lerobot_sql.errors import VideoDecodeError
+
+    path = tmp_path / "v.mp4"
+    with av.open(str(path), "w") as c:  # a keyframe every 10 frames, P-frames between (a block moving right)
+        s = c.add_stream("mpeg4", rate=15, options={"g": "10", "bf": "0", "sc_threshold": "1000000000"})
+        s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+        for k in range(30):
+            img = np.full((48, 64, 3), 100, np.uint8)
+            img[16:32, 2 * k:2 * k + 8] = 250
+            c.mux(s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")))
+        c.mux(s.encode())
+    with av.open(str(path)) as c:
+        assert [p.is_keyframe for p in c.demux(video=0)][8:12] == [False, False, True, False]
+    with av.open(str(path)) as c:
+        truth = [f.to_ndarray(format="rgb24").transpose(2, 0, 1) for f in c.decode(video=0)]
+    top = mp4_boxes(path.read_bytes())
+    stbl = mp4_child(top, b"moov", b"trak", b"mdia", b"minf", b"stbl")
+    stbl[:] = [b for b in stbl if b[0] != b"stss"]
+    path.write_bytes(write_mp4_boxes(top))
+    src = open_source(tmp_path)
+    index = video_index.FrameIndex.load(video_index.ensure_index_arrow(src, "v.mp4", tmp_path / "cache"))
+    assert int(index.key_row[15]) == 15  # the table's word: every frame a keyframe
+    pool = decode.DecoderPool(src, max_open=2)
+    with pytest.raises(VideoDecodeError, match=r"v\.mp4: the frame at pts=\d+ that a seek to keyframe .* is not a "
+                                               r"keyframe"):
+        pool.decode_chw(index, np.array([15]))
+    got = pool.decode_chw(index, np.array([10, 11, 12, 13]))  # from a real keyframe, forward: exact
+    for j, r in enumerate((10, 11, 12, 13)):
+        np.testing.assert_array_equal(got[j], truth[r])
+    pool.close()

@@ -327,3 +327,56 @@ def test_an_mp4_sample_table_ffmpeg_may_read_otherwise_is_no_table(datasets, tmp
     out.write_bytes(bytes(data))
     with open(out, "rb") as f:
         assert mp4_sample_table(f) is None
+
+
+@pytest.mark.parametrize("craft", ["decoy track before the video", "a second stbl", "a second mdia", "two hdlrs"])
+def test_the_sample_table_is_the_streamed_tracks_or_none(datasets, tmp_path, craft):
+    """FFmpeg takes a track's type from every hdlr it meets (mdia's, then minf's: the last wins) and keeps the last
+    copy of a table box; the sample-table reader took the first video-looking trak and the first stbl. A copy of the
+    video track put first with a minf hdlr 'soun' (audio to FFmpeg), or a second stbl / mdia, gave the index of
+    another table than the one FFmpeg streams: wrong keyframes, a frame missing (hostile review 19). Now the table is
+    the streamed track's (its track_ID is the stream's id, checked by the index), or None (every packet demuxed)."""
+    import copy
+    import struct
+
+    import av
+
+    from helpers import mp4_boxes, mp4_child, write_mp4_boxes
+    from lerobot_sql._storage.mp4 import mp4_sample_table
+
+    src = datasets / "small20/videos/observation.images.front/chunk-000/file-000.mp4"
+    data = src.read_bytes()
+    with open(src, "rb") as f:
+        want = mp4_sample_table(f)
+    with av.open(str(src)) as c:
+        assert want.track_id == c.streams.video[0].id  # the written file: the streamed track's table
+    top = mp4_boxes(data)
+    moov = mp4_child(top, b"moov")
+    trak = next(b for b in moov if b[0] == b"trak")
+    if craft == "decoy track before the video":
+        decoy = copy.deepcopy(trak)
+        tkhd = next(b for b in decoy[1] if b[0] == b"tkhd")
+        at = 12 if tkhd[1][0] == 0 else 20
+        tkhd[1] = tkhd[1][:at] + struct.pack(">I", 7) + tkhd[1][at + 4:]
+        hdlr = next(b for b in mp4_child(decoy[1], b"mdia") if b[0] == b"hdlr")
+        mp4_child(decoy[1], b"mdia", b"minf").insert(0, [b"hdlr", hdlr[1][:8] + b"soun" + hdlr[1][12:]])
+        stsz = next(b for b in mp4_child(decoy[1], b"mdia", b"minf", b"stbl") if b[0] == b"stsz")
+        stsz[1] = stsz[1][:12] + bytes(len(stsz[1]) - 12)  # other sizes: a table that is not the stream's
+        moov.insert(moov.index(trak), decoy)
+    elif craft == "a second stbl":
+        minf = mp4_child(trak[1], b"mdia", b"minf")
+        minf.append(copy.deepcopy(next(b for b in minf if b[0] == b"stbl")))
+    elif craft == "a second mdia":
+        trak[1].append(copy.deepcopy(next(b for b in trak[1] if b[0] == b"mdia")))
+    else:
+        mdia = mp4_child(trak[1], b"mdia")
+        hdlr = next(b for b in mdia if b[0] == b"hdlr")
+        mp4_child(trak[1], b"mdia", b"minf").insert(0, [b"hdlr", hdlr[1][:8] + b"soun" + hdlr[1][12:]])
+    out = tmp_path / "crafted.mp4"
+    out.write_bytes(write_mp4_boxes(top))
+    with open(out, "rb") as f:
+        got = mp4_sample_table(f)
+    if craft == "decoy track before the video":
+        assert got is not None and got.track_id == want.track_id and got.sizes == want.sizes
+    else:
+        assert got is None

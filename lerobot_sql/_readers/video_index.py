@@ -119,11 +119,12 @@ def check_one_video_stream(container, where: str) -> None:
         "re-encoding); or leave the camera out (dataset(..., cameras=[...]))")
 
 
-def _table_usable(moov, n: int) -> bool:
-    """Whether an mp4 sample table can stand for FFmpeg's index of ``n`` packets: no composition offsets, no edit
-    list but one edit of the whole media from time 0, byte offsets and decode deltas known, ``n`` samples."""
-    return moov is not None and not moov.reordered and not moov.edited and moov.offsets is not None \
-        and moov.deltas is not None and len(moov.sizes) == n > 0
+def _table_usable(moov, n: int, stream) -> bool:
+    """Whether an mp4 sample table can stand for FFmpeg's index of ``stream``'s ``n`` packets: the track FFmpeg
+    streams (its track_ID is the stream's id), no composition offsets, no edit list but one edit of the whole media
+    from time 0, byte offsets and decode deltas known, ``n`` samples."""
+    return moov is not None and moov.track_id is not None and moov.track_id == stream.id and not moov.reordered \
+        and not moov.edited and moov.offsets is not None and moov.deltas is not None and len(moov.sizes) == n > 0
 
 
 def _table_arrays(moov, n: int, t0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -153,7 +154,7 @@ def _checked_by_demux(container, stream, payload_free: bool, moov) -> tuple | No
         return None
     table = moov()
     n = len(table.sizes) if table is not None else 0
-    if not _table_usable(table, n) or (stream.frames and stream.frames != n):
+    if not _table_usable(table, n, stream) or (stream.frames and stream.frames != n):
         return None
     head = [pkt for _, pkt in zip(range(min(32, n)), container.demux(stream))]
     if not head or head[0].pts is None:
@@ -190,7 +191,7 @@ def _checked_by_demux(container, stream, payload_free: bool, moov) -> tuple | No
     return pts, key, pos, size
 
 
-def _from_sample_table(moov, entries, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+def _from_sample_table(moov, entries, n: int, stream) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """(pts, keyframe, byte offset, size) of every packet from the mp4's own sample table (``moov``:
     :func:`lerobot_sql._storage.mp4.mp4_sample_table`), vectorised, when it describes the same packets as FFmpeg's
     ``index_entries`` (``entries``, ``n`` of them): no composition offsets (B-frames), no edit list but one edit of
@@ -198,7 +199,7 @@ def _from_sample_table(moov, entries, n: int) -> tuple[np.ndarray, np.ndarray, n
     entries at 512 positions spread over the file (its first and last 64 among them). Else None (the caller reads
     every entry, ~1 us each: 0.2 s for 191,000 frames, where this takes ~40 ms).
     """
-    if not _table_usable(moov, n):
+    if not _table_usable(moov, n, stream):
         return None
     pts, key, pos, size = _table_arrays(moov, n, entries[0].timestamp)
     probe = np.unique(np.concatenate([np.arange(min(64, n)), np.arange(max(0, n - 64), n),
@@ -233,7 +234,7 @@ def _container_index(container, stream, payload_free: bool = False,
         return None
     if n == 0 or stream.codec_context.has_b_frames or (stream.frames and stream.frames != n):
         return None
-    got = _from_sample_table(moov(), table, n) if moov is not None else None
+    got = _from_sample_table(moov(), table, n, stream) if moov is not None else None
     if got is not None:
         pts, key, pos, size = got
     else:

@@ -130,6 +130,7 @@ class Mp4Samples(NamedTuple):
     reordered: bool  # a ctts box: presentation order differs from decode order (B-frames)
     file_size: int  # bytes of the file as read
     edited: bool = False  # an edit list (elst) other than one edit of the whole media from time 0
+    track_id: int | None = None  # the trak's tkhd track_ID: FFmpeg's AVStream.id (PyAV's stream.id) for it
 
 
 def _sample_deltas(n: int, stts) -> np.ndarray | None:
@@ -163,6 +164,19 @@ def _sample_offsets(sizes, stsc, chunks) -> np.ndarray | None:
     first_sample = np.cumsum(per_chunk) - per_chunk  # each chunk's first sample
     base = np.asarray(chunks, np.int64)[chunk_of]
     return base + start - start[first_sample][chunk_of]
+
+
+# hdlr handler types FFmpeg's mov demuxer turns into a stream type (mov_read_hdlr); others (a QuickTime minf's
+# 'alis' data handler) leave the type as it was
+_MEDIA_HANDLERS = (b"vide", b"soun", b"m1a ", b"subp", b"clcp", b"text", b"sbtl", b"subt")
+
+
+def _children(buf: bytes, a: int, z: int) -> dict[bytes, list[tuple[int, int]]]:
+    """The boxes directly inside box ``buf[a:z]``, by type: ``{type: [(start, end), ...]}``, in file order."""
+    out: dict[bytes, list[tuple[int, int]]] = {}
+    for t, a2, z2 in _mp4_boxes(buf, a, z):
+        out.setdefault(t, []).append((a2, z2))
+    return out
 
 
 def mp4_sample_table(f) -> Mp4Samples | None:
@@ -211,20 +225,39 @@ def mp4_sample_table(f) -> Mp4Samples | None:
             return None
         if any(t == b"mvex" for t, _a, _z in _mp4_boxes(moov, 8)):
             return None  # fragmented (moof boxes after the moov hold more samples than its table; hostile review 18)
+        video = []
         for typ, a, z in _mp4_boxes(moov, 8):
             if typ != b"trak":
                 continue
-            stbl = hdlr = None
-            mdia = next(((a2, z2) for t, a2, z2 in _mp4_boxes(moov, a, z) if t == b"mdia"), None)
-            if mdia is None:
+            # One of each box on the way to the table, and the track's type as FFmpeg takes it: every hdlr it
+            # meets (mdia's and minf's) sets the type, the last one wins. A second mdia, minf or stbl (FFmpeg keeps
+            # the last copy of each table, this reader read the first), or a copy of the video track whose minf
+            # hdlr says sound (FFmpeg: not video; this reader took its table) gave another track's index (hostile
+            # review 19): such files are no table.
+            kids = _children(moov, a, z)
+            if len(kids.get(b"mdia", ())) != 1 or len(kids.get(b"edts", ())) > 1 or len(kids.get(b"tkhd", ())) != 1:
+                return None
+            mdia = _children(moov, *kids[b"mdia"][0])
+            if len(mdia.get(b"minf", ())) != 1 or len(mdia.get(b"hdlr", ())) > 1:
+                return None
+            minf = _children(moov, *mdia[b"minf"][0])
+            if len(minf.get(b"stbl", ())) != 1:
+                return None
+            handlers = [moov[a2 + 8:a2 + 12] for a2, z2 in (*mdia.get(b"hdlr", ()), *minf.get(b"hdlr", ()))
+                        if z2 - a2 >= 12]
+            media = [h for h in handlers if h in _MEDIA_HANDLERS]
+            if not media or media[-1] != b"vide":
                 continue
-            for t, a2, z2 in _mp4_boxes(moov, *mdia):
-                if t == b"hdlr" and z2 - a2 >= 12:
-                    hdlr = moov[a2 + 8:a2 + 12]
-                elif t == b"minf":
-                    stbl = next(((a3, z3) for t3, a3, z3 in _mp4_boxes(moov, a2, z2) if t3 == b"stbl"), None)
-            if hdlr != b"vide" or stbl is None:
-                continue
+            if len(media) > 1:
+                return None  # two media types in one track: what FFmpeg makes of it depends on their order
+            video.append((a, z, kids, minf[b"stbl"][0]))
+        if len(video) != 1:
+            return None  # (several video tracks: the one FFmpeg streams is not decided here)
+        for a, z, kids, stbl in video:
+            ta, tz = kids[b"tkhd"][0]
+            version = moov[ta] if tz - ta >= 24 else None
+            track_id = struct.unpack_from(">I", moov, ta + (20 if version == 1 else 12))[0] \
+                if version is not None and tz - ta >= (24 if version == 1 else 16) else None
             sizes = sync = stts = stsc = chunks = None
             reordered = edited = False
             # A table FFmpeg may read otherwise is no table (the caller demuxes every packet): a box twice (FFmpeg
@@ -286,7 +319,7 @@ def mp4_sample_table(f) -> Mp4Samples | None:
             if sizes is None or (sync and max(sync) > len(sizes)):
                 return None
             return Mp4Samples(sizes, sync, _sample_offsets(sizes, stsc, chunks), _sample_deltas(len(sizes), stts),
-                              reordered, size, edited)
+                              reordered, size, edited, track_id)
         return None
     except (OSError, ValueError, struct.error):
         return None
