@@ -24,8 +24,10 @@ checks, video indexes) and the batch itself, with the requests of each.
 from __future__ import annotations
 
 import argparse
+import atexit
 import concurrent.futures
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -62,7 +64,8 @@ def full_download(srv: RangeServer, root: Path, dest: Path) -> tuple[float, int]
 
 def run(srv: RangeServer, root: Path, sql: str, use_prefetch: bool, batch: int, all_items: bool = True,
         threads: int | None = None, shuffle: bool = False) -> dict:
-    os.environ["LSQL_CACHE_DIR"] = tempfile.mkdtemp(prefix="lsql_bench_")
+    os.environ["LSQL_CACHE_DIR"] = cache = tempfile.mkdtemp(prefix="lsql_bench_")
+    atexit.register(shutil.rmtree, cache, True)  # (each run a fresh cache: hundreds of MB left in /tmp otherwise)
     t0 = time.perf_counter()
     db = lsql.connect(f"{srv.url}/{root.name}", threads=threads)
     out = {"connect_s": time.perf_counter() - t0, "connect_requests": db.io_stats()["requests"]}

@@ -436,7 +436,8 @@ class Database(QueryFace):
         ``sql``: a selection as :meth:`dataset` takes it (a str is SQL; an ``os.PathLike`` such as
         ``pathlib.Path("m.parquet")`` a manifest file, refused when written from another dataset; a table a
         manifest); or ``episodes``: whole episodes, as ``db.dataset(episodes=[...])``. Numeric features are computed
-        by DuckDB over exactly the selected samples; cameras are aggregated from the per-episode statistics of the
+        over exactly the selected samples, read from the data files (a large whole-episode selection as its
+        episodes' runs, no row per frame); cameras are aggregated from the per-episode statistics of the
         episodes the selection touches, as lerobot's ``aggregate_stats`` does, and computed from the episode's
         frames where meta/episodes holds none (:mod:`lerobot_sql.stats` says what is exact). Without ``sql``: the
         source's ``meta/stats.json`` unchanged, which is what lerobot uses even with ``episodes=[...]``.
