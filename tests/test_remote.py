@@ -1010,3 +1010,26 @@ def test_a_remote_mp4_replaced_after_the_open_is_never_served(datasets, tmp_path
                         pass
             finally:  # now, not when the next test collects the iterator (its workers' join took seconds there)
                 it._shutdown_workers()
+
+
+def test_statistics_of_a_remote_selection_equal_the_local_ones(http, datasets, monkeypatch):
+    """db.stats reads the numeric features from the rows' row groups (lerobot_sql._readers.column_stats): over HTTP
+    the same numbers as locally, for a manifest's rows and for whole episodes read as runs (LAZY_FRAMES 0), each
+    statistic bit for bit."""
+    from lerobot_sql._plan import episodes as plan_episodes
+    from lerobot_sql._readers import column_stats
+
+    calls = []
+    real = column_stats.column_stats
+    monkeypatch.setattr(column_stats, "column_stats", lambda *a, **k: (calls.append(a[0].url), real(*a, **k))[1])
+    local = lsql.connect(datasets / "small20")
+    remote = lsql.connect(f"{http.url}/small20")
+    for sql in ("SELECT index FROM frames WHERE frame_index % 4 = 1 AND episode_index < 7", EPISODE_SQL):
+        want, got = local.stats(sql), remote.stats(sql)
+        assert set(got) == set(want)
+        for k in want:
+            for s in want[k]:
+                np.testing.assert_array_equal(got[k][s], want[k][s], err_msg=f"{sql} {k} {s}")
+    monkeypatch.setattr(plan_episodes, "LAZY_FRAMES", 0)
+    np.testing.assert_array_equal(remote.stats(EPISODE_SQL)["action"]["q90"], local.stats(EPISODE_SQL)["action"]["q90"])
+    assert sum(u.startswith("http") for u in calls) == 3  # read from the files, not by the DuckDB fallback
