@@ -15,7 +15,7 @@ lerobot) are done before the clock starts, so the figures are the open itself:
   (a training restart) reads what it kept.
 * **SQL** (a fresh process, its own cache): one episode's frames, ``db.stats`` of every frame (as the source's
   metadata has quantiles or not, and with exact quantiles forced, as for a lerobot >= 0.4 source), and an export of
-  1% of the episodes.
+  1% of the episodes. Then the DataLoader workers' private memory over 600 shuffled batches of the whole set.
 * **LeRobotDataset** (lerobot 0.4.4 in ``--peer-python``, default ``$LSQL_PEER_PYTHON``): ``LeRobotDataset(repo_id,
   root=root)``; *cold*: an empty Hugging Face datasets cache (it builds its Arrow cache), *warm*: the next process;
   the same with lerobot 0.6.1 when ``--peer-06`` names its interpreter.
@@ -130,6 +130,32 @@ print("BENCH_JSON " + json.dumps(out))
 """
 
 
+# DataLoader workers on the whole set (tabular, 2 forked workers, shuffled, batch 32): each worker's private memory
+# (USS: smaps_rollup's Private_Clean + Private_Dirty) after 100, 300 and 600 batches.
+WORKERS = """
+import json, sys, time
+import torch
+import lerobot_sql as lsql
+import lerobot_sql.torch.dataset
+
+def uss_mb(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        d = {ln.split(":")[0]: int(ln.split()[1]) for ln in f if ln.startswith("Private_")}
+    return sum(d.values()) / 1024
+
+ds = lsql.connect(sys.argv[1], cache_dir=sys.argv[2]).dataset(cameras=[])
+dl = torch.utils.data.DataLoader(ds, batch_size=32, num_workers=2, shuffle=True, persistent_workers=True,
+                                 generator=torch.Generator().manual_seed(0))
+it, marks = iter(dl), {}
+t = time.perf_counter()
+for b in range(600):
+    next(it)
+    if b + 1 in (100, 300, 600):
+        marks[b + 1] = [uss_mb(w.pid) for w in it._workers]
+print("BENCH_JSON " + json.dumps({"uss_mb": marks, "samples_s": 600 * 32 / (time.perf_counter() - t)}))
+"""
+
+
 def _run(python: str, code: str, args: list[str], env: dict | None = None) -> dict:
     r = subprocess.run([python, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, timeout=3600)
@@ -148,6 +174,7 @@ def measure(root: Path, items: int, peer: str | None, peer06: str | None = None)
         out["ours_sql10_warm"] = _run(sys.executable, OURS, [str(root), cache, TENTH, str(items)])
     with tempfile.TemporaryDirectory() as cache:
         out["sql"] = _run(sys.executable, SQL, [str(root), cache])
+        out["workers"] = _run(sys.executable, WORKERS, [str(root), cache])
     for tag, py in (("lerobot", peer), ("lerobot06", peer06)):
         if py and Path(py).exists():
             with tempfile.TemporaryDirectory() as home:
@@ -193,6 +220,12 @@ def table(res: dict) -> str:
                   f"{'with' if q['stats_quantiles'] else 'no'} quantiles as the source's metadata | {q['stats_s']:.1f} |",
                   f"| the same with exact quantiles q01..q99 (as for a lerobot >= 0.4 source) | {q['stats_q_s']:.1f} |",
                   f"| export of 1% of the episodes ({q['export_frames']:,} frames) | {q['export_s']:.1f} |"]
+    w = res.get("workers")
+    if w:
+        u = w["uss_mb"]
+        lines += ["", f"DataLoader workers (2, shuffled, batch 32, tabular): private memory each, MB, after 100 / 300 / "
+                  f"600 batches: {' / '.join(str(round(max(u[k]))) for k in ('100', '300', '600'))} "
+                  f"({w['samples_s']:.0f} samples/s)"]
     lines.append(f"\nload average before / after: {res['load'][0]:.1f} / {res['load_after'][0]:.1f}")
     return "\n".join(lines)
 
