@@ -52,6 +52,7 @@ class FileRuns:
     weight: np.ndarray
 
     def sorted(self) -> "FileRuns":
+        """The runs by first row."""
         o = np.argsort(self.start, kind="stable")
         return FileRuns(self.info, self.start[o], self.count[o], self.index0[o], self.weight[o])
 
@@ -76,7 +77,7 @@ def runs_of_rows(infos: list[tabular.DataFileInfo], file: np.ndarray, data_row: 
 
 @dataclasses.dataclass
 class _Moments:
-    """One feature's running statistics, per element (the feature flattened to ``(rows, elements)``)."""
+    """One feature's running statistics, per element (its values given as ``(elements, rows)``)."""
 
     n: int = 0
     lo: np.ndarray | None = None
@@ -283,7 +284,8 @@ def column_stats(src: Source, layout: Layout, files: list[FileRuns], keys: list[
     """Statistics of numeric features ``keys`` over the rows ``files`` serve, per element of each feature.
 
     Args:
-        files: the selection's rows per data file (:func:`runs_of_rows`, or an episode per run); every file holds every key and ``index``.
+        files: the selection's rows per data file (:func:`runs_of_rows`, or an episode per run); every file holds
+            every key and ``index``.
         quantiles: fractions in [0, 1] whose exact quantiles to give (none: no histogram, one pass).
         ranges: ``{key: (lo, hi)}`` per element, where the values are known to lie (the per-episode min and max of
             the episodes touched): the histogram is made in the first pass. A value outside is still counted (in
