@@ -13,10 +13,10 @@ What is exact and what is aggregated:
   the rows each sample's ``data_row`` names, or a large whole-episode selection's runs, each row checked to hold its
   sample's ``index``; DuckDB over the ``frames`` view where a file lacks a column the view derives): min, max and
   exact quantiles (numpy's linear interpolation; equal to ``np.quantile`` bit for bit on the shipped sets), mean,
-  and population std (lerobot's) in float64 by a streaming merge (within ~1e-15 relative of numpy's). lerobot's own quantiles are histogram
-  estimates (5,000 bins between min and max), so they can differ from these by up to a bin width. A frame that the
-  selection serves twice (two overlapping windows) counts twice: the statistics describe the training set as it is
-  sampled. A NaN makes its element's statistics NaN (numpy's answer), never a number computed around it.
+  and population std (lerobot's) in float64 by a streaming merge (within ~1e-15 relative of numpy's). lerobot's own
+  quantiles are histogram estimates (5,000 bins between min and max), so they can differ from these by up to a bin
+  width. A frame that the selection serves twice (two overlapping windows) counts twice: the statistics describe the
+  training set as it is sampled. A NaN makes its element's statistics NaN (numpy's answer), never a number computed around it.
 * **Cameras** (``video`` and ``image`` features) cannot be computed without decoding every frame; they are
   aggregated, as lerobot's ``aggregate_stats`` does, from the per-episode statistics in ``meta/episodes``
   (``episode_stats`` view) of every episode the selection touches, each episode whole. For a selection of whole
@@ -89,35 +89,37 @@ def selection_stats(con: "duckdb.DuckDBPyConnection", layout: Layout, manifest: 
     if (manifest.episodes if runs else manifest).num_rows == 0:
         raise ValueError("the selection is empty: statistics of no samples are undefined; check the query")
     numeric = stats_json.numeric_features(layout)
-    name = f"_lsql_stats_{uuid.uuid4().hex}"
+    name = f"_lsql_stats_{uuid.uuid4().hex}"  # the selected episodes
+    rows_name = None  # the selected samples, one row each, where DuckDB reads the numbers
     eps = manifest.episodes["episode_index"] if runs else pc.unique(manifest.column("episode_index"))
     con.register(name, pa.table({"episode_index": eps.cast(pa.int64())}))
     try:
         read = _numeric_from_files(con, name, files, layout, manifest, numeric, quantiles)  # (checks rows' index)
-        if read is None:  # DuckDB reads the numbers: the samples, one row each
-            con.unregister(name)
-            rows = manifest.samples() if runs else manifest
-            sel = pa.table({"index": rows.column("index").cast(pa.int64()),
-                            "episode_index": rows.column("episode_index").cast(pa.int64())})
-            con.register(name, sel)
-        out: dict[str, dict[str, np.ndarray]] = {}
         if read is None:
-            found = con.sql(f"SELECT count(*) FROM {ident(name)} s JOIN frames f ON f.index = s.index").fetchall()[0][0]
+            rows = manifest.samples() if runs else manifest
+            sel = pa.table({"index": rows.column("index").cast(pa.int64())})
+            rows_name = f"{name}_rows"
+            con.register(rows_name, sel)
+            found = con.sql(f"SELECT count(*) FROM {ident(rows_name)} s JOIN frames f ON f.index = s.index"
+                            ).fetchall()[0][0]
             if found != sel.num_rows:
                 raise DatasetFormatError(
                     f"{sel.num_rows - found} of {sel.num_rows} selected samples have no row in the data files "
                     "(frames.index): the manifest describes another dataset or the data changed since it was made; "
                     "build the selection again from this Database")
+        out: dict[str, dict[str, np.ndarray]] = {}
         cams = [k for k in layout.camera_keys if cameras is None or k in cameras]  # video and image features
         per_camera = _camera_stats(con, layout, name, cams, files, quantiles)
         for key in layout.features:
             if key in numeric:
-                out[key] = read[key] if read is not None else _numeric_stats(con, layout, name, key, quantiles)
+                out[key] = read[key] if read is not None else _numeric_stats(con, layout, rows_name, key, quantiles)
             elif key in per_camera:
                 out[key] = per_camera[key]
         return out
     finally:
         con.unregister(name)
+        if rows_name is not None:
+            con.unregister(rows_name)
 
 
 @dataclasses.dataclass
@@ -199,19 +201,8 @@ def _numeric_from_files(con, sel: str, files: "DatasetFiles | None", layout: Lay
                                          .astype(np.int64), selection.column("index").to_numpy().astype(np.int64))
     got = column_stats.column_stats(src, layout, runs, keys, quantiles=stats_json.QUANTILES if quantiles else (),
                                     ranges=_episode_ranges(con, sel, keys) if quantiles else None)
-    out = {}
-    for key in keys:
-        feat, g = layout.features[key], got[key]
-        shape = tuple(feat.shape) if int(np.prod(feat.shape or (1,))) == g["mean"].size else (g["mean"].size,)
-        integer = feat.dtype.startswith(("int", "uint")) or feat.dtype == "bool"
-        ext = np.int64 if integer else np.float64
-        st = {"min": g["min"].astype(ext).reshape(shape), "max": g["max"].astype(ext).reshape(shape),
-              "mean": g["mean"].reshape(shape), "std": g["std"].reshape(shape), "count": g["count"]}
-        if quantiles:
-            for j, q in enumerate(stats_json.QUANTILES):
-                st[stats_json.qkey(q)] = g["quantiles"][j].reshape(shape)
-        out[key] = st
-    return out
+    return {k: _as_lerobot(layout.features[k], g["min"], g["max"], g["mean"], g["std"], int(g["count"][0]),
+                           g["quantiles"] if quantiles else None) for k, g in got.items()}
 
 
 def _numeric_stats(con, layout: Layout, sel: str, key: str, quantiles: bool) -> dict[str, np.ndarray]:
@@ -230,17 +221,24 @@ def _numeric_stats(con, layout: Layout, sel: str, key: str, quantiles: bool) -> 
     if any(r[5] != r[6] for r in rows):
         raise DatasetFormatError(f"feature {key!r}: NULL values among the selected samples (column {key!r} of "
                                  "the data files); statistics over them would be wrong. Select rows without NULLs")
-    n = rows[0][6] if rows else 0
-    shape = tuple(feat.shape) if int(np.prod(feat.shape or (1,))) == len(rows) else (len(rows),)
+    qs = np.array([r[7] for r in rows], np.float64).T if quantiles else None
+    return _as_lerobot(feat, *(np.array([r[c] for r in rows]) for c in range(1, 5)), rows[0][6] if rows else 0, qs)
+
+
+def _as_lerobot(feat, lo: np.ndarray, hi: np.ndarray, mean: np.ndarray, std: np.ndarray, count: int,
+                quantiles: np.ndarray | None) -> dict[str, np.ndarray]:
+    """One numeric feature's statistics, per element (flat arrays; ``quantiles`` (len(QUANTILES), elements) or
+    None), in lerobot's form: the feature's shape (flat when the element count differs from it), min and max int64
+    for an integer feature, the rest float64, ``count`` int64 ``(1,)``."""
+    shape = tuple(feat.shape) if int(np.prod(feat.shape or (1,))) == np.size(mean) else (np.size(mean),)
     integer = feat.dtype.startswith(("int", "uint")) or feat.dtype == "bool"
     ext = np.int64 if integer else np.float64
-    st = {"min": np.array([r[1] for r in rows], ext), "max": np.array([r[2] for r in rows], ext),
-          "mean": np.array([r[3] for r in rows], np.float64), "std": np.array([r[4] for r in rows], np.float64)}
-    st = {k: v.reshape(shape) for k, v in st.items()}
-    st["count"] = np.array([n], np.int64)
-    if quantiles:
+    st = {"min": np.asarray(lo).astype(ext).reshape(shape), "max": np.asarray(hi).astype(ext).reshape(shape),
+          "mean": np.asarray(mean, np.float64).reshape(shape), "std": np.asarray(std, np.float64).reshape(shape),
+          "count": np.array([count], np.int64)}
+    if quantiles is not None:
         for j, q in enumerate(stats_json.QUANTILES):
-            st[stats_json.qkey(q)] = np.array([r[7][j] for r in rows], np.float64).reshape(shape)
+            st[stats_json.qkey(q)] = np.asarray(quantiles[j], np.float64).reshape(shape)
     return st
 
 
