@@ -111,6 +111,19 @@ class Database(QueryFace):
         return self._resolve(result, sql, checked.ordered, cameras=cameras, tolerance_s=tolerance_s, extras=extras,
                              align=locate.check_align(align))
 
+    def _sql_selection(self, sql: str, **kw) -> tuple[pa.Table, tuple | None, pa.Table]:
+        """User query ``sql`` resolved: ``(manifest, lazy, result)``. A large selection of whole episodes, each once,
+        is kept as its episodes (:func:`lerobot_sql._plan.resolve.episode_runs`: ``lazy`` its ``(episodes, infos,
+        clips, rules)``, ``manifest`` the zero-row one carrying the metadata), else ``lazy`` is None and
+        ``manifest`` has a row per sample; ``result`` the query's rows. ``kw``: ``cameras``, ``tolerance_s``,
+        ``align`` as :meth:`manifest` takes them."""
+        checked, result = self._capped_result(sql)
+        lazy = resolve.episode_runs(self.layout, result, sql=sql, src=self.source, ptr=self._episode_pointers(),
+                                    ordered=checked.ordered, cache_dir=self.cache_dir, **kw)
+        if lazy is not None:
+            return lazy[0], lazy[1:], result
+        return self._resolve(result, sql, checked.ordered, **kw), None, result
+
     def _resolve(self, result: pa.Table, sql: str, ordered: bool, con=None, *, cameras: list[str] | None = None,
                  tolerance_s: float | None = None, before: int = 0, extras: bool = True,
                  align: str = "timestamp") -> pa.Table:
@@ -291,17 +304,11 @@ class Database(QueryFace):
                                             str(path), **kw)
         else:
             with plan_manifest.path_hint(sql):
-                checked, result = self._capped_result(sql)
                 # whole episodes, each once, of a large selection: opened from the pointers, as episodes= is
-                lazy = resolve.episode_runs(self.layout, result, sql=sql, src=self.source,
-                                            ptr=self._episode_pointers(), ordered=checked.ordered,
-                                            cache_dir=self.cache_dir, **kw)
+                manifest, lazy, result = self._sql_selection(sql, **kw)
                 if lazy is not None:
-                    manifest, lazy = lazy[0], lazy[1:]
                     frames_unread = True
                     episodes = result["episode_index"].to_pylist()
-                else:
-                    manifest = self._resolve(result, sql, checked.ordered, **kw)
         tasks = self.tasks()
         wanted = pc.unique(manifest["task_index"]).drop_null().to_pylist() if "task_index" in manifest.column_names \
             else []
@@ -502,13 +509,10 @@ class Database(QueryFace):
             manifest = sql
         else:
             with plan_manifest.path_hint(sql):
-                checked, result = self._capped_result(sql)
                 # a large selection of whole episodes: its episodes, not a row per frame (read once, by the stats)
-                lazy = resolve.episode_runs(self.layout, result, sql=sql, src=self.source,
-                                            ptr=self._episode_pointers(), ordered=checked.ordered,
-                                            cache_dir=self.cache_dir, **rows_only)
-                manifest = stats.EpisodeRuns(lazy[1], lazy[2]) if lazy is not None else \
-                    self._resolve(result, sql, checked.ordered, **rows_only)
+                manifest, lazy, _ = self._sql_selection(sql, **rows_only)
+                if lazy is not None:
+                    manifest = stats.EpisodeRuns(lazy[0], lazy[1])
         return self._selection_stats(manifest, cameras=cameras)
 
     def _whole_episodes(self, episodes, **kw) -> "pa.Table | stats.EpisodeRuns":
