@@ -250,77 +250,76 @@ def mp4_sample_table(f) -> Mp4Samples | None:
                 continue
             if len(media) > 1:
                 return None  # two media types in one track: what FFmpeg makes of it depends on their order
-            video.append((a, z, kids, minf[b"stbl"][0]))
+            video.append((kids, minf[b"stbl"][0]))
         if len(video) != 1:
             return None  # (several video tracks: the one FFmpeg streams is not decided here)
-        for a, z, kids, stbl in video:
-            ta, tz = kids[b"tkhd"][0]
-            version = moov[ta] if tz - ta >= 24 else None
-            track_id = struct.unpack_from(">I", moov, ta + (20 if version == 1 else 12))[0] \
-                if version is not None and tz - ta >= (24 if version == 1 else 16) else None
-            sizes = sync = stts = stsc = chunks = None
-            reordered = edited = False
-            # A table FFmpeg may read otherwise is no table (the caller demuxes every packet): a box twice (FFmpeg
-            # keeps the first or the last, by version), stco and co64 both, sync samples out of order or past the
-            # count, or more than one sample description (FFmpeg skips the chunks naming one it lacks); hostile
-            # review 17
-            tables = [t for t, _a, _z in _mp4_boxes(moov, *stbl)
-                      if t in (b"stsz", b"stss", b"stts", b"stsc", b"stco", b"co64", b"stsd")]
-            if len(tables) != len(set(tables)) or (b"stco" in tables and b"co64" in tables):
-                return None
-            edts = next(((a2, z2) for t, a2, z2 in _mp4_boxes(moov, a, z) if t == b"edts"), None)
-            if edts is not None:
-                for t, a2, z2 in _mp4_boxes(moov, *edts):
-                    if t == b"elst" and z2 - a2 >= 8:
-                        version, n = moov[a2], struct.unpack_from(">I", moov, a2 + 4)[0]
-                        w = 20 if version == 1 else 12
-                        if n != 1 or 8 + w * n > z2 - a2:
-                            edited = True
-                        else:  # (segment duration, media time, rate): one edit from media time 0 at rate 1
-                            media = struct.unpack_from(">q" if version == 1 else ">i", moov,
-                                                       a2 + 8 + (8 if version == 1 else 4))[0]
-                            rate = struct.unpack_from(">i", moov, a2 + 8 + w - 4)[0]
-                            edited = media != 0 or rate != 1 << 16
-            for t, a2, z2 in _mp4_boxes(moov, *stbl):
-                if t == b"stsz" and z2 - a2 >= 12:  # (stz2, compact sizes, is not written by FFmpeg: None)
-                    one, n = struct.unpack_from(">II", moov, a2 + 4)
-                    if one:
-                        sizes = (one,) * min(n, 1 << 24) if n <= 1 << 24 else None
-                    elif 12 + 4 * n <= z2 - a2:
-                        sizes = struct.unpack_from(f">{n}I", moov, a2 + 12)
-                    else:
-                        return None  # the table claims more entries than its box holds
-                elif t == b"stss" and z2 - a2 >= 8:
-                    n = struct.unpack_from(">I", moov, a2 + 4)[0]
-                    if 8 + 4 * n > z2 - a2:
-                        return None  # the table claims more entries than its box holds
-                    listed = struct.unpack_from(f">{n}I", moov, a2 + 8)
-                    if any(b <= a for a, b in zip(listed, listed[1:])) or (listed and listed[0] < 1):
-                        return None  # not strictly increasing from 1: FFmpeg reads them in order, a set would not
-                    sync = frozenset(listed)
-                elif t in (b"stts", b"stsc", b"stco", b"co64") and z2 - a2 >= 8:
-                    n = struct.unpack_from(">I", moov, a2 + 4)[0]
-                    w = {b"stts": 8, b"stsc": 12, b"stco": 4, b"co64": 8}[t]
-                    if 8 + w * n > z2 - a2:
-                        return None
-                    v = struct.unpack_from(f">{n * w // 4}I" if t != b"co64" else f">{n}Q", moov, a2 + 8)
-                    if t == b"stts":
-                        stts = list(zip(v[0::2], v[1::2]))
-                    elif t == b"stsc":
-                        if any(d != 1 for d in v[2::3]):
-                            return None  # a chunk of another sample description
-                        stsc = list(zip(v[0::3], v[1::3]))
-                    else:
-                        chunks = v
-                elif t == b"ctts":
-                    reordered = True
-                elif t == b"stsd" and (z2 - a2 < 8 or struct.unpack_from(">I", moov, a2 + 4)[0] != 1):
-                    return None  # more than one sample description
-            if sizes is None or (sync and max(sync) > len(sizes)):
-                return None
-            return Mp4Samples(sizes, sync, _sample_offsets(sizes, stsc, chunks), _sample_deltas(len(sizes), stts),
-                              reordered, size, edited, track_id)
-        return None
+        (kids, stbl), = video
+        ta, tz = kids[b"tkhd"][0]
+        version = moov[ta] if tz - ta >= 24 else None
+        track_id = struct.unpack_from(">I", moov, ta + (20 if version == 1 else 12))[0] \
+            if version is not None and tz - ta >= (24 if version == 1 else 16) else None
+        sizes = sync = stts = stsc = chunks = None
+        reordered = edited = False
+        # A table FFmpeg may read otherwise is no table (the caller demuxes every packet): a box twice (FFmpeg
+        # keeps the first or the last, by version), stco and co64 both, sync samples out of order or past the
+        # count, or more than one sample description (FFmpeg skips the chunks naming one it lacks); hostile
+        # review 17
+        tables = _children(moov, *stbl)
+        if any(len(tables.get(t, ())) > 1 for t in (b"stsz", b"stss", b"stts", b"stsc", b"stco", b"co64", b"stsd")) \
+                or (b"stco" in tables and b"co64" in tables):
+            return None
+        edts = kids[b"edts"][0] if b"edts" in kids else None
+        if edts is not None:
+            for t, a2, z2 in _mp4_boxes(moov, *edts):
+                if t == b"elst" and z2 - a2 >= 8:
+                    version, n = moov[a2], struct.unpack_from(">I", moov, a2 + 4)[0]
+                    w = 20 if version == 1 else 12
+                    if n != 1 or 8 + w * n > z2 - a2:
+                        edited = True
+                    else:  # (segment duration, media time, rate): one edit from media time 0 at rate 1
+                        media = struct.unpack_from(">q" if version == 1 else ">i", moov,
+                                                   a2 + 8 + (8 if version == 1 else 4))[0]
+                        rate = struct.unpack_from(">i", moov, a2 + 8 + w - 4)[0]
+                        edited = media != 0 or rate != 1 << 16
+        for t, a2, z2 in _mp4_boxes(moov, *stbl):
+            if t == b"stsz" and z2 - a2 >= 12:  # (stz2, compact sizes, is not written by FFmpeg: None)
+                one, n = struct.unpack_from(">II", moov, a2 + 4)
+                if one:
+                    sizes = (one,) * min(n, 1 << 24) if n <= 1 << 24 else None
+                elif 12 + 4 * n <= z2 - a2:
+                    sizes = struct.unpack_from(f">{n}I", moov, a2 + 12)
+                else:
+                    return None  # the table claims more entries than its box holds
+            elif t == b"stss" and z2 - a2 >= 8:
+                n = struct.unpack_from(">I", moov, a2 + 4)[0]
+                if 8 + 4 * n > z2 - a2:
+                    return None  # the table claims more entries than its box holds
+                listed = struct.unpack_from(f">{n}I", moov, a2 + 8)
+                if any(b <= a for a, b in zip(listed, listed[1:])) or (listed and listed[0] < 1):
+                    return None  # not strictly increasing from 1: FFmpeg reads them in order, a set would not
+                sync = frozenset(listed)
+            elif t in (b"stts", b"stsc", b"stco", b"co64") and z2 - a2 >= 8:
+                n = struct.unpack_from(">I", moov, a2 + 4)[0]
+                w = {b"stts": 8, b"stsc": 12, b"stco": 4, b"co64": 8}[t]
+                if 8 + w * n > z2 - a2:
+                    return None
+                v = struct.unpack_from(f">{n * w // 4}I" if t != b"co64" else f">{n}Q", moov, a2 + 8)
+                if t == b"stts":
+                    stts = list(zip(v[0::2], v[1::2]))
+                elif t == b"stsc":
+                    if any(d != 1 for d in v[2::3]):
+                        return None  # a chunk of another sample description
+                    stsc = list(zip(v[0::3], v[1::3]))
+                else:
+                    chunks = v
+            elif t == b"ctts":
+                reordered = True
+            elif t == b"stsd" and (z2 - a2 < 8 or struct.unpack_from(">I", moov, a2 + 4)[0] != 1):
+                return None  # more than one sample description
+        if sizes is None or (sync and max(sync) > len(sizes)):
+            return None
+        return Mp4Samples(sizes, sync, _sample_offsets(sizes, stsc, chunks), _sample_deltas(len(sizes), stts),
+                          reordered, size, edited, track_id)
     except (OSError, ValueError, struct.error):
         return None
 
