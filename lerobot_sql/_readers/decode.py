@@ -116,7 +116,14 @@ class _OpenFile:
         self.frames = self.container.decode(self.stream)
         self.pos = key_row
         self.seeks += 1
-        self.sought = True  # the next frame decoded must be a keyframe
+        self.sought = True  # the next frame decoded must be a keyframe (:meth:`_unkeyed_after_seek`)
+
+    def _unkeyed_after_seek(self, frame) -> bool:
+        """Whether ``frame`` is the first decoded after a seek and no keyframe: the file calls a non-keyframe a
+        sync sample (its stss), and decoding from it gives a picture predicted from nothing (MPEG-4 part 2 and HEVC
+        on PyAV 15 gave garbage, no error; hostile review 19). Clears the seek's mark."""
+        first, self.sought = self.sought, False
+        return first and not frame.key_frame
 
     def _convert(self, frame, out: np.ndarray) -> None:
         """Write ``frame`` as RGB (3, H, W) uint8 into ``out``.
@@ -183,19 +190,14 @@ class _OpenFile:
                 for frame in self.frames:
                     self.decoded += 1
                     p = frame.pts
-                    if self.sought:
-                        self.sought = False
-                        if not frame.key_frame:
-                            # A sample the file calls a keyframe (its stss) that is not one: decoding from it gives
-                            # a picture predicted from nothing (MPEG-4 part 2 and HEVC on PyAV 15 gave garbage, no
-                            # error; hostile review 19)
-                            self.pos = None
-                            raise VideoDecodeError(
-                                f"{self.path}: the frame at pts={p} that a seek to keyframe pts="
-                                f"{int(index.pts[kr])} gave is not a keyframe: the file lists a non-keyframe as a "
-                                "sync sample (its stss box), so frames decoded from there would be wrong. Re-mux or "
-                                "re-encode the file (ffmpeg -i in.mp4 -c:v libsvtav1 -g 2 out.mp4), or leave the "
-                                "camera out (dataset(..., cameras=[...]))")
+                    if self._unkeyed_after_seek(frame):
+                        self.pos = None
+                        raise VideoDecodeError(
+                            f"{self.path}: the frame at pts={p} that a seek to keyframe pts={int(index.pts[kr])} "
+                            "gave is not a keyframe: the file lists a non-keyframe as a sync sample (its stss box), "
+                            "so frames decoded from there would be wrong. Re-mux or re-encode the file (ffmpeg -i "
+                            "in.mp4 -c:v libsvtav1 -g 2 out.mp4), or leave the camera out (dataset(..., "
+                            "cameras=[...]))")
                     if p == want:
                         self._convert(frame, out[j])
                         break
@@ -505,10 +507,9 @@ def probe_seeks(src: Source, rel: str, index: FrameIndex, limit: int = SEEK_PROB
             try:
                 f._seek(index, int(kr))
                 for frame in f.frames:
-                    if not frame.key_frame and f.sought:  # (as decode_into refuses it)
+                    if f._unkeyed_after_seek(frame):  # (as decode_into refuses it)
                         err = f"the first frame decoded, pts={frame.pts}, is not a keyframe"
                         break
-                    f.sought = False
                     if frame.pts is not None and frame.pts >= want:
                         got = int(frame.pts)
                         break
