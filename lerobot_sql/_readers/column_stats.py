@@ -345,14 +345,22 @@ def _histograms(src: Source, layout: Layout, files: list[FileRuns], keys: list[s
             _count(counts, k, bins[k].of(values[k]), w)
 
 
+def _needed(n: int, quantiles: tuple[float, ...]) -> np.ndarray:
+    """The ranks (0-based, sorted, distinct) whose values the quantiles of ``n`` values interpolate between."""
+    below, above, _ = _ranks(n, quantiles)
+    return np.unique(np.concatenate([below, above]))
+
+
+def _wanted_bins(counts: np.ndarray, need: np.ndarray) -> list[np.ndarray]:
+    """Per element of histogram ``counts`` (elements, BINS + 2): the bins holding the ranks ``need``, sorted."""
+    cum = np.cumsum(counts, axis=1)
+    return [np.unique(np.searchsorted(cum[j], need, side="right")) for j in range(len(cum))]
+
+
 def _kept_values(counts: np.ndarray, n: int, quantiles: tuple[float, ...]) -> int:
     """The most values any element of a feature keeps for its quantiles (the counts of its bins holding a needed
     rank), from its histogram ``counts`` (elements, BINS + 2)."""
-    below, above, _ = _ranks(n, quantiles)
-    need = np.unique(np.concatenate([below, above]))
-    cum = np.cumsum(counts, axis=1)
-    return max(int(counts[j][np.unique(np.searchsorted(cum[j], need, side="right"))].sum())
-               for j in range(len(counts)))
+    return max(int(counts[j][want].sum()) for j, want in enumerate(_wanted_bins(counts, _needed(n, quantiles))))
 
 
 def _count(counts: dict[str, np.ndarray], key: str, b: np.ndarray, w: np.ndarray | None) -> None:
@@ -378,11 +386,8 @@ def _quantiles(src: Source, layout: Layout, files: list[FileRuns], keys: list[st
         DatasetFormatError: the pass found other counts in those bins than the last (a file changed meanwhile).
     """
     below, above, frac = _ranks(n, quantiles)
-    need = np.unique(np.concatenate([below, above]))
-    wanted: dict[str, list[np.ndarray]] = {}  # per key and element: the bins holding a needed rank, sorted
-    for k in keys:
-        cum = np.cumsum(counts[k], axis=1)
-        wanted[k] = [np.unique(np.searchsorted(cum[j], need, side="right")) for j in range(len(cum))]
+    need = _needed(n, quantiles)
+    wanted = {k: _wanted_bins(counts[k], need) for k in keys}  # per key and element: the bins holding a needed rank
     kept: dict[str, list[list]] = {k: [[] for _ in wanted[k]] for k in keys}
     lut = {k: np.zeros((len(wanted[k]), BINS + 2), bool) for k in keys}  # wanted bins as a lookup per element
     for k in keys:
