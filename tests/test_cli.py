@@ -602,18 +602,20 @@ def test_collection_info_query_and_doctor(tmp_path):
 def test_collection_index_and_one_dataset_commands(tmp_path):
     """index over a collection counts each dataset's mp4s (small20 and h264_20 both have
     videos/<camera>/chunk-000/file-000.mp4: 2 files per camera, not 1) and ends without a traceback (it crashed on
-    the collection's missing cache_dir); prefetch and train take one dataset and say so (exit 2, no traceback:
-    prefetch crashed on a missing attribute, train looked for 'a,b/meta/info.json'); their --help says one
-    dataset. export --features on one dataset names the way that exists."""
+    the collection's missing cache_dir); prefetch takes one dataset and says so (exit 2, no traceback: it crashed
+    on a missing attribute), its --help says one dataset; train takes the list as a collection (its selection is
+    asked for first). export --features on one dataset names the way that exists."""
     both = f"{SAMPLE},{DATASETS / 'h264_20'}"
     out = ok("index", both, "--quiet", "--cache-dir", tmp_path / "cache")
     rows = [ln for ln in out.splitlines() if "observation.images" in ln]
     assert len(rows) == 2 and all(ln.split("│")[2].strip() == "2" for ln in rows), out
     assert "9069" in rows[0]  # 4762 + 4307 frames per camera
-    for cmd in (["prefetch", both], ["train", both, "--", "--steps=1"]):
-        r = run(*cmd)
-        assert r.returncode == 2 and "names several datasets" in r.stderr and "Traceback" not in r.stderr, r.stderr
-        assert "one dataset" in " ".join(ok(cmd[0], "--help").split())
+    r = run("prefetch", both)
+    assert r.returncode == 2 and "names several datasets" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "one dataset" in " ".join(ok("prefetch", "--help").split())
+    r = run("train", both, "--", "--steps=1")
+    assert r.returncode == 2 and "no selection" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "a mixture" in " ".join(ok("train", "--help").split())
     r = run("export", SAMPLE, tmp_path / "x", "--features", "observation.state", "--sql",
             "SELECT episode_index FROM episodes LIMIT 1")
     assert r.returncode == 2 and "connect_many([root])" in r.stderr, r.stderr

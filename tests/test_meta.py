@@ -61,6 +61,25 @@ def test_whole_episodes_meta_matches_the_selection(sample, tmp_path):
     assert meta.repo_id == ds.repo_id and meta.has_language_columns is False
 
 
+def test_info_reads_as_lerobot_04s_dict_and_as_lerobot_06s_object(sample, tmp_path):
+    """lerobot 0.6's meta.info is a DatasetInfo (``ds.meta.info.fps``), 0.4's a dict (``info["fps"]``): ours answers
+    both (``info.fps`` raised AttributeError), with DatasetInfo's defaults for its optional fields, pickles, and
+    gives a JSON copy as DatasetInfo.to_dict does."""
+    ds = lsql.connect(sample, cache_dir=tmp_path).dataset("SELECT episode_index FROM episodes WHERE episode_index < 2")
+    info = ds.meta.info
+    assert info.fps == info["fps"] == 30 and info.features is info["features"]
+    assert info.total_episodes == 2 and info.codebase_version == "v3.0" and info.tools is None
+    assert isinstance(info, dict) and info.splits == {"train": "0:2"}
+    with pytest.raises(AttributeError, match="no 'not_a_key'"):
+        _ = info.not_a_key
+    again = pickle.loads(pickle.dumps(info))
+    assert again == info and again.fps == 30
+    plain = info.to_dict()
+    assert type(plain) is dict and plain["features"]["observation.state"]["shape"] == [6]
+    json.dumps(plain)
+    assert info["features"]["observation.state"]["shape"] == (6,)  # the copy, not the meta, has lists
+
+
 def test_lerobots_sampler_draws_exactly_this_datasets_samples(sample, tmp_path):
     """Windows of one episode twice, out of order: every position once, runs never cross an episode or a gap."""
     db = lsql.connect(sample, cache_dir=tmp_path)

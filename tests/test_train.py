@@ -174,42 +174,6 @@ def test_meta_and_stats_match_lerobot_dataset_with_episodes(peer, sample, tmp_pa
     assert got["sampler"] and got["item_diff"] == []
 
 
-class _Lerobot044Sampler:
-    """lerobot 0.4.4's EpisodeAwareSampler (lerobot/datasets/sampler.py), written out for the tier without lerobot."""
-
-    def __init__(self, dataset_from_indices, dataset_to_indices, episode_indices_to_use=None,
-                 drop_n_first_frames=0, drop_n_last_frames=0, shuffle=False):
-        self.indices = []
-        for episode_idx, (start, end) in enumerate(zip(dataset_from_indices, dataset_to_indices, strict=True)):
-            if episode_indices_to_use is None or episode_idx in episode_indices_to_use:
-                self.indices.extend(range(start + drop_n_first_frames, end - drop_n_last_frames))
-        self.shuffle = shuffle
-
-    def __iter__(self):
-        return iter(self.indices)
-
-
-def test_the_train_sampler_drops_by_episode_ends_not_by_runs(sample, tmp_path):
-    """A strided selection is one run per sample: lerobot's sampler over meta.episodes would drop every sample for
-    drop_n_last_frames=3. lerobot-sql train's sampler keeps lerobot's rule by the episode: every selected frame at
-    least 3 frames before its episode's end."""
-    import lerobot_sql as lsql
-    from lerobot_sql.errors import TrainSetupError
-    from lerobot_sql.torch.train import keep_positions, sampler_class
-
-    db = lsql.connect(sample, cache_dir=tmp_path)
-    length = db.sql("SELECT length FROM episodes WHERE episode_index = 2").fetchall()[0][0]
-    ds = db.dataset("SELECT index FROM frames WHERE episode_index = 2 AND frame_index % 2 = 0", cameras=[])
-    eps = ds.meta.episodes
-    assert len(_Lerobot044Sampler(eps["dataset_from_index"], eps["dataset_to_index"], None, 0, 3).indices) == 0
-    S = sampler_class(_Lerobot044Sampler, lambda: ds)
-    got = list(S(eps["dataset_from_index"], eps["dataset_to_index"], ds.episodes, 1, 3))
-    frames = [int(ds[i]["frame_index"]) for i in got]
-    assert frames == [f for f in range(0, length, 2) if 1 <= f < length - 3]
-    with pytest.raises(TrainSetupError, match="leaves none"):
-        keep_positions(ds.manifest, 0, length)
-
-
 def test_resume_finds_the_saved_selection_from_lerobots_checkpoint_config(tmp_path):
     """lerobot resumes from <output_dir>/checkpoints/<step>/pretrained_model/train_config.json: the selection saved in
     <output_dir> is found from there (it was looked for three folders up, in checkpoints/, and never found). A file
@@ -222,7 +186,7 @@ def test_resume_finds_the_saved_selection_from_lerobots_checkpoint_config(tmp_pa
     cfg.parent.mkdir(parents=True)
     (out / "lerobot_sql_train.json").write_text(json.dumps({"sql": "SELECT episode_index FROM episodes"}))
     old = {"sql": "SELECT episode_index FROM episodes", "stats": "selection", "align": "timestamp", "root": None,
-           "dataset_id": None}
+           "dataset_id": None, "datasets": None, "rename": None, "weights": None, "alpha": None}
     assert saved_run(["--resume=true", f"--config_path={cfg}"]) == old
     assert saved_run([f"--output_dir={out}"]) == old
     with pytest.raises(TrainSetupError, match="pass --sql"):
@@ -281,7 +245,8 @@ def _stand_in_lerobot_train(monkeypatch, seen: dict) -> None:
     sys.modules["lerobot.scripts"].lerobot_train = fake
     monkeypatch.setitem(sys.modules, "lerobot.scripts.lerobot_train", fake)
     monkeypatch.setattr(train, "lerobot_version", lambda: (0, 4, 4))
-    monkeypatch.setattr(train, "make_factory", lambda db, sql, **kw: seen.update(sql=sql, **kw) or (lambda cfg: None))
+    monkeypatch.setattr(train, "make_factory",
+                        lambda db, sql, **kw: seen.update(sql=sql, db=db, **kw) or (lambda cfg: None))
 
 
 @pytest.mark.parametrize("resume", [["--resume=true"], ["--resume", "true"], ["--resume=True"]])
@@ -545,3 +510,199 @@ def test_a_resume_from_one_runs_checkpoint_into_another_folder_is_held_to_that_r
                                                               use_imagenet_stats=True))
     with pytest.raises(TrainSetupError, match="started with --sql"):
         make_factory(db, other, stats="dataset", version=(0, 4, 4))(cfg)
+
+
+# ---- several datasets (issue 41) -------------------------------------------------------------------------------------
+MIX_SQL = "SELECT dataset, episode_index FROM episodes WHERE episode_index < 2"
+
+
+def test_train_on_several_datasets_reaches_lerobot_with_the_collection_and_its_mixture(datasets, monkeypatch):
+    """`lerobot-sql train A B --sql ... --weights/--alpha/--rename` (it stopped with "not supported yet") hands
+    lerobot's script a collection and the mixture; a comma list names the datasets too; bad options are refused
+    before lerobot starts, naming the fix."""
+    import lerobot_sql as lsql
+    from helpers import run_cli
+
+    seen = {}
+    _stand_in_lerobot_train(monkeypatch, seen)
+    a, b = datasets / "small20", datasets / "h264_20"
+    r = run_cli("train", a, b, "--sql", MIX_SQL, "--weights", "small20=0.7, h264_20=0.3", "--rename",
+                "h264_20:observation.images.wrist=observation.images.hand", "--rename",
+                "small20:observation.images.wrist=observation.images.hand", "--", "--policy.type=act")
+    assert r.returncode == 0, r.stderr
+    assert isinstance(seen["db"], lsql.Collection) and seen["db"].names == ["small20", "h264_20"]
+    assert seen["weights"] == {"small20": 0.7, "h264_20": 0.3} and seen["alpha"] is None
+    assert seen["rename"] == {"h264_20": {"observation.images.wrist": "observation.images.hand"},
+                              "small20": {"observation.images.wrist": "observation.images.hand"}}
+    seen.clear()
+    assert run_cli("train", f"{a},{b}", "--sql", MIX_SQL, "--alpha", "0.5", "--", "--policy.type=act").returncode == 0
+    assert seen["alpha"] == 0.5 and seen["weights"] is None and seen["db"].names == ["small20", "h264_20"]
+    for args, code, says in (
+            ([a, b, "--weights", "small20"], 2, "is not NAME=WEIGHT"),
+            ([a, b, "--weights", "small20=1,small20=2"], 2, "given twice"),
+            ([a, b, "--weights", "smal20=1,h264_20=1"], 1, "no dataset 'smal20'"),
+            ([a, b, "--weights", "small20=1", "--alpha", "1"], 2, "not both"),
+            ([a, b, "--rename", "small20:observation.images.wrist"], 2, "DATASET:SOURCE_KEY=ITEM_KEY"),
+            ([a, "--weights", "small20=1"], 2, "for several datasets"),
+            ([a, b, "--name", "split"], 2, "written for one dataset")):
+        seen.clear()
+        sql = [] if "--name" in args else ["--sql", MIX_SQL]
+        r = run_cli("train", *args, *sql, "--", "--policy.type=act")
+        assert r.returncode == code and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert not seen
+    r = run_cli("train", a, b, "--sql", MIX_SQL, "--weights", "smal20=1,h264_20=1", "--", "--policy.type=act")
+    assert "did you mean 'small20'" in r.stderr.lower() or "'small20'" in r.stderr, r.stderr
+
+
+def _saved_mixture(tmp_path, coll, **extra):
+    from lerobot_sql._plan.manifest import dataset_identity
+
+    out = tmp_path / "mixrun"
+    out.mkdir()
+    rec = {"root": None, "dataset_id": None, "sql": MIX_SQL, "stats": "dataset", "align": "timestamp",
+           "datasets": {n: {"root": coll[n].source.url, "dataset_id": dataset_identity(coll[n].layout)}
+                        for n in coll.names},
+           "rename": None, "weights": {"small20": 0.7, "h264_20": 0.3}, "alpha": None, **extra}
+    (out / "lerobot_sql_train.json").write_text(json.dumps(rec))
+    return out
+
+
+def test_a_mixture_resumes_with_its_own_weights_and_refuses_other_ones(datasets, tmp_path, monkeypatch):
+    """A resumed mixture continues with the selection, statistics and weights it was started with; other weights,
+    one dataset instead of the run's several, or another dataset under a name are refused before lerobot starts."""
+    import lerobot_sql as lsql
+    from helpers import run_cli
+
+    seen = {}
+    _stand_in_lerobot_train(monkeypatch, seen)
+    a, b = datasets / "small20", datasets / "h264_20"
+    out = _saved_mixture(tmp_path, lsql.connect_many([a, b]))
+    resume = ["--", "--resume", "true", f"--output_dir={out}"]
+    r = run_cli("train", a, b, *resume)
+    assert r.returncode == 0, r.stderr
+    assert seen["sql"] == MIX_SQL and seen["stats"] == "dataset" and seen["weights"] == {"small20": 0.7, "h264_20": 0.3}
+    for args, says in (([a, b, "--weights", "small20=0.5,h264_20=0.5"], "started with --weights"),
+                       ([a, b, "--alpha", "0.5"], "started with --alpha"),
+                       ([a], "started on several datasets"),
+                       ([a, datasets / "multifile60"], "differing")):
+        seen.clear()
+        r = run_cli("train", *args, *resume)
+        assert r.returncode != 0 and says in r.stderr, (args, r.stderr)
+        assert not seen
+    (tmp_path / "s").mkdir()
+    single, _ = _saved_run(tmp_path / "s", lsql.connect(a))
+    r = run_cli("train", a, b, "--", "--resume=true", f"--output_dir={single}")
+    assert r.returncode != 0 and "started on one dataset" in r.stderr, r.stderr
+
+
+def test_the_factory_over_several_datasets_builds_the_mixture_and_records_it(datasets, tmp_path, monkeypatch):
+    """make_factory over a collection (against a stand-in of lerobot.datasets.factory): a CollectionDataset whose
+    meta lerobot reads (ImageNet stats on the cameras), the mixture flagged and lerobot 0.4's sampler switch set
+    (a policy config without drop_n_last_frames got a RandomSampler), the run file holding the datasets and the
+    mixture; one dataset's samples are no mixture; weights the selection cannot honour and several fps under a
+    policy with frame offsets are refused."""
+    import types
+
+    import lerobot_sql as lsql
+    from lerobot_sql.errors import TrainSetupError
+    from lerobot_sql.torch.mixture import CollectionDataset
+    from lerobot_sql.torch.train import make_factory
+
+    _stand_in_lerobot_factory(monkeypatch)
+    coll = lsql.connect_many([datasets / "small20", datasets / "h264_20"], cache_dir=tmp_path / "c")
+
+    def cfg(out=None):
+        return types.SimpleNamespace(policy=types.SimpleNamespace(), tolerance_s=1e-4, output_dir=out, seed=1,
+                                     resume=False, dataset=types.SimpleNamespace(
+                                         episodes=None, streaming=False, image_transforms=None,
+                                         use_imagenet_stats=True))
+
+    c = cfg(str(tmp_path / "run"))
+    f = make_factory(coll, MIX_SQL, stats="dataset", version=(0, 4, 4), weights={"small20": 0.7, "h264_20": 0.3})
+    ds = f(c)
+    assert isinstance(ds, CollectionDataset) and f.mixture and f.dataset is ds and f.cfg is c
+    assert c.policy.drop_n_last_frames == 0
+    assert ds.meta.stats["observation.images.front"]["mean"].flatten().tolist() == pytest.approx([0.485, 0.456, 0.406])
+    rec = json.loads((tmp_path / "run" / "lerobot_sql_train.json").read_text())
+    assert sorted(rec["datasets"]) == ["h264_20", "small20"] and rec["weights"] == {"small20": 0.7, "h264_20": 0.3}
+    assert rec["sql"] == MIX_SQL and rec["stats"] == "dataset"
+    c1 = cfg()
+    f1 = make_factory(coll, "SELECT dataset, episode_index FROM episodes WHERE dataset = 'small20' AND episode_index "
+                      "< 2", stats="dataset", version=(0, 4, 4))
+    f1(c1)
+    assert not f1.mixture and not hasattr(c1.policy, "drop_n_last_frames")
+    with pytest.raises(TrainSetupError, match="h264_20.*no samples"):
+        make_factory(coll, "SELECT dataset, episode_index FROM episodes WHERE dataset = 'small20'",
+                     version=(0, 4, 4), weights={"small20": 0.7, "h264_20": 0.3})(cfg())
+    import sys
+
+    sys.modules["lerobot.datasets.factory"].resolve_delta_timestamps = lambda policy_cfg, meta: {"action": [
+        i / meta.fps for i in range(3)]}  # a policy with an action chunk reads the fps
+    coll["h264_20"].layout.info["fps"] = 15
+    with pytest.raises(TrainSetupError, match="different fps.*small20: 30.*h264_20: 15"):
+        make_factory(coll, MIX_SQL, version=(0, 4, 4))(cfg())
+
+
+def _steps(log: str) -> list[tuple[str, str, str]]:
+    """(step, loss, grad norm) of every step lerobot logged."""
+    return re.findall(r"step:(\d+)\S* .*?loss:(\S+) grdn:(\S+)", log)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_collection_of_one_dataset_trains_bit_identically_to_the_single_dataset_command(peer, datasets, tmp_path):
+    """The same 20 steps (ACT, --stats dataset, 2 workers) through `lerobot-sql train DATASET` and through a
+    collection holding only that dataset (a glob matching it): every logged loss and gradient norm, and the saved
+    weights, byte for byte."""
+    small20 = datasets / "small20"
+    common = [*ACT, "--batch_size=4", "--num_workers=2", "--eval_freq=0", "--wandb.enable=false", "--log_freq=1",
+              "--seed=1", "--steps=20", "--save_freq=20"]
+    runs = {}
+    for name, source, sql in (("one", [small20], "SELECT episode_index FROM episodes WHERE episode_index < 3"),
+                              ("coll", [str(small20)[:-1] + "*"],
+                               "SELECT dataset, episode_index FROM episodes WHERE episode_index < 3")):
+        r = _run(["train", *map(str, source), "--stats", "dataset", "--sql", sql, "--", *common,
+                  f"--output_dir={tmp_path / name}"], tmp_path)
+        log = r.stdout + r.stderr
+        assert r.returncode == 0, log[-4000:]
+        runs[name] = _steps(log)
+    assert len(runs["one"]) == 20 and runs["one"] == runs["coll"], runs
+    weights = [(tmp_path / n / "checkpoints" / "000020" / "pretrained_model" / "model.safetensors").read_bytes()
+               for n in ("one", "coll")]
+    assert weights[0] == weights[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_two_datasets_train_as_a_weighted_mixture_and_resume_its_order(peer, datasets, tmp_path):
+    """Two shipped sets whose front cameras are named differently (lined up by --rename), weights 0.7/0.3: 50 steps
+    of ACT with finite losses and checkpoints; the mixture sampler's log says what it drew, which is the weights'
+    share within one sample over the epoch; resuming from step 25 goes on at draw 25 x batch of the same epoch."""
+    from helpers import renamed_copy
+
+    top = renamed_copy(datasets / "h264_20", tmp_path / "top20", {"observation.images.front": "observation.images.top"})
+    sql = "SELECT dataset, episode_index FROM episodes WHERE episode_index = 0"
+    mix = ["train", str(datasets / "small20"), str(top)]
+    common = ["--batch_size=16", "--num_workers=0", "--eval_freq=0", "--wandb.enable=false", "--log_freq=1",
+              "--seed=1", "--steps=50"]
+    out = tmp_path / "mix"
+    r = _run([*mix, "--sql", sql, "--weights", "small20=0.7,top20=0.3", "--rename",
+              "top20:observation.images.top=observation.images.front", "--", *ACT, *common, "--save_freq=25",
+              f"--output_dir={out}"], tmp_path)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    losses = [float(x[1]) for x in _steps(log)]
+    assert len(losses) == 50 and all(0 <= x < 1e6 for x in losses), losses
+    assert (out / "checkpoints" / "000025").is_dir() and (out / "checkpoints" / "000050").is_dir()
+    drew = re.search(r"mixture sampler: epoch 0 drew (\d+): small20=(\d+) \S+, top20=(\d+)", log)
+    assert drew, log[-3000:]
+    n, a, b = map(int, drew.groups())
+    assert n == a + b == 348 + 304 and abs(a - 0.7 * n) <= 1, drew.group(0)  # episode 0's frames of each set
+    assert "epoch 0 from draw 0 of 652" in log
+    cfg = out / "checkpoints" / "000025" / "pretrained_model" / "train_config.json"
+    r = _run([*mix, "--", "--resume", "true", f"--config_path={cfg}", "--steps=50"], tmp_path)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    assert "mixture sampler: epoch 0 from draw 400 of 652" in log, log[-3000:]
+    steps = _steps(log)
+    assert [int(s) for s, _, _ in steps] == list(range(26, 51)) and all(0 <= float(x) < 1e6 for _, x, _ in steps)

@@ -441,11 +441,21 @@ def cmd_shell(args) -> int:
 def cmd_train(args) -> int:
     from ..torch import train
 
-    if _collection_sources(os.fspath(args.dataset)) is not None:
-        raise UsageError(f"{args.dataset} names several datasets; lerobot-sql train takes one dataset root (training "
-                         "over a collection is not supported yet: export the collection's query to one dataset with "
-                         "`lerobot-sql export`, then train on that)")
-
+    roots = [os.fspath(d) for d in args.dataset]
+    if len(roots) == 1 and _collection_sources(roots[0]) is not None:
+        many = _collection_sources(roots[0])
+        roots = many if isinstance(many, list) else [many]
+        source = roots
+    else:
+        source = roots if len(roots) > 1 else roots[0]
+    collection = isinstance(source, list)
+    if collection and (args.name or args.query_dir):
+        raise UsageError("named queries (--name, --query-dir) are written for one dataset; over several datasets "
+                         "give the SQL itself (every view has a dataset column)")
+    if not collection and (args.weights or args.alpha is not None or args.rename):
+        raise UsageError("--weights, --alpha and --rename are for several datasets: give two or more DATASETs")
+    if args.weights and args.alpha is not None:
+        raise UsageError("give --weights or --alpha, not both (alpha makes the weights n_i ** alpha)")
     sql = args.sql
     if sql == "-":
         sql = sys.stdin.read()
@@ -459,9 +469,50 @@ def cmd_train(args) -> int:
         raise UsageError("no selection: give --sql SELECT ... or --name NAME (or --resume=true with lerobot's "
                          "--config_path to continue a run)")
     # None: the default, or on resume the run's own (train.run refuses a resume that changes either)
-    result = train.run(args.dataset, sql or None, args.lerobot_args, stats=args.stats, cache_dir=args.cache_dir,
-                       dataset_kwargs={"align": args.align} if args.align else None)
+    result = train.run(source, sql or None, args.lerobot_args, stats=args.stats, cache_dir=args.cache_dir,
+                       dataset_kwargs={"align": args.align} if args.align else None,
+                       rename=_renames(args.rename) if collection else None,
+                       weights=_weights(args.weights) if args.weights else None, alpha=args.alpha)
     return int(result) if isinstance(result, int) else 0
+
+
+def _weights(text: str) -> dict[str, float]:
+    """``--weights 'a=0.7,b=0.3'`` as {name: weight}.
+
+    Raises:
+        UsageError: a part that is not NAME=NUMBER, or a name given twice.
+    """
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        name, eq, value = part.partition("=")
+        try:
+            w = float(value)
+        except ValueError:
+            w = None
+        if not eq or not name.strip() or w is None:
+            raise UsageError(f"--weights {text!r}: {part!r} is not NAME=WEIGHT (e.g. --weights 'site_a=0.7,"
+                             "site_b=0.3', names as the dataset column has them)")
+        if name.strip() in out:
+            raise UsageError(f"--weights {text!r}: {name.strip()!r} is given twice")
+        out[name.strip()] = w
+    return out
+
+
+def _renames(items: list[str] | None) -> dict[str, dict[str, str]] | None:
+    """``--rename NAME:SOURCE_KEY=ITEM_KEY`` (repeatable) as ``Collection.dataset``'s ``rename``.
+
+    Raises:
+        UsageError: an item that is not NAME:KEY=KEY.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for item in items or []:
+        name, colon, rest = item.partition(":")
+        src, eq, dst = rest.partition("=")
+        if not colon or not eq or not name or not src or not dst:
+            raise UsageError(f"--rename {item!r} is not DATASET:SOURCE_KEY=ITEM_KEY (e.g. --rename "
+                             "'site_b:observation.images.top=observation.images.front')")
+        out.setdefault(name, {})[src] = dst
+    return out or None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -599,23 +650,41 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--repo", help="the source checkout (default: the one this package was installed from)")
     sp.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed on to python -m benchmarks.run")
 
-    sp = add("train", "run lerobot's own training (lerobot-train) on the frames a query selects",
+    sp = add("train", "run lerobot's own training (lerobot-train) on the frames a query selects, from one dataset or "
+             "a mixture of several",
              ['lerobot-sql train sample/small20 --sql "SELECT episode_index FROM episodes WHERE length > 200" -- '
               "--policy.type=act --policy.device=cpu --steps=1000 --output_dir=outputs/act_long",
-              "lerobot-sql train hf://datasets/ORG/NAME --name split -p subset=train -- --policy.type=diffusion"],
-             cmd_train, one=True)
+              "lerobot-sql train hf://datasets/ORG/NAME --name split -p subset=train -- --policy.type=diffusion",
+              "lerobot-sql train data/site_a data/site_b --sql \"SELECT dataset, episode_index FROM episodes\" "
+              "--weights 'site_a=0.7,site_b=0.3' --rename 'site_b:observation.images.top=observation.images.front' "
+              "-- --policy.type=act --output_dir=outputs/mix"],
+             cmd_train, dataset=False)
+    sp.add_argument("dataset", nargs="+", metavar="DATASET",
+                    help="dataset root or URL; several (or a comma list, a glob, a folder of datasets) train on a "
+                         "mixture: the SQL then returns dataset, and every view has it")
     query_source(sp, positional=False)
     sp.add_argument("--stats", choices=["selection", "dataset"], default=None,
                     help="normalization statistics: of the selected frames (default) or the source's "
-                         "meta/stats.json (what lerobot uses with --dataset.episodes); a resumed run keeps its own")
+                         "meta/stats.json (what lerobot uses with --dataset.episodes); over several datasets each "
+                         "one's, combined by lerobot's aggregate_stats rule; a resumed run keeps its own")
     sp.add_argument("--align", choices=["timestamp", "frame_index"], default=None,
                     help="how each row's camera frame is found: by time, from_timestamp + timestamp within lerobot's "
                          "--tolerance_s (default), or frame_index: the row's frame_index-th frame of its episode's "
                          "clip, for wall-clock timestamps over clips holding exactly their frames on the fps grid "
                          "(what dataset() recommends when it refuses such timestamps; a resumed run keeps its own)")
+    sp.add_argument("--weights", metavar="NAME=W,...",
+                    help="several datasets: each dataset's share of the samples drawn, e.g. 'site_a=0.7,site_b=0.3' "
+                         "(normalised; 0 leaves a dataset out); default: proportional to its selected frames")
+    sp.add_argument("--alpha", type=float, metavar="A",
+                    help="several datasets: weights n_i ** A over each dataset's selected frames n_i (1: "
+                         "proportional, 0: equal shares, between: small datasets up-weighted)")
+    sp.add_argument("--rename", action="append", metavar="NAME:KEY=NEW",
+                    help="several datasets: line a dataset's feature up under another key, e.g. "
+                         "'site_b:observation.images.top=observation.images.front' (repeatable)")
     sp.set_defaults(lerobot_args=[])  # everything after `--`, split off in main() before parsing
     sp.usage = "lerobot-sql train [-h] [--sql SQL | --name NAME [-p KEY=VALUE ...]] [--stats {selection,dataset}] " \
-               "[--align {timestamp,frame_index}] DATASET -- [lerobot-train arguments ...]"
+               "[--align {timestamp,frame_index}] [--weights NAME=W,... | --alpha A] [--rename NAME:KEY=NEW ...] " \
+               "DATASET [DATASET ...] -- [lerobot-train arguments ...]"
 
     sp = add("demo", "a tour on the bundled sample: SQL results, a training set, a DataLoader pass",
              ["lerobot-sql demo", "lerobot-sql demo path/to/dataset"], cmd_demo, dataset=False)

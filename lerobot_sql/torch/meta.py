@@ -105,6 +105,34 @@ class EpisodeTable:
         return f"EpisodeTable({len(self)} runs, columns={self.column_names})"
 
 
+class Info(dict):
+    """``meta.info``: info.json as a dict (lerobot 0.4's ``meta.info``, ``info["fps"]``) whose keys also read as
+    attributes (lerobot 0.6's ``DatasetInfo``, ``info.fps``), so code written for either version reads it.
+
+    The optional fields of lerobot 0.6's ``DatasetInfo`` read as its defaults when info.json lacks them
+    (``robot_type``, ``video_path``, ``tools``: None; ``splits``: {}). Other missing names raise AttributeError.
+    """
+
+    _DEFAULTS = {"robot_type": None, "video_path": None, "tools": None, "splits": {}}
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # pickle, copy and friends look these up: never a key
+            raise AttributeError(name)
+        if name in self:
+            return self[name]
+        if name in Info._DEFAULTS:
+            return copy.copy(Info._DEFAULTS[name])
+        raise AttributeError(f"info.json has no {name!r} (keys: {sorted(self)})")
+
+    def to_dict(self) -> dict:
+        """A plain JSON-serialisable copy (shapes as lists), as lerobot 0.6's ``DatasetInfo.to_dict``."""
+        out = copy.deepcopy(dict(self))
+        for f in out.get("features", {}).values():
+            if isinstance(f, dict) and isinstance(f.get("shape"), tuple):
+                f["shape"] = list(f["shape"])
+        return out
+
+
 class SelectionMetadata:
     """What ``LeRobotDatasetMetadata`` answers, for one dataset built from a selection (see the module docstring).
 
@@ -149,7 +177,7 @@ class SelectionMetadata:
         info["total_frames"] = self._total_frames
         info["total_tasks"] = self._total_tasks
         info["splits"] = {"train": f"0:{self._total_episodes}"}
-        self.info = info
+        self.info = Info(info)
 
     # ---- straight from info.json, as lerobot's properties --------------------------------------------------
     @property

@@ -23,6 +23,7 @@ from .._plan.manifest import collection_meta, dataset_codes, part_of
 from ..errors import DatasetFormatError, ResultContractError, did_you_mean
 from .batch import begin
 from .dataset import Batch, LeRobotSQLDataset, item_index
+from .mixture_meta import CollectionMetadata, collection_episodes
 
 # Keys every item has that are not features: kept whatever ``features`` says.
 _DEFAULT = ("index", "episode_index", "frame_index", "timestamp", "task_index")
@@ -182,6 +183,7 @@ class CollectionDataset(torch.utils.data.Dataset):
         self._inverse = {n: {v: k for k, v in m.items()} for n, m in keymaps.items()}
         self._by_code = [parts.get(n) for n in names]
         self.manifest = manifest
+        self._meta_obj: CollectionMetadata | None = None
 
     @classmethod
     def build(cls, coll, manifest: pa.Table, *, features=None, rename=None, options: dict | None = None,
@@ -228,6 +230,66 @@ class CollectionDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.local)
+
+    # ---- what lerobot's training code reads of a dataset (as LeRobotSQLDataset's) ----------------------------
+    @property
+    def meta(self) -> CollectionMetadata:
+        """What ``LeRobotDatasetMetadata`` answers, for the selection across datasets
+        (:mod:`lerobot_sql.torch.mixture_meta`): features as items name them, one ``fps``, ``stats`` combined by
+        lerobot's ``aggregate_stats`` rule, ``episodes`` (one row per run, positions in this dataset), tasks, totals.
+
+        Raises (on reading ``fps``): DatasetFormatError: the datasets have several fps.
+        """
+        if self._meta_obj is None:
+            names = [n for n in self.names if n in self.parts]
+            m = self.manifest
+            self._meta_obj = CollectionMetadata(
+                names, {n: self.parts[n].meta for n in names}, self._keymaps, self._drop,
+                collection_episodes(self.names, self.dataset_index, m["episode_index"].to_numpy(),
+                                    m["frame_index"].to_numpy()),
+                len(self), self.repo_id)
+        return self._meta_obj
+
+    @property
+    def features(self) -> dict[str, dict]:
+        """info.json's ``features`` of what the items carry, keys as items name them (see :attr:`meta`)."""
+        return self.meta.features
+
+    @property
+    def camera_keys(self) -> list[str]:
+        """The cameras the items carry, as items name them."""
+        return self.meta.camera_keys
+
+    @property
+    def fps(self) -> int | float:
+        """The datasets' one fps (see :attr:`meta`)."""
+        return self.meta.fps
+
+    @property
+    def num_frames(self) -> int:
+        """Samples in the dataset (``len(ds)``)."""
+        return len(self)
+
+    @property
+    def num_episodes(self) -> int:
+        """Distinct (dataset, episode_index) pairs the samples come from."""
+        return sum(p.num_episodes for p in self.parts.values())
+
+    @property
+    def episodes(self) -> None:
+        """None: every row of ``meta.episodes`` belongs to this dataset (as a single dataset's)."""
+        return None
+
+    @property
+    def absolute_to_relative_idx(self) -> None:
+        """None: ``meta.episodes`` ranges are positions in this dataset (lerobot 0.6's sampler reads it)."""
+        return None
+
+    @property
+    def repo_id(self) -> str:
+        """The one selected dataset's ``repo_id``; for several, their names joined by ``+``."""
+        present = [n for n in self.names if n in self.parts]
+        return self.parts[present[0]].repo_id if len(present) == 1 else "+".join(present)
 
     def _finish(self, name: str, code: int, item: dict) -> dict:
         m, drop = self._keymaps[name], self._drop[name]

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from .._plan.manifest import dataset_identity
-from ..errors import TrainSetupError
+from ..errors import TrainSetupError, did_you_mean
+from .train_sampler import keep_positions, mixture_sampler_class, sampler_class  # noqa: F401  (documented names)
 
 SUPPORTED = ((0, 4), (0, 6))  # lerobot minor versions checked (docs/training.md: "Train with lerobot")
 # lerobot-train options a SQL selection replaces: refused from the arguments (before lerobot is imported) and again
@@ -70,27 +71,40 @@ def _arg_value(args: list[str], name: str) -> str | None:
 
 
 def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, ...] = (0, 4, 4),
-                 dataset_kwargs: dict | None = None):
-    """The replacement for lerobot's dataset factory: ``cfg -> LeRobotSQLDataset`` over ``sql`` on ``db``.
+                 dataset_kwargs: dict | None = None, rename: dict | None = None, weights: dict | None = None,
+                 alpha: float | None = None):
+    """The replacement for lerobot's dataset factory: ``cfg -> dataset`` over ``sql`` on ``db``.
 
     Args:
-        db: the :class:`lerobot_sql.Database` of the source.
-        sql: the selection, as :meth:`lerobot_sql.Database.dataset` takes it.
-        stats: ``"selection"`` or ``"dataset"`` (see :meth:`lerobot_sql.Database.dataset`).
+        db: the :class:`lerobot_sql.Database` of the source, or a :class:`lerobot_sql.Collection` (then the dataset
+            is ``coll.dataset(sql, rename=rename, ...)``, a :class:`~lerobot_sql.torch.mixture.CollectionDataset`).
+        sql: the selection, as :meth:`lerobot_sql.Database.dataset` (or ``Collection.dataset``) takes it.
+        stats: ``"selection"`` or ``"dataset"`` (see :meth:`lerobot_sql.Database.dataset`); over a collection, each
+            dataset's, combined by lerobot's ``aggregate_stats`` rule (:mod:`lerobot_sql.torch.mixture_meta`).
         version: the installed lerobot's version (decides ``return_uint8``).
-        dataset_kwargs: more :meth:`Database.dataset` options (``cameras``, ``decoder_threads`` ...).
+        dataset_kwargs: more :meth:`Database.dataset` options (``cameras``, ``decoder_threads``, ``align`` ...).
+        rename, weights, alpha: a collection's ``rename=`` (per dataset ``{source key: item key}``) and mixture
+            (:class:`~lerobot_sql.torch.samplers.MixtureSampler`'s ``weights`` / ``alpha``), saved in the run file.
+
+    The factory keeps what lerobot's script needs later: ``factory.dataset`` (the dataset built), ``factory.cfg``
+    (lerobot's config) and ``factory.mixture`` (True when the samples come from several datasets: the mixture
+    sampler draws them).
 
     Raises (when lerobot calls it):
         TrainSetupError: ``--dataset.episodes`` or ``--dataset.streaming`` given (select episodes in the SQL; a
-            SQL selection is read in place, never streamed).
+            SQL selection is read in place, never streamed); over a collection, weights that do not fit the
+            selection (a dataset with samples and no weight, a weight for a dataset without samples ...).
+        DatasetFormatError: over a collection whose datasets have several fps, a policy with frame offsets.
     """
     import torch
 
     # the names as lerobot's own factory imports them (ImageTransforms moved to lerobot.transforms in 0.5)
     from lerobot.datasets.factory import IMAGENET_STATS, ImageTransforms, resolve_delta_timestamps
 
+    many = _is_collection(db)
+
     def factory(cfg):
-        factory.dataset = None
+        factory.dataset, factory.cfg, factory.mixture = None, cfg, False
         if getattr(cfg.dataset, "episodes", None):
             raise TrainSetupError(NO_EPISODES)
         if getattr(cfg.dataset, "streaming", False):
@@ -98,9 +112,9 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
         if getattr(cfg, "resume", False):
             # lerobot's parsed config says "resume" however it was asked for (an abbreviated flag, `resume: true`
             # in a --config_path file) where run() reads only the literal flag (hostile review 15, F2)
-            _hold_to_saved_run(cfg, db, sql, stats, (dataset_kwargs or {}).get("align"))
-        features = db.layout.info["features"]
-        probe = _Probe(features, db.layout.info["fps"])
+            _hold_to_saved_run(cfg, db, sql, stats, (dataset_kwargs or {}).get("align"),
+                               mixture={"rename": rename, "weights": weights, "alpha": alpha} if many else None)
+        probe = _collection_probe(db, rename) if many else _Probe(db.layout.info["features"], db.layout.info["fps"])
         policy_cfg = getattr(cfg, "trainable_config", None) or cfg.policy
         delta = resolve_delta_timestamps(policy_cfg, probe)
         tf = cfg.dataset.image_transforms
@@ -109,8 +123,17 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
         kwargs.setdefault("return_uint8", version[:2] >= (0, 5))
         # lerobot 0.6's factory passes cfg.dataset.depth_output_unit (0.4 has no such field: mm, its only unit)
         kwargs.setdefault("depth_output_unit", getattr(cfg.dataset, "depth_output_unit", None) or "mm")
+        if many:
+            kwargs["align"] = kwargs.get("align") or "timestamp"
+            kwargs["rename"] = rename
         ds = db.dataset(sql, delta_timestamps=delta, image_transforms=transforms,
                         tolerance_s=float(getattr(cfg, "tolerance_s", 1e-4)), stats=stats, **kwargs)
+        if many:
+            factory.mixture = _check_mixture(ds, weights, alpha)
+            if factory.mixture and version[:2] < (0, 5) and not hasattr(cfg.policy, "drop_n_last_frames"):
+                # lerobot 0.4's script builds its EpisodeAwareSampler (here: the mixture's) only for a policy
+                # config with this attribute; others get a RandomSampler. Dropping 0 frames is what that means.
+                object.__setattr__(cfg.policy, "drop_n_last_frames", 0)
         st = ds.meta.stats  # computed here, in the main process, before lerobot starts its DataLoader workers
         if st is not None and getattr(cfg.dataset, "use_imagenet_stats", True):
             depth = set(ds.meta.depth_keys)
@@ -125,16 +148,58 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
             out = None  # a resumed run keeps the record of how it was started (run() held it to that)
         if out:  # what --resume needs to rebuild the same dataset (lerobot reloads only its own config)
             Path(out).mkdir(parents=True, exist_ok=True)
-            (Path(out) / RUN_FILE).write_text(json.dumps(
-                {"root": db.source.url, "dataset_id": dataset_identity(db.layout),
-                 "sql": sql if isinstance(sql, str) else None, "stats": stats, "align": ds.align}, indent=2))
+            record = {"root": None if many else db.source.url,
+                      "dataset_id": None if many else dataset_identity(db.layout),
+                      "sql": sql if isinstance(sql, str) else None, "stats": stats,
+                      "align": kwargs.get("align") if many else ds.align}
+            if many:
+                record["datasets"] = {n: {"root": db[n].source.url, "dataset_id": dataset_identity(db[n].layout)}
+                                      for n in db.names}
+                record.update(rename=rename or None, weights=weights, alpha=alpha)
+            (Path(out) / RUN_FILE).write_text(json.dumps(record, indent=2))
         factory.dataset = ds
         return ds
 
     return factory
 
 
-def _hold_to_saved_run(cfg, db, sql, stats: str, align: str | None) -> None:
+def _is_collection(db) -> bool:
+    from ..collection import Collection
+
+    return isinstance(db, Collection)
+
+
+def _collection_probe(coll, rename: dict | None) -> "_Probe":
+    """What ``resolve_delta_timestamps`` reads, for a collection: the first dataset's feature keys as items name
+    them (the selected datasets line up, or ``coll.dataset`` refuses them), and an fps that is read only when a
+    policy has frame offsets and raises when the datasets have several."""
+    first = coll.names[0]
+    m = (rename or {}).get(first, {})
+    feats = {m.get(k, k): f for k, f in coll[first].layout.info["features"].items()}
+    fps = {n: coll[n].layout.info["fps"] for n in coll.names}
+    return _Probe(feats, fps)
+
+
+def _check_mixture(ds, weights: dict | None, alpha: float | None) -> bool:
+    """Whether the collection dataset ``ds``'s samples come from several datasets (the mixture sampler draws
+    them); ``weights`` / ``alpha`` checked against the selection before lerobot builds its policy.
+
+    Raises:
+        TrainSetupError: as :class:`~lerobot_sql.torch.samplers.MixtureSampler` refuses them, with its reason.
+    """
+    import numpy as np
+
+    from .samplers import MixtureSampler
+
+    try:
+        MixtureSampler(ds, weights, alpha=alpha, block_size=1, num_replicas=1, rank=0)
+    except (KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise TrainSetupError(f"--weights/--alpha: {msg}") from None
+    return len(np.unique(ds.dataset_index)) > 1
+
+
+def _hold_to_saved_run(cfg, db, sql, stats: str, align: str | None, mixture: dict | None = None) -> None:
     """Refuse a resumed run (``cfg.resume``) whose selection, statistics, alignment or dataset differ from the ones
     its ``lerobot_sql_train.json`` records: the one of the checkpoint resumed (lerobot's ``cfg.checkpoint_path``,
     ``<run>/checkpoints/<step>``), else of the output folder (hostile review 16, F1: ``--config_path`` into one run
@@ -153,6 +218,8 @@ def _hold_to_saved_run(cfg, db, sql, stats: str, align: str | None) -> None:
     except TrainSetupError:
         return
     _refuse_other_modes(saved, sql, stats, align or "timestamp")
+    if mixture is not None:
+        _refuse_other_mixture(saved, **mixture)
     _refuse_other_dataset(saved, db, by_root=False)
 
 
@@ -183,6 +250,9 @@ def _refuse_other_dataset(saved: dict, db, by_root: bool = True) -> None:
     Raises:
         TrainSetupError: naming both and the fix.
     """
+    if _is_collection(db) or saved.get("datasets") is not None:
+        _refuse_other_datasets(saved, db)
+        return
     if (saved["dataset_id"] and saved["dataset_id"] != dataset_identity(db.layout)) or \
             (by_root and not saved["dataset_id"] and saved["root"] and saved["root"] != db.source.url):
         raise TrainSetupError(f"the run was started on {saved['root']}; resuming it on {db.source.url}, which holds "
@@ -191,64 +261,83 @@ def _refuse_other_dataset(saved: dict, db, by_root: bool = True) -> None:
                               "move of it is accepted), or start a new run with another --output_dir")
 
 
-def keep_positions(manifest, drop_n_first_frames: int = 0, drop_n_last_frames: int = 0):
-    """Positions of the samples lerobot's ``EpisodeAwareSampler`` keeps by its rule: a sample whose frame is at least
-    ``drop_n_first_frames`` after its episode's first frame and more than ``drop_n_last_frames`` before its
-    episode's end (``drop_n_last_frames`` exists so that an action chunk does not run past the episode).
-
-    By the episode, not by the run of the selection: a strided or windowed selection keeps every sample lerobot
-    would keep for that frame. int64 array, ascending.
+def _refuse_other_datasets(saved: dict, db) -> None:
+    """Refuse resuming a collection run on other datasets than its own (by name and identity: a copy or move of a
+    dataset is accepted), or a single-dataset run as a collection and the other way round.
 
     Raises:
-        TrainSetupError: no sample is left (every selected frame is within the dropped ends of its episode).
+        TrainSetupError: naming the datasets that differ and the fix.
     """
-    import numpy as np
+    was = saved.get("datasets")
+    if not _is_collection(db) or was is None:
+        started = "several datasets" if was is not None else "one dataset"
+        raise TrainSetupError(f"the run was started on {started}; resuming it on "
+                              f"{'several datasets' if _is_collection(db) else 'one dataset'} would continue on "
+                              "other frames: give the DATASETs the run was started with (or start a new run with "
+                              "another --output_dir)")
+    now = {n: dataset_identity(db[n].layout) for n in db.names}
+    then = {n: (v or {}).get("dataset_id") for n, v in was.items()}
+    if set(now) != set(then) or any(then[n] and then[n] != now[n] for n in now):
+        differ = sorted(n for n in set(now) | set(then) if now.get(n) != then.get(n))
+        raise TrainSetupError(f"the run was started on the datasets {sorted(then)}; resuming it on {sorted(now)} "
+                              f"(differing: {differ}: another name, or another dataset at that path) would continue "
+                              "on other frames: give the run's DATASETs under the same names (a copy or move of each "
+                              "is accepted), or start a new run with another --output_dir")
 
-    idx = manifest["index"].to_numpy()
-    start, end = manifest["ep_from_index"].to_numpy(), manifest["ep_to_index"].to_numpy()
-    pos = idx - start
-    keep = np.flatnonzero((pos >= drop_n_first_frames) & (pos < (end - start) - drop_n_last_frames))
-    if len(keep) == 0:
-        raise TrainSetupError(f"the policy drops the first {drop_n_first_frames} and last {drop_n_last_frames} frames "
-                              f"of each episode, which leaves none of the {len(idx)} selected samples; select frames "
-                              "farther from the episode ends")
-    return keep.astype(np.int64)
 
+def _refuse_other_mixture(saved: dict, rename: dict | None, weights: dict | None, alpha: float | None) -> None:
+    """Refuse resuming a collection run with another ``rename``, ``weights`` or ``alpha`` than it was started with
+    (None: not given, the run's own is used).
 
-def sampler_class(base, dataset_of):
-    """A subclass of lerobot's ``EpisodeAwareSampler`` (``base``) that draws this dataset's samples by the
-    per-episode rule of :func:`keep_positions`, whatever ``meta.episodes`` the caller passes, keeping lerobot's own
-    shuffling, seeding and resume logic (each kept sample is handed to it as an episode of one frame).
-
-    ``dataset_of()``: the LeRobotSQLDataset being trained on.
+    Raises:
+        TrainSetupError: naming the option and both values.
     """
-
-    class SelectionSampler(base):
-        def __init__(self, dataset_from_indices, dataset_to_indices, episode_indices_to_use=None,
-                     drop_n_first_frames: int = 0, drop_n_last_frames: int = 0, *args, **kwargs):
-            keep = keep_positions(dataset_of().manifest, drop_n_first_frames, drop_n_last_frames)
-            super().__init__(keep.tolist(), (keep + 1).tolist(), None, 0, 0, *args, **kwargs)
-
-    SelectionSampler.__qualname__ = SelectionSampler.__name__ = "SelectionSampler"
-    return SelectionSampler
+    for name, now, was, what in (("--rename", rename or None, saved.get("rename"), "which keys line up"),
+                                 ("--weights", weights, saved.get("weights"), "the mixture"),
+                                 ("--alpha", alpha, saved.get("alpha"), "the mixture")):
+        if now is not None and now != was:
+            raise TrainSetupError(f"the run was started with {name} {was!r}; resuming it with {name} {now!r} would "
+                                  f"change {what} mid-training: drop {name} to resume with the run's own (or start a "
+                                  "new run with another --output_dir)")
 
 
 class _Probe:
-    """What ``resolve_delta_timestamps`` reads of a metadata object: ``features`` and ``fps``."""
+    """What ``resolve_delta_timestamps`` reads of a metadata object: ``features`` and ``fps`` (for a collection,
+    a dict dataset -> fps: read only where a policy has frame offsets, and refused when they differ)."""
 
     def __init__(self, features: dict, fps):
-        self.features, self.fps = features, fps
+        self.features, self._fps = features, fps
+
+    @property
+    def fps(self):
+        if not isinstance(self._fps, dict):
+            return self._fps
+        if len(set(self._fps.values())) > 1:
+            raise TrainSetupError(
+                f"the datasets have different fps ({', '.join(f'{n}: {f}' for n, f in self._fps.items())}) and the "
+                "policy's frame offsets (delta_indices: its action chunk, observation steps) would be different "
+                "times in each: train on datasets of one fps (give only those), or export each at one fps first")
+        return next(iter(self._fps.values()))
 
 
-def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, stats: str | None = None,
+def run(root: str | os.PathLike | list | dict, sql: str | None, lerobot_args: list[str], *, stats: str | None = None,
         storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
-        dataset_kwargs: dict | None = None) -> Any:
-    """Run lerobot's ``lerobot-train`` with ``lerobot_args`` on the selection ``sql`` of the dataset at ``root``.
+        dataset_kwargs: dict | None = None, rename: dict | None = None, weights: dict | None = None,
+        alpha: float | None = None) -> Any:
+    """Run lerobot's ``lerobot-train`` with ``lerobot_args`` on the selection ``sql`` of the dataset at ``root``,
+    or of the datasets a list (or ``{name: root}`` dict) of roots names.
 
     Args:
-        root: the dataset (local folder, fsspec URL or Hub id), as :func:`lerobot_sql.connect` takes it.
+        root: the dataset (local folder, fsspec URL or Hub id), as :func:`lerobot_sql.connect` takes it; or several,
+            as :func:`lerobot_sql.connect_many` takes them (a list, even of one, is a collection: ``sql`` returns
+            ``dataset``, items carry ``dataset`` / ``dataset_index``).
         sql: the selection; None with ``--resume`` reads it from ``<output_dir>/lerobot_sql_train.json``
-            (:func:`saved_run`), with the run's ``stats`` and ``align``.
+            (:func:`saved_run`), with the run's ``stats``, ``align`` and, over a collection, its mixture.
+        rename: over a collection, per dataset ``{source key: item key}`` (as ``Collection.dataset``).
+        weights, alpha: over a collection, the mixture: dataset name -> weight, or ``n_i ** alpha`` (default:
+            proportional to the samples, ``alpha=1``); see :class:`~lerobot_sql.torch.samplers.MixtureSampler`.
+            Used when the selection's samples come from several datasets; one dataset's are drawn by lerobot's own
+            sampler, as the single-dataset command does.
         lerobot_args: lerobot-train's arguments (``--policy.type=act --steps=...``). ``--dataset.repo_id`` is
             filled in when absent (lerobot requires one; it names the run, nothing is downloaded).
         stats: ``"selection"`` or ``"dataset"``; None (default): the saved run's when resuming, else
@@ -260,11 +349,17 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
 
     Raises:
         TrainSetupError: lerobot missing or not 0.4.x-0.6.x, or an option that cannot be honoured; on resume (with
-            or without ``sql``), another ``sql``, ``stats`` or ``align`` than the run was started with (normalization
-            or frames would change mid-training), or another dataset than the run's (a copy or move of it, same
-            ``dataset_identity``, is accepted).
+            or without ``sql``), another ``sql``, ``stats``, ``align``, ``rename``, ``weights`` or ``alpha`` than
+            the run was started with (normalization, frames or the mixture would change mid-training), or another
+            dataset than the run's (a copy or move of it, same ``dataset_identity``, is accepted); weights naming
+            no dataset of the collection, or both weights and alpha.
     """
     args = list(lerobot_args)
+    many = isinstance(root, (list, tuple, dict))
+    if not many and (rename or weights is not None or alpha is not None):
+        raise TrainSetupError("--rename, --weights and --alpha are for several datasets (give two or more)")
+    if weights is not None and alpha is not None:
+        raise TrainSetupError("give --weights or --alpha, not both (alpha makes the weights n_i ** alpha)")
     dataset_kwargs = dict(dataset_kwargs or {})
     saved = None
     if sql is None or resuming(args):  # a resumed run continues with what it was started with, not with today's
@@ -281,6 +376,9 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
         sql = saved["sql"] if sql is None else sql
         stats = saved["stats"]
         dataset_kwargs["align"] = saved["align"]
+        if many:
+            _refuse_other_mixture(saved, rename, weights, alpha)
+            rename, weights, alpha = saved["rename"], saved["weights"], saved["alpha"]
     stats = stats or "selection"
     # What can be checked without lerobot comes first: a user should not install lerobot to learn of a typo.
     if _arg_value(args, "dataset.episodes") not in (None, "", "null", "None", "[]"):
@@ -290,11 +388,20 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
     if float(_arg_value(args, "eval_split") or 0) > 0:
         raise TrainSetupError("--eval_split is not supported with --sql: hold out episodes in the SQL instead (the "
                               "named query 'split' does a seeded split)")
-    from ..db import connect
+    if many:
+        from ..collection import connect_many
 
-    db = connect(root, storage_options=storage_options, cache_dir=cache_dir)
+        db = connect_many(root, storage_options=storage_options, cache_dir=cache_dir)
+    else:
+        from ..db import connect
+
+        db = connect(root, storage_options=storage_options, cache_dir=cache_dir)
     if saved is not None:
         _refuse_other_dataset(saved, db)
+    unknown = [n for n in list(weights or ()) + list(rename or ()) if n not in db.names] if many else []
+    if unknown:
+        raise TrainSetupError(f"no dataset {unknown[0]!r} in {db.names} (--weights / --rename name the datasets "
+                              f"by these names).{did_you_mean(str(unknown[0]), db.names)}")
     if isinstance(sql, str):
         db.check(sql)
     version = lerobot_version()
@@ -303,7 +410,8 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
                               f"lerobot 0.4.x to 0.6.x (checked: 0.4.4, 0.6.1)")
     from lerobot.scripts import lerobot_train as lt
 
-    factory = make_factory(db, sql, stats=stats, version=version, dataset_kwargs=dataset_kwargs)
+    factory = make_factory(db, sql, stats=stats, version=version, dataset_kwargs=dataset_kwargs, rename=rename,
+                           weights=weights, alpha=alpha)
     if _arg_value(args, "dataset.repo_id") is None:
         args.append(f"--dataset.repo_id={_repo_id(db)}")
     if hasattr(lt, "make_train_eval_datasets"):  # lerobot >= 0.5
@@ -311,9 +419,16 @@ def run(root: str | os.PathLike, sql: str | None, lerobot_args: list[str], *, st
     else:
         name, replacement = "make_dataset", factory
     # Two module globals of lerobot's train script are replaced for the run, nothing else: its dataset factory,
-    # and its EpisodeAwareSampler, by one that keeps lerobot's per-episode drop rule over a SQL selection.
-    patches = {name: replacement,
-               "EpisodeAwareSampler": sampler_class(lt.EpisodeAwareSampler, lambda: factory.dataset)}
+    # and its EpisodeAwareSampler, by one that keeps lerobot's per-episode drop rule over a SQL selection (lerobot's
+    # own sampler over the kept samples; the mixture sampler when they come from several datasets).
+    one = sampler_class(lt.EpisodeAwareSampler, lambda: factory.dataset)
+    mix = mixture_sampler_class(lambda: factory.dataset, weights=weights, alpha=alpha, cfg_of=lambda: factory.cfg,
+                                resume_on_init=version[:2] < (0, 5))  # 0.6 calls load_state_dict itself
+
+    def episode_aware_sampler(*a, **kw):
+        return (mix if factory.mixture else one)(*a, **kw)
+
+    patches = {name: replacement, "EpisodeAwareSampler": episode_aware_sampler}
     originals, argv = {k: getattr(lt, k) for k in patches}, sys.argv
     for k, v in patches.items():
         setattr(lt, k, v)
@@ -381,13 +496,21 @@ def _read_run(path: Path, need_sql: bool) -> dict:
     if not isinstance(run, dict) or (need_sql and not isinstance(run.get("sql"), str)):
         raise TrainSetupError(f"{path} holds no SQL selection to resume (the run was not started from a query); "
                               "pass --sql")
+    datasets = run.get("datasets")
     return {"sql": run.get("sql") if isinstance(run.get("sql"), str) else None,
             "stats": run.get("stats") or "selection", "align": run.get("align") or "timestamp",
-            "root": run.get("root"), "dataset_id": run.get("dataset_id")}
+            "root": run.get("root"), "dataset_id": run.get("dataset_id"),
+            # a collection run's datasets and mixture (absent for one dataset)
+            "datasets": datasets if isinstance(datasets, dict) else None,
+            "rename": run.get("rename") or None, "weights": run.get("weights"), "alpha": run.get("alpha")}
 
 
 def _repo_id(db) -> str:
     from .meta import repo_id
 
+    if _is_collection(db):  # one dataset: its own (as the single-dataset command); several: their names
+        if len(db.names) == 1:
+            return _repo_id(db[db.names[0]])
+        return "local/" + "+".join(db.names)[:96]
     rid = repo_id(db.source.url, db.source.root)
     return rid if "/" in rid else f"local/{rid}"  # lerobot names runs by an org/name repo_id
