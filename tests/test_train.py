@@ -540,6 +540,8 @@ def test_train_on_several_datasets_reaches_lerobot_with_the_collection_and_its_m
     for args, code, says in (
             ([a, b, "--weights", "small20"], 2, "is not NAME=WEIGHT"),
             ([a, b, "--weights", "small20=1,small20=2"], 2, "given twice"),
+            ([a, b, "--weights", "small20=nan,h264_20=1"], 2, "finite number >= 0"),
+            ([a, b, "--weights", "small20=-1,h264_20=1"], 2, "finite number >= 0"),
             ([a, b, "--weights", "smal20=1,h264_20=1"], 1, "no dataset 'smal20'"),
             ([a, b, "--weights", "small20=1", "--alpha", "1"], 2, "not both"),
             ([a, b, "--rename", "small20:observation.images.wrist"], 2, "DATASET:SOURCE_KEY=ITEM_KEY"),
@@ -677,7 +679,9 @@ def test_a_collection_of_one_dataset_trains_bit_identically_to_the_single_datase
 def test_two_datasets_train_as_a_weighted_mixture_and_resume_its_order(peer, datasets, tmp_path):
     """Two shipped sets whose front cameras are named differently (lined up by --rename), weights 0.7/0.3: 50 steps
     of ACT with finite losses and checkpoints; the mixture sampler's log says what it drew, which is the weights'
-    share within one sample over the epoch; resuming from step 25 goes on at draw 25 x batch of the same epoch."""
+    share within one sample over the epoch; resuming from step 25 goes on at draw 25 x batch of the same epoch, with
+    the very steps of the uninterrupted run (ACT without dropout, so that lerobot's random state, which a resume does
+    not carry into the DataLoader's first draw, plays no part: equal losses and gradient norms mean equal batches)."""
     from helpers import renamed_copy
 
     top = renamed_copy(datasets / "h264_20", tmp_path / "top20", {"observation.images.front": "observation.images.top"})
@@ -687,11 +691,12 @@ def test_two_datasets_train_as_a_weighted_mixture_and_resume_its_order(peer, dat
               "--seed=1", "--steps=50"]
     out = tmp_path / "mix"
     r = _run([*mix, "--sql", sql, "--weights", "small20=0.7,top20=0.3", "--rename",
-              "top20:observation.images.top=observation.images.front", "--", *ACT, *common, "--save_freq=25",
-              f"--output_dir={out}"], tmp_path)
+              "top20:observation.images.top=observation.images.front", "--", *ACT, "--policy.dropout=0.0", *common,
+              "--save_freq=25", f"--output_dir={out}"], tmp_path)
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-4000:]
-    losses = [float(x[1]) for x in _steps(log)]
+    whole = _steps(log)
+    losses = [float(x[1]) for x in whole]
     assert len(losses) == 50 and all(0 <= x < 1e6 for x in losses), losses
     assert (out / "checkpoints" / "000025").is_dir() and (out / "checkpoints" / "000050").is_dir()
     drew = re.search(r"mixture sampler: epoch 0 drew (\d+): small20=(\d+) \S+, top20=(\d+)", log)
@@ -704,5 +709,4 @@ def test_two_datasets_train_as_a_weighted_mixture_and_resume_its_order(peer, dat
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-4000:]
     assert "mixture sampler: epoch 0 from draw 400 of 652" in log, log[-3000:]
-    steps = _steps(log)
-    assert [int(s) for s, _, _ in steps] == list(range(26, 51)) and all(0 <= float(x) < 1e6 for _, x, _ in steps)
+    assert _steps(log) == whole[25:]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -492,6 +493,9 @@ def _weights(text: str) -> dict[str, float]:
         if not eq or not name.strip() or w is None:
             raise UsageError(f"--weights {text!r}: {part!r} is not NAME=WEIGHT (e.g. --weights 'site_a=0.7,"
                              "site_b=0.3', names as the dataset column has them)")
+        if not math.isfinite(w) or w < 0:
+            raise UsageError(f"--weights {text!r}: {part!r}: a weight is a finite number >= 0 (0 leaves the "
+                             "dataset out)")
         if name.strip() in out:
             raise UsageError(f"--weights {text!r}: {name.strip()!r} is given twice")
         out[name.strip()] = w

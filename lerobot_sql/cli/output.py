@@ -408,7 +408,8 @@ def error_hint(e: BaseException) -> str | None:
     if isinstance(e, ResultContractError) and ("collection" in str(e) or "do not line up" in str(e)
                                                 or "differs (" in str(e)):
         return ("over several datasets a query returns `dataset` with `index`, or `episode_index[, start_s, end_s]`; "
-                "keys line up with --features (export) or rename=/features= (Python); see docs/collections.md")
+                "keys line up with --features (export), --rename NAME:KEY=NEW (train) or rename=/features= (Python); "
+                "see docs/collections.md")
     if isinstance(e, QueryInterrupted) and e.reason == "timeout":
         return "give --timeout more seconds, or narrow the query (WHERE, LIMIT, an aggregate)"
     if isinstance(e, TrainSetupError) and "not installed" in str(e):
