@@ -401,6 +401,24 @@ class QueryFace:
         """
         self._connection.build_video_index(progress)
 
+    def quality_thresholds(self, **changes: float) -> dict[str, float]:
+        """The thresholds behind the ``episode_quality`` view's ``verdict`` (docs/curate.md lists each with its
+        reason), after ``changes``; with changes, later reads of the view use them (its facts are not read again).
+
+        Example: ``db.quality_thresholds(spike_z=40, frozen_frac=0.8)``.
+
+        Raises:
+            TypeError: a name that is no threshold. ValueError: a value that is not a finite number >= 0.
+        """
+        conn = self._connection
+        if changes:
+            t = conn.quality_thresholds.changed(**changes)
+            with conn._build_lock:
+                conn.quality_thresholds = t
+                if conn._ready["episode_quality"]:
+                    conn._quality_views()
+        return dataclasses.asdict(conn.quality_thresholds)
+
     def check(self, sql: str) -> str:
         """Validate user SQL (see :mod:`lerobot_sql._query.checks`) and return what DuckDB will run.
 
@@ -441,6 +459,8 @@ class QueryFace:
             self._connection.ensure("video_frames")
         if checked.reads("video_files"):
             self._connection.ensure("video_files")
+        if checked.reads("episode_quality"):
+            self._connection.ensure("episode_quality")
         return checked
 
     def sql(self, sql: str, *, timeout: float | None = None) -> "Result":

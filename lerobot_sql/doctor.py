@@ -622,3 +622,60 @@ def _undecodable_videos(db, progress: bool | None = None) -> list[dict[str, Any]
         clips.setdefault((key, rel), []).append((ep, lo - 0.5 / fps, end - 0.5 / fps))
     return verify.undecodable_videos(db.source, db.cache_dir, files, clips, progress)
 
+
+
+# ---- per episode: the episode_quality view ----------------------------------------------------------------------
+@dataclasses.dataclass
+class EpisodeReport:
+    """The verdicts of the ``episode_quality`` view (docs/curate.md): ``counts`` (verdict -> episodes), ``reasons``
+    (reason -> episodes), ``worst`` (the worst episodes: ``exclude`` before ``review``, more reasons first, as dicts
+    of ``episode_index``, ``verdict``, ``reasons``, ``length``, ``rows``), ``ok``: no episode is ``exclude``."""
+
+    dataset: str
+    counts: dict[str, int]
+    reasons: dict[str, int]
+    worst: list[dict[str, Any]]
+    thresholds: dict[str, float]
+
+    @property
+    def ok(self) -> bool:
+        return not self.counts.get("exclude")
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps({**dataclasses.asdict(self), "ok": self.ok}, indent=indent, default=str)
+
+    def to_text(self) -> str:
+        total = sum(self.counts.values())
+        lines = [f"lerobot-sql doctor --episodes: {self.dataset}: {total} episode(s): "
+                 + ", ".join(f"{self.counts.get(v, 0)} {v}" for v in ("pass", "review", "exclude"))]
+        if self.reasons:
+            lines.append("  reasons: " + ", ".join(f"{r} {n}" for r, n in self.reasons.items()))
+        if self.worst:
+            lines.append(f"  worst {len(self.worst)}:")
+            for row in self.worst:
+                lines.append(f"    episode {row['episode_index']}: {row['verdict']} ({', '.join(row['reasons'])}); "
+                             f"length {row['length']}, rows {row['rows']}")
+            lines.append("  hint: SELECT * FROM episode_quality WHERE episode_index = N has the facts behind a "
+                         "verdict (docs/curate.md); train on the rest: SELECT episode_index FROM episode_quality "
+                         "WHERE verdict = 'pass'")
+        return "\n".join(lines)
+
+
+def episodes(db, *, worst: int = 20, **thresholds: float) -> EpisodeReport:
+    """The per-episode verdicts of ``db``'s ``episode_quality`` view, with ``thresholds`` changed first
+    (:meth:`lerobot_sql.Database.quality_thresholds`).
+
+    Raises:
+        TypeError, ValueError: as ``quality_thresholds``. MissingFileError, DatasetFormatError: a data file gone or
+            unreadable.
+    """
+    t = db.quality_thresholds(**thresholds)
+    counts = dict(db.sql("SELECT verdict, count(*) FROM episode_quality GROUP BY 1 ORDER BY 1").fetchall())
+    reasons = dict(db.sql("SELECT r, count(*) FROM (SELECT unnest(reasons) AS r FROM episode_quality) GROUP BY 1 "
+                          "ORDER BY 2 DESC, 1").fetchall())
+    rows = db.sql("SELECT episode_index, verdict, reasons, length, rows FROM episode_quality WHERE verdict <> 'pass' "
+                  "ORDER BY verdict = 'exclude' DESC, len(reasons) DESC, episode_index "
+                  f"LIMIT {max(0, int(worst))}").fetchall()
+    worst_rows = [{"episode_index": e, "verdict": v, "reasons": list(r), "length": n, "rows": k}
+                  for e, v, r, n, k in rows]
+    return EpisodeReport(str(db.source.url), counts, reasons, worst_rows, t)

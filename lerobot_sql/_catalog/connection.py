@@ -32,7 +32,7 @@ from ..errors import (
     ResultContractError,
     warn,
 )
-from . import macros, sandbox, views
+from . import macros, quality, sandbox, views
 
 # Most rows a query given to dataset()/manifest() may return (samples; duplicates allowed for oversampling).
 MAX_RESULT_ROWS = 200_000_000  # hard ceiling on a manifest's rows, whatever the memory
@@ -215,6 +215,8 @@ class Connection:
         self._relations_gen = 0  # bumped by each register: cursors compare it to what they registered
         # view -> built; without cameras there is nothing to build (the placeholders are the views)
         self._ready = {name: not files.layout.video_keys for name in LAZY_VIEWS}
+        self._ready["episode_quality"] = False  # built from the data files, cameras or not
+        self.quality_thresholds = quality.Thresholds()
 
     @property
     def opened(self) -> bool:
@@ -383,6 +385,42 @@ class Connection:
         self.register(arrow, video_index.probe_video_files(files.source, rows))
         self.cursor().execute(f"CREATE OR REPLACE VIEW {at}video_files AS SELECT * FROM {ident(arrow)}")
 
+    def build_episode_quality(self, thresholds: "quality.Thresholds | None" = None) -> None:
+        """Make the ``episode_quality`` view (:mod:`lerobot_sql._catalog.quality`): the data files' per-episode facts
+        (one numpy pass, cached by the files' identities), the cameras' from the video index (built first if it is
+        not), the verdict by ``thresholds`` (None: the ones in effect).
+
+        Raises:
+            MissingFileError, DatasetFormatError: a data file or an mp4 is gone or unreadable.
+        """
+        with self._build_lock:
+            if thresholds is not None:
+                self.quality_thresholds = thresholds
+            if any(f.layout.video_keys for f in self.members()):
+                try:
+                    self.ensure("video_frames")
+                except MissingFileError as e:  # the missing clips hold no frames: their episodes say clip_short
+                    warn(f"episode_quality: {e}; their episodes' clips count 0 frames")
+            self._quality_views()
+            self._ready["episode_quality"] = True
+
+    def _quality_views(self) -> None:
+        self._quality_view(self.files, "", "")
+
+    def _quality_view(self, files: DatasetFiles, schema: str, prefix: str) -> None:
+        at = f"{ident(schema)}." if schema else ""
+        fps = float(files.layout.info["fps"])
+        facts_name = f"_lsql_arrow_{prefix}episode_facts"
+        if facts_name not in self._relations:
+            self.register(facts_name, quality.facts(files))
+        cams = None
+        if files.layout.video_keys:
+            cams = f"_lsql_arrow_{prefix}camera_facts"
+            if cams not in self._relations:
+                self.register(cams, quality.camera_facts(self.cursor(), at, fps))
+        self.cursor().execute(f"CREATE OR REPLACE VIEW {at}episode_quality AS "
+                              f"{quality.view_sql(at, facts_name, cams, fps, self.quality_thresholds)}")
+
     def close(self) -> None:
         with self._con_lock:
             for _, cur in self._cursors:
@@ -397,4 +435,5 @@ class Connection:
 LAZY_VIEWS = {
     "video_frames": lambda c: c.build_video_index(progress=None),
     "video_files": lambda c: c._build_video_files(),  # late-bound: a collection's connection builds its own
+    "episode_quality": lambda c: c.build_episode_quality(),
 }

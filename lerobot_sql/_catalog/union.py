@@ -27,7 +27,7 @@ from .connection import LAZY_VIEWS, Connection, populate
 
 # The views that span the collection (each dataset's view of that name, tagged with ``dataset``).
 UNION_VIEWS = ("episodes", "episode_stats", "frames", "frames_ext", "tasks", "videos", "features", "info",
-               "video_frames", "video_files", "camera_frames")
+               "video_frames", "video_files", "camera_frames", "episode_quality")
 # A one-dimensional array or list type as DuckDB spells it (FLOAT[6], DOUBLE[]): its element type.
 _ONE_DIM = re.compile(r"^(?P<base>[A-Z][A-Z0-9_ ]*?)(\[\d*\])$")
 
@@ -56,6 +56,7 @@ class CollectionConnection(Connection):
         super().__init__(members[0], **settings)
         self.names, self._members = list(names), list(members)
         self._ready = {name: not any(f.layout.video_keys for f in members) for name in LAZY_VIEWS}
+        self._ready["episode_quality"] = False
 
     def members(self) -> list[DatasetFiles]:
         return list(self._members)
@@ -122,6 +123,10 @@ class CollectionConnection(Connection):
         self._ready["video_frames"] = True
         if missing:
             raise MissingFileError("; ".join(missing))
+
+    def _quality_views(self) -> None:
+        for i, files in enumerate(self._members):
+            self._quality_view(files, schema_of(i), prefix_of(i))
 
     def _build_video_files(self) -> None:
         for i, files in enumerate(self._members):

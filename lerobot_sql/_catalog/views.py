@@ -30,6 +30,7 @@ from .._readers import video_index
 from .._readers.tabular import FRAME_INTEGERS
 from .._storage.source import Source, glob_escape
 from ..errors import DatasetFormatError, LeRobotSQLError, warn
+from . import quality
 
 DUCKDB_TYPES = {
     "float32": "FLOAT", "float64": "DOUBLE", "float16": "FLOAT", "int64": "BIGINT", "int32": "INTEGER",
@@ -741,8 +742,8 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
                    ) -> dict[str, pa.Table]:
     """Create the views of :data:`VIEWS` (``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
     ``features``, ``info`` and the private ``_frames_loc``, ``_data_files_listed``, ``_episode_data_files``) over
-    ``_episodes_raw`` on ``con``, and the placeholders (no rows, the real columns) of ``video_frames`` and
-    ``video_files``, which the connection replaces when a query first reads them.
+    ``_episodes_raw`` on ``con``, and the placeholders (no rows, the real columns) of ``video_frames``,
+    ``video_files`` and ``episode_quality``, which the connection replaces when a query first reads them.
 
     Missing pieces of a partial copy (no data files, no episode metadata, no tasks file) give empty views with the
     usual columns; :func:`lerobot_sql._format.layout.load_layout` has already warned about them.
@@ -774,4 +775,5 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
     _warn_totals(b)
     con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
     con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
+    con.execute(f"CREATE OR REPLACE VIEW episode_quality AS {quality.PLACEHOLDER}")
     return relations

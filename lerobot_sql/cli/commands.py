@@ -383,6 +383,8 @@ def cmd_doctor(args) -> int:
     from ..errors import DatasetFormatError
 
     many = _collection_sources(os.fspath(args.dataset))
+    if args.episodes is not None:
+        return _doctor_episodes(args, many)
     if many is not None:  # several datasets: one report each, each opened on its own (one broken one stops none)
         import lerobot_sql as lsql
 
@@ -412,6 +414,43 @@ def cmd_doctor(args) -> int:
         report = doctor.run(db, tolerance_s=args.tolerance_s, check_video=not args.no_video, decode=args.decode)
     print(report.to_json() if args.json else report.to_text())
     return 0 if report.ok else 1
+
+
+def _doctor_episodes(args, many) -> int:
+    """``doctor --episodes [N]``: the per-episode verdicts (episode_quality), per dataset of a collection; exit 1
+    when an episode is ``exclude``."""
+    import lerobot_sql as lsql
+
+    from .. import doctor
+
+    thresholds = {}
+    for item in args.threshold or []:
+        name, eq, value = item.partition("=")
+        try:
+            thresholds[name.strip()] = float(value)
+        except ValueError:
+            eq = ""
+        if not eq:
+            raise UsageError(f"--threshold {item!r} is not NAME=NUMBER (e.g. --threshold spike_z=40; the names: "
+                             "docs/curate.md)")
+    kw = {"cache_dir": args.cache_dir} if getattr(args, "cache_dir", None) else {}
+    if many is not None:
+        from ..collection import default_names, expand_sources
+
+        roots = expand_sources(many)
+        dbs = {n: lsql.connect(r, **kw) for n, r in zip(default_names(roots), roots)}
+    else:
+        dbs = {None: _connect(args)}
+    try:
+        reports = {n: doctor.episodes(db, worst=args.episodes, **thresholds) for n, db in dbs.items()}
+    except (TypeError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        out = {n: json.loads(r.to_json()) for n, r in reports.items()}
+        print(json.dumps(out[None] if None in out else out, indent=2))
+    else:
+        print("\n\n".join((f"== {n}\n" if n else "") + r.to_text() for n, r in reports.items()))
+    return 0 if all(r.ok for r in reports.values()) else 1
 
 
 def cmd_bench(args) -> int:
@@ -628,12 +667,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("doctor", "check a dataset: metadata vs files, timestamps, video frames; exit 1 on problems",
              ["lerobot-sql doctor sample/small20", "lerobot-sql doctor sample/small20 --json --no-video",
-              "lerobot-sql doctor sample/small20 --decode"],
+              "lerobot-sql doctor sample/small20 --decode", "lerobot-sql doctor sample/small20 --episodes 10"],
              cmd_doctor)
     sp.add_argument("--json", action="store_true", help="print the report as JSON")
     sp.add_argument("--tolerance-s", type=_seconds, default=1e-4,
                     help="allowed timestamp error in seconds (default 1e-4, as lerobot)")
     sp.add_argument("--no-video", action="store_true", help="skip the video checks (faster)")
+    sp.add_argument("--episodes", type=int, nargs="?", const=20, metavar="N",
+                    help="instead of the dataset checks, the per-episode verdicts of the episode_quality view "
+                         "(pass / review / exclude, with reasons) and the N worst episodes (default 20); exit 1 when "
+                         "an episode is exclude")
+    sp.add_argument("--threshold", action="append", metavar="NAME=NUMBER",
+                    help="with --episodes: change a verdict threshold, e.g. spike_z=40 (repeatable; docs/curate.md)")
     sp.add_argument("--decode", action="store_true",
                     help="also decode every frame of every mp4 (check video_files_decode: frames come out in pts "
                          "order, none missing or extra, no decode error); slow, a full decode of the videos; "
