@@ -105,6 +105,26 @@ stats = computed.merge(stored, on="episode_index")
 assert (stats.gripper_mean - stats.gripper_mean_stored).abs().max() < 1e-3
 stats.head(8)"""),
     ("md", """\
+## Curate: which episodes are any good?
+`episode_quality` judges every episode (`pass` / `review` / `exclude`, with `reasons`) from facts it reads once and
+caches: rows against meta/episodes, frame_index gaps, NaNs, the cameras' clips, frozen or still state, spikes, a
+static gripper, length outliers (docs/curate.md). This clean sample passes at the default thresholds; a much stricter
+length rule shows how a `review` looks. Then a training set of the `pass` episodes only."""),
+    ("code", """\
+import torch
+
+assert db.sql("SELECT count(*) FROM episode_quality WHERE verdict <> 'pass'").fetchall() == [(0,)]
+db.quality_thresholds(length_z=1.0)  # the default is 5 robust z-scores: this flags episodes of unusual length
+q = db.sql("SELECT episode_index, length, length_z, verdict, reasons FROM episode_quality ORDER BY 1").df()
+colors = q.verdict.map({"pass": "tab:green", "review": "tab:orange", "exclude": "tab:red"})
+ax = q.plot.bar(x="episode_index", y="length", color=colors, legend=False, figsize=(7, 2.4))
+ax.set_ylabel("frames (orange: review)")
+good = db.dataset("SELECT episode_index FROM episode_quality WHERE verdict = 'pass'", cameras=[])
+batch = next(iter(torch.utils.data.DataLoader(good, batch_size=16, shuffle=True)))
+print(f"{good.num_episodes} pass episodes, {len(good)} frames; a batch of state: {tuple(batch['observation.state'].shape)}")
+db.quality_thresholds(length_z=5)
+q[q.verdict != "pass"]"""),
+    ("md", """\
 ## Many datasets at once
 `lsql.connect_many` opens several datasets as one collection: every view gains a `dataset` column. Here the four
 generated sets bundled with the repository (one of them in the v2.1 layout), and the hours each holds per task."""),

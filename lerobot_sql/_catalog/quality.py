@@ -201,8 +201,8 @@ def view_sql(at: str, facts_name: str, cameras_name: str | None, fps: float, t: 
             ("clip_short", "c.clip_frames < q.rows"),
             ("task_missing", "q.rows > 0 AND (tmin.task IS NULL OR tmax.task IS NULL)")]
     review = [("clip_shifted", f"c.clip_offset_s > {n(t.clip_offset_frames * frame)}"),
-              ("video_drift", f"greatest(abs(c.clip_seconds - e.length * {n(frame)}), "
-                              f"abs(c.clip_seconds_min - e.length * {n(frame)})) > {n(t.video_drift_frames * frame)}"),
+              ("video_drift", f"greatest(abs(c.clip_seconds - e.length * {n(frame)}), abs(c.clip_seconds_min - "
+                              f"e.length * {n(frame)})) > {n(t.video_drift_frames * frame)}"),
               ("frozen_state", f"q.frozen_state_frac > {n(t.frozen_frac)}"),
               ("still", f"q.state_speed_rel < {n(t.still_rel)}"),
               ("velocity_spike", f"q.velocity_z > {n(t.spike_z)}"),
@@ -221,7 +221,8 @@ def view_sql(at: str, facts_name: str, cameras_name: str | None, fps: float, t: 
         f"WITH med AS (SELECT median(length) AS m, median(abs(length - (SELECT median(length) FROM {at}episodes))) "
         f"AS mad, count(*) AS episodes FROM {at}episodes), "
         f"j AS (SELECT e.episode_index AS e_ep, e.length, e.tasks, q.*, c.clip_frames, c.worst_camera, "
-        f"c.clip_offset_s, abs(c.clip_seconds - e.length * {n(frame)}) AS video_drift_s, {length_z} AS length_z, "
+        f"c.clip_offset_s, greatest(abs(c.clip_seconds - e.length * {n(frame)}), abs(c.clip_seconds_min - e.length "
+        f"* {n(frame)})) AS video_drift_s, {length_z} AS length_z, "
         f"coalesce(q.rows > 0 AND (tmin.task IS NULL OR tmax.task IS NULL), false) AS task_missing, "
         f"{flags(excl)} AS ex, {flags(review)} AS rv "
         f"FROM {at}episodes e FULL OUTER JOIN {ident(facts_name)} q ON q.episode_index = e.episode_index "

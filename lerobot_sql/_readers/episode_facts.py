@@ -30,7 +30,7 @@ _CARRY = 3  # rows of the previous span kept for the differences (the jerk needs
 class Vectors:
     """Which columns the pass reads beyond the frame columns: ``state`` (the feature whose motion is judged,
     ``observation.state`` when present), ``action`` (saturation), their element counts, ``gripper`` (the element
-    of ``action``, else of ``state``, whose name says gripper: ``(key, element)`` or None), ``numeric`` (every
+    of ``state``, else of ``action``, whose name says gripper: ``(key, element)`` or None), ``numeric`` (every
     numeric feature: non-finite counts) and ``limits`` (the action's per-element (lo, hi) from meta/stats.json, or
     None)."""
 
@@ -55,7 +55,7 @@ def vectors_of(layout: Layout, limits: tuple[np.ndarray, np.ndarray] | None) -> 
 
     state, action = vec("observation.state"), vec("action")
     gripper = None
-    for key in (action, state):
+    for key in (state, action):  # the measured position first: did the gripper move, not was it told to
         if key is None:
             continue
         names = _element_names(layout.features[key].names)
