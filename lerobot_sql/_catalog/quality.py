@@ -58,7 +58,7 @@ class Thresholds:
     frame above ``spike_z`` times its root mean square over the dataset (``velocity_spike``), or its third
     difference above ``jerk_z`` times its own (``jerk_spike``); more than ``saturated_frac`` of the frames with an
     action element within 0.1% of the action's range of its min or max (``action_saturated``); a gripper moving
-    less than ``gripper_range`` of its range over the dataset (``gripper_static``); a length more than
+    less than ``gripper_range`` of the median episode's gripper range (``gripper_static``); a length more than
     ``length_z`` robust z-scores (median, 1.4826 x MAD) from the median, in a dataset of at least
     ``length_min_episodes`` episodes (``length_outlier``); a task the episode's
     meta/episodes ``tasks`` do not list (``task_mismatch``).
@@ -154,9 +154,10 @@ def _derived(t: pa.Table, vectors: episode_facts.Vectors) -> pa.Table:
     if "saturated_frames" in t.column_names and n:
         out["saturated_frac"] = t["saturated_frames"].to_numpy() / rows
     if "gripper_min" in t.column_names and n:
-        gmin, gmax = t["gripper_min"].to_numpy(), t["gripper_max"].to_numpy()
-        span = np.nanmax(gmax) - np.nanmin(gmin)
-        out["gripper_range_frac"] = (gmax - gmin) / span if span > 0 else np.zeros(n)
+        # over the median episode's range, not the dataset's min to max: a few extreme episodes widen that
+        gr = t["gripper_max"].to_numpy() - t["gripper_min"].to_numpy()
+        med = np.nanmedian(gr) if np.isfinite(gr).any() else np.nan
+        out["gripper_range_frac"] = gr / med if med > 0 else np.where(gr > 0, np.inf, 0.0)
     keep = ["episode_index", "rows", "repeated_frames", "frame_gaps", "frames_back", "timestamp_drift_s",
             "nonfinite_values", "nonfinite_features", "task_min", "task_max"]
     cols = {c: t[c] for c in keep if c in t.column_names}
