@@ -133,7 +133,44 @@ class Info(dict):
         return out
 
 
-class SelectionMetadata:
+class FeatureKeys:
+    """What lerobot's metadata derives from ``info["features"]``, for a class holding ``info`` (a selection's meta,
+    a collection's): ``features``, the key lists, ``names``, ``shapes`` (as info.json writes them: cameras
+    (H, W, C), with a camera's H and W the size its items have when all its mp4s disagree with info.json alike) and
+    ``has_language_columns`` (a feature of dtype ``language``, as lerobot 0.6 reports it)."""
+
+    info: dict
+
+    @property
+    def features(self) -> dict[str, dict]:
+        return self.info["features"]
+
+    @property
+    def image_keys(self) -> list[str]:
+        return [k for k, f in self.features.items() if f["dtype"] == "image"]
+
+    @property
+    def video_keys(self) -> list[str]:
+        return [k for k, f in self.features.items() if f["dtype"] == "video"]
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return [k for k, f in self.features.items() if f["dtype"] in ("video", "image")]
+
+    @property
+    def names(self) -> dict[str, Any]:
+        return {k: f.get("names") for k, f in self.features.items()}
+
+    @property
+    def shapes(self) -> dict[str, tuple]:
+        return {k: tuple(f["shape"]) for k, f in self.features.items()}
+
+    @property
+    def has_language_columns(self) -> bool:
+        return any(f["dtype"] == "language" for f in self.features.values())
+
+
+class SelectionMetadata(FeatureKeys):
     """What ``LeRobotDatasetMetadata`` answers, for one dataset built from a selection (see the module docstring).
 
     Built by the dataset (``ds.meta``); not meant to be constructed by users.
@@ -181,10 +218,6 @@ class SelectionMetadata:
 
     # ---- straight from info.json, as lerobot's properties --------------------------------------------------
     @property
-    def features(self) -> dict[str, dict]:
-        return self.info["features"]
-
-    @property
     def fps(self) -> int | float:
         return self.info["fps"]
 
@@ -205,38 +238,11 @@ class SelectionMetadata:
         return self.info["chunks_size"]
 
     @property
-    def image_keys(self) -> list[str]:
-        return [k for k, f in self.features.items() if f["dtype"] == "image"]
-
-    @property
-    def video_keys(self) -> list[str]:
-        return [k for k, f in self.features.items() if f["dtype"] == "video"]
-
-    @property
-    def camera_keys(self) -> list[str]:
-        return [k for k, f in self.features.items() if f["dtype"] in ("video", "image")]
-
-    @property
     def depth_keys(self) -> list[str]:
         """Cameras marked as depth maps (``info.is_depth_map``, or the legacy ``info["video.is_depth_map"]`` /
         ``video_info["video.is_depth_map"]``), as lerobot 0.6's: items carry them as float32 (1, H, W) in
         ``depth_output_unit`` (mm by default), and ``stats`` holds them in that unit."""
         return [k for k in self.camera_keys if self._layout.features[k].is_depth_map]
-
-    @property
-    def names(self) -> dict[str, Any]:
-        return {k: f.get("names") for k, f in self.features.items()}
-
-    @property
-    def shapes(self) -> dict[str, tuple]:
-        """Feature -> its shape as info.json writes it (cameras (H, W, C)), with a camera's H and W the size its
-        items have when all its mp4s disagree with info.json alike (see the module docstring)."""
-        return {k: tuple(f["shape"]) for k, f in self.features.items()}
-
-    @property
-    def has_language_columns(self) -> bool:
-        """True when a feature holds language annotations (dtype ``language``), as lerobot 0.6 reports it."""
-        return any(f["dtype"] == "language" for f in self.features.values())
 
     # ---- the selection ------------------------------------------------------------------------------------
     @property

@@ -30,10 +30,10 @@ import pyarrow as pa
 
 from .._format import stats_json
 from ..errors import DatasetFormatError
-from .meta import EpisodeTable, Info, episodes_table
+from .meta import EpisodeTable, FeatureKeys, Info, episodes_table
 
 
-class CollectionMetadata:
+class CollectionMetadata(FeatureKeys):
     """What ``LeRobotDatasetMetadata`` answers for a collection dataset (see the module docstring).
 
     Built by :attr:`CollectionDataset.meta <lerobot_sql.torch.mixture.CollectionDataset.meta>`; not meant to be
@@ -76,10 +76,6 @@ class CollectionMetadata:
 
     # ---- from the parts' info.json ---------------------------------------------------------------------------
     @property
-    def features(self) -> dict[str, dict]:
-        return self.info["features"]
-
-    @property
     def fps(self) -> int | float:
         """The datasets' fps.
 
@@ -101,36 +97,12 @@ class CollectionMetadata:
         return types.pop() if len(types) == 1 else None
 
     @property
-    def image_keys(self) -> list[str]:
-        return [k for k, f in self.features.items() if f["dtype"] == "image"]
-
-    @property
-    def video_keys(self) -> list[str]:
-        return [k for k, f in self.features.items() if f["dtype"] == "video"]
-
-    @property
-    def camera_keys(self) -> list[str]:
-        return [k for k, f in self.features.items() if f["dtype"] in ("video", "image")]
-
-    @property
     def depth_keys(self) -> list[str]:
         """Cameras that are depth maps in their datasets (as each part's ``depth_keys``), as items name them."""
         out = []
         for n in self._names:
             out += [k for k in self._renamed(n, {d: d for d in self._parts[n].depth_keys}) if k not in out]
         return [k for k in self.camera_keys if k in out]
-
-    @property
-    def names(self) -> dict[str, Any]:
-        return {k: f.get("names") for k, f in self.features.items()}
-
-    @property
-    def shapes(self) -> dict[str, tuple]:
-        return {k: tuple(f["shape"]) for k, f in self.features.items()}
-
-    @property
-    def has_language_columns(self) -> bool:
-        return any(f["dtype"] == "language" for f in self.features.values())
 
     # ---- the selection ------------------------------------------------------------------------------------
     @property
