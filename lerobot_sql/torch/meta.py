@@ -7,7 +7,8 @@ episode_indices_to_use=dataset.episodes, ...)``. :class:`SelectionMetadata` desc
 a dataset of its own:
 
 * ``info``, ``features``, ``fps``, ``robot_type``, key lists, ``names``, ``shapes`` come from the source's
-  ``meta/info.json`` (``info``'s totals and ``splits`` are the selection's), except a video camera whose mp4s all
+  ``meta/info.json`` (``info``'s totals and ``splits`` are the selection's; ``info`` is a dict that also reads as
+  attributes, :class:`Info`, as lerobot 0.4's dict and 0.6's ``DatasetInfo`` both are read), except a video camera whose mp4s all
   hold frames of another size than info.json declares: its ``shape`` (and ``info.video.height/width``) are the
   files' size, the size its items have (the dataset warns of the difference);
 * ``episodes`` has one row per **run**: a stretch of consecutive samples of the dataset that are consecutive
