@@ -26,8 +26,8 @@ from . import macros, sandbox, views
 from .connection import LAZY_VIEWS, Connection, populate
 
 # The views that span the collection (each dataset's view of that name, tagged with ``dataset``).
-UNION_VIEWS = ("episodes", "episode_stats", "frames", "frames_ext", "tasks", "videos", "features", "info",
-               "video_frames", "video_files", "camera_frames")
+UNION_VIEWS = ("episodes", "episode_stats", "frames", "frames_ext", "language", "tasks", "videos", "features", "info",
+               "tools", "video_frames", "video_files", "camera_frames")
 # A one-dimensional array or list type as DuckDB spells it (FLOAT[6], DOUBLE[]): its element type.
 _ONE_DIM = re.compile(r"^(?P<base>[A-Z][A-Z0-9_ ]*?)(\[\d*\])$")
 
