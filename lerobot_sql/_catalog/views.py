@@ -59,7 +59,8 @@ _STATS_TYPES = {"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT"
                 "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE"}
 
 
-def _file_list(src: Source, files) -> str:
+def file_list(src: Source, files) -> str:
+    """A DuckDB list literal of ``files``' paths (relative to ``src``) as DuckDB reads them, each a quoted literal."""
     # DuckDB expands glob characters in the paths it reads: a local root named ``a*`` would also read a sibling
     # ``ab``'s files. The ``filename`` column still gives the real path.
     esc = glob_escape if src.is_local else (lambda p: p)
@@ -128,7 +129,7 @@ def _register_episodes(con: duckdb.DuckDBPyConnection, src: Source, layout: Layo
     elif layout.legacy:
         register_table(con, "_episodes_raw", v2.episodes(src, layout), relations, prefix=prefix)
     else:
-        ep_src = f"read_parquet({_file_list(src, layout.episode_files)}, union_by_name=true)"
+        ep_src = f"read_parquet({file_list(src, layout.episode_files)}, union_by_name=true)"
         ep_cols = _describe(con, f"SELECT * FROM {ep_src}")
         if "episode_index" not in ep_cols:
             raise DatasetFormatError(f"{src.path(layout.episode_files[0])}: no episode_index column in episode metadata")
@@ -262,7 +263,7 @@ def frames(b: Build) -> None:
         return
     # union_by_name lines up files whose columns differ (in order or presence) but reads every footer to bind
     uniform = (_footer_survey(b) or {}).get("uniform", False)
-    data_src = f"read_parquet({_file_list(src, b.data_files)}{'' if uniform else ', union_by_name=true'}"
+    data_src = f"read_parquet({file_list(src, b.data_files)}{'' if uniform else ', union_by_name=true'}"
     try:
         data_cols = _describe(con, f"SELECT * FROM {data_src})")
     except duckdb.Error:
@@ -276,9 +277,9 @@ def frames(b: Build) -> None:
         good = [f for f in b.data_files if src.path(f) not in damaged]
         if not good or len(good) == len(b.data_files):
             raise
-        data_cols = _describe(con, f"SELECT * FROM read_parquet({_file_list(src, good)}, union_by_name=true)")
+        data_cols = _describe(con, f"SELECT * FROM read_parquet({file_list(src, good)}, union_by_name=true)")
         order = good[:1] + [f for f in b.data_files if f != good[0]]
-        data_src = f"read_parquet({_file_list(src, order)}"
+        data_src = f"read_parquet({file_list(src, order)}"
         bad = sorted(damaged & {src.path(f) for f in b.data_files})
         warn(f"{len(bad)} of {len(b.data_files)} data file(s) cannot be read as Parquet (truncated or "
              f"corrupt), e.g. {bad[0]}: every query over frames raises until it is re-downloaded from the "
@@ -476,14 +477,14 @@ def _split_unnamed(b: Build) -> None:
     try:
         with_eps = []
         for f in unnamed:
-            if "episode_index" in _describe(con, f"SELECT * FROM read_parquet({_file_list(src, [f])})"):
+            if "episode_index" in _describe(con, f"SELECT * FROM read_parquet({file_list(src, [f])})"):
                 with_eps.append(f)
             else:
                 why[f] = f"no episode of {meta} {verb} it and it has no episode_index column"
         if with_eps:
             # each unnamed file's episodes, one query per file (only files no episode names: rare, and few)
             eps = {f: {r[0] for r in con.sql(f"SELECT DISTINCT episode_index FROM read_parquet("
-                                              f"{_file_list(src, [f])}) WHERE episode_index IS NOT NULL").fetchall()}
+                                              f"{file_list(src, [f])}) WHERE episode_index IS NOT NULL").fetchall()}
                    for f in with_eps}
             known = {r[0] for r in con.sql("SELECT DISTINCT episode_index FROM _episodes_raw").fetchall()}
             named_here = [f for f in layout.data_files if f in named]
@@ -492,9 +493,9 @@ def _split_unnamed(b: Build) -> None:
             if ours and named_here:
                 # which of those episodes have rows in the named files (values never pasted: data is hostile)
                 found = {r[0] for r in con.sql(
-                    f"SELECT DISTINCT episode_index FROM read_parquet({_file_list(src, named_here)}, "
+                    f"SELECT DISTINCT episode_index FROM read_parquet({file_list(src, named_here)}, "
                     "union_by_name=true) WHERE episode_index IN (SELECT episode_index FROM _episodes_raw) AND "
-                    f"episode_index IN (SELECT episode_index FROM read_parquet({_file_list(src, ours)}, "
+                    f"episode_index IN (SELECT episode_index FROM read_parquet({file_list(src, ours)}, "
                     "union_by_name=true))").fetchall()}
             for f in with_eps:
                 if eps[f] & (known - found):
@@ -539,8 +540,8 @@ def _warn_repeated_rows(b: Build) -> None:
     col, pairs = found
     try:
         for (a, _alo, _ahi, _an), (f, lo, hi, n) in pairs[:3]:
-            k = con.sql(f"SELECT count(*) FROM read_parquet({_file_list(src, [f])}) WHERE {ident(col)} IN "
-                        f"(SELECT {ident(col)} FROM read_parquet({_file_list(src, [a])}))").fetchall()[0][0]
+            k = con.sql(f"SELECT count(*) FROM read_parquet({file_list(src, [f])}) WHERE {ident(col)} IN "
+                        f"(SELECT {ident(col)} FROM read_parquet({file_list(src, [a])}))").fetchall()[0][0]
             if k:
                 what = "`index` values" if col == "index" else "episodes (episode_index values)"
                 warn(f"{src.path(f)}: {k} of its {n} rows repeat {what} that {a} holds ({col} {lo}..{hi}): every "

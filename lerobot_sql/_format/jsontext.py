@@ -49,11 +49,12 @@ def load_json(text: str | bytes, where: str, fix: str,
 
 def json_text(value: Any) -> str:
     """``value`` (as :func:`load_json` returns it) as JSON text that DuckDB's ``JSON`` type accepts: Python's parser
-    reads ``NaN`` and ``Infinity``, which are not JSON, so non-finite numbers become ``null``."""
+    reads ``NaN`` and ``Infinity``, which are not JSON, so non-finite numbers become ``null``. Compact, as DuckDB
+    writes JSON (``[1,"a"]``)."""
     try:
-        return json.dumps(value, allow_nan=False, ensure_ascii=False)
+        return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except ValueError:
-        return json.dumps(_finite(value), allow_nan=False, ensure_ascii=False)
+        return json.dumps(_finite(value), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
 def _finite(value: Any) -> Any:
