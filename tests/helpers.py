@@ -522,7 +522,7 @@ def mp4_child(boxes: list, *path: bytes) -> list:
     return boxes
 
 
-def language_copy(orig: Path, dst: Path, persistent: dict, events: dict) -> Path:
+def language_copy(orig: Path, dst: Path, persistent: dict, events: dict, inferred: bool = False) -> Path:
     """A copy of the v3 dataset ``orig`` with lerobot 0.6's two language columns added to its data files, in exactly
     the Arrow types of lerobot 0.6.1's ``datasets/language.py`` (``tool_calls`` a list of ``pa.json_()``) and declared
     in info.json as its ``language_feature_info()`` does, filled as its annotation writer fills them.
@@ -531,6 +531,9 @@ def language_copy(orig: Path, dst: Path, persistent: dict, events: dict) -> Path
         persistent: episode_index -> list of message dicts (role, content, style, timestamp, camera, tool_calls):
             written on every frame of that episode (lerobot broadcasts an episode's persistent slice).
         events: (episode_index, frame_index) -> list of message dicts without timestamp: written on that frame.
+        inferred: the types pyarrow infers from the messages instead (``pa.array(rows)``), as lerobot 0.6.1's
+            annotation writer (``annotations/steerable_pipeline/writer.py``, ``_materialize_table``) leaves them:
+            ``tool_calls`` a list of structs, or nulls where no message has one.
     """
     import shutil
 
@@ -544,6 +547,8 @@ def language_copy(orig: Path, dst: Path, persistent: dict, events: dict) -> Path
     no_ts = [f for f in with_ts if f.name != "timestamp"]
 
     def column(rows: list[list[dict]], fields) -> pa.Array:
+        if inferred:  # the writer's dicts, keys in its order (_normalize_row), types left to pyarrow
+            return pa.array([[{f.name: m.get(f.name) for f in fields} for m in row] for row in rows])
         msgs = [m for row in rows for m in row]
         calls = [m.get("tool_calls") for m in msgs]
         flat = [json.dumps(c) for cs in calls for c in (cs or [])]
@@ -572,7 +577,7 @@ def language_copy(orig: Path, dst: Path, persistent: dict, events: dict) -> Path
         eps, frames = t["episode_index"].to_pylist(), t["frame_index"].to_pylist()
         pers = [persistent.get(e, []) for e in eps]
         evs = [events.get((e, i), []) for e, i in zip(eps, frames)]
-        t = t.append_column(pa.field("language_persistent", pa.list_(pa.struct(with_ts))), column(pers, with_ts))
-        t = t.append_column(pa.field("language_events", pa.list_(pa.struct(no_ts))), column(evs, no_ts))
+        t = t.append_column("language_persistent", column(pers, with_ts))
+        t = t.append_column("language_events", column(evs, no_ts))
         pq.write_table(t, f)
     return dst

@@ -549,8 +549,9 @@ EVENTS = {(0, 10): [{"role": "user", "content": "stop!", "style": "interjection"
           (2, 5): [{"role": "user", "content": "where is it?", "style": "vqa", "camera": "observation.images.front"}]}
 
 
-def test_language_view_has_one_row_per_message_written(datasets, tmp_path):
-    root = language_copy(datasets / "small20", tmp_path / "lang", PERSISTENT, EVENTS)
+@pytest.mark.parametrize("inferred", [False, True], ids=["language.py_types", "annotation_writer_types"])
+def test_language_view_has_one_row_per_message_written(datasets, tmp_path, inferred):
+    root = language_copy(datasets / "small20", tmp_path / "lang", PERSISTENT, EVENTS, inferred=inferred)
     db = lsql.connect(root)
     t = pq.read_table(root / "data/chunk-000/file-000.parquet", columns=["episode_index", "frame_index", "index",
                                                                          "timestamp"]).to_pylist()
