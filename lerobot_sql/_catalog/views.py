@@ -184,6 +184,8 @@ class Build:
     strays: tuple[tuple[str, str], ...] = ()
     cache_dir: Path | None = None  # the dataset's cache folder: checks whose result is kept per file version
     survey: dict | None | bool = False  # _footer_survey's finding, once made (False: not yet)
+    # The frames view's columns (name -> DuckDB type) once it is made; None: read them with DESCRIBE.
+    frame_columns: dict[str, str] | None = None
 
 
 def episodes(b: Build) -> None:
@@ -329,6 +331,8 @@ def frames(b: Build) -> None:
         return f"(SELECT d.*, {extra} FROM {data_src}{options}) d) AS _lsql_rows"
 
     con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {rows()}")
+    # (the language view's columns come from here: a second DESCRIBE of frames would bind it again)
+    b.frame_columns = {**data_cols, **dict.fromkeys(derived, "")}
     root = src.duckdb_path("")
     con.execute(
         "CREATE OR REPLACE VIEW _frames_loc AS SELECT index, episode_index, frame_index, timestamp, task_index, "
@@ -803,7 +807,7 @@ def language(b: Build) -> None:
     episode (per place in the list), at the first frame that carries it; events, once per frame they sit on. A
     column that is not a list of structs is left out, with a warning."""
     con, layout = b.con, b.layout
-    cols = _describe(con, "SELECT * FROM frames")
+    cols = b.frame_columns if b.frame_columns is not None else _describe(con, "SELECT * FROM frames")
     keys = ("episode_index", "frame_index", "index", "timestamp")
     parts = []
     for c, typ in cols.items():
