@@ -13,6 +13,7 @@ Public surface::
     db.named_query("split", subset="validation")  # named queries from queries/
     db.nearest(at_sql, ["action", "observation.images.front"])  # align streams of different rates
     db.stats(sql)                                 # lerobot's stats dict for exactly the selected frames
+    db.attach("keep", "keep.csv")                 # your own table file as a view: ... JOIN keep USING (episode_index)
     ds.meta, ds.num_frames, ds.meta.stats         # what lerobot's training code reads (lerobot_sql.torch.meta)
 
     coll = lsql.connect_many(["site_a", "site_b"])  # Collection: every view spans both, with a dataset column

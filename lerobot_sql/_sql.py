@@ -21,7 +21,7 @@ import threading
 import duckdb
 import pyarrow as pa
 
-from ._catalog import macros
+from ._catalog import macros, sidecars
 from ._catalog.connection import MANIFEST_BYTES_PER_ROW, Connection, max_manifest_rows, query_error
 from ._query import checks, tree_facts
 from .errors import QueryError, QueryInterrupted, ResultContractError, as_int, as_real
@@ -385,6 +385,47 @@ class QueryFace:
                                       functools.partial(_lambda_args, self.con))
         return self._ctx
 
+    def _fresh_context(self) -> checks.Context:
+        """The checks' context made again (a view was built or attached since)."""
+        with self._ctx_lock:
+            self._ctx = None
+            return self._context_locked()
+
+    def attach(self, name: str, path: str | os.PathLike, *, replace: bool = False, format: str | None = None,
+               storage_options: dict | None = None) -> None:
+        """Make the user's own table file a view ``name``, so that it joins the dataset's views in one query
+        (``SELECT episode_index FROM episodes JOIN keep USING (episode_index)``).
+
+        The file is read once, whole, by this process (not by DuckDB: the connection still reads nothing outside the
+        dataset and its cache), and held in memory as an Arrow table; the view reads that table, and no SQL can
+        change it. A collection's attached view is one table beside the union views (join on ``dataset`` too).
+
+        Args:
+            name: the view's name: a letter, then letters, digits or ``_``; not an SQL keyword, not a view of the
+                dataset (``episodes``, a sidecar's ...).
+            path: a local file (any path this process may read: the user's own, not confined to the dataset root)
+                or an fsspec URL (``https://``, ``s3://``, ``hf://`` ...). Parquet (``.parquet``), CSV (``.csv``:
+                a header row, types inferred by pyarrow), JSON (``.json``: the rule of the sidecar views, docs/sql.md)
+                or JSON lines (``.jsonl``).
+            replace: replace a table attached before under ``name`` (never one of the dataset's views).
+            format: ``"parquet"``, ``"csv"``, ``"json"`` or ``"jsonl"`` when the extension does not say.
+            storage_options: passed to fsspec for a URL.
+
+        Raises:
+            TypeError: ``name`` is not a string.
+            QueryError: ``name`` is not a plain name, is a keyword, a view's name, or attached already (without
+                ``replace=True``).
+            MissingFileError: no such file (or a folder, or a URL that cannot be opened).
+            DatasetFormatError: the file is not a table of its format (naming the file).
+            ValueError: the format cannot be told from the extension (pass ``format=``).
+        """
+        from ._format.sidecar_files import read_user_table
+
+        self._connection.attach_name(name, replace)  # before the file is read (and again when it is made a view)
+        table, as_json = read_user_table(path, format=format, storage_options=storage_options)
+        self._connection.attach(name, table, as_json, replace)
+        self._fresh_context()
+
     def _ensure_video_frames(self) -> None:
         self._connection.ensure("video_frames")
 
@@ -435,6 +476,10 @@ class QueryFace:
                     if isinstance(sql, (list, tuple, range)) or hasattr(sql, "__index__") else "")
             raise TypeError(f"SQL must be a string (a SELECT over the views), not {type(sql).__name__} {sql!r:.80}.{hint}")
         ctx = self._context()
+        # A sidecar view the query names is built first (its file's columns replace the placeholder's), so that the
+        # checks know its columns.
+        if self._connection.ensure_sidecars(sidecars.mentioned(sql, self._connection.unbuilt_sidecars())):
+            ctx = self._fresh_context()
         checked = checks.check_sql(sql, ctx)
         con = self.con
         # DuckDB's own parser must agree that this is one SELECT: a tokenizer difference between sqlglot and
@@ -455,6 +500,9 @@ class QueryFace:
         facts = tree_facts.duckdb_facts(serialized, ctx, sql)
         # DuckDB's reading decides what the query reads and whether it is ordered.
         checked = dataclasses.replace(checked, tables=facts.relations | facts.functions, ordered=facts.ordered)
+        if self._connection.ensure_sidecars([n for n in self._connection.unbuilt_sidecars() if checked.reads(n)]):
+            self._fresh_context()
+            return self._check(sql)  # (never seen: a query names every view it reads; mentioned() finds them)
         if checked.reads(*checks.VIDEO_INDEX_NAMES):
             self._connection.ensure("video_frames")
         if checked.reads("video_files"):

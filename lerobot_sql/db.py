@@ -34,8 +34,9 @@ class Database(QueryFace):
     views (:class:`lerobot_sql._catalog.connection.Connection`, made on the first query). Create it with
     :func:`connect`.
 
-    Views (full reference in docs/sql.md): ``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
-    ``video_frames`` and ``video_files`` (both built on first use), ``features``, ``info``.
+    Views (full reference in docs/sql.md): ``episodes``, ``episode_stats``, ``frames``, ``language``, ``tasks``,
+    ``videos``, ``video_frames`` and ``video_files`` (both built on first use), ``features``, ``info``, ``tools``,
+    ``sidecars`` and one view per sidecar file (read when a query names it), and the tables :meth:`attach` adds.
 
     Threads: one Database may be used from several threads. The thread that made the DuckDB connection uses it;
     every other thread gets its own cursor of it (``db.con`` returns the calling thread's), which shares the views,

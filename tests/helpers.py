@@ -520,3 +520,64 @@ def mp4_child(boxes: list, *path: bytes) -> list:
     for typ in path:
         boxes = next(b for b in boxes if b[0] == typ)[1]
     return boxes
+
+
+def language_copy(orig: Path, dst: Path, persistent: dict, events: dict, inferred: bool = False) -> Path:
+    """A copy of the v3 dataset ``orig`` with lerobot 0.6's two language columns added to its data files, in exactly
+    the Arrow types of lerobot 0.6.1's ``datasets/language.py`` (``tool_calls`` a list of ``pa.json_()``) and declared
+    in info.json as its ``language_feature_info()`` does, filled as its annotation writer fills them.
+
+    Args:
+        persistent: episode_index -> list of message dicts (role, content, style, timestamp, camera, tool_calls):
+            written on every frame of that episode (lerobot broadcasts an episode's persistent slice).
+        events: (episode_index, frame_index) -> list of message dicts without timestamp: written on that frame.
+        inferred: the types pyarrow infers from the messages instead (``pa.array(rows)``), as lerobot 0.6.1's
+            annotation writer (``annotations/steerable_pipeline/writer.py``, ``_materialize_table``) leaves them:
+            ``tool_calls`` a list of structs, or nulls where no message has one.
+    """
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    json_t = pa.json_()
+    with_ts = [pa.field("role", pa.string(), nullable=False), pa.field("content", pa.string()),
+               pa.field("style", pa.string()), pa.field("timestamp", pa.float32(), nullable=False),
+               pa.field("camera", pa.string()), pa.field("tool_calls", pa.list_(json_t))]
+    no_ts = [f for f in with_ts if f.name != "timestamp"]
+
+    def column(rows: list[list[dict]], fields) -> pa.Array:
+        if inferred:  # the writer's dicts, keys in its order (_normalize_row), types left to pyarrow
+            return pa.array([[{f.name: m.get(f.name) for f in fields} for m in row] for row in rows])
+        msgs = [m for row in rows for m in row]
+        calls = [m.get("tool_calls") for m in msgs]
+        flat = [json.dumps(c) for cs in calls for c in (cs or [])]
+        offsets, n = [], 0
+        for cs in calls:
+            offsets.append(n)
+            n += len(cs or [])
+        offsets.append(n)
+        mask = pa.array([c is None for c in calls])
+        call_arr = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
+                                            pa.ExtensionArray.from_storage(json_t, pa.array(flat, pa.string())),
+                                            mask=mask)
+        arrays = [call_arr if f.name == "tool_calls" else pa.array([m.get(f.name) for m in msgs], f.type)
+                  for f in fields]
+        structs = pa.StructArray.from_arrays(arrays, fields=fields)
+        row_offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(row_offsets), structs)
+
+    shutil.copytree(orig, dst)
+    info = json.loads((dst / "meta/info.json").read_text())
+    info["features"]["language_persistent"] = {"dtype": "language", "shape": [1], "names": None}
+    info["features"]["language_events"] = {"dtype": "language", "shape": [1], "names": None}
+    (dst / "meta/info.json").write_text(json.dumps(info, indent=2))
+    for f in sorted(dst.glob("data/*/*.parquet")):
+        t = pq.read_table(f)
+        eps, frames = t["episode_index"].to_pylist(), t["frame_index"].to_pylist()
+        pers = [persistent.get(e, []) for e in eps]
+        evs = [events.get((e, i), []) for e, i in zip(eps, frames)]
+        t = t.append_column("language_persistent", column(pers, with_ts))
+        t = t.append_column("language_events", column(evs, no_ts))
+        pq.write_table(t, f)
+    return dst

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_sql as lsql
-from helpers import data_root
+from helpers import data_root, language_copy
 
 
 @pytest.mark.parametrize("name", ["small20", "g1_real_v30", "img5_extras"])
@@ -490,3 +490,103 @@ def test_data_files_of_one_schema_bind_without_reading_every_footer(datasets, tm
     assert "union_by_name = true" in frames_sql(mixed)
     assert mixed.sql(query).fetchall() == want and len(want) == pq.read_metadata(f).num_rows + pq.read_metadata(
         root / "data/chunk-000/file-000.parquet").num_rows
+
+
+def test_features_view_holds_the_depth_entries_and_each_features_whole_info_block(datasets):
+    info = json.loads((datasets / "depth4/meta/info.json").read_text())["features"]
+    rows = lsql.connect(datasets / "depth4").sql(
+        "SELECT name, is_depth_map, depth_unit, depth_min, depth_max, depth_shift, depth_use_log, info "
+        "FROM features").fetchall()
+    assert [r[0] for r in rows] == list(info)
+    for name, is_depth, unit, lo, hi, shift, use_log, block in rows:
+        own = info[name].get("info") or {}
+        assert json.loads(block) == own  # every key, unknown ones too
+        assert is_depth == bool(own.get("is_depth_map")) and unit == (own.get("depth_unit") if is_depth else None)
+        quant = (own.get("video.depth_min"), own.get("video.depth_max"), own.get("video.shift"), own.get("video.use_log"))
+        # a depth video's quantizer (what lerobot 0.6 decodes with); PNG/TIFF depth images have none
+        assert (lo, hi, shift, use_log) == (quant if is_depth and info[name]["dtype"] == "video" else (None,) * 4)
+    assert sum(r[1] for r in rows) == 3
+
+
+SAY = {"type": "function", "function": {"name": "say", "description": "Speak a short utterance to the user.",
+                                        "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                                                       "required": ["text"]}}}
+
+
+def test_info_json_tools_are_in_info_and_in_the_tools_view(datasets, tmp_path):
+    def with_tools(tools):
+        root = tmp_path / f"t{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(datasets / "small20", root)
+        info = json.loads((root / "meta/info.json").read_text())
+        info.update({} if tools is None else {"tools": tools})
+        (root / "meta/info.json").write_text(json.dumps(info))
+        return lsql.connect(root)
+
+    odd = {"type": "function", "function": {"name": "wave"}, "x-own": [1]}
+    db = with_tools([SAY, odd, "not a schema"])
+    assert json.loads(db.sql("SELECT tools FROM info").fetchall()[0][0]) == [SAY, odd, "not a schema"]
+    got = db.sql("SELECT position, type, name, description, parameters, tool FROM tools ORDER BY position").fetchall()
+    assert [r[:4] for r in got] == [(1, "function", "say", SAY["function"]["description"]), (2, "function", "wave", None),
+                                    (3, None, None, None)]
+    assert [None if r[4] is None else json.loads(r[4]) for r in got] == [SAY["function"]["parameters"], None, None]
+    assert [json.loads(r[5]) for r in got] == [SAY, odd, "not a schema"]
+    db = with_tools(None)  # none declared: lerobot falls back to its own say tool; SQL shows what the file holds
+    assert db.sql("SELECT tools FROM info").fetchall() == [(None,)]
+    assert db.sql("SELECT count(*) FROM tools").fetchall() == [(0,)]
+    db = with_tools({"say": SAY})
+    with pytest.warns(UserWarning, match="'tools' is dict, not a list"):
+        assert db.sql("SELECT count(*) FROM tools").fetchall() == [(0,)]
+    assert json.loads(db.sql("SELECT tools FROM info").fetchall()[0][0]) == {"say": SAY}
+
+
+SAY_CALL = {"type": "function", "function": {"name": "say", "arguments": {"text": "on it"}}}
+PERSISTENT = {0: [{"role": "assistant", "content": "pick the cube", "style": "subtask", "timestamp": 0.0},
+                  {"role": "assistant", "content": "place it", "style": "subtask", "timestamp": 1.5}],
+              3: [{"role": "user", "content": "stack them", "style": "plan", "timestamp": 0.0,
+                   "tool_calls": [SAY_CALL]}]}
+EVENTS = {(0, 10): [{"role": "user", "content": "stop!", "style": "interjection"},
+                    {"role": "assistant", "content": None, "style": None, "tool_calls": [SAY_CALL]}],
+          (2, 5): [{"role": "user", "content": "where is it?", "style": "vqa", "camera": "observation.images.front"}]}
+
+
+@pytest.mark.parametrize("inferred", [False, True], ids=["language.py_types", "annotation_writer_types"])
+def test_language_view_has_one_row_per_message_written(datasets, tmp_path, inferred):
+    root = language_copy(datasets / "small20", tmp_path / "lang", PERSISTENT, EVENTS, inferred=inferred)
+    db = lsql.connect(root)
+    t = pq.read_table(root / "data/chunk-000/file-000.parquet", columns=["episode_index", "frame_index", "index",
+                                                                         "timestamp"]).to_pylist()
+    frame = {(r["episode_index"], r["frame_index"]): r for r in t}
+    want = []
+    for ep, msgs in PERSISTENT.items():  # once per episode, at its first frame (lerobot repeats them on every frame)
+        for pos, m in enumerate(msgs, 1):
+            f = frame[(ep, 0)]
+            want.append((ep, 0, f["index"], f["timestamp"], "language_persistent", pos, m["role"], m["content"],
+                         m["style"], m["timestamp"], None, m.get("tool_calls")))
+    for (ep, fi), msgs in EVENTS.items():  # once, on the frame it fires at (its time: the frame's)
+        for pos, m in enumerate(msgs, 1):
+            f = frame[(ep, fi)]
+            want.append((ep, fi, f["index"], f["timestamp"], "language_events", pos, m["role"], m["content"],
+                         m["style"], f["timestamp"], m.get("camera"), m.get("tool_calls")))
+    got = db.sql("SELECT episode_index, frame_index, index, timestamp, language_column, position, role, content, style, "
+                 "message_timestamp, camera, tool_calls FROM language").fetchall()
+    got = [(*r[:-1], None if r[-1] is None else json.loads(r[-1])) for r in got]
+    assert sorted(got, key=str) == sorted(want, key=str)
+    assert len(got) == sum(map(len, PERSISTENT.values())) + sum(map(len, EVENTS.values()))
+    # frames keeps the columns as lerobot stores them: the persistent slice on every frame of its episode
+    per_frame = dict(db.sql("SELECT episode_index, count(*) FILTER (WHERE len(language_persistent) = "
+                            "CASE episode_index WHEN 0 THEN 2 WHEN 3 THEN 1 ELSE 0 END) = count(*) "
+                            "FROM frames GROUP BY ALL").fetchall())
+    assert all(per_frame.values()) and len(per_frame) == 20
+    assert db.sql("SELECT language_events[2].tool_calls[1]->'function'->>'name' FROM frames "
+                  "WHERE episode_index = 0 AND frame_index = 10").fetchall() == [("say",)]
+    # a collection lines the view up with a dataset that has no language columns
+    coll = lsql.connect_many({"lang": root, "plain": datasets / "small20"})
+    assert coll.sql("SELECT dataset, count(*) FROM language GROUP BY ALL").fetchall() == [("lang", len(want))]
+
+
+def test_language_view_is_empty_with_its_columns_without_language_columns(datasets):
+    db = lsql.connect(datasets / "small20")
+    r = db.sql("SELECT * FROM language")
+    assert r.fetchall() == [] and r.columns == [
+        "episode_index", "frame_index", "index", "timestamp", "language_column", "position", "role", "content",
+        "style", "message_timestamp", "camera", "tool_calls"]

@@ -790,3 +790,38 @@ def test_shell_ctrl_c_stops_the_query_and_the_shell_goes_on():
     assert len(errors) == 1 and "interrupted (Ctrl-C)" in errors[0], r
     assert ["7"] in box_cells(r.stdout) and r.returncode == 1, r
     assert r.secs is not None and r.secs < 60, r
+
+
+# ---- --attach and sidecar views (issue 39) --------------------------------------------------------------------------
+def test_attach_a_keep_list_to_query_shell_and_export(tmp_path, episodes):
+    keep = tmp_path / "keep.csv"
+    keep.write_text("episode_index,score\n2,0.9\n5,0.1\n")
+    lengths = dict(zip(episodes["episode_index"].to_pylist(), episodes["length"].to_pylist()))
+    out = [json.loads(line) for line in ok("query", SAMPLE, "SELECT episode_index, length FROM episodes JOIN keep "
+                                           "USING (episode_index) ORDER BY 1", "--attach", f"keep={keep}", "-f",
+                                           "json").splitlines()]
+    assert out == [{"episode_index": 2, "length": lengths[2]}, {"episode_index": 5, "length": lengths[5]}]
+    shell = ok("shell", SAMPLE, "--attach", f"keep={keep}", stdin="SELECT sum(score) AS s FROM keep;\n.schema keep\n")
+    assert ["1.0"] in box_cells(shell) and "  score          DOUBLE" in shell.splitlines()
+    dest = tmp_path / "kept"
+    ok("export", SAMPLE, str(dest), "--sql", "SELECT episode_index FROM episodes JOIN keep USING (episode_index) "
+       "WHERE score > 0.5", "--attach", f"keep={keep}", "-q")
+    assert lsql.connect(dest).sql("SELECT count(*), sum(length) FROM episodes").fetchall() == [(1, lengths[2])]
+    assert_error(run("query", SAMPLE, "SELECT 1", "--attach", f"frames={keep}"), "name of a view")
+    assert_error(run("query", SAMPLE, "SELECT 1", "--attach", f"k={tmp_path / 'gone.csv'}"), "no such file")
+    r = run("query", SAMPLE, "SELECT 1", "--attach", "nothing")
+    assert r.returncode == 2 and "expected NAME=PATH" in r.stderr
+    r = run("query", SAMPLE, "SELECT 1", "--attach", f"k={tmp_path / 'k.xlsx'}")
+    assert r.returncode == 2 and "--attach k=" in r.stderr and "format" in r.stderr
+
+
+def test_schema_lists_a_sidecars_columns_and_an_unreadable_one(tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(SAMPLE, root)
+    (root / "meta/temporal_proportions_sparse.json").write_text('{"reach": 0.4, "grasp": 0.6}')
+    (root / "meta/broken.json").write_text("{")
+    got = json.loads(ok("schema", root, "--json"))
+    assert got["temporal_proportions_sparse"] == [{"column": "key", "type": "VARCHAR"},
+                                                  {"column": "value", "type": "JSON"}]
+    assert got["broken"][0]["column"] == "(unreadable)" and "not valid JSON" in got["broken"][0]["type"]
+    assert got["sidecars"] and got["frames"]

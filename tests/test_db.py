@@ -171,3 +171,107 @@ def test_ctrl_c_stops_a_filtered_cross_join_within_a_second(datasets, tmp_path, 
     assert out["error"] and "interrupted" in out["error"] and out["reason"] == "sigint", json.dumps([out, r.sent])
     assert r.secs is not None and r.secs < 60, json.dumps([out, r.secs, r.sent])  # about a second, not minutes
     assert out["after"] == 4762
+
+
+# ---- db.attach: a user's own table file as a view ------------------------------------------------------------------
+def _keep_files(tmp_path, eps, scores):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"episode_index": eps, "score": scores}), tmp_path / "keep.parquet")
+    (tmp_path / "keep.csv").write_text("episode_index,score\n" + "".join(f"{e},{s}\n" for e, s in zip(eps, scores)))
+    (tmp_path / "keep.json").write_text(json.dumps([{"episode_index": e, "score": s} for e, s in zip(eps, scores)]))
+    (tmp_path / "keep.jsonl").write_text("".join(json.dumps({"episode_index": e, "score": s}) + "\n"
+                                                 for e, s in zip(eps, scores)))
+
+
+def test_an_attached_keep_list_joins_in_one_line_and_selects_a_training_set(datasets, tmp_path):
+    import pyarrow.parquet as pq
+
+    eps, scores = [3, 11, 17], [0.9, 0.25, 0.5]
+    _keep_files(tmp_path, eps, scores)
+    lengths = dict(zip(*pq.read_table(datasets / "small20/meta/episodes/chunk-000/file-000.parquet",
+                                      columns=["episode_index", "length"]).to_pydict().values()))
+    db = lsql.connect(datasets / "small20")
+    for ext in ("parquet", "csv", "json", "jsonl"):
+        db.attach(f"keep_{ext}", tmp_path / f"keep.{ext}")
+        assert db.sql(f"SELECT episode_index, score FROM episodes JOIN keep_{ext} USING (episode_index) "
+                      "ORDER BY episode_index").fetchall() == sorted(zip(eps, scores))
+        assert f"keep_{ext}" in db.views()
+    ds = db.dataset("SELECT episode_index FROM episodes JOIN keep_csv USING (episode_index) WHERE score > 0.3",
+                    cameras=[])
+    assert len(ds) == lengths[3] + lengths[17]
+    assert sorted({int(ds[i]["episode_index"]) for i in (0, len(ds) - 1)}) == [3, 17]
+
+
+def test_attach_from_a_url_and_on_a_collection(datasets, tmp_path):
+    from http_range_server import RangeServer
+
+    _keep_files(tmp_path, [1, 2], [0.5, 1.0])
+    (tmp_path / "both.csv").write_text("dataset,episode_index\na,1\nb,2\n")
+    with RangeServer(tmp_path) as srv:
+        db = lsql.connect(datasets / "small20")
+        db.attach("keep", f"{srv.url}/keep.parquet")
+        assert db.sql("SELECT count(*) FROM frames JOIN keep USING (episode_index)").fetchall() == \
+            db.sql("SELECT count(*) FROM frames WHERE episode_index IN (1, 2)").fetchall()
+        coll = lsql.connect_many({"a": datasets / "small20", "b": datasets / "multifile60"})
+        coll.attach("keep", f"{srv.url}/both.csv")
+        got = coll.sql("SELECT dataset, episode_index FROM episodes JOIN keep USING (dataset, episode_index) "
+                       "ORDER BY 1").fetchall()
+        assert got == [("a", 1), ("b", 2)]
+        assert len(coll.dataset("SELECT dataset, episode_index FROM episodes JOIN keep USING (dataset, "
+                                "episode_index)", cameras=[])) > 0
+
+
+@pytest.mark.parametrize("name,match", [
+    ("frames", "name of a view"), ("EPISODES", "name of a view"), ("sidecars", "name of a view"),
+    ("segments", "name of a view"), ("select", "SQL keyword"), ("a b", "not a plain SQL name"),
+    ("x'; DROP VIEW frames; --", "not a plain SQL name"), ("_lsql_arrow_x", "not a plain SQL name"), ("", "plain"),
+    ("9lives", "not a plain SQL name")])
+def test_attach_names_are_checked(datasets, tmp_path, name, match):
+    _keep_files(tmp_path, [1], [1.0])
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(lsql.QueryError, match=match):
+        db.attach(name, tmp_path / "keep.csv")
+    assert db.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+    with pytest.raises(TypeError, match="must be a string"):
+        db.attach(None, tmp_path / "keep.csv")
+
+
+def test_attach_again_needs_replace_and_the_view_stays_read_only(datasets, tmp_path):
+    _keep_files(tmp_path, [1, 2], [0.5, 1.0])
+    (tmp_path / "other.csv").write_text("episode_index\n7\n")
+    db = lsql.connect(datasets / "small20")
+    db.attach("keep", tmp_path / "keep.csv")
+    with pytest.raises(lsql.QueryError, match="already attached.*replace=True"):
+        db.attach("Keep", tmp_path / "other.csv")
+    assert db.sql("SELECT episode_index FROM keep ORDER BY 1").fetchall() == [(1,), (2,)]
+    db.attach("KEEP", tmp_path / "other.csv", replace=True)
+    assert db.sql("SELECT * FROM keep").fetchall() == [(7,)]
+    # the raw SQL stays read-only: no statement changes the attached rows or attaches a file itself
+    for sql in ("DELETE FROM keep", "INSERT INTO keep VALUES (3)", f"ATTACH '{tmp_path}/x.db' AS x",
+                f"SELECT * FROM read_csv('{tmp_path}/keep.csv')", f"SELECT * FROM '{tmp_path}/keep.csv'"):
+        with pytest.raises(lsql.QueryError):
+            db.sql(sql)
+    # and the attached file's folder did not become readable to DuckDB (the file was read by Python, once)
+    import duckdb
+
+    for sql in ("INSERT INTO keep VALUES (3)", f"SELECT * FROM read_csv('{tmp_path}/keep.csv')"):
+        with pytest.raises(duckdb.Error):
+            db.con.execute(sql)
+    assert db.sql("SELECT * FROM keep").fetchall() == [(7,)]
+
+
+def test_attach_refuses_what_is_not_a_table_naming_the_file(datasets, tmp_path):
+    db = lsql.connect(datasets / "small20")
+    with pytest.raises(lsql.MissingFileError, match="no such file"):
+        db.attach("keep", tmp_path / "gone.parquet")
+    (tmp_path / "k.xlsx").write_text("")
+    with pytest.raises(ValueError, match="format="):
+        db.attach("keep", tmp_path / "k.xlsx")
+    (tmp_path / "k.json").write_text("{oops")
+    with pytest.raises(lsql.DatasetFormatError, match=r"k\.json: not valid JSON"):
+        db.attach("keep", tmp_path / "k.json")
+    assert "keep" not in db.views()

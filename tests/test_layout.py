@@ -250,6 +250,10 @@ BAD_INFO = [
     ({"chunks_size": -5}, "'chunks_size'"),
     ({"chunks_size": "1000"}, "'chunks_size'"),
     ({"chunks_size": 2.5}, "'chunks_size'"),
+    # issue 39: a dataset stored as a Lance table (lerobot after 0.6.1) has no data/*.parquet to read
+    ({"storage_format": "lance"}, r"'storage_format' is 'lance'.*data/\*\.parquet.*LanceDatasetReader"),
+    ({"storage_format": "PARQUET"}, r"'storage_format' is 'PARQUET'"),
+    ({"storage_format": ["parquet"]}, r"'storage_format' is \['parquet'\]"),
 ]
 BAD_FEATURE = [
     ({"shape": [-6]}, "shape"),
@@ -293,6 +297,20 @@ def test_an_int_dtype_over_float_data_names_file_and_column(datasets, tmp_path):
 def test_valid_info_json_variants_still_open(datasets, tmp_path):
     root = _with_info(datasets, tmp_path, fps=30.0, chunks_size=1000.0)
     assert lsql.connect(root).sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+    # storage_format Parquet (as written or null), and keys this reader does not know, anywhere: read, and the
+    # unknown ones reachable in SQL (info.info_json, features.info)
+    own = {"by": "another writer", "nan": float("nan"), "deep": [[{"x": 1}]]}
+    info = _info(datasets / "small20")
+    info["features"]["observation.state"]["info"] = {"curation": {"kept": True}}
+    info["features"]["action"]["my_key"] = [1, 2]
+    for fmt in ("parquet", None):
+        root = _with_info(datasets, tmp_path, storage_format=fmt, my_writer=own, features=info["features"])
+        db = lsql.connect(root)
+        assert db.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]
+        assert db.sql("SELECT info_json->'my_writer'->>'by', info_json->'my_writer'->>'nan', "
+                      "info_json->'my_writer'->'deep' FROM info").fetchall() == [("another writer", None, '[[{"x":1}]]')]
+        assert db.sql("SELECT info->'curation'->>'kept' FROM features WHERE name = 'observation.state'"
+                      ).fetchall() == [("true",)]
     root = _with_info(datasets, tmp_path, chunks_size=None,
                       data_path="data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet")
     assert lsql.connect(root).layout.chunks_size == 1000

@@ -19,6 +19,7 @@ from .._format.files import DatasetFiles
 from .._format.layout import Layout
 from .._format.metadata import corrupt_parquet_files, damaged_parquet_error
 from .._format.metadata import unreadable_error as parquet_error
+from .._format.sidecar_files import find_sidecars
 from .._query.sqltext import ident, literal
 from .._readers import video_index
 from .._storage.source import Source, glob_escape
@@ -32,7 +33,11 @@ from ..errors import (
     ResultContractError,
     warn,
 )
-from . import macros, quality, sandbox, views
+from . import macros, quality, sandbox, sidecars, views
+
+# Names a sidecar view never gets besides the dataset's own views and macros: the views of a collection and the
+# listing of the sidecars themselves.
+RESERVED_NAMES = frozenset({"datasets", "sidecars"})
 
 # Most rows a query given to dataset()/manifest() may return (samples; duplicates allowed for oversampling).
 MAX_RESULT_ROWS = 200_000_000  # hard ceiling on a manifest's rows, whatever the memory
@@ -154,13 +159,14 @@ def _missing_data_files_warning(con: duckdb.DuckDBPyConnection, src, missing: li
 
 
 def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dict[str, pa.Table],
-             prefix: str = "", table_macros: bool = True) -> tuple[list[str], list[str]]:
+             prefix: str = "", table_macros: bool = True) -> tuple[list[str], list[str], dict[str, str]]:
     """Create one dataset's views and macros in ``con``'s current schema (Arrow registrations named with
-    ``prefix``, recorded in ``relations``); warn about missing data files and symlinks out of the root.
+    ``prefix``, recorded in ``relations``), and a placeholder per sidecar file (:mod:`lerobot_sql._catalog.sidecars`,
+    built on first read); warn about missing data files and symlinks out of the root.
 
     Returns:
         (the folders DuckDB must be allowed to read: the root and the cache folder; the symlink targets it may
-        read), for :func:`lerobot_sql._catalog.sandbox.lock_down`.
+        read), for :func:`lerobot_sql._catalog.sandbox.lock_down`; and the sidecar views (view name -> file).
 
     Raises:
         DatasetFormatError / RemoteIOError: a metadata or data file cannot be read (:func:`unreadable_error`).
@@ -176,6 +182,11 @@ def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dic
     if missing:
         warn(_missing_data_files_warning(con, src, missing))
     macros.register(con, layout, table_macros)  # over register_views' placeholders of video_frames / video_files
+    own = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal AND "
+                                 "schema_name = current_schema()").fetchall()}
+    found = sidecars.view_names(find_sidecars(src), own | set(macros.TABLE_MACROS) | RESERVED_NAMES,
+                                sidecars.keywords(con))
+    sidecars.register_placeholders(con, found, relations, prefix)
     # Second wall behind the query checks: DuckDB itself reads only the dataset and our cache from here on.
     # A hub-cache snapshot's files are symlinks into its blobs/ folder: those targets, and only those, readable.
     targets, refused = src.symlink_targets()
@@ -184,10 +195,10 @@ def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dic
              f"(e.g. {refused[0]} -> {os.path.realpath(refused[0])}); SQL, dataset() and export refuse to "
              "read them. Copy the files into the dataset folder")
     root = src.duckdb_path("")
-    # The data files are given to DuckDB with glob characters bracketed (views._file_list), and DuckDB checks that
+    # The data files are given to DuckDB with glob characters bracketed (views.file_list), and DuckDB checks that
     # spelling against allowed_directories: a root named ``a*`` is allowed as ``a[*]`` too.
     escaped = glob_escape(root) if src.is_local else root
-    return [root, *([escaped] if escaped != root else []), str(files.cache_dir)], list(targets)
+    return [root, *([escaped] if escaped != root else []), str(files.cache_dir)], list(targets), found
 
 
 class Connection:
@@ -217,6 +228,9 @@ class Connection:
         self._ready = {name: not files.layout.video_keys for name in LAZY_VIEWS}
         self._ready["episode_quality"] = False  # built from the data files, cameras or not
         self.quality_thresholds = quality.Thresholds()
+        self._sidecars: dict = {}  # sidecar view -> what builds it (its file), known once the connection is open
+        self._sidecars_built: set[str] = set()
+        self._attached: set[str] = set()  # names of the tables attach() made views of (lower case)
 
     @property
     def opened(self) -> bool:
@@ -274,7 +288,7 @@ class Connection:
         """A new DuckDB connection with the views and macros, locked down to the dataset and its cache."""
         con = self._new_duckdb()
         try:
-            allowed, targets = populate(con, self.files, self._relations)
+            allowed, targets, self._sidecars = populate(con, self.files, self._relations)
             sandbox.lock_down(con, allowed, allowed_paths=targets)
         except (duckdb.Error, RuntimeError) as e:
             con.close()
@@ -420,6 +434,50 @@ class Connection:
                 self.register(cams, quality.camera_facts(self.cursor(), at, fps))
         self.cursor().execute(f"CREATE OR REPLACE VIEW {at}episode_quality AS "
                               f"{quality.view_sql(at, facts_name, cams, fps, self.quality_thresholds)}")
+
+    # ---- sidecar and attached tables -------------------------------------------------------------------------
+    def unbuilt_sidecars(self) -> list[str]:
+        """The sidecar views still placeholders (the connection must be open)."""
+        return [n for n in self._sidecars if n not in self._sidecars_built]
+
+    def ensure_sidecars(self, names) -> bool:
+        """Build the sidecar views ``names`` not built yet (one thread builds, the others wait); True if one was.
+
+        Raises:
+            DatasetFormatError / MissingFileError: as :func:`lerobot_sql._catalog.sidecars.build`.
+        """
+        todo = [n for n in names if n in self._sidecars and n not in self._sidecars_built]
+        if not todo:
+            return False
+        with self._build_lock:
+            for n in todo:
+                if n not in self._sidecars_built:
+                    self._build_sidecar(n)
+                    self._sidecars_built.add(n)
+        return True
+
+    def _build_sidecar(self, name: str) -> None:
+        sidecars.build(self.cursor(), self.files.source, name, self._sidecars[name], self.register)
+
+    def attach_name(self, name: str, replace: bool = False) -> str:
+        """``name`` checked as the name of an attached table's view; returns it in lower case.
+
+        Raises:
+            TypeError / QueryError: as :func:`lerobot_sql._catalog.sidecars.check_attach_name`.
+        """
+        con = self.cursor()
+        existing = {r[0].lower() for r in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal AND "
+                                                  "schema_name = 'main'").fetchall()}
+        existing |= set(macros.TABLE_MACROS) | RESERVED_NAMES
+        return sidecars.check_attach_name(name, existing, self._attached, sidecars.keywords(con), replace)
+
+    def attach(self, name: str, table: pa.Table, as_json: list[str], replace: bool = False) -> None:
+        """Make ``name`` (checked by :meth:`attach_name`) a view over ``table`` (see
+        :func:`lerobot_sql._catalog.sidecars.attach`)."""
+        with self._build_lock:
+            key = self.attach_name(name, replace)
+            sidecars.attach(self.cursor(), name, table, as_json, self.register)
+            self._attached.add(key)
 
     def close(self) -> None:
         with self._con_lock:

@@ -22,12 +22,12 @@ from .._format.files import DatasetFiles
 from .._format.info import sql_key
 from .._query.sqltext import ident, literal
 from ..errors import DatasetFormatError, warn
-from . import macros, sandbox, views
+from . import macros, sandbox, sidecars, views
 from .connection import LAZY_VIEWS, Connection, populate
 
 # The views that span the collection (each dataset's view of that name, tagged with ``dataset``).
-UNION_VIEWS = ("episodes", "episode_stats", "frames", "frames_ext", "tasks", "videos", "features", "info",
-               "video_frames", "video_files", "camera_frames", "episode_quality")
+UNION_VIEWS = ("episodes", "episode_stats", "frames", "frames_ext", "language", "tasks", "videos", "features", "info",
+               "tools", "sidecars", "video_frames", "video_files", "camera_frames", "episode_quality")
 # A one-dimensional array or list type as DuckDB spells it (FLOAT[6], DOUBLE[]): its element type.
 _ONE_DIM = re.compile(r"^(?P<base>[A-Z][A-Z0-9_ ]*?)(\[\d*\])$")
 
@@ -64,16 +64,21 @@ class CollectionConnection(Connection):
     def _open(self) -> duckdb.DuckDBPyConnection:
         con = self._new_duckdb()
         allowed, targets = [], []
+        self._sidecars = {}  # top-level sidecar view -> [(member, its file)]: each member's view of that name
         for i, files in enumerate(self._members):
             con.execute(f"CREATE SCHEMA {ident(schema_of(i))}")
             con.execute(f"SET schema = {literal(schema_of(i))}")
             try:
-                dirs, links = populate(con, files, self._relations, prefix_of(i), table_macros=False)
+                dirs, links, found = populate(con, files, self._relations, prefix_of(i), table_macros=False)
             except DatasetFormatError as e:
                 raise type(e)(f"dataset {self.names[i]!r}: {e}") from e
             allowed += dirs
             targets += links
+            for name, rel in found.items():
+                self._sidecars.setdefault(name, []).append((i, rel))
         con.execute("SET schema = 'main'")
+        for name in self._sidecars:
+            con.execute(f"CREATE OR REPLACE VIEW {ident(name)} AS {sidecars.PLACEHOLDER}")
         views.register_table(con, "datasets", datasets_table(self.names, self._members), self._relations)
         # Every dataset view's columns in one catalog query (a DESCRIBE per view binds it: 1,100 binds at 100 datasets).
         columns: dict[tuple[str, str], dict[str, str]] = {}
@@ -92,6 +97,16 @@ class CollectionConnection(Connection):
             con.execute(f"CREATE OR REPLACE VIEW {ident(view)} AS {union_sql(con, view, self.names, described)}")
         sandbox.lock_down(con, allowed, allowed_paths=targets)
         return con
+
+    def _build_sidecar(self, name: str) -> None:
+        """The top-level sidecar view ``name``: each member's view of that name built, then their union by name with
+        ``dataset`` (the members without such a file have no rows in it)."""
+        con = self.cursor()
+        for i, rel in self._sidecars[name]:
+            sidecars.build(con, self._members[i].source, name, rel, self.register, prefix_of(i), schema_of(i))
+        members = [i for i, _ in self._sidecars[name]]
+        con.execute(f"CREATE OR REPLACE VIEW {ident(name)} AS "
+                    f"{union_sql(con, name, [self.names[i] for i in members], members=members)}")
 
     def source_cursor(self, i: int) -> duckdb.DuckDBPyConnection:
         """A new cursor whose unqualified names are dataset ``i``'s views (its schema first): what the resolvers
@@ -171,9 +186,10 @@ def _common_list_type(types: list[str]) -> str | None:
 
 
 def union_sql(con: duckdb.DuckDBPyConnection, view: str, names: list[str],
-              described: list[dict[str, str]] | None = None) -> str:
+              described: list[dict[str, str]] | None = None, members: list[int] | None = None) -> str:
     """The SQL of top-level ``view``: each dataset's ``view`` with a leading ``dataset`` column, by name.
-    ``described``: each dataset's view columns (name -> DuckDB type), else read with DESCRIBE.
+    ``described``: each dataset's view columns (name -> DuckDB type), else read with DESCRIBE. ``members``: the
+    collection positions of the datasets ``names`` are (default: ``names`` is the whole collection, in order).
 
     Columns whose types differ between datasets: one-dimensional vectors of different lengths or element types
     become lists (``T[]``, ``DOUBLE[]`` across number types); any other difference is DuckDB's union rule, and
@@ -183,9 +199,10 @@ def union_sql(con: duckdb.DuckDBPyConnection, view: str, names: list[str],
         DatasetFormatError: a dataset's view has a column named ``dataset`` (compared as SQL compares names),
             which the collection needs for the dataset's name.
     """
+    members = list(range(len(names))) if members is None else members
     if described is None:
         described = [{r[0]: r[1] for r in con.sql(f"DESCRIBE {ident(schema_of(i))}.{ident(view)}").fetchall()}
-                     for i in range(len(names))]
+                     for i in members]
     for name, cols in zip(names, described):
         clash = [c for c in cols if sql_key(c) == "dataset"]
         if clash:
@@ -206,7 +223,7 @@ def union_sql(con: duckdb.DuckDBPyConnection, view: str, names: list[str],
 
     def body(cast_text: dict[str, str]) -> str:
         parts = []
-        for i, (name, cols) in enumerate(zip(names, described)):
+        for i, name, cols in zip(members, names, described):
             sel = []
             for c in cols:
                 typ = casts.get(c) or cast_text.get(c)

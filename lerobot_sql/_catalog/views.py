@@ -22,14 +22,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._format import v2
-from .._format.info import parse_template, sql_key
+from .._format.info import LANGUAGE_EVENTS, LANGUAGE_PERSISTENT, parse_template, sql_key
+from .._format.jsontext import json_text
 from .._format.layout import Layout, check_stored_type
 from .._format.metadata import corrupt_parquet_files, read_tasks
 from .._query.sqltext import ident, literal, number
 from .._readers import video_index
 from .._readers.tabular import FRAME_INTEGERS
 from .._storage.source import Source, glob_escape
-from ..errors import DatasetFormatError, LeRobotSQLError, warn
+from ..errors import DatasetFormatError, LeRobotSQLError, as_int, as_real, warn
 from . import quality
 
 DUCKDB_TYPES = {
@@ -59,7 +60,8 @@ _STATS_TYPES = {"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT"
                 "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE"}
 
 
-def _file_list(src: Source, files) -> str:
+def file_list(src: Source, files) -> str:
+    """A DuckDB list literal of ``files``' paths (relative to ``src``) as DuckDB reads them, each a quoted literal."""
     # DuckDB expands glob characters in the paths it reads: a local root named ``a*`` would also read a sibling
     # ``ab``'s files. The ``filename`` column still gives the real path.
     esc = glob_escape if src.is_local else (lambda p: p)
@@ -128,7 +130,7 @@ def _register_episodes(con: duckdb.DuckDBPyConnection, src: Source, layout: Layo
     elif layout.legacy:
         register_table(con, "_episodes_raw", v2.episodes(src, layout), relations, prefix=prefix)
     else:
-        ep_src = f"read_parquet({_file_list(src, layout.episode_files)}, union_by_name=true)"
+        ep_src = f"read_parquet({file_list(src, layout.episode_files)}, union_by_name=true)"
         ep_cols = _describe(con, f"SELECT * FROM {ep_src}")
         if "episode_index" not in ep_cols:
             raise DatasetFormatError(f"{src.path(layout.episode_files[0])}: no episode_index column in episode metadata")
@@ -136,12 +138,19 @@ def _register_episodes(con: duckdb.DuckDBPyConnection, src: Source, layout: Layo
     return _describe(con, "SELECT * FROM _episodes_raw")
 
 
+# How DuckDB reads lerobot 0.6's language columns (datasets/language.py's Arrow types): (persistent, events).
+_MESSAGE = 'STRUCT("role" VARCHAR, "content" VARCHAR, style VARCHAR, {}camera VARCHAR, tool_calls JSON[])[]'
+LANGUAGE_TYPES = (_MESSAGE.format('"timestamp" FLOAT, '), _MESSAGE.format(""))
+
+
 def _empty_frames_sql(layout: Layout) -> str:
     cols = []
     for f in layout.features.values():
         if f.is_video:
             continue
-        if f.is_image or f.dtype in ("string", "language"):
+        if f.dtype == "language":
+            typ = LANGUAGE_TYPES[f.name != LANGUAGE_PERSISTENT]
+        elif f.is_image or f.dtype == "string":
             typ = "VARCHAR"
         elif f.dtype in DUCKDB_TYPES:
             typ = DUCKDB_TYPES[f.dtype] + (f"[{f.shape[0]}]" if len(f.shape) == 1 and f.shape[0] != 1 else "")
@@ -176,6 +185,8 @@ class Build:
     strays: tuple[tuple[str, str], ...] = ()
     cache_dir: Path | None = None  # the dataset's cache folder: checks whose result is kept per file version
     survey: dict | None | bool = False  # _footer_survey's finding, once made (False: not yet)
+    # The frames view's columns (name -> DuckDB type) once it is made; None: read them with DESCRIBE.
+    frame_columns: dict[str, str] | None = None
 
 
 def episodes(b: Build) -> None:
@@ -255,7 +266,7 @@ def frames(b: Build) -> None:
         return
     # union_by_name lines up files whose columns differ (in order or presence) but reads every footer to bind
     uniform = (_footer_survey(b) or {}).get("uniform", False)
-    data_src = f"read_parquet({_file_list(src, b.data_files)}{'' if uniform else ', union_by_name=true'}"
+    data_src = f"read_parquet({file_list(src, b.data_files)}{'' if uniform else ', union_by_name=true'}"
     try:
         data_cols = _describe(con, f"SELECT * FROM {data_src})")
     except duckdb.Error:
@@ -269,9 +280,9 @@ def frames(b: Build) -> None:
         good = [f for f in b.data_files if src.path(f) not in damaged]
         if not good or len(good) == len(b.data_files):
             raise
-        data_cols = _describe(con, f"SELECT * FROM read_parquet({_file_list(src, good)}, union_by_name=true)")
+        data_cols = _describe(con, f"SELECT * FROM read_parquet({file_list(src, good)}, union_by_name=true)")
         order = good[:1] + [f for f in b.data_files if f != good[0]]
-        data_src = f"read_parquet({_file_list(src, order)}"
+        data_src = f"read_parquet({file_list(src, order)}"
         bad = sorted(damaged & {src.path(f) for f in b.data_files})
         warn(f"{len(bad)} of {len(b.data_files)} data file(s) cannot be read as Parquet (truncated or "
              f"corrupt), e.g. {bad[0]}: every query over frames raises until it is re-downloaded from the "
@@ -321,6 +332,8 @@ def frames(b: Build) -> None:
         return f"(SELECT d.*, {extra} FROM {data_src}{options}) d) AS _lsql_rows"
 
     con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {rows()}")
+    # (the language view's columns come from here: a second DESCRIBE of frames would bind it again)
+    b.frame_columns = {**data_cols, **dict.fromkeys(derived, "")}
     root = src.duckdb_path("")
     con.execute(
         "CREATE OR REPLACE VIEW _frames_loc AS SELECT index, episode_index, frame_index, timestamp, task_index, "
@@ -469,14 +482,14 @@ def _split_unnamed(b: Build) -> None:
     try:
         with_eps = []
         for f in unnamed:
-            if "episode_index" in _describe(con, f"SELECT * FROM read_parquet({_file_list(src, [f])})"):
+            if "episode_index" in _describe(con, f"SELECT * FROM read_parquet({file_list(src, [f])})"):
                 with_eps.append(f)
             else:
                 why[f] = f"no episode of {meta} {verb} it and it has no episode_index column"
         if with_eps:
             # each unnamed file's episodes, one query per file (only files no episode names: rare, and few)
             eps = {f: {r[0] for r in con.sql(f"SELECT DISTINCT episode_index FROM read_parquet("
-                                              f"{_file_list(src, [f])}) WHERE episode_index IS NOT NULL").fetchall()}
+                                              f"{file_list(src, [f])}) WHERE episode_index IS NOT NULL").fetchall()}
                    for f in with_eps}
             known = {r[0] for r in con.sql("SELECT DISTINCT episode_index FROM _episodes_raw").fetchall()}
             named_here = [f for f in layout.data_files if f in named]
@@ -485,9 +498,9 @@ def _split_unnamed(b: Build) -> None:
             if ours and named_here:
                 # which of those episodes have rows in the named files (values never pasted: data is hostile)
                 found = {r[0] for r in con.sql(
-                    f"SELECT DISTINCT episode_index FROM read_parquet({_file_list(src, named_here)}, "
+                    f"SELECT DISTINCT episode_index FROM read_parquet({file_list(src, named_here)}, "
                     "union_by_name=true) WHERE episode_index IN (SELECT episode_index FROM _episodes_raw) AND "
-                    f"episode_index IN (SELECT episode_index FROM read_parquet({_file_list(src, ours)}, "
+                    f"episode_index IN (SELECT episode_index FROM read_parquet({file_list(src, ours)}, "
                     "union_by_name=true))").fetchall()}
             for f in with_eps:
                 if eps[f] & (known - found):
@@ -532,8 +545,8 @@ def _warn_repeated_rows(b: Build) -> None:
     col, pairs = found
     try:
         for (a, _alo, _ahi, _an), (f, lo, hi, n) in pairs[:3]:
-            k = con.sql(f"SELECT count(*) FROM read_parquet({_file_list(src, [f])}) WHERE {ident(col)} IN "
-                        f"(SELECT {ident(col)} FROM read_parquet({_file_list(src, [a])}))").fetchall()[0][0]
+            k = con.sql(f"SELECT count(*) FROM read_parquet({file_list(src, [f])}) WHERE {ident(col)} IN "
+                        f"(SELECT {ident(col)} FROM read_parquet({file_list(src, [a])}))").fetchall()[0][0]
             if k:
                 what = "`index` values" if col == "index" else "episodes (episode_index values)"
                 warn(f"{src.path(f)}: {k} of its {n} rows repeat {what} that {a} holds ({col} {lo}..{hi}): every "
@@ -674,46 +687,171 @@ def videos(b: Build) -> None:
     b.con.execute(f"CREATE OR REPLACE VIEW videos AS {' UNION ALL '.join(vids) or empty}")
 
 
+def _depth_quantizer(f) -> dict:
+    """A depth map's quantizer as lerobot 0.6 decodes it (info.json's values, lerobot's defaults where absent); {}
+    for other features, and for a depth map whose values are unusable (its items are refused, naming them)."""
+    if not (f.is_video and f.is_depth_map):
+        return {}
+    try:
+        return f.depth_quantization
+    except DatasetFormatError:
+        return {}
+
+
 def features(b: Build) -> None:
-    """``features``: one row per info.json feature (dtype, shape, names as JSON, the video settings)."""
-    fs = b.layout.features.values()
+    """``features``: one row per info.json feature (dtype, shape, names as JSON, the video settings, the depth-map
+    entries lerobot 0.6 reads, and the feature's whole ``info`` block as JSON)."""
+    fs = list(b.layout.features.values())
+    quant = [_depth_quantizer(f) for f in fs]
+    unit = [f.depth_unit if f.is_depth_map and isinstance(f.depth_unit, str) else None for f in fs]
     feats = pa.table({
         "name": [f.name for f in fs],
         "dtype": [f.dtype for f in fs],
         "shape": pa.array([list(f.shape) for f in fs], pa.list_(pa.int64())),
-        "names": [json.dumps(f.names) for f in fs],
+        "names": [json_text(f.names) for f in fs],
         "is_video": [f.is_video for f in fs],
-        "codec": [f.info.get("video.codec") for f in fs],
-        "fps": pa.array([f.info.get("video.fps") for f in fs], pa.float64()),
-        "height": pa.array([f.info.get("video.height") for f in fs], pa.int64()),
-        "width": pa.array([f.info.get("video.width") for f in fs], pa.int64()),
-        "pix_fmt": pa.array([f.info.get("video.pix_fmt") for f in fs], pa.string()),
+        "codec": pa.array([_text(f.info.get("video.codec")) for f in fs], pa.string()),
+        "fps": pa.array([_real(f.info.get("video.fps")) for f in fs], pa.float64()),
+        "height": pa.array([_whole(f.info.get("video.height")) for f in fs], pa.int64()),
+        "width": pa.array([_whole(f.info.get("video.width")) for f in fs], pa.int64()),
+        "pix_fmt": pa.array([_text(f.info.get("video.pix_fmt")) for f in fs], pa.string()),
+        "is_depth_map": [f.is_depth_map for f in fs],
+        "depth_unit": pa.array(unit, pa.string()),
+        "depth_min": pa.array([q.get("depth_min") for q in quant], pa.float64()),
+        "depth_max": pa.array([q.get("depth_max") for q in quant], pa.float64()),
+        "depth_shift": pa.array([q.get("shift") for q in quant], pa.float64()),
+        "depth_use_log": pa.array([q.get("use_log") for q in quant], pa.bool_()),
+        "info": [json_text(f.own_info or f.video_info) for f in fs],
     })
-    register_table(b.con, "features", feats, b.relations, select="* EXCLUDE (names), CAST(names AS JSON) AS names",
-                    prefix=b.prefix)
+    register_table(b.con, "features", feats, b.relations,
+                   select="* EXCLUDE (names, info), CAST(names AS JSON) AS names, CAST(info AS JSON) AS info",
+                   prefix=b.prefix)
+
+
+# info.json values of the type each column holds, else NULL: a writer's odd value (a string fps, a list codec)
+# reads as NULL in these columns and as written in the JSON ones (features.info, info.info_json).
+def _text(v):
+    return v if isinstance(v, str) else None
+
+
+def _real(v):
+    return as_real(v)
+
+
+def _whole(v):
+    n = as_int(v)
+    return n if n is not None and -2**63 <= n < 2**63 else None
 
 
 def info(b: Build) -> None:
-    """``info``: one row of info.json's settings (fps, version, totals, path templates)."""
+    """``info``: one row of info.json's settings (fps, version, totals, path templates), its ``tools`` (JSON, NULL
+    when the dataset declares none) and the whole file as JSON (``info_json``: every key, unknown ones too)."""
     layout = b.layout
     i = layout.info
     table = pa.table({
         "fps": [layout.fps],
         "codebase_version": [layout.version],
-        "robot_type": pa.array([i.get("robot_type")], pa.string()),
-        "total_episodes": pa.array([i.get("total_episodes")], pa.int64()),
-        "total_frames": pa.array([i.get("total_frames")], pa.int64()),
-        "total_tasks": pa.array([i.get("total_tasks")], pa.int64()),
-        "chunks_size": pa.array([i.get("chunks_size")], pa.int64()),
+        "robot_type": pa.array([_text(i.get("robot_type"))], pa.string()),
+        "total_episodes": pa.array([_whole(i.get("total_episodes"))], pa.int64()),
+        "total_frames": pa.array([_whole(i.get("total_frames"))], pa.int64()),
+        "total_tasks": pa.array([_whole(i.get("total_tasks"))], pa.int64()),
+        "chunks_size": pa.array([_whole(i.get("chunks_size"))], pa.int64()),
         "data_path": [layout.data_path],
         "video_path": pa.array([layout.video_path], pa.string()),
+        "tools": pa.array([None if i.get("tools") is None else json_text(i["tools"])], pa.string()),
+        "info_json": [json_text(i)],
     })
-    register_table(b.con, "info", table, b.relations, prefix=b.prefix)
+    register_table(b.con, "info", table, b.relations,
+                   select="* EXCLUDE (tools, info_json), CAST(tools AS JSON) AS tools, "
+                          "CAST(info_json AS JSON) AS info_json", prefix=b.prefix)
+
+
+def tools(b: Build) -> None:
+    """``tools``: one row per entry of info.json's ``tools`` (OpenAI-style function schemas, lerobot 0.6's
+    ``DatasetInfo.tools``): position (1-based), type, name, description, parameters (JSON) and the whole entry
+    (JSON); no rows when the dataset declares none (lerobot then falls back to its ``say`` tool)."""
+    raw = b.layout.info.get("tools")
+    if raw is not None and not isinstance(raw, list):
+        warn(f"{b.src.path('meta/info.json')}: 'tools' is {type(raw).__name__}, not a list of tool schemas; the "
+             "tools view is empty (info.tools holds the value as JSON). lerobot writes a list of OpenAI-style "
+             "function schemas there")
+        raw = None
+    entries = raw or []
+    fn = [e.get("function") if isinstance(e, dict) and isinstance(e.get("function"), dict) else {} for e in entries]
+    table = pa.table({
+        "position": pa.array(range(1, len(entries) + 1), pa.int64()),
+        "type": pa.array([_text(e.get("type")) if isinstance(e, dict) else None for e in entries], pa.string()),
+        "name": pa.array([_text(f.get("name")) for f in fn], pa.string()),
+        "description": pa.array([_text(f.get("description")) for f in fn], pa.string()),
+        "parameters": pa.array([json_text(f["parameters"]) if "parameters" in f else None for f in fn], pa.string()),
+        "tool": pa.array([json_text(e) for e in entries], pa.string()),
+    })
+    register_table(b.con, "tools", table, b.relations,
+                   select="* EXCLUDE (parameters, tool), CAST(parameters AS JSON) AS parameters, "
+                          "CAST(tool AS JSON) AS tool", prefix=b.prefix)
+
+
+# The language view's columns (name, DuckDB type), after the frame's episode_index, frame_index, index, timestamp.
+_MESSAGE_COLUMNS = (("language_column", "VARCHAR"), ("position", "BIGINT"), ("role", "VARCHAR"),
+                    ("content", "VARCHAR"), ("style", "VARCHAR"), ("message_timestamp", "FLOAT"),
+                    ("camera", "VARCHAR"), ("tool_calls", "JSON"))
+
+
+def language(b: Build) -> None:
+    """``language``: one row per message of the frames' language columns (lerobot 0.6's ``language_persistent`` and
+    ``language_events``, and any other feature of dtype ``language``): the frame's episode_index, frame_index, index
+    and timestamp, ``language_column`` (which column), ``position`` (1-based, in the frame's list), role, content,
+    style, ``message_timestamp`` (seconds: the message's own ``timestamp`` field, which persistent messages carry;
+    an event has none and fires at its frame's timestamp), camera and tool_calls (JSON).
+
+    lerobot repeats an episode's persistent messages on every frame of the episode: each is listed once per
+    episode (per place in the list), at the first frame that carries it; events, once per frame they sit on. A
+    column that is not a list of structs is left out, with a warning."""
+    con, layout = b.con, b.layout
+    cols = b.frame_columns if b.frame_columns is not None else _describe(con, "SELECT * FROM frames")
+    keys = ("episode_index", "frame_index", "index", "timestamp")
+    parts = []
+    for c, typ in cols.items():
+        feat = layout.features.get(c)
+        if c not in (LANGUAGE_PERSISTENT, LANGUAGE_EVENTS) and (feat is None or feat.dtype != "language"):
+            continue
+        if not (typ.startswith("STRUCT(") and typ.endswith(")[]")) or not all(k in cols for k in keys):
+            warn(f"{b.src.path(b.data_files[0]) if b.data_files else c}: column {c!r} is {typ}, not a list of "
+                 "messages (lerobot 0.6 writes language columns as lists of {role, content, style, timestamp, "
+                 "camera, tool_calls}); the language view leaves it out (frames has it as stored)")
+            continue
+        fields = _describe(con, f"SELECT m.* FROM (SELECT unnest({ident(c)}) AS m FROM frames)")
+
+        def field(name: str, typ: str, fields=fields) -> str:
+            return f"CAST(struct_extract(m, {literal(name)}) AS {typ})" if name in fields else f"NULL::{typ}"
+
+        calls = "CAST(to_json(struct_extract(m, 'tool_calls')) AS JSON)" if "tool_calls" in fields else "NULL::JSON"
+        msg = (f"{literal(c)} AS language_column, position, {field('role', 'VARCHAR')} AS role, "
+               f"{field('content', 'VARCHAR')} AS content, {field('style', 'VARCHAR')} AS style, "
+               f"COALESCE({field('timestamp', 'FLOAT')}, fr.timestamp) AS message_timestamp, {field('camera', 'VARCHAR')} AS camera, "
+               f"{calls} AS tool_calls")
+        frame = "struct_pack(frame_index := frame_index, index := index, timestamp := timestamp)"
+        each = (f"SELECT episode_index, fr, unnest(l) AS m, unnest(range(1, len(l) + 1)) AS position FROM "
+                f"(SELECT episode_index, {frame} AS fr, {ident(c)} AS l FROM frames WHERE len({ident(c)}) > 0)")
+        if c == LANGUAGE_PERSISTENT:
+            # Each distinct list of an episode once (lerobot writes one per episode), then each message once.
+            slices = (f"SELECT episode_index, arg_min({frame}, index) AS fr, {ident(c)} AS l FROM frames WHERE "
+                      f"len({ident(c)}) > 0 GROUP BY episode_index, {ident(c)}")
+            each = (f"SELECT episode_index, arg_min(fr, fr.index) AS fr, m, position FROM (SELECT episode_index, fr, "
+                    f"unnest(l) AS m, unnest(range(1, len(l) + 1)) AS position FROM ({slices})) GROUP BY "
+                    "episode_index, m, position")
+        parts.append(f"SELECT episode_index, fr.frame_index AS frame_index, fr.index AS index, fr.timestamp AS "
+                     f"timestamp, {msg} FROM ({each})")
+    if not parts:
+        parts = ["SELECT NULL::BIGINT AS episode_index, NULL::BIGINT AS frame_index, NULL::BIGINT AS index, "
+                 "NULL::FLOAT AS timestamp, " + ", ".join(f"NULL::{t} AS {n}" for n, t in _MESSAGE_COLUMNS)
+                 + " WHERE false"]
+    con.execute(f"CREATE OR REPLACE VIEW language AS {' UNION ALL '.join(parts)}")
 
 
 # The plain views, in the order they are created (each reads only _episodes_raw, the files and what is before it:
 # frames derives a missing task_index from tasks).
-VIEWS = (episodes, episode_stats, tasks, frames, data_files, videos, features, info)
+VIEWS = (episodes, episode_stats, tasks, frames, language, data_files, videos, features, info, tools)
 
 
 def _warn_totals(b: Build) -> None:

@@ -27,6 +27,10 @@ V2_VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_i
 NUMERIC_DTYPES = frozenset({"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
                             "uint32", "uint64", "bool"})
 KNOWN_DTYPES = NUMERIC_DTYPES | {"video", "image", "string", "language"}
+# lerobot 0.6's language columns (datasets/language.py: LANGUAGE_PERSISTENT, LANGUAGE_EVENTS), dtype "language": per
+# frame, a list of {role, content, style, timestamp (persistent only, float32 s), camera, tool_calls (JSON list)}.
+# The persistent column repeats its episode's slice on every frame; an event sits on the frame it fires at.
+LANGUAGE_PERSISTENT, LANGUAGE_EVENTS = "language_persistent", "language_events"
 # Bounds on info.json numbers: far beyond any real dataset, small enough that no count, shape or path built from
 # them overflows int64 or allocates absurd memory. A 4K RGB camera is 2160*3840*3 = 2.5e7 elements.
 MAX_FPS = 100_000.0
@@ -322,6 +326,30 @@ class CheckedInfo:
     video_path: str | None
 
 
+# The values of info.json's ``storage_format`` this reader reads: absent (None) or Parquet. lerobot after 0.6.1
+# (its PR #4363, LanceDatasetReader) reads datasets whose info.json says ``"storage_format": "lance"``: their frames
+# are in a Lance table, not in data/*.parquet.
+STORAGE_FORMATS = (None, "parquet")
+
+
+def check_storage_format(value: Any, where: str) -> None:
+    """Refuse a ``storage_format`` other than Parquet (absent, null or ``"parquet"``).
+
+    Not read rather than read: a Lance table needs the ``lance`` library (lerobot_sql adds no dependency) or DuckDB's
+    lance extension (the locked connection loads none), and without its frames every view and item of such a dataset
+    would be empty or missing files, not a clear no.
+
+    Raises:
+        DatasetFormatError: naming ``where``, the value and what is read.
+    """
+    if value not in STORAGE_FORMATS:
+        raise DatasetFormatError(
+            f"{where}: 'storage_format' is {value!r}; lerobot_sql reads datasets whose frames are in "
+            "data/*.parquet files ('storage_format' absent, null or \"parquet\"). A dataset stored as a Lance "
+            "table (\"lance\") is read by lerobot's own LeRobotDataset (lerobot newer than 0.6.1: "
+            "LanceDatasetReader); query a copy of it written as data/*.parquet here")
+
+
 def check_info(info: Any, where: str) -> CheckedInfo:
     """The one validation of a parsed meta/info.json (types, ranges, finite numbers, path templates), before any
     value is used: by :func:`load_layout` at ``connect()``, before :func:`lerobot_sql._format.listing.list_files`
@@ -335,6 +363,9 @@ def check_info(info: Any, where: str) -> CheckedInfo:
             attribute is that key (``fps``, ``features['observation.state']``, ``data_path`` ...), for reports
             (``lerobot-sql doctor``).
         UnsupportedVersionError: codebase_version is neither v2.x nor v3.x.
+
+    Keys this reader does not know (``tools``, ``splits``, a writer's own) pass unchecked: the ``info`` view holds
+    the whole file as JSON.
     """
     stage = "(the whole file)"  # the info.json key being checked: a refusal carries it as ``error.key``
     try:
@@ -354,6 +385,8 @@ def check_info(info: Any, where: str) -> CheckedInfo:
             raise UnsupportedVersionError(f"{where}: codebase_version {version!r} is not supported: this reader "
                                           "handles LeRobot formats v2.0, v2.1 and v3.x")
         legacy = major == 2
+        stage = "storage_format"
+        check_storage_format(info.get("storage_format"), where)
         stage = "fps"
         fps = info.get("fps")
         if as_real(fps) is None or not math.isfinite(fps) or not MIN_FPS <= fps <= MAX_FPS:

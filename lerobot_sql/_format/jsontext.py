@@ -8,6 +8,7 @@ A file's text is hostile: beside invalid JSON and bytes that are not UTF-8, JSON
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -44,3 +45,23 @@ def load_json(text: str | bytes, where: str, fix: str,
         # metadata is a few levels deep, so such text was never written by lerobot.
         raise error(f"{where}: JSON nested too deeply to parse (over about {sys.getrecursionlimit():,} levels of "
                     f"[ ] or {{ }}; lerobot writes a few); {fix}") from e
+
+
+def json_text(value: Any) -> str:
+    """``value`` (as :func:`load_json` returns it) as JSON text that DuckDB's ``JSON`` type accepts: Python's parser
+    reads ``NaN`` and ``Infinity``, which are not JSON, so non-finite numbers become ``null``. Compact, as DuckDB
+    writes JSON (``[1,"a"]``)."""
+    try:
+        return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except ValueError:
+        return json.dumps(_finite(value), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

@@ -12,12 +12,14 @@ import concurrent.futures
 
 from .._storage.source import Source
 from ..errors import DatasetFormatError, warn
+from . import sidecar_files
 from .info import CheckedInfo
 from .jsontext import load_json
 
 
 def list_files(src: Source, info: CheckedInfo) -> list[str]:
-    """Every file a dataset's metadata names, sorted: meta/info.json, stats and tasks, the meta/episodes files
+    """Every file a dataset's metadata names, sorted: meta/info.json, stats and tasks, the sidecar files of known
+    names (:data:`lerobot_sql._format.sidecar_files.KNOWN`: sarm_progress.parquet ...), the meta/episodes files
     (v3.x: followed from ``chunk-000/file-000`` until ``total_episodes`` are seen; v2.x: meta/episodes.jsonl), and
     the data and video files they point to.
 
@@ -45,7 +47,7 @@ def list_files(src: Source, info: CheckedInfo) -> list[str]:
     files = {"meta/info.json"}
     v2 = info.legacy
     extras = ("meta/stats.json",) + (("meta/tasks.jsonl", "meta/episodes.jsonl", "meta/episodes_stats.jsonl")
-                                     if v2 else ("meta/tasks.parquet",))
+                                     if v2 else ("meta/tasks.parquet",)) + sidecar_files.KNOWN
     # One round trip for all (each is a HEAD): the other version's files are not asked about at all.
     with concurrent.futures.ThreadPoolExecutor(len(extras)) as pool:
         found = list(pool.map(src.exists, extras))

@@ -89,6 +89,19 @@ def _param(text: str) -> tuple[str, str]:
     return key.strip(), raw
 
 
+def _attach(text: str) -> tuple[str, str]:
+    """``NAME=PATH`` -> (name, path) of --attach."""
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH (a view name and a Parquet, CSV or JSON file), got "
+                                         f"{text!r}")
+    return name.strip(), path
+
+
+ATTACH_HELP = ("make a Parquet, CSV or JSON file (a local path or URL: your own, anywhere) a view NAME beside the "
+               "dataset's, e.g. --attach keep=keep.csv to JOIN keep USING (episode_index) (repeatable)")
+
+
 DATASET_HELP = ("dataset root (holds meta/, data/, videos/) or URL; several datasets (a collection, every view with a "
                 "dataset column): a comma-separated list a,b,c, a glob 'data/*', or a folder whose sub-folders (one "
                 "or two levels down) are datasets")
@@ -124,10 +137,24 @@ def _connect(args, collection_ok: bool = True):
         if getattr(args, "query_dir", None) or getattr(args, "name", None):
             raise UsageError("named queries (--name, --query-dir) are written for one dataset; over a collection "
                              "give the SQL itself (every view has a dataset column)")
-        return lsql.connect_many(many, **kw)
+        return _attached(lsql.connect_many(many, **kw), args)
     db = lsql.connect(args.dataset, **kw)
     for d in getattr(args, "query_dir", None) or []:
         db.add_query_dir(d)
+    return _attached(db, args)
+
+
+def _attached(db, args):
+    """``db`` with the tables of ``--attach NAME=PATH`` attached (:meth:`lerobot_sql.Database.attach`)."""
+    from ..errors import LeRobotSQLError
+
+    for name, path in getattr(args, "attach", None) or []:
+        try:
+            db.attach(name, path)
+        except (ValueError, TypeError) as e:
+            if isinstance(e, LeRobotSQLError):
+                raise
+            raise UsageError(f"--attach {name}={path}: {e}") from e
     return db
 
 
@@ -626,6 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-rows", type=_rows, default=40, help="rows shown by the table format (0 = all; default 40)")
     sp.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                     help="stop the query after this many seconds (exit 1); Ctrl-C stops it at any time (exit 130)")
+    sp.add_argument("--attach", action="append", type=_attach, metavar="NAME=PATH", help=ATTACH_HELP)
     sp.set_defaults(func=cmd_query)
 
     sp = add("export", "write the frames a query selects as a new LeRobot v3.0 dataset",
@@ -649,6 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--features", metavar="KEYS",
                     help="over several datasets: the feature keys to write, comma-separated (e.g. leave out a camera "
                          "whose codec differs between them)")
+    sp.add_argument("--attach", action="append", type=_attach, metavar="NAME=PATH", help=ATTACH_HELP)
 
     sp = add("prefetch", "download (into the cache) the files a query needs from a remote dataset",
              ["lerobot-sql prefetch hf://datasets/ORG/NAME",
@@ -691,6 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "the\nresults, and exits 1 if any statement or dot command failed, else 0 (.quit ends the script "
                   "early\nand keeps that status). An interactive session exits 0.")
     sp.add_argument("--max-rows", type=_rows, default=40, help="rows shown per result (0 = all; default 40)")
+    sp.add_argument("--attach", action="append", type=_attach, metavar="NAME=PATH", help=ATTACH_HELP)
 
     sp = add("bench", "run the benchmarks (needs a source checkout: git clone, then pip install -e .)",
              ["lerobot-sql bench", "lerobot-sql bench --full", "lerobot-sql bench -- --help"], cmd_bench,

@@ -22,6 +22,7 @@ from ..errors import (
     DatasetFormatError,
     DestinationError,
     FrameNotFoundError,
+    LeRobotSQLError,
     MissingFileError,
     QueryError,
     QueryInterrupted,
@@ -327,7 +328,17 @@ def _holds_text(t) -> bool:
 
 def views_and_columns(db) -> dict[str, list[tuple[str, str]]]:
     out: dict[str, list[tuple[str, str]]] = {}
+    # A sidecar's view is a placeholder until a query names it: asked through db.sql, which reads its file's columns
+    # (a broken file is shown as its error, not a failed listing).
+    side = {r[0] for r in db.sql("SELECT view FROM sidecars").fetchall()}
     for view in db.views():
+        if view in side:
+            try:
+                r = db.sql(f'SELECT * FROM "{view}" LIMIT 0')
+                out[view] = [(c, str(t)) for c, t in zip(r.columns, r.types)]
+            except LeRobotSQLError as e:
+                out[view] = [("(unreadable)", one_line(e))]
+            continue
         # DESCRIBE runs on our own connection: db.sql() accepts only SELECT queries.
         out[view] = [(r[0], r[1]) for r in db.con.sql(f'DESCRIBE "{view}"').fetchall()]
     return out
