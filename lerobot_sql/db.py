@@ -641,7 +641,7 @@ class Database(QueryFace):
         return nearest.nearest(self, at, streams, k, tolerance_s=tolerance_s)
 
     def export(self, sql: str, dest: str | os.PathLike, *, overwrite: bool = False, progress: bool = True,
-               tolerance_s: float = 1e-4, align: str = "timestamp"):
+               tolerance_s: float = 1e-4, align: str = "timestamp", fps: int | None = None):
         """Write the frames ``sql`` selects as a new LeRobot v3.0 dataset at ``dest`` (a local folder).
 
         Args:
@@ -654,6 +654,9 @@ class Database(QueryFace):
             progress: show a tqdm bar.
             tolerance_s: how far a data timestamp may be from its video frame's pts (as in :meth:`dataset`).
             align: ``"timestamp"`` (default) or ``"frame_index"``, as in :meth:`dataset`.
+            fps: write the selection as a recording at this lower frame rate, as ``dataset(sql, fps=fps)`` serves
+                it (every k-th frame, renumbered; every camera frame re-encoded losslessly, RGB cameras as H.264):
+                :func:`lerobot_sql.export.export_dataset`.
 
         Returns:
             :class:`lerobot_sql.export.ExportReport` (episodes, frames, files written, frames re-encoded, seconds).
@@ -661,13 +664,14 @@ class Database(QueryFace):
         Raises:
             As :func:`lerobot_sql.export.export_dataset`: QueryError / ResultContractError, DestinationExistsError,
             DestinationError, FrameNotFoundError, DatasetFormatError / VideoDecodeError / MissingFileError,
-            TypeError / ValueError; and DatasetFormatError for a data file that is a symlink out of the dataset.
+            TypeError / ValueError (``fps`` too); and DatasetFormatError for a data file that is a symlink out of the
+            dataset.
         """
         from . import export
 
         self._check_links()
         return export.export_dataset(self, sql, dest, overwrite=overwrite, progress=progress,
-                                     tolerance_s=tolerance_s, align=align)
+                                     tolerance_s=tolerance_s, align=align, fps=fps)
 
     def export_manifest(self, sql: str, path: str | os.PathLike, *, overwrite: bool = False):
         """Write the manifest of ``sql`` (one row per sample, :meth:`manifest`'s columns plus each camera's
