@@ -6,6 +6,7 @@ losslessly). lerobot 0.4.4 reads it (the peer, when installed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -23,6 +24,9 @@ import lerobot_sql as lsql
 from helpers import PEER_PYTHON, run_cli
 from lerobot_sql import doctor
 from lerobot_sql.errors import ResultContractError
+
+# what every export renumbers (episodes 0..N-1, index contiguous, windows from frame 0, tasks still used)
+RENUMBERED = {"index", "episode_index", "frame_index", "timestamp", "task_index"}
 
 
 def _table(root, sub) -> pd.DataFrame:
@@ -106,6 +110,26 @@ def test_doctor_passes_an_export_at_a_lower_rate(datasets, tmp_path):
     assert report.ok and all(c.ok for c in report.checks if not c.skipped), report.to_text()
 
 
+def test_videos_at_a_lower_rate_rotate_into_files_of_whole_episodes(datasets, tmp_path, monkeypatch):
+    """A video_files_size_in_mb too small for two episodes: each episode in an mp4 of its own, starting at 0."""
+    from lerobot_sql.export import target
+
+    of = target.ExportTarget.of.__func__
+    monkeypatch.setattr(target.ExportTarget, "of", classmethod(
+        lambda cls, layout, root: dataclasses.replace(of(cls, layout, root), video_limit=1)))
+    db = lsql.connect(datasets / "small20")
+    sql = "SELECT episode_index FROM episodes WHERE episode_index IN (1, 2)"
+    db.export(sql, tmp_path / "out", fps=10, progress=False)
+    e = _table(tmp_path / "out", "meta/episodes")
+    key = "observation.images.front"
+    files = list(zip(e[f"videos/{key}/chunk_index"], e[f"videos/{key}/file_index"]))
+    assert files == [(0, 0), (0, 1)] and len(list((tmp_path / "out" / "videos" / key).glob("*/*.mp4"))) == 2
+    assert e[f"videos/{key}/from_timestamp"].tolist() == [0.0] * 2
+    _all_items_equal(db.dataset(sql, fps=10, return_uint8=True),
+                     lsql.connect(tmp_path / "out").dataset(return_uint8=True), RENUMBERED)
+    assert doctor.run(lsql.connect(tmp_path / "out")).ok
+
+
 def test_depth_maps_and_images_export_at_a_lower_rate_losslessly(datasets, tmp_path):
     """depth4 (lerobot 0.6.1's writer): an AV1 camera, an HEVC gray12le depth video (its own lossless settings), depth
     images in Parquet; the whole dataset at 10 fps reads back as depth4 at 10 fps, every key."""
@@ -130,9 +154,8 @@ def test_windows_at_a_lower_rate_become_episodes_from_frame_0(datasets, tmp_path
     d = _table(tmp_path / "out", "data")
     assert d.groupby("episode_index").size().tolist() == [10, 4]  # frames 15..42 and 3..12 of every third
     assert d["frame_index"].tolist() == list(range(10)) + list(range(4))
-    renumbered = {"index", "episode_index", "frame_index", "timestamp", "task_index"}  # as every export
     _all_items_equal(db.dataset(sql, fps=10, return_uint8=True),
-                     lsql.connect(tmp_path / "out").dataset(return_uint8=True), renumbered)
+                     lsql.connect(tmp_path / "out").dataset(return_uint8=True), RENUMBERED)
 
 
 def test_an_export_at_a_rate_that_does_not_divide_writes_nothing(datasets, tmp_path):

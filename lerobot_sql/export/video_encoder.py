@@ -18,7 +18,7 @@ its first frame's. Files rotate by ``video_files_size_in_mb``, estimated from th
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
+from typing import Any, Iterator
 
 import av
 import numpy as np
@@ -62,36 +62,42 @@ class EncodingVideoWriter(VideoWriter):
             raise DatasetFormatError(f"{rel}: frames of episode {part.src_episode} ({self.key}) are not every "
                                      f"{part.stride}-th frame of the video; the timestamps disagree with the video "
                                      "(`lerobot-sql doctor`)")
-        frames = self._decode(self._input(part.source, rel), index, rows)
         if self.out is not None and self.rot.used and \
-                self.bytes + self.bytes / max(self.n_file, 1) * len(frames) >= self.target.video_limit:
+                self.bytes + self.bytes / max(self.n_file, 1) * len(rows) >= self.target.video_limit:
             self._close_file()
             self.rot.advance()
-        if self.out is None:
-            self._open_encoder(frames[0])
         start = self.n_file
         tb = Fraction(1, int(self.target.fps))
-        for j, fr in enumerate(frames):
+        n = 0
+        # frame by frame, decoded and encoded as they come: an episode's frames are never held together
+        for fr in self._decoded(self._input(part.source, rel), index, rows):
+            if self.out is None:
+                self._open_encoder(fr)
             f = fr if fr.format.name == self.stream.pix_fmt else fr.reformat(format=self.stream.pix_fmt)
-            f.pts, f.time_base = start + j, tb
+            f.pts, f.time_base = start + n, tb
             # the episode's first frame a keyframe (forced-idr: an IDR), the rest as the encoder chooses (a decoded
             # frame keeps its source picture type, which the encoder would obey)
-            f.pict_type = PictureType.I if j == 0 else PictureType.NONE
+            f.pict_type = PictureType.I if n == 0 else PictureType.NONE
             self._mux(self.stream.encode(f))
-        self.n_file += len(frames)
-        self.target.frames_reencoded += len(frames)
+            n += 1
+        self.n_file += n
+        self.target.frames_reencoded += n
         self.rot.used = True
         p = f"videos/{self.key}/"
         fps = float(self.target.fps)
         return {p + "chunk_index": self.rot.chunk, p + "file_index": self.rot.file,
                 p + "from_timestamp": start / fps, p + "to_timestamp": self.n_file / fps}
 
-    def _decode(self, inp, index, rows: np.ndarray) -> list:
-        """The frames of video ``rows`` (ascending), decoded from the keyframe before the first."""
+    def _decoded(self, inp, index, rows: np.ndarray) -> Iterator:
+        """The frames of video ``rows`` (ascending), decoded from the keyframe before the first, one at a time.
+
+        Raises:
+            VideoDecodeError: decoding fails, or fewer frames than ``rows`` come out.
+        """
         want = {int(index.pts[r]) for r in rows}
         lo, hi = int(index.pts[rows[0]]), int(index.pts[rows[-1]])
         stream = inp.streams.video[0]
-        out = []
+        n = 0
         try:
             inp.seek(int(index.keyframe_pts[rows[0]]), stream=stream, backward=True, any_frame=False)
             for fr in inp.decode(stream):
@@ -100,13 +106,13 @@ class EncodingVideoWriter(VideoWriter):
                 if fr.pts > hi:
                     break
                 if int(fr.pts) in want:
-                    out.append(fr)
+                    n += 1
+                    yield fr
         except av.error.FFmpegError as e:
             raise VideoDecodeError(f"{index.path}: decoding failed near pts={lo} ({e})") from e
-        if len(out) != len(rows):
-            raise VideoDecodeError(f"{index.path}: decoded {len(out)} of the {len(rows)} frames between pts {lo} and "
+        if n != len(rows):
+            raise VideoDecodeError(f"{index.path}: decoded {n} of the {len(rows)} frames between pts {lo} and "
                                    f"{hi}; the file may be corrupt")
-        return out
 
     def _open_encoder(self, frame) -> None:
         """A new output file whose stream is a lossless encoder for frames like ``frame``."""
@@ -138,7 +144,6 @@ class EncodingVideoWriter(VideoWriter):
             raise VideoDecodeError(f"camera {self.key!r}: no {name!r} encoder in this PyAV build, which an export "
                                    "at another frame rate needs") from e
         self.stream.width, self.stream.height, self.stream.pix_fmt = frame.width, frame.height, fmt
-        self.bytes, self.n_file = 0, 0
         self.files += 1
         self.settings = {"video.codec": "hevc" if name == "libx265" else "h264", "video.pix_fmt": fmt,
                          "video.g": int(opts["g"])}
@@ -156,6 +161,7 @@ class EncodingVideoWriter(VideoWriter):
     def _close_file(self) -> None:
         # Forgotten before closing (as VideoWriter's): a failed close must not leave it to the garbage collector.
         out, stream, self.out, self.stream = self.out, self.stream, None, None
+        self.bytes, self.n_file = 0, 0  # (the next file's counts)
         if out is None:
             return
         try:
