@@ -298,7 +298,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                 self._layout, episodes, self._tasks, total_frames=self._n,
                 task_indices=task_indices, repo_id=self.repo_id, root=self.root,
                 stats_fn=self._stats_fn, cameras=self.camera_keys, owner_pid=self._owner_pid,
-                depth_output_unit=self.depth_output_unit, served=served, fps=self.fps)
+                depth_output_unit=self.depth_output_unit, served=served,
+                fps=None if self._grid is None else self.fps)
         return self._meta_obj
 
     @property
