@@ -9,6 +9,7 @@ Public surface::
                     delta_timestamps={"action": [i / 30 for i in range(10)]})
     ds[0]                                         # the dict LeRobotDataset.__getitem__ returns
     db.export(sql, "out/subset")                  # a new LeRobot v3.0 dataset with exactly those frames
+    db.dataset(sql, fps=10), db.export(sql, "out/at10", fps=10)  # a 30 fps set as a 10 fps recording would be
     db.export_manifest(sql, "m.parquet")          # one row per sample, for Ray Data / Daft / torch ranks
     db.named_query("split", subset="validation")  # named queries from queries/
     db.nearest(at_sql, ["action", "observation.images.front"])  # align streams of different rates

@@ -23,7 +23,7 @@ from ._format.layout import Layout
 from ._format.metadata import read_pointers
 from ._plan import contract, resolve
 from ._plan import manifest as plan_manifest  # `manifest` is the tables' name here
-from ._readers import locate
+from ._readers import locate, regrid
 from ._sql import QueryFace, Result  # noqa: F401  (Result: what db.sql returns, importable from here)
 from ._storage.source import Source
 from .errors import DatasetFormatError, MissingFileError, ResultContractError, as_int
@@ -196,7 +196,7 @@ class Database(QueryFace):
                 return_uint8: bool = False, image_transforms: Any = None, cameras: list[str] | None = None,
                 stats: str | None = "selection", decoder_threads: int = 1, parallel_cameras: bool | str = "auto",
                 max_open_decoders: int = 64, seek_reach: int = 2, depth_output_unit: str = "mm",
-                align: str = "timestamp"):
+                align: str = "timestamp", fps: int | None = None):
         """A torch Dataset over the frames the query selects; items equal ``LeRobotDataset.__getitem__``'s.
 
         Args:
@@ -239,6 +239,17 @@ class Database(QueryFace):
                 ahead (default 2; at least 0).
             depth_output_unit: ``"mm"`` (default) or ``"m"``: the unit of depth maps (``ds.meta.depth_keys``,
                 float32 (1, H, W)) and of their statistics, as lerobot 0.6's option of the same name.
+            fps: serve the selection as a recording at this lower frame rate would (default: the dataset's own), a
+                whole number dividing the dataset's fps, ``k = dataset fps / fps`` (:mod:`lerobot_sql._readers.regrid`
+                states the rule): every k-th frame of each episode (frame_index % k == 0); items carry
+                ``frame_index // k``, ``timestamp = frame_index / fps`` (float32) and the ``index`` the whole
+                dataset recorded at ``fps`` gives the frame (what ``export(..., fps=fps)`` of every episode
+                writes), the rest (features, cameras' frames, ``episode_index``, ``task_index``) the source
+                frame's own; ``delta_timestamps`` are seconds on the new grid (multiples of 1/fps), clamped and
+                padded at the episode's kept frames; ``ds.fps``, ``ds.meta`` and ``ds.meta.stats`` (numeric
+                features over the kept frames; cameras as for windows, from their episodes' statistics) are the
+                recording's. Whole episodes and windows keep their frames on the grid; ``index`` rows off it are
+                refused (ResultContractError). A large whole-episode selection is resolved frame by frame.
 
         Returns:
             :class:`lerobot_sql.torch.dataset.LeRobotSQLDataset`.
@@ -251,10 +262,11 @@ class Database(QueryFace):
                 a feature is named ``task``, or ``<key>_is_pad`` for a ``delta_timestamps`` key (the item's own key
                 would replace it: :func:`lerobot_sql._format.layout.check_item_keys`).
             ValueError: bad delta_timestamps (unknown key, offset off the 1/fps grid); both sql and episodes given;
+                ``fps`` above the dataset's, or not a whole number dividing it (naming the rates that work);
                 ``stats`` not one of the three choices; ``depth_output_unit`` not "mm" or "m"; ``align`` not
                 "timestamp" or "frame_index";
                 ``decoder_threads``, ``max_open_decoders`` or ``seek_reach`` out of range.
-            TypeError: ``episodes`` holds something other than integers; ``decoder_threads``,
+            TypeError: ``episodes`` holds something other than integers; ``fps`` is not a number; ``decoder_threads``,
                 ``max_open_decoders`` or ``seek_reach`` is not an integer.
         """
         from .torch.dataset import LeRobotSQLDataset, check_decoder_options
@@ -265,6 +277,8 @@ class Database(QueryFace):
         if stats not in ("selection", "dataset", None):
             raise ValueError(f"stats must be 'selection' (statistics of the selected frames), 'dataset' (the "
                              f"source's meta/stats.json) or None, not {stats!r}")
+        # another frame rate: checked before any frame is read (its stride 1 is the dataset itself)
+        stride = 1 if fps is None else regrid.stride(fps, self.layout.fps)
         self._check_links()
         if episodes is not None and sql is not None:
             raise ValueError("pass either sql or episodes, not both (a query can filter episodes itself)")
@@ -277,7 +291,15 @@ class Database(QueryFace):
         path = plan_manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
         kept = keep = lazy = None
         frames_unread = False  # opened without reading its frames (a large whole-episode selection)
-        if sql is None:  # its own manifest, from the pointers: nothing to check
+        if stride > 1 and (sql is None or isinstance(sql, str) and path is None):
+            # every frame of the selection resolved (no selection cache, no lazy open), then its frames on the grid
+            if sql is None:
+                manifest = self._episodes_manifest(episodes, **kw)
+            else:
+                with plan_manifest.path_hint(sql):
+                    checked, result = self._capped_result(sql)
+                    manifest = self._resolve(result, sql, checked.ordered, **kw)
+        elif sql is None:  # its own manifest, from the pointers: nothing to check
             from .torch import _selections
 
             # whole episodes: the last open of the same selection over the same files may have kept its result
@@ -310,6 +332,11 @@ class Database(QueryFace):
                 if lazy is not None:
                     frames_unread = True
                     episodes = result["episode_index"].to_pylist()
+        grid = None
+        if stride > 1:
+            manifest = regrid.on_grid(manifest, stride, plan_manifest.Meta.of(manifest).mode,
+                                      "the query" if isinstance(sql, str) else str(path or "the manifest"))
+            grid = self._grid(int(fps), stride)
         tasks = self.tasks()
         wanted = pc.unique(manifest["task_index"]).drop_null().to_pylist() if "task_index" in manifest.column_names \
             else []
@@ -323,7 +350,10 @@ class Database(QueryFace):
                       f"{'' if self.layout.tasks_file else ' (the file is missing)'}; items carry the task text as "
                       "LeRobotDataset's do. Restore the file from the dataset's source (`lerobot-sql doctor`: "
                       "tasks_exist)")
-        if stats == "selection" and frames_unread:
+        if stats == "selection" and grid is not None:
+            def stats_fn(db=self, m=manifest, g=grid):  # the kept frames, numbered at the new rate
+                return db._grid_stats(m, g)
+        elif stats == "selection" and frames_unread:
             def stats_fn(db=self, eps=episodes, kw=kw):  # its frames, read now (the open read none)
                 return db._stats_of(db._whole_episodes(eps, **kw))
         elif stats == "selection":
@@ -339,7 +369,36 @@ class Database(QueryFace):
                                  decoder_threads=decoder_threads, parallel_cameras=parallel_cameras,
                                  max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn,
                                  depth_output_unit=depth_output_unit, align=align, _kept=kept, _keep=keep,
-                                 _episodes=lazy)
+                                 _episodes=lazy, _grid=grid)
+
+    def _grid(self, fps: int, stride: int) -> regrid.Grid:
+        """How this dataset served at ``fps`` (``stride`` source frames per frame) numbers its frames: every
+        episode's length from meta/episodes' pointers (``dataset_to_index - dataset_from_index``), else from the
+        ``episodes`` view."""
+        ptr = self._episode_pointers()
+        if ptr is not None and not (ptr["dataset_from_index"].null_count or ptr["dataset_to_index"].null_count):
+            ep = ptr["episode_index"].to_numpy()
+            n = ptr["dataset_to_index"].to_numpy() - ptr["dataset_from_index"].to_numpy()
+        else:
+            t = self.con.sql("SELECT episode_index, length FROM episodes WHERE episode_index IS NOT NULL "
+                             "AND length IS NOT NULL").to_arrow_table()
+            ep, n = t["episode_index"].to_numpy(), t["length"].to_numpy()
+        return regrid.Grid.of(fps, stride, ep, n)
+
+    def _grid_stats(self, manifest: pa.Table, grid: regrid.Grid) -> dict:
+        """:meth:`stats` of ``manifest`` (frames on ``grid``) served at the grid's rate: the source frames' values,
+        with ``index``, ``frame_index`` and ``timestamp`` those the grid numbers them with (exact, numpy)."""
+        from . import stats
+
+        st = self._stats_of(manifest)
+        index, ep_from = manifest["index"].to_numpy(), manifest["ep_from_index"].to_numpy()
+        pos = index - ep_from
+        new = {"index": lambda: grid.index(manifest["episode_index"].to_numpy(), pos),
+               "frame_index": lambda: grid.frame_index(pos), "timestamp": lambda: grid.timestamp(pos)}
+        for key, values in new.items():
+            if key in st and key in self.layout.features:
+                st[key] = stats.array_stats(self.layout.features[key], values(), quantiles="q01" in st[key])
+        return st
 
     def _given_manifest(self, manifest: pa.Table, where: str, *, cameras: list[str] | None,
                         tolerance_s: float | None, align: str) -> pa.Table:
@@ -583,7 +642,7 @@ class Database(QueryFace):
         return nearest.nearest(self, at, streams, k, tolerance_s=tolerance_s)
 
     def export(self, sql: str, dest: str | os.PathLike, *, overwrite: bool = False, progress: bool = True,
-               tolerance_s: float = 1e-4, align: str = "timestamp"):
+               tolerance_s: float = 1e-4, align: str = "timestamp", fps: int | None = None):
         """Write the frames ``sql`` selects as a new LeRobot v3.0 dataset at ``dest`` (a local folder).
 
         Args:
@@ -596,6 +655,9 @@ class Database(QueryFace):
             progress: show a tqdm bar.
             tolerance_s: how far a data timestamp may be from its video frame's pts (as in :meth:`dataset`).
             align: ``"timestamp"`` (default) or ``"frame_index"``, as in :meth:`dataset`.
+            fps: write the selection as a recording at this lower frame rate, as ``dataset(sql, fps=fps)`` serves
+                it (every k-th frame, renumbered; every camera frame re-encoded losslessly, RGB cameras as H.264):
+                :func:`lerobot_sql.export.export_dataset`.
 
         Returns:
             :class:`lerobot_sql.export.ExportReport` (episodes, frames, files written, frames re-encoded, seconds).
@@ -603,13 +665,14 @@ class Database(QueryFace):
         Raises:
             As :func:`lerobot_sql.export.export_dataset`: QueryError / ResultContractError, DestinationExistsError,
             DestinationError, FrameNotFoundError, DatasetFormatError / VideoDecodeError / MissingFileError,
-            TypeError / ValueError; and DatasetFormatError for a data file that is a symlink out of the dataset.
+            TypeError / ValueError (``fps`` too); and DatasetFormatError for a data file that is a symlink out of the
+            dataset.
         """
         from . import export
 
         self._check_links()
         return export.export_dataset(self, sql, dest, overwrite=overwrite, progress=progress,
-                                     tolerance_s=tolerance_s, align=align)
+                                     tolerance_s=tolerance_s, align=align, fps=fps)
 
     def export_manifest(self, sql: str, path: str | os.PathLike, *, overwrite: bool = False):
         """Write the manifest of ``sql`` (one row per sample, :meth:`manifest`'s columns plus each camera's

@@ -242,6 +242,24 @@ def _as_lerobot(feat, lo: np.ndarray, hi: np.ndarray, mean: np.ndarray, std: np.
     return st
 
 
+def array_stats(feat, values: np.ndarray, *, quantiles: bool = True) -> dict[str, np.ndarray]:
+    """One numeric feature's statistics over ``values`` held in memory (``(n,)`` or ``(n, *shape)``), in the form
+    :func:`selection_stats` gives: exact (numpy: min, max, mean, population std in float64, ``np.quantile``'s linear
+    interpolation), ``feat`` the feature's info.json entry (:class:`lerobot_sql._format.info.Feature`). What a
+    selection served at another frame rate has for the values the rate renumbers (``index``, ``frame_index``,
+    ``timestamp``: ``Database._grid_stats``).
+
+    Raises:
+        ValueError: ``values`` is empty.
+    """
+    x = np.asarray(values)
+    if not len(x):
+        raise ValueError("the selection is empty: statistics of no samples are undefined; check the query")
+    x = x.reshape(len(x), -1).astype(np.float64)
+    qs = np.quantile(x, stats_json.QUANTILES, axis=0) if quantiles else None
+    return _as_lerobot(feat, x.min(axis=0), x.max(axis=0), x.mean(axis=0), x.std(axis=0), len(x), qs)
+
+
 def _camera_stats(con, layout: Layout, sel: str, cams: list[str], files: "DatasetFiles | None" = None,
                   quantiles: bool = True) -> dict[str, dict[str, np.ndarray]]:
     """Cameras aggregated from the per-episode statistics of every episode the selection touches; an episode whose

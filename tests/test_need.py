@@ -53,3 +53,13 @@ def test_a_window_reaches_the_rows_of_its_clamped_neighbours():
     lo, hi = need.window_rows(np.array([10, 19]), np.array([10, 10]), np.array([20, 20]), np.array([100, 100]),
                               np.array([-2, 0, 3]))
     assert lo.tolist() == [100, 107] and hi.tolist() == [103, 109]
+
+
+def test_windows_at_another_frame_rate_reach_the_last_kept_row_only():
+    # an episode of 11 frames served at 1/3 of its rate holds frames 0, 3, 6, 9: a window at 9 reaching +3 frames
+    # clamps at 9 (file row 109), not at the episode's last frame 10
+    lo, hi = need.window_rows(np.array([9]), np.array([0]), np.array([11]), np.array([100]), np.array([-3, 3]), 3)
+    assert (lo.tolist(), hi.tolist()) == ([106], [109])
+    q, t = need.window_times(np.array([9]), np.array([0]), np.array([11]), np.array([2.0]), np.array([0.3]),
+                             np.array([0, 3]), 30.0, 3)
+    assert q.tolist() == [[9, 9]] and t.tolist() == [[2.3, 2.3]]

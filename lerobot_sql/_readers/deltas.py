@@ -81,16 +81,22 @@ def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float, t
     return out
 
 
-def query_indices(index, offsets, ep_from, ep_to) -> tuple[np.ndarray, np.ndarray]:
+def query_indices(index, offsets, ep_from, ep_to, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """The one clamp-and-pad rule (lerobot's ``_get_query_indices``): absolute frame indices for ``index + offsets``
     clamped to the episode ``[ep_from, ep_to)``, and the pad mask. Arrays broadcast (a batch: ``index[:, None]``
     with ``offsets[None, :]``).
+
+    ``stride`` > 1: the episode served at 1/``stride`` of its rate (:mod:`lerobot_sql._readers.regrid`; ``offsets``
+    are then whole multiples of it): its frames are ``ep_from``, ``ep_from + stride``, ..., so the clamp's upper end
+    is its last such frame, not ``ep_to - 1``.
 
     Returns:
         (indices int64, is_pad bool), of the broadcast shape; padded positions repeat the episode's first or last
         frame.
     """
     target = index + offsets
-    is_pad = (target < ep_from) | (target >= ep_to)
+    # the episode's last frame (at another rate: its last frame on the grid)
+    last = ep_to - 1 if stride == 1 else ep_from + (ep_to - 1 - ep_from) // stride * stride
+    is_pad = (target < ep_from) | (target > last)
     # minimum(maximum()), not np.clip: the same values, at a third of clip's cost on the per-item path's few offsets
-    return np.minimum(np.maximum(target, ep_from), ep_to - 1), is_pad
+    return np.minimum(np.maximum(target, ep_from), last), is_pad

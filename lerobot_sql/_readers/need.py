@@ -31,13 +31,14 @@ def head_end(start: np.ndarray) -> int:
 
 # ---- data files ------------------------------------------------------------------------------------------------
 def window_rows(index: np.ndarray, ep_from: np.ndarray, ep_to: np.ndarray, row0: np.ndarray,
-                offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                offsets: np.ndarray, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """``(lo, hi)`` int64: the file rows of the first and last rows the ``delta_timestamps`` windows of items at
     ``index`` reach (``offsets``: every key's frame offsets), clamped to their episodes ``[ep_from, ep_to)`` whose
-    first row is ``row0`` in the file (an episode's rows are contiguous there)."""
+    first row is ``row0`` in the file (an episode's rows are contiguous there); ``stride``: served at another
+    frame rate (:func:`deltas.query_indices`)."""
     index = np.asarray(index, np.int64)
-    lo, _ = deltas.query_indices(index, offsets.min(), ep_from, ep_to)
-    hi, _ = deltas.query_indices(index, offsets.max(), ep_from, ep_to)
+    lo, _ = deltas.query_indices(index, offsets.min(), ep_from, ep_to, stride)
+    hi, _ = deltas.query_indices(index, offsets.max(), ep_from, ep_to, stride)
     return row0 + (lo - ep_from), row0 + (hi - ep_from)
 
 
@@ -63,11 +64,13 @@ def data_extents(info: tabular.DataFileInfo, own: np.ndarray, window: tuple | No
 
 # ---- videos ----------------------------------------------------------------------------------------------------
 def window_times(index: np.ndarray, ep_from: np.ndarray, ep_to: np.ndarray, from_ts: np.ndarray,
-                 timestamp: np.ndarray, offsets: np.ndarray, fps: float) -> tuple[np.ndarray, np.ndarray]:
+                 timestamp: np.ndarray, offsets: np.ndarray, fps: float, stride: int = 1
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """``(q, t)`` (n, T): the frame indices of each item's window (``offsets`` in frames) clamped to its episode, and
-    their times in the mp4 (the item's own time plus whole frames: data timestamps lie on the fps grid)."""
+    their times in the mp4 (the item's own time plus whole frames: data timestamps lie on the fps grid; ``fps`` the
+    source's, ``stride``: served at another frame rate, :func:`deltas.query_indices`)."""
     index = np.asarray(index, np.int64)
-    q, _ = deltas.query_indices(index[:, None], offsets[None, :], ep_from[:, None], ep_to[:, None])
+    q, _ = deltas.query_indices(index[:, None], offsets[None, :], ep_from[:, None], ep_to[:, None], stride)
     t = locate.time_in_file(from_ts[:, None], timestamp[:, None]) + (q - index[:, None]) / float(fps)
     return q, t
 

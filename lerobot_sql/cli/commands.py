@@ -363,6 +363,17 @@ def cmd_export(args) -> int:
             kw["features"] = [f.strip() for f in args.features.split(",") if f.strip()]
         if getattr(args, "align", "timestamp") != "timestamp":
             kw["align"] = args.align  # a collection: every dataset (Collection.export takes a per-dataset dict too)
+        if getattr(args, "fps", None) is not None:
+            if not hasattr(db, "layout"):
+                raise UsageError("--fps applies to one dataset's export (a collection's datasets are exported at "
+                                 "their own fps): export each dataset at the lower rate on its own")
+            from .._readers import regrid
+
+            try:  # a rate the dataset cannot be served at is a usage error (the rates that work named)
+                regrid.stride(args.fps, db.layout.fps)
+            except ValueError as e:
+                raise UsageError(f"--fps: {e}") from None
+            kw["fps"] = args.fps
         report = db.export(sql, args.dest, overwrite=args.overwrite, progress=not args.quiet,
                            tolerance_s=args.tolerance_s, **kw)
     except FileExistsError as e:  # the library speaks Python (overwrite=True); say the flag here
@@ -661,7 +672,9 @@ def build_parser() -> argparse.ArgumentParser:
               "WHERE list_contains(tasks, 'Open the top drawer.')\"",
               'lerobot-sql export sample/small20 /tmp/windows --sql "SELECT episode_index, 1.0 AS start_s, '
               '3.0 AS end_s FROM episodes"',
-              "lerobot-sql export sample/small20 /tmp/subset --name NAME -p key=value"], cmd_export)
+              "lerobot-sql export sample/small20 /tmp/subset --name NAME -p key=value",
+              'lerobot-sql export sample/small20 /tmp/at10fps --sql "SELECT episode_index FROM episodes" --fps 10'],
+             cmd_export)
     sp.add_argument("dest", metavar="DEST", help="folder of the new dataset")
     query_source(sp, positional=False, manifest="; over several datasets, an existing *.parquet file is a "
                                                 "collection manifest saved from coll.manifest(sql)")
@@ -673,6 +686,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how each row's camera frame is found: by time (default) or frame_index, the row's "
                          "frame_index-th frame of its episode's clip, for wall-clock timestamps over clips holding "
                          "exactly their frames on the fps grid; the copy's timestamps are then frame_index / fps")
+    sp.add_argument("--fps", type=int, metavar="N",
+                    help="write the selection as a recording at this lower frame rate (a whole number dividing the "
+                         "dataset's fps: every k-th frame, k = fps ratio, renumbered; camera frames re-encoded "
+                         "losslessly, RGB as H.264)")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     sp.add_argument("--features", metavar="KEYS",
                     help="over several datasets: the feature keys to write, comma-separated (e.g. leave out a camera "

@@ -76,17 +76,21 @@ class DataWriter:
         """
         fps = self.target.fps
         s = self.sources[part.source]
-        t = self._source_rows(part.source, part.data_file, part.data_row, part.length)
+        k = part.stride  # (another frame rate: every k-th row of the span)
+        t = self._source_rows(part.source, part.data_file, part.data_row, (part.length - 1) * k + 1)
+        if k > 1:
+            t = t.take(pa.array(np.arange(0, t.num_rows, k)))
         got_fi = t["frame_index"].to_numpy()
-        if t.num_rows != part.length or got_fi[0] != part.frame_start or np.any(np.diff(got_fi) != 1) or \
+        if t.num_rows != part.length or got_fi[0] != part.frame_start or np.any(np.diff(got_fi) != k) or \
                 np.any(t["episode_index"].to_numpy() != part.src_episode):
             raise DatasetFormatError(f"{s.src.path(part.data_file)}: rows {part.data_row}.."
-                                     f"{part.data_row + part.length - 1} are not frames {part.frame_start}.. of "
+                                     f"{part.data_row + (part.length - 1) * k} are not frames {part.frame_start}.. of "
                                      f"episode {part.src_episode}; the data file changed since the query ran, or is "
                                      "inconsistent (`lerobot-sql doctor`)")
         n = part.length
         ts = t["timestamp"].to_numpy().astype(np.float32)
-        if s.align == "frame_index":  # frames copied by position: each row's time is its frame's in the new video
+        if s.align == "frame_index" or k > 1:  # frames copied by position, or at another rate: each row's time is
+            # its frame's in the new video, as lerobot's recorder writes it (frame_index / fps, float32)
             ts = (np.arange(n) / fps).astype(np.float32)
         elif not part.whole:
             grid = (np.arange(part.frame_start, part.frame_start + n) / fps).astype(np.float32)

@@ -50,12 +50,13 @@ import pyarrow.parquet as pq
 
 from .._format import stats_json, v2
 from .._plan.manifest import Meta, collection_meta, dataset_codes
-from .._readers import decode, locate, video_index
+from .._readers import decode, locate, regrid, video_index
 from ..errors import DatasetFormatError, IncompatibleDatasetsError, ResultContractError, warn
 from . import destination, episode_stats
 from .data_writer import DataWriter
 from .parts import Part, Rotator, cut_parts
 from .target import ExportSource, ExportTarget
+from .video_encoder import EncodingVideoWriter
 from .video_writer import VideoWriter, source_rows
 
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -91,7 +92,7 @@ class ExportReport:
 
 
 def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = False, progress: bool = True,
-                   tolerance_s: float = 1e-4, align: str = "timestamp") -> ExportReport:
+                   tolerance_s: float = 1e-4, align: str = "timestamp", fps: int | None = None) -> ExportReport:
     """Write the frames ``sql`` selects as a new LeRobot v3.0 dataset at ``dest`` (a local folder).
 
     ``sql`` follows the dataset() contract (see :mod:`lerobot_sql._plan.contract`): ``episode_index`` rows export whole
@@ -116,6 +117,13 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
             ``"frame_index"`` (the row's frame_index-th frame of its episode's clip, for wall-clock timestamps over
             clips on the fps grid); with ``"frame_index"`` the copy's timestamps are written as frame_index / fps,
             the time of each frame in its new video, so the copy reads with the default options.
+        fps: write the selection as a recording at this lower frame rate (a whole number dividing the source's
+            fps; the rule: :mod:`lerobot_sql._readers.regrid`, as ``db.dataset(sql, fps=fps)`` serves it): every
+            k-th frame of each episode, ``k = source fps / fps``, frame_index / timestamp / index renumbered at the
+            new rate, statistics recomputed, info.json's ``fps`` and each camera's ``video.fps`` the new rate. Every
+            kept camera frame is decoded and encoded again, losslessly (:mod:`.video_encoder`: RGB cameras as
+            lossless H.264, so info.json's ``video.codec`` becomes ``h264``; depth maps with their own lossless
+            settings), so the copy's items equal the selection's at that rate bit for bit.
 
     Returns:
         :class:`ExportReport` (episodes, frames, files written, frames re-encoded, seconds).
@@ -129,11 +137,13 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
         FrameNotFoundError: a selected frame has no video frame within ``tolerance_s``.
         DatasetFormatError / VideoDecodeError / MissingFileError: the source dataset is inconsistent or unreadable.
         TypeError / ValueError: ``tolerance_s`` is not a number, or not a finite number > 0; ``align`` is not
-            "timestamp" or "frame_index".
+            "timestamp" or "frame_index"; ``fps`` is not a number, is above the source's, or does not divide it
+            (naming the rates that work).
     """
     t0 = time.perf_counter()
     tolerance_s = locate.check_tolerance(tolerance_s)  # before the query runs, not deep in the first video part
     align = locate.check_align(align)
+    stride = 1 if fps is None else regrid.stride(fps, db.layout.fps)
     dest = destination.check_dest([db], dest, overwrite)
     # db.manifest, as dataset() resolves the same SQL: the row cap, the pointer fast path for whole episodes, and
     # a deterministic order for a query without ORDER BY. Each sample's result_row says which output episode
@@ -141,10 +151,12 @@ def export_dataset(db, sql: str, dest: str | os.PathLike, *, overwrite: bool = F
     # no extras: a list of text or a NULL list is no error; the tolerance too, as dataset() resolves with it (without
     # it the timestamps check refused asking for the very tolerance_s the caller gave)
     manifest = db.manifest(sql, extras=False, align=align, tolerance_s=tolerance_s)
-    parts = cut_parts(manifest, Meta.of(manifest).mode)
+    mode = Meta.of(manifest).mode
+    manifest = regrid.on_grid(manifest, stride, mode, "the query")  # (another frame rate: its frames on the grid)
+    parts = cut_parts(manifest, mode, stride=stride)
     return _write(dest, [ExportSource(db, align=align, clips=Meta.of(manifest).clips)], manifest, parts,
-                  tolerance_s, progress, t0,
-                  overwrite=overwrite)
+                  tolerance_s, progress, t0, overwrite=overwrite,
+                  fps=None if stride == 1 else int(fps))
 
 
 def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, present: list[str],
@@ -197,12 +209,14 @@ def export_collection(coll, manifest: pa.Table, dest: str | os.PathLike, *, pres
 
 
 def _write(dest: Path, sources: list[ExportSource], manifest: pa.Table, parts: list[Part], tolerance_s: float,
-           progress: bool, t0: float, codes: np.ndarray | None = None, overwrite: bool = False) -> ExportReport:
+           progress: bool, t0: float, codes: np.ndarray | None = None, overwrite: bool = False,
+           fps: int | None = None) -> ExportReport:
     """Run the export into a staging folder that is moved into place at the end
-    (:func:`lerobot_sql.export.destination.write_folder`), its marker naming the sources."""
+    (:func:`lerobot_sql.export.destination.write_folder`), its marker naming the sources; ``fps``: the lower
+    frame rate the parts are written at (None: the source's)."""
     names = {s.name: s.db.source.url for s in sources} if sources[0].name is not None else None
     report = destination.write_folder(
-        dest, lambda tmp: Exporter(sources, manifest, parts, tmp, tolerance_s, codes).run(progress),
+        dest, lambda tmp: Exporter(sources, manifest, parts, tmp, tolerance_s, codes, fps).run(progress),
         overwrite=overwrite, source=sources[0].db.source.url, sources=names)
     report.dest = str(dest)
     report.files_written = sum(1 for p in dest.rglob("*") if p.is_file())
@@ -261,11 +275,12 @@ class Exporter:
     (:class:`~lerobot_sql.export.target.ExportTarget`: where and how files are written, the frame counts they add
     to), the sources (a part's ``source`` indexes them), and the video writer the manifest (``m``: one dataset's,
     or a collection's with every source's rows) and ``tolerance_s``. Output settings (chunks_size, file sizes, path
-    templates, info.json) are the first source's.
+    templates, info.json) are the first source's; ``fps``: a lower frame rate the parts are written at (every
+    ``part.stride``-th frame; videos re-encoded by :class:`~lerobot_sql.export.video_encoder.EncodingVideoWriter`).
     """
 
     def __init__(self, sources: list[ExportSource], manifest: pa.Table, parts: list[Part], root: Path,
-                 tolerance_s: float, codes: np.ndarray | None = None):
+                 tolerance_s: float, codes: np.ndarray | None = None, fps: int | None = None):
         self.sources = sources
         first = sources[0]
         self.db, self.src, self.layout = first.db, first.src, first.layout
@@ -275,6 +290,9 @@ class Exporter:
         self.features = {first.out(k): f for k, f in self.layout.features.items() if first.out(k) is not None}
         self.video_keys = [k for k, f in self.features.items() if f.is_video]
         self.target = ExportTarget.of(self.layout, root)
+        self.fps = fps
+        if fps is not None:
+            self.target.fps = fps
 
     # ---- driver -------------------------------------------------------------------------------------------
     def run(self, progress: bool) -> ExportReport:
@@ -286,6 +304,9 @@ class Exporter:
         self._tasks()
         self.data = DataWriter(self.target, self.sources)
         self.videos = {k: VideoWriter(self.target, k, self.features[k].info, self.sources, self.m, self.tol)
+                       if self.fps is None else
+                       EncodingVideoWriter(self.target, k, self.features[k].info, self.sources, self.m, self.tol,
+                                           depth=self.features[k].is_depth_map)
                        for k in self.video_keys}
         for si, s in enumerate(self.sources):
             # depth mp4s decode to their 12-bit codes (gray12le), never RGB; self.codes holds each row's position
@@ -551,6 +572,13 @@ class Exporter:
             v2.info_to_v3(info)
         info.update(total_episodes=episodes, total_frames=frames, total_tasks=len(self.new_tasks),
                     splits={"train": f"0:{episodes}"})
+        if self.fps is not None:  # another frame rate: every fps the file holds, and the re-encoded videos' info
+            info["fps"] = self.fps
+            for key, f in info["features"].items():
+                if "fps" in f:  # (v2.1 conversions keep one per non-video feature)
+                    f["fps"] = self.fps
+                if key in self.videos:
+                    f["info"] = self.videos[key].info(f.get("info") or {})
         (self.target.root / "meta").mkdir(parents=True, exist_ok=True)
         (self.target.root / "meta" / "info.json").write_text(json.dumps(info, indent=4, ensure_ascii=False))
         # As lerobot 0.4.4 writes it: task text in the unnamed pandas index (__index_level_0__), task_index column.

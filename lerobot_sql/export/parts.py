@@ -23,15 +23,17 @@ MAX_OPEN_INPUTS = 8
 
 @dataclasses.dataclass
 class Part:
-    """One output episode: ``length`` consecutive frames of source episode ``src_episode`` from ``frame_start``.
+    """One output episode: ``length`` consecutive frames of source episode ``src_episode`` from ``frame_start``
+    (at another frame rate: every ``stride``-th frame from it).
 
     Attributes:
-        whole: the part is the whole source episode (frame 0 on, its full length): its stats are copied, its
-            timestamps kept.
+        whole: the part is the whole source episode at its own rate (frame 0 on, its full length, stride 1): its
+            stats are copied, its timestamps kept.
         data_file, data_row: where its first frame's row is in the source (relative path, row in that file).
         rows: int64 (length,), the manifest rows of this part, in frame order.
         source: which of the export's sources the part comes from (its position in ``Exporter.sources``; 0 for a
             one-dataset export).
+        stride: source frames per output frame (an export at 1/stride of the rate: ``fps=``); 1 otherwise.
     """
 
     src_episode: int
@@ -42,13 +44,16 @@ class Part:
     data_row: int
     rows: np.ndarray
     source: int = 0
+    stride: int = 1
 
 
-def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None) -> list[Part]:
+def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None, stride: int = 1) -> list[Part]:
     """Cut the manifest ``m`` into output episodes, in manifest order: a new part wherever the episode changes,
     the frame or data row does not follow on, or (``mode`` "episode"/"window", from the manifest's metadata) the
     ``result_row`` changes; with ``sources`` (int (N,), each row's source, for a collection's manifest) also
-    wherever the source changes, since two datasets' episodes may share an episode_index."""
+    wherever the source changes, since two datasets' episodes may share an episode_index. ``stride``: ``m`` holds
+    every stride-th frame (an export at another frame rate, :func:`lerobot_sql._readers.regrid.on_grid`), so frames
+    follow on ``stride`` apart."""
     ep = m["episode_index"].to_numpy()
     fi = m["frame_index"].to_numpy()
     row = m["data_row"].to_numpy()
@@ -56,7 +61,7 @@ def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None) -> list
     ep_len = m["ep_to_index"].to_numpy() - m["ep_from_index"].to_numpy()
     brk = np.ones(len(ep), bool)
     if len(ep) > 1:
-        same = (ep[1:] == ep[:-1]) & (fi[1:] == fi[:-1] + 1) & (row[1:] == row[:-1] + 1)
+        same = (ep[1:] == ep[:-1]) & (fi[1:] == fi[:-1] + stride) & (row[1:] == row[:-1] + stride)
         if mode != "index":
             pid = m["result_row"].to_numpy()
             same &= pid[1:] == pid[:-1]
@@ -70,8 +75,8 @@ def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None) -> list
     out = []
     for s, e in zip(starts, ends):
         n = int(e - s)
-        out.append(Part(int(ep[s]), int(fi[s]), n, bool(fi[s] == 0 and n == ep_len[s]), files[s], int(row[s]),
-                        np.arange(s, e), int(sources[s]) if sources is not None else 0))
+        out.append(Part(int(ep[s]), int(fi[s]), n, bool(stride == 1 and fi[s] == 0 and n == ep_len[s]), files[s],
+                        int(row[s]), np.arange(s, e), int(sources[s]) if sources is not None else 0, stride))
     return out
 
 

@@ -388,31 +388,14 @@ class VideoWriter:
         return out
 
     def _encoder(self, frame, in_stream):
-        info = self.feat_info
-        codec = info.get("video.codec") or in_stream.codec_context.name
-        name = ENCODERS.get(codec, codec)
-        opts = {"g": str(info.get("video.g") or 2), "crf": str(info.get("video.crf") or 30)}
-        preset = info.get("video.preset")
-        if name == "libsvtav1":
-            opts["preset"] = str(12 if preset is None else preset)
-        elif preset is not None:
-            opts["preset"] = str(preset)
-        if info.get("video.fast_decode"):
-            opts["svtav1-params" if name == "libsvtav1" else "tune"] = \
-                f"fast-decode={info['video.fast_decode']}" if name == "libsvtav1" else "fastdecode"
-        for k, v in (info.get("video.extra_options") or {}).items():
-            opts.setdefault(str(k), str(v))
-        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its config banner per encoder otherwise
-        if name == "libx265" and "log-level" not in opts.get("x265-params", ""):
-            # x265 prints ~10 "x265 [info]" lines per encoder (one per cut window) to stderr otherwise
-            opts["x265-params"] = ":".join(filter(None, [opts.get("x265-params", ""), "log-level=error"]))
+        name, opts = encoder_settings(self.feat_info, in_stream.codec_context.name)
         try:
             cc = av.CodecContext.create(name, "w")
         except (av.error.FFmpegError, ValueError) as e:
             raise VideoDecodeError(f"camera {self.key!r}: no {name!r} encoder in this PyAV build to re-encode a "
                                    "mid-GOP cut; cut windows on keyframes (even frame_index) or install it") from e
         cc.width, cc.height = frame.width, frame.height
-        cc.pix_fmt = info.get("video.pix_fmt") or "yuv420p"
+        cc.pix_fmt = self.feat_info.get("video.pix_fmt") or "yuv420p"
         fps = Fraction(self.target.fps).limit_denominator(1001)
         cc.time_base, cc.framerate = 1 / fps, fps
         cc.options = opts
@@ -433,6 +416,29 @@ class VideoWriter:
                 stack.callback(c.close)
             self.inputs.clear()
             self._close_file()
+
+
+def encoder_settings(info: dict, codec: str) -> tuple[str, dict[str, str]]:
+    """(encoder name, options) of the encoder settings ``info`` (info.json's video info of a camera) names, as
+    lerobot's writer passes them (its defaults where ``info`` has none); ``codec``: the stream's codec, where
+    ``info`` names none."""
+    name = ENCODERS.get(info.get("video.codec") or codec, info.get("video.codec") or codec)
+    opts = {"g": str(info.get("video.g") or 2), "crf": str(info.get("video.crf") or 30)}
+    preset = info.get("video.preset")
+    if name == "libsvtav1":
+        opts["preset"] = str(12 if preset is None else preset)
+    elif preset is not None:
+        opts["preset"] = str(preset)
+    if info.get("video.fast_decode"):
+        opts["svtav1-params" if name == "libsvtav1" else "tune"] = \
+            f"fast-decode={info['video.fast_decode']}" if name == "libsvtav1" else "fastdecode"
+    for k, v in (info.get("video.extra_options") or {}).items():
+        opts.setdefault(str(k), str(v))
+    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its config banner per encoder otherwise
+    if name == "libx265" and "log-level" not in opts.get("x265-params", ""):
+        # x265 prints ~10 "x265 [info]" lines per encoder (one per cut window) to stderr otherwise
+        opts["x265-params"] = ":".join(filter(None, [opts.get("x265-params", ""), "log-level=error"]))
+    return name, opts
 
 
 def reorder_depth(pts) -> int:

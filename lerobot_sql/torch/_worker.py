@@ -132,6 +132,8 @@ class Worker:
         self.fps = self.layout.fps
         self.align, self.tolerance_s, self.own_frames = ds.align, ds.tolerance_s, ds._own_frames
         self.delta, self.clips, self.pins = ds._delta, ds._clips, ds._video_pins
+        # at another frame rate (db.dataset(fps=...)): windows step and clamp on every stride-th frame of an episode
+        self.stride = 1 if ds._grid is None else ds._grid.stride
         # per delta key: sorted offsets mean the clamped rows are sorted too, so their ends bound them
         self.delta_sorted = {k: bool((np.diff(v) >= 0).all()) for k, v in self.delta.items()}
         self.video_keys = ds._video_keys
@@ -244,7 +246,7 @@ class Worker:
         """
         s = self.samples
         idx, ep_from = int(s.index[i]), int(s.ep_from[i])
-        q, pad = deltas.query_indices(idx, self.delta[key], ep_from, int(s.ep_to[i]))
+        q, pad = deltas.query_indices(idx, self.delta[key], ep_from, int(s.ep_to[i]), self.stride)
         slot = int(s.slot[i])
         o = q + (int(s.offset[i]) - idx)
         lo, hi = (int(o[0]), int(o[-1])) if self.delta_sorted[key] else (int(o.min()), int(o.max()))
@@ -431,7 +433,8 @@ class Worker:
         vf = self.video(key, int(s.cameras[key].code[i]))
         if key in self.delta:
             ep_from = int(s.ep_from[i])
-            q, pad = deltas.query_indices(int(s.index[i]), self.delta[key], ep_from, int(s.ep_to[i]))
+            q, pad = deltas.query_indices(int(s.index[i]), self.delta[key], ep_from, int(s.ep_to[i]),
+                                          self.stride)
             position = q - ep_from
             times = None  # by frame_index, no timestamp is read
             if self.align != "frame_index":
@@ -514,7 +517,7 @@ class BatchRows:
         rows in each sample's own row group o (B, T), inside (B,): the whole window lies in that row group)."""
         if key not in self._windows:
             q, pad = deltas.query_indices(self.index[:, None], self.w.delta[key][None, :], self.ep_from[:, None],
-                                          self.ep_to[:, None])
+                                          self.ep_to[:, None], self.w.stride)
             o = q + (self.offset - self.index)[:, None]
             inside = (o.min(axis=1) >= 0) & (o.max(axis=1) < self.w.samples.rg_len[self.slot])
             self._windows[key] = (q, pad, o, inside)

@@ -24,7 +24,7 @@ from .._format import depth
 from .._format.files import DatasetFiles
 from .._format.layout import check_item_keys
 from .._plan.manifest import Meta, check_source
-from .._readers import deltas, locate, tabular, video_index
+from .._readers import deltas, locate, regrid, tabular, video_index
 from ..errors import DatasetFormatError, as_int
 from . import _samples, _values, _worker
 from . import meta as _meta
@@ -100,11 +100,13 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                  decoder_threads: int = 1, parallel_cameras: bool | str = "auto", max_open_decoders: int = 64,
                  seek_reach: int = 2, stats: Callable[[], dict] | None = None, depth_output_unit: str = "mm",
                  align: str = "timestamp", _kept: "_samples.SampleFile | None" = None, _keep: Path | None = None,
-                 _episodes: tuple | None = None):
+                 _episodes: tuple | None = None, _grid: regrid.Grid | None = None):
         # _kept / _keep (db.dataset, whole episodes: lerobot_sql.torch._selections): the selection cache's file of
         # this manifest to map, or the path to keep the one built here at. _episodes (db.dataset, whole episodes of
         # a large selection: lerobot_sql._plan.resolve.episode_runs): (episodes, footers, frame rules) of a
-        # selection opened without its frames; ``manifest`` is then its zero-row manifest (the metadata).
+        # selection opened without its frames; ``manifest`` is then its zero-row manifest (the metadata). _grid
+        # (db.dataset(fps=...)): the lower frame rate the samples are served at (lerobot_sql._readers.regrid), the
+        # manifest then holds the source frames on its grid only.
         # A manifest built from (or written by) another dataset names that dataset's rows: refused, whoever builds
         # this (db.dataset checks files and tables itself; ShardedManifestDataset, ray_data and direct use did not).
         check_source(manifest, "the manifest given to LeRobotSQLDataset", files.source.url, files.layout,
@@ -112,8 +114,12 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         # The task texts are read here, in the main process, before any worker starts (once per DatasetFiles).
         layout = files.layout
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir
-        # info.json's own value, as lerobot's ds.fps (an int in lerobot-written data); layout.fps is its float
-        self.fps = layout.info.get("fps", layout.fps)
+        # info.json's own value, as lerobot's ds.fps (an int in lerobot-written data); layout.fps is its float. At
+        # another frame rate, that rate: frames, windows and meta are the recording at it (regrid)
+        self._grid = _grid
+        self.fps = layout.info.get("fps", layout.fps) if _grid is None else _grid.fps
+        if _grid is not None:
+            regrid.on_grid(manifest, _grid.stride, "index", "the manifest given with a grid")  # (db.dataset's own)
         self.tolerance_s = locate.check_tolerance(tolerance_s)
         self.align = locate.check_align(align)
         # By time, only a tolerance beyond half a frame lets a timestamp off the grid match another row's frame of a
@@ -155,7 +161,11 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         self._depth_keys = set(self._depth_video) | set(self._depth_image)
         self._skip_columns = {k for k in layout.image_keys if k not in cameras}
         self.delta_timestamps = delta_timestamps
-        self._delta = deltas.delta_indices(delta_timestamps, layout.fps, self.tolerance_s, layout.features)
+        # frame offsets in the source's frames; at another frame rate the seconds are on its grid (multiples of
+        # 1 / fps), each of its frames `stride` source frames
+        self._delta = deltas.delta_indices(delta_timestamps, layout.fps, self.tolerance_s, layout.features) \
+            if _grid is None else {k: v * _grid.stride for k, v in deltas.delta_indices(
+                delta_timestamps, _grid.fps, self.tolerance_s, layout.features).items()}
         check_item_keys(layout, cameras, self._delta, files.source.url)  # a feature named task or <key>_is_pad
         self._meta = Meta.of(manifest)  # parsed once: the extras and the clips to check
         unchecked = [k for k in self._video_keys if self._meta.cameras is not None and k not in self._meta.cameras]
@@ -280,12 +290,16 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                                                 bounds=(starts, np.append(starts[1:], self._n)))
                 task_indices = _meta.episode_task_indices(source_eps, self._tasks, s)
             else:
-                episodes = _meta.episodes_table(source_eps, s.episode_index, self.manifest["frame_index"].to_numpy())
+                fi = self.manifest["frame_index"].to_numpy()
+                if self._grid is not None:  # runs of consecutive frames at the served rate
+                    fi = self._grid.frame_index(fi)
+                episodes = _meta.episodes_table(source_eps, s.episode_index, fi)
             self._meta_obj = _meta.SelectionMetadata(
                 self._layout, episodes, self._tasks, total_frames=self._n,
                 task_indices=task_indices, repo_id=self.repo_id, root=self.root,
                 stats_fn=self._stats_fn, cameras=self.camera_keys, owner_pid=self._owner_pid,
-                depth_output_unit=self.depth_output_unit, served=served)
+                depth_output_unit=self.depth_output_unit, served=served,
+                fps=None if self._grid is None else self.fps)
         return self._meta_obj
 
     @property
@@ -323,8 +337,10 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
 
     @property
     def delta_indices(self) -> dict[str, list[int]] | None:
-        """Frame offsets of ``delta_timestamps`` (``round(d * fps)`` per key), as lerobot 0.4's; None without."""
-        return {k: [int(x) for x in v] for k, v in self._delta.items()} if self._delta else None
+        """Frame offsets of ``delta_timestamps`` (``round(d * fps)`` per key, at the dataset's ``fps``), as lerobot
+        0.4's; None without."""
+        stride = 1 if self._grid is None else self._grid.stride
+        return {k: [int(x) // stride for x in v] for k, v in self._delta.items()} if self._delta else None
 
     @property
     def repo_id(self) -> str:
@@ -431,6 +447,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         lerobot's), ``image_transforms`` (per item, item-major and in camera order, so a random transform draws
         the same either way; never on depth maps, as lerobot 0.6), ``task`` and the query's extras."""
         one = not isinstance(ii, np.ndarray)
+        if self._grid is not None:
+            self._renumber(cols, ii)
         out = {**{k: frames[k] for k in self._video_keys}, **{c: cols[c] for c in self._columns}}
         for k in sorted(pads, key=self._pad_order):
             if one:
@@ -466,6 +484,27 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             else:
                 out[e] = [_values.extra_value(v, ltype) for v in arr.take(pa.array(ii)).to_pylist()]
         return out
+
+    def _renumber(self, cols: dict, ii) -> None:
+        """At another frame rate: ``index``, ``frame_index`` and ``timestamp`` (and their ``delta_timestamps``
+        windows) as the recording at that rate numbers the frames (:class:`lerobot_sql._readers.regrid.Grid`),
+        written over the source's values in their tensors (the batch's memory, the data file's dtype)."""
+        g, s = self._grid, self._samples
+        idx, ep_from = np.asarray(s.index[ii], np.int64), np.asarray(s.ep_from[ii], np.int64)
+        ep = np.asarray(s.episode_index[ii], np.int64)
+        for col in ("index", "frame_index", "timestamp"):
+            if col not in cols:
+                continue
+            if col in self._delta:  # the window's frames (clamped on the grid), per item
+                q, _ = deltas.query_indices(idx[..., None], self._delta[col], ep_from[..., None],
+                                            np.asarray(s.ep_to[ii], np.int64)[..., None], g.stride)
+                pos, e = q - ep_from[..., None], np.broadcast_to(ep[..., None], q.shape)
+            else:
+                pos, e = idx - ep_from, ep
+            new = g.index(e, pos) if col == "index" else g.frame_index(pos) if col == "frame_index" else \
+                g.timestamp(pos)
+            t = cols[col]
+            t.numpy()[...] = new.reshape(t.shape)
 
     def _pad_order(self, key: str) -> int:
         base = key[: -len("_is_pad")]

@@ -8,8 +8,9 @@ a dataset of its own:
 
 * ``info``, ``features``, ``fps``, ``robot_type``, key lists, ``names``, ``shapes`` come from the source's
   ``meta/info.json`` (``info``'s totals and ``splits`` are the selection's; ``info`` is a dict that also reads as
-  attributes, :class:`Info`, as lerobot 0.4's dict and 0.6's ``DatasetInfo`` both are read), except a video camera whose mp4s all
-  hold frames of another size than info.json declares: its ``shape`` (and ``info.video.height/width``) are the
+  attributes, :class:`Info`, as lerobot 0.4's dict and 0.6's ``DatasetInfo`` both are read; served at another frame
+  rate, ``db.dataset(fps=...)``, its ``fps`` and every ``video.fps`` / feature ``fps`` are that rate), except a video
+  camera whose mp4s all hold frames of another size than info.json declares: its ``shape`` (and ``info.video.height/width``) are the
   files' size, the size its items have (the dataset warns of the difference);
 * ``episodes`` has one row per **run**: a stretch of consecutive samples of the dataset that are consecutive
   frames of one episode (a whole-episode selection: one run per episode; two windows of one episode: two runs),
@@ -180,7 +181,8 @@ class SelectionMetadata(FeatureKeys):
     def __init__(self, layout: Layout, episodes: pa.Table, tasks: dict[int, str], *, total_frames: int,
                  task_indices: np.ndarray, repo_id: str, root: Path | str,
                  stats_fn: Callable[[], dict] | None, cameras: list[str] | None = None, owner_pid: int | None = None,
-                 depth_output_unit: str = "mm", served: dict[str, tuple[tuple[int, ...], tuple[int, int]]] | None = None):
+                 depth_output_unit: str = "mm", served: dict[str, tuple[tuple[int, ...], tuple[int, int]]] | None = None,
+                 fps: int | float | None = None):
         self._layout = layout
         self._depth_output_unit = depth_output_unit
         self.repo_id = repo_id
@@ -211,6 +213,14 @@ class SelectionMetadata(FeatureKeys):
                 vinfo = info["features"][k].get("info")
                 if isinstance(vinfo, dict) and "video.height" in vinfo and "video.width" in vinfo:
                     vinfo["video.height"], vinfo["video.width"] = h, w
+        if fps is not None and fps != info.get("fps"):  # served at another frame rate: the recording at that rate's
+            info["fps"] = fps
+            for f in info["features"].values():
+                if isinstance(f, dict) and "fps" in f:  # (v2.1 conversions keep one per non-video feature)
+                    f["fps"] = fps
+                vinfo = f.get("info") if isinstance(f, dict) else None
+                if isinstance(vinfo, dict) and "video.fps" in vinfo:
+                    vinfo["video.fps"] = fps
         info["total_episodes"] = self._total_episodes
         info["total_frames"] = self._total_frames
         info["total_tasks"] = self._total_tasks

@@ -450,7 +450,8 @@ def _data_rows(w, jj: np.ndarray):
         base = int(s.rg_base[int(f)])
         window = None
         if offsets is not None:  # windows reach rows of neighbouring row groups
-            window = _need.window_rows(s.index[jj][m], s.ep_from[jj][m], s.ep_to[jj][m], s.row0[jj][m], offsets)
+            window = _need.window_rows(s.index[jj][m], s.ep_from[jj][m], s.ep_to[jj][m], s.row0[jj][m], offsets,
+                                       w.stride)
         yield int(f), s.infos[int(f)], base, m, slot[m] - base, window
 
 
@@ -468,7 +469,7 @@ def _camera_rows(w, jj: np.ndarray):
         codes, vpos = cam.code[jj], cam.position[jj]
         if k in w.delta:  # the items' frame times (a window's clamped neighbours too) once per camera, not per mp4
             q, t_all = _need.window_times(idx, ep_from, ep_to, cam.from_timestamp[jj], s.timestamp[jj], w.delta[k],
-                                          fps)
+                                          fps, w.stride)
         for code in np.unique(codes):
             rel = cam.files[int(code)]
             try:
