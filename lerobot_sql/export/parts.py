@@ -44,11 +44,12 @@ class Part:
     source: int = 0
 
 
-def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None) -> list[Part]:
+def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None, *, warn_split: bool = True) -> list[Part]:
     """Cut the manifest ``m`` into output episodes, in manifest order: a new part wherever the episode changes,
     the frame or data row does not follow on, or (``mode`` "episode"/"window", from the manifest's metadata) the
     ``result_row`` changes; with ``sources`` (int (N,), each row's source, for a collection's manifest) also
-    wherever the source changes, since two datasets' episodes may share an episode_index."""
+    wherever the source changes, since two datasets' episodes may share an episode_index. ``warn_split``: warn
+    when ``index`` rows cut an episode into several parts (an export's concern; a clip page shows one per run)."""
     ep = m["episode_index"].to_numpy()
     fi = m["frame_index"].to_numpy()
     row = m["data_row"].to_numpy()
@@ -65,7 +66,7 @@ def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None) -> list
         brk[1:] = ~same
     starts = np.flatnonzero(brk)
     ends = np.append(starts[1:], len(ep))
-    if mode == "index":
+    if mode == "index" and warn_split:
         _warn_split(ep[starts], ends - starts, sources[starts] if sources is not None else None)
     out = []
     for s, e in zip(starts, ends):
