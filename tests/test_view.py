@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import io
+import os
 import re
 
 import av
@@ -160,6 +161,9 @@ def test_the_file_is_self_contained(page, tmp_path):
     sizes = [len(base64.b64decode(s)) for s in re.findall(r"data:video/mp4;base64,([A-Za-z0-9+/=]+)", text)]
     assert sizes == [len(v.mp4) for c in page.cards for _, v in c.videos]
     assert not list(tmp_path.glob(".clips.html.*"))  # written whole, no temporary left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # a page to share: not mkstemp's 0600
 
 
 def test_remote_dataset_fetches_only_the_clips_bytes(tmp_path, monkeypatch):

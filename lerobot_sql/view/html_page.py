@@ -18,7 +18,6 @@ import dataclasses
 import html
 import os
 import secrets
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -131,13 +130,14 @@ class ClipsPage:
             OSError: the folder does not exist or cannot be written.
         """
         path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        # a new name beside it, opened exclusively (mkstemp's 0600 would make a page to share unreadable to others)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+            with open(tmp, "x", encoding="utf-8") as f:
                 f.write(self.html())
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
         return path
 
