@@ -16,6 +16,7 @@ Public surface::
     db.stats(sql)                                 # lerobot's stats dict for exactly the selected frames
     db.attach("keep", "keep.csv")                 # your own table file as a view: ... JOIN keep USING (episode_index)
     ds.meta, ds.num_frames, ds.meta.stats         # what lerobot's training code reads (lerobot_sql.torch.meta)
+    lerobot_sql.display.show_clips(db, sql)       # watch the windows: playable clips over their signals
 
     coll = lsql.connect_many(["site_a", "site_b"])  # Collection: every view spans both, with a dataset column
     coll.sql("SELECT dataset, count(*) FROM episodes GROUP BY dataset")

@@ -1,7 +1,8 @@
-"""Looking at a dataset in Jupyter: an episode's features against time, a grid of camera frames, one item as a table.
+"""Looking at a dataset in Jupyter: an episode's features against time, a grid of camera frames, one item as a table,
+and the clips a query selected, playing (:func:`show_clips`).
 
 matplotlib is imported only inside :func:`plot_episode` and :func:`frame_grid` (install it with
-``pip install 'lerobot_sql[notebook]'``); :func:`show_item` needs only Pillow.
+``pip install 'lerobot_sql[notebook]'``); :func:`show_item` needs only Pillow, :func:`show_clips` nothing more.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ._format.layout import DEFAULT_COLUMNS
 from ._query.sqltext import ident as q
 from .errors import QueryError, did_you_mean
 
-__all__ = ["plot_episode", "frame_grid", "show_item", "ItemView"]
+__all__ = ["plot_episode", "frame_grid", "show_item", "ItemView", "show_clips"]
 
 
 def _plt():
@@ -300,3 +301,51 @@ def show_item(item: dict, image_scale: int = 2) -> ItemView:
         An :class:`ItemView`; as the last expression of a cell it renders as HTML, ``print`` gives plain text.
     """
     return ItemView(item, image_scale)
+
+
+# ---- clips of a selection, playing ---------------------------------------------------------------------------------
+def show_clips(db_or_dataset, sql: str | None = None, *, max_clips: int = 24, max_bytes: int = 64 << 20,
+               cameras: Sequence[str] | str | None = None, signals: Sequence[str] | str | None = None,
+               reencode: bool = False, tolerance_s: float = 1e-4, align: str = "timestamp"):
+    """Play what a query selected: one clip per window (or episode, or run of frames), every camera side by side and
+    in sync, captioned with the episode, its bounds and task, over a plot of the chosen signals whose marker follows
+    the frame shown.
+
+    Each camera's clip is the dataset's own mp4 packets from the keyframe at or before the window through its last
+    frame, copied (nothing decoded) with an edit list so that it plays from the window's first frame and lasts the
+    window (:mod:`lerobot_sql.export.clip_writer`); only a codec browsers do not play (HEVC, lerobot's depth maps)
+    is decoded and encoded again, as H.264. A remote dataset fetches only the clips' packets (and the signals' rows).
+
+    Args:
+        db_or_dataset: a :class:`lerobot_sql.Database` (with ``sql``), or a dataset from ``db.dataset(...)`` (its
+            own selection; no ``sql``).
+        sql: a SELECT by the dataset() contract: ``episode_index`` rows (whole episodes), ``(episode_index,
+            start_s, end_s)`` windows, or ``index`` rows (one clip per run of consecutive frames); default every
+            episode. Clips follow its ORDER BY (else episode, then window start).
+        max_clips: at most this many clips (default 24); the rest are named on the page as left out.
+        max_bytes: at most this many mp4 bytes in the page (default 64 MiB; counted before anything is fetched):
+            clips past it are left out, and the page says so.
+        cameras: video keys to show (default every video camera, info.json order).
+        signals: numeric features to plot (default ``observation.state``, else ``action``; ``[]``: none).
+        reencode: encode every clip as H.264 (for a browser without AV1, e.g. Safari on older Macs).
+        tolerance_s, align: how each row's frame is found, as ``db.dataset()`` takes them.
+
+    Returns:
+        A :class:`lerobot_sql.view.ClipsPage`: as a cell's last expression it renders the clips;
+        ``.write("clips.html")`` saves the same page as one self-contained HTML file; ``.cards`` holds each clip's
+        mp4 bytes and signal arrays.
+
+    Raises:
+        QueryError / ResultContractError: the SQL or its result is unusable; an unknown camera or signal (naming the
+            ones there are).
+        TypeError: neither a Database nor a dataset; ``sql`` given with a dataset.
+        ValueError: ``max_clips`` / ``max_bytes`` not an integer >= 1; a bad ``tolerance_s`` or ``align``.
+        FrameNotFoundError / DatasetFormatError / VideoDecodeError / MissingFileError: as an export of the
+            selection would raise them.
+    """
+    from .view import clips_page
+
+    return clips_page(db_or_dataset, sql, max_clips=max_clips, max_bytes=max_bytes,
+                      cameras=list(cameras) if isinstance(cameras, (list, tuple)) else cameras,
+                      signals=list(signals) if isinstance(signals, (list, tuple)) else signals,
+                      reencode=reencode, tolerance_s=tolerance_s, align=align)

@@ -17,7 +17,7 @@ FIND_SAMPLE = '''\
 from pathlib import Path
 
 import lerobot_sql as lsql
-from lerobot_sql.display import frame_grid, plot_episode, show_item
+from lerobot_sql.display import frame_grid, plot_episode, show_clips, show_item
 
 # The sample bundled with the repository (20 episodes, 2 cameras, 30 fps); notebooks run from notebooks/.
 SAMPLE = Path("..") / "sample" / "small20"
@@ -124,6 +124,22 @@ batch = next(iter(torch.utils.data.DataLoader(good, batch_size=16, shuffle=True)
 print(f"{good.num_episodes} pass episodes, {len(good)} frames; a batch of state: {tuple(batch['observation.state'].shape)}")
 db.quality_thresholds(length_z=5)
 q[q.verdict != "pass"]"""),
+    ("md", """\
+## Watch what a query selected
+`show_clips` plays the windows a query returns: each camera side by side and in sync, captioned with the episode,
+its bounds and task, over a plot of `observation.state` whose marker follows the frame shown. The clips are the
+dataset's own mp4 packets (nothing is decoded to build them); `page.write("clips.html")` saves the same page as one
+file that opens in any browser (`lerobot-sql view` does it from the shell; docs/view.md). Here: the two seconds
+around each episode's fastest action."""),
+    ("code", """\
+fastest = \"\"\"
+    SELECT episode_index, greatest(t - 1.0, 0) AS start_s, t + 1.0 AS end_s
+    FROM (SELECT episode_index, arg_max(timestamp, "action.speed") AS t FROM frames_ext GROUP BY episode_index)
+    ORDER BY episode_index LIMIT 6
+\"\"\"
+page = show_clips(db, fastest)
+assert len(page.cards) == 6 and all(clip.copied for card in page.cards for _, clip in card.videos)
+page"""),
     ("md", """\
 ## Many datasets at once
 `lsql.connect_many` opens several datasets as one collection: every view gains a `dataset` column. Here the four

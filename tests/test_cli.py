@@ -434,6 +434,26 @@ def test_info_on_a_metadata_only_copy(tmp_path):
     assert warnings and all(w.startswith("warning: ") for w in warnings), r.stderr
 
 
+def test_view_writes_one_page_of_the_clips_and_guards_its_file(tmp_path):
+    out = tmp_path / "clips.html"
+    sql = "SELECT episode_index, 1.0 AS start_s, 2.0 AS end_s FROM episodes WHERE episode_index IN (1, 3, 5)"
+    said = ok("view", SAMPLE, "--sql", sql, "-o", out, "--max-clips", "2", "--camera", "observation.images.wrist")
+    page = out.read_text()
+    assert said.startswith(f"wrote {out}: 2 clips, 2 camera clips (2 copied, 0 re-encoded)")
+    assert "left out: 1 more windows of the selection (max_clips=2), of episodes 5" in said
+    assert page.count("<video ") == 2 and "episode 1</b>" in page and "episode 3</b>" in page
+    assert "Left out: 1 more windows" in page and "data-camera='observation.images.front'" not in page
+    assert_error(run("view", SAMPLE, "--sql", sql, "-o", out), "exists", "--overwrite")
+    assert_error(run("view", SAMPLE, "-o", SAMPLE / "clips.html"), "inside the source dataset")
+    assert not (SAMPLE / "clips.html").exists()
+    assert_error(run("view", SAMPLE, "-o", tmp_path / "x.html", "--camera", "observation.images.side"),
+                 "camera 'observation.images.side' is unknown")
+    ok("view", SAMPLE, "--sql", "SELECT episode_index FROM episodes WHERE episode_index = 0", "-o", out,
+       "--overwrite", "--signal", "-")
+    assert out.read_text().count("<video ") == 2 and "<svg" not in out.read_text()
+    assert run("view", SAMPLE, "-o", out, "--max-clips", "0").returncode == 2
+
+
 def test_prefetch_runs_on_a_local_dataset():
     ok("prefetch", SAMPLE, "--sql", "SELECT episode_index FROM episodes WHERE episode_index < 2", "--quiet")
 

@@ -30,6 +30,7 @@ PACKAGE_STAGE = {
     "_catalog": "catalog",   # DuckDB: the connection's views and macros, its lock-down
     "_plan": "plan",         # query result -> manifest
     "export": "feature",     # the export package: a feature over a manifest
+    "view": "feature",       # the clip page: a feature over a manifest (its mp4s written by export.clip_writer)
     "cli": "cli",            # the command line
     "torch": "adapter",      # the training wing: the torch side, after the manifest, files only
 }

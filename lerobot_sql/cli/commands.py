@@ -47,6 +47,7 @@ examples:
   lerobot-sql query --list
   lerobot-sql query sample/small20 --name NAME --param key=value
   lerobot-sql export sample/small20 /tmp/long_eps --sql "SELECT episode_index FROM episodes WHERE length > 300"
+  lerobot-sql view sample/small20 --sql "SELECT episode_index, 1.0 AS start_s, 3.0 AS end_s FROM episodes" -o clips.html
   lerobot-sql index sample/small20 && lerobot-sql doctor sample/small20
   lerobot-sql shell sample/small20
 
@@ -78,6 +79,28 @@ def _rows(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a number of rows (0 = all), got {text!r}") from None
     if v < 0:
         raise argparse.ArgumentTypeError(f"expected a number of rows >= 0 (0 = all), got {text!r}")
+    return v
+
+
+def _count(text: str) -> int:
+    """An integer >= 1 (``--max-clips``)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return v
+
+
+def _megabytes(text: str) -> float:
+    """A finite number of megabytes > 0 (``--max-mb``)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of megabytes, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of megabytes > 0, got {text!r}")
     return v
 
 
@@ -397,6 +420,33 @@ def cmd_prefetch(args) -> int:
     return 0
 
 
+def cmd_view(args) -> int:
+    from ..display import show_clips
+    from ..export import destination
+
+    db = _connect(args, collection_ok=False)
+    sql = _sql_from(args, db, default="SELECT episode_index FROM episodes ORDER BY episode_index")
+    try:  # checked before any clip is cut: a page never lands inside the dataset, nor over a file unasked
+        dest = destination.check_file_dest([db], args.output, "lerobot-sql view -o", overwrite=args.overwrite,
+                                           example="clips.html")
+        page = show_clips(db, sql, max_clips=args.max_clips, max_bytes=int(args.max_mb * (1 << 20)),
+                          cameras=args.camera, signals=args.signal if args.signal is None or args.signal != ["-"]
+                          else [], reencode=args.reencode, tolerance_s=args.tolerance_s, align=args.align)
+        text = page.html()
+        with destination.writing(dest):
+            destination.write_file(dest, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
+                                   overwrite=args.overwrite, what="view")
+    except FileExistsError as e:  # the library speaks Python (overwrite=True); say the flag here
+        raise type(e)(str(e).replace("overwrite=True", "--overwrite")) from e
+    copied = sum(v.copied for c in page.cards for _, v in c.videos)
+    print(f"wrote {dest}: {len(page.cards)} clips, {sum(len(c.videos) for c in page.cards)} camera clips "
+          f"({copied} copied, {len(page.reencoded)} re-encoded), {len(text) / (1 << 20):.1f} MB, built in "
+          f"{page.seconds:.2f} s")
+    for note in page.left_out:
+        print(f"left out: {note}")
+    return 0
+
+
 def cmd_index(args) -> int:
     db = _connect(args)
     files = db.sql("SELECT DISTINCT video_key, path FROM videos ORDER BY video_key, path").fetchall()
@@ -706,6 +756,34 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--camera", action="append", metavar="KEY", help="only this camera (repeatable; default all)")
     sp.add_argument("--workers", type=int, default=8, help="parallel range requests (default 8)")
     sp.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    sp = add("view", "write a page of playable clips of what a query selects: one self-contained HTML file",
+             ['lerobot-sql view sample/small20 --sql "SELECT episode_index, 1.0 AS start_s, 3.0 AS end_s FROM '
+              'episodes" -o clips.html',
+              'lerobot-sql view sample/small20 --sql "SELECT episode_index FROM episode_quality WHERE verdict '
+              "<> 'pass'\" -o review.html --camera observation.images.front --signal action"], cmd_view, one=True)
+    query_source(sp, positional=False)
+    sp.epilog += ("\n\nEach clip plays the dataset's own mp4 packets from the window's first frame (cameras side by "
+                  "side,\nin sync), over a plot of the signals; HEVC (depth maps) is re-encoded as H.264. The page "
+                  "needs\nno server and no network: open it in a browser or mail it (docs/view.md).")
+    sp.add_argument("--output", "-o", metavar="FILE", required=True,
+                    help="the page to write (e.g. clips.html); never inside the dataset, never over an existing file "
+                         "without --overwrite")
+    sp.add_argument("--overwrite", action="store_true", help="let --output replace an existing file")
+    sp.add_argument("--max-clips", type=_count, default=24, help="at most this many clips (default 24); the page "
+                                                                "names what it left out")
+    sp.add_argument("--max-mb", type=_megabytes, default=64.0,
+                    help="at most this many MB of mp4 in the page (default 64; the file is a third larger)")
+    sp.add_argument("--camera", action="append", metavar="KEY", help="only this camera (repeatable; default all)")
+    sp.add_argument("--signal", action="append", metavar="KEY",
+                    help="a feature to plot under each clip (repeatable; default observation.state, else action; "
+                         "- for none)")
+    sp.add_argument("--reencode", action="store_true",
+                    help="re-encode every clip as H.264 (for browsers without AV1, e.g. Safari on older Macs)")
+    sp.add_argument("--tolerance-s", type=_seconds, default=1e-4,
+                    help="how far a data timestamp may be from its video frame, in seconds (default 1e-4)")
+    sp.add_argument("--align", choices=["timestamp", "frame_index"], default="timestamp",
+                    help="how each row's camera frame is found (as export --align)")
 
     sp = add("index", "build the video frame index of every mp4 (one demux pass each, cached)",
              ["lerobot-sql index sample/small20"], cmd_index)

@@ -47,13 +47,15 @@ class Part:
     stride: int = 1
 
 
-def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None, stride: int = 1) -> list[Part]:
+def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None, stride: int = 1, *,
+              warn_split: bool = True) -> list[Part]:
     """Cut the manifest ``m`` into output episodes, in manifest order: a new part wherever the episode changes,
     the frame or data row does not follow on, or (``mode`` "episode"/"window", from the manifest's metadata) the
     ``result_row`` changes; with ``sources`` (int (N,), each row's source, for a collection's manifest) also
     wherever the source changes, since two datasets' episodes may share an episode_index. ``stride``: ``m`` holds
     every stride-th frame (an export at another frame rate, :func:`lerobot_sql._readers.regrid.on_grid`), so frames
-    follow on ``stride`` apart."""
+    follow on ``stride`` apart. ``warn_split``: warn when ``index`` rows cut an episode into several parts (an
+    export's concern; a clip page shows one per run)."""
     ep = m["episode_index"].to_numpy()
     fi = m["frame_index"].to_numpy()
     row = m["data_row"].to_numpy()
@@ -70,7 +72,7 @@ def cut_parts(m: pa.Table, mode: str, sources: np.ndarray | None = None, stride:
         brk[1:] = ~same
     starts = np.flatnonzero(brk)
     ends = np.append(starts[1:], len(ep))
-    if mode == "index":
+    if mode == "index" and warn_split:
         _warn_split(ep[starts], ends - starts, sources[starts] if sources is not None else None)
     out = []
     for s, e in zip(starts, ends):

@@ -77,6 +77,50 @@ def source_rows(manifest: pa.Table, tolerance_s: float, s: ExportSource, index, 
 
 
 
+def copy_packets(inp, in_stream, index: video_index.FrameIndex, ra: int, rb: int, src_fd: Fraction
+                 ) -> list[tuple[Any, int, int]] | None:
+    """The packets of frames ``ra..rb`` (index rows; ``ra`` a keyframe) of the open mp4 ``inp`` as they are, demuxed,
+    never decoded: (packet, pts, end), source time base, decode order; None if decode order crosses the cut (a frame
+    after ``rb`` is decoded before one of the run: B-frames). An export's parts and a clip page's clips
+    (:mod:`.clip_writer`) copy through here.
+
+    Raises:
+        VideoDecodeError: the file cannot be demuxed there, or holds another number of packets than the index says.
+    """
+    lo, hi = int(index.pts[ra]), int(index.pts[rb])
+    frame_dur = int(round(src_fd))
+    try:
+        inp.seek(lo, stream=in_stream, backward=True, any_frame=False)
+        pkts, seen_after = [], False
+        for pkt in inp.demux(in_stream):
+            if pkt.pts is None:
+                continue
+            if pkt.pts > hi:
+                if pkt.is_keyframe:
+                    break
+                seen_after = True
+                continue
+            if pkt.pts < lo:
+                continue
+            if seen_after:
+                return None
+            pkts.append(pkt)
+    except av.error.FFmpegError as e:
+        raise VideoDecodeError(f"{index.path}: demuxing failed near pts={lo} ({e}); the file may be corrupt") \
+            from e
+    if len(pkts) != rb - ra + 1:
+        raise VideoDecodeError(f"{index.path}: expected {rb - ra + 1} packets between pts {lo} and {hi}, found "
+                               f"{len(pkts)}; the file may be corrupt")
+    return [(pkt, int(pkt.pts), int(pkt.pts) + int(pkt.duration or frame_dur)) for pkt in pkts]
+
+
+def grid_dts(shown: list[int], k: int, frame_dur) -> int:
+    """The dts of a packet on the frame grid: ``shown`` is the file's presentation times so far, sorted; ``k`` the
+    packet's position in decode order minus the file's reorder lag (:meth:`VideoWriter._mux_run` says why). Before
+    the first presented frame (k < 0) the grid is extended back by ``frame_dur`` per step (time-base units)."""
+    return shown[k] if k >= 0 else shown[0] + int(round(k * frame_dur))
+
+
 @contextlib.contextmanager
 def keep_scheduling() -> Iterator[None]:
     """Give the calling thread its scheduling policy and priority back after the block.
@@ -186,7 +230,7 @@ class VideoWriter:
             head = self._encode(inp, in_stream, index, ra, rk - 1, src_fd)
             target.frames_reencoded += rk - ra
         if rk <= rb:
-            copied = self._remux(inp, in_stream, index, rk, rb, src_fd)
+            copied = copy_packets(inp, in_stream, index, rk, rb, src_fd)
             if copied is None:  # frames reordered across the cut (B-frames): re-encode that part instead
                 head += self._encode(inp, in_stream, index, rk, rb, src_fd)
                 target.frames_reencoded += rb - rk + 1
@@ -258,8 +302,7 @@ class VideoWriter:
         frame_dur = Fraction(1) / Fraction(self.target.fps) / self.tb
         self.shown += sorted(p for _, p, _ in run)
         for pkt, pts, end in run:
-            k = self.n_muxed - self.lag
-            dts = self.shown[k] if k >= 0 else self.shown[0] + int(round(k * frame_dur))
+            dts = grid_dts(self.shown, self.n_muxed - self.lag, frame_dur)
             if (self.last_dts is not None and dts <= self.last_dts) or dts > pts:
                 raise VideoDecodeError(f"camera {self.key!r}: packet pts {pts} would get dts {dts} (previous dts "
                                        f"{self.last_dts}, lag {self.lag} frames); the parts overlap in time, a bug "
@@ -273,36 +316,6 @@ class VideoWriter:
             self.out.mux(pkt)
             self.last_dts = dts
             self.n_muxed += 1
-
-    def _remux(self, inp, in_stream, index: video_index.FrameIndex, ra: int, rb: int, src_fd: Fraction
-               ) -> list[tuple[Any, int, int]] | None:
-        """The packets of frames ra..rb (ra is a keyframe) as they are: (packet, pts, end), source time base, decode
-        order. None if decode order crosses the cut."""
-        lo, hi = int(index.pts[ra]), int(index.pts[rb])
-        frame_dur = int(round(src_fd))
-        try:
-            inp.seek(lo, stream=in_stream, backward=True, any_frame=False)
-            pkts, seen_after = [], False
-            for pkt in inp.demux(in_stream):
-                if pkt.pts is None:
-                    continue
-                if pkt.pts > hi:
-                    if pkt.is_keyframe:
-                        break
-                    seen_after = True
-                    continue
-                if pkt.pts < lo:
-                    continue
-                if seen_after:
-                    return None
-                pkts.append(pkt)
-        except av.error.FFmpegError as e:
-            raise VideoDecodeError(f"{index.path}: demuxing failed near pts={lo} ({e}); the file may be corrupt") \
-                from e
-        if len(pkts) != rb - ra + 1:
-            raise VideoDecodeError(f"{index.path}: expected {rb - ra + 1} packets between pts {lo} and {hi}, found "
-                                   f"{len(pkts)}; the file may be corrupt")
-        return [(pkt, int(pkt.pts), int(pkt.pts) + int(pkt.duration or frame_dur)) for pkt in pkts]
 
     def _new_sequence(self, pkt):
         """``pkt`` (the first packet of a copied run that follows another part in the file) as a splice point.

@@ -114,6 +114,7 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
         # The task texts are read here, in the main process, before any worker starts (once per DatasetFiles).
         layout = files.layout
         self._src, self._layout, self._tasks, self._cache_dir = files.source, layout, files.tasks(), files.cache_dir
+        self._files = files
         # info.json's own value, as lerobot's ds.fps (an int in lerobot-written data); layout.fps is its float. At
         # another frame rate, that rate: frames, windows and meta are the recording at it (regrid)
         self._grid = _grid
@@ -212,6 +213,11 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
                         "num" if tabular.is_numeric(schema.field(c), self._layout) else "other")
                        for c in self._columns if c not in self._delta]
         self._images = _values.ImageCells(self._layout, self._depth_image)
+
+    @property
+    def files(self) -> DatasetFiles:
+        """The dataset's files this dataset reads (source, layout, cache folder, tasks), as ``db.files``."""
+        return self._files
 
     @property
     def manifest(self) -> pa.Table:
