@@ -399,19 +399,24 @@ def _units(ep: np.ndarray, idx: np.ndarray, w: np.ndarray, block_size: int):
     return starts[keep], sizes[keep], uw[keep]
 
 
-def _draw_runs(starts: np.ndarray, sizes: np.ndarray, weight: np.ndarray, total: int, rng):
-    """``total`` draws over the units (``starts``, ``sizes``, each sample of a unit weighing ``weight``), each
-    sample's expected draws ``total * weight / sum(weights of all samples)``, as runs read forward: ``(starts,
-    sizes)`` int64, in random order, sizes summing to ``total``.
+def _draw_runs(starts: np.ndarray, sizes: np.ndarray, weight: np.ndarray, episode: np.ndarray, dataset: np.ndarray,
+               total: int, rng):
+    """``total`` draws over the units (``starts``, ``sizes``, each sample of a unit weighing ``weight``; the unit's
+    ``episode`` and ``dataset`` codes), each sample's expected draws ``total * weight / sum(weights of all samples)``,
+    as runs read forward: ``(starts, sizes)`` int64, in random order, sizes summing to ``total``.
 
-    Randomized systematic sampling: the units in a random order, each given an interval of ``total`` * its share of
-    the weight (size x weight), and ``total`` points one apart from a uniform offset: a unit gets the points in its
-    interval, floor or ceil of its expected draws, exactly that on average. A unit of ``s`` samples with ``c``
-    draws gives each sample ``c // s`` of them (whole passes, each one run read forward) and ``c % s`` samples one
-    more: a window of consecutive samples from a uniform random start, wrapping round (one or two runs), so each
-    sample gets floor or ceil of ``c / s``, exactly ``c / s`` on average.
+    Randomized systematic sampling: the units lie end to end on a line, dataset by dataset, each dataset's episodes in
+    a random order and each episode's units in a random order, each unit an interval of ``total`` * its share of the
+    weight (size x weight); ``total`` points one apart from a uniform offset are the draws. Any stretch of the line
+    holds floor or ceil of its length in points, so each unit, each episode and each dataset gets floor or ceil of its
+    expected draws, and exactly them on average. A unit of ``s`` samples with ``c`` draws gives each sample ``c // s``
+    of them (whole passes, each one run read forward) and ``c % s`` samples one more: a window of consecutive samples
+    from a uniform random start, wrapping round (one or two runs), so each sample gets floor or ceil of ``c / s``,
+    exactly ``c / s`` on average.
     """
-    perm = rng.permutation(len(starts))
+    _, ep_code = np.unique(episode, return_inverse=True)
+    ep_rank = rng.permutation(int(ep_code.max()) + 1 if len(ep_code) else 0)[ep_code]
+    perm = np.lexsort((rng.random(len(starts)), ep_rank, dataset))  # the last key sorts first
     st, sz, wt = starts[perm], sizes[perm], weight[perm]
     mass = sz * wt
     cum = np.cumsum(mass) * (total / mass.sum())
@@ -451,10 +456,11 @@ class WeightedSampler(_Resumable):
     1. **Units.** The samples are cut into blocks as :class:`EpisodeAwareSampler` cuts them (at most ``block_size``
        consecutive frames of one episode, so decoders read forward) and also where the weight changes, so the
        samples of a unit share one weight. Units of weight 0 are never drawn.
-    2. **Counts: exact per-epoch quotas** (randomized systematic sampling). The units, in a random order per
-       (seed, epoch), lie end to end on a line, each an interval of length ``T *`` (its samples' weights) ``/``
-       (all weights); ``T`` points one apart from a uniform random offset are the draws. A unit gets the floor or
-       the ceiling of its expected draws, and exactly them on average. With ``block_size=1`` (units of one sample)
+    2. **Counts: exact per-epoch quotas** (randomized systematic sampling). The units lie end to end on a line
+       (dataset by dataset; each dataset's episodes in a random order per (seed, epoch), each episode's units in a
+       random order), each an interval of length ``T *`` (its samples' weights) ``/`` (all weights); ``T`` points
+       one apart from a uniform random offset are the draws. Every unit, every episode and every dataset gets the
+       floor or the ceiling of its expected draws, and exactly them on average. With ``block_size=1`` (units of one sample)
        each sample is drawn the floor or ceiling of ``T * w_i / sum(w)`` times; with blocks, a unit drawn ``c``
        times gives each of its ``s`` samples ``c // s`` draws and a window of ``c % s`` consecutive ones (from a
        random start, wrapping round) one more, so each sample is drawn fewer than 2 away from ``T * w_i /
@@ -518,9 +524,10 @@ class WeightedSampler(_Resumable):
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         self._per = -(-total // self.num_replicas)
         self.num_samples = self._per * self.num_replicas
-        self._blocks = _units(ep, idx, w, self.block_size)
-        self.expected = self.num_samples * (w / w.sum())
         self.names, codes = _groups(source)
+        starts, sizes, unit_w = _units(ep, idx, w, self.block_size)
+        self._blocks = (starts, sizes, unit_w, ep[starts], codes[starts])
+        self.expected = self.num_samples * (w / w.sum())
         share = np.bincount(codes, weights=w, minlength=len(self.names)) / w.sum()
         self.shares = {nm: float(x) for nm, x in zip(self.names, share)}
         self._weights_digest = _digest(w)
@@ -735,7 +742,8 @@ class MixtureSampler(_Resumable):
             starts, sizes, unit_w = _units(ep, idx, sw, self.block_size)
         owner = codes[starts] if len(starts) else np.zeros(0, np.int64)  # a block never spans datasets (keys)
         self._blocks = {int(c): (starts[owner == c], sizes[owner == c],
-                                 None if unit_w is None else unit_w[owner == c]) for c in np.flatnonzero(q > 0)}
+                                 None if unit_w is None else (unit_w[owner == c], ep[starts[owner == c]]))
+                        for c in np.flatnonzero(q > 0)}
         self._q = q
         self._sample_digest = None if sw is None else _digest(sw)
 
@@ -743,11 +751,12 @@ class MixtureSampler(_Resumable):
         """Dataset ``code``'s draws this epoch as blocks: (starts, sizes), the first ``quota`` samples of its
         stream of shuffled passes over its blocks (the last block cut to fit); with sample weights, ``quota`` draws
         by them (:func:`_draw_runs`)."""
-        st, sz, unit_w = self._blocks[code]
+        st, sz, weighted = self._blocks[code]
         need = int(self._q[code])
         rng = np.random.default_rng([self.seed, self.epoch, 1 + code])
-        if unit_w is not None:
-            return _draw_runs(st, sz, unit_w, need, rng)
+        if weighted is not None:
+            unit_w, unit_ep = weighted
+            return _draw_runs(st, sz, unit_w, unit_ep, np.zeros(len(st), np.int64), need, rng)
         passes = -(-need // int(sz.sum()))
         # one uniformly random permutation per pass (argsort of iid uniforms), all passes at once
         perm = np.argsort(rng.random((passes, len(st))), axis=1).ravel()
