@@ -26,7 +26,7 @@ Samplers: :class:`EpisodeAwareSampler` (shuffled blocks of consecutive frames, p
 shards), :class:`EpisodeShardedSampler` (whole episodes per rank), :class:`MixtureSampler` (datasets of a
 collection in given proportions: ``MixtureSampler(ds, {"site_a": 0.7, "site_b": 0.3})`` or ``alpha=0.5``) and
 :class:`WeightedSampler` (samples in proportion to a column of the selection: ``WeightedSampler(ds, "weight")`` over
-``SELECT episode_index, q.score AS weight ...``).
+``SELECT episode_index, length / 100.0 AS weight FROM episodes``).
 Manifest sharding for many processes and the Ray Data hand-off: :mod:`lerobot_sql.torch.shard`, :mod:`lerobot_sql.torch.ray_data`. CLI: ``lerobot-sql --help``.
 
 Errors all derive from :class:`LeRobotSQLError` (see :mod:`lerobot_sql.errors`).

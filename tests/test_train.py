@@ -869,3 +869,36 @@ def test_a_weighted_run_resumes_with_its_column_and_refuses_another(datasets, tm
     plain, _ = _saved_run(tmp_path / "u", lsql.connect(small20))
     r = run_cli("train", small20, "--weights", "weight", "--", "--resume=true", f"--output_dir={plain}")
     assert r.returncode != 0 and "started with --weights None" in r.stderr and not seen, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_weights_column_trains_and_its_draws_follow_the_weights(peer, sample, tmp_path):
+    """`--weights COLUMN` in lerobot 0.4.4: two 2 s windows (60 frames each), the first weighing 3, the second 1.
+    20 steps of ACT (batch 16: over two epochs of 120 draws) with finite losses; the weighted sampler logs each
+    whole epoch's draws with the mean weight the weights give exactly (3 x 90 + 1 x 30 draws: 2.5, where unweighted
+    draws would average 2.0); resuming from step 10 goes on at draw 32 of epoch 1 (10 steps = one epoch of 8 batches
+    and 2 more) with the uninterrupted run's very steps (ACT without dropout, as the mixture's resume test)."""
+    sql = ("SELECT episode_index, 0.0 AS start_s, 2.0 AS end_s, CASE WHEN episode_index = 0 THEN 3.0 ELSE 1.0 END "
+           "AS weight FROM episodes WHERE episode_index < 2")
+    common = ["--batch_size=16", "--num_workers=0", "--eval_freq=0", "--wandb.enable=false", "--log_freq=1",
+              "--seed=1", "--steps=20"]
+    out = tmp_path / "weighted"
+    r = _run(["train", str(sample), "--sql", sql, "--weights", "weight", "--", *ACT, "--policy.dropout=0.0", *common,
+              "--save_freq=10", f"--output_dir={out}"], tmp_path)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    whole = _steps(log)
+    losses = [float(x[1]) for x in whole]
+    assert len(losses) == 20 and all(0 <= x < 1e6 for x in losses), losses
+    assert "weighted sampler: epoch 0 from draw 0 of 120; weights 'weight': mean weight expected 2.5 (unweighted 2)" \
+        in log, log[-3000:]
+    for epoch in (0, 1):
+        assert f"weighted sampler: epoch {epoch} drew 120: mean weight 2.5 (expected 2.5)" in log, log[-3000:]
+    assert json.loads((out / "lerobot_sql_train.json").read_text())["sample_weights"] == "weight"
+    cfg = out / "checkpoints" / "000010" / "pretrained_model" / "train_config.json"
+    r = _run(["train", str(sample), "--", "--resume", "true", f"--config_path={cfg}", "--steps=20"], tmp_path)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    assert "weighted sampler: epoch 1 from draw 32 of 120" in log, log[-3000:]
+    assert _steps(log) == whole[10:]

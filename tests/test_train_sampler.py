@@ -115,6 +115,11 @@ def test_a_resumed_mixture_goes_on_with_the_same_order_on_both_lerobot_versions(
     resumed = cls(None, None, seed=5)  # 0.6
     resumed.load_state_dict({"epoch": 1, "start_index": 96})
     assert list(resumed) == second[96:] and list(resumed) == third  # then the next epoch, whole
+    # through accelerate, which calls set_epoch(its pass count, from 0 in every process) before each pass
+    assert _accelerated(cls(None, None, seed=5), 2) == [first, second]
+    resumed = cls(None, None, seed=5)
+    resumed.load_state_dict({"epoch": 1, "start_index": 96})
+    assert _accelerated(resumed, 2) == [second[96:], third]
     ckpt = tmp_path / "checkpoints" / "000040"
     (ckpt / "training_state").mkdir(parents=True)
     (ckpt / "training_state" / "training_step.json").write_text(json.dumps({"step": 40}))
@@ -128,6 +133,16 @@ def test_a_resumed_mixture_goes_on_with_the_same_order_on_both_lerobot_versions(
     (ckpt / "training_state" / "training_step.json").write_text("{}")
     with pytest.raises(TrainSetupError, match="no training step"):
         resume_state(cfg, n)
+
+
+def _accelerated(sampler, passes: int) -> list[list[int]]:
+    """``passes`` passes over ``sampler`` as accelerate's DataLoaderShard makes them: ``set_epoch(k)`` before pass
+    ``k``, ``k`` counted from 0 in this process (a resumed run's too)."""
+    out = []
+    for k in range(passes):
+        sampler.set_epoch(k)
+        out.append(list(sampler))
+    return out
 
 
 def test_the_mixture_sampler_refuses_a_state_outside_its_epoch(mix):
@@ -193,15 +208,17 @@ def test_a_resumed_weighted_run_goes_on_with_the_same_order_on_both_lerobot_vers
     first, second = list(whole), list(whole)
     resumed = cls(None, None, seed=5)  # 0.6
     resumed.load_state_dict({"epoch": 1, "start_index": 100})
-    assert list(resumed) == second[100:]
-    ckpt = tmp_path / "checkpoints" / "000030"
+    assert _accelerated(resumed, 2)[0] == second[100:]  # accelerate's set_epoch(0) keeps the resumed epoch
+    # 0.4: positioned from the checkpoint's step, 3 steps into the second epoch (batch 8)
+    step = -(-len(first) // 8) + 3
+    ckpt = tmp_path / "checkpoints" / f"{step:06d}"
     (ckpt / "training_state").mkdir(parents=True)
-    (ckpt / "training_state" / "training_step.json").write_text(json.dumps({"step": 30}))
+    (ckpt / "training_state" / "training_step.json").write_text(json.dumps({"step": step}))
     cfg = types.SimpleNamespace(seed=5, resume=True, checkpoint_path=str(ckpt), batch_size=8)
-    state = resume_state(cfg, len(first))
-    got = list(mixture_sampler_class(lambda: weighted, sample_weights="weight", cfg_of=lambda: cfg,
-                                     resume_on_init=True)(None, None))  # 0.4: positioned from the checkpoint
-    assert got == (first if state["epoch"] == 0 else second)[state["start_index"]:] and state["start_index"] > 0
+    assert resume_state(cfg, len(first)) == {"epoch": 1, "start_index": 24}
+    got = _accelerated(mixture_sampler_class(lambda: weighted, sample_weights="weight", cfg_of=lambda: cfg,
+                                             resume_on_init=True)(None, None), 1)[0]
+    assert got == second[24:]
 
 
 def test_the_weighted_train_sampler_over_a_collection_global_or_within_shares(datasets, tmp_path, caplog):

@@ -299,3 +299,14 @@ def test_mixture_with_sample_weights_refusals(coll_ds):
     ok = MixtureSampler(coll_ds, sample_weights="weight", replacement=False, num_samples=len(coll_ds) // 4, seed=1)
     order = list(ok)
     assert len(order) == len(set(order))  # each sample at most once
+
+
+def test_weights_near_the_float_maximum_draw_by_their_ratio(ds):
+    """Weights of 1e308 (their sum is inf in float64): drawn as their ratios, as the same weights scaled down."""
+    w = ds.manifest["weight"].to_numpy()
+    big = WeightedSampler(ds, w * 1e307, num_samples=5000, seed=3)
+    small = WeightedSampler(ds, w, num_samples=5000, seed=3)
+    assert np.isfinite(big.expected).all() and big.expected == pytest.approx(small.expected)
+    assert np.abs(np.bincount(list(big), minlength=len(ds)) - small.expected).max() < 2
+    coll_w = MixtureSampler(ds, sample_weights=w * 1e307, num_samples=5000, seed=3)
+    assert coll_w.expected == pytest.approx(MixtureSampler(ds, sample_weights=w, num_samples=5000, seed=3).expected)

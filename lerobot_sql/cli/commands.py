@@ -711,8 +711,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--weights", metavar="NAME=W,... | COLUMN", action="append",
                     help="several datasets: each dataset's share of the samples drawn, e.g. 'site_a=0.7,site_b=0.3' "
                          "(normalised; 0 leaves a dataset out); default: proportional to its selected frames. "
-                         "COLUMN (no '='): a column of the query's result holding each row's weight (e.g. q.score "
-                         "AS weight), which every sample of its episode or window carries: samples are drawn in "
+                         "COLUMN (no '='): a column of the query's result holding each row's weight (e.g. length / "
+                         "100.0 AS weight), which every sample of its episode or window carries: samples are drawn in "
                          "proportion to it (exact per-epoch counts); over several datasets across them all, or "
                          "within each when shares (NAME=W,... or --alpha) are given too (repeat --weights)")
     sp.add_argument("--alpha", type=float, metavar="A",

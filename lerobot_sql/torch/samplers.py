@@ -13,6 +13,13 @@ own files or file regions, which matters most when streaming from remote storage
 or ``n_i ** alpha``): exact per-epoch quotas, each dataset's blocks shuffled (a small dataset with a large weight
 repeats, reshuffled), the blocks of all datasets interleaved at random, one global order sliced per rank.
 
+``WeightedSampler`` draws samples in proportion to per-sample weights, a column of the selection (a score per
+episode or window reaches each of its samples): exact per-epoch counts by randomized systematic sampling, blocks cut
+where the weight changes; ``MixtureSampler(sample_weights=...)`` draws each dataset's quota by them.
+
+One module, past the ~400 lines of the house rule: the four samplers share the resumable base, the blocks and the
+weighted draw, and each is a short class over them.
+
 All work with any sized map-style dataset whose samples are described by ``episode_index`` and ``index``
 (a :class:`~lerobot_sql.torch.dataset.LeRobotSQLDataset`, a :class:`~lerobot_sql.torch.mixture.CollectionDataset`, their
 ``manifest``, or arrays); over a collection an episode is ``(dataset, episode_index)``.
@@ -354,7 +361,8 @@ def _sample_weights(source, weights) -> np.ndarray:
         if weights not in m.column_names:
             raise KeyError(f"weights: no column {weights!r} in the selection's result (its columns besides the "
                            f"contract's: {_result_columns(m) or 'none'}); return it from the query, e.g. SELECT "
-                           f"episode_index, q.score AS {weights} FROM episodes JOIN q USING (episode_index)."
+                           f"episode_index, length / 100.0 AS {weights} FROM episodes, or pass one number per "
+                           "sample."
                            f"{did_you_mean(weights, m.column_names)}")
         col = m[weights]
         t = col.type
@@ -418,7 +426,7 @@ def _draw_runs(starts: np.ndarray, sizes: np.ndarray, weight: np.ndarray, episod
     ep_rank = rng.permutation(int(ep_code.max()) + 1 if len(ep_code) else 0)[ep_code]
     perm = np.lexsort((rng.random(len(starts)), ep_rank, dataset))  # the last key sorts first
     st, sz, wt = starts[perm], sizes[perm], weight[perm]
-    mass = sz * wt
+    mass = sz * (wt / wt.max())  # scaled first: weights near the float64 maximum would sum to inf
     cum = np.cumsum(mass) * (total / mass.sum())
     cum[-1] = total  # the last edge exactly: rounding must not add or lose a draw
     u = rng.random()
@@ -448,8 +456,10 @@ class WeightedSampler(_Resumable):
     A query's extra column reaches every sample of its row (the episode's frames, or the window's), so a score per
     episode is a weight per sample::
 
-        ds = db.dataset("SELECT episode_index, q.score AS weight FROM episodes JOIN q USING (episode_index)")
+        ds = db.dataset("WITH q(episode_index, score) AS (VALUES (0, 0.9), (1, 0.2), (2, 1.0)) "
+                        "SELECT e.episode_index, q.score AS weight FROM episodes e JOIN q USING (episode_index)")
         sampler = WeightedSampler(ds, "weight")   # sample i drawn T * w_i / sum(w) times per epoch on average
+        sampler = WeightedSampler(ds, [scores[e] for e in ds.manifest["episode_index"].to_pylist()])  # from Python
 
     How an epoch is drawn (``T = num_replicas * ceil(num_samples / num_replicas)`` draws over all ranks):
 
@@ -527,8 +537,9 @@ class WeightedSampler(_Resumable):
         self.names, codes = _groups(source)
         starts, sizes, unit_w = _units(ep, idx, w, self.block_size)
         self._blocks = (starts, sizes, unit_w, ep[starts], codes[starts])
-        self.expected = self.num_samples * (w / w.sum())
-        share = np.bincount(codes, weights=w, minlength=len(self.names)) / w.sum()
+        scaled = w / w.max()  # weights near the float64 maximum would sum to inf
+        self.expected = self.num_samples * (scaled / scaled.sum())
+        share = np.bincount(codes, weights=scaled, minlength=len(self.names)) / scaled.sum()
         self.shares = {nm: float(x) for nm, x in zip(self.names, share)}
         self._weights_digest = _digest(w)
 
@@ -597,8 +608,7 @@ class MixtureSampler(_Resumable):
 
     Per-sample weights within each dataset, from a column of the selection (the shares stay the datasets')::
 
-        ds = coll.dataset("SELECT dataset, episode_index, q.score AS weight FROM episodes JOIN q USING (dataset, "
-                          "episode_index)")
+        ds = coll.dataset("SELECT dataset, episode_index, length / 100.0 AS weight FROM episodes")
         sampler = MixtureSampler(ds, {"site_a": 0.7, "site_b": 0.3}, sample_weights="weight")
 
     (:class:`WeightedSampler` over the collection instead draws every sample in proportion to its weight across the
@@ -709,7 +719,10 @@ class MixtureSampler(_Resumable):
         if starved:
             warn(f"{', '.join(starved)}: weight > 0 but 0 of the epoch's {self.num_samples} draws "
                  "(rounded down): raise num_samples or the weight")
-        sw = None if sample_weights is None else _sample_weights(source, sample_weights)
+        raw = None if sample_weights is None else _sample_weights(source, sample_weights)
+        self._sample_digest = None if raw is None else _digest(raw)
+        # scaled (the draws do not change): weights near the float64 maximum would sum to inf
+        sw = None if raw is None else raw / raw.max()
         if sw is None:
             self.expected = (q / np.maximum(n, 1))[codes]
         else:
@@ -728,7 +741,7 @@ class MixtureSampler(_Resumable):
             else:
                 top = [int(np.argmax(np.where(codes == c, self.expected, -1))) for c in range(len(names))]
                 over = [f"{nm}: {self.expected[i]:.3g} draws expected of sample {i} ({_where(source, i)}, weight "
-                        f"{sw[i]:.3g})" for nm, i in zip(names, top) if nm in self.quotas and
+                        f"{raw[i]:.3g})" for nm, i in zip(names, top) if nm in self.quotas and
                         self.expected[i] > 1 + 1e-9]
             if over:
                 raise ValueError(f"replacement=False, but the weights ask for more draws than samples ({'; '.join(over)}"
@@ -745,7 +758,6 @@ class MixtureSampler(_Resumable):
                                  None if unit_w is None else (unit_w[owner == c], ep[starts[owner == c]]))
                         for c in np.flatnonzero(q > 0)}
         self._q = q
-        self._sample_digest = None if sw is None else _digest(sw)
 
     def _stream(self, code: int) -> tuple[np.ndarray, np.ndarray]:
         """Dataset ``code``'s draws this epoch as blocks: (starts, sizes), the first ``quota`` samples of its

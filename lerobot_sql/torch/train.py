@@ -311,8 +311,8 @@ def _check_weights_column(db, sql: str, column: str) -> None:
     hint = (f" ({column!r} is a dataset: dataset shares are --weights NAME=WEIGHT,..., e.g. '{column}=0.7,...')"
             if _is_collection(db) and column in db.names else "")
     raise TrainSetupError(f"--weights {column!r}: the selection returns no such column (its columns: {cols}){hint}; "
-                          f"return each row's weight from the query, e.g. SELECT episode_index, q.score AS {column} "
-                          f"FROM episodes JOIN q USING (episode_index).{did_you_mean(column, cols)}")
+                          f"return each row's weight from the query, e.g. SELECT episode_index, length / 100.0 AS "
+                          f"{column} FROM episodes.{did_you_mean(column, cols)}")
 
 
 def _refuse_other_mixture(saved: dict, rename: dict | None, weights: dict | None, alpha: float | None,

@@ -140,7 +140,7 @@ def mixture_sampler_class(dataset_of, *, weights=None, alpha=None, sample_weight
                 pc.cast(ds.manifest[sample_weights], pa.float64()).to_numpy(zero_copy_only=False)
             e = self.mixture.expected
             self._mean_w = None if self._w is None else float((e * self._w[self._keep]).sum() / e.sum())
-            self._epoch, self._start = 0, 0
+            self._epoch, self._start, self._resumed = 0, 0, 0
             if resume_on_init and getattr(cfg, "resume", False):
                 self.load_state_dict(resume_state(cfg, len(self)))
 
@@ -148,13 +148,17 @@ def mixture_sampler_class(dataset_of, *, weights=None, alpha=None, sample_weight
             return int(self.mixture.num_samples)
 
         def set_epoch(self, epoch: int) -> None:
-            self._epoch = int(epoch)
+            # accelerate's DataLoaderShard calls this before every pass with its own count of passes, which starts
+            # at 0 in every process, a resumed run's too: the epoch is the one the run resumed at plus that count
+            # (taken as the epoch itself, a resumed run past its first epoch replayed epoch 0's order)
+            self._epoch = self._resumed + int(epoch)
 
         def state_dict(self) -> dict:
             return {"epoch": self._epoch, "start_index": self._start}
 
         def load_state_dict(self, state: dict) -> None:
             self._epoch, self._start = int(state["epoch"]), int(state.get("start_index", state.get("start", 0)))
+            self._resumed = self._epoch
             if not 0 <= self._start <= len(self):
                 raise ValueError(f"start_index {self._start} is outside an epoch of {len(self)} draws")
 
