@@ -81,9 +81,10 @@ def mixture_sampler_class(dataset_of, *, weights=None, alpha=None, sample_weight
     ``sample_weights`` within each dataset) or, with ``sample_weights`` and neither ``weights`` nor ``alpha``, a
     :class:`~lerobot_sql.torch.samplers.WeightedSampler` order, with ``block_size=1`` (single frames, as lerobot's
     own shuffling) over the kept positions, with ``num_replicas=1``: accelerate gives each process its share of the
-    batches. ``len(sampler)`` is an epoch's draws
-    (the kept samples' count); ``iter()`` starts the next epoch (lerobot 0.6's rule: the epoch advances at each
-    ``iter``). ``state_dict`` / ``load_state_dict`` use lerobot 0.6's ``{"epoch", "start_index"}``.
+    batches. ``len(sampler)`` is an epoch's draws (the kept samples' count); ``iter()`` starts the next epoch
+    (lerobot 0.6's rule: the epoch advances at each ``iter``). ``state_dict`` / ``load_state_dict`` use lerobot
+    0.6's ``{"epoch", "start_index"}``; ``set_epoch(k)``, which accelerate's DataLoader calls before each pass, takes
+    ``k`` as the passes since the run started or resumed (the epoch is the resumed one plus ``k``).
 
     Args:
         dataset_of: () -> the dataset trained on (a :class:`~lerobot_sql.torch.mixture.CollectionDataset`; any
