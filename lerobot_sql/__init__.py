@@ -26,8 +26,10 @@ Training with lerobot's own script on a query: ``lerobot-sql train DATASET --sql
 arguments>`` (:mod:`lerobot_sql.torch.train`; lerobot is not imported by ``import lerobot_sql``).
 
 Samplers: :class:`EpisodeAwareSampler` (shuffled blocks of consecutive frames, per-epoch seeds, resume, rank
-shards), :class:`EpisodeShardedSampler` (whole episodes per rank) and :class:`MixtureSampler` (datasets of a
-collection in given proportions: ``MixtureSampler(ds, {"site_a": 0.7, "site_b": 0.3})`` or ``alpha=0.5``).
+shards), :class:`EpisodeShardedSampler` (whole episodes per rank), :class:`MixtureSampler` (datasets of a
+collection in given proportions: ``MixtureSampler(ds, {"site_a": 0.7, "site_b": 0.3})`` or ``alpha=0.5``) and
+:class:`WeightedSampler` (samples in proportion to a column of the selection: ``WeightedSampler(ds, "weight")`` over
+``SELECT episode_index, length / 100.0 AS weight FROM episodes``).
 Manifest sharding for many processes and the Ray Data hand-off: :mod:`lerobot_sql.torch.shard`, :mod:`lerobot_sql.torch.ray_data`. CLI: ``lerobot-sql --help``.
 
 Errors all derive from :class:`LeRobotSQLError` (see :mod:`lerobot_sql.errors`).
@@ -50,7 +52,7 @@ def __getattr__(name: str):
         from .torch.mixture import CollectionDataset
 
         return CollectionDataset
-    if name in ("EpisodeAwareSampler", "EpisodeShardedSampler", "MixtureSampler"):
+    if name in ("EpisodeAwareSampler", "EpisodeShardedSampler", "MixtureSampler", "WeightedSampler"):
         from .torch import samplers
 
         return getattr(samplers, name)
@@ -71,5 +73,6 @@ __all__ = [
     "EpisodeAwareSampler",
     "EpisodeShardedSampler",
     "MixtureSampler",
+    "WeightedSampler",
     *_ERRORS,
 ]

@@ -186,7 +186,8 @@ def test_resume_finds_the_saved_selection_from_lerobots_checkpoint_config(tmp_pa
     cfg.parent.mkdir(parents=True)
     (out / "lerobot_sql_train.json").write_text(json.dumps({"sql": "SELECT episode_index FROM episodes"}))
     old = {"sql": "SELECT episode_index FROM episodes", "stats": "selection", "align": "timestamp", "root": None,
-           "dataset_id": None, "datasets": None, "rename": None, "weights": None, "alpha": None}
+           "dataset_id": None, "datasets": None, "rename": None, "weights": None, "alpha": None,
+           "sample_weights": None}
     assert saved_run(["--resume=true", f"--config_path={cfg}"]) == old
     assert saved_run([f"--output_dir={out}"]) == old
     with pytest.raises(TrainSetupError, match="pass --sql"):
@@ -538,7 +539,8 @@ def test_train_on_several_datasets_reaches_lerobot_with_the_collection_and_its_m
     assert run_cli("train", f"{a},{b}", "--sql", MIX_SQL, "--alpha", "0.5", "--", "--policy.type=act").returncode == 0
     assert seen["alpha"] == 0.5 and seen["weights"] is None and seen["db"].names == ["small20", "h264_20"]
     for args, code, says in (
-            ([a, b, "--weights", "small20"], 2, "is not NAME=WEIGHT"),
+            ([a, b, "--weights", "small20"], 1, "'small20' is a dataset: dataset shares are --weights NAME=WEIGHT"),
+            ([a, b, "--weights", "small20=1,h264_20"], 2, "is not NAME=WEIGHT"),
             ([a, b, "--weights", "small20=1,small20=2"], 2, "given twice"),
             ([a, b, "--weights", "small20=nan,h264_20=1"], 2, "finite number >= 0"),
             ([a, b, "--weights", "small20=-1,h264_20=1"], 2, "finite number >= 0"),
@@ -710,3 +712,193 @@ def test_two_datasets_train_as_a_weighted_mixture_and_resume_its_order(peer, dat
     assert r.returncode == 0, log[-4000:]
     assert "mixture sampler: epoch 0 from draw 400 of 652" in log, log[-3000:]
     assert _steps(log) == whole[25:]
+
+
+# ---- sample weights from a column: --weights COLUMN (issue 39) -------------------------------------------------------
+W_SQL = ("SELECT episode_index, CASE episode_index WHEN 0 THEN 3.0 WHEN 1 THEN 1.0 ELSE 0.0 END AS weight "
+         "FROM episodes WHERE episode_index < 3")
+
+
+def _stand_in_lerobot_044_script(monkeypatch, seen: dict) -> None:
+    """lerobot 0.4.4's train script cut down to what reaches the data (without lerobot): ``main()`` builds the
+    dataset with ``make_dataset(cfg)`` and, as 0.4.4 does, an ``EpisodeAwareSampler`` only for a policy config with
+    ``drop_n_last_frames`` (else a RandomSampler: ``sampler`` None), then draws one epoch. ``seen`` gets the
+    config, the dataset, the sampler and its draws."""
+    import sys
+    import types
+
+    from lerobot_sql.torch import train
+
+    _stand_in_lerobot_factory(monkeypatch)
+    fake = types.ModuleType("lerobot.scripts.lerobot_train")
+
+    class EpisodeAwareSampler:  # lerobot's own; never built here: run() replaces it for the run
+        def __init__(self, *a, **kw):
+            raise AssertionError("lerobot's own sampler was built")
+
+    def main():
+        out = train._arg_value(sys.argv[1:], "output_dir")
+        cfg = types.SimpleNamespace(policy=types.SimpleNamespace(), tolerance_s=1e-4, output_dir=out, seed=1,
+                                    resume=train.resuming(sys.argv[1:]), batch_size=8, checkpoint_path=None,
+                                    dataset=types.SimpleNamespace(episodes=None, streaming=False,
+                                                                  image_transforms=None, use_imagenet_stats=True))
+        dataset = fake.make_dataset(cfg)
+        sampler = None
+        if hasattr(cfg.policy, "drop_n_last_frames"):
+            sampler = fake.EpisodeAwareSampler(dataset.meta.episodes["dataset_from_index"],
+                                               dataset.meta.episodes["dataset_to_index"],
+                                               episode_indices_to_use=dataset.episodes,
+                                               drop_n_last_frames=cfg.policy.drop_n_last_frames, shuffle=True)
+        seen.update(cfg=cfg, dataset=dataset, sampler=sampler, order=None if sampler is None else list(sampler))
+        return 0
+
+    fake.make_dataset, fake.EpisodeAwareSampler, fake.main = None, EpisodeAwareSampler, main
+    monkeypatch.setitem(sys.modules, "lerobot.scripts", types.ModuleType("lerobot.scripts"))
+    sys.modules["lerobot.scripts"].lerobot_train = fake
+    monkeypatch.setitem(sys.modules, "lerobot.scripts.lerobot_train", fake)
+    monkeypatch.setattr(train, "lerobot_version", lambda: (0, 4, 4))
+
+
+def test_train_weights_column_draws_by_it_through_lerobots_script(datasets, tmp_path, monkeypatch):
+    """`lerobot-sql train DATASET --sql ... --weights COLUMN` (a stand-in of lerobot 0.4.4's script): lerobot's
+    sampler switch is set for ACT, the weighted sampler replaces lerobot's, the epoch draws each sample by its
+    row's weight (weight 0 never), and the run file records the column. Without --weights, ACT on 0.4 keeps its
+    RandomSampler (lerobot's own path, unchanged)."""
+    import numpy as np
+
+    from helpers import run_cli
+
+    seen = {}
+    _stand_in_lerobot_044_script(monkeypatch, seen)
+    out = tmp_path / "run"
+    r = run_cli("train", datasets / "small20", "--sql", W_SQL, "--weights", "weight", "--", f"--output_dir={out}",
+                "--policy.type=act")
+    assert r.returncode == 0, r.stderr
+    assert type(seen["sampler"]).__name__ == "WeightedTrainSampler" and seen["cfg"].policy.drop_n_last_frames == 0
+    ds = seen["dataset"]
+    w = ds.manifest["weight"].to_numpy()
+    count = np.bincount(seen["order"], minlength=len(ds))
+    assert len(seen["order"]) == len(ds) and np.abs(count - len(ds) * w / w.sum()).max() < 1
+    assert count[w == 0].sum() == 0
+    rec = json.loads((out / "lerobot_sql_train.json").read_text())
+    assert rec["sample_weights"] == "weight" and rec["sql"] == W_SQL
+    seen.clear()
+    r = run_cli("train", datasets / "small20", "--sql", W_SQL, "--", f"--output_dir={tmp_path / 'plain'}")
+    assert r.returncode == 0 and seen["sampler"] is None, r.stderr
+    assert json.loads((tmp_path / "plain" / "lerobot_sql_train.json").read_text())["sample_weights"] is None
+
+
+def test_train_weights_column_over_several_datasets_global_or_within_shares(datasets, tmp_path, monkeypatch):
+    """Over two datasets: --weights COLUMN alone compares the weights across the datasets (a dataset's share is its
+    weights' sum); with --weights NAME=W (or --alpha) too, the datasets get those shares and the column weighs
+    within each."""
+    import numpy as np
+
+    from helpers import run_cli
+
+    seen = {}
+    _stand_in_lerobot_044_script(monkeypatch, seen)
+    sql = ("SELECT dataset, episode_index, CASE WHEN dataset = 'small20' THEN 3.0 ELSE 1.0 END AS weight FROM "
+           "episodes WHERE episode_index = 0")
+    both = [datasets / "small20", datasets / "h264_20", "--sql", sql]
+    r = run_cli("train", *both, "--weights", "weight", "--", f"--output_dir={tmp_path / 'g'}")
+    assert r.returncode == 0, r.stderr
+    ds = seen["dataset"]
+    w, code = ds.manifest["weight"].to_numpy(), np.asarray(ds.dataset_index)
+    assert type(seen["sampler"]).__name__ == "WeightedTrainSampler"
+    drawn = code[np.asarray(seen["order"])]
+    assert abs(int((drawn == 0).sum()) - len(ds) * w[code == 0].sum() / w.sum()) < 1
+    r = run_cli("train", *both, "--weights", "weight", "--weights", "small20=0.5,h264_20=0.5", "--",
+                f"--output_dir={tmp_path / 'm'}")
+    assert r.returncode == 0, r.stderr
+    assert type(seen["sampler"]).__name__ == "MixtureTrainSampler"
+    drawn = code[np.asarray(seen["order"])]
+    assert abs(int((drawn == 0).sum()) - len(ds) / 2) <= 1
+    rec = json.loads((tmp_path / "m" / "lerobot_sql_train.json").read_text())
+    assert rec["sample_weights"] == "weight" and rec["weights"] == {"small20": 0.5, "h264_20": 0.5}
+
+
+def test_train_weights_column_refusals(datasets, tmp_path, monkeypatch):
+    """A column the selection does not return is refused before lerobot's script runs, naming the result's columns;
+    bad values when the dataset is built, naming the episode; malformed --weights at parse (exit 2)."""
+    from helpers import run_cli
+
+    seen = {}
+    _stand_in_lerobot_044_script(monkeypatch, seen)
+    a, b = datasets / "small20", datasets / "h264_20"
+    for args, code, says in (
+            ([a, "--sql", W_SQL, "--weights", "wieght"], 1,
+             "--weights 'wieght': the selection returns no such column (its columns: ['episode_index', 'weight'])"),
+            ([a, "--sql", W_SQL.replace("ELSE 0.0", "ELSE -1.0"), "--weights", "weight"], 1,
+             "weights column 'weight': -1.0 at sample"),
+            ([a, "--sql", W_SQL.replace("3.0", "0.0").replace("1.0", "0.0"), "--weights", "weight"], 1,
+             "every weight of the"),
+            ([a, "--sql", W_SQL, "--weights", "weight,other"], 2, "is neither NAME=WEIGHT"),
+            ([a, "--sql", W_SQL, "--weights", "weight", "--weights", "other"], 2, "one column of sample weights"),
+            ([a, "--sql", W_SQL, "--weights", "small20=1"], 2, "for several datasets"),
+            ([a, b, "--sql", MIX_SQL, "--weights", "small20=1,h264_20=1", "--weights", "small20=1"], 2,
+             "given twice")):
+        seen.clear()
+        r = run_cli("train", *args, "--", f"--output_dir={tmp_path / 'x'}")
+        assert r.returncode == code and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "order" not in seen
+
+
+def test_a_weighted_run_resumes_with_its_column_and_refuses_another(datasets, tmp_path, monkeypatch):
+    """The column is saved: --resume without --weights draws by it; another column, or one for a run started
+    without, is refused (the draws would change mid-training)."""
+    import lerobot_sql as lsql
+    from helpers import run_cli
+    from lerobot_sql._plan.manifest import dataset_identity
+
+    seen = {}
+    _stand_in_lerobot_train(monkeypatch, seen)
+    small20 = datasets / "small20"
+    db = lsql.connect(small20)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "lerobot_sql_train.json").write_text(json.dumps({"root": db.source.url, "sql": W_SQL, "sample_weights":
+                                                            "weight", "dataset_id": dataset_identity(db.layout)}))
+    r = run_cli("train", small20, "--", "--resume=true", f"--output_dir={out}")
+    assert r.returncode == 0 and seen["sample_weights"] == "weight" and seen["sql"] == W_SQL, r.stderr
+    seen.clear()
+    r = run_cli("train", small20, "--weights", "score", "--", "--resume=true", f"--output_dir={out}")
+    assert r.returncode != 0 and "started with --weights 'weight'; resuming it with --weights 'score'" in r.stderr
+    assert not seen
+    (tmp_path / "u").mkdir()
+    plain, _ = _saved_run(tmp_path / "u", lsql.connect(small20))
+    r = run_cli("train", small20, "--weights", "weight", "--", "--resume=true", f"--output_dir={plain}")
+    assert r.returncode != 0 and "started with --weights None" in r.stderr and not seen, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_weights_column_trains_and_its_draws_follow_the_weights(peer, sample, tmp_path):
+    """`--weights COLUMN` in lerobot 0.4.4: two 2 s windows (60 frames each), the first weighing 3, the second 1.
+    20 steps of ACT (batch 16: over two epochs of 120 draws) with finite losses; the weighted sampler logs each
+    whole epoch's draws with the mean weight the weights give exactly (3 x 90 + 1 x 30 draws: 2.5, where unweighted
+    draws would average 2.0); resuming from step 10 goes on at draw 32 of epoch 1 (10 steps = one epoch of 8 batches
+    and 2 more) with the uninterrupted run's very steps (ACT without dropout, as the mixture's resume test)."""
+    sql = ("SELECT episode_index, 0.0 AS start_s, 2.0 AS end_s, CASE WHEN episode_index = 0 THEN 3.0 ELSE 1.0 END "
+           "AS weight FROM episodes WHERE episode_index < 2")
+    common = ["--batch_size=16", "--num_workers=0", "--eval_freq=0", "--wandb.enable=false", "--log_freq=1",
+              "--seed=1", "--steps=20"]
+    out = tmp_path / "weighted"
+    r = _run(["train", str(sample), "--sql", sql, "--weights", "weight", "--", *ACT, "--policy.dropout=0.0", *common,
+              "--save_freq=10", f"--output_dir={out}"], tmp_path)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    whole = _steps(log)
+    losses = [float(x[1]) for x in whole]
+    assert len(losses) == 20 and all(0 <= x < 1e6 for x in losses), losses
+    assert "weighted sampler: epoch 0 from draw 0 of 120; weights 'weight': mean weight expected 2.5 (unweighted 2)" \
+        in log, log[-3000:]
+    for epoch in (0, 1):
+        assert f"weighted sampler: epoch {epoch} drew 120: mean weight 2.5 (expected 2.5)" in log, log[-3000:]
+    assert json.loads((out / "lerobot_sql_train.json").read_text())["sample_weights"] == "weight"
+    cfg = out / "checkpoints" / "000010" / "pretrained_model" / "train_config.json"
+    r = _run(["train", str(sample), "--", "--resume", "true", f"--config_path={cfg}", "--steps=20"], tmp_path)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    assert "weighted sampler: epoch 1 from draw 32 of 120" in log, log[-3000:]
+    assert _steps(log) == whole[10:]

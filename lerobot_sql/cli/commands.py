@@ -580,10 +580,12 @@ def cmd_train(args) -> int:
     if collection and (args.name or args.query_dir):
         raise UsageError("named queries (--name, --query-dir) are written for one dataset; over several datasets "
                          "give the SQL itself (every view has a dataset column)")
-    if not collection and (args.weights or args.alpha is not None or args.rename):
-        raise UsageError("--weights, --alpha and --rename are for several datasets: give two or more DATASETs")
-    if args.weights and args.alpha is not None:
-        raise UsageError("give --weights or --alpha, not both (alpha makes the weights n_i ** alpha)")
+    shares, column = _weights(args.weights)
+    if not collection and (shares or args.alpha is not None or args.rename):
+        raise UsageError("--weights NAME=WEIGHT,..., --alpha and --rename are for several datasets: give two or more "
+                         "DATASETs (one dataset takes --weights COLUMN: sample weights from a column of the query)")
+    if shares and args.alpha is not None:
+        raise UsageError("give --weights NAME=WEIGHT,... or --alpha, not both (alpha makes the weights n_i ** alpha)")
     sql = args.sql
     if sql == "-":
         sql = sys.stdin.read()
@@ -600,11 +602,39 @@ def cmd_train(args) -> int:
     result = train.run(source, sql or None, args.lerobot_args, stats=args.stats, cache_dir=args.cache_dir,
                        dataset_kwargs={"align": args.align} if args.align else None,
                        rename=_renames(args.rename) if collection else None,
-                       weights=_weights(args.weights) if args.weights else None, alpha=args.alpha)
+                       weights=shares, alpha=args.alpha, sample_weights=column)
     return int(result) if isinstance(result, int) else 0
 
 
-def _weights(text: str) -> dict[str, float]:
+def _weights(values: list[str] | None) -> tuple[dict[str, float] | None, str | None]:
+    """``--weights`` (repeatable) as ``(shares, column)``: a value with ``=`` gives the datasets' shares
+    (``'a=0.7,b=0.3'``, :func:`_shares`), one without names a column of the query's result holding each sample's
+    weight (``--weights score``); at most one of each.
+
+    Raises:
+        UsageError: two share lists or two columns, a value that is neither, or a bad share list.
+    """
+    shares, column = None, None
+    for text in values or []:
+        if "=" in text:
+            if shares is not None:
+                raise UsageError(f"--weights {text!r}: the datasets' shares are given twice; give them in one "
+                                 "--weights NAME=WEIGHT,...")
+            shares = _shares(text)
+            continue
+        name = text.strip()
+        if not name or "," in name:
+            raise UsageError(f"--weights {text!r} is neither NAME=WEIGHT,... (the datasets' shares, e.g. 'site_a=0.7,"
+                             "site_b=0.3') nor one column of the query's result holding each sample's weight (e.g. "
+                             "--weights score)")
+        if column is not None:
+            raise UsageError(f"--weights {column!r} and --weights {name!r}: one column of sample weights (combine "
+                             "them in the query, e.g. a * b AS weight)")
+        column = name
+    return shares, column
+
+
+def _shares(text: str) -> dict[str, float]:
     """``--weights 'a=0.7,b=0.3'`` as {name: weight}.
 
     Raises:
@@ -829,6 +859,8 @@ def build_parser() -> argparse.ArgumentParser:
              ['lerobot-sql train sample/small20 --sql "SELECT episode_index FROM episodes WHERE length > 200" -- '
               "--policy.type=act --policy.device=cpu --steps=1000 --output_dir=outputs/act_long",
               "lerobot-sql train hf://datasets/ORG/NAME --name split -p subset=train -- --policy.type=diffusion",
+              "lerobot-sql train sample/small20 --sql \"SELECT episode_index, CASE WHEN length > 200 THEN 2.0 ELSE 1.0 "
+              "END AS weight FROM episodes\" --weights weight -- --policy.type=act --output_dir=outputs/act_weighted",
               "lerobot-sql train data/site_a data/site_b --sql \"SELECT dataset, episode_index FROM episodes\" "
               "--weights 'site_a=0.7,site_b=0.3' --rename 'site_b:observation.images.top=observation.images.front' "
               "-- --policy.type=act --output_dir=outputs/mix"],
@@ -846,9 +878,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "--tolerance_s (default), or frame_index: the row's frame_index-th frame of its episode's "
                          "clip, for wall-clock timestamps over clips holding exactly their frames on the fps grid "
                          "(what dataset() recommends when it refuses such timestamps; a resumed run keeps its own)")
-    sp.add_argument("--weights", metavar="NAME=W,...",
+    sp.add_argument("--weights", metavar="NAME=W,... | COLUMN", action="append",
                     help="several datasets: each dataset's share of the samples drawn, e.g. 'site_a=0.7,site_b=0.3' "
-                         "(normalised; 0 leaves a dataset out); default: proportional to its selected frames")
+                         "(normalised; 0 leaves a dataset out); default: proportional to its selected frames. "
+                         "COLUMN (no '='): a column of the query's result holding each row's weight (e.g. length / "
+                         "100.0 AS weight), which every sample of its episode or window carries: samples are drawn in "
+                         "proportion to it (exact per-epoch counts); over several datasets across them all, or "
+                         "within each when shares (NAME=W,... or --alpha) are given too (repeat --weights)")
     sp.add_argument("--alpha", type=float, metavar="A",
                     help="several datasets: weights n_i ** A over each dataset's selected frames n_i (1: "
                          "proportional, 0: equal shares, between: small datasets up-weighted)")
@@ -857,7 +893,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "'site_b:observation.images.top=observation.images.front' (repeatable)")
     sp.set_defaults(lerobot_args=[])  # everything after `--`, split off in main() before parsing
     sp.usage = "lerobot-sql train [-h] [--sql SQL | --name NAME [-p KEY=VALUE ...]] [--stats {selection,dataset}] " \
-               "[--align {timestamp,frame_index}] [--weights NAME=W,... | --alpha A] [--rename NAME:KEY=NEW ...] " \
+               "[--align {timestamp,frame_index}] [--weights NAME=W,... | --alpha A] [--weights COLUMN] " \
+               "[--rename NAME:KEY=NEW ...] " \
                "DATASET [DATASET ...] -- [lerobot-train arguments ...]"
 
     sp = add("demo", "a tour on the bundled sample: SQL results, a training set, a DataLoader pass",

@@ -3,7 +3,7 @@ manifest (files only, never DuckDB). torch is imported here and, besides this fo
 (``tests/test_layering.py`` holds that as a folder rule).
 
 Public names: :class:`LeRobotSQLDataset` (``db.dataset(sql)``), :class:`CollectionDataset` (``coll.dataset(sql)``),
-the samplers :class:`EpisodeAwareSampler`, :class:`EpisodeShardedSampler`, :class:`MixtureSampler`, :class:`Batch`
+the samplers :class:`EpisodeAwareSampler`, :class:`EpisodeShardedSampler`, :class:`MixtureSampler`, :class:`WeightedSampler`, :class:`Batch`
 (what ``__getitems__`` returns), :func:`shard_manifest` and :class:`ShardedManifestDataset`
 (:mod:`lerobot_sql.torch.shard`), :class:`Decoder` (:mod:`lerobot_sql.torch.ray_data`). The public modules:
 ``dataset``, ``samplers``, ``shard``, ``ray_data``, ``meta`` (``ds.meta``) and ``train`` (``lerobot-sql train``).
@@ -21,6 +21,7 @@ _HOME = {
     "EpisodeAwareSampler": "samplers",
     "EpisodeShardedSampler": "samplers",
     "MixtureSampler": "samplers",
+    "WeightedSampler": "samplers",
     "Batch": "batch",
     "shard_manifest": "shard",
     "ShardedManifestDataset": "shard",

@@ -72,7 +72,7 @@ def _arg_value(args: list[str], name: str) -> str | None:
 
 def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, ...] = (0, 4, 4),
                  dataset_kwargs: dict | None = None, rename: dict | None = None, weights: dict | None = None,
-                 alpha: float | None = None):
+                 alpha: float | None = None, sample_weights: str | None = None):
     """The replacement for lerobot's dataset factory: ``cfg -> dataset`` over ``sql`` on ``db``.
 
     Args:
@@ -85,15 +85,18 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
         dataset_kwargs: more :meth:`Database.dataset` options (``cameras``, ``decoder_threads``, ``align`` ...).
         rename, weights, alpha: a collection's ``rename=`` (per dataset ``{source key: item key}``) and mixture
             (:class:`~lerobot_sql.torch.samplers.MixtureSampler`'s ``weights`` / ``alpha``), saved in the run file.
+        sample_weights: a column of the selection's result holding each sample's weight (``--weights COLUMN``),
+            saved in the run file: the samples are drawn by it (see :func:`run`).
 
     The factory keeps what lerobot's script needs later: ``factory.dataset`` (the dataset built), ``factory.cfg``
-    (lerobot's config) and ``factory.mixture`` (True when the samples come from several datasets: the mixture
-    sampler draws them).
+    (lerobot's config), ``factory.mixture`` (True when the samples come from several datasets: the mixture
+    sampler draws them) and ``factory.weighted`` (True with ``sample_weights``: the weighted draw).
 
     Raises (when lerobot calls it):
         TrainSetupError: ``--dataset.episodes`` or ``--dataset.streaming`` given (select episodes in the SQL; a
             SQL selection is read in place, never streamed); over a collection, weights that do not fit the
-            selection (a dataset with samples and no weight, a weight for a dataset without samples ...).
+            selection (a dataset with samples and no weight, a weight for a dataset without samples ...); sample
+            weights the selection does not have, or NULL, NaN, infinite, negative or all 0.
         DatasetFormatError: over a collection whose datasets have several fps, a policy with frame offsets.
     """
     import torch
@@ -105,6 +108,7 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
 
     def factory(cfg):
         factory.dataset, factory.cfg, factory.mixture = None, cfg, False
+        factory.weighted = sample_weights is not None
         if getattr(cfg.dataset, "episodes", None):
             raise TrainSetupError(NO_EPISODES)
         if getattr(cfg.dataset, "streaming", False):
@@ -113,7 +117,8 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
             # lerobot's parsed config says "resume" however it was asked for (an abbreviated flag, `resume: true`
             # in a --config_path file) where run() reads only the literal flag (hostile review 15, F2)
             _hold_to_saved_run(cfg, db, sql, stats, (dataset_kwargs or {}).get("align"),
-                               mixture={"rename": rename, "weights": weights, "alpha": alpha} if many else None)
+                               mixture={"rename": rename, "weights": weights, "alpha": alpha,
+                                        "sample_weights": sample_weights})
         probe = _collection_probe(db, rename) if many else _Probe(db.layout.info["features"], db.layout.info["fps"])
         policy_cfg = getattr(cfg, "trainable_config", None) or cfg.policy
         delta = resolve_delta_timestamps(policy_cfg, probe)
@@ -128,12 +133,12 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
             kwargs["rename"] = rename
         ds = db.dataset(sql, delta_timestamps=delta, image_transforms=transforms,
                         tolerance_s=float(getattr(cfg, "tolerance_s", 1e-4)), stats=stats, **kwargs)
-        if many:
-            factory.mixture = _check_mixture(ds, weights, alpha)
-            if factory.mixture and version[:2] < (0, 5) and not hasattr(cfg.policy, "drop_n_last_frames"):
-                # lerobot 0.4's script builds its EpisodeAwareSampler (here: the mixture's) only for a policy
-                # config with this attribute; others get a RandomSampler. Dropping 0 frames is what that means.
-                object.__setattr__(cfg.policy, "drop_n_last_frames", 0)
+        factory.mixture = _check_draws(ds, weights, alpha, sample_weights, many)
+        if (factory.mixture or factory.weighted) and version[:2] < (0, 5) and \
+                not hasattr(cfg.policy, "drop_n_last_frames"):
+            # lerobot 0.4's script builds its EpisodeAwareSampler (here: the mixture's or the weighted one) only for
+            # a policy config with this attribute; others get a RandomSampler. Dropping 0 frames is what that means.
+            object.__setattr__(cfg.policy, "drop_n_last_frames", 0)
         st = ds.meta.stats  # computed here, in the main process, before lerobot starts its DataLoader workers
         if st is not None and getattr(cfg.dataset, "use_imagenet_stats", True):
             depth = set(ds.meta.depth_keys)
@@ -156,6 +161,7 @@ def make_factory(db, sql: str, *, stats: str = "selection", version: tuple[int, 
                 record["datasets"] = {n: {"root": db[n].source.url, "dataset_id": dataset_identity(db[n].layout)}
                                       for n in db.names}
                 record.update(rename=rename or None, weights=weights, alpha=alpha)
+            record["sample_weights"] = sample_weights
             (Path(out) / RUN_FILE).write_text(json.dumps(record, indent=2))
         factory.dataset = ds
         return ds
@@ -180,23 +186,30 @@ def _collection_probe(coll, rename: dict | None) -> "_Probe":
     return _Probe(feats, fps)
 
 
-def _check_mixture(ds, weights: dict | None, alpha: float | None) -> bool:
-    """Whether the collection dataset ``ds``'s samples come from several datasets (the mixture sampler draws
-    them); ``weights`` / ``alpha`` checked against the selection before lerobot builds its policy.
+def _check_draws(ds, weights: dict | None, alpha: float | None, sample_weights: str | None, many: bool) -> bool:
+    """Whether the dataset ``ds``'s samples come from several datasets of a collection (``many``: the mixture sampler
+    draws them); ``weights`` / ``alpha`` and the ``sample_weights`` column checked against the selection before
+    lerobot builds its policy (as the sampler will draw them: :func:`~lerobot_sql.torch.train_sampler.
+    mixture_sampler_class`).
 
     Raises:
-        TrainSetupError: as :class:`~lerobot_sql.torch.samplers.MixtureSampler` refuses them, with its reason.
+        TrainSetupError: as :class:`~lerobot_sql.torch.samplers.MixtureSampler` or
+            :class:`~lerobot_sql.torch.samplers.WeightedSampler` refuses them, with its reason.
     """
     import numpy as np
 
-    from .samplers import MixtureSampler
+    from .samplers import MixtureSampler, WeightedSampler
 
     try:
-        MixtureSampler(ds, weights, alpha=alpha, block_size=1, num_replicas=1, rank=0)
-    except (KeyError, ValueError) as e:
+        if sample_weights is not None and weights is None and alpha is None:
+            WeightedSampler(ds, sample_weights, block_size=1, num_replicas=1, rank=0)
+        elif many:
+            MixtureSampler(ds, weights, alpha=alpha, sample_weights=sample_weights, block_size=1, num_replicas=1,
+                           rank=0)
+    except (KeyError, TypeError, ValueError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         raise TrainSetupError(f"--weights/--alpha: {msg}") from None
-    return len(np.unique(ds.dataset_index)) > 1
+    return many and len(np.unique(ds.dataset_index)) > 1
 
 
 def _hold_to_saved_run(cfg, db, sql, stats: str, align: str | None, mixture: dict | None = None) -> None:
@@ -285,16 +298,35 @@ def _refuse_other_datasets(saved: dict, db) -> None:
                               "is accepted), or start a new run with another --output_dir")
 
 
-def _refuse_other_mixture(saved: dict, rename: dict | None, weights: dict | None, alpha: float | None) -> None:
-    """Refuse resuming a collection run with another ``rename``, ``weights`` or ``alpha`` than it was started with
-    (None: not given, the run's own is used).
+def _check_weights_column(db, sql: str, column: str) -> None:
+    """Refuse a ``--weights COLUMN`` the selection does not return, before lerobot is imported (DuckDB binds the
+    query to name its columns; nothing is read). Its values are checked when the dataset is built.
+
+    Raises:
+        TrainSetupError: naming the result's columns (and, when the name is a dataset's, the NAME=W form).
+    """
+    cols = list(db.sql(sql).columns)
+    if column in cols:
+        return
+    hint = (f" ({column!r} is a dataset: dataset shares are --weights NAME=WEIGHT,..., e.g. '{column}=0.7,...')"
+            if _is_collection(db) and column in db.names else "")
+    raise TrainSetupError(f"--weights {column!r}: the selection returns no such column (its columns: {cols}){hint}; "
+                          f"return each row's weight from the query, e.g. SELECT episode_index, length / 100.0 AS "
+                          f"{column} FROM episodes.{did_you_mean(column, cols)}")
+
+
+def _refuse_other_mixture(saved: dict, rename: dict | None, weights: dict | None, alpha: float | None,
+                          sample_weights: str | None = None) -> None:
+    """Refuse resuming a run with another ``rename``, ``weights``, ``alpha`` (a collection's) or ``sample_weights``
+    column than it was started with (None: not given, the run's own is used).
 
     Raises:
         TrainSetupError: naming the option and both values.
     """
     for name, now, was, what in (("--rename", rename or None, saved.get("rename"), "which keys line up"),
                                  ("--weights", weights, saved.get("weights"), "the mixture"),
-                                 ("--alpha", alpha, saved.get("alpha"), "the mixture")):
+                                 ("--alpha", alpha, saved.get("alpha"), "the mixture"),
+                                 ("--weights", sample_weights, saved.get("sample_weights"), "the sample weights")):
         if now is not None and now != was:
             raise TrainSetupError(f"the run was started with {name} {was!r}; resuming it with {name} {now!r} would "
                                   f"change {what} mid-training: drop {name} to resume with the run's own (or start a "
@@ -323,7 +355,7 @@ class _Probe:
 def run(root: str | os.PathLike | list | dict, sql: str | None, lerobot_args: list[str], *, stats: str | None = None,
         storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
         dataset_kwargs: dict | None = None, rename: dict | None = None, weights: dict | None = None,
-        alpha: float | None = None) -> Any:
+        alpha: float | None = None, sample_weights: str | None = None) -> Any:
     """Run lerobot's ``lerobot-train`` with ``lerobot_args`` on the selection ``sql`` of the dataset at ``root``,
     or of the datasets a list (or ``{name: root}`` dict) of roots names.
 
@@ -338,6 +370,12 @@ def run(root: str | os.PathLike | list | dict, sql: str | None, lerobot_args: li
             proportional to the samples, ``alpha=1``); see :class:`~lerobot_sql.torch.samplers.MixtureSampler`.
             Used when the selection's samples come from several datasets; one dataset's are drawn by lerobot's own
             sampler, as the single-dataset command does.
+        sample_weights: a column of the selection's result holding each sample's weight (``--weights COLUMN``:
+            a number per result row, which every sample of its episode or window carries): lerobot's sampler is
+            replaced by one drawing each sample in proportion to it (exact per-epoch counts, lerobot's per-episode
+            drop rule kept; :class:`~lerobot_sql.torch.samplers.WeightedSampler`). Over several datasets without
+            ``weights`` / ``alpha`` the weights compare across datasets; with them, the datasets get their shares
+            and the column weighs the samples within each (``MixtureSampler(..., sample_weights=)``).
         lerobot_args: lerobot-train's arguments (``--policy.type=act --steps=...``). ``--dataset.repo_id`` is
             filled in when absent (lerobot requires one; it names the run, nothing is downloaded).
         stats: ``"selection"`` or ``"dataset"``; None (default): the saved run's when resuming, else
@@ -349,15 +387,17 @@ def run(root: str | os.PathLike | list | dict, sql: str | None, lerobot_args: li
 
     Raises:
         TrainSetupError: lerobot missing or not 0.4.x-0.6.x, or an option that cannot be honoured; on resume (with
-            or without ``sql``), another ``sql``, ``stats``, ``align``, ``rename``, ``weights`` or ``alpha`` than
-            the run was started with (normalization, frames or the mixture would change mid-training), or another
-            dataset than the run's (a copy or move of it, same ``dataset_identity``, is accepted); weights naming
-            no dataset of the collection, or both weights and alpha.
+            or without ``sql``), another ``sql``, ``stats``, ``align``, ``rename``, ``weights``, ``alpha`` or
+            ``sample_weights`` than the run was started with (normalization, frames or the draws would change
+            mid-training), or another dataset than the run's (a copy or move of it, same ``dataset_identity``, is
+            accepted); weights naming no dataset of the collection, or both weights and alpha; a
+            ``sample_weights`` column the selection does not return.
     """
     args = list(lerobot_args)
     many = isinstance(root, (list, tuple, dict))
     if not many and (rename or weights is not None or alpha is not None):
-        raise TrainSetupError("--rename, --weights and --alpha are for several datasets (give two or more)")
+        raise TrainSetupError("--rename, --weights NAME=WEIGHT,... and --alpha are for several datasets (give two or "
+                              "more; one dataset takes --weights COLUMN, sample weights)")
     if weights is not None and alpha is not None:
         raise TrainSetupError("give --weights or --alpha, not both (alpha makes the weights n_i ** alpha)")
     dataset_kwargs = dict(dataset_kwargs or {})
@@ -376,9 +416,10 @@ def run(root: str | os.PathLike | list | dict, sql: str | None, lerobot_args: li
         sql = saved["sql"] if sql is None else sql
         stats = saved["stats"]
         dataset_kwargs["align"] = saved["align"]
+        _refuse_other_mixture(saved, rename, weights, alpha, sample_weights)
         if many:
-            _refuse_other_mixture(saved, rename, weights, alpha)
             rename, weights, alpha = saved["rename"], saved["weights"], saved["alpha"]
+        sample_weights = saved["sample_weights"]
     stats = stats or "selection"
     # What can be checked without lerobot comes first: a user should not install lerobot to learn of a typo.
     if _arg_value(args, "dataset.episodes") not in (None, "", "null", "None", "[]"):
@@ -404,6 +445,8 @@ def run(root: str | os.PathLike | list | dict, sql: str | None, lerobot_args: li
                               f"by these names).{did_you_mean(str(unknown[0]), db.names)}")
     if isinstance(sql, str):
         db.check(sql)
+        if sample_weights is not None:
+            _check_weights_column(db, sql, sample_weights)
     version = lerobot_version()
     if version[:2] < SUPPORTED[0] or version[:2] > SUPPORTED[-1]:
         raise TrainSetupError(f"lerobot {'.'.join(map(str, version))} is installed; `lerobot-sql train` supports "
@@ -411,7 +454,7 @@ def run(root: str | os.PathLike | list | dict, sql: str | None, lerobot_args: li
     from lerobot.scripts import lerobot_train as lt
 
     factory = make_factory(db, sql, stats=stats, version=version, dataset_kwargs=dataset_kwargs, rename=rename,
-                           weights=weights, alpha=alpha)
+                           weights=weights, alpha=alpha, sample_weights=sample_weights)
     if _arg_value(args, "dataset.repo_id") is None:
         args.append(f"--dataset.repo_id={_repo_id(db)}")
     if hasattr(lt, "make_train_eval_datasets"):  # lerobot >= 0.5
@@ -420,13 +463,15 @@ def run(root: str | os.PathLike | list | dict, sql: str | None, lerobot_args: li
         name, replacement = "make_dataset", factory
     # Two module globals of lerobot's train script are replaced for the run, nothing else: its dataset factory,
     # and its EpisodeAwareSampler, by one that keeps lerobot's per-episode drop rule over a SQL selection (lerobot's
-    # own sampler over the kept samples; the mixture sampler when they come from several datasets).
+    # own sampler over the kept samples; the mixture sampler when they come from several datasets, the weighted one
+    # with sample weights).
     one = sampler_class(lt.EpisodeAwareSampler, lambda: factory.dataset)
-    mix = mixture_sampler_class(lambda: factory.dataset, weights=weights, alpha=alpha, cfg_of=lambda: factory.cfg,
-                                resume_on_init=version[:2] < (0, 5))  # 0.6 calls load_state_dict itself
+    mix = mixture_sampler_class(lambda: factory.dataset, weights=weights, alpha=alpha, sample_weights=sample_weights,
+                                cfg_of=lambda: factory.cfg, resume_on_init=version[:2] < (0, 5))  # 0.6 calls
+    # load_state_dict itself
 
     def episode_aware_sampler(*a, **kw):
-        return (mix if factory.mixture else one)(*a, **kw)
+        return (mix if factory.mixture or factory.weighted else one)(*a, **kw)
 
     patches = {name: replacement, "EpisodeAwareSampler": episode_aware_sampler}
     originals, argv = {k: getattr(lt, k) for k in patches}, sys.argv
@@ -502,7 +547,9 @@ def _read_run(path: Path, need_sql: bool) -> dict:
             "root": run.get("root"), "dataset_id": run.get("dataset_id"),
             # a collection run's datasets and mixture (absent for one dataset)
             "datasets": datasets if isinstance(datasets, dict) else None,
-            "rename": run.get("rename") or None, "weights": run.get("weights"), "alpha": run.get("alpha")}
+            "rename": run.get("rename") or None, "weights": run.get("weights"), "alpha": run.get("alpha"),
+            # the column of sample weights (--weights COLUMN), one dataset or several
+            "sample_weights": run.get("sample_weights") if isinstance(run.get("sample_weights"), str) else None}
 
 
 def _repo_id(db) -> str:
