@@ -107,7 +107,8 @@ def test_prefetch_plans_from_the_keyframe_the_decoder_seeks_to(datasets, tmp_pat
     path = tmp_path / "open_gop.parquet"
     pq.write_table(_open_gop_index(), path)
     monkeypatch.setattr(video_index, "ensure_index", lambda src, rel, cache_dir: path)
-    monkeypatch.setattr(db.source.fs, "info", lambda p, **kw: {"size": 10**9})
+    real_info = db.source.fs.info  # every file a large one (a folder stays a folder: connect lists meta/)
+    monkeypatch.setattr(db.source.fs, "info", lambda p, **kw: {**real_info(p, **kw), "size": 10**9})
     m = db.manifest("SELECT index FROM frames WHERE episode_index = 0 AND frame_index IN (10, 11) ORDER BY index")
     need = prefetch.needed_ranges(db, m)
     a = prefetch.AVIO_BUFFER
