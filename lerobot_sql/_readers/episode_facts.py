@@ -82,6 +82,18 @@ class _Acc:
         self.ns, self.na = ns, na
         self.cols: dict[str, np.ndarray] = {}
         self.n = 0
+        # episode_index value -> its slot: dense, so a hostile value (2**60, negative) costs one slot, not an array
+        # as long as the value
+        self.slot: dict[int, int] = {}
+
+    def slots(self, ep: np.ndarray) -> np.ndarray:
+        """The slot of each of ``ep``'s episode_index values (new values get the next slots)."""
+        uniq, inv = np.unique(ep, return_inverse=True)
+        out = np.empty(len(uniq), np.int64)
+        for i, v in enumerate(uniq.tolist()):
+            out[i] = self.slot.setdefault(v, len(self.slot))
+        self.grow(len(self.slot) - 1)
+        return out[inv.reshape(-1)]
 
     _SPEC = {  # column -> (fill, per-element kind: None scalar, "s" state elements, "a" action elements)
         "rows": (0, None), "frame_min": (np.iinfo(np.int64).max, None), "frame_max": (np.iinfo(np.int64).min, None),
@@ -170,11 +182,11 @@ def _add_span(acc: _Acc, t: pa.Table, v: Vectors, fps: float, carry: dict | None
         for name in list(cur):
             if cur[name] is not None and carry.get(name) is not None:
                 cur[name] = np.concatenate([carry[name], cur[name]])
-    ep = cur["ep"]
-    n = len(ep)
+    ep_values = cur["ep"]
+    n = len(ep_values)
     own = slice(k, n)  # this span's own rows (the carried ones were counted before)
+    ep = acc.slots(ep_values) if n else ep_values  # accumulator slots, equal where the episode_index values are
     e_own = ep[own]
-    acc.grow(int(e_own.max()) if len(e_own) else 0)
     c = acc.cols
     np.add.at(c["rows"], e_own, 1)
     same = np.zeros(n, bool)  # row i continues row i-1's episode
@@ -246,10 +258,11 @@ def _add_span(acc: _Acc, t: pa.Table, v: Vectors, fps: float, carry: dict | None
 
 def _table(acc: _Acc, v: Vectors) -> pa.Table:
     c = acc.cols
-    found = np.flatnonzero(c["rows"][: acc.n] > 0)
+    values = np.fromiter(acc.slot.keys(), np.int64, len(acc.slot))
+    found = np.fromiter(acc.slot.values(), np.int64, len(acc.slot))[np.argsort(values, kind="stable")]
     names = [k for k in v.numeric]
     masks = c["nonfinite_mask"][found]
-    out = {"episode_index": found.astype(np.int64), "rows": c["rows"][found],
+    out = {"episode_index": np.sort(values), "rows": c["rows"][found],
            "frame_min": c["frame_min"][found], "frame_max": c["frame_max"][found],
            "repeated_frames": c["repeated_frames"][found], "frame_gaps": c["frame_gaps"][found],
            "frames_back": c["frames_back"][found], "timestamp_drift_s": c["timestamp_drift_s"][found],
