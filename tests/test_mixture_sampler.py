@@ -249,3 +249,17 @@ def test_dataloader_with_two_workers_gives_the_in_process_batches(ds):
     in_process = [default_collate([ds[i] for i in order[k:k + 16]]) for k in range(0, 96, 16)]
     for b, ref in zip(batches, in_process):
         assert_items_equal(b, ref)
+
+
+def test_huge_weights_and_alphas_keep_their_proportions(ds):
+    """Hostile review 20: weights of 1e308 each summed to inf, every quota became 0 and an epoch was 2 samples with no
+    error (`train --weights a=1e308,b=1e308` trained on 2 frames); alpha=200 made n ** alpha inf and a raw
+    ValueError. Weights are proportions: normalised by their largest first."""
+    names = [n for n, c in MixtureSampler(ds).counts.items() if c]
+    big = MixtureSampler(ds, {n: 1e308 for n in names})
+    even = MixtureSampler(ds, {n: 1.0 for n in names})
+    assert big.quotas == even.quotas and sum(big.quotas.values()) == len(ds) == len(list(big))
+    with pytest.warns(UserWarning, match="0 of the epoch"):
+        steep = MixtureSampler(ds, alpha=1000)
+    largest = max(steep.counts, key=steep.counts.get)
+    assert steep.quotas[largest] == len(ds)

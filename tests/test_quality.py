@@ -169,3 +169,48 @@ def test_doctor_episodes_prints_the_worst_and_exits_1_on_exclude(injected, tmp_p
     assert out["counts"] == {"exclude": 4, "pass": 13, "review": 3} and out["thresholds"]["frozen_frac"] == 1.0
     r = run_cli("doctor", injected, "--episodes", "--threshold", "frozen", "--cache-dir", tmp_path)
     assert r.returncode == 2 and "NAME=NUMBER" in r.stderr
+
+
+def test_every_task_of_an_episodes_rows_is_checked_and_rows_out_of_place_are_excluded(datasets, tmp_path):
+    """Hostile review 20: a task_index between an episode's smallest and largest that the tasks table lacks passed
+    (only the two ends were checked), and an episode's last row swapped with the next episode's first passed for
+    both (differences were taken within stretches only)."""
+    root = tmp_path / "s"
+    shutil.copytree(datasets / "small20", root)
+    eps = pq.read_table(root / EPISODES).to_pydict()
+    rng = {e: (a, b) for e, a, b in zip(eps["episode_index"], eps["dataset_from_index"], eps["dataset_to_index"])}
+    n_tasks = pq.read_table(root / "meta/tasks.parquet").num_rows
+
+    def data(c):
+        lo, hi = rng[1]
+        c["task_index"][lo:hi] = 0
+        c["task_index"][lo + 5] = n_tasks + 7  # in no task row
+        c["task_index"][hi - 1] = 1
+        lo, hi = rng[3][1] - 1, rng[4][0]  # the last row of episode 3 and the first of episode 4
+        for k in c:
+            c[k][[lo, hi]] = c[k][[hi, lo]]
+
+    _rewrite(root / DATA, data)
+    db = lsql.connect(root, cache_dir=tmp_path / "c")
+    got = {e: set(r) for e, r in db.sql("SELECT episode_index, reasons FROM episode_quality WHERE verdict <> 'pass'")
+           .fetchall()}
+    assert "task_missing" in got[1] and {"row_order"} <= got[3] and {"row_order"} <= got[4], got
+
+
+def test_nonfinite_features_are_named_past_62_features(datasets, tmp_path):
+    """Hostile review 20: the names came from one int64 bitmask; a NaN in the 71st numeric feature named twelve."""
+    root = tmp_path / "wide"
+    shutil.copytree(datasets / "small20", root)
+    t = pq.read_table(root / DATA)
+    info = json.loads((root / "meta/info.json").read_text())
+    for j in range(70):
+        values = np.zeros(t.num_rows, np.float32)
+        if j == 68:
+            values[500] = np.nan
+        t = t.append_column(f"f{j}", pa.array(values))
+        info["features"][f"f{j}"] = {"dtype": "float32", "shape": [1], "names": None}
+    pq.write_table(t, root / DATA)
+    (root / "meta/info.json").write_text(json.dumps(info))
+    db = lsql.connect(root, cache_dir=tmp_path / "c")
+    row = db.sql("SELECT episode_index, nonfinite_features FROM episode_quality WHERE nonfinite_values > 0")
+    assert row.fetchall() == [(1, ["f68"])]

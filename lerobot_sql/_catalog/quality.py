@@ -49,7 +49,8 @@ class Thresholds:
     has (``rows``); a repeated, skipped or backward frame_index (``frame_index``); a NaN or infinity
     (``nonfinite``); a timestamp off ``frame_index / fps`` by more than ``drift_frames`` frames
     (``timestamp_drift``); a camera's clip holding fewer frames than the data has rows (``clip_short``); a
-    task_index the tasks table lacks (``task_missing``).
+    task_index the tasks table lacks (``task_missing``); an episode's rows in more than one place, or out of
+    ``index`` order (``row_order``).
 
     ``review`` (the data may be fine): a camera's first frame more than ``clip_offset_frames`` frames off its clip's
     start, or a clip's duration more than ``video_drift_frames`` frames off the data's (``clip_shifted``,
@@ -60,8 +61,8 @@ class Thresholds:
     action element within 0.1% of the action's range of its min or max (``action_saturated``); a gripper moving
     less than ``gripper_range`` of the median episode's gripper range (``gripper_static``); a length more than
     ``length_z`` robust z-scores (median, 1.4826 x MAD) from the median, in a dataset of at least
-    ``length_min_episodes`` episodes (``length_outlier``); a task the episode's
-    meta/episodes ``tasks`` do not list (``task_mismatch``).
+    ``length_min_episodes`` episodes (``length_outlier``); a task of its rows that the episode's meta/episodes
+    ``tasks`` do not list (``task_mismatch``).
     """
 
     drift_frames: float = 0.5
@@ -119,7 +120,7 @@ def facts(files) -> pa.Table:
     """
     src, layout = files.source, files.layout
     vectors = episode_facts.vectors_of(layout, _limits(files))
-    key = json.dumps({"v": 2, "fps": layout.info.get("fps"), "vectors": [vectors.state, vectors.action,
+    key = json.dumps({"v": 3, "fps": layout.info.get("fps"), "vectors": [vectors.state, vectors.action,
                       vectors.gripper, vectors.numeric, None if vectors.limits is None else
                       [vectors.limits[0].tolist(), vectors.limits[1].tolist()]],
                       "files": [[rel, src.identity(rel)] for rel in layout.data_files]}, sort_keys=True)
@@ -159,7 +160,7 @@ def _derived(t: pa.Table, vectors: episode_facts.Vectors) -> pa.Table:
         med = np.nanmedian(gr) if np.isfinite(gr).any() else np.nan
         out["gripper_range_frac"] = gr / med if med > 0 else np.where(gr > 0, np.inf, 0.0)
     keep = ["episode_index", "rows", "repeated_frames", "frame_gaps", "frames_back", "timestamp_drift_s",
-            "nonfinite_values", "nonfinite_features", "task_min", "task_max"]
+            "nonfinite_values", "nonfinite_features", "task_indices", "stretches", "index_breaks"]
     cols = {c: t[c] for c in keep if c in t.column_names}
     # NaN (no state, no steps) as NULL: DuckDB orders NaN above every number, so `NaN > threshold` would be true
     cols.update({k: pa.array(np.asarray(v, np.float64), pa.float64(), mask=~np.isfinite(np.asarray(v, np.float64)))
@@ -200,7 +201,8 @@ def view_sql(at: str, facts_name: str, cameras_name: str | None, fps: float, t: 
             ("nonfinite", "q.nonfinite_values > 0"),
             ("timestamp_drift", f"q.timestamp_drift_s > {n(t.drift_frames * frame)}"),
             ("clip_short", "c.clip_frames < q.rows"),
-            ("task_missing", "q.rows > 0 AND (tmin.task IS NULL OR tmax.task IS NULL)")]
+            ("row_order", "q.stretches > 1 OR q.index_breaks > 0"),
+            ("task_missing", "tk.missing")]
     review = [("clip_shifted", f"c.clip_offset_s > {n(t.clip_offset_frames * frame)}"),
               ("video_drift", f"greatest(abs(c.clip_seconds - e.length * {n(frame)}), abs(c.clip_seconds_min - "
                               f"e.length * {n(frame)})) > {n(t.video_drift_frames * frame)}"),
@@ -211,8 +213,7 @@ def view_sql(at: str, facts_name: str, cameras_name: str | None, fps: float, t: 
               ("action_saturated", f"q.saturated_frac > {n(t.saturated_frac)}"),
               ("gripper_static", f"q.gripper_range_frac < {n(t.gripper_range)}"),
               ("length_outlier", f"abs({length_z}) > {n(t.length_z)} AND med.episodes >= {n(t.length_min_episodes)}"),
-              ("task_mismatch", "e.tasks IS NOT NULL AND tmin.task IS NOT NULL AND (NOT list_contains(e.tasks, "
-                                "tmin.task) OR NOT list_contains(e.tasks, tmax.task))")]
+              ("task_mismatch", "tk.mismatch")]
 
     def flags(items):
         return "list_filter([" + ", ".join(f"CASE WHEN coalesce(({cond}), false) THEN {literal(name)} END"
@@ -221,21 +222,26 @@ def view_sql(at: str, facts_name: str, cameras_name: str | None, fps: float, t: 
     return (
         f"WITH med AS (SELECT median(length) AS m, median(abs(length - (SELECT median(length) FROM {at}episodes))) "
         f"AS mad, count(*) AS episodes FROM {at}episodes), "
+        # every task_index an episode's rows hold: one the tasks table lacks, or whose text meta/episodes' tasks of
+        # the episode do not list
+        f"tk AS (SELECT u.episode_index, bool_or(t.task IS NULL) AS missing, bool_or(t.task IS NOT NULL AND "
+        f"e.tasks IS NOT NULL AND NOT list_contains(e.tasks, t.task)) AS mismatch FROM (SELECT episode_index, "
+        f"unnest(task_indices) AS ti FROM {ident(facts_name)}) u LEFT JOIN {at}tasks t ON t.task_index = u.ti "
+        f"LEFT JOIN {at}episodes e ON e.episode_index = u.episode_index GROUP BY u.episode_index), "
         f"j AS (SELECT e.episode_index AS e_ep, e.length, e.tasks, q.*, c.clip_frames, c.worst_camera, "
         f"c.clip_offset_s, greatest(abs(c.clip_seconds - e.length * {n(frame)}), abs(c.clip_seconds_min - e.length "
         f"* {n(frame)})) AS video_drift_s, {length_z} AS length_z, "
-        f"coalesce(q.rows > 0 AND (tmin.task IS NULL OR tmax.task IS NULL), false) AS task_missing, "
+        f"coalesce(tk.missing, false) AS task_missing, tk.mismatch AS mismatch, "
         f"{flags(excl)} AS ex, {flags(review)} AS rv "
         f"FROM {at}episodes e FULL OUTER JOIN {ident(facts_name)} q ON q.episode_index = e.episode_index "
         f"{cam} CROSS JOIN med "
-        f"LEFT JOIN {at}tasks tmin ON tmin.task_index = q.task_min LEFT JOIN {at}tasks tmax ON "
-        "tmax.task_index = q.task_max) "
+        "LEFT JOIN tk ON tk.episode_index = coalesce(e.episode_index, q.episode_index)) "
         "SELECT coalesce(e_ep, episode_index) AS episode_index, length, coalesce(rows, 0) AS rows, repeated_frames, "
         "frame_gaps, frames_back, timestamp_drift_s, nonfinite_values, nonfinite_features, clip_frames, "
         "greatest(coalesce(rows, 0) - clip_frames, 0) AS clip_missing_frames, clip_offset_s, video_drift_s, "
         "worst_camera, frozen_state_frac, state_speed, state_speed_rel, velocity_z, jerk_z, saturated_frac, "
         "gripper_range_frac, length_z, task_missing, "
-        "e_ep IS NOT NULL AND NOT task_missing AND list_contains(rv, 'task_mismatch') AS task_mismatch, "
+        "coalesce(mismatch, false) AS task_mismatch, "
         "CASE WHEN len(ex) > 0 THEN 'exclude' WHEN len(rv) > 0 THEN 'review' ELSE 'pass' END AS verdict, "
         "list_concat(ex, rv) AS reasons FROM j ORDER BY 1")
 

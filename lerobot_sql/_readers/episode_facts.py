@@ -78,8 +78,9 @@ def _element_names(names) -> list[str]:
 class _Acc:
     """Per-episode accumulators, keyed by episode_index (grown as larger ones appear)."""
 
-    def __init__(self, ns: int, na: int):
-        self.ns, self.na = ns, na
+    def __init__(self, ns: int, na: int, nn: int = 0):
+        self.ns, self.na, self.nn = ns, na, nn
+        self.tasks: dict[int, set[int]] = {}  # slot -> the task_index values its rows hold
         self.cols: dict[str, np.ndarray] = {}
         self.n = 0
         # episode_index value -> its slot: dense, so a hostile value (2**60, negative) costs one slot, not an array
@@ -98,12 +99,13 @@ class _Acc:
     _SPEC = {  # column -> (fill, per-element kind: None scalar, "s" state elements, "a" action elements)
         "rows": (0, None), "frame_min": (np.iinfo(np.int64).max, None), "frame_max": (np.iinfo(np.int64).min, None),
         "repeated_frames": (0, None), "frame_gaps": (0, None), "frames_back": (0, None),
-        "timestamp_drift_s": (0.0, None), "nonfinite_values": (0, None), "nonfinite_mask": (0, None),
+        "timestamp_drift_s": (0.0, None), "nonfinite_values": (0, None),
         "task_min": (np.iinfo(np.int64).max, None), "task_max": (np.iinfo(np.int64).min, None),
         "frozen_state_frames": (0, None), "speed_sum": (0.0, None), "steps": (0, None),
         "vel_max": (0.0, "s"), "vel_sum": (0.0, "s"), "vel_sq": (0.0, "s"),
         "jerk_max": (0.0, "s"), "jerk_sq": (0.0, "s"), "jerk_n": (0, None),
         "saturated_frames": (0, None), "grip_min": (np.inf, None), "grip_max": (-np.inf, None),
+        "stretches": (0, None), "index_breaks": (0, None), "nonfinite_by": (0, "n"),
     }
 
     def grow(self, top: int) -> None:
@@ -111,7 +113,7 @@ class _Acc:
             return
         n = max(top + 1, 2 * self.n, 1024)
         for name, (fill, kind) in self._SPEC.items():
-            width = {None: (), "s": (self.ns,), "a": (self.na,)}[kind]
+            width = {None: (), "s": (self.ns,), "a": (self.na,), "n": (self.nn,)}[kind]
             dtype = np.float64 if isinstance(fill, float) else np.int64
             new = np.full((n, *width), fill, dtype)
             if name in self.cols:
@@ -127,7 +129,9 @@ def episode_facts(src: Source, layout: Layout, vectors: Vectors) -> pa.Table:
     ``frame_max`` (frame_index); ``repeated_frames`` / ``frame_gaps`` / ``frames_back`` (consecutive rows whose
     frame_index repeats, jumps ahead by more than one, goes back); ``timestamp_drift_s`` (max |timestamp -
     frame_index / fps|); ``nonfinite_values`` (rows x features holding a NaN or an infinity) and
-    ``nonfinite_features`` (their names); ``task_min`` / ``task_max`` (task_index); and, when the dataset has an
+    ``nonfinite_features`` (their names); ``task_min`` / ``task_max`` / ``task_indices`` (the task_index values its
+    rows hold); ``stretches`` (separate stretches of rows in file order: 1 for rows in one place) and
+    ``index_breaks`` (consecutive rows whose ``index`` does not follow on); and, when the dataset has an
     ``observation.state`` vector: ``frozen_state_frames`` (rows whose state equals the previous row's),
     ``state_speed`` (mean Euclidean norm of the state's change per second), ``velocity_max`` / ``velocity_sum`` /
     ``velocity_sq`` (per element: max, sum and sum of squares of |change per frame|, for z-scores against the
@@ -142,9 +146,9 @@ def episode_facts(src: Source, layout: Layout, vectors: Vectors) -> pa.Table:
     v = vectors
     fps = float(layout.info["fps"])
     ns = layout.features[v.state].shape[0] if v.state else 0
-    acc = _Acc(ns, 0)
+    acc = _Acc(ns, 0, len(v.numeric))
     acc.grow(0)  # the columns exist even when no data file does (a metadata-only copy: no rows, every column)
-    cols = ["episode_index", "frame_index", "timestamp", "task_index", *v.numeric]
+    cols = ["episode_index", "frame_index", "timestamp", "task_index", "index", *v.numeric]
     for rel in layout.data_files:
         info = tabular.data_file_info(src, rel)
         have = [c for c in cols if c in info.schema.names]
@@ -174,7 +178,8 @@ def _add_span(acc: _Acc, t: pa.Table, v: Vectors, fps: float, carry: dict | None
     cur = {"ep": _flat(t["episode_index"], 1).astype(np.int64),
            "fi": _flat(t["frame_index"], 1).astype(np.int64) if "frame_index" in t.column_names else None,
            "ts": _flat(t["timestamp"], 1).astype(np.float64) if "timestamp" in t.column_names else None,
-           "task": _flat(t["task_index"], 1).astype(np.int64) if "task_index" in t.column_names else None}
+           "task": _flat(t["task_index"], 1).astype(np.int64) if "task_index" in t.column_names else None,
+           "idx": _flat(t["index"], 1).astype(np.int64) if "index" in t.column_names else None}
     if v.state and v.state in t.column_names:
         cur["s"] = _flat(t[v.state], 0).astype(np.float64)
     k = 0 if carry is None else len(carry["ep"])
@@ -191,6 +196,13 @@ def _add_span(acc: _Acc, t: pa.Table, v: Vectors, fps: float, carry: dict | None
     np.add.at(c["rows"], e_own, 1)
     same = np.zeros(n, bool)  # row i continues row i-1's episode
     same[1:] = ep[1:] == ep[:-1]
+    # an episode's rows are one stretch of its data file (lerobot writes an episode into one file, in index order):
+    # a second stretch, or an index that does not follow on, is rows out of place
+    np.add.at(c["stretches"], e_own[~same[own]], 1)
+    if cur["idx"] is not None:
+        di = np.zeros(n, np.int64)
+        di[1:] = cur["idx"][1:] - cur["idx"][:-1]
+        np.add.at(c["index_breaks"], e_own[same[own] & (di[own] != 1)], 1)
     if cur["fi"] is not None:
         fi = cur["fi"]
         np.minimum.at(c["frame_min"], e_own, fi[own])
@@ -207,6 +219,8 @@ def _add_span(acc: _Acc, t: pa.Table, v: Vectors, fps: float, carry: dict | None
     if cur["task"] is not None:
         np.minimum.at(c["task_min"], e_own, cur["task"][own])
         np.maximum.at(c["task_max"], e_own, cur["task"][own])
+        for slot, task in np.unique(np.stack([e_own, cur["task"][own]]), axis=1).T.tolist():
+            acc.tasks.setdefault(slot, set()).add(task)
     for j, key in enumerate(v.numeric):
         if key not in t.column_names:
             continue
@@ -216,7 +230,7 @@ def _add_span(acc: _Acc, t: pa.Table, v: Vectors, fps: float, carry: dict | None
         bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
         if bad.any():
             np.add.at(c["nonfinite_values"], e_own[bad], 1)
-            np.bitwise_or.at(c["nonfinite_mask"], e_own[bad], np.int64(1) << min(j, 62))
+            np.add.at(c["nonfinite_by"][:, j], e_own[bad], 1)
     if v.action and v.action in t.column_names and v.limits is not None:
         a = _flat(t[v.action], 0).astype(np.float64)
         lo, hi = v.limits
@@ -261,15 +275,17 @@ def _table(acc: _Acc, v: Vectors) -> pa.Table:
     values = np.fromiter(acc.slot.keys(), np.int64, len(acc.slot))
     found = np.fromiter(acc.slot.values(), np.int64, len(acc.slot))[np.argsort(values, kind="stable")]
     names = [k for k in v.numeric]
-    masks = c["nonfinite_mask"][found]
+    by = c["nonfinite_by"][found]
     out = {"episode_index": np.sort(values), "rows": c["rows"][found],
            "frame_min": c["frame_min"][found], "frame_max": c["frame_max"][found],
            "repeated_frames": c["repeated_frames"][found], "frame_gaps": c["frame_gaps"][found],
            "frames_back": c["frames_back"][found], "timestamp_drift_s": c["timestamp_drift_s"][found],
            "nonfinite_values": c["nonfinite_values"][found],
-           "nonfinite_features": pa.array([[nm for j, nm in enumerate(names) if int(mk) >> min(j, 62) & 1]
-                                           for mk in masks], pa.list_(pa.string())),
-           "task_min": c["task_min"][found], "task_max": c["task_max"][found]}
+           "nonfinite_features": pa.array([[nm for j, nm in enumerate(names) if row[j]] for row in by],
+                                          pa.list_(pa.string())),
+           "task_min": c["task_min"][found], "task_max": c["task_max"][found],
+           "task_indices": pa.array([sorted(acc.tasks.get(int(f), ())) for f in found], pa.list_(pa.int64())),
+           "stretches": c["stretches"][found], "index_breaks": c["index_breaks"][found]}
     if v.state:
         steps = c["steps"][found]
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -679,7 +679,9 @@ class MixtureSampler(_Resumable):
             if not np.isfinite(a):
                 raise ValueError(f"alpha must be a finite number, got {alpha!r}")
             w = np.zeros(len(names))
-            w[n > 0] = n[n > 0].astype(np.float64) ** a
+            # n_i ** a as (n_i / max n) ** a: the same proportions, and no overflow to inf for a large alpha
+            m = n[n > 0].astype(np.float64)
+            w[n > 0] = (m / m.max()) ** a if len(m) else m
         else:
             if not isinstance(weights, Mapping):
                 raise TypeError(f"weights must be a mapping dataset name -> weight, got {type(weights).__name__}")
@@ -703,8 +705,11 @@ class MixtureSampler(_Resumable):
                 raise ValueError(f"{', '.join(empty)}: weight > 0 but no samples in the selection (of "
                                  f"{len(idx)} samples: {', '.join(f'{a}={b}' for a, b in self.counts.items() if b)})"
                                  "; select some of its samples, or give it weight 0")
-        if w.sum() <= 0:
-            raise ValueError(f"every weight is 0 (or the selection is empty: {len(idx)} samples): nothing to draw")
+        if w.max(initial=0.0) > 0:
+            w = w / w.max()  # proportions kept; weights near the float limit (1e308 each) no longer sum to inf
+        if not w.sum() > 0:
+            raise ValueError(f"every weight is 0 (or the selection is empty: {len(idx)} samples), or alpha={alpha!r} "
+                             "leaves every dataset but the largest at weight 0: nothing to draw")
         p = w / w.sum()
         total = len(idx) if num_samples is None else int(num_samples)
         if total < 1:
@@ -712,6 +717,8 @@ class MixtureSampler(_Resumable):
         self._per = -(-total // self.num_replicas)
         self.num_samples = self._per * self.num_replicas
         q = _quotas(p, self.num_samples)
+        if int(q.sum()) != self.num_samples or not np.isfinite(p).all():  # (the weights above were normalised)
+            raise ValueError(f"the weights {dict(zip(names, w.tolist()))} give no usable proportions")
         self.weights = {nm: float(x) for nm, x in zip(names, p) if x > 0}
         self.quotas = {nm: int(x) for nm, x in zip(names, q) if p[names.index(nm)] > 0}
         self.repeats = {nm: self.quotas[nm] / self.counts[nm] for nm in self.quotas}
