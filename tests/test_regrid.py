@@ -272,3 +272,14 @@ def test_rates_that_do_not_divide_are_refused_before_the_query_runs(small20):
         db.dataset("SELECT nonsense FROM nowhere", fps=20)
     with pytest.raises(ValueError, match=r"fps=60 is above the dataset's 30 fps"):
         db.dataset(fps=60)
+
+
+def test_a_window_with_no_frame_on_the_grid_is_refused_not_dropped(datasets):
+    """Hostile review 20: windows (episode 0, frames 1-2) and (episode 1, 0-1 s) at fps=10 gave episode 1's frames
+    only, and the export wrote 1 episode for 2 windows, with no warning. Now refused naming the result row."""
+    db = lsql.connect(datasets / "small20")
+    sql = ("SELECT * FROM (VALUES (0, 1 / 30, 2.5 / 30), (1, 0.0, 1.0)) AS w(episode_index, start_s, end_s) "
+           "ORDER BY episode_index")
+    assert len(db.dataset(sql)) == 2 + 30
+    with pytest.raises(lsql.ResultContractError, match="result row 0: episode 0, frame_index 1 to 2"):
+        db.dataset(sql, fps=10)

@@ -142,8 +142,8 @@ def on_grid(manifest: pa.Table, stride: int, mode: str | None, where: str) -> pa
     Raises:
         DatasetFormatError: a sample's ``frame_index`` is not its position in the episode (``index -
             ep_from_index``): the new numbering would not be its frame's.
-        ResultContractError: ``index`` rows off the grid (naming how many, the first, and ``where``); no sample
-            left on the grid.
+        ResultContractError: ``index`` rows off the grid (naming how many, the first, and ``where``); a window
+            (a result row) with no frame on the grid; no sample left on the grid.
     """
     if stride == 1 or manifest.num_rows == 0:
         return manifest
@@ -171,4 +171,15 @@ def on_grid(manifest: pa.Table, stride: int, mode: str | None, where: str) -> pa
     if not keep.any():
         raise ResultContractError(f"{where}: none of the {len(keep)} selected frames is on the grid of 1/{stride} "
                                   f"of the rate (frame_index % {stride} = 0); widen the windows")
+    if mode != "index" and "result_row" in manifest.column_names and not keep.all():
+        # a window holding no frame of the grid would vanish: refused, as an empty window is at the source rate
+        rows = manifest["result_row"].to_numpy()
+        lost = np.setdiff1d(np.unique(rows), np.unique(rows[keep]))
+        if len(lost):
+            j = int(np.flatnonzero(rows == lost[0])[0])
+            raise ResultContractError(
+                f"{where}: {len(lost)} result row(s) hold no frame a recording at 1/{stride} of the rate has (e.g. "
+                f"result row {int(lost[0])}: episode {manifest['episode_index'][j].as_py()}, frame_index "
+                f"{int(fi[j])} to {int(fi[rows == lost[0]].max())}; kept frames have frame_index % {stride} = 0); "
+                "none is dropped silently: widen such windows to a frame on the grid, or leave them out")
     return manifest if keep.all() else manifest.filter(pa.array(keep))
