@@ -423,7 +423,7 @@ class QueryFace:
 
         self._connection.attach_name(name, replace)  # before the file is read (and again when it is made a view)
         table, as_json = read_user_table(path, format=format, storage_options=storage_options)
-        self._connection.attach(name, table, as_json, replace)
+        self._connection.attach(name, table, as_json, replace, where=str(path))
         self._fresh_context()
 
     def _ensure_video_frames(self) -> None:
@@ -478,7 +478,7 @@ class QueryFace:
         ctx = self._context()
         # A sidecar view the query names is built first (its file's columns replace the placeholder's), so that the
         # checks know its columns.
-        if self._connection.ensure_sidecars(sidecars.mentioned(sql, self._connection.unbuilt_sidecars())):
+        if self._connection.ensure_sidecars(sidecars.mentioned(sql, self._connection.unbuilt_sidecars()), strict=False):
             ctx = self._fresh_context()
         checked = checks.check_sql(sql, ctx)
         con = self.con
@@ -501,6 +501,7 @@ class QueryFace:
         # DuckDB's reading decides what the query reads and whether it is ordered.
         checked = dataclasses.replace(checked, tables=facts.relations | facts.functions, ordered=facts.ordered)
         if self._connection.ensure_sidecars([n for n in self._connection.unbuilt_sidecars() if checked.reads(n)]):
+            # (strict: a view this query really reads and whose file is broken raises here, naming the file)
             self._fresh_context()
             return self._check(sql)  # (never seen: a query names every view it reads; mentioned() finds them)
         if checked.reads(*checks.VIDEO_INDEX_NAMES):

@@ -590,3 +590,29 @@ def test_language_view_is_empty_with_its_columns_without_language_columns(datase
     assert r.fetchall() == [] and r.columns == [
         "episode_index", "frame_index", "index", "timestamp", "language_column", "position", "role", "content",
         "style", "message_timestamp", "camera", "tool_calls"]
+
+
+def test_an_info_json_nested_near_the_recursion_limit_is_a_typed_error(datasets, tmp_path):
+    """Hostile review 20, M4: info.json nested about 985 levels deep parsed, then writing it back for info.info_json
+    recursed deeper and crashed with a raw RecursionError. Now a DatasetFormatError naming meta/info.json."""
+    import shutil
+    import sys
+
+    root = tmp_path / "deep"
+    shutil.copytree(datasets / "small20", root)
+    info = json.loads((root / "meta/info.json").read_text())
+    depth = sys.getrecursionlimit() - 15
+    text = json.dumps(info)[:-1] + ', "x": ' + "[" * depth + "]" * depth + "}"
+    (root / "meta/info.json").write_text(text)
+    try:  # parsed or not (the test's own stack depth decides), a typed error naming the file
+        lsql.connect(root).sql("SELECT fps FROM info").fetchall()
+    except lsql.DatasetFormatError as e:
+        assert "info.json" in str(e)
+    # the writing side alone, deterministically: a value the parser took, nested past what json.dumps recurses
+    from lerobot_sql._format.jsontext import json_text
+
+    deep: list = []
+    for _ in range(sys.getrecursionlimit() + 10):
+        deep = [deep]
+    with pytest.raises(lsql.DatasetFormatError, match="meta/info.json: JSON nested too deeply"):
+        json_text(deep, "meta/info.json")

@@ -220,3 +220,37 @@ def test_a_collections_sidecar_view_spans_the_datasets_that_have_the_file(datase
     assert coll.sql("SELECT DISTINCT dataset FROM subtasks").fetchall() == [("a",)]
     assert coll.sql("SELECT dataset, count(*) FROM sidecars GROUP BY ALL ORDER BY 1").fetchall() == [("a", 4), ("b", 3)]
     assert coll.sql("SELECT count(*) FROM temporal_proportions_sparse").fetchall() == [(2 * len(PROPORTIONS),)]
+
+
+def test_a_broken_sidecar_fails_only_the_queries_that_read_it(datasets, tmp_path):
+    """Hostile review 20, M1/M3: a sidecar was built whenever its name appeared as a word anywhere in the SQL, so a
+    broken meta/episode_index.json failed `SELECT episode_index FROM episodes`, and a folder named meta/length.json
+    gave a raw IsADirectoryError. Now a build's error waits for the query that reads the view, typed and naming
+    the file."""
+    root = tmp_path / "s"
+    shutil.copytree(datasets / "small20", root)
+    (root / "meta" / "episode_index.json").write_text("{not json")
+    (root / "meta" / "length.json").mkdir()
+    db = lsql.connect(root)
+    assert db.sql("SELECT max(episode_index), max(length), 'episode_index' FROM episodes").fetchall()[0][0] == 19
+    for name in ("episode_index", "length"):
+        view = db.sql(f"SELECT view FROM sidecars WHERE path LIKE '%{name}.json'").fetchall()[0][0]
+        with pytest.raises(lsql.DatasetFormatError, match=f"{name}.json"):
+            db.sql(f"SELECT * FROM {view}").fetchall()
+
+
+@pytest.mark.parametrize("rows, says", [([{"A": 1, "a": 2}], "differ only in case"), ([{"": 1}], "empty or holds NUL"),
+                                        ([{"x\u0000y": 1}], "empty or holds NUL"), ([{}, {}], "holds no column")])
+def test_sidecar_and_attached_columns_sql_cannot_tell_apart_are_refused(datasets, tmp_path, rows, says):
+    """Hostile review 20, H4/M3: columns "A" and "a" read "A"'s values twice (DuckDB binds names case-insensitively),
+    silently; an empty or NUL name and a table of no columns were raw DuckDB errors."""
+    root = tmp_path / "s"
+    shutil.copytree(datasets / "small20", root)
+    (root / "meta" / "scores.json").write_text(json.dumps(rows))
+    db = lsql.connect(root)
+    with pytest.raises(lsql.DatasetFormatError, match=says):
+        db.sql("SELECT * FROM scores").fetchall()
+    own = tmp_path / "keep.json"
+    own.write_text(json.dumps(rows))
+    with pytest.raises(lsql.DatasetFormatError, match=says):
+        db.attach("keep", own)

@@ -296,3 +296,12 @@ def test_a_depth_map_plays_in_chromium_after_its_reencode(chromium, tmp_path):
         assert tab.problems() == []
     finally:
         tab.close()
+
+
+def test_a_tiny_byte_bound_leaves_every_clip_out_and_says_so(sample, tmp_path):
+    """Hostile review 20, M9: --max-mb 1e-9 truncated to 0 bytes and ended in a traceback (max_bytes must be >= 1)."""
+    from helpers import run_cli
+
+    r = run_cli("view", sample, "--sql", "SELECT episode_index FROM episodes LIMIT 2", "-o", tmp_path / "p.html",
+                "--max-mb", "1e-9")
+    assert r.returncode == 0 and "0 clips" in r.stdout + r.stderr and "past the byte bound" in r.stdout + r.stderr, r

@@ -440,21 +440,42 @@ class Connection:
         """The sidecar views still placeholders (the connection must be open)."""
         return [n for n in self._sidecars if n not in self._sidecars_built]
 
-    def ensure_sidecars(self, names) -> bool:
+    def ensure_sidecars(self, names, strict: bool = True) -> bool:
         """Build the sidecar views ``names`` not built yet (one thread builds, the others wait); True if one was.
+        ``strict=False`` (a name merely written in the query: a column, a string) keeps a build's error for the
+        query that really reads the view (``strict=True`` raises it), so a broken sidecar fails only its own reads
+        (hostile review 20, M1: a broken meta/episode_index.json failed `SELECT episode_index FROM episodes`).
 
         Raises:
-            DatasetFormatError / MissingFileError: as :func:`lerobot_sql._catalog.sidecars.build`.
+            DatasetFormatError / MissingFileError: as :func:`lerobot_sql._catalog.sidecars.build` (an unreadable
+                file or folder named like a sidecar is a DatasetFormatError naming it).
         """
-        todo = [n for n in names if n in self._sidecars and n not in self._sidecars_built]
+        errors = self.__dict__.setdefault("_sidecar_errors", {})
+        if strict:
+            bad = [n for n in names if n in errors]
+            if bad:
+                raise errors[bad[0]]
+        todo = [n for n in names if n in self._sidecars and n not in self._sidecars_built and n not in errors]
         if not todo:
             return False
+        built = False
         with self._build_lock:
             for n in todo:
-                if n not in self._sidecars_built:
+                if n in self._sidecars_built:
+                    continue
+                try:
                     self._build_sidecar(n)
-                    self._sidecars_built.add(n)
-        return True
+                except (LeRobotSQLError, OSError, duckdb.Error) as e:
+                    err = e if isinstance(e, LeRobotSQLError) else DatasetFormatError(
+                        f"sidecar view {n!r}: its file cannot be read ({type(e).__name__}: {e}); the view stays "
+                        "unreadable until the file is fixed or removed (it is not part of the LeRobot format)")
+                    errors[n] = err
+                    if strict:
+                        raise err from e
+                    continue
+                self._sidecars_built.add(n)
+                built = True
+        return built
 
     def _build_sidecar(self, name: str) -> None:
         sidecars.build(self.cursor(), self.files.source, name, self._sidecars[name], self.register)
@@ -471,12 +492,13 @@ class Connection:
         existing |= set(macros.TABLE_MACROS) | RESERVED_NAMES
         return sidecars.check_attach_name(name, existing, self._attached, sidecars.keywords(con), replace)
 
-    def attach(self, name: str, table: pa.Table, as_json: list[str], replace: bool = False) -> None:
+    def attach(self, name: str, table: pa.Table, as_json: list[str], replace: bool = False,
+               where: str = "the attached table") -> None:
         """Make ``name`` (checked by :meth:`attach_name`) a view over ``table`` (see
-        :func:`lerobot_sql._catalog.sidecars.attach`)."""
+        :func:`lerobot_sql._catalog.sidecars.attach`; ``where`` names the file in its errors)."""
         with self._build_lock:
             key = self.attach_name(name, replace)
-            sidecars.attach(self.cursor(), name, table, as_json, self.register)
+            sidecars.attach(self.cursor(), name, table, as_json, self.register, where)
             self._attached.add(key)
 
     def close(self) -> None:

@@ -1,7 +1,8 @@
 """The ``episode_quality`` view: one row per episode, the facts behind doctor's checks and the ones curators ask
 for, each a column with its unit, and a ``verdict`` (``pass`` / ``review`` / ``exclude``) with its ``reasons``.
 
-Built on first read (a lazy view, as ``video_frames``): the per-episode facts of the data files come from one numpy
+Built on first read (a lazy view, as ``video_frames``), once per connection (a data file changed after that is read
+again by the next ``connect``): the per-episode facts of the data files come from one numpy
 pass (:mod:`lerobot_sql._readers.episode_facts`), cached on disk under the data files' identities (a changed file is
 read again, never served stale); the cameras' facts from the video index (demuxed packets' timestamps: no frame is
 decoded), also cached. The verdict is SQL over those two small tables, ``episodes`` and ``tasks``, with the
@@ -89,8 +90,9 @@ class Thresholds:
         if unknown:
             raise TypeError(f"no quality threshold {unknown[0]!r}; thresholds: {sorted(names)}")
         for k, v in changes.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-                raise ValueError(f"quality threshold {k}={v!r}: give a finite number >= 0")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or not 0 <= v <= 1e9:
+                # (bounded: times a frame's duration it must stay a finite number in the view's SQL)
+                raise ValueError(f"quality threshold {k}={v!r}: give a finite number from 0 to 1e9")
         return dataclasses.replace(self, **{k: float(v) for k, v in changes.items()})
 
 

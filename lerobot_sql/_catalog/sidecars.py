@@ -114,16 +114,33 @@ def build(con: duckdb.DuckDBPyConnection, src: Source, name: str, rel: str, regi
                                      "fixed or removed (it is not part of the LeRobot format)") from e
         return
     table, as_json = read_json_sidecar(src, rel)
+    columns = select_list(table, as_json, src.path(rel))  # checked before anything is registered
     arrow = f"_lsql_arrow_{prefix}sidecar_{name}"
     register(arrow, table)
-    con.execute(f"CREATE OR REPLACE VIEW {at}{ident(name)} AS SELECT {select_list(table, as_json)} "
-                f"FROM {ident(arrow)}")
+    con.execute(f"CREATE OR REPLACE VIEW {at}{ident(name)} AS SELECT {columns} FROM {ident(arrow)}")
 
 
-def select_list(table: pa.Table, as_json: list[str]) -> str:
-    """The columns of ``table`` in order, those in ``as_json`` cast to DuckDB's JSON."""
-    return ", ".join(f"CAST({ident(c)} AS JSON) AS {ident(c)}" if c in as_json else ident(c)
-                     for c in table.column_names) or "*"
+def select_list(table: pa.Table, as_json: list[str], where: str) -> str:
+    """The columns of ``table`` in order, those in ``as_json`` cast to DuckDB's JSON.
+
+    Raises:
+        DatasetFormatError: no column, a column name empty or holding NUL, or two names equal but for case (DuckDB
+            binds names case-insensitively: ``"a"`` read ``"A"``'s values, silently; hostile review 20, H4), naming
+            ``where`` (the file) and the names.
+    """
+    names = table.column_names
+    if not names:
+        raise DatasetFormatError(f"{where}: holds no column (e.g. a JSON list of empty objects); nothing to query")
+    bad = [c for c in names if not c or "\x00" in c]
+    if bad:
+        raise DatasetFormatError(f"{where}: column name {bad[0]!r} is empty or holds NUL; rename it in the file")
+    seen: dict[str, str] = {}
+    for c in names:
+        if c.lower() in seen:
+            raise DatasetFormatError(f"{where}: columns {seen[c.lower()]!r} and {c!r} differ only in case, which SQL "
+                                     "names cannot tell apart; rename one in the file")
+        seen[c.lower()] = c
+    return ", ".join(f"CAST({ident(c)} AS JSON) AS {ident(c)}" if c in as_json else ident(c) for c in names)
 
 
 def mentioned(sql: str, names) -> list[str]:
@@ -161,10 +178,16 @@ def check_attach_name(name: object, existing: set[str], attached: set[str], rese
     return key
 
 
-def attach(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table, as_json: list[str], register) -> None:
+def attach(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table, as_json: list[str], register,
+           where: str = "the attached table") -> None:
     """Make ``name`` a view over ``table`` (registered with ``register`` as ``_lsql_arrow_attached_<name>``), its
-    JSON columns cast to JSON."""
+    JSON columns cast to JSON.
+
+    Raises:
+        DatasetFormatError: as :func:`select_list` (naming ``where``).
+    """
+    columns = select_list(table, as_json, where)  # checked before anything is registered
     arrow = f"_lsql_arrow_attached_{name.lower()}"  # (DuckDB names ignore case: one registration per view)
     register(arrow, table)
-    con.execute(f"CREATE OR REPLACE VIEW {ident(name)} AS SELECT {select_list(table, as_json)} FROM {ident(arrow)}")
+    con.execute(f"CREATE OR REPLACE VIEW {ident(name)} AS SELECT {columns} FROM {ident(arrow)}")
 

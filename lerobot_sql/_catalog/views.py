@@ -759,7 +759,7 @@ def info(b: Build) -> None:
         "data_path": [layout.data_path],
         "video_path": pa.array([layout.video_path], pa.string()),
         "tools": pa.array([None if i.get("tools") is None else json_text(i["tools"])], pa.string()),
-        "info_json": [json_text(i)],
+        "info_json": [json_text(i, b.src.path("meta/info.json"))],
     })
     register_table(b.con, "info", table, b.relations,
                    select="* EXCLUDE (tools, info_json), CAST(tools AS JSON) AS tools, "

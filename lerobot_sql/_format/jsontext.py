@@ -47,14 +47,24 @@ def load_json(text: str | bytes, where: str, fix: str,
                     f"[ ] or {{ }}; lerobot writes a few); {fix}") from e
 
 
-def json_text(value: Any) -> str:
+def json_text(value: Any, where: str = "a JSON value") -> str:
     """``value`` (as :func:`load_json` returns it) as JSON text that DuckDB's ``JSON`` type accepts: Python's parser
     reads ``NaN`` and ``Infinity``, which are not JSON, so non-finite numbers become ``null``. Compact, as DuckDB
-    writes JSON (``[1,"a"]``)."""
+    writes JSON (``[1,"a"]``).
+
+    Raises:
+        DatasetFormatError: ``value`` is nested too deeply to write back (the parser took it near the interpreter's
+            recursion limit and writing it recurses from deeper in the stack; hostile review 20, M4), naming
+            ``where``.
+    """
     try:
-        return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    except ValueError:
-        return json.dumps(_finite(value), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        try:
+            return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        except ValueError:
+            return json.dumps(_finite(value), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError as e:
+        raise DatasetFormatError(f"{where}: JSON nested too deeply (near {sys.getrecursionlimit():,} levels of [ ] or "
+                                 "{ }; lerobot writes a few): fix or remove that entry") from e
 
 
 def _finite(value: Any) -> Any:

@@ -429,7 +429,7 @@ def cmd_view(args) -> int:
     try:  # checked before any clip is cut: a page never lands inside the dataset, nor over a file unasked
         dest = destination.check_file_dest([db], args.output, "lerobot-sql view -o", overwrite=args.overwrite,
                                            example="clips.html")
-        page = show_clips(db, sql, max_clips=args.max_clips, max_bytes=int(args.max_mb * (1 << 20)),
+        page = show_clips(db, sql, max_clips=args.max_clips, max_bytes=max(1, math.ceil(args.max_mb * (1 << 20))),
                           cameras=args.camera, signals=args.signal if args.signal is None or args.signal != ["-"]
                           else [], reencode=args.reencode, tolerance_s=args.tolerance_s, align=args.align)
         text = page.html()
