@@ -540,7 +540,9 @@ def language_copy(orig: Path, dst: Path, persistent: dict, events: dict, inferre
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    json_t = pa.json_()
+    # pa.json_() came in pyarrow 19; an older pyarrow (the floor, 16) reads lerobot's json columns as their storage
+    # type, a string, which is what it writes here
+    json_t = pa.json_() if hasattr(pa, "json_") else pa.string()
     with_ts = [pa.field("role", pa.string(), nullable=False), pa.field("content", pa.string()),
                pa.field("style", pa.string()), pa.field("timestamp", pa.float32(), nullable=False),
                pa.field("camera", pa.string()), pa.field("tool_calls", pa.list_(json_t))]
@@ -558,9 +560,10 @@ def language_copy(orig: Path, dst: Path, persistent: dict, events: dict, inferre
             n += len(cs or [])
         offsets.append(n)
         mask = pa.array([c is None for c in calls])
-        call_arr = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
-                                            pa.ExtensionArray.from_storage(json_t, pa.array(flat, pa.string())),
-                                            mask=mask)
+        storage = pa.array(flat, pa.string())
+        values = pa.ExtensionArray.from_storage(json_t, storage) if isinstance(json_t, pa.BaseExtensionType) \
+            else storage
+        call_arr = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=mask)
         arrays = [call_arr if f.name == "tool_calls" else pa.array([m.get(f.name) for m in msgs], f.type)
                   for f in fields]
         structs = pa.StructArray.from_arrays(arrays, fields=fields)

@@ -551,6 +551,11 @@ EVENTS = {(0, 10): [{"role": "user", "content": "stop!", "style": "interjection"
 
 @pytest.mark.parametrize("inferred", [False, True], ids=["language.py_types", "annotation_writer_types"])
 def test_language_view_has_one_row_per_message_written(datasets, tmp_path, inferred):
+    import pyarrow as pa
+
+    if not inferred and not hasattr(pa, "json_"):
+        pytest.skip("writing lerobot 0.6.1's json extension type (tool_calls) needs pyarrow >= 19 (this one is "
+                    f"{pa.__version__}); the newest leg runs it, and the writer's own types run here")
     root = language_copy(datasets / "small20", tmp_path / "lang", PERSISTENT, EVENTS, inferred=inferred)
     db = lsql.connect(root)
     t = pq.read_table(root / "data/chunk-000/file-000.parquet", columns=["episode_index", "frame_index", "index",
