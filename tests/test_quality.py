@@ -160,7 +160,7 @@ def test_a_collection_has_each_datasets_verdicts(datasets, tmp_path):
 def test_doctor_episodes_prints_the_worst_and_exits_1_on_exclude(injected, tmp_path):
     from helpers import run_cli
 
-    r = run_cli("doctor", injected, "--episodes", "3", "--cache-dir", tmp_path)
+    r = run_cli("doctor", injected, "--episodes", "--worst", "3", "--cache-dir", tmp_path)
     assert r.returncode == 1, r.stderr
     assert "20 episode(s): 13 pass, 3 review, 4 exclude" in r.stdout, r.stdout
     assert r.stdout.count("    episode ") == 3 and "episode 0: exclude" in r.stdout

@@ -50,7 +50,7 @@ def test_the_rates_that_divide_the_source_rate_are_served():
 @pytest.mark.parametrize("fps, error, match", [
     (20, ValueError, r"fps=20 does not divide the dataset's 30 fps \(30 / 20 = 1\.5 .*16\.7 ms.*"
                      r"fps in \[1, 2, 3, 5, 6, 10, 15, 30\]"),
-    (7.5, ValueError, r"fps=7\.5 does not divide the dataset's 30 fps"),  # 30 / 7.5 = 4, but info.json's fps is whole
+    (7.5, ValueError, r"fps=7\.5: a frame rate here is a whole number"),  # 30 / 7.5 = 4, but info.json's fps is whole
     (60, ValueError, r"fps=60 is above the dataset's 30 fps.*fps in \[1, 2, 3"),
     (0, ValueError, r"fps=0: give a whole number of frames per second > 0"),
     (-10, ValueError, r"> 0"),

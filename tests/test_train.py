@@ -554,6 +554,8 @@ def test_train_on_several_datasets_reaches_lerobot_with_the_collection_and_its_m
         r = run_cli("train", *args, *sql, "--", "--policy.type=act")
         assert r.returncode == code and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         assert not seen
+    r = run_cli("train", a, b, "--sql", "SELECT episode_index FROM episodes", "--", "--policy.type=act")
+    assert r.returncode == 1 and "returns the dataset column" in r.stderr and not seen, r.stderr  # before lerobot
     r = run_cli("train", a, b, "--sql", MIX_SQL, "--weights", "smal20=1,h264_20=1", "--", "--policy.type=act")
     assert "did you mean 'small20'" in r.stderr.lower() or "'small20'" in r.stderr, r.stderr
 

@@ -216,7 +216,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
             block of rows in ``index`` order (named by file, row and index: neighbours are read by position).
     """
     if result.num_rows == 0:
-        raise ResultContractError(f"the query returned no rows, so there is nothing to train on, export or compute statistics of"
+        raise ResultContractError(f"the query returned no rows, so there is nothing to train on, export, show or compute statistics of"
                                   f"{_missing_data_note(con, src)}: {sql!r}")
     mode = contract.result_mode(result.column_names)
     result = contract.check_contract_types(result, mode, sql)

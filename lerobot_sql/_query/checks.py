@@ -215,7 +215,9 @@ SAFE_TABLE_FUNCTIONS = frozenset({"unnest"})
 
 def table_function_error(text: str, ctx: Context) -> QueryError:
     return QueryError(f"table functions such as {text[:60]!r} are not allowed in FROM, JOIN or LATERAL; query the "
-                      f"views {ctx.public_views()} or the lerobot_sql table macros {sorted(ctx.table_macros)}")
+                      f"views {ctx.public_views()} or the lerobot_sql table macros {sorted(ctx.table_macros)}; a "
+                      "file of your own (a keep-list, scores) becomes a view with db.attach(name, path) (CLI: "
+                      "--attach NAME=PATH)")
 
 
 def _no_files_or_table_functions(tree: exp.Expression, ctx: Context) -> None:

@@ -63,7 +63,10 @@ def stride(fps: Any, source_fps: float) -> int:
         raise ValueError(f"fps={v:g} is above the dataset's {source_fps:g} fps: a recording at {v:g} fps has frames "
                          f"at times this one has none (only a lower rate can be served from it); {works}")
     k = float(source_fps) / v
-    if not v.is_integer() or not float(source_fps).is_integer() or int(source_fps) % int(v):
+    if not v.is_integer():
+        raise ValueError(f"fps={v:g}: a frame rate here is a whole number, as info.json's fps is (a {v:g} fps "
+                         f"dataset could not say its rate); {works}")
+    if not float(source_fps).is_integer() or int(source_fps) % int(v):
         raise ValueError(
             f"fps={v:g} does not divide the dataset's {source_fps:g} fps ({source_fps:g} / {v:g} = {k:.4g} source "
             f"frames per frame): a {v:g} fps recording has frames at times this dataset has none, and serving the "

@@ -471,7 +471,7 @@ def cmd_doctor(args) -> int:
     from ..errors import DatasetFormatError
 
     many = _collection_sources(os.fspath(args.dataset))
-    if args.episodes is not None:
+    if args.episodes:
         return _doctor_episodes(args, many)
     if many is not None:  # several datasets: one report each, each opened on its own (one broken one stops none)
         import lerobot_sql as lsql
@@ -505,7 +505,7 @@ def cmd_doctor(args) -> int:
 
 
 def _doctor_episodes(args, many) -> int:
-    """``doctor --episodes [N]``: the per-episode verdicts (episode_quality), per dataset of a collection; exit 1
+    """``doctor --episodes [--worst N]``: the per-episode verdicts (episode_quality), per dataset of a collection; exit 1
     when an episode is ``exclude``."""
     import lerobot_sql as lsql
 
@@ -530,7 +530,7 @@ def _doctor_episodes(args, many) -> int:
     else:
         dbs = {None: _connect(args)}
     try:
-        reports = {n: doctor.episodes(db, worst=args.episodes, **thresholds) for n, db in dbs.items()}
+        reports = {n: doctor.episodes(db, worst=args.worst, **thresholds) for n, db in dbs.items()}
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
     if args.json:
@@ -821,16 +821,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("doctor", "check a dataset: metadata vs files, timestamps, video frames; exit 1 on problems",
              ["lerobot-sql doctor sample/small20", "lerobot-sql doctor sample/small20 --json --no-video",
-              "lerobot-sql doctor sample/small20 --decode", "lerobot-sql doctor sample/small20 --episodes 10"],
+              "lerobot-sql doctor sample/small20 --decode", "lerobot-sql doctor sample/small20 --episodes --worst 10"],
              cmd_doctor)
     sp.add_argument("--json", action="store_true", help="print the report as JSON")
     sp.add_argument("--tolerance-s", type=_seconds, default=1e-4,
                     help="allowed timestamp error in seconds (default 1e-4, as lerobot)")
     sp.add_argument("--no-video", action="store_true", help="skip the video checks (faster)")
-    sp.add_argument("--episodes", type=int, nargs="?", const=20, metavar="N",
+    sp.add_argument("--episodes", action="store_true",
                     help="instead of the dataset checks, the per-episode verdicts of the episode_quality view "
-                         "(pass / review / exclude, with reasons) and the N worst episodes (default 20); exit 1 when "
-                         "an episode is exclude")
+                         "(pass / review / exclude, with reasons) and the worst episodes; exit 1 when an episode is "
+                         "exclude")
+    sp.add_argument("--worst", type=int, default=20, metavar="N",
+                    help="with --episodes: how many of the worst episodes to list (default 20)")
     sp.add_argument("--threshold", action="append", metavar="NAME=NUMBER",
                     help="with --episodes: change a verdict threshold, e.g. spike_z=40 (repeatable; docs/curate.md)")
     sp.add_argument("--decode", action="store_true",

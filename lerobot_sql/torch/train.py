@@ -445,6 +445,12 @@ def run(root: str | os.PathLike | list | dict, sql: str | None, lerobot_args: li
                               f"by these names).{did_you_mean(str(unknown[0]), db.names)}")
     if isinstance(sql, str):
         db.check(sql)
+        if many:  # what can be told without lerobot: a user should not install it to learn the query lacks `dataset`
+            cols = list(db.sql(sql).columns)  # (DuckDB binds the query to name its columns; nothing is read)
+            if "dataset" not in cols:
+                raise TrainSetupError(f"over several datasets the query returns the dataset column beside the frames "
+                                      f"it selects, e.g. SELECT dataset, episode_index FROM episodes ...; it returns "
+                                      f"{cols}")
         if sample_weights is not None:
             _check_weights_column(db, sql, sample_weights)
     version = lerobot_version()
