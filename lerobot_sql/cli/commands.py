@@ -71,26 +71,21 @@ def _seconds(text: str) -> float:
     return v
 
 
-def _rows(text: str) -> int:
-    """A row count >= 0 (``--max-rows``; 0 = all)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of rows (0 = all), got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of rows >= 0 (0 = all), got {text!r}")
-    return v
+def _at_least(lo: int, what: str):
+    """An argparse type: an integer >= ``lo``; ``what`` says what is expected in the error."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = None
+        if v is None or v < lo:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+    return parse
 
 
-def _count(text: str) -> int:
-    """An integer >= 1 (``--max-clips``)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return v
+_rows = _at_least(0, "a number of rows >= 0 (0 = all)")  # --max-rows
+_count = _at_least(1, "a whole number >= 1")  # --max-clips
 
 
 def _megabytes(text: str) -> float:
