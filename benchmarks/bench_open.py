@@ -12,7 +12,9 @@ lerobot) are done before the clock starts, so the figures are the open itself:
   lerobot_sql cache; *warm*: the next process, with the cache the cold one left (a training restart); *SQL 10%*: a
   query selecting every tenth episode (``SELECT episode_index FROM episodes WHERE episode_index % 10 = 0``), after
   the warm run: the first SQL connect surveys the data files' footers (kept per file version), the next process
-  (a training restart) reads what it kept.
+  (a training restart) reads what it kept. *SQL windows*: the last second of every episode (a window per
+  episode, 3M frames), opened as runs on the fps grid, and the same with ``LSQL_LAZY_FRAMES`` above its frame count
+  (every frame read and joined at the open, as before windows opened as runs).
 * **SQL** (a fresh process, its own cache): one episode's frames, ``db.stats`` of every frame (as the source's
   metadata has quantiles or not, and with exact quantiles forced, as for a lerobot >= 0.4 source), and an export of
   1% of the episodes. Then the DataLoader workers' private memory over 600 shuffled batches of the whole set.
@@ -43,6 +45,8 @@ import common  # noqa: E402
 
 DEFAULT_ROOT = Path(os.environ.get("LSQL_SCALE_ROOT", common.BENCH_DATA / "scale")) / "ep100000"
 TENTH = "SELECT episode_index FROM episodes WHERE episode_index % 10 = 0"
+# the last second of every episode: 100,000 windows, 3M frames (30 fps)
+WINDOWS = "SELECT episode_index, length / 30.0 - 1.0 AS start_s, length / 30.0 AS end_s FROM episodes"
 
 # Each script defines open_dataset(argv) in its interpreter; TIMED then times it and 1,000 random items.
 TIMED = """
@@ -172,6 +176,9 @@ def measure(root: Path, items: int, peer: str | None, peer06: str | None = None)
         out["ours_warm"] = _run(sys.executable, OURS, [str(root), cache, "", str(items)])
         out["ours_sql10_first"] = _run(sys.executable, OURS, [str(root), cache, TENTH, str(items)])
         out["ours_sql10_warm"] = _run(sys.executable, OURS, [str(root), cache, TENTH, str(items)])
+        out["ours_windows"] = _run(sys.executable, OURS, [str(root), cache, WINDOWS, str(items)])
+        out["ours_windows_read"] = _run(sys.executable, OURS, [str(root), cache, WINDOWS, str(items)],
+                                        {"LSQL_LAZY_FRAMES": str(10 ** 12)})
     with tempfile.TemporaryDirectory() as cache:
         out["sql"] = _run(sys.executable, SQL, [str(root), cache])
         out["workers"] = _run(sys.executable, WORKERS, [str(root), cache])
@@ -189,6 +196,8 @@ def table(res: dict) -> str:
     rows = [("lerobot_sql, cold", "ours_cold"), ("lerobot_sql, warm (next process)", "ours_warm"),
             ("lerobot_sql, SQL: every 10th episode, first SQL (footers surveyed)", "ours_sql10_first"),
             ("lerobot_sql, SQL: every 10th episode, next process", "ours_sql10_warm"),
+            ("lerobot_sql, SQL windows: the last second of every episode, as runs", "ours_windows"),
+            ("lerobot_sql, the same windows, every frame read at the open (LSQL_LAZY_FRAMES)", "ours_windows_read"),
             ("LeRobotDataset 0.4.4, cold", "lerobot_cold"), ("LeRobotDataset 0.4.4, warm (next process)",
                                                              "lerobot_warm"),
             ("LeRobotDataset 0.6.1, cold", "lerobot06_cold"), ("LeRobotDataset 0.6.1, warm (next process)",

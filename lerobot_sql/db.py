@@ -112,15 +112,15 @@ class Database(QueryFace):
         return self._resolve(result, sql, checked.ordered, cameras=cameras, tolerance_s=tolerance_s, extras=extras,
                              align=locate.check_align(align))
 
-    def _sql_selection(self, sql: str, **kw) -> tuple[pa.Table, tuple | None, pa.Table]:
+    def _sql_selection(self, sql: str, windows: bool = False, **kw) -> tuple[pa.Table, tuple | None, pa.Table]:
         """User query ``sql`` resolved: ``(manifest, lazy, result)``. A large selection of whole episodes, each once,
-        is kept as its episodes (:func:`lerobot_sql._plan.resolve.episode_runs`: ``lazy`` its ``(episodes, infos,
-        clips, rules)``, ``manifest`` the zero-row one carrying the metadata), else ``lazy`` is None and
-        ``manifest`` has a row per sample; ``result`` the query's rows. ``kw``: ``cameras``, ``tolerance_s``,
-        ``align`` as :meth:`manifest` takes them."""
+        (with ``windows``, or of windows) is kept as its runs (:func:`lerobot_sql._plan.resolve.episode_runs`:
+        ``lazy`` its ``(episodes, infos, clips, rules)``, ``manifest`` the zero-row one carrying the metadata), else
+        ``lazy`` is None and ``manifest`` has a row per sample; ``result`` the query's rows. ``kw``: ``cameras``,
+        ``tolerance_s``, ``align`` as :meth:`manifest` takes them."""
         checked, result = self._capped_result(sql)
         lazy = resolve.episode_runs(self.layout, result, sql=sql, src=self.source, ptr=self._episode_pointers(),
-                                    ordered=checked.ordered, cache_dir=self.cache_dir, **kw)
+                                    ordered=checked.ordered, cache_dir=self.cache_dir, windows=windows, **kw)
         if lazy is not None:
             return lazy[0], lazy[1:], result
         return self._resolve(result, sql, checked.ordered, **kw), None, result
@@ -328,10 +328,12 @@ class Database(QueryFace):
         else:
             with plan_manifest.path_hint(sql):
                 # whole episodes, each once, of a large selection: opened from the pointers, as episodes= is
-                manifest, lazy, result = self._sql_selection(sql, **kw)
+                manifest, lazy, result = self._sql_selection(sql, windows=True, **kw)
                 if lazy is not None:
                     frames_unread = True
                     episodes = result["episode_index"].to_pylist()
+                    if lazy[2].windows:  # the windows' frames are checked where read: the statistics read them so
+                        frames_unread = "windows"
         grid = None
         if stride > 1:
             manifest = regrid.on_grid(manifest, stride, plan_manifest.Meta.of(manifest).mode,
@@ -353,6 +355,11 @@ class Database(QueryFace):
         if stats == "selection" and grid is not None:
             def stats_fn(db=self, m=manifest, g=grid):  # the kept frames, numbered at the new rate
                 return db._grid_stats(m, g)
+        elif stats == "selection" and frames_unread == "windows":
+            dataset_ref: list = []
+
+            def stats_fn(db=self, ref=dataset_ref):  # its manifest, every frame read (and checked) now
+                return db._stats_of(ref[0]().manifest)
         elif stats == "selection" and frames_unread:
             def stats_fn(db=self, eps=episodes, kw=kw):  # its frames, read now (the open read none)
                 return db._stats_of(db._whole_episodes(eps, **kw))
@@ -364,12 +371,17 @@ class Database(QueryFace):
                 return db.stats() if db.source.exists("meta/stats.json") else None
         else:
             stats_fn = None
-        return LeRobotSQLDataset(self.files, manifest, delta_timestamps=delta_timestamps, tolerance_s=tolerance_s,
-                                 return_uint8=return_uint8, image_transforms=image_transforms, cameras=cameras,
-                                 decoder_threads=decoder_threads, parallel_cameras=parallel_cameras,
-                                 max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn,
-                                 depth_output_unit=depth_output_unit, align=align, _kept=kept, _keep=keep,
-                                 _episodes=lazy, _grid=grid)
+        ds = LeRobotSQLDataset(self.files, manifest, delta_timestamps=delta_timestamps, tolerance_s=tolerance_s,
+                               return_uint8=return_uint8, image_transforms=image_transforms, cameras=cameras,
+                               decoder_threads=decoder_threads, parallel_cameras=parallel_cameras,
+                               max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn,
+                               depth_output_unit=depth_output_unit, align=align, _kept=kept, _keep=keep,
+                               _episodes=lazy, _grid=grid)
+        if stats == "selection" and frames_unread == "windows":
+            import weakref
+
+            dataset_ref.append(weakref.ref(ds))  # (the dataset holds its statistics' function: no cycle)
+        return ds
 
     def _grid(self, fps: int, stride: int) -> regrid.Grid:
         """How this dataset served at ``fps`` (``stride`` source frames per frame) numbers its frames: every

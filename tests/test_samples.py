@@ -159,6 +159,19 @@ LAZY = {
     "a query's episodes, in its order": ("multifile60", {"sql": "SELECT episode_index FROM episodes WHERE "
                                                                 "episode_index % 3 = 0 ORDER BY episode_index DESC"}),
     "a query's episodes, no ORDER BY": ("small20", {"sql": "SELECT episode_index FROM episodes WHERE length > 200"}),
+    # windows: planned on the fps grid, checked where read (SampleTable.from_episodes with rules.windows)
+    "windows, across row groups and files": ("multifile60", {"sql": "SELECT episode_index, 0.5 AS start_s, "
+                                                                    "1.75 AS end_s FROM episodes"}),
+    "windows: overlapping, adjacent, past the end, on frame times, no ORDER BY": (
+        "small20", {"sql": "SELECT episode_index, 1.0/3 AS start_s, 0.5 AS end_s FROM episodes UNION ALL "
+                           "SELECT 3, 0.2, 0.7 UNION ALL SELECT 3, 0.7, 0.9 UNION ALL SELECT 4, 0, 1 UNION ALL "
+                           "SELECT 5, length / 30.0 - 0.5, length / 30.0 + 3 FROM episodes WHERE episode_index = 5"}),
+    "windows in the query's order, with delta_timestamps": (
+        "small20", {"sql": "SELECT episode_index, 2.0 AS start_s, 2.2 AS end_s FROM episodes ORDER BY "
+                           "episode_index DESC", "delta_timestamps": {"action": [-0.1, 0.0, 0.1],
+                                                                      "observation.images.front": [-1 / 30, 0.0]}}),
+    "windows by frame_index, tabular": ("small20", {"sql": "SELECT episode_index, 1 AS start_s, 2 AS end_s FROM "
+                                                           "episodes", "align": "frame_index", "cameras": []}),
 }
 
 
@@ -332,3 +345,100 @@ def test_footers_are_shared_before_a_fork_only_for_a_few_files(monkeypatch, data
     monkeypatch.setattr(_samples, "SHARE_FOOTERS", len(footers))
     footers.parse_all()
     assert all(p is not None for p in footers._parsed)
+
+
+# ---- windows planned on the fps grid (grid_window), checked where read (check_window_frames) -----------------
+def test_grid_windows_select_the_frames_the_join_selects(monkeypatch, tmp_path, datasets):
+    """400 random windows, a third with a bound on a frame's time (or a float's width from it, either side), some
+    past the episode's end or before its start: the plan on the grid selects exactly the frames the join over the
+    timestamps selects, sample for sample."""
+    rng = np.random.default_rng(7)
+    fps = 30.0
+    rows = []
+    for _ in range(400):
+        ep = int(rng.integers(0, 20))
+        a = float(rng.uniform(-1, 12))
+        if rng.random() < 0.35:  # on a frame's time, less the join's tolerance, or a hair either side of it
+            a = int(rng.integers(0, 300)) / fps + float(rng.choice([0.0, 1e-4, -1e-12, 1e-12, 1e-4 + 1e-9]))
+        b = a + float(rng.uniform(1e-3, 2.0))
+        rows.append(f"({ep}, {a!r}::DOUBLE, {b!r}::DOUBLE)")
+    sql = ("SELECT * FROM (VALUES " + ", ".join(rows) + ") t(episode_index, start_s, end_s)")
+    eager = lsql.connect(datasets / "small20", cache_dir=tmp_path / "e").manifest(sql)
+    lazy = _lazy(monkeypatch, datasets / "small20", tmp_path / "l", sql=sql, cameras=[])
+    got = lazy.manifest
+    for c in ("index", "result_row", "timestamp", "data_row"):
+        assert got[c].to_pylist() == eager[c].to_pylist(), c
+
+
+def _damaged_windows(tmp_path, datasets, change):
+    """small20 with row groups of 100 rows, episode 5's columns changed by ``change(cols, j)`` (j: its first row)."""
+    import shutil
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    f = next((root / "data").rglob("*.parquet"))
+    t = pq.read_table(f)
+    j = int(np.flatnonzero(t["episode_index"].to_numpy() == 5)[0])
+    cols = {c: t[c].to_numpy().copy() for c in ("timestamp", "frame_index")}
+    change(cols, j)
+    for c, v in cols.items():
+        t = t.set_column(t.column_names.index(c), c, pa.array(v, t[c].type))
+    pq.write_table(t, f, row_group_size=100)
+    return root, j
+
+
+@pytest.mark.parametrize("case", ["a frame inside drifts out", "the frame before drifts in",
+                                  "the frame after, in the next row group, drifts in", "a frame out of its place"])
+def test_a_window_whose_timestamps_disagree_with_the_grid_is_refused_where_read(monkeypatch, tmp_path, datasets,
+                                                                               case):
+    """Timestamps within half a frame of the grid (the open accepts them) that put a frame on the other side of a
+    window's bound than the grid: the items of that window raise DatasetFormatError naming the file, the episode,
+    the window's result row and the way out; the open that reads every frame gives its own answer, and other
+    windows' items are served."""
+    from lerobot_sql.errors import DatasetFormatError
+
+    k0 = {"a frame inside drifts out": 30, "the frame before drifts in": 29,
+          "the frame after, in the next row group, drifts in": 0, "a frame out of its place": 40}[case]
+
+    def change(cols, j):
+        nonlocal k0
+        if case == "the frame after, in the next row group, drifts in":
+            k0 = (-j) % 100 + 100  # the episode's first frame that opens a row group (rows of 100), past the first
+            cols["timestamp"][j + k0] -= 0.4 / 30
+        elif case == "a frame inside drifts out":
+            cols["timestamp"][j + k0] -= 0.4 / 30
+        elif case == "the frame before drifts in":
+            cols["timestamp"][j + k0] += 0.4 / 30
+        else:
+            for c in ("frame_index", "timestamp"):  # two rows swapped, each on the grid of its frame_index
+                cols[c][j + k0], cols[c][j + k0 + 1] = cols[c][j + k0 + 1], cols[c][j + k0]
+
+    root, j = _damaged_windows(tmp_path, datasets, change)
+    start, end = k0 / 30, k0 / 30 + 0.5  # frame k0 opens the window on the grid
+    if case == "the frame before drifts in":  # frame k0 is the one before the window on the grid
+        start = (k0 + 0.3) / 30
+    elif case == "the frame after, in the next row group, drifts in":  # frame k0 is the one after the window
+        start, end = (k0 - 5) / 30, k0 / 30
+    sql = (f"SELECT * FROM (VALUES (5, {start!r}::DOUBLE, {end!r}::DOUBLE), (2, 1.0::DOUBLE, 1.5::DOUBLE)) "
+           "t(episode_index, start_s, end_s) ORDER BY episode_index DESC")
+    lsql.connect(root, cache_dir=tmp_path / "eager").dataset(sql, cameras=[])  # reads every frame: its own answer
+    lazy = _lazy(monkeypatch, root, tmp_path / "lazy", sql=sql, cameras=[])
+    with pytest.raises(DatasetFormatError, match=r"episode 5.*(result row 0|frame_index).*LSQL_LAZY_FRAMES") as e:
+        lazy[0]
+    assert "chunk-000" in str(e.value)
+    n5 = len(lazy) - 15  # episode 2's window: 15 frames, served
+    ref = lsql.connect(datasets / "small20", cache_dir=tmp_path / "ref").dataset(
+        "SELECT 2 AS episode_index, 1.0::DOUBLE AS start_s, 1.5::DOUBLE AS end_s", cameras=[])
+    _same_item(lazy[n5], ref[0], "episode 2")
+
+
+def test_windows_that_hold_no_frame_are_named_in_a_warning(monkeypatch, tmp_path, datasets):
+    """A window past its episode's end (or between two frames) holds no frame: its result row gave no sample, and
+    nothing said so. Both opens warn, naming the row and the episode's length in seconds."""
+    sql = ("SELECT * FROM (VALUES (3, 0.5::DOUBLE, 1.0::DOUBLE), (4, 100.0::DOUBLE, 101.0::DOUBLE), "
+           "(6, 1.01::DOUBLE, 1.02::DOUBLE)) t(episode_index, start_s, end_s)")
+    with pytest.warns(UserWarning, match=r"2 of the 3 window rows hold no frame.*row 1: episode 4, 100.0 .. 101.0 s"):
+        eager = lsql.connect(datasets / "small20", cache_dir=tmp_path / "e").dataset(sql, cameras=[])
+    with pytest.warns(UserWarning, match=r"2 of the 3 window rows hold no frame.*row 1: episode 4, 100.0 .. 101.0 s"):
+        lazy = _lazy(monkeypatch, datasets / "small20", tmp_path / "l", sql=sql, cameras=[])
+    assert len(lazy) == len(eager) == 15

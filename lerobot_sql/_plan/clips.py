@@ -265,13 +265,15 @@ class FrameRules:
     first read (:func:`check_frames`): ``fps``; ``limit``, how far a timestamp may stray from ``frame_index / fps``
     (:func:`grid_limit`); ``in_clip``, every timestamp must name one of its episode's clip frames (the cameras are
     read by time); ``positions``, every frame_index must be its position in the episode (align="frame_index");
-    ``clips``, the checked clips (:func:`check_clips`), named in the errors."""
+    ``clips``, the checked clips (:func:`check_clips`), named in the errors; ``windows``, the selection's windows were
+    planned on the fps grid (:func:`check_window_frames` checks each window's rows, and the frames beside it)."""
 
     fps: float
     limit: float
     in_clip: bool
     positions: bool
     clips: dict = dataclasses.field(default_factory=dict)
+    windows: bool = False
 
 
 def check_frames(rules: FrameRules, data_file: str, index: np.ndarray, episode_index: np.ndarray,
@@ -319,3 +321,42 @@ def check_frames(rules: FrameRules, data_file: str, index: np.ndarray, episode_i
                 "first index): align=\"frame_index\" reads each row's frame by its position, so the item would "
                 "carry a frame_index that is not its frame's. Fix the data files' frame_index (`lerobot-sql "
                 "doctor`: frame_index_contiguous), or read by time (align=\"timestamp\")")
+
+
+def check_window_frames(data_file: str, episode_index: np.ndarray, result_row: np.ndarray, index: np.ndarray,
+                        position: np.ndarray, frame_index: np.ndarray, timestamp: np.ndarray, lo_s: np.ndarray,
+                        hi_s: np.ndarray, inside: np.ndarray) -> None:
+    """Check rows of ``data_file`` against the windows planned on the fps grid
+    (:func:`lerobot_sql._plan.episodes.grid_window`): per row its episode, the window's ``result_row``, ``index``,
+    ``position`` in the episode (``index - ep_from``), stored ``frame_index`` and ``timestamp`` (seconds, as stored,
+    as float64), the window's ``[lo_s, hi_s)`` (its bounds less the join's tolerance) and ``inside`` (True: a frame
+    the window holds; False: the frame just before or after it). The join that reads every frame selects the frames
+    whose timestamp lies in ``[lo_s, hi_s)``; the plan holds only where each read frame agrees, and where
+    frame_index is the row's position (a frame elsewhere in the episode would otherwise be found by its time).
+
+    Raises:
+        DatasetFormatError: naming the file, episode, window, frame and the ways out.
+    """
+    plan = ("a selection of more than LSQL_LAZY_FRAMES frames (default 2,000,000) opens without reading its "
+            "frames, its windows planned on the fps grid (frame k at k / fps)")
+    out = ("open it reading every frame (set LSQL_LAZY_FRAMES above its frame count, or select less), or fix the "
+           "data files (`lerobot-sql doctor`: frame_index_contiguous, tolerance_s)")
+    wrong = np.flatnonzero(frame_index != position)
+    if len(wrong):
+        j = int(wrong[0])
+        raise DatasetFormatError(
+            f"{data_file}: episode {int(episode_index[j])}'s row with index {int(index[j])} has frame_index "
+            f"{int(frame_index[j])}, but it is frame {int(position[j])} of the episode: {plan}, and a frame out of "
+            f"its place may belong to another window. To select by the rows' own times, {out}")
+    ts = np.asarray(timestamp, np.float64)
+    holds = (ts >= lo_s) & (ts < hi_s)
+    bad = np.flatnonzero(holds != inside)
+    if len(bad):
+        j = int(bad[0])
+        raise DatasetFormatError(
+            f"{data_file}: episode {int(episode_index[j])}'s frame {int(frame_index[j])} has timestamp "
+            f"{float(ts[j])!r} s, {'outside' if inside[j] else 'inside'} the window of result row "
+            f"{int(result_row[j])} (frames at [{float(lo_s[j])!r}, {float(hi_s[j])!r}) s: its bounds less 1e-4 s), "
+            f"where the fps grid puts frame {int(position[j])} {'inside' if inside[j] else 'outside'}: {plan}, and "
+            f"this dataset's timestamps stray from the grid at the window's bound. Move the bound half a frame "
+            f"away from the frame times, or {out}")

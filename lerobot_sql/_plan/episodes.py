@@ -265,25 +265,84 @@ def _footer(src: Source, layout: Layout, rel: str, rows: int, keep: bool = True,
 
 # Selections of more frames than this are opened without reading their frames (episode_runs): each row group's
 # frames are checked where a process first reads it. Below it, every frame is read and checked at the open.
+# $LSQL_LAZY_FRAMES sets another bound (lazy_frames).
 LAZY_FRAMES = 2_000_000
+# A window [start_s, end_s) holds the frames whose timestamp t has start_s - tol <= t < end_s - tol (the join of
+# lerobot_sql._plan.resolve.build_manifest; grid_window plans the same rule on the fps grid).
+WINDOW_TOLERANCE_S = 1e-4
+
+
+def lazy_frames() -> int:
+    """The selection size (frames) above which a selection opens without reading its frames: ``$LSQL_LAZY_FRAMES``
+    (an integer >= 0), else :data:`LAZY_FRAMES`.
+
+    Raises:
+        ValueError: the variable is not a whole number >= 0 (naming it).
+    """
+    import os
+
+    raw = os.environ.get("LSQL_LAZY_FRAMES")
+    if raw is None or not raw.strip():
+        return LAZY_FRAMES
+    try:
+        value = int(raw.strip().replace("_", ""))
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"LSQL_LAZY_FRAMES={raw!r} is not a whole number >= 0 (frames; the default is "
+                         f"{LAZY_FRAMES:,}): unset it or give one")
+    return value
+
+
+def grid_timestamp(k: np.ndarray, fps: float) -> np.ndarray:
+    """The timestamp lerobot writes for frame ``k`` of an episode (``k / fps`` stored as float32), as float64."""
+    return (np.asarray(k, np.int64) / float(fps)).astype(np.float32).astype(np.float64)
+
+
+def grid_window(start_s: np.ndarray, end_s: np.ndarray, length: np.ndarray, fps: float,
+                tol: float = WINDOW_TOLERANCE_S) -> tuple[np.ndarray, np.ndarray]:
+    """Each window's frames on the fps grid: ``(first, end)`` (int64 arrays, frame positions in the episode,
+    ``first <= end``), the frames ``k`` in ``[0, length)`` whose grid timestamp (:func:`grid_timestamp`) ``t`` has
+    ``start_s - tol <= t < end_s - tol``: the frames the join selects when the data holds lerobot's timestamps.
+    ``start_s`` / ``end_s``: float64 seconds from the episode start; ``length``: the episode's frames."""
+    length = np.asarray(length, np.int64)
+    fps = float(fps)
+
+    def first_at_least(seconds: np.ndarray) -> np.ndarray:
+        thr = np.asarray(seconds, np.float64) - tol
+        with np.errstate(invalid="ignore", over="ignore"):
+            base = np.clip(np.floor(thr * fps) - 1, 0, length).astype(np.int64)
+        out = length.copy()
+        # the grid's rounding moves the first frame at or after thr by at most one from floor(thr * fps): of these
+        # four candidates the smallest that qualifies is it (the grid increases with k)
+        for d in (3, 2, 1, 0):
+            k = np.minimum(base + d, length)
+            out = np.where((k < length) & (grid_timestamp(k, fps) >= thr), k, out)
+        return out
+
+    first, end = first_at_least(start_s), first_at_least(end_s)
+    return first, np.maximum(end, first)
 
 
 def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr: pa.Table | None = None,
                  cameras: list[str] | None = None, tolerance_s: float | None = None,
                  align: str = "timestamp", cache_dir=None) -> tuple[pa.Table, list, dict, FrameRules] | None:
-    """``result``'s whole episodes (its ``episode_index`` rows, in order) without reading their frames: what
-    :func:`episode_manifest` checks from meta/episodes, the data files' footers (row counts, column types) and the
-    clips, at O(episodes) cost; the frame-level checks (each row's ``index`` and ``episode_index`` where the pointers
-    put it, timestamps on the fps grid and inside the clip, frame_index positions) are left to
-    :func:`check_frames`, per row group, where a process first reads it.
+    """``result``'s whole episodes (its ``episode_index`` rows, in order), or its windows (``episode_index``,
+    ``start_s``, ``end_s`` rows, float64 seconds), without reading their frames: what :func:`episode_manifest`
+    checks from meta/episodes, the data files' footers (row counts, column types) and the clips, at O(episodes)
+    cost; the frame-level checks (each row's ``index`` and ``episode_index`` where the pointers put it, timestamps on
+    the fps grid and inside the clip, frame_index positions) are left to :func:`check_frames`, per row group, where
+    a process first reads it. A window's frames are planned on the fps grid (:func:`grid_window`); where its rows
+    are read, :func:`check_window_frames` checks that their timestamps put the same frames in it.
 
     Returns:
         ``(episodes, infos, clips, rules)``: one row per result row (``episode_index``, ``ep_from_index``,
-        ``ep_to_index``, ``ep_data_row0``: the episode's first row in its data file, ``file``: int32 into
-        ``infos``, ``result_row``; per video key ``<key>/file`` and ``<key>/from_timestamp``), the touched data
-        files' footers, the checked clips (:func:`check_clips`) and the :class:`FrameRules`; or None when the
-        pointers or files are not laid out as lerobot writes them, or lack ``task_index`` (the caller reads the
-        frames).
+        ``ep_to_index``, ``ep_data_row0``: the episode's first row in its data file, ``sel_from_index`` /
+        ``sel_to_index``: the frames it selects (the episode's, or the window's on the grid), ``file``: int32 into
+        ``infos``, ``result_row``; for windows ``lo_s`` / ``hi_s``, the timestamps its frames lie in, ``[lo_s,
+        hi_s)``; per video key ``<key>/file`` and ``<key>/from_timestamp``), the touched data files' footers, the
+        checked clips (:func:`check_clips`) and the :class:`FrameRules`; or None when the pointers or files are not
+        laid out as lerobot writes them, or lack ``task_index`` (the caller reads the frames).
 
     Raises:
         as :func:`episode_manifest`, for what it checks from the pointers, footers and clips.
@@ -297,7 +356,18 @@ def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr
         return None
     ptr, want, all_ep, pos, lo, hi, files, fcode, total, row0_all = p
     sel_rows = np.array([pos[int(e)] for e in want], np.int64)
-    uniq_rows = np.unique(sel_rows)
+    sel_from, sel_to = lo[sel_rows].astype(np.int64), hi[sel_rows].astype(np.int64)
+    windows = "start_s" in result.column_names
+    if windows:
+        start_s = result["start_s"].to_numpy(zero_copy_only=False).astype(np.float64)
+        end_s = result["end_s"].to_numpy(zero_copy_only=False).astype(np.float64)
+        first, end = grid_window(start_s, end_s, sel_to - sel_from, layout.fps)
+        sel_from, sel_to = sel_from + first, sel_from + end
+    if not (sel_to - sel_from).sum():
+        raise ResultContractError(f"the query's {'window' if windows else 'episode'} selection matched no frames: "
+                                  f"{sql!r}")
+    # the episodes with frames selected (a window may hold none): their files and clips, as the join finds them
+    uniq_rows = np.unique(sel_rows[sel_to > sel_from])
     used = np.unique(fcode[uniq_rows])
 
     def footer(code):
@@ -320,8 +390,6 @@ def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr
         release_freed_memory()
     if any(i is None or "task_index" not in i.schema.names for i in infos):
         return None
-    if not (hi - lo)[sel_rows].sum():
-        raise ResultContractError(f"the query's episode selection matched no frames: {sql!r}")
     new_code = np.full(len(files), -1, np.int32)
     new_code[used] = np.arange(len(used), dtype=np.int32)
     clips = video_clips(layout, ptr)
@@ -335,13 +403,17 @@ def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr
     cols = {"episode_index": pa.array(all_ep[sel_rows], pa.int64()),
             "ep_from_index": pa.array(lo[sel_rows], pa.int64()), "ep_to_index": pa.array(hi[sel_rows], pa.int64()),
             "ep_data_row0": pa.array(row0_all[sel_rows], pa.int64()),
+            "sel_from_index": pa.array(sel_from, pa.int64()), "sel_to_index": pa.array(sel_to, pa.int64()),
             "file": pa.array(new_code[fcode[sel_rows]], pa.int32()),
             "result_row": pa.array(np.arange(len(sel_rows)), pa.int64())}
+    if windows:
+        cols["lo_s"] = pa.array(start_s - WINDOW_TOLERANCE_S, pa.float64())  # (grid_window's thresholds)
+        cols["hi_s"] = pa.array(end_s - WINDOW_TOLERANCE_S, pa.float64())
     for k, t in clips.items():
         cols[f"{k}/file"] = t["path"].take(pa.array(sel_rows))
         cols[f"{k}/from_timestamp"] = t["from_timestamp"].take(pa.array(sel_rows))
     release_freed_memory()
     rules = FrameRules(fps=float(layout.fps), limit=grid_limit(layout.fps, tolerance_s, align),
                        in_clip=bool(checked) and align != "frame_index", positions=align == "frame_index",
-                       clips=checked)
+                       clips=checked, windows=windows)
     return pa.table(cols), infos, checked, rules

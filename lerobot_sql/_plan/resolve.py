@@ -338,6 +338,9 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
             raise stale
         raise ResultContractError(f"the query's {mode} selection matched no frames{_missing_data_note(con, src)}: "
                                   f"{sql!r}")
+    if mode == "window":
+        contract.warn_empty_windows(result, np.bincount(manifest["result_row"].to_numpy(), minlength=result.num_rows),
+                                    sql)
     return _finish(manifest, clips, mode, extras, layout, sql, cameras)
 
 
@@ -399,11 +402,14 @@ def _episode_rows_error(con: duckdb.DuckDBPyConnection, b: dict) -> DatasetForma
 
 def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr: pa.Table | None,
                  cameras: list[str] | None = None, tolerance_s: float | None = None, align: str = "timestamp",
-                 ordered: bool = True, cache_dir=None):
+                 ordered: bool = True, cache_dir=None, windows: bool = False):
     """A whole-episode selection (``result``: ``episode_index`` rows, each once, in order unless not ``ordered``:
     then by episode, as :func:`build_manifest` sorts it) kept as its episodes, without a row per frame
     (:func:`lerobot_sql._plan.episodes.episode_runs`): for selections of more than
-    :data:`lerobot_sql._plan.episodes.LAZY_FRAMES` frames, whose open then costs O(episodes).
+    :func:`lerobot_sql._plan.episodes.lazy_frames` frames, whose open then costs O(episodes). With ``windows``,
+    a window selection (``episode_index, start_s, end_s`` rows, bounds in float64 or integer seconds, no other
+    column) too, each window's frames planned on the fps grid and checked where read (what the dataset's items do:
+    statistics and exports read every frame of a window selection).
 
     Returns:
         ``(manifest, episodes, infos, rules)``: ``manifest`` a zero-row manifest carrying the schema and metadata
@@ -414,14 +420,24 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
     Raises:
         as :func:`build_manifest` for a whole-episode result (what it checks from pointers, footers and clips).
     """
-    if ptr is None or result.num_rows == 0 or result.column_names != ["episode_index"] or layout.legacy:
+    window = windows and sorted(result.column_names) == ["end_s", "episode_index", "start_s"] and all(
+        pa.types.is_float64(result[c].type) or pa.types.is_integer(result[c].type) or pa.types.is_decimal(
+            result[c].type) for c in ("start_s", "end_s"))
+    if ptr is None or result.num_rows == 0 or not (result.column_names == ["episode_index"] or window) or \
+            layout.legacy:
         # (a query's other shapes, or extras: the frames' path; v2.x pointers are derived from the episodes'
-        # lengths, so one wrong length would shift every later episode: read the frames)
+        # lengths, so one wrong length would shift every later episode: read the frames; float32 window bounds:
+        # the join computes their tolerance in that type, the plan in float64, as the join does a DECIMAL's)
         return None
-    result = contract.check_contract_types(result, "episode", sql)
+    mode = "window" if window else "episode"
+    result = contract.check_contract_types(result, mode, sql)
+    if window:
+        contract.check_window_bounds(result, sql)
+        result = _plain_numbers(result.select(["episode_index", "start_s", "end_s"])).cast(
+            pa.schema([("episode_index", pa.int64()), ("start_s", pa.float64()), ("end_s", pa.float64())]))
     if not ordered:  # as build_manifest sorts a result without ORDER BY
-        result = result.sort_by([("episode_index", "ascending")])
-    if result["episode_index"].null_count or \
+        result = result.sort_by([(c, "ascending") for c in contract.KEYS[mode]])
+    if result["episode_index"].null_count or not window and \
             len(pc.unique(result["episode_index"])) != result.num_rows:  # repeats: one run per repeat, the frames' path
         return None
     lo, hi = ptr["dataset_from_index"], ptr["dataset_to_index"]
@@ -429,14 +445,27 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
         return None
     eps = ptr["episode_index"].to_numpy()
     length = hi.to_numpy() - lo.to_numpy()
-    want = np.isin(eps, result["episode_index"].to_numpy())
-    if int(length[want].sum()) <= episodes.LAZY_FRAMES:
+    if window:  # the windows' frames on the grid (an episode missing from meta/episodes: 0 here, refused below)
+        order = np.argsort(eps, kind="stable")
+        want_ep = result["episode_index"].to_numpy()
+        at = np.minimum(np.searchsorted(eps[order], want_ep), max(len(eps) - 1, 0))
+        ep_len = np.where(eps[order][at] == want_ep, length[order][at], 0) if len(eps) else np.zeros(len(want_ep))
+        first, end = episodes.grid_window(result["start_s"].to_numpy(), result["end_s"].to_numpy(),
+                                          np.maximum(ep_len, 0), layout.fps)
+        frames = int((end - first).sum())
+    else:
+        frames = int(length[np.isin(eps, result["episode_index"].to_numpy())].sum())
+    if frames <= episodes.lazy_frames():
         return None
+    if window:
+        contract.warn_repeated_rows(result, mode, sql)
     got = episodes.episode_runs(src, layout, result, sql=sql, ptr=ptr, cameras=cameras, tolerance_s=tolerance_s,
                                 align=align, cache_dir=cache_dir)
     if got is None:
         return None
     table, infos, clips, rules = got
+    if window:
+        contract.warn_empty_windows(result, table["sel_to_index"].to_numpy() - table["sel_from_index"].to_numpy(), sql)
     _refuse_missing_pointers(table, layout, cameras)  # as the frames' path (_finish), on one row per episode
     empty = {"index": pa.int64(), "episode_index": pa.int64(), "frame_index": pa.int64(), "timestamp": pa.float32(),
              "task_index": pa.int64(), "data_file": pa.string(), "data_row": pa.int64(), "ep_from_index": pa.int64(),
@@ -444,7 +473,7 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
     for k in layout.video_keys:
         empty[f"{k}/file"] = table[f"{k}/file"].type
         empty[f"{k}/from_timestamp"] = table[f"{k}/from_timestamp"].type
-    manifest = _finish(pa.schema(empty).empty_table(), clips, "episode", [], layout, sql, cameras)
+    manifest = _finish(pa.schema(empty).empty_table(), clips, mode, [], layout, sql, cameras)
     return manifest, table, infos, rules
 
 

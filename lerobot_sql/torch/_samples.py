@@ -224,7 +224,7 @@ class SampleTable:
     @classmethod
     def from_episodes(cls, src: Source, manifest: pa.Table, episodes: pa.Table, infos: list, rules,
                       video_keys: list[str], cache_dir: Path, keep: Path | None = None) -> "SampleTable":
-        """The table of a whole-episode selection opened without its frames
+        """The table of a whole-episode (or window) selection opened without its frames
         (:func:`lerobot_sql._plan.episodes.episode_runs`: ``episodes`` one row per selected episode, ``infos`` the
         data files' footers, ``rules`` the :class:`~lerobot_sql._plan.clips.FrameRules`); ``manifest`` is the
         zero-row manifest carrying the metadata. Its runs are the episodes cut at row-group boundaries; the frames'
@@ -296,6 +296,10 @@ class SampleTable:
         self.ep_from = RunValues(runs, run_col("ep_from_index"))
         self.ep_to = RunValues(runs, run_col("ep_to_index"))
         self.row0 = RunValues(runs, run_col("ep_data_row0"))
+        # (a selection opened without its frames) each run's result row; for windows its frames and their times
+        self.run_result_row = run_col("result_row") if "result_row" in t.column_names else None
+        self.run_window = {c: run_col(c) for c in ("sel_from_index", "sel_to_index", "lo_s", "hi_s")} \
+            if "lo_s" in t.column_names else None
 
         self.n = int(runs.start[-1])
 
@@ -321,9 +325,10 @@ class SampleTable:
         of the zero-row manifest it keeps: every selected row group's frame columns are read (and checked)."""
         ep = np.asarray(self.episode_index)
         index, ep_from = np.asarray(self.index), np.asarray(self.ep_from)
-        # whole episodes, each once: a new result row where the episode changes
-        run_row = np.cumsum(np.concatenate([[1], self.run_episode[1:] != self.run_episode[:-1]])) - 1 \
-            if len(self.run_episode) else np.zeros(0, np.int64)
+        run_row = self.run_result_row
+        if run_row is None:  # (an entry kept by an earlier version) whole episodes, each once: a row per episode
+            run_row = np.cumsum(np.concatenate([[1], self.run_episode[1:] != self.run_episode[:-1]])) - 1 \
+                if len(self.run_episode) else np.zeros(0, np.int64)
         values = {"index": index, "episode_index": ep, "frame_index": np.asarray(self.frames.column("frame_index")),
                   "timestamp": np.asarray(self.timestamp), "task_index": np.asarray(self.task_index),
                   "data_file": pa.DictionaryArray.from_arrays(pa.array(np.asarray(self.file), pa.int32()),
@@ -350,7 +355,7 @@ class SampleTable:
         # the mapped arrays travel as the file's name (SampleFile pickles as its path): re-mapped on arrival
         state = dict(self.__dict__)
         for k in ("manifest", "runs", "run_episode", "file", "slot", "offset", "index", "episode_index", "ep_from",
-                  "ep_to", "row0", "timestamp", "task_index", "cameras", "frames"):
+                  "ep_to", "row0", "timestamp", "task_index", "cameras", "frames", "run_result_row", "run_window"):
             state.pop(k, None)
         return state
 
@@ -422,10 +427,12 @@ def _write(manifest: pa.Table, runs: pa.Table, cache_dir: Path, keep: Path | Non
 
 
 def episode_run_table(episodes: pa.Table, infos: "Footers", video_keys: list[str], rules) -> pa.Table:
-    """The runs (:func:`run_table`'s columns and metadata) of whole episodes, from their pointers alone
-    (``episodes``: :func:`lerobot_sql._plan.episodes.episode_runs`'s table, ``file`` indexing ``infos``): each
-    episode's rows ``[ep_data_row0, + length)`` cut at its file's row-group boundaries, in the table's order; the
-    frame ``rules`` go into the metadata (``frames``), which marks the samples' frames as read per row group."""
+    """The runs (:func:`run_table`'s columns and metadata, and ``result_row``) of whole episodes or windows, from
+    their pointers alone (``episodes``: :func:`lerobot_sql._plan.episodes.episode_runs`'s table, ``file`` indexing
+    ``infos``): each row's frames ``[sel_from_index, sel_to_index)``, rows of its episode's block from
+    ``ep_data_row0``, cut at its file's row-group boundaries, in the table's order (a row with no frame has no run);
+    for windows each run's ``sel_from_index``, ``sel_to_index``, ``lo_s``, ``hi_s`` too. The frame ``rules`` go into
+    the metadata (``frames``), which marks the samples' frames as read per row group."""
     n_files = len(infos.rels)
     totals = np.array([o[-1] for o in infos.rg_offsets], np.int64)
     base = np.concatenate([[0], np.cumsum(totals)]).astype(np.int64)
@@ -434,27 +441,32 @@ def episode_run_table(episodes: pa.Table, infos: "Footers", video_keys: list[str
         if n_files else np.zeros(1, np.int64)
     f = episodes["file"].to_numpy().astype(np.int64)
     ep_from, ep_to = episodes["ep_from_index"].to_numpy(), episodes["ep_to_index"].to_numpy()
+    sel_from, sel_to = episodes["sel_from_index"].to_numpy(), episodes["sel_to_index"].to_numpy()
     row0 = episodes["ep_data_row0"].to_numpy()
-    keep = np.flatnonzero(ep_to > ep_from)  # an empty episode has no samples, hence no run
-    a = base[f[keep]] + row0[keep]
-    b = a + (ep_to - ep_from)[keep]
+    keep = np.flatnonzero(sel_to > sel_from)  # an empty episode or window has no samples, hence no run
+    a = base[f[keep]] + row0[keep] + (sel_from - ep_from)[keep]
+    b = a + (sel_to - sel_from)[keep]
     rg_a = np.searchsorted(bounds, a, side="right") - 1
     rg_b = np.searchsorted(bounds, b - 1, side="right") - 1
-    rep, k = spans(rg_b - rg_a + 1)  # each run's episode (among ``keep``) and its place among that episode's runs
+    rep, k = spans(rg_b - rg_a + 1)  # each run's result row (among ``keep``) and its place among that row's runs
     rg = rg_a[rep] + k
     start = np.maximum(a[rep], bounds[rg])
     end = np.minimum(b[rep], bounds[rg + 1])
-    e = keep[rep]  # the episode row of each run
-    cols = {"count": (end - start).astype(np.int64), "index": ep_from[e] + (start - a[rep]),
+    e = keep[rep]  # the result row of each run
+    cols = {"count": (end - start).astype(np.int64), "index": sel_from[e] + (start - a[rep]),
             "data_row": start - base[f[e]], "episode_index": episodes["episode_index"].to_numpy()[e],
             "ep_from_index": ep_from[e], "ep_to_index": ep_to[e], "ep_data_row0": row0[e],
-            "file": f[e].astype(np.int32)}
+            "file": f[e].astype(np.int32), "result_row": episodes["result_row"].to_numpy()[e]}
+    if rules.windows:  # what the window checks need: its frames' range and the timestamps they lie in
+        for c in ("sel_from_index", "sel_to_index", "lo_s", "hi_s"):
+            cols[c] = episodes[c].to_numpy()[e]
     video_files = {}
     for key in video_keys:
         video_files[key], vcodes = codes(episodes[f"{key}/file"])
         cols[f"{key}/file"] = vcodes[e]
         cols[f"{key}/from_timestamp"] = episodes[f"{key}/from_timestamp"].to_numpy(zero_copy_only=False)[e]
-    frames = {"fps": rules.fps, "limit": rules.limit, "in_clip": rules.in_clip, "positions": rules.positions}
+    frames = {"fps": rules.fps, "limit": rules.limit, "in_clip": rules.in_clip, "positions": rules.positions,
+              "windows": rules.windows}
     meta = {**_run_meta(infos, video_files), b"frames": json.dumps(frames).encode()}
     return pa.table({c: pa.array(v) for c, v in cols.items()}).replace_schema_metadata(meta)
 
@@ -537,11 +549,64 @@ class FrameColumns:
             check_frames(self.rules, src.path(rel), cols["index"][rows], cols["episode_index"][rows],
                          cols["frame_index"][rows], cols["timestamp"][rows], t.index[first] + k,
                          t.run_episode[r], ep_from, ep_to - ep_from)
+            if t.run_window is not None:
+                self._check_windows(slot, cols, runs, rows, r, t.index[first] + k)
         # (as stored by lerobot, float32 and int64: no cast; another type through Arrow's checked cast)
         ts, task = cols["timestamp"], cols["task_index"]
         return {"timestamp": ts if ts.dtype == np.float32 else tbl["timestamp"].cast(pa.float32()).to_numpy(),
                 "task_index": task if task.dtype == np.int64 else tbl["task_index"].cast(pa.int64()).to_numpy(),
                 "frame_index": cols["frame_index"]}
+
+
+    def _check_windows(self, slot: int, cols: dict, runs: np.ndarray, rows: np.ndarray, r: np.ndarray,
+                       index: np.ndarray) -> None:
+        """(windows planned on the fps grid) Check the rows ``rows`` of row group ``slot`` (``cols``: its frame
+        columns as read; ``r``: each row's run, ``index`` its index) and, for this slot's runs that begin or end a
+        window, the frame just before or after the window (read from the next row group when it lies there):
+        :func:`lerobot_sql._plan.clips.check_window_frames`."""
+        from .._plan.clips import check_frames, check_window_frames
+
+        t = self.t
+        w = t.run_window
+        f = int(t.slot_file[slot])
+        rel, src = t.data_files[f], t.infos.src
+        ep_from, ep_to = t.ep_from.per_run, t.ep_to.per_run
+        first_index = t.index.per_run[runs]
+        # the neighbours: (run, its index, its row in this slot, which may be -1 or past the slot's last row)
+        before = runs[(first_index == w["sel_from_index"][runs]) & (w["sel_from_index"][runs] > ep_from[runs])]
+        last_index = first_index + self._count[runs] - 1
+        after = runs[(last_index == w["sel_to_index"][runs] - 1) & (w["sel_to_index"][runs] < ep_to[runs])]
+        n_idx = np.concatenate([w["sel_from_index"][before] - 1, w["sel_to_index"][after]]).astype(np.int64)
+        n_run = np.concatenate([before, after])
+        n_row = np.concatenate([self._run_off[before] - 1, self._run_off[after] + self._count[after]])
+        got = {c: [cols[c][rows]] for c in self.COLUMNS}
+        inside = [np.ones(len(rows), bool)]
+        all_r, all_index = [r], [index]
+        here = (n_row >= 0) & (n_row < int(t.rg_len[slot]))
+        parts = [(n_run[here], n_idx[here], n_row[here], cols)]
+        for other, sel in ((slot - 1, n_row < 0), (slot + 1, n_row >= int(t.rg_len[slot]))):
+            if sel.any():  # (the neighbour opens or closes the adjacent row group of the same file: read it)
+                rg = other - int(t.rg_base[f])
+                (tbl,) = tabular.read_row_groups(src, t.infos[f], [rg], None, list(self.COLUMNS))
+                at = n_row[sel] + (int(t.rg_len[other]) if other < slot else -int(t.rg_len[slot]))
+                parts.append((n_run[sel], n_idx[sel], at, {c: tbl[c].to_numpy() for c in self.COLUMNS}))
+        for nr, ni, at, src_cols in parts:
+            if len(nr):
+                ep_f = ep_from[nr]
+                # the neighbour is a frame of the episode where the pointers put it: the checks every read row gets
+                check_frames(self.rules, src.path(rel), src_cols["index"][at], src_cols["episode_index"][at],
+                             src_cols["frame_index"][at], src_cols["timestamp"][at], ni, t.run_episode[nr], ep_f,
+                             ep_to[nr] - ep_f)
+                for c in self.COLUMNS:
+                    got[c].append(src_cols[c][at])
+                inside.append(np.zeros(len(nr), bool))
+                all_r.append(nr)
+                all_index.append(ni)
+        r_all, idx_all = np.concatenate(all_r), np.concatenate(all_index)
+        check_window_frames(src.path(rel), t.run_episode[r_all], t.run_result_row[r_all], idx_all,
+                            idx_all - ep_from[r_all], np.concatenate(got["frame_index"]),
+                            np.concatenate(got["timestamp"]).astype(np.float64), w["lo_s"][r_all], w["hi_s"][r_all],
+                            np.concatenate(inside))
 
 
 class FrameColumn:

@@ -6,7 +6,7 @@ the per-sample file (:mod:`lerobot_sql.torch._samples`): about a second per mill
 opens the same selection again; this cache keeps the file under ``<cache>/selections/<key>.arrow``, so the next
 open maps it instead (the footers are still read, and each mp4 is pinned as on any open).
 
-A selection of more than :data:`lerobot_sql._plan.episodes.LAZY_FRAMES` frames is opened without reading its
+A selection of more than :func:`lerobot_sql._plan.episodes.lazy_frames` frames is opened without reading its
 frames (:meth:`lerobot_sql.torch._samples.SampleTable.from_episodes`): its file holds the runs only, a few dozen
 bytes an episode.
 

@@ -222,8 +222,8 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
     @property
     def manifest(self) -> pa.Table:
         """The manifest this dataset reads: one row per sample (columns: :mod:`lerobot_sql._plan.manifest`), a
-        zero-copy view of its per-sample file. A whole-episode selection of more than
-        ``lerobot_sql._plan.episodes.LAZY_FRAMES`` frames is opened without its frames: its manifest is built here
+        zero-copy view of its per-sample file. A whole-episode or window selection of more than
+        ``$LSQL_LAZY_FRAMES`` frames (default 2,000,000) is opened without its frames: its manifest is built here
         on each call, reading every selected row group's frame columns (seconds and ~100 bytes a sample at
         millions of samples).
 
@@ -289,12 +289,16 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             served = _meta.served_frame_sizes(self._src, self._layout, s.video_files, self._video_pins,
                                               self._video_declared)
             task_indices = s.task_index
-            if s.lazy:  # whole episodes, each once, opened without their frames: a row per episode, from the runs
-                new = np.concatenate([[True], s.run_episode[1:] != s.run_episode[:-1]])
+            if s.lazy:  # opened without its frames: a row per stretch of consecutive frames, from the runs
+                # (whole episodes: one per episode; windows: one per window, or per windows that follow on)
+                first = s.index.per_run
+                new = np.concatenate([[True], (s.run_episode[1:] != s.run_episode[:-1]) |
+                                      (first[1:] != first[:-1] + np.diff(s.runs.start)[:-1])])
                 starts = s.runs.start[:-1][new]
                 episodes = _meta.episodes_table(source_eps, s.run_episode[new], None,
                                                 bounds=(starts, np.append(starts[1:], self._n)))
-                task_indices = _meta.episode_task_indices(source_eps, self._tasks, s)
+                task_indices = _meta.episode_task_indices(source_eps, self._tasks, s,
+                                                          whole=s.run_window is None)
             else:
                 fi = self.manifest["frame_index"].to_numpy()
                 if self._grid is not None:  # runs of consecutive frames at the served rate

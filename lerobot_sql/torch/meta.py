@@ -378,15 +378,19 @@ def episodes_table(source_episodes: pa.Table | None, episode_index: np.ndarray, 
     return pa.table(cols)
 
 
-def episode_task_indices(source_episodes: pa.Table | None, tasks: dict[int, str], samples) -> np.ndarray:
-    """The task_index values of whole selected episodes (``samples``, opened without their frames), from
+def episode_task_indices(source_episodes: pa.Table | None, tasks: dict[int, str], samples,
+                         whole: bool = True) -> np.ndarray:
+    """The task_index values of the selected episodes (``samples``, opened without their frames), from
     meta/episodes' ``tasks`` lists mapped through ``tasks`` (task_index -> text): each distinct one once. Without
-    that column (or a text not in ``tasks``), the samples' own task_index column (every row group is read)."""
+    that column (or a text not in ``tasks``), the samples' own task_index column (every row group is read); so too
+    for windows (not ``whole``) of an episode with several tasks, which need not hold each of them."""
     if source_episodes is None or "tasks" not in source_episodes.column_names:
         return np.asarray(samples.task_index)
     index_of = {text: i for i, text in tasks.items()}
     out = set()
     for texts in source_episodes.column("tasks").to_pylist():
+        if not whole and isinstance(texts, list) and len(set(texts)) > 1:
+            return np.asarray(samples.task_index)
         for text in texts if isinstance(texts, list) else [texts]:
             if text not in index_of:
                 return np.asarray(samples.task_index)

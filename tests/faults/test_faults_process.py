@@ -77,14 +77,18 @@ def test_dataloader_worker_killed_mid_epoch(datasets, tmp_path):
     os.kill(it._workers[0].pid, signal.SIGKILL)
     # torch reports the dead worker (RuntimeError), or the pipe to it breaks first (ConnectionResetError, or EOFError
     # while a tensor the dead worker had put in shared memory is fetched from it); no hang
-    with pytest.raises((RuntimeError, ConnectionError, EOFError)) as e:
-        for _ in it:
-            pass
-    assert e.type is EOFError or re.search("(?i)worker|connection reset", str(e.value)), e.value
-    # Unregister the dead worker's pid with torch's SIGCHLD handler muted: the handler raises again, asynchronously,
-    # for every SIGCHLD while that pid is registered (the other worker's exit, later subprocesses).
-    prev = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # torch's SIGCHLD handler raises again, asynchronously, for every SIGCHLD while the dead worker's pid is
+    # registered (the other worker's exit, later subprocesses): muted as soon as the loop has raised (the assertion
+    # below once got that RuntimeError in the middle of re.search), until the pid is unregistered.
+    prev = signal.getsignal(signal.SIGCHLD)
     try:
+        try:
+            with pytest.raises((RuntimeError, ConnectionError, EOFError)) as e:
+                for _ in it:
+                    pass
+        finally:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        assert e.type is EOFError or re.search("(?i)worker|connection reset", str(e.value)), e.value
         it._shutdown_workers()
         del it
     finally:
