@@ -442,3 +442,20 @@ def test_windows_that_hold_no_frame_are_named_in_a_warning(monkeypatch, tmp_path
     with pytest.warns(UserWarning, match=r"2 of the 3 window rows hold no frame.*row 1: episode 4, 100.0 .. 101.0 s"):
         lazy = _lazy(monkeypatch, datasets / "small20", tmp_path / "l", sql=sql, cameras=[])
     assert len(lazy) == len(eager) == 15
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5"])
+def test_a_bad_lazy_frames_bound_is_named(monkeypatch, datasets, value):
+    monkeypatch.setenv("LSQL_LAZY_FRAMES", value)
+    with pytest.raises(ValueError, match=f"LSQL_LAZY_FRAMES={value!r}"):
+        lsql.connect(datasets / "small20").dataset(cameras=[])
+
+
+def test_the_lazy_frames_bound_is_set_by_the_environment(monkeypatch, tmp_path, datasets):
+    """$LSQL_LAZY_FRAMES=0 opens every whole-episode or window selection without its frames; a bound above the
+    selection reads every frame at the open (the way out the window checks name)."""
+    sql = "SELECT episode_index, 1.0 AS start_s, 2.0 AS end_s FROM episodes"
+    monkeypatch.setenv("LSQL_LAZY_FRAMES", "0")
+    assert lsql.connect(datasets / "small20", cache_dir=tmp_path / "a").dataset(sql, cameras=[])._samples.lazy
+    monkeypatch.setenv("LSQL_LAZY_FRAMES", "1_000_000")
+    assert not lsql.connect(datasets / "small20", cache_dir=tmp_path / "b").dataset(sql, cameras=[])._samples.lazy
