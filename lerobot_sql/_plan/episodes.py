@@ -65,7 +65,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
     if p is None:
         return None
     ptr, want, all_ep, pos, lo, hi, files, fcode, total, row0_all = p
-    sel_rows = np.array([pos[int(e)] for e in want], np.int64)  # pointer row of each result row
+    sel_rows = np.fromiter(map(pos.__getitem__, want.tolist()), np.int64, len(want))  # pointer row of each result row
     uniq_rows = np.unique(sel_rows)
     # Read each touched data file's needed row groups: the frame columns of the selected episodes only.
     frames: dict[int, tuple[pa.Table, np.ndarray, np.ndarray]] = {}
@@ -139,7 +139,7 @@ def episode_manifest(src: Source, layout: Layout, result: pa.Table, extras: list
         raise grid_error(all_ep[prow[bad]], err[bad], fi[bad], lambda j: files[sample_code[bad[j]]], layout.fps, limit,
                           kind)
 
-    length = {int(all_ep[r]): int(hi[r] - lo[r]) for r in range(len(all_ep))}
+    length = dict(zip(all_ep.tolist(), (hi - lo).tolist()))  # (a later row of an episode wins, as before)
     touched = {}
     for k, t in clips.items():
         paths = t["path"].to_pylist()
@@ -200,7 +200,7 @@ def _pointers(src: Source, layout: Layout, result: pa.Table, ptr: pa.Table | Non
     dup = uniq[(counts > 1) & np.isin(uniq, want)]
     if len(dup):
         raise duplicate_episode_error(int(dup[0]), int(counts[uniq == dup[0]][0]))
-    pos = {int(e): i for i, e in enumerate(all_ep)}
+    pos = dict(zip(all_ep.tolist(), range(len(all_ep))))  # (the last row of a repeated episode; refused above)
     unknown = [int(e) for e in dict.fromkeys(want.tolist()) if e not in pos]
     if unknown:
         raise ResultContractError(f"episodes {unknown[:5]} are not in meta/episodes (it holds {len(all_ep)} episodes, "
@@ -209,8 +209,13 @@ def _pointers(src: Source, layout: Layout, result: pa.Table, ptr: pa.Table | Non
     hi = ptr["dataset_to_index"].to_numpy()
     chunk, filei = ptr["data/chunk_index"].to_numpy(), ptr["data/file_index"].to_numpy()
     # each (chunk, file) pair named once (100,000 episodes point to 20 files: the template is filled 20 times)
-    pairs, inverse = np.unique(np.stack([chunk.astype(np.int64), filei.astype(np.int64)], axis=1), axis=0,
-                               return_inverse=True)
+    chunk, filei = chunk.astype(np.int64), filei.astype(np.int64)
+    if len(chunk) and min(chunk.min(), filei.min()) >= 0 and max(chunk.max(), filei.max()) < 2 ** 31:
+        # one int64 key per pair: np.unique over rows (axis=0) sorts a structured view, 0.14 s at 100,000 episodes
+        keys, inverse = np.unique(chunk << 32 | filei, return_inverse=True)
+        pairs = np.stack([keys >> 32, keys & 0xFFFFFFFF], axis=1)
+    else:
+        pairs, inverse = np.unique(np.stack([chunk, filei], axis=1), axis=0, return_inverse=True)
     pair_rels = [layout.data_file(int(c), int(fi)) for c, fi in pairs]
     files = sorted(set(pair_rels))
     code_of = {r: i for i, r in enumerate(files)}
@@ -355,7 +360,7 @@ def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr
     if p is None:
         return None
     ptr, want, all_ep, pos, lo, hi, files, fcode, total, row0_all = p
-    sel_rows = np.array([pos[int(e)] for e in want], np.int64)
+    sel_rows = np.fromiter(map(pos.__getitem__, want.tolist()), np.int64, len(want))
     sel_from, sel_to = lo[sel_rows].astype(np.int64), hi[sel_rows].astype(np.int64)
     windows = "start_s" in result.column_names
     if windows:
@@ -393,7 +398,7 @@ def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr
     new_code = np.full(len(files), -1, np.int32)
     new_code[used] = np.arange(len(used), dtype=np.int32)
     clips = video_clips(layout, ptr)
-    length = {int(all_ep[r]): int(hi[r] - lo[r]) for r in range(len(all_ep))}
+    length = dict(zip(all_ep.tolist(), (hi - lo).tolist()))  # (a later row of an episode wins, as before)
     touched = {}
     for k, t in clips.items():
         paths = t["path"].to_pylist()
