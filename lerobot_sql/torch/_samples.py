@@ -508,13 +508,14 @@ class FrameColumns:
                 return got
         return self._put(slot, self._read(slot))
 
-    def offer(self, slot: int, table: pa.Table) -> None:
-        """Take row group ``slot``'s frame columns from ``table`` (the whole row group, which a process has just
-        read for its items' data), checked, instead of reading them again."""
+    def offer(self, slot: int, view: "tabular.RowGroupView") -> None:
+        """Take row group ``slot``'s frame columns from ``view`` (the whole row group, which a process has just
+        read for its items' data), checked, instead of reading them again; the numpy columns are the view's own,
+        which the items then reuse."""
         with self._lock:
             if slot in self._cache:
                 return
-        self._put(slot, self._columns(slot, table))
+        self._put(slot, self._columns(slot, view.table, view))
 
     def _put(self, slot: int, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._lock:
@@ -530,13 +531,16 @@ class FrameColumns:
         (tbl,) = tabular.read_row_groups(t.infos.src, t.infos[f], [rg], None, list(self.COLUMNS))
         return self._columns(slot, tbl)
 
-    def _columns(self, slot: int, tbl: pa.Table) -> dict[str, np.ndarray]:
+    def _columns(self, slot: int, tbl: pa.Table, view: "tabular.RowGroupView | None" = None) -> dict[str, np.ndarray]:
         from .._plan.clips import check_frames
 
         t = self.t
         f = int(t.slot_file[slot])
         rel, src = t.data_files[f], t.infos.src
-        cols = {c: tbl[c].to_numpy() for c in self.COLUMNS}
+        cols = {}
+        for c in self.COLUMNS:
+            v = view.column(c) if view is not None else None
+            cols[c] = v if isinstance(v, np.ndarray) else tbl[c].to_numpy()  # (a DECIMAL column: Python numbers)
         # the rows the runs of this slot cover, against the runs
         a, b = np.searchsorted(self._slot_sorted, [slot, slot + 1])
         runs = self._order[a:b]

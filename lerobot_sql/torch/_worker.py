@@ -173,9 +173,9 @@ class Worker:
             base = int(s.rg_base[f])
             tables = tabular.read_row_groups(self.src, s.infos[f], [t - base for t in todo], self.layout)
             for t, table in zip(todo, tables):
-                if s.lazy:  # the frame columns of a selection opened without its frames: checked here, read once
-                    s.frames.offer(t, table)
                 out[t] = v = tabular.RowGroupView(table, self.layout)
+                if s.lazy:  # the frame columns of a selection opened without its frames: checked here, read once
+                    s.frames.offer(t, v)
                 self.views.put(t, v)
         return out
 
