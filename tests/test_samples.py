@@ -459,3 +459,142 @@ def test_the_lazy_frames_bound_is_set_by_the_environment(monkeypatch, tmp_path, 
     assert lsql.connect(datasets / "small20", cache_dir=tmp_path / "a").dataset(sql, cameras=[])._samples.lazy
     monkeypatch.setenv("LSQL_LAZY_FRAMES", "1_000_000")
     assert not lsql.connect(datasets / "small20", cache_dir=tmp_path / "b").dataset(sql, cameras=[])._samples.lazy
+
+
+# ---- hostile review 21: windows opened without their frames -----------------------------------------------------
+def _h21_copy(tmp_path, datasets, change=None, meta=None, row_group_size=None):
+    """small20 copied; ``change(cols, j)`` edits the data's numpy columns (j: episode 5's first row), ``meta(t)``
+    returns a new meta/episodes table."""
+    import shutil
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    f = next((root / "data").rglob("*.parquet"))
+    t = pq.read_table(f)
+    if change is not None:
+        j = int(np.flatnonzero(t["episode_index"].to_numpy() == 5)[0])
+        cols = {c: t[c].to_numpy().copy() for c in ("timestamp", "frame_index")}
+        change(cols, j)
+        for c, v in cols.items():
+            t = t.set_column(t.column_names.index(c), c, pa.array(v, t[c].type))
+    pq.write_table(t, f, row_group_size=row_group_size or t.num_rows)
+    if meta is not None:
+        p = next((root / "meta" / "episodes").rglob("*.parquet"))
+        pq.write_table(meta(pq.read_table(p)), p)
+    return root
+
+
+def _h21_same_or_refused(monkeypatch, tmp_path, root, **kw):
+    """The lazy open gives the eager open's samples (len, manifest index / result_row), or raises a typed error
+    where its frames are read."""
+    from lerobot_sql.errors import DatasetFormatError, ResultContractError
+
+    eager = lsql.connect(root, cache_dir=tmp_path / "eager").dataset(**kw)
+    assert not eager._samples.lazy
+    lazy = _lazy(monkeypatch, root, tmp_path / "lazy", **kw)
+    try:
+        got = lazy.manifest
+    except (DatasetFormatError, ResultContractError):
+        return
+    want = eager.manifest
+    assert len(lazy) == len(eager)
+    for c in ("index", "result_row", "timestamp"):
+        assert got[c].to_pylist() == want[c].to_pylist(), c
+
+
+def test_hostile21_empty_window_holding_a_jittered_frame(monkeypatch, tmp_path, datasets):
+    """A window narrower than a frame, empty on the fps grid, over a frame jittered by +0.015 s (within half a frame:
+    both opens accept the data). The join selects that frame; the lazy plan has no run for the window, so nothing
+    reads or checks the frames around it, and the frame vanishes (with a warning that the row holds no frame)."""
+    def change(cols, j):
+        cols["timestamp"][j + 30] = np.float32(1.0 + 0.015)
+
+    root = _h21_copy(tmp_path, datasets, change)
+    sql = ("SELECT * FROM (VALUES (5, 1.01::DOUBLE, 1.02::DOUBLE), (2, 1.0::DOUBLE, 1.5::DOUBLE)) "
+           "t(episode_index, start_s, end_s)")
+    _h21_same_or_refused(monkeypatch, tmp_path, root, sql=sql, cameras=[])
+
+
+def test_hostile21_tolerance_lets_a_frame_two_before_the_window_in(monkeypatch, tmp_path, datasets):
+    """tolerance_s=0.1 (3 frames at 30 fps): frame 28 stamped 1.0233 s (0.09 s off its grid time) lies in [1.0, 1.5).
+    The join selects it; the lazy check reads only the window's frames and frame 29 (the one just before)."""
+    def change(cols, j):
+        cols["timestamp"][j + 28] = np.float32(28 / 30 + 0.09)
+
+    root = _h21_copy(tmp_path, datasets, change)
+    _h21_same_or_refused(monkeypatch, tmp_path, root, cameras=[], tolerance_s=0.1,
+                         sql="SELECT 5 AS episode_index, 1.0::DOUBLE AS start_s, 1.5::DOUBLE AS end_s")
+
+
+def test_hostile21_align_frame_index_a_far_frame_stamped_inside_the_window(monkeypatch, tmp_path, datasets):
+    """align="frame_index" bounds no timestamp (wall-clock times); the join still selects a window's frames by
+    timestamp, so frame 100 stamped 1.2 s is in [1.0, 1.5). The lazy check never reads frame 100."""
+    def change(cols, j):
+        cols["timestamp"][j + 100] = np.float32(1.2)
+
+    root = _h21_copy(tmp_path, datasets, change)
+    _h21_same_or_refused(monkeypatch, tmp_path, root, cameras=[], align="frame_index",
+                         sql="SELECT 5 AS episode_index, 1.0::DOUBLE AS start_s, 1.5::DOUBLE AS end_s")
+
+
+def test_hostile21_integer_bounds_are_compared_in_float32_by_the_join(monkeypatch, tmp_path, datasets):
+    """`1 AS start_s`: the join's `f.timestamp >= r.start_s - 0.0001` is INTEGER - DECIMAL = DECIMAL, which DuckDB
+    compares with the FLOAT timestamp in FLOAT (float32(0.9999) >= it); the plan and its check use float64
+    (0.99989998 < 0.9999). Frame 29 stamped float32(0.9999) (align="frame_index": wall-clock times) is in the join's
+    window and outside the plan's, and the check of the frame before the window agrees with the plan."""
+    def change(cols, j):
+        cols["timestamp"][j + 29] = np.float32(0.9999)
+
+    root = _h21_copy(tmp_path, datasets, change)
+    _h21_same_or_refused(monkeypatch, tmp_path, root, cameras=[], align="frame_index",
+                         sql="SELECT 5 AS episode_index, 1 AS start_s, 2 AS end_s")
+
+
+def test_hostile21_meta_episodes_one_frame_short_window_to_the_end(monkeypatch, tmp_path, datasets):
+    """meta/episodes says episode 5 has 284 frames (dataset_to_index, length; episode 6 starting one row earlier, so
+    the file's total holds), the data 285. A window to the episode's end: the join serves the data's 15 frames (and
+    warns that meta/episodes disagrees); the lazy plan clips at meta's length, reads no frame after it, says nothing."""
+    def meta(t):
+        for name, fix in (("dataset_to_index", {5: -1}), ("dataset_from_index", {6: -1}), ("length", {5: -1, 6: 1})):
+            v = t[name].to_pylist()
+            for e, d in fix.items():
+                v[e] += d
+            t = t.set_column(t.column_names.index(name), t.schema.field(name), pa.array(v, t.schema.field(name).type))
+        return t
+
+    root = _h21_copy(tmp_path, datasets, meta=meta)
+    _h21_same_or_refused(monkeypatch, tmp_path, root, cameras=[],
+                         sql="SELECT 5 AS episode_index, 9.0::DOUBLE AS start_s, 100.0::DOUBLE AS end_s")
+
+
+def test_hostile21_decimal_bounds_beyond_float64_sort_like_the_join(monkeypatch, tmp_path, datasets):
+    """No ORDER BY: the join sorts the result by its DECIMAL bounds (1.0 before 1.000000000000000000001), the lazy
+    plan by their float64 casts (equal, then by end_s): the same frames in another order."""
+    sql = "SELECT * FROM (VALUES (3, 1.000000000000000000001, 2.0), (3, 1.0, 3.0)) t(episode_index, start_s, end_s)"
+    _h21_same_or_refused(monkeypatch, tmp_path, datasets / "small20", sql=sql, cameras=[])
+
+
+def test_hostile21_meta_stats_after_the_dataset_is_dropped(monkeypatch, tmp_path, datasets):
+    """`db.dataset(windows).meta` kept, the dataset collected: the statistics of a lazy window selection follow a
+    weak reference to the dataset, and raised AttributeError ('NoneType' object has no attribute 'manifest')."""
+    import gc
+
+    sql = "SELECT episode_index, 1.0 AS start_s, 2.0 AS end_s FROM episodes"
+    want = lsql.connect(datasets / "small20", cache_dir=tmp_path / "e").dataset(sql, cameras=[]).meta.stats
+    from lerobot_sql._plan import episodes
+
+    monkeypatch.setattr(episodes, "LAZY_FRAMES", 0)
+    meta = lsql.connect(datasets / "small20", cache_dir=tmp_path / "l").dataset(sql, cameras=[]).meta
+    gc.collect()
+    np.testing.assert_array_equal(np.asarray(meta.stats["action"]["mean"]), np.asarray(want["action"]["mean"]))
+
+
+def test_hostile21_manifest_keeps_the_other_cameras_columns(monkeypatch, tmp_path, datasets):
+    """cameras=[one camera]: the eager manifest carries the other camera's file and from_timestamp; the lazy one
+    (windows, and whole episodes) has nulls there."""
+    kw = {"sql": "SELECT 3 AS episode_index, 1.0::DOUBLE AS start_s, 1.2::DOUBLE AS end_s",
+          "cameras": ["observation.images.front"]}
+    eager = lsql.connect(datasets / "small20", cache_dir=tmp_path / "e").dataset(**kw)
+    lazy = _lazy(monkeypatch, datasets / "small20", tmp_path / "l", **kw)
+    for c in ("observation.images.wrist/file", "observation.images.wrist/from_timestamp"):
+        assert lazy.manifest[c].to_pylist() == eager.manifest[c].to_pylist(), c
