@@ -356,10 +356,10 @@ class Database(QueryFace):
             def stats_fn(db=self, m=manifest, g=grid):  # the kept frames, numbered at the new rate
                 return db._grid_stats(m, g)
         elif stats == "selection" and frames_unread == "windows":
-            dataset_ref: list = []
+            samples: list = []  # (the dataset's sample table, set below: ds.meta, which holds this, may outlive ds)
 
-            def stats_fn(db=self, ref=dataset_ref):  # its manifest, every frame read (and checked) now
-                return db._stats_of(ref[0]().manifest)
+            def stats_fn(db=self, samples=samples):  # its manifest, every frame read (and checked) now
+                return db._stats_of(samples[0].full_manifest())
         elif stats == "selection" and frames_unread:
             def stats_fn(db=self, eps=episodes, kw=kw):  # its frames, read now (the open read none)
                 return db._stats_of(db._whole_episodes(eps, **kw))
@@ -378,9 +378,7 @@ class Database(QueryFace):
                                depth_output_unit=depth_output_unit, align=align, _kept=kept, _keep=keep,
                                _episodes=lazy, _grid=grid)
         if stats == "selection" and frames_unread == "windows":
-            import weakref
-
-            dataset_ref.append(weakref.ref(ds))  # (the dataset holds its statistics' function: no cycle)
+            samples.append(ds._samples)
         return ds
 
     def _grid(self, fps: int, stride: int) -> regrid.Grid:

@@ -170,8 +170,8 @@ LAZY = {
         "small20", {"sql": "SELECT episode_index, 2.0 AS start_s, 2.2 AS end_s FROM episodes ORDER BY "
                            "episode_index DESC", "delta_timestamps": {"action": [-0.1, 0.0, 0.1],
                                                                       "observation.images.front": [-1 / 30, 0.0]}}),
-    "windows by frame_index, tabular": ("small20", {"sql": "SELECT episode_index, 1 AS start_s, 2 AS end_s FROM "
-                                                           "episodes", "align": "frame_index", "cameras": []}),
+    "windows with integer bounds, tabular": ("small20", {"sql": "SELECT episode_index, 1 AS start_s, 2 AS end_s "
+                                                                "FROM episodes", "cameras": []}),
 }
 
 
@@ -354,13 +354,14 @@ def test_grid_windows_select_the_frames_the_join_selects(monkeypatch, tmp_path, 
     timestamps selects, sample for sample."""
     rng = np.random.default_rng(7)
     fps = 30.0
+    length = dict(lsql.connect(datasets / "small20").sql("SELECT episode_index, length FROM episodes").fetchall())
     rows = []
     for _ in range(400):
         ep = int(rng.integers(0, 20))
-        a = float(rng.uniform(-1, 12))
+        a = float(rng.uniform(-0.01, length[ep] / fps - 0.1))
         if rng.random() < 0.35:  # on a frame's time, less the join's tolerance, or a hair either side of it
-            a = int(rng.integers(0, 300)) / fps + float(rng.choice([0.0, 1e-4, -1e-12, 1e-12, 1e-4 + 1e-9]))
-        b = a + float(rng.uniform(1e-3, 2.0))
+            a = int(rng.integers(0, length[ep] - 3)) / fps + float(rng.choice([0.0, 1e-4, -1e-12, 1e-12, 1e-4 + 1e-9]))
+        b = a + float(rng.uniform(1.01 / fps, 2.0))  # (a window narrower than a frame may be empty on the grid)
         rows.append(f"({ep}, {a!r}::DOUBLE, {b!r}::DOUBLE)")
     sql = ("SELECT * FROM (VALUES " + ", ".join(rows) + ") t(episode_index, start_s, end_s)")
     eager = lsql.connect(datasets / "small20", cache_dir=tmp_path / "e").manifest(sql)
@@ -434,14 +435,24 @@ def test_a_window_whose_timestamps_disagree_with_the_grid_is_refused_where_read(
 
 def test_windows_that_hold_no_frame_are_named_in_a_warning(monkeypatch, tmp_path, datasets):
     """A window past its episode's end (or between two frames) holds no frame: its result row gave no sample, and
-    nothing said so. Both opens warn, naming the row and the episode's length in seconds."""
+    nothing said so. Both opens warn, naming the rows. A window between two frames is opened by reading every frame
+    (a frame within half a frame of its time could lie in it, and no read of a plan would look); one far past the
+    end is planned."""
     sql = ("SELECT * FROM (VALUES (3, 0.5::DOUBLE, 1.0::DOUBLE), (4, 100.0::DOUBLE, 101.0::DOUBLE), "
            "(6, 1.01::DOUBLE, 1.02::DOUBLE)) t(episode_index, start_s, end_s)")
     with pytest.warns(UserWarning, match=r"2 of the 3 window rows hold no frame.*row 1: episode 4, 100.0 .. 101.0 s"):
         eager = lsql.connect(datasets / "small20", cache_dir=tmp_path / "e").dataset(sql, cameras=[])
+    assert len(eager) == 15
+    from lerobot_sql._plan import episodes
+
+    monkeypatch.setattr(episodes, "LAZY_FRAMES", 0)
     with pytest.warns(UserWarning, match=r"2 of the 3 window rows hold no frame.*row 1: episode 4, 100.0 .. 101.0 s"):
-        lazy = _lazy(monkeypatch, datasets / "small20", tmp_path / "l", sql=sql, cameras=[])
-    assert len(lazy) == len(eager) == 15
+        between = lsql.connect(datasets / "small20", cache_dir=tmp_path / "b").dataset(sql, cameras=[])
+    assert not between._samples.lazy and len(between) == 15
+    far = sql.replace("(6, 1.01::DOUBLE, 1.02::DOUBLE)", "(6, 50.0::DOUBLE, 51.0::DOUBLE)")
+    with pytest.warns(UserWarning, match=r"2 of the 3 window rows hold no frame.*row 2: episode 6, 50.0 .. 51.0 s"):
+        lazy = _lazy(monkeypatch, datasets / "small20", tmp_path / "l", sql=far, cameras=[])
+    assert len(lazy) == 15
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "1.5"])
@@ -491,7 +502,10 @@ def _h21_same_or_refused(monkeypatch, tmp_path, root, **kw):
 
     eager = lsql.connect(root, cache_dir=tmp_path / "eager").dataset(**kw)
     assert not eager._samples.lazy
-    lazy = _lazy(monkeypatch, root, tmp_path / "lazy", **kw)
+    from lerobot_sql._plan import episodes
+
+    monkeypatch.setattr(episodes, "LAZY_FRAMES", 0)  # planned on the grid where it can be, else every frame read
+    lazy = lsql.connect(root, cache_dir=tmp_path / "lazy").dataset(**kw)
     try:
         got = lazy.manifest
     except (DatasetFormatError, ResultContractError):
@@ -589,12 +603,40 @@ def test_hostile21_meta_stats_after_the_dataset_is_dropped(monkeypatch, tmp_path
     np.testing.assert_array_equal(np.asarray(meta.stats["action"]["mean"]), np.asarray(want["action"]["mean"]))
 
 
-def test_hostile21_manifest_keeps_the_other_cameras_columns(monkeypatch, tmp_path, datasets):
-    """cameras=[one camera]: the eager manifest carries the other camera's file and from_timestamp; the lazy one
-    (windows, and whole episodes) has nulls there."""
-    kw = {"sql": "SELECT 3 AS episode_index, 1.0::DOUBLE AS start_s, 1.2::DOUBLE AS end_s",
-          "cameras": ["observation.images.front"]}
-    eager = lsql.connect(datasets / "small20", cache_dir=tmp_path / "e").dataset(**kw)
-    lazy = _lazy(monkeypatch, datasets / "small20", tmp_path / "l", **kw)
-    for c in ("observation.images.wrist/file", "observation.images.wrist/from_timestamp"):
-        assert lazy.manifest[c].to_pylist() == eager.manifest[c].to_pylist(), c
+def test_windows_over_float64_timestamps_are_planned_on_their_grid(monkeypatch, tmp_path, datasets):
+    """Timestamps stored as float64 (exactly k / fps): the plan uses that grid, not lerobot's float32 one, which put
+    frame 31 on the other side of a bound 1e-4 s past its time and refused the data as straying from the grid."""
+    import shutil
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root)
+    f = next((root / "data").rglob("*.parquet"))
+    t = pq.read_table(f)
+    exact = t["frame_index"].to_numpy() / 30.0
+    t = t.set_column(t.column_names.index("timestamp"), pa.field("timestamp", pa.float64()), pa.array(exact))
+    pq.write_table(t, f)
+    sql = f"SELECT 5 AS episode_index, {31 / 30 + 1e-4!r}::DOUBLE AS start_s, 3.0::DOUBLE AS end_s"
+    eager = lsql.connect(root, cache_dir=tmp_path / "e").dataset(sql, cameras=[])
+    lazy = _lazy(monkeypatch, root, tmp_path / "l", sql=sql, cameras=[])
+    assert len(lazy) == len(eager)
+    assert lazy.manifest["index"].to_pylist() == eager.manifest["index"].to_pylist()
+
+
+def test_a_whole_episode_shorter_in_meta_than_in_its_rows_is_refused_where_read(monkeypatch, tmp_path, datasets):
+    """meta/episodes gives episode 5 one frame fewer than its rows (episode 6 starting a row early, so the file's
+    total holds): episode 5 alone, opened without its frames, read its 284 rows and left the 285th out, silently
+    (the open of every frame serves the rows, with a warning). The row after its range is checked where read."""
+    from lerobot_sql.errors import DatasetFormatError
+
+    def meta(t):
+        for name, fix in (("dataset_to_index", {5: -1}), ("dataset_from_index", {6: -1}), ("length", {5: -1, 6: 1})):
+            v = t[name].to_pylist()
+            for e, d in fix.items():
+                v[e] += d
+            t = t.set_column(t.column_names.index(name), t.schema.field(name), pa.array(v, t.schema.field(name).type))
+        return t
+
+    root = _h21_copy(tmp_path, datasets, meta=meta)
+    lazy = _lazy(monkeypatch, root, tmp_path / "l", episodes=[5], cameras=[])
+    with pytest.raises(DatasetFormatError, match=r"row after episode 5's frames.*holds index \d+ of episode 5"):
+        lazy[0]

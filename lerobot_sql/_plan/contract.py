@@ -250,6 +250,16 @@ def warn_repeated_rows(result: pa.Table, mode: str, sql: str) -> None:
              f"(a query over frames returns one row per frame): {sql!r:.200}")
 
 
+def window_bounds_as_seconds(result: pa.Table) -> pa.Table:
+    """``result`` with its ``start_s`` / ``end_s`` as float64 seconds: the one type both the join over the frames
+    and the plan on the fps grid compare in (an INTEGER bound less the tolerance was a DECIMAL, which DuckDB
+    compared with the float32 timestamp in float32; a DECIMAL finer than float64 sorted apart from its float64)."""
+    for c in ("start_s", "end_s"):
+        if result[c].type != pa.float64():
+            result = result.set_column(result.column_names.index(c), c, result[c].cast(pa.float64()))
+    return result
+
+
 def warn_empty_windows(result: pa.Table, samples: np.ndarray, sql: str) -> None:
     """Warn when window rows of ``result`` hold no frame (``samples``: each row's sample count): past the episode's
     end, before its start, or narrower than a frame and between two. Their rows give no sample, which nothing

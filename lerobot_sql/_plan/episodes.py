@@ -299,19 +299,24 @@ def lazy_frames() -> int:
     return value
 
 
-def grid_timestamp(k: np.ndarray, fps: float) -> np.ndarray:
-    """The timestamp lerobot writes for frame ``k`` of an episode (``k / fps`` stored as float32), as float64."""
-    return (np.asarray(k, np.int64) / float(fps)).astype(np.float32).astype(np.float64)
+def grid_timestamp(k: np.ndarray, fps: float, float32: bool = True) -> np.ndarray:
+    """The timestamp lerobot writes for frame ``k`` of an episode (``k / fps`` stored as float32; ``float32=False``:
+    as float64), as float64."""
+    t = np.asarray(k, np.int64) / float(fps)
+    return t.astype(np.float32).astype(np.float64) if float32 else t
 
 
 def grid_window(start_s: np.ndarray, end_s: np.ndarray, length: np.ndarray, fps: float,
-                tol: float = WINDOW_TOLERANCE_S) -> tuple[np.ndarray, np.ndarray]:
+                tol: float = WINDOW_TOLERANCE_S, float32: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Each window's frames on the fps grid: ``(first, end)`` (int64 arrays, frame positions in the episode,
     ``first <= end``), the frames ``k`` in ``[0, length)`` whose grid timestamp (:func:`grid_timestamp`) ``t`` has
     ``start_s - tol <= t < end_s - tol``: the frames the join selects when the data holds lerobot's timestamps.
     ``start_s`` / ``end_s``: float64 seconds from the episode start; ``length``: the episode's frames."""
     length = np.asarray(length, np.int64)
     fps = float(fps)
+
+    def grid(k):
+        return grid_timestamp(k, fps, float32)
 
     def first_at_least(seconds: np.ndarray) -> np.ndarray:
         thr = np.asarray(seconds, np.float64) - tol
@@ -322,11 +327,29 @@ def grid_window(start_s: np.ndarray, end_s: np.ndarray, length: np.ndarray, fps:
         # four candidates the smallest that qualifies is it (the grid increases with k)
         for d in (3, 2, 1, 0):
             k = np.minimum(base + d, length)
-            out = np.where((k < length) & (grid_timestamp(k, fps) >= thr), k, out)
+            out = np.where((k < length) & (grid(k) >= thr), k, out)
         return out
 
     first, end = first_at_least(start_s), first_at_least(end_s)
     return first, np.maximum(end, first)
+
+
+def _stray_into_empty(first: np.ndarray, end: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
+                      length: np.ndarray, fps: float, float32: bool, tol: float = WINDOW_TOLERANCE_S) -> bool:
+    """Whether a window empty on the grid (``first == end``, :func:`grid_window`) lies within half a frame of a
+    frame's grid time (the frame before it or after it): a timestamp the reads accept (half a frame from its
+    grid time) could then put that frame in it, and no read would look (an empty window has no run)."""
+    empty = np.flatnonzero(first == end)
+    if not len(empty):
+        return False
+    half = 0.5 / float(fps)
+    lo_s, hi_s = start_s[empty] - tol, end_s[empty] - tol
+    for k in (first[empty] - 1, first[empty]):
+        inside = (k >= 0) & (k < length[empty])
+        t = grid_timestamp(np.clip(k, 0, None), fps, float32)
+        if (inside & (t + half >= lo_s) & (t - half < hi_s)).any():
+            return True
+    return False
 
 
 def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr: pa.Table | None = None,
@@ -363,17 +386,7 @@ def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr
     sel_rows = np.fromiter(map(pos.__getitem__, want.tolist()), np.int64, len(want))
     sel_from, sel_to = lo[sel_rows].astype(np.int64), hi[sel_rows].astype(np.int64)
     windows = "start_s" in result.column_names
-    if windows:
-        start_s = result["start_s"].to_numpy(zero_copy_only=False).astype(np.float64)
-        end_s = result["end_s"].to_numpy(zero_copy_only=False).astype(np.float64)
-        first, end = grid_window(start_s, end_s, sel_to - sel_from, layout.fps)
-        sel_from, sel_to = sel_from + first, sel_from + end
-    if not (sel_to - sel_from).sum():
-        raise ResultContractError(f"the query's {'window' if windows else 'episode'} selection matched no frames: "
-                                  f"{sql!r}")
-    # the episodes with frames selected (a window may hold none): their files and clips, as the join finds them
-    uniq_rows = np.unique(sel_rows[sel_to > sel_from])
-    used = np.unique(fcode[uniq_rows])
+    used = np.unique(fcode[np.unique(sel_rows)])
 
     def footer(code):
         try:
@@ -395,6 +408,20 @@ def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr
         release_freed_memory()
     if any(i is None or "task_index" not in i.schema.names for i in infos):
         return None
+    if windows:
+        # on the grid of the timestamps as stored: lerobot's float32, or float64 where every file holds that
+        ts32 = not all(pa.types.is_float64(i.schema.field("timestamp").type) for i in infos)
+        start_s = result["start_s"].to_numpy(zero_copy_only=False).astype(np.float64)
+        end_s = result["end_s"].to_numpy(zero_copy_only=False).astype(np.float64)
+        first, end = grid_window(start_s, end_s, sel_to - sel_from, layout.fps, float32=ts32)
+        if _stray_into_empty(first, end, start_s, end_s, sel_to - sel_from, layout.fps, ts32):
+            return None  # a window empty on the grid that a frame within half a frame of it may lie in: read them
+        sel_from, sel_to = sel_from + first, sel_from + end
+    if not (sel_to - sel_from).sum():
+        raise ResultContractError(f"the query's {'window' if windows else 'episode'} selection matched no frames: "
+                                  f"{sql!r}")
+    # the episodes with frames selected (a window may hold none): their clips, as the join finds them
+    uniq_rows = np.unique(sel_rows[sel_to > sel_from])
     new_code = np.full(len(files), -1, np.int32)
     new_code[used] = np.arange(len(used), dtype=np.int32)
     clips = video_clips(layout, ptr)

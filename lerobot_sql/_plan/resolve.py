@@ -222,6 +222,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     result = contract.check_contract_types(result, mode, sql)
     if mode == "window":
         contract.check_window_bounds(result, sql)
+        result = contract.window_bounds_as_seconds(result)
     if ptr is None and src is not None and mode != "index":  # read once, for the count and the pointer path
         ptr = read_pointers(src, layout)
     contract.check_sample_count(result, mode, layout, ptr, con, sql, window_tolerance_s, before)
@@ -420,21 +421,22 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
     Raises:
         as :func:`build_manifest` for a whole-episode result (what it checks from pointers, footers and clips).
     """
-    window = windows and sorted(result.column_names) == ["end_s", "episode_index", "start_s"] and all(
-        pa.types.is_float64(result[c].type) or pa.types.is_integer(result[c].type) or pa.types.is_decimal(
-            result[c].type) for c in ("start_s", "end_s"))
+    # Windows are planned on the grid only where a frame cannot stray into a window from beyond the frame before
+    # or after it, which the reads check: timestamps within half a frame of their frame_index (tolerance_s no
+    # larger), and bounded at all (align="timestamp"; align="frame_index" bounds none, yet the join selects by time).
+    window = windows and sorted(result.column_names) == ["end_s", "episode_index", "start_s"] and \
+        align == "timestamp" and grid_limit(layout.fps, tolerance_s, align) <= 0.5 / float(layout.fps)
     if ptr is None or result.num_rows == 0 or not (result.column_names == ["episode_index"] or window) or \
             layout.legacy:
         # (a query's other shapes, or extras: the frames' path; v2.x pointers are derived from the episodes'
-        # lengths, so one wrong length would shift every later episode: read the frames; float32 window bounds:
-        # the join computes their tolerance in that type, the plan in float64, as the join does a DECIMAL's)
+        # lengths, so one wrong length would shift every later episode: read the frames)
         return None
     mode = "window" if window else "episode"
     result = contract.check_contract_types(result, mode, sql)
     if window:
         contract.check_window_bounds(result, sql)
-        result = _plain_numbers(result.select(["episode_index", "start_s", "end_s"])).cast(
-            pa.schema([("episode_index", pa.int64()), ("start_s", pa.float64()), ("end_s", pa.float64())]))
+        result = contract.window_bounds_as_seconds(_plain_numbers(result.select(["episode_index", "start_s", "end_s"])))
+        result = result.set_column(0, "episode_index", result["episode_index"].cast(pa.int64()))
     if not ordered:  # as build_manifest sorts a result without ORDER BY
         result = result.sort_by([(c, "ascending") for c in contract.KEYS[mode]])
     if result["episode_index"].null_count or not window and \

@@ -265,9 +265,9 @@ def check_frame_nulls(table: pa.Table, where: str) -> None:
     for name in (*FRAME_INTEGERS, "timestamp"):
         if name in names and table[name].null_count:
             row = int(pc.index(pc.is_null(table[name]), True).as_py())
-            kind = "float32" if name == "timestamp" else "int64"
+            kind = "a float32" if name == "timestamp" else "an int64"
             raise DatasetFormatError(f"{where}: column {name!r} is NULL (row {row} of those read); every frame has "
-                                     f"a value there (lerobot's {name} is an {kind}). Restore the file from the "
+                                     f"a value there (lerobot's {name} is {kind}). Restore the file from the "
                                      "dataset's source (`lerobot-sql doctor` reads every row)")
 
 

@@ -553,6 +553,7 @@ class FrameColumns:
             check_frames(self.rules, src.path(rel), cols["index"][rows], cols["episode_index"][rows],
                          cols["frame_index"][rows], cols["timestamp"][rows], t.index[first] + k,
                          t.run_episode[r], ep_from, ep_to - ep_from)
+            self._check_edges(slot, cols, runs)
             if t.run_window is not None:
                 self._check_windows(slot, cols, runs, rows, r, t.index[first] + k)
         # (as stored by lerobot, float32 and int64: no cast; another type through Arrow's checked cast)
@@ -561,6 +562,70 @@ class FrameColumns:
                 "task_index": task if task.dtype == np.int64 else tbl["task_index"].cast(pa.int64()).to_numpy(),
                 "frame_index": cols["frame_index"]}
 
+
+    def _episodes_here(self, slot: int, runs: np.ndarray):
+        """For the episodes of ``runs`` (runs of row group ``slot``): one run of each, and their rows in the slot:
+        ``(u, rows, run)`` (``u`` a run per episode; ``rows`` slot rows; ``run`` the run of ``u`` each row is of)."""
+        t = self.t
+        f = int(t.slot_file[slot])
+        start = int(t.infos.rg_offsets[f][slot - int(t.rg_base[f])])  # the slot's first row in its file
+        ep = t.run_episode[runs]
+        _, at = np.unique(ep, return_index=True)
+        u = runs[at]
+        row0, length = t.row0.per_run[u], t.ep_to.per_run[u] - t.ep_from.per_run[u]
+        a = np.maximum(row0 - start, 0)
+        b = np.minimum(row0 + length - start, int(t.rg_len[slot]))
+        rep, k = spans(np.maximum(b - a, 0))
+        return u, a[rep] + k, u[rep], start
+
+    def _check_edges(self, slot: int, cols: dict, runs: np.ndarray) -> None:
+        """The rows just before and after each episode of ``runs`` in its data file (where meta/episodes says the
+        episode begins and ends) must hold the index before and after its range and another episode: else
+        meta/episodes' range is shorter than the episode's rows, and the frames past it would be left out. A row
+        in an adjacent row group is judged from that row group's ``episode_index`` statistics in the footer when
+        they exclude the episode, else read."""
+        t = self.t
+        f = int(t.slot_file[slot])
+        u, _, _, start = self._episodes_here(slot, runs)
+        total = int(t.infos.rg_offsets[f][-1])
+        ep, ep_from, ep_to, row0 = t.run_episode[u], t.ep_from.per_run[u], t.ep_to.per_run[u], t.row0.per_run[u]
+        for row, want_index, side in ((row0 - 1, ep_from - 1, "before"), (row0 + (ep_to - ep_from), ep_to, "after")):
+            for j in np.flatnonzero((row >= 0) & (row < total)):
+                at = int(row[j]) - start
+                if 0 <= at < int(t.rg_len[slot]):
+                    got = (int(cols["index"][at]), int(cols["episode_index"][at]))
+                else:
+                    got = self._row_elsewhere(f, int(row[j]), int(ep[j]))
+                    if got is None:  # the footer's statistics put the episode elsewhere: that row is another's
+                        continue
+                if got[1] == int(ep[j]) or got[0] != int(want_index[j]):
+                    rel = t.infos.src.path(t.data_files[f])
+                    raise DatasetFormatError(
+                        f"{rel}: the row {side} episode {int(ep[j])}'s frames (meta/episodes: index "
+                        f"{int(ep_from[j])}..{int(ep_to[j]) - 1}, rows {int(row0[j])}..{int(row0[j] + ep_to[j] - ep_from[j]) - 1}"
+                        f" of this file) holds index {got[0]} of episode {got[1]}, where the next episode's index "
+                        f"{int(want_index[j])} belongs: meta/episodes' range disagrees with the data's rows, so frames "
+                        "would be left out or taken from another episode. Restore meta/episodes from the dataset's "
+                        "source (`lerobot-sql doctor`: episode_ranges), or read every frame at the open (set "
+                        "LSQL_LAZY_FRAMES above the selection's frame count)")
+
+    def _row_elsewhere(self, f: int, row: int, episode: int) -> tuple[int, int] | None:
+        """(index, episode_index) of data file ``f``'s row ``row`` (in another row group than the one being read),
+        or None when that row group's footer statistics say no row of it belongs to ``episode``."""
+        t = self.t
+        info = t.infos[f]
+        offsets = t.infos.rg_offsets[f]
+        rg = int(np.searchsorted(offsets, row, side="right")) - 1
+        md = info.metadata
+        if md is not None:
+            names = [md.row_group(rg).column(i).path_in_schema for i in range(md.num_columns)]
+            if "episode_index" in names:
+                st = md.row_group(rg).column(names.index("episode_index")).statistics
+                if st is not None and st.has_min_max and not (st.min <= episode <= st.max):
+                    return None
+        (tbl,) = tabular.read_row_groups(t.infos.src, info, [rg], None, ["index", "episode_index"])
+        at = row - int(offsets[rg])
+        return int(tbl["index"][at].as_py()), int(tbl["episode_index"][at].as_py())
 
     def _check_windows(self, slot: int, cols: dict, runs: np.ndarray, rows: np.ndarray, r: np.ndarray,
                        index: np.ndarray) -> None:
@@ -583,9 +648,17 @@ class FrameColumns:
         n_idx = np.concatenate([w["sel_from_index"][before] - 1, w["sel_to_index"][after]]).astype(np.int64)
         n_run = np.concatenate([before, after])
         n_row = np.concatenate([self._run_off[before] - 1, self._run_off[after] + self._count[after]])
-        got = {c: [cols[c][rows]] for c in self.COLUMNS}
-        inside = [np.ones(len(rows), bool)]
-        all_r, all_index = [r], [index]
+        # every row of these episodes in this slot, not only the windows': where the pointers put it, on the grid,
+        # in the clip, at its position (a frame two away from a window cannot then lie in it)
+        _, e_rows, e_run, start = self._episodes_here(slot, runs)
+        e_index = ep_from[e_run] + (start + e_rows - t.row0.per_run[e_run])
+        check_frames(self.rules, src.path(rel), cols["index"][e_rows], cols["episode_index"][e_rows],
+                     cols["frame_index"][e_rows], cols["timestamp"][e_rows], e_index, t.run_episode[e_run],
+                     ep_from[e_run], ep_to[e_run] - ep_from[e_run])
+        got = {c: [cols[c][rows], cols[c][e_rows]] for c in self.COLUMNS}
+        inside = [np.ones(len(rows), bool), np.ones(len(e_rows), bool)]
+        all_r, all_index = [r, e_run], [index, e_index]
+        lo_any, hi_any = [w["lo_s"][r], np.full(len(e_rows), -np.inf)], [w["hi_s"][r], np.full(len(e_rows), np.inf)]
         here = (n_row >= 0) & (n_row < int(t.rg_len[slot]))
         parts = [(n_run[here], n_idx[here], n_row[here], cols)]
         for other, sel in ((slot - 1, n_row < 0), (slot + 1, n_row >= int(t.rg_len[slot]))):
@@ -606,11 +679,14 @@ class FrameColumns:
                 inside.append(np.zeros(len(nr), bool))
                 all_r.append(nr)
                 all_index.append(ni)
+                lo_any.append(w["lo_s"][nr])
+                hi_any.append(w["hi_s"][nr])
         r_all, idx_all = np.concatenate(all_r), np.concatenate(all_index)
+        # (the episodes' rows: their position only, as "inside" (-inf, inf); the windows' rows and neighbours: both)
         check_window_frames(src.path(rel), t.run_episode[r_all], t.run_result_row[r_all], idx_all,
                             idx_all - ep_from[r_all], np.concatenate(got["frame_index"]),
-                            np.concatenate(got["timestamp"]).astype(np.float64), w["lo_s"][r_all], w["hi_s"][r_all],
-                            np.concatenate(inside))
+                            np.concatenate(got["timestamp"]).astype(np.float64), np.concatenate(lo_any),
+                            np.concatenate(hi_any), np.concatenate(inside))
 
 
 class FrameColumn:
