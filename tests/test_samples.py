@@ -622,10 +622,13 @@ def test_windows_over_float64_timestamps_are_planned_on_their_grid(monkeypatch, 
     assert lazy.manifest["index"].to_pylist() == eager.manifest["index"].to_pylist()
 
 
-def test_a_whole_episode_shorter_in_meta_than_in_its_rows_is_refused_where_read(monkeypatch, tmp_path, datasets):
+@pytest.mark.parametrize("row_groups", ["one", "cut where meta/episodes says each episode ends"])
+def test_a_whole_episode_shorter_in_meta_than_in_its_rows_is_refused_where_read(monkeypatch, tmp_path, datasets,
+                                                                               row_groups):
     """meta/episodes gives episode 5 one frame fewer than its rows (episode 6 starting a row early, so the file's
     total holds): episode 5 alone, opened without its frames, read its 284 rows and left the 285th out, silently
-    (the open of every frame serves the rows, with a warning). The row after its range is checked where read."""
+    (the open of every frame serves the rows, with a warning). The row after its range is checked where read: in
+    the same row group, or in the next one (its footer statistics hold episode 5: that row group is read)."""
     from lerobot_sql.errors import DatasetFormatError
 
     def meta(t):
@@ -637,6 +640,18 @@ def test_a_whole_episode_shorter_in_meta_than_in_its_rows_is_refused_where_read(
         return t
 
     root = _h21_copy(tmp_path, datasets, meta=meta)
+    if row_groups != "one":
+        f = next((root / "data").rglob("*.parquet"))
+        t = pq.read_table(f)
+        ends = pq.read_table(next((root / "meta" / "episodes").rglob("*.parquet")))["dataset_to_index"].to_pylist()
+        with pq.ParquetWriter(f, t.schema) as w:
+            a = 0
+            for b in ends:
+                w.write_table(t.slice(a, b - a))
+                a = b
+        assert pq.ParquetFile(f).num_row_groups == len(ends)
     lazy = _lazy(monkeypatch, root, tmp_path / "l", episodes=[5], cameras=[])
     with pytest.raises(DatasetFormatError, match=r"row after episode 5's frames.*holds index \d+ of episode 5"):
         lazy[0]
+    ok = _lazy(monkeypatch, datasets / "small20", tmp_path / "ok", episodes=[5], cameras=[])
+    assert len(ok) == 285 and int(ok[284]["frame_index"]) == 284

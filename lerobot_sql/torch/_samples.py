@@ -495,6 +495,7 @@ class FrameColumns:
         self._run_off, self._count = run_off, count
         self._cache: "collections.OrderedDict[int, dict]" = collections.OrderedDict()
         self._lock = threading.Lock()  # item threads decoding other cameras ask too
+        self._episode_column: dict[int, int] = {}  # data file -> its episode_index leaf column in the footer
 
     def column(self, name: str) -> "FrameColumn":
         return FrameColumn(self, name)
@@ -586,28 +587,48 @@ class FrameColumns:
         they exclude the episode, else read."""
         t = self.t
         f = int(t.slot_file[slot])
-        u, _, _, start = self._episodes_here(slot, runs)
-        total = int(t.infos.rg_offsets[f][-1])
+        start = int(t.infos.rg_offsets[f][slot - int(t.rg_base[f])])
+        here, total = int(t.rg_len[slot]), int(t.infos.rg_offsets[f][-1])
+        eps = t.run_episode[runs]
+        if len(runs) == 1 or (eps == eps[0]).all():  # one episode (a row group per episode): in Python's ints
+            r = int(runs[0])
+            ep, lo, hi, row0 = int(eps[0]), int(t.ep_from.per_run[r]), int(t.ep_to.per_run[r]), int(t.row0.per_run[r])
+            for row, want, side in ((row0 - 1, lo - 1, "before"), (row0 + hi - lo, hi, "after")):
+                if 0 <= row < total:
+                    at = row - start
+                    got = (int(cols["index"][at]), int(cols["episode_index"][at])) if 0 <= at < here else \
+                        self._row_elsewhere(f, row, ep)
+                    if got is not None and (got[1] == ep or got[0] != want):
+                        self._edge_error(f, side, 0, runs[:1], got)
+            return
+        u = runs[np.unique(eps, return_index=True)[1]]
         ep, ep_from, ep_to, row0 = t.run_episode[u], t.ep_from.per_run[u], t.ep_to.per_run[u], t.row0.per_run[u]
-        for row, want_index, side in ((row0 - 1, ep_from - 1, "before"), (row0 + (ep_to - ep_from), ep_to, "after")):
-            for j in np.flatnonzero((row >= 0) & (row < total)):
-                at = int(row[j]) - start
-                if 0 <= at < int(t.rg_len[slot]):
-                    got = (int(cols["index"][at]), int(cols["episode_index"][at]))
-                else:
-                    got = self._row_elsewhere(f, int(row[j]), int(ep[j]))
-                    if got is None:  # the footer's statistics put the episode elsewhere: that row is another's
-                        continue
-                if got[1] == int(ep[j]) or got[0] != int(want_index[j]):
-                    rel = t.infos.src.path(t.data_files[f])
-                    raise DatasetFormatError(
-                        f"{rel}: the row {side} episode {int(ep[j])}'s frames (meta/episodes: index "
-                        f"{int(ep_from[j])}..{int(ep_to[j]) - 1}, rows {int(row0[j])}..{int(row0[j] + ep_to[j] - ep_from[j]) - 1}"
-                        f" of this file) holds index {got[0]} of episode {got[1]}, where the next episode's index "
-                        f"{int(want_index[j])} belongs: meta/episodes' range disagrees with the data's rows, so frames "
-                        "would be left out or taken from another episode. Restore meta/episodes from the dataset's "
-                        "source (`lerobot-sql doctor`: episode_ranges), or read every frame at the open (set "
-                        "LSQL_LAZY_FRAMES above the selection's frame count)")
+        for row, want, side in ((row0 - 1, ep_from - 1, "before"), (row0 + (ep_to - ep_from), ep_to, "after")):
+            at = row - start
+            inside = (at >= 0) & (at < here)
+            # (vectorised over the rows in this row group; those in another, at most one per side, one by one)
+            k = np.flatnonzero(inside)
+            bad = k[(cols["index"][at[k]] != want[k]) | (cols["episode_index"][at[k]] == ep[k])]
+            if len(bad):
+                j = int(bad[0])
+                self._edge_error(f, side, j, u, (int(cols["index"][at[j]]), int(cols["episode_index"][at[j]])))
+            for j in np.flatnonzero(~inside & (row >= 0) & (row < total)).tolist():
+                got = self._row_elsewhere(f, int(row[j]), int(ep[j]))
+                if got is not None and (got[1] == int(ep[j]) or got[0] != int(want[j])):
+                    self._edge_error(f, side, j, u, got)
+
+    def _edge_error(self, f: int, side: str, j: int, u: np.ndarray, got: tuple[int, int]):
+        t = self.t
+        r = int(u[j])
+        ep, lo, hi, row0 = int(t.run_episode[r]), int(t.ep_from.per_run[r]), int(t.ep_to.per_run[r]), int(t.row0.per_run[r])
+        want = lo - 1 if side == "before" else hi
+        raise DatasetFormatError(
+            f"{t.infos.src.path(t.data_files[f])}: the row {side} episode {ep}'s frames (meta/episodes: index "
+            f"{lo}..{hi - 1}, rows {row0}..{row0 + hi - lo - 1} of this file) holds index {got[0]} of episode {got[1]}, "
+            f"where index {want} of another episode belongs: meta/episodes' range disagrees with the data's rows, so "
+            "frames would be left out or taken from another episode. Restore meta/episodes from the dataset's "
+            "source (`lerobot-sql doctor`: episode_ranges), or read every frame at the open (set LSQL_LAZY_FRAMES "
+            "above the selection's frame count)")
 
     def _row_elsewhere(self, f: int, row: int, episode: int) -> tuple[int, int] | None:
         """(index, episode_index) of data file ``f``'s row ``row`` (in another row group than the one being read),
@@ -618,9 +639,12 @@ class FrameColumns:
         rg = int(np.searchsorted(offsets, row, side="right")) - 1
         md = info.metadata
         if md is not None:
-            names = [md.row_group(rg).column(i).path_in_schema for i in range(md.num_columns)]
-            if "episode_index" in names:
-                st = md.row_group(rg).column(names.index("episode_index")).statistics
+            j = self._episode_column.get(f)
+            if j is None:  # (the leaf column's position, once per file)
+                names = [md.schema.column(i).path for i in range(md.num_columns)]
+                j = self._episode_column[f] = names.index("episode_index") if "episode_index" in names else -1
+            if j >= 0:
+                st = md.row_group(rg).column(j).statistics
                 if st is not None and st.has_min_max and not (st.min <= episode <= st.max):
                     return None
         (tbl,) = tabular.read_row_groups(t.infos.src, info, [rg], None, ["index", "episode_index"])
