@@ -655,3 +655,24 @@ def test_a_whole_episode_shorter_in_meta_than_in_its_rows_is_refused_where_read(
         lazy[0]
     ok = _lazy(monkeypatch, datasets / "small20", tmp_path / "ok", episodes=[5], cameras=[])
     assert len(ok) == 285 and int(ok[284]["frame_index"]) == 284
+
+
+def test_a_row_group_read_again_is_not_checked_again(monkeypatch, tmp_path, datasets):
+    """A shuffled epoch reads a row group once per item of it once the decoded set's bound has let it go: its frames
+    are checked the first time only (the checks cost more than the read), and its items stay equal."""
+    from lerobot_sql._plan import clips
+
+    ds = _lazy(monkeypatch, datasets / "small20", tmp_path, cameras=[])
+    calls = []
+    real = clips.check_frames
+    monkeypatch.setattr(clips, "check_frames", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = ds[100]
+    n = len(calls)
+    assert n >= 1
+    w = ds._w()
+    w.views = type(w.views)(budget=1)  # nothing kept but the last row group read
+    ds._samples.frames.MAX_ROW_GROUPS = 1  # nor its decoded frame columns
+    ds[4000]  # another row group
+    again = ds[100]  # read again
+    assert len(calls) == n + 1  # the other row group's check only
+    _same_item(first, again, 100)

@@ -496,6 +496,9 @@ class FrameColumns:
         self._cache: "collections.OrderedDict[int, dict]" = collections.OrderedDict()
         self._lock = threading.Lock()  # item threads decoding other cameras ask too
         self._episode_column: dict[int, int] = {}  # data file -> its episode_index leaf column in the footer
+        # the row groups this process has checked: a row group read again (a shuffled epoch reads each once per
+        # item of it, past the decoded set's bound) is not checked again (a byte per row group of the files read)
+        self._checked = np.zeros(len(table.rg_len), bool)
 
     def column(self, name: str) -> "FrameColumn":
         return FrameColumn(self, name)
@@ -545,7 +548,7 @@ class FrameColumns:
         # the rows the runs of this slot cover, against the runs
         a, b = np.searchsorted(self._slot_sorted, [slot, slot + 1])
         runs = self._order[a:b]
-        if len(runs):
+        if len(runs) and not self._checked[slot]:
             rep, k = spans(self._count[runs])
             rows = self._run_off[runs][rep] + k
             r = runs[rep]
@@ -557,6 +560,7 @@ class FrameColumns:
             self._check_edges(slot, cols, runs)
             if t.run_window is not None:
                 self._check_windows(slot, cols, runs, rows, r, t.index[first] + k)
+            self._checked[slot] = True
         # (as stored by lerobot, float32 and int64: no cast; another type through Arrow's checked cast)
         ts, task = cols["timestamp"], cols["task_index"]
         return {"timestamp": ts if ts.dtype == np.float32 else tbl["timestamp"].cast(pa.float32()).to_numpy(),
