@@ -456,10 +456,10 @@ def test_windows_that_hold_no_frame_are_named_in_a_warning(monkeypatch, tmp_path
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "1.5"])
-def test_a_bad_lazy_frames_bound_is_named(monkeypatch, datasets, value):
+def test_a_bad_lazy_frames_bound_is_named(monkeypatch, tmp_path, datasets, value):
     monkeypatch.setenv("LSQL_LAZY_FRAMES", value)
-    with pytest.raises(ValueError, match=f"LSQL_LAZY_FRAMES={value!r}"):
-        lsql.connect(datasets / "small20").dataset(cameras=[])
+    with pytest.raises(ValueError, match=f"LSQL_LAZY_FRAMES={value!r}"):  # (an empty cache: nothing kept to map)
+        lsql.connect(datasets / "small20", cache_dir=tmp_path).dataset(cameras=[])
 
 
 def test_the_lazy_frames_bound_is_set_by_the_environment(monkeypatch, tmp_path, datasets):
