@@ -279,6 +279,9 @@ class Database(QueryFace):
                              f"source's meta/stats.json) or None, not {stats!r}")
         # another frame rate: checked before any frame is read (its stride 1 is the dataset itself)
         stride = 1 if fps is None else regrid.stride(fps, self.layout.fps)
+        from ._plan.episodes import lazy_frames
+
+        lazy_frames()  # a malformed $LSQL_LAZY_FRAMES is named whatever path the open takes (a kept one asks none)
         self._check_links()
         if episodes is not None and sql is not None:
             raise ValueError("pass either sql or episodes, not both (a query can filter episodes itself)")

@@ -658,6 +658,9 @@ class EpisodeReport:
             lines.append("  hint: SELECT * FROM episode_quality WHERE episode_index = N has the facts behind a "
                          "verdict (docs/curate.md); train on the rest: SELECT episode_index FROM episode_quality "
                          "WHERE verdict = 'pass'")
+        elif total:  # (nothing to list: say so, and where the facts are)
+            lines.append("  every episode passes: no episode to list. SELECT * FROM episode_quality has the facts "
+                         "behind each verdict; --threshold NAME=VALUE makes a check stricter (docs/curate.md)")
         return "\n".join(lines)
 
 

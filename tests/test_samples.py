@@ -678,3 +678,25 @@ def test_a_row_group_read_again_is_not_checked_again(monkeypatch, tmp_path, data
     again = ds[100]  # read again
     assert len(calls) == n + 1  # the other row group's check only
     _same_item(first, again, 100)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_windows_cut_at_an_episodes_end_are_named_and_a_selection_of_empty_windows_says_which(monkeypatch, tmp_path,
+                                                                                            datasets, lazy):
+    """A window reaching past its episode's last frame gave the frames there, fewer than its seconds, without a
+    word (a new user's 8.5 s window of a 1.7 s episode: 7 items); a selection whose every window is empty said only
+    "matched no frames". Both opens now name the rows, with the episode's span."""
+    from lerobot_sql._plan import episodes
+    from lerobot_sql.errors import ResultContractError
+
+    if lazy:
+        monkeypatch.setattr(episodes, "LAZY_FRAMES", 0)
+    db = lsql.connect(datasets / "small20", cache_dir=tmp_path)
+    with pytest.warns(UserWarning, match=r"1 of the 1 window rows reach past.*row 0: episode 10, 1.5 .. 10.0 s "
+                                         r"\(its frames at 0 .. 1.7 s\)"):
+        ds = db.dataset("SELECT 10 AS episode_index, 1.5::DOUBLE AS start_s, 10.0::DOUBLE AS end_s", cameras=[])
+    assert len(ds) == 7 and ds._samples.lazy == lazy
+    with pytest.raises(ResultContractError, match=r"no window holds a frame \(row 0: episode 0, 100.0 .. 101.0 s "
+                                                  r"\(its frames at 0 .. 11.57 s\); row 1: episode 1"):
+        db.dataset("SELECT episode_index, 100.0::DOUBLE AS start_s, 101.0::DOUBLE AS end_s FROM episodes "
+                   "WHERE episode_index < 2", cameras=[])

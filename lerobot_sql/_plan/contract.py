@@ -260,18 +260,52 @@ def window_bounds_as_seconds(result: pa.Table) -> pa.Table:
     return result
 
 
-def warn_empty_windows(result: pa.Table, samples: np.ndarray, sql: str) -> None:
+def _rows_text(result: pa.Table, rows: np.ndarray, length: np.ndarray | None = None, fps: float | None = None) -> str:
+    """``row j: episode e, s .. e s`` for the first three of window ``rows`` of ``result`` (with the episode's span
+    in seconds where ``length`` (frames, per row) and ``fps`` are given), ``; ...`` after them when there are more."""
+    out = []
+    for j in rows[:3].tolist():
+        span = f" (its frames at 0 .. {(int(length[j]) - 1) / fps:.4g} s)" if length is not None else ""
+        out.append(f"row {j}: episode {result['episode_index'][j].as_py()}, {result['start_s'][j].as_py()} .. "
+                   f"{result['end_s'][j].as_py()} s{span}")
+    return "; ".join(out) + ("; ..." if len(rows) > 3 else "")
+
+
+def warn_empty_windows(result: pa.Table, samples: np.ndarray, sql: str, length: np.ndarray | None = None,
+                       fps: float | None = None) -> None:
     """Warn when window rows of ``result`` hold no frame (``samples``: each row's sample count): past the episode's
     end, before its start, or narrower than a frame and between two. Their rows give no sample, which nothing
-    said (a selection of 40 windows trained on 38)."""
-    empty = np.flatnonzero(np.asarray(samples) == 0)
-    if not len(empty):
-        return
-    shown = "; ".join(f"row {int(j)}: episode {result['episode_index'][int(j)].as_py()}, "
-                      f"{result['start_s'][int(j)].as_py()} .. {result['end_s'][int(j)].as_py()} s" for j in empty[:3])
-    warn(f"{len(empty)} of the {result.num_rows} window rows hold no frame ({shown}{'; ...' if len(empty) > 3 else ''})"
-         f": they give no sample. Windows are [start_s, end_s) in seconds from the episode's start (frame k at "
-         f"k / fps): one past the episode's end, or narrower than a frame and between two, holds none: {sql!r:.200}")
+    said (a selection of 40 windows trained on 38). With each row's episode ``length`` (frames) and ``fps``, also
+    warn of windows that reach past their episode's last frame time or start before 0, which are cut there (a
+    window of 8.5 s gave 7 frames, without a word).
+
+    Raises:
+        ResultContractError: every row holds no frame (naming the first rows).
+    """
+    samples = np.asarray(samples)
+    empty = np.flatnonzero(samples == 0)
+    if len(empty) == result.num_rows:
+        raise ResultContractError(
+            f"the query's window selection matched no frames: no window holds a frame ({_rows_text(result, empty, length, fps)})"
+            ". Windows are [start_s, end_s) in seconds from the episode's start (frame k at k / fps): "
+            f"{sql!r:.200}")
+    if len(empty):
+        warn(f"{len(empty)} of the {result.num_rows} window rows hold no frame ({_rows_text(result, empty, length, fps)})"
+             ": they give no sample. Windows are [start_s, end_s) in seconds from the episode's start (frame k at "
+             f"k / fps): one past the episode's end, or narrower than a frame and between two, holds none: "
+             f"{sql!r:.200}")
+    if length is not None and fps:
+        tol = 1e-4  # (the join's, lerobot_sql._plan.episodes.WINDOW_TOLERANCE_S)
+        start = result["start_s"].to_numpy(zero_copy_only=False).astype(np.float64)
+        end = result["end_s"].to_numpy(zero_copy_only=False).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            # a frame the episode would have next (at length / fps), or one before its first, lies in the window
+            cut = np.flatnonzero((samples > 0) & ((end - tol > np.asarray(length) / float(fps)) | (start - tol < -1.0 / float(fps))))
+        if len(cut):
+            warn(f"{len(cut)} of the {result.num_rows} window rows reach past their episode's last frame or before "
+                 f"its first ({_rows_text(result, cut, length, fps)}): each gives the frames the episode has there, "
+                 f"fewer than its length in seconds (clamp the bounds to the episode, e.g. least(end_s, "
+                 f"length / fps), to say so in the query; delta_timestamps pad past the ends instead): {sql!r:.200}")
 
 
 def columns_of(result: pa.Table, mode: str, layout: Layout, sql: str, keep_extras: bool = True

@@ -418,6 +418,10 @@ def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr
             return None  # a window empty on the grid that a frame within half a frame of it may lie in: read them
         sel_from, sel_to = sel_from + first, sel_from + end
     if not (sel_to - sel_from).sum():
+        if windows:  # which windows, and why they hold nothing
+            from .contract import warn_empty_windows
+
+            warn_empty_windows(result, sel_to - sel_from, sql, (hi - lo)[sel_rows], layout.fps)
         raise ResultContractError(f"the query's {'window' if windows else 'episode'} selection matched no frames: "
                                   f"{sql!r}")
     # the episodes with frames selected (a window may hold none): their clips, as the join finds them

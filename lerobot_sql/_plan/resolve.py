@@ -334,15 +334,35 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
             except Exception:
                 pass
         con.execute("DROP TABLE IF EXISTS _lsql_sel")
+    length = _row_lengths(result, ptr) if mode == "window" else None
     if manifest.num_rows == 0:
         if stale is not None:
             raise stale
-        raise ResultContractError(f"the query's {mode} selection matched no frames{_missing_data_note(con, src)}: "
-                                  f"{sql!r}")
+        note = _missing_data_note(con, src)
+        if mode == "window" and not note:  # which windows, and why they hold nothing
+            contract.warn_empty_windows(result, np.zeros(result.num_rows, np.int64), sql, length, layout.fps)
+        raise ResultContractError(f"the query's {mode} selection matched no frames{note}: {sql!r}")
     if mode == "window":
         contract.warn_empty_windows(result, np.bincount(manifest["result_row"].to_numpy(), minlength=result.num_rows),
-                                    sql)
+                                    sql, length, layout.fps)
     return _finish(manifest, clips, mode, extras, layout, sql, cameras)
+
+
+def _row_lengths(result: pa.Table, ptr: pa.Table | None) -> np.ndarray | None:
+    """Each result row's episode length in frames (meta/episodes' ``dataset_to_index - dataset_from_index``), or
+    None without usable pointers (or a row's episode missing from them)."""
+    if ptr is None or ptr["dataset_from_index"].null_count or ptr["dataset_to_index"].null_count:
+        return None
+    eps = ptr["episode_index"].to_numpy()
+    lens = ptr["dataset_to_index"].to_numpy() - ptr["dataset_from_index"].to_numpy()
+    order = np.argsort(eps, kind="stable")
+    want = result["episode_index"].to_numpy(zero_copy_only=False)
+    if not len(eps):
+        return None
+    at = np.minimum(np.searchsorted(eps[order], want), len(eps) - 1)
+    if (eps[order][at] != want).any():
+        return None
+    return lens[order][at]
 
 
 def _missing_data_note(con, src: Source | None) -> str:
@@ -467,7 +487,8 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
         return None
     table, infos, clips, rules = got
     if window:
-        contract.warn_empty_windows(result, table["sel_to_index"].to_numpy() - table["sel_from_index"].to_numpy(), sql)
+        contract.warn_empty_windows(result, table["sel_to_index"].to_numpy() - table["sel_from_index"].to_numpy(), sql,
+                                    table["ep_to_index"].to_numpy() - table["ep_from_index"].to_numpy(), layout.fps)
     _refuse_missing_pointers(table, layout, cameras)  # as the frames' path (_finish), on one row per episode
     empty = {"index": pa.int64(), "episode_index": pa.int64(), "frame_index": pa.int64(), "timestamp": pa.float32(),
              "task_index": pa.int64(), "data_file": pa.string(), "data_row": pa.int64(), "ep_from_index": pa.int64(),

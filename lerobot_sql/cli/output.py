@@ -356,7 +356,7 @@ HINTS: list[tuple[type, str]] = [
     (FrameNotFoundError, "`lerobot-sql doctor DATASET` checks timestamps against the video frames"),
     (VideoDecodeError, "`lerobot-sql doctor DATASET` finds unreadable video files"),
     (RemoteIOError, "check the network and the URL; `lerobot-sql prefetch` downloads ahead of training"),
-    (DestinationError, "export to a new folder outside the source dataset, on a writable disk with room"),
+    (DestinationError, "write to a new path outside the source dataset, on a writable disk with room"),
     (FileExistsError, "choose a new destination or pass --overwrite"),
     (PermissionError, "check the permissions of the path"),
     (OSError, "check the path"),
