@@ -495,6 +495,17 @@ def _h21_copy(tmp_path, datasets, change=None, meta=None, row_group_size=None):
     return root
 
 
+def _episode_5_one_short(t: pa.Table) -> pa.Table:
+    """meta/episodes with episode 5 one frame shorter than its rows, episode 6 starting a row early (the file's total
+    holds)."""
+    for name, fix in (("dataset_to_index", {5: -1}), ("dataset_from_index", {6: -1}), ("length", {5: -1, 6: 1})):
+        v = t[name].to_pylist()
+        for e, d in fix.items():
+            v[e] += d
+        t = t.set_column(t.column_names.index(name), t.schema.field(name), pa.array(v, t.schema.field(name).type))
+    return t
+
+
 def _h21_same_or_refused(monkeypatch, tmp_path, root, **kw):
     """The lazy open gives the eager open's samples (len, manifest index / result_row), or raises a typed error
     where its frames are read."""
@@ -568,15 +579,7 @@ def test_hostile21_meta_episodes_one_frame_short_window_to_the_end(monkeypatch, 
     """meta/episodes says episode 5 has 284 frames (dataset_to_index, length; episode 6 starting one row earlier, so
     the file's total holds), the data 285. A window to the episode's end: the join serves the data's 15 frames (and
     warns that meta/episodes disagrees); the lazy plan clips at meta's length, reads no frame after it, says nothing."""
-    def meta(t):
-        for name, fix in (("dataset_to_index", {5: -1}), ("dataset_from_index", {6: -1}), ("length", {5: -1, 6: 1})):
-            v = t[name].to_pylist()
-            for e, d in fix.items():
-                v[e] += d
-            t = t.set_column(t.column_names.index(name), t.schema.field(name), pa.array(v, t.schema.field(name).type))
-        return t
-
-    root = _h21_copy(tmp_path, datasets, meta=meta)
+    root = _h21_copy(tmp_path, datasets, meta=_episode_5_one_short)
     _h21_same_or_refused(monkeypatch, tmp_path, root, cameras=[],
                          sql="SELECT 5 AS episode_index, 9.0::DOUBLE AS start_s, 100.0::DOUBLE AS end_s")
 
@@ -633,15 +636,7 @@ def test_a_whole_episode_shorter_in_meta_than_in_its_rows_is_refused_where_read(
     the same row group, or in the next one (its footer statistics hold episode 5: that row group is read)."""
     from lerobot_sql.errors import DatasetFormatError
 
-    def meta(t):
-        for name, fix in (("dataset_to_index", {5: -1}), ("dataset_from_index", {6: -1}), ("length", {5: -1, 6: 1})):
-            v = t[name].to_pylist()
-            for e, d in fix.items():
-                v[e] += d
-            t = t.set_column(t.column_names.index(name), t.schema.field(name), pa.array(v, t.schema.field(name).type))
-        return t
-
-    root = _h21_copy(tmp_path, datasets, meta=meta)
+    root = _h21_copy(tmp_path, datasets, meta=_episode_5_one_short)
     if row_groups != "one":
         f = next((root / "data").rglob("*.parquet"))
         t = pq.read_table(f)
