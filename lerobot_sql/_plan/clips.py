@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from .._format.layout import Layout
 from ..errors import DatasetFormatError, warn
+from .contract import WINDOW_TOLERANCE_S
 
 
 def duplicate_episode_error(episode_index: int, rows: int) -> DatasetFormatError:
@@ -356,7 +357,8 @@ def check_window_frames(data_file: str, episode_index: np.ndarray, result_row: n
         raise DatasetFormatError(
             f"{data_file}: episode {int(episode_index[j])}'s frame {int(frame_index[j])} has timestamp "
             f"{float(ts[j])!r} s, {'outside' if inside[j] else 'inside'} the window of result row "
-            f"{int(result_row[j])} (frames at [{float(lo_s[j])!r}, {float(hi_s[j])!r}) s: its bounds less 1e-4 s), "
+            f"{int(result_row[j])} (frames at [{float(lo_s[j])!r}, {float(hi_s[j])!r}) s: its bounds less "
+            f"{WINDOW_TOLERANCE_S} s), "
             f"where the fps grid puts frame {int(position[j])} {'inside' if inside[j] else 'outside'}: {plan}, and "
             f"this dataset's timestamps stray from the grid at the window's bound. Move the bound half a frame "
             f"away from the frame times, or {out}")

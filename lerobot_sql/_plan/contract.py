@@ -171,6 +171,32 @@ def check_window_bounds(result: pa.Table, sql: str) -> None:
             f"half-open [start_s, end_s) in seconds from the episode start, so end_s must be larger: {sql!r}")
 
 
+# A window [start_s, end_s) holds the frames whose timestamp t has start_s - tol <= t < end_s - tol: the join's rule
+# (lerobot_sql._plan.resolve.build_manifest), which the plan on the fps grid follows (_plan.episodes.grid_window).
+WINDOW_TOLERANCE_S = 1e-4
+
+
+def pointer_lengths(ptr: pa.Table | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(episode_index, frames)`` per meta/episodes row (``dataset_to_index - dataset_from_index``, int64), or None
+    without usable pointers."""
+    if ptr is None or ptr["dataset_from_index"].null_count or ptr["dataset_to_index"].null_count:
+        return None
+    return (ptr["episode_index"].to_numpy(),
+            (ptr["dataset_to_index"].to_numpy() - ptr["dataset_from_index"].to_numpy()).astype(np.int64))
+
+
+def lengths_of(want: np.ndarray, eps: np.ndarray, lens: np.ndarray, missing: int = 0) -> np.ndarray:
+    """The frames (int64) of each episode of ``want``, by the episodes ``eps`` and their ``lens``; ``missing`` for
+    one not among them."""
+    want = np.asarray(want).astype(np.int64)
+    if not len(eps):
+        return np.full(len(want), missing, np.int64)
+    order = np.argsort(eps, kind="stable")
+    eps, lens = eps[order], np.asarray(lens)[order].astype(np.int64)
+    at = np.minimum(np.searchsorted(eps, want), len(eps) - 1)
+    return np.where(eps[at] == want, lens[at], missing)
+
+
 def check_sample_count(result: pa.Table, mode: str, layout: Layout, ptr: pa.Table | None, con, sql: str,
                         window_tolerance_s: float, before: int = 0) -> None:
     """Refuse an episode or window result whose samples (not rows: 20 episode rows may be 4,762 frames) exceed
@@ -191,26 +217,18 @@ def check_sample_count(result: pa.Table, mode: str, layout: Layout, ptr: pa.Tabl
     if result.num_rows > cap:  # a cheap bound first: every row is at least one sample
         total = None
     else:
-        if ptr is not None and not (ptr["dataset_from_index"].null_count or ptr["dataset_to_index"].null_count):
-            eps = ptr["episode_index"].to_numpy()
-            lens = ptr["dataset_to_index"].to_numpy() - ptr["dataset_from_index"].to_numpy()
-        else:
+        known = pointer_lengths(ptr)
+        if known is None:
             t = (con if isinstance(con, duckdb.DuckDBPyConnection) else con()).sql(
                 "SELECT episode_index, length FROM episodes WHERE episode_index IS NOT NULL AND length IS NOT NULL"
             ).to_arrow_table()
-            eps, lens = t["episode_index"].to_numpy(), t["length"].to_numpy()
-        order = np.argsort(eps, kind="stable")
-        eps, lens = eps[order], lens[order].astype(np.int64)
+            known = t["episode_index"].to_numpy(), t["length"].to_numpy()
+        # an episode missing from meta/episodes counts 0 here: resolving it raises naming it
+        length = lengths_of(result["episode_index"].to_numpy(zero_copy_only=False), *known)
         # Crafted pointers may claim 10**10 frames or a negative count (the join then reads the real rows): no
         # episode holds more frames than the dataset.
         most = layout.info.get("total_frames")
-        lens = np.clip(lens, 0, most if isinstance(most, int) and not isinstance(most, bool) and most >= 0 else None)
-        want = result["episode_index"].to_numpy(zero_copy_only=False).astype(np.int64)
-        # an episode missing from meta/episodes counts 0 here: resolving it raises naming it
-        length = np.zeros(len(want), np.int64)
-        if len(eps):
-            at = np.minimum(np.searchsorted(eps, want), len(eps) - 1)
-            length = np.where(eps[at] == want, lens[at], 0)
+        length = np.clip(length, 0, most if isinstance(most, int) and not isinstance(most, bool) and most >= 0 else None)
         if mode == "window":
             fps, tol = float(layout.fps), float(window_tolerance_s)
             with np.errstate(invalid="ignore", over="ignore"):
@@ -271,9 +289,9 @@ def _rows_text(result: pa.Table, rows: np.ndarray, length: np.ndarray | None = N
     return "; ".join(out) + ("; ..." if len(rows) > 3 else "")
 
 
-def warn_empty_windows(result: pa.Table, samples: np.ndarray, sql: str, length: np.ndarray | None = None,
-                       fps: float | None = None) -> None:
-    """Warn when window rows of ``result`` hold no frame (``samples``: each row's sample count): past the episode's
+def check_window_samples(result: pa.Table, samples: np.ndarray, sql: str, length: np.ndarray | None = None,
+                         fps: float | None = None) -> None:
+    """Refuse a window result none of whose rows holds a frame; warn when window rows of ``result`` hold no frame (``samples``: each row's sample count): past the episode's
     end, before its start, or narrower than a frame and between two. Their rows give no sample, which nothing
     said (a selection of 40 windows trained on 38). With each row's episode ``length`` (frames) and ``fps``, also
     warn of windows that reach past their episode's last frame time or start before 0, which are cut there (a
@@ -295,7 +313,7 @@ def warn_empty_windows(result: pa.Table, samples: np.ndarray, sql: str, length: 
              f"k / fps): one past the episode's end, or narrower than a frame and between two, holds none: "
              f"{sql!r:.200}")
     if length is not None and fps:
-        tol = 1e-4  # (the join's, lerobot_sql._plan.episodes.WINDOW_TOLERANCE_S)
+        tol = WINDOW_TOLERANCE_S
         start = result["start_s"].to_numpy(zero_copy_only=False).astype(np.float64)
         end = result["end_s"].to_numpy(zero_copy_only=False).astype(np.float64)
         with np.errstate(invalid="ignore"):

@@ -34,6 +34,7 @@ from .clips import (
     outside_clip,
     outside_clip_error,
 )
+from .contract import WINDOW_TOLERANCE_S, check_window_samples
 
 FRAME_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 
@@ -272,9 +273,6 @@ def _footer(src: Source, layout: Layout, rel: str, rows: int, keep: bool = True,
 # frames are checked where a process first reads it. Below it, every frame is read and checked at the open.
 # $LSQL_LAZY_FRAMES sets another bound (lazy_frames).
 LAZY_FRAMES = 2_000_000
-# A window [start_s, end_s) holds the frames whose timestamp t has start_s - tol <= t < end_s - tol (the join of
-# lerobot_sql._plan.resolve.build_manifest; grid_window plans the same rule on the fps grid).
-WINDOW_TOLERANCE_S = 1e-4
 
 
 def lazy_frames() -> int:
@@ -418,10 +416,8 @@ def episode_runs(src: Source, layout: Layout, result: pa.Table, *, sql: str, ptr
             return None  # a window empty on the grid that a frame within half a frame of it may lie in: read them
         sel_from, sel_to = sel_from + first, sel_from + end
     if not (sel_to - sel_from).sum():
-        if windows:  # which windows, and why they hold nothing
-            from .contract import warn_empty_windows
-
-            warn_empty_windows(result, sel_to - sel_from, sql, (hi - lo)[sel_rows], layout.fps)
+        if windows:  # which windows, and why they hold nothing (raises)
+            check_window_samples(result, sel_to - sel_from, sql, (hi - lo)[sel_rows], layout.fps)
         raise ResultContractError(f"the query's {'window' if windows else 'episode'} selection matched no frames: "
                                   f"{sql!r}")
     # the episodes with frames selected (a window may hold none): their clips, as the join finds them

@@ -186,7 +186,7 @@ def _plain_numbers(t: pa.Table) -> pa.Table:
 
 
 def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPyConnection], layout: Layout,
-                   result: pa.Table, *, sql: str, window_tolerance_s: float = 1e-4, ordered: bool = True,
+                   result: pa.Table, *, sql: str, window_tolerance_s: float = contract.WINDOW_TOLERANCE_S, ordered: bool = True,
                    src: Source | None = None, ptr: pa.Table | None = None, cameras: list[str] | None = None,
                    tolerance_s: float | None = None, before: int = 0, keep_extras: bool = True,
                    align: str = "timestamp") -> pa.Table:
@@ -340,10 +340,10 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
             raise stale
         note = _missing_data_note(con, src)
         if mode == "window" and not note:  # which windows, and why they hold nothing
-            contract.warn_empty_windows(result, np.zeros(result.num_rows, np.int64), sql, length, layout.fps)
+            contract.check_window_samples(result, np.zeros(result.num_rows, np.int64), sql, length, layout.fps)
         raise ResultContractError(f"the query's {mode} selection matched no frames{note}: {sql!r}")
     if mode == "window":
-        contract.warn_empty_windows(result, np.bincount(manifest["result_row"].to_numpy(), minlength=result.num_rows),
+        contract.check_window_samples(result, np.bincount(manifest["result_row"].to_numpy(), minlength=result.num_rows),
                                     sql, length, layout.fps)
     return _finish(manifest, clips, mode, extras, layout, sql, cameras)
 
@@ -351,18 +351,11 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
 def _row_lengths(result: pa.Table, ptr: pa.Table | None) -> np.ndarray | None:
     """Each result row's episode length in frames (meta/episodes' ``dataset_to_index - dataset_from_index``), or
     None without usable pointers (or a row's episode missing from them)."""
-    if ptr is None or ptr["dataset_from_index"].null_count or ptr["dataset_to_index"].null_count:
+    known = contract.pointer_lengths(ptr)
+    if known is None:
         return None
-    eps = ptr["episode_index"].to_numpy()
-    lens = ptr["dataset_to_index"].to_numpy() - ptr["dataset_from_index"].to_numpy()
-    order = np.argsort(eps, kind="stable")
-    want = result["episode_index"].to_numpy(zero_copy_only=False)
-    if not len(eps):
-        return None
-    at = np.minimum(np.searchsorted(eps[order], want), len(eps) - 1)
-    if (eps[order][at] != want).any():
-        return None
-    return lens[order][at]
+    length = contract.lengths_of(result["episode_index"].to_numpy(zero_copy_only=False), *known, missing=-1)
+    return None if (length < 0).any() else length
 
 
 def _missing_data_note(con, src: Source | None) -> str:
@@ -428,7 +421,7 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
     then by episode, as :func:`build_manifest` sorts it) kept as its episodes, without a row per frame
     (:func:`lerobot_sql._plan.episodes.episode_runs`): for selections of more than
     :func:`lerobot_sql._plan.episodes.lazy_frames` frames, whose open then costs O(episodes). With ``windows``,
-    a window selection (``episode_index, start_s, end_s`` rows, bounds in float64 or integer seconds, no other
+    a window selection (``episode_index, start_s, end_s`` rows, numeric bounds taken as float64 seconds, no other
     column) too, each window's frames planned on the fps grid and checked where read (what the dataset's items do:
     statistics and exports read every frame of a window selection).
 
@@ -468,10 +461,7 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
     eps = ptr["episode_index"].to_numpy()
     length = hi.to_numpy() - lo.to_numpy()
     if window:  # the windows' frames on the grid (an episode missing from meta/episodes: 0 here, refused below)
-        order = np.argsort(eps, kind="stable")
-        want_ep = result["episode_index"].to_numpy()
-        at = np.minimum(np.searchsorted(eps[order], want_ep), max(len(eps) - 1, 0))
-        ep_len = np.where(eps[order][at] == want_ep, length[order][at], 0) if len(eps) else np.zeros(len(want_ep))
+        ep_len = contract.lengths_of(result["episode_index"].to_numpy(), eps, length)
         first, end = episodes.grid_window(result["start_s"].to_numpy(), result["end_s"].to_numpy(),
                                           np.maximum(ep_len, 0), layout.fps)
         frames = int((end - first).sum())
@@ -487,7 +477,7 @@ def episode_runs(layout: Layout, result: pa.Table, *, sql: str, src: Source, ptr
         return None
     table, infos, clips, rules = got
     if window:
-        contract.warn_empty_windows(result, table["sel_to_index"].to_numpy() - table["sel_from_index"].to_numpy(), sql,
+        contract.check_window_samples(result, table["sel_to_index"].to_numpy() - table["sel_from_index"].to_numpy(), sql,
                                     table["ep_to_index"].to_numpy() - table["ep_from_index"].to_numpy(), layout.fps)
     _refuse_missing_pointers(table, layout, cameras)  # as the frames' path (_finish), on one row per episode
     empty = {"index": pa.int64(), "episode_index": pa.int64(), "frame_index": pa.int64(), "timestamp": pa.float32(),
