@@ -294,6 +294,7 @@ class Database(QueryFace):
         path = plan_manifest.manifest_path_of(sql)  # a str is SQL (one naming an existing .parquet file: deprecated)
         kept = keep = lazy = None
         frames_unread = False  # opened without reading its frames (a large whole-episode selection)
+        windows_unread = False  # (of them) a window selection, whose frames are checked where read
         if stride > 1 and (sql is None or isinstance(sql, str) and path is None):
             # every frame of the selection resolved (no selection cache, no lazy open), then its frames on the grid
             if sql is None:
@@ -335,8 +336,7 @@ class Database(QueryFace):
                 if lazy is not None:
                     frames_unread = True
                     episodes = result["episode_index"].to_pylist()
-                    if lazy[2].windows:  # the windows' frames are checked where read: the statistics read them so
-                        frames_unread = "windows"
+                    windows_unread = lazy[2].windows  # the statistics read its frames through the same checks
         grid = None
         if stride > 1:
             manifest = regrid.on_grid(manifest, stride, plan_manifest.Meta.of(manifest).mode,
@@ -358,7 +358,7 @@ class Database(QueryFace):
         if stats == "selection" and grid is not None:
             def stats_fn(db=self, m=manifest, g=grid):  # the kept frames, numbered at the new rate
                 return db._grid_stats(m, g)
-        elif stats == "selection" and frames_unread == "windows":
+        elif stats == "selection" and windows_unread:
             samples: list = []  # (the dataset's sample table, set below: ds.meta, which holds this, may outlive ds)
 
             def stats_fn(db=self, samples=samples):  # its manifest, every frame read (and checked) now
@@ -380,7 +380,7 @@ class Database(QueryFace):
                                max_open_decoders=max_open_decoders, seek_reach=seek_reach, stats=stats_fn,
                                depth_output_unit=depth_output_unit, align=align, _kept=kept, _keep=keep,
                                _episodes=lazy, _grid=grid)
-        if stats == "selection" and frames_unread == "windows":
+        if stats == "selection" and windows_unread:
             samples.append(ds._samples)
         return ds
 

@@ -558,13 +558,14 @@ class FrameColumns:
             rows = self._run_off[runs][rep] + k
             r = runs[rep]
             first = t.runs.start[r]  # each row's first sample in its run
-            ep_from, ep_to = t.ep_from.per_run[r], t.ep_to.per_run[r]
-            check_frames(self.rules, src.path(rel), cols["index"][rows], cols["episode_index"][rows],
-                         cols["frame_index"][rows], cols["timestamp"][rows], t.index[first] + k,
-                         t.run_episode[r], ep_from, ep_to - ep_from)
-            self._check_edges(slot, cols, runs)
-            if t.run_window is not None:
+            if t.run_window is None:
+                ep_from, ep_to = t.ep_from.per_run[r], t.ep_to.per_run[r]
+                check_frames(self.rules, src.path(rel), cols["index"][rows], cols["episode_index"][rows],
+                             cols["frame_index"][rows], cols["timestamp"][rows], t.index[first] + k,
+                             t.run_episode[r], ep_from, ep_to - ep_from)
+            else:  # (these checks of every row of the windows' episodes here, a superset of the runs' rows)
                 self._check_windows(slot, cols, runs, rows, r, t.index[first] + k)
+            self._check_edges(slot, cols, runs)
             self._checked[slot] = True
         # (as stored by lerobot, float32 and int64: no cast; another type through Arrow's checked cast)
         ts, task = cols["timestamp"], cols["task_index"]
