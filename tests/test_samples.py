@@ -233,8 +233,18 @@ def test_a_selection_opened_without_its_frames_keeps_bytes_per_run_not_per_frame
     assert runs <= 2 * lazy.num_episodes and size < 16_000 + 200 * runs, (size, runs, len(lazy))
 
 
-@pytest.mark.parametrize("damage", ["timestamp off the grid", "a row of another episode", "frame -1 of the clip"])
-def test_frames_left_to_their_row_group_are_checked_where_read(monkeypatch, tmp_path, datasets, damage):
+def _write_a_row_group_per_episode(t: pa.Table, f) -> None:
+    ep = t["episode_index"].to_numpy()
+    cuts = [0, *(np.flatnonzero(np.diff(ep)) + 1).tolist(), t.num_rows]
+    with pq.ParquetWriter(f, t.schema) as w:
+        for a, b in zip(cuts, cuts[1:]):
+            w.write_table(t.slice(a, b - a))
+
+
+@pytest.mark.parametrize("row_groups", ["200 rows", "an episode each"])
+@pytest.mark.parametrize("damage", ["timestamp off the grid", "a row of another episode", "frame -1 of the clip",
+                                    "two rows swapped"])
+def test_frames_left_to_their_row_group_are_checked_where_read(monkeypatch, tmp_path, datasets, damage, row_groups):
     """The checks the open of every frame makes (lerobot_sql._plan.clips.check_frames) run per row group when a
     selection opens without its frames: the damaged row group's items raise DatasetFormatError naming the data file
     and episode; the other row groups' items are served, equal to the intact dataset's."""
@@ -251,8 +261,11 @@ def test_frames_left_to_their_row_group_are_checked_where_read(monkeypatch, tmp_
     ref = lsql.connect(datasets / "small20", cache_dir=tmp_path / "ref").dataset()
     ep = t["episode_index"].to_numpy()
     j = int(np.flatnonzero(ep == 5)[0])  # episode 5's first row
-    cols = {c: t[c].to_numpy().copy() for c in ("timestamp", "episode_index", "frame_index")}
-    if damage == "timestamp off the grid":
+    cols = {c: t[c].to_numpy().copy() for c in ("timestamp", "episode_index", "frame_index", "index")}
+    if damage == "two rows swapped":  # every row on the grid, of its episode, in its clip: only the order is wrong
+        for v in cols.values():
+            v[[j + 3, j + 4]] = v[[j + 4, j + 3]]
+    elif damage == "timestamp off the grid":
         cols["timestamp"][j + 3] += 0.7 / 30
     elif damage == "a row of another episode":
         cols["episode_index"][j + 3] = 6
@@ -261,9 +274,13 @@ def test_frames_left_to_their_row_group_are_checked_where_read(monkeypatch, tmp_
         cols["timestamp"][j] = -1 / 30
     for c, v in cols.items():
         t = t.set_column(t.column_names.index(c), c, pa.array(v, t[c].type))
-    pq.write_table(t, f, row_group_size=200)
-    with pytest.raises(DatasetFormatError):  # the open that reads every frame refuses it
-        lsql.connect(root, cache_dir=tmp_path / "eager").dataset()
+    if row_groups == "200 rows":
+        pq.write_table(t, f, row_group_size=200)
+    else:  # (a run per row group: the lazy check's one-run path)
+        _write_a_row_group_per_episode(t, f)
+    if damage != "two rows swapped":  # (the join reads each frame by its own index: a swap is no error there)
+        with pytest.raises(DatasetFormatError):  # the open that reads every frame refuses it
+            lsql.connect(root, cache_dir=tmp_path / "eager").dataset()
     lazy = _lazy(monkeypatch, root, tmp_path / "lazy")
     with pytest.raises(DatasetFormatError, match="episode 5"):
         lazy[j + 3]
@@ -627,7 +644,8 @@ def test_windows_over_float64_timestamps_are_planned_on_their_grid(monkeypatch, 
     assert lazy.manifest["index"].to_pylist() == eager.manifest["index"].to_pylist()
 
 
-@pytest.mark.parametrize("row_groups", ["one", "cut where meta/episodes says each episode ends"])
+@pytest.mark.parametrize("row_groups", ["one", "cut where meta/episodes says each episode ends",
+                                        "cut so, without statistics"])
 def test_a_whole_episode_shorter_in_meta_than_in_its_rows_is_refused_where_read(monkeypatch, tmp_path, datasets,
                                                                                row_groups):
     """meta/episodes gives episode 5 one frame fewer than its rows (episode 6 starting a row early, so the file's
@@ -641,7 +659,7 @@ def test_a_whole_episode_shorter_in_meta_than_in_its_rows_is_refused_where_read(
         f = next((root / "data").rglob("*.parquet"))
         t = pq.read_table(f)
         ends = pq.read_table(next((root / "meta" / "episodes").rglob("*.parquet")))["dataset_to_index"].to_pylist()
-        with pq.ParquetWriter(f, t.schema) as w:
+        with pq.ParquetWriter(f, t.schema, write_statistics="without" not in row_groups) as w:
             a = 0
             for b in ends:
                 w.write_table(t.slice(a, b - a))

@@ -250,6 +250,27 @@ def test_a_null_in_a_numeric_feature_is_refused_where_it_is_read(datasets, tmp_p
         ds[5]
 
 
+@pytest.mark.parametrize("name, column, how", [("img5_extras", "next.reward", "cell"), ("small20", "action", "element")])
+def test_a_null_in_a_row_group_read_after_clean_ones_is_refused(datasets, tmp_path, name, column, how):
+    """A row group of a file schema already read clean takes the short path (its NULL checks only, not the
+    per-column type checks): a NULL there is still refused, naming the column and row."""
+    import lerobot_sql as lsql
+
+    root = tmp_path / name
+    shutil.copytree(datasets / name, root, ignore=shutil.ignore_patterns("videos"))
+    f = sorted(root.glob("data/*/*.parquet"))[0]
+    t = pq.read_table(f)
+    v = t[column].to_pylist()
+    v[250] = [None, *v[250][1:]] if how == "element" else None
+    pq.write_table(t.set_column(t.column_names.index(column), column, pa.array(v, t.schema.field(column).type)), f,
+                   row_group_size=100)
+    ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[])
+    for i in (5, 105):  # two clean row groups of the schema first
+        assert ds[i]["index"] == i
+    with pytest.raises(DatasetFormatError, match=rf"column '{column}' (is NULL|has a NULL element) in row 50"):
+        ds[250]
+
+
 def test_footer_facts_are_kept_per_file_version(datasets, tmp_path, monkeypatch):
     """``data_file_info(keep=False, cache_dir=...)`` (the lazy open's footers: 35 ms each at 5,000 row groups) keeps
     the row-group offsets and schema per file version: the next call parses no footer and gives the same facts; a
