@@ -2,7 +2,7 @@
 """Training-loader benchmark: lerobot_sql's DataLoader against lerobot 0.4.4 and 0.6.1 and the PyAV limit.
 
     python -m benchmarks.bench_train [--dataset small20] [--quick] [--rounds 5] [--items 1536] [--batch 32]
-                                     [--workers 2] [--uint8] [--peer-python PATH] [--peer06-python PATH] [--no-peer]
+                                     [--workers 2] [--uint8] [--peer-python PATH] [--peer-06 PATH] [--no-peer]
                                      [--json OUT]
     python -m benchmarks.bench_train --remote [--mbit 100|1000] [--latency-ms 20] [--order blocks|random]
                                      [--block 32] [--k 8] [--rounds 3] [--no-pin] ...
@@ -24,7 +24,7 @@ Local run (default), in this order:
     one process decoding the same items' camera frames (the profile's camera window, clamped to the episode) with
     PyAV alone (``run.DecodeLimit``: rgb24 ndarrays, no tensors), times the number of workers;
   * lerobot 0.4.4 (``--peer-python``, default ``$LSQL_PEER_PYTHON``, else ../peer/bin/python beside the checkout)
-    and lerobot 0.6.1 (``--peer06-python``, default ``$LSQL_PEER06_PYTHON``, else ../peer06/bin/python beside the
+    and lerobot 0.6.1 (``--peer-06``, also spelt ``--peer06-python``, as in bench_open and bench_loop; default ``$LSQL_PEER06_PYTHON``, else ../peer06/bin/python beside the
     checkout when present), each in a clean process of its own (``peer_lerobot.py`` train mode: torchcodec decoders
     fail in workers forked from a process that already decoded), offline with a throwaway HF_HOME: one
     ``LeRobotDataset`` per profile, then ``rounds + 1`` passes, the first being "cold" (the first DataLoader pass
@@ -512,7 +512,7 @@ def run(argv=None) -> int:
     ap.add_argument("--peer-python", default=DEFAULT_PEER,
                     help="interpreter with lerobot 0.4.4 (default $LSQL_PEER_PYTHON, else ../peer/bin/python beside "
                          "the checkout)")
-    ap.add_argument("--peer06-python",
+    ap.add_argument("--peer06-python", "--peer-06", dest="peer06_python",
                     default=DEFAULT_PEER06 if os.environ.get("LSQL_PEER06_PYTHON") or Path(DEFAULT_PEER06).exists()
                     else "",
                     help="interpreter with lerobot 0.6.1 (default $LSQL_PEER06_PYTHON, else ../peer06/bin/python "
