@@ -18,7 +18,7 @@ over the data files as a rule:
   where the values of all of them were kept, the ranks are read from those exactly; else one more pass, over those
   features' columns only, keeps those bins' values (:func:`_quantiles`).
 
-Memory is a chunk of rows (:data:`CHUNK_ROWS`), the kept values (bounded by :data:`_KEPT_AT_MOST` per feature) and
+Memory is a chunk of rows (:data:`CHUNK_ROWS`), the kept values (bounded by :data:`_KEPT_AT_MOST` per element) and
 the exact counts' runs (:data:`_RUNS_AT_MOST`); past those bounds a feature takes the second pass instead.
 """
 
@@ -39,9 +39,9 @@ CHUNK_ROWS = 1 << 19  # rows decoded at a time: ~50 MB for a 12-float state and 
 BINS = 1 << 16  # histogram bins per element, between an underflow and an overflow bin
 _KEEP_AT_MOST = 1 << 22  # values an element may keep for its quantiles before its bins are made over its own range
 _RUNS_AT_MOST = 1 << 21  # runs of an integer feature's exact counts (every element) before they are given up
-_MARGIN_Z = 6.0  # the first pass keeps the values within this many standard errors of a needed rank's place
+_MARGIN_Z = 4.0  # the first pass keeps the values within this many standard errors of a needed rank's place
 _MARGIN_MIN = 0.002  # ... and within this fraction of the values at least (scaled by the fraction left to count)
-_KEPT_AT_MOST = 1 << 23  # values a feature may keep in the first pass (every element) before it stops
+_KEPT_AT_MOST = 1 << 21  # values an element may keep in the first pass (8 MB of float32) before its feature stops
 
 
 @dataclasses.dataclass
@@ -278,62 +278,63 @@ class _Keep:
     total: int  # values (weighted) the pass counts
     runs: int  # runs the selection holds (episodes, windows): the draws the margin counts
     need: np.ndarray  # int64, the needed ranks (0-based, sorted)
-    lut: np.ndarray  # (elements, BINS + 2) bool: the bins whose values are kept now
+    lut: np.ndarray  # (elements, BINS + 2) bool: the bins whose values are kept from the chunk counted last
     complete: np.ndarray  # (elements, BINS + 2) bool: the bins whose every value counted so far was kept
+    bins: _Bins  # the feature's (its kept values' bins are computed again when needed: half the memory)
     vals: list[list[np.ndarray]]  # per element: kept values, as read
-    bins: list[list[np.ndarray]]  # per element: their bins (int32)
     weights: list[list[np.ndarray | None]]  # per element: their weights (int64; None: a chunk served once)
     held: np.ndarray  # int64 (elements,): values kept
     pruned: np.ndarray  # int64 (elements,): values kept after the last pruning
 
     @classmethod
-    def of(cls, elements: int, total: int, runs: int, quantiles: tuple[float, ...]) -> "_Keep":
+    def of(cls, bins: _Bins, elements: int, total: int, runs: int, quantiles: tuple[float, ...]) -> "_Keep":
         return cls(total, max(1, runs), _needed(total, quantiles), np.ones((elements, BINS + 2), bool),
-                   np.ones((elements, BINS + 2), bool), [[] for _ in range(elements)],
-                   [[] for _ in range(elements)], [[] for _ in range(elements)], np.zeros(elements, np.int64),
-                   np.zeros(elements, np.int64))
+                   np.ones((elements, BINS + 2), bool), bins, [[] for _ in range(elements)],
+                   [[] for _ in range(elements)], np.zeros(elements, np.int64), np.zeros(elements, np.int64))
 
-    def add(self, j: int, x: np.ndarray, b: np.ndarray, w: np.ndarray | None, got: np.ndarray) -> None:
-        """Element ``j``'s values ``x`` of a chunk, their bins ``b`` and weights ``w``, and the chunk's counts per
-        bin ``got``: the values of kept bins are kept; a bin not kept that got values is no longer complete."""
+    def add(self, j: int, x: np.ndarray, b: np.ndarray, w: np.ndarray | None, got: np.ndarray, counts: np.ndarray,
+            seen: int) -> None:
+        """Element ``j``'s values ``x`` of a chunk, their bins ``b`` and weights ``w``, the chunk's counts per bin
+        ``got``, and the element's histogram with them (``counts``, ``seen`` values): the bins to keep are chosen
+        from the histogram (so the first chunk keeps no more than a later one), their values kept; a bin not kept
+        that got values is no longer complete."""
+        self._narrow(j, counts, seen)
         at = np.flatnonzero(np.take(self.lut[j], b))  # (take: twice as fast as lut[j][b])
         if len(at):
             self.vals[j].append(x[at])
-            self.bins[j].append(b[at].astype(np.int32))  # (half the memory of intp)
             self.weights[j].append(None if w is None else w[at])
             self.held[j] += len(at)
         self.complete[j] &= self.lut[j] | (got == 0)
 
-    def narrow(self, counts: np.ndarray, seen: int) -> None:
-        """The bins to keep from the next chunk on, once ``seen`` values of ``total`` are counted in ``counts``
-        (elements, BINS + 2)."""
+    def _narrow(self, j: int, counts: np.ndarray, seen: int) -> None:
+        """Element ``j``'s bins to keep, once ``seen`` values of ``total`` are counted in ``counts`` (BINS + 2,)."""
         left = self.total - seen
         f = seen / self.total
         draws = self.runs * f  # (the runs counted so far, were they of one length)
         p = (self.need + 0.5) / self.total
+        # The standard error of the fraction below a rank's value between the runs counted and those left, were
+        # each run wholly on one side of it (the most runs can vary: frames of one episode move together)
         spread = np.sqrt(p * (1 - p) * (1 / max(draws, 1.0) + 1 / max(self.runs - draws, 1.0)))
         margin = (1 - f) * np.maximum(_MARGIN_Z * spread, _MARGIN_MIN) * seen  # in ranks of the counted values
         at = p * seen
-        cum = np.cumsum(counts, axis=1)
-        for j in range(len(counts)):
-            # the bins over the counted ranks [at - margin, at + margin], within those that can still hold the
-            # rank whatever the rows left hold (all ``left`` values below it, or none)
-            lo = np.searchsorted(cum[j], np.maximum(at - margin, self.need - left), side="right")
-            hi = np.searchsorted(cum[j], np.minimum(at + margin, self.need), side="right")
-            lo, hi = np.minimum(lo, BINS + 1), np.minimum(hi, BINS + 1)
-            ok = lo <= hi
-            step = np.zeros(BINS + 3, np.int64)
-            np.add.at(step, lo[ok], 1)
-            np.add.at(step, hi[ok] + 1, -1)
-            self.lut[j] = (np.cumsum(step[:BINS + 2]) > 0) & self.complete[j]
-            if self.held[j] > 2 * self.pruned[j] + BINS:  # (values of bins dropped since: let go)
-                self._prune(j)
+        cum = np.cumsum(counts)
+        # the bins over the counted ranks [at - margin, at + margin], within those that can still hold the rank
+        # whatever the rows left hold (all ``left`` values below it, or none)
+        lo = np.searchsorted(cum, np.maximum(at - margin, self.need - left), side="right")
+        hi = np.searchsorted(cum, np.minimum(at + margin, self.need), side="right")
+        lo, hi = np.minimum(lo, BINS + 1), np.minimum(hi, BINS + 1)
+        ok = lo <= hi
+        step = np.zeros(BINS + 3, np.int64)
+        np.add.at(step, lo[ok], 1)
+        np.add.at(step, hi[ok] + 1, -1)
+        self.lut[j] = (np.cumsum(step[:BINS + 2]) > 0) & self.complete[j]
+        if 2 * self.held[j] > 3 * self.pruned[j] + BINS:  # (values of bins dropped since: let go)
+            self._prune(j)
 
     def _prune(self, j: int) -> None:
-        b = np.concatenate(self.bins[j])
-        at = np.flatnonzero(np.take(self.lut[j], b))
-        self.vals[j] = [np.concatenate(self.vals[j])[at]]
-        self.bins[j] = [b[at]]
+        x = np.concatenate(self.vals[j])
+        at = np.flatnonzero(np.take(self.lut[j], self.bins.one(j, x)))
+        self.vals[j] = [x[at]]
         w = self._weights(j)
         self.weights[j] = [None if w is None else w[at]]
         self.held[j] = self.pruned[j] = len(at)
@@ -352,10 +353,10 @@ class _Keep:
             return None
         if not self.vals[j]:
             return np.zeros(0), np.zeros(0, np.int64)
-        b = np.concatenate(self.bins[j])
-        at = np.flatnonzero(np.isin(b, want))
+        x = np.concatenate(self.vals[j])
+        at = np.flatnonzero(np.isin(self.bins.one(j, x), want))
         w = self._weights(j)
-        return _distinct(np.concatenate(self.vals[j])[at].astype(np.float64), None if w is None else w[at])
+        return _distinct(x[at].astype(np.float64), None if w is None else w[at])
 
 
 @dataclasses.dataclass
@@ -553,12 +554,10 @@ def column_stats(src: Source, layout: Layout, files: list[FileRuns], keys: list[
                 if k not in bins:  # no range known: the first chunk's (a value outside lands in an edge bin)
                     bins[k] = _Bins.over(lo, hi)
                 if k not in counts:
-                    keep[k] = _Keep.of(len(x), total, runs, quantiles)
+                    keep[k] = _Keep.of(bins[k], len(x), total, runs, quantiles)
                 _count(counts, k, bins[k], x, w, keep.get(k), lo)
-                if k in keep:
-                    keep[k].narrow(counts[k], moments[k].n)
-                    if int(keep[k].held.sum()) > _KEPT_AT_MOST:  # (its quantiles by a second pass)
-                        del keep[k]
+                if k in keep and int(keep[k].held.max()) > _KEPT_AT_MOST:  # (its quantiles by a second pass)
+                    del keep[k]
     n = next(iter(moments.values())).n if keys else 0
     if n == 0 and keys:
         raise ValueError("the selection serves no row: statistics of no samples are undefined")
@@ -631,7 +630,7 @@ def _count(counts: dict[str, np.ndarray], key: str, bins: _Bins, x: np.ndarray, 
         got = got if wf is None else np.rint(got).astype(np.int64)
         c[j] += got
         if keep is not None:
-            keep.add(j, x[j], b, w, got)
+            keep.add(j, x[j], b, w, got, c[j], int(c[j].sum()))
 
 
 def _quantiles(src: Source, layout: Layout, files: list[FileRuns], keys: list[str], n: int,
