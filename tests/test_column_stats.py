@@ -195,3 +195,100 @@ def test_bins_keep_order_and_send_infinities_to_the_ends():
     one = column_stats._Bins.over(np.array([3.0]), np.array([3.0]))  # a range of one value
     got = one.of(np.array([[-np.inf, 2.0, 3.0, 3.5, 9.0, np.inf]], np.float32))[0]
     assert (np.diff(got) >= 0).all()
+
+
+def _passes(monkeypatch) -> list[list[str]]:
+    """The columns of each pass over the data files column_stats makes (a list filled as they start)."""
+    seen = []
+    real = column_stats._chunks
+
+    def spy(src, layout, files, columns, **kw):
+        seen.append(sorted(columns))
+        return real(src, layout, files, columns, **kw)
+
+    monkeypatch.setattr(column_stats, "_chunks", spy)
+    return seen
+
+
+@pytest.mark.parametrize("sql", ["SELECT episode_index FROM episodes",
+                                 "SELECT 3 AS episode_index, 0.0 AS start_s, 1.0 AS end_s UNION ALL "
+                                 "SELECT 3, 0.5, 1.5 ORDER BY episode_index, start_s"])
+def test_exact_quantiles_in_one_pass(sample, tmp_path, small_spans, monkeypatch, sql):
+    """Integer features are counted exactly and the others keep the values near each needed rank as they are
+    binned: one pass over the data files gives every statistic (also with frames served twice)."""
+    passes = _passes(monkeypatch)
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    _check(db.stats(sql), _frames(sample), db.manifest(sql).column("index").to_numpy())
+    assert passes == [sorted(NUMERIC)]
+
+
+@pytest.mark.parametrize("ranges", [True, False], ids=["ranged", "unranged"])
+def test_values_kept_too_narrowly_are_read_again_never_guessed(sample, tmp_path, small_spans, monkeypatch,
+                                                                 ranges):
+    """With no margin the first pass keeps too few values for most needed bins: those features' columns (only
+    theirs) are read again, and the quantiles stay exact; without per-episode ranges the first chunk's range bins
+    them."""
+    from lerobot_sql import stats as lsql_stats
+
+    monkeypatch.setattr(column_stats, "_MARGIN_Z", 0.0)
+    monkeypatch.setattr(column_stats, "_MARGIN_MIN", 0.0)
+    if not ranges:
+        monkeypatch.setattr(lsql_stats, "_episode_ranges", lambda con, sel, keys: {})
+    passes = _passes(monkeypatch)
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    sql = "SELECT episode_index FROM episodes WHERE episode_index < 15"
+    _check(db.stats(sql), _frames(sample), db.manifest(sql).column("index").to_numpy())
+    assert passes[0] == sorted(NUMERIC)
+    assert len(passes) == 2 and set(passes[1]) <= {"observation.state", "action", "timestamp"}
+
+
+def test_integer_features_too_spread_for_exact_counts_are_binned(sample, tmp_path, small_spans, monkeypatch):
+    """An integer feature whose exact counts grow past _RUNS_AT_MOST is binned in a pass of its own instead, with
+    the same exact quantiles."""
+    monkeypatch.setattr(column_stats, "_RUNS_AT_MOST", 8)
+    again = []
+    real = column_stats._histograms
+    monkeypatch.setattr(column_stats, "_histograms", lambda src, layout, files, keys, *a: (
+        again.append(list(keys)), real(src, layout, files, keys, *a))[1])
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    sql = "SELECT episode_index FROM episodes"
+    _check(db.stats(sql), _frames(sample), db.manifest(sql).column("index").to_numpy())
+    assert again and {"index", "frame_index"} <= set(again[0]) <= {"index", "frame_index", "episode_index",
+                                                                   "task_index"}
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int8, np.uint64, np.bool_])
+def test_exact_counts_merge_chunks_and_weights(monkeypatch, dtype):
+    """_Counts over chunks of overlapping values (merged when many), weighted, equals np.quantile over the values
+    repeated by their weights; an int8 column's span (255) does not wrap; a chunk spanning far more values than it
+    has rows gives up."""
+    monkeypatch.setattr(column_stats, "_RUNS_AT_MOST", 1200)  # (merged once or twice)
+    rng = np.random.default_rng(3)
+    hi = 2 if dtype is np.bool_ else 120
+    lo = 0 if dtype in (np.uint64, np.bool_) else -128 if dtype is np.int8 else -7
+    c = column_stats._Counts.of(2)
+    xs, ws = [], []
+    for i in range(9):
+        x = rng.integers(lo, hi, (2, 50 + i)).astype(dtype)
+        w = rng.integers(1, 4, x.shape[1]) if i % 2 else None
+        c.add(x, w, x.min(1), x.max(1))
+        xs.append(x)
+        ws.append(np.ones(x.shape[1], np.int64) if w is None else w)
+    assert c.parts is not None and (dtype is np.bool_ or all(len(p) < 9 for p in c.parts))  # (merged)
+    x = np.concatenate(xs, axis=1).astype(np.float64)
+    w = np.concatenate(ws)
+    ref = np.quantile(np.repeat(x, w, axis=1), QS, axis=1)
+    np.testing.assert_array_equal(c.quantiles(int(w.sum()), QS), ref)
+    if dtype is np.int64:
+        c.add(np.array([[0, 10 ** 9], [1, 2]], np.int64), None, np.array([0, 1]), np.array([10 ** 9, 2]))
+        assert c.parts is None
+
+
+def test_merged_runs_add_counts_where_they_overlap():
+    parts = [(np.array([0, 5]), np.array([3, 2]), np.array([1, 4])), (np.array([2]), np.array([4]), np.array([2]))]
+    start, length, count = column_stats._merged(parts)
+    held = np.zeros(8, np.int64)
+    for s, n, c in zip(start.tolist(), length.tolist(), count.tolist()):
+        held[s:s + n] += c
+    assert held.tolist() == [1, 1, 3, 2, 2, 6, 4, 0]
+    assert (np.diff(start) > 0).all() and (count > 0).all()
