@@ -305,7 +305,7 @@ _NORMAL_SCHEMAS: dict[int, tuple[Layout, list[tuple[pa.Schema, list[int]]]]] = {
 
 def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
     batches = table.to_batches()  # (one, for a row group read: its columns without the chunked wrappers)
-    arrays = batches[0].columns if len(batches) == 1 else [c.combine_chunks() for c in table.columns]
+    arrays = batches[0].columns if len(batches) == 1 else table.columns
     if any(c.null_count for c in arrays):  # (the usual row group has none: one pass, no lookups by name)
         check_frame_nulls(table, where)
     else:
@@ -314,8 +314,10 @@ def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
         for schema, lists in _NORMAL_SCHEMAS.get(id(layout), (None, ()))[1]:
             if table.schema.equals(schema):
                 for j in lists:
-                    if arrays[j].values.null_count:
-                        _check_feature_nulls(arrays[j], table.schema.names[j], where)
+                    col = arrays[j]
+                    if any(c.values.null_count for c in (col.chunks if len(batches) != 1 else [col])):
+                        _check_feature_nulls(col if len(batches) == 1 else col.combine_chunks(),
+                                             table.schema.names[j], where)
                 return table
     cols, changed = {}, False
     for name, col in zip(table.column_names, table.columns):
@@ -396,10 +398,15 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
     try:
         # One thread: this runs in DataLoader workers forked from a parent whose Arrow thread pool was busy; one row
         # group gains nothing from threads, and a fork-inherited pool is a hazard.
-        if local is not None:
+        if local is not None and one_table:
+            # a scan (statistics, exports): a reader of its own, not kept. A kept one holds the footer it was given,
+            # and a scan's footers are parsed afresh, not kept (~32 MB each at 5,000 row groups): kept per scan
+            # thread, 20 files' footers stayed alive for each pass of db.stats
+            with pq.ParquetFile(local, metadata=md, pre_buffer=False, buffer_size=_READ_BUFFER) as pf:
+                out = [pf.read_row_groups([int(rg) for rg in rgs], columns=columns, use_threads=use_threads)]
+        elif local is not None:
             pf = _reader(local, info.identity, md)
-            out = [pf.read_row_groups([int(rg) for rg in rgs], columns=columns, use_threads=use_threads)] \
-                if one_table else [pf.read_row_group(int(rg), columns=columns, use_threads=False) for rg in rgs]
+            out = [pf.read_row_group(int(rg), columns=columns, use_threads=False) for rg in rgs]
         else:
             with src.open(info.rel) as f:
                 pf = pq.ParquetFile(f, metadata=md)
