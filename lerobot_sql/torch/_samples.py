@@ -476,23 +476,16 @@ def episode_run_table(episodes: pa.Table, infos: "Footers", video_keys: list[str
     return pa.table({c: pa.array(v) for c, v in cols.items()}).replace_schema_metadata(meta)
 
 
-def _episode_ranges(md) -> tuple[np.ndarray, np.ndarray]:
-    """Per row group of a data file (``md``: its parsed footer): the (min, max) of ``episode_index`` its
-    statistics give (int64 arrays); the whole int64 range where there are none (no column, no statistics), so
-    that no episode is ruled out there."""
-    n = md.num_row_groups
-    info = np.iinfo(np.int64)
-    lo, hi = np.full(n, info.min, np.int64), np.full(n, info.max, np.int64)
-    names = [md.schema.column(i).path for i in range(md.num_columns)]
-    if "episode_index" in names:
-        j = names.index("episode_index")
-        for rg in range(n):
-            st = md.row_group(rg).column(j).statistics
-            if st is not None and st.has_min_max and isinstance(st.min, (int, float)) and \
-                    isinstance(st.max, (int, float)) and math.isfinite(st.min) and math.isfinite(st.max):
-                # (rounded outwards: a column of another type than lerobot's int64 rules out nothing it holds)
-                lo[rg], hi[rg] = max(math.floor(st.min), info.min), min(math.ceil(st.max), info.max)
-    return lo, hi
+def _episode_range(md, j: int, rg: int) -> tuple[float, float]:
+    """The (min, max) of ``episode_index`` that row group ``rg``'s footer statistics give (``md`` the file's parsed
+    footer, ``j`` the column's leaf position), or the whole line where there are none or they are not finite numbers
+    (a column of another type than lerobot's int64): nothing is ruled out there."""
+    st = md.row_group(rg).column(j).statistics
+    if st is not None and st.has_min_max:
+        lo, hi = st.min, st.max
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and math.isfinite(lo) and math.isfinite(hi):
+            return lo, hi
+    return -math.inf, math.inf
 
 
 class FrameColumns:
@@ -521,10 +514,7 @@ class FrameColumns:
         self._run_off, self._count = run_off, count
         self._cache: "collections.OrderedDict[int, dict]" = collections.OrderedDict()
         self._lock = threading.Lock()  # item threads decoding other cameras ask too
-        # data file -> its row groups' episode_index (min, max) from the footer's statistics (int64 arrays; a row
-        # group without them: the int64 range, nothing ruled out), gathered on the file's first need: 3 us a row
-        # group once, instead of 12 us a lookup for each row group read (two lookups per item of a random read)
-        self._episode_ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._episode_column: dict[int, int] = {}  # data file -> its episode_index leaf column in the footer
         # the row groups this process has checked: a row group read again (a shuffled epoch reads each once per
         # item of it, past the decoded set's bound) is not checked again (a byte per row group of the files read)
         self._checked = np.zeros(len(table.rg_len), bool)
@@ -688,11 +678,18 @@ class FrameColumns:
         info = t.infos[f]
         offsets = t.infos.rg_offsets[f]
         rg = int(np.searchsorted(offsets, row, side="right")) - 1
-        ranges = self._episode_ranges.get(f)
-        if ranges is None:
-            ranges = self._episode_ranges[f] = _episode_ranges(info.metadata)
-        if not ranges[0][rg] <= episode <= ranges[1][rg]:
-            return None
+        md = info.metadata
+        if md is not None:
+            j = self._episode_column.get(f)
+            if j is None:  # (the leaf column's position, once per file)
+                names = [md.schema.column(i).path for i in range(md.num_columns)]
+                j = self._episode_column[f] = names.index("episode_index") if "episode_index" in names else -1
+            # (a row group's statistics when asked, ~5 us: gathering a file's 5,000 at once costs 50 ms, as much as
+            # parsing its footer, which a random read's first item of each file would pay)
+            if j >= 0:
+                lo, hi = _episode_range(md, j, rg)
+                if not lo <= episode <= hi:
+                    return None
         (tbl,) = tabular.read_row_groups(t.infos.src, info, [rg], None, ["index", "episode_index"])
         at = row - int(offsets[rg])
         return int(tbl["index"][at].as_py()), int(tbl["episode_index"][at].as_py())
