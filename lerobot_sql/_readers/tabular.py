@@ -402,7 +402,7 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
             # a scan (statistics, exports): a reader of its own, not kept. A kept one holds the footer it was given,
             # and a scan's footers are parsed afresh, not kept (~32 MB each at 5,000 row groups): kept per scan
             # thread, 20 files' footers stayed alive for each pass of db.stats
-            with pq.ParquetFile(local, metadata=md, pre_buffer=False, buffer_size=_READ_BUFFER) as pf:
+            with pq.ParquetFile(local, metadata=md, pre_buffer=False) as pf:
                 out = [pf.read_row_groups([int(rg) for rg in rgs], columns=columns, use_threads=use_threads)]
         elif local is not None:
             pf = _reader(local, info.identity, md)
@@ -431,7 +431,6 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
 
 
 _READERS: "collections.OrderedDict[tuple, tuple[int, pq.ParquetFile]]" = collections.OrderedDict()
-_READ_BUFFER = 1 << 16  # bytes a local reader reads at a time (see _reader)
 _MAX_READERS = 32  # open data files per process (a v2.1 dataset has one per episode: thousands)
 _READERS_LOCK = threading.Lock()
 
@@ -448,10 +447,9 @@ def _reader(path: str, identity: str, md: pq.FileMetaData) -> pq.ParquetFile:
             _READERS.move_to_end(key)
             return got[1]
     # pre_buffer off (pyarrow 26 turns it on): its coalescing read cache cost 0.4 of the 0.5 ms a random row group
-    # of 238 rows took; a row group is a few contiguous kilobytes, read in one go either way. A buffered stream
-    # (64 KiB) reads a column chunk's pages in one read instead of several: 0.14 ms per row group of 300 frames, not
-    # 0.22 (the scale set, pyarrow 26).
-    pf = pq.ParquetFile(path, metadata=md, pre_buffer=False, buffer_size=_READ_BUFFER)
+    # of 238 rows took; a row group is a few contiguous kilobytes, read in one go either way (a buffered stream,
+    # buffer_size=64 KiB, was 5% slower, interleaved on the scale set)
+    pf = pq.ParquetFile(path, metadata=md, pre_buffer=False)
     with _READERS_LOCK:
         _READERS[key] = (os.getpid(), pf)
         _READERS.move_to_end(key)
