@@ -108,6 +108,19 @@ def test_record_test_tables_work_and_frames_name_the_missing_mp4(real_datasets):
     assert item["task"] == db.tasks()[int(item["task_index"])]
 
 
+def test_a_folder_of_datasets_given_as_a_root_names_them_and_connect_many(datasets, tmp_path):
+    """A new user's `connect("sample")`: the error named only the missing meta/info.json; it now names the dataset
+    folders inside and the two calls that open them."""
+    for name in ("b_set", "a_set"):
+        shutil.copytree(datasets / "small20" / "meta", tmp_path / name / "meta")
+    (tmp_path / "not_a_dataset").mkdir()
+    with pytest.raises(lsql.MissingFileError, match=r"holds 2 dataset folder\(s\) \(a_set, b_set\).*"
+                                                    r"lsql\.connect\('.*/a_set'\).*lsql\.connect_many\("):
+        lsql.connect(tmp_path)
+    coll = lsql.connect_many(tmp_path)  # (the call the message names opens them)
+    assert sorted(coll.names) == ["a_set", "b_set"]
+
+
 def test_refusals(datasets, tmp_path):
     with pytest.raises(lsql.MissingFileError, match="meta/info.json"):
         lsql.connect(tmp_path)

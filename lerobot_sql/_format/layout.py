@@ -193,9 +193,13 @@ def load_layout(src: Source) -> Layout:
     """
     where = src.path("meta/info.json")
     if not src.exists("meta/info.json"):
+        inner = _datasets_inside(src)
+        hint = (f" It holds {len(inner)} dataset folder(s) ({', '.join(inner[:3])}{', ...' if len(inner) > 3 else ''}): "
+                f"open one (lsql.connect({src.url.rstrip('/') + '/' + inner[0]!r})), or all of them at once "
+                f"(lsql.connect_many({src.url!r}))") if inner else ""
         raise MissingFileError(
-            f"{where}: not found. Is {src.url!r} the root of a LeRobot dataset (the folder holding meta/, data/, videos/)?"
-        )
+            f"{where}: not found. Is {src.url!r} the root of a LeRobot dataset (the folder holding meta/, data/, "
+            f"videos/)?{hint}")
     with src.open("meta/info.json") as f:
         info = load_json(f.read(), where, "restore it from the dataset's source (or write it again with lerobot's "
                          "writer)")
@@ -311,3 +315,20 @@ def _find_video_dir(src: Source, video_path: str, notes: list[str], fields: froz
     notes.append(f"{src.path(top[0])}: not found, but {src.path(folder)} holds mp4 files; reading videos "
                  f"through {fixed!r} instead of info.json's video_path {video_path!r}")
     return fixed
+
+
+def _datasets_inside(src: Source) -> list[str]:
+    """The names of a local folder's subfolders that hold meta/info.json (sorted; the first 1,000 entries looked
+    at): what a folder of datasets, given where one dataset's root belongs, holds. Remote: none (a listing is a
+    request)."""
+    if not src.is_local:
+        return []
+    import itertools
+    import os
+
+    try:
+        with os.scandir(src.path("")) as it:
+            names = sorted(e.name for e in itertools.islice(it, 1000) if e.is_dir())
+    except OSError:
+        return []
+    return [n for n in names if os.path.isfile(os.path.join(src.path(n), "meta", "info.json"))]

@@ -902,7 +902,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _warn(message, category, filename, lineno, file=None, line=None) -> None:
     # Library warnings (metadata-only copies, missing videos) as one line each, without the source line.
-    print(f"warning: {one_line(message)}", file=sys.stderr)
+    # (longer than an error's line: a warning names its rows, then the query it is about)
+    print(f"warning: {one_line(message, limit=2000)}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

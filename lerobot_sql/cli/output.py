@@ -388,8 +388,9 @@ QUERY_HINTS: list[tuple[str, str]] = [
 ]
 
 
-def one_line(e: BaseException) -> str:
-    """The message's first paragraph on one line (DuckDB adds 'LINE 1: ...' carets; we add 'SQL: ...')."""
+def one_line(e: BaseException, limit: int = 500) -> str:
+    """The message's first paragraph on one line (DuckDB adds 'LINE 1: ...' carets; we add 'SQL: ...'), at most
+    ``limit`` characters."""
     lines = []
     for line in str(e).splitlines():
         if not line.strip() or line.startswith(("SQL:", "LINE ")):
@@ -398,7 +399,7 @@ def one_line(e: BaseException) -> str:
     text = " ".join(lines) or type(e).__name__
     # "ConversionException: Conversion Error: ..." -> "Conversion Error: ...": DuckDB names the kind twice.
     text = re.sub(r"^[A-Z]\w*Exception: (?=[A-Z][\w ]* Error: )", "", text)
-    return text if len(text) <= 500 else text[:497] + "..."
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def error_hint(e: BaseException) -> str | None:
