@@ -337,7 +337,13 @@ class _Keep:
 
     def _prune(self, j: int) -> None:
         x = np.concatenate(self.vals[j])
-        at = np.flatnonzero(np.take(self.lut[j], self.bins.one(j, x)))
+        b = self.bins.one(j, x)
+        inside = np.take(self.lut[j], b)
+        # a bin whose values are let go no longer holds all of its values, though it may get no more (the ranks
+        # may come back to it: values drifting along the files); "complete" would hand over what is left of it
+        # (hostile review 22: a false "the data files changed")
+        self.complete[j][b[~inside]] = False
+        at = np.flatnonzero(inside)
         self.vals[j] = [x[at]]
         w = self._weights(j)
         self.weights[j] = [None if w is None else w[at]]
