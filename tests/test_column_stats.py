@@ -348,3 +348,19 @@ def test_hostile22_values_let_go_are_never_taken_as_all_of_their_bin(sample, tmp
     db = lsql.connect(tmp_path / "ds", cache_dir=tmp_path / "cache")
     st = db.stats("SELECT episode_index FROM episodes")["drift"]
     np.testing.assert_array_equal(np.array([st[q][0] for q in QKEYS]), np.quantile(x.astype(np.float64), QS))
+
+
+def test_hostile22_weighted_values_kept_keep_their_weights_when_let_go(sample, tmp_path, small_spans, monkeypatch):
+    """Frames served twice (overlapping windows) are kept with their weights; letting values go paired what was
+    left with the first chunk's weights only: a bare IndexError from db.stats (or weights moved onto other
+    values); the quantiles are numpy's over the frames repeated as served."""
+    monkeypatch.setattr(column_stats, "BINS", 64)  # (values let go past BINS / 2 kept: a few thousand frames)
+    root = linked_copy(sample, tmp_path / "ds")
+    f = root / "data" / "chunk-000" / "file-000.parquet"
+    t = pq.read_table(f)
+    f.unlink()
+    pq.write_table(t, f, row_group_size=50)
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    sql = ("SELECT 3 AS episode_index, 0.0 AS start_s, 1.0 AS end_s UNION ALL SELECT 3, 0.5, 1.5 "
+           "UNION ALL SELECT 8, 0.2, 2.0 ORDER BY episode_index, start_s")
+    _check(db.stats(sql), _frames(root), db.manifest(sql).column("index").to_numpy())

@@ -344,8 +344,8 @@ class _Keep:
         # (hostile review 22: a false "the data files changed")
         self.complete[j][b[~inside]] = False
         at = np.flatnonzero(inside)
+        w = self._weights(j)  # (before the values are replaced: it pairs each chunk's values with its weights)
         self.vals[j] = [x[at]]
-        w = self._weights(j)
         self.weights[j] = [None if w is None else w[at]]
         self.held[j] = self.pruned[j] = len(at)
 
