@@ -292,3 +292,75 @@ def test_merged_runs_add_counts_where_they_overlap():
         held[s:s + n] += c
     assert held.tolist() == [1, 1, 3, 2, 2, 6, 4, 0]
     assert (np.diff(start) > 0).all() and (count > 0).all()
+
+
+def _with_feature(sample, root, name: str, dtype: str, values) -> np.ndarray:
+    """A linked copy of ``sample`` at ``root`` with a scalar feature ``name`` of ``dtype`` in info.json, holding
+    ``values(index)`` in every data row; the values by index."""
+    import json
+
+    root = linked_copy(sample, root)
+    p = root / "meta" / "info.json"
+    info = json.loads(p.read_text())
+    info["features"][name] = {"dtype": dtype, "shape": [1], "names": None}
+    p.unlink()
+    p.write_text(json.dumps(info))
+    out = {}
+    for f in sorted((root / "data").rglob("*.parquet")):
+        t = pq.read_table(f)
+        idx = t["index"].to_numpy()
+        vals = np.asarray(values(idx), dtype)
+        out.update(zip(idx.tolist(), vals))
+        t = t.append_column(name, pa.array(vals, pa.from_numpy_dtype(np.dtype(dtype))))
+        f.unlink()
+        pq.write_table(t, f, row_group_size=250)  # (row groups of about lerobot's size: read in several spans)
+    return np.array([out[i] for i in sorted(out)], dtype)
+
+
+@pytest.mark.parametrize("dtype, first", [("uint64", 2 ** 63 - 3), ("uint64", 2 ** 64 - 9), ("int64", 2 ** 63 - 7)],
+                         ids=["uint64-across-2**63", "uint64-top", "int64-top"])
+def test_hostile22_integers_at_the_int64_top_have_numpys_quantiles(sample, tmp_path, small_spans, dtype, first):
+    """Exact counts hold their runs in int64: a uint64 feature crossing 2**63 gave negative quantiles silently (its
+    runs wrapped), one at the uint64 top a bare OverflowError, an int64 one at its top read in several spans a
+    false "compute the statistics again" (a run's end wrapped in the merge); such a feature is binned instead,
+    with numpy's quantiles."""
+    x = _with_feature(sample, tmp_path / "ds", "counter", dtype, lambda idx: [first + int(i) % 7 for i in idx])
+    db = lsql.connect(tmp_path / "ds", cache_dir=tmp_path / "cache")
+    st = db.stats("SELECT episode_index FROM episodes")["counter"]
+    ref = np.quantile(x.astype(np.float64), QS)
+    np.testing.assert_array_equal(np.array([st[q][0] for q in QKEYS]), ref)
+
+
+def test_hostile22_values_let_go_are_never_taken_as_all_of_their_bin(sample, tmp_path, small_spans, monkeypatch):
+    """A bin whose kept values the first pass let go (it had left every needed rank's window) while it got no more
+    values stayed "complete": when the ranks came back to it (values drifting along the file: the median's bin
+    left, then returned to), its missing values made db.stats fail with a false "the data files changed"; those
+    values are read again instead, and the quantiles are numpy's."""
+    monkeypatch.setattr(column_stats, "BINS", 64)  # (values let go past BINS / 2 kept: a few thousand frames)
+    monkeypatch.setattr(column_stats, "_MARGIN_Z", 0.0)
+    monkeypatch.setattr(column_stats, "_MARGIN_MIN", 0.0)
+
+    def drift(idx):  # 250 rows at 0.5 (and the range's ends), then 0.1 and 0.9, then 0.05: the median back at 0.5
+        return np.where(idx < 250, np.where(idx == 0, 0.0, np.where(idx == 1, 1.0, 0.5)),
+                        np.where(idx < 3500, np.where(idx % 10 < 3, 0.1, 0.9), 0.05))
+
+    x = _with_feature(sample, tmp_path / "ds", "drift", "float32", drift)
+    db = lsql.connect(tmp_path / "ds", cache_dir=tmp_path / "cache")
+    st = db.stats("SELECT episode_index FROM episodes")["drift"]
+    np.testing.assert_array_equal(np.array([st[q][0] for q in QKEYS]), np.quantile(x.astype(np.float64), QS))
+
+
+def test_hostile22_weighted_values_kept_keep_their_weights_when_let_go(sample, tmp_path, small_spans, monkeypatch):
+    """Frames served twice (overlapping windows) are kept with their weights; letting values go paired what was
+    left with the first chunk's weights only: a bare IndexError from db.stats (or weights moved onto other
+    values); the quantiles are numpy's over the frames repeated as served."""
+    monkeypatch.setattr(column_stats, "BINS", 64)  # (values let go past BINS / 2 kept: a few thousand frames)
+    root = linked_copy(sample, tmp_path / "ds")
+    f = root / "data" / "chunk-000" / "file-000.parquet"
+    t = pq.read_table(f)
+    f.unlink()
+    pq.write_table(t, f, row_group_size=50)
+    db = lsql.connect(root, cache_dir=tmp_path / "cache")
+    sql = ("SELECT 3 AS episode_index, 0.0 AS start_s, 1.0 AS end_s UNION ALL SELECT 3, 0.5, 1.5 "
+           "UNION ALL SELECT 8, 0.2, 2.0 ORDER BY episode_index, start_s")
+    _check(db.stats(sql), _frames(root), db.manifest(sql).column("index").to_numpy())

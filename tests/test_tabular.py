@@ -299,3 +299,30 @@ def test_footer_facts_are_kept_per_file_version(datasets, tmp_path, monkeypatch)
     with pytest.warns(UserWarning, match="cache entry"):
         fixed = tabular.data_file_info(open_source(root), rel, keep=False, cache_dir=cache)
     assert fixed.rg_offsets.tolist() == new.rg_offsets.tolist()
+
+
+def test_hostile22_two_threads_evicting_the_oldest_known_schema_at_once(datasets, monkeypatch):
+    """Past 64 layouts (a mixture of many datasets) each new layout's first row group evicts the oldest known file
+    schema; two item threads doing so at once both chose the same entry and the second pop was a bare KeyError
+    (or "dictionary changed size during iteration") from the item."""
+    import contextlib
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = open_source(str(datasets / "small20"))
+    t = pq.read_table(src.local_path("data/chunk-000/file-000.parquet")).slice(0, 10)
+    meet = threading.Barrier(2, timeout=0.5)
+
+    class Racing(dict):  # (both threads find the oldest entry before either evicts it: a thread switch there)
+        def __iter__(self):
+            first = next(super().__iter__())
+            with contextlib.suppress(threading.BrokenBarrierError):
+                meet.wait()
+            return iter([first])
+
+    known = Racing((i, (object(), [])) for i in range(64))
+    monkeypatch.setattr(tabular, "_NORMAL_SCHEMAS", known)
+    layouts = [load_layout(src), load_layout(src)]
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda layout: tabular._normalise(t, layout, "x"), layouts))
+    assert all(g is t for g in got) and len(known) <= 64

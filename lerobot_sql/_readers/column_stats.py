@@ -42,6 +42,7 @@ _RUNS_AT_MOST = 1 << 21  # runs of an integer feature's exact counts (every elem
 _MARGIN_Z = 4.0  # the first pass keeps the values within this many standard errors of a needed rank's place
 _MARGIN_MIN = 0.002  # ... and within this fraction of the values at least (scaled by the fraction left to count)
 _KEPT_AT_MOST = 1 << 21  # values an element may keep in the first pass (8 MB of float32) before its feature stops
+_INT64_TOP = 2 ** 63 - 2  # the largest value exact counts hold (a run ending past it would wrap in int64)
 
 
 @dataclasses.dataclass
@@ -190,7 +191,10 @@ class _Counts:
         for j, x in enumerate(xt):
             base = int(lo[j])
             span = int(hi[j]) - base + 1
-            if span > 4 * len(x) + BINS:  # (a bincount over the span costs more than the chunk)
+            # (a bincount over the span costs more than the chunk), or values the runs cannot hold: they are int64
+            # and a run's end (start + length) must be one too; a uint64 above 2**63 - 2 or an int64 at its top
+            # wrapped there (hostile review 22: negative quantiles, or a false "compute again"); binned instead
+            if span > 4 * len(x) + BINS or int(hi[j]) > _INT64_TOP:
                 self.parts = None
                 return
             # (in int64: an int8 column's difference would wrap; a uint64 one's is exact as it is)
@@ -333,9 +337,15 @@ class _Keep:
 
     def _prune(self, j: int) -> None:
         x = np.concatenate(self.vals[j])
-        at = np.flatnonzero(np.take(self.lut[j], self.bins.one(j, x)))
+        b = self.bins.one(j, x)
+        inside = np.take(self.lut[j], b)
+        # a bin whose values are let go no longer holds all of its values, though it may get no more (the ranks
+        # may come back to it: values drifting along the files); "complete" would hand over what is left of it
+        # (hostile review 22: a false "the data files changed")
+        self.complete[j][b[~inside]] = False
+        at = np.flatnonzero(inside)
+        w = self._weights(j)  # (before the values are replaced: it pairs each chunk's values with its weights)
         self.vals[j] = [x[at]]
-        w = self._weights(j)
         self.weights[j] = [None if w is None else w[at]]
         self.held[j] = self.pruned[j] = len(at)
 

@@ -301,6 +301,15 @@ def _check_feature_nulls(col: pa.Array, name: str, where: str) -> None:
 # id(layout) -> (the layout, kept alive so that its id is not reused; [(schema, its numeric list columns)]), a few
 # entries per layout (one per file schema of a dataset), the last 64 layouts.
 _NORMAL_SCHEMAS: dict[int, tuple[Layout, list[tuple[pa.Schema, list[int]]]]] = {}
+_NORMAL_SCHEMAS_LOCK = threading.Lock()
+
+
+def _new_schemas_lock() -> None:  # (a fork while an item thread held it: the child's copy would stay held)
+    global _NORMAL_SCHEMAS_LOCK
+    _NORMAL_SCHEMAS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_schemas_lock)
 
 
 def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
@@ -337,14 +346,18 @@ def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
         cols[name] = col
     if changed:
         return pa.table(cols)  # (a random item's row group: 0.05 ms of 0.3 rebuilding it)
-    if id(layout) not in _NORMAL_SCHEMAS and len(_NORMAL_SCHEMAS) >= 64:
-        _NORMAL_SCHEMAS.pop(next(iter(_NORMAL_SCHEMAS)))  # (a process that opens many datasets: the oldest out)
-    known = _NORMAL_SCHEMAS.setdefault(id(layout), (layout, []))[1]
-    if len(known) < 8 and not any(table.schema.equals(k) for k, _ in known):
-        lists = [j for j, (name, col) in enumerate(zip(table.column_names, table.columns))
-                 if pa.types.is_fixed_size_list(col.type) and name in layout.features
-                 and layout.features[name].dtype in _NUMERIC]
-        known.append((table.schema, lists))
+    # (under a lock: item threads of two new layouts evicting at once both chose the oldest entry, and the second
+    # pop was a bare KeyError; hostile review 22. Readers look up without it: a dict lookup and a list append are
+    # each atomic)
+    with _NORMAL_SCHEMAS_LOCK:
+        if id(layout) not in _NORMAL_SCHEMAS and len(_NORMAL_SCHEMAS) >= 64:
+            _NORMAL_SCHEMAS.pop(next(iter(_NORMAL_SCHEMAS)))  # (a process that opens many datasets: the oldest out)
+        known = _NORMAL_SCHEMAS.setdefault(id(layout), (layout, []))[1]
+        if len(known) < 8 and not any(table.schema.equals(k) for k, _ in known):
+            lists = [j for j, (name, col) in enumerate(zip(table.column_names, table.columns))
+                     if pa.types.is_fixed_size_list(col.type) and name in layout.features
+                     and layout.features[name].dtype in _NUMERIC]
+            known.append((table.schema, lists))
     return table
 
 
