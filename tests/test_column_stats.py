@@ -242,6 +242,18 @@ def test_values_kept_too_narrowly_are_read_again_never_guessed(sample, tmp_path,
     assert len(passes) == 2 and set(passes[1]) <= {"observation.state", "action", "timestamp"}
 
 
+def test_a_feature_keeping_more_values_than_its_bound_takes_the_second_pass(sample, tmp_path, small_spans,
+                                                                            monkeypatch):
+    """The values a feature's elements keep together are bounded (a 512-element feature at the per-element bound
+    would hold gigabytes, hostile review 22): past it, that feature's quantiles come from the second pass, exact."""
+    monkeypatch.setattr(column_stats, "_KEPT_FEATURE_AT_MOST", 50)
+    passes = _passes(monkeypatch)
+    db = lsql.connect(sample, cache_dir=tmp_path)
+    sql = "SELECT episode_index FROM episodes"
+    _check(db.stats(sql), _frames(sample), db.manifest(sql).column("index").to_numpy())
+    assert len(passes) == 2 and {"observation.state", "action"} <= set(passes[1])
+
+
 def test_integer_features_too_spread_for_exact_counts_are_binned(sample, tmp_path, small_spans, monkeypatch):
     """An integer feature whose exact counts grow past _RUNS_AT_MOST is binned in a pass of its own instead, with
     the same exact quantiles."""

@@ -18,8 +18,9 @@ over the data files as a rule:
   where the values of all of them were kept, the ranks are read from those exactly; else one more pass, over those
   features' columns only, keeps those bins' values (:func:`_quantiles`).
 
-Memory is a chunk of rows (:data:`CHUNK_ROWS`), the kept values (bounded by :data:`_KEPT_AT_MOST` per element) and
-the exact counts' runs (:data:`_RUNS_AT_MOST`); past those bounds a feature takes the second pass instead.
+Memory is a chunk of rows (:data:`CHUNK_ROWS`), the kept values (bounded by :data:`_KEPT_AT_MOST` per element and
+:data:`_KEPT_FEATURE_AT_MOST` per feature) and the exact counts' runs (:data:`_RUNS_AT_MOST`); past those bounds a
+feature takes the second pass instead.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ _RUNS_AT_MOST = 1 << 21  # runs of an integer feature's exact counts (every elem
 _MARGIN_Z = 4.0  # the first pass keeps the values within this many standard errors of a needed rank's place
 _MARGIN_MIN = 0.002  # ... and within this fraction of the values at least (scaled by the fraction left to count)
 _KEPT_AT_MOST = 1 << 21  # values an element may keep in the first pass (8 MB of float32) before its feature stops
+_KEPT_FEATURE_AT_MOST = 1 << 23  # ... and a feature's elements together (32 MB of float32: a 512-element feature
+# kept at the per-element bound would hold 4 GB; past this, its quantiles take the second pass)
 _INT64_TOP = 2 ** 63 - 2  # the largest value exact counts hold (a run ending past it would wrap in int64)
 
 
@@ -566,7 +569,8 @@ def column_stats(src: Source, layout: Layout, files: list[FileRuns], keys: list[
                 if k not in counts:
                     keep[k] = _Keep.of(bins[k], len(x), total, runs, quantiles)
                 _count(counts, k, bins[k], x, w, keep.get(k), lo)
-                if k in keep and int(keep[k].held.max()) > _KEPT_AT_MOST:  # (its quantiles by a second pass)
+                if k in keep and (int(keep[k].held.max()) > _KEPT_AT_MOST or
+                                  int(keep[k].held.sum()) > _KEPT_FEATURE_AT_MOST):  # (by a second pass)
                     del keep[k]
     n = next(iter(moments.values())).n if keys else 0
     if n == 0 and keys:
