@@ -228,11 +228,9 @@ def test_items_read_from_several_threads_equal_one_threads(datasets, tmp_path, m
     assert [int(x["index"]) for x in got] == [int(i) for i in idx]
 
 
-@pytest.mark.parametrize("name, column, how", [("img5_extras", "next.reward", "cell"), ("img5_extras", "next.done", "cell"),
-                                               ("small20", "action", "element"), ("small20", "action", "cell")])
-def test_a_null_in_a_numeric_feature_is_refused_where_it_is_read(datasets, tmp_path, name, column, how):
-    """A NULL float cell (or one NULL element of a list) was served as NaN on every path and doctor said OK; a NULL
-    bool was a bare TypeError; a NULL list cell was blamed on info.json's shape (hostile review 10, H1-H3)."""
+def _with_a_null(datasets, tmp_path, name: str, column: str, how: str, row: int, row_group_size=None):
+    """A copy of dataset ``name`` (no videos) whose first data file holds a NULL in ``column`` at ``row`` (the cell,
+    or its first element with ``how="element"``), opened as a tabular training set."""
     import lerobot_sql as lsql
 
     root = tmp_path / name
@@ -240,12 +238,21 @@ def test_a_null_in_a_numeric_feature_is_refused_where_it_is_read(datasets, tmp_p
     f = sorted(root.glob("data/*/*.parquet"))[0]
     t = pq.read_table(f)
     v = t[column].to_pylist()
-    v[5] = [None, *v[5][1:]] if how == "element" else None
+    v[row] = [None, *v[row][1:]] if how == "element" else None
     typ = t.schema.field(column).type
     if how == "cell" and pa.types.is_fixed_size_list(typ):  # (pyarrow 16 cannot write a NULL fixed-size-list cell)
         typ = pa.list_(typ.value_type)
-    pq.write_table(t.set_column(t.column_names.index(column), column, pa.array(v, typ)), f)
-    ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[])
+    pq.write_table(t.set_column(t.column_names.index(column), column, pa.array(v, typ)), f,
+                   row_group_size=row_group_size)
+    return lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[])
+
+
+@pytest.mark.parametrize("name, column, how", [("img5_extras", "next.reward", "cell"), ("img5_extras", "next.done", "cell"),
+                                               ("small20", "action", "element"), ("small20", "action", "cell")])
+def test_a_null_in_a_numeric_feature_is_refused_where_it_is_read(datasets, tmp_path, name, column, how):
+    """A NULL float cell (or one NULL element of a list) was served as NaN on every path and doctor said OK; a NULL
+    bool was a bare TypeError; a NULL list cell was blamed on info.json's shape (hostile review 10, H1-H3)."""
+    ds = _with_a_null(datasets, tmp_path, name, column, how, 5)
     with pytest.raises(DatasetFormatError, match=rf"column '{column}' (is NULL|has a NULL element) in row 5"):
         ds[5]
 
@@ -254,17 +261,7 @@ def test_a_null_in_a_numeric_feature_is_refused_where_it_is_read(datasets, tmp_p
 def test_a_null_in_a_row_group_read_after_clean_ones_is_refused(datasets, tmp_path, name, column, how):
     """A row group of a file schema already read clean takes the short path (its NULL checks only, not the
     per-column type checks): a NULL there is still refused, naming the column and row."""
-    import lerobot_sql as lsql
-
-    root = tmp_path / name
-    shutil.copytree(datasets / name, root, ignore=shutil.ignore_patterns("videos"))
-    f = sorted(root.glob("data/*/*.parquet"))[0]
-    t = pq.read_table(f)
-    v = t[column].to_pylist()
-    v[250] = [None, *v[250][1:]] if how == "element" else None
-    pq.write_table(t.set_column(t.column_names.index(column), column, pa.array(v, t.schema.field(column).type)), f,
-                   row_group_size=100)
-    ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[])
+    ds = _with_a_null(datasets, tmp_path, name, column, how, 250, row_group_size=100)
     for i in (5, 105):  # two clean row groups of the schema first
         assert ds[i]["index"] == i
     with pytest.raises(DatasetFormatError, match=rf"column '{column}' (is NULL|has a NULL element) in row 50"):
