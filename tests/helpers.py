@@ -356,6 +356,20 @@ class CtrlC:
     sent: int
 
 
+def as_from_a_terminal() -> None:
+    """``preexec_fn`` for a child that a test sends Ctrl-C: in the child before exec, SIGINT at its default action
+    and not blocked, as a shell starts a foreground command. A child inherits both from the process that starts it: a
+    test worker whose SIGINT is ignored or blocked (left so by an earlier test, or by how the worker was started)
+    passes that on, and the child then never acts on the signal (a process started with SIGINT ignored, e.g. `cmd &`
+    from a script, keeps it ignored: Python installs no handler, and neither does lerobot_sql)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if hasattr(os, "sched_setscheduler"):  # Linux: a real-time parent's policy is inherited
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
 def ctrl_c_from_outside(args: list[str], *, stdin: str | None = None, start_after: str | None = None,
                         env: dict | None = None, limit_s: float = 200) -> CtrlC:
     """Run ``python ARGS`` and send it SIGINT as a terminal's Ctrl-C does, from this process, after a second and then
@@ -372,14 +386,6 @@ def ctrl_c_from_outside(args: list[str], *, stdin: str | None = None, start_afte
     import time
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    def as_from_a_terminal():  # in the child before exec: SIGINT at its default action and not blocked, as a
-        # shell starts a foreground command (a process started with SIGINT ignored, e.g. `cmd &` from a script,
-        # keeps it ignored: Python then installs no handler, and neither do we)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        if hasattr(os, "sched_setscheduler"):  # Linux: a real-time parent's policy is inherited
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-
     p = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, preexec_fn=as_from_a_terminal)
     out: list[str] = []

@@ -473,7 +473,12 @@ def _run_and_interrupt(args, ready: str, tmp_path):
     import subprocess
     import time
 
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    from helpers import as_from_a_terminal
+
+    # (SIGINT at its default action and unblocked in the child: in CI, with this worker's SIGINT state inherited, the
+    # child once ignored the signal and both Ctrl-C tests ran their query for 90 s)
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                         preexec_fn=as_from_a_terminal)
     try:
         line = p.stdout.readline()
         assert ready in line, (line, p.stderr.read() if p.poll() is not None else "")
@@ -537,8 +542,10 @@ def test_cli_query_ctrl_c_and_timeout(world, tmp_path):
     assert r.returncode == 1 and "timeout" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert time.monotonic() - t0 < 90
     # Ctrl-C: a shell pipeline would print the result; here the query never ends, so wait for the process to settle
+    from helpers import as_from_a_terminal
+
     p = subprocess.Popen([*cli, "query", str(root), RUNAWAY], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=as_from_a_terminal)
     try:
         # Wait until the query runs, by CPU time (a fixed sleep lost the race under load: the signal landed during
         # the imports, before the CLI's handler): once the process has used 1 s more CPU than the whole first run
