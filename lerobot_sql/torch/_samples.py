@@ -571,31 +571,23 @@ class FrameColumns:
             cols[c] = v if isinstance(v, np.ndarray) else tbl[c].to_numpy()  # (a DECIMAL column: Python numbers)
         # the rows the runs of this slot cover, against the runs
         runs = self._order[self._slot_runs[slot]:self._slot_runs[slot + 1]]
-        if len(runs) == 1 and t.run_window is None and not self._checked[slot]:
-            # one run (a row group per episode, whole episodes): its rows are a slice, its values Python ints
-            r0 = int(runs[0])
-            a, n = int(self._run_off[r0]), int(self._count[r0])
-            rows = slice(a, a + n)
-            ep_from, ep_to = int(t.ep_from.per_run[r0]), int(t.ep_to.per_run[r0])
-            first = int(t.runs.start[r0])
-            k = np.arange(n)
-            check_frames(self.rules, src.path(rel), cols["index"][rows], cols["episode_index"][rows],
-                         cols["frame_index"][rows], cols["timestamp"][rows], int(t.index[first]) + k,
-                         np.full(n, int(t.run_episode[r0])), np.full(n, ep_from), np.full(n, ep_to - ep_from))
-            self._check_edges(slot, cols, runs)
-            self._checked[slot] = True
-        elif len(runs) and not self._checked[slot]:
-            rep, k = spans(self._count[runs])
-            rows = self._run_off[runs][rep] + k
-            r = runs[rep]
-            first = t.runs.start[r]  # each row's first sample in its run
+        if len(runs) and not self._checked[slot]:
+            if len(runs) == 1:  # (a row group per episode, lerobot's layout: no gather of the runs' rows)
+                r0 = int(runs[0])
+                a, n = int(self._run_off[r0]), int(self._count[r0])
+                k, rows, r = np.arange(n), np.arange(a, a + n), np.full(n, r0)
+            else:
+                rep, k = spans(self._count[runs])
+                rows = self._run_off[runs][rep] + k
+                r = runs[rep]
+            index = t.index.per_run[r] + k  # (each row's index: its run's first, counted along the run)
             if t.run_window is None:
                 ep_from, ep_to = t.ep_from.per_run[r], t.ep_to.per_run[r]
                 check_frames(self.rules, src.path(rel), cols["index"][rows], cols["episode_index"][rows],
-                             cols["frame_index"][rows], cols["timestamp"][rows], t.index[first] + k,
-                             t.run_episode[r], ep_from, ep_to - ep_from)
+                             cols["frame_index"][rows], cols["timestamp"][rows], index, t.run_episode[r], ep_from,
+                             ep_to - ep_from)
             else:  # (these checks of every row of the windows' episodes here, a superset of the runs' rows)
-                self._check_windows(slot, cols, runs, rows, r, t.index[first] + k)
+                self._check_windows(slot, cols, runs, rows, r, index)
             self._check_edges(slot, cols, runs)
             self._checked[slot] = True
         # (as stored by lerobot, float32 and int64: no cast; another type through Arrow's checked cast)
