@@ -497,28 +497,27 @@ class RowGroupView:
         got = self._arrays.get(name)
         if got is not None:
             return got
-        if name not in self._arrays:
-            if self._batch is not None:
-                col = self._batch.column(name)
-            else:
-                col = self.table.column(name)
-                col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-            feat = self._layout.features.get(name)
-            kind = col.type.id
-            if kind == _FIXED_SIZE_LIST:
-                shape = feat.shape if feat is not None else (col.type.list_size,)
-                n = col.type.list_size
-                # the child's values of these rows: flatten() is a compute call (0.03 ms), the slice is the same
-                # values when no cell is NULL (a NULL cell's slots hold no value: flatten() leaves them out)
-                vals = col.flatten() if col.null_count else col.values.slice(col.offset * n, len(col) * n)
-                vals = vals.to_numpy(zero_copy_only=False)
-                arr = vals.reshape((len(col), *shape))
-            elif kind in _NUMBER_TYPES:
-                arr = col.to_numpy(zero_copy_only=False)
-            else:
-                arr = col
-            self._arrays[name] = arr
-        return self._arrays[name]
+        if self._batch is not None:
+            col = self._batch.column(name)
+        else:
+            col = self.table.column(name)
+            col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        feat = self._layout.features.get(name)
+        kind = col.type.id
+        if kind == _FIXED_SIZE_LIST:
+            shape = feat.shape if feat is not None else (col.type.list_size,)
+            n = col.type.list_size
+            # the child's values of these rows: flatten() is a compute call (0.03 ms), the slice is the same
+            # values when no cell is NULL (a NULL cell's slots hold no value: flatten() leaves them out)
+            vals = col.flatten() if col.null_count else col.values.slice(col.offset * n, len(col) * n)
+            vals = vals.to_numpy(zero_copy_only=False)
+            arr = vals.reshape((len(col), *shape))
+        elif kind in _NUMBER_TYPES:
+            arr = col.to_numpy(zero_copy_only=False)
+        else:
+            arr = col
+        self._arrays[name] = arr
+        return arr
 
 
 def row_group_budget() -> int:
