@@ -26,6 +26,7 @@ from ._catalog import macros, sandbox
 from ._catalog.union import CollectionConnection
 from ._format import stats_json
 from ._format.files import open_files
+from ._format.layout import dataset_folders_in
 from ._plan import manifest as _manifest
 from ._readers import locate
 from ._sql import QueryFace
@@ -58,9 +59,7 @@ def expand_sources(sources) -> list[str]:
                 raise MissingFileError(f"{s}: the glob matches no dataset folder (one holding meta/info.json)")
             out += hits
         elif "://" not in s and os.path.isdir(s) and not is_dataset_root(s):
-            hits = sorted({os.path.dirname(os.path.dirname(p)) for p in
-                           glob.glob(os.path.join(glob.escape(s), "*", "meta", "info.json")) +
-                           glob.glob(os.path.join(glob.escape(s), "*", "*", "meta", "info.json"))})
+            hits = dataset_folders_in(s)
             if not hits:
                 raise MissingFileError(f"{s}: neither a dataset (no meta/info.json) nor a folder of datasets (no "
                                        "sub-folder holds meta/info.json)")

@@ -193,9 +193,12 @@ def load_layout(src: Source) -> Layout:
     """
     where = src.path("meta/info.json")
     if not src.exists("meta/info.json"):
-        inner = _datasets_inside(src)
-        hint = (f" It holds {len(inner)} dataset folder(s) ({', '.join(inner[:3])}{', ...' if len(inner) > 3 else ''}): "
-                f"open one (lsql.connect({src.url.rstrip('/') + '/' + inner[0]!r})), or all of them at once "
+        import os
+
+        inner = dataset_folders_in(src.path("")) if src.is_local else []  # (remote: a listing is a request)
+        names = [os.path.relpath(p, src.path("")) for p in inner[:3]]
+        hint = (f" It holds {len(inner)} dataset folder(s) ({', '.join(names)}{', ...' if len(inner) > 3 else ''}): "
+                f"open one (lsql.connect({inner[0]!r})), or all of them at once "
                 f"(lsql.connect_many({src.url!r}))") if inner else ""
         raise MissingFileError(
             f"{where}: not found. Is {src.url!r} the root of a LeRobot dataset (the folder holding meta/, data/, "
@@ -317,18 +320,13 @@ def _find_video_dir(src: Source, video_path: str, notes: list[str], fields: froz
     return fixed
 
 
-def _datasets_inside(src: Source) -> list[str]:
-    """The names of a local folder's subfolders that hold meta/info.json (sorted; the first 1,000 entries looked
-    at): what a folder of datasets, given where one dataset's root belongs, holds. Remote: none (a listing is a
-    request)."""
-    if not src.is_local:
-        return []
-    import itertools
+def dataset_folders_in(folder: str) -> list[str]:
+    """The dataset roots a local folder of datasets holds: its sub-folders, one or two levels down, that have
+    meta/info.json (sorted paths). What ``connect_many(folder)`` opens, and what ``connect(folder)`` names when given
+    such a folder."""
+    import glob
     import os
 
-    try:
-        with os.scandir(src.path("")) as it:
-            names = sorted(e.name for e in itertools.islice(it, 1000) if e.is_dir())
-    except OSError:
-        return []
-    return [n for n in names if os.path.isfile(os.path.join(src.path(n), "meta", "info.json"))]
+    found = (glob.glob(os.path.join(glob.escape(folder), "*", "meta", "info.json")) +
+             glob.glob(os.path.join(glob.escape(folder), "*", "*", "meta", "info.json")))
+    return sorted({os.path.dirname(os.path.dirname(p)) for p in found})
