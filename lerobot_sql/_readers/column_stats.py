@@ -148,16 +148,11 @@ class _Bins:
     def same(self, other: "_Bins") -> bool:
         return bool(np.array_equal(self.lo, other.lo) and np.array_equal(self.scale, other.scale))
 
-    def of(self, x: np.ndarray) -> np.ndarray:
-        """The bin of each value of ``x`` (elements, rows), int32, same shape. NaN: a bin of its own choosing
-        (an element holding a NaN has NaN quantiles, as numpy gives)."""
-        return np.stack([self.one(j, x[j]) for j in range(len(x))]).astype(np.int32) if len(x) else \
-            np.zeros(x.shape, np.int32)
-
     def one(self, j: int, x: np.ndarray, nan: bool = True) -> np.ndarray:
-        """:meth:`of` for element ``j``'s values ``x`` (rows,), as intp (what bincount and take index with,
-        uncopied): an element at a time, its temporaries a row of the chunk (the bincount after it then runs over
-        one element's bins, which stay in cache). ``nan=False``: ``x`` holds no NaN (its min is a number)."""
+        """The bin of each of element ``j``'s values ``x`` (rows,), as intp (what bincount and take index with,
+        uncopied; NaN: a bin of its own choosing, as an element holding a NaN has NaN quantiles): an element at a
+        time, its temporaries a row of the chunk (the bincount after it then runs over one element's bins, which
+        stay in cache). ``nan=False``: ``x`` holds no NaN (its min is a number)."""
         ft = np.float32 if x.dtype == np.float32 else np.float64
         with np.errstate(invalid="ignore", over="ignore"):
             t = np.subtract(x, ft(self.lo[j]), dtype=ft)  # (as x.astype(ft) - lo: the same bins as every pass)
