@@ -38,6 +38,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -54,7 +56,7 @@ rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 ds = open_dataset(sys.argv[1:])
 open_s = time.perf_counter() - t
-rng = np.random.default_rng(0)
+rng = np.random.default_rng(int(os.environ.get("BENCH_SEED", "0")))
 idx = rng.integers(0, len(ds), int(sys.argv[-1]))
 ts = []
 for i in idx:  # random over the whole set: each item a row group not read yet (cold)
@@ -76,7 +78,7 @@ print("BENCH_JSON " + json.dumps({"open_s": open_s, "items_s": sum(ts), "item_p5
 """
 
 OURS = """
-import json, resource, sys, time
+import json, os, resource, sys, time
 import numpy as np, torch
 import lerobot_sql as lsql
 import lerobot_sql.torch.dataset
@@ -86,7 +88,7 @@ def open_dataset(a):  # root, cache folder, SQL ("" for every episode), items
 """ + TIMED
 
 PEER = """
-import json, resource, sys, time
+import json, os, resource, sys, time
 import numpy as np, torch
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
@@ -169,11 +171,40 @@ def _run(python: str, code: str, args: list[str], env: dict | None = None) -> di
     return json.loads(line[len("BENCH_JSON "):])
 
 
+def store_bytes(cache: Path, root: Path) -> dict:
+    """The row-group store under ``cache``: its bytes on disk, and the Parquet bytes (compressed, from the footers) of
+    the row groups it holds."""
+    import pyarrow.parquet as pq
+
+    from lerobot_sql._readers import row_group_store as rgs
+
+    disk = parquet = groups = 0
+    for p in (cache / rgs.FOLDER).glob(f"*{rgs.SUFFIX}"):
+        disk += p.stat().st_blocks * 512
+        head = p.read_bytes()[:rgs.HEADER_BYTES]
+        meta = json.loads(head[16:16 + int.from_bytes(head[8:16], "little")])
+        n = meta["row_groups"]
+        with open(p, "rb") as f:
+            f.seek(rgs.HEADER_BYTES)
+            raw = np.frombuffer(f.read(16 * n), "<i8").reshape(n, 2)
+        held = np.flatnonzero((raw[:, 0] > 0) & (raw[:, 1] == raw[:, 0] ^ np.int64(rgs.CHECK) ^
+                                                 (np.arange(n, dtype=np.int64) << 20)))
+        md = pq.ParquetFile(root / meta["data_file"]).metadata
+        parquet += sum(md.row_group(int(g)).column(j).total_compressed_size for g in held
+                       for j in range(md.num_columns))
+        groups += len(held)
+    return {"disk": disk, "parquet": parquet, "row_groups": groups}
+
+
 def measure(root: Path, items: int, peer: str | None, peer06: str | None = None) -> dict:
     out = {"root": str(root), "items": items, "load": os.getloadavg()}
     with tempfile.TemporaryDirectory() as cache:
         out["ours_cold"] = _run(sys.executable, OURS, [str(root), cache, "", str(items)])
-        out["ours_warm"] = _run(sys.executable, OURS, [str(root), cache, "", str(items)])
+        # the next process: its random items of row groups no process read (another seed), then the first run's
+        # items again, whose row groups the first run left in the row-group store
+        out["ours_warm"] = _run(sys.executable, OURS, [str(root), cache, "", str(items)], {"BENCH_SEED": "1"})
+        out["ours_store"] = _run(sys.executable, OURS, [str(root), cache, "", str(items)])
+        out["store"] = store_bytes(Path(cache), root)
         out["ours_sql10_first"] = _run(sys.executable, OURS, [str(root), cache, TENTH, str(items)])
         out["ours_sql10_warm"] = _run(sys.executable, OURS, [str(root), cache, TENTH, str(items)])
         out["ours_windows"] = _run(sys.executable, OURS, [str(root), cache, WINDOWS, str(items)])
@@ -182,6 +213,7 @@ def measure(root: Path, items: int, peer: str | None, peer06: str | None = None)
     with tempfile.TemporaryDirectory() as cache:
         out["sql"] = _run(sys.executable, SQL, [str(root), cache])
         out["workers"] = _run(sys.executable, WORKERS, [str(root), cache])
+        out["workers_again"] = _run(sys.executable, WORKERS, [str(root), cache])  # the same order: from the store
     for tag, py in (("lerobot", peer), ("lerobot06", peer06)):
         if py and Path(py).exists():
             with tempfile.TemporaryDirectory() as home:
@@ -193,7 +225,10 @@ def measure(root: Path, items: int, peer: str | None, peer06: str | None = None)
 
 
 def table(res: dict) -> str:
-    rows = [("lerobot_sql, cold", "ours_cold"), ("lerobot_sql, warm (next process)", "ours_warm"),
+    rows = [("lerobot_sql, cold (empty cache)", "ours_cold"),
+            ("lerobot_sql, warm (next process), items of row groups no process read", "ours_warm"),
+            ("lerobot_sql, warm (next process), the cold run's items: row groups from the row-group store",
+             "ours_store"),
             ("lerobot_sql, SQL: every 10th episode, first SQL (footers surveyed)", "ours_sql10_first"),
             ("lerobot_sql, SQL: every 10th episode, next process", "ours_sql10_warm"),
             ("lerobot_sql, SQL windows: the last second of every episode, as runs", "ours_windows"),
@@ -229,12 +264,21 @@ def table(res: dict) -> str:
                   f"{'with' if q['stats_quantiles'] else 'no'} quantiles as the source's metadata | {q['stats_s']:.1f} |",
                   f"| the same with exact quantiles q01..q99 (as for a lerobot >= 0.4 source) | {q['stats_q_s']:.1f} |",
                   f"| export of 1% of the episodes ({q['export_frames']:,} frames) | {q['export_s']:.1f} |"]
+    st = res.get("store")
+    if st:
+        lines += ["", f"row-group store after the three runs above: {st['row_groups']:,} row groups, "
+                  f"{st['disk'] / 1e6:.1f} MB on disk, {st['disk'] / max(1, st['parquet']):.2f}x their Parquet bytes"]
     w = res.get("workers")
     if w:
         u = w["uss_mb"]
         lines += ["", f"DataLoader workers (2, shuffled, batch 32, tabular): private memory each, MB, after 100 / 300 / "
                   f"600 batches: {' / '.join(str(round(max(u[k]))) for k in ('100', '300', '600'))} "
                   f"({w['samples_s']:.0f} samples/s)"]
+    w = res.get("workers_again")
+    if w:
+        lines.append(f"the same 600 batches in the next run (their row groups from the store): "
+                     f"{w['samples_s']:.0f} samples/s, private memory each "
+                     f"{' / '.join(str(round(max(w['uss_mb'][k]))) for k in ('100', '300', '600'))} MB")
     lines.append(f"\nload average before / after: {res['load'][0]:.1f} / {res['load_after'][0]:.1f}")
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ from helpers import (
     exp_bounds,
     load_reference,
 )
-from lerobot_sql._readers import tabular, video_index
+from lerobot_sql._readers import row_group_store, tabular, video_index
 
 
 @pytest.mark.parametrize("name", REFERENCE_SETS)
@@ -214,7 +214,8 @@ def test_manifest_path_typo_is_a_missing_file_not_a_sql_error(datasets, tmp_path
 # ---- lazy construction: items read (and index) only what they need ------------------------------------------------
 def _cache_files(cache) -> set:
     """Finished video-index entries under a cache folder (not locks or temporary files); row groups are never
-    written (lerobot_sql._readers.tabular: read straight from the data files)."""
+    written as files of their own (lerobot_sql._readers.tabular: read straight from the data files, then kept in
+    one row-group store per data file, lerobot_sql._readers.row_group_store)."""
     return {p for sub in ("tabular", "video_index") for p in (cache / sub).rglob("*")
             if p.suffix in (".arrow", ".parquet")}
 
@@ -251,19 +252,29 @@ def _expected(src, cache, mp4s: set) -> set:
 
 
 def _log_reads(monkeypatch, log=None) -> list:
-    """Record each row group read from a data file as (data file, row group); appended to file ``log`` too (so
-    DataLoader workers' reads are seen)."""
+    """Record each row group read from a data file, or from its row-group store, as (data file, row group);
+    appended to file ``log`` too (so DataLoader workers' reads are seen)."""
     reads = []
-    real = tabular.read_row_groups
+    real, real_get = tabular.read_row_groups, row_group_store.RowGroupStore.get
 
-    def read(src, info, rgs, layout, columns=None):
-        reads.extend((info.rel, int(rg)) for rg in rgs)
+    def note(rel, rgs):
+        reads.extend((rel, int(rg)) for rg in rgs)
         if log is not None:
             with open(log, "a") as f:
-                f.writelines(f"rg {info.rel} {int(rg)}\n" for rg in rgs)
+                f.writelines(f"rg {rel} {int(rg)}\n" for rg in rgs)
+
+    def read(src, info, rgs, layout, columns=None):
+        note(info.rel, rgs)
         return real(src, info, rgs, layout, columns)
 
+    def get(store, rg, rows):
+        got = real_get(store, rg, rows)
+        if got is not None:
+            note(store.rel, [rg])
+        return got
+
     monkeypatch.setattr(tabular, "read_row_groups", read)
+    monkeypatch.setattr(row_group_store.RowGroupStore, "get", get)
     return reads
 
 

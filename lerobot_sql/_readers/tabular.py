@@ -2,10 +2,10 @@
 
 A reader asks for the row groups its items need (:func:`read_row_groups`): each is read from the data file (a local
 file through Arrow's own reader; a remote one from the byte ranges the source has fetched into its cache) and
-normalised to the shapes in info.json (``list<float>`` becomes ``fixed_size_list<float>[n]``). Nothing is written:
-a process keeps the row groups it read last (:class:`RowGroups`, bounded by bytes), so memory stays flat however
-many row groups a dataset has (a file per row group, as before, meant 100,000 files and memory maps for a
-DROID-sized dataset, and a cold item paid for writing one).
+normalised to the shapes in info.json (``list<float>`` becomes ``fixed_size_list<float>[n]``). A process keeps the
+row groups it read last (:class:`RowGroups`, bounded by bytes), so memory stays flat however many row groups a
+dataset has; what it decoded also goes to the data file's row-group store (:mod:`.row_group_store`: one file per data
+file, not a file per row group, which meant 100,000 files and memory maps for a DROID-sized dataset).
 """
 
 from __future__ import annotations
@@ -398,14 +398,8 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
     if md is None:  # offsets only (data_file_info(keep=False)): parse the footer now
         info = data_file_info(src, info.rel)
         md = info.metadata
-    local = src.local_path(info.rel) if src.is_local else None
-    if local is not None:
-        now = src.identity(info.rel)  # a stat: the footer read earlier (maybe hours ago) must still describe the file
-        if now != info.identity:
-            raise DatasetFormatError(f"{where}: the file changed after the dataset was opened (size-mtime-inode-ctime "
-                                     f"{info.identity} then, {now} now); open the dataset again (db.dataset(...)) to "
-                                     "read the new version")
-    else:
+    local = check_unchanged(src, info)
+    if local is None:
         src.fetch(info.rel, row_group_ranges(md, rgs, columns))
     out = []
     try:
@@ -441,6 +435,23 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
             check_frame_nulls(t, f"{where} ({name})")
         return out
     return [_normalise(t, layout, f"{where} ({name})") for name, t in zip(names, out)]
+
+
+def check_unchanged(src: Source, info: DataFileInfo) -> str | None:
+    """The local path of data file ``info`` after checking (a stat) that it is still the version whose footer
+    ``info`` holds (read maybe hours ago); None for a remote source (which pins the version it first saw).
+
+    Raises:
+        DatasetFormatError: the local file changed since (naming it and the fix).
+    """
+    if not src.is_local:
+        return None
+    now = src.identity(info.rel)
+    if now != info.identity:
+        raise DatasetFormatError(f"{src.path(info.rel)}: the file changed after the dataset was opened "
+                                 f"(size-mtime-inode-ctime {info.identity} then, {now} now); open the dataset again "
+                                 "(db.dataset(...)) to read the new version")
+    return src.local_path(info.rel)
 
 
 _READERS: "collections.OrderedDict[tuple, tuple[int, pq.ParquetFile]]" = collections.OrderedDict()
@@ -482,7 +493,7 @@ class RowGroupView:
     scalars as (rows,)."""
 
     def __init__(self, table: pa.Table, layout: Layout):
-        self.table = table
+        self._table = table
         self.has_index = table.schema.get_field_index("index") >= 0  # (v2.x data may lack it: nothing to compare)
         batches = table.to_batches()  # (one, for a row group read: its arrays without the chunked wrappers)
         self._batch = batches[0] if len(batches) == 1 else None
@@ -491,6 +502,35 @@ class RowGroupView:
         self.nbytes = int(table.get_total_buffer_size())
         self._arrays: dict[str, object] = {}
         self._layout = layout
+
+    @classmethod
+    def stored(cls, arrays: dict[str, np.ndarray], layout: Layout) -> "RowGroupView":
+        """A view of a row group the row-group store gave back (:mod:`lerobot_sql._readers.row_group_store`): every
+        column already as :meth:`column` gives it."""
+        v = cls.__new__(cls)
+        v._table, v._batch, v._layout = None, None, layout
+        v.has_index = "index" in arrays
+        v._arrays = dict(arrays)
+        v.nbytes = sum(a.nbytes for a in arrays.values())
+        return v
+
+    @property
+    def table(self) -> pa.Table:
+        """The row group as an Arrow table (for a stored one: made from its arrays, vectors as fixed-size lists)."""
+        if self._table is None:
+            cols = {}
+            for name, a in self._arrays.items():
+                if a.ndim == 1:
+                    cols[name] = pa.array(a)
+                else:
+                    n = int(np.prod(a.shape[1:], dtype=np.int64))
+                    cols[name] = pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), n)
+            self._table = pa.table(cols)
+        return self._table
+
+    def arrays(self) -> dict[str, object]:
+        """Every column as :meth:`column` gives it, in file order (what the row-group store keeps)."""
+        return {name: self.column(name) for name in self.table.column_names}
 
     def column(self, name: str):
         """A numpy array (numbers), or the Arrow array (strings, image structs)."""

@@ -543,7 +543,7 @@ class FrameColumns:
             # (the view holds the timestamps cast to info.json's float32: the checks compare them as stored)
             self._put(slot, self._read(slot))
             return
-        self._put(slot, self._columns(slot, view.table, view))
+        self._put(slot, self._columns(slot, None, view))
 
     def _put(self, slot: int, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._lock:
@@ -559,10 +559,15 @@ class FrameColumns:
         (tbl,) = tabular.read_row_groups(t.infos.src, t.infos[f], [rg], None, list(self.COLUMNS))
         return self._columns(slot, tbl)
 
-    def _columns(self, slot: int, tbl: pa.Table, view: "tabular.RowGroupView | None" = None) -> dict[str, np.ndarray]:
+    def _columns(self, slot: int, tbl: pa.Table | None, view: "tabular.RowGroupView | None" = None
+                 ) -> dict[str, np.ndarray]:
+        """Row group ``slot``'s frame columns from ``tbl`` or else ``view`` (whose Arrow table is made only if a
+        column needs a cast: a view of the row-group store has none), checked where this process first reads it."""
         from .._plan.clips import check_frames
 
         t = self.t
+        if tbl is None:
+            tbl = _LazyTable(view)
         f = int(t.slot_file[slot])
         rel, src = t.data_files[f], t.infos.src
         cols = {}
@@ -746,6 +751,16 @@ class FrameColumns:
                             idx_all - ep_from[r_all], np.concatenate(got["frame_index"]),
                             np.concatenate(got["timestamp"]).astype(np.float64), np.concatenate(lo_any),
                             np.concatenate(hi_any), np.concatenate(inside))
+
+
+class _LazyTable:
+    """``view.table[c]``, with the table made at the first column asked (rarely: a cast the checks need)."""
+
+    def __init__(self, view: "tabular.RowGroupView"):
+        self.view = view
+
+    def __getitem__(self, c: str):
+        return self.view.table[c]
 
 
 class FrameColumn:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._readers import decode, deltas, locate, tabular, video_index
+from .._readers import decode, deltas, locate, row_group_store, tabular, video_index
 from ..errors import DatasetFormatError, LeRobotSQLError, MissingFileError, as_int, warn
 from ._values import declared_hw
 
@@ -138,6 +138,9 @@ class Worker:
         self.delta_sorted = {k: bool((np.diff(v) >= 0).all()) for k, v in self.delta.items()}
         self.video_keys = ds._video_keys
         self.views = tabular.RowGroups()  # slot -> the row group decoded, the last ones read (bounded by bytes)
+        # data file -> its row-group store (the row groups as decoded, on disk, shared by processes), or None
+        self.stores: dict[int, row_group_store.RowGroupStore | None] = {}
+        self.store_budget = row_group_store.budget()
         self.indexes: dict[str, video_index.FrameIndex] = {}
         self.videos: dict[tuple[str, int], VideoFile] = {}
         self.decoders = decode.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads,
@@ -171,13 +174,48 @@ class Worker:
             s = self.samples
             f = int(s.slot_file[todo[0]])
             base = int(s.rg_base[f])
-            tables = tabular.read_row_groups(self.src, s.infos[f], [t - base for t in todo], self.layout)
-            for t, table in zip(todo, tables):
-                out[t] = v = tabular.RowGroupView(table, self.layout)
+            info = s.infos[f]
+            store = self._store(f)
+            stored = {}
+            if store is not None:  # (decoded by an earlier read, in this process or another: no Parquet decode)
+                offsets = s.infos.rg_offsets[f]
+                for t in todo:
+                    got = store.get(t - base, int(offsets[t - base + 1] - offsets[t - base]))
+                    if got is not None:
+                        stored[t] = got
+                if stored:
+                    tabular.check_unchanged(self.src, info)  # as a Parquet read checks: the version opened
+            rest = [t for t in todo if t not in stored]
+            tables = dict(zip(rest, tabular.read_row_groups(self.src, info, [t - base for t in rest], self.layout)
+                              if rest else []))
+            for t in todo:
+                if t in stored:
+                    v = tabular.RowGroupView.stored(stored[t], self.layout)
+                else:
+                    v = tabular.RowGroupView(tables[t], self.layout)
+                    if store is not None:
+                        arrays = v.arrays()
+                        if row_group_store.storable(arrays):
+                            store.put(t - base, arrays)
+                        else:  # (images or strings in the data: this file's row groups stay Parquet-only)
+                            self.stores[f] = store = None
+                out[t] = v
                 if s.lazy:  # the frame columns of a selection opened without its frames: checked here, read once
                     s.frames.offer(t, v)
                 self.views.put(t, v)
         return out
+
+    def _store(self, f: int) -> row_group_store.RowGroupStore | None:
+        """Data file ``f``'s row-group store in this process (None: the store is off, or cannot hold its rows)."""
+        if f in self.stores:
+            return self.stores[f]
+        store = None
+        if self.store_budget != 0:
+            s = self.samples
+            store = row_group_store.for_data_file(self.cache_dir, self.src, s.infos[f], self.layout,
+                                                  len(s.infos.rg_offsets[f]) - 1, self.store_budget)
+        self.stores[f] = store
+        return store
 
     def check_index(self, views, slots: np.ndarray, offsets: np.ndarray, ii: np.ndarray) -> None:
         """Refuse samples ``ii`` whose own data row (row ``offsets`` of row groups ``slots``; ``views``: slot ->

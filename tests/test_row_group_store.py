@@ -1,0 +1,269 @@
+"""The row-group store (lerobot_sql._readers.row_group_store): row groups as first decoded, on disk, reused by every
+later reader; its items equal Parquet's, damage is a miss, and the disk it takes is bounded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import lerobot_sql as lsql
+from lerobot_sql._readers import row_group_store, tabular
+from lerobot_sql.errors import DatasetFormatError
+
+DT = {"action": [k / 30 for k in range(-3, 5)], "observation.state": [-1 / 30, 0.0]}
+
+
+def _open(root, cache, **kw):
+    return lsql.connect(root, cache_dir=cache).dataset(cameras=[], delta_timestamps=DT, **kw)
+
+
+def _picks(ds) -> list[int]:
+    return sorted({0, len(ds) - 1, *range(0, len(ds), 97)})
+
+
+def _parquet_reads(monkeypatch) -> list:
+    """Row groups decoded from a data file (not the store), as (data file, row group)."""
+    reads, real = [], tabular.read_row_groups
+
+    def read(src, info, rgs, layout, columns=None):
+        if columns is None:  # (an item's row groups; the frame checks read single columns of their own)
+            reads.extend((info.rel, int(rg)) for rg in rgs)
+        return real(src, info, rgs, layout, columns)
+
+    monkeypatch.setattr(tabular, "read_row_groups", read)
+    return reads
+
+
+def _same(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+@pytest.fixture
+def reference(datasets, tmp_path, monkeypatch):
+    """small20's items read with the store off: every row group decoded from Parquet."""
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", "0")
+    ds = _open(datasets / "small20", tmp_path / "off")
+    items = {i: ds[i] for i in _picks(ds)}
+    monkeypatch.delenv("LSQL_ROW_GROUP_CACHE_MB")
+    assert not (tmp_path / "off" / row_group_store.FOLDER).exists()  # off: nothing written
+    return items
+
+
+def _store_files(cache) -> list:
+    return sorted((cache / row_group_store.FOLDER).glob(f"*{row_group_store.SUFFIX}"))
+
+
+def _entries(path, n: int) -> np.ndarray:
+    """The payload offset of each row group's directory entry whose check holds (0: none)."""
+    with open(path, "rb") as f:
+        f.seek(row_group_store.HEADER_BYTES)
+        raw = np.frombuffer(f.read(n * 16), "<i8").reshape(n, 2)
+    rg = np.arange(n, dtype=np.int64)
+    ok = raw[:, 1] == raw[:, 0] ^ np.int64(row_group_store.CHECK) ^ (rg << 20)
+    return np.where(ok & (raw[:, 0] > 0), raw[:, 0], 0)
+
+
+def test_a_later_reader_takes_every_row_group_from_the_store_and_gets_parquets_items(datasets, tmp_path,
+                                                                                       reference, monkeypatch):
+    cache = tmp_path / "c"
+    reads = _parquet_reads(monkeypatch)
+    first = _open(datasets / "small20", cache)
+    for i, want in reference.items():
+        _same(first[i], want)
+    assert len(set(reads)) == 20  # small20: one data file of 20 row groups, each decoded once
+    (store,) = _store_files(cache)
+    assert (_entries(store, 20) > 0).all()  # every row group stored
+    # on disk: about the row groups' own Parquet bytes (float32 vectors barely compress), not a multiple of them
+    md = pq.ParquetFile(datasets / "small20/data/chunk-000/file-000.parquet").metadata
+    parquet = sum(md.row_group(g).column(j).total_compressed_size for g in range(20) for j in range(md.num_columns))
+    assert os.stat(store).st_blocks * 512 <= 1.2 * parquet
+    reads.clear()
+    later = _open(datasets / "small20", cache)  # a new reader (a restart, another worker): nothing decoded
+    for i, want in reference.items():
+        _same(later[i], want)
+    assert reads == []
+
+
+def test_a_damaged_payload_or_entry_is_a_miss_decoded_again_and_stored_again(datasets, tmp_path, reference,
+                                                                              monkeypatch):
+    cache = tmp_path / "c"
+    ds = _open(datasets / "small20", cache)
+    for i in reference:
+        ds[i]
+    del ds
+    (store,) = _store_files(cache)
+    offsets = _entries(store, 20)
+    with open(store, "r+b") as f:
+        f.seek(int(offsets[3]) + 200)  # a flipped byte in row group 3's values
+        b = f.read(1)
+        f.seek(int(offsets[3]) + 200)
+        f.write(bytes([b[0] ^ 0x40]))
+        f.seek(row_group_store.HEADER_BYTES + 7 * 16 + 3)  # row group 7's entry garbled
+        f.write(b"\x7f")
+    reads = _parquet_reads(monkeypatch)
+    ds = _open(datasets / "small20", cache)
+    for i, want in reference.items():
+        _same(ds[i], want)
+    assert sorted({rg for _, rg in reads}) == [3, 7]  # the two, and only they, decoded from Parquet
+    del ds
+    reads.clear()
+    ds = _open(datasets / "small20", cache)
+    for i, want in reference.items():
+        _same(ds[i], want)
+    assert reads == []  # stored again
+
+
+def test_a_data_file_changed_after_the_open_raises_for_a_stored_row_group_too(datasets, tmp_path):
+    root, cache = tmp_path / "ds", tmp_path / "c"
+    shutil.copytree(datasets / "small20", root)
+    first = _open(root, cache)
+    first[0]
+    ds = _open(root, cache)
+    data = root / "data/chunk-000/file-000.parquet"
+    os.utime(data, (time.time() + 10, time.time() + 10))
+    with pytest.raises(DatasetFormatError, match="changed after the dataset was opened"):
+        ds[0]
+
+
+def test_the_budget_evicts_the_least_recently_used_files_then_stops_writing(datasets, tmp_path, reference,
+                                                                           monkeypatch):
+    cache = tmp_path / "c"
+    folder = cache / row_group_store.FOLDER
+    folder.mkdir(parents=True)
+    old = []
+    for k, age in enumerate((3000, 2000, 1000)):  # three stores of other files, last used long ago
+        p = folder / f"old{k}{row_group_store.SUFFIX}"
+        p.write_bytes(os.urandom(200_000))
+        os.utime(p, (time.time() - age, time.time() - age))
+        old.append(p)
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", str(700_000 / (1 << 20)))
+    ds = _open(datasets / "small20", cache)
+    for i, want in reference.items():
+        _same(ds[i], want)
+    # small20's store takes ~0.45 MB: the two oldest made room for it, the newest fits beside it
+    assert [p.exists() for p in old] == [False, False, True]
+    (mine,) = [p for p in _store_files(cache) if not p.name.startswith("old")]
+    assert (_entries(mine, 20) > 0).all()
+    # a budget smaller than one dataset's row groups: writing stops at the first store over it, reading goes on
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", str(10_000 / (1 << 20)))
+    small = tmp_path / "small"
+    ds = _open(datasets / "small20", small)
+    for i, want in reference.items():
+        _same(ds[i], want)
+    (store,) = _store_files(small)
+    assert (_entries(store, 20) > 0).sum() == 1
+
+
+def test_the_store_is_off_at_zero_and_a_bad_budget_is_named(datasets, tmp_path, monkeypatch):
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", "plenty")
+    with pytest.raises(ValueError, match="LSQL_ROW_GROUP_CACHE_MB='plenty'"):
+        _open(datasets / "small20", tmp_path / "c")[0]
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", "-1")
+    with pytest.raises(ValueError, match="LSQL_ROW_GROUP_CACHE_MB"):
+        _open(datasets / "small20", tmp_path / "c")[0]
+
+
+def test_data_files_with_images_in_them_are_read_from_parquet_alone(datasets, tmp_path, monkeypatch):
+    cache = tmp_path / "c"
+    reads = _parquet_reads(monkeypatch)
+    ds = lsql.connect(datasets / "img5_extras", cache_dir=cache).dataset()
+    picks = (0, 700, len(ds) - 1)
+    a = [ds[i] for i in picks]
+    assert _store_files(cache) == []  # PNG cells: not what a store holds
+    first = list(reads)
+    assert len(set(first)) == 3
+    reads.clear()
+    ds = lsql.connect(datasets / "img5_extras", cache_dir=cache).dataset()
+    for want, i in zip(a, picks):
+        _same(ds[i], want)
+    assert reads == first  # decoded from Parquet again
+
+
+def test_forked_workers_fill_one_store_and_their_batches_equal_one_process(datasets, tmp_path, monkeypatch):
+    cache = tmp_path / "c"
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", "0")
+    ref = _open(datasets / "small20", tmp_path / "ref")
+    monkeypatch.delenv("LSQL_ROW_GROUP_CACHE_MB")
+    ds = _open(datasets / "small20", cache)
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0))[:600].tolist()
+    loader = torch.utils.data.DataLoader(ds, batch_size=20, sampler=order, num_workers=2,
+                                         multiprocessing_context="fork")
+    batches = list(loader)
+    (store,) = _store_files(cache)
+    assert (_entries(store, 20) > 0).sum() == len({ds._samples.slot[i] for i in order})  # each row group once
+    want = torch.utils.data.default_collate([ref[i] for i in order[:20]])
+    for k in want:
+        if isinstance(want[k], torch.Tensor):
+            assert torch.equal(batches[0][k], want[k]), k
+    # the next run's workers read it all from the store
+    again = list(torch.utils.data.DataLoader(_open(datasets / "small20", cache), batch_size=20, sampler=order,
+                                             num_workers=2, multiprocessing_context="fork"))
+    for a, b in zip(batches, again):
+        for k in a:
+            if isinstance(a[k], torch.Tensor):
+                assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("shape,dtype", [((), "<i8"), ((6,), "<f4"), ((2, 3), "<f2"), ((4,), "<u8"), ((), "<f8")])
+def test_put_then_get_gives_the_arrays_back(tmp_path, shape, dtype):
+    rng = np.random.default_rng(0)
+    rows = [5, 0, 17]
+    arrays = [{"a": rng.integers(0, 1000, (n, *shape)).astype(dtype), "index": np.arange(n, dtype="<i8")}
+              for n in rows]
+    store = row_group_store.RowGroupStore(tmp_path / f"s{row_group_store.SUFFIX}", 3, 10 << 20)
+    assert store.get(1, 0) is None  # no file yet
+    for rg, a in enumerate(arrays):
+        store.put(rg, a)
+    other = row_group_store.RowGroupStore(store.path, 3, 10 << 20)  # another process's view of the file
+    for rg, (n, a) in enumerate(zip(rows, arrays)):
+        got = other.get(rg, n)
+        assert list(got) == ["a", "index"]
+        for k in a:
+            assert got[k].dtype == a[k].dtype and got[k].shape == a[k].shape
+            np.testing.assert_array_equal(got[k], a[k])
+            assert not got[k].flags.writeable
+    assert other.get(0, 6) is None  # another row count than stored: not this row group's payload
+    store.put(1, {"a": arrays[0]["a"].astype("<i1"), "index": arrays[0]["index"]})  # other columns: not stored
+    assert other.get(1, 0) is not None and row_group_store.RowGroupStore(store.path, 4, 1 << 20).get(0, 5) is None
+
+
+def test_a_file_that_is_not_a_store_is_replaced_at_the_first_write(tmp_path):
+    p = tmp_path / f"s{row_group_store.SUFFIX}"
+    p.write_bytes(b"not a store" * 100)
+    store = row_group_store.RowGroupStore(p, 2, 10 << 20)
+    assert store.get(0, 3) is None
+    a = {"x": np.arange(3, dtype="<i8")}
+    store.put(0, a)
+    np.testing.assert_array_equal(row_group_store.RowGroupStore(p, 2, 10 << 20).get(0, 3)["x"], a["x"])
+
+
+def test_open_store_files_are_bounded_per_process(datasets, tmp_path, monkeypatch):
+    """(a v2.1 dataset has a data file per episode: a descriptor kept per store would run out of them)"""
+    monkeypatch.setattr(row_group_store, "MAX_OPEN", 1)
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", "0")
+    ref = _open(datasets / "multifile60", tmp_path / "ref")
+    monkeypatch.delenv("LSQL_ROW_GROUP_CACHE_MB")
+
+    def open_stores() -> int:
+        links = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                 if os.path.exists(f"/proc/self/fd/{fd}")]
+        return sum(1 for p in links if p.endswith(row_group_store.SUFFIX))
+
+    picks = [0, len(ref) - 1, 5, len(ref) - 2, 6000, len(ref) - 3]  # the two data files, in turn
+    for _ in range(2):  # the second pass: every row group from the stores
+        ds = _open(datasets / "multifile60", tmp_path / "c")
+        for i in picks:
+            _same(ds[i], ref[i])
+            assert open_stores() <= 1
+    assert len(_store_files(tmp_path / "c")) == 2
