@@ -36,8 +36,9 @@ pass 1 the **tree PSS** (sum of Pss: shared pages split, the memory the tree rea
 
 Before the timed processes, one untimed "prep" process per reader opens the set on its empty cache (its **cold open**
 is printed below the table): lerobot_sql on a fresh cache folder of this run (then one item per ~mp4 is read so its
-video indexes are built, as after any earlier epoch), lerobot with a fresh HF_HOME of this run (it builds its Arrow
-cache). The timed processes reuse those caches (warm). The OS page cache is not dropped.
+video indexes are built, and every tabular row group decoded once into its row-group store, as after any earlier
+epoch), lerobot with a fresh HF_HOME of this run (it builds its Arrow cache of the tabular data). The timed processes
+reuse those caches (warm). The OS page cache is not dropped.
 
 Frames: on datasets written by ``make_scale_video_set.py`` (generator.json), 4 items of the first batch and 4 of the
 last batch of pass 1 of every process are checked: index / episode_index / frame_index, and each camera frame of the
@@ -266,6 +267,18 @@ def child(p: dict) -> dict:
         for i in np.linspace(0, len(ds) - 1, p.get("prep_items", 0)).astype(int).tolist():
             ds[i]
         out["prep_items_s"] = time.perf_counter() - t
+        if p["reader"] == "lerobot_sql":
+            # the tabular data decoded once, as lerobot's prep builds its Arrow cache of it: every row group into
+            # the row-group store, which a long training run's first epoch fills (an item every 100 frames: every
+            # episode of 120-360 frames, so every row group, is touched), 2 workers
+            import lerobot_sql as lsql
+
+            t = time.perf_counter()
+            tab = lsql.connect(p["root"], cache_dir=p["cache_dir"]).dataset(cameras=[])
+            for _ in torch.utils.data.DataLoader(tab, batch_size=256, sampler=range(0, len(tab), 100),
+                                                 num_workers=2, multiprocessing_context="fork"):
+                pass
+            out["prep_store_s"] = time.perf_counter() - t
         return out
     sampler = TreeSampler()
     sampler.start()
@@ -478,7 +491,8 @@ def main(argv=None) -> int:
         if "error" in r:
             print(f"{reader}: prep failed: {r['error']}")
         else:
-            extra = (f"; then {64} items spread over the set (video indexes built) {r['prep_items_s']:.1f} s"
+            extra = (f"; then {64} items spread over the set (video indexes built) {r['prep_items_s']:.1f} s; the "
+                     f"tabular row groups decoded into the row-group store {r.get('prep_store_s', float('nan')):.1f} s"
                      if reader == "lerobot_sql" else "")
             print(f"{_name(r)}: cold open (empty cache) {r['open_s']:.2f} s{extra}")
     for c in cross:

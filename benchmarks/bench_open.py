@@ -9,7 +9,9 @@ lerobot) are done before the clock starts, so the figures are the open itself:
 
 * **lerobot_sql**: ``lsql.connect(root).dataset()`` (every episode), then ``--items`` random items (each
   in a row group not read yet) and 2,000 items of 50 row groups already read. *cold*: an empty
-  lerobot_sql cache; *warm*: the next process, with the cache the cold one left (a training restart); *SQL 10%*: a
+  lerobot_sql cache; *warm*: the next process, with the cache the cold one left (a training restart), its items of
+  row groups no process read (another seed), then the cold run's items again, whose row groups the cold run left in
+  the row-group store (``lerobot_sql._readers.row_group_store``); *SQL 10%*: a
   query selecting every tenth episode (``SELECT episode_index FROM episodes WHERE episode_index % 10 = 0``), after
   the warm run: the first SQL connect surveys the data files' footers (kept per file version), the next process
   (a training restart) reads what it kept. *SQL windows*: the last second of every episode (a window per
@@ -17,7 +19,8 @@ lerobot) are done before the clock starts, so the figures are the open itself:
   (every frame read and joined at the open, as before windows opened as runs).
 * **SQL** (a fresh process, its own cache): one episode's frames, ``db.stats`` of every frame (as the source's
   metadata has quantiles or not, and with exact quantiles forced, as for a lerobot >= 0.4 source), and an export of
-  1% of the episodes. Then the DataLoader workers' private memory over 600 shuffled batches of the whole set.
+  1% of the episodes. Then the DataLoader workers' private memory over 600 shuffled batches of the whole set, and
+  the same 600 batches in the next run (their row groups from the store).
 * **LeRobotDataset** (lerobot 0.4.4 in ``--peer-python``, default ``$LSQL_PEER_PYTHON``): ``LeRobotDataset(repo_id,
   root=root)``; *cold*: an empty Hugging Face datasets cache (it builds its Arrow cache), *warm*: the next process;
   the same with lerobot 0.6.1 when ``--peer-06`` names its interpreter.
