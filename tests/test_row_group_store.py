@@ -267,3 +267,44 @@ def test_open_store_files_are_bounded_per_process(datasets, tmp_path, monkeypatc
             _same(ds[i], ref[i])
             assert open_stores() <= 1
     assert len(_store_files(tmp_path / "c")) == 2
+
+
+def _filled(path, n_rg: int = 2, rows: int = 4, seed: int = 0, limit: int = 10 << 20):
+    """A store at ``path`` holding ``n_rg`` row groups of ``rows`` rows (float32 vectors and an int64 index), and
+    those row groups' arrays."""
+    rng = np.random.default_rng(seed)
+    arrays = [{"a": rng.standard_normal((rows, 3)).astype("<f4"), "index": np.arange(rows, dtype="<i8") + 100 * seed}
+              for _ in range(n_rg)]
+    store = row_group_store.RowGroupStore(path, n_rg, limit, ["a", "index"])
+    for rg, a in enumerate(arrays):
+        store.put(rg, a)
+    store.close()
+    return arrays
+
+
+def test_hostile23_every_single_bit_flip_in_a_store_files_header_is_a_miss_never_other_values(tmp_path):
+    """(hostile review 23) The header (columns, dtypes, shapes) was trusted: one flipped bit turned '<f4' into '>f4'
+    (the stored floats served byte-swapped: the payload's CRC holds) or into '<d4' / '<f5' (a bare TypeError from
+    the item instead of a miss)."""
+    p = tmp_path / f"s{row_group_store.SUFFIX}"
+    (want, _) = _filled(p)
+    head = bytearray(p.read_bytes()[:row_group_store.HEADER_BYTES])
+    used = head.rstrip(b"\0")
+    served = 0
+    for i in range(len(used)):
+        for bit in range(8):
+            bad = bytearray(head)
+            bad[i] ^= 1 << bit
+            with open(p, "r+b") as f:
+                f.write(bad)
+            got = row_group_store.RowGroupStore(p, 2, 10 << 20, ["a", "index"]).get(0, 4)
+            if got is not None:  # (a flip the header's meaning does not see, such as JSON spacing: the same values)
+                served += 1
+                assert list(got) == ["a", "index"], (i, bit)
+                for k in want:
+                    assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), (i, bit, k)
+    with open(p, "r+b") as f:
+        f.write(head)
+    np.testing.assert_array_equal(row_group_store.RowGroupStore(p, 2, 10 << 20, ["a", "index"]).get(0, 4)["a"],
+                                  want["a"])
+

@@ -11,8 +11,8 @@ What is stored: the numpy arrays :meth:`tabular.RowGroupView.column` gives for e
 column is a number or a fixed-size list of numbers without NULL (lerobot's frame columns; a dataset with images or
 strings in its data files is read from Parquet as before).
 
-A store file: a 4 KiB header (magic and JSON: the data file, the columns' names, dtypes and per-row shapes, the
-row-group count),
+A store file: a 4 KiB header (magic, the JSON's length and CRC-32, and JSON: the data file, the columns' names,
+dtypes and per-row shapes, the row-group count),
 then a directory of 16 bytes per row group (its payload's offset, and a check of that offset), then payloads,
 appended as row groups are first read: a 32-byte header (magic, row group, size, CRC-32 of the bytes) and the
 columns' bytes back to back, each column's rows contiguous.
@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -54,7 +55,7 @@ try:
 except ImportError:  # Windows: no flock; the store is off there
     fcntl = None
 
-MAGIC = b"LSQLRGS1"           # a store file's first bytes
+MAGIC = b"LSQLRGS2"           # a store file's first bytes
 PAYLOAD_MAGIC = b"LSQLRGP1"   # a payload's first bytes
 HEADER_BYTES = 4096
 ENTRY = struct.Struct("<qq")            # payload offset, offset ^ CHECK ^ (row group << 20)
@@ -189,7 +190,8 @@ class RowGroupStore:
         if len(body) > HEADER_BYTES - 16:
             self._writable = False  # (thousands of columns: not worth a larger header)
             return False
-        head = MAGIC + struct.pack("<q", len(body)) + body
+        # (the JSON's CRC: a flipped bit in a dtype ('<f4' -> '>f4') would read every payload wrongly, CRCs and all)
+        head = MAGIC + struct.pack("<II", len(body), zlib.crc32(body)) + body
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
         try:
@@ -368,21 +370,25 @@ def _parse_header(head: bytes, n: int) -> list[tuple[str, np.dtype, tuple[int, .
     not a store file of ``n`` row groups."""
     if len(head) < 16 or head[:8] != MAGIC:
         return None
-    (length,) = struct.unpack_from("<q", head, 8)
-    if not 0 < length <= HEADER_BYTES - 16:
+    length, crc = struct.unpack_from("<II", head, 8)
+    body = head[16:16 + length]
+    if not 0 < length <= HEADER_BYTES - 16 or len(body) != length or zlib.crc32(body) != crc:
         return None
-    meta = json.loads(head[16:16 + length])
-    if meta.get("version") != 1 or meta.get("row_groups") != n:
+    try:  # (what the CRC passes is still read as foreign: any other form is not a store file of ours)
+        meta = json.loads(body)
+        if meta.get("version") != 1 or meta.get("row_groups") != n:
+            return None
+        spec = []
+        for c in meta["columns"]:
+            dtype = np.dtype(c["dtype"])
+            if dtype.kind not in _STORABLE_KINDS or not dtype.isnative:  # (what put() writes: native numbers)
+                return None
+            shape = tuple(int(x) for x in c["shape"])
+            if any(x < 0 or x > 1 << 31 for x in shape):
+                return None
+            spec.append((str(c["name"]), dtype, shape, math.prod(shape)))
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    spec = []
-    for c in meta["columns"]:
-        dtype = np.dtype(c["dtype"])
-        if dtype.kind not in _STORABLE_KINDS:
-            return None
-        shape = tuple(int(x) for x in c["shape"])
-        if any(x < 0 for x in shape):
-            return None
-        spec.append((str(c["name"]), dtype, shape, int(np.prod(shape, dtype=np.int64))))
     return spec
 
 
@@ -392,6 +398,6 @@ def for_data_file(cache_dir: Path, src, info, layout, n_row_groups: int, limit: 
     and version (``info.identity``: a rewritten file is another store) and the features' dtypes and shapes (what
     the decoded arrays depend on). ``limit``: :func:`budget`."""
     fingerprint = sorted((k, f.dtype, list(f.shape)) for k, f in layout.features.items())
-    key = cache.key(src.url, info.rel, info.identity, fingerprint, "row-group-store-1")
+    key = cache.key(src.url, info.rel, info.identity, fingerprint, "row-group-store-2")
     return RowGroupStore(Path(cache_dir) / FOLDER / f"{key}{SUFFIX}", n_row_groups, limit,
                          list(info.schema.names) if info.schema is not None else None, info.rel)
