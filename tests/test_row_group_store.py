@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 
 import numpy as np
@@ -308,3 +309,62 @@ def test_hostile23_every_single_bit_flip_in_a_store_files_header_is_a_miss_never
     np.testing.assert_array_equal(row_group_store.RowGroupStore(p, 2, 10 << 20, ["a", "index"]).get(0, 4)["a"],
                                   want["a"])
 
+
+class _LockThenHook:
+    """A thread lock that, at its first release, lets ``hook`` run in another thread (the other thread's turn there)
+    before the releasing thread goes on."""
+
+    def __init__(self, hook):
+        self._lock, self.hook = threading.Lock(), hook
+
+    def acquire(self, blocking=True, timeout=-1):
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self):
+        self._lock.release()
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            t = threading.Thread(target=hook)
+            t.start()
+            t.join()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def test_hostile23_a_descriptor_closed_by_another_thread_during_a_get_never_reads_another_store_file(tmp_path,
+                                                                                                      monkeypatch):
+    """(hostile review 23) get() read through the descriptor after leaving the store's lock: another item thread
+    opening one store file too many closed it (the 64 kept per process: a v2.1 dataset's data file per episode),
+    the number went to the next file opened, another store, and get() served that file's row group (same row
+    count: a valid payload, CRC and all) as this one's."""
+    monkeypatch.setattr(row_group_store, "MAX_OPEN", 1)
+    paths = [tmp_path / f"{k}{row_group_store.SUFFIX}" for k in "abc"]
+    arrays = [_filled(p, seed=k) for k, p in enumerate(paths)]
+    a, b = (row_group_store.RowGroupStore(p, 2, 10 << 20, ["a", "index"]) for p in paths[:2])
+    assert a._open()
+    fd = a._fd
+    held = []
+
+    def other_thread():  # opens b (a's descriptor closed: one open store per process) and then another file
+        b.get(0, 4)
+        assert a._fd is None
+        c = os.open(paths[2], os.O_RDONLY)
+        if c != fd:  # (the kernel gives the lowest free number: a's, unless one below it was free too)
+            os.dup2(c, fd)
+            os.close(c)
+        held.append(fd)
+
+    a._lock = _LockThenHook(other_thread)
+    try:
+        got = a.get(1, 4)
+    finally:
+        for x in held:
+            if a._fd != x:
+                os.close(x)
+    assert held  # (the other thread ran)
+    assert got is None or all(np.array_equal(got[k], arrays[0][1][k]) for k in got), got["index"]

@@ -212,22 +212,24 @@ class RowGroupStore:
     def get(self, rg: int, rows: int) -> dict[str, np.ndarray] | None:
         """Row group ``rg``'s arrays (read-only numpy views of one buffer, each (rows, *shape)), or None when the
         store does not hold it (or holds it damaged)."""
-        with self._lock:  # (descriptors are opened and closed under it; writes happen under it)
+        # (the reads under the lock, as the descriptor's closing is: read after it, another thread opening one store
+        # file too many could close the descriptor and the next file opened take its number, another store file,
+        # whose payload of the same row group and size passes every check; hostile review 23)
+        with self._lock:
             if not self._open():
                 return None
-            fd = self._fd
-        try:
-            entry = os.pread(fd, ENTRY.size, HEADER_BYTES + rg * ENTRY.size)
-            off, check = ENTRY.unpack(entry)
-            if off <= 0 or check != off ^ CHECK ^ (rg << 20):
+            spec, size = self._spec, rows * self._row_bytes
+            try:
+                entry = os.pread(self._fd, ENTRY.size, HEADER_BYTES + rg * ENTRY.size)
+                off, check = ENTRY.unpack(entry)
+                if off <= 0 or check != off ^ CHECK ^ (rg << 20):
+                    return None
+                buf = os.pread(self._fd, PAYLOAD.size + size, off)
+            except (OSError, struct.error):
                 return None
-            size = rows * self._row_bytes
-            buf = os.pread(fd, PAYLOAD.size + size, off)
-        except (OSError, struct.error):
-            return None
+            self._touch()
         if len(buf) != PAYLOAD.size + size:
             return None
-        self._touch()
         magic, got_rg, got_size, crc = PAYLOAD.unpack_from(buf)
         if magic != PAYLOAD_MAGIC or got_rg != rg or got_size != size:
             return None
@@ -235,7 +237,7 @@ class RowGroupStore:
         if zlib.crc32(data) != crc:
             return None
         out, at = {}, PAYLOAD.size
-        for name, dtype, shape, per_row in self._spec:
+        for name, dtype, shape, per_row in spec:
             n = rows * per_row
             out[name] = np.frombuffer(buf, dtype, n, at).reshape((rows, *shape)) if shape else \
                 np.frombuffer(buf, dtype, n, at)
