@@ -130,8 +130,6 @@ class RowGroupStore:
         self._row_bytes = 0
         self._lock = threading.Lock()
         self._writable = True
-        self._appended = 0
-        self._puts = 0
         self._touched = 0.0
         self._region: list[int] | None = None  # [next free, end, pid] of the file region this process reserved
 
@@ -250,7 +248,13 @@ class RowGroupStore:
         already; nothing when the arrays do not match the file's columns (another normalisation made the file)."""
         if not self._writable or fcntl is None:
             return
+        acct = _folder(self.path.parent)
+        if acct.off:
+            return
         try:
+            if acct.full_until:  # the files in use filled the budget: see whether room was made since
+                if time.monotonic() < acct.full_until or not self._keep_within_budget(acct):
+                    return
             with self._lock:
                 if not self._open() and not self._create(arrays):
                     return
@@ -275,14 +279,21 @@ class RowGroupStore:
                 # (after the payload: an entry is never seen before its bytes. Two processes storing the same row
                 # group each write a whole valid entry; a torn mix of the two fails its check: a miss)
                 os.pwrite(fd, ENTRY.pack(off, off ^ CHECK ^ (rg << 20)), HEADER_BYTES + rg * ENTRY.size)
-                self._appended += need
-                self._puts += 1
                 self._touch()
-            if self._puts == 1 or self._appended >= min(EVICT_EVERY, max(self.limit // 8, 1)):
-                self._appended = 0
-                self._keep_within_budget()
+            # (the bytes appended counted per folder, not per store: a process filling many data files' stores at
+            # once went past the budget by an eighth of it (at most 32 MB) per file; hostile review 23)
+            limit = self.limit if self.limit >= 0 else acct.default
+            with _OPEN_LOCK:
+                acct.appended += need
+                due = acct.appended >= min(EVICT_EVERY, max(limit // 8, 1))
+                if due:
+                    acct.appended = 0
+            if due:
+                self._keep_within_budget(acct)
         except OSError as e:  # a full disk, a read-only folder: Parquet is read as before, without the store
-            self._writable = False
+            if acct.off:
+                return
+            acct.off = True
             warn(f"{self.path}: the row-group store cannot be written ({e}); row groups are decoded from the data "
                  f"files on every read in this process. Free space there, set LSQL_CACHE_DIR (or connect(..., "
                  "cache_dir=...)) to a writable folder with room, or LSQL_ROW_GROUP_CACHE_MB=0 to turn the store off")
@@ -305,19 +316,24 @@ class RowGroupStore:
         self._region[0] += n
         return off
 
-    def _keep_within_budget(self) -> None:
-        """Delete the folder's least recently used store files until they fit the budget; stop writing when only
-        files in use are left over it. A file deleted under this process (by another's eviction) is made anew."""
-        if self.limit < 0:
-            self.limit = default_budget(self.path.parent)
-        try:
-            gone = self._fd is not None and os.stat(self.path).st_ino != os.fstat(self._fd).st_ino
-        except OSError:
-            gone = True
-        if gone:  # deleted by another process's eviction: made anew at the next write
-            with self._lock:
+    def _keep_within_budget(self, acct: "_Folder") -> bool:
+        """Delete the folder's least recently used store files until they fit the budget; stop writing (this
+        process, every file of the folder, for :data:`KEEP_RECENT_S`) when only files in use are left over it: False
+        then. A file deleted under this process (by another's eviction) is made anew."""
+        if self.limit >= 0:
+            limit = self.limit
+        else:
+            if acct.default < 0:
+                acct.default = default_budget(self.path.parent)
+            limit = acct.default
+        with self._lock:  # (the descriptor is closed under it)
+            try:
+                gone = self._fd is not None and os.stat(self.path).st_ino != os.fstat(self._fd).st_ino
+            except OSError:
+                gone = True
+            if gone:  # deleted by another process's eviction: made anew at the next write
                 self.close()
-            return
+                return True
         files = []
         for e in os.scandir(self.path.parent):
             if e.name.endswith(SUFFIX):
@@ -327,20 +343,39 @@ class RowGroupStore:
         total = sum(f[1] for f in files)
         now = time.time()
         for mtime, size, path in sorted(files):
-            if total <= self.limit:
+            if total <= limit:
                 break
             if now - mtime < KEEP_RECENT_S or path == str(self.path):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
                 total -= size
-        if total > self.limit:
-            self._writable = False  # the files in use fill the budget: read what they hold, store no more
+        # the files in use fill the budget: read what they hold, store no more for a while
+        acct.full_until = time.monotonic() + KEEP_RECENT_S if total > limit else 0.0
+        return not acct.full_until
 
 
 MAX_OPEN = 64  # store files a process keeps open (a v2.1 dataset has a data file per episode: thousands)
 _OPEN: "collections.OrderedDict[int, weakref.ref]" = collections.OrderedDict()
-_OPEN_LOCK = threading.Lock()
+_OPEN_LOCK = threading.Lock()  # (also over the folders' accounts)
+
+
+class _Folder:
+    """This process's account of one cache folder's store files (the budget is the folder's, not a store's)."""
+
+    def __init__(self):
+        self.appended = 0  # bytes its stores appended since the folder's total was last summed
+        self.default = -1  # default_budget, decided at the first sum
+        self.full_until = 0.0  # time.monotonic() until which nothing is written (files in use filled the budget)
+        self.off = False  # a write failed (a full disk, a read-only folder): nothing more written, warned once
+
+
+_FOLDERS: dict[str, _Folder] = {}
+
+
+def _folder(path: Path) -> _Folder:
+    with _OPEN_LOCK:
+        return _FOLDERS.setdefault(str(path), _Folder())
 
 
 def _opened(store: RowGroupStore) -> None:
