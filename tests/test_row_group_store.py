@@ -384,3 +384,19 @@ def test_hostile23_many_store_files_filled_at_once_stay_within_the_folders_budge
     total = sum(os.stat(p).st_blocks * 512 for p in _store_files(tmp_path))
     assert total <= limit + limit // 8 + 48_000, total
 
+
+def test_hostile23_a_store_in_use_when_its_descriptor_is_due_to_close_is_closed_at_a_later_turn(tmp_path,
+                                                                                                 monkeypatch):
+    """(hostile review 23) A store whose descriptor was due to close (the per-process bound) while a thread used it
+    was dropped from the list of open ones, and stayed open for good: the bound did not hold."""
+    monkeypatch.setattr(row_group_store, "MAX_OPEN", 1)
+    paths = [tmp_path / f"{k}{row_group_store.SUFFIX}" for k in "abc"]
+    for k, p in enumerate(paths):
+        _filled(p, seed=k)
+    a, b, c = (row_group_store.RowGroupStore(p, 2, 10 << 20, ["a", "index"]) for p in paths)
+    assert a.get(0, 4) is not None
+    with a._lock:  # (a thread reading a's row group when b is opened)
+        assert b.get(0, 4) is not None
+        assert a._fd is not None
+    assert c.get(0, 4) is not None
+    assert a._fd is None and b._fd is None and c._fd is not None

@@ -384,14 +384,22 @@ def _opened(store: RowGroupStore) -> None:
     with _OPEN_LOCK:
         _OPEN[id(store)] = weakref.ref(store)
         _OPEN.move_to_end(id(store))
+        busy = []
         while len(_OPEN) > MAX_OPEN:
-            _, ref = _OPEN.popitem(last=False)
+            key, ref = _OPEN.popitem(last=False)
             old = ref()
-            if old is not None and old is not store and old._lock.acquire(blocking=False):
-                try:  # (never under a thread writing with it: its descriptor could be reused by another file)
+            if old is None or old is store:
+                continue
+            if old._lock.acquire(blocking=False):
+                try:  # (never under a thread reading or writing with it: its descriptor could go to another file)
                     old.close()
                 finally:
                     old._lock.release()
+            else:  # (kept on the list, first out at the next turn: dropped, it stayed open for good; review 23)
+                busy.append((key, ref))
+        for key, ref in reversed(busy):
+            _OPEN[key] = ref
+            _OPEN.move_to_end(key, last=False)
 
 
 def _new_open_lock() -> None:  # (a fork while a thread held it)
