@@ -400,3 +400,24 @@ def test_hostile23_a_store_in_use_when_its_descriptor_is_due_to_close_is_closed_
         assert a._fd is not None
     assert c.get(0, 4) is not None
     assert a._fd is None and b._fd is None and c._fd is not None
+
+
+def test_hostile23_the_budget_holds_for_every_datasets_stores_under_the_cache_root_together(datasets, tmp_path,
+                                                                                            monkeypatch):
+    """(hostile review 23) Each dataset's default cache folder (<LSQL_CACHE_DIR>/<key of its URL>) had a budget of
+    its own: LSQL_ROW_GROUP_CACHE_MB=N took N megabytes per dataset ever read, and the default (a quarter of the free
+    space) a quarter of what the datasets before had left: the disk filled with datasets read once."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("LSQL_CACHE_DIR", str(root))
+    limit = 500_000
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", str(limit / (1 << 20)))
+    for k in range(3):
+        shutil.copytree(datasets / "small20", tmp_path / f"ds{k}", ignore=shutil.ignore_patterns("videos"))
+        ds = lsql.connect(tmp_path / f"ds{k}").dataset(cameras=[])
+        firsts = np.unique(np.asarray(ds._samples.slot), return_index=True)[1]
+        for i in firsts:  # every row group once
+            ds[int(i)]
+    stores = sorted(root.rglob(f"*{row_group_store.SUFFIX}"))
+    assert {p.parent.parent.parent for p in stores} == {root}  # (in each dataset's own folder, as before)
+    total = sum(os.stat(p).st_blocks * 512 for p in stores)
+    assert total <= limit + limit // 8 + 30_000, total

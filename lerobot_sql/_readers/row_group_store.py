@@ -24,8 +24,11 @@ is a miss: the row group is decoded from Parquet and written again. A process ki
 unreferenced payload.
 
 Bound: the store files of a cache folder together stay under ``$LSQL_ROW_GROUP_CACHE_MB`` megabytes (default: a
-quarter of the free space where the folder is, at a process's first use); the least recently used files are deleted
-first (a file's mtime is its last use). ``LSQL_ROW_GROUP_CACHE_MB=0`` turns the store off. A full disk or an
+quarter of the free space where the folder is, at a process's first use); the datasets' default folders in the cache
+root (``$LSQL_CACHE_DIR``) count as one (:func:`scope_of`). The bytes a process appends are counted per such folder,
+and the total looked at every eighth of the budget (at most 32 MB); the least recently used files are deleted first
+(a file's mtime is its last use), and when only files in use are left over the budget the process stores nothing for
+:data:`KEEP_RECENT_S`, then looks again. ``LSQL_ROW_GROUP_CACHE_MB=0`` turns the store off. A full disk or an
 unwritable folder turns writing off for the process, with one warning; reading from Parquet goes on.
 """
 
@@ -120,10 +123,14 @@ class RowGroupStore:
     turns writing off for this process with a warning): the caller reads Parquet instead.
     """
 
-    def __init__(self, path: Path, n_row_groups: int, limit: int, columns: list[str] | None = None, rel: str = ""):
+    def __init__(self, path: Path, n_row_groups: int, limit: int, columns: list[str] | None = None, rel: str = "",
+                 scope: Path | None = None):
         self.path, self.n, self.rel = Path(path), int(n_row_groups), rel  # rel: the data file, for messages
         self.columns = columns  # the data file's columns, in file order: a file holding others is not used
         self.limit = limit  # bytes for the folder's store files; -1: decided at the first write (default_budget)
+        # the folder whose every sub-folder's store files share the budget (the cache root: :func:`scope_of`);
+        # None: this store's folder alone
+        self.scope = None if scope is None else Path(scope)
         self._fd: int | None = None
         self._pid = -1
         self._spec: list[tuple[str, np.dtype, tuple[int, ...], int]] | None = None
@@ -248,7 +255,7 @@ class RowGroupStore:
         already; nothing when the arrays do not match the file's columns (another normalisation made the file)."""
         if not self._writable or fcntl is None:
             return
-        acct = _folder(self.path.parent)
+        acct = _folder(self.scope or self.path.parent)
         if acct.off:
             return
         try:
@@ -324,28 +331,43 @@ class RowGroupStore:
             limit = self.limit
         else:
             if acct.default < 0:
-                acct.default = default_budget(self.path.parent)
+                acct.default = default_budget(self.scope or self.path.parent)
             limit = acct.default
+        mine = None
         with self._lock:  # (the descriptor is closed under it)
             try:
-                gone = self._fd is not None and os.stat(self.path).st_ino != os.fstat(self._fd).st_ino
+                mine = os.fstat(self._fd).st_ino if self._fd is not None else None
+                gone = mine is not None and os.stat(self.path).st_ino != mine
             except OSError:
                 gone = True
             if gone:  # deleted by another process's eviction: made anew at the next write
                 self.close()
                 return True
-        files = []
-        for e in os.scandir(self.path.parent):
-            if e.name.endswith(SUFFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    st = e.stat()
-                    files.append((st.st_mtime, st.st_blocks * 512, e.path))
+        folders = [self.path.parent]
+        if self.scope is not None:  # (every dataset's folder in the cache root: their store files share the budget)
+            with contextlib.suppress(OSError), os.scandir(self.scope) as it:
+                folders += [Path(e.path) / FOLDER for e in it if e.is_dir(follow_symlinks=False)]
+        files, seen = [], set()
+        for k, folder in enumerate(folders):
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                if k == 0:
+                    raise
+                continue
+            for e in entries:
+                if e.name.endswith(SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        st = e.stat(follow_symlinks=False)
+                        if (st.st_dev, st.st_ino) not in seen:  # (its own folder is listed twice)
+                            seen.add((st.st_dev, st.st_ino))
+                            files.append((st.st_mtime, st.st_blocks * 512, e.path, st.st_ino))
         total = sum(f[1] for f in files)
         now = time.time()
-        for mtime, size, path in sorted(files):
+        for mtime, size, path, ino in sorted(files):
             if total <= limit:
                 break
-            if now - mtime < KEEP_RECENT_S or path == str(self.path):
+            if now - mtime < KEEP_RECENT_S or ino == mine:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -437,12 +459,25 @@ def _parse_header(head: bytes, n: int) -> list[tuple[str, np.dtype, tuple[int, .
     return spec
 
 
-def for_data_file(cache_dir: Path, src, info, layout, n_row_groups: int, limit: int) -> RowGroupStore:
+def scope_of(cache_dir: Path) -> Path | None:
+    """The folder whose datasets' store files share one budget with ``cache_dir``'s: the cache root
+    (``$LSQL_CACHE_DIR``) when ``cache_dir`` is a dataset's folder in it (the default, one per dataset URL: a budget
+    each let every dataset read take as much again); None for a folder elsewhere (``connect(..., cache_dir=...)``):
+    its own store files alone."""
+    root = cache.cache_root()
+    with contextlib.suppress(OSError):
+        if os.path.samefile(Path(cache_dir).parent, root):
+            return root
+    return None
+
+
+def for_data_file(cache_dir: Path, src, info, layout, n_row_groups: int, limit: int,
+                  scope: Path | None = None) -> RowGroupStore:
     """The store of data file ``info`` (a :class:`tabular.DataFileInfo` of source ``src``) as normalised to
     ``layout``'s features: ``<cache_dir>/row_groups/<key>.rowgroups``, the key from the source URL, the file's path
     and version (``info.identity``: a rewritten file is another store) and the features' dtypes and shapes (what
-    the decoded arrays depend on). ``limit``: :func:`budget`."""
+    the decoded arrays depend on). ``limit``: :func:`budget`; ``scope``: :func:`scope_of`."""
     fingerprint = sorted((k, f.dtype, list(f.shape)) for k, f in layout.features.items())
     key = cache.key(src.url, info.rel, info.identity, fingerprint, "row-group-store-2")
     return RowGroupStore(Path(cache_dir) / FOLDER / f"{key}{SUFFIX}", n_row_groups, limit,
-                         list(info.schema.names) if info.schema is not None else None, info.rel)
+                         list(info.schema.names) if info.schema is not None else None, info.rel, scope)
