@@ -421,3 +421,23 @@ def test_hostile23_the_budget_holds_for_every_datasets_stores_under_the_cache_ro
     assert {p.parent.parent.parent for p in stores} == {root}  # (in each dataset's own folder, as before)
     total = sum(os.stat(p).st_blocks * 512 for p in stores)
     assert total <= limit + limit // 8 + 30_000, total
+
+
+def test_hostile23_a_failed_write_warns_once_and_the_items_equal_parquets(datasets, tmp_path, monkeypatch):
+    """(hostile review 23) A full disk warned once per data file (a v2.1 dataset: one per episode), not once as the
+    docs say; the items are Parquet's either way."""
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", "0")
+    ref = _open(datasets / "v21_small20", tmp_path / "ref")
+    picks = _picks(ref)
+    want = {i: ref[i] for i in picks}
+    monkeypatch.delenv("LSQL_ROW_GROUP_CACHE_MB")
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(row_group_store.os, "pwritev", full)
+    ds = _open(datasets / "v21_small20", tmp_path / "c")
+    with pytest.warns(UserWarning, match="row-group store cannot be written") as caught:
+        for i in picks:
+            _same(ds[i], want[i])
+    assert len([w for w in caught if "row-group store" in str(w.message)]) == 1
