@@ -441,3 +441,31 @@ def test_hostile23_a_failed_write_warns_once_and_the_items_equal_parquets(datase
         for i in picks:
             _same(ds[i], want[i])
     assert len([w for w in caught if "row-group store" in str(w.message)]) == 1
+
+
+def test_hostile23_a_column_no_item_reads_is_not_converted_for_the_store(datasets, tmp_path, monkeypatch):
+    """(hostile review 23) To store a row group every column was converted, also one no item reads (a column of a
+    later data file, not in the first one's schema, which gives the items' columns): a NULL cell in such a list
+    column failed every item of its row groups with a bare ValueError ("cannot reshape"), where the store off read
+    them."""
+    import pyarrow as pa
+
+    root = tmp_path / "mf"
+    shutil.copytree(datasets / "multifile60", root, ignore=shutil.ignore_patterns("videos"))
+    p = root / "data/chunk-000/file-001.parquet"
+    pf = pq.ParquetFile(p)
+    t = pf.read()
+    n = len(t)
+    aux = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(2 * n, dtype=np.float32)), 2,
+                                            mask=pa.array(np.arange(n) == 5))
+    pq.write_table(t.append_column("aux", aux), p, row_group_size=pf.metadata.row_group(0).num_rows)
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", "0")
+    ref = lsql.connect(root, cache_dir=tmp_path / "ref").dataset(cameras=[])
+    slots = np.asarray(ref._samples.slot)
+    picks = [int(np.flatnonzero(slots == int(ref._samples.rg_base[1]))[0]), 0, len(ref) - 1]
+    want = {i: ref[i] for i in picks}
+    monkeypatch.delenv("LSQL_ROW_GROUP_CACHE_MB")
+    for _ in range(2):
+        ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[])
+        for i in picks:
+            _same(ds[i], want[i])

@@ -196,7 +196,7 @@ class Worker:
                     v = tabular.RowGroupView(tables[t], self.layout)
                     if store is not None:
                         arrays = v.arrays()
-                        if row_group_store.storable(arrays):
+                        if arrays is not None and row_group_store.storable(arrays):
                             store.put(t - base, arrays)
                         else:  # (images or strings in the data: this file's row groups stay Parquet-only)
                             self.stores[f] = store = None
