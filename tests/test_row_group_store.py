@@ -469,3 +469,32 @@ def test_hostile23_a_column_no_item_reads_is_not_converted_for_the_store(dataset
         ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[])
         for i in picks:
             _same(ds[i], want[i])
+
+
+@pytest.mark.parametrize("columns", [
+    [{"name": "a", "dtype": "<f4", "shape": [1 << 31, 1 << 31]}, {"name": "index", "dtype": "<i8", "shape": []}],
+    [{"name": "a", "dtype": "<f4", "shape": [1 << 28]}, {"name": "index", "dtype": "<i8", "shape": []}],
+    [{"name": "a", "dtype": "<f4", "shape": [-3]}, {"name": "index", "dtype": "<i8", "shape": []}],
+    [{"name": "a", "dtype": ">f4", "shape": [3]}, {"name": "index", "dtype": "<i8", "shape": []}],
+    [{"name": "a", "dtype": "<M8[s]", "shape": [3]}, {"name": "index", "dtype": "<i8", "shape": []}],
+    [{"name": "a", "dtype": "O", "shape": [3]}, {"name": "index", "dtype": "<i8", "shape": []}],
+    [{"name": "a", "dtype": "(3,)<f4", "shape": []}, {"name": "index", "dtype": "<i8", "shape": []}],
+    [{"name": "a", "dtype": 7, "shape": "3"}, {"name": "index", "dtype": "<i8", "shape": []}],
+    "columns",
+])
+def test_hostile23_a_store_header_of_odd_columns_with_a_right_crc_is_a_miss(tmp_path, columns):
+    """(hostile review 23) A header whose CRC holds but whose columns no put() writes (a row of 2**62 floats, a
+    negative or byte-swapped one, dates, objects, a JSON of another form): a miss, never a bare OverflowError /
+    MemoryError / TypeError from the item, nor values read as another type."""
+    import json
+    import struct
+    import zlib
+
+    p = tmp_path / f"s{row_group_store.SUFFIX}"
+    _filled(p)
+    body = json.dumps({"version": 1, "data_file": "", "row_groups": 2, "columns": columns}).encode()
+    head = row_group_store.MAGIC + struct.pack("<II", len(body), zlib.crc32(body)) + body
+    with open(p, "r+b") as f:
+        f.write(head.ljust(row_group_store.HEADER_BYTES, b"\0"))
+    assert row_group_store.RowGroupStore(p, 2, 10 << 20, ["a", "index"]).get(0, 4) is None
+    assert row_group_store.RowGroupStore(p, 2, 10 << 20).get(1, 4) is None

@@ -229,6 +229,10 @@ class RowGroupStore:
                 off, check = ENTRY.unpack(entry)
                 if off <= 0 or check != off ^ CHECK ^ (rg << 20):
                     return None
+                # (no read past the file's end: a header of absurd shapes would ask for terabytes, or more than a
+                # read can take)
+                if off + PAYLOAD.size + size > os.fstat(self._fd).st_size:
+                    return None
                 buf = os.pread(self._fd, PAYLOAD.size + size, off)
             except (OSError, struct.error):
                 return None
