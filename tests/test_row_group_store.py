@@ -498,3 +498,33 @@ def test_hostile23_a_store_header_of_odd_columns_with_a_right_crc_is_a_miss(tmp_
         f.write(head.ljust(row_group_store.HEADER_BYTES, b"\0"))
     assert row_group_store.RowGroupStore(p, 2, 10 << 20, ["a", "index"]).get(0, 4) is None
     assert row_group_store.RowGroupStore(p, 2, 10 << 20).get(1, 4) is None
+
+
+def test_a_lazily_opened_selection_checks_a_stored_row_group_as_a_decoded_one(datasets, tmp_path, monkeypatch):
+    """A selection opened without its frames checks each row group's frames where read: a damaged row group (a
+    timestamp off the grid) stored by the first reader is refused by the next one too, read from the store."""
+    import pyarrow as pa
+
+    from lerobot_sql._plan import episodes
+
+    monkeypatch.setattr(episodes, "LAZY_FRAMES", 0)
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    f = next((root / "data").rglob("*.parquet"))
+    t = pq.read_table(f)
+    j = int(np.flatnonzero(t["episode_index"].to_numpy() == 5)[0])
+    ts = t["timestamp"].to_numpy().copy()
+    ts[j + 3] += 0.7 / 30
+    pq.write_table(t.set_column(t.column_names.index("timestamp"), "timestamp", pa.array(ts, pa.float32())), f,
+                   row_group_size=200)
+    reads = _parquet_reads(monkeypatch)
+    for k in range(2):
+        ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[])
+        assert ds._samples.lazy
+        with pytest.raises(DatasetFormatError, match="episode 5"):
+            ds[j + 3]
+        if k == 0:
+            n = pq.ParquetFile(f).metadata.num_row_groups
+            assert reads and (_entries(_store_files(tmp_path / "c")[0], n) > 0).any()
+            reads.clear()
+    assert reads == []  # the second reader's row group came from the store, and was checked
