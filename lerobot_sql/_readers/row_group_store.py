@@ -257,7 +257,7 @@ class RowGroupStore:
     def put(self, rg: int, arrays: dict[str, np.ndarray]) -> None:
         """Store row group ``rg``'s ``arrays`` (every column, as :meth:`get` gives them back) unless it is held
         already; nothing when the arrays do not match the file's columns (another normalisation made the file)."""
-        if not self._writable or fcntl is None:
+        if not self._writable or fcntl is None or not hasattr(os, "pwritev"):  # (Windows; macOS before 11)
             return
         acct = _folder(self.scope or self.path.parent)
         if acct.off:
