@@ -469,10 +469,7 @@ def scope_of(cache_dir: Path) -> Path | None:
     each let every dataset read take as much again); None for a folder elsewhere (``connect(..., cache_dir=...)``):
     its own store files alone."""
     root = cache.cache_root()
-    with contextlib.suppress(OSError):
-        if os.path.samefile(Path(cache_dir).parent, root):
-            return root
-    return None
+    return root if os.path.realpath(Path(cache_dir).parent) == os.path.realpath(root) else None
 
 
 def for_data_file(cache_dir: Path, src, info, layout, n_row_groups: int, limit: int,
