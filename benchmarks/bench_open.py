@@ -185,7 +185,7 @@ def store_bytes(cache: Path, root: Path) -> dict:
     for p in (cache / rgs.FOLDER).glob(f"*{rgs.SUFFIX}"):
         disk += p.stat().st_blocks * 512
         head = p.read_bytes()[:rgs.HEADER_BYTES]
-        meta = json.loads(head[16:16 + int.from_bytes(head[8:16], "little")])
+        meta = json.loads(head[16:16 + int.from_bytes(head[8:12], "little")])  # (then its CRC-32, 4 bytes)
         n = meta["row_groups"]
         with open(p, "rb") as f:
             f.seek(rgs.HEADER_BYTES)

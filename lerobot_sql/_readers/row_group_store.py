@@ -11,8 +11,8 @@ What is stored: the numpy arrays :meth:`tabular.RowGroupView.column` gives for e
 column is a number or a fixed-size list of numbers without NULL (lerobot's frame columns; a dataset with images or
 strings in its data files is read from Parquet as before).
 
-A store file: a 4 KiB header (magic and JSON: the data file, the columns' names, dtypes and per-row shapes, the
-row-group count),
+A store file: a 4 KiB header (magic, the JSON's length and CRC-32, and JSON: the data file, the columns' names,
+dtypes and per-row shapes, the row-group count),
 then a directory of 16 bytes per row group (its payload's offset, and a check of that offset), then payloads,
 appended as row groups are first read: a 32-byte header (magic, row group, size, CRC-32 of the bytes) and the
 columns' bytes back to back, each column's rows contiguous.
@@ -24,8 +24,11 @@ is a miss: the row group is decoded from Parquet and written again. A process ki
 unreferenced payload.
 
 Bound: the store files of a cache folder together stay under ``$LSQL_ROW_GROUP_CACHE_MB`` megabytes (default: a
-quarter of the free space where the folder is, at a process's first use); the least recently used files are deleted
-first (a file's mtime is its last use). ``LSQL_ROW_GROUP_CACHE_MB=0`` turns the store off. A full disk or an
+quarter of the free space where the folder is, at a process's first use); the datasets' default folders in the cache
+root (``$LSQL_CACHE_DIR``) count as one (:func:`scope_of`). The bytes a process appends are counted per such folder,
+and the total looked at every eighth of the budget (at most 32 MB); the least recently used files are deleted first
+(a file's mtime is its last use), and when only files in use are left over the budget the process stores nothing for
+:data:`KEEP_RECENT_S`, then looks again. ``LSQL_ROW_GROUP_CACHE_MB=0`` turns the store off. A full disk or an
 unwritable folder turns writing off for the process, with one warning; reading from Parquet goes on.
 """
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -54,7 +58,7 @@ try:
 except ImportError:  # Windows: no flock; the store is off there
     fcntl = None
 
-MAGIC = b"LSQLRGS1"           # a store file's first bytes
+MAGIC = b"LSQLRGS2"           # a store file's first bytes
 PAYLOAD_MAGIC = b"LSQLRGP1"   # a payload's first bytes
 HEADER_BYTES = 4096
 ENTRY = struct.Struct("<qq")            # payload offset, offset ^ CHECK ^ (row group << 20)
@@ -119,18 +123,20 @@ class RowGroupStore:
     turns writing off for this process with a warning): the caller reads Parquet instead.
     """
 
-    def __init__(self, path: Path, n_row_groups: int, limit: int, columns: list[str] | None = None, rel: str = ""):
+    def __init__(self, path: Path, n_row_groups: int, limit: int, columns: list[str] | None = None, rel: str = "",
+                 scope: Path | None = None):
         self.path, self.n, self.rel = Path(path), int(n_row_groups), rel  # rel: the data file, for messages
         self.columns = columns  # the data file's columns, in file order: a file holding others is not used
         self.limit = limit  # bytes for the folder's store files; -1: decided at the first write (default_budget)
+        # the folder whose every sub-folder's store files share the budget (the cache root: :func:`scope_of`);
+        # None: this store's folder alone
+        self.scope = None if scope is None else Path(scope)
         self._fd: int | None = None
         self._pid = -1
         self._spec: list[tuple[str, np.dtype, tuple[int, ...], int]] | None = None
         self._row_bytes = 0
         self._lock = threading.Lock()
         self._writable = True
-        self._appended = 0
-        self._puts = 0
         self._touched = 0.0
         self._region: list[int] | None = None  # [next free, end, pid] of the file region this process reserved
 
@@ -189,7 +195,8 @@ class RowGroupStore:
         if len(body) > HEADER_BYTES - 16:
             self._writable = False  # (thousands of columns: not worth a larger header)
             return False
-        head = MAGIC + struct.pack("<q", len(body)) + body
+        # (the JSON's CRC: a flipped bit in a dtype ('<f4' -> '>f4') would read every payload wrongly, CRCs and all)
+        head = MAGIC + struct.pack("<II", len(body), zlib.crc32(body)) + body
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
         try:
@@ -210,22 +217,28 @@ class RowGroupStore:
     def get(self, rg: int, rows: int) -> dict[str, np.ndarray] | None:
         """Row group ``rg``'s arrays (read-only numpy views of one buffer, each (rows, *shape)), or None when the
         store does not hold it (or holds it damaged)."""
-        with self._lock:  # (descriptors are opened and closed under it; writes happen under it)
+        # (the reads under the lock, as the descriptor's closing is: read after it, another thread opening one store
+        # file too many could close the descriptor and the next file opened take its number, another store file,
+        # whose payload of the same row group and size passes every check; hostile review 23)
+        with self._lock:
             if not self._open():
                 return None
-            fd = self._fd
-        try:
-            entry = os.pread(fd, ENTRY.size, HEADER_BYTES + rg * ENTRY.size)
-            off, check = ENTRY.unpack(entry)
-            if off <= 0 or check != off ^ CHECK ^ (rg << 20):
+            spec, size = self._spec, rows * self._row_bytes
+            try:
+                entry = os.pread(self._fd, ENTRY.size, HEADER_BYTES + rg * ENTRY.size)
+                off, check = ENTRY.unpack(entry)
+                if off <= 0 or check != off ^ CHECK ^ (rg << 20):
+                    return None
+                # (no read past the file's end: a header of absurd shapes would ask for terabytes, or more than a
+                # read can take)
+                if off + PAYLOAD.size + size > os.fstat(self._fd).st_size:
+                    return None
+                buf = os.pread(self._fd, PAYLOAD.size + size, off)
+            except (OSError, struct.error):
                 return None
-            size = rows * self._row_bytes
-            buf = os.pread(fd, PAYLOAD.size + size, off)
-        except (OSError, struct.error):
-            return None
+            self._touch()
         if len(buf) != PAYLOAD.size + size:
             return None
-        self._touch()
         magic, got_rg, got_size, crc = PAYLOAD.unpack_from(buf)
         if magic != PAYLOAD_MAGIC or got_rg != rg or got_size != size:
             return None
@@ -233,7 +246,7 @@ class RowGroupStore:
         if zlib.crc32(data) != crc:
             return None
         out, at = {}, PAYLOAD.size
-        for name, dtype, shape, per_row in self._spec:
+        for name, dtype, shape, per_row in spec:
             n = rows * per_row
             out[name] = np.frombuffer(buf, dtype, n, at).reshape((rows, *shape)) if shape else \
                 np.frombuffer(buf, dtype, n, at)
@@ -244,9 +257,15 @@ class RowGroupStore:
     def put(self, rg: int, arrays: dict[str, np.ndarray]) -> None:
         """Store row group ``rg``'s ``arrays`` (every column, as :meth:`get` gives them back) unless it is held
         already; nothing when the arrays do not match the file's columns (another normalisation made the file)."""
-        if not self._writable or fcntl is None:
+        if not self._writable or fcntl is None or not hasattr(os, "pwritev"):  # (Windows; macOS before 11)
+            return
+        acct = _folder(self.scope or self.path.parent)
+        if acct.off:
             return
         try:
+            if acct.full_until:  # the files in use filled the budget: see whether room was made since
+                if time.monotonic() < acct.full_until or not self._keep_within_budget(acct):
+                    return
             with self._lock:
                 if not self._open() and not self._create(arrays):
                     return
@@ -271,14 +290,21 @@ class RowGroupStore:
                 # (after the payload: an entry is never seen before its bytes. Two processes storing the same row
                 # group each write a whole valid entry; a torn mix of the two fails its check: a miss)
                 os.pwrite(fd, ENTRY.pack(off, off ^ CHECK ^ (rg << 20)), HEADER_BYTES + rg * ENTRY.size)
-                self._appended += need
-                self._puts += 1
                 self._touch()
-            if self._puts == 1 or self._appended >= min(EVICT_EVERY, max(self.limit // 8, 1)):
-                self._appended = 0
-                self._keep_within_budget()
+            # (the bytes appended counted per folder, not per store: a process filling many data files' stores at
+            # once went past the budget by an eighth of it (at most 32 MB) per file; hostile review 23)
+            limit = self.limit if self.limit >= 0 else acct.default
+            with _OPEN_LOCK:
+                acct.appended += need
+                due = acct.appended >= min(EVICT_EVERY, max(limit // 8, 1))
+                if due:
+                    acct.appended = 0
+            if due:
+                self._keep_within_budget(acct)
         except OSError as e:  # a full disk, a read-only folder: Parquet is read as before, without the store
-            self._writable = False
+            if acct.off:
+                return
+            acct.off = True
             warn(f"{self.path}: the row-group store cannot be written ({e}); row groups are decoded from the data "
                  f"files on every read in this process. Free space there, set LSQL_CACHE_DIR (or connect(..., "
                  "cache_dir=...)) to a writable folder with room, or LSQL_ROW_GROUP_CACHE_MB=0 to turn the store off")
@@ -301,42 +327,81 @@ class RowGroupStore:
         self._region[0] += n
         return off
 
-    def _keep_within_budget(self) -> None:
-        """Delete the folder's least recently used store files until they fit the budget; stop writing when only
-        files in use are left over it. A file deleted under this process (by another's eviction) is made anew."""
-        if self.limit < 0:
-            self.limit = default_budget(self.path.parent)
-        try:
-            gone = self._fd is not None and os.stat(self.path).st_ino != os.fstat(self._fd).st_ino
-        except OSError:
-            gone = True
-        if gone:  # deleted by another process's eviction: made anew at the next write
-            with self._lock:
+    def _keep_within_budget(self, acct: "_Folder") -> bool:
+        """Delete the folder's least recently used store files until they fit the budget; stop writing (this
+        process, every file of the folder, for :data:`KEEP_RECENT_S`) when only files in use are left over it: False
+        then. A file deleted under this process (by another's eviction) is made anew."""
+        if self.limit >= 0:
+            limit = self.limit
+        else:
+            if acct.default < 0:
+                acct.default = default_budget(self.scope or self.path.parent)
+            limit = acct.default
+        mine = None
+        with self._lock:  # (the descriptor is closed under it)
+            try:
+                mine = os.fstat(self._fd).st_ino if self._fd is not None else None
+                gone = mine is not None and os.stat(self.path).st_ino != mine
+            except OSError:
+                gone = True
+            if gone:  # deleted by another process's eviction: made anew at the next write
                 self.close()
-            return
-        files = []
-        for e in os.scandir(self.path.parent):
-            if e.name.endswith(SUFFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    st = e.stat()
-                    files.append((st.st_mtime, st.st_blocks * 512, e.path))
+                return True
+        folders = [self.path.parent]
+        if self.scope is not None:  # (every dataset's folder in the cache root: their store files share the budget)
+            with contextlib.suppress(OSError), os.scandir(self.scope) as it:
+                folders += [Path(e.path) / FOLDER for e in it if e.is_dir(follow_symlinks=False)]
+        files, seen = [], set()
+        for k, folder in enumerate(folders):
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                if k == 0:
+                    raise
+                continue
+            for e in entries:
+                if e.name.endswith(SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        st = e.stat(follow_symlinks=False)
+                        if (st.st_dev, st.st_ino) not in seen:  # (its own folder is listed twice)
+                            seen.add((st.st_dev, st.st_ino))
+                            files.append((st.st_mtime, st.st_blocks * 512, e.path, st.st_ino))
         total = sum(f[1] for f in files)
         now = time.time()
-        for mtime, size, path in sorted(files):
-            if total <= self.limit:
+        for mtime, size, path, ino in sorted(files):
+            if total <= limit:
                 break
-            if now - mtime < KEEP_RECENT_S or path == str(self.path):
+            if now - mtime < KEEP_RECENT_S or ino == mine:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
                 total -= size
-        if total > self.limit:
-            self._writable = False  # the files in use fill the budget: read what they hold, store no more
+        # the files in use fill the budget: read what they hold, store no more for a while
+        acct.full_until = time.monotonic() + KEEP_RECENT_S if total > limit else 0.0
+        return not acct.full_until
 
 
 MAX_OPEN = 64  # store files a process keeps open (a v2.1 dataset has a data file per episode: thousands)
 _OPEN: "collections.OrderedDict[int, weakref.ref]" = collections.OrderedDict()
-_OPEN_LOCK = threading.Lock()
+_OPEN_LOCK = threading.Lock()  # (also over the folders' accounts)
+
+
+class _Folder:
+    """This process's account of one cache folder's store files (the budget is the folder's, not a store's)."""
+
+    def __init__(self):
+        self.appended = 0  # bytes its stores appended since the folder's total was last summed
+        self.default = -1  # default_budget, decided at the first sum
+        self.full_until = 0.0  # time.monotonic() until which nothing is written (files in use filled the budget)
+        self.off = False  # a write failed (a full disk, a read-only folder): nothing more written, warned once
+
+
+_FOLDERS: dict[str, _Folder] = {}
+
+
+def _folder(path: Path) -> _Folder:
+    with _OPEN_LOCK:
+        return _FOLDERS.setdefault(str(path), _Folder())
 
 
 def _opened(store: RowGroupStore) -> None:
@@ -345,14 +410,22 @@ def _opened(store: RowGroupStore) -> None:
     with _OPEN_LOCK:
         _OPEN[id(store)] = weakref.ref(store)
         _OPEN.move_to_end(id(store))
+        busy = []
         while len(_OPEN) > MAX_OPEN:
-            _, ref = _OPEN.popitem(last=False)
+            key, ref = _OPEN.popitem(last=False)
             old = ref()
-            if old is not None and old is not store and old._lock.acquire(blocking=False):
-                try:  # (never under a thread writing with it: its descriptor could be reused by another file)
+            if old is None or old is store:
+                continue
+            if old._lock.acquire(blocking=False):
+                try:  # (never under a thread reading or writing with it: its descriptor could go to another file)
                     old.close()
                 finally:
                     old._lock.release()
+            else:  # (kept on the list, first out at the next turn: dropped, it stayed open for good; review 23)
+                busy.append((key, ref))
+        for key, ref in reversed(busy):
+            _OPEN[key] = ref
+            _OPEN.move_to_end(key, last=False)
 
 
 def _new_open_lock() -> None:  # (a fork while a thread held it)
@@ -368,30 +441,44 @@ def _parse_header(head: bytes, n: int) -> list[tuple[str, np.dtype, tuple[int, .
     not a store file of ``n`` row groups."""
     if len(head) < 16 or head[:8] != MAGIC:
         return None
-    (length,) = struct.unpack_from("<q", head, 8)
-    if not 0 < length <= HEADER_BYTES - 16:
+    length, crc = struct.unpack_from("<II", head, 8)
+    body = head[16:16 + length]
+    if not 0 < length <= HEADER_BYTES - 16 or len(body) != length or zlib.crc32(body) != crc:
         return None
-    meta = json.loads(head[16:16 + length])
-    if meta.get("version") != 1 or meta.get("row_groups") != n:
+    try:  # (what the CRC passes is still read as foreign: any other form is not a store file of ours)
+        meta = json.loads(body)
+        if meta.get("version") != 1 or meta.get("row_groups") != n:
+            return None
+        spec = []
+        for c in meta["columns"]:
+            dtype = np.dtype(c["dtype"])
+            if dtype.kind not in _STORABLE_KINDS or not dtype.isnative:  # (what put() writes: native numbers)
+                return None
+            shape = tuple(int(x) for x in c["shape"])
+            if any(x < 0 or x > 1 << 31 for x in shape):
+                return None
+            spec.append((str(c["name"]), dtype, shape, math.prod(shape)))
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    spec = []
-    for c in meta["columns"]:
-        dtype = np.dtype(c["dtype"])
-        if dtype.kind not in _STORABLE_KINDS:
-            return None
-        shape = tuple(int(x) for x in c["shape"])
-        if any(x < 0 for x in shape):
-            return None
-        spec.append((str(c["name"]), dtype, shape, int(np.prod(shape, dtype=np.int64))))
     return spec
 
 
-def for_data_file(cache_dir: Path, src, info, layout, n_row_groups: int, limit: int) -> RowGroupStore:
+def scope_of(cache_dir: Path) -> Path | None:
+    """The folder whose datasets' store files share one budget with ``cache_dir``'s: the cache root
+    (``$LSQL_CACHE_DIR``) when ``cache_dir`` is a dataset's folder in it (the default, one per dataset URL: a budget
+    each let every dataset read take as much again); None for a folder elsewhere (``connect(..., cache_dir=...)``):
+    its own store files alone."""
+    root = cache.cache_root()
+    return root if os.path.realpath(Path(cache_dir).parent) == os.path.realpath(root) else None
+
+
+def for_data_file(cache_dir: Path, src, info, layout, n_row_groups: int, limit: int,
+                  scope: Path | None = None) -> RowGroupStore:
     """The store of data file ``info`` (a :class:`tabular.DataFileInfo` of source ``src``) as normalised to
     ``layout``'s features: ``<cache_dir>/row_groups/<key>.rowgroups``, the key from the source URL, the file's path
     and version (``info.identity``: a rewritten file is another store) and the features' dtypes and shapes (what
-    the decoded arrays depend on). ``limit``: :func:`budget`."""
+    the decoded arrays depend on). ``limit``: :func:`budget`; ``scope``: :func:`scope_of`."""
     fingerprint = sorted((k, f.dtype, list(f.shape)) for k, f in layout.features.items())
-    key = cache.key(src.url, info.rel, info.identity, fingerprint, "row-group-store-1")
+    key = cache.key(src.url, info.rel, info.identity, fingerprint, "row-group-store-2")
     return RowGroupStore(Path(cache_dir) / FOLDER / f"{key}{SUFFIX}", n_row_groups, limit,
-                         list(info.schema.names) if info.schema is not None else None, info.rel)
+                         list(info.schema.names) if info.schema is not None else None, info.rel, scope)

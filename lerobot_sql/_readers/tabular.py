@@ -528,9 +528,21 @@ class RowGroupView:
             self._table = pa.table(cols)
         return self._table
 
-    def arrays(self) -> dict[str, object]:
-        """Every column as :meth:`column` gives it, in file order (what the row-group store keeps)."""
-        return {name: self.column(name) for name in self.table.column_names}
+    def arrays(self) -> dict[str, object] | None:
+        """Every column as :meth:`column` gives it, in file order (what the row-group store keeps); None, before any
+        is converted, when a column is not numbers or fixed-size lists of numbers without a NULL cell (a column no
+        item reads, such as one of a later data file only, is never converted: :meth:`column` may refuse it)."""
+        if self._table is None:
+            return dict(self._arrays)
+        for col in (self._batch.columns if self._batch is not None else self._table.columns):
+            typ = col.type
+            if typ.id == _FIXED_SIZE_LIST:
+                if col.null_count:
+                    return None
+                typ = typ.value_type
+            if typ.id not in _NUMBER_TYPES or pa.types.is_boolean(typ):
+                return None
+        return {name: self.column(name) for name in self._table.column_names}
 
     def column(self, name: str):
         """A numpy array (numbers), or the Arrow array (strings, image structs)."""

@@ -141,6 +141,7 @@ class Worker:
         # data file -> its row-group store (the row groups as decoded, on disk, shared by processes), or None
         self.stores: dict[int, row_group_store.RowGroupStore | None] = {}
         self.store_budget = row_group_store.budget()
+        self.store_scope = row_group_store.scope_of(self.cache_dir) if self.store_budget != 0 else None
         self.indexes: dict[str, video_index.FrameIndex] = {}
         self.videos: dict[tuple[str, int], VideoFile] = {}
         self.decoders = decode.DecoderPool(ds._src, max_open=ds._max_open_decoders, threads=ds._decoder_threads,
@@ -195,7 +196,7 @@ class Worker:
                     v = tabular.RowGroupView(tables[t], self.layout)
                     if store is not None:
                         arrays = v.arrays()
-                        if row_group_store.storable(arrays):
+                        if arrays is not None and row_group_store.storable(arrays):
                             store.put(t - base, arrays)
                         else:  # (images or strings in the data: this file's row groups stay Parquet-only)
                             self.stores[f] = store = None
@@ -213,7 +214,8 @@ class Worker:
         if self.store_budget != 0:
             s = self.samples
             store = row_group_store.for_data_file(self.cache_dir, self.src, s.infos[f], self.layout,
-                                                  len(s.infos.rg_offsets[f]) - 1, self.store_budget)
+                                                  len(s.infos.rg_offsets[f]) - 1, self.store_budget,
+                                                  self.store_scope)
         self.stores[f] = store
         return store
 
