@@ -538,3 +538,41 @@ def test_a_python_without_pwritev_reads_parquet_without_the_store(datasets, tmp_
     for i, want in reference.items():
         _same(ds[i], want)
     assert _store_files(tmp_path / "c") == []
+
+
+def test_a_bool_column_is_stored_and_served_as_parquet_gives_it(datasets, tmp_path, monkeypatch):
+    """(lerobot's next.done: a bool column must not keep a whole data file out of the store)"""
+    import json
+
+    import pyarrow as pa
+
+    root = tmp_path / "ds"
+    shutil.copytree(datasets / "small20", root)
+    data = root / "data/chunk-000/file-000.parquet"
+    data.chmod(0o644)
+    pf = pq.ParquetFile(data)
+    tables = [pf.read_row_group(g) for g in range(pf.num_row_groups)]
+    with pq.ParquetWriter(data, tables[0].schema.append(pa.field("next.done", pa.bool_()))) as w:
+        for t in tables:  # (each episode's row group kept; done on its last frame)
+            done = np.zeros(t.num_rows, bool)
+            done[-1] = True
+            w.write_table(t.append_column("next.done", pa.array(done)))
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"]["next.done"] = {"dtype": "bool", "shape": [1], "names": None}
+    (root / "meta/info.json").write_text(json.dumps(info, indent=4))
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", "0")
+    ref = _open(root, tmp_path / "ref")
+    want = {i: ref[i] for i in _picks(ref)}
+    monkeypatch.delenv("LSQL_ROW_GROUP_CACHE_MB")
+    assert sum(bool(w["next.done"]) for w in want.values()) >= 1
+    reads = _parquet_reads(monkeypatch)
+    ds = _open(root, tmp_path / "c")
+    for i, w in want.items():
+        _same(ds[i], w)
+    (store,) = _store_files(tmp_path / "c")
+    assert len(set(reads)) > 1 and (_entries(store, 20) > 0).sum() == len(set(reads))  # each one read, stored
+    reads.clear()
+    ds = _open(root, tmp_path / "c")  # read back
+    for i, w in want.items():
+        _same(ds[i], w)
+    assert reads == []

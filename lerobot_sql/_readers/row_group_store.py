@@ -74,7 +74,7 @@ RESERVE = 1 << 20                       # bytes a process reserves at the file's
 TOUCH_EVERY_S = 5.0                     # a process marks a file it uses at most this often (KEEP_RECENT_S > it)
 
 # number kinds numpy can view from raw bytes, as RowGroupView.column gives them
-_STORABLE_KINDS = "iuf"
+_STORABLE_KINDS = "iufb"  # (bool: lerobot's next.done, a byte each)
 
 
 def budget() -> int:

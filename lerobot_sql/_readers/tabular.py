@@ -540,7 +540,7 @@ class RowGroupView:
                 if col.null_count:
                     return None
                 typ = typ.value_type
-            if typ.id not in _NUMBER_TYPES or pa.types.is_boolean(typ):
+            if typ.id not in _NUMBER_TYPES:
                 return None
         return {name: self.column(name) for name in self._table.column_names}
 
