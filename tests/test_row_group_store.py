@@ -576,3 +576,18 @@ def test_a_bool_column_is_stored_and_served_as_parquet_gives_it(datasets, tmp_pa
     for i, w in want.items():
         _same(ds[i], w)
     assert reads == []
+
+
+def test_a_half_made_header_a_killed_process_left_is_swept(datasets, tmp_path, monkeypatch):
+    cache = tmp_path / "c"
+    folder = cache / row_group_store.FOLDER
+    folder.mkdir(parents=True)
+    old, new = folder / ".x.rowgroups.dead.tmp", folder / ".y.rowgroups.live.tmp"
+    for p in (old, new):
+        p.write_bytes(b"\0" * 4096)
+    os.utime(old, (time.time() - 2 * 3600, time.time() - 2 * 3600))
+    monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", "1")  # (the folder is looked at every eighth of the budget)
+    ds = _open(datasets / "small20", cache)
+    for i in _picks(ds):
+        ds[i]
+    assert not old.exists() and new.exists()  # (a recent one may be another process's, being made)

@@ -70,6 +70,7 @@ FOLDER = "row_groups"
 EVICT_EVERY = 32 << 20                  # a process checks the folder's total after this many bytes appended (or an
                                         # eighth of the budget)
 KEEP_RECENT_S = 30.0                    # a file used this recently is not evicted (another process may be filling it)
+STALE_TMP_S = 3600.0                    # a temporary header file older than this is a killed process's: deleted
 RESERVE = 1 << 20                       # bytes a process reserves at the file's end at a time, for its payloads
 TOUCH_EVERY_S = 5.0                     # a process marks a file it uses at most this often (KEEP_RECENT_S > it)
 
@@ -360,7 +361,11 @@ class RowGroupStore:
                     raise
                 continue
             for e in entries:
-                if e.name.endswith(SUFFIX):
+                if e.name.startswith(".") and e.name.endswith(".tmp"):  # a header a killed process left half-made
+                    with contextlib.suppress(OSError):
+                        if time.time() - e.stat(follow_symlinks=False).st_mtime > STALE_TMP_S:
+                            os.unlink(e.path)
+                elif e.name.endswith(SUFFIX):
                     with contextlib.suppress(FileNotFoundError):
                         st = e.stat(follow_symlinks=False)
                         if (st.st_dev, st.st_ino) not in seen:  # (its own folder is listed twice)
