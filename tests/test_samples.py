@@ -713,3 +713,33 @@ def test_windows_cut_at_an_episodes_end_are_named_and_a_selection_of_empty_windo
                                                   r"\(its frames at 0 .. 11.57 s\); row 1: episode 1"):
         db.dataset("SELECT episode_index, 100.0::DOUBLE AS start_s, 101.0::DOUBLE AS end_s FROM episodes "
                    "WHERE episode_index < 2", cameras=[])
+
+
+def test_a_lazy_selections_frame_lock_held_at_a_fork_does_not_hang_the_child(datasets, tmp_path, monkeypatch):
+    """(hostile review 23: FrameColumns' lock, held by an item thread when a DataLoader forked its workers, stayed
+    held in each worker for good: its first item hung)"""
+    import time
+
+    monkeypatch.setenv("LSQL_LAZY_FRAMES", "1")  # (every selection opens as runs, its frames read per row group)
+    ds = lsql.connect(datasets / "small20", cache_dir=tmp_path / "c").dataset(cameras=[])
+    held = ds._samples.frames._lock
+    lock = held if hasattr(held, "acquire") else held()  # (the lock before the fix; this process's lock after)
+    r, w = os.pipe()
+    with lock:  # as an item thread of this process would hold it at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: an item of a row group the parent has not read
+            try:
+                os.write(w, str(int(ds[len(ds) - 1]["index"])).encode())
+            finally:
+                os._exit(0)
+    os.close(w)
+    deadline, done = time.time() + 20, 0
+    while not done and time.time() < deadline:  # (well under a second when it does not hang)
+        done = os.waitpid(pid, os.WNOHANG)[0]
+        time.sleep(0.02)
+    if not done:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    got = os.read(r, 64).decode()
+    os.close(r)
+    assert done and got == str(len(ds) - 1)

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import tempfile
+import threading
 import weakref
 from pathlib import Path
 
@@ -504,7 +505,6 @@ class FrameColumns:
 
     def __init__(self, table: "SampleTable", rules, run_slot: np.ndarray, run_off: np.ndarray, count: np.ndarray):
         import collections
-        import threading
 
         self.t, self.rules = table, rules
         self._order = np.argsort(run_slot, kind="stable")  # the runs of each slot, to check its rows
@@ -513,18 +513,26 @@ class FrameColumns:
         self._slot_runs = np.searchsorted(run_slot[self._order], np.arange(len(table.rg_len) + 1))
         self._run_off, self._count = run_off, count
         self._cache: "collections.OrderedDict[int, dict]" = collections.OrderedDict()
-        self._lock = threading.Lock()  # item threads decoding other cameras ask too
+        self._locks = (os.getpid(), threading.Lock())  # item threads decoding other cameras ask too
         self._episode_column: dict[int, int] = {}  # data file -> its episode_index leaf column in the footer
         # the row groups this process has checked: a row group read again (a shuffled epoch reads each once per
         # item of it, past the decoded set's bound) is not checked again (a byte per row group of the files read)
         self._checked = np.zeros(len(table.rg_len), bool)
+
+    def _lock(self) -> threading.Lock:
+        """This process's lock: a forked child (a DataLoader worker) gets a new one, as the copy of one a parent's
+        thread held at the fork would stay held in the child for good."""
+        pid, lock = self._locks
+        if pid != os.getpid():
+            self._locks = pid, lock = os.getpid(), threading.Lock()
+        return lock
 
     def column(self, name: str) -> "FrameColumn":
         return FrameColumn(self, name)
 
     def slot(self, slot: int) -> dict[str, np.ndarray]:
         """Row group ``slot``'s frame columns (its rows, as the file holds them), checked."""
-        with self._lock:
+        with self._lock():
             got = self._cache.get(slot)
             if got is not None:
                 self._cache.move_to_end(slot)
@@ -535,7 +543,7 @@ class FrameColumns:
         """Take row group ``slot``'s frame columns from ``view`` (the whole row group, which a process has just
         read for its items' data), checked, instead of reading them again; the numpy columns are the view's own,
         which the items then reuse."""
-        with self._lock:
+        with self._lock():
             if slot in self._cache:
                 return
         f = int(self.t.slot_file[slot])
@@ -546,7 +554,7 @@ class FrameColumns:
         self._put(slot, self._columns(slot, None, view))
 
     def _put(self, slot: int, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with self._lock:
+        with self._lock():
             self._cache[slot] = got
             while len(self._cache) > self.MAX_ROW_GROUPS:
                 self._cache.popitem(last=False)
