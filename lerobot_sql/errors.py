@@ -111,6 +111,11 @@ class TrainSetupError(LeRobotSQLError, ValueError):
     that a SQL selection replaces (``--dataset.episodes``, ``--dataset.streaming``, ``--eval_split``)."""
 
 
+class SettingError(LeRobotSQLError, ValueError):
+    """An ``LSQL_*`` environment variable holds a value that cannot be used (the message names it, what it takes and
+    its default); unset it or give one of those values."""
+
+
 class CacheError(LeRobotSQLError, OSError):
     """A cache entry could not be written (disk full, read-only or unwritable cache folder). Nothing partial is left
     that a later run would read; free space or set ``LSQL_CACHE_DIR`` / ``cache_dir=`` to a writable folder."""
@@ -131,6 +136,7 @@ __all__ = [
     "FileChangedError",
     "RemoteWarning",
     "CacheError",
+    "SettingError",
     "TrainSetupError",
     "StatsUnavailableError",
     "UnsupportedFeatureError",

@@ -663,3 +663,15 @@ def test_the_rename_the_refusal_of_a_task_feature_names_makes_a_readable_copy(da
         assert item["task"] == ref["task"] and isinstance(item["task"], str)
         np.testing.assert_array_equal(item["task_feature"].numpy(), feature_values(root, "task", int(ref["index"])))
         assert torch.equal(item["observation.images.front"], ref["observation.images.front"])
+
+
+@pytest.mark.parametrize("var,value", [("LSQL_ROW_GROUP_MB", "lots"), ("LSQL_ROW_GROUP_CACHE_MB", "inf"),
+                                       ("LSQL_DECODER_MB", "-1"), ("LSQL_BATCH_MEMORY", "maybe"),
+                                       ("LSQL_LAZY_FRAMES", "many"), ("LSQL_MAX_MANIFEST_ROWS", "abc")])
+def test_a_bad_setting_is_a_setting_error_at_the_open_naming_it(datasets, tmp_path, monkeypatch, var, value):
+    """(a new user's trial: each was a bare ValueError, the item ones only at the first item, in a DataLoader worker
+    "Caught ValueError in DataLoader worker process 0")"""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(lsql.SettingError, match=f"{var}={value!r}") as e:
+        lsql.connect(datasets / "small20", cache_dir=tmp_path / "c").dataset(cameras=[])
+    assert isinstance(e.value, ValueError)  # (existing `except ValueError` code keeps working)

@@ -591,3 +591,18 @@ def test_a_half_made_header_a_killed_process_left_is_swept(datasets, tmp_path, m
     for i in _picks(ds):
         ds[i]
     assert not old.exists() and new.exists()  # (a recent one may be another process's, being made)
+
+
+def test_two_workers_reading_the_same_row_groups_at_once_store_each_about_once(datasets, tmp_path):
+    """(a new user's trial: 2 forked workers on a fresh cache wrote small20's store nearly twice, 612 KB for 332)"""
+    cache = tmp_path / "c"
+    ds = _open(datasets / "small20", cache)
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(1)).tolist()
+    for _ in torch.utils.data.DataLoader(ds, batch_size=16, sampler=order[:400], num_workers=2,
+                                         multiprocessing_context="fork"):
+        pass
+    (store,) = _store_files(cache)
+    md = pq.ParquetFile(datasets / "small20/data/chunk-000/file-000.parquet").metadata
+    parquet = sum(md.row_group(g).column(j).total_compressed_size for g in range(20) for j in range(md.num_columns))
+    assert (_entries(store, 20) > 0).all()
+    assert os.stat(store).st_blocks * 512 <= 1.3 * parquet  # (each row group written once, but for a rare race)

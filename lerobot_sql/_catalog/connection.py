@@ -31,6 +31,7 @@ from ..errors import (
     QueryError,
     RemoteIOError,
     ResultContractError,
+    SettingError,
     warn,
 )
 from . import macros, quality, sandbox, sidecars, views
@@ -49,7 +50,14 @@ def max_manifest_rows() -> int:
     MAX_RESULT_ROWS (about 37M samples on a 24 GB machine)."""
     env = os.environ.get("LSQL_MAX_MANIFEST_ROWS")
     if env:
-        return int(env)
+        try:
+            cap = int(env.strip().replace("_", ""))
+        except ValueError:
+            cap = -1
+        if cap < 1:
+            raise SettingError(f"LSQL_MAX_MANIFEST_ROWS={env!r} is not a whole number >= 1 (samples a manifest may "
+                               "have; unset: what half of the machine's memory holds): unset it or give one")
+        return cap
     total = sandbox.total_memory()
     return MAX_RESULT_ROWS if total is None else min(MAX_RESULT_ROWS, total // 2 // MANIFEST_BYTES_PER_ROW)
 

@@ -292,8 +292,10 @@ def lazy_frames() -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"LSQL_LAZY_FRAMES={raw!r} is not a whole number >= 0 (frames; the default is "
-                         f"{LAZY_FRAMES:,}): unset it or give one")
+        from ..errors import SettingError
+
+        raise SettingError(f"LSQL_LAZY_FRAMES={raw!r} is not a whole number >= 0 (frames; the default is "
+                           f"{LAZY_FRAMES:,}): unset it or give one")
     return value
 
 

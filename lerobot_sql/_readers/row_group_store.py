@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import math
 import os
@@ -51,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from .._storage import cache
-from ..errors import warn
+from ..errors import SettingError, warn
 
 try:
     import fcntl
@@ -93,9 +94,9 @@ def budget() -> int:
     except ValueError:
         mb = float("nan")
     if not (mb >= 0 and mb <= 1 << 40):
-        raise ValueError(f"LSQL_ROW_GROUP_CACHE_MB={text!r}: the megabytes of decoded row groups kept on disk must be a "
-                         "number >= 0 (0 turns the row-group store off; unset: a quarter of the free disk space); set "
-                         "it to one, or unset it")
+        raise SettingError(f"LSQL_ROW_GROUP_CACHE_MB={text!r}: the megabytes of decoded row groups kept on disk must be "
+                           "a finite number >= 0 (0 turns the row-group store off; unset: a quarter of the free disk "
+                           "space); set it to one, or unset it")
     return int(mb * (1 << 20))
 
 
@@ -139,6 +140,7 @@ class RowGroupStore:
         self._lock = threading.Lock()
         self._writable = True
         self._touched = 0.0
+        self._damaged: set[int] = set()  # row groups whose entry led to a damaged payload in this process
         self._region: list[int] | None = None  # [next free, end, pid] of the file region this process reserved
 
     def close(self) -> None:
@@ -233,18 +235,18 @@ class RowGroupStore:
                 # (no read past the file's end: a header of absurd shapes would ask for terabytes, or more than a
                 # read can take)
                 if off + PAYLOAD.size + size > os.fstat(self._fd).st_size:
+                    self._damaged.add(rg)
                     return None
                 buf = os.pread(self._fd, PAYLOAD.size + size, off)
             except (OSError, struct.error):
                 return None
             self._touch()
         if len(buf) != PAYLOAD.size + size:
+            self._damaged.add(rg)
             return None
         magic, got_rg, got_size, crc = PAYLOAD.unpack_from(buf)
-        if magic != PAYLOAD_MAGIC or got_rg != rg or got_size != size:
-            return None
-        data = memoryview(buf)[PAYLOAD.size:]
-        if zlib.crc32(data) != crc:
+        if magic != PAYLOAD_MAGIC or got_rg != rg or got_size != size or zlib.crc32(memoryview(buf)[PAYLOAD.size:]) != crc:
+            self._damaged.add(rg)  # (an entry to a damaged payload: put() writes the row group again)
             return None
         out, at = {}, PAYLOAD.size
         for name, dtype, shape, per_row in spec:
@@ -283,14 +285,19 @@ class RowGroupStore:
                     crc = zlib.crc32(p, crc)
                 if size != rows * self._row_bytes:
                     return
+                fd = self._fd
+                at = HEADER_BYTES + rg * ENTRY.size
+                held, check = ENTRY.unpack(os.pread(fd, ENTRY.size, at))
+                if held > 0 and check == held ^ CHECK ^ (rg << 20) and rg not in self._damaged:
+                    return  # (another worker stored it while this one decoded it: not written twice)
+                self._damaged.discard(rg)
                 need = -(-(PAYLOAD.size + size) // ALIGN) * ALIGN
                 off = self._reserve(need)
-                fd = self._fd
                 if os.pwritev(fd, [PAYLOAD.pack(PAYLOAD_MAGIC, rg, size, crc), *parts], off) != PAYLOAD.size + size:
                     raise OSError(f"short write at byte {off}")
                 # (after the payload: an entry is never seen before its bytes. Two processes storing the same row
                 # group each write a whole valid entry; a torn mix of the two fails its check: a miss)
-                os.pwrite(fd, ENTRY.pack(off, off ^ CHECK ^ (rg << 20)), HEADER_BYTES + rg * ENTRY.size)
+                os.pwrite(fd, ENTRY.pack(off, off ^ CHECK ^ (rg << 20)), at)
                 self._touch()
             # (the bytes appended counted per folder, not per store: a process filling many data files' stores at
             # once went past the budget by an eighth of it (at most 32 MB) per file; hostile review 23)
@@ -306,8 +313,10 @@ class RowGroupStore:
             if acct.off:
                 return
             acct.off = True
+            first = "Free space there" if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT, None) else \
+                "Make the folder writable"
             warn(f"{self.path}: the row-group store cannot be written ({e}); row groups are decoded from the data "
-                 f"files on every read in this process. Free space there, set LSQL_CACHE_DIR (or connect(..., "
+                 f"files on every read in this process. {first}, set LSQL_CACHE_DIR (or connect(..., "
                  "cache_dir=...)) to a writable folder with room, or LSQL_ROW_GROUP_CACHE_MB=0 to turn the store off")
 
     def _reserve(self, n: int) -> int:

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from .._format.layout import Layout
 from .._storage.source import Source
-from ..errors import DatasetFormatError, LeRobotSQLError
+from ..errors import DatasetFormatError, LeRobotSQLError, SettingError
 
 _NUMERIC = {"float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32",
             "uint64", "bool"}
@@ -599,7 +599,7 @@ def megabytes_from_env(var: str, default: int, what: str) -> int:
     except ValueError:
         mb = math.nan
     if not (math.isfinite(mb) and 0 < mb <= 1 << 30):
-        raise ValueError(f"{var}={text!r}: the megabytes of {what} a process keeps must be a number > 0 (default "
+        raise SettingError(f"{var}={text!r}: the megabytes of {what} a process keeps must be a number > 0 (default "
                          f"{default}); set it to one, or unset it")
     return max(int(mb * (1 << 20)), 1)
 

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from .._storage import scratch
+from ..errors import SettingError
 from ._values import dequantize_, to_unit_float
 
 
@@ -180,8 +181,8 @@ def enabled() -> bool:
     """
     v = os.environ.get("LSQL_BATCH_MEMORY", "1").strip().lower()
     if v not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise ValueError(f"LSQL_BATCH_MEMORY={os.environ['LSQL_BATCH_MEMORY']!r}: use 1 (reuse workers' batch "
-                         "memory, the default) or 0 (new shared memory per batch, as torch's collate)")
+        raise SettingError(f"LSQL_BATCH_MEMORY={os.environ['LSQL_BATCH_MEMORY']!r}: use 1 (reuse workers' batch "
+                           "memory, the default) or 0 (new shared memory per batch, as torch's collate)")
     return hasattr(os, "memfd_create") and v in ("1", "true", "yes", "on")
 
 

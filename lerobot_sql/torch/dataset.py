@@ -24,9 +24,10 @@ from .._format import depth
 from .._format.files import DatasetFiles
 from .._format.layout import check_item_keys
 from .._plan.manifest import Meta, check_source
-from .._readers import deltas, locate, regrid, tabular, video_index
+from .._readers import decode, deltas, locate, regrid, row_group_store, tabular, video_index
 from ..errors import DatasetFormatError, as_int
 from . import _samples, _values, _worker
+from . import batch as _batch
 from . import meta as _meta
 from . import pipeline as _pipe
 from ._worker import DECODER_THREADS_MAX, check_decoder_options  # noqa: F401  (importable from here)
@@ -123,6 +124,9 @@ class LeRobotSQLDataset(torch.utils.data.Dataset):
             regrid.on_grid(manifest, _grid.stride, "index", "the manifest given with a grid")  # (db.dataset's own)
         self.tolerance_s = locate.check_tolerance(tolerance_s)
         self.align = locate.check_align(align)
+        # The settings items read (in DataLoader workers too), checked here, where a bad value is named at the open
+        # and not from a worker's first item: SettingError
+        tabular.row_group_budget(), row_group_store.budget(), decode.decoder_budget(), _batch.enabled()
         # By time, only a tolerance beyond half a frame lets a timestamp off the grid match another row's frame of a
         # clip on the grid (locate.keep_own_frame); below it, the manifest's grid check already rules that out.
         self._own_frames = self.tolerance_s > 0.5 / float(layout.fps)
