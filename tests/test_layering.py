@@ -37,6 +37,7 @@ PACKAGE_STAGE = {
 # module -> stage: every top-level module, and a module of a package whose stage is not its package's (checked first)
 STAGE_TOP = {
     "errors": "errors", "_version": "errors",  # the leaves everyone may import
+    "_settings": "errors",  # the LSQL_* environment variables, parsed in one place (it raises SettingError)
     # the lerobot-train driver sits in the wing's folder but is a user of the facade (it connects), as the demo is
     "torch.train": "cli",
     # features built over a Database or a manifest

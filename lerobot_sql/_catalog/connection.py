@@ -15,6 +15,7 @@ import weakref
 import duckdb
 import pyarrow as pa
 
+from .. import _settings
 from .._format.files import DatasetFiles
 from .._format.layout import Layout
 from .._format.metadata import corrupt_parquet_files, damaged_parquet_error
@@ -31,7 +32,6 @@ from ..errors import (
     QueryError,
     RemoteIOError,
     ResultContractError,
-    SettingError,
     warn,
 )
 from . import macros, quality, sandbox, sidecars, views
@@ -48,15 +48,8 @@ MANIFEST_BYTES_PER_ROW = 320  # peak bytes per sample while a manifest is built 
 def max_manifest_rows() -> int:
     """Most samples a manifest may have: ``$LSQL_MAX_MANIFEST_ROWS``, else what half of RAM holds, at most
     MAX_RESULT_ROWS (about 37M samples on a 24 GB machine)."""
-    env = os.environ.get("LSQL_MAX_MANIFEST_ROWS")
-    if env:
-        try:
-            cap = int(env.strip().replace("_", ""))
-        except ValueError:
-            cap = -1
-        if cap < 1:
-            raise SettingError(f"LSQL_MAX_MANIFEST_ROWS={env!r} is not a whole number >= 1 (samples a manifest may "
-                               "have; unset: what half of the machine's memory holds): unset it or give one")
+    cap = _settings.whole_number("LSQL_MAX_MANIFEST_ROWS", None, "samples a manifest may have", minimum=1)
+    if cap is not None:
         return cap
     total = sandbox.total_memory()
     return MAX_RESULT_ROWS if total is None else min(MAX_RESULT_ROWS, total // 2 // MANIFEST_BYTES_PER_ROW)

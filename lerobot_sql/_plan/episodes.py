@@ -280,23 +280,11 @@ def lazy_frames() -> int:
     (an integer >= 0), else :data:`LAZY_FRAMES`.
 
     Raises:
-        ValueError: the variable is not a whole number >= 0 (naming it).
+        SettingError: the variable is not a whole number >= 0 (naming it).
     """
-    import os
+    from .. import _settings
 
-    raw = os.environ.get("LSQL_LAZY_FRAMES")
-    if raw is None or not raw.strip():
-        return LAZY_FRAMES
-    try:
-        value = int(raw.strip().replace("_", ""))
-    except ValueError:
-        value = -1
-    if value < 0:
-        from ..errors import SettingError
-
-        raise SettingError(f"LSQL_LAZY_FRAMES={raw!r} is not a whole number >= 0 (frames; the default is "
-                           f"{LAZY_FRAMES:,}): unset it or give one")
-    return value
+    return _settings.whole_number("LSQL_LAZY_FRAMES", LAZY_FRAMES, "frames")
 
 
 def grid_timestamp(k: np.ndarray, fps: float, float32: bool = True) -> np.ndarray:

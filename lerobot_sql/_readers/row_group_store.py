@@ -51,8 +51,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import _settings
 from .._storage import cache
-from ..errors import SettingError, warn
+from ..errors import warn
 
 try:
     import fcntl
@@ -84,20 +85,11 @@ def budget() -> int:
     folder by :func:`default_budget`; 0: the store is off.
 
     Raises:
-        ValueError: the variable is not a number of megabytes >= 0 (naming it).
+        SettingError: the variable is not a finite number of megabytes >= 0 (naming it).
     """
-    text = os.environ.get("LSQL_ROW_GROUP_CACHE_MB")
-    if text is None:
-        return -1
-    try:
-        mb = float(text)
-    except ValueError:
-        mb = float("nan")
-    if not (mb >= 0 and mb <= 1 << 40):
-        raise SettingError(f"LSQL_ROW_GROUP_CACHE_MB={text!r}: the megabytes of decoded row groups kept on disk must be "
-                           "a finite number >= 0 (0 turns the row-group store off; unset: a quarter of the free disk "
-                           "space); set it to one, or unset it")
-    return int(mb * (1 << 20))
+    got = _settings.megabytes("LSQL_ROW_GROUP_CACHE_MB", None, "decoded row groups kept on disk (the row-group "
+                              "store)", zero="the store off")
+    return -1 if got is None else got
 
 
 def default_budget(folder: Path) -> int:

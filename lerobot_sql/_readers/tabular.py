@@ -21,9 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .. import _settings
 from .._format.layout import Layout
 from .._storage.source import Source
-from ..errors import DatasetFormatError, LeRobotSQLError, SettingError
+from ..errors import DatasetFormatError, LeRobotSQLError
 
 _NUMERIC = {"float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32",
             "uint64", "bool"}
@@ -589,19 +590,9 @@ def megabytes_from_env(var: str, default: int, what: str) -> int:
     ``what`` (row groups here, open decoders in :mod:`lerobot_sql._readers.decode`).
 
     Raises:
-        ValueError: the variable is not a finite number of megabytes > 0 (naming it and the default).
+        SettingError: the variable is not a finite number of megabytes > 0 (naming it and the default).
     """
-    import math
-
-    text = os.environ.get(var, str(default))
-    try:
-        mb = float(text)
-    except ValueError:
-        mb = math.nan
-    if not (math.isfinite(mb) and 0 < mb <= 1 << 30):
-        raise SettingError(f"{var}={text!r}: the megabytes of {what} a process keeps must be a number > 0 (default "
-                         f"{default}); set it to one, or unset it")
-    return max(int(mb * (1 << 20)), 1)
+    return _settings.megabytes(var, default, f"{what} a process keeps")
 
 
 class RowGroups:

@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _settings
 from .._storage import scratch
-from ..errors import SettingError
 from ._values import dequantize_, to_unit_float
 
 
@@ -177,13 +177,11 @@ def enabled() -> bool:
     """Whether workers reuse batch memory: Linux (``os.memfd_create``) and ``LSQL_BATCH_MEMORY`` not off.
 
     Raises:
-        ValueError: ``LSQL_BATCH_MEMORY`` is set to something other than 1/true/yes/on or 0/false/no/off.
+        SettingError: ``LSQL_BATCH_MEMORY`` is set to something other than 1/true/yes/on or 0/false/no/off.
     """
-    v = os.environ.get("LSQL_BATCH_MEMORY", "1").strip().lower()
-    if v not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise SettingError(f"LSQL_BATCH_MEMORY={os.environ['LSQL_BATCH_MEMORY']!r}: use 1 (reuse workers' batch "
-                           "memory, the default) or 0 (new shared memory per batch, as torch's collate)")
-    return hasattr(os, "memfd_create") and v in ("1", "true", "yes", "on")
+    on = _settings.switch("LSQL_BATCH_MEMORY", True, "reuse workers' batch memory",
+                          "new shared memory per batch, as torch's collate")
+    return hasattr(os, "memfd_create") and on
 
 
 def _np_dtype(dtype: torch.dtype) -> np.dtype | None:
