@@ -458,7 +458,10 @@ def test_hostile23_a_column_no_item_reads_is_not_converted_for_the_store(dataset
     n = len(t)
     aux = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(2 * n, dtype=np.float32)), 2,
                                             mask=pa.array(np.arange(n) == 5))
-    pq.write_table(t.append_column("aux", aux), p, row_group_size=pf.metadata.row_group(0).num_rows)
+    try:
+        pq.write_table(t.append_column("aux", aux), p, row_group_size=pf.metadata.row_group(0).num_rows)
+    except pa.ArrowNotImplementedError as e:  # (pyarrow < 17: "Lists with non-zero length null components")
+        pytest.skip(f"this pyarrow ({pa.__version__}) cannot write a NULL fixed-size-list cell: {e}")
     monkeypatch.setenv("LSQL_ROW_GROUP_CACHE_MB", "0")
     ref = lsql.connect(root, cache_dir=tmp_path / "ref").dataset(cameras=[])
     slots = np.asarray(ref._samples.slot)
