@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import lerobot_sql as lsql
+from helpers import assert_items_equal
 from lerobot_sql._readers import row_group_store, tabular
 from lerobot_sql.errors import DatasetFormatError
 
@@ -42,12 +43,8 @@ def _parquet_reads(monkeypatch) -> list:
 
 
 def _same(a: dict, b: dict) -> None:
-    assert list(a) == list(b)
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
+    assert list(a) == list(b)  # (the key order too: lerobot's)
+    assert_items_equal(a, b)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
+from .. import _settings
 from .._storage.source import Source
 from ..errors import DatasetFormatError, LeRobotSQLError, VideoDecodeError, warn
 from .video_index import FrameIndex, Stamp, changed_error, open_container, stamp_of
@@ -232,11 +233,9 @@ def decoder_budget() -> int:
     ~9 MB; a file of 1080p frames adds ~25 MB of decoder frames).
 
     Raises:
-        ValueError: the variable is not a finite number of megabytes > 0 (naming it).
+        SettingError: the variable is not a finite number of megabytes > 0 (naming it).
     """
-    from .tabular import megabytes_from_env
-
-    return megabytes_from_env("LSQL_DECODER_MB", 512, "open decoders")
+    return _settings.megabytes("LSQL_DECODER_MB", 512, "open decoders a process keeps")
 
 
 class DecoderPool:

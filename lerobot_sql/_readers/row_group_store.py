@@ -17,8 +17,9 @@ then a directory of 16 bytes per row group (its payload's offset, and a check of
 appended as row groups are first read: a 32-byte header (magic, row group, size, CRC-32 of the bytes) and the
 columns' bytes back to back, each column's rows contiguous.
 
-Concurrency: an append holds the file's ``flock`` (one writer at a time across processes; a thread lock within one);
-its payload is written before its directory entry, each by ``pwrite``. A reader trusts nothing it reads: an entry
+Concurrency: each process appends into a region of the file it reserved at the file's end under the file's
+``flock`` (a megabyte at a time; a thread lock within a process); a payload is written before its directory entry,
+each by ``pwrite``. A reader trusts nothing it reads: an entry
 whose check fails (never written, or torn by a concurrent write), or a payload whose header, size or CRC disagrees
 is a miss: the row group is decoded from Parquet and written again. A process killed mid-append leaves at most an
 unreferenced payload.

@@ -580,19 +580,9 @@ def row_group_budget() -> int:
     150 MB), at the same samples/s: at that size a shuffled read hits a kept row group rarely either way.
 
     Raises:
-        ValueError: the variable is not a finite number of megabytes > 0 (naming it).
+        SettingError: the variable is not a finite number of megabytes > 0 (naming it).
     """
-    return megabytes_from_env("LSQL_ROW_GROUP_MB", 48, "row groups")
-
-
-def megabytes_from_env(var: str, default: int, what: str) -> int:
-    """Bytes from environment variable ``var`` in megabytes (``default`` when unset): a process's budget of
-    ``what`` (row groups here, open decoders in :mod:`lerobot_sql._readers.decode`).
-
-    Raises:
-        SettingError: the variable is not a finite number of megabytes > 0 (naming it and the default).
-    """
-    return _settings.megabytes(var, default, f"{what} a process keeps")
+    return _settings.megabytes("LSQL_ROW_GROUP_MB", 48, "row groups a process keeps")
 
 
 class RowGroups:
