@@ -70,8 +70,10 @@ ALLOWED = {
     # _readers.tabular: the data files' footers, parsed once per process by their one owner (the frames view's
     # repeated-rows check reads their statistics; the dataset reads the same footers); _readers.episode_facts: the
     # numpy pass behind the episode_quality view, built on first read as video_frames is from the video index
-    "catalog": {"_readers.video_index", "_readers.tabular", "_readers.episode_facts", "_query.sqltext", "format",
-                "storage", "errors"},
+    # _query.narrowing: the bounds a query's WHERE puts on frames (read from DuckDB's parse tree, no DuckDB call),
+    # whose row groups the catalog reads in the view's place (_catalog.frames_part)
+    "catalog": {"_readers.video_index", "_readers.tabular", "_readers.episode_facts", "_query.sqltext",
+                "_query.narrowing", "format", "storage", "errors"},
     "plan": {"catalog", "_readers.tabular", "_query.sqltext", "format", "storage", "errors"},
     # of the planner, only the manifest's definition and the dealing of its rows to ranks (numpy, no DuckDB; shard and
     # samplers share it); storage only for the Source type the readers take; the frames' rules (_plan.clips, numpy),

@@ -21,6 +21,7 @@ from .._format.layout import Layout
 from .._format.metadata import corrupt_parquet_files, damaged_parquet_error
 from .._format.metadata import unreadable_error as parquet_error
 from .._format.sidecar_files import find_sidecars
+from .._query import narrowing
 from .._query.sqltext import ident, literal
 from .._readers import video_index
 from .._storage.source import Source, glob_escape
@@ -34,7 +35,7 @@ from ..errors import (
     ResultContractError,
     warn,
 )
-from . import macros, quality, sandbox, sidecars, views
+from . import frames_part, macros, quality, sandbox, sidecars, views
 
 # Names a sidecar view never gets besides the dataset's own views and macros: the views of a collection and the
 # listing of the sidecars themselves.
@@ -160,21 +161,23 @@ def _missing_data_files_warning(con: duckdb.DuckDBPyConnection, src, missing: li
 
 
 def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dict[str, pa.Table],
-             prefix: str = "", table_macros: bool = True) -> tuple[list[str], list[str], dict[str, str]]:
+             prefix: str = "", table_macros: bool = True
+             ) -> tuple[list[str], list[str], dict[str, str], frames_part.FramesPlan | None]:
     """Create one dataset's views and macros in ``con``'s current schema (Arrow registrations named with
     ``prefix``, recorded in ``relations``), and a placeholder per sidecar file (:mod:`lerobot_sql._catalog.sidecars`,
     built on first read); warn about missing data files and symlinks out of the root.
 
     Returns:
         (the folders DuckDB must be allowed to read: the root and the cache folder; the symlink targets it may
-        read), for :func:`lerobot_sql._catalog.sandbox.lock_down`; and the sidecar views (view name -> file).
+        read), for :func:`lerobot_sql._catalog.sandbox.lock_down`; the sidecar views (view name -> file); how the
+        frames view is made (None: queries read it whole), for a query's part of it.
 
     Raises:
         DatasetFormatError / RemoteIOError: a metadata or data file cannot be read (:func:`unreadable_error`).
     """
     src, layout = files.source, files.layout
     try:
-        views.register_views(con, src, layout, relations, prefix, cache_dir=files.cache_dir)
+        plan = views.register_views(con, src, layout, relations, prefix, cache_dir=files.cache_dir)
     except (duckdb.Error, pa.ArrowException, OSError) as e:
         if isinstance(e, LeRobotSQLError):
             raise
@@ -199,7 +202,7 @@ def populate(con: duckdb.DuckDBPyConnection, files: DatasetFiles, relations: dic
     # The data files are given to DuckDB with glob characters bracketed (views.file_list), and DuckDB checks that
     # spelling against allowed_directories: a root named ``a*`` is allowed as ``a[*]`` too.
     escaped = glob_escape(root) if src.is_local else root
-    return [root, *([escaped] if escaped != root else []), str(files.cache_dir)], list(targets), found
+    return [root, *([escaped] if escaped != root else []), str(files.cache_dir)], list(targets), found, plan
 
 
 class Connection:
@@ -232,6 +235,8 @@ class Connection:
         self._sidecars: dict = {}  # sidecar view -> what builds it (its file), known once the connection is open
         self._sidecars_built: set[str] = set()
         self._attached: set[str] = set()  # names of the tables attach() made views of (lower case)
+        self.frames_plan: frames_part.FramesPlan | None = None  # set when the views are made (None: read whole)
+        self._parts = frames_part.Parts()
 
     @property
     def opened(self) -> bool:
@@ -289,7 +294,7 @@ class Connection:
         """A new DuckDB connection with the views and macros, locked down to the dataset and its cache."""
         con = self._new_duckdb()
         try:
-            allowed, targets, self._sidecars = populate(con, self.files, self._relations)
+            allowed, targets, self._sidecars, self.frames_plan = populate(con, self.files, self._relations)
             sandbox.lock_down(con, allowed, allowed_paths=targets)
         except (duckdb.Error, RuntimeError) as e:
             con.close()
@@ -317,6 +322,22 @@ class Connection:
         # before lock_down turns extension loading off.
         con.execute("LOAD json")
         return con
+
+    def narrowed(self, sql: str, tree: str) -> tuple[str, frames_part.Pin] | None:
+        """Checked query ``sql`` (DuckDB's parse tree ``tree``) reading only the row groups of ``frames`` its WHERE
+        can keep rows of (:mod:`lerobot_sql._catalog.frames_part`), and what keeps them registered while a result
+        of it may run; None: run it as written.
+
+        Raises:
+            DatasetFormatError / RemoteIOError: a data file cannot be read (as the query would have failed).
+        """
+        plan = self.frames_plan
+        if plan is None:
+            return None
+        found = narrowing.narrow_frames(tree, sql)
+        if found is None:
+            return None
+        return self._parts.narrowed_sql(self.cursor(), plan, found, sql)
 
     def members(self) -> list[DatasetFiles]:
         """The datasets whose views this connection holds (one; a collection's connection holds several)."""

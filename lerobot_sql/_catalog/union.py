@@ -69,7 +69,7 @@ class CollectionConnection(Connection):
             con.execute(f"CREATE SCHEMA {ident(schema_of(i))}")
             con.execute(f"SET schema = {literal(schema_of(i))}")
             try:
-                dirs, links, found = populate(con, files, self._relations, prefix_of(i), table_macros=False)
+                dirs, links, found, _ = populate(con, files, self._relations, prefix_of(i), table_macros=False)
             except DatasetFormatError as e:
                 raise type(e)(f"dataset {self.names[i]!r}: {e}") from e
             allowed += dirs

@@ -31,7 +31,7 @@ from .._readers import video_index
 from .._readers.tabular import FRAME_INTEGERS
 from .._storage.source import Source, glob_escape
 from ..errors import DatasetFormatError, LeRobotSQLError, as_int, as_real, warn
-from . import quality
+from . import frames_part, quality
 
 DUCKDB_TYPES = {
     "float32": "FLOAT", "float64": "DOUBLE", "float16": "FLOAT", "int64": "BIGINT", "int32": "INTEGER",
@@ -187,6 +187,8 @@ class Build:
     survey: dict | None | bool = False  # _footer_survey's finding, once made (False: not yet)
     # The frames view's columns (name -> DuckDB type) once it is made; None: read them with DESCRIBE.
     frame_columns: dict[str, str] | None = None
+    # How frames is made, for a query's part of it (frames_part); None: queries read the whole view.
+    frames_plan: "frames_part.FramesPlan | None" = None
 
 
 def episodes(b: Build) -> None:
@@ -324,14 +326,19 @@ def frames(b: Build) -> None:
     while sql_key(fname) in keys:
         fname += "_"
 
+    extra = ", ".join(f"{expr} AS {ident(c)}" for c, expr in derived.items()) or None
+
     def rows(options: str = "") -> str:
         """The data files' rows, with the derived columns (a missing default column) after the stored ones."""
-        if not derived:
+        if extra is None:
             return f"{data_src}{options})"
-        extra = ", ".join(f"{expr} AS {ident(c)}" for c, expr in derived.items())
         return f"(SELECT d.*, {extra} FROM {data_src}{options}) d) AS _lsql_rows"
 
-    con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT {', '.join(sel)} FROM {rows()}")
+    # (one spelling of the view's SELECT: a query's part of it, frames_part, is the same SELECT over fewer rows)
+    plan = frames_part.FramesPlan(src, tuple(b.data_files), dict(data_cols), ", ".join(sel), extra, b.cache_dir)
+    con.execute(f"CREATE OR REPLACE VIEW frames AS {plan.body(data_src + ')')}")
+    if uniform:
+        b.frames_plan = plan  # (files of several schemas, or a damaged one: every query reads the view whole)
     # (the language view's columns come from here: a second DESCRIBE of frames would bind it again)
     b.frame_columns = {**data_cols, **dict.fromkeys(derived, "")}
     root = src.duckdb_path("")
@@ -876,8 +883,8 @@ def _warn_totals(b: Build) -> None:
 
 
 def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
-                   relations: dict | None = None, prefix: str = "", cache_dir: Path | None = None
-                   ) -> dict[str, pa.Table]:
+                   relations: dict[str, pa.Table], prefix: str = "", cache_dir: Path | None = None
+                   ) -> "frames_part.FramesPlan | None":
     """Create the views of :data:`VIEWS` (``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
     ``features``, ``info`` and the private ``_frames_loc``, ``_data_files_listed``, ``_episode_data_files``) over
     ``_episodes_raw`` on ``con``, and the placeholders (no rows, the real columns) of ``video_frames``,
@@ -893,9 +900,12 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
     ``con``'s current schema). ``cache_dir``: the dataset's cache folder, where the footer check of repeated rows
     keeps its finding per version of the data files (None: checked at every connect).
 
+    ``relations`` is filled with the Arrow tables registered on ``con`` (name -> table): a cursor of ``con`` must
+    register them too before it reads the views.
+
     Returns:
-        ``relations`` (a new dict if None), filled with the Arrow tables registered on ``con`` (name -> table):
-        a cursor of ``con`` must register them too before it reads the views.
+        How the frames view is made (:class:`lerobot_sql._catalog.frames_part.FramesPlan`), for a query's part of it;
+        None where every query reads it whole (no data files; files of several schemas, or a damaged one).
 
     Raises:
         DatasetFormatError: the episodes metadata lacks ``episode_index``; a JSON-lines metadata file is
@@ -903,7 +913,6 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
             it is derived where the metadata makes it unambiguous, else reading it raises DatasetFormatError
             (through :data:`ERROR_MARKER`) naming the column and a data file, and the other views stay readable.
     """
-    relations = {} if relations is None else relations
     b = Build(con, src, layout, relations, _register_episodes(con, src, layout, relations, prefix), prefix,
               cache_dir=cache_dir)
     _split_unnamed(b)
@@ -914,4 +923,4 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
     con.execute(f"CREATE OR REPLACE VIEW video_frames AS {VIDEO_FRAMES_EMPTY}")
     con.execute(f"CREATE OR REPLACE VIEW video_files AS {VIDEO_FILES_EMPTY}")
     con.execute(f"CREATE OR REPLACE VIEW episode_quality AS {quality.PLACEHOLDER}")
-    return relations
+    return b.frames_plan

@@ -400,12 +400,15 @@ class CheckedQuery:
             :func:`check_sql`: as sqlglot reads them; ``Database.check`` replaces them (and ``ordered``) with what
             DuckDB's own parse tree says (:func:`lerobot_sql._query.tree_facts.duckdb_facts`), the reading that decides.
         ordered: the outermost query has an ORDER BY (only then is DuckDB's row order defined).
+        duckdb_tree: DuckDB's own parse tree of ``sql`` (``json_serialize_sql``), once ``Database.check`` has read
+            it ("" before): what :mod:`lerobot_sql._query.narrowing` reads a query's bounds on frames from.
     """
 
     sql: str
     tree: exp.Expression = dataclasses.field(repr=False, compare=False)
     tables: frozenset[str]
     ordered: bool
+    duckdb_tree: str = dataclasses.field(default="", repr=False, compare=False)
 
     def reads(self, *names: str) -> bool:
         """True if the query reads one of the views or table macros ``names`` (lower case)."""

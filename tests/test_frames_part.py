@@ -1,0 +1,167 @@
+"""lerobot_sql._catalog.frames_part: a query whose WHERE bounds episode_index or index reads only the row groups
+that may hold its rows, and answers exactly as the whole view does (the same rows, order, types and values), on
+every sample set, over HTTP, with statistics missing, after a data file changed, and with its results kept."""
+
+from __future__ import annotations
+
+import gc
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+
+import lerobot_sql as lsql
+from lerobot_sql._catalog import connection, frames_part
+from lerobot_sql._storage import cache
+
+QUERIES = [
+    "SELECT * FROM frames WHERE episode_index = {e}",
+    "SELECT * FROM frames WHERE episode_index IN ({e}, {last}, 0)",
+    "SELECT * FROM frames f WHERE f.episode_index BETWEEN {e} AND {e} + 1",  # (an expression: not narrowed)
+    "SELECT * FROM frames WHERE episode_index BETWEEN 1 AND {e}",
+    "SELECT index, timestamp FROM frames WHERE index >= {i} AND index < {i} + 40 ORDER BY index DESC",
+    "SELECT * FROM frames WHERE {i} >= index AND episode_index >= 1",
+    "SELECT episode_index, count(*), avg(timestamp) FROM frames WHERE episode_index IN (1, {e}) GROUP BY 1 ORDER BY 1",
+    "SELECT frame_index, sum(frame_index) OVER () FROM frames WHERE episode_index = {e}",
+    "SELECT 'é→ü' AS x, * FROM FRAMES /* c */ AS \"F r\" WHERE \"F r\".episode_index = {e} LIMIT 7",
+    "SELECT count(*) FROM episodes WHERE episode_index IN (SELECT episode_index FROM frames WHERE index < {i})",
+    "SELECT * FROM frames WHERE episode_index = {e} AND frame_index % 7 = 0",
+    "SELECT * FROM frames WHERE episode_index = -1",
+    "SELECT * FROM frames WHERE episode_index BETWEEN {e} AND 1",
+    "SELECT * FROM frames WHERE episode_index = {e} OR index = 3",  # not narrowed
+]
+
+
+def _both(db, sql: str):
+    """(the narrowed answer, whether it was narrowed, the whole view's answer)."""
+    r = db.sql(sql)
+    got, narrowed = r.arrow(), r._pin is not None
+    plan = db._connection.frames_plan
+    db._connection.frames_plan = None
+    try:
+        want = db.sql(sql).arrow()
+    finally:
+        db._connection.frames_plan = plan
+    return got, narrowed, want
+
+
+def _check(db, sql: str, narrowed: bool | None = None):
+    got, was, want = _both(db, sql)
+    assert got.schema == want.schema, sql
+    assert got.to_pylist() == want.to_pylist(), sql
+    if narrowed is not None:
+        assert was is narrowed, sql
+    return got
+
+
+@pytest.mark.parametrize("name", ["small20", "multifile60", "v21_small20", "img5_extras", "h264_20", "depth4"])
+def test_a_narrowed_query_answers_as_the_whole_view(datasets, tmp_path, name):
+    db = lsql.connect(datasets / name, cache_dir=tmp_path / "c")
+    n_eps, n = db.sql("SELECT count(*), sum(length) FROM episodes").fetchall()[0]
+    assert db._connection.frames_plan is not None
+    e, last, i = n_eps // 2, n_eps - 1, n // 2
+    for q in QUERIES:
+        sql = q.format(e=e, last=last, i=i)
+        got = _check(db, sql, narrowed=None if "OR index" not in sql and "+ 1" not in sql else False)
+        if q == QUERIES[0]:
+            assert got.num_rows == db.sql(f"SELECT length FROM episodes WHERE episode_index = {e}").fetchall()[0][0]
+    # the plain queries were narrowed (read only their row groups)
+    for q in QUERIES[:2] + QUERIES[4:6]:
+        assert _both(db, q.format(e=e, last=last, i=i))[1]
+
+
+def test_row_groups_without_statistics_are_read(datasets, tmp_path):
+    """A data file written without statistics for episode_index: its row groups may hold any episode, so they are
+    read (DuckDB reads them too); the answer is the whole view's."""
+    src = tmp_path / "src"
+    shutil.copytree(datasets / "multifile60", src, ignore=shutil.ignore_patterns("videos"))
+    f = src / "data/chunk-000/file-001.parquet"
+    t = pq.read_table(f)
+    md = pq.read_metadata(f)
+    pq.write_table(t, f, row_group_size=md.row_group(0).num_rows,
+                   write_statistics=[c for c in t.column_names if c != "episode_index"])
+    db = lsql.connect(src, cache_dir=tmp_path / "c")
+    lost = db.sql('SELECT max(episode_index) FROM episodes WHERE "data/file_index" = 1').fetchall()[0][0]
+    got = _check(db, f"SELECT * FROM frames WHERE episode_index = {lost}", narrowed=True)
+    assert got.num_rows == db.sql(f"SELECT length FROM episodes WHERE episode_index = {lost}").fetchall()[0][0] > 0
+
+
+def test_results_keep_their_rows_and_released_ones_are_unregistered(datasets, tmp_path):
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    kept = db.sql("SELECT * FROM frames WHERE episode_index = 3")
+    first = kept.limit(5)
+    want = kept.arrow()
+    for k in range(30):
+        db.sql(f"SELECT * FROM frames WHERE episode_index = {k}").arrow()
+    gc.collect()
+    db.sql("SELECT * FROM frames WHERE episode_index = 0").arrow()  # (sweeps the released ones)
+    assert kept.arrow().to_pylist() == want.to_pylist()
+    assert first.arrow().to_pylist() == want.slice(0, 5).to_pylist()
+    live = [r[0] for r in db.con.sql("SELECT view_name FROM duckdb_views() WHERE view_name LIKE '_lsql_part_%'")
+            .fetchall()]
+    assert 1 <= len(live) <= 3, live  # kept's, and the last query's at most: the others were unregistered
+    del kept, first
+    gc.collect()
+    db.sql("SELECT * FROM frames WHERE episode_index = 0").arrow()
+    assert len(db.con.sql("SELECT view_name FROM duckdb_views() WHERE view_name LIKE '_lsql_part_%'")
+               .fetchall()) <= 2
+
+
+def test_too_many_rows_read_the_whole_view(datasets, tmp_path, monkeypatch):
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    monkeypatch.setattr(frames_part, "MAX_ROWS", 100)
+    _check(db, "SELECT * FROM frames WHERE episode_index IN (1, 2)", narrowed=False)
+    monkeypatch.setattr(frames_part, "MAX_ROWS", 10_000)
+    monkeypatch.setattr(frames_part, "MAX_BYTES", 10)
+    _check(db, "SELECT * FROM frames WHERE episode_index IN (1, 2)", narrowed=False)
+
+
+def test_a_rewritten_data_file_is_never_answered_from_its_old_ranges(datasets, tmp_path):
+    """The row groups' ranges are kept per version of the data files: after a file is rewritten (its episodes'
+    rows split differently) the next query judges the new row groups, in this process and the next."""
+    src = tmp_path / "src"
+    shutil.copytree(datasets / "multifile60", src, ignore=shutil.ignore_patterns("videos"))
+    db = lsql.connect(src, cache_dir=tmp_path / "c")
+    e = db.sql('SELECT max(episode_index) FROM episodes WHERE "data/file_index" = 0').fetchall()[0][0]
+    before = _check(db, f"SELECT * FROM frames WHERE episode_index = {e}", narrowed=True)
+    f = src / "data/chunk-000/file-000.parquet"
+    t = pq.read_table(f)
+    pq.write_table(t.slice(0, t.num_rows - 10), f, row_group_size=37)  # the last 10 frames of episode e gone
+    after = _check(db, f"SELECT * FROM frames WHERE episode_index = {e}", narrowed=True)
+    assert after.num_rows == before.num_rows - 10
+    again = lsql.connect(src, cache_dir=tmp_path / "c")
+    _check(again, f"SELECT * FROM frames WHERE episode_index = {e}", narrowed=True)
+
+
+def test_a_damaged_ranges_file_is_rebuilt(datasets, tmp_path):
+    frames_part._RANGES.clear()  # (kept per process and version of the files: another test's would serve this one)
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    _check(db, "SELECT * FROM frames WHERE episode_index = 40", narrowed=True)
+    (path,) = (tmp_path / "c").rglob("rowgroup-ranges-*.npz")
+    frames_part._RANGES.clear()  # (as for the next process: nothing kept, the entry not checked yet)
+    cache._CHECKED.clear()
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    again = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    with pytest.warns(UserWarning, match="rowgroup-ranges.*rebuilding"):
+        _check(again, "SELECT * FROM frames WHERE episode_index = 40", narrowed=True)
+
+
+def test_over_http_only_the_row_groups_are_fetched(datasets, tmp_path, monkeypatch, request):
+    from http_range_server import RangeServer
+
+    monkeypatch.delenv("LSQL_OFFLINE", raising=False)
+    shutil.copytree(datasets / "multifile60", tmp_path / "src", ignore=shutil.ignore_patterns("videos"))
+    srv = RangeServer(tmp_path).__enter__()
+    request.addfinalizer(lambda: srv.__exit__(None, None, None))
+    db = lsql.connect(f"{srv.url}/src", cache_dir=tmp_path / "c")
+    for e in (0, 33, 59):
+        _check(db, f"SELECT * FROM frames WHERE episode_index = {e}", narrowed=True)
+
+
+def test_collections_and_mixed_schemas_read_the_whole_view(datasets, tmp_path):
+    many = lsql.connect_many([datasets / "small20", datasets / "multifile60"], cache_dir=tmp_path / "c")
+    r = many.sql("SELECT count(*) FROM frames WHERE episode_index = 3")
+    assert r._pin is None and r.fetchall()[0][0] > 0
+    assert connection.Connection.narrowed  # (the collection's connection keeps no plan)
