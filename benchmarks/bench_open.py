@@ -102,6 +102,26 @@ def open_dataset(a):  # root, items
 
 # SQL on the set, in a fresh process (its own cache): an episode's frames, the statistics of every frame (what
 # db.stats(sql) and ds.meta.stats compute for a training run), and an export of 1% of the episodes.
+FRAME_QUERIES = """
+import time
+
+def frame_queries(db):
+    # one episode's frames: the process's first (with an empty cache the row groups' ranges are built: every footer
+    # read once per version of the data files), another episode of another data file (its footer parsed), one of
+    # the same file; 10 episodes spread over the files; the first 100 frames by index
+    out = {}
+    for key, sql in (("episode_query", "SELECT * FROM frames WHERE episode_index = 54321"),
+                     ("episode_query_other_file", "SELECT * FROM frames WHERE episode_index = 12345"),
+                     ("episode_query_next", "SELECT * FROM frames WHERE episode_index = 12346"),
+                     ("episodes10_query", "SELECT episode_index, count(*), avg(timestamp) FROM frames WHERE "
+                      "episode_index IN (5, 9999, 20000, 31000, 42000, 53000, 64000, 75000, 86000, 99999) GROUP BY 1"),
+                     ("index_query", "SELECT index, action FROM frames WHERE index < 100 ORDER BY index")):
+        t = time.perf_counter()
+        n = len(db.sql(sql).fetchall())
+        out[key + "_s"], out[key.replace("_query", "") + "_rows"] = time.perf_counter() - t, n
+    return out
+"""
+
 SQL = """
 import json, resource, sys, tempfile, time
 import lerobot_sql as lsql
@@ -110,15 +130,27 @@ from lerobot_sql import stats
 db = lsql.connect(sys.argv[1], cache_dir=sys.argv[2])
 db.sql("SELECT 1").fetchall()
 out = {}
+""" + FRAME_QUERIES + """
+"""
+# The frame queries again in the next process (the row groups' ranges from the cache folder), alone.
+SQL_NEXT = """
+import json, sys
+import lerobot_sql as lsql
+
+db = lsql.connect(sys.argv[1], cache_dir=sys.argv[2])
+db.sql("SELECT 1").fetchall()
+""" + FRAME_QUERIES + """
+print("BENCH_JSON " + json.dumps(frame_queries(db)))
+"""
+SQL += """
 t = time.perf_counter()
 out["episodes_rows"] = len(db.sql("SELECT episode_index FROM episodes WHERE length >= 390").fetchall())
 out["episodes_query_s"] = time.perf_counter() - t
-t = time.perf_counter()
-n = len(db.sql("SELECT * FROM frames WHERE episode_index = 54321").fetchall())
-out["episode_query_s"], out["episode_rows"] = time.perf_counter() - t, n  # the first: DuckDB reads the footers
-t = time.perf_counter()
-db.sql("SELECT * FROM frames WHERE episode_index = 12345").fetchall()
-out["episode_query_next_s"] = time.perf_counter() - t
+out.update(frame_queries(db))
+plan = db._connection.frames_plan  # the same queries over the whole view, as before the row groups were narrowed
+db._connection.frames_plan = None
+out["whole"] = frame_queries(db)
+db._connection.frames_plan = plan
 every = "SELECT episode_index FROM episodes"
 t = time.perf_counter()
 st = db.stats(every)
@@ -199,6 +231,16 @@ def store_bytes(cache: Path, root: Path) -> dict:
     return {"disk": disk, "parquet": parquet, "row_groups": groups}
 
 
+def measure_sql(root: Path) -> dict:
+    """The SQL part of :func:`measure` alone (``--only-sql``)."""
+    out = {"root": str(root), "load": os.getloadavg()}
+    with tempfile.TemporaryDirectory() as cache:
+        out["sql"] = _run(sys.executable, SQL, [str(root), cache])
+        out["sql_next"] = _run(sys.executable, SQL_NEXT, [str(root), cache])
+    out["load_after"] = os.getloadavg()
+    return out
+
+
 def measure(root: Path, items: int, peer: str | None, peer06: str | None = None) -> dict:
     out = {"root": str(root), "items": items, "load": os.getloadavg()}
     with tempfile.TemporaryDirectory() as cache:
@@ -215,6 +257,7 @@ def measure(root: Path, items: int, peer: str | None, peer06: str | None = None)
                                         {"LSQL_LAZY_FRAMES": str(10 ** 12)})
     with tempfile.TemporaryDirectory() as cache:
         out["sql"] = _run(sys.executable, SQL, [str(root), cache])
+        out["sql_next"] = _run(sys.executable, SQL_NEXT, [str(root), cache])
         out["workers"] = _run(sys.executable, WORKERS, [str(root), cache])
         out["workers_again"] = _run(sys.executable, WORKERS, [str(root), cache])  # the same order: from the store
     for tag, py in (("lerobot", peer), ("lerobot06", peer06)):
@@ -257,13 +300,21 @@ def table(res: dict) -> str:
                          f"{res[a]['rss'] / res[b]['rss']:.2f}x")
     q = res.get("sql")
     if q:
-        lines += ["", "| SQL on the set (lerobot_sql, a fresh process) | seconds |", "|---|---:|",
+        nx, wh = res.get("sql_next", {}), q["whole"]
+        lines += ["", "| SQL on the set (lerobot_sql, a fresh process, an empty cache; then the next process) | "
+                  "seconds | next process | over the whole view (before) |", "|---|---:|---:|---:|",
                   f"| an episode query (`SELECT episode_index FROM episodes WHERE length >= 390`, "
-                  f"{q['episodes_rows']:,} rows) | {q['episodes_query_s']:.3f} |",
-                  f"| one episode's frames (`SELECT * FROM frames WHERE episode_index = 54321`, {q['episode_rows']} "
-                  f"rows), the process's first query | {q['episode_query_s']:.3f} |",
-                  f"| another episode's frames, the next query | {q['episode_query_next_s']:.3f} |",
-                  f"| `db.stats()` of every frame ({q['stats_count']:,}), "
+                  f"{q['episodes_rows']:,} rows) | {q['episodes_query_s']:.3f} | | |"]
+        for key, what in (("episode_query", f"one episode's frames (`SELECT * FROM frames WHERE episode_index = "
+                                            f"54321`, {q['episode_rows']} rows), the process's first frames query"),
+                          ("episode_query_other_file", "another episode's frames, in another data file"),
+                          ("episode_query_next", "another episode's frames, in the same data file"),
+                          ("episodes10_query", f"10 episodes over 10 data files, `IN (...)`, grouped "
+                                               f"({q['episodes10_rows']} rows)"),
+                          ("index_query", "the first 100 frames, `WHERE index < 100 ORDER BY index`")):
+            lines.append(f"| {what} | {q[key + '_s']:.3f} | {nx.get(key + '_s', float('nan')):.3f} | "
+                         f"{wh[key + '_s']:.3f} |")
+        lines += [f"| `db.stats()` of every frame ({q['stats_count']:,}), "
                   f"{'with' if q['stats_quantiles'] else 'no'} quantiles as the source's metadata | {q['stats_s']:.1f} |",
                   f"| the same with exact quantiles q01..q99 (as for a lerobot >= 0.4 source) | {q['stats_q_s']:.1f} |",
                   f"| export of 1% of the episodes ({q['export_frames']:,} frames) | {q['export_s']:.1f} |"]
@@ -293,10 +344,11 @@ def main() -> None:
     ap.add_argument("--peer-python", default=os.environ.get("LSQL_PEER_PYTHON"))
     ap.add_argument("--peer-06", default=None, help="an interpreter with lerobot 0.6.1 (default: none)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--only-sql", action="store_true", help="only the SQL queries (two processes, no peer)")
     a = ap.parse_args()
     if not (a.root / "meta" / "info.json").exists():
         sys.exit(f"{a.root}: no dataset; generate it: python benchmarks/bench_scale.py generate --episodes 100000")
-    res = measure(a.root, a.items, a.peer_python, a.peer_06)
+    res = measure_sql(a.root) if a.only_sql else measure(a.root, a.items, a.peer_python, a.peer_06)
     print(table(res))
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
