@@ -118,3 +118,12 @@ def test_the_query_s_cte_names_are_given():
                   "SELECT * FROM frames WHERE episode_index = 3")
     assert got is not None and got.ctes == frozenset({"tasks", "x", "_episodes_raw"})
     assert _narrow("SELECT * FROM frames WHERE episode_index = 3").ctes == frozenset()
+
+
+def test_a_qualifier_is_the_alias_as_duckdb_compares_names():
+    """DuckDB compares names ignoring ASCII case only: "é" is not the alias "É" but the outer query's relation (its
+    column is one value per outer row: the frames it bounds are not the ones the WHERE keeps)."""
+    assert _narrow('SELECT (SELECT count(*) FROM frames "É" WHERE "é".episode_index = 3) AS n FROM episodes "é"') \
+        is None
+    for q in ('SELECT * FROM frames "É" WHERE "É".episode_index = 3', 'SELECT * FROM frames "E" WHERE e.episode_index = 3'):
+        assert _narrow(q).bounds == {"episode_index": ((3, 3),)}

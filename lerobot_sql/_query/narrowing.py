@@ -65,11 +65,17 @@ def _integer(e) -> int | None:
     return None
 
 
+def _key(name: str) -> str:
+    """``name`` as DuckDB compares names: ASCII letters ignoring case, every other character as is (``"é"`` is not
+    the alias ``"É"``: it names another relation, an outer query's)."""
+    return "".join(c.lower() if c.isascii() else c for c in name)
+
+
 def _column(e, names: set[str]) -> str | None:
     """The narrowing column ``e`` refers to (unqualified, or qualified by ``names``: the reference's alias)."""
     if not (isinstance(e, dict) and e.get("class") == "COLUMN_REF"):
         return None
-    parts = [str(p).lower() for p in e.get("column_names") or []]
+    parts = [_key(str(p)) for p in e.get("column_names") or []]
     if len(parts) == 1 or (len(parts) == 2 and parts[0] in names):
         return parts[-1] if parts[-1] in COLUMNS else None
     return None
@@ -176,7 +182,7 @@ def narrow_frames(tree: str | dict, sql: str) -> Narrowing | None:
     if len(owner) != 1 or owner[0].get("sample") is not None:
         return None
     alias = str(ref.get("alias") or "")
-    names = {alias.lower()} if alias else {"frames"}
+    names = {_key(alias)} if alias else {"frames"}
     found: dict[str, list] = {}
     for c in _conjuncts(owner[0].get("where_clause")):
         got = _bound(c, names)
