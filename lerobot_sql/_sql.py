@@ -24,7 +24,8 @@ import pyarrow as pa
 from ._catalog import macros, sidecars
 from ._catalog.connection import MANIFEST_BYTES_PER_ROW, Connection, max_manifest_rows, query_error
 from ._query import checks, tree_facts
-from .errors import QueryError, QueryInterrupted, ResultContractError, as_int, as_real
+from .errors import (DatasetFormatError, MissingFileError, QueryError, QueryInterrupted, RemoteIOError,
+                     ResultContractError, as_int, as_real)
 
 _wake_lock = threading.Lock()
 # (read end, write end, (device, inode) of the pipe, the watcher thread) of the signal watcher's pipe
@@ -542,15 +543,20 @@ class QueryFace:
     def _run(self, checked: checks.CheckedQuery, sql: str, timeout: float | None = None) -> "Result":
         """``checked`` (from :meth:`_check` of user SQL ``sql``, which errors name) as a lazy :class:`Result`."""
         con = self.con
-        text, pin = checked.sql, None
         if checked.duckdb_tree:
             # (a WHERE that bounds episode_index or index: only the row groups that may hold its rows are read;
             # DuckDB would weigh the statistics of every row group of every data file, ~1.5 s at 100,000)
-            got = self._connection.narrowed(checked.sql, checked.duckdb_tree)
+            try:
+                got = self._connection.narrowed(checked.sql, checked.duckdb_tree)
+            except (RemoteIOError, MissingFileError, DatasetFormatError) as e:
+                raise type(e)(f"{e} (while running: {sql})") from e  # (as query_error names a view's failure)
             if got is not None:
-                text, pin = got
+                try:
+                    return Result(con.sql(got[0]), sql, con, timeout, self._connection.layouts(), got[1])
+                except duckdb.Error:
+                    pass  # (a query DuckDB refuses: its error as it reads the query the user wrote, below)
         try:
-            return Result(con.sql(text), sql, con, timeout, self._connection.layouts(), pin)
+            return Result(con.sql(checked.sql), sql, con, timeout, self._connection.layouts())
         except duckdb.Error as e:
             raise query_error(e, sql, self._connection.layouts()) from e
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 import shutil
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -165,3 +167,103 @@ def test_collections_and_mixed_schemas_read_the_whole_view(datasets, tmp_path):
     r = many.sql("SELECT count(*) FROM frames WHERE episode_index = 3")
     assert r._pin is None and r.fetchall()[0][0] > 0
     assert connection.Connection.narrowed  # (the collection's connection keeps no plan)
+
+
+def _copy(datasets, tmp_path, name: str = "multifile60"):
+    src = tmp_path / "src"
+    shutil.copytree(datasets / name, src, ignore=shutil.ignore_patterns("videos"))
+    return src
+
+
+def _rewrite(src, change) -> None:
+    """Every data file of ``src`` rewritten as ``change(table)`` gives it, in row groups of the same size."""
+    for f in sorted((src / "data").rglob("*.parquet")):
+        pq.write_table(change(pq.read_table(f)), f, row_group_size=pq.read_metadata(f).row_group(0).num_rows)
+
+
+def test_bounds_beyond_64_bits_answer_as_the_whole_view(datasets, tmp_path):
+    """DuckDB reads 2**63 and above (and below -2**63) as HUGEINT literals: the bounds they give lie beyond every
+    row group's range, or hold all of them (not an OverflowError)."""
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    big = "99999999999999999999"
+    for sql in [f"SELECT * FROM frames WHERE episode_index = {big}",
+                f"SELECT count(*) FROM frames WHERE episode_index < {big}",
+                f"SELECT count(*) FROM frames WHERE index > -{big}",
+                "SELECT count(*) FROM frames WHERE index > 9223372036854775807",
+                "SELECT count(*) FROM frames WHERE index < -9223372036854775808",
+                f"SELECT count(*) FROM frames WHERE episode_index IN (3, {big}, -{big})",
+                f"SELECT count(*) FROM frames WHERE index BETWEEN -{big} AND 300"]:
+        _check(db, sql, narrowed=True)
+
+
+@pytest.mark.parametrize("column", [pa.array(np.arange(2, dtype=np.float16)), pa.array([1, 2], pa.decimal256(50, 2))])
+def test_columns_duckdb_cannot_read_from_arrow_read_the_whole_view(datasets, tmp_path, column):
+    """A data column pyarrow reads as a type DuckDB cannot scan from Arrow (float16, decimal256; DuckDB's own
+    Parquet reader reads them as FLOAT, DOUBLE): the query reads the whole view, as before."""
+    src = _copy(datasets, tmp_path)
+    _rewrite(src, lambda t: t.append_column("extra", pa.concat_arrays([column] * (t.num_rows // 2 + 1))
+                                            .slice(0, t.num_rows)))
+    db = lsql.connect(src, cache_dir=tmp_path / "c")
+    got = _check(db, "SELECT * FROM frames WHERE episode_index = 3", narrowed=False)
+    assert got.num_rows == db.sql("SELECT length FROM episodes WHERE episode_index = 3").fetchall()[0][0]
+
+
+def test_a_cte_never_stands_for_a_relation_the_view_reads(datasets, tmp_path):
+    """The view's SELECT put in place of frames reads _episodes_raw (a derived index), tasks (a derived task_index)
+    and the registered part: a CTE of one of those names must not stand in for it (the view's own reading does
+    not see the query's CTEs)."""
+    src = _copy(datasets, tmp_path, "v21_small20")
+    _rewrite(src, lambda t: t.drop_columns(["index"]))
+    with pytest.warns(UserWarning, match="index"):
+        db = lsql.connect(src, cache_dir=tmp_path / "c")
+        db.sql("SELECT 1").fetchall()
+    fake = ("_episodes_raw AS (SELECT episode_index, 1000 AS dataset_from_index, 10000 AS length, tasks "
+            "FROM episodes)")
+    got = _check(db, f"WITH {fake} SELECT index FROM frames WHERE episode_index = 0 ORDER BY index LIMIT 3",
+                 narrowed=False)
+    assert got.column("index").to_pylist() == [0, 1, 2]
+    _check(db, "WITH x AS (SELECT 1) SELECT index FROM frames WHERE episode_index = 0", narrowed=True)
+    # (the part's name is the next one of the connection's counter: a CTE of that name, with the data's columns)
+    n = int(db.sql("SELECT 1 FROM frames WHERE episode_index = 0")._pin.name.rsplit("_", 1)[1])
+    fake = (f'_lsql_part_{n + 1} AS (SELECT action AS "observation.state", action, timestamp, frame_index, '
+            "7 AS episode_index, 0 AS task_index FROM frames_0 LIMIT 0)")
+    got = _check(db, f"WITH frames_0 AS (SELECT [1.0]::FLOAT[] AS action, 0.5::FLOAT AS timestamp, 0 AS frame_index), "
+                     f"{fake} SELECT count(*) FROM frames WHERE episode_index = 0", narrowed=False)
+    assert got.to_pylist()[0]["count_star()"] > 0
+
+
+def test_a_column_named_like_a_bound_one_in_another_case(datasets, tmp_path):
+    """DuckDB names columns ignoring ASCII case and reads the first of "Index" and "index" as index (the second is
+    index_1): the row groups are judged by that first column's statistics, not by the other's."""
+    src = _copy(datasets, tmp_path)
+    _rewrite(src, lambda t: pa.Table.from_arrays([pa.array(t["index"].to_numpy() + 100_000)] + t.columns,
+                                                 names=["Index"] + t.column_names))
+    with pytest.warns(UserWarning):
+        db = lsql.connect(src, cache_dir=tmp_path / "c")
+        db.sql("SELECT 1").fetchall()
+    got = _check(db, 'SELECT count(*) FROM frames WHERE "Index" BETWEEN 100000 AND 100499')
+    assert got.to_pylist() == [{"count_star()": 500}]
+
+
+def test_a_cache_folder_that_cannot_be_written_reads_the_ranges_in_memory(datasets, tmp_path, monkeypatch):
+    """(a full or read-only cache folder: the whole view's reading needs none, so neither does a part of it)"""
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    db.sql("SELECT 1").fetchall()
+    frames_part._RANGES.clear()
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cache, "atomic_write", full)
+    _check(db, "SELECT * FROM frames WHERE episode_index = 40", narrowed=True)
+    assert not list((tmp_path / "c").rglob("rowgroup-ranges-*.npz"))
+
+
+def test_a_subquery_that_names_a_column_keeps_its_name(datasets, tmp_path):
+    """An unaliased select expression is named by its text: the column keeps the name the query gives it (not the
+    text of the view's SELECT and the part's registration), narrowed where it has an alias."""
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    got = _check(db, "SELECT (SELECT count(*) FROM frames WHERE episode_index = 3), length FROM episodes",
+                 narrowed=False)
+    assert got.column_names[0] == "(SELECT count_star() FROM frames WHERE (episode_index = 3))"
+    _check(db, "SELECT (SELECT count(*) FROM frames WHERE episode_index = 3) AS n FROM episodes", narrowed=True)

@@ -94,3 +94,36 @@ def test_a_tree_it_cannot_read_gives_no_bounds():
     # a span DuckDB gives that does not begin with the name frames is not trusted
     assert narrow_frames(tree.replace('"query_location":14', '"query_location":13'), sql) is None
     assert narrow_frames(tree, "SELECT * FROM framez WHERE episode_index = 1") is None
+
+
+@pytest.mark.parametrize("sql", [
+    # an unaliased select-list expression is named by its text: splicing the view's SELECT into it renames the column
+    "SELECT (SELECT count(*) FROM frames WHERE episode_index = 3) FROM episodes",
+    "SELECT EXISTS (FROM frames WHERE episode_index = 3)",
+    "SELECT e.episode_index IN (SELECT episode_index FROM frames WHERE index < 5) FROM episodes e",
+    "SELECT * FROM (SELECT 1 + (SELECT max(index) FROM frames WHERE episode_index = 2))",
+])
+def test_no_bounds_where_the_reference_names_a_column(sql):
+    assert _narrow(sql) is None
+
+
+def test_a_named_select_expression_is_narrowed():
+    got = _narrow("SELECT (SELECT count(*) FROM frames WHERE episode_index = 3) AS n FROM episodes")
+    assert got is not None and got.bounds == {"episode_index": ((3, 3),)}
+
+
+def test_the_query_s_cte_names_are_given():
+    """(frames_part refuses a narrowing where one of them would shadow a relation the view's SELECT reads)"""
+    got = _narrow("WITH Tasks AS (SELECT 1), x AS (WITH _episodes_raw AS (SELECT 2) SELECT 3) "
+                  "SELECT * FROM frames WHERE episode_index = 3")
+    assert got is not None and got.ctes == frozenset({"tasks", "x", "_episodes_raw"})
+    assert _narrow("SELECT * FROM frames WHERE episode_index = 3").ctes == frozenset()
+
+
+def test_a_qualifier_is_the_alias_as_duckdb_compares_names():
+    """DuckDB compares names ignoring ASCII case only: "é" is not the alias "É" but the outer query's relation (its
+    column is one value per outer row: the frames it bounds are not the ones the WHERE keeps)."""
+    assert _narrow('SELECT (SELECT count(*) FROM frames "É" WHERE "é".episode_index = 3) AS n FROM episodes "é"') \
+        is None
+    for q in ('SELECT * FROM frames "É" WHERE "É".episode_index = 3', 'SELECT * FROM frames "E" WHERE e.episode_index = 3'):
+        assert _narrow(q).bounds == {"episode_index": ((3, 3),)}

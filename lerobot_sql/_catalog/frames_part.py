@@ -9,8 +9,9 @@ read. The view's own SELECT (:class:`FramesPlan`, from :func:`lerobot_sql._catal
 them, and the query's WHERE over that, so the rows, their order and their types are the view's.
 
 A read this cannot serve as the view would gives None, and the query runs over the whole view as before: a
-collection, data files of several schemas or a damaged one, a bound column the data files lack, or more than
-:data:`MAX_ROWS` rows (:data:`MAX_BYTES` bytes) to read, where DuckDB's parallel scan is the better reader.
+collection, data files of several schemas or a damaged one, a bound column the data files lack, a column DuckDB
+cannot scan from Arrow (float16, decimal256), a CTE of the query named like a relation the view's SELECT reads, or
+more than :data:`MAX_ROWS` rows (:data:`MAX_BYTES` bytes) to read, where DuckDB's parallel scan is the better reader.
 """
 
 from __future__ import annotations
@@ -28,16 +29,17 @@ import numpy as np
 import pyarrow as pa
 
 from .._format.info import sql_key
-from .._query.narrowing import COLUMNS, Narrowing
+from .._query.narrowing import COLUMNS, Narrowing, tables_read
 from .._query.sqltext import ident
 from .._readers import tabular
 from .._storage import cache
 from .._storage.source import Source
+from ..errors import CacheError
 
 # The most rows (and decoded bytes, by the footers' uncompressed sizes) a query's part may read: above, DuckDB's
 # parallel scan of the view does it (a bound that keeps a tenth of a large dataset gains nothing from this).
 MAX_ROWS = 2_000_000
-MAX_BYTES = 512 << 20
+MAX_BYTES = 256 << 20
 _INTEGER_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER"}
 # a DuckDB list or array type of numbers: the one kind of column whose type pyarrow and read_parquet may spell apart
 # (a fixed-size list: FLOAT[6] from the Arrow schema pyarrow keeps in the file, FLOAT[] from DuckDB's reader)
@@ -88,7 +90,7 @@ class _Ranges:
 
 _RANGES: "collections.OrderedDict[tuple, _Ranges]" = collections.OrderedDict()
 _RANGES_LOCK = threading.Lock()
-_RANGES_VERSION = 1
+_RANGES_VERSION = 2  # 2: a bound column's statistics are those of the first column of its name in any ASCII case
 
 
 def _file_ranges(md, f: int, out: dict) -> None:
@@ -97,7 +99,10 @@ def _file_ranges(md, f: int, out: dict) -> None:
     out["data_file"].append(np.full(n, f, np.int32))
     out["rg"].append(np.arange(n, dtype=np.int32))
     rows, nbytes = np.empty(n, np.int64), np.empty(n, np.int64)
-    cols = [(c, paths.index(c)) for c in COLUMNS if c in paths]
+    # DuckDB names columns ignoring ASCII case: of "Index" and "index" the first is the view's index (the other
+    # index_1), so its statistics are the ones to judge by (a dotless path is a top-level column's own)
+    found = {c: next((j for j, p in enumerate(paths) if sql_key(p) == c), None) for c in COLUMNS}
+    cols = [(c, j) for c, j in found.items() if j is not None]
     lo, hi, known = (np.zeros((len(COLUMNS), n), np.int64), np.zeros((len(COLUMNS), n), np.int64),
                      np.zeros((len(COLUMNS), n), bool))
     for i in range(n):  # (one RowGroupMetaData per row group: making it is most of the cost, ~2 us)
@@ -147,10 +152,14 @@ def _ranges(plan: FramesPlan, identities: tuple[str, ...]) -> _Ranges:
         with open(tmp, "wb") as fh:
             np.savez(fh, **arrays())
 
+    data = None
     if plan.cache_dir is not None:
-        data = np.load(cache.ensure(Path(plan.cache_dir) / "checks" / f"rowgroup-ranges-{k}.npz", write),
-                       allow_pickle=False)
-    else:
+        try:
+            data = np.load(cache.ensure(Path(plan.cache_dir) / "checks" / f"rowgroup-ranges-{k}.npz", write),
+                           allow_pickle=False)
+        except CacheError:
+            pass  # a full or read-only cache folder: read in memory (the whole view's reading needs none either)
+    if data is None:
         data = arrays()
     got = _Ranges(data["data_file"], data["rg"], data["rows"], data["nbytes"],
                   {c: data[f"lo/{c}"] for c in COLUMNS}, {c: data[f"hi/{c}"] for c in COLUMNS},
@@ -165,11 +174,14 @@ def _ranges(plan: FramesPlan, identities: tuple[str, ...]) -> _Ranges:
 
 def _meets(lo: np.ndarray, hi: np.ndarray, intervals: tuple) -> np.ndarray:
     """Per row group: does [lo, hi] meet one of ``intervals`` (sorted, disjoint, closed; +-inf ends)?"""
+    big = np.iinfo(np.int64)
+    # (statistics are int64: a bound beyond, a HUGEINT literal such as 2**63, is clipped to int64's range, and an
+    # interval wholly beyond it meets no row group)
+    intervals = [(max(a, big.min), min(b, big.max)) for a, b in intervals if a <= big.max and b >= big.min]
     if not intervals:
         return np.zeros(len(lo), bool)
-    big = np.iinfo(np.int64)
-    a = np.array([big.min if iv[0] == -np.inf else iv[0] for iv in intervals], np.int64)
-    b = np.array([big.max if iv[1] == np.inf else iv[1] for iv in intervals], np.int64)
+    a = np.array([iv[0] for iv in intervals], np.int64)
+    b = np.array([iv[1] for iv in intervals], np.int64)
     k = np.searchsorted(a, hi, side="right") - 1  # the last interval starting at or below hi ...
     return (k >= 0) & (b[np.maximum(k, 0)] >= lo)  # ... reaches lo: (disjoint, so it is the one reaching furthest)
 
@@ -235,6 +247,13 @@ class Parts:
                 decoded (as a query over the view would have failed); RemoteIOError: the remote failed.
         """
         self._sweep(cur)
+        name = f"_lsql_part_{next(self._count)}"
+        if narrowing.ctes:
+            # a CTE of the name of a relation the view's SELECT reads (tasks, _episodes_raw, the part) would stand
+            # in for it there: the view itself is read where the query's CTEs are not seen
+            tree = cur.sql("SELECT json_serialize_sql($1)", params=[plan.body(ident(name))]).fetchall()[0][0]
+            if narrowing.ctes & tables_read(tree):
+                return None
         got = row_groups(plan, narrowing)
         if got is None:
             return None
@@ -248,11 +267,12 @@ class Parts:
             part = pa.concat_tables(tables) if tables else r.schema.empty_table()
         except pa.ArrowInvalid:
             return None  # (the files' schemas differ after all: the view's union reads them)
-        name = f"_lsql_part_{next(self._count)}"
-        cur.register(name, part)
+        try:
+            cur.register(name, part)
+        except duckdb.Error:
+            return None  # (an Arrow type DuckDB cannot scan, float16 or decimal256, that its Parquet reader reads)
         pin = Pin(self, cur, name)
-        types = dict(cur.sql(f"DESCRIBE SELECT * FROM {ident(name)}").fetchall()[i][:2]
-                     for i in range(part.num_columns))
+        types = dict(row[:2] for row in cur.sql(f"DESCRIBE SELECT * FROM {ident(name)}").fetchall())
         if list(types) != list(plan.columns):
             return None  # (pin dropped: unregistered at the next sweep)
         cols = []

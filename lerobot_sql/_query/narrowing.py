@@ -36,12 +36,15 @@ class Narrowing:
         alias: the name the query reads it by (``frames`` when it gives none).
         bounds: column (of :data:`COLUMNS`) -> sorted, disjoint, closed integer intervals ``(lo, hi)``: a row
             whose value lies in none of them is dropped by the WHERE. An empty tuple: no row is kept.
+        ctes: the names (lower case) of every CTE the query defines: the view's SELECT put in place of ``frames``
+            would read a CTE of the name of a relation it reads (``tasks``, ``_episodes_raw``), not the relation.
     """
 
     start: int
     end: int
     alias: str
     bounds: dict[str, tuple[tuple[int, int], ...]]
+    ctes: frozenset[str] = frozenset()
 
 
 def _walk(node):
@@ -62,11 +65,17 @@ def _integer(e) -> int | None:
     return None
 
 
+def _key(name: str) -> str:
+    """``name`` as DuckDB compares names: ASCII letters ignoring case, every other character as is (``"é"`` is not
+    the alias ``"É"``: it names another relation, an outer query's)."""
+    return "".join(c.lower() if c.isascii() else c for c in name)
+
+
 def _column(e, names: set[str]) -> str | None:
     """The narrowing column ``e`` refers to (unqualified, or qualified by ``names``: the reference's alias)."""
     if not (isinstance(e, dict) and e.get("class") == "COLUMN_REF"):
         return None
-    parts = [str(p).lower() for p in e.get("column_names") or []]
+    parts = [_key(str(p)) for p in e.get("column_names") or []]
     if len(parts) == 1 or (len(parts) == 2 and parts[0] in names):
         return parts[-1] if parts[-1] in COLUMNS else None
     return None
@@ -108,6 +117,13 @@ def _bound(e, names: set[str]) -> tuple[str, list[tuple[float, float]]] | None:
     return None
 
 
+def tables_read(tree: str | dict) -> frozenset[str]:
+    """The names (lower case) of the tables and views a query reads, from its parse tree ``tree``
+    (``json_serialize_sql``'s output); a CTE it reads is among them (the tree does not tell them apart)."""
+    doc = json.loads(tree) if isinstance(tree, str) else tree
+    return frozenset(str(n.get("table_name", "")).lower() for n in _walk(doc) if n.get("type") == "BASE_TABLE")
+
+
 def _union(intervals) -> list[tuple[float, float]]:
     out: list[list[float]] = []
     for lo, hi in sorted(intervals):
@@ -133,22 +149,32 @@ def _intersect(a, b) -> list[tuple[float, float]]:
 
 def narrow_frames(tree: str | dict, sql: str) -> Narrowing | None:
     """The :class:`Narrowing` of query ``sql`` from DuckDB's parse tree ``tree`` (``json_serialize_sql``'s output),
-    or None: ``frames`` is read more than once, is the name of a CTE, is joined, sampled or given column aliases, or
-    no WHERE conjunct of its SELECT bounds ``episode_index`` or ``index`` by integer literals."""
+    or None: ``frames`` is read more than once, is the name of a CTE, is joined, sampled or given column aliases, lies
+    in a select-list expression without an alias (whose text names a column), or no WHERE conjunct of its SELECT
+    bounds ``episode_index`` or ``index`` by integer literals."""
     doc = json.loads(tree) if isinstance(tree, str) else tree
     stmts = doc.get("statements") if isinstance(doc, dict) and not doc.get("error") else None
     if not stmts or len(stmts) != 1:
         return None
     nodes = list(_walk(stmts[0]))
+    names_of_ctes = set()
     for n in nodes:  # a CTE named frames anywhere: a reference might be to it
         ctes = n.get("cte_map")
         for entry in (ctes.get("map") or []) if isinstance(ctes, dict) else []:
             if not isinstance(entry, dict) or str(entry.get("key", "")).lower() == "frames":
                 return None
+            names_of_ctes.add(str(entry.get("key", "")).lower())
     refs = [n for n in nodes if n.get("type") == "BASE_TABLE" and str(n.get("table_name", "")).lower() == "frames"]
     if len(refs) != 1:
         return None
     ref = refs[0]
+    for n in nodes:
+        # an unaliased select-list expression is named by its text ("(SELECT count_star() FROM frames WHERE ...)"):
+        # with the view's SELECT spliced into it, the column would be named by that instead
+        listed = n.get("select_list")
+        for e in listed if isinstance(listed, list) else []:
+            if isinstance(e, dict) and not e.get("alias") and any(x is ref for x in _walk(e)):
+                return None
     if ref.get("schema_name") or ref.get("catalog_name") or ref.get("sample") is not None or \
             ref.get("at_clause") is not None or ref.get("column_name_alias"):
         return None
@@ -156,7 +182,7 @@ def narrow_frames(tree: str | dict, sql: str) -> Narrowing | None:
     if len(owner) != 1 or owner[0].get("sample") is not None:
         return None
     alias = str(ref.get("alias") or "")
-    names = {alias.lower()} if alias else {"frames"}
+    names = {_key(alias)} if alias else {"frames"}
     found: dict[str, list] = {}
     for c in _conjuncts(owner[0].get("where_clause")):
         got = _bound(c, names)
@@ -171,7 +197,7 @@ def narrow_frames(tree: str | dict, sql: str) -> Narrowing | None:
         return None
     bounds = {c: tuple((lo if lo == -math.inf else int(lo), hi if hi == math.inf else int(hi)) for lo, hi in iv)
               for c, iv in found.items()}
-    return Narrowing(span[0], span[1], alias or "frames", bounds)
+    return Narrowing(span[0], span[1], alias or "frames", bounds, frozenset(names_of_ctes))
 
 
 def _unquote(m: re.Match) -> str:
