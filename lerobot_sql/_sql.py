@@ -24,8 +24,16 @@ import pyarrow as pa
 from ._catalog import macros, sidecars
 from ._catalog.connection import MANIFEST_BYTES_PER_ROW, Connection, max_manifest_rows, query_error
 from ._query import checks, tree_facts
-from .errors import (DatasetFormatError, MissingFileError, QueryError, QueryInterrupted, RemoteIOError,
-                     ResultContractError, as_int, as_real)
+from .errors import (
+    DatasetFormatError,
+    MissingFileError,
+    QueryError,
+    QueryInterrupted,
+    RemoteIOError,
+    ResultContractError,
+    as_int,
+    as_real,
+)
 
 _wake_lock = threading.Lock()
 # (read end, write end, (device, inode) of the pipe, the watcher thread) of the signal watcher's pipe
