@@ -132,10 +132,20 @@ class Database(QueryFace):
         a connection whose unqualified names are this dataset's views; default: this Database's own); ``cameras``,
         ``tolerance_s``, ``extras``, ``align`` as :meth:`manifest` takes them; ``before``: a collection's samples
         resolved before these (the manifest bound is on the whole)."""
+        pins = []  # (what keeps the parts of _frames_loc the resolve reads registered until it returns)
+
+        def loc(bounds: dict) -> str:
+            got = self._connection.loc(bounds)
+            if got is None:
+                return "_frames_loc"
+            pins.append(got[1])
+            return got[0]
+
         try:
             return resolve.build_manifest(con or (lambda: self.con), self.layout, result, sql=sql, ordered=ordered,
                                        src=self.source, ptr=self._episode_pointers(), cameras=cameras,
-                                       tolerance_s=tolerance_s, before=before, keep_extras=extras, align=align)
+                                       tolerance_s=tolerance_s, before=before, keep_extras=extras, align=align,
+                                       loc=None if con is not None else loc)
         except duckdb.Error as e:  # the data files failed while the frames were resolved, or the result's types
             raise unreadable_error(self.source, self.layout, e, sql=sql) from e
 

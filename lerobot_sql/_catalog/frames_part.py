@@ -40,6 +40,7 @@ from ..errors import CacheError
 # parallel scan of the view does it (a bound that keeps a tenth of a large dataset gains nothing from this).
 MAX_ROWS = 2_000_000
 MAX_BYTES = 256 << 20
+_LOC_COLUMNS = {"index", "episode_index", "frame_index", "timestamp", "task_index"}
 _INTEGER_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER"}
 # a DuckDB list or array type of numbers: the one kind of column whose type pyarrow and read_parquet may spell apart
 # (a fixed-size list: FLOAT[6] from the Arrow schema pyarrow keeps in the file, FLOAT[] from DuckDB's reader)
@@ -65,12 +66,26 @@ class FramesPlan:
     select: str
     derived: str | None
     cache_dir: Path | None
+    # the name of the data file column _frames_loc's rows carry (not a data column's name)
+    file_column: str = "_lsql_data_file"
 
-    def body(self, rows: str) -> str:
-        """The view's SELECT over ``rows``, a FROM item that gives the data files' columns."""
+    def rows(self, source: str) -> str:
+        """``source`` (a FROM item giving the data files' columns) with the derived columns after them."""
         if self.derived is None:
-            return f"SELECT {self.select} FROM {rows}"
-        return f"SELECT {self.select} FROM (SELECT d.*, {self.derived} FROM {rows} d) AS _lsql_rows"
+            return source
+        return f"(SELECT d.*, {self.derived} FROM {source} d) AS _lsql_rows"
+
+    def body(self, source: str) -> str:
+        """The frames view's SELECT over ``source``, a FROM item that gives the data files' columns."""
+        return f"SELECT {self.select} FROM {self.rows(source)}"
+
+    def loc_body(self, source: str, data_file: str) -> str:
+        """The ``_frames_loc`` view's SELECT over ``source`` (the data files' columns, the data file's path column
+        and ``file_row_number``): each frame's ``index, episode_index, frame_index, timestamp, task_index`` and
+        where it is: ``data_file`` (the path relative to the root: ``data_file``, an SQL expression over the path
+        column) and ``row`` (in the file)."""
+        return (f"SELECT index, episode_index, frame_index, timestamp, task_index, {data_file} AS data_file, "
+                f"file_row_number AS row FROM {self.rows(source)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,13 +201,14 @@ def _meets(lo: np.ndarray, hi: np.ndarray, intervals: tuple) -> np.ndarray:
     return (k >= 0) & (b[np.maximum(k, 0)] >= lo)  # ... reaches lo: (disjoint, so it is the one reaching furthest)
 
 
-def row_groups(plan: FramesPlan, narrowing: Narrowing) -> tuple[_Ranges, np.ndarray, tuple[str, ...]] | None:
-    """The row groups (positions in :class:`_Ranges`) a query bounded by ``narrowing`` may keep rows of, and the
-    data files' versions they were judged at; None when the view must be read whole (no bound column the data files
-    hold as integers; too many rows)."""
+def row_groups(plan: FramesPlan, bounds: dict) -> tuple[_Ranges, np.ndarray, tuple[str, ...]] | None:
+    """The row groups (positions in :class:`_Ranges`) that may hold rows whose values meet ``bounds`` (column ->
+    intervals, as :class:`lerobot_sql._query.narrowing.Narrowing` gives them), and the data files' versions they
+    were judged at; None when the view must be read whole (no bound column the data files hold as integers; too
+    many rows)."""
     types = {sql_key(k): t for k, t in plan.columns.items()}
     # (a derived index, or one stored as floats: no statistics to narrow by)
-    bounds = {c: iv for c, iv in narrowing.bounds.items() if types.get(sql_key(c)) in _INTEGER_TYPES}
+    bounds = {c: iv for c, iv in bounds.items() if types.get(sql_key(c)) in _INTEGER_TYPES}
     if not bounds:
         return None
     identities = tuple(plan.src.identity(rel) for rel in plan.data_files)
@@ -201,8 +217,9 @@ def row_groups(plan: FramesPlan, narrowing: Narrowing) -> tuple[_Ranges, np.ndar
     for c, intervals in bounds.items():
         keep &= ~r.known[c] | _meets(r.lo[c], r.hi[c], intervals)
     pick = np.flatnonzero(keep)
-    if int(r.rows[pick].sum()) > MAX_ROWS or int(r.nbytes[pick].sum()) > MAX_BYTES:
-        return None
+    if int(r.rows[pick].sum()) > MAX_ROWS or int(r.nbytes[pick].sum()) > MAX_BYTES or \
+            (len(pick) > 8 and 2 * len(pick) > len(keep)):
+        return None  # (most of the row groups: DuckDB's parallel scan of the columns a query reads is the better)
     return r, pick, identities
 
 
@@ -246,7 +263,6 @@ class Parts:
             DatasetFormatError: a data file changed since the dataset was opened, or a row group cannot be
                 decoded (as a query over the view would have failed); RemoteIOError: the remote failed.
         """
-        self._sweep(cur)
         name = f"_lsql_part_{next(self._count)}"
         if narrowing.ctes:
             # a CTE of the name of a relation the view's SELECT reads (tasks, _episodes_raw, the part) would stand
@@ -254,17 +270,53 @@ class Parts:
             tree = cur.sql("SELECT json_serialize_sql($1)", params=[plan.body(ident(name))]).fetchall()[0][0]
             if narrowing.ctes & tables_read(tree):
                 return None
-        got = row_groups(plan, narrowing)
+        got = self._part(cur, plan, narrowing.bounds, name, False)
+        if got is None:
+            return None
+        raw = sql.encode("utf-8")
+        out = raw[:narrowing.start] + f"({plan.body(got[0])}) AS {ident(narrowing.alias)}".encode() + \
+            raw[narrowing.end:]
+        return out.decode("utf-8"), got[1]
+
+    def loc_sql(self, cur: duckdb.DuckDBPyConnection, plan: FramesPlan, bounds: dict) -> tuple[str, Pin] | None:
+        """A FROM item (``(SELECT ...)``) holding every row of ``_frames_loc`` whose values meet ``bounds`` (column
+        -> intervals), and maybe others: the rows of the row groups that may hold them; and the :class:`Pin` that
+        keeps them registered on ``cur``. None: read ``_frames_loc`` itself. Raises as :meth:`narrowed_sql`."""
+        got = self._part(cur, plan, bounds, f"_lsql_part_{next(self._count)}", True)
+        if got is None:
+            return None
+        return f"({plan.loc_body(got[0], ident(plan.file_column))})", got[1]
+
+    def _part(self, cur: duckdb.DuckDBPyConnection, plan: FramesPlan, bounds: dict, name: str, loc: bool
+              ) -> tuple[str, Pin] | None:
+        """The row groups that may hold rows meeting ``bounds``, read and registered on ``cur`` as ``name``: a FROM
+        item giving the data files' columns as ``read_parquet`` does (and with ``loc`` each row's data file, as
+        ``plan.file_column``, and ``file_row_number``), and its :class:`Pin`."""
+        self._sweep(cur)
+        got = row_groups(plan, bounds)
         if got is None:
             return None
         r, pick, identities = got
+        # (_frames_loc reads the default columns: the others, the large ones, are not read)
+        columns = [c for c in plan.columns if sql_key(c) in _LOC_COLUMNS] if loc else None
+        wanted = {c: t for c, t in plan.columns.items() if columns is None or c in columns}
         tables = []
         for f in np.unique(r.file[pick]).tolist():
+            here = r.file == f
             rgs = r.rg[pick[r.file[pick] == f]].tolist()
             info = _footer(plan.src, plan.data_files[f], identities[f])
-            tables += tabular.read_row_groups(plan.src, info, rgs, None)
+            read = tabular.read_row_groups(plan.src, info, rgs, None, columns)
+            if loc:
+                starts = np.concatenate([[0], np.cumsum(r.rows[here])])
+                rel = plan.src.duckdb_path(plan.data_files[f])[len(plan.src.duckdb_path("")):]
+                read = [t.append_column(plan.file_column, pa.array([rel] * t.num_rows, pa.string()))
+                        .append_column("file_row_number", pa.array(np.arange(starts[g], starts[g] + t.num_rows)))
+                        for g, t in zip(rgs, read)]
+            tables += read
         try:
-            part = pa.concat_tables(tables) if tables else r.schema.empty_table()
+            schema = r.schema if not loc else pa.schema([r.schema.field(c) for c in columns]).append(
+                pa.field(plan.file_column, pa.string())).append(pa.field("file_row_number", pa.int64()))
+            part = pa.concat_tables(tables) if tables else schema.empty_table()
         except pa.ArrowInvalid:
             return None  # (the files' schemas differ after all: the view's union reads them)
         try:
@@ -273,10 +325,11 @@ class Parts:
             return None  # (an Arrow type DuckDB cannot scan, float16 or decimal256, that its Parquet reader reads)
         pin = Pin(self, cur, name)
         types = dict(row[:2] for row in cur.sql(f"DESCRIBE SELECT * FROM {ident(name)}").fetchall())
-        if list(types) != list(plan.columns):
+        extra = [plan.file_column, "file_row_number"] if loc else []
+        if list(types) != list(wanted) + extra:
             return None  # (pin dropped: unregistered at the next sweep)
         cols = []
-        for c, want in plan.columns.items():
+        for c, want in wanted.items():
             have = types[c]
             if have == want:
                 cols.append(ident(c))
@@ -284,10 +337,17 @@ class Parts:
                 cols.append(f"CAST({ident(c)} AS {want}) AS {ident(c)}")
             else:
                 return None
-        body = plan.body(f"(SELECT {', '.join(cols)} FROM {ident(name)})")
-        raw = sql.encode("utf-8")
-        out = raw[:narrowing.start] + f"({body}) AS {ident(narrowing.alias)}".encode() + raw[narrowing.end:]
-        return out.decode("utf-8"), pin
+        return f"(SELECT {', '.join(cols + [ident(c) for c in extra])} FROM {ident(name)})", pin
+
+
+def intervals(values) -> tuple[tuple[int, int], ...]:
+    """Integer ``values`` (any order, repeats) as sorted, disjoint, closed intervals of consecutive values."""
+    v = np.unique(np.asarray(values, np.int64))
+    if not len(v):
+        return ()
+    cut = np.flatnonzero(np.diff(v) != 1)
+    starts, ends = v[np.concatenate([[0], cut + 1])], v[np.concatenate([cut, [len(v) - 1]])]
+    return tuple(zip(starts.tolist(), ends.tolist()))
 
 
 _FOOTERS: "collections.OrderedDict[tuple, tabular.DataFileInfo]" = collections.OrderedDict()

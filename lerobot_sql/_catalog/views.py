@@ -327,26 +327,18 @@ def frames(b: Build) -> None:
         fname += "_"
 
     extra = ", ".join(f"{expr} AS {ident(c)}" for c, expr in derived.items()) or None
-
-    def rows(options: str = "") -> str:
-        """The data files' rows, with the derived columns (a missing default column) after the stored ones."""
-        if extra is None:
-            return f"{data_src}{options})"
-        return f"(SELECT d.*, {extra} FROM {data_src}{options}) d) AS _lsql_rows"
-
-    # (one spelling of the view's SELECT: a query's part of it, frames_part, is the same SELECT over fewer rows)
-    plan = frames_part.FramesPlan(src, tuple(b.data_files), dict(data_cols), ", ".join(sel), extra, b.cache_dir)
+    # (one spelling of the views' SELECTs: a query's part of frames or _frames_loc (frames_part) is the same SELECT
+    # over fewer rows)
+    plan = frames_part.FramesPlan(src, tuple(b.data_files), dict(data_cols), ", ".join(sel), extra, b.cache_dir,
+                                  fname)
     con.execute(f"CREATE OR REPLACE VIEW frames AS {plan.body(data_src + ')')}")
     if uniform:
-        b.frames_plan = plan  # (files of several schemas, or a damaged one: every query reads the view whole)
+        b.frames_plan = plan  # (files of several schemas, or a damaged one: every query reads the views whole)
     # (the language view's columns come from here: a second DESCRIBE of frames would bind it again)
     b.frame_columns = {**data_cols, **dict.fromkeys(derived, "")}
     root = src.duckdb_path("")
-    con.execute(
-        "CREATE OR REPLACE VIEW _frames_loc AS SELECT index, episode_index, frame_index, timestamp, task_index, "
-        f"substr({ident(fname)}, {len(root) + 1}) AS data_file, file_row_number AS row "
-        f"FROM {rows(f', filename={literal(fname)}, file_row_number=true')}"
-    )
+    con.execute("CREATE OR REPLACE VIEW _frames_loc AS " + plan.loc_body(
+        f"{data_src}, filename={literal(fname)}, file_row_number=true)", f"substr({ident(fname)}, {len(root) + 1})"))
 
 
 # The marker query_error (_catalog/connection.py) turns back into a DatasetFormatError: a view over data that lacks

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._catalog.connection import missing_data_files
+from .._catalog.frames_part import intervals
 from .._format.layout import Layout
 from .._format.metadata import read_pointers
 from .._query.sqltext import ident as q
@@ -39,7 +40,9 @@ from .clips import (
 
 
 def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Table, cameras: list[str] | None = None,
-                    tolerance_s: float | None = None, align: str = "timestamp") -> dict[str, dict[str, list]]:
+                    tolerance_s: float | None = None, align: str = "timestamp",
+                    frames_loc: Callable[[str, object], str] = lambda col, values: "_frames_loc"
+                    ) -> dict[str, dict[str, list]]:
     """Refuse metadata that would otherwise give a neighbouring frame without any error (selected episodes only).
 
     Checks: one meta/episodes row per episode; ``timestamp`` within half a frame of ``frame_index / fps`` (a wrong
@@ -96,8 +99,9 @@ def _check_pointers(con: duckdb.DuckDBPyConnection, layout: Layout, ext: pa.Tabl
         "SELECT v.video_key, v.episode_index, v.path, v.from_timestamp, v.to_timestamp FROM videos v "
         "SEMI JOIN sel ON sel.video_key = v.video_key AND sel.path = v.path"
     ).to_arrow_table()
-    n = con.sql("SELECT episode_index, count(*) FROM _frames_loc WHERE episode_index IN "
-                f"({', '.join(str(e) for e in set(t['episode_index'].to_pylist())) or 'NULL'}) GROUP BY 1").fetchall()
+    eps = sorted({e for e in t["episode_index"].to_pylist() if e is not None})
+    n = con.sql(f"SELECT episode_index, count(*) FROM {frames_loc('episode_index', eps)} WHERE episode_index IN "
+                f"({', '.join(str(e) for e in eps) or 'NULL'}) GROUP BY 1").fetchall()
     videos = {k: t.filter(pc.equal(t["video_key"], k)).drop_columns(["video_key"]) for k in layout.video_keys}
     clips = check_clips(layout, videos, dict(n), ext["episode_index"].to_numpy(), keys=keys)
     if align == "frame_index":  # frames by position: the timestamps locate none
@@ -131,14 +135,15 @@ def _refuse_unknown_episodes(con: duckdb.DuckDBPyConnection, sql: str) -> None:
                                   f"{lo}..{hi}): {sql!r}")
 
 
-def _warn_rows_unlike_metadata(con: duckdb.DuckDBPyConnection) -> None:
+def _warn_rows_unlike_metadata(con: duckdb.DuckDBPyConnection, loc: str = "_frames_loc") -> None:
     """Warn, naming each episode and both counts, when a selected episode's rows in data/ are not as many as
     meta/episodes' ``length`` says (an episode whose rows were left out of its data file, or its data file missing):
     the join would silently serve only what the data holds. Only whole-episode and window results: an ``index``
-    result names its frames itself and an unknown index is an error."""
+    result names its frames itself and an unknown index is an error. ``loc``: a FROM item holding at least the
+    rows of ``_frames_loc`` of the result's episodes."""
     rows = con.sql(
         "WITH sel AS (SELECT DISTINCT episode_index FROM _lsql_result), "
-        "got AS (SELECT episode_index, count(*) AS n FROM _frames_loc SEMI JOIN sel USING (episode_index) GROUP BY 1) "
+        f"got AS (SELECT episode_index, count(*) AS n FROM {loc} SEMI JOIN sel USING (episode_index) GROUP BY 1) "
         "SELECT s.episode_index, e.length, coalesce(g.n, 0) AS n, d.path, "
         "       d.path IS NULL OR d.path IN (SELECT path FROM _data_files_listed) AS present "
         "FROM sel s JOIN episodes e USING (episode_index) LEFT JOIN got g USING (episode_index) "
@@ -189,7 +194,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
                    result: pa.Table, *, sql: str, window_tolerance_s: float = contract.WINDOW_TOLERANCE_S, ordered: bool = True,
                    src: Source | None = None, ptr: pa.Table | None = None, cameras: list[str] | None = None,
                    tolerance_s: float | None = None, before: int = 0, keep_extras: bool = True,
-                   align: str = "timestamp") -> pa.Table:
+                   align: str = "timestamp", loc: Callable[[dict], str] | None = None) -> pa.Table:
     """Resolve ``result`` (the rows of user query ``sql``) to a manifest, in the main process.
 
     Samples follow the result's row order when ``ordered`` (the query has an ORDER BY). Without one, DuckDB's row
@@ -208,7 +213,10 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     clip) or ``"frame_index"`` (by position: the timestamps are neither bounded nor checked against the clips).
     ``before``: samples of a collection's other datasets in the same manifest (the ``LSQL_MAX_MANIFEST_ROWS``
     bound is on the whole). ``keep_extras=False`` leaves the query's extra columns out, unchecked (an export writes
-    none: a list of text, a NULL list or a DATE there need not suit a DataLoader).
+    none: a list of text, a NULL list or a DATE there need not suit a DataLoader). ``loc``: given bounds
+    (``{"index" or "episode_index": intervals}``), a FROM item holding every row of ``_frames_loc`` that meets them
+    (:meth:`lerobot_sql._catalog.connection.Connection.loc`: the row groups that may hold them, not every data file's
+    row groups weighed by DuckDB); None: ``_frames_loc`` itself.
 
     Raises:
         ResultContractError: the result is empty, has the wrong columns, or names frames that do not exist.
@@ -244,6 +252,14 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
         if fast is not None:
             return _finish(*fast, mode, extras, layout, sql, cameras)
     con = con if isinstance(con, duckdb.DuckDBPyConnection) else con()
+
+    def frames_loc(col: str, values) -> str:
+        """``_frames_loc``, or a part of it holding at least its rows whose ``col`` is one of ``values``."""
+        if loc is None:
+            return "_frames_loc"
+        v = pc.drop_null(values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(values, pa.int64()))
+        return loc({col: intervals(v.to_numpy(zero_copy_only=False))})
+
     res = _plain_numbers(result.select(keep)).append_column("_ord", pa.array(range(result.num_rows), pa.int64()))
     con.register("_lsql_result", res)
     try:
@@ -257,26 +273,28 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
                     f"result columns {shadow} differ from the frames' own values (e.g. at index {bad[0][0]}); items "
                     f"carry the frame's values under those names, so alias computed columns: {sql!r}")
         tol = float(window_tolerance_s)
+        # (the rows of _frames_loc these results can join: those of their frames, or of their episodes)
+        at = frames_loc("index", res["index"]) if mode == "index" else frames_loc("episode_index", res["episode_index"])
         join = {
-            "index": "JOIN _frames_loc f ON f.index = r.index",
-            "window": (f"JOIN _frames_loc f ON f.episode_index = r.episode_index "
+            "index": f"JOIN {at} f ON f.index = r.index",
+            "window": (f"JOIN {at} f ON f.episode_index = r.episode_index "
                        f"AND f.timestamp >= r.start_s - {number(tol)} AND f.timestamp < r.end_s - {number(tol)}"),
-            "episode": "JOIN _frames_loc f ON f.episode_index = r.episode_index",
+            "episode": f"JOIN {at} f ON f.episode_index = r.episode_index",
         }[mode]
         extra_sel = "".join(f", r.{q(c)}" for c in extras)
         con.execute(f"CREATE OR REPLACE TEMP TABLE _lsql_sel AS SELECT r._ord, f.*{extra_sel} FROM _lsql_result r "
                     f"{join} ORDER BY r._ord, f.frame_index")
         if mode != "index":
             _refuse_unknown_episodes(con, sql)
-            _warn_rows_unlike_metadata(con)
+            _warn_rows_unlike_metadata(con, at)
         if mode == "index":
             n = con.sql("SELECT count(*) FROM _lsql_sel").fetchall()[0][0]
             if n != result.num_rows:
-                missing = con.sql("SELECT r.index FROM _lsql_result r ANTI JOIN _frames_loc f ON f.index = r.index "
+                missing = con.sql(f"SELECT r.index FROM _lsql_result r ANTI JOIN {at} f ON f.index = r.index "
                                   "LIMIT 5").fetchall()
                 if not missing:  # every value is there, some more than once: the data files repeat rows
                     i, files = con.sql(
-                        "SELECT index, list(data_file ORDER BY data_file) FROM _frames_loc WHERE index IN (SELECT "
+                        f"SELECT index, list(data_file ORDER BY data_file) FROM {at} WHERE index IN (SELECT "
                         "index FROM _lsql_result) GROUP BY 1 HAVING count(*) > 1 ORDER BY 1 LIMIT 1").fetchall()[0]
                     where = (f"in {files[0]} and {files[1]}" if files[0] != files[1] else
                              f"{len(files)} times in {files[0]}")
@@ -287,6 +305,9 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
                         f"(`lerobot-sql doctor`: index_contiguous lists the repeated values): {sql!r}")
                 raise ResultContractError(f"the result names frame index values that are not in the data files "
                                           f"(e.g. {[m[0] for m in missing]}): {sql!r}")
+        if mode == "index":  # (the frames of the selected frames' episodes: each episode's rows are checked whole)
+            at = frames_loc("episode_index", con.sql("SELECT DISTINCT episode_index FROM _lsql_sel")
+                            .to_arrow_table().column(0))
         ext = con.sql(
             "SELECT episode_index, min(index) AS ep_from_index, max(index) + 1 AS ep_to_index, count(*) AS n, "
             "min(row) AS ep_data_row0, max(row) - min(row) + 1 AS nrows, count(DISTINCT data_file) AS nfiles, "
@@ -298,7 +319,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
             "min(timestamp::DOUBLE) AS ts_min, max(timestamp::DOUBLE) AS ts_max, "
             # a NULL timestamp: a window's join would leave its frame out, an index result carry a NULL
             "count(*) - count(timestamp) AS ts_null "
-            "FROM _frames_loc WHERE episode_index IN (SELECT DISTINCT episode_index FROM _lsql_sel) GROUP BY 1"
+            f"FROM {at} WHERE episode_index IN (SELECT DISTINCT episode_index FROM _lsql_sel) GROUP BY 1"
         ).to_arrow_table()
         bad = [r for r in ext.to_pylist() if r["nfiles"] != 1 or r["n"] != r["ep_to_index"] - r["ep_from_index"]
                or r["n"] != r["nrows"] or not r["in_order"]]
@@ -314,7 +335,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
                                      "float32). Restore the file from the dataset's source (`lerobot-sql doctor` "
                                      "reads every row)")
         con.register("_lsql_ext", ext)
-        clips = _check_pointers(con, layout, ext, cameras, tolerance_s, align)
+        clips = _check_pointers(con, layout, ext, cameras, tolerance_s, align, frames_loc)
         vsel, vjoin = [], []
         for i, k in enumerate(layout.video_keys):
             vsel.append(f", v{i}.path AS {q(k + '/file')}, v{i}.from_timestamp AS {q(k + '/from_timestamp')}")
