@@ -134,10 +134,10 @@ class Database(QueryFace):
         resolved before these (the manifest bound is on the whole)."""
         pins = []  # (what keeps the parts of _frames_loc the resolve reads registered until it returns)
 
-        def loc(bounds: dict) -> str:
-            got = self._connection.loc(bounds)
+        def loc(bounds: dict, view: str) -> str:
+            got = self._connection.loc(bounds, view)
             if got is None:
-                return "_frames_loc"
+                return view
             pins.append(got[1])
             return got[0]
 

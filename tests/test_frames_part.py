@@ -287,8 +287,8 @@ def test_manifests_resolve_from_their_row_groups_as_from_the_whole_view(datasets
     n_eps, n = db.sql("SELECT count(*), sum(length) FROM episodes").fetchall()[0]
     e, i = n_eps // 2, n // 2
     real, parts = db._connection.loc, []
-    db._connection.loc = lambda bounds: parts.append(real(bounds)) or parts[-1] if db._connection.frames_plan \
-        else real(bounds)
+    db._connection.loc = lambda bounds, view: parts.append(real(bounds, view)) or parts[-1] \
+        if db._connection.frames_plan else real(bounds, view)
     for q in MANIFEST_QUERIES:
         sql = q.format(e=e, i=i)
         got = db.manifest(sql)

@@ -339,17 +339,17 @@ class Connection:
             return None
         return self._parts.narrowed_sql(self.cursor(), plan, found, sql)
 
-    def loc(self, bounds: dict) -> tuple[str, frames_part.Pin] | None:
-        """A FROM item with every row of ``_frames_loc`` whose values meet ``bounds`` (``{"episode_index" or
-        "index": intervals}``, see :func:`lerobot_sql._catalog.frames_part.intervals`), read from the row groups
-        that may hold them, and what keeps it registered; None: read ``_frames_loc`` itself.
+    def loc(self, bounds: dict, view: str = "_frames_loc") -> tuple[str, frames_part.Pin] | None:
+        """A FROM item with every row of ``view`` (``_frames_loc`` or ``frames``) whose values meet ``bounds``
+        (``{"episode_index" or "index": intervals}``, see :func:`lerobot_sql._catalog.frames_part.intervals`), read
+        from the row groups that may hold them, and what keeps it registered; None: read the view itself.
 
         Raises:
             DatasetFormatError / RemoteIOError: a data file cannot be read.
         """
         if self.frames_plan is None:
             return None
-        return self._parts.loc_sql(self.cursor(), self.frames_plan, bounds)
+        return self._parts.loc_sql(self.cursor(), self.frames_plan, bounds, view == "_frames_loc")
 
     def members(self) -> list[DatasetFiles]:
         """The datasets whose views this connection holds (one; a collection's connection holds several)."""

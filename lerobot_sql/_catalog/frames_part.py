@@ -278,14 +278,16 @@ class Parts:
             raw[narrowing.end:]
         return out.decode("utf-8"), got[1]
 
-    def loc_sql(self, cur: duckdb.DuckDBPyConnection, plan: FramesPlan, bounds: dict) -> tuple[str, Pin] | None:
-        """A FROM item (``(SELECT ...)``) holding every row of ``_frames_loc`` whose values meet ``bounds`` (column
-        -> intervals), and maybe others: the rows of the row groups that may hold them; and the :class:`Pin` that
-        keeps them registered on ``cur``. None: read ``_frames_loc`` itself. Raises as :meth:`narrowed_sql`."""
-        got = self._part(cur, plan, bounds, f"_lsql_part_{next(self._count)}", True)
+    def loc_sql(self, cur: duckdb.DuckDBPyConnection, plan: FramesPlan, bounds: dict, loc: bool = True
+                ) -> tuple[str, Pin] | None:
+        """A FROM item (``(SELECT ...)``) holding every row of ``_frames_loc`` (``loc`` False: of ``frames``) whose
+        values meet ``bounds`` (column -> intervals), and maybe others: the rows of the row groups that may hold
+        them; and the :class:`Pin` that keeps them registered on ``cur``. None: read the view itself. Raises as
+        :meth:`narrowed_sql`."""
+        got = self._part(cur, plan, bounds, f"_lsql_part_{next(self._count)}", loc)
         if got is None:
             return None
-        return f"({plan.loc_body(got[0], ident(plan.file_column))})", got[1]
+        return f"({plan.loc_body(got[0], ident(plan.file_column)) if loc else plan.body(got[0])})", got[1]
 
     def _part(self, cur: duckdb.DuckDBPyConnection, plan: FramesPlan, bounds: dict, name: str, loc: bool
               ) -> tuple[str, Pin] | None:

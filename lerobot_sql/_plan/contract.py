@@ -530,20 +530,22 @@ def check_given_extras(manifest: pa.Table, extras: list[str], where: str, sql: s
     return manifest
 
 
-def shadow_differ(con: duckdb.DuckDBPyConnection, shadow: list[str]) -> list[tuple]:
+def shadow_differ(con: duckdb.DuckDBPyConnection, shadow: list[str], frames: str = "frames") -> list[tuple]:
+    """The first result row (``_lsql_result``) whose ``shadow`` columns differ from its frame's own: ``(index,
+    *values)``. ``frames``: a FROM item holding at least the result's frames of the ``frames`` view."""
     differ = " OR ".join(f"r.{q(c)} IS DISTINCT FROM f.{q(c)}" for c in shadow)
     return con.sql(f"SELECT r.index, {', '.join(f'r.{q(c)}' for c in shadow)} FROM _lsql_result r "
-                   f"JOIN frames f ON f.index = r.index WHERE {differ} LIMIT 1").fetchall()
+                   f"JOIN {frames} f ON f.index = r.index WHERE {differ} LIMIT 1").fetchall()
 
 
 def shadow_type_error(con: duckdb.DuckDBPyConnection, res: pa.Table, shadow: list[str],
-                       sql: str) -> ResultContractError | None:
+                       sql: str, frames: str = "frames") -> ResultContractError | None:
     """The error for a result column named like a frame column whose values cannot be compared with the frame's
     (``0.0 AS action`` against FLOAT[6]): DuckDB's Conversion/Binder error there is the query's mistake, not a
     damaged data file. Found by trying the columns one at a time (error path only); None if none fails alone."""
     for c in shadow:
         try:
-            shadow_differ(con, [c])
+            shadow_differ(con, [c], frames)
         except (duckdb.BinderException, duckdb.ConversionException) as e:
             ftype = con.sql(f"SELECT typeof({q(c)}) FROM frames LIMIT 1").fetchall()
             err = ResultContractError(

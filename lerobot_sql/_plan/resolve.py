@@ -214,9 +214,9 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
     ``before``: samples of a collection's other datasets in the same manifest (the ``LSQL_MAX_MANIFEST_ROWS``
     bound is on the whole). ``keep_extras=False`` leaves the query's extra columns out, unchecked (an export writes
     none: a list of text, a NULL list or a DATE there need not suit a DataLoader). ``loc``: given bounds
-    (``{"index" or "episode_index": intervals}``), a FROM item holding every row of ``_frames_loc`` that meets them
-    (:meth:`lerobot_sql._catalog.connection.Connection.loc`: the row groups that may hold them, not every data file's
-    row groups weighed by DuckDB); None: ``_frames_loc`` itself.
+    (``{"index" or "episode_index": intervals}``) and a view (``_frames_loc`` or ``frames``), a FROM item holding
+    every row of the view that meets them (:meth:`lerobot_sql._catalog.connection.Connection.loc`: the row groups
+    that may hold them, not every data file's row groups weighed by DuckDB); None: the views themselves.
 
     Raises:
         ResultContractError: the result is empty, has the wrong columns, or names frames that do not exist.
@@ -253,21 +253,23 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
             return _finish(*fast, mode, extras, layout, sql, cameras)
     con = con if isinstance(con, duckdb.DuckDBPyConnection) else con()
 
-    def frames_loc(col: str, values) -> str:
-        """``_frames_loc``, or a part of it holding at least its rows whose ``col`` is one of ``values``."""
+    def frames_loc(col: str, values, view: str = "_frames_loc") -> str:
+        """``view`` (``_frames_loc`` or ``frames``), or a part of it holding at least its rows whose ``col`` is one
+        of ``values``."""
         if loc is None:
-            return "_frames_loc"
+            return view
         v = pc.drop_null(values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(values, pa.int64()))
-        return loc({col: intervals(v.to_numpy(zero_copy_only=False))})
+        return loc({col: intervals(v.to_numpy(zero_copy_only=False))}, view)
 
     res = _plain_numbers(result.select(keep)).append_column("_ord", pa.array(range(result.num_rows), pa.int64()))
     con.register("_lsql_result", res)
     try:
         if shadow:
             try:
-                bad = contract.shadow_differ(con, shadow)
+                at = frames_loc("index", res["index"], "frames")  # (the result's frames, as the view gives them)
+                bad = contract.shadow_differ(con, shadow, at)
             except (duckdb.BinderException, duckdb.ConversionException) as e:
-                raise contract.shadow_type_error(con, res, shadow, sql) or _contract_error(e, sql) from e
+                raise contract.shadow_type_error(con, res, shadow, sql, at) or _contract_error(e, sql) from e
             if bad:
                 raise ResultContractError(
                     f"result columns {shadow} differ from the frames' own values (e.g. at index {bad[0][0]}); items "
