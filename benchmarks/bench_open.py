@@ -151,6 +151,16 @@ plan = db._connection.frames_plan  # the same queries over the whole view, as be
 db._connection.frames_plan = None
 out["whole"] = frame_queries(db)
 db._connection.frames_plan = plan
+for key, q in (("dataset_frames", "SELECT * FROM frames WHERE episode_index = 23456"),  # a training set of frames
+               ("dataset_frames_next", "SELECT * FROM frames WHERE episode_index = 23457")):
+    t = time.perf_counter()
+    out[key + "_n"] = len(db.dataset(q, cameras=[]))
+    out[key + "_s"] = time.perf_counter() - t
+db._connection.frames_plan = None
+t = time.perf_counter()
+db.dataset("SELECT * FROM frames WHERE episode_index = 23458", cameras=[])
+out["whole"]["dataset_frames_next_s"] = time.perf_counter() - t
+db._connection.frames_plan = plan
 every = "SELECT episode_index FROM episodes"
 t = time.perf_counter()
 st = db.stats(every)
@@ -314,6 +324,11 @@ def table(res: dict) -> str:
                           ("index_query", "the first 100 frames, `WHERE index < 100 ORDER BY index`")):
             lines.append(f"| {what} | {q[key + '_s']:.3f} | {nx.get(key + '_s', float('nan')):.3f} | "
                          f"{wh[key + '_s']:.3f} |")
+        if "dataset_frames_s" in q:
+            lines += [f"| `db.dataset('SELECT * FROM frames WHERE episode_index = 23456')`, a training set of one "
+                      f"episode's frames ({q['dataset_frames_n']} samples) | {q['dataset_frames_s']:.3f} | | |",
+                      f"| the same for another episode, in the same data file | {q['dataset_frames_next_s']:.3f} | | "
+                      f"{wh['dataset_frames_next_s']:.3f} |"]
         lines += [f"| `db.stats()` of every frame ({q['stats_count']:,}), "
                   f"{'with' if q['stats_quantiles'] else 'no'} quantiles as the source's metadata | {q['stats_s']:.1f} |",
                   f"| the same with exact quantiles q01..q99 (as for a lerobot >= 0.4 source) | {q['stats_q_s']:.1f} |",

@@ -409,7 +409,6 @@ def test_a_data_file_whose_rows_repeat_anothers_is_named_at_the_first_query(data
 def test_the_repeated_rows_finding_is_kept_per_version_of_the_data_files(datasets, tmp_path, monkeypatch):
     """The footer check (100,000 row groups: 1.5 s and 640 MB at each connect) is kept in the cache folder under the
     data files' versions: the next connect parses no footer and still warns; a changed file is judged again."""
-    from lerobot_sql._catalog import views
 
     name, src, dst = "multifile60", "data/chunk-000/file-000.parquet", "data/chunk-000/file-001.parquet"
     root = tmp_path / name
@@ -417,11 +416,13 @@ def test_the_repeated_rows_finding_is_kept_per_version_of_the_data_files(dataset
     shutil.copy(root / src, root / dst)
     with pytest.warns(UserWarning, match=rf"{dst}: .* rows repeat"):
         lsql.connect(root, cache_dir=tmp_path / "cache").sql("SELECT count(*) FROM episodes").fetchall()
-    real = views.pq.read_metadata
-    monkeypatch.setattr(views.pq, "read_metadata", lambda *a, **k: pytest.fail("a footer parsed again"))
+    import pyarrow.parquet as pq
+
+    real = pq.read_metadata
+    monkeypatch.setattr(pq, "read_metadata", lambda *a, **k: pytest.fail("a footer parsed again"))
     with pytest.warns(UserWarning, match=rf"{dst}: .* rows repeat"):
         lsql.connect(root, cache_dir=tmp_path / "cache").sql("SELECT count(*) FROM episodes").fetchall()
-    monkeypatch.setattr(views.pq, "read_metadata", real)
+    monkeypatch.setattr(pq, "read_metadata", real)
     shutil.copy(datasets / name / dst, root / dst)  # repaired: a new version, judged again, no warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -108,7 +108,8 @@ _RANGES_LOCK = threading.Lock()
 _RANGES_VERSION = 2  # 2: a bound column's statistics are those of the first column of its name in any ASCII case
 
 
-def _file_ranges(md, f: int, out: dict) -> None:
+def file_ranges(md, f: int, out: dict) -> None:
+    """Append data file ``f``'s row groups (parsed footer ``md``) to ``out``'s lists of :class:`_Ranges` arrays."""
     paths = [md.schema.column(j).path for j in range(md.num_columns)]
     n = md.num_row_groups
     out["data_file"].append(np.full(n, f, np.int32))
@@ -139,43 +140,54 @@ def _file_ranges(md, f: int, out: dict) -> None:
         out[f"known/{c}"].append(known[k] if k is not None else np.zeros(n, bool))
 
 
+def ranges_arrays(src: Source, files, identities, each=None) -> dict[str, np.ndarray]:
+    """The arrays of :class:`_Ranges` (and ``schema``: the first file's Arrow schema, serialized) from the footers
+    of data files ``files`` at ``identities``, each parsed once and let go; ``each(f, md)`` is called with every
+    parsed footer (the connection's footer survey reads them in the same pass)."""
+    out: dict[str, list] = collections.defaultdict(list)
+    schema = None
+    for f, (rel, identity) in enumerate(zip(files, identities)):
+        md = _footer(src, rel, identity, keep=False).metadata
+        if schema is None:
+            schema = md.schema.to_arrow_schema()
+        file_ranges(md, f, out)
+        if each is not None:
+            each(f, md)
+        del md
+    got = {name: np.concatenate(parts) for name, parts in out.items()}
+    got["schema"] = np.frombuffer(schema.serialize().to_pybytes(), np.uint8)
+    return got
+
+
+def keep_ranges(src: Source, files, identities, cache_dir: Path | None, arrays: dict | None = None) -> dict:
+    """The row groups' ranges of ``files`` at ``identities`` as :func:`ranges_arrays` gives them: ``arrays`` if
+    given (just computed), else kept ones, else computed now; kept in ``cache_dir`` (checksummed) so that a later
+    process parses no footer. A cache folder that cannot be written keeps nothing (read in memory)."""
+    k = cache.key(_RANGES_VERSION, src.url, *itertools.chain.from_iterable(zip(files, identities)))
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **(arrays if arrays is not None else ranges_arrays(src, files, identities)))
+
+    if cache_dir is not None:
+        try:
+            return dict(np.load(cache.ensure(Path(cache_dir) / "checks" / f"rowgroup-ranges-{k}.npz", write),
+                                allow_pickle=False))
+        except CacheError:
+            pass  # a full or read-only cache folder: read in memory (the whole view's reading needs none either)
+    return arrays if arrays is not None else ranges_arrays(src, files, identities)
+
+
 def _ranges(plan: FramesPlan, identities: tuple[str, ...]) -> _Ranges:
     """The row groups' ranges of the data files at ``identities``: kept per process, and in the dataset's cache
-    folder (checksummed) so that a later process parses no footer (5,000 row groups: ~70 ms per file)."""
-    src = plan.src
-    k = cache.key(_RANGES_VERSION, src.url, *itertools.chain.from_iterable(zip(plan.data_files, identities)))
+    folder (the footer survey of the connection's first open writes them; 5,000 row groups: ~70 ms per file)."""
+    k = (plan.src.url, plan.data_files, identities)
     with _RANGES_LOCK:
         got = _RANGES.get(k)
         if got is not None:
             _RANGES.move_to_end(k)
             return got
-
-    def arrays() -> dict[str, np.ndarray]:
-        out: dict[str, list] = collections.defaultdict(list)
-        schema = None
-        for f, (rel, identity) in enumerate(zip(plan.data_files, identities)):
-            md = _footer(src, rel, identity, keep=False).metadata
-            if schema is None:
-                schema = md.schema.to_arrow_schema()
-            _file_ranges(md, f, out)
-            del md
-        got = {name: np.concatenate(parts) for name, parts in out.items()}
-        got["schema"] = np.frombuffer(schema.serialize().to_pybytes(), np.uint8)
-        return got
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays())
-
-    data = None
-    if plan.cache_dir is not None:
-        try:
-            data = np.load(cache.ensure(Path(plan.cache_dir) / "checks" / f"rowgroup-ranges-{k}.npz", write),
-                           allow_pickle=False)
-        except CacheError:
-            pass  # a full or read-only cache folder: read in memory (the whole view's reading needs none either)
-    if data is None:
-        data = arrays()
+    data = keep_ranges(plan.src, plan.data_files, identities, plan.cache_dir)
     got = _Ranges(data["data_file"], data["rg"], data["rows"], data["nbytes"],
                   {c: data[f"lo/{c}"] for c in COLUMNS}, {c: data[f"hi/{c}"] for c in COLUMNS},
                   {c: data[f"known/{c}"] for c in COLUMNS},

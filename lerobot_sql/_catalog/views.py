@@ -19,7 +19,6 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .._format import v2
 from .._format.info import LANGUAGE_EVENTS, LANGUAGE_PERSISTENT, parse_template, sql_key
@@ -595,32 +594,34 @@ def _footer_survey(b: Build) -> dict | None:
         except (OSError, ValueError, KeyError, TypeError, LeRobotSQLError):
             pass  # not kept yet (or unreadable): judged below
     col, ranges, schema, uniform = None, [], None, True
+    identities = [src.identity(f) for f in files]
+
+    def each(f: int, md) -> None:
+        nonlocal col, schema, uniform
+        this = md.schema.to_arrow_schema()
+        if schema is None:
+            schema = this
+        elif uniform and not this.equals(schema, check_metadata=False):
+            uniform = False
+        if col is None:
+            paths = {md.schema.column(j).path for j in range(md.num_columns)}
+            col = "index" if "index" in paths else "episode_index"  # v2.x without index: derived per episode
+
     try:
-        for f in files:
-            with src.open(f) as fh:
-                md = pq.read_metadata(fh)
-            this = md.schema.to_arrow_schema()
-            if schema is None:
-                schema = this
-            elif uniform and not this.equals(schema, check_metadata=False):
-                uniform = False
-            paths = [md.schema.column(j).path for j in range(md.num_columns)]
-            if col is None:
-                col = "index" if "index" in paths else "episode_index"  # v2.x without index: derived per episode
-            if col not in paths:
-                continue
-            j = paths.index(col)
-            stats = [md.row_group(i).column(j).statistics for i in range(md.num_row_groups)]
-            if not stats or not all(st is not None and st.has_min_max and type(st.min) is int
-                                    and type(st.max) is int for st in stats):
-                continue  # not judged (as DuckDB's TRY_CAST left it out)
-            ranges.append((f, min(st.min for st in stats), max(st.max for st in stats), md.num_rows))
-            del md, stats
+        # (one pass over the footers: the row groups' ranges a bounded query narrows by are kept from it too)
+        arrays = frames_part.ranges_arrays(src, files, identities, each)
     except (OSError, pa.ArrowException, LeRobotSQLError):
         b.survey = None  # a damaged or missing file: the frames view names it at the first query that reads it
         return None
     finally:
         release_freed_memory()
+    if uniform:
+        frames_part.keep_ranges(src, files, identities, b.cache_dir, arrays)
+    for f, rel in enumerate(files):
+        at = arrays["data_file"] == f
+        if at.any() and arrays[f"known/{col}"][at].all():  # (else not judged, as DuckDB's TRY_CAST left it out)
+            ranges.append((rel, int(arrays[f"lo/{col}"][at].min()), int(arrays[f"hi/{col}"][at].max()),
+                           int(arrays["rows"][at].sum())))
     ranges.sort(key=lambda r: (r[1], r[0]))
     pairs, prev = [], None
     for f, lo, hi, n in ranges:
