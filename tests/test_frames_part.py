@@ -313,3 +313,22 @@ def test_manifests_resolve_from_their_row_groups_as_from_the_whole_view(datasets
         got = db.con.sql(f"SELECT {cols} FROM {part} WHERE {where} ORDER BY index").fetchall()
         want = db.con.sql(f"SELECT {cols} FROM _frames_loc WHERE {where} ORDER BY index").fetchall()
         assert got == want and (got or not next(iter(bounds.values())))
+
+
+@pytest.mark.parametrize("column", ["episode_index", "index", "timestamp", "frame_index"])
+def test_a_null_frame_cell_is_shown_as_the_whole_view_shows_it(datasets, tmp_path, column):
+    """SQL is where a broken row is looked at: a NULL in a frame column is answered as the whole view answers it
+    (a NULL), not refused; a training set of it is refused as before (test_tabular names how)."""
+    src = tmp_path / "src"
+    shutil.copytree(datasets / "small20", src, ignore=shutil.ignore_patterns("videos"))
+    f = src / "data/chunk-000/file-000.parquet"
+    t = pq.read_table(f)
+    v = t[column].to_pylist()
+    v[1000] = None  # (episode 3)
+    pq.write_table(t.set_column(t.column_names.index(column), column, pa.array(v, t.schema.field(column).type)), f,
+                   row_group_size=pq.read_metadata(datasets / "small20/data/chunk-000/file-000.parquet")
+                   .row_group(0).num_rows)
+    db = lsql.connect(src, cache_dir=tmp_path / "c")
+    where = "index BETWEEN 995 AND 1005" if column == "episode_index" else "episode_index IN (3, 4)"
+    got = _check(db, f"SELECT * FROM frames WHERE {where} ORDER BY frame_index, index", narrowed=True)
+    assert None in got[column].to_pylist()

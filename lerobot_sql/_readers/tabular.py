@@ -379,13 +379,14 @@ def _feature_type(feat) -> tuple[int, pa.DataType]:
 
 def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Layout | None,
                     columns: list[str] | None = None, *, one_table: bool = False,
-                    use_threads: bool = False) -> list[pa.Table]:
+                    use_threads: bool = False, check_nulls: bool = True) -> list[pa.Table]:
     """Row groups ``rgs`` of data file ``info`` (``columns``, default all), each normalised to info.json's shapes
     (``layout``; None: as stored), in memory; the file opened once. A local file is read by Arrow's own reader (no
     Python file object: a third of the time); a remote one from the ranges fetched first in one parallel request.
     ``one_table``: the row groups back to back as one table (a list of it; a scan of thousands of row groups, where
     a call per row group costs more than its decoding); ``use_threads``: Arrow's thread pool decodes (the main
-    process only: see the comment below).
+    process only: see the comment below); ``check_nulls`` False (``layout`` None only): a NULL in a frame column
+    is read as it is (SQL shows it, as DuckDB's scan of the file does), not refused.
 
     Raises:
         MissingFileError: the data file is gone.
@@ -432,7 +433,7 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
                                  "from the dataset's source") from e
     names = [f"row groups {int(rgs[0])}..{int(rgs[-1])}"] if one_table else [f"row group {int(rg)}" for rg in rgs]
     if layout is None:
-        for name, t in zip(names, out):
+        for name, t in zip(names, out if check_nulls else ()):
             check_frame_nulls(t, f"{where} ({name})")
         return out
     return [_normalise(t, layout, f"{where} ({name})") for name, t in zip(names, out)]
