@@ -16,6 +16,18 @@ import lerobot_sql as lsql
 from lerobot_sql._catalog import connection, frames_part
 from lerobot_sql._storage import cache
 
+@pytest.fixture(autouse=True)
+def _small_sets_narrowed(monkeypatch):
+    """(the sample sets have tens of row groups, where a query reads the whole view: here they are narrowed too)"""
+    monkeypatch.setattr(frames_part, "MIN_ROW_GROUPS", 0)
+
+
+def test_a_set_of_few_row_groups_reads_the_whole_view(datasets, tmp_path, monkeypatch):
+    monkeypatch.setattr(frames_part, "MIN_ROW_GROUPS", 256)
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    _check(db, "SELECT * FROM frames WHERE episode_index = 3", narrowed=False)
+
+
 QUERIES = [
     "SELECT * FROM frames WHERE episode_index = {e}",
     "SELECT * FROM frames WHERE episode_index IN ({e}, {last}, 0)",
