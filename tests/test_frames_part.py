@@ -16,6 +16,7 @@ import lerobot_sql as lsql
 from lerobot_sql._catalog import connection, frames_part
 from lerobot_sql._storage import cache
 
+
 @pytest.fixture(autouse=True)
 def _small_sets_narrowed(monkeypatch):
     """(the sample sets have tens of row groups, where a query reads the whole view: here they are narrowed too)"""
@@ -43,6 +44,10 @@ QUERIES = [
     "SELECT * FROM frames WHERE episode_index = -1",
     "SELECT * FROM frames WHERE episode_index BETWEEN {e} AND 1",
     "SELECT * FROM frames WHERE episode_index = {e} OR index = 3",  # not narrowed
+    "SELECT * FROM frames WHERE episode_index = {e} UNION ALL SELECT * FROM frames f WHERE f.episode_index = 1",
+    "SELECT index FROM frames WHERE episode_index = {e} AND frame_index IN (SELECT frame_index + 1 FROM frames "
+    "WHERE episode_index = 1) ORDER BY index",
+    "SELECT count(*) FROM frames WHERE episode_index = {e} UNION ALL SELECT count(*) FROM frames",  # (the 2nd whole)
 ]
 
 
@@ -76,7 +81,7 @@ def test_a_narrowed_query_answers_as_the_whole_view(datasets, tmp_path, name):
     e, last, i = n_eps // 2, n_eps - 1, n // 2
     for q in QUERIES:
         sql = q.format(e=e, last=last, i=i)
-        got = _check(db, sql, narrowed=None if "OR index" not in sql and "+ 1" not in sql else False)
+        got = _check(db, sql, narrowed=False if "OR index" in sql or ("BETWEEN" in sql and "+ 1" in sql) else None)
         if q == QUERIES[0]:
             assert got.num_rows == db.sql(f"SELECT length FROM episodes WHERE episode_index = {e}").fetchall()[0][0]
     # the queries of a few row groups were narrowed (read only those; one of most row groups reads the whole view)
@@ -237,7 +242,7 @@ def test_a_cte_never_stands_for_a_relation_the_view_reads(datasets, tmp_path):
     assert got.column("index").to_pylist() == [0, 1, 2]
     _check(db, "WITH x AS (SELECT 1) SELECT index FROM frames WHERE episode_index = 0", narrowed=True)
     # (the part's name is the next one of the connection's counter: a CTE of that name, with the data's columns)
-    n = int(db.sql("SELECT 1 FROM frames WHERE episode_index = 0")._pin.name.rsplit("_", 1)[1])
+    n = int(db.sql("SELECT 1 FROM frames WHERE episode_index = 0")._pin[0].name.rsplit("_", 1)[1])
     fake = (f'_lsql_part_{n + 1} AS (SELECT action AS "observation.state", action, timestamp, frame_index, '
             "7 AS episode_index, 0 AS task_index FROM frames_0 LIMIT 0)")
     got = _check(db, f"WITH frames_0 AS (SELECT [1.0]::FLOAT[] AS action, 0.5::FLOAT AS timestamp, 0 AS frame_index), "

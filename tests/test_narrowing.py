@@ -14,6 +14,13 @@ INF = math.inf
 
 
 def _narrow(sql: str):
+    """The one narrowing of ``sql`` (None: none)."""
+    got = _all(sql)
+    assert len(got) <= 1, got
+    return got[0] if got else None
+
+
+def _all(sql: str):
     tree = duckdb.connect().sql("SELECT json_serialize_sql($1)", params=[sql]).fetchall()[0][0]
     return narrow_frames(tree, sql)
 
@@ -62,7 +69,6 @@ def test_bounds_are_read_from_the_where(sql, bounds):
     "SELECT * FROM frames f, episodes e WHERE f.episode_index = 3",  # joined: the WHERE may bound the join
     "SELECT * FROM frames f JOIN episodes e USING (episode_index) WHERE episode_index = 3",
     "SELECT * FROM episodes e LEFT JOIN frames f ON f.episode_index = e.episode_index WHERE e.episode_index = 3",
-    "SELECT * FROM frames WHERE episode_index = 3 UNION ALL SELECT * FROM frames WHERE episode_index = 4",  # twice
     "WITH frames AS (SELECT * FROM episodes) SELECT * FROM frames WHERE episode_index = 3",  # a CTE named frames
     "WITH x AS (SELECT 1) SELECT * FROM frames WHERE episode_index IN (SELECT episode_index FROM frames)",
     "SELECT * FROM frames USING SAMPLE 10 ROWS WHERE episode_index = 3",  # sampled before the WHERE
@@ -87,13 +93,13 @@ def test_the_span_is_bytes_and_covers_the_alias():
 
 
 def test_a_tree_it_cannot_read_gives_no_bounds():
-    assert narrow_frames('{"error": true}', "SELECT 1") is None
-    assert narrow_frames('{"statements": []}', "SELECT 1") is None
+    assert narrow_frames('{"error": true}', "SELECT 1") == ()
+    assert narrow_frames('{"statements": []}', "SELECT 1") == ()
     sql = "SELECT * FROM frames WHERE episode_index = 1"
     tree = duckdb.connect().sql("SELECT json_serialize_sql($1)", params=[sql]).fetchall()[0][0]
     # a span DuckDB gives that does not begin with the name frames is not trusted
-    assert narrow_frames(tree.replace('"query_location":14', '"query_location":13'), sql) is None
-    assert narrow_frames(tree, "SELECT * FROM framez WHERE episode_index = 1") is None
+    assert narrow_frames(tree.replace('"query_location":14', '"query_location":13'), sql) == ()
+    assert narrow_frames(tree, "SELECT * FROM framez WHERE episode_index = 1") == ()
 
 
 @pytest.mark.parametrize("sql", [
@@ -127,3 +133,17 @@ def test_a_qualifier_is_the_alias_as_duckdb_compares_names():
         is None
     for q in ('SELECT * FROM frames "É" WHERE "É".episode_index = 3', 'SELECT * FROM frames "E" WHERE e.episode_index = 3'):
         assert _narrow(q).bounds == {"episode_index": ((3, 3),)}
+
+
+def test_each_reference_is_narrowed_in_its_own_select():
+    """A UNION of bounded SELECTs, or a bounded subquery inside a bounded SELECT: each reference by its own WHERE
+    (a new user's UNION ALL of two episodes read every row group); one without a bound stays as it is."""
+    sql = ("SELECT * FROM frames WHERE episode_index = 3 UNION ALL SELECT * FROM frames f WHERE f.episode_index IN "
+           "(4, 5) UNION ALL SELECT * FROM frames WHERE frame_index = 0")
+    got = _all(sql)
+    assert [n.bounds for n in got] == [{"episode_index": ((3, 3),)}, {"episode_index": ((4, 5),)}]
+    assert [n.alias for n in got] == ["frames", "f"] and got[0].end <= got[1].start
+    sql = ("SELECT * FROM frames WHERE episode_index = 7 AND frame_index IN (SELECT frame_index FROM frames WHERE "
+           "episode_index = 8 AND index < 100)")
+    assert [n.bounds for n in _all(sql)] == [{"episode_index": ((7, 7),)},
+                                              {"episode_index": ((8, 8),), "index": ((-INF, 99),)}]

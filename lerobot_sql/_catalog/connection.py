@@ -323,7 +323,7 @@ class Connection:
         con.execute("LOAD json")
         return con
 
-    def narrowed(self, sql: str, tree: str) -> tuple[str, frames_part.Pin] | None:
+    def narrowed(self, sql: str, tree: str) -> tuple[str, tuple[frames_part.Pin, ...]] | None:
         """Checked query ``sql`` (DuckDB's parse tree ``tree``) reading only the row groups of ``frames`` its WHERE
         can keep rows of (:mod:`lerobot_sql._catalog.frames_part`), and what keeps them registered while a result
         of it may run; None: run it as written.
@@ -335,7 +335,7 @@ class Connection:
         if plan is None:
             return None
         found = narrowing.narrow_frames(tree, sql)
-        if found is None:
+        if not found:
             return None
         return self._parts.narrowed_sql(self.cursor(), plan, found, sql)
 

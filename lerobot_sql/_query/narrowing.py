@@ -147,34 +147,44 @@ def _intersect(a, b) -> list[tuple[float, float]]:
     return out
 
 
-def narrow_frames(tree: str | dict, sql: str) -> Narrowing | None:
-    """The :class:`Narrowing` of query ``sql`` from DuckDB's parse tree ``tree`` (``json_serialize_sql``'s output),
-    or None: ``frames`` is read more than once, is the name of a CTE, is joined, sampled or given column aliases, lies
-    in a select-list expression without an alias (whose text names a column), or no WHERE conjunct of its SELECT
-    bounds ``episode_index`` or ``index`` by integer literals."""
+def narrow_frames(tree: str | dict, sql: str) -> tuple[Narrowing, ...]:
+    """The :class:`Narrowing` of each reference to ``frames`` in query ``sql`` that one can be made of, from DuckDB's
+    parse tree ``tree`` (``json_serialize_sql``'s output), in the order of the text; empty when ``frames`` is the
+    name of a CTE. A reference is left as it is when it is joined, sampled or given column aliases, lies in a
+    select-list expression without an alias (whose text names a column), or no WHERE conjunct of its SELECT bounds
+    ``episode_index`` or ``index`` by integer literals. Each reference is judged in its own SELECT (a bound there
+    keeps all the rows that SELECT's WHERE keeps), so a UNION of bounded SELECTs narrows each."""
     doc = json.loads(tree) if isinstance(tree, str) else tree
     stmts = doc.get("statements") if isinstance(doc, dict) and not doc.get("error") else None
     if not stmts or len(stmts) != 1:
-        return None
+        return ()
     nodes = list(_walk(stmts[0]))
     names_of_ctes = set()
     for n in nodes:  # a CTE named frames anywhere: a reference might be to it
         ctes = n.get("cte_map")
         for entry in (ctes.get("map") or []) if isinstance(ctes, dict) else []:
             if not isinstance(entry, dict) or str(entry.get("key", "")).lower() == "frames":
-                return None
+                return ()
             names_of_ctes.add(str(entry.get("key", "")).lower())
     refs = [n for n in nodes if n.get("type") == "BASE_TABLE" and str(n.get("table_name", "")).lower() == "frames"]
-    if len(refs) != 1:
-        return None
-    ref = refs[0]
-    for n in nodes:
-        # an unaliased select-list expression is named by its text ("(SELECT count_star() FROM frames WHERE ...)"):
-        # with the view's SELECT spliced into it, the column would be named by that instead
-        listed = n.get("select_list")
-        for e in listed if isinstance(listed, list) else []:
-            if isinstance(e, dict) and not e.get("alias") and any(x is ref for x in _walk(e)):
-                return None
+    # an unaliased select-list expression is named by its text ("(SELECT count_star() FROM frames WHERE ...)"): with
+    # the view's SELECT spliced into it, the column would be named by that instead
+    named_by_text = [e for n in nodes if isinstance(n.get("select_list"), list)
+                     for e in n["select_list"] if isinstance(e, dict) and not e.get("alias")]
+    out = []
+    for ref in refs:
+        if any(x is ref for e in named_by_text for x in _walk(e)):
+            continue
+        got = _narrow_one(nodes, ref, sql, frozenset(names_of_ctes))
+        if got is not None:
+            out.append(got)
+    out.sort(key=lambda n: n.start)
+    if any(a.end > b.start for a, b in zip(out, out[1:])):
+        return ()  # (spans that overlap: not a reading to splice by)
+    return tuple(out)
+
+
+def _narrow_one(nodes: list, ref: dict, sql: str, ctes: frozenset[str]) -> Narrowing | None:
     if ref.get("schema_name") or ref.get("catalog_name") or ref.get("sample") is not None or \
             ref.get("at_clause") is not None or ref.get("column_name_alias"):
         return None
@@ -197,7 +207,7 @@ def narrow_frames(tree: str | dict, sql: str) -> Narrowing | None:
         return None
     bounds = {c: tuple((lo if lo == -math.inf else int(lo), hi if hi == math.inf else int(hi)) for lo, hi in iv)
               for c, iv in found.items()}
-    return Narrowing(span[0], span[1], alias or "frames", bounds, frozenset(names_of_ctes))
+    return Narrowing(span[0], span[1], alias or "frames", bounds, ctes)
 
 
 def _unquote(m: re.Match) -> str:
