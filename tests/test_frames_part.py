@@ -349,3 +349,19 @@ def test_a_null_frame_cell_is_shown_as_the_whole_view_shows_it(datasets, tmp_pat
     where = "index BETWEEN 995 AND 1005" if column == "episode_index" else "episode_index IN (3, 4)"
     got = _check(db, f"SELECT * FROM frames WHERE {where} ORDER BY frame_index, index", narrowed=True)
     assert None in got[column].to_pylist()
+
+
+def test_a_broken_episode_named_by_a_manifest_is_the_first_one_as_over_the_whole_view(datasets, tmp_path):
+    """Two selected episodes both broken (here: file-001 overwritten by a copy of file-000, so episodes 3 and 4 are
+    spread over both files): the error names the first of them whether the join read a part of _frames_loc or the
+    whole view. Before, it named the first in the aggregate's row order: episode 4 from the part, 3 from the view."""
+    root = tmp_path / "rep"
+    shutil.copytree(datasets / "multifile60", root, ignore=shutil.ignore_patterns("videos"))
+    shutil.copy(root / "data/chunk-000/file-000.parquet", root / "data/chunk-000/file-001.parquet")
+    db = lsql.connect(root, cache_dir=tmp_path / "c")
+    sql = "SELECT episode_index, 0.0 AS start_s, 1e9 AS end_s FROM episodes WHERE episode_index IN (3, 4)"
+    with pytest.warns(UserWarning):
+        for plan in (db._connection.frames_plan, None):
+            db._connection.frames_plan = plan
+            with pytest.raises(lsql.DatasetFormatError, match=r"^episode 3: its 536 frames are spread over 2 data"):
+                db.manifest(sql, cameras=[])

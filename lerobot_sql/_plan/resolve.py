@@ -321,7 +321,9 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
             "min(timestamp::DOUBLE) AS ts_min, max(timestamp::DOUBLE) AS ts_max, "
             # a NULL timestamp: a window's join would leave its frame out, an index result carry a NULL
             "count(*) - count(timestamp) AS ts_null "
-            f"FROM {at} WHERE episode_index IN (SELECT DISTINCT episode_index FROM _lsql_sel) GROUP BY 1"
+            # (in episode order: the first broken episode is the one named, whichever rows the aggregate read -
+            # a part of _frames_loc or the whole view - and in whatever order its threads gave the groups)
+            f"FROM {at} WHERE episode_index IN (SELECT DISTINCT episode_index FROM _lsql_sel) GROUP BY 1 ORDER BY 1"
         ).to_arrow_table()
         bad = [r for r in ext.to_pylist() if r["nfiles"] != 1 or r["n"] != r["ep_to_index"] - r["ep_from_index"]
                or r["n"] != r["nrows"] or not r["in_order"]]
