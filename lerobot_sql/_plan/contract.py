@@ -265,7 +265,7 @@ def warn_repeated_rows(result: pa.Table, mode: str, sql: str) -> None:
         noun = "frame" if mode == "index" else mode
         warn(f"{rep.num_rows} {noun}(s) come more than once in the result ({what} {top['count_all']} times); "
              f"{'each row is one more sample of its frame' if mode == 'index' else 'each row gives its frames again'}. If you meant each once, SELECT DISTINCT {', '.join(keys)} "
-             f"(a query over frames returns one row per frame): {sql!r:.200}")
+             f"(a query over frames returns one row per frame{'; for those frames alone, SELECT index' if mode == 'episode' else ''}): {sql!r:.200}")
 
 
 def window_bounds_as_seconds(result: pa.Table) -> pa.Table:
