@@ -8,10 +8,14 @@ the dataset's cache folder) is compared with the bounds in numpy, and only the r
 read. The view's own SELECT (:class:`FramesPlan`, from :func:`lerobot_sql._catalog.views.frames`) then runs over
 them, and the query's WHERE over that, so the rows, their order and their types are the view's.
 
+A manifest's joins read a part of ``_frames_loc`` the same way (:meth:`Parts.loc_sql`): the row groups of the
+result's frames or episodes, their default columns only.
+
 A read this cannot serve as the view would gives None, and the query runs over the whole view as before: a
 collection, data files of several schemas or a damaged one, a bound column the data files lack, a column DuckDB
-cannot scan from Arrow (float16, decimal256), a CTE of the query named like a relation the view's SELECT reads, or
-more than :data:`MAX_ROWS` rows (:data:`MAX_BYTES` bytes) to read, where DuckDB's parallel scan is the better reader.
+cannot scan from Arrow (float16, decimal256), a CTE of the query named like a relation the view's SELECT reads, fewer
+than :data:`MIN_ROW_GROUPS` row groups in all, or more than half of them, :data:`MAX_ROWS` rows or
+:data:`MAX_BYTES` bytes to read, where DuckDB's parallel scan is the better reader.
 """
 
 from __future__ import annotations

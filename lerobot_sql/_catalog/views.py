@@ -876,7 +876,7 @@ def _warn_totals(b: Build) -> None:
 
 
 def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
-                   relations: dict[str, pa.Table], prefix: str = "", cache_dir: Path | None = None
+                   relations: dict[str, pa.Table] | None = None, prefix: str = "", cache_dir: Path | None = None
                    ) -> "frames_part.FramesPlan | None":
     """Create the views of :data:`VIEWS` (``episodes``, ``episode_stats``, ``frames``, ``tasks``, ``videos``,
     ``features``, ``info`` and the private ``_frames_loc``, ``_data_files_listed``, ``_episode_data_files``) over
@@ -893,8 +893,8 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
     ``con``'s current schema). ``cache_dir``: the dataset's cache folder, where the footer check of repeated rows
     keeps its finding per version of the data files (None: checked at every connect).
 
-    ``relations`` is filled with the Arrow tables registered on ``con`` (name -> table): a cursor of ``con`` must
-    register them too before it reads the views.
+    ``relations`` (None: a dict of its own) is filled with the Arrow tables registered on ``con`` (name -> table): a
+    cursor of ``con`` must register them too before it reads the views.
 
     Returns:
         How the frames view is made (:class:`lerobot_sql._catalog.frames_part.FramesPlan`), for a query's part of it;
@@ -906,6 +906,7 @@ def register_views(con: duckdb.DuckDBPyConnection, src: Source, layout: Layout,
             it is derived where the metadata makes it unambiguous, else reading it raises DatasetFormatError
             (through :data:`ERROR_MARKER`) naming the column and a data file, and the other views stay readable.
     """
+    relations = {} if relations is None else relations
     b = Build(con, src, layout, relations, _register_episodes(con, src, layout, relations, prefix), prefix,
               cache_dir=cache_dir)
     _split_unnamed(b)
