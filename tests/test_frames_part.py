@@ -48,6 +48,15 @@ QUERIES = [
     "SELECT index FROM frames WHERE episode_index = {e} AND frame_index IN (SELECT frame_index + 1 FROM frames "
     "WHERE episode_index = 1) ORDER BY index",
     "SELECT count(*) FROM frames WHERE episode_index = {e} UNION ALL SELECT count(*) FROM frames",  # (the 2nd whole)
+    # (a semi join's rows come in no set order without ORDER BY, over the whole view too)
+    "SELECT * FROM frames WHERE episode_index IN (SELECT episode_index FROM episodes WHERE episode_index % 7 = 3) "
+    "ORDER BY index",
+    "SELECT * FROM frames f WHERE index < {i} AND episode_index IN (SELECT episode_index FROM episodes WHERE length "
+    "> f.frame_index + 100) ORDER BY index",  # (correlated: does not run alone, the index bound alone narrows)
+    "SELECT * FROM frames WHERE episode_index IN (SELECT episode_index * 1.0 FROM episodes WHERE episode_index < 3) "
+    "ORDER BY index",
+    "SELECT * FROM frames WHERE episode_index IN (SELECT NULL::BIGINT UNION ALL SELECT {e}) ORDER BY index",
+    "SELECT * FROM frames WHERE episode_index IN (SELECT episode_index FROM episodes WHERE false) ORDER BY index",
 ]
 
 
@@ -365,3 +374,17 @@ def test_a_broken_episode_named_by_a_manifest_is_the_first_one_as_over_the_whole
             db._connection.frames_plan = plan
             with pytest.raises(lsql.DatasetFormatError, match=r"^episode 3: its 536 frames are spread over 2 data"):
                 db.manifest(sql, cameras=[])
+
+
+def test_a_subquery_of_episodes_narrows_by_its_values(datasets, tmp_path):
+    """`episode_index IN (SELECT episode_index FROM episodes WHERE ...)` reads the row groups of those episodes (the
+    subquery run alone first); a correlated one, or one of other types than integers, reads the whole view."""
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    sql = ("SELECT * FROM frames WHERE episode_index IN (SELECT episode_index FROM episodes WHERE episode_index % 20 = "
+           "3) ORDER BY index")
+    got = _check(db, sql, narrowed=True)
+    assert sorted(set(got["episode_index"].to_pylist())) == [3, 23, 43]
+    _check(db, "SELECT * FROM frames f WHERE episode_index IN (SELECT episode_index FROM episodes WHERE length > "
+               "f.frame_index + 300) ORDER BY index", narrowed=False)
+    _check(db, "SELECT * FROM frames WHERE episode_index IN (SELECT episode_index * 1.0 FROM episodes WHERE "
+               "episode_index < 3) ORDER BY index", narrowed=False)

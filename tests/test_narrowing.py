@@ -147,3 +147,25 @@ def test_each_reference_is_narrowed_in_its_own_select():
            "episode_index = 8 AND index < 100)")
     assert [n.bounds for n in _all(sql)] == [{"episode_index": ((7, 7),)},
                                               {"episode_index": ((8, 8),), "index": ((-INF, 99),)}]
+
+
+def test_a_subquery_over_metadata_views_is_kept_to_run_alone():
+    """`episode_index IN (SELECT ... FROM episodes ...)`, the natural way to pick episodes: its text is kept for the
+    catalog to run alone (its values bound the column); one over frames, a table function, a CTE or another table is
+    not, nor any where a CTE is named like a metadata view (the subquery would read the CTE)."""
+    sql = "SELECT * FROM frames WHERE episode_index IN (SELECT episode_index FROM episodes WHERE length > 300)"
+    got = _narrow(sql)
+    assert got.bounds == {} and got.subqueries == (
+        ("episode_index", "(SELECT episode_index FROM episodes WHERE length > 300)"),)
+    got = _narrow("SELECT * FROM frames f WHERE f.index < 10 AND f.episode_index IN (SELECT e.episode_index FROM "
+                  "episodes e JOIN tasks t ON t.task = e.tasks[1])")
+    assert got.bounds == {"index": ((-INF, 9),)} and len(got.subqueries) == 1
+    for sql in ["SELECT * FROM frames WHERE episode_index IN (SELECT episode_index FROM frames WHERE frame_index = 0)",
+                "SELECT * FROM frames WHERE episode_index IN (SELECT range FROM range(5))",
+                "WITH e AS (SELECT 1 AS episode_index) SELECT * FROM frames WHERE episode_index IN (SELECT "
+                "episode_index FROM e)",
+                "WITH episodes AS (SELECT 1 AS episode_index) SELECT * FROM frames WHERE episode_index IN (SELECT "
+                "episode_index FROM episodes)",
+                "SELECT * FROM frames WHERE episode_index NOT IN (SELECT episode_index FROM episodes)",
+                "SELECT * FROM frames WHERE frame_index IN (SELECT length FROM episodes)"]:
+        assert _narrow(sql) is None, sql

@@ -223,14 +223,15 @@ def _meets(lo: np.ndarray, hi: np.ndarray, intervals: tuple) -> np.ndarray:
     return (k >= 0) & (b[np.maximum(k, 0)] >= lo)  # ... reaches lo: (disjoint, so it is the one reaching furthest)
 
 
-def row_groups(plan: FramesPlan, bounds: dict) -> tuple[_Ranges, np.ndarray, tuple[str, ...]] | None:
+def row_groups(plan: FramesPlan, bounds) -> tuple[_Ranges, np.ndarray, tuple[str, ...]] | None:
     """The row groups (positions in :class:`_Ranges`) that may hold rows whose values meet ``bounds`` (column ->
-    intervals, as :class:`lerobot_sql._query.narrowing.Narrowing` gives them), and the data files' versions they
-    were judged at; None when the view must be read whole (no bound column the data files hold as integers; too
+    intervals, as :class:`lerobot_sql._query.narrowing.Narrowing` gives them, or ``(column, intervals)`` pairs, all
+    met), and the data files' versions they were judged at; None when the view must be read whole (no bound column the data files hold as integers; too
     many rows)."""
     types = {sql_key(k): t for k, t in plan.columns.items()}
     # (a derived index, or one stored as floats: no statistics to narrow by)
-    bounds = {c: iv for c, iv in bounds.items() if types.get(sql_key(c)) in _INTEGER_TYPES}
+    bounds = [(c, iv) for c, iv in (bounds.items() if isinstance(bounds, dict) else bounds)
+              if types.get(sql_key(c)) in _INTEGER_TYPES]
     if not bounds:
         return None
     identities = tuple(plan.src.identity(rel) for rel in plan.data_files)
@@ -238,8 +239,8 @@ def row_groups(plan: FramesPlan, bounds: dict) -> tuple[_Ranges, np.ndarray, tup
     if len(r.rows) < MIN_ROW_GROUPS:
         return None
     keep = np.ones(len(r.rows), bool)
-    for c, intervals in bounds.items():
-        keep &= ~r.known[c] | _meets(r.lo[c], r.hi[c], intervals)
+    for c, iv in bounds:  # (two bounds of one column: both kept, each narrows)
+        keep &= ~r.known[c] | _meets(r.lo[c], r.hi[c], iv)
     pick = np.flatnonzero(keep)
     if int(r.rows[pick].sum()) > MAX_ROWS or int(r.nbytes[pick].sum()) > MAX_BYTES or \
             (len(pick) > 8 and 2 * len(pick) > len(keep)):
@@ -279,9 +280,9 @@ class Parts:
 
     def narrowed_sql(self, cur: duckdb.DuckDBPyConnection, plan: FramesPlan, narrowings, sql: str
                      ) -> tuple[str, tuple[Pin, ...]] | None:
-        """``sql`` (the checked query) with each reference to ``frames`` of ``narrowings`` (:class:`Narrowing`\ s,
+        """``sql`` (the checked query) with each reference to ``frames`` of ``narrowings`` (``Narrowing`` objects,
         in text order) replaced by the view's SELECT over the row groups it may keep rows of, registered on ``cur``;
-        and the :class:`Pin`\ s that keep them registered. A reference whose part cannot be made stays as it is
+        and the :class:`Pin` objects that keep them registered. A reference whose part cannot be made stays as it is
         (see the module's docstring); None: none was replaced.
 
         Raises:
@@ -297,7 +298,12 @@ class Parts:
                 tree = cur.sql("SELECT json_serialize_sql($1)", params=[plan.body(ident(name))]).fetchall()[0][0]
                 if n.ctes & tables_read(tree):
                     continue
-            got = self._part(cur, plan, n.bounds, name, False)
+            bounds = list(n.bounds.items())
+            for col, text in n.subqueries:  # (column IN (SELECT ... FROM episodes ...): its values, run alone)
+                values = _subquery_values(cur, text)
+                if values is not None:
+                    bounds.append((col, intervals(values)))
+            got = self._part(cur, plan, bounds, name, False) if bounds else None
             if got is None:
                 continue
             raw = raw[:n.start] + f"({plan.body(got[0])}) AS {ident(n.alias)}".encode() + raw[n.end:]
@@ -367,6 +373,21 @@ class Parts:
             else:
                 return None
         return f"(SELECT {', '.join(cols + [ident(c) for c in extra])} FROM {ident(name)})", pin
+
+
+def _subquery_values(cur: duckdb.DuckDBPyConnection, text: str) -> np.ndarray | None:
+    """The distinct integer values (int64) of subquery ``text`` (``(SELECT ...)``, one column, reading metadata views
+    only: :func:`lerobot_sql._query.narrowing.narrow_frames` chose it), run alone; None when it does not run alone (a
+    correlated subquery: a column of the outer query), gives another type than integers (DuckDB would compare 5.0
+    with 5), more than one column, or more than :data:`MAX_ROWS` values."""
+    try:
+        got = cur.sql(f"SELECT DISTINCT * FROM {text} AS _lsql_values").limit(MAX_ROWS + 1).to_arrow_table()
+    except duckdb.Error:
+        return None
+    if got.num_columns != 1 or got.num_rows > MAX_ROWS or not pa.types.is_integer(got.schema.field(0).type):
+        return None
+    col = got.column(0).drop_null()
+    return col.to_numpy().astype(np.int64) if len(col) else np.zeros(0, np.int64)
 
 
 def intervals(values) -> tuple[tuple[int, int], ...]:

@@ -21,6 +21,9 @@ import re
 
 # the columns whose row-group statistics narrow a read (lerobot writes both as int64, sorted along each file)
 COLUMNS = ("episode_index", "index")
+# the views a bounding subquery may read (`episode_index IN (SELECT episode_index FROM episodes WHERE ...)`): metadata,
+# read in milliseconds, so running the subquery once more to learn its values costs little
+METADATA_VIEWS = frozenset({"episodes", "tasks", "episode_stats"})
 _FLIP = {"COMPARE_GREATERTHAN": "COMPARE_LESSTHAN", "COMPARE_LESSTHAN": "COMPARE_GREATERTHAN",
          "COMPARE_GREATERTHANOREQUALTO": "COMPARE_LESSTHANOREQUALTO",
          "COMPARE_LESSTHANOREQUALTO": "COMPARE_GREATERTHANOREQUALTO", "COMPARE_EQUAL": "COMPARE_EQUAL"}
@@ -38,6 +41,9 @@ class Narrowing:
             whose value lies in none of them is dropped by the WHERE. An empty tuple: no row is kept.
         ctes: the names (lower case) of every CTE the query defines: the view's SELECT put in place of ``frames``
             would read a CTE of the name of a relation it reads (``tasks``, ``_episodes_raw``), not the relation.
+        subqueries: ``(column, text)`` of each conjunct ``column IN (SELECT ...)`` whose SELECT reads only
+            :data:`METADATA_VIEWS` (``text``: the parenthesised subquery as written): the values it gives bound the
+            column too, once the catalog has run it alone (a correlated one does not run alone: no bound).
     """
 
     start: int
@@ -45,6 +51,7 @@ class Narrowing:
     alias: str
     bounds: dict[str, tuple[tuple[int, int], ...]]
     ctes: frozenset[str] = frozenset()
+    subqueries: tuple[tuple[str, str], ...] = ()
 
 
 def _walk(node):
@@ -87,6 +94,27 @@ def _conjuncts(e):
             yield from _conjuncts(c)
     elif e is not None:
         yield e
+
+
+def _subquery(e, names: set[str], sql: str) -> tuple[str, str] | None:
+    """``(column, text)`` of conjunct ``e`` when it is ``column IN (SELECT ...)`` over :data:`METADATA_VIEWS` only
+    (no table function, no other table, CTE or view), else None."""
+    if not (isinstance(e, dict) and e.get("class") == "SUBQUERY" and e.get("subquery_type") == "ANY"
+            and e.get("comparison_type") == "COMPARE_EQUAL"):
+        return None
+    col = _column(e.get("child"), names)
+    inner = list(_walk(e.get("subquery")))
+    if col is None or any(n.get("type") in ("TABLE_FUNCTION", "PIVOT", "SHOW_REF") for n in inner) or \
+            any(n.get("type") == "BASE_TABLE" and (str(n.get("table_name", "")).lower() not in METADATA_VIEWS
+                                                  or n.get("schema_name") or n.get("catalog_name")) for n in inner):
+        return None
+    raw = sql.encode("utf-8")
+    start, length = e.get("query_location"), e.get("query_location_length")
+    if not isinstance(start, int) or not isinstance(length, int) or start < 0 or start + length > len(raw):
+        return None
+    text = raw[start:start + length].decode("utf-8", "replace").strip()
+    # (DuckDB's span of the subquery: its parentheses and what they hold; anything else is not read as one)
+    return (col, text) if text.startswith("(") and text.endswith(")") else None
 
 
 def _bound(e, names: set[str]) -> tuple[str, list[tuple[float, float]]] | None:
@@ -194,20 +222,25 @@ def _narrow_one(nodes: list, ref: dict, sql: str, ctes: frozenset[str]) -> Narro
     alias = str(ref.get("alias") or "")
     names = {_key(alias)} if alias else {"frames"}
     found: dict[str, list] = {}
+    subqueries = []
     for c in _conjuncts(owner[0].get("where_clause")):
         got = _bound(c, names)
         if got is not None:
             col, iv = got
             iv = _union(iv)
             found[col] = iv if col not in found else _intersect(found[col], iv)
-    if not found:
+        sub = _subquery(c, names, sql)
+        # (a CTE named like a metadata view would be what the subquery reads, not the view it would run alone over)
+        if sub is not None and not ctes & METADATA_VIEWS:
+            subqueries.append(sub)
+    if not found and not subqueries:
         return None
     span = _span(sql, ref, alias)
     if span is None:
         return None
     bounds = {c: tuple((lo if lo == -math.inf else int(lo), hi if hi == math.inf else int(hi)) for lo, hi in iv)
               for c, iv in found.items()}
-    return Narrowing(span[0], span[1], alias or "frames", bounds, ctes)
+    return Narrowing(span[0], span[1], alias or "frames", bounds, ctes, tuple(subqueries))
 
 
 def _unquote(m: re.Match) -> str:
