@@ -380,8 +380,13 @@ def _subquery_values(cur: duckdb.DuckDBPyConnection, text: str) -> np.ndarray | 
     only: :func:`lerobot_sql._query.narrowing.narrow_frames` chose it), run alone; None when it does not run alone (a
     correlated subquery: a column of the outer query), gives another type than integers (DuckDB would compare 5.0
     with 5), more than one column, or more than :data:`MAX_ROWS` values."""
+    sql = f"SELECT DISTINCT * FROM {text} AS _lsql_values"
     try:
-        got = cur.sql(f"SELECT DISTINCT * FROM {text} AS _lsql_values").limit(MAX_ROWS + 1).to_arrow_table()
+        # (a piece of a checked query, cut where DuckDB's parse tree says: still one SELECT, or it is not run)
+        stmts = cur.extract_statements(sql)
+        if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
+            return None
+        got = cur.sql(sql).limit(MAX_ROWS + 1).to_arrow_table()
     except duckdb.Error:
         return None
     if got.num_columns != 1 or got.num_rows > MAX_ROWS or not pa.types.is_integer(got.schema.field(0).type):
