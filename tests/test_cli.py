@@ -68,7 +68,7 @@ def data():
 # ---- help, version, usage errors ------------------------------------------------------------------------------------
 def test_help_lists_every_subcommand_with_examples():
     out = ok("--help")
-    for cmd in ("info", "schema", "query", "export", "prefetch", "index", "doctor", "shell", "bench", "demo"):
+    for cmd in ("info", "schema", "query", "export", "prefetch", "index", "doctor", "shell", "cache", "bench", "demo"):
         assert f"    {cmd} " in out
     assert "examples:" in out
     sub = ok("query", "--help")
@@ -845,3 +845,37 @@ def test_schema_lists_a_sidecars_columns_and_an_unreadable_one(tmp_path):
                                                   {"column": "value", "type": "JSON"}]
     assert got["broken"][0]["column"] == "(unreadable)" and "not valid JSON" in got["broken"][0]["type"]
     assert got["sidecars"] and got["frames"]
+
+
+# ---- cache ----------------------------------------------------------------------------------------------------------
+def test_cache_lists_each_datasets_folder_and_clears_one_or_all(tmp_path):
+    """`lerobot-sql cache`: every dataset's cache folder under the cache root, named by the dataset it serves (recorded
+    at the first open), with its size on disk; --clear removes one (as listed, or by folder name), --clear-all every
+    one; an unknown dataset is a usage error naming the known ones."""
+    from lerobot_sql._storage import cache
+
+    root = tmp_path / "cache"
+    env = {"LSQL_CACHE_DIR": str(root)}
+    for name in ("small20", "multifile60"):
+        assert run_cli("query", DATASETS / name, "SELECT count(*) FROM frames", env=env).returncode == 0
+    (root / "0123456789abcdef01234567").mkdir()  # (a folder of an older version: no dataset recorded)
+    (root / "not-a-dataset").mkdir()
+    listed = {e.folder.name: e for e in cache.dataset_caches(root)}
+    assert len(listed) == 3 and "not-a-dataset" not in listed
+    urls = {e.url for e in listed.values()}
+    assert urls == {str((DATASETS / "small20").resolve()), str((DATASETS / "multifile60").resolve()), None}
+    out = run_cli("cache", env=env).stdout
+    assert str((DATASETS / "multifile60").resolve()) in out and "(unknown: made by an older version)" in out
+    assert "3 dataset cache folder(s)" in out
+    js = json.loads(run_cli("cache", "--json", env=env).stdout)
+    assert {j["dataset"] for j in js} == urls and all(j["bytes"] >= 0 for j in js)
+    r = run_cli("cache", "--clear", DATASETS / "small20", env=env)
+    assert r.returncode == 0 and "1 cache folder(s) removed" in r.stdout
+    assert {e.url for e in cache.dataset_caches(root)} == urls - {str((DATASETS / "small20").resolve())}
+    r = run_cli("cache", "--clear", "nope", env=env)
+    assert r.returncode == 2 and "no cache folder" in r.stderr and "multifile60" in r.stderr
+    r = run_cli("cache", "--clear", "0123456789abcdef01234567", env=env)
+    assert r.returncode == 0 and not (root / "0123456789abcdef01234567").exists()
+    r = run_cli("cache", "--clear-all", env=env)
+    assert r.returncode == 0 and cache.dataset_caches(root) == [] and (root / "not-a-dataset").exists()
+    assert "no dataset cache folders" in run_cli("cache", env=env).stdout

@@ -61,6 +61,7 @@ def open_files(root: str | os.PathLike, *, storage_options: dict | None = None,
     folder = Path(cache_dir) if cache_dir else cache.root_for(source.url)
     _refuse_cache_inside(source, folder)
     layout = load_layout(source)
+    cache.note_source(folder, source.url)  # (what `lerobot-sql cache` names the folder by)
     return DatasetFiles(source, layout, folder)
 
 

@@ -13,8 +13,10 @@ without its sidecar, is then discarded with a warning naming it (:func:`discard`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
+import json
 import os
 import tempfile
 import threading
@@ -307,3 +309,81 @@ def parse_size(size: int | str | None) -> int:
         if s.endswith(u):
             return int(float(s[: -len(u)]) * mult)
     return int(s)
+
+
+# ---- the cache folders of datasets: what `lerobot-sql cache` lists and clears --------------------------------------
+SOURCE_FILE = "source.json"  # in a dataset's cache folder: the URL it was made for (written at the first open)
+
+
+def note_source(folder: Path, url: str) -> None:
+    """Record in ``folder`` (a dataset's cache folder) the URL of the dataset it serves, once: what ``lerobot-sql
+    cache`` names it by (the folder's own name is a hash of it). A folder that cannot be written records nothing."""
+    path = Path(folder) / SOURCE_FILE
+    if path.exists():
+        return
+    with contextlib.suppress(OSError, LeRobotSQLError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps({"url": url}).encode())
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetCache:
+    """One dataset's cache folder.
+
+    Attributes:
+        folder: the folder (``<cache root>/<key>`` for the default, one per dataset URL).
+        url: the dataset it serves (None: made before it was recorded, or not a dataset's folder).
+        bytes: the space its files take on disk (allocated blocks: the row-group store's files are sparse).
+        parts: bytes per top-level entry (``row_groups``, ``video_index``, ``checks``, ...).
+        last_used: the newest modification time of its files (seconds since the epoch; 0 for an empty folder).
+    """
+
+    folder: Path
+    url: str | None
+    bytes: int
+    parts: dict[str, int]
+    last_used: float
+
+
+def dataset_caches(root: Path | None = None) -> list[DatasetCache]:
+    """The dataset cache folders under ``root`` (default :func:`cache_root`), largest first: the folders whose name
+    is a :func:`key` or that hold a :data:`SOURCE_FILE`."""
+    root = Path(root) if root is not None else cache_root()
+    out = []
+    for folder in sorted(p for p in (root.iterdir() if root.is_dir() else ()) if p.is_dir() and not p.is_symlink()):
+        url = None
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            url = str(json.loads((folder / SOURCE_FILE).read_text())["url"])
+        if url is None and not (len(folder.name) == 24 and all(c in "0123456789abcdef" for c in folder.name)):
+            continue
+        parts, newest = {}, 0.0
+        for entry in folder.iterdir():
+            size = 0
+            for p in ([entry] if not entry.is_dir() or entry.is_symlink() else [entry, *entry.rglob("*")]):
+                with contextlib.suppress(OSError):
+                    st = p.lstat()
+                    size += st.st_blocks * 512
+                    newest = max(newest, st.st_mtime)
+            parts[entry.name] = size
+        out.append(DatasetCache(folder, url, sum(parts.values()), parts, newest))
+    return sorted(out, key=lambda c: -c.bytes)
+
+
+def clear(entry: DatasetCache) -> int:
+    """Delete dataset cache folder ``entry``; returns the bytes it took. Everything in it is rebuilt from the
+    dataset's own files when next needed; while a dataset of it is open, a ``spawn``/``forkserver`` DataLoader
+    worker started afterwards cannot map its per-sample file (CacheError; docs/training.md).
+
+    Raises:
+        CacheError: the folder cannot be deleted (naming it).
+    """
+    import shutil
+
+    try:
+        shutil.rmtree(entry.folder)
+    except FileNotFoundError:
+        return 0
+    except OSError as e:
+        raise cache_error(entry.folder, f"this cache folder cannot be deleted ({e})",
+                          first="delete it by hand (it holds only caches)", to="another folder") from e
+    return entry.bytes

@@ -547,6 +547,58 @@ def cmd_bench(args) -> int:
     return 0 if subprocess.call(cmd, cwd=root) == 0 else 1
 
 
+def _size(n: int) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} B"
+
+
+def cmd_cache(args) -> int:
+    import datetime
+
+    from .._storage import cache
+
+    root = Path(args.cache_dir) if args.cache_dir else cache.cache_root()
+    entries = cache.dataset_caches(root)
+    if args.clear is not None or args.clear_all:
+        if args.clear_all:
+            chosen = entries
+        else:
+            want = args.clear
+            local = os.path.realpath(want) if "://" not in want else want
+            chosen = [e for e in entries if e.folder.name == want or e.url in (want, local)
+                      or (e.url or "").rstrip("/") == local.rstrip("/")]
+            if not chosen:
+                known = ", ".join(sorted(e.url or e.folder.name for e in entries)[:10]) or "none"
+                raise UsageError(f"no cache folder under {root} is of {want!r} (give a dataset as `lerobot-sql "
+                                 f"cache` lists it, or its folder's name; known: {known})")
+        freed = 0
+        for e in chosen:
+            freed += cache.clear(e)
+            print(f"removed {e.folder} ({e.url or 'dataset unknown'}, {_size(e.bytes)})")
+        print(f"{len(chosen)} cache folder(s) removed, {_size(freed)} freed")
+        return 0
+    if args.json:
+        print(json.dumps([{"folder": str(e.folder), "dataset": e.url, "bytes": e.bytes, "parts": e.parts,
+                           "last_used": e.last_used} for e in entries], indent=2))
+        return 0
+    if not entries:
+        print(f"no dataset cache folders under {root}")
+        return 0
+    rows = [["dataset", "size", "last used", "of it", "folder"]]
+    for e in entries:
+        used = datetime.datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M") if e.last_used else "-"
+        top = ", ".join(f"{k} {_size(v)}" for k, v in sorted(e.parts.items(), key=lambda kv: -kv[1])[:3] if v)
+        rows.append([e.url or "(unknown: made by an older version)", _size(e.bytes), used, top or "-", e.folder.name])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    print(f"\n{len(entries)} dataset cache folder(s) under {root}, {_size(sum(e.bytes for e in entries))} on disk; "
+          "`lerobot-sql cache --clear DATASET` (or --clear-all) removes them")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .. import demo
 
@@ -843,6 +895,16 @@ def build_parser() -> argparse.ArgumentParser:
                   "early\nand keeps that status). An interactive session exits 0.")
     sp.add_argument("--max-rows", type=_rows, default=40, help="rows shown per result (0 = all; default 40)")
     sp.add_argument("--attach", action="append", type=_attach, metavar="NAME=PATH", help=ATTACH_HELP)
+
+    sp = add("cache", "list the datasets' cache folders (video indexes, row-group stores, remote pieces, kept "
+             "selections) with their size on disk, or remove them",
+             ["lerobot-sql cache", "lerobot-sql cache --json", "lerobot-sql cache --clear sample/small20",
+              "lerobot-sql cache --clear-all"], cmd_cache, dataset=False)
+    sp.add_argument("--clear", metavar="DATASET", help="remove the cache folder of DATASET (as listed, or its "
+                                                        "folder's name); it is rebuilt when the dataset is read "
+                                                        "again. Safe while no dataset of it is open")
+    sp.add_argument("--clear-all", action="store_true", help="remove every dataset's cache folder")
+    sp.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     sp = add("bench", "run the benchmarks (needs a source checkout: git clone, then pip install -e .)",
              ["lerobot-sql bench", "lerobot-sql bench --full", "lerobot-sql bench -- --help"], cmd_bench,
