@@ -388,3 +388,17 @@ def test_a_subquery_of_episodes_narrows_by_its_values(datasets, tmp_path):
                "f.frame_index + 300) ORDER BY index", narrowed=False)
     _check(db, "SELECT * FROM frames WHERE episode_index IN (SELECT episode_index * 1.0 FROM episodes WHERE "
                "episode_index < 3) ORDER BY index", narrowed=False)
+
+
+def test_a_subquery_that_gives_other_values_at_each_run_keeps_the_ones_it_was_narrowed_by(datasets, tmp_path):
+    """A subquery with SAMPLE, LIMIT or random() gives other episodes at each run: the values it gave when run alone
+    (whose row groups the part holds) stand in its place, so every row of those episodes is kept; with the values
+    run again, the query kept only the episodes both runs drew."""
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    for _ in range(5):
+        r = db.sql("SELECT episode_index, count(*) AS n FROM frames WHERE episode_index IN (SELECT episode_index FROM "
+                   "episodes ORDER BY random() LIMIT 3) GROUP BY 1 ORDER BY 1")
+        got = r.fetchall()
+        assert r._pin is not None and len(got) == 3
+        lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
+        assert all(n == lengths[e] for e, n in got)

@@ -155,8 +155,8 @@ def test_a_subquery_over_metadata_views_is_kept_to_run_alone():
     not, nor any where a CTE is named like a metadata view (the subquery would read the CTE)."""
     sql = "SELECT * FROM frames WHERE episode_index IN (SELECT episode_index FROM episodes WHERE length > 300)"
     got = _narrow(sql)
-    assert got.bounds == {} and got.subqueries == (
-        ("episode_index", "(SELECT episode_index FROM episodes WHERE length > 300)"),)
+    text = "(SELECT episode_index FROM episodes WHERE length > 300)"
+    assert got.bounds == {} and got.subqueries == (("episode_index", text, sql.index(text), len(sql)),)
     got = _narrow("SELECT * FROM frames f WHERE f.index < 10 AND f.episode_index IN (SELECT e.episode_index FROM "
                   "episodes e JOIN tasks t ON t.task = e.tasks[1])")
     assert got.bounds == {"index": ((-INF, 9),)} and len(got.subqueries) == 1

@@ -289,8 +289,8 @@ class Parts:
             DatasetFormatError: a data file changed since the dataset was opened, or a row group cannot be
                 decoded (as a query over the view would have failed); RemoteIOError: the remote failed.
         """
-        raw, pins = sql.encode("utf-8"), []
-        for n in reversed(narrowings):  # (from the end: the spans before stay where they are)
+        splices, pins = [], []  # (start, end, text) of the query's bytes to replace
+        for n in narrowings:
             name = f"_lsql_part_{next(self._count)}"
             if n.ctes:
                 # a CTE of the name of a relation the view's SELECT reads (tasks, _episodes_raw, the part) would
@@ -298,17 +298,33 @@ class Parts:
                 tree = cur.sql("SELECT json_serialize_sql($1)", params=[plan.body(ident(name))]).fetchall()[0][0]
                 if n.ctes & tables_read(tree):
                     continue
-            bounds = list(n.bounds.items())
-            for col, text in n.subqueries:  # (column IN (SELECT ... FROM episodes ...): its values, run alone)
-                values = _subquery_values(cur, text)
-                if values is not None:
-                    bounds.append((col, intervals(values)))
+            bounds, ran = list(n.bounds.items()), []
+            for col, text, a, b in n.subqueries:  # (column IN (SELECT ... FROM episodes ...): run alone)
+                got = _subquery_values(cur, text)
+                if got is not None:
+                    bounds.append((col, intervals(got[1])))
+                    ran.append((a, b, got[0]))
             got = self._part(cur, plan, bounds, name, False) if bounds else None
             if got is None:
                 continue
-            raw = raw[:n.start] + f"({plan.body(got[0])}) AS {ident(n.alias)}".encode() + raw[n.end:]
+            splices.append((n.start, n.end, f"({plan.body(got[0])}) AS {ident(n.alias)}"))
             pins.append(got[1])
-        return (raw.decode("utf-8"), tuple(pins)) if pins else None
+            for a, b, values in ran:
+                # (the values the part was read by stand in the subquery's place: run again, a LIMIT, SAMPLE or
+                # random() in it could give others, whose rows the part does not hold)
+                vname = f"_lsql_values_{next(self._count)}"
+                cur.register(vname, values)
+                pins.append(Pin(self, cur, vname))
+                splices.append((a, b, f"(SELECT * FROM {ident(vname)})"))
+        if not splices:
+            return None
+        splices.sort()
+        if any(x[1] > y[0] for x, y in zip(splices, splices[1:])):
+            return None  # (spans that overlap: not a reading to splice by; the pins go with this frame)
+        raw = sql.encode("utf-8")
+        for a, b, text in reversed(splices):  # (from the end: the spans before stay where they are)
+            raw = raw[:a] + text.encode() + raw[b:]
+        return raw.decode("utf-8"), tuple(pins)
 
     def loc_sql(self, cur: duckdb.DuckDBPyConnection, plan: FramesPlan, bounds: dict, loc: bool = True
                 ) -> tuple[str, Pin] | None:
@@ -375,11 +391,12 @@ class Parts:
         return f"(SELECT {', '.join(cols + [ident(c) for c in extra])} FROM {ident(name)})", pin
 
 
-def _subquery_values(cur: duckdb.DuckDBPyConnection, text: str) -> np.ndarray | None:
-    """The distinct integer values (int64) of subquery ``text`` (``(SELECT ...)``, one column, reading metadata views
-    only: :func:`lerobot_sql._query.narrowing.narrow_frames` chose it), run alone; None when it does not run alone (a
-    correlated subquery: a column of the outer query), gives another type than integers (DuckDB would compare 5.0
-    with 5), more than one column, or more than :data:`MAX_ROWS` values."""
+def _subquery_values(cur: duckdb.DuckDBPyConnection, text: str) -> tuple[pa.Table, np.ndarray] | None:
+    """The distinct rows of subquery ``text`` (``(SELECT ...)``, one column, reading metadata views only:
+    :func:`lerobot_sql._query.narrowing.narrow_frames` chose it), run alone, as it gave them (NULL included), and
+    their values (int64, no NULL); None when it does not run alone (a correlated subquery: a column of the outer
+    query), gives another type than integers (DuckDB would compare 5.0 with 5), more than one column, or more than
+    :data:`MAX_ROWS` values."""
     sql = f"SELECT DISTINCT * FROM {text} AS _lsql_values"
     try:
         # (a piece of a checked query, cut where DuckDB's parse tree says: still one SELECT, or it is not run)
@@ -392,7 +409,7 @@ def _subquery_values(cur: duckdb.DuckDBPyConnection, text: str) -> np.ndarray | 
     if got.num_columns != 1 or got.num_rows > MAX_ROWS or not pa.types.is_integer(got.schema.field(0).type):
         return None
     col = got.column(0).drop_null()
-    return col.to_numpy().astype(np.int64) if len(col) else np.zeros(0, np.int64)
+    return got, (col.to_numpy().astype(np.int64) if len(col) else np.zeros(0, np.int64))
 
 
 def intervals(values) -> tuple[tuple[int, int], ...]:

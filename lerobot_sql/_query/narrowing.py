@@ -41,9 +41,11 @@ class Narrowing:
             whose value lies in none of them is dropped by the WHERE. An empty tuple: no row is kept.
         ctes: the names (lower case) of every CTE the query defines: the view's SELECT put in place of ``frames``
             would read a CTE of the name of a relation it reads (``tasks``, ``_episodes_raw``), not the relation.
-        subqueries: ``(column, text)`` of each conjunct ``column IN (SELECT ...)`` whose SELECT reads only
-            :data:`METADATA_VIEWS` (``text``: the parenthesised subquery as written): the values it gives bound the
-            column too, once the catalog has run it alone (a correlated one does not run alone: no bound).
+        subqueries: ``(column, text, start, end)`` of each conjunct ``column IN (SELECT ...)`` whose SELECT reads
+            only :data:`METADATA_VIEWS` (``text``: the parenthesised subquery as written, at byte offsets ``start``,
+            ``end``): the values it gives bound the column too, once the catalog has run it alone (a correlated one
+            does not run alone: no bound), and they stand in its place, so the query keeps the very rows it was
+            narrowed by (a subquery with LIMIT, SAMPLE or random() gives other values at each run).
     """
 
     start: int
@@ -51,7 +53,7 @@ class Narrowing:
     alias: str
     bounds: dict[str, tuple[tuple[int, int], ...]]
     ctes: frozenset[str] = frozenset()
-    subqueries: tuple[tuple[str, str], ...] = ()
+    subqueries: tuple[tuple[str, str, int, int], ...] = ()
 
 
 def _walk(node):
@@ -96,9 +98,9 @@ def _conjuncts(e):
         yield e
 
 
-def _subquery(e, names: set[str], sql: str) -> tuple[str, str] | None:
-    """``(column, text)`` of conjunct ``e`` when it is ``column IN (SELECT ...)`` over :data:`METADATA_VIEWS` only
-    (no table function, no other table, CTE or view), else None."""
+def _subquery(e, names: set[str], sql: str) -> tuple[str, str, int, int] | None:
+    """``(column, text, start, end)`` of conjunct ``e`` when it is ``column IN (SELECT ...)`` over
+    :data:`METADATA_VIEWS` only (no table function, no other table, CTE or view), else None."""
     if not (isinstance(e, dict) and e.get("class") == "SUBQUERY" and e.get("subquery_type") == "ANY"
             and e.get("comparison_type") == "COMPARE_EQUAL"):
         return None
@@ -114,7 +116,7 @@ def _subquery(e, names: set[str], sql: str) -> tuple[str, str] | None:
         return None
     text = raw[start:start + length].decode("utf-8", "replace").strip()
     # (DuckDB's span of the subquery: its parentheses and what they hold; anything else is not read as one)
-    return (col, text) if text.startswith("(") and text.endswith(")") else None
+    return (col, text, start, start + length) if text.startswith("(") and text.endswith(")") else None
 
 
 def _bound(e, names: set[str]) -> tuple[str, list[tuple[float, float]]] | None:
