@@ -402,3 +402,22 @@ def test_a_subquery_that_gives_other_values_at_each_run_keeps_the_ones_it_was_na
         assert r._pin is not None and len(got) == 3
         lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
         assert all(n == lengths[e] for e, n in got)
+
+
+def test_a_slow_bounding_subquery_is_stopped_at_the_timeout(datasets, tmp_path):
+    """The subquery run alone (to learn its values) runs inside db.sql(), before the Result exists: it is stopped at
+    the query's timeout (and by Ctrl-C) like the query itself. Before, it ran unbounded: a 6-way cross join of
+    episodes (~100 s here) held db.sql(..., timeout=0.5) for all of it, where the whole view stopped at 0.5 s."""
+    from lerobot_sql.errors import QueryInterrupted
+    import time
+
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    db.sql("SELECT 1").fetchall()
+    joins = ", ".join(f"episodes e{i}" for i in range(6))
+    total = " + ".join(f"e{i}.length" for i in range(6))
+    sql = f"SELECT count(*) FROM frames WHERE episode_index IN (SELECT e0.episode_index FROM {joins} WHERE {total} > 0)"
+    t = time.monotonic()
+    with pytest.raises(QueryInterrupted, match="timeout"):
+        db.sql(sql, timeout=0.5).fetchall()
+    assert time.monotonic() - t < 15
+    assert db.sql("SELECT count(*) FROM frames WHERE episode_index IN (SELECT 3)").fetchall()[0][0] > 0
