@@ -421,3 +421,13 @@ def test_a_slow_bounding_subquery_is_stopped_at_the_timeout(datasets, tmp_path):
         db.sql(sql, timeout=0.5).fetchall()
     assert time.monotonic() - t < 15
     assert db.sql("SELECT count(*) FROM frames WHERE episode_index IN (SELECT 3)").fetchall()[0][0] > 0
+
+
+def test_a_cte_named_like_the_values_of_a_subquery_is_not_read_in_their_place(datasets, tmp_path):
+    """The registered values of a bounding subquery are read by name where the subquery was: a CTE of the query of
+    that name (`_lsql_values_<n>`, the names are counted per connection) was read instead, and the query kept the
+    CTE's episodes from a part holding others': no row. The values take a name no CTE of the query has."""
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    ctes = ", ".join(f"_lsql_values_{i} AS (SELECT 7 AS v)" for i in range(40))
+    got = _check(db, f"WITH {ctes} SELECT count(*) FROM frames WHERE episode_index IN (SELECT 3)", narrowed=True)
+    assert got.to_pylist()[0]["count_star()"] > 0

@@ -313,6 +313,8 @@ class Parts:
                 # (the values the part was read by stand in the subquery's place: run again, a LIMIT, SAMPLE or
                 # random() in it could give others, whose rows the part does not hold)
                 vname = f"_lsql_values_{next(self._count)}"
+                while vname in n.ctes:  # (a CTE of the query of that name would be read in the values' place)
+                    vname = f"_lsql_values_{next(self._count)}"
                 cur.register(vname, values)
                 pins.append(Pin(self, cur, vname))
                 splices.append((a, b, f"(SELECT * FROM {ident(vname)})"))
