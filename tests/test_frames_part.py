@@ -431,3 +431,19 @@ def test_a_cte_named_like_the_values_of_a_subquery_is_not_read_in_their_place(da
     ctes = ", ".join(f"_lsql_values_{i} AS (SELECT 7 AS v)" for i in range(40))
     got = _check(db, f"WITH {ctes} SELECT count(*) FROM frames WHERE episode_index IN (SELECT 3)", narrowed=True)
     assert got.to_pylist()[0]["count_star()"] > 0
+
+
+def test_a_subquery_is_not_run_alone_where_no_part_can_be_made(datasets, tmp_path, monkeypatch):
+    """Data files of fewer than MIN_ROW_GROUPS row groups (most datasets) are read whole whatever the bounds: the
+    bounding subquery is not run alone first, for nothing (the query runs it again; a slow one took twice as long)."""
+    monkeypatch.setattr(frames_part, "MIN_ROW_GROUPS", 256)
+    calls = []
+    real = frames_part._subquery_values
+    monkeypatch.setattr(frames_part, "_subquery_values", lambda cur, text: calls.append(text) or real(cur, text))
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    _check(db, "SELECT * FROM frames WHERE episode_index IN (SELECT episode_index FROM episodes WHERE length > 100) "
+               "ORDER BY index", narrowed=False)
+    assert calls == []
+    monkeypatch.setattr(frames_part, "MIN_ROW_GROUPS", 0)
+    _check(db, "SELECT * FROM frames WHERE episode_index IN (SELECT 3) ORDER BY index", narrowed=True)
+    assert calls == ["(SELECT 3)"]

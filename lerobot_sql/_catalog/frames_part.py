@@ -223,6 +223,14 @@ def _meets(lo: np.ndarray, hi: np.ndarray, intervals: tuple) -> np.ndarray:
     return (k >= 0) & (b[np.maximum(k, 0)] >= lo)  # ... reaches lo: (disjoint, so it is the one reaching furthest)
 
 
+def _narrowable(plan: FramesPlan, column: str) -> bool:
+    """Whether a bound on ``column`` can narrow a read of the data files at all, as :func:`row_groups` judges before
+    the bounds: a column they hold as integers, and at least :data:`MIN_ROW_GROUPS` row groups."""
+    if {sql_key(k): t for k, t in plan.columns.items()}.get(sql_key(column)) not in _INTEGER_TYPES:
+        return False
+    return len(_ranges(plan, tuple(plan.src.identity(rel) for rel in plan.data_files)).rows) >= MIN_ROW_GROUPS
+
+
 def row_groups(plan: FramesPlan, bounds) -> tuple[_Ranges, np.ndarray, tuple[str, ...]] | None:
     """The row groups (positions in :class:`_Ranges`) that may hold rows whose values meet ``bounds`` (column ->
     intervals, as :class:`lerobot_sql._query.narrowing.Narrowing` gives them, or ``(column, intervals)`` pairs, all
@@ -300,6 +308,8 @@ class Parts:
                     continue
             bounds, ran = list(n.bounds.items()), []
             for col, text, a, b in n.subqueries:  # (column IN (SELECT ... FROM episodes ...): run alone)
+                if not _narrowable(plan, col):
+                    continue  # (no part of these files can be made by it: run alone for nothing, then again)
                 got = _subquery_values(cur, text)
                 if got is not None:
                     bounds.append((col, intervals(got[1])))
