@@ -439,7 +439,7 @@ def test_a_subquery_is_not_run_alone_where_no_part_can_be_made(datasets, tmp_pat
     monkeypatch.setattr(frames_part, "MIN_ROW_GROUPS", 256)
     calls = []
     real = frames_part._subquery_values
-    monkeypatch.setattr(frames_part, "_subquery_values", lambda cur, text: calls.append(text) or real(cur, text))
+    monkeypatch.setattr(frames_part, "_subquery_values", lambda cur, text, guard=None: calls.append(text) or real(cur, text, guard))
     db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
     _check(db, "SELECT * FROM frames WHERE episode_index IN (SELECT episode_index FROM episodes WHERE length > 100) "
                "ORDER BY index", narrowed=False)
