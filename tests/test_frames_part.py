@@ -408,8 +408,9 @@ def test_a_slow_bounding_subquery_is_stopped_at_the_timeout(datasets, tmp_path):
     """The subquery run alone (to learn its values) runs inside db.sql(), before the Result exists: it is stopped at
     the query's timeout (and by Ctrl-C) like the query itself. Before, it ran unbounded: a 6-way cross join of
     episodes (~100 s here) held db.sql(..., timeout=0.5) for all of it, where the whole view stopped at 0.5 s."""
-    from lerobot_sql.errors import QueryInterrupted
     import time
+
+    from lerobot_sql.errors import QueryInterrupted
 
     db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
     db.sql("SELECT 1").fetchall()
@@ -439,7 +440,8 @@ def test_a_subquery_is_not_run_alone_where_no_part_can_be_made(datasets, tmp_pat
     monkeypatch.setattr(frames_part, "MIN_ROW_GROUPS", 256)
     calls = []
     real = frames_part._subquery_values
-    monkeypatch.setattr(frames_part, "_subquery_values", lambda cur, text, guard=None: calls.append(text) or real(cur, text, guard))
+    monkeypatch.setattr(frames_part, "_subquery_values",
+                        lambda cur, text, guard=None: calls.append(text) or real(cur, text, guard))
     db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
     _check(db, "SELECT * FROM frames WHERE episode_index IN (SELECT episode_index FROM episodes WHERE length > 100) "
                "ORDER BY index", narrowed=False)
