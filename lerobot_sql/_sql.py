@@ -554,10 +554,27 @@ class QueryFace:
         if checked.duckdb_tree:
             # (a WHERE that bounds episode_index or index: only the row groups that may hold its rows are read;
             # DuckDB would weigh the statistics of every row group of every data file, ~1.5 s at 100,000)
+            # (a bounding subquery over the metadata views is run here, alone, before the Result exists: under the
+            # query's timeout and Ctrl-C too, or a slow one, a cross join of episodes, held db.sql() unbounded; a
+            # guard per run, around the DuckDB run only: Ctrl-C reading a part with pyarrow stays KeyboardInterrupt)
+            guards: list[_Interruptible] = []
+
+            def guard() -> _Interruptible:
+                guards.append(_Interruptible(con, timeout))
+                return guards[-1]
+
             try:
-                got = self._connection.narrowed(checked.sql, checked.duckdb_tree)
+                got = self._connection.narrowed(checked.sql, checked.duckdb_tree, guard)
             except (RemoteIOError, MissingFileError, DatasetFormatError) as e:
                 raise type(e)(f"{e} (while running: {sql})") from e  # (as query_error names a view's failure)
+            except RuntimeError as e:  # (an interrupt landing in DuckDB's Python layer: a bare RuntimeError)
+                stopped = next((g for g in guards if g.reason), None)
+                if stopped is not None:
+                    raise stopped.error(sql) from e
+                raise
+            stopped = next((g for g in guards if g.reason), None)
+            if stopped is not None:  # (the interrupted subquery gave no values: the answer is not made without them)
+                raise stopped.error(sql)
             if got is not None:
                 try:
                     return Result(con.sql(got[0]), sql, con, timeout, self._connection.layouts(), got[1])

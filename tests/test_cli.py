@@ -879,3 +879,21 @@ def test_cache_lists_each_datasets_folder_and_clears_one_or_all(tmp_path):
     r = run_cli("cache", "--clear-all", env=env)
     assert r.returncode == 0 and cache.dataset_caches(root) == [] and (root / "not-a-dataset").exists()
     assert "no dataset cache folders" in run_cli("cache", env=env).stdout
+
+
+def test_cache_clear_of_the_root_path_removes_no_folder_of_an_unknown_dataset(tmp_path):
+    """`--clear /` (or `//`, `/..`) names no dataset: before, the folders whose dataset is not recorded (an older
+    version's, url None) compared their url "" with "/" stripped of its slashes, and every one of them was removed.
+    A source.json whose url is null records no dataset (it was listed as the dataset "None")."""
+    from lerobot_sql._storage import cache
+
+    root = tmp_path / "cache"
+    (root / "0123456789abcdef01234567").mkdir(parents=True)
+    (root / "nulled").mkdir()
+    (root / "nulled" / "source.json").write_text(json.dumps({"url": None}))
+    env = {"LSQL_CACHE_DIR": str(root)}
+    assert {e.url for e in cache.dataset_caches(root)} == {None}
+    for arg in ("/", "//", "/..", "None"):
+        r = run_cli("cache", "--clear", arg, env=env)
+        assert r.returncode == 2 and "no cache folder" in r.stderr, (arg, r.stdout)
+    assert (root / "0123456789abcdef01234567").is_dir() and (root / "nulled").is_dir()

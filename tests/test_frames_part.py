@@ -402,3 +402,50 @@ def test_a_subquery_that_gives_other_values_at_each_run_keeps_the_ones_it_was_na
         assert r._pin is not None and len(got) == 3
         lengths = dict(db.sql("SELECT episode_index, length FROM episodes").fetchall())
         assert all(n == lengths[e] for e, n in got)
+
+
+def test_a_slow_bounding_subquery_is_stopped_at_the_timeout(datasets, tmp_path):
+    """The subquery run alone (to learn its values) runs inside db.sql(), before the Result exists: it is stopped at
+    the query's timeout (and by Ctrl-C) like the query itself. Before, it ran unbounded: a 6-way cross join of
+    episodes (~100 s here) held db.sql(..., timeout=0.5) for all of it, where the whole view stopped at 0.5 s."""
+    import time
+
+    from lerobot_sql.errors import QueryInterrupted
+
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    db.sql("SELECT 1").fetchall()
+    joins = ", ".join(f"episodes e{i}" for i in range(6))
+    total = " + ".join(f"e{i}.length" for i in range(6))
+    sql = f"SELECT count(*) FROM frames WHERE episode_index IN (SELECT e0.episode_index FROM {joins} WHERE {total} > 0)"
+    t = time.monotonic()
+    with pytest.raises(QueryInterrupted, match="timeout"):
+        db.sql(sql, timeout=0.5).fetchall()
+    assert time.monotonic() - t < 15
+    assert db.sql("SELECT count(*) FROM frames WHERE episode_index IN (SELECT 3)").fetchall()[0][0] > 0
+
+
+def test_a_cte_named_like_the_values_of_a_subquery_is_not_read_in_their_place(datasets, tmp_path):
+    """The registered values of a bounding subquery are read by name where the subquery was: a CTE of the query of
+    that name (`_lsql_values_<n>`, the names are counted per connection) was read instead, and the query kept the
+    CTE's episodes from a part holding others': no row. The values take a name no CTE of the query has."""
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    ctes = ", ".join(f"_lsql_values_{i} AS (SELECT 7 AS v)" for i in range(40))
+    got = _check(db, f"WITH {ctes} SELECT count(*) FROM frames WHERE episode_index IN (SELECT 3)", narrowed=True)
+    assert got.to_pylist()[0]["count_star()"] > 0
+
+
+def test_a_subquery_is_not_run_alone_where_no_part_can_be_made(datasets, tmp_path, monkeypatch):
+    """Data files of fewer than MIN_ROW_GROUPS row groups (most datasets) are read whole whatever the bounds: the
+    bounding subquery is not run alone first, for nothing (the query runs it again; a slow one took twice as long)."""
+    monkeypatch.setattr(frames_part, "MIN_ROW_GROUPS", 256)
+    calls = []
+    real = frames_part._subquery_values
+    monkeypatch.setattr(frames_part, "_subquery_values",
+                        lambda cur, text, guard=None: calls.append(text) or real(cur, text, guard))
+    db = lsql.connect(datasets / "multifile60", cache_dir=tmp_path / "c")
+    _check(db, "SELECT * FROM frames WHERE episode_index IN (SELECT episode_index FROM episodes WHERE length > 100) "
+               "ORDER BY index", narrowed=False)
+    assert calls == []
+    monkeypatch.setattr(frames_part, "MIN_ROW_GROUPS", 0)
+    _check(db, "SELECT * FROM frames WHERE episode_index IN (SELECT 3) ORDER BY index", narrowed=True)
+    assert calls == ["(SELECT 3)"]

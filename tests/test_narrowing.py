@@ -169,3 +169,13 @@ def test_a_subquery_over_metadata_views_is_kept_to_run_alone():
                 "SELECT * FROM frames WHERE episode_index NOT IN (SELECT episode_index FROM episodes)",
                 "SELECT * FROM frames WHERE frame_index IN (SELECT length FROM episodes)"]:
         assert _narrow(sql) is None, sql
+
+
+def test_the_text_kept_to_run_is_the_subquery_itself():
+    """`(episode_index) = ANY (SELECT ...)`: DuckDB's span of that SUBQUERY is the whole comparison, from the column
+    on, which begins with "(" and ends with ")" as a subquery does; it was kept as the text to run alone (not the
+    subquery: what would run is not what the parse tree said). Only a span that begins after the column is read."""
+    assert _narrow("SELECT * FROM frames WHERE (episode_index) = ANY (SELECT episode_index FROM episodes)") is None
+    assert _narrow("SELECT * FROM frames f WHERE (f.index) = SOME (SELECT 3) AND f.episode_index = 2").subqueries == ()
+    got = _narrow("SELECT * FROM frames WHERE ( \"episode_index\" ) IN ( SELECT 3 )")
+    assert [s[1] for s in got.subqueries] == ["( SELECT 3 )"]

@@ -323,10 +323,11 @@ class Connection:
         con.execute("LOAD json")
         return con
 
-    def narrowed(self, sql: str, tree: str) -> tuple[str, tuple[frames_part.Pin, ...]] | None:
+    def narrowed(self, sql: str, tree: str, guard=None) -> tuple[str, tuple[frames_part.Pin, ...]] | None:
         """Checked query ``sql`` (DuckDB's parse tree ``tree``) reading only the row groups of ``frames`` its WHERE
         can keep rows of (:mod:`lerobot_sql._catalog.frames_part`), and what keeps them registered while a result
-        of it may run; None: run it as written.
+        of it may run; None: run it as written. ``guard()``: a context manager each run of a bounding subquery is
+        made under (the query's timeout and Ctrl-C).
 
         Raises:
             DatasetFormatError / RemoteIOError: a data file cannot be read (as the query would have failed).
@@ -337,7 +338,7 @@ class Connection:
         found = narrowing.narrow_frames(tree, sql)
         if not found:
             return None
-        return self._parts.narrowed_sql(self.cursor(), plan, found, sql)
+        return self._parts.narrowed_sql(self.cursor(), plan, found, sql, guard)
 
     def loc(self, bounds: dict, view: str = "_frames_loc") -> tuple[str, frames_part.Pin] | None:
         """A FROM item with every row of ``view`` (``_frames_loc`` or ``frames``) whose values meet ``bounds``

@@ -21,6 +21,7 @@ than :data:`MIN_ROW_GROUPS` row groups in all, or more than half of them, :data:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import re
@@ -223,6 +224,14 @@ def _meets(lo: np.ndarray, hi: np.ndarray, intervals: tuple) -> np.ndarray:
     return (k >= 0) & (b[np.maximum(k, 0)] >= lo)  # ... reaches lo: (disjoint, so it is the one reaching furthest)
 
 
+def _narrowable(plan: FramesPlan, column: str) -> bool:
+    """Whether a bound on ``column`` can narrow a read of the data files at all, as :func:`row_groups` judges before
+    the bounds: a column they hold as integers, and at least :data:`MIN_ROW_GROUPS` row groups."""
+    if {sql_key(k): t for k, t in plan.columns.items()}.get(sql_key(column)) not in _INTEGER_TYPES:
+        return False
+    return len(_ranges(plan, tuple(plan.src.identity(rel) for rel in plan.data_files)).rows) >= MIN_ROW_GROUPS
+
+
 def row_groups(plan: FramesPlan, bounds) -> tuple[_Ranges, np.ndarray, tuple[str, ...]] | None:
     """The row groups (positions in :class:`_Ranges`) that may hold rows whose values meet ``bounds`` (column ->
     intervals, as :class:`lerobot_sql._query.narrowing.Narrowing` gives them, or ``(column, intervals)`` pairs, all
@@ -278,12 +287,13 @@ class Parts:
             except duckdb.Error:
                 pass  # (already gone with its cursor)
 
-    def narrowed_sql(self, cur: duckdb.DuckDBPyConnection, plan: FramesPlan, narrowings, sql: str
+    def narrowed_sql(self, cur: duckdb.DuckDBPyConnection, plan: FramesPlan, narrowings, sql: str, guard=None
                      ) -> tuple[str, tuple[Pin, ...]] | None:
         """``sql`` (the checked query) with each reference to ``frames`` of ``narrowings`` (``Narrowing`` objects,
         in text order) replaced by the view's SELECT over the row groups it may keep rows of, registered on ``cur``;
         and the :class:`Pin` objects that keep them registered. A reference whose part cannot be made stays as it is
-        (see the module's docstring); None: none was replaced.
+        (see the module's docstring); None: none was replaced. ``guard()``: a context manager each bounding
+        subquery is run alone under (the query's timeout and Ctrl-C).
 
         Raises:
             DatasetFormatError: a data file changed since the dataset was opened, or a row group cannot be
@@ -300,7 +310,9 @@ class Parts:
                     continue
             bounds, ran = list(n.bounds.items()), []
             for col, text, a, b in n.subqueries:  # (column IN (SELECT ... FROM episodes ...): run alone)
-                got = _subquery_values(cur, text)
+                if not _narrowable(plan, col):
+                    continue  # (no part of these files can be made by it: run alone for nothing, then again)
+                got = _subquery_values(cur, text, guard)
                 if got is not None:
                     bounds.append((col, intervals(got[1])))
                     ran.append((a, b, got[0]))
@@ -313,6 +325,8 @@ class Parts:
                 # (the values the part was read by stand in the subquery's place: run again, a LIMIT, SAMPLE or
                 # random() in it could give others, whose rows the part does not hold)
                 vname = f"_lsql_values_{next(self._count)}"
+                while vname in n.ctes:  # (a CTE of the query of that name would be read in the values' place)
+                    vname = f"_lsql_values_{next(self._count)}"
                 cur.register(vname, values)
                 pins.append(Pin(self, cur, vname))
                 splices.append((a, b, f"(SELECT * FROM {ident(vname)})"))
@@ -391,7 +405,7 @@ class Parts:
         return f"(SELECT {', '.join(cols + [ident(c) for c in extra])} FROM {ident(name)})", pin
 
 
-def _subquery_values(cur: duckdb.DuckDBPyConnection, text: str) -> tuple[pa.Table, np.ndarray] | None:
+def _subquery_values(cur: duckdb.DuckDBPyConnection, text: str, guard=None) -> tuple[pa.Table, np.ndarray] | None:
     """The distinct rows of subquery ``text`` (``(SELECT ...)``, one column, reading metadata views only:
     :func:`lerobot_sql._query.narrowing.narrow_frames` chose it), run alone, as it gave them (NULL included), and
     their values (int64, no NULL); None when it does not run alone (a correlated subquery: a column of the outer
@@ -403,7 +417,8 @@ def _subquery_values(cur: duckdb.DuckDBPyConnection, text: str) -> tuple[pa.Tabl
         stmts = cur.extract_statements(sql)
         if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
             return None
-        got = cur.sql(sql).limit(MAX_ROWS + 1).to_arrow_table()
+        with guard() if guard is not None else contextlib.nullcontext():  # (an interrupted run: a duckdb.Error)
+            got = cur.sql(sql).limit(MAX_ROWS + 1).to_arrow_table()
     except duckdb.Error:
         return None
     if got.num_columns != 1 or got.num_rows > MAX_ROWS or not pa.types.is_integer(got.schema.field(0).type):

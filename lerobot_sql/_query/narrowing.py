@@ -112,7 +112,11 @@ def _subquery(e, names: set[str], sql: str) -> tuple[str, str, int, int] | None:
         return None
     raw = sql.encode("utf-8")
     start, length = e.get("query_location"), e.get("query_location_length")
-    if not isinstance(start, int) or not isinstance(length, int) or start < 0 or start + length > len(raw):
+    at = (e.get("child") or {}).get("query_location")
+    # (the span must begin after the column compared: that of `(episode_index) = ANY (SELECT ...)` is the whole
+    # comparison, from the column on, which also begins with "(" and ends with ")")
+    if not isinstance(start, int) or not isinstance(length, int) or start < 0 or start + length > len(raw) or \
+            not isinstance(at, int) or start <= at:
         return None
     text = raw[start:start + length].decode("utf-8", "replace").strip()
     # (DuckDB's span of the subquery: its parentheses and what they hold; anything else is not read as one)

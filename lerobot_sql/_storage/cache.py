@@ -353,7 +353,8 @@ def dataset_caches(root: Path | None = None) -> list[DatasetCache]:
     for folder in sorted(p for p in (root.iterdir() if root.is_dir() else ()) if p.is_dir() and not p.is_symlink()):
         url = None
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-            url = str(json.loads((folder / SOURCE_FILE).read_text())["url"])
+            url = json.loads((folder / SOURCE_FILE).read_text())["url"]
+            url = url if isinstance(url, str) and url else None  # (null or "": no dataset recorded, not "None")
         if url is None and not (len(folder.name) == 24 and all(c in "0123456789abcdef" for c in folder.name)):
             continue
         parts, newest = {}, 0.0

@@ -567,8 +567,10 @@ def cmd_cache(args) -> int:
         else:
             want = args.clear
             local = os.path.realpath(want) if "://" not in want else want
-            chosen = [e for e in entries if e.folder.name == want or e.url in (want, local)
-                      or (e.url or "").rstrip("/") == local.rstrip("/")]
+            # (a folder whose dataset is not recorded matches by its name only: its url None compared as "" was
+            # equal to "/" stripped of its slashes, and `--clear /` removed every such folder)
+            chosen = [e for e in entries if e.folder.name == want or e.url is not None and (
+                e.url in (want, local) or (e.url.rstrip("/") or e.url) == (local.rstrip("/") or local))]
             if not chosen:
                 known = ", ".join(sorted(e.url or e.folder.name for e in entries)[:10]) or "none"
                 raise UsageError(f"no cache folder under {root} is of {want!r} (give a dataset as `lerobot-sql "
