@@ -897,3 +897,22 @@ def test_cache_clear_of_the_root_path_removes_no_folder_of_an_unknown_dataset(tm
         r = run_cli("cache", "--clear", arg, env=env)
         assert r.returncode == 2 and "no cache folder" in r.stderr, (arg, r.stdout)
     assert (root / "0123456789abcdef01234567").is_dir() and (root / "nulled").is_dir()
+
+
+def test_cache_never_lists_or_clears_a_folder_given_as_cache_dir(tmp_path):
+    """A folder given as connect(cache_dir=...) is the caller's (it may hold their work): no source.json is written in
+    it, and under a cache root --clear-all removes only the folders the library named (by the dataset's key)."""
+    from lerobot_sql._storage import cache
+
+    root = tmp_path / "cache"
+    mine = root / "my_project"
+    (mine / "notes").mkdir(parents=True)
+    lsql.connect(DATASETS / "small20", cache_dir=mine).sql("SELECT count(*) FROM frames").fetchall()
+    assert not (mine / cache.SOURCE_FILE).exists()
+    (mine / cache.SOURCE_FILE).write_text('{"url": "x"}')  # (even one that looks recorded)
+    assert run_cli("query", DATASETS / "small20", "SELECT 1", env={"LSQL_CACHE_DIR": str(root)}).returncode == 0
+    assert [e.url for e in cache.dataset_caches(root)] == [str((DATASETS / "small20").resolve())]
+    assert run_cli("cache", "--clear-all", env={"LSQL_CACHE_DIR": str(root)}).returncode == 0
+    assert (mine / "notes").is_dir() and cache.dataset_caches(root) == []
+    r = run_cli("cache", "--clear", "x", "--clear-all", env={"LSQL_CACHE_DIR": str(root)})
+    assert r.returncode == 2 and "not allowed with" in r.stderr

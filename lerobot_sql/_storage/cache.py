@@ -317,9 +317,11 @@ SOURCE_FILE = "source.json"  # in a dataset's cache folder: the URL it was made 
 
 def note_source(folder: Path, url: str) -> None:
     """Record in ``folder`` (a dataset's cache folder) the URL of the dataset it serves, once: what ``lerobot-sql
-    cache`` names it by (the folder's own name is a hash of it). A folder that cannot be written records nothing."""
+    cache`` names it by (the folder's own name is a hash of it). Only a folder :func:`root_for` made (a key under the
+    cache root): one given as ``connect(cache_dir=...)`` is the caller's. A folder that cannot be written records
+    nothing."""
     path = Path(folder) / SOURCE_FILE
-    if path.exists():
+    if not _is_key(Path(folder).name) or path.exists():
         return
     with contextlib.suppress(OSError, LeRobotSQLError):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -345,20 +347,31 @@ class DatasetCache:
     last_used: float
 
 
+def _is_key(name: str) -> bool:
+    return len(name) == 24 and all(c in "0123456789abcdef" for c in name)
+
+
 def dataset_caches(root: Path | None = None) -> list[DatasetCache]:
-    """The dataset cache folders under ``root`` (default :func:`cache_root`), largest first: the folders whose name
-    is a :func:`key` or that hold a :data:`SOURCE_FILE`."""
+    """The dataset cache folders under ``root`` (default :func:`cache_root`), largest first: the folders named by a
+    :func:`key` (what :func:`root_for` makes), never another one (a folder given as ``connect(cache_dir=...)`` is the
+    caller's: it may hold more than caches). A folder that cannot be read is listed with what could be read."""
     root = Path(root) if root is not None else cache_root()
     out = []
-    for folder in sorted(p for p in (root.iterdir() if root.is_dir() else ()) if p.is_dir() and not p.is_symlink()):
+    try:
+        found = sorted(p for p in root.iterdir() if _is_key(p.name) and p.is_dir() and not p.is_symlink())
+    except OSError:
+        found = []
+    for folder in found:
         url = None
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
             url = json.loads((folder / SOURCE_FILE).read_text())["url"]
             url = url if isinstance(url, str) and url else None  # (null or "": no dataset recorded, not "None")
-        if url is None and not (len(folder.name) == 24 and all(c in "0123456789abcdef" for c in folder.name)):
-            continue
         parts, newest = {}, 0.0
-        for entry in folder.iterdir():
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            entries = []
+        for entry in entries:
             size = 0
             for p in ([entry] if not entry.is_dir() or entry.is_symlink() else [entry, *entry.rglob("*")]):
                 with contextlib.suppress(OSError):

@@ -902,10 +902,11 @@ def build_parser() -> argparse.ArgumentParser:
              "selections) with their size on disk, or remove them",
              ["lerobot-sql cache", "lerobot-sql cache --json", "lerobot-sql cache --clear sample/small20",
               "lerobot-sql cache --clear-all"], cmd_cache, dataset=False)
-    sp.add_argument("--clear", metavar="DATASET", help="remove the cache folder of DATASET (as listed, or its "
+    clear = sp.add_mutually_exclusive_group()
+    clear.add_argument("--clear", metavar="DATASET", help="remove the cache folder of DATASET (as listed, or its "
                                                         "folder's name); it is rebuilt when the dataset is read "
                                                         "again. Safe while no dataset of it is open")
-    sp.add_argument("--clear-all", action="store_true", help="remove every dataset's cache folder")
+    clear.add_argument("--clear-all", action="store_true", help="remove every dataset's cache folder")
     sp.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     sp = add("bench", "run the benchmarks (needs a source checkout: git clone, then pip install -e .)",
