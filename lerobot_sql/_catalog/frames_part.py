@@ -130,26 +130,25 @@ def file_ranges(md, f: int, out: dict) -> None:
     # DuckDB names columns ignoring ASCII case: of "Index" and "index" the first is the view's index (the other
     # index_1), so its statistics are the ones to judge by (a dotless path is a top-level column's own)
     found = {c: next((j for j, p in enumerate(paths) if sql_key(p) == c), None) for c in COLUMNS}
+    lo = {c: np.zeros(n, np.int64) for c in COLUMNS}
+    hi = {c: np.zeros(n, np.int64) for c in COLUMNS}
+    known = {c: np.zeros(n, bool) for c in COLUMNS}
     cols = [(c, j) for c, j in found.items() if j is not None]
-    lo, hi, known = (np.zeros((len(COLUMNS), n), np.int64), np.zeros((len(COLUMNS), n), np.int64),
-                     np.zeros((len(COLUMNS), n), bool))
     for i in range(n):  # (one RowGroupMetaData per row group: making it is most of the cost, ~2 us)
         g = md.row_group(i)
         rows[i], nbytes[i] = g.num_rows, g.total_byte_size
-        for k, (_, j) in enumerate(cols):
+        for c, j in cols:
             st = g.column(j).statistics
             # (a row group without integer statistics may hold any value: read whenever the column is bounded)
             if st is not None and st.has_min_max and type(st.min) is int and type(st.max) is int and \
                     -2**63 <= st.min <= st.max < 2**63:
-                lo[k, i], hi[k, i], known[k, i] = st.min, st.max, True
+                lo[c][i], hi[c][i], known[c][i] = st.min, st.max, True
     out["rows"].append(rows)
     out["nbytes"].append(nbytes)
-    at = {c: k for k, (c, _) in enumerate(cols)}
     for c in COLUMNS:
-        k = at.get(c)
-        out[f"lo/{c}"].append(lo[k] if k is not None else np.zeros(n, np.int64))
-        out[f"hi/{c}"].append(hi[k] if k is not None else np.zeros(n, np.int64))
-        out[f"known/{c}"].append(known[k] if k is not None else np.zeros(n, bool))
+        out[f"lo/{c}"].append(lo[c])
+        out[f"hi/{c}"].append(hi[c])
+        out[f"known/{c}"].append(known[c])
 
 
 def ranges_arrays(src: Source, files, identities, each=None) -> dict[str, np.ndarray]:
@@ -211,43 +210,51 @@ def _ranges(plan: FramesPlan, identities: tuple[str, ...]) -> _Ranges:
     return got
 
 
-def _meets(lo: np.ndarray, hi: np.ndarray, intervals: tuple) -> np.ndarray:
-    """Per row group: does [lo, hi] meet one of ``intervals`` (sorted, disjoint, closed; +-inf ends)?"""
+def _meets(lo: np.ndarray, hi: np.ndarray, bounds: tuple) -> np.ndarray:
+    """Per row group: does [lo, hi] meet one of the intervals ``bounds`` (sorted, disjoint, closed; +-inf ends)?"""
     big = np.iinfo(np.int64)
     # (statistics are int64: a bound beyond, a HUGEINT literal such as 2**63, is clipped to int64's range, and an
     # interval wholly beyond it meets no row group)
-    intervals = [(max(a, big.min), min(b, big.max)) for a, b in intervals if a <= big.max and b >= big.min]
-    if not intervals:
+    iv = [(max(a, big.min), min(b, big.max)) for a, b in bounds if a <= big.max and b >= big.min]
+    if not iv:
         return np.zeros(len(lo), bool)
-    a = np.array([iv[0] for iv in intervals], np.int64)
-    b = np.array([iv[1] for iv in intervals], np.int64)
+    a = np.array([x[0] for x in iv], np.int64)
+    b = np.array([x[1] for x in iv], np.int64)
     k = np.searchsorted(a, hi, side="right") - 1  # the last interval starting at or below hi ...
     return (k >= 0) & (b[np.maximum(k, 0)] >= lo)  # ... reaches lo: (disjoint, so it is the one reaching furthest)
 
 
+def _integer_column(plan: FramesPlan, column: str) -> bool:
+    """Whether the data files hold ``column`` (named as DuckDB compares names) as integers: a derived index, or one
+    stored as floats, has no statistics to narrow by."""
+    return {sql_key(k): t for k, t in plan.columns.items()}.get(sql_key(column)) in _INTEGER_TYPES
+
+
+def _current_ranges(plan: FramesPlan) -> tuple[_Ranges, tuple[str, ...]] | None:
+    """The row groups' ranges of the data files as they are now, and their versions; None below
+    :data:`MIN_ROW_GROUPS` row groups in all."""
+    identities = tuple(plan.src.identity(rel) for rel in plan.data_files)
+    r = _ranges(plan, identities)
+    return (r, identities) if len(r.rows) >= MIN_ROW_GROUPS else None
+
+
 def _narrowable(plan: FramesPlan, column: str) -> bool:
     """Whether a bound on ``column`` can narrow a read of the data files at all, as :func:`row_groups` judges before
-    the bounds: a column they hold as integers, and at least :data:`MIN_ROW_GROUPS` row groups."""
-    if {sql_key(k): t for k, t in plan.columns.items()}.get(sql_key(column)) not in _INTEGER_TYPES:
-        return False
-    return len(_ranges(plan, tuple(plan.src.identity(rel) for rel in plan.data_files)).rows) >= MIN_ROW_GROUPS
+    the bounds."""
+    return _integer_column(plan, column) and _current_ranges(plan) is not None
 
 
 def row_groups(plan: FramesPlan, bounds) -> tuple[_Ranges, np.ndarray, tuple[str, ...]] | None:
     """The row groups (positions in :class:`_Ranges`) that may hold rows whose values meet ``bounds`` (column ->
     intervals, as :class:`lerobot_sql._query.narrowing.Narrowing` gives them, or ``(column, intervals)`` pairs, all
-    met), and the data files' versions they were judged at; None when the view must be read whole (no bound column the data files hold as integers; too
-    many rows)."""
-    types = {sql_key(k): t for k, t in plan.columns.items()}
-    # (a derived index, or one stored as floats: no statistics to narrow by)
+    met), and the data files' versions they were judged at; None when the view must be read whole (no bound column
+    the data files hold as integers; too few row groups; too many to read)."""
     bounds = [(c, iv) for c, iv in (bounds.items() if isinstance(bounds, dict) else bounds)
-              if types.get(sql_key(c)) in _INTEGER_TYPES]
-    if not bounds:
+              if _integer_column(plan, c)]
+    got = _current_ranges(plan) if bounds else None
+    if got is None:
         return None
-    identities = tuple(plan.src.identity(rel) for rel in plan.data_files)
-    r = _ranges(plan, identities)
-    if len(r.rows) < MIN_ROW_GROUPS:
-        return None
+    r, identities = got
     keep = np.ones(len(r.rows), bool)
     for c, iv in bounds:  # (two bounds of one column: both kept, each narrows)
         keep &= ~r.known[c] | _meets(r.lo[c], r.hi[c], iv)
@@ -365,6 +372,7 @@ class Parts:
         # (_frames_loc reads the default columns: the others, the large ones, are not read)
         columns = [c for c in plan.columns if sql_key(c) in _LOC_COLUMNS] if loc else None
         wanted = {c: t for c, t in plan.columns.items() if columns is None or c in columns}
+
         def one_file(f: int) -> list[pa.Table]:
             here = r.file == f
             rgs = r.rg[pick[r.file[pick] == f]].tolist()

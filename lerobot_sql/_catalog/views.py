@@ -583,9 +583,14 @@ def _footer_survey(b: Build) -> dict | None:
     if len(files) < 2:
         b.survey = {"repeated": None, "uniform": True}
         return b.survey
+    try:
+        identities = [src.identity(f) for f in files]
+    except (OSError, LeRobotSQLError):
+        b.survey = None  # a missing file: the frames view names it at the first query that reads it
+        return None
     if b.cache_dir is not None:
         try:
-            memo = b.cache_dir / "checks" / f"footers-{cache.key(3, src.url, [(f, src.identity(f)) for f in files])}.json"
+            memo = b.cache_dir / "checks" / f"footers-{cache.key(3, src.url, list(zip(files, identities)))}.json"
             kept = json.loads(memo.read_text())
             rep = kept["repeated"]
             b.survey = {"repeated": None if rep is None else (rep["col"], [tuple(map(tuple, p)) for p in rep["pairs"]]),
@@ -594,7 +599,6 @@ def _footer_survey(b: Build) -> dict | None:
         except (OSError, ValueError, KeyError, TypeError, LeRobotSQLError):
             pass  # not kept yet (or unreadable): judged below
     col, ranges, schema, uniform = None, [], None, True
-    identities = [src.identity(f) for f in files]
 
     def each(f: int, md) -> None:
         nonlocal col, schema, uniform

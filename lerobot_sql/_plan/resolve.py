@@ -194,7 +194,7 @@ def build_manifest(con: duckdb.DuckDBPyConnection | Callable[[], duckdb.DuckDBPy
                    result: pa.Table, *, sql: str, window_tolerance_s: float = contract.WINDOW_TOLERANCE_S, ordered: bool = True,
                    src: Source | None = None, ptr: pa.Table | None = None, cameras: list[str] | None = None,
                    tolerance_s: float | None = None, before: int = 0, keep_extras: bool = True,
-                   align: str = "timestamp", loc: Callable[[dict], str] | None = None) -> pa.Table:
+                   align: str = "timestamp", loc: Callable[[dict, str], str] | None = None) -> pa.Table:
     """Resolve ``result`` (the rows of user query ``sql``) to a manifest, in the main process.
 
     Samples follow the result's row order when ``ordered`` (the query has an ORDER BY). Without one, DuckDB's row

@@ -4,10 +4,10 @@
 Why: DuckDB weighs the footer statistics of every row group of every data file a query over ``frames`` names, even
 when one is read: ~12-23 us each, so one episode's frames took 1.3-2.1 s on a 100,000-episode dataset (100,000 row
 groups). When a query's bounds are known, the catalog (:mod:`lerobot_sql._catalog.frames_part`) reads just the row
-groups whose statistics meet them and puts that in the place of ``frames``; the query itself is left as written.
+groups whose statistics meet them and puts that in the place of ``frames``; the rest of the query stays as written.
 
 The reading is DuckDB's own (``json_serialize_sql``), the one that decides what runs; anything this module does not
-recognise gives no bounds (None), and the query runs over the whole view as before. A bound is taken only where
+recognise gives no narrowing, and the query runs over the whole view as before. A bound is taken only where
 narrowing cannot change the answer: a conjunct of the WHERE of the SELECT whose FROM is ``frames`` alone (rows the
 WHERE keeps all lie in the row groups kept; the WHERE still runs on them), comparing the column to integer literals.
 """
@@ -76,7 +76,8 @@ def _integer(e) -> int | None:
 
 def _key(name: str) -> str:
     """``name`` as DuckDB compares names: ASCII letters ignoring case, every other character as is (``"é"`` is not
-    the alias ``"É"``: it names another relation, an outer query's)."""
+    the alias ``"É"``: it names another relation, an outer query's). The rule of ``_format.info.sql_key``, which this
+    stage (SQL text only) may not import."""
     return "".join(c.lower() if c.isascii() else c for c in name)
 
 

@@ -433,8 +433,9 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
                                  "from the dataset's source") from e
     names = [f"row groups {int(rgs[0])}..{int(rgs[-1])}"] if one_table else [f"row group {int(rg)}" for rg in rgs]
     if layout is None:
-        for name, t in zip(names, out if check_nulls else ()):
-            check_frame_nulls(t, f"{where} ({name})")
+        if check_nulls:
+            for name, t in zip(names, out):
+                check_frame_nulls(t, f"{where} ({name})")
         return out
     return [_normalise(t, layout, f"{where} ({name})") for name, t in zip(names, out)]
 
