@@ -255,7 +255,7 @@ def _log_reads(monkeypatch, log=None) -> list:
     """Record each row group read from a data file, or from its row-group store, as (data file, row group);
     appended to file ``log`` too (so DataLoader workers' reads are seen)."""
     reads = []
-    real, real_get = tabular.read_row_groups, row_group_store.RowGroupStore.get
+    real, real_views, real_get = tabular.read_row_groups, tabular.read_views, row_group_store.RowGroupStore.get
 
     def note(rel, rgs):
         reads.extend((rel, int(rg)) for rg in rgs)
@@ -267,6 +267,10 @@ def _log_reads(monkeypatch, log=None) -> list:
         note(info.rel, rgs)
         return real(src, info, rgs, layout, columns)
 
+    def views(src, info, rgs, layout):  # (an item's row groups, every column)
+        note(info.rel, rgs)
+        return real_views(src, info, rgs, layout)
+
     def get(store, rg, rows):
         got = real_get(store, rg, rows)
         if got is not None:
@@ -274,6 +278,7 @@ def _log_reads(monkeypatch, log=None) -> list:
         return got
 
     monkeypatch.setattr(tabular, "read_row_groups", read)
+    monkeypatch.setattr(tabular, "read_views", views)
     monkeypatch.setattr(row_group_store.RowGroupStore, "get", get)
     return reads
 

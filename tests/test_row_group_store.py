@@ -31,14 +31,13 @@ def _picks(ds) -> list[int]:
 
 def _parquet_reads(monkeypatch) -> list:
     """Row groups decoded from a data file (not the store), as (data file, row group)."""
-    reads, real = [], tabular.read_row_groups
+    reads, real = [], tabular.read_views
 
-    def read(src, info, rgs, layout, columns=None):
-        if columns is None:  # (an item's row groups; the frame checks read single columns of their own)
-            reads.extend((info.rel, int(rg)) for rg in rgs)
-        return real(src, info, rgs, layout, columns)
+    def read(src, info, rgs, layout):  # (an item's row groups; the frame checks read single columns of their own)
+        reads.extend((info.rel, int(rg)) for rg in rgs)
+        return real(src, info, rgs, layout)
 
-    monkeypatch.setattr(tabular, "read_row_groups", read)
+    monkeypatch.setattr(tabular, "read_views", read)
     return reads
 
 

@@ -680,7 +680,7 @@ def test_a_row_group_read_again_is_not_checked_again(monkeypatch, tmp_path, data
     ds = _lazy(monkeypatch, datasets / "small20", tmp_path, cameras=[])
     calls = []
     real = clips.check_frames
-    monkeypatch.setattr(clips, "check_frames", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(_samples, "check_frames", lambda *a, **k: calls.append(1) or real(*a, **k))
     first = ds[100]
     n = len(calls)
     assert n >= 1

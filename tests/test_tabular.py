@@ -44,6 +44,46 @@ def test_row_groups_equal_the_parquet_rows(tmp_path, name):
     assert off[1] == rows[1] - info.rg_offsets[-2]
 
 
+@pytest.mark.parametrize("name", ["small20", "img5_extras", "g1_real_v30", "v21_small20", "multifile60"])
+def test_views_read_in_one_pass_equal_the_normalised_row_groups(name):
+    """read_views turns a row group of numbers straight into numpy (a random item's first read): every column
+    equals what the general path (normalise, then the view's conversion) gives, dtype and shape included; a row
+    group with other columns (images) takes the general path."""
+    src = open_source(data_root(name))
+    layout = load_layout(src)
+    for rel in layout.data_files[:2]:
+        info = tabular.data_file_info(src, rel)
+        rgs = list(range(min(2, len(info.rg_offsets) - 1)))
+        for view, table in zip(tabular.read_views(src, info, rgs, layout),
+                               tabular.read_row_groups(src, info, rgs, layout)):
+            want = tabular.RowGroupView(table, layout)
+            assert view.has_index == want.has_index and view.table.column_names == table.column_names
+            for c in table.column_names:
+                got, ref = view.column(c), want.column(c)
+                if isinstance(ref, np.ndarray):
+                    assert isinstance(got, np.ndarray) and got.dtype == ref.dtype and got.shape == ref.shape, c
+                    np.testing.assert_array_equal(got, ref)
+                else:
+                    assert got.to_pylist() == ref.to_pylist(), c
+
+
+def test_one_pass_conversion_leaves_what_it_cannot_vouch_for_to_the_general_path(datasets):
+    """A NULL, a dtype other than the feature's, lists of other lengths: _numpy_columns declines (None), and the
+    general path converts or refuses them naming the cell."""
+    layout = load_layout(open_source(datasets / "small20"))
+    n = int(np.prod(layout.features["action"].shape))
+    good = pa.table({"index": pa.array([0, 1], pa.int64()),
+                     "action": pa.array([[0.5] * n, [1.5] * n], pa.list_(pa.float32()))})
+    got = tabular._numpy_columns(good, layout)
+    assert got["action"].shape == (2, n) and got["action"].dtype == np.float32 and got["index"].tolist() == [0, 1]
+    for bad in (pa.table({"index": pa.array([0, None], pa.int64())}),
+                pa.table({"action": pa.array([[0.5] * n, [1.5] * n], pa.list_(pa.float64()))}),
+                pa.table({"action": pa.array([[0.5] * (n - 1), [1.5] * (n + 1)], pa.list_(pa.float32()))}),
+                pa.table({"action": pa.array([[0.5] * n, [None] * n], pa.list_(pa.float32()))}),
+                pa.table({"note": pa.array(["a", "b"])})):
+        assert tabular._numpy_columns(bad, layout) is None, bad.schema
+
+
 def test_a_process_keeps_the_last_row_groups_read_within_its_budget(datasets):
     src = open_source(datasets / "small20")
     layout = load_layout(src)
@@ -83,6 +123,44 @@ def test_shape_mismatch_is_a_format_error(datasets, tmp_path):
     t = pa.table({"action": pa.array([[1.0, 2.0]], pa.list_(pa.float32()))})
     with pytest.raises(DatasetFormatError, match="action.*shape"):
         tabular._normalise(t, layout, "x.parquet")
+
+
+def test_rows_of_other_lengths_with_the_right_total_are_refused(datasets, tmp_path):
+    """A list column whose rows hold 5 and 7 values where info.json gives 6 holds the right total for its rows:
+    the reader cut it into rows of 6, each item then carrying some of its neighbour's values, silently (the check
+    counted the total only). Now refused, naming the column and the row, on the item path and in export's check."""
+    import lerobot_sql as lsql
+
+    root = tmp_path / "small20"
+    shutil.copytree(datasets / "small20", root, ignore=shutil.ignore_patterns("videos"))
+    f = sorted(root.glob("data/*/*.parquet"))[0]
+    t = pq.read_table(f)
+    v = t["action"].to_pylist()
+    n = len(v[3])
+    v[3], v[4] = v[3][:-1], v[4] + [0.5]  # (same total)
+    typ = pa.list_(pa.float32())
+    bad = t.set_column(t.column_names.index("action"), "action", pa.array(v, typ))
+    pq.write_table(bad, f)
+    ds = lsql.connect(root, cache_dir=tmp_path / "c").dataset(cameras=[])
+    with pytest.raises(DatasetFormatError, match=rf"column 'action' has {n - 1} values in row 3 .*shape \[{n}\]"):
+        ds[3]
+    layout = load_layout(open_source(root))
+    with pytest.raises(DatasetFormatError, match=rf"column 'action' has {n - 1} values in row 3"):
+        tabular.check_shapes(bad, layout, str(f))
+    nested = pa.table({"action": pa.array([[[1.0], [2.0, 3.0]], [[4.0, 5.0, 6.0, 7.0]]], pa.list_(typ))})
+    with pytest.raises(DatasetFormatError, match="has 3 values in row 0"):
+        tabular.check_shapes(nested, _shape(layout, "action", 2), "x")
+
+
+def _shape(layout, name: str, n: int):
+    """``layout`` with feature ``name``'s shape set to ``(n,)`` (a stand-in: only ``features`` is read)."""
+    import dataclasses
+    import types
+
+    feats = dict(layout.features)
+    feats[name] = dataclasses.replace(feats[name], shape=(n,)) if dataclasses.is_dataclass(feats[name]) else \
+        types.SimpleNamespace(dtype=feats[name].dtype, shape=(n,))
+    return types.SimpleNamespace(features=feats)
 
 
 @pytest.mark.parametrize("name", ["small20", "img5_extras", "g1_real_v30", "v21_small20"])

@@ -126,6 +126,7 @@ class RowGroupStore:
         # the folder whose every sub-folder's store files share the budget (the cache root: :func:`scope_of`);
         # None: this store's folder alone
         self.scope = None if scope is None else Path(scope)
+        self._scope_key = str(self.scope or self.path.parent)
         self._fd: int | None = None
         self._pid = -1
         self._spec: list[tuple[str, np.dtype, tuple[int, ...], int]] | None = None
@@ -255,7 +256,7 @@ class RowGroupStore:
         already; nothing when the arrays do not match the file's columns (another normalisation made the file)."""
         if not self._writable or fcntl is None or not hasattr(os, "pwritev"):  # (Windows; macOS before 11)
             return
-        acct = _folder(self.scope or self.path.parent)
+        acct = _folder(self._scope_key)
         if acct.off:
             return
         try:
@@ -266,15 +267,17 @@ class RowGroupStore:
                 if not self._open() and not self._create(arrays):
                     return
                 spec = self._spec
-                if [n for n, _, _, _ in spec] != list(arrays) or any(
-                        arrays[n].dtype != d or arrays[n].shape[1:] != s for n, d, s, _ in spec):
+                if len(spec) != len(arrays) or any(
+                        n != name or a.dtype != d or a.shape[1:] != s
+                        for (n, d, s, _), (name, a) in zip(spec, arrays.items())):
                     return
                 rows = len(next(iter(arrays.values()))) if arrays else 0
-                # (the columns' own bytes, not copies: written by one pwritev)
-                parts = [memoryview(np.ascontiguousarray(arrays[n]).reshape(-1).view(np.uint8)) for n, _, _, _ in spec]
+                # (the columns' own bytes, not copies: written by one pwritev; a C-contiguous array is its own
+                # buffer, as a row group read gives them)
+                parts = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays.values()]
                 size, crc = 0, 0
                 for p in parts:
-                    size += len(p)
+                    size += p.nbytes
                     crc = zlib.crc32(p, crc)
                 if size != rows * self._row_bytes:
                     return
@@ -406,9 +409,13 @@ class _Folder:
 _FOLDERS: dict[str, _Folder] = {}
 
 
-def _folder(path: Path) -> _Folder:
-    with _OPEN_LOCK:
-        return _FOLDERS.setdefault(str(path), _Folder())
+def _folder(key: str) -> _Folder:
+    """The account of the folder ``key`` (a path, as text: a store's budget scope)."""
+    got = _FOLDERS.get(key)  # (a lookup per row group stored: no lock, no new _Folder, when it is there)
+    if got is None:
+        with _OPEN_LOCK:
+            got = _FOLDERS.setdefault(key, _Folder())
+    return got
 
 
 def _opened(store: RowGroupStore) -> None:

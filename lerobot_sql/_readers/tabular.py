@@ -227,11 +227,39 @@ def _flat_values(col, name: str, feat, where: str):
     flat = col
     while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
         flat = pc.list_flatten(flat)
-    if len(flat) != n * len(col):
-        raise DatasetFormatError(f"{where}: column {name!r} holds {len(flat)} values for {len(col)} rows, "
+    # (the total alone is not enough: rows of 5 and 7 values for a shape of 6 would be cut into rows of 6, each
+    # then holding some of its neighbour's values)
+    per_row = _values_per_row(col)
+    odd = np.flatnonzero(per_row != n) if per_row is not None else ()
+    if len(flat) != n * len(col) or len(odd):
+        which = f"has {int(per_row[odd[0]])} values in row {int(odd[0])} (of those read)" if len(odd) else \
+            f"holds {len(flat)} values for {len(col)} rows"
+        raise DatasetFormatError(f"{where}: column {name!r} {which}, "
                                  f"but info.json gives shape {list(feat.shape)}; fix the feature's "
                                  "shape in meta/info.json (or rewrite the data files to that shape)")
     return flat
+
+
+def _values_per_row(col) -> np.ndarray | None:
+    """Leaf values in each row of a list column (any nesting; a NULL cell holds none), or None where every level is
+    a fixed-size list (every row holds the same number, which the total checks)."""
+    def is_list(t):
+        return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+    t, variable = col.type, False
+    while is_list(t):
+        variable |= not pa.types.is_fixed_size_list(t)
+        t = t.value_type
+    if not variable:
+        return None
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    parents, flat = None, col
+    while is_list(flat.type):  # (each leaf's row: its parent at each level, mapped up to the outer one)
+        p = pc.list_parent_indices(flat).to_numpy(zero_copy_only=False)
+        parents = p if parents is None else parents[p]
+        flat = pc.list_flatten(flat)
+    return np.bincount(parents, minlength=len(col)).astype(np.int64)
 
 
 def check_shapes(table: pa.Table, layout: Layout, where: str) -> None:
@@ -395,6 +423,91 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
             remote source pins the version it first saw).
         RemoteIOError: the remote failed after retries.
     """
+    out, where = _read_tables(src, info, rgs, columns, one_table, use_threads)
+    names = [f"row groups {int(rgs[0])}..{int(rgs[-1])}"] if one_table else [f"row group {int(rg)}" for rg in rgs]
+    if layout is None:
+        if check_nulls:
+            for name, t in zip(names, out):
+                check_frame_nulls(t, f"{where} ({name})")
+        return out
+    return [_normalise(t, layout, f"{where} ({name})") for name, t in zip(names, out)]
+
+
+def read_views(src: Source, info: DataFileInfo, rgs: list[int], layout: Layout) -> list["RowGroupView"]:
+    """Row groups ``rgs`` of data file ``info``, every column, as :class:`RowGroupView` s of info.json's shapes
+    (``layout``): what :func:`read_row_groups` reads, checked the same way. A row group of numbers only (lerobot's
+    frame columns) becomes its numpy arrays in one pass (:func:`_numpy_columns`: a random item's first read of a row
+    group, where :func:`_normalise` and the view's conversions cost as much as the decoding); any other goes
+    through :func:`_normalise`.
+
+    Raises:
+        as :func:`read_row_groups`.
+    """
+    out, where = _read_tables(src, info, rgs, None, False, False)
+    views = []
+    for rg, t in zip(rgs, out):
+        arrays = _numpy_columns(t, layout)
+        views.append(RowGroupView.stored(arrays, layout) if arrays is not None else
+                     RowGroupView(_normalise(t, layout, f"{where} (row group {int(rg)})"), layout))
+    return views
+
+
+def _numpy_columns(table: pa.Table, layout: Layout) -> dict[str, np.ndarray] | None:
+    """Every column of a row group as read (``table``, one record batch) as :meth:`RowGroupView.column` gives it
+    (numpy; vectors (rows, *shape)), in file order, where each is already as info.json says: numbers of the
+    feature's dtype, or lists of exactly the shape's values per row, without a NULL anywhere. None otherwise (a
+    NULL, another dtype or length, strings, images: :func:`_normalise` converts or refuses them, naming the cell)."""
+    batches = table.to_batches()
+    if len(batches) != 1:
+        return None
+    feats, out = layout.features, {}
+    for name, col in zip(table.schema.names, batches[0].columns):
+        if col.null_count:
+            return None
+        typ = col.type
+        kind = typ.id
+        feat = feats.get(name)
+        if feat is not None and feat.dtype not in _NUMERIC:
+            return None
+        if kind in _NUMBER_TYPES:
+            if feat is not None and typ != _feature_type(feat)[1]:
+                return None
+            out[name] = col.to_numpy(zero_copy_only=False)
+            continue
+        if kind != _FIXED_SIZE_LIST and kind != _LIST and kind != _LARGE_LIST:
+            return None
+        vt = typ.value_type
+        if vt.id not in _NUMBER_TYPES:
+            return None
+        rows = len(col)
+        if feat is None:
+            if kind != _FIXED_SIZE_LIST:
+                return None
+            n, shape = typ.list_size, (typ.list_size,)
+        else:
+            n, ftyp = _feature_type(feat)
+            if vt != ftyp:
+                return None
+            shape = tuple(feat.shape)
+        if kind == _FIXED_SIZE_LIST:
+            if typ.list_size != n:
+                return None
+            start = col.offset * n
+        else:
+            offs = col.offsets.to_numpy()
+            start = int(offs[0])
+            if int(offs[-1]) - start != n * rows or (rows and not (offs[1:] - offs[:-1] == n).all()):
+                return None
+        vals = col.values.slice(start, n * rows)
+        if vals.null_count:
+            return None
+        out[name] = vals.to_numpy(zero_copy_only=False).reshape((rows, *shape))
+    return out
+
+
+def _read_tables(src: Source, info: DataFileInfo, rgs: list[int], columns: list[str] | None, one_table: bool,
+                 use_threads: bool) -> tuple[list[pa.Table], str]:
+    """:func:`read_row_groups`' reading, before any check: (the tables as stored, the file's path for messages)."""
     where = src.path(info.rel)
     md = info.metadata
     if md is None:  # offsets only (data_file_info(keep=False)): parse the footer now
@@ -415,7 +528,10 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
                 out = [pf.read_row_groups([int(rg) for rg in rgs], columns=columns, use_threads=use_threads)]
         elif local is not None:
             pf = _reader(local, info.identity, md)
-            out = [pf.read_row_group(int(rg), columns=columns, use_threads=False) for rg in rgs]
+            # (every column: Arrow's reader straight, without the wrapper's column lookup, 10-20 us of a random
+            # item's ~150 us read)
+            out = [pf.reader.read_row_group(int(rg), use_threads=False) for rg in rgs] if columns is None else \
+                [pf.read_row_group(int(rg), columns=columns, use_threads=False) for rg in rgs]
         else:
             with src.open(info.rel) as f:
                 pf = pq.ParquetFile(f, metadata=md)
@@ -431,13 +547,7 @@ def read_row_groups(src: Source, info: DataFileInfo, rgs: list[int], layout: Lay
             f"row group {rgs[len(out)] if len(out) < len(rgs) else rgs[-1]}"
         raise DatasetFormatError(f"{where}: {which} cannot be decoded ({e}); the file is corrupt, re-download it "
                                  "from the dataset's source") from e
-    names = [f"row groups {int(rgs[0])}..{int(rgs[-1])}"] if one_table else [f"row group {int(rg)}" for rg in rgs]
-    if layout is None:
-        if check_nulls:
-            for name, t in zip(names, out):
-                check_frame_nulls(t, f"{where} ({name})")
-        return out
-    return [_normalise(t, layout, f"{where} ({name})") for name, t in zip(names, out)]
+    return out, where
 
 
 def check_unchanged(src: Source, info: DataFileInfo) -> str | None:
@@ -486,6 +596,8 @@ def _reader(path: str, identity: str, md: pq.FileMetaData) -> pq.ParquetFile:
 
 
 _FIXED_SIZE_LIST = pa.list_(pa.int8(), 1).id
+_LIST = pa.list_(pa.int8()).id
+_LARGE_LIST = pa.large_list(pa.int8()).id
 _NUMBER_TYPES = {pa.from_numpy_dtype(np.dtype(d)).id for d in
                  ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
                   "float64", "bool")}

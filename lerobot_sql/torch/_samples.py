@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from .._plan.clips import check_frames, check_window_frames
 from .._readers import tabular
 from .._storage import cache, scratch
 from .._storage.source import Source
@@ -515,6 +516,7 @@ class FrameColumns:
         self._cache: "collections.OrderedDict[int, dict]" = collections.OrderedDict()
         self._locks = (os.getpid(), threading.Lock())  # item threads decoding other cameras ask too
         self._episode_column: dict[int, int] = {}  # data file -> its episode_index leaf column in the footer
+        self._float32_time: dict[int, bool] = {}  # data file -> its timestamp column is float32, as lerobot's
         # the row groups this process has checked: a row group read again (a shuffled epoch reads each once per
         # item of it, past the decoded set's bound) is not checked again (a byte per row group of the files read)
         self._checked = np.zeros(len(table.rg_len), bool)
@@ -547,7 +549,10 @@ class FrameColumns:
             if slot in self._cache:
                 return
         f = int(self.t.slot_file[slot])
-        if self.t.infos[f].schema.field("timestamp").type != pa.float32():
+        as_stored = self._float32_time.get(f)
+        if as_stored is None:
+            as_stored = self._float32_time[f] = self.t.infos[f].schema.field("timestamp").type == pa.float32()
+        if not as_stored:
             # (the view holds the timestamps cast to info.json's float32: the checks compare them as stored)
             self._put(slot, self._read(slot))
             return
@@ -571,8 +576,6 @@ class FrameColumns:
                  ) -> dict[str, np.ndarray]:
         """Row group ``slot``'s frame columns from ``tbl`` or else ``view`` (whose Arrow table is made only if a
         column needs a cast: a view of the row-group store has none), checked where this process first reads it."""
-        from .._plan.clips import check_frames
-
         t = self.t
         if tbl is None:
             tbl = _LazyTable(view)
@@ -585,22 +588,30 @@ class FrameColumns:
         # the rows the runs of this slot cover, against the runs
         runs = self._order[self._slot_runs[slot]:self._slot_runs[slot + 1]]
         if len(runs) and not self._checked[slot]:
-            if len(runs) == 1:  # (a row group per episode, lerobot's layout: no gather of the runs' rows)
+            if len(runs) == 1 and t.run_window is None:
+                # (a row group per episode, lerobot's layout: the run's rows a slice, its constants broadcast; a
+                # random item's first read of a row group, where gathering them cost as much as the checks)
                 r0 = int(runs[0])
                 a, n = int(self._run_off[r0]), int(self._count[r0])
-                k, rows, r = np.arange(n), np.arange(a, a + n), np.full(n, r0)
+                lo, hi = int(t.ep_from.per_run[r0]), int(t.ep_to.per_run[r0])
+                first = int(t.index.per_run[r0])
+                rows = slice(a, a + n)
+                check_frames(self.rules, src.path(rel), cols["index"][rows], cols["episode_index"][rows],
+                             cols["frame_index"][rows], cols["timestamp"][rows], np.arange(first, first + n),
+                             np.full(n, t.run_episode[r0], np.int64), np.full(n, lo, np.int64),
+                             np.full(n, hi - lo, np.int64))
             else:
                 rep, k = spans(self._count[runs])
                 rows = self._run_off[runs][rep] + k
                 r = runs[rep]
-            index = t.index.per_run[r] + k  # (each row's index: its run's first, counted along the run)
-            if t.run_window is None:
-                ep_from, ep_to = t.ep_from.per_run[r], t.ep_to.per_run[r]
-                check_frames(self.rules, src.path(rel), cols["index"][rows], cols["episode_index"][rows],
-                             cols["frame_index"][rows], cols["timestamp"][rows], index, t.run_episode[r], ep_from,
-                             ep_to - ep_from)
-            else:  # (these checks of every row of the windows' episodes here, a superset of the runs' rows)
-                self._check_windows(slot, cols, runs, rows, r, index)
+                index = t.index.per_run[r] + k  # (each row's index: its run's first, counted along the run)
+                if t.run_window is None:
+                    ep_from, ep_to = t.ep_from.per_run[r], t.ep_to.per_run[r]
+                    check_frames(self.rules, src.path(rel), cols["index"][rows], cols["episode_index"][rows],
+                                 cols["frame_index"][rows], cols["timestamp"][rows], index, t.run_episode[r],
+                                 ep_from, ep_to - ep_from)
+                else:  # (these checks of every row of the windows' episodes here, a superset of the runs' rows)
+                    self._check_windows(slot, cols, runs, rows, r, index)
             self._check_edges(slot, cols, runs)
             self._checked[slot] = True
         # (as stored by lerobot, float32 and int64: no cast; another type through Arrow's checked cast)
@@ -633,7 +644,8 @@ class FrameColumns:
         they exclude the episode, else read."""
         t = self.t
         f = int(t.slot_file[slot])
-        start = int(t.infos.rg_offsets[f][slot - int(t.rg_base[f])])
+        rg = slot - int(t.rg_base[f])
+        start = int(t.infos.rg_offsets[f][rg])
         here, total = int(t.rg_len[slot]), int(t.infos.rg_offsets[f][-1])
         eps = t.run_episode[runs]
         if len(runs) == 1 or (eps == eps[0]).all():  # one episode (a row group per episode): in Python's ints
@@ -643,7 +655,7 @@ class FrameColumns:
                 if 0 <= row < total:
                     at = row - start
                     got = (int(cols["index"][at]), int(cols["episode_index"][at])) if 0 <= at < here else \
-                        self._row_elsewhere(f, row, ep)
+                        self._row_elsewhere(f, row, ep, rg + (1 if at >= here else -1))
                     if got is not None and (got[1] == ep or got[0] != want):
                         self._edge_error(f, side, 0, runs[:1], got)
             return
@@ -676,13 +688,15 @@ class FrameColumns:
             "source (`lerobot-sql doctor`: episode_ranges), or read every frame at the open (set LSQL_LAZY_FRAMES "
             "above the selection's frame count)")
 
-    def _row_elsewhere(self, f: int, row: int, episode: int) -> tuple[int, int] | None:
+    def _row_elsewhere(self, f: int, row: int, episode: int, near: int | None = None) -> tuple[int, int] | None:
         """(index, episode_index) of data file ``f``'s row ``row`` (in another row group than the one being read),
-        or None when that row group's footer statistics say no row of it belongs to ``episode``."""
+        or None when that row group's footer statistics say no row of it belongs to ``episode`` (``near``: the row
+        group that likely holds it, looked at before a search)."""
         t = self.t
         info = t.infos[f]
         offsets = t.infos.rg_offsets[f]
-        rg = int(np.searchsorted(offsets, row, side="right")) - 1
+        rg = near if near is not None and offsets[near] <= row < offsets[near + 1] else \
+            int(np.searchsorted(offsets, row, side="right")) - 1
         md = info.metadata
         if md is not None:
             j = self._episode_column.get(f)
@@ -705,8 +719,6 @@ class FrameColumns:
         columns as read; ``r``: each row's run, ``index`` its index) and, for this slot's runs that begin or end a
         window, the frame just before or after the window (read from the next row group when it lies there):
         :func:`lerobot_sql._plan.clips.check_window_frames`."""
-        from .._plan.clips import check_frames, check_window_frames
-
         t = self.t
         w = t.run_window
         f = int(t.slot_file[slot])

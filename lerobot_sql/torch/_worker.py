@@ -187,13 +187,13 @@ class Worker:
                 if stored:
                     tabular.check_unchanged(self.src, info)  # as a Parquet read checks: the version opened
             rest = [t for t in todo if t not in stored]
-            tables = dict(zip(rest, tabular.read_row_groups(self.src, info, [t - base for t in rest], self.layout)
-                              if rest else []))
+            read = dict(zip(rest, tabular.read_views(self.src, info, [t - base for t in rest], self.layout)
+                            if rest else []))
             for t in todo:
                 if t in stored:
                     v = tabular.RowGroupView.stored(stored[t], self.layout)
                 else:
-                    v = tabular.RowGroupView(tables[t], self.layout)
+                    v = read[t]
                     if store is not None:
                         arrays = v.arrays()
                         if arrays is not None and row_group_store.storable(arrays):
