@@ -94,6 +94,20 @@ def test_batch_equals_collated_items(datasets, kind, profile, uint8):
         assert len(set(ds.manifest["data_file"].to_numpy(zero_copy_only=False)[idx])) > 1
 
 
+@pytest.mark.parametrize("kind", ["small20", "multifile60"])
+@pytest.mark.parametrize("align", ["timestamp", "frame_index"])
+def test_a_batch_locates_window_frames_as_its_items_do(datasets, tmp_path, kind, align):
+    """A batch's delta_timestamps camera frames are located per mp4 for all its items at once (by time within
+    tolerance_s and the clip, or by position with align="frame_index"): the same frames as each item's own lookup
+    (a frame outside the clip raises as its item does: test_locate.py)."""
+    db = lsql.connect(datasets / kind, cache_dir=tmp_path / "c")
+    cams = db.dataset("SELECT index FROM frames LIMIT 1").camera_keys
+    ds = db.dataset("SELECT index FROM frames ORDER BY index", align=align, return_uint8=True,
+                    delta_timestamps={**{k: [-2 / FPS, -1 / FPS, 0.0, 1 / FPS] for k in cams}})
+    idx = _indices(ds, 21, seed=3)
+    _same(default_collate([ds[i] for i in idx]), default_collate(ds.__getitems__(idx)))
+
+
 @pytest.mark.parametrize("kind", ["small20", "img5_extras"])
 def test_bare_getitems_contract(datasets, kind):
     """The bare result: a sequence of the items (each equal to ``ds[i]``), and default_collate of it is the batch."""

@@ -512,9 +512,23 @@ class Worker:
             return codes, files, rows
         position, times = window()
         rows = np.empty(position.shape, np.int64)
-        for j in range(len(ii)):
-            rows[j] = self.clip_rows(key, int(ii[j]), files[int(codes[j])], position[j],
-                                     None if times is None else times[j])
+        s, fps = self.samples, self.fps
+        for code, vf in files.items():  # (per mp4, its items at once: clip_rows' rules, vectorised)
+            m = np.flatnonzero(codes == code)
+            im = ii[m]
+            first = vf.first[cam.position[im]].astype(np.int64)[:, None]
+            length = (np.asarray(s.ep_to[im]) - np.asarray(s.ep_from[im]))[:, None]
+            from_ts = np.asarray(cam.from_timestamp[im], np.float64)[:, None]
+            pts_s = vf.index.pts_s
+            if self.align == "frame_index":
+                rows[m] = locate.rows_by_position(pts_s, first, position[m], length, from_ts, fps)
+                continue
+            # (no frame within tolerance_s: -1 here; no_frame below raises FrameNotFoundError naming it)
+            got = locate.rows_within(pts_s, locate.time_in_file(from_ts, times[m]), self.tolerance_s)
+            got = locate.keep_in_clip(got, first, length)
+            if self.own_frames:
+                got = locate.keep_own_frame(got, pts_s, first, position[m], from_ts, fps)
+            rows[m] = got
         for j in np.flatnonzero((rows < 0).any(axis=1))[:1]:  # outside the clip, or not the row's frame
             self.no_frame(key, int(ii[j]), files[int(codes[j])], position[j], None if times is None else times[j])
         return codes, files, rows
