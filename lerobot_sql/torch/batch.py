@@ -49,7 +49,7 @@ import torch
 
 from .. import _settings
 from .._storage import scratch
-from ._values import dequantize_, to_unit_float
+from ._values import dequantize_
 
 
 # ---- the batch a dataset returns -------------------------------------------------------------------------------
