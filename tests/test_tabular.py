@@ -152,6 +152,21 @@ def test_rows_of_other_lengths_with_the_right_total_are_refused(datasets, tmp_pa
         tabular.check_shapes(nested, _shape(layout, "action", 2), "x")
 
 
+def test_a_null_element_is_named_in_its_own_row_when_rows_hold_other_lengths(datasets):
+    """A list column whose rows hold 2 and 10 values (shape 6) with a NULL first in row 1: the NULL check runs
+    first and found the row by dividing the element's position by the shape (2 // 6 = row 0), naming a row that
+    holds no NULL. The row is its own (hostile review 27)."""
+    layout = load_layout(open_source(datasets / "small20"))
+    n = int(np.prod(layout.features["action"].shape))
+    t = pa.table({"action": pa.array([[0.5] * 2, [None] + [0.5] * (2 * n - 3), [0.5] * n], pa.list_(pa.float32()))})
+    with pytest.raises(DatasetFormatError, match="column 'action' has a NULL element in row 1 "):
+        tabular._normalise(t, layout, "x.parquet")
+    nested = pa.table({"action": pa.array([[[0.5, 0.5], None], [[0.5, 0.5], [None, 0.5]]],
+                                          pa.list_(pa.list_(pa.float32(), 2)))})
+    with pytest.raises(DatasetFormatError, match="has a NULL element in row 1 "):
+        tabular._normalise(nested, _shape(layout, "action", 4), "x.parquet")
+
+
 def _shape(layout, name: str, n: int):
     """``layout`` with feature ``name``'s shape set to ``(n,)`` (a stand-in: only ``features`` is read)."""
     import dataclasses

@@ -254,12 +254,19 @@ def _values_per_row(col) -> np.ndarray | None:
         return None
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
+    return np.bincount(_leaf_rows(col), minlength=len(col)).astype(np.int64)
+
+
+def _leaf_rows(col: pa.Array) -> np.ndarray:
+    """The row of ``col`` (a list column, any nesting) each of its leaf values belongs to, in flattened order (a
+    NULL cell holds none)."""
     parents, flat = None, col
-    while is_list(flat.type):  # (each leaf's row: its parent at each level, mapped up to the outer one)
+    while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
+        # (each leaf's row: its parent at each level, mapped up to the outer one)
         p = pc.list_parent_indices(flat).to_numpy(zero_copy_only=False)
         parents = p if parents is None else parents[p]
         flat = pc.list_flatten(flat)
-    return np.bincount(parents, minlength=len(col)).astype(np.int64)
+    return parents
 
 
 def check_shapes(table: pa.Table, layout: Layout, where: str) -> None:
@@ -319,8 +326,10 @@ def _check_feature_nulls(col: pa.Array, name: str, where: str) -> None:
             flat = flat.flatten()
         if not flat.null_count:
             return
-        per_row = max(len(flat) // max(len(col), 1), 1)
-        what, row = "has a NULL element in row", int(pc.index(pc.is_null(flat), True).as_py()) // per_row
+        # (the leaf's own row: cells of other lengths than the shape's, refused after this check, would put it in
+        # another row by a division)
+        leaf = int(pc.index(pc.is_null(flat), True).as_py())
+        what, row = "has a NULL element in row", int(_leaf_rows(col)[leaf])
     raise DatasetFormatError(f"{where}: column {name!r} {what} {row} (of those read); every value of a numeric "
                              "feature is a number (lerobot would carry None, or fail). Restore the file from the "
                              "dataset's source (`lerobot-sql doctor` reads every row)")
