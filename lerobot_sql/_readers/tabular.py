@@ -456,7 +456,7 @@ def read_views(src: Source, info: DataFileInfo, rgs: list[int], layout: Layout) 
     views = []
     for rg, t in zip(rgs, out):
         arrays = _numpy_columns(t, layout)
-        views.append(RowGroupView.stored(arrays, layout) if arrays is not None else
+        views.append(RowGroupView.stored(arrays, layout, t.get_total_buffer_size()) if arrays is not None else
                      RowGroupView(_normalise(t, layout, f"{where} (row group {int(rg)})"), layout))
     return views
 
@@ -628,14 +628,15 @@ class RowGroupView:
         self._layout = layout
 
     @classmethod
-    def stored(cls, arrays: dict[str, np.ndarray], layout: Layout) -> "RowGroupView":
-        """A view of a row group the row-group store gave back (:mod:`lerobot_sql._readers.row_group_store`): every
-        column already as :meth:`column` gives it."""
+    def stored(cls, arrays: dict[str, np.ndarray], layout: Layout, nbytes: int | None = None) -> "RowGroupView":
+        """A view of a row group whose every column is already as :meth:`column` gives it: one the row-group store
+        gave back (:mod:`lerobot_sql._readers.row_group_store`), or :func:`read_views` converted (``nbytes``: the
+        bytes of the Arrow buffers its arrays keep alive; default the arrays' own)."""
         v = cls.__new__(cls)
         v._table, v._batch, v._layout = None, None, layout
         v.has_index = "index" in arrays
         v._arrays = dict(arrays)
-        v.nbytes = sum(a.nbytes for a in arrays.values())
+        v.nbytes = sum(a.nbytes for a in arrays.values()) if nbytes is None else int(nbytes)
         return v
 
     @property
