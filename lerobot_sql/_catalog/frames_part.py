@@ -133,16 +133,21 @@ def file_ranges(md, f: int, out: dict) -> None:
     lo = {c: np.zeros(n, np.int64) for c in COLUMNS}
     hi = {c: np.zeros(n, np.int64) for c in COLUMNS}
     known = {c: np.zeros(n, bool) for c in COLUMNS}
-    cols = [(c, j) for c, j in found.items() if j is not None]
+    # (a plain INT64 / INT32 column's statistics are its values as stored: min_raw is min without the logical
+    # type's conversion, half the cost at 5,000 row groups a file; any other type through min, as Arrow converts it)
+    cols = [(c, j, md.schema.column(j).physical_type in ("INT64", "INT32")
+             and md.schema.column(j).logical_type.type == "NONE") for c, j in found.items() if j is not None]
     for i in range(n):  # (one RowGroupMetaData per row group: making it is most of the cost, ~2 us)
         g = md.row_group(i)
         rows[i], nbytes[i] = g.num_rows, g.total_byte_size
-        for c, j in cols:
+        for c, j, plain in cols:
             st = g.column(j).statistics
             # (a row group without integer statistics may hold any value: read whenever the column is bounded)
-            if st is not None and st.has_min_max and type(st.min) is int and type(st.max) is int and \
-                    -2**63 <= st.min <= st.max < 2**63:
-                lo[c][i], hi[c][i], known[c][i] = st.min, st.max, True
+            if st is None or not st.has_min_max:
+                continue
+            a, b = (st.min_raw, st.max_raw) if plain else (st.min, st.max)
+            if type(a) is int and type(b) is int and -2**63 <= a <= b < 2**63:
+                lo[c][i], hi[c][i], known[c][i] = a, b, True
     out["rows"].append(rows)
     out["nbytes"].append(nbytes)
     for c in COLUMNS:

@@ -575,7 +575,7 @@ def _footer_survey(b: Build) -> dict | None:
     """
     if b.survey is not False:
         return b.survey
-    from .._readers.tabular import release_freed_memory
+    from .._readers.tabular import keep_facts, release_freed_memory
     from .._storage import cache
 
     src, files = b.src, b.data_files
@@ -602,6 +602,8 @@ def _footer_survey(b: Build) -> dict | None:
 
     def each(f: int, md) -> None:
         nonlocal col, schema, uniform
+        # (the facts an open of a selection reads from each footer, kept from this pass: it parses none again)
+        keep_facts(src, files[f], identities[f], b.cache_dir, md)
         this = md.schema.to_arrow_schema()
         if schema is None:
             schema = this

@@ -11,6 +11,7 @@ file, not a file per row group, which meant 100,000 files and memory maps for a 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import threading
@@ -123,6 +124,11 @@ def _parse_facts(src: Source, rel: str, identity: str) -> DataFileInfo:
     """:func:`data_file_info`'s ``keep=False`` facts, from the footer."""
     with src.open(rel) as f:
         md = pq.read_metadata(f)
+    return _facts_of(md, rel, identity)
+
+
+def _facts_of(md: pq.FileMetaData, rel: str, identity: str) -> DataFileInfo:
+    """The ``keep=False`` facts of data file ``rel`` from its parsed footer ``md``."""
     counts = np.fromiter((md.row_group(i).num_rows for i in range(md.num_row_groups)), np.int64, md.num_row_groups)
     return DataFileInfo(rel, identity, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
                         md.schema.to_arrow_schema(), None)
@@ -131,22 +137,49 @@ def _parse_facts(src: Source, rel: str, identity: str) -> DataFileInfo:
 FACTS_VERSION = 1
 
 
+def _facts_path(src: Source, rel: str, identity: str, cache_dir: Path) -> Path:
+    from .._storage import cache
+
+    return Path(cache_dir) / "footers" / f"{cache.key(FACTS_VERSION, src.url, rel, identity)}.arrow"
+
+
+def _write_facts(tmp: str, info: DataFileInfo) -> None:
+    t = pa.table({"rg_offsets": pa.array(info.rg_offsets, pa.int64())},
+                 metadata={b"rel": info.rel.encode(), b"identity": info.identity.encode(),
+                           b"data_schema": info.schema.serialize().to_pybytes()})
+    with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+        w.write_table(t)
+
+
+def keep_facts(src: Source, rel: str, identity: str, cache_dir: Path | None, md: pq.FileMetaData) -> None:
+    """Keep data file ``rel``'s facts at ``identity`` in ``cache_dir`` as :func:`data_file_info` (``keep=False``)
+    keeps them, from a footer parsed already (``md``): the connection's footer survey parses every footer once, and
+    the first open of a selection then parses none again (0.85 s for the scale set's 20 footers). Best effort: a
+    cache folder that cannot be written keeps nothing (the open parses them, as before)."""
+    from .._storage import cache
+    from ..errors import CacheError
+
+    if cache_dir is None:
+        return
+    path = _facts_path(src, rel, identity, cache_dir)
+    if path.exists():
+        return
+    with contextlib.suppress(CacheError, OSError):
+        cache.ensure(path, lambda tmp: _write_facts(tmp, _facts_of(md, rel, identity)))
+
+
 def _kept_facts(src: Source, rel: str, identity: str, cache_dir: Path) -> DataFileInfo:
     """:func:`_parse_facts`, kept in ``cache_dir/footers`` under the file's version (its identity: a changed file
     is a new entry, never the old facts), checksummed like the other cache entries (a damaged entry is rebuilt)."""
     from .._storage import cache
 
-    path = cache_dir / "footers" / f"{cache.key(FACTS_VERSION, src.url, rel, identity)}.arrow"
+    path = _facts_path(src, rel, identity, cache_dir)
     parsed: list[DataFileInfo] = []
 
     def write(tmp: str) -> None:
         info = _parse_facts(src, rel, identity)
         parsed.append(info)
-        t = pa.table({"rg_offsets": pa.array(info.rg_offsets, pa.int64())},
-                     metadata={b"rel": rel.encode(), b"identity": identity.encode(),
-                               b"data_schema": info.schema.serialize().to_pybytes()})
-        with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, t.schema) as w:
-            w.write_table(t)
+        _write_facts(tmp, info)
 
     cache.ensure(path, write)
     if parsed:
