@@ -374,21 +374,12 @@ class Worker:
     def _rows_for(self, key: str, index: video_index.FrameIndex, sel: np.ndarray, first: np.ndarray) -> np.ndarray:
         """The video rows (int32) in ``index``'s mp4 of camera ``key``'s own frames of samples ``sel``, whose clips
         start at rows ``first`` (see :class:`VideoFile`'s ``rows``)."""
-        s, fps = self.samples, self.fps
+        s = self.samples
         from_ts = s.cameras[key].from_timestamp[sel]
         ep_from = s.ep_from[sel]
         length, pos = s.ep_to[sel] - ep_from, s.index[sel] - ep_from
-        if self.align == "frame_index":
-            rows = locate.rows_by_position(index.pts_s, first, pos, length, from_ts, fps)
-        else:
-            # A time with no frame within tolerance keeps -1 (items raise FrameNotFoundError for it), a frame
-            # outside the episode's clip OUTSIDE, another row's frame OFF_GRID (DatasetFormatError): a large
-            # tolerance_s must not reach into the neighbouring episode's or another row's frames.
-            rows = locate.rows_within(index.pts_s, locate.time_in_file(from_ts, s.timestamp[sel]), self.tolerance_s)
-            rows = locate.keep_in_clip(rows, first, length)
-            if self.own_frames:
-                rows = locate.keep_own_frame(rows, index.pts_s, first, pos, from_ts, fps)
-        return rows.astype(np.int32)
+        times = None if self.align == "frame_index" else s.timestamp[sel]  # (by position: no timestamp is read)
+        return self.rows_in_clip(index, first, length, from_ts, pos, times).astype(np.int32)
 
     def own_rows(self, key: str, vf: VideoFile, ii: np.ndarray) -> np.ndarray:
         """The video rows (int32) of samples ``ii``'s own frames of camera ``key`` in ``vf`` (their mp4), located
@@ -421,18 +412,32 @@ class Worker:
         Raises:
             FrameNotFoundError: align="timestamp" and a time has no frame within ``tolerance_s``.
         """
-        s, fps = self.samples, self.fps
+        s = self.samples
         cam = s.cameras[key]
-        first = int(vf.first[cam.position[i]])
-        length = int(s.ep_to[i] - s.ep_from[i])
         from_ts = cam.from_timestamp[i]
+        rows = self.rows_in_clip(vf.index, int(vf.first[cam.position[i]]), int(s.ep_to[i] - s.ep_from[i]),
+                                 from_ts, position, times)
+        if self.align != "frame_index" and (rows == -1).any():  # (a time without a frame: raised naming it)
+            vf.index.locate(locate.time_in_file(from_ts, times), self.tolerance_s,
+                            episode_index=int(s.episode_index[i]), video_key=key)
+        return rows
+
+    def rows_in_clip(self, index: video_index.FrameIndex, first, length, from_ts, position, times) -> np.ndarray:
+        """The one rule locating camera frames in an mp4 (``index``), by the dataset's ``align``, over arrays (every
+        argument broadcast: one item's window, a batch's items of one mp4 at once as (k, 1) columns against (k, T)
+        windows, or the samples of a file): each frame's row; -1 where no frame lies within ``tolerance_s`` of its
+        time (align="timestamp": items raise FrameNotFoundError for it); :data:`locate.OUTSIDE` where the frame found
+        lies outside the episode's clip, :data:`locate.OFF_GRID` where it is another row's (DatasetFormatError): a
+        large tolerance_s must not reach into the neighbouring episode's or another row's frames. ``first``: row of
+        the clip's first frame; ``length``: the episode's frames; ``from_ts``: the clip's start in the file,
+        seconds; ``position``: frames from the episode's start; ``times``: their data timestamps (seconds)."""
+        pts_s = index.pts_s
         if self.align == "frame_index":
-            return locate.rows_by_position(vf.index.pts_s, first, position, length, from_ts, fps)
-        rows = vf.index.locate(locate.time_in_file(from_ts, times), self.tolerance_s,
-                               episode_index=int(s.episode_index[i]), video_key=key)
+            return locate.rows_by_position(pts_s, first, position, length, from_ts, self.fps)
+        rows = locate.rows_within(pts_s, locate.time_in_file(from_ts, times), self.tolerance_s)
         rows = locate.keep_in_clip(rows, first, length)
         if self.own_frames:
-            rows = locate.keep_own_frame(rows, vf.index.pts_s, first, position, from_ts, fps)
+            rows = locate.keep_own_frame(rows, pts_s, first, position, from_ts, self.fps)
         return rows
 
     def no_frame(self, key: str, i: int, vf: VideoFile, position=None, times=None) -> None:
@@ -512,24 +517,15 @@ class Worker:
             return codes, files, rows
         position, times = window()
         rows = np.empty(position.shape, np.int64)
-        s, fps = self.samples, self.fps
-        for code, vf in files.items():  # (per mp4, its items at once: clip_rows' rules, vectorised)
+        s = self.samples
+        for code, vf in files.items():  # (per mp4, its items at once; no frame within tolerance_s: -1, raised below)
             m = np.flatnonzero(codes == code)
             im = ii[m]
-            first = vf.first[cam.position[im]].astype(np.int64)[:, None]
-            length = (np.asarray(s.ep_to[im]) - np.asarray(s.ep_from[im]))[:, None]
-            from_ts = np.asarray(cam.from_timestamp[im], np.float64)[:, None]
-            pts_s = vf.index.pts_s
-            if self.align == "frame_index":
-                rows[m] = locate.rows_by_position(pts_s, first, position[m], length, from_ts, fps)
-                continue
-            # (no frame within tolerance_s: -1 here; no_frame below raises FrameNotFoundError naming it)
-            got = locate.rows_within(pts_s, locate.time_in_file(from_ts, times[m]), self.tolerance_s)
-            got = locate.keep_in_clip(got, first, length)
-            if self.own_frames:
-                got = locate.keep_own_frame(got, pts_s, first, position[m], from_ts, fps)
-            rows[m] = got
-        for j in np.flatnonzero((rows < 0).any(axis=1))[:1]:  # outside the clip, or not the row's frame
+            rows[m] = self.rows_in_clip(vf.index, vf.first[cam.position[im]].astype(np.int64)[:, None],
+                                        (np.asarray(s.ep_to[im]) - np.asarray(s.ep_from[im]))[:, None],
+                                        np.asarray(cam.from_timestamp[im], np.float64)[:, None], position[m],
+                                        None if times is None else times[m])
+        for j in np.flatnonzero((rows < 0).any(axis=1))[:1]:  # no frame, outside the clip, or not the row's frame
             self.no_frame(key, int(ii[j]), files[int(codes[j])], position[j], None if times is None else times[j])
         return codes, files, rows
 
