@@ -789,8 +789,10 @@ def connect(root: str | os.PathLike, **kwargs: Any) -> Database:
             a bare ``ORG/NAME`` is one when no local folder of that name exists, so such a path, mistyped, is also
             looked up on the Hub: the error then gives both readings).
         storage_options: passed to fsspec for remote roots.
-        cache_dir: where the video index, tabular and remote-bytes caches go (default ``$LSQL_CACHE_DIR`` or
-            ``~/.cache/lerobot_sql``, one folder per dataset).
+        cache_dir: this dataset's cache folder itself (video indexes, row-group store, footer facts, remote
+            bytes), yours to manage: two datasets given the same folder share it, and ``lerobot-sql cache`` does not
+            list or clear it. Default: a folder per dataset, named by its key, under ``$LSQL_CACHE_DIR`` or
+            ``~/.cache/lerobot_sql`` (what ``lerobot-sql cache`` lists and clears).
         cache_size: bound of the remote-bytes cache (bytes, or a string like ``"20GB"``; default 50 GiB),
             least-recently-read pieces are evicted first. Local datasets are read in place.
         threads, memory_limit: DuckDB settings (e.g. ``threads=2, memory_limit="8GB"``); defaults: all cores,

@@ -916,3 +916,23 @@ def test_cache_never_lists_or_clears_a_folder_given_as_cache_dir(tmp_path):
     assert (mine / "notes").is_dir() and cache.dataset_caches(root) == []
     r = run_cli("cache", "--clear", "x", "--clear-all", env={"LSQL_CACHE_DIR": str(root)})
     assert r.returncode == 2 and "not allowed with" in r.stderr
+
+
+def test_cache_marks_a_gone_dataset_and_names_a_folder_given_as_cache_dir(tmp_path):
+    """A new user's trial: `cache --cache-dir X` where X was given as connect(cache_dir=X) said only "no dataset cache
+    folders under X" (and --clear of its dataset failed the same way): now it says X is itself a dataset's cache
+    folder, theirs to delete. A local dataset deleted since is marked as gone in the listing."""
+    src = tmp_path / "ds"
+    shutil.copytree(DATASETS / "small20", src, ignore=shutil.ignore_patterns("videos"))
+    mine = tmp_path / "mine"
+    assert int(lsql.connect(src, cache_dir=mine).dataset(cameras=[])[3]["index"]) == 3  # (its row group stored)
+    r = run_cli("cache", "--cache-dir", mine)
+    assert r.returncode == 0 and "no dataset cache folders" in r.stdout and "is itself a dataset's cache folder" in r.stdout
+    r = run_cli("cache", "--cache-dir", mine, "--clear", src)
+    assert r.returncode == 2 and "is itself a dataset's cache folder" in r.stderr and mine.is_dir()
+    root = tmp_path / "cache"
+    assert run_cli("query", src, "SELECT count(*) FROM frames", env={"LSQL_CACHE_DIR": str(root)}).returncode == 0
+    assert "(gone" not in run_cli("cache", env={"LSQL_CACHE_DIR": str(root)}).stdout
+    shutil.rmtree(src)
+    out = run_cli("cache", env={"LSQL_CACHE_DIR": str(root)}).stdout
+    assert f"{src.resolve()} (gone: nothing there now)" in out

@@ -574,7 +574,7 @@ def cmd_cache(args) -> int:
             if not chosen:
                 known = ", ".join(sorted(e.url or e.folder.name for e in entries)[:10]) or "none"
                 raise UsageError(f"no cache folder under {root} is of {want!r} (give a dataset as `lerobot-sql "
-                                 f"cache` lists it, or its folder's name; known: {known})")
+                                 f"cache` lists it, or its folder's name; known: {known}){_own_folder(root)}")
         freed = 0
         for e in chosen:
             freed += cache.clear(e)
@@ -586,19 +586,31 @@ def cmd_cache(args) -> int:
                            "last_used": e.last_used} for e in entries], indent=2))
         return 0
     if not entries:
-        print(f"no dataset cache folders under {root}")
+        print(f"no dataset cache folders under {root}{_own_folder(root)}")
         return 0
     rows = [["dataset", "size", "last used", "of it", "folder"]]
     for e in entries:
         used = datetime.datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M") if e.last_used else "-"
         top = ", ".join(f"{k} {_size(v)}" for k, v in sorted(e.parts.items(), key=lambda kv: -kv[1])[:3] if v)
-        rows.append([e.url or "(unknown: made by an older version)", _size(e.bytes), used, top or "-", e.folder.name])
+        name = e.url or "(unknown: made by an older version)"
+        if e.url is not None and "://" not in e.url and not os.path.exists(e.url):
+            name += " (gone: nothing there now)"  # (a local dataset deleted or moved: its cache serves nothing)
+        rows.append([name, _size(e.bytes), used, top or "-", e.folder.name])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     print(f"\n{len(entries)} dataset cache folder(s) under {root}, {_size(sum(e.bytes for e in entries))} on disk; "
           "`lerobot-sql cache --clear DATASET` (or --clear-all) removes them")
     return 0
+
+
+def _own_folder(root: Path) -> str:
+    """A note for ``cache`` when ``root`` is itself one dataset's cache folder (given as ``connect(cache_dir=...)``,
+    which the command neither lists nor clears: such a folder is the caller's), else ""."""
+    if any((Path(root) / part).is_dir() for part in ("row_groups", "footers", "checks", "selections")):
+        return (f"; {root} is itself a dataset's cache folder, given as connect(cache_dir=...): yours to delete "
+                "when no dataset of it is open")
+    return ""
 
 
 def cmd_demo(args) -> int:
