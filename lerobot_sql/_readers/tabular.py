@@ -250,6 +250,11 @@ def is_numeric(field: pa.Field, layout: Layout) -> bool:
             or pa.types.is_boolean(t))
 
 
+def _is_list(t: pa.DataType) -> bool:
+    """Whether ``t`` is a list type of any kind (variable, large or fixed-size): a vector feature's cells."""
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
 def _flat_values(col, name: str, feat, where: str):
     """A list column's values flattened, checked against the feature's shape in info.json (``n`` values per row).
 
@@ -258,7 +263,7 @@ def _flat_values(col, name: str, feat, where: str):
     """
     n = int(np.prod(feat.shape))
     flat = col
-    while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
+    while _is_list(flat.type):
         flat = pc.list_flatten(flat)
     # (the total alone is not enough: rows of 5 and 7 values for a shape of 6 would be cut into rows of 6, each
     # then holding some of its neighbour's values)
@@ -276,11 +281,8 @@ def _flat_values(col, name: str, feat, where: str):
 def _values_per_row(col) -> np.ndarray | None:
     """Leaf values in each row of a list column (any nesting; a NULL cell holds none), or None where every level is
     a fixed-size list (every row holds the same number, which the total checks)."""
-    def is_list(t):
-        return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-
     t, variable = col.type, False
-    while is_list(t):
+    while _is_list(t):
         variable |= not pa.types.is_fixed_size_list(t)
         t = t.value_type
     if not variable:
@@ -294,7 +296,7 @@ def _leaf_rows(col: pa.Array) -> np.ndarray:
     """The row of ``col`` (a list column, any nesting) each of its leaf values belongs to, in flattened order (a
     NULL cell holds none)."""
     parents, flat = None, col
-    while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
+    while _is_list(flat.type):
         # (each leaf's row: its parent at each level, mapped up to the outer one)
         p = pc.list_parent_indices(flat).to_numpy(zero_copy_only=False)
         parents = p if parents is None else parents[p]
@@ -313,8 +315,7 @@ def check_shapes(table: pa.Table, layout: Layout, where: str) -> None:
     for name in table.column_names:
         feat = layout.features.get(name)
         col = table[name]
-        if feat is not None and feat.dtype in _NUMERIC and (
-                pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type)):
+        if feat is not None and feat.dtype in _NUMERIC and _is_list(col.type):
             _flat_values(col.combine_chunks(), name, feat, where)
 
 
@@ -355,7 +356,7 @@ def _check_feature_nulls(col: pa.Array, name: str, where: str) -> None:
         what, row = "is NULL in row", int(pc.index(pc.is_null(col), True).as_py())
     else:
         flat = col
-        while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
+        while _is_list(flat.type):
             flat = flat.flatten()
         if not flat.null_count:
             return
@@ -409,7 +410,7 @@ def _normalise(table: pa.Table, layout: Layout, where: str) -> pa.Table:
             if col.type == typ or (n > 0 and pa.types.is_fixed_size_list(col.type) and col.type.list_size == n
                                    and col.type.value_type == typ):
                 pass  # already as the feature says (lerobot writes it so; no NULL, checked above): nothing to convert
-            elif pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+            elif _is_list(col.type):
                 flat = _flat_values(col, name, feat, where)
                 col, changed = pa.FixedSizeListArray.from_arrays(flat.cast(typ), n), True
             else:
