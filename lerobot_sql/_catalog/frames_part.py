@@ -158,8 +158,9 @@ def file_ranges(md, f: int, out: dict) -> None:
 
 def ranges_arrays(src: Source, files, identities, each=None) -> dict[str, np.ndarray]:
     """The arrays of :class:`_Ranges` (and ``schema``: the first file's Arrow schema, serialized) from the footers
-    of data files ``files`` at ``identities``, each parsed once and let go; ``each(f, md)`` is called with every
-    parsed footer (the connection's footer survey reads them in the same pass)."""
+    of data files ``files`` at ``identities``, each parsed once and let go; ``each(f, md, rows)`` is called with
+    every parsed footer and its row groups' row counts (the connection's footer survey reads them in the same
+    pass)."""
     out: dict[str, list] = collections.defaultdict(list)
     schema = None
     for f, (rel, identity) in enumerate(zip(files, identities)):
@@ -168,7 +169,7 @@ def ranges_arrays(src: Source, files, identities, each=None) -> dict[str, np.nda
             schema = md.schema.to_arrow_schema()
         file_ranges(md, f, out)
         if each is not None:
-            each(f, md)
+            each(f, md, out["rows"][-1])
         del md
     got = {name: np.concatenate(parts) for name, parts in out.items()}
     got["schema"] = np.frombuffer(schema.serialize().to_pybytes(), np.uint8)

@@ -600,10 +600,10 @@ def _footer_survey(b: Build) -> dict | None:
             pass  # not kept yet (or unreadable): judged below
     col, ranges, schema, uniform = None, [], None, True
 
-    def each(f: int, md) -> None:
+    def each(f: int, md, rows) -> None:
         nonlocal col, schema, uniform
         # (the facts an open of a selection reads from each footer, kept from this pass: it parses none again)
-        keep_facts(src, files[f], identities[f], b.cache_dir, md)
+        keep_facts(src, files[f], identities[f], b.cache_dir, md, rows)
         this = md.schema.to_arrow_schema()
         if schema is None:
             schema = this

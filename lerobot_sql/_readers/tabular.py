@@ -127,9 +127,11 @@ def _parse_facts(src: Source, rel: str, identity: str) -> DataFileInfo:
     return _facts_of(md, rel, identity)
 
 
-def _facts_of(md: pq.FileMetaData, rel: str, identity: str) -> DataFileInfo:
-    """The ``keep=False`` facts of data file ``rel`` from its parsed footer ``md``."""
-    counts = np.fromiter((md.row_group(i).num_rows for i in range(md.num_row_groups)), np.int64, md.num_row_groups)
+def _facts_of(md: pq.FileMetaData, rel: str, identity: str, rows: np.ndarray | None = None) -> DataFileInfo:
+    """The ``keep=False`` facts of data file ``rel`` from its parsed footer ``md`` (``rows``: its row groups' row
+    counts, when a pass over them has them already)."""
+    counts = rows if rows is not None else \
+        np.fromiter((md.row_group(i).num_rows for i in range(md.num_row_groups)), np.int64, md.num_row_groups)
     return DataFileInfo(rel, identity, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
                         md.schema.to_arrow_schema(), None)
 
@@ -151,11 +153,13 @@ def _write_facts(tmp: str, info: DataFileInfo) -> None:
         w.write_table(t)
 
 
-def keep_facts(src: Source, rel: str, identity: str, cache_dir: Path | None, md: pq.FileMetaData) -> None:
+def keep_facts(src: Source, rel: str, identity: str, cache_dir: Path | None, md: pq.FileMetaData,
+               rows: np.ndarray | None = None) -> None:
     """Keep data file ``rel``'s facts at ``identity`` in ``cache_dir`` as :func:`data_file_info` (``keep=False``)
-    keeps them, from a footer parsed already (``md``): the connection's footer survey parses every footer once, and
-    the first open of a selection then parses none again (0.85 s for the scale set's 20 footers). Best effort: a
-    cache folder that cannot be written keeps nothing (the open parses them, as before)."""
+    keeps them, from a footer parsed already (``md``; ``rows``: its row groups' row counts, if counted already): the
+    connection's footer survey parses every footer once, and the first open of a selection then parses none again
+    (0.85 s for the scale set's 20 footers). Best effort: a cache folder that cannot be written keeps nothing (the
+    open parses them, as before)."""
     from .._storage import cache
     from ..errors import CacheError
 
@@ -165,7 +169,7 @@ def keep_facts(src: Source, rel: str, identity: str, cache_dir: Path | None, md:
     if path.exists():
         return
     with contextlib.suppress(CacheError, OSError):
-        cache.ensure(path, lambda tmp: _write_facts(tmp, _facts_of(md, rel, identity)))
+        cache.ensure(path, lambda tmp: _write_facts(tmp, _facts_of(md, rel, identity, rows)))
 
 
 def _kept_facts(src: Source, rel: str, identity: str, cache_dir: Path) -> DataFileInfo:
