@@ -21,8 +21,14 @@ import threading
 import duckdb
 import pyarrow as pa
 
-from ._catalog import macros, sidecars
-from ._catalog.connection import MANIFEST_BYTES_PER_ROW, Connection, max_manifest_rows, query_error
+from ._catalog import macros, sandbox, sidecars
+from ._catalog.connection import (
+    MANIFEST_BYTES_PER_ROW,
+    Connection,
+    ctrl_c_error,
+    max_manifest_rows,
+    query_error,
+)
 from ._query import checks, tree_facts
 from .errors import (
     DatasetFormatError,
@@ -220,8 +226,20 @@ class _Interruptible:
         if self.reason == "timeout":
             return QueryInterrupted(f"the query was stopped at its timeout of {self.timeout:g} s (timeout=...; CLI "
                                     f"--timeout); the connection is still usable. SQL: {sql}", "timeout")
-        return QueryInterrupted(f"the query was interrupted (Ctrl-C); the connection is still usable. SQL: {sql}",
-                                "sigint")
+        return ctrl_c_error(sql)
+
+
+@contextlib.contextmanager
+def _ctrl_c_is_query_interrupted(sql: str):
+    """A Ctrl-C that DuckDB's own signal check saw outside a run's guard (while the query is checked, bound or
+    narrowed: DuckDB's Python layer raises a bare ``RuntimeError("Query interrupted")`` there) raised as the
+    guarded run's would be: :class:`QueryInterrupted` ``.reason == "sigint"`` naming ``sql``."""
+    try:
+        yield
+    except RuntimeError as e:
+        if sandbox.interrupted_by_signal(e):
+            raise ctrl_c_error(sql) from e
+        raise
 
 
 def check_timeout(timeout: float | None) -> float | None:
@@ -273,7 +291,7 @@ class Result:
                 # DuckDB's Python layer, as a bare RuntimeError("Query interrupted"): both are ours once we fired.
                 if getattr(guard, "reason", None):
                     raise guard.error(self._sql) from e
-                if not isinstance(e, duckdb.Error):
+                if not isinstance(e, duckdb.Error) and not sandbox.interrupted_by_signal(e):
                     raise
                 raise query_error(e, self._sql, self._layouts) from e
         return Result(out, self._sql, self._con, self._timeout, self._layouts, self._pin) \
@@ -546,7 +564,8 @@ class QueryFace:
             ValueError: ``timeout`` is not a positive number.
         """
         timeout = check_timeout(timeout)
-        return self._run(self._check(sql), sql, timeout)
+        with _ctrl_c_is_query_interrupted(sql):
+            return self._run(self._check(sql), sql, timeout)
 
     def _run(self, checked: checks.CheckedQuery, sql: str, timeout: float | None = None) -> "Result":
         """``checked`` (from :meth:`_check` of user SQL ``sql``, which errors name) as a lazy :class:`Result`."""
@@ -593,8 +612,9 @@ class QueryFace:
             ResultContractError: more rows than a manifest may have.
         """
         max_rows = max_manifest_rows()
-        checked = self._check(sql)
-        result = self._run(checked, sql).limit(max_rows + 1).arrow()
+        with _ctrl_c_is_query_interrupted(sql):
+            checked = self._check(sql)
+            result = self._run(checked, sql).limit(max_rows + 1).arrow()
         if result.num_rows > max_rows:
             raise ResultContractError(
                 f"the query returns more than {max_rows:,} rows, more samples than this machine's memory holds as a "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import warnings
 
+import duckdb
 import numpy as np
 import pytest
 
@@ -171,6 +172,39 @@ def test_ctrl_c_stops_a_filtered_cross_join_within_a_second(datasets, tmp_path, 
     assert out["error"] and "interrupted" in out["error"] and out["reason"] == "sigint", json.dumps([out, r.sent])
     assert r.secs is not None and r.secs < 60, json.dumps([out, r.secs, r.sent])  # about a second, not minutes
     assert out["after"] == 4762
+
+
+class _InterruptedCursor:
+    """A DuckDB cursor whose ``sql`` raises what DuckDB's Python layer raises when its own signal check sees a
+    Ctrl-C while it binds a query (before a run's guard is armed): a bare RuntimeError("Query interrupted"), or
+    duckdb.InterruptException."""
+
+    def __init__(self, cur, error):
+        self._cur, self._error = cur, error
+
+    def sql(self, *a, **kw):
+        raise self._error
+
+    def __getattr__(self, name):
+        return getattr(self._cur, name)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("Query interrupted"), duckdb.InterruptException("INTERRUPT Error")])
+@pytest.mark.parametrize("sql", ["SELECT count(*) FROM episodes",  # run as written
+                                 "SELECT count(*) FROM frames WHERE episode_index = 3"])  # narrowed to row groups
+def test_ctrl_c_while_db_sql_binds_is_query_interrupted(datasets, monkeypatch, sql, error):
+    """A Ctrl-C that DuckDB sees while ``db.sql`` binds the query (the signal 6 ms after the call, CI stop 52) is a
+    QueryInterrupted ``.reason == "sigint"`` naming the SQL, as one during a run is; before, DuckDB's bare
+    RuntimeError("Query interrupted") escaped with a traceback. The connection answers after."""
+    db = lsql.connect(datasets / "small20")
+    assert db.sql("SELECT count(*) FROM frames").fetchall() == [(4762,)]  # views made, checks' context built
+    real = db._connection.cursor
+    monkeypatch.setattr(db._connection, "cursor", lambda: _InterruptedCursor(real(), error))
+    with pytest.raises(lsql.QueryInterrupted, match="interrupted .Ctrl-C.") as e:
+        db.sql(sql)
+    assert e.value.reason == "sigint" and sql in str(e.value)
+    monkeypatch.undo()
+    assert db.sql(sql).fetchall()[0][0] == (20 if "episodes" in sql else 390)
 
 
 # ---- db.attach: a user's own table file as a view ------------------------------------------------------------------
