@@ -34,9 +34,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from .._format.info import sql_key
 from .._query.narrowing import COLUMNS, tables_read
-from .._query.sqltext import ident
+from .._query.sqltext import ident, sql_key
 from .._readers import tabular
 from .._storage import cache
 from .._storage.source import Source

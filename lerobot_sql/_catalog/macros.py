@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import json
 
-from .._format.info import sql_key
 from .._format.layout import Layout
 from .._query.sqltext import ident as q
 from .._query.sqltext import literal as lit
-from .._query.sqltext import number
+from .._query.sqltext import number, sql_key
 from ..errors import warn
 
 # Half-open windows are compared against float32 timestamps: this slack (seconds) matches plan.build_manifest.

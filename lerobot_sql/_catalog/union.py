@@ -19,8 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from .._format.files import DatasetFiles
-from .._format.info import sql_key
-from .._query.sqltext import ident, literal
+from .._query.sqltext import ident, literal, sql_key
 from ..errors import DatasetFormatError, warn
 from . import macros, sandbox, sidecars, views
 from .connection import LAZY_VIEWS, Connection, populate

@@ -21,11 +21,11 @@ import duckdb
 import pyarrow as pa
 
 from .._format import v2
-from .._format.info import LANGUAGE_EVENTS, LANGUAGE_PERSISTENT, parse_template, sql_key
+from .._format.info import LANGUAGE_EVENTS, LANGUAGE_PERSISTENT, parse_template
 from .._format.jsontext import json_text
 from .._format.layout import Layout, check_stored_type
 from .._format.metadata import corrupt_parquet_files, read_tasks
-from .._query.sqltext import ident, literal, number
+from .._query.sqltext import ident, literal, number, sql_key
 from .._readers import video_index
 from .._readers.tabular import FRAME_INTEGERS
 from .._storage.source import Source, glob_escape

@@ -13,6 +13,7 @@ import re
 import string
 from typing import Any
 
+from .._query.sqltext import sql_key
 from .._storage.source import confine
 from ..errors import DatasetFormatError, UnsupportedVersionError, as_real
 from . import depth
@@ -231,12 +232,6 @@ def _positive_int(value: Any, what: str, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
         raise ValueError(f"{what} must be an integer from 1 to {hi:,}, found {value!r}")
     return value
-
-
-def sql_key(name: str) -> str:
-    """How DuckDB compares identifiers: ASCII letters case-insensitively, every other character as is (``"ACTION"``
-    and ``action`` are one column; ``"É"`` and ``"é"`` are two)."""
-    return "".join(c.lower() if c.isascii() else c for c in name)
 
 
 def _parse_features(raw: Any, where: str) -> dict[str, Feature]:

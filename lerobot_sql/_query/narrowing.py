@@ -19,6 +19,8 @@ import json
 import math
 import re
 
+from .sqltext import sql_key
+
 # the columns whose row-group statistics narrow a read (lerobot writes both as int64, sorted along each file)
 COLUMNS = ("episode_index", "index")
 # the views a bounding subquery may read (`episode_index IN (SELECT episode_index FROM episodes WHERE ...)`): metadata,
@@ -74,18 +76,11 @@ def _integer(e) -> int | None:
     return None
 
 
-def _key(name: str) -> str:
-    """``name`` as DuckDB compares names: ASCII letters ignoring case, every other character as is (``"é"`` is not
-    the alias ``"É"``: it names another relation, an outer query's). The rule of ``_format.info.sql_key``, which this
-    stage (SQL text only) may not import."""
-    return "".join(c.lower() if c.isascii() else c for c in name)
-
-
 def _column(e, names: set[str]) -> str | None:
     """The narrowing column ``e`` refers to (unqualified, or qualified by ``names``: the reference's alias)."""
     if not (isinstance(e, dict) and e.get("class") == "COLUMN_REF"):
         return None
-    parts = [_key(str(p)) for p in e.get("column_names") or []]
+    parts = [sql_key(str(p)) for p in e.get("column_names") or []]
     if len(parts) == 1 or (len(parts) == 2 and parts[0] in names):
         return parts[-1] if parts[-1] in COLUMNS else None
     return None
@@ -227,7 +222,7 @@ def _narrow_one(nodes: list, ref: dict, sql: str, ctes: frozenset[str]) -> Narro
     if len(owner) != 1 or owner[0].get("sample") is not None:
         return None
     alias = str(ref.get("alias") or "")
-    names = {_key(alias)} if alias else {"frames"}
+    names = {sql_key(alias)} if alias else {"frames"}
     found: dict[str, list] = {}
     subqueries = []
     for c in _conjuncts(owner[0].get("where_clause")):

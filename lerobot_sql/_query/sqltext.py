@@ -18,6 +18,12 @@ import math
 from ..errors import as_real
 
 
+def sql_key(name: str) -> str:
+    """``name`` as DuckDB compares identifiers: ASCII letters case-insensitively, every other character as is
+    (``"ACTION"`` and ``action`` are one column; ``"É"`` and ``"é"`` are two, and ``"é"`` is not the alias ``"É"``)."""
+    return "".join(c.lower() if c.isascii() else c for c in name)
+
+
 def ident(name: str) -> str:
     """``name`` as one quoted DuckDB identifier (feature names contain dots, slashes, quotes...).
 
