@@ -24,6 +24,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import itertools
 import re
 import threading
@@ -243,20 +244,21 @@ def _current_ranges(plan: FramesPlan) -> tuple[_Ranges, tuple[str, ...]] | None:
     return (r, identities) if len(r.rows) >= MIN_ROW_GROUPS else None
 
 
-def _narrowable(plan: FramesPlan, column: str) -> bool:
+def _narrowable(plan: FramesPlan, column: str, current) -> bool:
     """Whether a bound on ``column`` can narrow a read of the data files at all, as :func:`row_groups` judges before
-    the bounds."""
-    return _integer_column(plan, column) and _current_ranges(plan) is not None
+    the bounds (``current()``: :func:`_current_ranges`, made once per query)."""
+    return _integer_column(plan, column) and current() is not None
 
 
-def row_groups(plan: FramesPlan, bounds) -> tuple[_Ranges, np.ndarray, tuple[str, ...]] | None:
+def row_groups(plan: FramesPlan, bounds, current=None) -> tuple[_Ranges, np.ndarray, tuple[str, ...]] | None:
     """The row groups (positions in :class:`_Ranges`) that may hold rows whose values meet ``bounds`` (column ->
     intervals, as :class:`lerobot_sql._query.narrowing.Narrowing` gives them, or ``(column, intervals)`` pairs, all
     met), and the data files' versions they were judged at; None when the view must be read whole (no bound column
-    the data files hold as integers; too few row groups; too many to read)."""
+    the data files hold as integers; too few row groups; too many to read). ``current()``: the data files' ranges
+    and versions as one query judges them (:func:`_current_ranges`, by default looked at now)."""
     bounds = [(c, iv) for c, iv in (bounds.items() if isinstance(bounds, dict) else bounds)
               if _integer_column(plan, c)]
-    got = _current_ranges(plan) if bounds else None
+    got = (current or (lambda: _current_ranges(plan)))() if bounds else None
     if got is None:
         return None
     r, identities = got
@@ -313,6 +315,8 @@ class Parts:
                 decoded (as a query over the view would have failed); RemoteIOError: the remote failed.
         """
         splices, pins = [], []  # (start, end, text) of the query's bytes to replace
+        # (the data files' ranges and versions, looked at once for the whole query: a stat of every data file each)
+        current = functools.cache(lambda: _current_ranges(plan))
         for n in narrowings:
             name = f"_lsql_part_{next(self._count)}"
             if n.ctes:
@@ -323,13 +327,13 @@ class Parts:
                     continue
             bounds, ran = list(n.bounds.items()), []
             for col, text, a, b in n.subqueries:  # (column IN (SELECT ... FROM episodes ...): run alone)
-                if not _narrowable(plan, col):
+                if not _narrowable(plan, col, current):
                     continue  # (no part of these files can be made by it: run alone for nothing, then again)
                 got = _subquery_values(cur, text, guard)
                 if got is not None:
                     bounds.append((col, intervals(got[1])))
                     ran.append((a, b, got[0]))
-            got = self._part(cur, plan, bounds, name, False) if bounds else None
+            got = self._part(cur, plan, bounds, name, False, current) if bounds else None
             if got is None:
                 continue
             splices.append((n.start, n.end, f"({plan.body(got[0])}) AS {ident(n.alias)}"))
@@ -364,13 +368,13 @@ class Parts:
             return None
         return f"({plan.loc_body(got[0], ident(plan.file_column)) if loc else plan.body(got[0])})", got[1]
 
-    def _part(self, cur: duckdb.DuckDBPyConnection, plan: FramesPlan, bounds: dict, name: str, loc: bool
-              ) -> tuple[str, Pin] | None:
+    def _part(self, cur: duckdb.DuckDBPyConnection, plan: FramesPlan, bounds: dict, name: str, loc: bool,
+              current=None) -> tuple[str, Pin] | None:
         """The row groups that may hold rows meeting ``bounds``, read and registered on ``cur`` as ``name``: a FROM
         item giving the data files' columns as ``read_parquet`` does (and with ``loc`` each row's data file, as
         ``plan.file_column``, and ``file_row_number``), and its :class:`Pin`."""
         self._sweep(cur)
-        got = row_groups(plan, bounds)
+        got = row_groups(plan, bounds, current)
         if got is None:
             return None
         r, pick, identities = got
