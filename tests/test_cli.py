@@ -918,6 +918,26 @@ def test_cache_never_lists_or_clears_a_folder_given_as_cache_dir(tmp_path):
     assert r.returncode == 2 and "not allowed with" in r.stderr
 
 
+def test_every_sub_folder_a_dataset_cache_gets_is_a_named_part(tmp_path):
+    """A dataset's cache folder after queries, the episode_quality view, video frames, a training set's items and a
+    DataLoader-style per-sample file holds only sub-folders that ``cache.PARTS`` names (what ``lerobot-sql cache``
+    recognises a folder by, and what the modules writing them take their names from): a new kind of entry written
+    under another name fails here until it is named there."""
+    from lerobot_sql._storage import cache
+
+    mine = tmp_path / "mine"
+    db = lsql.connect(DATASETS / "small20", cache_dir=mine)
+    assert db.sql("SELECT count(*) FROM frames WHERE episode_index = 3").fetchall() == [(390,)]
+    assert db.sql("SELECT count(*) FROM episode_quality").fetchall() == [(20,)]
+    assert db.sql("SELECT count(*) FROM camera_frames WHERE episode_index = 0").fetchall()[0][0] > 0
+    ds = db.dataset("SELECT episode_index FROM episodes WHERE episode_index < 2")
+    assert int(ds[5]["index"]) == 5 and tuple(ds[5][ds.meta.camera_keys[0]].shape)[0] == 3
+    made = {p.name for p in mine.iterdir() if p.is_dir()}
+    assert {cache.ROW_GROUPS, cache.VIDEO_INDEX, cache.QUALITY} <= made, made
+    assert made <= set(cache.PARTS), made - set(cache.PARTS)
+    assert cache.is_dataset_folder(mine) and not cache.is_dataset_folder(tmp_path)
+
+
 def test_cache_marks_a_gone_dataset_and_names_a_folder_given_as_cache_dir(tmp_path):
     """A new user's trial: `cache --cache-dir X` where X was given as connect(cache_dir=X) said only "no dataset cache
     folders under X" (and --clear of its dataset failed the same way): now it says X is itself a dataset's cache

@@ -24,6 +24,7 @@ from .._format.sidecar_files import find_sidecars
 from .._query import narrowing
 from .._query.sqltext import ident, literal
 from .._readers import video_index
+from .._storage import cache
 from .._storage.source import Source, glob_escape
 from ..errors import (
     DatasetFormatError,
@@ -319,7 +320,7 @@ class Connection:
         # would leave nothing to DataLoader workers (see sandbox.default_config).
         config = sandbox.default_config(threads or None, memory_limit or None)
         # Spill next to our other caches, not into DuckDB's default `.tmp` in the user's working directory.
-        config["temp_directory"] = str(temp_directory or self.files.cache_dir / "duckdb_tmp")
+        config["temp_directory"] = str(temp_directory or self.files.cache_dir / cache.DUCKDB_TMP)
         con = sandbox.connect(config)  # progress bar off: it would be drawn on stdout
         for files in self.members():
             if not files.source.is_local:

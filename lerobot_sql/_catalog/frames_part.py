@@ -188,7 +188,7 @@ def keep_ranges(src: Source, files, identities, cache_dir: Path | None, arrays: 
 
     if cache_dir is not None:
         try:
-            return dict(np.load(cache.ensure(Path(cache_dir) / "checks" / f"rowgroup-ranges-{k}.npz", write),
+            return dict(np.load(cache.ensure(Path(cache_dir) / cache.CHECKS / f"rowgroup-ranges-{k}.npz", write),
                                 allow_pickle=False))
         except CacheError:
             pass  # a full or read-only cache folder: read in memory (the whole view's reading needs none either)

@@ -127,7 +127,7 @@ def facts(files) -> pa.Table:
                       [vectors.limits[0].tolist(), vectors.limits[1].tolist()]],
                       "files": [[rel, src.identity(rel)] for rel in layout.data_files]}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-    path = files.cache_dir / "quality" / f"episode_facts-{digest}.parquet"
+    path = files.cache_dir / cache.QUALITY / f"episode_facts-{digest}.parquet"
     cache.ensure(path, lambda tmp: pq.write_table(episode_facts.episode_facts(src, layout, vectors), tmp))
     return _derived(pq.read_table(path), vectors)  # the raw facts are kept: a new rule needs no new pass
 

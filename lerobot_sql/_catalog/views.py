@@ -590,7 +590,7 @@ def _footer_survey(b: Build) -> dict | None:
         return None
     if b.cache_dir is not None:
         try:
-            memo = b.cache_dir / "checks" / f"footers-{cache.key(3, src.url, list(zip(files, identities)))}.json"
+            memo = b.cache_dir / cache.CHECKS / f"footers-{cache.key(3, src.url, list(zip(files, identities)))}.json"
             kept = json.loads(memo.read_text())
             rep = kept["repeated"]
             b.survey = {"repeated": None if rep is None else (rep["col"], [tuple(map(tuple, p)) for p in rep["pairs"]]),

@@ -69,7 +69,7 @@ PAYLOAD = struct.Struct("<8sqqI4x")     # magic, row group, bytes of columns, CR
 CHECK = 0x5A17_C0DE_5EED_F00D
 ALIGN = 64                              # payloads start on 64-byte boundaries (numpy views of them are aligned)
 SUFFIX = ".rowgroups"
-FOLDER = "row_groups"
+FOLDER = cache.ROW_GROUPS
 EVICT_EVERY = 32 << 20                  # a process checks the folder's total after this many bytes appended (or an
                                         # eighth of the budget)
 KEEP_RECENT_S = 30.0                    # a file used this recently is not evicted (another process may be filling it)

@@ -142,7 +142,7 @@ FACTS_VERSION = 1
 def _facts_path(src: Source, rel: str, identity: str, cache_dir: Path) -> Path:
     from .._storage import cache
 
-    return Path(cache_dir) / "footers" / f"{cache.key(FACTS_VERSION, src.url, rel, identity)}.arrow"
+    return Path(cache_dir) / cache.FOOTERS / f"{cache.key(FACTS_VERSION, src.url, rel, identity)}.arrow"
 
 
 def _write_facts(tmp: str, info: DataFileInfo) -> None:

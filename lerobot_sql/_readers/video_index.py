@@ -415,7 +415,7 @@ def index_path(src: Source, rel: str, cache_dir: Path, pin: Stamp | None = None)
     """Where the cached index of ``rel`` lives (it may not exist yet): keyed by the file's identity, the pinned
     one when ``pin`` (a :func:`stamp`) is given."""
     identity = pin[4] if pin is not None else src.identity(rel)  # pin[4] is Source.identity's local form
-    return cache_dir / "video_index" / f"{cache.key(src.url, rel, identity, INDEX_VERSION)}.parquet"
+    return cache_dir / cache.VIDEO_INDEX / f"{cache.key(src.url, rel, identity, INDEX_VERSION)}.parquet"
 
 
 def ensure_index(src: Source, rel: str, cache_dir: Path) -> Path:

@@ -314,6 +314,25 @@ def parse_size(size: int | str | None) -> int:
 # ---- the cache folders of datasets: what `lerobot-sql cache` lists and clears --------------------------------------
 SOURCE_FILE = "source.json"  # in a dataset's cache folder: the URL it was made for (written at the first open)
 
+# A dataset's cache folder holds one sub-folder per kind of entry, each written by one module (named here, where the
+# folder's layout is known; ``lerobot-sql cache`` recognises a folder by them).
+ROW_GROUPS = "row_groups"    # _readers.row_group_store: the row groups as decoded, a store file per data file
+FOOTERS = "footers"          # _readers.tabular: the facts an open reads from each data file's footer
+CHECKS = "checks"            # _catalog: the footer survey and the row groups' ranges, per version of the data files
+VIDEO_INDEX = "video_index"  # _readers.video_index: an index per mp4
+SELECTIONS = "selections"    # torch._selections: the runs of an opened selection, to reuse at the next open
+MANIFESTS = "manifests"      # torch._samples: the per-sample files DataLoader workers map
+QUALITY = "quality"          # _catalog.quality: the episode_quality view's per-episode facts
+REMOTE = "remote"            # _storage.remote: the byte ranges fetched from a remote dataset
+DUCKDB_TMP = "duckdb_tmp"    # DuckDB's spill folder (connect(temp_directory=...) moves it)
+PARTS = (ROW_GROUPS, FOOTERS, CHECKS, VIDEO_INDEX, SELECTIONS, MANIFESTS, QUALITY, REMOTE, DUCKDB_TMP)
+
+
+def is_dataset_folder(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` is one dataset's cache folder (it holds one of :data:`PARTS`): what a path given as
+    ``connect(cache_dir=...)`` becomes."""
+    return any((Path(folder) / part).is_dir() for part in PARTS)
+
 
 def note_source(folder: Path, url: str) -> None:
     """Record in ``folder`` (a dataset's cache folder) the URL of the dataset it serves, once: what ``lerobot-sql

@@ -28,7 +28,7 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from ..errors import FileChangedError, RemoteIOError, RemoteWarning, warn
-from . import transport
+from . import cache, transport
 from .cache import atomic_write, cache_error, file_lock, parse_size
 from .pieces import PieceStore
 from .readahead import ColumnReadahead
@@ -100,7 +100,7 @@ class RemoteCacheFS(AbstractFileSystem):
         self._said: set[str] = set()  # the RemoteWarnings said (once per dataset and session)
         self._verify_lock = threading.Lock()  # one 412 checked at a time (_same_bytes_new_etag)
         self.target, self.root, self.url = target, root.rstrip("/"), url
-        self.dir = Path(cache_dir) / "remote"
+        self.dir = Path(cache_dir) / cache.REMOTE
         self.cache_size = parse_size(cache_size)
         self.retries, self.backoff_s = int(retries), float(backoff_s)
         if offline is None:

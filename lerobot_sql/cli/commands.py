@@ -607,7 +607,9 @@ def cmd_cache(args) -> int:
 def _own_folder(root: Path) -> str:
     """A note for ``cache`` when ``root`` is itself one dataset's cache folder (given as ``connect(cache_dir=...)``,
     which the command neither lists nor clears: such a folder is the caller's), else ""."""
-    if any((Path(root) / part).is_dir() for part in ("row_groups", "footers", "checks", "selections")):
+    from .._storage import cache
+
+    if cache.is_dataset_folder(root):
         return (f"; {root} is itself a dataset's cache folder, given as connect(cache_dir=...): yours to delete "
                 "when no dataset of it is open")
     return ""

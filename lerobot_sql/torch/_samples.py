@@ -873,7 +873,7 @@ def write_file(manifest: pa.Table, runs: pa.Table, cache_dir: Path) -> "SampleFi
     Raises:
         CacheError: neither the cache folder nor the temp folder can hold the file.
     """
-    d = cache_dir / "manifests"
+    d = cache_dir / cache.MANIFESTS
     try:
         d.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=file_prefix(), suffix=".arrow")

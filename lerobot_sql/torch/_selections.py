@@ -42,7 +42,7 @@ from ..errors import CacheError, MissingFileError
 from ._samples import SampleFile
 
 VERSION = 5  # of the file's content: a change to what the per-sample file holds must bump it
-FOLDER = "selections"
+FOLDER = cache.SELECTIONS
 MAX_ENTRIES = 8
 
 
