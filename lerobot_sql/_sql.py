@@ -25,7 +25,6 @@ from ._catalog import macros, sandbox, sidecars
 from ._catalog.connection import (
     MANIFEST_BYTES_PER_ROW,
     Connection,
-    ctrl_c_error,
     max_manifest_rows,
     query_error,
 )
@@ -226,7 +225,7 @@ class _Interruptible:
         if self.reason == "timeout":
             return QueryInterrupted(f"the query was stopped at its timeout of {self.timeout:g} s (timeout=...; CLI "
                                     f"--timeout); the connection is still usable. SQL: {sql}", "timeout")
-        return ctrl_c_error(sql)
+        return QueryInterrupted.ctrl_c(sql)
 
 
 @contextlib.contextmanager
@@ -238,7 +237,7 @@ def _ctrl_c_is_query_interrupted(sql: str):
         yield
     except RuntimeError as e:
         if sandbox.interrupted_by_signal(e):
-            raise ctrl_c_error(sql) from e
+            raise QueryInterrupted.ctrl_c(sql) from e
         raise
 
 

@@ -48,6 +48,11 @@ class QueryInterrupted(QueryError):
     def __reduce__(self):  # pickled with its reason (a DataLoader worker's error crosses a pipe)
         return type(self), (str(self), self.reason)
 
+    @classmethod
+    def ctrl_c(cls, sql: str) -> "QueryInterrupted":
+        """The error for query ``sql`` stopped by Ctrl-C (SIGINT), ``reason == "sigint"``."""
+        return cls(f"the query was interrupted (Ctrl-C); the connection is still usable. SQL: {sql}", "sigint")
+
 
 class ResultContractError(QueryError):
     """A query result cannot be turned into a dataset (wrong columns, or no rows)."""

@@ -812,6 +812,33 @@ def test_shell_ctrl_c_stops_the_query_and_the_shell_goes_on():
     assert r.secs is not None and r.secs < 60, r
 
 
+def test_shell_ctrl_c_while_a_statement_is_checked_reports_it_interrupted(monkeypatch, capsys):
+    """A Ctrl-C landing while the shell's statement is still checked (Python raises KeyboardInterrupt there, before
+    the query's guard: CI stop 53's floor leg, the signal 50 ms after the first result) reports that statement
+    "interrupted (Ctrl-C)" and the next one runs, as one during the run does; before, the shell printed "^C" as
+    at its prompt and dropped the statement silently (exit 0 for a piped script)."""
+    import io
+
+    from lerobot_sql.cli.shell import SQLShell
+
+    db = lsql.connect(SAMPLE)
+    real = db.sql
+
+    def sql(text, **kw):
+        if "boom" in text:
+            raise KeyboardInterrupt
+        return real(text, **kw)
+
+    monkeypatch.setattr(db, "sql", sql)
+    shell = SQLShell(db, stdin=io.StringIO("SELECT 'boom' AS b;\nSELECT 7 AS seven;\n"))
+    shell.use_rawinput = False
+    assert shell.run() == 1
+    out = capsys.readouterr()
+    errors = [ln for ln in out.err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "interrupted (Ctrl-C)" in errors[0] and "boom" in errors[0], out.err
+    assert "^C" not in out.err and ["7"] in box_cells(out.out), out
+
+
 # ---- --attach and sidecar views (issue 39) --------------------------------------------------------------------------
 def test_attach_a_keep_list_to_query_shell_and_export(tmp_path, episodes):
     keep = tmp_path / "keep.csv"

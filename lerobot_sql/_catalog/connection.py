@@ -65,12 +65,6 @@ _CAST_LENGTH = re.compile(r"Cannot cast list with length (\d+) to array with len
                           r"column (.+)$", re.M)
 
 
-def ctrl_c_error(sql: str) -> QueryInterrupted:
-    """The error for a query ``sql`` that Ctrl-C (SIGINT) stopped, ``.reason == "sigint"``."""
-    return QueryInterrupted(f"the query was interrupted (Ctrl-C); the connection is still usable. SQL: {sql}",
-                            "sigint")
-
-
 def query_error(e: BaseException, sql: str, layouts: list[tuple[str, Layout]] = ()) -> LeRobotSQLError:
     """The error for a DuckDB failure: a :class:`RemoteIOError` when the storage under a remote view failed (DuckDB
     reports our fsspec layer's exception as text, traceback included), a :class:`DatasetFormatError` when a view
@@ -78,7 +72,7 @@ def query_error(e: BaseException, sql: str, layouts: list[tuple[str, Layout]] = 
     (``(dataset root, layout)`` pairs), holds lists of another length than info.json's shape, else a :class:`QueryError` naming the SQL."""
     text = str(e)
     if sandbox.interrupted_by_signal(e):  # Ctrl-C that DuckDB's own signal check saw before a guard of ours was armed
-        return ctrl_c_error(sql)
+        return QueryInterrupted.ctrl_c(sql)
     if views.ERROR_MARKER in text:  # a view's error() for a column the data lacks (views._derived_columns)
         return DatasetFormatError(text[text.rindex(views.ERROR_MARKER) + len(views.ERROR_MARKER):].strip())
     m = _DAMAGED.search(text) if isinstance(e, (duckdb.InvalidInputException, duckdb.IOException)) else None

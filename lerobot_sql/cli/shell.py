@@ -20,7 +20,7 @@ from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 
-from ..errors import LeRobotSQLError, QueryError, did_you_mean
+from ..errors import LeRobotSQLError, QueryError, QueryInterrupted, did_you_mean
 from .output import error_hint, one_line, print_table, run_sql, views_and_columns
 
 # What an unfinished token starts with -> (what it is, what closes it). The tokenizer only says that it failed; the
@@ -194,6 +194,8 @@ Statements are read-only SELECT queries over the views and end with ';'."""
             print_table(run_sql(self.db, stmt), self.max_rows)
         except LeRobotSQLError as e:
             self.report(e)
+        except KeyboardInterrupt:  # (landed before the query ran, while it was checked: that statement interrupted
+            self.report(QueryInterrupted.ctrl_c(stmt))  # too, as during its run, and the shell goes on)
         sys.stdout.flush()
 
     def dot(self, line: str) -> bool:
