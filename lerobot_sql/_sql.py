@@ -290,7 +290,10 @@ class Result:
                 # DuckDB's Python layer, as a bare RuntimeError("Query interrupted"): both are ours once we fired.
                 if getattr(guard, "reason", None):
                     raise guard.error(self._sql) from e
-                if not isinstance(e, duckdb.Error) and not sandbox.interrupted_by_signal(e):
+                # A bare one while the guard holds SIGINT (its handler never raises) is another signal's handler
+                # raising (the application's SIGALRM or SIGTERM): no Ctrl-C, DuckDB's error as it is.
+                if not isinstance(e, duckdb.Error) and (not sandbox.interrupted_by_signal(e) or
+                                                        getattr(guard, "_old_handler", None) is not None):
                     raise
                 raise query_error(e, self._sql, self._layouts) from e
         return Result(out, self._sql, self._con, self._timeout, self._layouts, self._pin) \
@@ -613,7 +616,8 @@ class QueryFace:
         max_rows = max_manifest_rows()
         with _ctrl_c_is_query_interrupted(sql):
             checked = self._check(sql)
-            result = self._run(checked, sql).limit(max_rows + 1).arrow()
+            run = self._run(checked, sql)
+        result = run.limit(max_rows + 1).arrow()  # (a guarded run: Result._call tells a Ctrl-C from other signals)
         if result.num_rows > max_rows:
             raise ResultContractError(
                 f"the query returns more than {max_rows:,} rows, more samples than this machine's memory holds as a "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import warnings
 
 import duckdb
@@ -205,6 +206,33 @@ def test_ctrl_c_while_db_sql_binds_is_query_interrupted(datasets, monkeypatch, s
     assert e.value.reason == "sigint" and sql in str(e.value)
     monkeypatch.undo()
     assert db.sql(sql).fetchall()[0][0] == (20 if "episodes" in sql else 390)
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs SIGALRM")
+def test_another_signals_handler_stopping_a_run_is_no_ctrl_c(datasets):
+    """The application's own handler of another signal (here a SIGALRM time limit raising TimeoutError, as
+    pytest-timeout's signal method or timeout_decorator do) stops a guarded run: DuckDB reports that as a bare
+    RuntimeError("Query interrupted"), as for a Ctrl-C. While the guard holds SIGINT (its handler never raises),
+    that cannot be a Ctrl-C: it must not become QueryInterrupted reason "sigint" ("interrupted (Ctrl-C); the
+    connection is still usable"), which code retrying on QueryError would take and go on, ignoring its own limit."""
+    db = lsql.connect(datasets / "small20", threads=1)
+    assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]
+
+    def on_alarm(signum, frame):
+        raise TimeoutError("the application's own limit")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        # (timeout: a safety net; SIGALRM is the application's, so the guard's timer thread stops the query)
+        with pytest.raises(BaseException) as e:
+            db.sql("SELECT sum(a.index + b.index + c.index) FROM frames a, frames b, frames c", timeout=60).fetchall()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert not isinstance(e.value, lsql.QueryInterrupted), e.value
+    assert isinstance(e.value, (RuntimeError, TimeoutError)), e.value
+    assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]
 
 
 # ---- db.attach: a user's own table file as a view ------------------------------------------------------------------
