@@ -839,6 +839,29 @@ def test_shell_ctrl_c_while_a_statement_is_checked_reports_it_interrupted(monkey
     assert "^C" not in out.err and ["7"] in box_cells(out.out), out
 
 
+def test_ctrl_c_while_a_sidecar_is_described_is_no_unreadable_view(monkeypatch, tmp_path):
+    """`.schema` / `lerobot-sql schema` describe a sidecar view through db.sql, whose errors become "(unreadable)":
+    a Ctrl-C while that query is checked (db.sql: QueryInterrupted "sigint" since 6421df5, before a bare
+    RuntimeError that propagated) must stop the listing as the user asked, not list the view as unreadable and go
+    on (exit 0)."""
+    from lerobot_sql.cli.output import views_and_columns
+
+    root = tmp_path / "ds"
+    shutil.copytree(SAMPLE, root)
+    (root / "meta/temporal_proportions_sparse.json").write_text('{"reach": 0.4, "grasp": 0.6}')
+    db = lsql.connect(root)
+    real = db.sql
+
+    def sql(text, **kw):
+        if "LIMIT 0" in text:
+            raise lsql.QueryInterrupted.ctrl_c(text)
+        return real(text, **kw)
+
+    monkeypatch.setattr(db, "sql", sql)
+    with pytest.raises(KeyboardInterrupt):
+        views_and_columns(db)
+
+
 # ---- --attach and sidecar views (issue 39) --------------------------------------------------------------------------
 def test_attach_a_keep_list_to_query_shell_and_export(tmp_path, episodes):
     keep = tmp_path / "keep.csv"

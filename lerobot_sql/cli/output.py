@@ -336,6 +336,10 @@ def views_and_columns(db) -> dict[str, list[tuple[str, str]]]:
             try:
                 r = db.sql(f'SELECT * FROM "{view}" LIMIT 0')
                 out[view] = [(c, str(t)) for c, t in zip(r.columns, r.types)]
+            except QueryInterrupted as e:  # a Ctrl-C while it was checked stops the listing, as anywhere else
+                if e.reason == "sigint":
+                    raise KeyboardInterrupt from e
+                raise
             except LeRobotSQLError as e:
                 out[view] = [("(unreadable)", one_line(e))]
             continue
