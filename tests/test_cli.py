@@ -839,6 +839,32 @@ def test_shell_ctrl_c_while_a_statement_is_checked_reports_it_interrupted(monkey
     assert "^C" not in out.err and ["7"] in box_cells(out.out), out
 
 
+def test_shell_ctrl_c_while_a_result_is_drawn_reports_it_and_goes_on(monkeypatch, capsys):
+    """The shell draws a result with DuckDB's box renderer on a connection of its own, unguarded: a Ctrl-C there is
+    DuckDB's bare RuntimeError("Query interrupted") (its own signal check), which escaped the shell (exit 130, the
+    statements after it lost) instead of that statement being reported interrupted as during its run."""
+    import io
+
+    from lerobot_sql.cli import output
+    from lerobot_sql.cli.shell import SQLShell
+
+    real = output._render
+
+    def render(table, width):
+        if "boom" in table.column_names:
+            raise RuntimeError("Query interrupted")
+        return real(table, width)
+
+    monkeypatch.setattr(output, "_render", render)
+    shell = SQLShell(lsql.connect(SAMPLE), stdin=io.StringIO("SELECT 1 AS boom;\nSELECT 7 AS seven;\n"))
+    shell.use_rawinput = False
+    assert shell.run() == 1
+    out = capsys.readouterr()
+    errors = [ln for ln in out.err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "interrupted (Ctrl-C)" in errors[0] and "boom" in errors[0], out.err
+    assert ["7"] in box_cells(out.out), out
+
+
 def test_ctrl_c_while_a_sidecar_is_described_is_no_unreadable_view(monkeypatch, tmp_path):
     """`.schema` / `lerobot-sql schema` describe a sidecar view through db.sql, whose errors become "(unreadable)":
     a Ctrl-C while that query is checked (db.sql: QueryInterrupted "sigint" since 6421df5, before a bare

@@ -54,6 +54,14 @@ def named_sql(db, name: str, params: dict | None) -> str:
         raise
 
 
+def interrupted_by_signal(e: BaseException) -> bool:
+    """Whether ``e`` is DuckDB stopping for a Ctrl-C it saw itself (:func:`lerobot_sql._catalog.sandbox.interrupted_by_signal`;
+    for the shell, which imports only this module)."""
+    from .._catalog.sandbox import interrupted_by_signal as by_signal
+
+    return by_signal(e)
+
+
 def run_sql(db, sql: str, params: dict | None = None, name: str | None = None, timeout: float | None = None):
     import duckdb
 
