@@ -232,7 +232,9 @@ class _Interruptible:
 def _ctrl_c_is_query_interrupted(sql: str):
     """A Ctrl-C that DuckDB's own signal check saw outside a run's guard (while the query is checked, bound or
     narrowed: DuckDB's Python layer raises a bare ``RuntimeError("Query interrupted")`` there) raised as the
-    guarded run's would be: :class:`QueryInterrupted` ``.reason == "sigint"`` naming ``sql``."""
+    guarded run's would be: :class:`QueryInterrupted` ``.reason == "sigint"`` naming ``sql``. (DuckDB words an
+    exception that another signal's Python handler raised there, an application's SIGALRM limit, the same way and
+    drops it: unguarded, the two cannot be told apart; a guarded run tells them, see :meth:`Result._call`.)"""
     try:
         yield
     except RuntimeError as e:
