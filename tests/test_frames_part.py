@@ -495,3 +495,28 @@ def test_the_footer_survey_keeps_the_facts_an_open_reads(datasets, tmp_path, mon
         kept = tabular._kept_facts(db.source, rel, db.source.identity(rel), db.cache_dir)
         want = real(db.source, rel, db.source.identity(rel))
         assert kept.rg_offsets.tolist() == want.rg_offsets.tolist() and kept.schema.equals(want.schema)
+
+
+@pytest.mark.parametrize("shift", [0, 1_000_000])
+def test_a_data_file_changed_while_a_bounding_subquery_runs_is_refused(datasets, tmp_path, monkeypatch, shift):
+    """A query's narrowings look at the data files' versions once (before its bounding subquery runs): a file
+    rewritten meanwhile (other row groups; with ``shift`` other index values too) is refused naming it, never read
+    by the ranges and footer of its old version."""
+    src = _copy(datasets, tmp_path)
+    db = lsql.connect(src, cache_dir=tmp_path / "c")
+    sql = ("SELECT count(*), sum(index) FROM frames WHERE episode_index IN "
+           "(SELECT episode_index FROM episodes WHERE episode_index = 3)")
+    assert db.sql(sql).fetchall()[0][0] > 0
+    real = frames_part._subquery_values
+
+    def changing(cur, text, guard=None):
+        got = real(cur, text, guard)
+        for f in sorted((src / "data").rglob("*.parquet")):
+            t = pq.read_table(f)
+            t = t.set_column(t.column_names.index("index"), "index", pa.array(t["index"].to_numpy() + shift))
+            pq.write_table(t, f, row_group_size=max(pq.read_metadata(f).row_group(0).num_rows // 2, 1))
+        return got
+
+    monkeypatch.setattr(frames_part, "_subquery_values", changing)
+    with pytest.raises(lsql.DatasetFormatError, match="changed after the dataset was opened"):
+        db.sql(sql).fetchall()
