@@ -883,7 +883,7 @@ def write_file(manifest: pa.Table, runs: pa.Table, cache_dir: Path) -> "SampleFi
         try:
             fd, tmp = tempfile.mkstemp(dir=d, prefix=file_prefix(), suffix=".arrow")
         except OSError as e:
-            raise CacheError(f"{cache_dir / 'manifests'}: cannot write the per-sample file ({e}); the cache folder "
+            raise CacheError(f"{cache_dir / cache.MANIFESTS}: cannot write the per-sample file ({e}); the cache folder "
                              "is full or not writable, set LSQL_CACHE_DIR (or connect(..., cache_dir=...)) to a "
                              "writable folder") from e
     scratch.hold(fd)  # before anything else: a sweeping process must see the file as live from its first moment
