@@ -175,6 +175,15 @@ def test_ctrl_c_stops_a_filtered_cross_join_within_a_second(datasets, tmp_path, 
     assert out["after"] == 4762
 
 
+@pytest.fixture
+def sigint_default():
+    """SIGINT at Python's default handler for the test (a user's process; a test worker may have been left
+    otherwise), given back after."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 class _InterruptedCursor:
     """A DuckDB cursor whose ``sql`` raises what DuckDB's Python layer raises when its own signal check sees a
     Ctrl-C while it binds a query (before a run's guard is armed): a bare RuntimeError("Query interrupted"), or
@@ -193,7 +202,7 @@ class _InterruptedCursor:
 @pytest.mark.parametrize("error", [RuntimeError("Query interrupted"), duckdb.InterruptException("INTERRUPT Error")])
 @pytest.mark.parametrize("sql", ["SELECT count(*) FROM episodes",  # run as written
                                  "SELECT count(*) FROM frames WHERE episode_index = 3"])  # narrowed to row groups
-def test_ctrl_c_while_db_sql_binds_is_query_interrupted(datasets, monkeypatch, sql, error):
+def test_ctrl_c_while_db_sql_binds_is_query_interrupted(datasets, monkeypatch, sql, error, sigint_default):
     """A Ctrl-C that DuckDB sees while ``db.sql`` binds the query (the signal 6 ms after the call, CI stop 52) is a
     QueryInterrupted ``.reason == "sigint"`` naming the SQL, as one during a run is; before, DuckDB's bare
     RuntimeError("Query interrupted") escaped with a traceback. The connection answers after."""
@@ -209,7 +218,8 @@ def test_ctrl_c_while_db_sql_binds_is_query_interrupted(datasets, monkeypatch, s
 
 
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs SIGALRM")
-def test_another_signals_handler_stopping_a_run_is_no_ctrl_c(datasets):
+@pytest.mark.parametrize("sigint", ["default", "ignored"])  # (ignored: a process started with `cmd &`)
+def test_another_signals_handler_stopping_a_run_is_no_ctrl_c(datasets, sigint):
     """The application's own handler of another signal (here a SIGALRM time limit raising TimeoutError, as
     pytest-timeout's signal method or timeout_decorator do) stops a guarded run: DuckDB reports that as a bare
     RuntimeError("Query interrupted"), as for a Ctrl-C. While the guard holds SIGINT (its handler never raises),
@@ -226,6 +236,7 @@ def test_another_signals_handler_stopping_a_run_is_no_ctrl_c(datasets):
     # (timeout: a safety net; SIGALRM is the application's, so the guard's timer thread stops the query)
     result = db.sql("SELECT sum(a.index + b.index + c.index) FROM frames a, frames b, frames c", timeout=60)
     old = signal.signal(signal.SIGALRM, on_alarm)
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler if sigint == "default" else signal.SIG_IGN)
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.5)
         with pytest.raises(BaseException) as e:
@@ -233,6 +244,7 @@ def test_another_signals_handler_stopping_a_run_is_no_ctrl_c(datasets):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        signal.signal(signal.SIGINT, old_int)
     assert not isinstance(e.value, lsql.QueryInterrupted), e.value
     assert isinstance(e.value, (RuntimeError, TimeoutError)), e.value
     assert db.sql("SELECT count(*) FROM episodes").fetchall() == [(20,)]
