@@ -238,18 +238,9 @@ def _ctrl_c_is_query_interrupted(sql: str):
     try:
         yield
     except RuntimeError as e:
-        if sandbox.interrupted_by_signal(e) and _ctrl_c_possible():
+        if sandbox.interrupted_by_signal(e):
             raise QueryInterrupted.ctrl_c(sql) from e
         raise
-
-
-def _ctrl_c_possible(guard: "_Interruptible | None" = None) -> bool:
-    """Whether DuckDB's bare ``RuntimeError("Query interrupted")`` can stand for a Ctrl-C: not while ``guard`` holds
-    SIGINT (its handler never raises), nor while SIGINT is ignored (a process started with ``cmd &``, a test
-    worker): then another signal's handler raised (an application's SIGALRM limit), and DuckDB's error is its."""
-    if guard is not None and guard._old_handler is not None:
-        return False
-    return signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
 
 
 def check_timeout(timeout: float | None) -> float | None:
@@ -301,10 +292,10 @@ class Result:
                 # DuckDB's Python layer, as a bare RuntimeError("Query interrupted"): both are ours once we fired.
                 if getattr(guard, "reason", None):
                     raise guard.error(self._sql) from e
-                # A bare one while the guard holds SIGINT or SIGINT is ignored is another signal's handler raising
-                # (the application's SIGALRM or SIGTERM): no Ctrl-C, DuckDB's error as it is.
+                # A bare one while the guard holds SIGINT (its handler never raises) is another signal's handler
+                # raising (the application's SIGALRM or SIGTERM): no Ctrl-C, DuckDB's error as it is.
                 if not isinstance(e, duckdb.Error) and (not sandbox.interrupted_by_signal(e) or
-                                                        not _ctrl_c_possible(guard if self._con is not None else None)):
+                                                        getattr(guard, "_old_handler", None) is not None):
                     raise
                 raise query_error(e, self._sql, self._layouts) from e
         return Result(out, self._sql, self._con, self._timeout, self._layouts, self._pin) \

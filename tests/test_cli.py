@@ -845,17 +845,29 @@ def test_shell_ctrl_c_while_a_result_is_drawn_reports_it_and_goes_on(monkeypatch
     statements after it lost) instead of that statement being reported interrupted as during its run."""
     import io
 
-    from lerobot_sql.cli import output
+    from lerobot_sql._catalog import sandbox
     from lerobot_sql.cli.shell import SQLShell
 
-    real = output._render
+    real = sandbox.connect
 
-    def render(table, width):
-        if "boom" in table.column_names:
-            raise RuntimeError("Query interrupted")
-        return real(table, width)
+    class Drawing:  # the renderer's own connection (connect() without a config), whose show() DuckDB interrupts
+        def __init__(self, con):
+            self._con = con
 
-    monkeypatch.setattr(output, "_render", render)
+        def from_arrow(self, table):
+            rel = self._con.from_arrow(table)
+            if "boom" not in table.column_names:
+                return rel
+
+            class Interrupted:
+                def show(self, **kw):
+                    raise RuntimeError("Query interrupted")
+            return Interrupted()
+
+        def close(self):
+            self._con.close()
+
+    monkeypatch.setattr(sandbox, "connect", lambda config=None: real(config) if config is not None else Drawing(real()))
     shell = SQLShell(lsql.connect(SAMPLE), stdin=io.StringIO("SELECT 1 AS boom;\nSELECT 7 AS seven;\n"))
     shell.use_rawinput = False
     assert shell.run() == 1

@@ -174,9 +174,14 @@ LOCKED_NOTE = ("(SET, PRAGMA and RESET statements are refused on lerobot_sql's c
 def interrupted_by_signal(e: BaseException) -> bool:
     """Whether ``e`` is DuckDB stopping work because the process got SIGINT (Ctrl-C) while no guard of ours was
     armed: DuckDB's Python layer checks for signals and raises ``duckdb.InterruptException``, or a bare
-    ``RuntimeError("Query interrupted")`` when the check lands in its result fetch."""
-    return isinstance(e, duckdb.InterruptException) or (type(e) is RuntimeError and
-                                                         str(e).strip().lower() == "query interrupted")
+    ``RuntimeError("Query interrupted")`` when the check lands in its result fetch. Never while SIGINT is ignored
+    (a process started with ``cmd &``): DuckDB words another signal's handler raising (an application's SIGALRM
+    limit) the same way."""
+    import signal
+
+    return (isinstance(e, duckdb.InterruptException) or (type(e) is RuntimeError and
+                                                          str(e).strip().lower() == "query interrupted")) \
+        and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
 
 
 def locked_advice(message: str) -> str:

@@ -54,14 +54,6 @@ def named_sql(db, name: str, params: dict | None) -> str:
         raise
 
 
-def interrupted_by_signal(e: BaseException) -> bool:
-    """Whether ``e`` is DuckDB stopping for a Ctrl-C it saw itself (:func:`lerobot_sql._catalog.sandbox.interrupted_by_signal`;
-    for the shell, which imports only this module)."""
-    from .._catalog.sandbox import interrupted_by_signal as by_signal
-
-    return by_signal(e)
-
-
 def run_sql(db, sql: str, params: dict | None = None, name: str | None = None, timeout: float | None = None):
     import duckdb
 
@@ -139,11 +131,17 @@ def _render(table, width: int) -> tuple[list[str], list[str]]:
     lines without DuckDB's row count, e.g. "30 columns (9 shown)" on a narrow terminal)."""
     import io
 
-    from .._catalog.sandbox import connect  # the progress bar off: it would land in the captured box
+    from .._catalog.sandbox import connect, interrupted_by_signal  # (connect: the progress bar off: it would land
+    # in the captured box)
 
     out = io.StringIO()
-    with contextlib.closing(connect()) as con, contextlib.redirect_stdout(out):
-        con.from_arrow(table).show(max_width=width, max_rows=max(table.num_rows, 1))
+    try:
+        with contextlib.closing(connect()) as con, contextlib.redirect_stdout(out):
+            con.from_arrow(table).show(max_width=width, max_rows=max(table.num_rows, 1))
+    except RuntimeError as e:  # (a Ctrl-C that DuckDB's own check saw on this unguarded connection: Python's)
+        if interrupted_by_signal(e):
+            raise KeyboardInterrupt from e
+        raise
     lines = out.getvalue().rstrip("\n").split("\n")
     end = max(i for i, ln in enumerate(lines) if ln.startswith("└"))
     footer = [_ROW_COUNT.sub("", ln).rstrip() for ln in lines[end + 1:]]

@@ -21,7 +21,7 @@ from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 
 from ..errors import LeRobotSQLError, QueryError, QueryInterrupted, did_you_mean
-from .output import error_hint, interrupted_by_signal, one_line, print_table, run_sql, views_and_columns
+from .output import error_hint, one_line, print_table, run_sql, views_and_columns
 
 # What an unfinished token starts with -> (what it is, what closes it). The tokenizer only says that it failed; the
 # opener is read here from the text after the last whole token. E'..', X'..', B'..', R'..' are strings too.
@@ -194,12 +194,8 @@ Statements are read-only SELECT queries over the views and end with ';'."""
             print_table(run_sql(self.db, stmt), self.max_rows)
         except LeRobotSQLError as e:
             self.report(e)
-        except KeyboardInterrupt:  # (landed before the query ran, while it was checked: that statement interrupted
-            self.report(QueryInterrupted.ctrl_c(stmt))  # too, as during its run, and the shell goes on)
-        except RuntimeError as e:  # (DuckDB's own signal check while the result is drawn, on a connection of its own)
-            if not interrupted_by_signal(e):
-                raise
-            self.report(QueryInterrupted.ctrl_c(stmt))
+        except KeyboardInterrupt:  # (landed outside the query's run, while it was checked or its result drawn: that
+            self.report(QueryInterrupted.ctrl_c(stmt))  # statement interrupted too, as during its run; the shell goes on)
         sys.stdout.flush()
 
     def dot(self, line: str) -> bool:
