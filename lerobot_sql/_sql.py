@@ -22,12 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from ._catalog import macros, sandbox, sidecars
-from ._catalog.connection import (
-    MANIFEST_BYTES_PER_ROW,
-    Connection,
-    max_manifest_rows,
-    query_error,
-)
+from ._catalog.connection import MANIFEST_BYTES_PER_ROW, Connection, max_manifest_rows, query_error
 from ._query import checks, tree_facts
 from .errors import (
     DatasetFormatError,
